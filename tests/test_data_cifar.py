@@ -137,6 +137,22 @@ def test_split_saved_and_reused(tmp_path, monkeypatch):
   assert ds2.x.dtype == np.uint8 and ds2.input_shape == (32, 32, 3)
 
 
+def test_saved_split_from_older_procedure_is_reused_with_a_warning(tmp_path, monkeypatch):
+  make_cifar10(str(tmp_path))
+  kw = dict(num_clients=5, alpha=0.5, examples_per_client=20, seed=3, check_official_sizes=False)
+  ds1 = cifar.load_federated('cifar10', str(tmp_path), **kw)
+  path = str(tmp_path / 'splits' / 'cifar10_alpha0.5_clients5_epc20_seed3.npz')
+  clients, meta = cifar.load_split(path)
+  cifar.save_split(path, clients, ds1.y, dict(meta, procedure='partition.dirichlet_split'))
+  warnings = []
+  monkeypatch.setattr(cifar.logging, 'warning', lambda msg, *a: warnings.append(msg % a))
+  ds2 = cifar.load_federated('cifar10', str(tmp_path), **kw)
+  for k in range(5):
+    np.testing.assert_array_equal(ds1.client_indices(k), ds2.client_indices(k))
+  assert len(warnings) == 1 and partition.PROCEDURE in warnings[0] and 'Delete the file' in warnings[0]
+  assert cifar.load_split(path)[1]['procedure'] == 'partition.dirichlet_split'   # not overwritten
+
+
 def test_saved_split_for_other_data_is_rejected(tmp_path):
   make_cifar10(str(tmp_path), seed=0)
   kw = dict(num_clients=5, alpha=0.5, examples_per_client=20, check_official_sizes=False)
@@ -212,8 +228,8 @@ def test_dirichlet_statistics_cifar100_shape():
   print('CIFAR-100 shape Dirichlet stats:', json.dumps(stats))
   assert stats[0.0]['classes_per_client_min'] == stats[0.0]['classes_per_client_max'] == 1
   assert stats[1000.0]['classes_per_client_mean'] > 90
-  # "a few" classes; the FedSAM reference split has 5.13 (2-13), ours gives ~3.8 (see the report)
-  assert 2.0 <= stats[0.5]['classes_per_client_mean'] <= 8.0
+  # the FedSAM reference split has 5.13 (2-13); 40 seeds of ours span 4.76-5.34 (benchmarks/README.data.md)
+  assert 4.5 <= stats[0.5]['classes_per_client_mean'] <= 5.8
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -29,8 +29,10 @@ import tempfile
 import zlib
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from absl import logging
 import numpy as np
 
+from fedjax_flat.data import partition
 from fedjax_flat.data import safe_pickle
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.data.partition import dirichlet_split
@@ -330,14 +332,19 @@ def federate(name: str, arrays: dict, *, data_dir: Optional[str], num_clients: i
     path = split_path(split_dir, name, alpha=alpha, num_clients=num_clients,
                       examples_per_client=examples_per_client, seed=seed, quantity_skew=quantity_skew)
     if os.path.exists(path):
-      clients, _ = load_split(path, y)
+      clients, meta = load_split(path, y)
+      if meta.get('procedure') != partition.PROCEDURE:
+        # Kept (runs must compare on the same partition), but said: regenerating would change the split.
+        logging.warning('split %s was made by %r, not the current %r; reusing it. Delete the file to '
+                        'regenerate with the current procedure.', path, meta.get('procedure'),
+                        partition.PROCEDURE)
     else:
       clients = dirichlet_split(y, num_clients, alpha, examples_per_client=examples_per_client,
                                 quantity_skew=quantity_skew, num_classes=arrays['num_classes'], seed=seed)
       if save:
         save_split(path, clients, y, dict(dataset=name, alpha=float(alpha), num_clients=int(num_clients),
                                           examples_per_client=examples_per_client, seed=int(seed),
-                                          quantity_skew=quantity_skew, procedure='partition.dirichlet_split'))
+                                          quantity_skew=quantity_skew, procedure=partition.PROCEDURE))
     desc = f'{name}(alpha={alpha:g})'
   ds = FederatedDataset.from_client_indices(
       arrays['x_train'], y, clients, arrays['x_test'], arrays['y_test'], num_classes=arrays['num_classes'],

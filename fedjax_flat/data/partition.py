@@ -1,15 +1,30 @@
 """Label-skew partitions: the Hsu et al. 2019 "Federated-LDA" Dirichlet split used by the FedSAM paper.
 
-Per client k: class proportions q_k ~ Dir(alpha * p) with p the prior class distribution (uniform); the
-client's examples are drawn one at a time from q_k, without replacement from the pool, renormalizing q_k
-over the classes that still have examples once a class runs out (so the last clients collect leftovers,
-as in the reference splits). alpha = 0 gives exactly one class per client; large alpha approaches IID.
+Clients are filled one after another (k = 0, 1, ...). Client k draws class proportions q ~ Dir(alpha * p),
+p the uniform prior (a symmetric Dirichlet with concentration alpha / C per class), and takes
+round(n_k * q) examples of each class (largest-remainder rounding, so the counts sum to n_k), without
+replacement from the pool. When a class runs out, the client draws a fresh q over the classes that are
+left for its unfilled remainder, and repeats until it holds n_k examples. The last clients collect the
+leftovers.
+
+Why this procedure: Hsu et al.'s generator is not public, but its output is (the FedSAM release's
+`federated_train_alpha_*.json`, client ids = generation order). Those files show (a) per-class counts
+*less* dispersed than multinomial draws (CIFAR-100 alpha=1000: count variance 2.6 at mean 5, = the
+Dirichlet's own variance 2.5 under rounding, vs 7.5 for multinomial sampling), so counts are rounded
+proportions; (b) sequential filling with exhaustion (62 of 100 CIFAR-100 alpha=0.5 clients end a class,
+the last clients hold leftovers: alpha=1000 client 99 has 42 classes); (c) clients that exhaust a class
+hold ~6 classes vs ~4 for the others, which a redraw reproduces and renormalizing the old q does not.
+`benchmarks/README.data.md` compares this generator with the reference files on all 9 released splits.
+alpha = 0 gives exactly one class per client; alpha = inf gives rounded uniform proportions.
 """
 from __future__ import annotations
 
 from typing import List, Optional, Sequence
 
 import numpy as np
+
+# Recorded in saved split files: a split made by another procedure is not silently reused as this one.
+PROCEDURE = 'partition.dirichlet_split/hsu-rounded-redraw-v2'
 
 
 def _client_sizes(num_examples, num_clients, examples_per_client, quantity_skew, rng):
@@ -57,30 +72,49 @@ def dirichlet_split(labels: np.ndarray, num_clients: int, alpha: float, *,
     return _one_class_per_client(pools, num_clients, examples_per_client, rng)
 
   sizes = _client_sizes(len(labels), num_clients, examples_per_client, quantity_skew, rng)
-  prior = np.full(num_classes, 1.0 / num_classes)
-  remaining = np.array([len(p) for p in pools], np.int64)
+  left = np.array([len(p) for p in pools], np.int64)
   out = []
   for k in range(num_clients):
-    # Dir(alpha * p): the total concentration is alpha (Hsu et al. 2019); this reproduces the reference
-    # splits' statistics (C10 alpha=0.05 ~1.4 classes/client, C100 alpha=1000 ~96-99).
-    q = rng.dirichlet(alpha * prior) if np.isfinite(alpha) else prior.copy()
-    # Dirichlet draws with tiny alpha underflow to all-zero in float64; fall back to one class.
-    if not np.all(np.isfinite(q)) or q.sum() <= 0:
-      q = np.eye(num_classes)[rng.integers(num_classes)]
+    counts = np.zeros(num_classes, np.int64)
+    need = int(sizes[k])
+    while need > 0:
+      avail = left - counts > 0
+      q = _draw_proportions(alpha, avail, rng)
+      take = np.minimum(_largest_remainder(q, need), left - counts)
+      counts += take
+      need -= int(take.sum())
     chosen = []
-    for _ in range(int(sizes[k])):
-      avail = remaining > 0
-      p = q * avail
-      s = p.sum()
-      p = p / s if s > 0 else avail / avail.sum()
-      c = int(np.searchsorted(np.cumsum(p), rng.random() * 1.0, side='right'))
-      c = min(c, num_classes - 1)
-      while remaining[c] == 0:   # guard against rounding at the cumsum's end
-        c = (c + 1) % num_classes
-      remaining[c] -= 1
-      chosen.append(pools[c][remaining[c]])
-    out.append(np.array(chosen, np.int64))
+    for c in np.flatnonzero(counts):
+      chosen.extend(pools[c][left[c] - counts[c]:left[c]])
+      left[c] -= counts[c]
+    out.append(rng.permutation(np.array(chosen, np.int64)))
   return out
+
+
+def _draw_proportions(alpha: float, avail: np.ndarray, rng) -> np.ndarray:
+  """q ~ Dir(alpha / C) restricted to the available classes (= the symmetric draw, renormalized)."""
+  num_classes = len(avail)
+  idx = np.flatnonzero(avail)
+  q = np.zeros(num_classes)
+  if not np.isfinite(alpha):
+    q[idx] = 1.0 / len(idx)
+    return q
+  sub = rng.dirichlet(np.full(len(idx), alpha / num_classes))
+  if not np.all(np.isfinite(sub)) or sub.sum() <= 0:   # float underflow at tiny alpha: one class
+    sub = np.eye(len(idx))[rng.integers(len(idx))]
+  q[idx] = sub
+  return q
+
+
+def _largest_remainder(q: np.ndarray, n: int) -> np.ndarray:
+  """Integer counts summing to n, as close as possible to n * q (Hamilton's method); zero where q == 0."""
+  x = q * n
+  f = np.floor(x).astype(np.int64)
+  r = n - int(f.sum())
+  if r > 0:
+    frac = np.where(q > 0, x - f, -np.inf)
+    f[np.argsort(-frac, kind='stable')[:r]] += 1
+  return f
 
 
 def _one_class_per_client(pools, num_clients, examples_per_client, rng):
@@ -120,4 +154,5 @@ def split_statistics(labels: np.ndarray, splits: Sequence[np.ndarray]) -> dict:
     dom.append(counts.max() / counts.sum() if counts.sum() else 0.0)
   return {'clients': len(splits), 'total': int(sum(len(s) for s in splits)),
           'classes_per_client_mean': float(np.mean(ncls)), 'classes_per_client_min': int(np.min(ncls)),
-          'classes_per_client_max': int(np.max(ncls)), 'dominant_fraction_median': float(np.median(dom))}
+          'classes_per_client_max': int(np.max(ncls)), 'dominant_fraction_min': float(np.min(dom)),
+          'dominant_fraction_median': float(np.median(dom)), 'dominant_fraction_max': float(np.max(dom))}
