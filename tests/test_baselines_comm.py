@@ -100,3 +100,18 @@ def test_baseline_configs_validate():
   assert mod.PUBLISHED[('4.2', 'cifar100', 'fedadagrad@0.01', 1000.0, 5)] == 51.44
   with pytest.raises(ValueError, match='unknown key'):
     mod.get_config('algorithm=fedprox')
+
+
+def test_fedspeed_active_dual_mean_at_partial_participation_warns(monkeypatch):
+  data = synthetic(3, 4, input_shape=(2, 1, 1), num_classes=3)
+  said = []
+  monkeypatch.setattr(validate.logging, 'warning', lambda msg, *a: said.append(msg % a))
+  for dual_mean, per_round, warned in (('active', 2, True), ('active', 3, False), ('population', 2, False)):
+    said.clear()
+    cfg = config('fedspeed', optimizer='sam', dual_mean=dual_mean)
+    cfg.clients_per_round = per_round
+    validate.validate_config(cfg)
+    validate.validate_against_data(cfg, data)
+    assert bool(said) == warned, (dual_mean, per_round, said)
+    if warned:
+      assert 'dual_mean=population' in said[0] and 'clients_per_round=2 of 3' in said[0]

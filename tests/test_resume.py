@@ -147,3 +147,56 @@ def test_sigkill_trials_stateful_adam(tmp_path, tmp_path_factory):
   ref = _reference(tmp_path_factory, STATEFUL)
   trials = [_kill_and_resume(tmp_path, ref, STATEFUL, seed) for seed in (1, 13, 24)]
   print('(kill target, newest checkpoint at the kill, killed mid-write):', trials)
+
+
+def _tensorboard_scalars(tb_dir):
+  """{tag: [(step, value), ...]} as TensorBoard shows it: every event is kept, except that a SessionLog
+  START at step s (written for purge_step) drops the earlier events at steps >= s."""
+  import struct
+  from tensorboardX.proto import event_pb2
+  out = {}
+  for name in sorted(os.listdir(tb_dir), key=lambda n: os.path.getmtime(os.path.join(tb_dir, n))):
+    data = open(os.path.join(tb_dir, name), 'rb').read()
+    pos = 0
+    while pos < len(data):
+      (length,) = struct.unpack('<Q', data[pos:pos + 8])
+      ev = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+      pos += 12 + length + 4
+      if ev.HasField('session_log') and ev.session_log.status == ev.session_log.START:
+        out = {tag: [(s, v) for s, v in pts if s < ev.step] for tag, pts in out.items()}
+      for v in ev.summary.value:
+        out.setdefault(v.tag, []).append((ev.step, v.simple_value))
+  return out
+
+
+def test_resume_after_crash_shows_each_round_once_in_tensorboard_and_reports_own_speed(tmp_path):
+  """Rounds evaluated after the last checkpoint are re-run on resume: metrics.jsonl and TensorBoard must
+  each hold them once (with the re-run values), and rounds/s must count this process's rounds only."""
+  wd = str(tmp_path / 'run')
+  cfg = _quickstart(['--config.model=mlp', '--config.rounds=8', '--config.eval_every=1',
+                     '--config.checkpoint_every=4'])
+
+  class Crash(Exception):
+    pass
+
+  rounds_seen = []
+
+  def crash_after_6():
+    rounds_seen.append(1)
+    if len(rounds_seen) == 6:
+      raise Crash()
+    return False
+
+  with pytest.raises(Crash):
+    run_lib.run(cfg, wd, stop_requested=crash_after_6)
+  assert _latest_step(tmp_path / 'run') == 4 and len(_metrics(tmp_path / 'run')) == 6
+  summary = run_lib.run(cfg, wd)
+  recs = _metrics(tmp_path / 'run')
+  assert [r['round'] for r in recs] == list(range(1, 9))
+  tb = _tensorboard_scalars(os.path.join(wd, 'tensorboard'))
+  assert [s for s, _ in tb['test_accuracy']] == list(range(1, 9))     # each round once, in order
+  for (_, v), r in zip(tb['test_accuracy'], recs):
+    assert v == pytest.approx(r['test_accuracy'], rel=1e-6)
+  assert summary['rounds_completed'] == 8 and summary['rounds_this_process'] == 4
+  assert summary['rounds_per_s'] == pytest.approx(4 / summary['wall_time_s'])
+  assert summary['wall_time_total_s'] > summary['wall_time_s']

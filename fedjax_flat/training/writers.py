@@ -17,17 +17,30 @@ class MetricsWriter:
     self.jsonl_path = os.path.join(workdir, 'metrics.jsonl')
     self.csv_path = os.path.join(workdir, 'metrics.csv')
     self.records: List[Dict] = []
+    self._tensorboard = tensorboard
     self._tb = None
-    if tensorboard:
+    self._purge_step = None
+
+  def _tb_writer(self):
+    """Opened on first use, so that a resume can first say which steps to purge."""
+    if self._tb is None and self._tensorboard:
       try:
         from tensorboardX import SummaryWriter
-        self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
       except ImportError:  # optional: results still go to JSONL/CSV
-        self._tb = None
+        self._tensorboard = False
+        return None
+      # purge_step: TensorBoard drops events at steps >= it from earlier event files, so rounds that ran
+      # after the last checkpoint and are re-run after a resume are not shown twice.
+      self._tb = SummaryWriter(os.path.join(self.workdir, 'tensorboard'), purge_step=self._purge_step)
+    return self._tb
 
   def load_existing(self, upto_round: int):
-    """On resume: keep records up to `upto_round`, drop any written after the checkpoint."""
+    """On resume: keep records up to `upto_round`, drop any written after the checkpoint (also in TensorBoard)."""
     self.records = []
+    if self._tb is not None:
+      self._tb.close()
+      self._tb = None
+    self._purge_step = int(upto_round) + 1
     if os.path.exists(self.jsonl_path):
       with open(self.jsonl_path) as f:
         for line in f:
@@ -69,11 +82,12 @@ class MetricsWriter:
       f.write(json.dumps(record) + '\n')
       f.flush()
     self._write_csv()
-    if self._tb is not None:
+    tb = self._tb_writer()
+    if tb is not None:
       for k, v in record.items():
         if k != 'round' and isinstance(v, (int, float)) and not isinstance(v, bool):
-          self._tb.add_scalar(k, v, record['round'])
-      self._tb.flush()
+          tb.add_scalar(k, v, record['round'])
+      tb.flush()
 
   def close(self):
     if self._tb is not None:
