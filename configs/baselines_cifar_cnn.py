@@ -22,8 +22,8 @@ config holds every hyperparameter of the chosen algorithm, so each can be overri
 the paper's Algorithm 1 (algo.dual_mean='active'); the authors' release code is algo.dual_mean='population'
 (it is stable at low participation where 'active' can collapse: benchmarks/README.baselines.md); which one
 produced Table 4.15 is not stated.
-Reported accuracy: mean over the last 100 rounds (eval every 10 rounds, summary of the last 10 evaluations;
-the papers evaluate every round: --config.eval_every=1 --config.summary_last_k=100).
+Reported accuracy: mean over the last 100 rounds, each evaluated (config.eval_every_last=100,
+config.summary_last_k=100), as in the papers.
 
 Published numbers (accuracy %, mean of the last 100 rounds; transcribed in PUBLISHED below):
 

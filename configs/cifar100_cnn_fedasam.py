@@ -20,8 +20,8 @@ Setting (Table A.1): client ASAM rho=0.5, eta=0.2; lr 0.01, batch 64, weight dec
 no momentum; server FedAvg (SGD lr 1); random crop (pad 4) + flip, CIFAR100 normalization.
 +SWA: configs/cifar100_cnn_fedasam_swa.py (or --config.swa.enabled=True: the Table A.3 SWA
 settings, c=20, lr 1e-2 -> 1e-4, start 0.75 T, are preset).
-Evaluation every 10 rounds; summary = mean of the last 10 evaluations (last 100 rounds). The paper evaluates
-every round of the last 100: --config.eval_every=1 --config.summary_last_k=100.
+Evaluation as in the paper: every 100 rounds, and every round of the last 100; the summary reports the mean
+test accuracy over the last 100 rounds (config.eval_every_last, config.summary_last_k).
 """
 from fedjax_flat.training import paper_hparams
 

@@ -19,7 +19,7 @@ Hyperparameters (Table A.5, confirmed by the release scripts paper_experiments/c
 rho_l=0.2 with the linear warm-up from rho0=0.001 over T_s=15000 rounds, server rho_s=0.01, ADMM beta=100;
 lr 0.01, batch 64, weight decay 4e-4, 1 local epoch, no client/server momentum, server lr 1 (Table A.4);
 random crop (pad 4) + flip, CIFAR100 normalization.
-Evaluation every 10 rounds; summary = mean of the last 10 evaluations (last 100 rounds).
+Evaluation every 100 rounds and every round of the last 100; summary = mean over the last 100 rounds.
 """
 import ml_collections
 

@@ -19,7 +19,7 @@ lr 0.01, batch 64, weight decay 4e-4, 1 local epoch, no client/server momentum, 
 random crop (pad 4) + flip, CIFAR100 normalization.
 Two exchanges per round with the same clients (phase 0 estimates the global ascent direction, phase 1
 is FedGloSS's step); communication is counted 2x.
-Evaluation every 10 rounds; summary = mean of the last 10 evaluations (last 100 rounds).
+Evaluation every 100 rounds and every round of the last 100; summary = mean over the last 100 rounds.
 """
 import ml_collections
 

@@ -20,8 +20,8 @@ Setting (Table A.1): client SAM rho=0.1; lr 0.01, batch 64, weight decay 4e-4, 1
 no momentum; server FedAvg (SGD lr 1); random crop (pad 4) + flip, CIFAR10 normalization.
 Server SWA (Table A.3): from round 7500 = 0.75 T, cycle c=10, cyclic client lr 1e-2 -> 1e-4; the SWA model is
 the reported one (summary.json "reported_model": "swa").
-Evaluation every 10 rounds; summary = mean of the last 10 evaluations (last 100 rounds). The paper evaluates
-every round of the last 100: --config.eval_every=1 --config.summary_last_k=100.
+Evaluation as in the paper: every 100 rounds, and every round of the last 100; the summary reports the mean
+test accuracy over the last 100 rounds (config.eval_every_last, config.summary_last_k).
 """
 from fedjax_flat.training import paper_hparams
 

@@ -15,7 +15,8 @@ Variants: --config.data.alpha=0 | 0.05 | --config.wima.window=5|10|50|200 |
 
 Setting (thesis A.3.1): client SGD lr 0.1, no momentum, no weight decay, batch 100, 1 local epoch; server FedAvg
 (lr 1, no momentum); ResNet20-GN [U: GN groups not given, 2 used]; augmentation not stated [U], CIFAR crop +
-flip used. Evaluation every 10 rounds, summary = mean of the last 10 evaluations (last 100 rounds).
+flip used. Evaluation every 100 rounds and
+every round of the last 100; summary = mean over the last 100 rounds.
 """
 from fedjax_flat.training import paper_hparams
 

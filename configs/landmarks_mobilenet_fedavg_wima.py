@@ -29,5 +29,6 @@ def get_config():
   c.wima.enabled = True
   c.wima.window = 370
   c.eval_every = 10
-  c.summary_last_k = 10
+  c.eval_every_last = 100       # the papers: mean test accuracy over the last 100 rounds, each evaluated
+  c.summary_last_k = 100
   return c

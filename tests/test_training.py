@@ -119,3 +119,16 @@ def test_eval_clients_reports_accuracy_on_sampled_clients():
     x, y = data.client_examples(int(k))
     accs.append(float(jnp.mean(jnp.argmax(t.model.apply(params, x), -1) == y)))
   np.testing.assert_allclose(rec['clients_mean_accuracy'], np.mean(accs), rtol=1e-6)
+
+
+def test_eval_every_last_evaluates_each_final_round_and_summary_averages_them():
+  """The papers' protocol: evaluate every round of the last N rounds and report their mean."""
+  t = loop.Trainer(small_config(rounds=12, eval_every=5, eval_every_last=4, summary_last_k=4),
+                   data=quantity_skew_data())
+  s = t.train()
+  assert [r['round'] for r in t.records] == [5, 9, 10, 11, 12]
+  np.testing.assert_allclose(s['models']['global']['mean_last_4_test_accuracy'],
+                             np.mean([r['test_accuracy'] for r in t.records[-4:]]))
+  from fedjax_flat.training import validate
+  with pytest.raises(validate.ConfigError, match='eval_every_last'):
+    validate.validate_config(small_config(eval_every_last=-1))

@@ -15,7 +15,7 @@ Fields (validated by `training/validate.py` before anything is compiled):
   engine               client strategy ('auto'|'vmap'|'chunked'|'sequential'), chunk size, unroll, bucketing,
                        shard_clients ('auto'|True|False: clients over every device of every host, docs/scaling.md),
                        stream_batches (host batches built one chunk at a time: memory O(chunk), not O(cohort))
-  eval_every, eval_batch_size, eval_clients, summary_last_k
+  eval_every, eval_every_last, eval_batch_size, eval_clients, summary_last_k
   checkpoint_every, keep_checkpoints   orbax checkpoints in WORKDIR/checkpoints every N rounds (0 = only at
                        the end or on SIGTERM/SIGINT), keeping the last K; resume is automatic (docs/scaling.md)
   client_state_store, client_state_device_max_mb   per-client state store (SCAFFOLD, FedDyn, ...)
@@ -101,6 +101,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.corruption_eval.check_official_sizes = True
 
   c.eval_every = 10
+  c.eval_every_last = 0               # also evaluate every round of the last N rounds (papers: 100)
   c.eval_batch_size = 256
   c.eval_clients = False              # also evaluate on each sampled client's training data
   c.summary_last_k = 10               # summary.json averages the last K evaluations (papers: last 100 rounds)

@@ -249,7 +249,8 @@ class Trainer:
       train_losses.append(res['train_loss'])
       rps = (self.round - start_round) / max(time.time() - t0, 1e-9)
       elapsed = self.elapsed_s()
-      if self.round % c.eval_every == 0 or self.round == end:
+      if (self.round % c.eval_every == 0 or self.round == end
+          or self.round > c.rounds - c.get('eval_every_last', 0)):
         rec = {'round': self.round, **self.evaluate(), 'train_loss': float(np.mean(train_losses)),
                'elapsed_s': elapsed, 'rounds_per_s': rps,
                'comm_down_params': self.comm_total['down_params'], 'comm_up_params': self.comm_total['up_params'],

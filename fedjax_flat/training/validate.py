@@ -128,6 +128,7 @@ def validate_config(cfg) -> None:
     if cfg.corruption_eval.name and not set(cfg.corruption_eval.severities) <= {1, 2, 3, 4, 5}:
       raise ConfigError('corruption_eval.severities', cfg.corruption_eval.severities, 'a subset of 1..5')
   _num(cfg, 'eval_every', lo=1, integer=True)
+  _num(cfg, 'eval_every_last', lo=0, integer=True)
   _num(cfg, 'eval_batch_size', lo=1, integer=True)
   _num(cfg, 'summary_last_k', lo=1, integer=True)
   _num(cfg, 'checkpoint_every', lo=0, integer=True)
