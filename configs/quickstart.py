@@ -7,9 +7,9 @@ Expected: about 40-60 s on 2 CPU cores (most of it compilation), final test accu
 (359 held-out digits). No download: the data ships with scikit-learn.
 Variants: --config.client.optimizer=asam --config.client.rho=0.7 --config.client.asam_eta=0.2 (FedASAM),
 --config.data.alpha=0 (one class per client), --config.swa.enabled=True.
-Another algorithm with its hyperparameters overridable: --config=configs/quickstart.py:fedprox
---config.algo.mu=0.01 (the argument fills config.algo with the algorithm's registered defaults; see also
-configs/baselines_digits.py for every baseline).
+Another algorithm: --config.algorithm=fedprox --config.algo.mu=0.01 (experiments/train.py fills
+config.algo with the algorithm's registered defaults, then applies --config.algo.*; the config argument
+form --config=configs/quickstart.py:fedprox does the same; see configs/baselines_digits.py for every baseline).
 """
 from fedjax_flat.training.default_config import default_config
 

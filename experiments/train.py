@@ -72,8 +72,10 @@ def main(argv):
   from fedjax_flat.training import checkpoint as ckpt_lib
   from fedjax_flat.training import run as run_lib
   from fedjax_flat.training.validate import ConfigError
+  from fedjax_flat.training import algo_flags
   try:
-    summary = run_lib.run(_CONFIG.value, _WORKDIR.value, fresh=_FRESH.value, handle_signals=True)
+    config = algo_flags.apply(_CONFIG.value, _ALGO_OVERRIDES)
+    summary = run_lib.run(config, _WORKDIR.value, fresh=_FRESH.value, handle_signals=True)
   except ConfigError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
@@ -95,5 +97,11 @@ def main(argv):
   print(f'plot:    {wd}/metrics.png   tensorboard: {wd}/tensorboard   checkpoint: {summary["checkpoint"]}')
 
 
+_ALGO_OVERRIDES = []
+
+
 if __name__ == '__main__':
+  # --config.algo.<name>=<value> works for every config and algorithm (training/algo_flags.py).
+  from fedjax_flat.training import algo_flags as _algo_flags
+  sys.argv, _ALGO_OVERRIDES = _algo_flags.split_argv(sys.argv)
   app.run(main)

@@ -71,10 +71,13 @@ def test_clients_per_round_above_population():
 
 
 @pytest.mark.parametrize('flag', ['--config.client.lr=-1', '--config.algorithm=fedfoo',
-                                  '--config.clients_per_round=1000'])
+                                  '--config.clients_per_round=1000', '--config.algo.mu=0.1',
+                                  '--config.algorithm=fedprox --config.algo.mu=abc',
+                                  '--config.algorithm=fedfoo --config.algo.mu=0.1'])
 def test_binary_exits_2_with_one_message(tmp_path, flag):
   cmd = [sys.executable, os.path.join(REPO, 'experiments', 'train.py'),
-         f'--config={os.path.join(REPO, "configs", "quickstart.py")}', f'--workdir={tmp_path / "w"}', flag]
+         f'--config={os.path.join(REPO, "configs", "quickstart.py")}', f'--workdir={tmp_path / "w"}',
+         *flag.split()]
   res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
   assert res.returncode == 2, res.stderr[-2000:]
   assert 'error: config.' in res.stderr
@@ -94,3 +97,38 @@ def test_unwritable_workdir(tmp_path):
   from fedjax_flat.training import run
   with pytest.raises(validate.ConfigError, match='workdir'):
     run.run(default_config(), target)
+
+
+def test_algo_flags_fill_defaults_and_parse_by_type():
+  from fedjax_flat.training import algo_flags
+  argv = ['train.py', '--config=x.py', '--config.algo.mu', '0.5', '--config.rounds=3',
+          '--config.algo.adaptive_mu=true']
+  rest, over = algo_flags.split_argv(argv)
+  assert rest == ['train.py', '--config=x.py', '--config.rounds=3']
+  assert over == [('mu', '0.5'), ('adaptive_mu', 'true')]
+  c = default_config()
+  c.algorithm = 'adabest'
+  c.lock()
+  algo_flags.apply(c, over)
+  assert c.algo.mu == 0.5 and c.algo.adaptive_mu is True and 'beta' in c.algo   # defaults filled in
+  validate.validate_config(c)
+  c2 = default_config()
+  c2.algorithm = 'fedprox'
+  with pytest.raises(validate.ConfigError, match=r'algo.beta.*fedprox \(it has: mu\)'):
+    algo_flags.apply(c2, [('beta', '1')])
+  with pytest.raises(validate.ConfigError, match='expected true or false'):
+    algo_flags.apply(c, [('adaptive_mu', 'maybe')])
+  with pytest.raises(ValueError, match='needs a value'):
+    algo_flags.split_argv(['--config.algo.mu'])
+
+
+def test_binary_takes_algo_flags_for_a_config_without_algo(tmp_path):
+  wd = tmp_path / 'w'
+  cmd = [sys.executable, os.path.join(REPO, 'experiments', 'train.py'),
+         f'--config={os.path.join(REPO, "configs", "quickstart.py")}', f'--workdir={wd}',
+         '--config.algorithm=fedprox', '--config.algo.mu=0.25', '--config.rounds=2', '--config.eval_every=1']
+  res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+  assert res.returncode == 0, res.stderr[-2000:]
+  import json
+  saved = json.loads((wd / 'config.json').read_text())
+  assert saved['algorithm'] == 'fedprox' and saved['algo'] == {'mu': 0.25}
