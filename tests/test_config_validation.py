@@ -132,3 +132,24 @@ def test_binary_takes_algo_flags_for_a_config_without_algo(tmp_path):
   import json
   saved = json.loads((wd / 'config.json').read_text())
   assert saved['algorithm'] == 'fedprox' and saved['algo'] == {'mu': 0.25}
+
+
+def test_adam_client_validation():
+  c = default_config()
+  c.client.base_optimizer = 'adam'
+  validate.validate_config(c)
+  c.client.momentum = 0.9
+  with pytest.raises(validate.ConfigError, match='client.momentum'):
+    validate.validate_config(c)
+  c.client.momentum = 0.0
+  c.client.adam_b2 = 1.0
+  with pytest.raises(validate.ConfigError, match='client.adam_b2'):
+    validate.validate_config(c)
+  c.client.adam_b2 = 0.999
+  c.client.base_optimizer = 'rmsprop'
+  with pytest.raises(validate.ConfigError, match='client.base_optimizer'):
+    validate.validate_config(c)
+  c.client.base_optimizer = 'adam'
+  c.algorithm = 'mime'
+  with pytest.raises(validate.ConfigError, match='client.base_optimizer'):
+    validate.validate_config(c)

@@ -16,10 +16,11 @@ from fedjax_flat.training.default_config import default_config
 SIZES = [5, 13, 8, 21, 3]
 
 
-def _setup(strategy='vmap', chunk=0, momentum=0.0, wd=1e-3, server_lr=1.0):
+def _setup(strategy='vmap', chunk=0, momentum=0.0, wd=1e-3, server_lr=1.0, adam=False):
   cfg = default_config()
   cfg.model = 'mlp'
-  cfg.client.lr = 0.1
+  cfg.client.lr = 0.01 if adam else 0.1
+  cfg.client.base_optimizer = 'adam' if adam else 'sgd'
   cfg.client.momentum = momentum
   cfg.client.weight_decay = wd
   cfg.client.batch_size = 4
@@ -50,11 +51,12 @@ def _engine_rounds(strategy, chunk=0, rounds=3, **kw):
   return state['params'], round_fn, data, model, params
 
 
-def _reference_rounds(rounds=3, momentum=0.0, wd=1e-3, server_lr=1.0):
+def _reference_rounds(rounds=3, momentum=0.0, wd=1e-3, server_lr=1.0, adam=False):
   """FedAvg written as a plain loop: per client, per batch, one optax step on the exact masked mean."""
-  cfg, data, model, alg, params = _setup(momentum=momentum, wd=wd, server_lr=server_lr)
+  cfg, data, model, alg, params = _setup(momentum=momentum, wd=wd, server_lr=server_lr, adam=adam)
   loss = make_loss(model)
-  tx = optax.chain(optax.add_decayed_weights(wd), optax.sgd(0.1, momentum=momentum or None))
+  base = optax.adam(0.01) if adam else optax.sgd(0.1, momentum=momentum or None)
+  tx = optax.chain(optax.add_decayed_weights(wd), base)
   server = optax.sgd(server_lr)
   sstate = server.init(params)
   n_steps = batching.padded_num_steps(data.client_sizes(), 4, epochs=2)
@@ -84,10 +86,10 @@ def _reference_rounds(rounds=3, momentum=0.0, wd=1e-3, server_lr=1.0):
   return params
 
 
-@pytest.mark.parametrize('momentum,server_lr', [(0.0, 1.0), (0.9, 0.5)])
-def test_vmap_engine_equals_python_loop(momentum, server_lr):
-  got, *_ = _engine_rounds('vmap', momentum=momentum, server_lr=server_lr)
-  want = _reference_rounds(momentum=momentum, server_lr=server_lr)
+@pytest.mark.parametrize('momentum,server_lr,adam', [(0.0, 1.0, False), (0.9, 0.5, False), (0.0, 1.0, True)])
+def test_vmap_engine_equals_python_loop(momentum, server_lr, adam):
+  got, *_ = _engine_rounds('vmap', momentum=momentum, server_lr=server_lr, adam=adam)
+  want = _reference_rounds(momentum=momentum, server_lr=server_lr, adam=adam)
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6), got, want)
 
 

@@ -179,3 +179,27 @@ def test_ignores_other_extra_args_and_requires_grad_fn():
   np.testing.assert_allclose(new_w, W0 - 0.1 * (A @ closed_form_ascent(W0, 0.3) - B), rtol=1e-6)
   with pytest.raises(ValueError, match='grad_fn'):
     tx.update(quad_grad(w), tx.init(w), w)
+
+
+def test_client_adam_is_torch_adam_with_coupled_weight_decay():
+  """client.base_optimizer='adam' = torch.optim.Adam(lr, betas, eps, weight_decay) written out by hand."""
+  import ml_collections
+  from fedjax_flat.optimizers.client import make_client_tx
+  cfg = ml_collections.ConfigDict(dict(optimizer='sgd', base_optimizer='adam', momentum=0.0, weight_decay=0.01,
+                                       adam_b1=0.9, adam_b2=0.99, adam_eps=1e-8, grad_clip=0.0, asam_eta=0.0))
+  lr = 0.05
+  tx = make_client_tx(cfg, {'lr': jnp.float32(lr), 'rho': jnp.float32(0.0)})
+  a = jnp.array([1.0, -2.0, 0.5])
+  loss = lambda w: 0.5 * jnp.sum(a * w['w'] ** 2)
+  w = {'w': jnp.array([1.0, 1.0, -3.0])}
+  state = tx.init(w)
+  wn, m, v = np.array(w['w'], np.float64), np.zeros(3), np.zeros(3)
+  for t in range(1, 6):
+    g = jax.grad(loss)(w)
+    u, state = tx.update(g, state, w)
+    w = optax.apply_updates(w, u)
+    gn = np.array(a, np.float64) * wn + 0.01 * wn          # torch: grad += weight_decay * p
+    m = 0.9 * m + 0.1 * gn
+    v = 0.99 * v + 0.01 * gn ** 2
+    wn = wn - lr * (m / (1 - 0.9 ** t)) / (np.sqrt(v / (1 - 0.99 ** t)) + 1e-8)
+    np.testing.assert_allclose(w['w'], wn, rtol=1e-5, atol=1e-6)

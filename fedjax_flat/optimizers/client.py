@@ -4,7 +4,10 @@ chain(  [sam(rho) | asam(rho, eta) | nothing]   replaces g by the gradient at th
         add_correction()                        + algorithm correction (FedProx, SCAFFOLD, FedDyn...)
         [clip_by_global_norm(c)]                (FedDyn's gradient clipping)
         add_decayed_weights(wd)                 PyTorch-style coupled weight decay, at the unperturbed w
-        sgd(lr, momentum) )
+        sgd(lr, momentum) | adam(lr, b1, b2, eps) )   client.base_optimizer
+
+Adam (FedSoup's client optimizer) is torch.optim.Adam with its coupled `weight_decay`; its moments start at
+zero each round (the usual FL practice; FedSoup's code keeps them across rounds per client).
 
 It is built inside the jitted round from traced hparams (lr, rho), so a schedule driven by the server
 (SWA's cyclic lr, FedGloSS's rho warm-up) changes values, never shapes: no recompilation.
@@ -52,5 +55,11 @@ def make_client_tx(client_cfg, hparams) -> optax.GradientTransformation:
     parts.append(optax.clip_by_global_norm(client_cfg.grad_clip))
   if client_cfg.weight_decay:
     parts.append(optax.add_decayed_weights(client_cfg.weight_decay))
-  parts.append(optax.sgd(hparams['lr'], momentum=client_cfg.momentum or None))
+  base = client_cfg.get('base_optimizer', 'sgd')
+  if base == 'sgd':
+    parts.append(optax.sgd(hparams['lr'], momentum=client_cfg.momentum or None))
+  elif base == 'adam':
+    parts.append(optax.adam(hparams['lr'], b1=client_cfg.adam_b1, b2=client_cfg.adam_b2, eps=client_cfg.adam_eps))
+  else:
+    raise ValueError(f"client.base_optimizer={base!r}; allowed: 'sgd', 'adam'")
   return optax.chain(*parts)

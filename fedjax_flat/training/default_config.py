@@ -44,7 +44,11 @@ def default_config() -> ml_collections.ConfigDict:
   c.clients_per_round = 5
 
   c.client = ml_collections.ConfigDict()
-  c.client.optimizer = 'sgd'
+  c.client.optimizer = 'sgd'           # 'sgd' | 'sam' | 'asam': the gradient (plain or sharpness-aware)
+  c.client.base_optimizer = 'sgd'      # 'sgd' (lr, momentum) | 'adam' (lr, adam_b1, adam_b2, adam_eps)
+  c.client.adam_b1 = 0.9
+  c.client.adam_b2 = 0.999             # torch default; FedSoup's paper says 0.99
+  c.client.adam_eps = 1e-8
   c.client.lr = 0.01
   c.client.momentum = 0.0
   c.client.weight_decay = 4e-4

@@ -77,6 +77,17 @@ def validate_config(cfg) -> None:
   _num(cfg, 'clients_per_round', lo=1, integer=True)
 
   _choice(cfg, 'client.optimizer', ('sgd', 'sam', 'asam'))
+  _choice(cfg, 'client.base_optimizer', ('sgd', 'adam'))
+  if cfg.client.base_optimizer == 'adam':
+    _num(cfg, 'client.adam_b1', lo=0, hi=1, hi_open=True)
+    _num(cfg, 'client.adam_b2', lo=0, hi=1, hi_open=True)
+    _num(cfg, 'client.adam_eps', lo=0, lo_open=True)
+    if cfg.client.momentum:
+      raise ConfigError('client.momentum', cfg.client.momentum,
+                        'must be 0 with client.base_optimizer=adam (Adam\'s first moment is client.adam_b1)')
+    if cfg.algorithm in ('mime', 'mimelite'):
+      raise ConfigError('client.base_optimizer', 'adam',
+                        f'{cfg.algorithm} defines its own SGD-momentum base optimizer: use sgd')
   _num(cfg, 'client.lr', lo=0, lo_open=True)
   _num(cfg, 'client.momentum', lo=0, hi=1, hi_open=True)
   _num(cfg, 'client.weight_decay', lo=0)
