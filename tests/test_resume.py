@@ -155,7 +155,9 @@ def _tensorboard_scalars(tb_dir):
   import struct
   from tensorboardX.proto import event_pb2
   out = {}
-  for name in sorted(os.listdir(tb_dir), key=lambda n: os.path.getmtime(os.path.join(tb_dir, n))):
+  names = sorted(os.listdir(tb_dir))    # TensorBoard reads a run's event files in name order
+  assert len(names) == 2, names          # one per process, the resumed one last
+  for name in names:
     data = open(os.path.join(tb_dir, name), 'rb').read()
     pos = 0
     while pos < len(data):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import time
 from typing import Dict, List
 
 import numpy as np
@@ -14,6 +15,7 @@ class MetricsWriter:
 
   def __init__(self, workdir: str, tensorboard: bool = True):
     self.workdir = workdir
+    os.makedirs(workdir, exist_ok=True)
     self.jsonl_path = os.path.join(workdir, 'metrics.jsonl')
     self.csv_path = os.path.join(workdir, 'metrics.csv')
     self.records: List[Dict] = []
@@ -31,7 +33,10 @@ class MetricsWriter:
         return None
       # purge_step: TensorBoard drops events at steps >= it from earlier event files, so rounds that ran
       # after the last checkpoint and are re-run after a resume are not shown twice.
-      self._tb = SummaryWriter(os.path.join(self.workdir, 'tensorboard'), purge_step=self._purge_step)
+      # The suffix keeps a resumed run's file distinct from (and sorted after) the earlier one even within the
+      # same second: TensorBoard reads event files in name order, and the default name has 1 s resolution.
+      self._tb = SummaryWriter(os.path.join(self.workdir, 'tensorboard'), purge_step=self._purge_step,
+                               filename_suffix=f'.{time.time_ns():020d}')
     return self._tb
 
   def load_existing(self, upto_round: int):
