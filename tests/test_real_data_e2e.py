@@ -29,13 +29,17 @@ def _config(name):
   return c
 
 
-def _summary(wd):
-  with open(os.path.join(wd, 'summary.json')) as f:
-    s = json.load(f)
+def _run(c, tmp_path, dataset, *, clients_per_round, batch_size):
+  """Runs 3 rounds; checks the summary, and one finite evaluation per round in metrics.jsonl."""
+  c.clients_per_round = clients_per_round
+  c.client.batch_size = batch_size
+  wd = str(tmp_path / 'run')
+  s = run_lib.run(c, wd)
+  assert s['dataset'] == dataset and s['rounds_completed'] == 3
   recs = [json.loads(line) for line in open(os.path.join(wd, 'metrics.jsonl'))]
   assert [r['round'] for r in recs] == [1, 2, 3]
   assert all(np.isfinite(r['test_loss']) for r in recs)
-  return s
+  assert os.path.exists(os.path.join(wd, 'summary.json'))
 
 
 def test_cifar10_fedsam_config_on_official_tarball(tmp_path):
@@ -44,11 +48,7 @@ def test_cifar10_fedsam_config_on_official_tarball(tmp_path):
   c.data.data_dir = str(tmp_path / 'data')
   c.data.num_clients, c.data.examples_per_client, c.data.alpha = 5, 20, 0.05
   c.data.check_official_sizes = False
-  c.clients_per_round = 2
-  c.client.batch_size = 8
-  s = run_lib.run(c, str(tmp_path / 'run'))
-  assert s['dataset'] == 'cifar10' and s['rounds_completed'] == 3
-  _summary(tmp_path / 'run')
+  _run(c, tmp_path, 'cifar10', clients_per_round=2, batch_size=8)
   assert os.path.exists(tmp_path / 'data' / 'splits' / 'cifar10_alpha0.05_clients5_epc20_seed0.npz')
 
 
@@ -60,11 +60,7 @@ def test_pam_config_on_fedjax_sqlite(tmp_path):
   c.data.data_dir = str(tmp_path / 'data')
   c.data.check_official_sizes = False
   c.model = 'mlp'
-  c.clients_per_round = 3
-  c.client.batch_size = 4
-  s = run_lib.run(c, str(tmp_path / 'run'))
-  assert s['dataset'] == 'cifar100_pam' and s['rounds_completed'] == 3
-  _summary(tmp_path / 'run')
+  _run(c, tmp_path, 'cifar100_pam', clients_per_round=3, batch_size=4)
 
 
 def test_landmarks_config_on_tff_csv_and_gldv2_jpegs(tmp_path):
@@ -77,8 +73,4 @@ def test_landmarks_config_on_tff_csv_and_gldv2_jpegs(tmp_path):
   c.data.image_size = 32
   c.data.short_side = 40
   c.model = 'mlp'
-  c.clients_per_round = 2
-  c.client.batch_size = 2
-  s = run_lib.run(c, str(tmp_path / 'run'))
-  assert s['dataset'] == 'gld23k' and s['rounds_completed'] == 3
-  _summary(tmp_path / 'run')
+  _run(c, tmp_path, 'gld23k', clients_per_round=2, batch_size=2)
