@@ -173,3 +173,18 @@ def test_failed_save_clear_error_previous_intact(tmp_path, monkeypatch):
   monkeypatch.setattr(ocp.CheckpointManager, 'save', real_save)
   s = run_lib.run(tiny_config(), str(wd), data=small_data())
   assert s['resumed_from_round'] == 2 and s['rounds_completed'] == 4
+
+
+def test_fields_added_since_the_checkpoint_count_as_their_defaults():
+  """A checkpoint written before a config field existed (or with config.algo left empty) resumes when the
+  field now holds its default, and is refused when it does not."""
+  current = ckpt_lib.config_dict(tiny_config(algorithm='fedprox'))
+  current['algo'] = {'mu': 0.01}                       # the registered default, as --config.algo.* fills it
+  saved = json.loads(json.dumps(current))
+  del saved['client']['base_optimizer'], saved['client']['adam_b2']
+  saved['algo'] = {}
+  assert ckpt_lib.config_diffs(saved, current) == []
+  current['client']['base_optimizer'] = 'adam'
+  current['algo'] = {'mu': 0.5}
+  assert ckpt_lib.config_diffs(saved, current) == [('algo.mu', '<absent>', 0.5),
+                                                   ('client.base_optimizer', '<absent>', 'adam')]

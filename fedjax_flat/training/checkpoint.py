@@ -99,14 +99,33 @@ def _flatten_dict(d, prefix=''):
   return out
 
 
+def _implicit_defaults(current: Dict) -> Dict[str, Any]:
+  """The value a field has when a config does not set it: default_config's, and for algo.* the algorithm's
+  registered default. A checkpoint written before a field existed computed with exactly that value."""
+  from fedjax_flat.algorithms import registry
+  from fedjax_flat.training.default_config import default_config
+  out = _flatten_dict(config_dict(default_config()))
+  for k, v in registry.default_hparams(current.get('algorithm', '')).items():
+    out[f'algo.{k}'] = _jsonable(v)
+  return out
+
+
 def config_diffs(saved: Dict, current: Dict, fields=COMPUTATION_FIELDS) -> List[Tuple[str, Any, Any]]:
-  """(field, checkpoint value, current value) for every leaf field under `fields` that differs."""
-  diffs = []
+  """(field, checkpoint value, current value) for every leaf field under `fields` that differs.
+
+  A field present on one side only is not a difference when the other side's value is its implicit default
+  (a newer version added the field, or --config.algo.* filled in the registered defaults).
+  """
+  diffs, defaults = [], None
   for f in fields:
     a = _flatten_dict(saved.get(f), f + '.') if isinstance(saved.get(f), dict) else {f: saved.get(f)}
     b = _flatten_dict(current.get(f), f + '.') if isinstance(current.get(f), dict) else {f: current.get(f)}
     for k in sorted(set(a) | set(b)):
       if a.get(k, '<absent>') != b.get(k, '<absent>'):
+        if (k in a) != (k in b):
+          defaults = _implicit_defaults(current) if defaults is None else defaults
+          if k in defaults and a.get(k, b.get(k)) == defaults[k]:
+            continue
         diffs.append((k, a.get(k, '<absent>'), b.get(k, '<absent>')))
   return diffs
 
