@@ -2,7 +2,7 @@
 median lambda_max of the clients' personalized models (benchmarks/README.fedsoup.md).
 
   .venv/bin/python benchmarks/fedsoup_compare.py --out=/tmp/fsb/results.jsonl [--seeds=0,1,2]
-      [--folds=-1,0,1,2,3,4] [--algorithms=fedavg,fedprox,fedsoup] [--rounds=100]
+      [--folds=-1,0,1,2,3,4] [--algorithms=fedavg,fedprox,fedbn,fedsoup] [--rounds=100] [--gn_groups=4]
   .venv/bin/python benchmarks/fedsoup_compare.py --out=/tmp/fsb/results.jsonl --table   (prints the table)
 
 Each run is the Trainer on configs/fedsoup_digits_<algorithm>.py (fold -1 = no client left out; fold j =
@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 
-def run_one(algorithm, seed, fold, rounds, hessian_iters, num_clients=0):
+def run_one(algorithm, seed, fold, rounds, hessian_iters, num_clients=0, gn_groups=None):
   import jax
   from fedjax_flat.core import personalized as P
   from fedjax_flat.data.batching import make_eval_batches
@@ -37,6 +37,8 @@ def run_one(algorithm, seed, fold, rounds, hessian_iters, num_clients=0):
   c.data.leave_out = fold
   if num_clients:
     c.data.num_clients = num_clients
+  if gn_groups is not None:
+    c.model_kwargs.gn_groups = gn_groups
   c.clients_per_round = c.data.num_clients - (1 if fold >= 0 else 0)   # all training clients every round
   c.rounds = rounds
   c.progress_every_s = 1e9
@@ -47,6 +49,7 @@ def run_one(algorithm, seed, fold, rounds, hessian_iters, num_clients=0):
   train_s = time.time() - t0
   p = s['personalized']
   rec = {'algorithm': algorithm, 'seed': seed, 'fold': fold, 'rounds': rounds, 'train_wall_s': train_s,
+         'gn_groups': int(c.model_kwargs.get('gn_groups', 0)),
          'num_clients': c.data.num_clients,
          'server_global_acc_final': s['final_test_accuracy'], **P.headline(p),
          **{f'server_{k}': v for k, v in p['server'].items()},
@@ -86,7 +89,7 @@ def _fmt(vals, scale=100.0):
 
 def table(path):
   recs = [json.loads(l) for l in open(path)]
-  algs = [a for a in ('fedavg', 'fedprox', 'fedsoup') if any(r['algorithm'] == a for r in recs)]
+  algs = [a for a in ('fedavg', 'fedprox', 'fedbn', 'fedsoup') if any(r['algorithm'] == a for r in recs)]
   out = []
   full = [r for r in recs if r['fold'] == -1]
   if full:
@@ -154,6 +157,8 @@ def main():
   ap.add_argument('--rounds', type=int, default=100)
   ap.add_argument('--hessian_iters', type=int, default=20)
   ap.add_argument('--num_clients', type=int, default=0, help='0 = the config (5 hospitals); up to 8')
+  ap.add_argument('--gn_groups', type=int, default=None,
+                  help='digits_cnn GroupNorm groups for every method (default: each config; fedbn uses 4)')
   ap.add_argument('--table', action='store_true')
   a = ap.parse_args()
   if a.table:
@@ -167,7 +172,7 @@ def main():
       for alg in a.algorithms.split(','):
         if (alg, seed, fold) in done:
           continue
-        rec = run_one(alg, seed, fold, a.rounds, a.hessian_iters, a.num_clients)
+        rec = run_one(alg, seed, fold, a.rounds, a.hessian_iters, a.num_clients, a.gn_groups)
         with open(a.out, 'a') as f:
           f.write(json.dumps(rec, default=float) + '\n')
         print(f"{alg} seed={seed} fold={fold}: local {rec['local_acc_weighted']:.4f} global "

@@ -26,6 +26,7 @@ def get_config():
   c.data = ml_collections.ConfigDict({'num_clients': 5, 'seed': 0, 'val_fraction': 0.1, 'test_fraction': 0.15,
                                       'leave_out': -1, 'global_fraction': 0.1})
   c.model = 'digits_cnn'
+  c.model_kwargs.gn_groups = 0   # 4: GroupNorm after each conv (FedBN's network; --config.model_kwargs.gn_groups=4)
   c.algorithm = 'fedprox'
   c.algo.mu = 0.01
   c.rounds = 100

@@ -153,3 +153,20 @@ def test_adam_client_validation():
   c.algorithm = 'mime'
   with pytest.raises(validate.ConfigError, match='client.base_optimizer'):
     validate.validate_config(c)
+
+
+def _config_files():
+  d = os.path.join(REPO, 'configs')
+  return sorted(f[:-3] for f in os.listdir(d) if f.endswith('.py') and not f.startswith('_'))
+
+
+@pytest.mark.parametrize('name', _config_files())
+def test_every_config_file_builds_and_validates(name):
+  """Each configs/*.py returns a ConfigDict that passes validation (the binary's first step)."""
+  import importlib
+  import inspect
+  sys.path.insert(0, REPO)
+  mod = importlib.import_module(f'configs.{name}')
+  c = mod.get_config() if not inspect.signature(mod.get_config).parameters else mod.get_config('')
+  validate.validate_config(c)
+  assert c.model_kwargs.to_dict().keys() >= {'conv_impl'}

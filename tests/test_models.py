@@ -46,3 +46,37 @@ def test_hidden_activations_exclude_logits():
 def test_unknown_model_error():
   with pytest.raises(ValueError, match="model='vit' is unknown"):
     get_model('vit', 10, (32, 32, 3))
+
+
+def test_digits_cnn_groupnorm_option_for_fedbn():
+  from fedjax_flat.core import personalized
+  plain = get_model('digits_cnn', 10, (8, 8, 1))
+  gn = get_model('digits_cnn', 10, (8, 8, 1), gn_groups=4)
+  z = jnp.zeros((1, 8, 8, 1))
+  p0, p1 = plain.init(jax.random.key(0), z), gn.init(jax.random.key(0), z)
+  assert num_params(p1) - num_params(p0) == 2 * (32 + 32)           # scale + bias of two GN(32) layers
+  assert sum(personalized.norm_flags(p1)) == 4 and sum(personalized.norm_flags(p0)) == 0
+  # GroupNorm statistics are per example: one example's logits do not depend on the rest of the batch.
+  x = jax.random.normal(jax.random.key(1), (5, 8, 8, 1))
+  np.testing.assert_allclose(gn.apply(p1, x)[:1], gn.apply(p1, x[:1]), rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match='not divisible'):
+    get_model('digits_cnn', 10, (8, 8, 1), gn_groups=5).init(jax.random.key(0), z)
+
+
+def test_fedbn_on_digits_cnn_groupnorm_keeps_norm_local():
+  from fedjax_flat.training import loop
+  from fedjax_flat.training.default_config import default_config
+  c = default_config()
+  c.dataset = 'digits_feature_shift'
+  c.data.num_clients = 5
+  c.model = 'digits_cnn'
+  c.model_kwargs = {'gn_groups': 4}
+  c.algorithm = 'fedbn'
+  c.rounds, c.clients_per_round, c.eval_every, c.progress_every_s = 2, 5, 2, 1e9
+  c.client.lr, c.client.batch_size = 0.05, 32
+  t = loop.Trainer(c)
+  init = jax.tree_util.tree_map(np.array, t.server_state['params'])
+  t.train()
+  srv = t.server_state['params']
+  np.testing.assert_array_equal(srv['GroupNorm_0']['scale'], init['GroupNorm_0']['scale'])   # never aggregated
+  assert not np.allclose(srv['Conv_0']['kernel'], init['Conv_0']['kernel'])

@@ -5,6 +5,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from fedjax_flat.models.layers import Conv, Dense
+from fedjax_flat.models.resnet import group_norm
 
 
 def _act(module: nn.Module, y):
@@ -36,14 +37,21 @@ class CifarCNN(nn.Module):
 
 
 class DigitsCNN(nn.Module):
-  """A small CNN for the 8x8x1 embedded digits: conv3x3-32, ReLU, conv3x3-32, ReLU, maxpool2, fc128, fc."""
+  """A small CNN for the 8x8x1 embedded digits: conv3x3-32, [GN], ReLU, conv3x3-32, [GN], ReLU, maxpool2, fc128, fc.
+
+  gn_groups > 0 adds GroupNorm after each conv (normalization params for FedBN / local-norm experiments at
+  quickstart size); 0 (default) is the plain network.
+  """
   num_classes: int = 10
   conv_impl: str = 'auto'
+  gn_groups: int = 0
 
   @nn.compact
   def __call__(self, x, train: bool = False):
-    x = _act(self, Conv(32, (3, 3), padding='SAME', conv_impl=self.conv_impl)(x))
-    x = _act(self, Conv(32, (3, 3), padding='SAME', conv_impl=self.conv_impl)(x))
+    norm = (lambda y, i: group_norm(y, self.gn_groups, name=f'GroupNorm_{i}')) if self.gn_groups else (
+        lambda y, i: y)
+    x = _act(self, norm(Conv(32, (3, 3), padding='SAME', conv_impl=self.conv_impl)(x), 0))
+    x = _act(self, norm(Conv(32, (3, 3), padding='SAME', conv_impl=self.conv_impl)(x), 1))
     x = nn.max_pool(x, (2, 2), strides=(2, 2))
     x = x.reshape(x.shape[:-3] + (-1,))
     x = _act(self, Dense(128)(x))

@@ -31,8 +31,9 @@ def _cifar_cnn(num_classes, input_shape, conv_impl='auto'):
 
 
 @register('digits_cnn')
-def _digits_cnn(num_classes, input_shape, conv_impl='auto'):
-  return base.from_flax(cnn.DigitsCNN(num_classes, conv_impl=conv_impl), 'digits_cnn', num_classes, input_shape)
+def _digits_cnn(num_classes, input_shape, conv_impl='auto', gn_groups=0):
+  return base.from_flax(cnn.DigitsCNN(num_classes, conv_impl=conv_impl, gn_groups=int(gn_groups)), 'digits_cnn',
+                        num_classes, input_shape)
 
 
 @register('mlp')
