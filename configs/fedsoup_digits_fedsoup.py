@@ -31,8 +31,9 @@ Setting here: digits_cnn, client SGD lr 0.05 (no momentum, weight decay 4e-4), b
 of every source (data.global_fraction=0.1, about 190 digits: the paper-sized set, about one local test set
 of about 50 digits, is data.global_fraction=0 and too small to separate the methods). Differences from the
 paper: SGD instead of Adam (the paper's client: --config.client.base_optimizer=adam --config.client.lr=1e-3
---config.client.adam_b2=0.99 [--config.algo.persist_opt_state=True for the code's persistent moments]), a tiny CNN without normalization layers (so FedBN has nothing to keep local;
-algorithm 'fedbn' needs a GroupNorm model), 10-class digits instead of binary medical images.
+--config.client.adam_b2=0.99 [--config.algo.persist_opt_state=True for the code's persistent moments]), a tiny
+CNN without normalization layers by default (--config.model_kwargs.gn_groups=4 adds GroupNorm, the network of
+configs/fedsoup_digits_fedbn.py), 10-class digits instead of binary medical images.
 """
 import ml_collections
 
