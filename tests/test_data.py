@@ -161,3 +161,13 @@ def test_dataset_rejects_bad_indices():
   with pytest.raises(ValueError, match='outside'):
     FederatedDataset.from_client_indices(np.zeros((3, 1)), np.zeros(3), [np.array([0, 5])], np.zeros((1, 1)),
                                          np.zeros(1), 2)
+
+
+def test_per_client_test_splits_must_match_the_training_clients():
+  x, y = np.zeros((6, 2, 2, 1)), np.arange(6) % 2
+  with pytest.raises(ValueError, match='one per training client'):
+    FederatedDataset.from_client_indices(x, y, [np.array([0, 1]), np.array([2, 3])], x[:3], y[:3], 2,
+                                         client_test_indices=[np.array([0]), np.array([1]), np.array([2])])
+  ds = FederatedDataset.from_client_indices(x, y, [np.array([0, 1]), np.array([2, 3])], x[:3], y[:3], 2,
+                                            test_population_indices=[np.array([0]), np.array([1, 2])])
+  assert ds.num_test_clients == 2 and len(ds.test_client_examples(1)[1]) == 2

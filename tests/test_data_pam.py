@@ -59,12 +59,18 @@ def test_read_fedjax_sqlite(tmp_path):
     np.testing.assert_array_equal(y, ex['label'])
     np.testing.assert_array_equal(ds.coarse_y[ds.client_indices(k)], ex['coarse_label'])
   assert ds.x.dtype == np.uint8 and ds.x.shape == (30, 32, 32, 3)
-  # global test = union of the test clients; per-client test splits = the test clients
+  # global test = union of the test clients, who are a separate population (not the training clients'
+  # own test splits: there are none, and personalized protocols must not pair train client k with test client k)
   tx, ty = ds.test_examples()
   np.testing.assert_array_equal(tx, np.concatenate([ex['image'] for _, ex in test]))
+  assert ds.num_test_clients == 3 and ds.client_test_offsets is None
   for k, (_, ex) in enumerate(test):
-    np.testing.assert_array_equal(ds.client_test_examples(k)[1], ex['label'])
+    np.testing.assert_array_equal(ds.test_client_examples(k)[1], ex['label'])
   assert ds.test_client_names == ['0', '1', '2']
+  with pytest.raises(ValueError, match='no per-client test splits'):
+    ds.client_test_examples(0)
+  with pytest.raises(IndexError, match='test client 3'):
+    ds.test_client_examples(3)
 
 
 def test_roundtrip_with_own_writer(tmp_path):
@@ -194,7 +200,7 @@ def test_generate_source(tmp_path):
             num_test_clients=4, check_official_sizes=False)
   ds = registry.get_dataset('cifar100_pam', **kw)
   assert ds.num_clients == 8 and list(ds.client_sizes()) == [50] * 8
-  assert ds.client_test_offsets is not None and len(ds.client_test_offsets) == 5
+  assert ds.num_test_clients == 4 and ds.client_test_offsets is None
   assert sorted(os.listdir(tmp_path / 'splits')) == [
       'cifar100_pam_beta10_test_alpha0.1_clients4_epc10_seed1.npz',
       'cifar100_pam_beta10_train_alpha0.1_clients8_epc50_seed0.npz']

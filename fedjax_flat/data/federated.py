@@ -41,7 +41,10 @@ class FederatedDataset:
   x, y: all training examples ([N, *input_shape], [N] int labels).
   client_index, client_offsets: CSR index sets of the clients into x/y.
   test_x, test_y: the global (centralized) test split.
-  client_test_index, client_test_offsets: optional per-client test splits, index sets into test_x/test_y.
+  client_test_index, client_test_offsets: optional per-client test splits, index sets into test_x/test_y,
+    one per training client (client k's own held-out data).
+  test_population_index, test_population_offsets: optional test *clients* that are a separate population
+    (TFF/FedJAX CIFAR-100: 100 test clients, none of them a training client), index sets into test_x/test_y.
   client_names: optional external ids (e.g. TFF client ids); clients are addressed by position 0..K-1.
   """
   x: np.ndarray
@@ -55,6 +58,9 @@ class FederatedDataset:
   client_test_index: Optional[np.ndarray] = None
   client_test_offsets: Optional[np.ndarray] = None
   client_names: Optional[Sequence[str]] = None
+  test_population_index: Optional[np.ndarray] = None
+  test_population_offsets: Optional[np.ndarray] = None
+  test_client_names: Optional[Sequence[str]] = None
 
   def __post_init__(self):
     if len(self.x) != len(self.y):
@@ -63,17 +69,25 @@ class FederatedDataset:
       raise ValueError('client_offsets must start at 0 and end at len(client_index)')
     if len(self.client_index) and (self.client_index.min() < 0 or self.client_index.max() >= len(self.x)):
       raise ValueError('client_index points outside x')
+    if self.client_test_offsets is not None and len(self.client_test_offsets) - 1 != self.num_clients:
+      raise ValueError(f'{len(self.client_test_offsets) - 1} per-client test splits for {self.num_clients} '
+                       'training clients: they must be one per training client; test clients that are a '
+                       'separate population go to test_population_index/offsets')
 
   @classmethod
   def from_client_indices(cls, x, y, client_indices: Sequence[np.ndarray], test_x, test_y, num_classes,
-                          name='dataset', client_test_indices=None, client_names=None):
+                          name='dataset', client_test_indices=None, client_names=None,
+                          test_population_indices=None, test_client_names=None):
     idx, off = _csr(client_indices)
-    t_idx = t_off = None
+    t_idx = t_off = p_idx = p_off = None
     if client_test_indices is not None:
       t_idx, t_off = _csr(client_test_indices)
+    if test_population_indices is not None:
+      p_idx, p_off = _csr(test_population_indices)
     return cls(x=x, y=np.asarray(y), client_index=idx, client_offsets=off, test_x=test_x,
                test_y=np.asarray(test_y), num_classes=int(num_classes), name=name,
-               client_test_index=t_idx, client_test_offsets=t_off, client_names=client_names)
+               client_test_index=t_idx, client_test_offsets=t_off, client_names=client_names,
+               test_population_index=p_idx, test_population_offsets=p_off, test_client_names=test_client_names)
 
   @property
   def num_clients(self) -> int:
@@ -106,3 +120,14 @@ class FederatedDataset:
 
   def test_examples(self) -> Tuple[np.ndarray, np.ndarray]:
     return self.test_x, self.test_y
+
+  @property
+  def num_test_clients(self) -> int:
+    """Test clients of a separate test population (0 when the test set is only centralized)."""
+    return 0 if self.test_population_offsets is None else len(self.test_population_offsets) - 1
+
+  def test_client_examples(self, j: int) -> Tuple[np.ndarray, np.ndarray]:
+    if not 0 <= j < self.num_test_clients:
+      raise IndexError(f'test client {j} out of range [0, {self.num_test_clients})')
+    i = self.test_population_index[self.test_population_offsets[j]:self.test_population_offsets[j + 1]]
+    return self.test_x[i], self.test_y[i]

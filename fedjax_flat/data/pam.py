@@ -226,8 +226,9 @@ def load_sqlite(data_dir: str, *, check_official_sizes: bool = True) -> Federate
     raise PamFormatError(f'CIFAR100-PAM: {len(names)} train clients / {len(x)} examples and {len(tnames)} '
                          f'test clients / {len(tx)} examples; expected 500/50000 and 100/10000')
   ds = FederatedDataset.from_client_indices(x, y, idx, tx, ty, num_classes=100, name='cifar100_pam',
-                                            client_test_indices=tidx, client_names=names)
-  ds.coarse_y, ds.test_coarse_y, ds.test_client_names = coarse, tcoarse, tnames
+                                            test_population_indices=tidx, client_names=names,
+                                            test_client_names=tnames)
+  ds.coarse_y, ds.test_coarse_y = coarse, tcoarse
   return ds
 
 
@@ -323,7 +324,7 @@ def load_generated(data_dir: str, *, seed: int = 0, alpha: float = 0.1, beta: fl
                                                   procedure='pam.pachinko_split'))
   ds = FederatedDataset.from_client_indices(
       arrays['x_train'], arrays['y_train'], parts['train'], arrays['x_test'], arrays['y_test'],
-      num_classes=100, name=f'cifar100_pam(generated, seed={seed})', client_test_indices=parts['test'])
+      num_classes=100, name=f'cifar100_pam(generated, seed={seed})', test_population_indices=parts['test'])
   ds.coarse_y, ds.test_coarse_y = arrays['coarse_train'], arrays['coarse_test']
   return ds
 
