@@ -115,3 +115,27 @@ def test_fedspeed_active_dual_mean_at_partial_participation_warns(monkeypatch):
     assert bool(said) == warned, (dual_mean, per_round, said)
     if warned:
       assert 'dual_mean=population' in said[0] and 'clients_per_round=2 of 3' in said[0]
+
+
+def test_population_comes_from_the_dataset_when_the_config_has_none(monkeypatch):
+  """PAM / Landmarks configs have no data.num_clients: SCAFFOLD takes N from the data, no flag needed."""
+  from fedjax_flat.algorithms import fedprox, scaffold
+  from fedjax_flat.training import loop
+  seen = []
+  orig = fedprox.population
+  monkeypatch.setattr(scaffold, 'population', lambda ctx, hp: seen.append(orig(ctx, hp)) or seen[-1])
+  data = synthetic(4, 6, input_shape=(2, 1, 1), num_classes=3)
+  cfg = config('scaffold')
+  cfg.clients_per_round = 2
+  del cfg.data['num_clients']
+  cfg.model = 'mlp'
+  cfg.rounds, cfg.eval_every, cfg.progress_every_s = 1, 1, 1e9
+  validate.validate_config(cfg)
+  validate.validate_against_data(cfg, data)
+  t = loop.Trainer(cfg, data=data)
+  t.train()
+  assert seen == [4]
+  alg = registry.build_algorithm(cfg, t.model, population=4)
+  assert alg.name == 'scaffold'
+  with pytest.raises(ValueError, match='population size N'):
+    registry.build_algorithm(cfg, t.model)        # nothing says N: a clear error, not a silent 0

@@ -15,7 +15,7 @@ FedGloSS, round t (1x communication; the server's SAM ascent reuses the previous
   w     <- ServerOpt(w, D~) - beta sigma      (server SGD lr 1, the paper's setting: w - D~ - beta sigma)
   store D~ (without the beta sigma term) for the next round's ascent.
 
-|C| = K_total is the population (algo.population; 0 = config.data.num_clients): Alg. 5 sums over C, the
+|C| = K_total is the population (algo.population; 0 = the dataset's number of clients): Alg. 5 sums over C, the
 clients that did not train this round contribute w_k - w = 0, as in FedDyn's server state (1/m). This is the
 digest's reading (section 1.7: the release code has "an extra 1/|C^t| factor and the reference w~"); dividing
 by |C^t| instead makes the dual K_total/|C^t| times larger and is unstable at alpha=0 (measured on the digits).
@@ -29,7 +29,7 @@ NaiveFedGloSS (num_phases=2, two exchanges with the same clients, 2x communicati
   phase 1: exactly FedGloSS's client and server step from this w~ (with ADMM unless admm=False).
 
 Hyperparameters (config.algo): rho_server, beta, admm, dual_variant ('thesis' | 'release'), population
-(K_total of both dual updates; 0 = config.data.num_clients).
+(K_total of both dual updates; 0 = the dataset's number of clients).
 """
 from __future__ import annotations
 
@@ -67,7 +67,8 @@ def _hp(ctx, name):
   if not hp['beta'] > 0:
     raise ValueError(f"algo.beta={hp['beta']!r} must be > 0")
   if hp['admm']:
-    pop = int(hp['population']) or int(ctx.config.data.get('num_clients', 0) or 0)
+    pop = (int(hp['population']) or int(getattr(ctx, 'population', 0) or 0)
+           or int(ctx.config.data.get('num_clients', 0) or 0))
     if pop <= 0:
       raise ValueError('FedGloSS dual updates need the population size K_total: set algo.population '
                        '(or config.data.num_clients)')

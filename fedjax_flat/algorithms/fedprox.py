@@ -34,9 +34,11 @@ def hparams(ctx, name: str) -> dict:
 
 
 def population(ctx, hp: dict) -> int:
-  """N, the number of clients (SCAFFOLD's |S|/N, FedDyn's 1/m): algo.population, else config.data.num_clients.
-  training/validate.py checks it against the dataset before anything is built."""
-  n = int(hp.get('population', 0) or 0) or int(ctx.config.data.get('num_clients', 0) or 0)
+  """N, the number of clients (SCAFFOLD's |S|/N, FedDyn's 1/m): algo.population, else the dataset's number of
+  clients (BuildContext.population), else config.data.num_clients. training/validate.py checks an explicit
+  algo.population against the dataset before anything is built."""
+  n = (int(hp.get('population', 0) or 0) or int(getattr(ctx, 'population', 0) or 0)
+       or int(ctx.config.data.get('num_clients', 0) or 0))
   if n <= 0:
     raise ValueError('this algorithm needs the population size N: set config.algo.population '
                      '(or config.data.num_clients)')

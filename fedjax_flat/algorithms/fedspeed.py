@@ -13,7 +13,7 @@
 algo.dual_mean: 'active' (default) is Algorithm 1 above: the prox-corrections enter through the round's
 clients only. 'population' is the authors' release code (FL-Simulator server/FedSpeed.py): the server adds
 the mean over ALL N clients of their corrections, x^{t+1} = mean_S x_{k,K} - lambda (1/N) sum_{k=1..N} g^_k
-(FedDyn's server with alpha = 1/lambda; N = algo.population or config.data.num_clients). The two coincide
+(FedDyn's server with alpha = 1/lambda; N = algo.population or the dataset's number of clients). The two coincide
 under full participation. (The release code also uses alpha = 1, a plain SAM gradient: set algo.alpha=1.)
 With partial participation the 'active' form over-weights each client's accumulated correction by N/|S|: on
 the digits at alpha = 0 with 5 of 20 clients it collapses while 'population' reaches 0.96

@@ -31,6 +31,7 @@ class BuildContext:
   server_tx: Any
   make_client_tx: Callable
   config: Any
+  population: int = 0        # N, the dataset's number of clients (0 = unknown: config.data.num_clients)
 
   @property
   def algo(self):
@@ -73,14 +74,15 @@ def default_hparams(name: str) -> dict:
   return dict(_HPARAMS.get(name, {}))
 
 
-def build_algorithm(config, model) -> FederatedAlgorithm:
+def build_algorithm(config, model, population: int = 0) -> FederatedAlgorithm:
   _load()
   name = config.algorithm
   if name not in _ALGORITHMS:
     raise ValueError(f'algorithm={name!r} is unknown; allowed: {sorted(_ALGORITHMS)}')
   loss_fn = local_lib.make_loss(model, man_zeta=float(config.man.zeta))
   ctx = BuildContext(model=model, loss_fn=loss_fn, client_cfg=config.client,
-                     server_tx=make_server_tx(config.server), make_client_tx=make_client_tx, config=config)
+                     server_tx=make_server_tx(config.server), make_client_tx=make_client_tx, config=config,
+                     population=int(population))
   alg = _ALGORITHMS[name](ctx)
   if config.swa.enabled:
     from fedjax_flat.server import swa

@@ -7,7 +7,7 @@
   c_k+ = c_k - c + (x - y) / (K eta_l)                                       option II; K = valid steps taken
   sends dy = y - x and dc = c_k+ - c_k                                       (comm_up = 2)
   server: x <- x + eta_g mean_S(dy)        = ServerOpt(x, mean_S(x - y)), server SGD with lr eta_g
-          c <- c + (|S|/N) mean_S(dc)       N = population (algo.population or config.data.num_clients)
+          c <- c + (|S|/N) mean_S(dc)       N = population (algo.population or the dataset's number of clients)
 
 Both means are the paper's plain means over the round's clients (not example-weighted). With a SAM/ASAM
 client this is SCAFFOLD+ASAM of thesis Table 4.8 (FedGamma, fedgamma.py, is SCAFFOLD with a SAM client).

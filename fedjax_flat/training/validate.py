@@ -166,7 +166,7 @@ def _validate_fedgloss(cfg, defaults) -> None:
     raise ConfigError('algo.dual_variant', hp['dual_variant'], "allowed values: ['release', 'thesis']")
   pop = hp['population']
   if isinstance(pop, bool) or not isinstance(pop, numbers.Integral) or pop < 0:
-    raise ConfigError('algo.population', pop, 'must be an integer >= 0 (0 = config.data.num_clients)')
+    raise ConfigError('algo.population', pop, 'must be an integer >= 0 (0 = the dataset\'s number of clients)')
 
 
 def _validate_fedsoup(cfg, defaults) -> None:
@@ -195,7 +195,8 @@ def validate_against_data(cfg, data) -> None:
                       f'must be <= the population of {data.num_clients} clients of dataset {cfg.dataset!r}')
   if cfg.algorithm in ('fedgloss', 'naive_fedgloss'):
     hp = {**_alg_defaults(cfg.algorithm), **cfg.algo.to_dict()}
-    if hp['admm'] and not hp['population'] and cfg.data.get('num_clients') != data.num_clients:
+    if (hp['admm'] and not hp['population'] and cfg.data.get('num_clients')
+        and cfg.data.get('num_clients') != data.num_clients):
       raise ConfigError('algo.population', hp['population'],
                         f'FedGloSS needs the population K_total: config.data.num_clients='
                         f'{cfg.data.get("num_clients")!r} is not the data\'s {data.num_clients} clients; set '
@@ -263,7 +264,7 @@ def _validate_baseline(cfg, algo, defaults) -> None:
   if 'population' in hp:
     pop = hp['population']
     if isinstance(pop, bool) or not isinstance(pop, numbers.Integral) or pop < 0:
-      raise ConfigError('algo.population', pop, 'must be an integer >= 0 (0 = config.data.num_clients)')
+      raise ConfigError('algo.population', pop, 'must be an integer >= 0 (0 = the dataset\'s number of clients)')
   allowed = _CLIENT_OPTIMIZERS.get(algo)
   if allowed and cfg.client.optimizer not in allowed:
     raise ConfigError('client.optimizer', cfg.client.optimizer,
@@ -279,6 +280,8 @@ def _validate_population(cfg, data) -> None:
   field = 'algo.population'
   if not pop:
     pop, field = int(cfg.data.get('num_clients', 0) or 0), 'data.num_clients'
+    if not pop:
+      return                     # neither set: the algorithm takes N from the dataset (BuildContext.population)
   if pop != data.num_clients:
     raise ConfigError(field, pop or None, f'{cfg.algorithm} needs the population N = {data.num_clients} clients '
                       f'of the data: set algo.population={data.num_clients}')
