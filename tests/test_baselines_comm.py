@@ -139,3 +139,18 @@ def test_population_comes_from_the_dataset_when_the_config_has_none(monkeypatch)
   assert alg.name == 'scaffold'
   with pytest.raises(ValueError, match='population size N'):
     registry.build_algorithm(cfg, t.model)        # nothing says N: a clear error, not a silent 0
+
+
+def test_fedgloss_with_cyclic_swa_warns(monkeypatch):
+  data = synthetic(3, 4, input_shape=(2, 1, 1), num_classes=3)
+  said = []
+  monkeypatch.setattr(validate.logging, 'warning', lambda msg, *a: said.append(msg % a))
+  for cyclic, warned in ((True, True), (False, False)):
+    said.clear()
+    cfg = config('fedgloss', optimizer='sam')
+    cfg.clients_per_round, cfg.data.num_clients = 2, 3
+    cfg.swa.enabled, cfg.swa.cyclic_lr = True, cyclic
+    validate.validate_against_data(cfg, data)
+    assert bool(said) == warned, said
+    if warned:
+      assert 'swa.cyclic_lr=False' in said[0]

@@ -218,6 +218,12 @@ def validate_against_data(cfg, data) -> None:
     logging.warning('fedspeed with algo.dual_mean=active (the paper\'s Algorithm 1) and partial participation '
                     '(clients_per_round=%d of %d) is unstable; the authors\' code uses '
                     '--config.algo.dual_mean=population', cfg.clients_per_round, data.num_clients)
+  if (cfg.algorithm in ('fedgloss', 'naive_fedgloss') and cfg.swa.enabled and cfg.swa.cyclic_lr
+      and cfg.algo.get('admm', True)):
+    # Measured (benchmarks/README.flat_minima.md): once SWA's cyclic client lr starts, the ADMM server term
+    # outweighs the clients' steps at lr2 and the model collapses (digits: 0.86 -> 0.60).
+    logging.warning('%s with server SWA and its cyclic client lr is unstable (the thesis never combines them); '
+                    'use --config.swa.cyclic_lr=False (averaging only) or WiMA (wima.enabled)', cfg.algorithm)
 
 
 # Baselines (algorithms/<name>.py): hyperparameter -> (lo, lo_open, hi, hi_open); booleans; population.
