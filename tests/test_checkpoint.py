@@ -12,35 +12,17 @@ import pytest
 from fedjax_flat.training import checkpoint as ckpt_lib
 from fedjax_flat.training import loop
 from fedjax_flat.training import run as run_lib
-from fedjax_flat.training.default_config import default_config
 from fedjax_flat.training.validate import ConfigError
 
 import scale_worker
+from config_helpers import small_config
 from scale_worker import small_data
 
 _cache = pytest.fixture(scope='module', autouse=True)(scale_worker.persistent_compile_cache)
 
 
 def tiny_config(**over):
-  c = default_config()
-  c.dataset = 'synthetic'
-  c.data.num_clients = 8
-  c.model = 'mlp'
-  c.rounds = 4
-  c.clients_per_round = 3
-  c.client.batch_size = 4
-  c.client.lr = 0.1
-  c.eval_every = 2
-  c.checkpoint_every = 1
-  c.keep_checkpoints = 3
-  c.progress_every_s = 1e9
-  for k, v in over.items():
-    node = c
-    *path, last = k.split('.')
-    for p in path:
-      node = node[p]
-    node[last] = v
-  return c
+  return small_config(**{'data.num_clients': 8, 'checkpoint_every': 1, 'keep_checkpoints': 3, **over})
 
 
 def leaves(tree):

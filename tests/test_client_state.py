@@ -74,6 +74,7 @@ from fedjax_flat.data.builtin import synthetic                      # noqa: E402
 from fedjax_flat.data.federated import FederatedDataset            # noqa: E402
 from fedjax_flat.training import loop                              # noqa: E402
 from fedjax_flat.training.default_config import default_config    # noqa: E402
+from config_helpers import set_fields  # noqa: E402
 
 
 def _config(algorithm='scaffold', **over):
@@ -83,13 +84,7 @@ def _config(algorithm='scaffold', **over):
   c.rounds, c.clients_per_round, c.eval_every = 3, 10, 100
   c.client.batch_size, c.client.lr = 2, 0.1
   c.progress_every_s = 1e9
-  for k, v in over.items():
-    node = c
-    *path, last = k.split('.')
-    for p in path:
-      node = node[p]
-    node[last] = v
-  return c
+  return set_fields(c, over)
 
 
 def test_device_and_host_stores_train_identically():

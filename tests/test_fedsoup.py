@@ -13,6 +13,7 @@ from fedjax_flat.models.base import Model
 from fedjax_flat.optimizers.client import make_client_tx
 from fedjax_flat.training import loop
 from fedjax_flat.training.default_config import default_config
+from config_helpers import set_fields
 
 
 def test_running_mean_is_exact_mean():
@@ -154,13 +155,7 @@ def fs_config(algorithm='fedsoup', **over):
   c.client.batch_size = 64
   c.eval_every = 2
   c.progress_every_s = 1e9
-  for k, v in over.items():
-    node = c
-    *path, last = k.split('.')
-    for p in path:
-      node = node[p]
-    node[last] = v
-  return c
+  return set_fields(c, over)
 
 
 @pytest.fixture(scope='module')

@@ -12,6 +12,7 @@ from fedjax_flat.algorithms import registry
 from fedjax_flat.data.builtin import synthetic
 from fedjax_flat.training import loop
 from fedjax_flat.training.default_config import default_config
+from config_helpers import set_fields
 
 ROUNDS = 6
 DATA = synthetic(8, 24, input_shape=(4, 4, 1), num_classes=4, alpha=0.5, test_size=120, seed=5)
@@ -38,13 +39,7 @@ def config(**over):
   if over.get('algorithm', 'fedavg') != 'fedavg':
     c.algorithm = over.pop('algorithm')
     c.algo = ml_collections.ConfigDict(registry.default_hparams(c.algorithm))
-  for k, v in over.items():
-    node = c
-    *path, last = k.split('.')
-    for p in path:
-      node = node[p]
-    node[last] = v
-  return c
+  return set_fields(c, over)
 
 
 SAM = {'client.optimizer': 'sam', 'client.rho': 0.05}

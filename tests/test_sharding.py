@@ -19,6 +19,7 @@ from fedjax_flat.training import run as run_lib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import scale_worker  # noqa: E402
+from config_helpers import set_fields  # noqa: E402
 
 _cache = pytest.fixture(scope='module', autouse=True)(scale_worker.persistent_compile_cache)
 
@@ -95,13 +96,12 @@ def _quickstart(over):
   sys.path.insert(0, REPO)
   from configs import quickstart
   c = quickstart.get_config()
-  for f in over:
+  for f in over:                       # '--config.a.b=text', typed like the current value
     k, v = f[len('--config.'):].split('=')
-    node = c
-    *path, last = k.split('.')
-    for p in path:
-      node = node[p]
-    node[last] = type(node[last])(v) if not isinstance(node[last], str) else v
+    cur = c
+    for p in k.split('.'):
+      cur = cur[p]
+    set_fields(c, {k: v if isinstance(cur, str) else type(cur)(v)})
   return c
 
 

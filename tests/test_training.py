@@ -10,28 +10,9 @@ import pytest
 
 from fedjax_flat.data.builtin import synthetic
 from fedjax_flat.training import loop
-from fedjax_flat.training.default_config import default_config
+from config_helpers import small_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def small_config(**over):
-  c = default_config()
-  c.dataset = 'synthetic'
-  c.model = 'mlp'
-  c.rounds = 4
-  c.clients_per_round = 3
-  c.client.batch_size = 4
-  c.client.lr = 0.1
-  c.eval_every = 2
-  c.progress_every_s = 1e9
-  for k, v in over.items():
-    node = c
-    *path, last = k.split('.')
-    for p in path:
-      node = node[p]
-    node[last] = v
-  return c
 
 
 def quantity_skew_data():

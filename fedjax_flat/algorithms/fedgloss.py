@@ -40,6 +40,7 @@ import optax
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.base import FederatedAlgorithm
 from fedjax_flat.algorithms.fedavg import make_hparams_fn
+from fedjax_flat.algorithms.fedprox import population
 from fedjax_flat.algorithms.registry import default_hparams, register
 
 DUAL_VARIANTS = ('thesis', 'release')
@@ -67,12 +68,7 @@ def _hp(ctx, name):
   if not hp['beta'] > 0:
     raise ValueError(f"algo.beta={hp['beta']!r} must be > 0")
   if hp['admm']:
-    pop = (int(hp['population']) or int(getattr(ctx, 'population', 0) or 0)
-           or int(ctx.config.data.get('num_clients', 0) or 0))
-    if pop <= 0:
-      raise ValueError('FedGloSS dual updates need the population size K_total: set algo.population '
-                       '(or config.data.num_clients)')
-    hp['population'] = pop
+    hp['population'] = population(ctx, hp)     # K_total of the dual updates
   return hp
 
 

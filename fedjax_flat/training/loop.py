@@ -289,10 +289,9 @@ class Trainer:
   def after_round(self):
     pass
 
-  def finish(self, wall, rounds_run=None):
+  def finish(self, wall, rounds_run):
     """wall / rounds_run: this process only (a resumed run reports its own speed, not rounds since 0)."""
     c = self.config
-    rounds = self.round if rounds_run is None else rounds_run
     reported = 'global'
     if c.swa.enabled and any('swa/test_accuracy' in r for r in self.records):
       reported = 'swa'
@@ -302,8 +301,8 @@ class Trainer:
         'experiment': os.path.basename(self.workdir.rstrip('/')) if self.workdir else 'run',
         'algorithm': self.algorithm.name, 'dataset': c.dataset, 'model': c.model,
         'rounds_completed': self.round, 'rounds_planned': c.rounds, 'wall_time_s': wall,
-        'rounds_this_process': rounds, 'wall_time_total_s': self.elapsed_offset + wall,
-        'rounds_per_s': (rounds / wall) if wall > 0 else 0.0, 'num_params': self.num_params,
+        'rounds_this_process': rounds_run, 'wall_time_total_s': self.elapsed_offset + wall,
+        'rounds_per_s': (rounds_run / wall) if wall > 0 else 0.0, 'num_params': self.num_params,
         'reported_model': reported, 'strategy': self.strategy, 'backend': jax.default_backend(),
         'comm_total_params': self.comm_total, 'comm_total_bytes': 4.0 * sum(self.comm_total.values()),
         'summary_last_k': c.summary_last_k})
