@@ -21,6 +21,10 @@ Fields (validated by `training/validate.py` before anything is compiled):
   client_state_store, client_state_device_max_mb   per-client state store (SCAFFOLD, FedDyn, ...)
   personalized         end-of-training personalized / OOD evaluation (core/personalized.py): enabled,
                        finetune_epochs, finetune_lr, finetune_batch_size, auc_scores, per_client
+  published            the paper's number for this setting, as data (documentation only: never changes
+                       training, ignored by the resume check): source (str: paper, table, cell),
+                       accuracy (percent, same protocol as summary.json's reported last-K mean),
+                       optionally accuracy_std and other summary metrics by name
 """
 from __future__ import annotations
 
@@ -122,4 +126,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.personalized.finetune_batch_size = 0  # 0 = client.batch_size
   c.personalized.auc_scores = 'softmax'   # 'softmax' | 'logits' (the FedSoup reference code)
   c.personalized.per_client = True      # per-client rows in the summary
+
+  # Published result of the paper cell this config reproduces (experiments/report.py puts it beside ours).
+  c.published = ml_collections.ConfigDict()
   return c
