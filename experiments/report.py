@@ -1,0 +1,95 @@
+r"""Aggregates runs into a Markdown + CSV table and PNG plots: mean +- std over seeds of the last-K accuracy.
+
+  python experiments/report.py --sweep_dir=runs/fm [--sweep_dir=runs/other] --out_dir=reports/fm \
+      [--group_by=cell | --group_by=client.optimizer,swa.enabled] [--target=0.9]
+  python experiments/report.py --workdirs='runs/sam_*/seed=*' --group_by=client.optimizer --out_dir=reports/x
+
+Writes OUT_DIR/<name>.md and <name>.csv (one row per group and sweep), <name>_<sweep>_curves.png (accuracy of
+the reported model vs round, mean over seeds with a min..max band) and <name>_<sweep>_bars.png (last-K
+accuracy). Groups: `cell` (the sweep cell; for bare workdirs the directory name, or its parent's for
+.../seed=N) or dotted config keys read from each run's config.json. Columns (see fedjax_flat/training/report.py):
+last-K and final accuracy (%), finished/total runs, rounds to --target (first evaluation at or above it),
+lambda_max when experiments/hessian.py ran, communication, config.published (paper number) and the sweep
+cell's reference (earlier measurement) with measured - that. Unfinished or failed runs are counted, not averaged.
+
+Exit status: 0 written, 1 some run of the set is unfinished (the report is still written), 2 bad input.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+
+from fedjax_flat.training import report as report_lib  # noqa: E402
+
+_SWEEPS = flags.DEFINE_multi_string('sweep_dir', [], 'A sweep directory (holding sweep.json); repeatable.')
+_WORKDIRS = flags.DEFINE_list('workdirs', [], 'Run directories or globs (comma-separated).')
+_OUT = flags.DEFINE_string('out_dir', None, 'Where to write the report.')
+_NAME = flags.DEFINE_string('name', 'report', 'File name stem of the report.')
+_GROUP = flags.DEFINE_list('group_by', ['cell'], '"cell" or dotted config keys, e.g. client.optimizer,swa.enabled.')
+_TARGET = flags.DEFINE_float('target', None, 'Target test accuracy as a fraction (0.9) for "rounds to target".')
+_TITLE = flags.DEFINE_string('title', '', 'Heading of the Markdown report.')
+_NOTES = flags.DEFINE_multi_string('note', [], 'Line(s) written under the heading (e.g. the protocol).')
+_PLOTS = flags.DEFINE_bool('plots', True, 'Write the PNG plots.')
+flags.mark_flag_as_required('out_dir')
+
+
+def _fail(msg):
+  print(f'error: {msg}', file=sys.stderr)
+  sys.exit(2)
+
+
+def main(argv):
+  if len(argv) > 1:
+    _fail(f'unexpected arguments {argv[1:]}; give runs with --sweep_dir or --workdirs')
+  if not _SWEEPS.value and not _WORKDIRS.value:
+    _fail('no runs: give --sweep_dir=DIR (written by experiments/sweep.py) or --workdirs=GLOB')
+  if _TARGET.value is not None and not 0 < _TARGET.value <= 1:
+    _fail(f'--target={_TARGET.value} is not an accuracy fraction in (0, 1]; e.g. --target=0.9')
+  if not _GROUP.value:
+    _fail('--group_by is empty; use cell or dotted config keys such as client.optimizer')
+  try:
+    runs = report_lib.collect(_SWEEPS.value, _WORKDIRS.value)
+  except report_lib.ReportError as e:
+    _fail(str(e))
+  unknown = [k for k in _GROUP.value if k != 'cell' and all(
+      report_lib._get(r['config'], k, '<unset>') == '<unset>' for r in runs)]
+  if unknown:
+    _fail(f'--group_by key(s) {unknown} are in no run\'s config.json; use cell or dotted config keys')
+  os.makedirs(_OUT.value, exist_ok=True)
+  rows = report_lib.aggregate(runs, _GROUP.value, _TARGET.value)
+  stem = os.path.join(_OUT.value, _NAME.value)
+  report_lib.write_csv(rows, _GROUP.value, stem + '.csv')
+  md = [f'# {_TITLE.value or "Report"}', ''] + [n for n in _NOTES.value] + ([''] if _NOTES.value else [])
+  md += [f'Generated {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())} by `experiments/report.py`. '
+         'Accuracies in percent: mean ± std over seeds (population std); "last-K" is summary.json\'s mean of the '
+         'reported model\'s last K evaluations; "seeds" counts finished runs of the group; "diff" is measured '
+         'last-K minus that column.', '']
+  for sweep in dict.fromkeys(r['sweep'] for r in rows):
+    rs = [r for r in rows if r['sweep'] == sweep]
+    desc = next((r['description'] for r in runs if r['sweep'] == sweep and r['description']), '')
+    md += [f'## {sweep}', ''] + ([desc, ''] if desc else [])
+    refs = sorted({r['reference_source'] for r in rs if r['reference_source']})
+    pubs = sorted({r['published_source'] for r in rs if r['published_source']})
+    md += [f'reference: {s}' for s in refs] + [f'published: {s}' for s in pubs] + ([''] if refs or pubs else [])
+    md += report_lib.markdown_table(rs, _GROUP.value, _TARGET.value) + ['']
+    if _PLOTS.value:
+      for p in report_lib.plot(rs, _GROUP.value, f'{stem}_{sweep}'):
+        md.append(f'![{os.path.basename(p)}]({os.path.basename(p)})')
+      md.append('')
+    bad = [r['failed'] for r in rs if r['failed']]
+    if bad:
+      md += ['Unfinished or failed runs (not averaged): ' + ' '.join(bad), '']
+  with open(stem + '.md', 'w') as f:
+    f.write('\n'.join(md))
+  n_bad = sum(not r['finished'] for r in runs)
+  print(f'{len(rows)} rows from {len(runs)} runs ({n_bad} unfinished): {stem}.md {stem}.csv')
+  sys.exit(1 if n_bad else 0)
+
+
+if __name__ == '__main__':
+  app.run(main)

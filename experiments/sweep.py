@@ -1,0 +1,133 @@
+r"""Runs a sweep: a base config x a grid of overrides x seeds, N local processes at a time, or writes a SLURM array.
+
+  # from a sweep file (configs/sweeps/<name>.py, get_sweep() -> dict; see fedjax_flat/training/sweep.py)
+  python experiments/sweep.py --sweep=configs/sweeps/flat_minima_digits.py --sweep_dir=runs/fm --parallel=2
+  # or on the command line
+  python experiments/sweep.py --config=configs/quickstart.py --grid=client.optimizer=sgd,sam \
+      --grid=client.rho=0.05,0.1 --set=rounds=50 --seeds=0,1,2 --sweep_dir=runs/sam_grid --parallel=2
+  # a SLURM job array instead (writes sweep_dir/sweep.sbatch + commands.txt; runs nothing)
+  python experiments/sweep.py ... --launcher=slurm [--slurm_nodes=4] [--sbatch=--gpus-per-task=8]
+
+Each run is one experiments/train.py process writing to sweep_dir/<cell>/seed=<s> (cell: the cell's name or
+`key=value,...` over the keys that vary); its output goes to that workdir's sweep.log. Finished runs
+(summary.json complete, config.json holding the run's values) are skipped; interrupted ones resume from their
+checkpoints (train.py's workdir resume). sweep_dir/sweep.json is the manifest (experiments/report.py reads it).
+Progress (done / running / failed, ETA) goes to stderr; failures are listed at the end.
+Ctrl-C / SIGTERM: running trainings checkpoint and stop; rerun the same command to continue.
+
+Exit status: 0 all runs finished, 1 some run failed, 2 bad input.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+
+from fedjax_flat.training import sweep as sweep_lib  # noqa: E402
+
+_SWEEP = flags.DEFINE_string('sweep', None, 'Sweep file path[:arg] with get_sweep() (configs/sweeps/*.py).')
+_CONFIG = flags.DEFINE_string('config', None, 'Base config path[:arg] (passed to train.py unchanged); '
+                              'overrides the sweep file\'s.')
+_GRID = flags.DEFINE_multi_string('grid', [], 'KEY=V1,V2,... (config key without "config."); repeat for a '
+                                  'cartesian product; replaces the sweep file\'s grid.')
+_SET = flags.DEFINE_multi_string('set', [], 'KEY=VALUE fixed override for every run (added to the file\'s).')
+_SEEDS = flags.DEFINE_string('seeds', None, 'Comma-separated seeds, e.g. 0,1,2 (default: the file\'s, or 0).')
+_DIR = flags.DEFINE_string('sweep_dir', None, 'Directory of the sweep\'s workdirs and sweep.json.')
+_PARALLEL = flags.DEFINE_integer('parallel', 1, 'Local processes at a time (SLURM: max array tasks at a time, '
+                                 '0 = no limit).')
+_LAUNCHER = flags.DEFINE_enum('launcher', 'local', ['local', 'slurm'], 'local: run here; slurm: write a job '
+                              'array script and the per-task commands, run nothing.')
+_NODES = flags.DEFINE_integer('slurm_nodes', 1, 'Hosts per run (>1: multi-host runs, docs/scaling.md).')
+_SBATCH = flags.DEFINE_multi_string('sbatch', [], 'Extra #SBATCH line(s), e.g. --sbatch=--gpus-per-task=1.')
+_FRESH = flags.DEFINE_bool('fresh', False, 'Start unfinished or mismatching runs over (train.py --fresh); '
+                           'finished runs with matching configs are still skipped.')
+_DRY = flags.DEFINE_bool('dry_run', False, 'Print each run\'s status and command; run nothing.')
+_PYTHON = flags.DEFINE_string('python', sys.executable, 'Python interpreter for the runs.')
+flags.mark_flag_as_required('sweep_dir')
+
+
+def _fail(msg: str):
+  print(f'error: {msg}', file=sys.stderr)
+  sys.exit(2)
+
+
+def build_runs():
+  spec = {}
+  try:
+    if _SWEEP.value:
+      spec = sweep_lib.load_sweep_file(_SWEEP.value)
+    elif not _CONFIG.value:
+      _fail('give --sweep=configs/sweeps/<name>.py or --config=<path[:arg]> with --grid=KEY=V1,V2')
+    if _CONFIG.value:
+      spec['config'] = _CONFIG.value
+    if spec.get('config') and not os.path.isfile(spec['config'].split(':')[0]):
+      _fail(f"config {spec['config']!r}: no such file; give --config=configs/<name>.py[:arg]")
+    if _GRID.value:
+      spec['grid'] = sweep_lib.parse_grid_flags(_GRID.value)
+    if _SET.value:
+      fixed = dict(spec.get('fixed') or {})
+      for item in _SET.value:
+        k, sep, v = item.partition('=')
+        if not sep or not k:
+          _fail(f'--set={item!r} is not KEY=VALUE; e.g. --set=rounds=50')
+        fixed[k[len('config.'):] if k.startswith('config.') else k] = sweep_lib.parse_value(v)
+      spec['fixed'] = fixed
+    if _SEEDS.value is not None:
+      spec['seeds'] = sweep_lib.parse_seeds(_SEEDS.value)
+    runs = sweep_lib.expand(spec, _DIR.value)
+  except sweep_lib.SweepError as e:
+    _fail(str(e))
+  for r in runs:
+    if not os.path.isfile(r.config.split(':')[0]):
+      _fail(f'cell {r.cell}: config {r.config!r} is not a file; fix the sweep\'s config paths')
+  return spec, runs
+
+
+def main(argv):
+  if len(argv) > 1:
+    _fail(f'unexpected arguments {argv[1:]}; overrides go in --grid=KEY=V1,V2 or --set=KEY=VALUE')
+  if _PARALLEL.value < (0 if _LAUNCHER.value == 'slurm' else 1):
+    _fail(f'--parallel={_PARALLEL.value}; use a positive number of processes')
+  spec, runs = build_runs()
+  name = spec.get('name') or os.path.basename(os.path.abspath(_DIR.value))
+  if _DRY.value:
+    for r in runs:
+      print(f'{sweep_lib.run_status(r):9s} {r.key}\n          {" ".join(r.argv(_PYTHON.value))}')
+    return
+  if _LAUNCHER.value == 'slurm':
+    script, cmds, n = sweep_lib.write_slurm(runs, _DIR.value, name=name, python=_PYTHON.value,
+                                            # unlimited array concurrency unless --parallel is given
+                                            parallel=_PARALLEL.value if flags.FLAGS['parallel'].present else 0,
+                                            nodes=_NODES.value,
+                                            sbatch_args=_SBATCH.value)
+    sweep_lib.write_manifest(_DIR.value, runs, _info(spec, name), {})
+    if n == 0:
+      print(f'all {len(runs)} runs are finished; nothing to submit ({script} has an empty array)')
+    else:
+      print(f'{n} of {len(runs)} runs in {cmds}\nsubmit: sbatch {script}')
+    return
+  states = sweep_lib.run_local(runs, _DIR.value, _info(spec, name), parallel=_PARALLEL.value,
+                               fresh=_FRESH.value, python=_PYTHON.value)
+  failed = [(k, s) for k, s in states.items() if s['status'] == 'failed']
+  unfinished = [k for k, s in states.items() if s['status'] in ('stopped', 'not started')]
+  n_done = sum(s['status'] == 'done' for s in states.values())
+  n_skip = sum(s['status'].startswith('skipped') for s in states.values())
+  print(f'{n_done} runs done, {n_skip} skipped (finished earlier), {len(failed)} failed, '
+        f'{len(unfinished)} interrupted; manifest {os.path.join(_DIR.value, "sweep.json")}')
+  for k, s in failed:
+    print(f'FAILED {k} (exit {s.get("returncode")}): {s.get("error", "")}\n       log: {s.get("log", "")}')
+  if unfinished:
+    print('interrupted: rerun the same command to resume ' + ', '.join(unfinished))
+  sys.exit(1 if failed or unfinished else 0)
+
+
+def _info(spec, name):
+  return dict(name=name, sweep=_SWEEP.value, config=spec.get('config'), fixed=spec.get('fixed') or {},
+              seeds=spec.get('seeds') or [0], description=spec.get('description', ''))
+
+
+if __name__ == '__main__':
+  app.run(main)

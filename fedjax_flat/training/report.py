@@ -1,0 +1,301 @@
+"""Aggregated reports over runs: a sweep's manifest (sweep.json) or any set of workdirs -> Markdown, CSV, plots.
+
+Per group of runs (seeds of one cell, or runs sharing the values of user-named config keys):
+  last-K accuracy of the reported model (summary.json `mean_last_<K>_test_accuracy`) and final accuracy,
+  mean +- std over the runs (population std, ddof = 0, as the earlier checked-in tables); rounds to a target
+  accuracy (first evaluation of the reported model at or above it, metrics.jsonl); lambda_max when
+  experiments/hessian.py ran (WORKDIR/hessian/hessian_<model>.json); communication (summary.json
+  comm_total_bytes); config.json's `published` (paper number, percent) and the sweep cell's `reference` (an
+  earlier measurement, percent) beside the measured number with the difference.
+"""
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import math
+import os
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+
+class ReportError(ValueError):
+  pass
+
+
+def _load_json(path: str) -> Optional[Dict]:
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def _records(path: str) -> List[Dict]:
+  out = []
+  try:
+    with open(path) as f:
+      for line in f:
+        try:
+          out.append(json.loads(line))
+        except ValueError:
+          break          # a torn last line of a killed run
+  except OSError:
+    pass
+  return out
+
+
+def _get(d: Optional[Dict], dotted: str, default=None):
+  for part in dotted.split('.'):
+    if not isinstance(d, dict) or part not in d:
+      return default
+    d = d[part]
+  return d
+
+
+def _default_cell(workdir: str) -> str:
+  base = os.path.basename(os.path.normpath(workdir))
+  return os.path.basename(os.path.dirname(os.path.normpath(workdir))) if base.startswith('seed=') else base
+
+
+def collect(sweep_dirs: Sequence[str] = (), workdirs: Sequence[str] = ()) -> List[Dict[str, Any]]:
+  """One dict per run: workdir, cell, seed, sweep, reference, config, summary, records, hessian."""
+  runs = []
+  for sd in sweep_dirs:
+    man = _load_json(os.path.join(sd, 'sweep.json'))
+    if man is None:
+      raise ReportError(f'--sweep_dir={sd!r} has no readable sweep.json; give a directory written by '
+                        'experiments/sweep.py, or the runs as --workdirs')
+    for r in man['runs']:
+      runs.append(dict(workdir=os.path.join(sd, r['workdir']), cell=r['cell'], seed=r.get('seed'),
+                       sweep=man.get('name') or os.path.basename(os.path.normpath(sd)),
+                       reference=r.get('reference'), description=man.get('description', '')))
+  for pattern in workdirs:
+    hits = sorted(glob.glob(pattern)) or ([pattern] if os.path.isdir(pattern) else [])
+    hits = [h for h in hits if os.path.isfile(os.path.join(h, 'config.json'))]
+    if not hits:
+      raise ReportError(f'--workdirs={pattern!r} matches no run directory (one holding config.json)')
+    for h in hits:
+      runs.append(dict(workdir=h, cell=_default_cell(h), seed=None, sweep='runs', reference=None,
+                       description=''))
+  for r in runs:
+    wd = r['workdir']
+    r['config'] = _load_json(os.path.join(wd, 'config.json'))
+    r['summary'] = _load_json(os.path.join(wd, 'summary.json'))
+    r['records'] = _records(os.path.join(wd, 'metrics.jsonl'))
+    if r['seed'] is None:
+      r['seed'] = _get(r['config'], 'seed')
+    s, c = r['summary'], r['config'] or {}
+    r['finished'] = bool(s) and s.get('rounds_completed', -1) >= c.get('rounds', math.inf) and \
+        not s.get('stopped_by_signal')
+    model = (s or {}).get('reported_model', 'global')
+    r['model'] = model
+    r['acc_key'] = 'test_accuracy' if model == 'global' else f'{model}/test_accuracy'
+    r['hessian'] = None
+    for name in (model, 'global'):
+      h = _load_json(os.path.join(wd, 'hessian', f'hessian_{name}.json'))
+      if h and 'lambda_max' in h:
+        r['hessian'] = h
+        break
+  return runs
+
+
+def _group_value(run: Dict, key: str) -> str:
+  if key == 'cell':
+    return run['cell']
+  v = _get(run['config'], key, '<unset>')
+  return json.dumps(v) if isinstance(v, (dict, list)) else str(v)
+
+
+def _mean_std(xs: List[float]):
+  xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+  if not xs:
+    return None, None
+  return float(np.mean(xs)), float(np.std(xs))
+
+
+def rounds_to_target(records: List[Dict], key: str, target: float) -> Optional[int]:
+  for rec in records:
+    if rec.get(key) is not None and rec[key] >= target:
+      return int(rec['round'])
+  return None
+
+
+def aggregate(runs: List[Dict], group_by: Sequence[str], target: Optional[float] = None) -> List[Dict]:
+  """Rows in first-seen group order. Accuracies in percent."""
+  groups: Dict[tuple, List[Dict]] = {}
+  for r in runs:
+    groups.setdefault((r['sweep'],) + tuple(_group_value(r, k) for k in group_by), []).append(r)
+  rows = []
+  for gkey, rs in groups.items():
+    done = [r for r in rs if r['finished']]
+    row = {'sweep': gkey[0], **dict(zip(group_by, gkey[1:])), 'runs': len(rs), 'finished': len(done),
+           'seeds': ' '.join(str(r['seed']) for r in done)}
+    models = {r['model'] for r in done}
+    row['model'] = ','.join(sorted(models)) if models else ''
+    lastk = []
+    for r in done:
+      k = r['summary'].get('summary_last_k')
+      v = r['summary'].get(f'mean_last_{k}_test_accuracy')
+      lastk.append(None if v is None else 100 * v)
+    row['last_k'] = ','.join(sorted({str(r['summary'].get('summary_last_k')) for r in done}))
+    row['acc_lastk_mean'], row['acc_lastk_std'] = _mean_std(lastk)
+    row['acc_final_mean'], row['acc_final_std'] = _mean_std(
+        [None if r['summary'].get('final_test_accuracy') is None else 100 * r['summary']['final_test_accuracy']
+         for r in done])
+    if target is not None:
+      hits = [rounds_to_target(r['records'], r['acc_key'], target) for r in done]
+      reached = [h for h in hits if h is not None]
+      row['target'] = target
+      row['rounds_to_target_mean'] = float(np.mean(reached)) if reached else None
+      row['reached_target'] = f'{len(reached)}/{len(done)}'
+    lam = [r['hessian']['lambda_max'] for r in done if r['hessian']]
+    row['lambda_max_mean'], row['lambda_max_std'] = _mean_std(lam)
+    row['lambda_max_runs'] = len(lam)
+    row['comm_mb_mean'], _ = _mean_std([None if r['summary'].get('comm_total_bytes') is None
+                                         else r['summary']['comm_total_bytes'] / 1e6 for r in done])
+    wall = [r['summary'].get('wall_time_total_s', r['summary'].get('wall_time_s')) for r in done]
+    row['wall_s_mean'], _ = _mean_std(wall)
+    pub = _first([_get(r['config'], 'published') for r in rs])
+    row['published_source'] = (pub or {}).get('source', '')
+    row['published_acc'] = (pub or {}).get('accuracy')
+    row['published_std'] = (pub or {}).get('accuracy_std')
+    ref = _first([r['reference'] for r in rs])
+    row['reference_source'] = (ref or {}).get('source', '')
+    row['reference_acc'] = (ref or {}).get('accuracy')
+    row['reference_std'] = (ref or {}).get('accuracy_std')
+    for name in ('published', 'reference'):
+      a, m = row[f'{name}_acc'], row['acc_lastk_mean']
+      row[f'diff_{name}'] = None if a is None or m is None else m - float(a)
+    row['failed'] = ' '.join(f"{r['cell']}/seed={r['seed']}" for r in rs if not r['finished'])
+    row['_runs'] = done
+    rows.append(row)
+  return rows
+
+
+def _first(xs):
+  for x in xs:
+    if x:
+      return x
+  return None
+
+
+# --------------------------------------------------------------------------------------------- writers
+
+CSV_FIELDS = ['acc_lastk_mean', 'acc_lastk_std', 'acc_final_mean', 'acc_final_std', 'last_k', 'model', 'runs',
+              'finished', 'seeds', 'target', 'rounds_to_target_mean', 'reached_target', 'lambda_max_mean',
+              'lambda_max_std', 'lambda_max_runs', 'comm_mb_mean', 'wall_s_mean', 'published_acc',
+              'published_std', 'diff_published', 'published_source', 'reference_acc', 'reference_std',
+              'diff_reference', 'reference_source', 'failed']
+
+
+def _r(v, nd=2):
+  return '' if v is None else (round(v, nd + 2) if isinstance(v, float) else v)
+
+
+def write_csv(rows: List[Dict], group_by: Sequence[str], path: str) -> None:
+  fields = ['sweep'] + list(group_by) + [f for f in CSV_FIELDS if any(f in r for r in rows)]
+  with open(path, 'w', newline='') as f:
+    w = csv.DictWriter(f, fieldnames=fields, extrasaction='ignore')
+    w.writeheader()
+    for row in rows:
+      w.writerow({k: _r(row.get(k)) for k in fields})
+
+
+def _pm(m, s, nd=2):
+  if m is None:
+    return ''
+  return f'{m:.{nd}f}' + (f' ± {s:.{nd}f}' if s is not None else '')
+
+
+def markdown_table(rows: List[Dict], group_by: Sequence[str], target: Optional[float]) -> List[str]:
+  has = lambda k: any(r.get(k) is not None and r.get(k) != '' for r in rows)   # noqa: E731
+  head = list(group_by) + ['model', 'last-K acc (%)', 'final acc (%)', 'seeds']
+  if target is not None:
+    head.append(f'rounds to {target:g}')
+  if any(r['lambda_max_runs'] for r in rows):
+    head.append('lambda_max')
+  head += ['comm (MB)']
+  if has('published_acc'):
+    head += ['published (%)', 'diff']
+  if has('reference_acc'):
+    head += ['reference (%)', 'diff']
+  lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+  for r in rows:
+    cells = [str(r[k]) for k in group_by] + [r['model'], _pm(r['acc_lastk_mean'], r['acc_lastk_std']),
+                                             _pm(r['acc_final_mean'], r['acc_final_std']),
+                                             f"{r['finished']}/{r['runs']}"]
+    if target is not None:
+      cells.append('' if r['rounds_to_target_mean'] is None and r['finished'] == 0 else
+                   (f"{r['rounds_to_target_mean']:.1f} ({r['reached_target']})" if r['rounds_to_target_mean']
+                    is not None else f"not reached (0/{r['finished']})"))
+    if any(x['lambda_max_runs'] for x in rows):
+      cells.append(_pm(r['lambda_max_mean'], r['lambda_max_std']))
+    cells.append('' if r['comm_mb_mean'] is None else f"{r['comm_mb_mean']:.0f}")
+    for name in ('published', 'reference'):
+      if has(f'{name}_acc'):
+        a = r[f'{name}_acc']
+        cells.append('' if a is None else _pm(float(a), r[f'{name}_std']))
+        d = r[f'diff_{name}']
+        cells.append('' if d is None else f'{d:+.2f}')
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  return lines
+
+
+def plot(rows: List[Dict], group_by: Sequence[str], prefix: str) -> List[str]:
+  """<prefix>_curves.png (reported-model accuracy vs round, mean and min-max band over seeds) and
+  <prefix>_bars.png (last-K accuracy, mean +- std; reference / published markers)."""
+  import matplotlib
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+  label = lambda r: ', '.join(str(r[k]) for k in group_by)   # noqa: E731
+  rows = [r for r in rows if r['_runs']]
+  if not rows:
+    return []
+  out = []
+  fig, ax = plt.subplots(figsize=(9, 5.5))
+  cmap = plt.get_cmap('tab20')
+  for i, r in enumerate(rows):
+    curves = {}
+    for run in r['_runs']:
+      for rec in run['records']:
+        if rec.get(run['acc_key']) is not None:
+          curves.setdefault(rec['round'], []).append(100 * rec[run['acc_key']])
+    rounds = sorted(x for x, v in curves.items() if len(v) == len(r['_runs']))
+    if not rounds:
+      continue
+    ys = np.array([curves[x] for x in rounds])
+    ax.plot(rounds, ys.mean(1), color=cmap(i % 20), label=label(r), lw=1.2)
+    ax.fill_between(rounds, ys.min(1), ys.max(1), color=cmap(i % 20), alpha=0.15, lw=0)
+  ax.set_xlabel('round')
+  ax.set_ylabel('test accuracy (%), reported model')
+  ax.set_title('mean over seeds; band = min..max')
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7, ncol=2, loc='lower right')
+  fig.tight_layout()
+  out.append(prefix + '_curves.png')
+  fig.savefig(out[-1], dpi=110)
+  plt.close(fig)
+
+  fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(rows) + 2), 5))
+  x = np.arange(len(rows))
+  m = [r['acc_lastk_mean'] or 0 for r in rows]
+  s = [r['acc_lastk_std'] or 0 for r in rows]
+  ax.bar(x, m, yerr=s, capsize=3, color='tab:blue', alpha=0.8, label='measured (mean ± std)')
+  for name, marker, color in (('reference', '_', 'black'), ('published', 'x', 'tab:red')):
+    pts = [(i, float(r[f'{name}_acc'])) for i, r in enumerate(rows) if r.get(f'{name}_acc') is not None]
+    if pts:
+      ax.scatter(*zip(*pts), marker=marker, s=200, color=color, zorder=3, label=name, linewidths=2)
+  ax.set_xticks(x)
+  ax.set_xticklabels([label(r) for r in rows], rotation=60, ha='right', fontsize=8)
+  ax.set_ylabel('last-K test accuracy (%)')
+  lo = min([v for v in m if v] or [0])
+  ax.set_ylim(max(0, lo - 10), 100)
+  ax.grid(axis='y', alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  out.append(prefix + '_bars.png')
+  fig.savefig(out[-1], dpi=110)
+  plt.close(fig)
+  return out
