@@ -142,20 +142,21 @@ def test_killed_run_resumes_on_next_invocation(tmp_path):
           '--set=eval_every=5', '--set=summary_last_k=1', '--set=checkpoint_every=2']
   proc = subprocess.Popen([sys.executable, SWEEP] + args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True)
-  ckpt = d / 'client.lr=0.05' / 'seed=0' / 'checkpoints'
+  ckpt = d / 'base' / 'seed=0' / 'checkpoints'     # one cell, nothing varies: named 'base'
   deadline = time.time() + 240
-  while time.time() < deadline and not (ckpt.is_dir() and any(p.name.isdigit() for p in ckpt.iterdir())):
+  while time.time() < deadline and proc.poll() is None and not (
+      ckpt.is_dir() and any(p.name.isdigit() for p in ckpt.iterdir())):
     time.sleep(0.5)
-  time.sleep(1.0)
-  pid = _manifest(d)['client.lr=0.05/seed=0']['pid']
+  assert proc.poll() is None, 'the run finished before a checkpoint was seen'
+  pid = _manifest(d)['base/seed=0']['pid']
   os.kill(pid, signal.SIGKILL)             # the training process itself, mid-run
   out, err = proc.communicate(timeout=120)
-  assert proc.returncode == 1 and 'FAILED client.lr=0.05/seed=0 (exit -9)' in out, out + err
+  assert proc.returncode == 1 and 'FAILED base/seed=0 (exit -9)' in out, out + err
   assert sweep_lib.run_status(sweep_lib.expand(dict(config=QS, fixed={'rounds': 40, 'eval_every': 5,
       'summary_last_k': 1, 'checkpoint_every': 2}, grid={'client.lr': [0.05]}), str(d))[0]) == 'partial'
   p = _sweep(args, timeout=300)
   assert p.returncode == 0 and '1 runs done' in p.stdout, p.stdout + p.stderr
-  log = (d / 'client.lr=0.05' / 'seed=0' / 'sweep.log').read_text()
+  log = (d / 'base' / 'seed=0' / 'sweep.log').read_text()
   assert 'resumed from round' in log
-  with open(d / 'client.lr=0.05' / 'seed=0' / 'summary.json') as f:
+  with open(d / 'base' / 'seed=0' / 'summary.json') as f:
     assert json.load(f)['rounds_completed'] == 40
