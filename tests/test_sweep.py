@@ -160,3 +160,22 @@ def test_killed_run_resumes_on_next_invocation(tmp_path):
   assert 'resumed from round' in log
   with open(d / 'base' / 'seed=0' / 'summary.json') as f:
     assert json.load(f)['rounds_completed'] == 40
+
+
+def test_checked_in_sweep_files_expand(tmp_path):
+  """The reproduction sweeps (benchmarks/reproduce_digits.sh): every cell x 3 seeds, named, with references."""
+  fm = sweep_lib.expand(sweep_lib.load_sweep_file(os.path.join(ROOT, 'configs/sweeps/flat_minima_digits.py')), 'D')
+  assert len(fm) == 16 * 3 and fm[0].key == 'fedavg/seed=0' and fm[-1].key == 'fedasam_man/seed=2'
+  assert fm[0].reference == {'source': 'benchmarks/README.flat_minima.md (earlier run, 150 rounds, seeds 0-2)',
+                             'accuracy': 89.35, 'accuracy_std': 0.19}
+  gloss = next(r for r in fm if r.cell == 'naive_fedgloss_sam_release')
+  assert gloss.config == 'configs/quickstart_fedgloss.py' and gloss.overrides['algorithm'] == 'naive_fedgloss'
+  assert gloss.overrides['rounds'] == 150 and gloss.overrides['algo.dual_variant'] == 'release'
+  short = sweep_lib.expand(sweep_lib.load_sweep_file(
+      os.path.join(ROOT, 'configs/sweeps/flat_minima_digits.py') + ':rounds=60'), 'D')
+  assert short[0].overrides['rounds'] == 60 and short[0].reference is None   # 150-round reference not comparable
+  bl = sweep_lib.expand(sweep_lib.load_sweep_file(os.path.join(ROOT, 'configs/sweeps/baselines_digits.py')), 'D')
+  assert len(bl) == 21 * 3 and len({r.cell for r in bl}) == 21
+  speed = next(r for r in bl if r.cell == 'fedspeed_population')
+  assert speed.config == 'configs/baselines_digits.py:algo=fedspeed' and speed.reference['accuracy'] == 96.32
+  assert speed.argv('PY')[2:4] == ['--config=configs/baselines_digits.py:algo=fedspeed', '--config.data.alpha=0.0']
