@@ -76,6 +76,11 @@ def main(argv):
     refs = sorted({r['reference_source'] for r in rs if r['reference_source']})
     pubs = sorted({r['published_source'] for r in rs if r['published_source']})
     md += [f'reference: {s}' for s in refs] + [f'published: {s}' for s in pubs] + ([''] if refs or pubs else [])
+    for col in ('reference', 'published'):
+      diffs = [abs(r[f'diff_{col}']) for r in rs if r[f'diff_{col}'] is not None]
+      if diffs:     # the one-line answer to "does it reproduce?"
+        md += [f'{len(diffs)} of {len(rs)} groups measured against the {col}: |measured - {col}| is at most '
+               f'{max(diffs):.2f} points (median {sorted(diffs)[len(diffs) // 2]:.2f}).', '']
     md += report_lib.markdown_table(rs, _GROUP.value, _TARGET.value) + ['']
     if _PLOTS.value:
       for p in report_lib.plot(rs, _GROUP.value, f'{stem}_{sweep}'):

@@ -238,7 +238,7 @@ def markdown_table(rows: List[Dict], group_by: Sequence[str], target: Optional[f
         a = r[f'{name}_acc']
         cells.append('' if a is None else _pm(float(a), r[f'{name}_std']))
         d = r[f'diff_{name}']
-        cells.append('' if d is None else f'{d:+.2f}')
+        cells.append('' if d is None else f'{0.0 if abs(d) < 0.005 else d:+.2f}')   # no "-0.00"
     lines.append('| ' + ' | '.join(cells) + ' |')
   return lines
 
