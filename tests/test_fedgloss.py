@@ -76,7 +76,7 @@ def run_engine(alg, w0, cs, ns, rounds, steps):
 
 
 def reference(w0, cs, ns, rounds, steps, lr, beta=10.0, rho_server=0.15, admm=True, dual_variant='thesis',
-              population=20, naive=False, rho_l=lambda t: 0.0):
+              population=20, naive=False, rho_l=lambda t: 0.0, rho_s=None):
   """Algorithm 5 (and NaiveFedGloSS, digest 1.6) as a plain float64 loop."""
   cs = np.asarray(cs, np.float64)
   p = np.asarray(ns, np.float64) / np.sum(ns)
@@ -86,6 +86,7 @@ def reference(w0, cs, ns, rounds, steps, lr, beta=10.0, rho_server=0.15, admm=Tr
   sig_k = np.zeros((k,) + w.shape)
   prev = None
   sent = []
+  rho_s = rho_s or (lambda t: rho_server)
 
   def train(start, j, with_admm, rho):
     v = start.copy()
@@ -101,10 +102,10 @@ def reference(w0, cs, ns, rounds, steps, lr, beta=10.0, rho_server=0.15, admm=Tr
   for t in range(rounds):
     if naive:
       d0 = sum(p[j] * (w - train(w, j, False, rho_l(t))) for j in range(k))
-      eps = rho_server * d0 / np.linalg.norm(d0)
+      eps = rho_s(t) * d0 / np.linalg.norm(d0)
       sent.append(w.copy())
     else:
-      eps = np.zeros_like(w) if prev is None else rho_server * prev / np.linalg.norm(prev)
+      eps = np.zeros_like(w) if prev is None else rho_s(t) * prev / np.linalg.norm(prev)
       sent.append(w + eps)
     wt = w + eps
     wk = np.stack([train(wt, j, admm, rho_l(t)) for j in range(k)])
@@ -187,6 +188,45 @@ def test_sam_client_with_rho_warmup():
   np.testing.assert_allclose(cstates['w'], sig_k, rtol=1e-5, atol=1e-6)
 
 
+def release_server_rhos(rho, rho_l, rho0, T_s, T):
+  """The release code's server list (fedgloss_server.py, T_s > 1 branch), transcribed by hand."""
+  if T_s <= 1:
+    return [rho] * T
+  rhos_l = [rho0]
+  d = (rho_l - rho0) / T_s
+  for _ in range(T_s):
+    rhos_l.append(rhos_l[-1] + d)
+  rhos_l += [rho_l] * (T - len(rhos_l))
+  server = [rho0]
+  d = (rho - rho0) / T_s
+  for _ in range(T_s):
+    server.append(rhos_l[-1] + d)      # the client list's last value: the release behaviour
+  server += [rho] * (T - len(server))
+  return server
+
+
+@pytest.mark.parametrize('naive', [False, True])
+@pytest.mark.parametrize('schedule', ['release', 'linear', 'constant'])
+def test_server_rho_schedule_in_the_round(schedule, naive):
+  """4 rounds, T_s = 2: the ascent radius of round t is the schedule's rho_s(t) (release: rho_l + ... in
+  rounds 1-2, then rho_s)."""
+  kw = dict(lr=0.3, optimizer='sam', rho_l=0.2, rho0=0.001, warmup=2, beta=5.0, rho_server=0.01, population=5)
+  alg = build(naive=naive, rho_server_schedule=schedule, **kw)
+  state, cstates, sent = run_engine(alg, W0, CS, NS, rounds=4, steps=1)
+  table = {'release': release_server_rhos(0.01, 0.2, 0.001, 2, 4),
+           'linear': [0.001 + (0.01 - 0.001) * min(t, 2) / 2 for t in range(4)],
+           'constant': [0.01] * 4}[schedule]
+  if schedule == 'release':
+    assert table[1] == table[2] == pytest.approx(0.2 + 0.009 / 2) and table[3] == 0.01
+  w, sigma, sig_k, _, ref_sent = reference(W0, CS, NS, rounds=4, steps=1, lr=0.3, beta=5.0, population=5,
+                                           naive=naive, rho_l=lambda t: 0.001 + (0.2 - 0.001) * min(t, 2) / 2,
+                                           rho_s=lambda t: table[t])
+  if not naive:
+    np.testing.assert_allclose(np.stack(sent), np.stack(ref_sent), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(state['params']['w'], w, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(cstates['w'], sig_k, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize('admm', [True, False])
 def test_naive_fedgloss_two_exchanges(admm):
   alg = build(naive=True, lr=0.3, beta=4.0, rho_server=0.25, admm=admm, population=3)
@@ -206,7 +246,7 @@ def test_hparam_validation():
   c.algo = ml_collections.ConfigDict(registry.default_hparams('fedgloss'))
   validate_config(c)
   for field, bad in [('beta', 0.0), ('rho_server', -1.0), ('dual_variant', 'code'),
-                     ('population', -3)]:
+                     ('population', -3), ('rho_server_schedule', 'cosine')]:
     c2 = ml_collections.ConfigDict(c.to_dict())
     c2.algo[field] = bad
     with pytest.raises(ConfigError, match=f'algo.{field}'):

@@ -46,3 +46,22 @@ def test_swa_cyclic_lr_c1_is_constant_gamma1():
   np.testing.assert_allclose(jax.jit(f)(123), 0.01, rtol=1e-7)
   with pytest.raises(ValueError):
     swa_cyclic_lr(0.01, 0.0001, 0)
+
+
+@pytest.mark.parametrize('T_s', [0, 1, 2, 3, 5])
+def test_server_rho_schedule_against_the_release_lists(T_s):
+  """Each schedule's rho_s(t) vs the release code's lists (transcribed in tests/test_fedgloss.py), T = 9."""
+  from tests.test_fedgloss import release_server_rhos
+  from fedjax_flat.optimizers.schedules import server_rho_schedule
+  rho, rho_l, rho0, T = 0.01, 0.2, 0.001, 9
+  got = {k: [float(server_rho_schedule(k, rho0, rho_l, rho, T_s)(t)) for t in range(T)]
+         for k in ('release', 'linear', 'constant')}
+  np.testing.assert_allclose(got['release'], release_server_rhos(rho, rho_l, rho0, T_s, T), rtol=1e-6)
+  np.testing.assert_allclose(got['constant'], [rho] * T, rtol=1e-7)
+  want_linear = [rho if T_s == 0 else rho0 + (rho - rho0) * min(t, T_s) / T_s for t in range(T)]
+  np.testing.assert_allclose(got['linear'], want_linear, rtol=1e-6)
+  if T_s > 1:   # the release's warm-up sits at ~rho_l, not between rho0 and rho
+    assert got['release'][1] == pytest.approx(rho_l + (rho - rho0) / T_s)
+    assert got['release'][T_s + 1] == pytest.approx(rho)
+  with pytest.raises(ValueError, match='rho_server_schedule'):
+    server_rho_schedule('cosine', rho0, rho_l, rho, T_s)

@@ -29,7 +29,9 @@ NaiveFedGloSS (num_phases=2, two exchanges with the same clients, 2x communicati
   phase 1: exactly FedGloSS's client and server step from this w~ (with ADMM unless admm=False).
 
 Hyperparameters (config.algo): rho_server, beta, admm, dual_variant ('thesis' | 'release'), population
-(K_total of both dual updates; 0 = the dataset's number of clients).
+(K_total of both dual updates; 0 = the dataset's number of clients), rho_server_schedule ('constant' |
+'release' | 'linear': rho_s per round; 'release' reproduces the published CIFAR runs, where the server radius
+was ~client.rho during the T_s = client.rho_warmup_rounds warm-up: see optimizers/schedules.py).
 """
 from __future__ import annotations
 
@@ -42,9 +44,13 @@ from fedjax_flat.algorithms.base import FederatedAlgorithm
 from fedjax_flat.algorithms.fedavg import make_hparams_fn
 from fedjax_flat.algorithms.fedprox import population
 from fedjax_flat.algorithms.registry import default_hparams, register
+from fedjax_flat.optimizers.schedules import server_rho_schedule
 
 DUAL_VARIANTS = ('thesis', 'release')
-HPARAMS = {'rho_server': 0.15, 'beta': 10.0, 'admm': True, 'dual_variant': 'thesis', 'population': 0}
+# rho_server_schedule: 'constant' | 'release' | 'linear' (optimizers/schedules.server_rho_schedule); the
+# warm-up uses config.client.rho0 and client.rho_warmup_rounds (one T_s for client and server, as the release).
+HPARAMS = {'rho_server': 0.15, 'beta': 10.0, 'admm': True, 'dual_variant': 'thesis', 'population': 0,
+           'rho_server_schedule': 'constant'}
 
 tmap = jax.tree_util.tree_map
 
@@ -69,6 +75,9 @@ def _hp(ctx, name):
     raise ValueError(f"algo.beta={hp['beta']!r} must be > 0")
   if hp['admm']:
     hp['population'] = population(ctx, hp)     # K_total of the dual updates
+  c = ctx.client_cfg
+  hp['rho_fn'] = server_rho_schedule(hp['rho_server_schedule'], c.get('rho0', 0.0), c.rho,
+                                     float(hp['rho_server']), int(c.get('rho_warmup_rounds', 0)))
   return hp
 
 
@@ -137,12 +146,12 @@ def _fedgloss_parts(ctx, hp):
 @register('fedgloss', hparams=HPARAMS)
 def fedgloss_builder(ctx) -> FederatedAlgorithm:
   hp = _hp(ctx, 'fedgloss')
-  rho_s = float(hp['rho_server'])
+  rho_fn = hp['rho_fn']
   hparams_fn = make_hparams_fn(ctx.client_cfg)
   client_init, client_step, client_final, descent, init_state, client_state_init = _fedgloss_parts(ctx, hp)
 
-  def eps_of(state):
-    return ascent(state['delta_prev'], rho_s, state['has_prev'])
+  def eps_of(state, round_idx):
+    return ascent(state['delta_prev'], rho_fn(round_idx), state['has_prev'])
 
   def server_init(params, rng):
     del rng
@@ -150,12 +159,12 @@ def fedgloss_builder(ctx) -> FederatedAlgorithm:
 
   def broadcast(state, round_idx, phase=0):
     del phase
-    w_tilde = tmap(lambda w, e: w + e, state['params'], eps_of(state))
+    w_tilde = tmap(lambda w, e: w + e, state['params'], eps_of(state, round_idx))
     return {'params': w_tilde, 'hparams': hparams_fn(round_idx)}
 
   def server_update(state, agg, round_idx, phase=0):
-    del round_idx, phase
-    new, delta = descent(state, agg, eps_of(state))
+    del phase
+    new, delta = descent(state, agg, eps_of(state, round_idx))
     return {**new, 'delta_prev': delta, 'has_prev': jnp.bool_(True)}
 
   def eval_models(state):
@@ -172,7 +181,7 @@ def fedgloss_builder(ctx) -> FederatedAlgorithm:
 @register('naive_fedgloss', hparams=HPARAMS)
 def naive_fedgloss_builder(ctx) -> FederatedAlgorithm:
   hp = _hp(ctx, 'naive_fedgloss')
-  rho_s = float(hp['rho_server'])
+  rho_fn = hp['rho_fn']
   admm = bool(hp['admm'])
   hparams_fn = make_hparams_fn(ctx.client_cfg)
   client_init, client_step, client_final, descent, init_state, client_state_init = _fedgloss_parts(ctx, hp)
@@ -199,9 +208,8 @@ def naive_fedgloss_builder(ctx) -> FederatedAlgorithm:
     return client_final(bcast, local, client_state)
 
   def server_update(state, agg, round_idx, phase=0):
-    del round_idx
-    if phase == 0:   # w~ = w + rho_s D / ||D||
-      eps = ascent(agg['weighted']['delta'], rho_s, jnp.bool_(True))
+    if phase == 0:   # w~ = w + rho_s(t) D / ||D||
+      eps = ascent(agg['weighted']['delta'], rho_fn(round_idx), jnp.bool_(True))
       return {**state, 'w_tilde': tmap(lambda w, e: w + e, state['params'], eps)}
     eps = tmap(lambda a, b: a - b, state['w_tilde'], state['params'])
     new, _ = descent(state, agg, eps)

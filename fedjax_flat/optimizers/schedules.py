@@ -2,6 +2,8 @@
 
 * `rho_warmup`: FedGloSS's local rho warm-up (thesis App. A.2):
       rho(t) = rho0 + (rho - rho0) * t / T_s   for t <= T_s,   rho   for t > T_s.
+* `server_rho_schedule`: FedGloSS's server radius rho_s(t) (`algo.rho_server_schedule`): 'constant',
+  'linear' (the intended warm-up rho0 -> rho_s over T_s rounds) or 'release' (as the release code behaves).
 * `swa_cyclic_lr`: the client learning rate during server-side SWA (FedSAM, Eq. 2.36-2.37), in the
   FedSAM code's 0-based form:
       gamma(i) = (1 - t) * gamma1 + t * gamma2,   t = ((i mod c) + 1) / c.
@@ -39,6 +41,45 @@ def rho_warmup(rho0: float, rho: float, warmup_rounds: int) -> Callable[[Scalar]
     ramp = jnp.asarray(rho0, jnp.float32) + (rho_final - rho0) * frac
     # Exactly `rho` from T_s on (the ramp can be 1 ulp off in float32).
     return jnp.where(t >= warmup_rounds, rho_final, ramp)
+
+  return schedule
+
+
+SERVER_RHO_SCHEDULES = ('constant', 'release', 'linear')
+
+
+def server_rho_schedule(kind: str, rho0: float, rho_client: float, rho_server: float,
+                        warmup_rounds: int) -> Callable[[Scalar], jax.Array]:
+  """FedGloSS's server SAM radius as a function of the 0-based round t.
+
+  The release code (pietrocagnasso/fedgloss, codebase/servers/fedgloss_server.py) builds, for T_s > 1,
+      server_rhos = [rho0] + [rhos_l[-1] + (rho_s - rho0) / T_s] * T_s + [rho_s] * ...
+  because each warm-up step starts from the *client* list's last value (rhos_l[-1] = rho_l, the client's
+  final radius) instead of the server list's. So for 1 <= t <= T_s the server radius is
+  rho_l + (rho_s - rho0) / T_s (~rho_l), and rho_s only after T_s: the published CIFAR-100 script
+  (rho_l 0.2, rho_s 0.01, T_s 15000 of 20000 rounds) ran with server rho ~0.2 for 15000 rounds.
+  One T_s drives both the client and the server lists there, hence `warmup_rounds` = client.rho_warmup_rounds.
+
+  kind:
+    'constant': rho_s at every round (T_s ignored).
+    'release': as the release code behaves (above); T_s <= 1 gives rho_s at every round, as there.
+    'linear': the intended warm-up, rho0 + (rho_s - rho0) t / T_s up to T_s, then rho_s (T_s = 0: constant).
+  Round 0 has no server ascent in FedGloSS (no previous pseudo-gradient), so the t = 0 value (rho0) is only
+  used by NaiveFedGloSS.
+  """
+  if kind not in SERVER_RHO_SCHEDULES:
+    raise ValueError(f'rho_server_schedule={kind!r}; allowed: {SERVER_RHO_SCHEDULES}')
+  if kind == 'linear':
+    return rho_warmup(rho0, rho_server, warmup_rounds)
+  if kind == 'constant' or warmup_rounds <= 1:
+    return lambda t: jnp.asarray(rho_server, jnp.float32)
+  # Python float64 first (as the release code), one cast to float32.
+  plateau = float(rho_client) + (float(rho_server) - float(rho0)) / warmup_rounds
+
+  def schedule(t):
+    t = jnp.asarray(t, jnp.int32)
+    return jnp.where(t <= 0, jnp.float32(rho0),
+                     jnp.where(t <= warmup_rounds, jnp.float32(plateau), jnp.float32(rho_server)))
 
   return schedule
 

@@ -164,6 +164,9 @@ def _validate_fedgloss(cfg, defaults) -> None:
     raise ConfigError('algo.admm', hp['admm'], 'must be True or False')
   if hp['dual_variant'] not in ('thesis', 'release'):
     raise ConfigError('algo.dual_variant', hp['dual_variant'], "allowed values: ['release', 'thesis']")
+  if hp['rho_server_schedule'] not in ('constant', 'release', 'linear'):
+    raise ConfigError('algo.rho_server_schedule', hp['rho_server_schedule'],
+                      "allowed values: ['constant', 'release', 'linear'] (warm-up length: client.rho_warmup_rounds)")
   pop = hp['population']
   if isinstance(pop, bool) or not isinstance(pop, numbers.Integral) or pop < 0:
     raise ConfigError('algo.population', pop, 'must be an integer >= 0 (0 = the dataset\'s number of clients)')
