@@ -41,7 +41,8 @@ def build(naive=False, lr=0.5, steps=1, optimizer='sgd', rho_l=0.0, rho0=0.0, wa
   c.client.rho = rho_l
   c.client.rho0 = rho0
   c.client.rho_warmup_rounds = warmup
-  c.algo = ml_collections.ConfigDict({**registry.default_hparams(c.algorithm), **algo})
+  # The reference below defaults to Algorithm 5's dual; the registered default is 'release'.
+  c.algo = ml_collections.ConfigDict({**registry.default_hparams(c.algorithm), 'dual_variant': 'thesis', **algo})
   ctx = registry.BuildContext(model=None, loss_fn=quad_loss, client_cfg=c.client, server_tx=optax.sgd(1.0),
                               make_client_tx=make_client_tx, config=c)
   return (naive_fedgloss_builder if naive else fedgloss_builder)(ctx)
@@ -238,6 +239,26 @@ def test_naive_fedgloss_two_exchanges(admm):
   if admm:
     np.testing.assert_allclose(state['sigma']['w'], sigma, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(cstates['w'], sig_k, rtol=1e-5, atol=1e-6)
+
+
+def test_stable_default_and_thesis_warning(monkeypatch):
+  """The registered default is the release dual; the thesis dual at partial participation warns."""
+  from fedjax_flat.data.builtin import synthetic
+  from fedjax_flat.training import validate as validate_mod
+  assert registry.default_hparams('fedgloss')['dual_variant'] == 'release'
+  assert registry.default_hparams('fedgloss')['rho_server_schedule'] == 'constant'
+  data = synthetic(8, 4, input_shape=(2, 2, 1), num_classes=2, test_size=4)
+  said = []
+  monkeypatch.setattr(validate_mod.logging, 'warning', lambda msg, *a: said.append(msg % a))
+  for variant, warned in (('release', False), ('thesis', True)):
+    said.clear()
+    c = default_config()
+    c.algorithm = 'fedgloss'
+    c.data.num_clients = 8
+    c.clients_per_round = 4
+    c.algo = ml_collections.ConfigDict({**registry.default_hparams('fedgloss'), 'dual_variant': variant})
+    validate_mod.validate_against_data(c, data)
+    assert bool([m for m in said if 'dual_variant' in m]) == warned, (variant, said)
 
 
 def test_hparam_validation():

@@ -67,5 +67,5 @@ def test_table_a2_lookup():
 def test_quickstart_fedgloss_exposes_algo_hparams():
   c = load('quickstart_fedgloss').get_config()
   validate_config(c)
-  assert dict(c.algo) == {'rho_server': 0.15, 'beta': 10.0, 'admm': True, 'dual_variant': 'thesis',
-                          'population': 0}
+  assert dict(c.algo) == {'rho_server': 0.15, 'beta': 10.0, 'admm': True, 'dual_variant': 'release',
+                          'population': 0, 'rho_server_schedule': 'constant'}

@@ -10,8 +10,8 @@
   sends x^_k = x_{k,K} - lambda g^_k
   server: x^{t+1} = (1/|S|) sum_S x^_k       (= ServerOpt(x^t, x^t - mean x^_k), exact with server SGD lr 1)
 
-algo.dual_mean: 'active' (default) is Algorithm 1 above: the prox-corrections enter through the round's
-clients only. 'population' is the authors' release code (FL-Simulator server/FedSpeed.py): the server adds
+algo.dual_mean: 'active' is Algorithm 1 above: the prox-corrections enter through the round's
+clients only. 'population' (the default) is the authors' release code (FL-Simulator server/FedSpeed.py): the server adds
 the mean over ALL N clients of their corrections, x^{t+1} = mean_S x_{k,K} - lambda (1/N) sum_{k=1..N} g^_k
 (FedDyn's server with alpha = 1/lambda; N = algo.population or the dataset's number of clients). The two coincide
 under full participation. (The release code also uses alpha = 1, a plain SAM gradient: set algo.alpha=1.)
@@ -60,7 +60,8 @@ def apply_gradient(local, g, tx, correction, loss_sum, count):
 DUAL_MEANS = ('active', 'population')
 
 
-@register('fedspeed', hparams={'alpha': 0.95, 'lam': 100.0, 'dual_mean': 'active', 'population': 0})
+# dual_mean defaults to 'population' (the release code; stable), 'active' (Algorithm 1) is one flag away.
+@register('fedspeed', hparams={'alpha': 0.95, 'lam': 100.0, 'dual_mean': 'population', 'population': 0})
 def fedspeed(ctx) -> FederatedAlgorithm:
   require_sam(ctx, 'fedspeed')
   hp = hparams(ctx, 'fedspeed')

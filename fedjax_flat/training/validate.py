@@ -211,10 +211,18 @@ def validate_against_data(cfg, data) -> None:
   src = personalized.round_validation_source(cfg)
   if src:                                  # FedSoup's validation split must exist in the data
     personalized.check_validation_data(data, src)
-  if cfg.algorithm in BASELINE_RULES and 'population' in alg_registry_defaults(cfg.algorithm):
-    if not (cfg.algorithm == 'fedspeed' and cfg.algo.get('dual_mean', 'active') == 'active'):
+  hp_all = {**alg_registry_defaults(cfg.algorithm), **cfg.algo.to_dict()}
+  if cfg.algorithm in BASELINE_RULES and 'population' in hp_all:
+    if not (cfg.algorithm == 'fedspeed' and hp_all['dual_mean'] == 'active'):
       _validate_population(cfg, data)
-  if (cfg.algorithm == 'fedspeed' and cfg.algo.get('dual_mean', 'active') == 'active'
+  if (cfg.algorithm in ('fedgloss', 'naive_fedgloss') and hp_all['dual_variant'] == 'thesis'
+      and hp_all['admm'] and cfg.clients_per_round < data.num_clients):
+    # Measured (benchmarks/README.flat_minima.md): Algorithm 5's dual as printed is a |C^t| times larger step
+    # than the release code's and oscillates at partial participation (digits alpha=0: 78.5 vs 95.6 last-K).
+    logging.warning('%s with algo.dual_variant=thesis (Algorithm 5 as printed) and partial participation '
+                    'is unstable; the release code (the default) is --config.algo.dual_variant=release',
+                    cfg.algorithm)
+  if (cfg.algorithm == 'fedspeed' and hp_all['dual_mean'] == 'active'
       and cfg.clients_per_round < data.num_clients):
     # Measured (benchmarks/README.baselines.md): Algorithm 1's active-client dual mean diverges at partial
     # participation (digits alpha=0: 0.33 test accuracy) where the release code's population mean reaches 0.96.
