@@ -171,3 +171,39 @@ def test_per_client_test_splits_must_match_the_training_clients():
   ds = FederatedDataset.from_client_indices(x, y, [np.array([0, 1]), np.array([2, 3])], x[:3], y[:3], 2,
                                             test_population_indices=[np.array([0]), np.array([1, 2])])
   assert ds.num_test_clients == 2 and len(ds.test_client_examples(1)[1]) == 2
+
+
+def test_no_shuffle_keeps_stored_order_every_epoch_and_round():
+  """data.shuffle=False: epoch e of a client is its examples 0..n-1 in stored order, in every round."""
+  pos, mask = batching.client_step_indices(9, 4, 6, epochs=2, local_steps=0, rng=batching.client_rng(0, 0, 1),
+                                           shuffle=False)
+  np.testing.assert_array_equal(pos[:3][mask[:3] > 0], np.arange(9))
+  np.testing.assert_array_equal(pos[3:][mask[3:] > 0], np.arange(9))
+  np.testing.assert_array_equal(mask.sum(axis=1), [4, 4, 1, 4, 4, 1])   # partial last batch masked
+  pos, mask = batching.client_step_indices(3, 4, 5, epochs=1, local_steps=5, rng=None, shuffle=False)
+  np.testing.assert_array_equal(pos.reshape(-1), np.tile(np.arange(3), 7)[:20])   # stream of stored epochs
+  d = synthetic(3, [5, 9, 2], input_shape=(2, 2, 1), num_classes=3, seed=0)
+  for r in (0, 7):
+    rb = batching.make_round_batches(d, [1], round_idx=r, seed=r, batch_size=4, num_steps=6, epochs=2,
+                                     shuffle=False)
+    np.testing.assert_array_equal(rb.x[0][rb.mask[0] > 0], np.concatenate([d.x[d.client_indices(1)]] * 2))
+
+
+def test_trainer_honours_data_shuffle():
+  from config_helpers import small_config
+  from fedjax_flat.training import loop
+  from fedjax_flat.training.validate import ConfigError, validate_config
+  d = synthetic(6, 5, input_shape=(2, 2, 1), num_classes=3, seed=0)
+  for shuffle in (True, False):
+    c = small_config(**{'data.shuffle': shuffle, 'clients_per_round': 2})
+    validate_config(c)
+    t = loop.Trainer(c, data=d)
+    rb = t.prepare_round(3)
+    ids = [int(k) for k in rb.client_ids if k >= 0]
+    stored = [np.array_equal(rb.y[i][rb.mask[i] > 0], d.y[d.client_indices(k)]) for i, k in enumerate(ids)]
+    assert all(stored) == (not shuffle), (shuffle, stored)
+  import ml_collections
+  c = small_config()
+  c.data = ml_collections.ConfigDict({**c.data.to_dict(), 'shuffle': 'no'})   # a config replacing c.data
+  with pytest.raises(ConfigError, match='data.shuffle'):
+    validate_config(c)

@@ -7,7 +7,8 @@ and optimizer state unchanged; a partial last batch is masked so the loss averag
 
 Each client's order is reshuffled every local epoch from a generator keyed by (seed, round, client id), so
 a resumed run reproduces the same batches and the batches do not depend on which other clients were
-sampled.
+sampled. `shuffle=False` (config.data.shuffle) keeps each client's examples in stored order every epoch, to
+compare against reference code batch by batch.
 """
 from __future__ import annotations
 
@@ -56,8 +57,12 @@ def client_rng(seed: int, round_idx: int, client_id: int) -> np.random.Generator
 
 
 def client_step_indices(n: int, batch_size: int, num_steps: int, *, epochs: int, local_steps: int,
-                        rng: np.random.Generator):
-  """Per-step example positions (into the client's own examples) and masks, shape [S, B]."""
+                        rng: np.random.Generator, shuffle: bool = True):
+  """Per-step example positions (into the client's own examples) and masks, shape [S, B].
+
+  shuffle=False: every epoch visits the examples in stored order (0..n-1); `rng` is unused.
+  """
+  perm = rng.permutation if shuffle else np.arange
   pos = np.zeros((num_steps, batch_size), np.int64)
   mask = np.zeros((num_steps, batch_size), np.float32)
   if n == 0:
@@ -65,14 +70,14 @@ def client_step_indices(n: int, batch_size: int, num_steps: int, *, epochs: int,
   if local_steps:
     # A fixed number of full batches drawn from a stream of reshuffled epochs.
     need = local_steps * batch_size
-    stream = np.concatenate([rng.permutation(n) for _ in range(int(math.ceil(need / n)))])[:need]
+    stream = np.concatenate([perm(n) for _ in range(int(math.ceil(need / n)))])[:need]
     pos[:local_steps] = stream.reshape(local_steps, batch_size)
     mask[:local_steps] = 1.0
     return pos, mask
   per_epoch = int(math.ceil(n / batch_size))
   s = 0
   for _ in range(epochs):
-    order = rng.permutation(n)
+    order = perm(n)
     for b in range(per_epoch):
       chunk = order[b * batch_size:(b + 1) * batch_size]
       pos[s, :len(chunk)] = chunk
@@ -85,7 +90,7 @@ def client_step_indices(n: int, batch_size: int, num_steps: int, *, epochs: int,
 
 def make_round_batches(data, client_ids: Sequence[int], *, round_idx: int, seed: int, batch_size: int,
                        num_steps: int, epochs: int = 1, local_steps: int = 0,
-                       pad_clients_to: Optional[int] = None) -> RoundBatches:
+                       pad_clients_to: Optional[int] = None, shuffle: bool = True) -> RoundBatches:
   """Gathers the sampled clients' examples into padded arrays (host numpy).
 
   `data` is any object with `client_indices(k)` + `x`/`y` arrays (FederatedDataset), or the
@@ -111,7 +116,7 @@ def make_round_batches(data, client_ids: Sequence[int], *, round_idx: int, seed:
       if i == 0 and xs.dtype != cx.dtype:
         xs = xs.astype(cx.dtype)
     pos, mask = client_step_indices(n, batch_size, num_steps, epochs=epochs, local_steps=local_steps,
-                                    rng=client_rng(seed, round_idx, k))
+                                    rng=client_rng(seed, round_idx, k), shuffle=shuffle)
     if in_memory:
       flat = idx[pos]
       xs[i] = data.x[flat]

@@ -41,6 +41,7 @@ def get_dataset(name: str, **kwargs):
   _load_optional()
   if name not in _BUILDERS:
     raise ValueError(f'dataset={name!r} is unknown; allowed: {sorted(_BUILDERS)}')
+  kwargs.pop('shuffle', None)   # config.data.shuffle is for batching (data/batching.py), not the builders
   return _BUILDERS[name](**kwargs)
 
 

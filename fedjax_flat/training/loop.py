@@ -157,7 +157,8 @@ class Trainer:
       return streaming.LazyRoundBatches(r, full_ids, self._num_examples(full_ids), self.chunk, self._build_rows)
     rb = batching.make_round_batches(self.data, ids, round_idx=r, seed=c.seed, batch_size=c.client.batch_size,
                                      num_steps=self.num_steps, epochs=c.client.local_epochs,
-                                     local_steps=c.client.local_steps, pad_clients_to=self.cohort)
+                                     local_steps=c.client.local_steps, pad_clients_to=self.cohort,
+                                     shuffle=c.data.get('shuffle', True))
     if self.val_source:
       rb = personalized.append_validation_steps(rb, self.data, self.val_source, self.val_steps)
     return rb
@@ -167,7 +168,8 @@ class Trainer:
     c = self.config
     rb = batching.make_round_batches(self.data, ids, round_idx=r, seed=c.seed, batch_size=c.client.batch_size,
                                      num_steps=self.num_steps, epochs=c.client.local_epochs,
-                                     local_steps=c.client.local_steps, pad_clients_to=pad_to)
+                                     local_steps=c.client.local_steps, pad_clients_to=pad_to,
+                                     shuffle=c.data.get('shuffle', True))
     if self.val_source:
       rb = personalized.append_validation_steps(rb, self.data, self.val_source, self.val_steps)
     return rb.as_dict() if as_dict else rb

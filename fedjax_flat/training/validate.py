@@ -58,6 +58,8 @@ def validate_config(cfg) -> None:
   _choice(cfg, 'model', model_registry.names())
   _choice(cfg, 'augment', AUGMENTS)
   _choice(cfg, 'normalize', NORMALIZE)
+  if 'shuffle' in cfg.data and not isinstance(cfg.data.shuffle, bool):
+    raise ConfigError('data.shuffle', cfg.data.shuffle, 'must be True or False')
   if cfg.augment.startswith('cifar') and cfg.normalize == 'none':
     raise ConfigError('normalize', cfg.normalize, f'augment={cfg.augment!r} needs the dataset statistics: '
                       "'cifar10' or 'cifar100'")
