@@ -200,3 +200,31 @@ def test_fedsoup_with_local_norm_one_round():
   np.testing.assert_array_equal(pk['Dense_0']['kernel'], st['inner']['personal']['Dense_0']['kernel'])
   np.testing.assert_array_equal(pk['gn']['scale'], st['norm'][1])
   np.testing.assert_array_equal(st['norm'][1], st['inner']['personal']['gn']['scale'])
+
+
+def test_summary_md_shows_the_personalized_protocols(tmp_path):
+  """training/writers.write_summary: summary.json's 'personalized' block -> a table in summary.md."""
+  from fedjax_flat.training import writers
+  res = {'personal_model': 'fedbn',
+         'local': {'acc_client_mean': 0.9, 'acc_weighted': 0.875, 'auc_client_mean': 0.95, 'auc_pooled': 0.96,
+                   'per_client': [{'client': 0}]},
+         'ood_other_clients': {'acc_client_mean': 0.5, 'auc_client_mean': 0.7},
+         'global': {'acc_client_mean': 0.6, 'auc_client_mean': None},
+         'server': {'global_acc': 0.8, 'global_auc': 0.85, 'local_acc_client_mean': 0.81,
+                    'local_acc_weighted': 0.82, 'local_auc_pooled': 0.83},
+         'finetune': [{'epoch': 1, 'local_acc_client_mean': 0.91}, {'epoch': 2, 'local_acc_client_mean': 0.925,
+                                                                    'local_auc_client_mean': 0.97}]}
+  summary = {'experiment': 'x', 'models': {}, 'personalized': res}
+  writers.write_summary(str(tmp_path), summary)
+  md = (tmp_path / 'summary.md').read_text().splitlines()
+  assert '## Personalized evaluation (client models: `fedbn`)' in md
+  assert "| local: each client model on its own test split | 0.9000 | 0.8750 | 0.9500 | 0.9600 |" in md
+  assert ("| leave-one-out: each client model on the other clients' test splits | 0.5000 | - | 0.7000 | - |"
+          in md)
+  assert '| global: each client model on the global test set | 0.6000 | - | - | - |' in md
+  assert '| server model, local splits | 0.8100 | 0.8200 | - | 0.8300 |' in md
+  assert '| server model, global test set | - | 0.8000 | - | 0.8500 |' in md
+  assert 'Fine-tuned 2 epoch(s): local acc (client mean) 0.9250, AUC (client mean) 0.9700.' in md
+  assert not any('unseen' in line for line in md)
+  writers.write_summary(str(tmp_path), {'experiment': 'x', 'models': {}})     # no block: no section
+  assert 'Personalized' not in (tmp_path / 'summary.md').read_text()

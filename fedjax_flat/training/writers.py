@@ -163,5 +163,45 @@ def write_summary(workdir: str, summary: Dict) -> None:
           f"algorithm `{summary.get('algorithm')}`, dataset `{summary.get('dataset')}`, "
           f"{summary.get('rounds_completed')} rounds, {summary.get('wall_time_s', 0):.1f} s, "
           f"{summary.get('rounds_per_s', 0):.2f} rounds/s; reported model: `{summary.get('reported_model')}`", '']
+  lines += personalized_markdown(summary.get('personalized'))
   with open(os.path.join(workdir, 'summary.md'), 'w') as f:
     f.write('\n'.join(head + lines) + '\n')
+
+
+# summary.json 'personalized' keys (core/personalized.evaluate_protocols) -> the row names of summary.md.
+_PROTOCOLS = (('local', 'local: each client model on its own test split'),
+              ('ood_other_clients', 'leave-one-out: each client model on the other clients\' test splits'),
+              ('global', 'global: each client model on the global test set'),
+              ('unseen', 'unseen: each client model on the unseen test clients'))
+
+
+def _fmt(v):
+  return '-' if v is None or isinstance(v, (dict, list)) else f'{float(v):.4f}'
+
+
+def personalized_markdown(res) -> List[str]:
+  """The personalized protocols (local / leave-one-out / global / unseen; accuracy and AUC) as Markdown
+  lines; [] when summary.json has none."""
+  if not res:
+    return []
+  out = ['', f"## Personalized evaluation (client models: `{res.get('personal_model', '?')}`)", '',
+         '| protocol | acc (client mean) | acc (pooled) | AUC (client mean) | AUC (pooled) |', '|---|---|---|---|---|']
+  for key, label in _PROTOCOLS:
+    if key in res:
+      r = res[key]
+      out.append(f"| {label} | {_fmt(r.get('acc_client_mean'))} | {_fmt(r.get('acc_weighted'))} | "
+                 f"{_fmt(r.get('auc_client_mean'))} | {_fmt(r.get('auc_pooled'))} |")
+  srv = res.get('server')
+  if srv:   # the global (server) model on the same sets, for comparison
+    out.append(f"| server model, local splits | {_fmt(srv.get('local_acc_client_mean'))} | "
+               f"{_fmt(srv.get('local_acc_weighted'))} | - | {_fmt(srv.get('local_auc_pooled'))} |")
+    for key in ('global', 'unseen'):
+      if f'{key}_acc' in srv:
+        out.append(f"| server model, {key} test set | - | {_fmt(srv[f'{key}_acc'])} | - | "
+                   f"{_fmt(srv.get(f'{key}_auc'))} |")
+  curve = res.get('finetune')
+  if curve:
+    last = curve[-1]
+    out += ['', f"Fine-tuned {last['epoch']} epoch(s): local acc (client mean) "
+                f"{_fmt(last.get('local_acc_client_mean'))}, AUC (client mean) {_fmt(last.get('local_auc_client_mean'))}."]
+  return out
