@@ -17,7 +17,7 @@ def _write_cifar_c(root, n=6, corruptions=('fog', 'snow')):
     np.save(d / f'{c}.npy', rng.integers(0, 255, (5 * n, 32, 32, 3)).astype(np.uint8))
 
 
-def test_report_per_corruption_and_severity(tmp_path):
+def test_report_per_corruption_and_severity(tmp_path, capsys):
   _write_cifar_c(tmp_path)
   c = default_config()
   c.dataset, c.model, c.rounds, c.clients_per_round, c.eval_every = 'synthetic', 'mlp', 2, 2, 2
@@ -36,3 +36,22 @@ def test_report_per_corruption_and_severity(tmp_path):
   np.testing.assert_allclose(rep['mean_by_severity']['1'], (rep['fog']['1'] + rep['snow']['1']) / 2)
   rows = list(csv.reader(open(wd / 'corruptions.csv')))
   assert rows[0] == ['corruption', 'severity', 'accuracy'] and len(rows) == 5
+  err = [line for line in capsys.readouterr().err.splitlines() if line.startswith('[cifar10_c]')]
+  assert len(err) == 4 and err[0].startswith('[cifar10_c] 1/4 fog s1: acc ') and ' img/s, ETA ' in err[0]
+  assert err[-1].startswith('[cifar10_c] 4/4 snow s5: ') and err[-1].endswith('ETA 0s')
+
+
+def test_progress_rate_and_eta():
+  """Fake clock: 10000 images per set; 3 sets in 30 s -> 1000 img/s and 5 sets left x 10 s = 50 s."""
+  import io
+  from fedjax_flat.core.corruption_eval import Progress
+  t = [100.0]
+  out = io.StringIO()
+  p = Progress('cifar100_c', 8, out, clock=lambda: t[0])
+  for i, (c, s) in enumerate([('fog', 1), ('fog', 2), ('snow', 1)]):
+    t[0] += 10.0
+    line = p.update(c, s, 10000, 0.5 + i / 10)
+  assert line == '[cifar100_c] 3/8 snow s1: acc 0.7000 | 30.0 s, 1000 img/s, ETA 50s'
+  assert out.getvalue().splitlines()[-1] == line
+  t[0] += 4000.0
+  assert p.update('glass_blur', 5, 10000, 0.1).endswith('ETA 1h07m10s')   # 4030 s / 4 done x 4 left = 4030 s
