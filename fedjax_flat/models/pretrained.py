@@ -112,14 +112,29 @@ def load_pretrained(model, params_init: Params, path: str, *, reinit_classifier:
   Raises:
     ValueError listing every missing key, unexpected key and shape mismatch (path: file shape vs expected).
   """
+  return fit_params(model, params_init, read_params(path), source=path, reinit_classifier=reinit_classifier,
+                    classifier_key=classifier_key)
+
+
+def fit_params(model, params_init: Params, source_params: Params, *, source: str = 'params',
+               reinit_classifier=True, classifier_key: Optional[str] = None) -> Params:
+  """`load_pretrained` on an in-memory tree (e.g. another run's checkpoint); `source` names it in errors.
+
+  reinit_classifier: True / False as in `load_pretrained`, or 'auto': keep the source's classifier when every
+  one of its leaves has the model's shape (same number of classes), else re-initialize it.
+  """
+  path = source
   name = getattr(model, 'name', type(model).__name__)
   expected = flatten(params_init)
-  loaded = flatten(read_params(path))
+  loaded = flatten(source_params)
   skip = None
   if reinit_classifier:
     skip = classifier_key or find_classifier_key(params_init, getattr(model, 'num_classes', None))
     if not any(_under(k, skip) for k in expected):
       raise ValueError(f'classifier_key={skip!r} matches no parameter of {name}')
+    if reinit_classifier == 'auto' and all(
+        k in loaded and tuple(np.shape(loaded[k])) == tuple(v.shape) for k, v in expected.items() if _under(k, skip)):
+      skip = None        # same classes: the source's classifier is kept (and checked like the rest)
 
   def checked(k):
     return skip is None or not _under(k, skip)

@@ -103,6 +103,14 @@ def default_config() -> ml_collections.ConfigDict:
   c.engine.shard_clients = ml_collections.FieldReference('auto', field_type=object)
   c.engine.stream_batches = False     # build/copy the round's batches one chunk at a time (core/streaming.py)
 
+  # Initial params (training/init.py; applied before round 0, never on resume): another run's checkpoint or
+  # a params file (models/pretrained.py formats). One of the two at most.
+  c.init = ml_collections.ConfigDict()
+  c.init.checkpoint = ''               # a fedjax_flat run directory (or its checkpoints/)
+  c.init.model = 'global'              # which of that run's models: 'global' | 'swa' | 'wima'
+  c.init.pretrained = ''               # a .npz / msgpack params file
+  c.init.reinit_classifier = 'auto'    # 'auto' (re-init when the class count differs) | 'always' | 'never'
+  c.init.classifier_key = ''           # '' = models/pretrained.find_classifier_key
   c.corruption_eval = ml_collections.ConfigDict()   # CIFAR-10-C / 100-C at the end of training
   c.corruption_eval.name = ''          # '' = off; 'cifar10_c' | 'cifar100_c'
   c.corruption_eval.data_dir = ''

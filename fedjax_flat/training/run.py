@@ -17,6 +17,7 @@ from absl import logging
 import jax
 
 from fedjax_flat.training import checkpoint as ckpt_lib
+from fedjax_flat.training import init as init_lib
 from fedjax_flat.training import loop, validate
 
 
@@ -79,6 +80,9 @@ def run(config, workdir: str, *, fresh: bool = False, handle_signals: bool = Fal
     step = None if fresh else checkpointer.restore_latest(trainer)
     if step is None and trainer.writer is not None:
       trainer.writer.load_existing(0)       # no checkpoint: metrics from an earlier attempt are dropped
+    if step is None and init_lib.requested(config):   # a fresh run only: a resumed one has its own params
+      init_lib.apply(trainer, config)
+      logging.info('initial params from %s', config.init.checkpoint or config.init.pretrained)
     if step is not None:
       logging.info('resumed from %s/%d (round %d of %d)', checkpointer.directory, step, step, config.rounds)
     if jax.process_index() == 0:

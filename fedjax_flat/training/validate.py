@@ -6,6 +6,7 @@ it into one message and exit status 2.
 from __future__ import annotations
 
 import numbers
+import os
 
 from absl import logging
 
@@ -136,6 +137,8 @@ def validate_config(cfg) -> None:
   if not isinstance(cfg.engine.get('stream_batches', False), bool):
     raise ConfigError('engine.stream_batches', cfg.engine.stream_batches, 'must be True or False')
 
+  if cfg.get('init') is not None:           # training/init.py
+    _validate_init(cfg.init)
   if cfg.get('corruption_eval') is not None:
     _choice(cfg, 'corruption_eval.name', ('', 'cifar10_c', 'cifar100_c'))
     if cfg.corruption_eval.name and not set(cfg.corruption_eval.severities) <= {1, 2, 3, 4, 5}:
@@ -154,6 +157,27 @@ def validate_config(cfg) -> None:
     _num(cfg, 'personalized.finetune_lr', lo=0)
     _num(cfg, 'personalized.finetune_batch_size', lo=0, integer=True)
     _choice(cfg, 'personalized.auc_scores', ('softmax', 'logits'))
+
+
+def _validate_init(init) -> None:
+  ckpt, pre = init.get('checkpoint', ''), init.get('pretrained', '')
+  for name, v in (('checkpoint', ckpt), ('pretrained', pre), ('classifier_key', init.get('classifier_key', ''))):
+    if not isinstance(v, str):
+      raise ConfigError(f'init.{name}', v, 'must be a string (a path; empty = off)')
+  if ckpt and pre:
+    raise ConfigError('init.pretrained', pre, f'init.checkpoint={ckpt!r} is set too: use one of the two')
+  if ckpt:
+    from fedjax_flat.training.init import run_dir_of
+    d = run_dir_of(ckpt)
+    if not (os.path.isfile(os.path.join(d, 'config.json')) and os.path.isdir(os.path.join(d, 'checkpoints'))):
+      raise ConfigError('init.checkpoint', ckpt, 'must be a fedjax_flat run directory (config.json + checkpoints/)')
+  if pre and not os.path.isfile(pre):
+    raise ConfigError('init.pretrained', pre, 'no such file (a .npz or msgpack params file)')
+  if init.get('model', 'global') not in ('global', 'swa', 'wima'):
+    raise ConfigError('init.model', init.get('model'), "allowed values: ['global', 'swa', 'wima']")
+  if init.get('reinit_classifier', 'auto') not in ('auto', 'always', 'never'):
+    raise ConfigError('init.reinit_classifier', init.get('reinit_classifier'),
+                      "allowed values: ['auto', 'always', 'never']")
 
 
 def _validate_fedgloss(cfg, defaults) -> None:
