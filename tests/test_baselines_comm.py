@@ -154,3 +154,19 @@ def test_fedgloss_with_cyclic_swa_warns(monkeypatch):
     assert bool(said) == warned, said
     if warned:
       assert 'swa.cyclic_lr=False' in said[0]
+
+
+def test_mime_lr_above_the_measured_range_warns(monkeypatch):
+  """lr / (1 - beta) > 0.1 warns (MimeLite diverged at lr 0.02, beta 0.9, alpha 0 on the digits)."""
+  said = []
+  monkeypatch.setattr(validate.logging, 'warning', lambda msg, *a: said.append(msg % a))
+  for algo, lr, beta, warned in (('mimelite', 0.05, 0.9, True), ('mimelite', 0.01, 0.9, False),
+                                 ('mimelite', 0.02, 0.9, True), ('mime', 0.05, 0.0, False),
+                                 ('mime', 0.2, 0.0, True), ('mimelite', 0.005, 0.95, False)):
+    said.clear()
+    cfg = config(algo, beta=beta)
+    cfg.client.lr = lr
+    validate.validate_config(cfg)
+    assert bool([m for m in said if 'lr/(1-beta)' in m]) == warned, (algo, lr, beta, said)
+    if warned:
+      assert f'client.lr={lr:g}' in said[0] and 'try client.lr <= ' in said[0]

@@ -312,9 +312,28 @@ def _validate_baseline(cfg, algo, defaults) -> None:
   if allowed and cfg.client.optimizer not in allowed:
     raise ConfigError('client.optimizer', cfg.client.optimizer,
                       f'{algo} needs a sharpness-aware client: allowed values {list(allowed)}')
+  if algo in ('mime', 'mimelite'):
+    warn_mime_lr(cfg.client.lr, hp['beta'], algo)
   if algo in ('mime', 'mimelite') and cfg.client.momentum:
     raise ConfigError('client.momentum', cfg.client.momentum,
                       f'{algo} must have client.momentum = 0 (its base-optimizer momentum is algo.beta)')
+
+
+# Measured (benchmarks/README.baselines.md, MimeLite beta 0.9 on the digits quickstart, 100 rounds): client lr
+# 0.01 trains at alpha 0 and 0.5; 0.02 diverges at alpha 0; 0.03 degrades (0.61) and 0.04-0.05 diverge at
+# alpha 0.5. The momentum trace g + beta m scales the step by 1/(1 - beta), so the bound is on lr / (1 - beta).
+MIME_MAX_EFFECTIVE_LR = 0.1
+
+
+def warn_mime_lr(lr, beta, algo) -> bool:
+  """Logs a warning (and returns True) when lr / (1 - beta) is above the measured stable range."""
+  eff = float(lr) / (1.0 - float(beta))
+  if eff <= MIME_MAX_EFFECTIVE_LR * (1 + 1e-9):
+    return False
+  logging.warning('%s: client.lr=%g with algo.beta=%g is an effective step lr/(1-beta)=%.3g, above %.2g where it '
+                  'diverged on the digits quickstart (benchmarks/README.baselines.md); try client.lr <= %.3g',
+                  algo, lr, beta, eff, MIME_MAX_EFFECTIVE_LR, MIME_MAX_EFFECTIVE_LR * (1.0 - float(beta)))
+  return True
 
 
 def _validate_population(cfg, data) -> None:
