@@ -54,3 +54,30 @@ def test_fedasam_flatter_than_fedavg_on_digits_alpha0():
     lam[name] = rep['lambda_max']
   print('lambda_max', lam)
   assert np.isfinite(lam['fedavg']) and lam['fedasam'] < lam['fedavg']
+
+
+def test_per_client_local_vs_global_sharpness(tmp_path):
+  """--per_client on a quickstart-sized run; the recomputed local models are the ones the next round trains:
+  their example-weighted mean is the server's FedAvg update (server SGD lr 1)."""
+  wd = tmp_path / 'run'
+  _run(['experiments/train.py', '--config=configs/quickstart.py', f'--workdir={wd}', '--config.rounds=3',
+        '--config.eval_every=3'])
+  res = _run(['experiments/hessian.py', f'--workdir={wd}', '--per_client', '--num_examples=60', '--num_iters=8'])
+  rep = json.loads((wd / 'hessian' / 'per_client_global.json').read_text())
+  assert rep['round'] == 3 and len(rep['clients']) == 5 and 'mean lambda_max local/own' in res.stdout
+  for r in rep['clients']:
+    assert all(np.isfinite(r[k]) and r[k] > 0 for k in ('lambda_local_own', 'lambda_global_own',
+                                                         'lambda_local_global'))
+  # The local models: one more FedAvg round from the checkpoint equals the weighted mean of them.
+  from fedjax_flat.analysis.local_models import local_models
+  from fedjax_flat.training.init import load_run
+  trainer, params, step = load_run(str(wd))
+  ids, locs = local_models(trainer, step)
+  sizes = np.asarray([len(trainer.data.client_examples(k)[1]) for k in ids], np.float64)
+  mean = jax.tree_util.tree_map(lambda *p: sum(w * np.asarray(a, np.float64) for w, a in zip(sizes, p)) / sizes.sum(),
+                                *locs)
+  rb = trainer.prepare_round(step)
+  trainer.run_round(step, rb)
+  after = jax.device_get(trainer.algorithm.eval_models(trainer.server_state)['global'][0])
+  for a, b in zip(jax.tree_util.tree_leaves(after), jax.tree_util.tree_leaves(mean)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,105 @@
+"""Clients' local models of a round, recomputed from the server state at the start of that round.
+
+Nothing is kept during training: everything random in a round is a function of (seed, round, client id)
+(sampling, batch order, augmentation, dropout; WORKSPACE.md), so re-running the client update of round r from
+the checkpoint written after r rounds gives the local models round r trains (the round a resumed run would
+run next). This touches no engine code: it replays `engine.make_client_runner`'s per-client loop on one client
+at a time, with the Trainer's batches, client rngs, client states and train transform. Same computation;
+floating-point results can differ from the vmapped round in the last bits (other reduction order).
+
+Per-client sharpness (thesis Table 4.13): `per_client_sharpness` gives, for each sampled client k,
+lambda_max of its local model on its own data, of the global model on the same data, and of the local model
+on the global test data.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_flat.analysis.data import make_fixed_batches
+from fedjax_flat.analysis.eigen import top_eigenpairs_power
+from fedjax_flat.analysis.hvp import make_hvp, param_dim
+from fedjax_flat.core.sampling import sample_clients
+
+
+def local_models(trainer, round_idx: int) -> Tuple[List[int], List]:
+  """(client ids, their local params) of round `round_idx`, from `trainer.server_state` (which must be the
+  state after `round_idx` rounds, e.g. restored from checkpoint `round_idx`)."""
+  alg = trainer.algorithm
+  if alg.num_phases != 1:
+    raise ValueError(f'{alg.name} has {alg.num_phases} phases per round: local models are defined per phase; '
+                     'only single-phase algorithms are supported')
+  c = trainer.config
+  r = int(round_idx)
+  ids = [int(k) for k in sample_clients(trainer.data.num_clients, c.clients_per_round, seed=c.seed, round_idx=r)]
+  rb = trainer._build_rows(r, ids, len(ids), as_dict=False)   # pylint: disable=protected-access
+  id_arr = np.asarray(ids, np.int32)
+  rngs = trainer._client_rngs(r, id_arr)                      # pylint: disable=protected-access
+  states = trainer.store.gather(id_arr) if trainer.store is not None else None
+  bcast = alg.broadcast(trainer.server_state, jnp.asarray(r, jnp.int32))
+  augment_fn = trainer.train_transform
+
+  @jax.jit
+  def run(batches, client_state, rng):
+    local = alg.client_init(bcast, client_state, rng)
+
+    def body(local, xs):     # as engine.make_client_runner
+      batch, step = xs
+      step_rng = jax.random.fold_in(rng, step)
+      if augment_fn is not None:
+        aug_rng = jax.random.fold_in(step_rng, 1)
+        batch = (augment_fn(aug_rng, batch) if getattr(augment_fn, 'on_batch', False)
+                 else {**batch, 'x': augment_fn(aug_rng, batch['x'])})
+      new_local, _ = alg.client_step(bcast, local, batch, step_rng)
+      valid = jnp.sum(batch['mask']) > 0
+      return jax.tree_util.tree_map(lambda a, b: jnp.where(valid, a, b), new_local, local), None
+
+    local, _ = jax.lax.scan(body, local, (batches, jnp.arange(batches['mask'].shape[0])))
+    return local.params
+
+  batches = rb.as_dict()
+  out = []
+  for i in range(len(ids)):
+    b = jax.tree_util.tree_map(lambda a: jnp.asarray(a[i]), batches)
+    cs = None if states is None else jax.tree_util.tree_map(lambda a: a[i], states)
+    out.append(jax.device_get(run(b, cs, rngs[i])))
+  return ids, out
+
+
+def _lambda(model, params, batches, *, num_iters, tol, rng) -> Tuple[float, int]:
+  lams, _, iters = top_eigenpairs_power(make_hvp(model, params, batches), param_dim(params), k=1,
+                                        num_iters=num_iters, tol=tol, rng=rng, return_num_iters=True)
+  return float(lams[0]), int(iters[0])
+
+
+def per_client_sharpness(trainer, global_params, round_idx: int, *, num_examples: int = 500, batch_size: int = 100,
+                         num_iters: int = 20, tol: float = 1e-4, seed: int = 0) -> Dict:
+  """Thesis Table 4.13 protocol for the clients sampled in round `round_idx`.
+
+  Per client k: 'lambda_local_own' (local model on D_k, its training examples), 'lambda_global_own' (the
+  global model on the same D_k), 'lambda_local_global' (local model on the global test set); first
+  `num_examples` examples of each set, eval preprocessing. One power-iteration start vector for all.
+  """
+  ids, locals_ = local_models(trainer, round_idx)
+  model, tf = trainer.model, trainer.eval_transform
+  tx, ty = trainer.data.test_examples()
+  g_batches = make_fixed_batches(np.asarray(tf(np.asarray(tx[:num_examples]))), np.asarray(ty[:num_examples]),
+                                 batch_size)
+  rng = jax.random.key(seed)
+  rows = []
+  for k, params_k in zip(ids, locals_):
+    x, y = trainer.data.client_examples(k)
+    if len(y) == 0:
+      continue
+    own = make_fixed_batches(np.asarray(tf(np.asarray(x[:num_examples]))), np.asarray(y[:num_examples]), batch_size)
+    row = {'client': k, 'num_examples': int(min(len(y), num_examples))}
+    for name, p, b in (('local_own', params_k, own), ('global_own', global_params, own),
+                       ('local_global', params_k, g_batches)):
+      row[f'lambda_{name}'], row[f'iters_{name}'] = _lambda(model, p, b, num_iters=num_iters, tol=tol, rng=rng)
+    rows.append(row)
+  means = {f'mean_lambda_{n}': float(np.mean([r[f'lambda_{n}'] for r in rows]))
+           for n in ('local_own', 'global_own', 'local_global')} if rows else {}
+  return {'round': int(round_idx), 'clients': rows, **means}
