@@ -4,7 +4,7 @@ and loss landscapes, written as JSON + PNG plots.
   python experiments/hessian.py --workdir=runs/quickstart [--model=global|swa|wima] [--split=test]
       [--num_examples=2000] [--top_k=5] [--method=power|lanczos] [--num_iters=20] [--trace_probes=20]
       [--density_probes=3] [--surface_points=11] [--interpolate_with=runs/other]
-  python experiments/hessian.py --workdir=runs/quickstart --per_client [--num_examples=500]
+  python experiments/hessian.py --workdir=runs/quickstart --per_client [--per_client_round=r] [--num_examples=500]
       (thesis Table 4.13: per sampled client, lambda_max of its local model on its own data vs the global
       model on the same data; local models recomputed from the checkpoint, analysis/local_models.py)
 
@@ -82,11 +82,15 @@ def load_run(workdir: str, which: str = 'global'):
 
 # Per-client sharpness (thesis Table 4.13): analysis/local_models.py.
 _PER_CLIENT = flags.DEFINE_bool(
-    'per_client', False, 'Instead of the global analysis: lambda_max of each client sampled at the checkpoint\'s '
-    'round r (the newest checkpoint, r rounds done) for its local model on its own data, the global model on the '
-    'same data, and the local model on the test set. Local models are recomputed from the checkpointed server '
-    'state (bit-for-bit the same batches, rngs and client states as training; no local models are stored). '
-    'Writes per_client_<model>.json.')
+    'per_client', False, 'Instead of the global analysis: lambda_max of each client sampled at round r '
+    '(--per_client_round, default the newest checkpoint; r rounds done) for its local model on its own data, the '
+    'global model on the same data, and the local model on the test set. Local models are recomputed from the '
+    'checkpointed server state with the same batches, rngs and client states as training (one client at a time '
+    'instead of vmapped: equal up to float reduction order); no local models are stored. '
+    'Writes per_client_<model>_round<r>.json.')
+_PC_ROUND = flags.DEFINE_integer(
+    'per_client_round', -1, 'With --per_client: the checkpoint round r to start from (-1: the newest); the run must '
+    'have kept it (config.checkpoint_every, keep_checkpoints).')
 
 
 def main(argv):
@@ -99,14 +103,15 @@ def main(argv):
   wd = _WORKDIR.value
   out = _OUT.value or os.path.join(wd, 'hessian')
   os.makedirs(out, exist_ok=True)
-  trainer, params, step = load_run(wd, _MODEL.value)
   if _PER_CLIENT.value:
+    from fedjax_flat.training.init import load_run as load_run_at
+    trainer, params, step = load_run_at(wd, _MODEL.value, None if _PC_ROUND.value < 0 else _PC_ROUND.value)
     from fedjax_flat.analysis.local_models import per_client_sharpness
     t0 = time.time()
     rep = per_client_sharpness(trainer, params, step, num_examples=_N.value, batch_size=_BATCH.value,
                                num_iters=_ITERS.value, seed=_SEED.value)
     rep.update({'workdir': os.path.abspath(wd), 'model': _MODEL.value, 'seconds': time.time() - t0})
-    path = os.path.join(out, f'per_client_{_MODEL.value}.json')
+    path = os.path.join(out, f'per_client_{_MODEL.value}_round{step}.json')
     with open(path, 'w') as f:
       json.dump(rep, f, indent=2)
     for r in rep['clients']:
@@ -115,6 +120,7 @@ def main(argv):
     print(f"round {step}: mean lambda_max local/own {rep.get('mean_lambda_local_own', float('nan')):.4f}, "
           f"global/own {rep.get('mean_lambda_global_own', float('nan')):.4f}; report: {path}")
     return
+  trainer, params, step = load_run(wd, _MODEL.value)
   x, y = trainer.data.test_examples() if _SPLIT.value == 'test' else (trainer.data.x, trainer.data.y)
   x = np.asarray(trainer.eval_transform(np.asarray(x[:_N.value])))
   y = np.asarray(y[:_N.value])

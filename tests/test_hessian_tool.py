@@ -61,13 +61,17 @@ def test_per_client_local_vs_global_sharpness(tmp_path):
   their example-weighted mean is the server's FedAvg update (server SGD lr 1)."""
   wd = tmp_path / 'run'
   _run(['experiments/train.py', '--config=configs/quickstart.py', f'--workdir={wd}', '--config.rounds=3',
-        '--config.eval_every=3'])
+        '--config.eval_every=3', '--config.checkpoint_every=2'])       # checkpoints 2 and 3
   res = _run(['experiments/hessian.py', f'--workdir={wd}', '--per_client', '--num_examples=60', '--num_iters=8'])
-  rep = json.loads((wd / 'hessian' / 'per_client_global.json').read_text())
+  rep = json.loads((wd / 'hessian' / 'per_client_global_round3.json').read_text())
   assert rep['round'] == 3 and len(rep['clients']) == 5 and 'mean lambda_max local/own' in res.stdout
   for r in rep['clients']:
     assert all(np.isfinite(r[k]) and r[k] > 0 for k in ('lambda_local_own', 'lambda_global_own',
                                                          'lambda_local_global'))
+  _run(['experiments/hessian.py', f'--workdir={wd}', '--per_client', '--per_client_round=2', '--num_examples=60',
+        '--num_iters=8'])
+  rep2 = json.loads((wd / 'hessian' / 'per_client_global_round2.json').read_text())
+  assert rep2['round'] == 2 and len(rep2['clients']) == 5
   # The local models: one more FedAvg round from the checkpoint equals the weighted mean of them.
   from fedjax_flat.analysis.local_models import local_models
   from fedjax_flat.training.init import load_run

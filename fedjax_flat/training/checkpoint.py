@@ -305,6 +305,19 @@ class Checkpointer:
                             'start over.')
     return None
 
+  def restore_step(self, trainer, step: int) -> int:
+    """Restores checkpoint `step` exactly (analysis of an earlier round: no fallback, nothing set aside)."""
+    if step not in self.steps():
+      raise CheckpointError(f'no checkpoint {self.directory}/{step}; available rounds: {self.steps()} '
+                            '(keep more with config.checkpoint_every / keep_checkpoints)')
+    meta, saved_cfg = self._read_json(step)
+    diffs = config_diffs(saved_cfg, config_dict(trainer.config))
+    if diffs:
+      raise CheckpointMismatchError(self.directory, step, diffs)
+    server, clients = self._read_arrays(step, meta)
+    self._apply(trainer, meta, saved_cfg, server, clients)
+    return step
+
   def _read_arrays(self, step: int, meta: Dict):
     ocp = self._ocp
     items = {'server': ocp.args.StandardRestore()}

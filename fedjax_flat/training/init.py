@@ -36,9 +36,9 @@ def run_dir_of(path: str) -> str:
   return path
 
 
-def load_run(workdir: str, which: str = 'global') -> Tuple[object, object, int]:
-  """(trainer, params, round) from a run directory's config.json and newest checkpoint (builds the run's data
-  and model; nothing is written)."""
+def load_run(workdir: str, which: str = 'global', step=None) -> Tuple[object, object, int]:
+  """(trainer, params, round) from a run directory's config.json and its newest checkpoint (or checkpoint
+  `step`); builds the run's data and model, writes nothing."""
   import ml_collections
   from fedjax_flat.training import checkpoint, loop
   from fedjax_flat.training.default_config import default_config
@@ -63,8 +63,10 @@ def load_run(workdir: str, which: str = 'global') -> Tuple[object, object, int]:
     config.init.pretrained = ''
   trainer = loop.Trainer(config, None, write_files=False)
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'), asynchronous=False)
-  step = ckpt.restore_latest(trainer)
-  ckpt.close()
+  try:
+    step = ckpt.restore_latest(trainer) if step is None else ckpt.restore_step(trainer, int(step))
+  finally:
+    ckpt.close()
   if step is None:
     raise FileNotFoundError(f'no checkpoint in {workdir}/checkpoints (runs write one at the end)')
   models = trainer.algorithm.eval_models(trainer.server_state)
