@@ -5,7 +5,7 @@ median lambda_max of the clients' personalized models (benchmarks/README.fedsoup
       [--folds=-1,0,1,2,3,4] [--algorithms=fedavg,fedprox,fedbn,fedsoup] [--rounds=100] [--gn_groups=4]
   .venv/bin/python benchmarks/fedsoup_compare.py --out=/tmp/fsb/results.jsonl --table   (prints the table)
 
-Each run is the Trainer on configs/fedsoup_digits_<algorithm>.py (fold -1 = no client left out; fold j =
+Each run is the Trainer on configs/fedsoup_digits.py:<algorithm> (fold -1 = no client left out; fold j =
 leave-one-client-out with hospital j as the unseen domain), then lambda_max (power iteration on full-data
 HVPs, fedjax_flat.analysis.client_lambda_max) of every client's personalized model on its own training data
 (the FedSoup paper's sharpness: a median over clients; [U] its batch-median vs full-data is unresolved).
@@ -14,14 +14,14 @@ Runs already in --out are skipped (resumable).
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
 
 import numpy as np  # noqa: E402
 
@@ -31,7 +31,8 @@ def run_one(algorithm, seed, fold, rounds, hessian_iters, num_clients=0, gn_grou
   from fedjax_flat.core import personalized as P
   from fedjax_flat.data.batching import make_eval_batches
   from fedjax_flat.training import loop
-  c = importlib.import_module(f'configs.fedsoup_digits_{algorithm}').get_config()
+  from fedjax_flat.training import config_strings
+  c = config_strings.load_config(os.path.join(REPO, 'configs', f'fedsoup_digits.py:{algorithm}'))
   c.seed = seed
   c.data.seed = seed
   c.data.leave_out = fold

@@ -1,16 +1,23 @@
 r"""FL baselines on CIFAR10/100 with the FedSAM paper's CNN: 100 clients x 500 images (Dirichlet alpha).
 
-One config for every baseline of the thesis' comparison tables; the argument after ':' picks the setting:
+One config for every baseline of the thesis' comparison tables (4.2, 4.6, 4.8, 4.15); the string after ':'
+picks the cell (key=value, or the bare value for dataset / algo / client / table):
 
   .venv/bin/python experiments/train.py --workdir=runs/c10_scaffold_asam_a0 \
       --config=configs/baselines_cifar_cnn.py:dataset=cifar10,algo=scaffold,client=asam,alpha=0,clients=5
+  (the same: --config=configs/baselines_cifar_cnn.py:cifar10,scaffold,asam)
 
   keys: dataset = cifar10 | cifar100;  algo = fedavg | fedavgm | fedadam | fedadagrad | fedprox | scaffold |
         feddyn | adabest | mime | mimelite | fedcm | fedacg | fedspeed | fedsmoo | fedgamma;
         client = sgd | sam | asam (radius from Table A.2 for the alpha; FedSpeed/FedSMOO/FedGamma: SAM with the
         Table A.5 radius); alpha = 0 | 0.05 | 100 (C10), 0 | 0.5 | 1000 (C100); clients = 5 | 10 | 20;
-        swa = 0 | 1 (server SWA, Table A.3); eta_g = server lr (FedAvgM / FedOpt / Mime)
+        swa = 0 | 1 (server SWA, Table A.3); eta_g = server lr (FedAvgM / FedOpt / Mime);
+        table = 4.2 | 4.6 | 4.8 | 4.15: which table's published number goes in config.published (the same
+        training; the tables are separate run sets, e.g. C10 FedProx a0 5 clients is 62.72 in 4.8 and 59.8
+        in 4.15). Default: the first of 4.8, 4.15, 4.6, 4.2 that has the cell.
   Defaults: dataset=cifar10, algo=fedavg, client=sgd, alpha=0, clients=5, swa=0.
+CELLS lists every published cell of Tables 4.2, 4.6 (momentum column), 4.8 and 4.15 (each with its table=),
+including the cells published as diverged (config.published has only a source saying so).
 
 Setting (Table A.1): lr 0.01, batch 64, weight decay 4e-4, 1 local epoch, no client momentum; C10 10k rounds,
 C100 20k rounds; random crop + flip, dataset normalization. Data: --config.data.data_dir=... (data/cifar.py).
@@ -19,9 +26,9 @@ middle of the Appendix A.3.2 grids (FedProx mu 0.01; FedDyn alpha 0.01, grad cli
 mu 0.02, beta 0.9; FedCM alpha 0.1; FedACG beta 0.01, lambda 0.85; Mime/MimeLite beta 0.9, eta_g 1; FedSpeed
 alpha 0.95, lambda 100; FedSMOO beta 10 (C10) / 100 (C100)); override with --config.algo.<name>=... (the
 config holds every hyperparameter of the chosen algorithm, so each can be overridden by flag). FedSpeed runs
-the paper's Algorithm 1 (algo.dual_mean='active'); the authors' release code is algo.dual_mean='population'
-(it is stable at low participation where 'active' can collapse: benchmarks/README.baselines.md); which one
-produced Table 4.15 is not stated.
+the paper's Algorithm 1, set explicitly (algo.dual_mean='active', as these configs always have; the registered
+default is now the release code's 'population', stable at low participation where 'active' can collapse:
+benchmarks/README.baselines.md); which one produced Table 4.15 is not stated.
 Reported accuracy: mean over the last 100 rounds, each evaluated (config.eval_every_last=100,
 config.summary_last_k=100), as in the papers.
 
@@ -29,21 +36,33 @@ Published numbers (accuracy %, mean of the last 100 rounds; transcribed in PUBLI
 
 Table 4.2 (C100, 20k rounds, 5 clients/round; server optimizer on FedAvg, torch form: Adam b=(0.9, 0.99)
 eps 0.1, Adagrad eps 0.01):           eta_g    alpha=0   alpha=1000
-  SGD                                 1        30.25     49.92         algo=fedavg
-  SGD                                 0.1      14.09     40.43
-  Adam                                0.1      29.75     51.62         algo=fedadam,eta_g=0.1
+  SGD                                 1        30.25     49.92         algo=fedavg,table=4.2
+  SGD                                 0.1      14.09     40.43         algo=fedavg,eta_g=0.1,table=4.2
+  SGD                                 0.01     2.67      11.35
+  SGD                                 0.001    1.20      1.12
   Adam                                1        1.00      51.73
-  AdaGrad                             0.01     26.25     51.44         algo=fedadagrad,eta_g=0.01
+  Adam                                0.1      29.75     51.62         algo=fedadam,eta_g=0.1
+  Adam                                0.01     13.72     40.12
+  Adam                                0.001    2.60      11.31
+  AdaGrad                             1        1.00      1.00
   AdaGrad                             0.1      1.77      46.74
+  AdaGrad                             0.01     26.25     51.44         algo=fedadagrad,eta_g=0.01
+  AdaGrad                             0.001    9.70      32.01
 
-Table 4.6 (FedAvgM, beta 0.9, 20 clients/round; "no momentum -> momentum"):
-  C10  FedAvg   a0 68.52 -> 10.00   a.05 73.07 -> 78.51   a100 84.59 -> 85.05     algo=fedavgm,clients=20
-  C10  FedSAM   a0 72.90 -> 83.07   a.05 76.04 -> 83.57   a100 84.82 -> 86.20     ...,client=sam
-  C10  FedASAM  a0 76.09 -> 84.89   a.05 76.98 -> 85.06   a100 84.75 -> 85.42     ...,client=asam
-  C100 FedAvg   a0 38.59 -> 40.64   a.5  42.17 -> 47.88   a1k  50.66 -> 50.77
-  C100 FedSAM   a0 38.56 -> 41.96   a.5  46.05 -> 50.23   a1k  53.97 -> 52.29
-  C100 FedASAM  a0 40.81 -> 39.61   a.5  47.78 -> 51.65   a1k  54.50 -> 53.74
-  (+SWA rows: C10 FedAvg 70.19 -> 10.00, 73.81 -> 84.00, 84.47 -> 85.73; C100 FedAvg 39.85 -> 53.50, ...)
+Table 4.6 (FedAvgM, beta 0.9, 20 clients/round; "no momentum -> momentum"; the "no momentum" numbers are
+Table 4.3's, configs/fedsam_cifar.py):                                       algo=fedavgm,clients=20,table=4.6
+  C10  FedAvg       a0 68.52 -> 10.00   a.05 73.07 -> 78.51   a100 84.59 -> 85.05
+  C10  FedSAM       a0 72.90 -> 83.07   a.05 76.04 -> 83.57   a100 84.82 -> 86.20   ...,client=sam
+  C10  FedASAM      a0 76.09 -> 84.89   a.05 76.98 -> 85.06   a100 84.75 -> 85.42   ...,client=asam
+  C10  FedAvg+SWA   a0 70.19 -> 10.00   a.05 73.81 -> 84.00   a100 84.47 -> 85.73   ...,swa=1
+  C10  FedSAM+SWA   a0 73.06 -> 85.65   a.05 76.22 -> 85.98   a100 84.63 -> 86.79
+  C10  FedASAM+SWA  a0 76.36 -> 85.98   a.05 76.86 -> 86.03   a100 84.79 -> 86.00
+  C100 FedAvg       a0 38.59 -> 40.64   a.5  42.17 -> 47.88   a1k  50.66 -> 50.77
+  C100 FedSAM       a0 38.56 -> 41.96   a.5  46.05 -> 50.23   a1k  53.97 -> 52.29
+  C100 FedASAM      a0 40.81 -> 39.61   a.5  47.78 -> 51.65   a1k  54.50 -> 53.74
+  C100 FedAvg+SWA   a0 39.85 -> 53.50   a.5  42.09 -> 53.69   a1k  50.92 -> 51.78
+  C100 FedSAM+SWA   a0 39.24 -> 54.63   a.5  46.47 -> 54.93   a1k  54.36 -> 53.27
+  C100 FedASAM+SWA  a0 41.62 -> 51.58   a.5  48.27 -> 56.19   a1k  54.10 -> 54.72
 
 Table 4.8 (SOTA, CNN; columns: w/o SWA a0 5cl, a0 20cl, a.05|.5 5cl, a.05|.5 20cl | w/ SWA the same four):
   C10  FedAvgM        10.00 10.00 10.00 78.51 | 10.00 10.00 10.00 84.00
@@ -67,7 +86,8 @@ Table 4.8 (SOTA, CNN; columns: w/o SWA a0 5cl, a0 20cl, a.05|.5 5cl, a.05|.5 20c
   C100 FedDyn+ASAM    22.16 23.51 38.43 38.60 | 17.51 19.22 38.60 31.06
   C100 AdaBest+ASAM   39.75 45.00 45.25 49.56 | 51.75 47.42 51.89 51.47
 
-Table 4.15 (FedGloSS paper, 5 clients/round, mean +- std over 3 seeds; a separate run set from Table 4.8):
+Table 4.15 (FedGloSS paper, 5 clients/round, mean +- std over 3 seeds; a separate run set from Table 4.8;
+lambda_1 of the global model goes in config.published.lambda_max; its FedGloSS rows: configs/fedgloss_cifar.py):
                      C10 a0      C10 a.05    C100 a0     C100 a.5
   SGD FedAvg         59.9+-0.4   65.7+-1.0   28.6+-0.7   38.5+-0.5
   SGD FedProx        59.8+-0.5   65.6+-1.0   28.8+-0.7   38.7+-0.4
@@ -80,7 +100,8 @@ Table 4.15 (FedGloSS paper, 5 clients/round, mean +- std over 3 seeds; a separat
   SAM FedSMOO        81.3+-0.5   82.8+-0.6   47.8+-0.5   51.7+-0.46
 
 Table 4.22 (WiMA paper: ResNet20-GN, 10 clients/round, B=100, lr 0.1, wd 0, 10k rounds; NOT this CNN setting,
-listed for Mime / FedCM / FedACG, which have no CNN numbers; --config.model=resnet20_gn for that model):
+listed for Mime / FedCM / FedACG, which have no CNN numbers; no cells here, no published number attached;
+configs/wima.py has that setting for FedAvg / SCAFFOLD):
                C10 a0   C10 a.05   C100 a0   C100 a.5
   MIME SGD     74.92    78.82      17.55     27.30
   MIME SGDM    74.58    78.39      25.78     38.42
@@ -89,9 +110,12 @@ listed for Mime / FedCM / FedACG, which have no CNN numbers; --config.model=resn
   FedACG       55.27    63.20      20.09     29.74
   SCAFFOLD     81.45    83.24      45.65     50.93
   AdaBest      66.05    71.54      24.92     37.45
+Not cells: Table 4.7 (strong augmentations) and Table 4.3 (configs/fedsam_cifar.py).
 """
 from fedjax_flat.algorithms import registry
-from fedjax_flat.training import paper_hparams
+from fedjax_flat.training import config_strings, paper_hparams
+
+FAMILY = 'configs/baselines_cifar_cnn.py'
 
 # Thesis tables (see the docstring). Keys: (table, dataset, algorithm[+client][+swa], alpha, clients/round).
 PUBLISHED = {}
@@ -123,21 +147,50 @@ for _ds, _rows in _T48.items():
     for _vals, _suffix in ((_plain, ''), (_swa, '+swa')):
       for _v, (_a, _c) in zip(_vals, ((0.0, 5), (0.0, 20), (_HET[_ds], 5), (_HET[_ds], 20))):
         PUBLISHED[('4.8', _ds, _name + _suffix, _a, _c)] = _v
-_T415 = {  # (C10 a0, C10 a.05, C100 a0, C100 a.5); None = diverged
-    'fedavg': (59.9, 65.7, 28.6, 38.5), 'fedprox': (59.8, 65.6, 28.8, 38.7), 'feddyn': (65.5, 70.1, None, None),
-    'scaffold': (25.1, 54.0, None, 30.0), 'fedavg+sam': (70.2, 71.5, 28.7, 39.6),
-    'feddyn+sam': (79.3, 81.5, None, None), 'fedspeed+sam': (70.9, 72.3, 28.9, 39.7),
-    'fedgamma+sam': (58.9, 61.9, None, 29.4), 'fedsmoo+sam': (81.3, 82.8, 47.8, 51.7)}
+# Table 4.15: (C10 a0, C10 a.05, C100 a0, C100 a.5) of (accuracy, std, lambda_1, lambda_1 std); None = diverged.
+_T415 = {
+    'fedavg': ((59.9, 0.4, 66.23, 0.50), (65.7, 1.0, 71.14, 4.07), (28.6, 0.7, 66.30, 3.08), (38.5, 0.5, 68.77, 0.96)),
+    'fedprox': ((59.8, 0.5, 66.19, 0.52), (65.6, 1.0, 71.41, 4.40), (28.8, 0.7, 66.34, 3.75),
+                (38.7, 0.4, 68.63, 1.37)),
+    'feddyn': ((65.5, 0.3, 63.94, 4.41), (70.1, 1.2, 71.44, 8.73), None, None),
+    'scaffold': ((25.1, 3.7, 166.54, 6.93), (54.0, 2.6, 180.51, 30.08), None, (30.0, 1.1, 120.01, 0.76)),
+    'fedavg+sam': ((70.2, 0.9, 10.35, 0.07), (71.5, 1.08, 9.43, 0.28), (28.7, 0.5, 58.38, 2.93),
+                   (39.6, 0.5, 57.54, 1.21)),
+    'feddyn+sam': ((79.3, 3.1, 10.04, 5.38), (81.5, 0.6, 6.58, 0.20), None, None),
+    'fedspeed+sam': ((70.9, 0.4, 10.92, 0.17), (72.3, 1.1, 9.97, 0.12), (28.9, 0.5, 58.23, 3.18),
+                     (39.7, 0.5, 58.00, 1.86)),
+    'fedgamma+sam': ((58.9, 1.8, 4.79, 0.20), (61.9, 1.8, 4.55, 0.20), None, (29.4, 1.4, 99.86, 6.74)),
+    'fedsmoo+sam': ((81.3, 0.5, 15.37, 1.67), (82.8, 0.6, 12.57, 0.56), (47.8, 0.5, 28.43, 1.97),
+                    (51.7, 0.46, 29.23, 0.17))}
+DETAIL = {}   # (table, ...) -> (accuracy, std, lambda_1, lambda_1 std) where a table gives more than the mean
 for _name, _vals in _T415.items():
   for _v, (_ds, _a) in zip(_vals, (('cifar10', 0.0), ('cifar10', 0.05), ('cifar100', 0.0), ('cifar100', 0.5))):
-    PUBLISHED[('4.15', _ds, _name, _a, 5)] = _v
-_T42 = {('fedavg', 1.0): (30.25, 49.92), ('fedavg', 0.1): (14.09, 40.43), ('fedadam', 1.0): (1.00, 51.73),
-        ('fedadam', 0.1): (29.75, 51.62), ('fedadam', 0.01): (13.72, 40.12),
+    PUBLISHED[('4.15', _ds, _name, _a, 5)] = None if _v is None else _v[0]
+    if _v is not None:
+      DETAIL[('4.15', _ds, _name, _a, 5)] = _v
+# Table 4.6, the "with momentum" column (FedAvgM, 20 clients/round): (a0, a.05|.5, a100|1k).
+_T46 = {
+    'cifar10': {'fedavgm': (10.00, 78.51, 85.05), 'fedavgm+sam': (83.07, 83.57, 86.20),
+                'fedavgm+asam': (84.89, 85.06, 85.42), 'fedavgm+swa': (10.00, 84.00, 85.73),
+                'fedavgm+sam+swa': (85.65, 85.98, 86.79), 'fedavgm+asam+swa': (85.98, 86.03, 86.00)},
+    'cifar100': {'fedavgm': (40.64, 47.88, 50.77), 'fedavgm+sam': (41.96, 50.23, 52.29),
+                 'fedavgm+asam': (39.61, 51.65, 53.74), 'fedavgm+swa': (53.50, 53.69, 51.78),
+                 'fedavgm+sam+swa': (54.63, 54.93, 53.27), 'fedavgm+asam+swa': (51.58, 56.19, 54.72)},
+}
+_ALPHAS = {'cifar10': (0.0, 0.05, 100.0), 'cifar100': (0.0, 0.5, 1000.0)}
+for _ds, _rows in _T46.items():
+  for _name, _vals in _rows.items():
+    for _a, _v in zip(_ALPHAS[_ds], _vals):
+      PUBLISHED[('4.6', _ds, _name, _a, 20)] = _v
+_T42 = {('fedavg', 1.0): (30.25, 49.92), ('fedavg', 0.1): (14.09, 40.43), ('fedavg', 0.01): (2.67, 11.35),
+        ('fedavg', 0.001): (1.20, 1.12), ('fedadam', 1.0): (1.00, 51.73), ('fedadam', 0.1): (29.75, 51.62),
+        ('fedadam', 0.01): (13.72, 40.12), ('fedadam', 0.001): (2.60, 11.31), ('fedadagrad', 1.0): (1.00, 1.00),
         ('fedadagrad', 0.1): (1.77, 46.74), ('fedadagrad', 0.01): (26.25, 51.44),
         ('fedadagrad', 0.001): (9.70, 32.01)}
 for (_name, _lr), (_a0, _a1k) in _T42.items():
   PUBLISHED[('4.2', 'cifar100', f'{_name}@{_lr}', 0.0, 5)] = _a0
   PUBLISHED[('4.2', 'cifar100', f'{_name}@{_lr}', 1000.0, 5)] = _a1k
+TABLES = ('4.8', '4.15', '4.6', '4.2')   # the default lookup order of table=
 
 # Algorithm hyperparameters (Table A.5 CNN choices where reconstructed; else Appendix A.3.2 grid choices).
 ALGO = {
@@ -149,7 +202,7 @@ ALGO = {
     'mimelite': {'beta': 0.9},
     'fedcm': {'alpha': 0.1},
     'fedacg': {'beta': 0.01, 'lam': 0.85},
-    'fedspeed': {'alpha': 0.95, 'lam': 100.0},
+    'fedspeed': {'alpha': 0.95, 'lam': 100.0, 'dual_mean': 'active'},   # Alg. 1, explicit (see the docstring)
     'fedsmoo': {'beta': {'cifar10': 10.0, 'cifar100': 100.0}},
     'fedgamma': {},
 }
@@ -163,24 +216,60 @@ SERVER = {   # FedAvg variants that differ only in the server optimizer (Table 4
 }
 
 
-def _parse(arg: str) -> dict:
-  opts = {'dataset': 'cifar10', 'algo': 'fedavg', 'client': 'sgd', 'alpha': '0', 'clients': '5', 'swa': '0',
-          'eta_g': ''}
-  for item in filter(None, (arg or '').split(',')):
-    k, _, v = item.partition('=')
-    if k not in opts:
-      raise ValueError(f'unknown key {k!r} in {arg!r}; keys: {sorted(opts)}')
-    opts[k] = v
-  return opts
+FIELDS = {
+    'dataset': ('cifar10', ('cifar10', 'cifar100')),
+    'algo': ('fedavg', tuple(SERVER) + tuple(ALGO)),
+    'client': ('sgd', ('sgd', 'sam', 'asam')),
+    'alpha': (0.0, float),
+    'clients': (5, int),
+    'swa': (False, bool),
+    'eta_g': (0.0, float),      # 0 = the algorithm's server lr
+    'table': ('', TABLES),      # '' = the first table of TABLES that has the cell
+}
+_SAM_ONLY = ('fedspeed', 'fedsmoo', 'fedgamma')
+
+
+def _row_name(algo, client, swa):
+  """PUBLISHED's row key: algorithm[+client][+swa] (FedSpeed/FedSMOO/FedGamma always carry their SAM)."""
+  if algo in _SAM_ONLY:
+    client = 'sam'
+  return algo + ('' if client == 'sgd' else '+' + client) + ('+swa' if swa else '')
+
+
+def _cells():
+  out = []
+  for (table, ds, name, alpha, k) in PUBLISHED:
+    if table == '4.2':
+      algo, lr = name.split('@')
+      out.append(f'dataset={ds},algo={algo},eta_g={float(lr):g},alpha={alpha:g},clients={k},table=4.2')
+      continue
+    parts = name.split('+')
+    algo, swa = parts[0], 'swa' in parts
+    client = next((p for p in parts[1:] if p in ('sam', 'asam')), 'sgd')
+    out.append(f'dataset={ds},algo={algo},client={client},alpha={alpha:g},clients={k},swa={int(swa)},'
+               f'table={table}')
+  return out
+
+
+def published(o, server_lr):
+  """(table, key) of the cell's published number for the parsed options, or (None, None)."""
+  name = _row_name(o['algo'], o['client'], o['swa'])
+  keys = {t: (t, o['dataset'], name, o['alpha'], o['clients']) for t in TABLES}
+  keys['4.2'] = ('4.2', o['dataset'], f"{o['algo']}@{server_lr}", o['alpha'], o['clients'])
+  for t in ([o['table']] if o['table'] else TABLES):
+    if keys[t] in PUBLISHED:
+      return t, keys[t]
+  return None, None
 
 
 def get_config(arg: str = ''):
-  o = _parse(arg)
+  o = config_strings.parse(arg, FIELDS, family=FAMILY)
   dataset, algo, client = o['dataset'], o['algo'], o['client']
-  alpha, clients = float(o['alpha']), int(o['clients'])
+  alpha, clients = o['alpha'], o['clients']
+  config_strings.check(FAMILY, 'alpha', alpha, _ALPHAS[dataset], context=f'for {dataset}')
+  config_strings.check(FAMILY, 'clients', clients, (5, 10, 20))
   method = {'sgd': 'fedavg', 'sam': 'fedsam', 'asam': 'fedasam'}[client]
-  c = paper_hparams.cifar_cnn_config(dataset, method, alpha=alpha, clients_per_round=clients,
-                                     swa=bool(int(o['swa'])))
+  c = paper_hparams.cifar_cnn_config(dataset, method, alpha=alpha, clients_per_round=clients, swa=o['swa'])
   if algo in SERVER:
     c.algorithm = 'fedavg'
     for k, v in SERVER[algo].items():
@@ -197,5 +286,20 @@ def get_config(arg: str = ''):
     if algo == 'feddyn':
       c.client.grad_clip = 30.0
   if o['eta_g']:
-    c.server.lr = float(o['eta_g'])
+    c.server.lr = o['eta_g']
+  table, key = published(o, float(c.server.lr))
+  if key is not None:
+    t, ds, name, a, k = key
+    source = (f'thesis Table {t}, {"C10" if ds == "cifar10" else "C100"} {name}, alpha={a:g}, '
+              f'{k} clients/round')
+    if PUBLISHED[key] is None:
+      c.published.source = source + ' (published as diverged: no number)'
+    elif key in DETAIL:
+      acc, std, lam, lam_std = DETAIL[key]
+      config_strings.set_published(c, source, acc, std, lambda_max=lam, lambda_max_std=lam_std)
+    else:
+      config_strings.set_published(c, source, PUBLISHED[key])
   return c
+
+
+CELLS = _cells()

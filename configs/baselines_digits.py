@@ -8,12 +8,15 @@ r"""Every FL baseline on the embedded handwritten digits: configs/quickstart.py'
          mimelite | fedcm | fedacg | fedspeed | fedsmoo | fedgamma  (fedavgm..fedyogi: FedAvg with that server
          optimizer). config.algo holds all of the algorithm's hyperparameters (registry defaults), so
          --config.algo.mu=0.1 etc. work; FedSpeed / FedSMOO / FedGamma get a SAM client (rho 0.05).
-The table of all of them at alpha = 0 is benchmarks/README.baselines.md.
+The table of all of them at alpha = 0 is benchmarks/README.baselines.md (3 seeds: configs/sweeps/baselines_digits.py).
+CELLS lists one cell per algorithm. No published numbers: the digits are a small-scale stand-in, not a paper
+setting (config.published stays empty; the sweep's `reference` holds the earlier measurement instead).
 """
 import importlib.util
 import os
 
 from fedjax_flat.algorithms import registry
+from fedjax_flat.training import config_strings
 
 SERVER = {
     'fedavgm': dict(optimizer='sgd', lr=1.0, momentum=0.9),
@@ -22,6 +25,10 @@ SERVER = {
     'fedyogi': dict(optimizer='yogi', lr=0.01, b1=0.9, b2=0.99, eps=1e-3),
 }
 SAM_METHODS = ('fedspeed', 'fedsmoo', 'fedgamma')
+ALGOS = ('fedavg',) + tuple(SERVER) + ('fedprox', 'scaffold', 'feddyn', 'adabest', 'mime', 'mimelite', 'fedcm',
+                                      'fedacg', 'fedspeed', 'fedsmoo', 'fedgamma')
+FIELDS = {'algo': ('fedavg', ALGOS)}
+CELLS = [f'algo={a}' for a in ALGOS]
 
 
 def _quickstart():
@@ -33,10 +40,7 @@ def _quickstart():
 
 
 def get_config(arg: str = ''):
-  opts = dict(item.partition('=')[::2] for item in filter(None, (arg or '').split(',')))
-  algo = opts.pop('algo', 'fedavg')
-  if opts:
-    raise ValueError(f'unknown keys {sorted(opts)} in {arg!r}; the only key is algo')
+  algo = config_strings.parse(arg, FIELDS, family='configs/baselines_digits.py')['algo']
   c = _quickstart()
   if algo in SERVER:
     c.algorithm = 'fedavg'

@@ -104,4 +104,10 @@ if __name__ == '__main__':
   # --config.algo.<name>=<value> works for every config and algorithm (training/algo_flags.py).
   from fedjax_flat.training import algo_flags as _algo_flags
   sys.argv, _ALGO_OVERRIDES = _algo_flags.split_argv(sys.argv)
+  # A bad config string (--config=configs/<family>.py:<string>) is one line and exit 2, not absl's traceback.
+  from fedjax_flat.training import config_strings as _config_strings
+  _bad = _config_strings.preflight(sys.argv)
+  if _bad:
+    print(f'error: {_bad}', file=sys.stderr)
+    sys.exit(2)
   app.run(main)

@@ -9,10 +9,7 @@ from fedjax_flat.training import paper_hparams
 from fedjax_flat.training.validate import validate_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NAMES = [f'{d}_cnn_{m}{s}' for d in ('cifar10', 'cifar100') for m in paper_hparams.METHODS for s in ('', '_swa')]
-NAMES += [f'{d}_cnn_{m}' for d in ('cifar10', 'cifar100') for m in ('fedgloss', 'naive_fedgloss')]
-NAMES += [f'{d}_resnet20_fedavg_wima' for d in ('cifar10', 'cifar100')] + ['landmarks_mobilenet_fedavg_wima']
-NAMES += [f'pam_resnet18_{m}' for m in paper_hparams.METHODS] + [f'landmarks_mobilenet_{m}' for m in paper_hparams.METHODS]
+ALPHAS = {'cifar10': (0.0, 0.05, 100.0), 'cifar100': (0.0, 0.5, 1000.0)}
 
 
 def load(name):
@@ -22,35 +19,25 @@ def load(name):
   return mod
 
 
-@pytest.mark.parametrize('name', NAMES)
-def test_config_validates_and_documents_its_command(name):
-  mod = load(name)
-  c = mod.get_config()
-  validate_config(c)
-  assert f'--config=configs/{name}.py' in mod.__doc__
-  assert 'Reproduces' in mod.__doc__ and 'published' in mod.__doc__
-  if c.swa.enabled:
-    assert swa_start_round(c) == int(0.75 * c.rounds)
-
-
 @pytest.mark.parametrize('dataset', ['cifar10', 'cifar100'])
-def test_cifar_configs_use_table_a2_and_quote_table_4_3(dataset):
+def test_cifar_cells_use_table_a2_and_carry_table_4_3(dataset):
+  mod = load('fedsam_cifar')
   for method in paper_hparams.METHODS:
-    for swa in ('', '_swa'):
-      mod = load(f'{dataset}_cnn_{method}{swa}')
-      c = mod.get_config()
-      assert (c.dataset, c.model, c.data.alpha, c.clients_per_round) == (dataset, 'cifar_cnn', 0.0, 5)
-      assert (c.augment, c.normalize) == ('cifar', dataset)
-      want = paper_hparams.client_optimizer(dataset, 0.0, method)
-      assert (c.client.optimizer, c.client.rho, c.client.asam_eta) == (want['optimizer'], want['rho'],
-                                                                         want['asam_eta'])
-      key = method + ('+swa' if swa else '')
-      for alpha in {'cifar10': (0.0, 0.05, 100.0), 'cifar100': (0.0, 0.5, 1000.0)}[dataset]:
+    for swa in ('', ',swa'):
+      for alpha in ALPHAS[dataset]:
         for cpr in (5, 10, 20):
-          assert f'{paper_hparams.published(dataset, alpha, key, cpr):.2f}' in mod.__doc__
-        if method != 'fedavg':   # the per-alpha radius override is spelled out
-          rho = paper_hparams.client_optimizer(dataset, alpha, method)['rho']
-          assert f'--config.data.alpha={alpha:g} --config.client.rho={rho:g}' in mod.__doc__
+          c = mod.get_config(f'{dataset},{method}{swa},alpha={alpha:g},clients={cpr}')
+          validate_config(c)
+          assert (c.dataset, c.model, c.data.alpha, c.clients_per_round) == (dataset, 'cifar_cnn', alpha, cpr)
+          assert (c.augment, c.normalize, c.swa.enabled) == ('cifar', dataset, bool(swa))
+          want = paper_hparams.client_optimizer(dataset, alpha, method)
+          assert (c.client.optimizer, c.client.rho, c.client.asam_eta) == (want['optimizer'], want['rho'],
+                                                                             want['asam_eta'])
+          pub = paper_hparams.published(dataset, alpha, method + ('+swa' if swa else ''), cpr)
+          assert c.published.accuracy == pub and 'Table 4.3' in c.published.source
+          assert f'{pub:.2f}' in mod.__doc__
+          if swa:
+            assert swa_start_round(c) == int(0.75 * c.rounds)
 
 
 def test_table_a2_lookup():

@@ -4,7 +4,6 @@ written. Sizes are shrunk so each run takes seconds; the model is the small MLP 
 would only add compile time (the networks have their own tests)."""
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -16,10 +15,9 @@ from data_fixtures import make_cifar10, make_landmarks
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _config(name):
-  sys.path.insert(0, REPO)
-  import importlib
-  c = importlib.import_module(f'configs.{name}').get_config()
+def _config(spec):
+  from fedjax_flat.training import config_strings
+  c = config_strings.load_config(os.path.join(REPO, 'configs', spec))
   c.rounds = 3
   c.eval_every = 1
   c.eval_every_last = 0
@@ -44,7 +42,7 @@ def _run(c, tmp_path, dataset, *, clients_per_round, batch_size):
 
 def test_cifar10_fedsam_config_on_official_tarball(tmp_path):
   make_cifar10(str(tmp_path / 'data'), per_batch=20, n_test=20)     # 100 train images, 20 test
-  c = _config('cifar10_cnn_fedsam')
+  c = _config('fedsam_cifar.py:cifar10,fedsam')
   c.data.data_dir = str(tmp_path / 'data')
   c.data.num_clients, c.data.examples_per_client, c.data.alpha = 5, 20, 0.05
   c.data.check_official_sizes = False
@@ -56,7 +54,7 @@ def test_pam_config_on_fedjax_sqlite(tmp_path):
   from test_data_pam import _write_pam
   os.makedirs(tmp_path / 'data')
   _write_pam(str(tmp_path / 'data'), n_train=6, n_test=3, per=5)
-  c = _config('pam_resnet18_fedavg')
+  c = _config('fedsam_pam.py:fedavg')
   c.data.data_dir = str(tmp_path / 'data')
   c.data.check_official_sizes = False
   c.model = 'mlp'
@@ -67,7 +65,7 @@ def test_landmarks_config_on_tff_csv_and_gldv2_jpegs(tmp_path):
   root = str(tmp_path / 'data')
   make_landmarks(root, 'gld23k', num_users=4, per_user=(3, 5, 2, 4), num_test=5, num_classes=7)
   landmarks.prepare('gld23k', root, short_side=40, num_workers=1)
-  c = _config('landmarks_mobilenet_fedavg')
+  c = _config('fedsam_landmarks.py:fedavg')
   c.dataset = 'gld23k'
   c.data.data_dir = root
   c.data.image_size = 32

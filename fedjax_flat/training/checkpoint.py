@@ -45,6 +45,8 @@ from fedjax_flat.training import validate
 FORMAT_VERSION = 1
 
 # Config fields that change what is computed: a checkpoint written with other values is refused.
+# Not here on purpose: `published` (the paper's number, documentation only), so correcting a transcribed
+# number never blocks a resume; evaluation / output fields likewise do not change the computation.
 COMPUTATION_FIELDS = ('seed', 'dataset', 'data', 'model', 'model_kwargs', 'augment', 'normalize', 'algorithm',
                       'algo', 'clients_per_round', 'client', 'server', 'swa', 'wima', 'man')
 # Fields that may change on resume with a warning (the run is then no longer identical to an uninterrupted

@@ -142,3 +142,20 @@ def cifar_cnn_config(dataset: str, method: str, *, alpha: float = 0.0, clients_p
   c.eval_every_last = 100       # and the reported number is the mean test accuracy over those 100 rounds
   c.summary_last_k = 100
   return c
+
+
+def landmarks_config() -> ml_collections.ConfigDict:
+  """The FedSAM paper's Landmarks-User-160k setting (Table A.1), client optimizer left to the caller."""
+  from fedjax_flat.training.default_config import default_config
+  c = default_config()
+  c.dataset = 'gld160k'
+  c.data = ml_collections.ConfigDict({'data_dir': '', 'train_augment': True, 'seed': 0})
+  c.model = 'mobilenet_v2_gn'
+  c.augment = 'none'            # random-resized-crop + flip run in the data loader (data.train_augment)
+  c.normalize = 'imagenet'
+  apply_training(c, 'gld160k')
+  c.clients_per_round = 10
+  c.eval_every = 10
+  c.eval_every_last = 100       # the papers: mean test accuracy over the last 100 rounds, each evaluated
+  c.summary_last_k = 100
+  return c

@@ -1,0 +1,123 @@
+r"""WiMA (server window model averaging) on CIFAR10/100 ResNet20-GN and Landmarks: thesis Tables 4.22-4.25.
+
+One cell per command:
+  .venv/bin/python experiments/train.py --workdir=runs/c10_scaffold_wima_a0.05 \
+      --config=configs/wima.py:cifar10,scaffold,alpha=0.05
+
+Grammar (defaults cifar10,fedavg,alpha=0, WiMA on with W = 100 (CIFAR) / 370 (Landmarks), subset=all,
+batch=100):
+  cifar10 | cifar100 | landmarks;  fedavg | scaffold;  nowima (the table's "without WiMA" column);
+  alpha=0 | 0.05 (CIFAR10), 0 | 0.5 (CIFAR100) (Landmarks: its user split, no alpha);
+  window=5 | 10 | 50 | 100 | 200 (Table 4.24, CIFAR alpha=0);
+  subset=all | classifier | features with batch=20 (Table 4.25: WiMA on part of the network, FedAvg)
+CELLS lists the 40 cells with a published number in config.published.
+
+CIFAR setting (thesis A.3.1, Table 4.22): 100 clients x 500 images, Dirichlet alpha, 10 clients per round, 10k
+rounds; client SGD lr 0.1, no momentum, no weight decay, batch 100, 1 local epoch; server lr 1, no momentum;
+ResNet20-GN [U: GN groups not given, 2 used]; augmentation not stated [U], CIFAR crop + flip used.
+Evaluation every 100 rounds and every round of the last 100; reported number = mean over the last 100 rounds.
+With WiMA the WiMA model is the reported one (summary.json "reported_model": "wima"); the FedAvg chain is
+logged beside it.
+Landmarks setting (Table 4.23): the FedSAM Landmarks setup (configs/fedsam_landmarks.py: SGD lr 0.1, weight
+decay 4e-5, 5 local epochs, 10 clients per round, ImageNet-pretrained MobileNetV2-GN: pass
+--config.init.pretrained=<file>) except batch 50 and 3k rounds; W = 370.
+
+Published accuracy % (without -> with WiMA, W = 100):
+Table 4.22 (ResNet20-GN)   C10 a0           C10 a0.05        C100 a0          C100 a0.5
+  FedAvg                   64.37 -> 69.95   68.50 -> 72.69   23.00 -> 27.91   31.21 -> 34.45
+  SCAFFOLD                 81.45 -> 83.96   83.24 -> 85.17   45.65 -> 49.77   50.93 -> 53.75
+Table 4.23 (Landmarks, W = 370):  FedAvg 58.17 -> 63.05   SCAFFOLD 62.32 -> 68.30
+Table 4.24 (FedAvg + WiMA, alpha=0; W = 5 / 10 / 50 / 100 / 200):
+  CIFAR10   67.25 / 69.12 / 69.79 / 69.94 / 68.74      CIFAR100  22.71 / 25.70 / 22.75 / 27.91 / 27.72
+  (the W = 100 cell is Table 4.22's: 69.95 there, 69.94 here)
+Table 4.25 (FedAvg + WiMA, batch 20; classifier only / feature extractor only / all):
+  C10 a0 47.76 / 59.03 / 59.53   C10 a0.05 71.01 / 76.72 / 78.87
+  C100 a0 25.13 / 27.10 / 27.91  C100 a0.5 36.12 / 36.29 / 37.88   ([U] C100 a0 "all" equals Table 4.22's
+  value at batch 100)
+Not cells: Table 4.22's other rows (FedAvgM, Mime, MimeLite, FedCM, FedACG, FedProx, FedDyn, AdaBest) and its
+PAM / FEMNIST columns: the thesis gives no hyperparameters for them in this setting (FedAvg and SCAFFOLD have
+none to give). Any registered algorithm runs under WiMA with --config.algorithm=<name>, without a published
+number attached.
+"""
+from fedjax_flat.algorithms import registry
+from fedjax_flat.training import config_strings, paper_hparams
+
+FAMILY = 'configs/wima.py'
+FIELDS = {
+    'dataset': ('cifar10', ('cifar10', 'cifar100', 'landmarks')),
+    'algorithm': ('fedavg', ('fedavg', 'scaffold')),
+    'nowima': (False, bool),
+    'alpha': (0.0, float),
+    'window': (0, int),        # 0 = the table's default (100 CIFAR, 370 Landmarks)
+    'subset': ('all', ('all', 'classifier', 'features')),
+    'batch': (0, int),         # 0 = the table's default (100 CIFAR, 50 Landmarks)
+}
+HET = {'cifar10': 0.05, 'cifar100': 0.5}
+T422 = {  # (dataset, alpha, algorithm) -> (without, with WiMA)
+    ('cifar10', 0.0, 'fedavg'): (64.37, 69.95), ('cifar10', 0.05, 'fedavg'): (68.50, 72.69),
+    ('cifar100', 0.0, 'fedavg'): (23.00, 27.91), ('cifar100', 0.5, 'fedavg'): (31.21, 34.45),
+    ('cifar10', 0.0, 'scaffold'): (81.45, 83.96), ('cifar10', 0.05, 'scaffold'): (83.24, 85.17),
+    ('cifar100', 0.0, 'scaffold'): (45.65, 49.77), ('cifar100', 0.5, 'scaffold'): (50.93, 53.75),
+}
+T423 = {'fedavg': (58.17, 63.05), 'scaffold': (62.32, 68.30)}
+T424 = {'cifar10': {5: 67.25, 10: 69.12, 50: 69.79, 200: 68.74},
+        'cifar100': {5: 22.71, 10: 25.70, 50: 22.75, 200: 27.72}}
+T425 = {  # (dataset, alpha) -> classifier / features / all, batch 20
+    ('cifar10', 0.0): (47.76, 59.03, 59.53), ('cifar10', 0.05): (71.01, 76.72, 78.87),
+    ('cifar100', 0.0): (25.13, 27.10, 27.91), ('cifar100', 0.5): (36.12, 36.29, 37.88),
+}
+SUBSETS = ('classifier', 'features', 'all')
+
+CELLS = [f'{ds},{a}{",nowima" if no else ""},alpha={al:g}' for (ds, al, a) in T422 for no in (True, False)]
+CELLS += [f'landmarks,{a}{",nowima" if no else ""}' for a in T423 for no in (True, False)]
+CELLS += [f'{ds},fedavg,alpha=0,window={w}' for ds in T424 for w in T424[ds]]
+CELLS += [f'{ds},fedavg,alpha={al:g},subset={s},batch=20' for (ds, al) in T425 for s in SUBSETS]
+
+
+def _published(ds, alpha, algo, wima, window, subset, batch):
+  """(source, accuracy) of the cell, or (None, None)."""
+  if ds == 'landmarks':
+    if window == 370 and batch == 50 and subset == 'all':
+      return f'thesis Table 4.23 (WiMA, Landmarks-User-160k), {algo}, {"w/" if wima else "w/o"} WiMA', \
+          T423[algo][int(wima)]
+    return None, None
+  name = f'{"C10" if ds == "cifar10" else "C100"} alpha={alpha:g}'
+  if batch == 100 and subset == 'all' and (window == 100 or not wima):
+    return f'thesis Table 4.22 (WiMA on SOTA, ResNet20-GN), {algo}, {"w/" if wima else "w/o"} WiMA, {name}', \
+        T422[(ds, alpha, algo)][int(wima)]
+  if algo == 'fedavg' and wima and batch == 100 and subset == 'all' and alpha == 0 and window in T424[ds]:
+    return f'thesis Table 4.24 (WiMA window), FedAvg, W={window}, {name}', T424[ds][window]
+  if algo == 'fedavg' and wima and batch == 20 and window == 100:
+    return f'thesis Table 4.25 (WiMA on part of the network, batch 20), FedAvg, subset={subset}, {name}', \
+        T425[(ds, alpha)][SUBSETS.index(subset)]
+  return None, None
+
+
+def get_config(arg: str = ''):
+  o = config_strings.parse(arg, FIELDS, family=FAMILY)
+  ds, algo, wima, alpha = o['dataset'], o['algorithm'], not o['nowima'], o['alpha']
+  if ds == 'landmarks':
+    config_strings.check(FAMILY, 'alpha', alpha, (0.0,), context='for landmarks (its user split has no alpha)')
+    c = paper_hparams.landmarks_config()
+    c.rounds = 3000
+    window, batch = o['window'] or 370, o['batch'] or 50
+  else:
+    config_strings.check(FAMILY, 'alpha', alpha, (0.0, HET[ds]), context=f'for {ds}')
+    c = paper_hparams.cifar_cnn_config(ds, 'fedavg', alpha=alpha, clients_per_round=10)
+    c.model = 'resnet20_gn'
+    c.rounds = 10000
+    c.client.lr = 0.1
+    c.client.momentum = 0.0
+    c.client.weight_decay = 0.0
+    window, batch = o['window'] or 100, o['batch'] or 100
+  c.client.batch_size = batch
+  c.algorithm = algo
+  if algo != 'fedavg':
+    c.algo.update(registry.default_hparams(algo))
+  c.wima.enabled = wima
+  c.wima.window = window
+  c.wima.subset = o['subset']
+  source, acc = _published(ds, alpha, algo, wima, window, o['subset'], batch)
+  if source:
+    config_strings.set_published(c, source, acc)
+  return c
