@@ -221,3 +221,17 @@ def test_binary_runs_a_cell_with_overrides(tmp_path):
   assert res.returncode == 0, res.stderr[-2000:]
   saved = json.loads((wd / 'config.json').read_text())
   assert saved['algorithm'] == 'fedprox' and saved['algo']['mu'] == 0.3 and saved['rounds'] == 2
+
+
+def test_paper_table_sweep_covers_a_family():
+  from fedjax_flat.training import sweep as sweep_lib
+  path = os.path.join(CONFIGS, 'sweeps', 'paper_table.py')
+  runs = sweep_lib.expand(sweep_lib.load_sweep_file(path + ':fedsam_landmarks'), 'D')
+  assert len(runs) == len(load('fedsam_landmarks').CELLS) * 3
+  assert {r.config for r in runs} == {f'configs/fedsam_landmarks.py:{c}' for c in load('fedsam_landmarks').CELLS}
+  c10 = sweep_lib.load_sweep_file(path + ':fedsam_cifar,only=cifar10')['grid']
+  assert len(c10) == 63 and all(',' in g['config'] and 'cifar100' not in g['config'] for g in c10)
+  t415 = sweep_lib.load_sweep_file(path + ':baselines_cifar_cnn,only=4.15')['grid']
+  assert len(t415) == 36
+  with pytest.raises(ValueError, match='families: .*fedsam_cifar'):
+    sweep_lib.load_sweep_file(path + ':nope')

@@ -1,0 +1,41 @@
+r"""Every cell of one config family (a paper table) x 3 seeds, as one sweep; the report compares each cell with
+its config.published number.
+
+  python experiments/sweep.py --sweep=configs/sweeps/paper_table.py:fedsam_cifar --sweep_dir=runs/t43
+  python experiments/sweep.py --sweep=configs/sweeps/paper_table.py:fedsam_cifar,only=cifar100 ...
+  python experiments/report.py --sweep_dir=runs/t43 ...
+
+Argument: the family (a configs/<family>.py with CELLS: fedsam_cifar, fedsam_pam, fedsam_landmarks,
+fedgloss_cifar, wima, man_cifar100, baselines_cifar_cnn, baselines_digits, fedsoup_digits), then optionally
+only=<token> to keep the cells with that token or key value (e.g. only=cifar100, only=swa, only=4.15).
+"""
+import importlib.util
+import os
+
+_CONFIGS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def get_sweep(arg: str = ''):
+  family, *rest = [t for t in (arg or '').split(',') if t]
+  opts = dict(t.partition('=')[::2] for t in rest)
+  only = opts.pop('only', '')
+  path = os.path.join(_CONFIGS, f'{family}.py') if family else ''
+  if opts or not os.path.isfile(path):
+    families = sorted(f[:-3] for f in os.listdir(_CONFIGS) if f.endswith('.py'))
+    raise ValueError(f'paper_table.py:{arg!r}: give a config family and optionally only=<token>; families: '
+                     f'{", ".join(families)}')
+  spec = importlib.util.spec_from_file_location('family_' + family, path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  if not hasattr(mod, 'CELLS'):
+    raise ValueError(f'configs/{family}.py declares no CELLS (not a config family)')
+  # A whole token or a key=value token's value: only=cifar10 must not keep the cifar100 cells.
+  cells = [c for c in mod.CELLS if not only or any(only in (t, t.partition('=')[2]) for t in c.split(','))]
+  if not cells:
+    raise ValueError(f'no cell of configs/{family}.py contains {only!r}')
+  return dict(
+      name=family + (f'_{only}' if only else ''),
+      description=f'every cell of configs/{family}.py' + (f' containing {only!r}' if only else ''),
+      grid=[{'config': f'configs/{family}.py:{c}'} for c in cells],
+      seeds=[0, 1, 2],
+  )
