@@ -308,7 +308,7 @@ def run_local(runs: List[Run], sweep_dir: str, info: Dict[str, Any], *, parallel
 
   def on_signal(signum, frame):
     stop['sig'] = signum
-    for _, (proc, _, _, _) in running.items():
+    for _, (proc, _, _, _) in list(running.items()):
       if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)    # train.py checkpoints and exits 0; the next sweep resumes it
 
