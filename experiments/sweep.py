@@ -120,7 +120,8 @@ def main(argv):
   for k, s in failed:
     print(f'FAILED {k} (exit {s.get("returncode")}): {s.get("error", "")}\n       log: {s.get("log", "")}')
   if unfinished:
-    print('interrupted: rerun the same command to resume ' + ', '.join(unfinished))
+    print(f'{len(unfinished)} interrupted or not started (rerun the same command to resume): ' +
+          ', '.join(unfinished[:5]) + (', ...' if len(unfinished) > 5 else ''))
   sys.exit(1 if failed or unfinished else 0)
 
 
