@@ -5,10 +5,16 @@ client sizes vary): the step count S is derived from the *population* (largest c
 `local_steps`), rounded up to a bucket; shorter clients get fully masked steps, which leave their params
 and optimizer state unchanged; a partial last batch is masked so the loss averages valid examples only.
 
-Each client's order is reshuffled every local epoch from a generator keyed by (seed, round, client id), so
+Each client's order is reshuffled every local epoch from a key derived from (seed, round, client id), so
 a resumed run reproduces the same batches and the batches do not depend on which other clients were
 sampled. `shuffle=False` (config.data.shuffle) keeps each client's examples in stored order every epoch, to
 compare against reference code batch by batch.
+
+One definition of the order: `step_positions` (traceable JAX, fixed shapes from a `BatchPlan`) gives every
+client's [S, B] positions and mask. The host (`make_round_batches`, numpy gather) and the compiled
+multi-round program (`gather_round_device`, core/rounds.py: data kept on the device) both call it, so the two
+paths cannot drift (tests/test_rounds.py). The stream changed with core/sampling.PROCEDURE 'jax-...-v1'
+(numpy's PCG64 before). `client_step_indices` (numpy) remains for the personalized validation steps.
 """
 from __future__ import annotations
 
@@ -16,7 +22,11 @@ import dataclasses
 import math
 from typing import Optional, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+
+from fedjax_flat.core import sampling
 
 
 def steps_for_size(n: int, batch_size: int, epochs: int) -> int:
@@ -88,14 +98,120 @@ def client_step_indices(n: int, batch_size: int, num_steps: int, *, epochs: int,
   return pos, mask
 
 
+@dataclasses.dataclass(frozen=True)
+class BatchPlan:
+  """The static shapes of a run's batch positions (one compiled program for every round)."""
+  batch_size: int
+  num_steps: int
+  epochs: int
+  local_steps: int
+  shuffle: bool
+  max_size: int          # the population's largest client: permutation length
+  num_perms: int         # permutations drawn per client (epochs; or enough for the local_steps stream)
+
+
+def batch_plan(client_sizes, *, batch_size: int, num_steps: int, epochs: int = 1, local_steps: int = 0,
+               shuffle: bool = True) -> BatchPlan:
+  sizes = np.asarray(client_sizes, np.int64)
+  max_size = max(int(sizes.max()) if sizes.size else 1, 1)
+  if local_steps:
+    # The stream of local_steps * B positions walks through ceil(need / n) epochs of an n-example client.
+    pos_sizes = sizes[sizes > 0]
+    min_size = int(pos_sizes.min()) if pos_sizes.size else 1
+    num_perms = int(math.ceil(local_steps * batch_size / min_size))
+  else:
+    num_perms = int(epochs)
+  return BatchPlan(int(batch_size), int(num_steps), int(epochs), int(local_steps), bool(shuffle), max_size,
+                   max(num_perms, 1))
+
+
+def step_positions(plan: BatchPlan, key, n):
+  """Positions (into the client's own examples) and mask, int32 / float32 [S, B], of an n-example client.
+
+  Traceable (n may be traced). Epoch mode: each epoch a fresh permutation cut into ceil(n/B) batches, the last
+  one partial (masked); steps after epochs * ceil(n/B) are fully masked. local_steps mode: local_steps full
+  batches from a stream of reshuffled epochs. shuffle=False: stored order every epoch.
+  """
+  s_steps, b = plan.num_steps, plan.batch_size
+  if plan.shuffle:
+    perms = jax.vmap(lambda e: sampling.random_permutation(jax.random.fold_in(key, e), n, plan.max_size))(
+        jnp.arange(plan.num_perms))
+  else:
+    perms = jnp.broadcast_to(jnp.arange(plan.max_size, dtype=jnp.int32), (plan.num_perms, plan.max_size))
+  n = jnp.asarray(n, jnp.int32)
+  safe_n = jnp.maximum(n, 1)
+  s = jnp.arange(s_steps, dtype=jnp.int32)[:, None]
+  j = jnp.arange(b, dtype=jnp.int32)[None, :]
+  if plan.local_steps:
+    t = s * b + j
+    e, i = t // safe_n, t % safe_n
+    valid = (n > 0) & (s < plan.local_steps) & (t >= 0)
+  else:
+    per_epoch = (safe_n + b - 1) // b
+    e, i = s // per_epoch, (s % per_epoch) * b + j
+    valid = (n > 0) & (e < plan.epochs) & (i < n)
+  e = jnp.clip(e, 0, plan.num_perms - 1)
+  i = jnp.clip(i, 0, plan.max_size - 1)
+  pos = jnp.where(valid, perms[e, i], 0)
+  return pos, valid.astype(jnp.float32)
+
+
+def round_positions(plan: BatchPlan, key, round_idx, client_ids, sizes):
+  """[C, S, B] positions and masks of a round's clients (ids -1 / size 0: all masked). Traceable."""
+  base = jax.random.fold_in(jax.random.fold_in(key, sampling.BATCH_STREAM), round_idx)
+  keys = jax.vmap(lambda k: jax.random.fold_in(base, k))(jnp.maximum(client_ids, 0))
+  sizes = jnp.where(client_ids >= 0, sizes, 0)
+  return jax.vmap(lambda k, n: step_positions(plan, k, n))(keys, sizes)
+
+
+_round_positions_jit = jax.jit(round_positions, static_argnums=(0,))
+
+
+def host_round_positions(plan: BatchPlan, seed, round_idx: int, client_ids, sizes):
+  """The same positions as numpy (the host path runs the traceable definition jitted)."""
+  ids = np.asarray(client_ids, np.int32)
+  pos, mask = _round_positions_jit(plan, sampling.seed_key(seed), jnp.asarray(round_idx, jnp.int32),
+                                   jnp.asarray(ids), jnp.asarray(np.asarray(sizes, np.int32)))
+  return np.asarray(pos).astype(np.int64), np.asarray(mask)
+
+
+def device_data(data):
+  """An in-memory FederatedDataset's training arrays on the device, for `gather_round_device`."""
+  return {'x': jnp.asarray(data.x), 'y': jnp.asarray(np.asarray(data.y, np.int32)),
+          'index': jnp.asarray(np.asarray(data.client_index, np.int32)),
+          'offsets': jnp.asarray(np.asarray(data.client_offsets[:-1], np.int32)),
+          'sizes': jnp.asarray(np.asarray(data.client_sizes(), np.int32))}
+
+
+def gather_round_device(plan: BatchPlan, arrays, key, round_idx, client_ids):
+  """Traceable: the round's batches {x, y, mask} [C, S, B, ...] and weights N_k [C] from device arrays.
+
+  Same positions as `make_round_batches` (one definition); masked entries are zeros, as on the host.
+  """
+  safe = jnp.maximum(client_ids, 0)
+  sizes = jnp.where(client_ids >= 0, arrays['sizes'][safe], 0)
+  pos, mask = round_positions(plan, key, round_idx, client_ids, sizes)
+  flat = arrays['index'][arrays['offsets'][safe][:, None, None] + pos]
+  valid = mask > 0
+  x = arrays['x'][flat]
+  x = jnp.where(valid.reshape(valid.shape + (1,) * (x.ndim - valid.ndim)), x, jnp.zeros((), x.dtype))
+  y = jnp.where(valid, arrays['y'][flat], 0)
+  return {'x': x, 'y': y, 'mask': mask}, sizes.astype(jnp.float32)
+
+
 def make_round_batches(data, client_ids: Sequence[int], *, round_idx: int, seed: int, batch_size: int,
                        num_steps: int, epochs: int = 1, local_steps: int = 0,
-                       pad_clients_to: Optional[int] = None, shuffle: bool = True) -> RoundBatches:
+                       pad_clients_to: Optional[int] = None, shuffle: bool = True,
+                       plan: Optional[BatchPlan] = None) -> RoundBatches:
   """Gathers the sampled clients' examples into padded arrays (host numpy).
 
   `data` is any object with `client_indices(k)` + `x`/`y` arrays (FederatedDataset), or the
-  `client_examples(k) -> (x, y)` protocol (out-of-memory sources).
+  `client_examples(k) -> (x, y)` protocol (out-of-memory sources). `plan` (from the population's sizes,
+  `batch_plan`) is derived from `data.client_sizes()` when not given.
   """
+  if plan is None:
+    plan = batch_plan(data.client_sizes(), batch_size=batch_size, num_steps=num_steps, epochs=epochs,
+                      local_steps=local_steps, shuffle=shuffle)
   ids = [int(c) for c in client_ids]
   c_total = max(len(ids), pad_clients_to or 0)
   in_memory = hasattr(data, 'client_indices') and hasattr(data, 'x')
@@ -106,6 +222,9 @@ def make_round_batches(data, client_ids: Sequence[int], *, round_idx: int, seed:
   ms = np.zeros((c_total, num_steps, batch_size), np.float32)
   nums = np.zeros((c_total,), np.float32)
   out_ids = np.full((c_total,), -1, np.int32)
+  sizes = np.asarray(data.client_sizes())
+  if ids:
+    all_pos, all_mask = host_round_positions(plan, seed, round_idx, ids, sizes[ids])
   for i, k in enumerate(ids):
     if in_memory:
       idx = data.client_indices(k)
@@ -115,18 +234,23 @@ def make_round_batches(data, client_ids: Sequence[int], *, round_idx: int, seed:
       n = len(cy)
       if i == 0 and xs.dtype != cx.dtype:
         xs = xs.astype(cx.dtype)
-    pos, mask = client_step_indices(n, batch_size, num_steps, epochs=epochs, local_steps=local_steps,
-                                    rng=client_rng(seed, round_idx, k), shuffle=shuffle)
-    if in_memory:
-      flat = idx[pos]
-      xs[i] = data.x[flat]
-      ys[i] = data.y[flat]
-    else:
-      xs[i] = cx[pos]
-      ys[i] = cy[pos]
-    ms[i] = mask
+    if epochs * int(math.ceil(n / batch_size)) > num_steps and not local_steps:
+      raise ValueError(f'client with {n} examples needs {steps_for_size(n, batch_size, epochs)} steps > '
+                       f'padded steps {num_steps}')
+    pos, mask = all_pos[i], all_mask[i]
+    valid = mask > 0
     nums[i] = n
     out_ids[i] = k
+    if n == 0:
+      continue
+    if in_memory:
+      flat = idx[pos]
+      xs[i][valid] = data.x[flat[valid]]
+      ys[i][valid] = data.y[flat[valid]]
+    else:
+      xs[i][valid] = cx[pos[valid]]
+      ys[i][valid] = cy[pos[valid]]
+    ms[i] = mask
   return RoundBatches(xs, ys, ms, nums, out_ids)
 
 

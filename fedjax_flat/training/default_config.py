@@ -14,7 +14,9 @@ Fields (validated by `training/validate.py` before anything is compiled):
   swa, wima, man       flat-minima add-ons (server SWA, window averaging, activation-norm regularizer)
   engine               client strategy ('auto'|'vmap'|'chunked'|'sequential'), chunk size, unroll, bucketing,
                        shard_clients ('auto'|True|False: clients over every device of every host, docs/scaling.md),
-                       stream_batches (host batches built one chunk at a time: memory O(chunk), not O(cohort))
+                       stream_batches (host batches built one chunk at a time: memory O(chunk), not O(cohort)),
+                       rounds_per_call ('auto'|R: rounds per compiled call), device_data ('auto'|True|False),
+                       device_data_max_mb
   eval_every, eval_every_last, eval_batch_size, eval_clients, summary_last_k
   checkpoint_every, keep_checkpoints   orbax checkpoints in WORKDIR/checkpoints every N rounds (0 = only at
                        the end or on SIGTERM/SIGINT), keeping the last K; resume is automatic (docs/scaling.md)
@@ -102,6 +104,14 @@ def default_config() -> ml_collections.ConfigDict:
   # Shard the round's clients over every device of every host: 'auto' (if > 1 device) | True | False.
   c.engine.shard_clients = ml_collections.FieldReference('auto', field_type=object)
   c.engine.stream_batches = False     # build/copy the round's batches one chunk at a time (core/streaming.py)
+  # Rounds per compiled call (core/rounds.py): 'auto' (blocks of up to 32 rounds, about 2 s each, cut at every
+  # evaluation / checkpoint round) or an int >= 1. R > 1 needs the training data on the device (device_data):
+  # in-memory data, one device, no streaming, no FedSoup validation steps, no host client-state store.
+  c.engine.rounds_per_call = ml_collections.FieldReference('auto', field_type=object)
+  # Keep the training data on the device and sample / batch inside the program: 'auto' (when possible and the
+  # data take <= device_data_max_mb) | True | False (host batches, one round per call).
+  c.engine.device_data = ml_collections.FieldReference('auto', field_type=object)
+  c.engine.device_data_max_mb = 1024
 
   # Initial params (training/init.py; applied before round 0, never on resume): another run's checkpoint or
   # a params file (models/pretrained.py formats). One of the two at most.

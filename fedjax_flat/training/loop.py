@@ -1,5 +1,11 @@
 """The run loop: sample -> batch -> one jitted round -> divergence check -> evaluate -> write.
 
+Two paths (`Trainer.device_rounds`): in-memory data that fit on the device run blocks of rounds in one
+compiled program (core/rounds.py: sampling, batches, client keys and device-store client states inside the
+program; `engine.rounds_per_call`); otherwise (out-of-memory sources, streaming, sharding, FedSoup's
+validation steps, the host client-state store) the host samples and batches each round (prefetched on a
+thread) and calls the one-round program. Both use the same definitions and give the same numbers.
+
 Everything random derives from (config.seed, round, client id), so a run resumed at round r reproduces the
 uninterrupted run exactly: the only state to save is the server state, the client-state store and the
 round counter (plus the metrics written so far).
@@ -24,10 +30,13 @@ from fedjax_flat.core import sharding as sharding_lib
 from fedjax_flat.core import streaming
 from fedjax_flat.core.client_state import make_client_state_store
 from fedjax_flat.core import personalized
+from fedjax_flat.core import rounds as rounds_lib
+from fedjax_flat.core import sampling
 from fedjax_flat.core.evaluation import Evaluator
 from fedjax_flat.core.sampling import sample_clients
 from fedjax_flat.data import batching
 from fedjax_flat.data import registry as data_registry
+from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.models import registry as model_registry
 from fedjax_flat.models.base import num_params
 from fedjax_flat.training import transforms, validate, writers
@@ -85,6 +94,10 @@ class Trainer:
                                  'devices set engine.shard_clients=False or stream_batches=False (sharding '
                                  'already keeps each device to its own rows)')
     self.chunk = chunk
+    self.batch_plan = batching.batch_plan(
+        self.data.client_sizes(), batch_size=config.client.batch_size, num_steps=self.num_steps,
+        epochs=config.client.local_epochs, local_steps=config.client.local_steps,
+        shuffle=config.data.get('shuffle', True))
     self.round_fn = self.build_round_fn(chunk)
 
     self.key = jax.random.key(config.seed)
@@ -114,12 +127,61 @@ class Trainer:
     self._t0 = time.time()
     self._finite = jax.jit(_finite_tree)
     self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    self._setup_rounds_per_call()
+
+  # Rounds per call (core/rounds.py).
+  AUTO_ROUNDS_PER_CALL = 32      # the compiled block length of 'auto' (measured: benchmarks/rounds_per_s.py)
+  AUTO_BLOCK_TARGET_S = 2.0      # 'auto' sizes blocks to about this wall time (signals, progress lines)
+
+  def device_rounds_blocker(self) -> Optional[str]:
+    """Why this run cannot keep data on the device and run rounds in one program (None: it can)."""
+    ec = self.config.engine
+    if not isinstance(self.data, FederatedDataset):
+      return 'the training data are not an in-memory FederatedDataset (out-of-memory source)'
+    if self.mesh is not None:
+      return 'clients are sharded over several devices (engine.shard_clients)'
+    if self.stream:
+      return 'engine.stream_batches=True builds batches on the host chunk by chunk'
+    if self.val_source:
+      return "the algorithm appends host-built validation steps (FedSoup's val_source)"
+    if self.store is not None and self.store.kind != 'device':
+      return ('per-client states live in the host store (client_state_store=host, or the population is '
+              'larger than client_state_device_max_mb)')
+    nbytes = self.data.x.nbytes + self.data.y.nbytes + self.data.client_index.nbytes
+    limit = ec.get('device_data_max_mb', 1024) * 2**20
+    if ec.get('device_data', 'auto') == 'auto' and nbytes > limit:
+      return f'the training data ({nbytes / 2**20:.0f} MB) exceed engine.device_data_max_mb'
+    return None
+
+  def _setup_rounds_per_call(self):
+    ec = self.config.engine
+    want = ec.get('rounds_per_call', 'auto')
+    blocker = self.device_rounds_blocker()
+    use = ec.get('device_data', 'auto')
+    if use is True and blocker:
+      raise validate.ConfigError('engine.device_data', True, f'is not possible: {blocker}')
+    if use is False or blocker:
+      if want != 'auto' and want > 1:
+        raise validate.ConfigError('engine.rounds_per_call', want,
+                                   f'needs the data on the device (engine.device_data), not possible here: '
+                                   f'{blocker or "engine.device_data=False"}; use 1 or auto')
+      self.device_rounds, self.rounds_per_call = False, 1
+      return
+    self.device_rounds = True
+    self.rounds_per_call = self.AUTO_ROUNDS_PER_CALL if want == 'auto' else int(want)
+    self._adaptive = want == 'auto'
+    self._round_s = None                       # measured wall per round ('auto' block sizing)
+    self.dev_data = batching.device_data(self.data)
+    self.block_fn = rounds_lib.make_block_fn(
+        self.build_round_fn(self.chunk, jit=False), plan=self.batch_plan, num_clients=self.data.num_clients,
+        clients_per_round=self.config.clients_per_round, cohort=self.cohort,
+        rounds_per_call=self.rounds_per_call, has_store=self.store is not None)
 
   # Extension points for the sharding layer (core/sharding.py).
   def cohort_multiple(self) -> int:
     return 1
 
-  def build_round_fn(self, chunk):
+  def build_round_fn(self, chunk, jit: bool = True):
     ec = self.config.engine
     if self.stream:
       ids = sample_clients(self.data.num_clients, self.config.clients_per_round, seed=self.config.seed,
@@ -131,7 +193,7 @@ class Trainer:
       return sharding_lib.ShardedRoundFn(self.algorithm, self.mesh, chunk=chunk, unroll=ec.unroll,
                                          augment_fn=self.train_transform)
     return engine_lib.make_round_fn(self.algorithm, chunk=chunk, unroll=ec.unroll,
-                                    augment_fn=self.train_transform)
+                                    augment_fn=self.train_transform, jit=jit)
 
   def place_round_inputs(self, inputs):
     if self.placement is None:
@@ -158,7 +220,7 @@ class Trainer:
     rb = batching.make_round_batches(self.data, ids, round_idx=r, seed=c.seed, batch_size=c.client.batch_size,
                                      num_steps=self.num_steps, epochs=c.client.local_epochs,
                                      local_steps=c.client.local_steps, pad_clients_to=self.cohort,
-                                     shuffle=c.data.get('shuffle', True))
+                                     shuffle=c.data.get('shuffle', True), plan=self.batch_plan)
     if self.val_source:
       rb = personalized.append_validation_steps(rb, self.data, self.val_source, self.val_steps)
     return rb
@@ -169,7 +231,7 @@ class Trainer:
     rb = batching.make_round_batches(self.data, ids, round_idx=r, seed=c.seed, batch_size=c.client.batch_size,
                                      num_steps=self.num_steps, epochs=c.client.local_epochs,
                                      local_steps=c.client.local_steps, pad_clients_to=pad_to,
-                                     shuffle=c.data.get('shuffle', True))
+                                     shuffle=c.data.get('shuffle', True), plan=self.batch_plan)
     if self.val_source:
       rb = personalized.append_validation_steps(rb, self.data, self.val_source, self.val_steps)
     return rb.as_dict() if as_dict else rb
@@ -188,8 +250,7 @@ class Trainer:
     return dataclasses.replace(rb, num_examples=self._num_examples(full_ids), client_ids=full_ids.astype(np.int32))
 
   def _client_rngs(self, r, client_ids):
-    base = jax.random.fold_in(jax.random.fold_in(self.key, 2), r)
-    return jax.vmap(lambda k: jax.random.fold_in(base, k))(jnp.asarray(np.maximum(client_ids, 0)))
+    return sampling.client_keys_jit(self.key, jnp.asarray(r, jnp.int32), jnp.asarray(client_ids, jnp.int32))
 
   def run_round(self, r: int, rb) -> dict:
     states = self.store.gather(rb.client_ids) if self.store is not None else None
@@ -198,21 +259,65 @@ class Trainer:
     inputs = self.place_round_inputs(inputs)
     self.server_state, new_states, m = self.round_fn(self.server_state, *inputs, jnp.asarray(r, jnp.int32))
     m = self.fetch_outputs(m)
-    real = rb.client_ids >= 0
-    bad = real & ~np.asarray(m['finite'])
-    if bad.any() or not bool(self._finite(self.server_state)):
-      raise DivergenceError(
-          f'divergence (NaN/inf) at round {r + 1}: clients {rb.client_ids[bad].tolist() or "none"} produced '
-          f'non-finite loss or updates; server state finite={bool(self._finite(self.server_state))}. '
-          f'Lower client.lr / rho, or enable client.grad_clip.')
+    self._check_divergence(r, rb.client_ids, m['finite'], bool(self._finite(self.server_state)))
     if self.store is not None:
       self.store.scatter(rb.client_ids, new_states if self.placement is None else self.fetch_outputs(new_states))
+    return self._round_result(rb.client_ids, m)
+
+  @staticmethod
+  def _check_divergence(r, client_ids, finite, server_finite):
+    bad = (client_ids >= 0) & ~np.asarray(finite)
+    if bad.any() or not server_finite:
+      raise DivergenceError(
+          f'divergence (NaN/inf) at round {r + 1}: clients {client_ids[bad].tolist() or "none"} produced '
+          f'non-finite loss or updates; server state finite={server_finite}. '
+          f'Lower client.lr / rho, or enable client.grad_clip.')
+
+  def _round_result(self, client_ids, m) -> dict:
+    """Per-round bookkeeping shared by both paths: communication, last clients, the train loss."""
+    real = client_ids >= 0
     n = int(real.sum())
-    self.last_clients = rb.client_ids[real]
+    self.last_clients = client_ids[real]
     self.comm_total['down_params'] += self.algorithm.comm_down * self.algorithm.num_phases * n * self.num_params
     self.comm_total['up_params'] += self.algorithm.comm_up * self.algorithm.num_phases * n * self.num_params
     count = float(np.sum(m['count'][real]))
-    return {'train_loss': float(np.sum(m['loss_sum'][real]) / max(count, 1.0)), 'clients': rb.client_ids[real]}
+    return {'train_loss': float(np.sum(m['loss_sum'][real]) / max(count, 1.0)), 'clients': client_ids[real]}
+
+  def run_block(self, r: int, n: int) -> list:
+    """Rounds r .. r+n-1 in one call of the block program (device path); returns the per-round results."""
+    store = self.store.arrays if self.store is not None else None
+    template = self.store.template if self.store is not None else None
+    self.server_state, store, m = self.block_fn(self.server_state, store, template, self.dev_data, self.key,
+                                                jnp.asarray(r, jnp.int32), jnp.asarray(n, jnp.int32))
+    m = jax.device_get(m)
+    if self.store is not None:
+      self.store.arrays = store
+      ran_ids = m['ids'][m['ran']]
+      self.store._seen[ran_ids[ran_ids >= 0]] = True        # pylint: disable=protected-access
+    results = []
+    for i in range(n):
+      if not m['ran'][i]:          # skipped after a divergent round (raised below, at that round)
+        break
+      self._check_divergence(r + i, m['ids'][i], m['finite'][i], bool(m['server_finite'][i]))
+      results.append(self._round_result(m['ids'][i], {k: v[i] for k, v in m.items()}))
+    return results
+
+  def boundary_after(self, r: int, end: int) -> int:
+    """The first round > r whose end must be seen by the host: evaluation, checkpoint, the last round."""
+    c = self.config
+    nxt = lambda every: (r // every + 1) * every if every > 0 else end
+    b = min(end, nxt(c.eval_every))
+    if end > c.rounds - c.get('eval_every_last', 0):
+      b = min(b, max(r + 1, c.rounds - c.get('eval_every_last', 0) + 1))
+    if self.checkpointer is not None:
+      b = min(b, nxt(self.checkpointer.every))
+    return max(b, r + 1)
+
+  def block_length(self, r: int, end: int) -> int:
+    n = min(self.rounds_per_call, self.boundary_after(r, end) - r)
+    if self._adaptive and self._round_s:
+      n = min(n, max(1, int(self.AUTO_BLOCK_TARGET_S / self._round_s)))
+    return n
 
   def evaluate(self) -> dict:
     out = {}
@@ -241,14 +346,24 @@ class Trainer:
     start_round = self.round
     last_progress = t0
     train_losses = self.pending_train_losses
-    future = self._pool.submit(self.prepare_round, self.round) if self.round < end else None
+    future = None
+    if not self.device_rounds and self.round < end:
+      future = self._pool.submit(self.prepare_round, self.round)
     while self.round < end:
       r = self.round
-      rb = future.result()
-      future = self._pool.submit(self.prepare_round, r + 1) if r + 1 < end else None  # overlap host batching
-      res = self.run_round(r, rb)
-      self.round = r + 1
-      train_losses.append(res['train_loss'])
+      if self.device_rounds:              # a block of rounds in one program, up to the next boundary
+        n = self.block_length(r, end)
+        tb = time.time()
+        block = self.run_block(r, n)
+        if r > start_round:              # the first block includes compilation
+          self._round_s = (time.time() - tb) / max(n, 1)
+      else:
+        rb = future.result()
+        future = self._pool.submit(self.prepare_round, r + 1) if r + 1 < end else None  # overlap host batching
+        block = [self.run_round(r, rb)]
+      train_losses.extend(res['train_loss'] for res in block)    # every round's train loss, as with R=1
+      res = block[-1]
+      self.round = r + len(block)
       rps = (self.round - start_round) / max(time.time() - t0, 1e-9)
       elapsed = self.elapsed_s()
       if (self.round % c.eval_every == 0 or self.round == end

@@ -136,6 +136,14 @@ def validate_config(cfg) -> None:
     raise ConfigError('engine.shard_clients', shard, "allowed values: 'auto', True, False")
   if not isinstance(cfg.engine.get('stream_batches', False), bool):
     raise ConfigError('engine.stream_batches', cfg.engine.stream_batches, 'must be True or False')
+  rpc = cfg.engine.get('rounds_per_call', 'auto')
+  if not (rpc == 'auto' or (isinstance(rpc, numbers.Integral) and not isinstance(rpc, bool) and rpc >= 1)):
+    raise ConfigError('engine.rounds_per_call', rpc, "must be 'auto' or an integer >= 1")
+  dd = cfg.engine.get('device_data', 'auto')
+  if not (dd == 'auto' or isinstance(dd, bool)):
+    raise ConfigError('engine.device_data', dd, "allowed values: 'auto', True, False")
+  if 'device_data_max_mb' in cfg.engine:
+    _num(cfg, 'engine.device_data_max_mb', lo=0)
 
   if cfg.get('init') is not None:           # training/init.py
     _validate_init(cfg.init)
