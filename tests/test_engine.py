@@ -64,8 +64,8 @@ def _reference_rounds(rounds=3, momentum=0.0, wd=1e-3, server_lr=1.0, adam=False
     deltas, weights = [], []
     for k in range(len(SIZES)):
       idx = data.client_indices(k)
-      pos, mask = batching.client_step_indices(len(idx), 4, n_steps, epochs=2, local_steps=0,
-                                               rng=batching.client_rng(0, r, k))
+      plan = batching.batch_plan(data.client_sizes(), batch_size=4, num_steps=n_steps, epochs=2)
+      pos, mask = (a[0] for a in batching.host_round_positions(plan, 0, r, [k], [len(idx)]))
       w = params
       ost = tx.init(w)
       for s in range(n_steps):

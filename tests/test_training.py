@@ -78,7 +78,7 @@ def test_quickstart_learns():
   sys.path.insert(0, REPO)
   from configs import quickstart
   c = quickstart.get_config()
-  c.rounds = 30
+  c.rounds = 40        # seed 0: 0.44 at round 30, 0.85 at 35 (noisy early rounds at alpha=0.5)
   c.progress_every_s = 1e9
   t = loop.Trainer(c)
   s = t.train()

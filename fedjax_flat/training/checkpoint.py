@@ -53,6 +53,13 @@ COMPUTATION_FIELDS = ('seed', 'dataset', 'data', 'model', 'model_kwargs', 'augme
 # run with either value): the round budget (SWA's start round depends on it) and the engine (same
 # computation, other floating-point reduction order).
 WARN_FIELDS = ('rounds', 'engine')
+# Engine fields that give bit-identical results (tests/test_rounds.py): no warning when they change on resume.
+SAME_RESULT_FIELDS = ('engine.rounds_per_call', 'engine.device_data', 'engine.device_data_max_mb')
+
+
+def _sampling_procedure() -> str:
+  from fedjax_flat.core import sampling
+  return sampling.PROCEDURE     # recorded: a checkpoint of another procedure resumes with a warning
 
 
 class CheckpointError(RuntimeError):
@@ -209,6 +216,7 @@ class Checkpointer:
         'num_client_states': num_states, 'server_leaves': [_describe(a) for a in server.values()],
         'algorithm': trainer.algorithm.name, 'num_devices': jax.device_count(),
         'num_processes': jax.process_count(), 'jax_version': jax.__version__, 'time': time.time(),
+        'sampling': _sampling_procedure(),
     }
     items['meta'] = ocp.args.JsonSave(meta)
     items['config'] = ocp.args.JsonSave(config_dict(trainer.config))
@@ -370,7 +378,13 @@ class Checkpointer:
     trainer.elapsed_offset = float(meta.get('elapsed_s', 0.0))
     self.last_saved = trainer.round
     for field, old, new in config_diffs(saved_cfg, config_dict(trainer.config), WARN_FIELDS):
-      logging.warning('resuming with config.%s=%r (the checkpoint was written with %r)', field, new, old)
+      if field not in SAME_RESULT_FIELDS:
+        logging.warning('resuming with config.%s=%r (the checkpoint was written with %r)', field, new, old)
+    from fedjax_flat.core import sampling
+    if meta.get('sampling', 'numpy-pcg64') != sampling.PROCEDURE:
+      logging.warning('checkpoint written by a version that sampled clients and batch orders with %r; this one '
+                      'uses %r: the resumed rounds differ from an uninterrupted run of either version',
+                      meta.get('sampling', 'numpy-pcg64'), sampling.PROCEDURE)
     if trainer.writer is not None:
       _reconcile_metrics(trainer.writer, trainer.round, trainer.records)
 

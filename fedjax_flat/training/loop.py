@@ -421,6 +421,8 @@ class Trainer:
         'rounds_this_process': rounds_run, 'wall_time_total_s': self.elapsed_offset + wall,
         'rounds_per_s': (rounds_run / wall) if wall > 0 else 0.0, 'num_params': self.num_params,
         'reported_model': reported, 'strategy': self.strategy, 'backend': jax.default_backend(),
+        'rounds_per_call': self.rounds_per_call, 'device_data': self.device_rounds,
+        'sampling_procedure': sampling.PROCEDURE,
         'comm_total_params': self.comm_total, 'comm_total_bytes': 4.0 * sum(self.comm_total.values()),
         'summary_last_k': c.summary_last_k})
     if c.get('personalized') is not None and c.personalized.enabled:
