@@ -80,3 +80,73 @@ def test_fedbn_on_digits_cnn_groupnorm_keeps_norm_local():
   srv = t.server_state['params']
   np.testing.assert_array_equal(srv['GroupNorm_0']['scale'], init['GroupNorm_0']['scale'])   # never aggregated
   assert not np.allclose(srv['Conv_0']['kernel'], init['Conv_0']['kernel'])
+
+
+# --- Lowerings: max pooling (reshape + first-max JVP) and convolution (im2col) equal the lax ops. ---
+
+import flax.linen as nn  # noqa: E402
+
+from fedjax_flat.models import layers  # noqa: E402
+
+
+@pytest.mark.parametrize('shape,window', [((2, 28, 28, 4), 2), ((3, 7, 9, 2), 2), ((2, 9, 10, 3), 3),
+                                          ((4, 3, 10, 10, 2), 2)])
+@pytest.mark.parametrize('ties', [False, True])
+def test_reshape_max_pool_equals_reduce_window(shape, window, ties):
+  x = jax.random.normal(jax.random.key(0), shape)
+  if ties:   # many tied maxima (and whole tied windows): the gradient goes to the FIRST one, as reduce_window
+    x = jnp.round(x)
+  mine = lambda v: layers.max_pool(v, (window, window), pool_impl='reshape')
+  ref = lambda v: nn.max_pool(v, (window, window), strides=(window, window))
+  y, vjp = jax.vjp(mine, x)
+  y_ref, vjp_ref = jax.vjp(ref, x)
+  np.testing.assert_array_equal(y, y_ref)
+  dy = jax.random.normal(jax.random.key(1), y.shape)
+  np.testing.assert_array_equal(vjp(dy)[0], vjp_ref(dy)[0])
+  tx = jax.random.normal(jax.random.key(2), x.shape)   # forward mode too (HVPs use it)
+  np.testing.assert_array_equal(jax.jvp(mine, (x,), (tx,))[1], jax.jvp(ref, (x,), (tx,))[1])
+
+
+def test_reshape_max_pool_second_order_matches_without_ties():
+  x = jax.random.normal(jax.random.key(0), (1, 4, 6, 2))
+  f = lambda pool: (lambda v: jnp.sum(jnp.sin(pool(v)) ** 2))
+  mine = f(lambda v: layers.max_pool(v, (2, 2), pool_impl='reshape'))
+  ref = f(lambda v: nn.max_pool(v, (2, 2), strides=(2, 2)))
+  np.testing.assert_allclose(jax.hessian(mine)(x), jax.hessian(ref)(x), rtol=1e-5, atol=1e-6)
+
+
+def test_pool_impl_resolution():
+  assert layers.resolve_pool_impl('auto', 'lax') == 'lax'
+  assert layers.resolve_pool_impl('auto', 'im2col') == 'reshape'
+  assert layers.resolve_pool_impl('auto') == ('reshape' if jax.default_backend() == 'cpu' else 'lax')
+  with pytest.raises(ValueError, match='pool_impl'):
+    layers.resolve_pool_impl('argmax')
+
+
+@pytest.mark.parametrize('name,shape', [('cifar_cnn', (32, 32, 3)), ('digits_cnn', (8, 8, 1))])
+def test_model_pool_impls_agree(name, shape):
+  a = get_model(name, 10, shape, conv_impl='im2col', pool_impl='reshape')
+  b = get_model(name, 10, shape, conv_impl='im2col', pool_impl='lax')
+  x = jax.random.normal(jax.random.key(1), (3,) + shape)
+  p = a.init(jax.random.key(0), x)
+  np.testing.assert_array_equal(a.apply(p, x), b.apply(p, x))
+  ga = jax.grad(lambda q: jnp.sum(a.apply(q, x) ** 2))(p)
+  gb = jax.grad(lambda q: jnp.sum(b.apply(q, x) ** 2))(p)
+  jax.tree_util.tree_map(lambda u, v: np.testing.assert_allclose(u, v, rtol=1e-6, atol=1e-7), ga, gb)
+
+
+@pytest.mark.parametrize('kernel,stride,padding,cin,hw', [
+    (5, 1, 'VALID', 3, 32), (5, 1, 'VALID', 64, 14),     # the paper CNN's two convs
+    (3, 1, 'SAME', 1, 8), (3, 2, 'SAME', 4, 9), (3, 2, 'VALID', 5, 11), (1, 2, 'SAME', 6, 7), (4, 3, 'SAME', 2, 10)])
+def test_im2col_conv_equals_lax_conv(kernel, stride, padding, cin, hw):
+  x = jax.random.normal(jax.random.key(0), (2, hw, hw + 1, cin))
+  mods = {impl: layers.Conv(8, (kernel, kernel), strides=stride, padding=padding, conv_impl=impl)
+          for impl in ('im2col', 'lax')}
+  p = mods['lax'].init(jax.random.key(1), x)
+  outs, grads = {}, {}
+  for impl, m in mods.items():
+    outs[impl], vjp = jax.vjp(lambda q, v: m.apply(q, v), p, x)
+    grads[impl] = vjp(jnp.cos(outs[impl]))
+  np.testing.assert_allclose(outs['im2col'], outs['lax'], rtol=1e-4, atol=1e-5)
+  jax.tree_util.tree_map(lambda u, v: np.testing.assert_allclose(u, v, rtol=1e-4, atol=1e-4),
+                         grads['im2col'], grads['lax'])

@@ -4,7 +4,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from fedjax_flat.models.layers import Conv, Dense
+from fedjax_flat.models.layers import Conv, Dense, max_pool
 from fedjax_flat.models.resnet import group_norm
 
 
@@ -23,13 +23,15 @@ class CifarCNN(nn.Module):
   """
   num_classes: int = 10
   conv_impl: str = 'auto'
+  pool_impl: str = 'auto'   # layers.max_pool: 'reshape' (same numbers, cheap gradient on CPU) | 'lax'
 
   @nn.compact
   def __call__(self, x, train: bool = False):
+    pool = lambda y: max_pool(y, (2, 2), pool_impl=self.pool_impl, conv_impl=self.conv_impl)
     x = Conv(64, (5, 5), conv_impl=self.conv_impl, torch_init=True)(x)
-    x = nn.max_pool(_act(self, x), (2, 2), strides=(2, 2))
+    x = pool(_act(self, x))
     x = Conv(64, (5, 5), conv_impl=self.conv_impl, torch_init=True)(x)
-    x = nn.max_pool(_act(self, x), (2, 2), strides=(2, 2))
+    x = pool(_act(self, x))
     x = x.reshape(x.shape[:-3] + (-1,))
     x = _act(self, Dense(384, torch_init=True)(x))
     x = _act(self, Dense(192, torch_init=True)(x))
@@ -45,6 +47,7 @@ class DigitsCNN(nn.Module):
   num_classes: int = 10
   conv_impl: str = 'auto'
   gn_groups: int = 0
+  pool_impl: str = 'auto'
 
   @nn.compact
   def __call__(self, x, train: bool = False):
@@ -52,7 +55,7 @@ class DigitsCNN(nn.Module):
         lambda y, i: y)
     x = _act(self, norm(Conv(32, (3, 3), padding='SAME', conv_impl=self.conv_impl)(x), 0))
     x = _act(self, norm(Conv(32, (3, 3), padding='SAME', conv_impl=self.conv_impl)(x), 1))
-    x = nn.max_pool(x, (2, 2), strides=(2, 2))
+    x = max_pool(x, (2, 2), pool_impl=self.pool_impl, conv_impl=self.conv_impl)
     x = x.reshape(x.shape[:-3] + (-1,))
     x = _act(self, Dense(128)(x))
     return Dense(self.num_classes)(x)
