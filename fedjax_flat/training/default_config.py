@@ -23,6 +23,8 @@ Fields (validated by `training/validate.py` before anything is compiled):
   client_state_store, client_state_device_max_mb   per-client state store (SCAFFOLD, FedDyn, ...)
   personalized         end-of-training personalized / OOD evaluation (core/personalized.py): enabled,
                        finetune_epochs, finetune_lr, finetune_batch_size, auc_scores, per_client
+  grouping             clients -> superclients (fedjax_flat/grouping/, FedSeq): method, estimator, distance,
+                       min_examples, max_clients, pre-training, public set, PCA, k-means / ICG, Task2Vec probe
   published            the paper's number for this setting, as data (documentation only: never changes
                        training, ignored by the resume check): source (str: paper, table, cell),
                        accuracy (percent, same protocol as summary.json's reported last-K mean),
@@ -146,6 +148,29 @@ def default_config() -> ml_collections.ConfigDict:
   c.personalized.finetune_batch_size = 0  # 0 = client.batch_size
   c.personalized.auc_scores = 'softmax'   # 'softmax' | 'logits' (the FedSoup reference code)
   c.personalized.per_client = True      # per-client rows in the summary
+
+  # Grouping clients into superclients (fedjax_flat/grouping/, thesis 5.2.2: estimator psi, distance tau,
+  # method phi). Pre-training and estimator outputs are cached in WORKDIR/grouping/.
+  c.grouping = ml_collections.ConfigDict()
+  c.grouping.method = 'random'           # 'random' | 'kmeans' | 'greedy' | 'icg'
+  c.grouping.estimator = 'clf'           # 'clf' (classifier weights + PCA) | 'conf' (confidence, eq. 5.1) | 't2v'
+  # 'auto': euclidean for kmeans / icg; greedy: cosine (clf), kl (conf), normalized_cosine (t2v), as Table 5.3.
+  c.grouping.distance = 'auto'           # | 'euclidean' | 'cosine' | 'normalized_cosine' | 'kl' | 'gini'
+  c.grouping.min_examples = 1000         # |D_S|_min (thesis CIFAR: 1000)
+  c.grouping.max_clients = 11            # K_S,max (thesis CIFAR: 11); 0 = no cap
+  c.grouping.pretrain_epochs = 10        # e: local epochs of the pre-training (t2v: of the classifier fine-tuning)
+  c.grouping.pretrain_lr = 0.0           # 0 = client.lr (the passes use the client optimizer without SAM/ASAM)
+  c.grouping.public_per_class = 10       # J: test examples per class in the public set of 'conf'
+  c.grouping.pca_variance = 0.9          # 'clf': explained variance kept by PCA (0 or 1 = no reduction)
+  c.grouping.pca_standardize = True      # 'clf': unit-variance columns before PCA (the reference code)
+  c.grouping.num_clusters = 0            # kmeans: clusters (0 = the number of classes)
+  c.grouping.icg_iterations = 10         # icg: equal-size k-means iterations
+  c.grouping.fisher = 'montecarlo'       # t2v: 'montecarlo' (one y ~ p(y|x) per example) | 'exact' (sum over y)
+  c.grouping.probe_model = ''            # t2v: probe architecture ('' = config.model with config.model_kwargs)
+  c.grouping.probe_model_kwargs = ml_collections.ConfigDict()
+  c.grouping.probe_pretrained = ''       # t2v: probe params file (models/pretrained.py formats)
+  c.grouping.probe_checkpoint = ''       # t2v: or a run directory; neither (and no config.init): random probe
+  c.grouping.seed = -1                   # grouper / pre-training randomness; -1 = config.seed
 
   # Published result of the paper cell this config reproduces (experiments/report.py puts it beside ours).
   c.published = ml_collections.ConfigDict()

@@ -5,6 +5,7 @@ it into one message and exit status 2.
 """
 from __future__ import annotations
 
+import math
 import numbers
 import os
 
@@ -165,6 +166,59 @@ def validate_config(cfg) -> None:
     _num(cfg, 'personalized.finetune_lr', lo=0)
     _num(cfg, 'personalized.finetune_batch_size', lo=0, integer=True)
     _choice(cfg, 'personalized.auc_scores', ('softmax', 'logits'))
+  if 'grouping' in cfg:                    # superclients (fedjax_flat/grouping/)
+    validate_grouping(cfg)
+
+
+def _finite(cfg, path, **kw):
+  v = _num(cfg, path, **kw)
+  if not math.isfinite(v):
+    raise ConfigError(path, v, 'must be a finite number')
+  return v
+
+
+def validate_grouping(cfg) -> None:
+  """config.grouping (fedjax_flat/grouping/): choices, pairings, ranges, probe files."""
+  from fedjax_flat.grouping import distances, estimators, groupers
+  from fedjax_flat.models import registry as model_registry
+  g = cfg.grouping
+  method = _choice(cfg, 'grouping.method', groupers.METHODS)
+  est = _choice(cfg, 'grouping.estimator', estimators.ESTIMATORS)
+  dist = _choice(cfg, 'grouping.distance', ('auto',) + tuple(distances.DISTANCES))
+  if method in ('kmeans', 'icg') and dist not in ('auto', 'euclidean'):
+    raise ConfigError('grouping.distance', dist, f'grouping.method={method!r} clusters with the Euclidean '
+                      "distance: use 'euclidean' or 'auto' (other distances are for method='greedy')")
+  if method != 'random' and dist in distances.PROBABILITY_ONLY and est != 'conf':
+    raise ConfigError('grouping.distance', dist, f'is defined on probability vectors: it needs '
+                      f"grouping.estimator='conf', not {est!r} (use 'cosine', 'normalized_cosine' or 'euclidean')")
+  _num(cfg, 'grouping.min_examples', lo=1, integer=True)
+  _num(cfg, 'grouping.max_clients', lo=0, integer=True)
+  _num(cfg, 'grouping.pretrain_epochs', lo=1, integer=True)
+  _finite(cfg, 'grouping.pretrain_lr', lo=0)
+  _num(cfg, 'grouping.public_per_class', lo=1, integer=True)
+  _finite(cfg, 'grouping.pca_variance', lo=0, hi=1)
+  if not isinstance(g.pca_standardize, bool):
+    raise ConfigError('grouping.pca_standardize', g.pca_standardize, 'must be True or False')
+  _num(cfg, 'grouping.num_clusters', lo=0, integer=True)
+  _num(cfg, 'grouping.icg_iterations', lo=1, integer=True)
+  _choice(cfg, 'grouping.fisher', estimators.FISHER_MODES)
+  _num(cfg, 'grouping.seed', lo=-1, integer=True)
+  if g.probe_model:
+    _choice(cfg, 'grouping.probe_model', model_registry.names())
+  for name in ('probe_model', 'probe_pretrained', 'probe_checkpoint'):
+    if not isinstance(g[name], str):
+      raise ConfigError(f'grouping.{name}', g[name], 'must be a string (empty = off)')
+  if g.probe_pretrained and g.probe_checkpoint:
+    raise ConfigError('grouping.probe_checkpoint', g.probe_checkpoint,
+                      f'grouping.probe_pretrained={g.probe_pretrained!r} is set too: use one of the two')
+  if g.probe_pretrained and not os.path.isfile(g.probe_pretrained):
+    raise ConfigError('grouping.probe_pretrained', g.probe_pretrained, 'no such file (a .npz or msgpack params file)')
+  if g.probe_checkpoint:
+    from fedjax_flat.training.init import run_dir_of
+    d = run_dir_of(g.probe_checkpoint)
+    if not (os.path.isfile(os.path.join(d, 'config.json')) and os.path.isdir(os.path.join(d, 'checkpoints'))):
+      raise ConfigError('grouping.probe_checkpoint', g.probe_checkpoint,
+                        'must be a fedjax_flat run directory (config.json + checkpoints/)')
 
 
 def _validate_init(init) -> None:

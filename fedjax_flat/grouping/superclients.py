@@ -1,0 +1,295 @@
+"""Superclients from a config: estimator psi -> distance tau -> grouper phi (thesis 5.2.2, G_S).
+
+  build_superclients(config, ctx, workdir, num_superclients=None) -> [np.ndarray of client ids, ...]
+
+ctx: anything with `model` (models/base.Model) and `data` (or `dataset`: the FederatedDataset /
+ClientDataSource), optionally `params0` (the common initial params w_0; default: exactly what the Trainer
+starts from: model.init with key fold_in(key(config.seed), 0), then config.init when set) and `config`.
+`GroupingContext.from_config(config)` builds one from the registries.
+
+Client representations come from `representations`: psi_clf and psi_conf from one pre-training pass (every
+client trains w_0 for grouping.pretrain_epochs epochs), psi_t2v from the probe network (classifier
+fine-tuning pass + Fisher pass). All passes are cached in WORKDIR/grouping/ (workdir=None: no cache), so
+regrouping (FedSeq2Par calls this with a growing num_superclients) and resumed runs compute nothing again;
+the groupers themselves are cheap and deterministic from grouping.seed, so a resumed run gets the same
+superclients. Each call also writes WORKDIR/grouping/superclients[-n<N>].json (ids + statistics).
+
+num_superclients (FedSeq2Par's growth function) overrides the number of superclients that the constraints
+grouping.min_examples / max_clients would give: exactly min(N, K) superclients of K // N or K // N + 1
+clients, constraints not applied (groupers.py).
+
+The probe of psi_t2v: grouping.probe_pretrained (a params file, models/pretrained.py formats) or
+grouping.probe_checkpoint (a run directory), loaded with the pretrained loader (classifier re-initialized
+when its class count differs); with neither, and when the probe is the run's own model with config.init set,
+the run's initial params. Otherwise the probe is a RANDOMLY INITIALIZED network (a warning says so): its
+Fisher still separates clients by their data and the fine-tuned classifier, but not by the semantic and
+taxonomic similarity that Task2Vec gets from a pretrained probe (the thesis used an ImageNet ResNet18).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Dict, List, Optional, Tuple
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_flat.grouping import estimators, groupers, pretrain, stats
+
+# Table 5.3's pairing of each estimator with its greedy distance (distance='auto').
+GREEDY_DISTANCE = {'clf': 'cosine', 'conf': 'kl', 't2v': 'normalized_cosine'}
+PROBE_KEY = 0x7062          # fold_in of the seed key for a probe's fresh initialization
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupingContext:
+  model: Any
+  data: Any
+  config: Any = None
+  params0: Any = None
+
+  @classmethod
+  def from_config(cls, config, data=None) -> 'GroupingContext':
+    from fedjax_flat.data import registry as data_registry
+    from fedjax_flat.models import registry as model_registry
+    if data is None:
+      data = data_registry.get_dataset(config.dataset, **config.data.to_dict())
+    model = model_registry.get_model(config.model, data.num_classes, data.input_shape,
+                                     **config.model_kwargs.to_dict())
+    return cls(model, data, config)
+
+
+@dataclasses.dataclass
+class Grouping:
+  groups: List[np.ndarray]
+  method: str
+  estimator: Optional[str]
+  distance: Optional[str]
+  num_superclients: Optional[int]
+  info: Dict[str, Any]
+
+
+def _data_of(ctx):
+  data = getattr(ctx, 'data', None)
+  return data if data is not None else getattr(ctx, 'dataset')
+
+
+def grouping_seed(config) -> int:
+  s = int(config.grouping.seed)
+  return int(config.seed) if s < 0 else s
+
+
+def resolved_distance(method: str, estimator: str, distance: str) -> str:
+  if distance != 'auto':
+    return distance
+  return GREEDY_DISTANCE[estimator] if method == 'greedy' else 'euclidean'
+
+
+def initial_params(config, model, data):
+  """w_0 as the Trainer builds it (training/loop.py, then training/init.py when config.init is set)."""
+  from fedjax_flat.training import init as init_lib
+  key = jax.random.key(config.seed)
+  params = model.init(jax.random.fold_in(key, 0), jnp.zeros((1,) + tuple(data.input_shape), jnp.float32))
+  if init_lib.requested(config):
+    params = jax.tree_util.tree_map(jnp.asarray, init_lib.initial_params(config, model, jax.device_get(params)))
+  return params
+
+
+def _classifier_key(config, model, params) -> str:
+  from fedjax_flat.models import pretrained
+  key = config.init.get('classifier_key', '') if config.get('init') is not None else ''
+  return key or pretrained.find_classifier_key(params, model.num_classes)
+
+
+def _engine_kw(config):
+  ec = config.engine
+  return dict(strategy=ec.strategy, clients_per_chunk=ec.clients_per_chunk, unroll=ec.unroll,
+              progress_every_s=float(config.get('progress_every_s', 10.0)))
+
+
+def _common_spec(config, data, client_cfg) -> Dict[str, Any]:
+  g = config.grouping
+  return {'data': pretrain.data_fingerprint(data), 'client': client_cfg.to_dict(),
+          'epochs': int(g.pretrain_epochs), 'seed': grouping_seed(config), 'augment': config.augment,
+          'normalize': config.normalize}
+
+
+def _cached_pass(workdir, kind, spec, names, num_clients, compute) -> Dict[str, np.ndarray]:
+  path = pretrain.cache_path(workdir, kind, pretrain.cache_key(spec)) if workdir else None
+  if path:
+    hit = pretrain.load_cached(path, names, num_clients)
+    if hit is not None:
+      logging.info('grouping: %s reused from %s', kind, path)
+      return hit
+  out = compute()
+  if path:
+    pretrain.save_cached(path, out, spec)
+  return out
+
+
+def pretrain_outputs(config, model, data, params0, workdir) -> Dict[str, np.ndarray]:
+  """{'clf': [K, d], 'conf': [K, C]}: psi_clf (before PCA) and psi_conf after the pre-training phase."""
+  from fedjax_flat.training import transforms
+  g = config.grouping
+  seed = grouping_seed(config)
+  ccfg = pretrain.plain_client_cfg(config.client, g.pretrain_lr)
+  ckey = _classifier_key(config, model, params0)
+  tx, ty = data.test_examples()
+  pub = estimators.public_set(ty, data.num_classes, int(g.public_per_class), seed)
+  spec = {**_common_spec(config, data, ccfg), 'kind': 'pretrain', 'model': model.name,
+          'params0': pretrain.params_fingerprint(params0), 'classifier_key': ckey,
+          'public': pretrain.fingerprint(pub)}
+
+  def compute():
+    train_fn, eval_fn = transforms.make_transforms(config, data.num_classes)
+    pub_x, pub_y = eval_fn(jnp.asarray(np.asarray(tx)[pub])), jnp.asarray(np.asarray(ty)[pub], jnp.int32)
+
+    def summarize(params):
+      return {'clf': estimators.classifier_vector(params, ckey),
+              'conf': estimators.confidence_vector(model.apply(params, pub_x), pub_y, data.num_classes)}
+    alg = pretrain.training_algorithm(model, ccfg, summarize)
+    bcast = {'params': params0, 'hparams': pretrain.hparams(ccfg)}
+    return pretrain.run_pass(alg, bcast, data, None, batch_size=int(ccfg.batch_size),
+                             epochs=int(g.pretrain_epochs), seed=seed, augment_fn=train_fn,
+                             label='pre-training', **_engine_kw(config))
+  return _cached_pass(workdir, 'pretrain', spec, ('clf', 'conf'), data.num_clients, compute)
+
+
+def probe_network(config, data, params0=None) -> Tuple[Any, Any, str]:
+  """(probe model, its params, where they came from) for psi_t2v (module docstring)."""
+  from fedjax_flat.models import pretrained
+  from fedjax_flat.models import registry as model_registry
+  from fedjax_flat.training import init as init_lib
+  g = config.grouping
+  name = g.probe_model or config.model
+  kwargs = g.probe_model_kwargs.to_dict() if g.probe_model else config.model_kwargs.to_dict()
+  model = model_registry.get_model(name, data.num_classes, data.input_shape, **kwargs)
+  fresh = model.init(jax.random.fold_in(jax.random.key(grouping_seed(config)), PROBE_KEY),
+                     jnp.zeros((1,) + tuple(data.input_shape), jnp.float32))
+  if g.probe_pretrained:
+    params = pretrained.fit_params(model, fresh, pretrained.read_params(g.probe_pretrained),
+                                   source=g.probe_pretrained, reinit_classifier='auto')
+    return model, params, g.probe_pretrained
+  if g.probe_checkpoint:
+    _, src, step = init_lib.load_run(g.probe_checkpoint)
+    params = pretrained.fit_params(model, fresh, src, source=f'{g.probe_checkpoint} (round {step})',
+                                   reinit_classifier='auto')
+    return model, params, f'{init_lib.run_dir_of(g.probe_checkpoint)} (round {step})'
+  if not g.probe_model and init_lib.requested(config):
+    params = params0 if params0 is not None else initial_params(config, model, data)
+    return model, params, 'config.init'
+  logging.warning('grouping.estimator=t2v without a pretrained probe (grouping.probe_pretrained, '
+                  'grouping.probe_checkpoint or config.init): the Task2Vec embeddings are those of a randomly '
+                  'initialized %s; they reflect each client\'s data through the fine-tuned classifier but not '
+                  'the semantic similarity a pretrained probe gives', name)
+  return model, fresh, 'random init (no pretrained probe)'
+
+
+def task2vec_outputs(config, data, workdir, params0=None) -> Dict[str, np.ndarray]:
+  """{'t2v': [K, d]}: Task2Vec vectors of the probe network (module docstring)."""
+  from fedjax_flat.training import transforms
+  g = config.grouping
+  seed = grouping_seed(config)
+  ccfg = pretrain.plain_client_cfg(config.client, g.pretrain_lr)
+  model, params, source = probe_network(config, data, params0)
+  if g.probe_model:                 # another architecture: config.init.classifier_key is the run model's
+    from fedjax_flat.models import pretrained
+    ckey = pretrained.find_classifier_key(params, model.num_classes)
+  else:
+    ckey = _classifier_key(config, model, params)
+  feat, clf = estimators.split_paths(params, ckey)
+  spec = {**_common_spec(config, data, ccfg), 'kind': 't2v', 'probe_model': model.name,
+          'probe': pretrain.params_fingerprint(params), 'probe_source': source, 'classifier_key': ckey,
+          'fisher': g.fisher}
+
+  def compute():
+    train_fn, eval_fn = transforms.make_transforms(config, data.num_classes)
+    kw = dict(seed=seed, batch_size=int(ccfg.batch_size), **_engine_kw(config))
+    bcast = {'params': params, 'hparams': pretrain.hparams(ccfg)}
+    tune = pretrain.training_algorithm(model, ccfg, lambda p: estimators.subtree(p, clf), trainable=clf)
+    heads = pretrain.run_pass(tune, bcast, data, None, epochs=int(g.pretrain_epochs), augment_fn=train_fn,
+                              label='t2v classifier fine-tuning', **kw)
+    apply_fn = lambda p, x: model.apply(p, x, train=False)
+    fisher = pretrain.fisher_algorithm(apply_fn, feat, mode=g.fisher)
+    vec = pretrain.run_pass(fisher, bcast, data, heads, epochs=1, augment_fn=lambda rng, x: eval_fn(x),
+                            label='t2v Fisher', **kw)
+    return {'t2v': vec}
+  return _cached_pass(workdir, 't2v', spec, ('t2v',), data.num_clients, compute)
+
+
+def representations(config, ctx, workdir, estimator: Optional[str] = None) -> Tuple[np.ndarray, Dict]:
+  """psi(clients) [K, d] for `estimator` (default config.grouping.estimator), with PCA for psi_clf."""
+  g = config.grouping
+  estimator = estimator or g.estimator
+  model, data = ctx.model, _data_of(ctx)
+  params0 = getattr(ctx, 'params0', None)
+  if estimator == 't2v':
+    reps, info = task2vec_outputs(config, data, workdir, params0)['t2v'], {}
+  elif estimator in ('clf', 'conf'):
+    params0 = params0 if params0 is not None else initial_params(config, model, data)
+    reps, info = pretrain_outputs(config, model, data, params0, workdir)[estimator], {}
+    if estimator == 'clf':
+      reps, pca = estimators.pca_reduce(reps, float(g.pca_variance), standardize=bool(g.pca_standardize))
+      info['pca'] = pca
+      logging.info('grouping: PCA kept %d of %d dimensions (%.1f%% of the variance)', pca['components'],
+                   pca['dims'], 100 * pca['explained'])
+  else:
+    raise ValueError(f'grouping estimator={estimator!r} is unknown; allowed: {estimators.ESTIMATORS}')
+  return np.asarray(reps, np.float64), {**info, 'dims': int(reps.shape[1])}
+
+
+def make_grouping(config, ctx, workdir=None, num_superclients: Optional[int] = None, *,
+                  method: Optional[str] = None, estimator: Optional[str] = None,
+                  distance: Optional[str] = None) -> Grouping:
+  """The grouping of config.grouping (method / estimator / distance overridable, e.g. to compare)."""
+  g = config.grouping
+  method, estimator = method or g.method, estimator or g.estimator
+  distance = resolved_distance(method, estimator, distance or g.distance)
+  data = _data_of(ctx)
+  sizes = np.asarray(data.client_sizes())
+  reps, info = (None, {}) if method == 'random' else representations(config, ctx, workdir, estimator)
+  num_clusters = int(g.num_clusters) or data.num_classes
+  groups = groupers.make_groups(method, sizes, reps, distance=distance, num_clusters=num_clusters,
+                                min_examples=int(g.min_examples), max_clients=int(g.max_clients),
+                                seed=grouping_seed(config), num_superclients=num_superclients,
+                                icg_iterations=int(g.icg_iterations))
+  return Grouping(groups, method, None if method == 'random' else estimator,
+                  None if method == 'random' else distance, num_superclients, info)
+
+
+def describe(grouping: Grouping, data, config) -> Dict:
+  """A JSON-able record: what was used, the superclients and their statistics."""
+  g = config.grouping
+  st = stats.grouping_stats(grouping.groups, stats.label_histograms(data), min_examples=int(g.min_examples),
+                            max_clients=0 if grouping.num_superclients else int(g.max_clients))
+  return {'method': grouping.method, 'estimator': grouping.estimator, 'distance': grouping.distance,
+          'num_superclients_requested': grouping.num_superclients, 'seed': grouping_seed(config),
+          'min_examples': int(g.min_examples), 'max_clients': int(g.max_clients), 'info': grouping.info,
+          'groups': [[int(i) for i in s] for s in grouping.groups], **st}
+
+
+def build_superclients(config, ctx, workdir: Optional[str], num_superclients: Optional[int] = None
+                       ) -> List[np.ndarray]:
+  """Client ids of every superclient (module docstring); writes WORKDIR/grouping/superclients[-n<N>].json."""
+  from fedjax_flat.training import validate
+  validate.validate_grouping(config)
+  grouping = make_grouping(config, ctx, workdir, num_superclients)
+  data = _data_of(ctx)
+  if workdir and jax.process_index() == 0:
+    rec = describe(grouping, data, config)
+    name = 'superclients' + (f'-n{num_superclients}' if num_superclients else '') + '.json'
+    path = os.path.join(workdir, 'grouping', name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, 'w') as f:
+      json.dump(rec, f, indent=1)
+    s = rec['summary']
+    logging.info('grouping: %d superclients (%s%s), clients %.1f [%d, %d], examples %.0f [%d, %d], classes '
+                 '%.2f, label entropy %.3f bits (all data %.3f) -> %s', s['num_superclients'], grouping.method,
+                 f', {grouping.estimator}/{grouping.distance}' if grouping.estimator else '',
+                 s['clients']['mean'], s['clients']['min'], s['clients']['max'], s['examples']['mean'],
+                 s['examples']['min'], s['examples']['max'], s['classes']['mean'], s['entropy_bits']['mean'],
+                 s['global_entropy_bits'], path)
+  return grouping.groups
