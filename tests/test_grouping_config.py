@@ -26,6 +26,7 @@ CASES = [
     ({'pretrain_lr': float('nan')}, 'grouping.pretrain_lr', 'finite'),
     ({'pretrain_lr': float('inf')}, 'grouping.pretrain_lr', 'finite'),
     ({'pretrain_lr': -0.1}, 'grouping.pretrain_lr', '>= 0'),
+    ({'probe_lr': 0.0}, 'grouping.probe_lr', '> 0'),
     ({'public_per_class': 0}, 'grouping.public_per_class', '>= 1'),
     ({'pca_variance': 1.5}, 'grouping.pca_variance', '<= 1'),
     ({'pca_variance': float('nan')}, 'grouping.pca_variance', 'finite'),

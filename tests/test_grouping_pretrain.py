@@ -45,10 +45,10 @@ def ctx():
   return sc.GroupingContext.from_config(_config(), data)
 
 
-def _loop_train(config, model, data, params0, summarize, trainable=None):
+def _loop_train(config, model, data, params0, summarize, trainable=None, ccfg=None):
   """Reference: each client alone, step by step, with the same batches (the engine's batching)."""
   g = config.grouping
-  ccfg = pretrain.plain_client_cfg(config.client, g.pretrain_lr)
+  ccfg = ccfg or pretrain.plain_client_cfg(config.client, g.pretrain_lr)
   sizes = data.client_sizes()
   b = ccfg.batch_size
   steps = batching.padded_num_steps(sizes, b, epochs=g.pretrain_epochs)
@@ -180,7 +180,10 @@ def test_task2vec_pass_equals_direct_fisher_and_uses_the_probe_file(ctx, tmp_pat
   assert source.startswith('random init')
   feat, clf = estimators.split_paths(params, 'Dense_1')
   # Direct: fine-tune the classifier per client (Python loop), then the Fisher over one epoch of batches.
-  heads = _loop_train(config, model, ctx.data, params, lambda p: estimators.subtree(p, clf), trainable=clf)
+  ccfg = pretrain.probe_client_cfg(config.client, config.grouping.probe_lr)
+  assert (ccfg.base_optimizer, ccfg.lr, ccfg.weight_decay) == ('adam', 4e-4, 1e-4)   # Task2Vec's head fit
+  heads = _loop_train(config, model, ctx.data, params, lambda p: estimators.subtree(p, clf), trainable=clf,
+                      ccfg=ccfg)
   sizes = ctx.data.client_sizes()
   steps = batching.padded_num_steps(sizes, 4, epochs=1)
   plan = batching.batch_plan(sizes, batch_size=4, num_steps=steps, epochs=1, shuffle=True)
@@ -212,5 +215,23 @@ def test_task2vec_pass_equals_direct_fisher_and_uses_the_probe_file(ctx, tmp_pat
   _, lp, source = sc.probe_network(config, ctx.data)
   assert source == path
   np.testing.assert_array_equal(np.asarray(lp['Dense_0']['kernel']), np.asarray(other['Dense_0']['kernel']))
+  # The head is always the fresh one (Task2Vec fits a new classifier), whatever the file holds there.
+  np.testing.assert_array_equal(np.asarray(lp['Dense_1']['kernel']), np.asarray(params['Dense_1']['kernel']))
   spec = [f for f in os.listdir(tmp_path / 'grouping') if f.startswith('t2v') and f.endswith('.json')]
   assert json.load(open(tmp_path / 'grouping' / spec[0]))['probe_source'] == path
+
+
+def test_probe_from_config_init_keeps_features_and_refits_the_head(ctx, tmp_path):
+  config = _config()
+  model = ctx.model
+  src = model.init(jax.random.key(9), jnp.zeros((1, 4)))
+  path = str(tmp_path / 'init.npz')
+  pretrained.save_params(path, src)
+  config.init.pretrained = path
+  _, params, source = sc.probe_network(config, ctx.data)
+  assert source == 'config.init'
+  np.testing.assert_array_equal(np.asarray(params['Dense_0']['kernel']), np.asarray(src['Dense_0']['kernel']))
+  assert not np.allclose(np.asarray(params['Dense_1']['kernel']), np.asarray(src['Dense_1']['kernel']))
+  # The pre-training of clf / conf starts from exactly the Trainer's w_0: config.init's params.
+  w0 = sc.initial_params(config, model, ctx.data)
+  np.testing.assert_array_equal(np.asarray(w0['Dense_1']['kernel']), np.asarray(src['Dense_1']['kernel']))

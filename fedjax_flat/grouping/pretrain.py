@@ -8,8 +8,9 @@ server: what it returns for a client is its new "client state", here the client'
   pretrain   every client trains the common init w_0 for e epochs (the run's client optimizer with SAM/ASAM
              off, lr `grouping.pretrain_lr` or client.lr), then returns its classifier vector (psi_clf) and
              its confidence vector on D_pub (psi_conf), both computed in the same program.
-  finetune   t2v: only the probe's classifier trains (frozen leaves are restored after each step, so weight
-             decay does not move them); returns the classifier leaves.
+  finetune   t2v: only the probe's (re-initialized) classifier trains, with Task2Vec's optimizer (Adam, lr
+             `grouping.probe_lr`, weight decay 1e-4); frozen leaves are restored after each step, so weight
+             decay does not move them; returns the classifier leaves.
   fisher     t2v: one pass over the client's data, no training: sums the diagonal Fisher of the feature
              extractor (`estimators.fisher_sums`); returns the Task2Vec vector.
 
@@ -62,32 +63,39 @@ def plain_client_cfg(client_cfg, lr: float = 0.0):
   return cfg
 
 
+# Task2Vec's classifier fitting (`_fit_classifier`: Adam, lr 4e-4, weight decay 1e-4): a gentle fit keeps the
+# head from becoming certain on a one-class client, where the Fisher would vanish (benchmarks/README.fedseq.md).
+PROBE_WEIGHT_DECAY = 1e-4
+
+
+def probe_client_cfg(client_cfg, lr: float):
+  """The probe head's optimizer: Task2Vec's Adam(lr) with weight decay 1e-4, batch size of the run."""
+  cfg = plain_client_cfg(client_cfg, lr)
+  cfg.base_optimizer, cfg.momentum, cfg.weight_decay, cfg.grad_clip = 'adam', 0.0, PROBE_WEIGHT_DECAY, 0.0
+  cfg.adam_b1, cfg.adam_b2, cfg.adam_eps = 0.9, 0.999, 1e-8
+  return cfg
+
+
 def hparams(client_cfg):
   return {'lr': jnp.asarray(client_cfg.lr, jnp.float32), 'rho': jnp.asarray(0.0, jnp.float32)}
 
 
 def training_algorithm(model, client_cfg, summarize: Callable, *, trainable: Optional[Sequence[str]] = None):
-  """Local training from bcast['params']; client_final returns summarize(params) as the client's state.
-
-  trainable: '/'-joined leaf paths that train (None = all); the others get no gradient and are restored
-  after every step.
-  """
+  """FedAvg's local training from bcast['params']; client_final returns summarize(params) as the client's
+  state. trainable: '/'-joined leaf paths that train (None = all); the others get no gradient and are
+  restored after every step."""
+  import optax
+  from fedjax_flat.algorithms import fedavg as fedavg_lib
   loss = local_lib.make_loss(model)
   if trainable is not None:
-    frozen_loss = loss
+    full_loss = loss
 
     def loss(p, batch, rng=None):     # gradients flow into the trainable leaves only
-      return frozen_loss(estimators.merge(jax.lax.stop_gradient(p), estimators.subtree(p, trainable)),
-                         batch, rng)
-
-  def client_init(bcast, client_state, rng):
-    del client_state, rng
-    tx = make_client_tx(client_cfg, bcast['hparams'])
-    return local_lib.LocalState(bcast['params'], tx.init(bcast['params']), bcast['params'])
+      return full_loss(estimators.merge(jax.lax.stop_gradient(p), estimators.subtree(p, trainable)), batch, rng)
+  base = fedavg_lib.fedavg(model, loss, client_cfg, optax.identity(), make_client_tx=make_client_tx)
 
   def client_step(bcast, local, batch, rng):
-    tx = make_client_tx(client_cfg, bcast['hparams'])
-    new, m = local_lib.local_step(local, batch, rng, loss_fn=loss, tx=tx)
+    new, m = base.client_step(bcast, local, batch, rng)
     if trainable is not None:
       new = new._replace(params=estimators.merge(local.params, estimators.subtree(new.params, trainable)))
     return new, m
@@ -95,7 +103,7 @@ def training_algorithm(model, client_cfg, summarize: Callable, *, trainable: Opt
   def client_final(bcast, local, client_state):
     del bcast, client_state
     return {'weighted': {}, 'uniform': {}}, summarize(local.params)
-  return _pass_algorithm('grouping_pretrain', client_init, client_step, client_final)
+  return base.replace(name='grouping_pretrain', client_step=client_step, client_final=client_final)
 
 
 def fisher_algorithm(apply_fn, feature_paths, *, mode: str):

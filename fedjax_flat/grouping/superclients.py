@@ -19,11 +19,14 @@ grouping.min_examples / max_clients would give: exactly min(N, K) superclients o
 clients, constraints not applied (groupers.py).
 
 The probe of psi_t2v: grouping.probe_pretrained (a params file, models/pretrained.py formats) or
-grouping.probe_checkpoint (a run directory), loaded with the pretrained loader (classifier re-initialized
-when its class count differs); with neither, and when the probe is the run's own model with config.init set,
-the run's initial params. Otherwise the probe is a RANDOMLY INITIALIZED network (a warning says so): its
-Fisher still separates clients by their data and the fine-tuned classifier, but not by the semantic and
-taxonomic similarity that Task2Vec gets from a pretrained probe (the thesis used an ImageNet ResNet18).
+grouping.probe_checkpoint (a run directory), loaded with the pretrained loader; with neither, and when the
+probe is the run's own model with config.init set, the run's initial params. Its classifier is always
+re-initialized (Task2Vec fits a new head per task) and fine-tuned on each client with Task2Vec's optimizer
+(Adam, lr grouping.probe_lr, weight decay 1e-4). Without any of the three the probe is a RANDOMLY
+INITIALIZED network (a warning says so): its Fisher still separates clients by their data through the
+fine-tuned head (on digits at alpha=0 it groups as well as a pretrained probe, benchmarks/README.fedseq.md),
+but it cannot reflect the semantic and taxonomic similarity that Task2Vec gets from pretrained features (the
+thesis used an ImageNet ResNet18).
 """
 from __future__ import annotations
 
@@ -158,6 +161,13 @@ def pretrain_outputs(config, model, data, params0, workdir) -> Dict[str, np.ndar
   return _cached_pass(workdir, 'pretrain', spec, ('clf', 'conf'), data.num_clients, compute)
 
 
+def _probe_classifier_key(config, model, params) -> str:
+  if config.grouping.probe_model:   # another architecture: config.init.classifier_key is the run model's
+    from fedjax_flat.models import pretrained
+    return pretrained.find_classifier_key(params, model.num_classes)
+  return _classifier_key(config, model, params)
+
+
 def probe_network(config, data, params0=None) -> Tuple[Any, Any, str]:
   """(probe model, its params, where they came from) for psi_t2v (module docstring)."""
   from fedjax_flat.models import pretrained
@@ -169,17 +179,21 @@ def probe_network(config, data, params0=None) -> Tuple[Any, Any, str]:
   model = model_registry.get_model(name, data.num_classes, data.input_shape, **kwargs)
   fresh = model.init(jax.random.fold_in(jax.random.key(grouping_seed(config)), PROBE_KEY),
                      jnp.zeros((1,) + tuple(data.input_shape), jnp.float32))
+  # Task2Vec fits a new classifier for the task: the probe's head is always the fresh one (a head trained on
+  # the same classes is already certain, and its Fisher carries no information on the client).
+  ckey = _probe_classifier_key(config, model, fresh)
   if g.probe_pretrained:
     params = pretrained.fit_params(model, fresh, pretrained.read_params(g.probe_pretrained),
-                                   source=g.probe_pretrained, reinit_classifier='auto')
+                                   source=g.probe_pretrained, reinit_classifier=True, classifier_key=ckey)
     return model, params, g.probe_pretrained
   if g.probe_checkpoint:
     _, src, step = init_lib.load_run(g.probe_checkpoint)
     params = pretrained.fit_params(model, fresh, src, source=f'{g.probe_checkpoint} (round {step})',
-                                   reinit_classifier='auto')
+                                   reinit_classifier=True, classifier_key=ckey)
     return model, params, f'{init_lib.run_dir_of(g.probe_checkpoint)} (round {step})'
   if not g.probe_model and init_lib.requested(config):
     params = params0 if params0 is not None else initial_params(config, model, data)
+    params = estimators.merge(params, estimators.subtree(fresh, estimators.split_paths(fresh, ckey)[1]))
     return model, params, 'config.init'
   logging.warning('grouping.estimator=t2v without a pretrained probe (grouping.probe_pretrained, '
                   'grouping.probe_checkpoint or config.init): the Task2Vec embeddings are those of a randomly '
@@ -193,13 +207,9 @@ def task2vec_outputs(config, data, workdir, params0=None) -> Dict[str, np.ndarra
   from fedjax_flat.training import transforms
   g = config.grouping
   seed = grouping_seed(config)
-  ccfg = pretrain.plain_client_cfg(config.client, g.pretrain_lr)
+  ccfg = pretrain.probe_client_cfg(config.client, g.probe_lr)
   model, params, source = probe_network(config, data, params0)
-  if g.probe_model:                 # another architecture: config.init.classifier_key is the run model's
-    from fedjax_flat.models import pretrained
-    ckey = pretrained.find_classifier_key(params, model.num_classes)
-  else:
-    ckey = _classifier_key(config, model, params)
+  ckey = _probe_classifier_key(config, model, params)
   feat, clf = estimators.split_paths(params, ckey)
   spec = {**_common_spec(config, data, ccfg), 'kind': 't2v', 'probe_model': model.name,
           'probe': pretrain.params_fingerprint(params), 'probe_source': source, 'classifier_key': ckey,

@@ -158,7 +158,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.grouping.distance = 'auto'           # | 'euclidean' | 'cosine' | 'normalized_cosine' | 'kl' | 'gini'
   c.grouping.min_examples = 1000         # |D_S|_min (thesis CIFAR: 1000)
   c.grouping.max_clients = 11            # K_S,max (thesis CIFAR: 11); 0 = no cap
-  c.grouping.pretrain_epochs = 10        # e: local epochs of the pre-training (t2v: of the classifier fine-tuning)
+  c.grouping.pretrain_epochs = 10        # e: local epochs of the pre-training (t2v: of the head fine-tuning)
   c.grouping.pretrain_lr = 0.0           # 0 = client.lr (the passes use the client optimizer without SAM/ASAM)
   c.grouping.public_per_class = 10       # J: test examples per class in the public set of 'conf'
   c.grouping.pca_variance = 0.9          # 'clf': explained variance kept by PCA (0 or 1 = no reduction)
@@ -168,6 +168,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.grouping.fisher = 'montecarlo'       # t2v: 'montecarlo' (one y ~ p(y|x) per example) | 'exact' (sum over y)
   c.grouping.probe_model = ''            # t2v: probe architecture ('' = config.model with config.model_kwargs)
   c.grouping.probe_model_kwargs = ml_collections.ConfigDict()
+  c.grouping.probe_lr = 4e-4             # t2v: Adam lr of the probe head's fine-tuning (Task2Vec's; wd 1e-4)
   c.grouping.probe_pretrained = ''       # t2v: probe params file (models/pretrained.py formats)
   c.grouping.probe_checkpoint = ''       # t2v: or a run directory; neither (and no config.init): random probe
   c.grouping.seed = -1                   # grouper / pre-training randomness; -1 = config.seed

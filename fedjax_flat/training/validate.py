@@ -195,6 +195,7 @@ def validate_grouping(cfg) -> None:
   _num(cfg, 'grouping.max_clients', lo=0, integer=True)
   _num(cfg, 'grouping.pretrain_epochs', lo=1, integer=True)
   _finite(cfg, 'grouping.pretrain_lr', lo=0)
+  _finite(cfg, 'grouping.probe_lr', lo=0, lo_open=True)
   _num(cfg, 'grouping.public_per_class', lo=1, integer=True)
   _finite(cfg, 'grouping.pca_variance', lo=0, hi=1)
   if not isinstance(g.pca_standardize, bool):
