@@ -5,9 +5,10 @@ superclient for every grouper x estimator, 3 seeds (benchmarks/README.fedseq.md,
 
 100 clients of 13-15 digits, 10 clients per class; |D_S|_min = 140, K_S,max = 11: 10 superclients of 10
 clients (a perfect grouping holds all 10 classes, label entropy log2(10) = 3.32 bits). Pre-training: 10
-epochs of SGD (lr 0.05, batch 16, wd 4e-4) from the run's w_0. t2v is run with a random probe (what happens
-without pretrained weights) and with a probe pretrained centrally on the 359 held-out test digits (a stand-in
-for the ImageNet ResNet18 the thesis used; the test split is the server-side public data, as D_pub of conf).
+epochs of SGD (lr 0.05, batch 16, wd 4e-4) from the run's w_0. t2v (head: 10 epochs of Adam lr 4e-4) is run
+with a random probe (what happens without pretrained weights) and with a probe pretrained centrally on the 359
+held-out test digits (a stand-in for the ImageNet ResNet18 the thesis used; the test split is the server-side
+public data, as D_pub of conf), each with the Monte-Carlo and the exact Fisher.
 Prints one Markdown table (mean +- std over seeds) and writes WORKDIR/groupings.json.
 """
 from __future__ import annotations
@@ -25,7 +26,9 @@ _WORKDIR = flags.DEFINE_string('workdir', '/tmp/grouping_digits', 'Cache and res
 _SEEDS = flags.DEFINE_string('seeds', '0,1,2', 'Comma-separated seeds (config.seed: w_0, pre-training, groupers).')
 _PROBE_EPOCHS = flags.DEFINE_integer('probe_epochs', 40, 'Epochs of the centrally trained t2v probe.')
 
-ESTIMATORS = (('clf', None), ('conf', None), ('t2v', 'random'), ('t2v', 'test-split'))
+# (estimator, t2v probe, t2v Fisher)
+ESTIMATORS = (('clf', None, None), ('conf', None, None), ('t2v', 'random', 'montecarlo'), ('t2v', 'random', 'exact'),
+              ('t2v', 'test-split', 'montecarlo'), ('t2v', 'test-split', 'exact'))
 METHODS = ('kmeans', 'greedy', 'icg')
 
 
@@ -97,12 +100,17 @@ def main(argv):
       assert s['each_client_once']
       rows.setdefault(name, []).append(s)
     record(('random', '', ''), sc.make_grouping(config, ctx, wd, method='random'))
-    for est, probe_kind in ESTIMATORS:
+    for est, probe_kind, fisher in ESTIMATORS:
       config.grouping.probe_pretrained = probe if probe_kind == 'test-split' else ''
+      config.grouping.fisher = fisher or 'montecarlo'
+      label = est + (f' ({probe_kind} probe, {fisher})' if probe_kind else '')
       for m in METHODS:
         g = sc.make_grouping(config, ctx, wd, method=m, estimator=est, distance='auto')
-        label = est + (f' ({probe_kind} probe)' if probe_kind else '')
         record((m, label, g.distance), g)
+      if est == 't2v':     # greedy with the other distances on the Fisher vectors
+        for dist in ('cosine', 'euclidean'):
+          record(('greedy', label, dist), sc.make_grouping(config, ctx, wd, method='greedy', estimator=est,
+                                                          distance=dist))
       if est == 'conf':   # the other probability-vector diversity score of the reference code
         record(('greedy', 'conf', 'gini'), sc.make_grouping(config, ctx, wd, method='greedy', estimator='conf',
                                                             distance='gini'))
