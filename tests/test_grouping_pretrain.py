@@ -151,6 +151,16 @@ def test_cache_is_reused_by_regrouping_and_resumes(ctx, tmp_path, monkeypatch):
   assert spec['procedure'] == pretrain.PROCEDURE and spec['kind'] == 'pretrain'
 
 
+def test_without_a_workdir_regroupings_reuse_the_passes_in_memory(ctx, monkeypatch):
+  calls = _counting(monkeypatch)
+  config = _config()
+  config.grouping.method, config.grouping.estimator = 'icg', 'conf'
+  config.grouping.seed = 11                       # a key no other test computed in this process
+  a = [sc.build_superclients(config, ctx, None, num_superclients=n) for n in (2, 3, 2)]
+  assert calls == ['pre-training'] and [len(g) for g in a] == [2, 3, 2]
+  assert [g.tolist() for g in a[0]] == [g.tolist() for g in a[2]]
+
+
 def test_a_corrupt_cache_file_is_recomputed(ctx, tmp_path, monkeypatch, caplog):
   calls = _counting(monkeypatch)
   config = _config()

@@ -9,10 +9,10 @@ starts from: model.init with key fold_in(key(config.seed), 0), then config.init 
 
 Client representations come from `representations`: psi_clf and psi_conf from one pre-training pass (every
 client trains w_0 for grouping.pretrain_epochs epochs), psi_t2v from the probe network (classifier
-fine-tuning pass + Fisher pass). All passes are cached in WORKDIR/grouping/ (workdir=None: no cache), so
-regrouping (FedSeq2Par calls this with a growing num_superclients) and resumed runs compute nothing again;
-the groupers themselves are cheap and deterministic from grouping.seed, so a resumed run gets the same
-superclients. Each call also writes WORKDIR/grouping/superclients[-n<N>].json (ids + statistics).
+fine-tuning pass + Fisher pass). All passes are cached in WORKDIR/grouping/ (workdir=None: the last few in
+memory), so regrouping (FedSeq2Par calls this with a growing num_superclients) and resumed runs compute
+nothing again; the groupers themselves are cheap and deterministic from grouping.seed, so a resumed run gets
+the same superclients. Each call also writes WORKDIR/grouping/superclients[-n<N>].json (ids + statistics).
 
 num_superclients (FedSeq2Par's growth function) overrides the number of superclients that the constraints
 grouping.min_examples / max_clients would give: exactly min(N, K) superclients of K // N or K // N + 1
@@ -24,12 +24,13 @@ probe is the run's own model with config.init set, the run's initial params. Its
 re-initialized (Task2Vec fits a new head per task) and fine-tuned on each client with Task2Vec's optimizer
 (Adam, lr grouping.probe_lr, weight decay 1e-4). Without any of the three the probe is a RANDOMLY
 INITIALIZED network (a warning says so): its Fisher still separates clients by their data through the
-fine-tuned head (on digits at alpha=0 it groups as well as a pretrained probe, benchmarks/README.fedseq.md),
+fine-tuned head (digits at alpha=0, exact Fisher: as well as a pretrained probe; benchmarks/README.fedseq.md),
 but it cannot reflect the semantic and taxonomic similarity that Task2Vec gets from pretrained features (the
 thesis used an ImageNet ResNet18).
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -120,16 +121,27 @@ def _common_spec(config, data, client_cfg) -> Dict[str, Any]:
           'normalize': config.normalize}
 
 
+# Without a workdir, the last results of this process by cache key, so that regroupings (FedSeq2Par plans
+# every regrouping of a run at its start) do not redo the passes. A pure memo: same key, same arrays.
+_MEMO: 'collections.OrderedDict[str, Dict[str, np.ndarray]]' = collections.OrderedDict()
+MEMO_SIZE = 4
+
+
 def _cached_pass(workdir, kind, spec, names, num_clients, compute) -> Dict[str, np.ndarray]:
-  path = pretrain.cache_path(workdir, kind, pretrain.cache_key(spec)) if workdir else None
-  if path:
-    hit = pretrain.load_cached(path, names, num_clients)
-    if hit is not None:
-      logging.info('grouping: %s reused from %s', kind, path)
-      return hit
+  key = pretrain.cache_key(spec)
+  if not workdir:
+    if key not in _MEMO:
+      _MEMO[key] = compute()
+      while len(_MEMO) > MEMO_SIZE:
+        _MEMO.popitem(last=False)
+    return {k: np.array(v) for k, v in _MEMO[key].items()}
+  path = pretrain.cache_path(workdir, kind, key)
+  hit = pretrain.load_cached(path, names, num_clients)
+  if hit is not None:
+    logging.info('grouping: %s reused from %s', kind, path)
+    return hit
   out = compute()
-  if path:
-    pretrain.save_cached(path, out, spec)
+  pretrain.save_cached(path, out, spec)
   return out
 
 
