@@ -142,10 +142,14 @@ def fisher_sums(apply_fn: Callable, params, batch, rng, *, feature_paths, mode: 
     return jax.nn.log_softmax(apply_fn(merge(params, feat), x[None])[0].astype(jnp.float32))
 
   def one(x, key, valid):
-    if mode == 'exact':
-      jac = jax.jacrev(log_probs)(feats, x)                              # leaves [C, ...]
+    if mode == 'exact':                 # one class at a time: memory of one gradient, not N_C
       p = jnp.exp(log_probs(feats, x))
-      term = jax.tree_util.tree_map(lambda j: jnp.tensordot(p, jnp.square(j), axes=1), jac)
+
+      def add_class(acc, c):
+        g = jax.grad(lambda f: log_probs(f, x)[c])(feats)
+        return jax.tree_util.tree_map(lambda a, t: a + p[c] * jnp.square(t), acc, g), None
+      zeros = jax.tree_util.tree_map(lambda v: jnp.zeros(v.shape, jnp.float32), feats)
+      term, _ = jax.lax.scan(add_class, zeros, jnp.arange(p.shape[0]))
     else:
       y = jax.random.categorical(key, log_probs(feats, x))
       g = jax.grad(lambda f: log_probs(f, x)[y])(feats)
