@@ -71,11 +71,11 @@ def main(argv):
     for m in methods:
       if m not in grouping.groupers.METHODS:
         raise validate.ConfigError('compare', m, f'allowed values: {list(grouping.groupers.METHODS)}')
+    ctx = grouping.GroupingContext.from_config(config)
+    validate.validate_against_data(config, ctx.data)
   except validate.ConfigError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
-  ctx = grouping.GroupingContext.from_config(config)
-  validate.validate_against_data(config, ctx.data)
   workdir = os.path.abspath(_WORKDIR.value)
   n = _NUM.value or None
   main_grouping = sc.make_grouping(config, ctx, workdir, n)
