@@ -36,6 +36,10 @@ class ChecksumError(DownloadError):
   """The fetched bytes do not match the expected size or checksum (the .part file was deleted)."""
 
 
+class ManualDownloadRequired(DownloadError):
+  """The dataset cannot be fetched by a program (login, request form): the message says what to do."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Resource:
   filename: str
@@ -84,7 +88,7 @@ RESOURCES: Dict[str, List[Resource]] = {
 }
 GLDV2_BASE_URL = 'https://s3.amazonaws.com/google-landmark'
 GLDV2_NUM_TRAIN_SHARDS = 500
-DATASETS = tuple(RESOURCES) + ('gldv2_images',)
+DATASETS = tuple(RESOURCES) + ('gldv2_images', 'feddrive_splits', 'cityscapes', 'idda')
 
 
 def _hash(path: str, algo: str) -> str:
@@ -255,6 +259,12 @@ def download(dataset: str, data_dir: str, *, opener=None, progress=None, shards:
   if dataset == 'gldv2_images':
     return download_gldv2_images(data_dir, shards or range(GLDV2_NUM_TRAIN_SHARDS), opener=opener,
                                  progress=progress)
+  if dataset == 'feddrive_splits':
+    return download_feddrive_splits(data_dir, opener=opener)
+  if dataset == 'cityscapes':
+    return prepare_cityscapes(data_dir)
+  if dataset == 'idda':
+    return check_idda(data_dir)
   if dataset not in RESOURCES:
     raise ValueError(f'unknown dataset {dataset!r}; allowed: {DATASETS}')
   paths = [fetch(r, data_dir, opener=opener, progress=progress) for r in RESOURCES[dataset]]
@@ -290,3 +300,53 @@ def download_gldv2_images(data_dir: str, shards: Sequence[int], *, opener=None, 
     open(marker, 'w').close()
     done.append(marker)
   return done
+
+
+# ----------------------------------------------------------------------------------------------------
+# Segmentation (FedDrive): split files from the release; Cityscapes and IDDA need a manual step.
+
+
+def download_feddrive_splits(data_dir: str, *, opener=None) -> List[str]:
+  """FedDrive's released split JSONs (sha256-pinned) into <data_dir>/feddrive_splits/<dataset>/..."""
+  from fedjax_flat.data import feddrive_splits as fds
+  paths = [fetch(Resource(os.path.join('feddrive_splits', *path.split('/')), fds.release_url(path), size,
+                          sha256=sha), data_dir, opener=opener)
+           for path, size, sha in fds.RELEASED_FILES]
+  return sorted({os.path.dirname(os.path.dirname(p)) for p in paths})
+
+
+def prepare_cityscapes(data_dir: str) -> List[str]:
+  """Extracts the official zips placed in <data_dir>/cityscapes/; without them says where to get them."""
+  from fedjax_flat.data import cityscapes
+  root = cityscapes.default_root(data_dir)
+  ready = lambda: all(os.path.isdir(os.path.join(root, d, s)) for d in ('leftImg8bit', 'gtFine')
+                      for s in ('train', 'val'))
+  if ready():
+    return [root]
+  zips = [os.path.join(root, name) for name in cityscapes.URLS]
+  if all(os.path.isfile(z) for z in zips):
+    for z in zips:
+      safe_extract_zip(z, root)
+    if ready():
+      return [root]
+    raise DownloadError(f'extracted {zips} but {root} still lacks leftImg8bit/{{train,val}} and gtFine/{{train,val}}')
+  urls = '\n'.join(f'  {name}: {url}' for name, url in cityscapes.URLS.items())
+  raise ManualDownloadRequired(
+      f'Cityscapes needs a login at https://www.cityscapes-dataset.com (free registration). Download\n{urls}\n'
+      f'and put both zips in {root}/, then re-run this command to extract them. Expected layout:\n'
+      f'  {root}/leftImg8bit/{{train,val}}/<city>/<city>_<seq>_<frame>_leftImg8bit.png\n'
+      f'  {root}/gtFine/{{train,val}}/<city>/<city>_<seq>_<frame>_gtFine_labelIds.png')
+
+
+def check_idda(data_dir: str) -> List[str]:
+  """IDDA is distributed on request: checks the layout or says where to get it and where to put it."""
+  from fedjax_flat.data import idda
+  root = idda.default_root(data_dir)
+  if os.path.isdir(root) and any(os.path.isdir(os.path.join(root, d, idda.IMAGE_DIR)) for d in os.listdir(root)):
+    return [root]
+  raise ManualDownloadRequired(
+      'IDDA is distributed on request: ask for the "IDDA V3" release at '
+      'https://idda-dataset.github.io/home/download/ (FedDrive uses its IDDAsmall folder). Extract it so that\n'
+      f'  {root}/<domain>/{idda.IMAGE_DIR}/<id>_<domain>{idda.IMAGE_EXT}\n'
+      f'  {root}/<domain>/{idda.LABEL_DIR}/<id>_<domain>{idda.LABEL_EXT}\n'
+      'with <domain> = T<town>_<weather>_<viewpoint> (e.g. T01_CN_A), then re-run this command to check it.')

@@ -34,11 +34,11 @@ import logging
 import math
 import os
 import threading
-from collections import OrderedDict
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from fedjax_flat.data.prefetch import prefetch_map
 from fedjax_flat.data.registry import register
 
 SPLITS = {
@@ -390,17 +390,7 @@ class LandmarksSource:
   def prefetch_clients(self, ids: Sequence[int], max_in_flight: Optional[int] = None
                        ) -> Iterator[Tuple[int, Tuple[np.ndarray, np.ndarray]]]:
     """Yields (k, client_examples(k)) in order while later clients decode in the background pool."""
-    pool = self._get_pool()
-    max_in_flight = max_in_flight or 2 * self.num_workers
-    pending: 'OrderedDict[int, cf.Future]' = OrderedDict()
-    ids = list(ids)
-    nxt = 0
-    while nxt < len(ids) or pending:
-      while nxt < len(ids) and len(pending) < max_in_flight:
-        pending[nxt] = pool.submit(self.client_examples, int(ids[nxt]))
-        nxt += 1
-      j, fut = pending.popitem(last=False)
-      yield int(ids[j]), fut.result()
+    return prefetch_map(self._get_pool(), self.client_examples, ids, max_in_flight or 2 * self.num_workers)
 
   def close(self):
     if self._pool is not None:

@@ -2,10 +2,14 @@
 
 Fields (validated by `training/validate.py` before anything is compiled):
   seed                 run seed (init, sampling, batch order, augmentation all derive from it)
-  dataset, data        dataset name (data/registry.py) and its builder kwargs
+  dataset, data        dataset name (data/registry.py) and its builder kwargs; the segmentation datasets'
+                       data fields (cityscapes, idda, seg_synthetic: reader, split, on-device augmentation,
+                       style transfer) are declared in SEGMENTATION_DATA below (`segmentation_data(name)`)
   model, model_kwargs  model name (models/registry.py) and builder kwargs (e.g. conv_impl)
-  augment              on-device augmentation preset: 'none' | 'cifar' | 'cifar_cutout' | 'landmarks'
-  normalize            normalization preset for train and eval ('none', 'cifar10', 'cifar100', 'imagenet')
+  augment              on-device augmentation preset: 'none' | 'cifar' | 'cifar_cutout' | 'landmarks' |
+                       'segmentation' (image + label map: style, scale + crop, flip, jitter; config.data.*)
+  normalize            normalization preset for train and eval ('none', 'cifar10', 'cifar100', 'imagenet',
+                       'feddrive' = mean 0.5 / std 0.5)
   algorithm, algo      algorithm name (algorithms/registry.py) and its hyperparameters
   rounds, clients_per_round
   client               local training: optimizer ('sgd'|'sam'|'asam'), lr, momentum, weight_decay,
@@ -150,3 +154,46 @@ def default_config() -> ml_collections.ConfigDict:
   # Published result of the paper cell this config reproduces (experiments/report.py puts it beside ours).
   c.published = ml_collections.ConfigDict()
   return c
+
+
+# config.data of the segmentation datasets: the augmentation fields (read by training/transforms.py when
+# augment='segmentation'; data/augment.py make_seg_augment, data/style_transfer.py) and each dataset's own
+# builder fields. Defaults follow the FedDrive release's configs (Cityscapes: cv2 random scale 0.5-1.5 +
+# 512 x 1024 crop, colour jitter 0.4, the data doubled with flipped copies instead of random flips; IDDA:
+# images resized to 1024 x 1856 at load, random resized crop area 0.5-2.0 to 512 x 928, random flip).
+_SEG_AUGMENT = dict(
+    crop=(512, 1024),          # (h, w) of the training crops; () = keep the loaded size (no scale/crop)
+    scale=(0.5, 1.5),          # scale_crop: resize factor range; resized_crop: crop area fraction range
+    scale_mode='scale_crop',   # 'scale_crop' (Cityscapes release) | 'resized_crop' (IDDA release)
+    flip=True,                 # random horizontal flip (image and label map together)
+    jitter=0.0,                # colour jitter strength (brightness/contrast/saturation); 0 = off
+    style='none',              # style-transfer DG on half of each batch: 'none' | 'cfsi' | 'lab'
+    style_fraction=0.5,        # fraction of each batch's valid examples restyled
+    cfsi_window=0.05,          # CFSI low-frequency window (fraction of H and W)
+    style_max_per_client=0,    # bank entries per client (0 = every image, as the release)
+    shuffle=True,              # data/batching.py: reshuffle every epoch
+)
+SEGMENTATION_DATA = {
+    'cityscapes': dict(
+        _SEG_AUGMENT, jitter=0.4, flip=False, data_dir='', root='', distribution='heterogeneous',
+        split_source='generate', split_dir='', seed=0, image_size=(), num_clients=146, clients_per_city=8,
+        double=True, num_workers=2, cache_clients=0),
+    'idda': dict(
+        _SEG_AUGMENT, crop=(512, 928), scale=(0.5, 2.0), scale_mode='resized_crop', data_dir='', root='',
+        setting='country', distribution='heterogeneous', split_source='generate', split_dir='', seed=0,
+        image_size=(1024, 1856), double=False, num_workers=2, cache_clients=0),
+    'seg_synthetic': dict(
+        _SEG_AUGMENT, crop=(64, 64), scale=(0.75, 1.5), num_domains=6, unseen_domains=2, clients_per_domain=3,
+        examples_per_client=24, client_test_examples=6, unseen_test_per_domain=24, image_size=(64, 64),
+        max_shapes=3, class_alpha=2.0, client_jitter=0.05, ignore_border=True, seed=0),
+}
+
+
+def segmentation_data(dataset: str, **overrides) -> ml_collections.ConfigDict:
+  """config.data for a segmentation dataset: its declared fields with their defaults, then overrides."""
+  if dataset not in SEGMENTATION_DATA:
+    raise ValueError(f'{dataset!r} is not a segmentation dataset; allowed: {sorted(SEGMENTATION_DATA)}')
+  unknown = sorted(set(overrides) - set(SEGMENTATION_DATA[dataset]))
+  if unknown:
+    raise ValueError(f'unknown config.data fields {unknown} for dataset {dataset!r}')
+  return ml_collections.ConfigDict({**SEGMENTATION_DATA[dataset], **overrides})

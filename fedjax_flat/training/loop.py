@@ -62,7 +62,7 @@ class Trainer:
     self.model = model_registry.get_model(config.model, self.data.num_classes, self.data.input_shape,
                                           **config.model_kwargs.to_dict())
     self.algorithm = alg_registry.build_algorithm(config, self.model, population=self.data.num_clients)
-    self.train_transform, self.eval_transform = transforms.make_transforms(config, self.data.num_classes)
+    self.train_transform, self.eval_transform = transforms.make_transforms(config, self.data.num_classes, data=self.data)
 
     ec = config.engine
     self.strategy = engine_lib.resolve_strategy(ec.strategy)
