@@ -86,7 +86,7 @@ def test_cityscapes_uniform_double_resize_prefetch(cs_root):
 
 def test_cityscapes_split_saved_and_reused(cs_root, tmp_path):
   data_dir, _ = cs_root
-  a = cityscapes.load(data_dir, distribution='uniform', num_clients=5, seed=3)
+  a = cityscapes.load(data_dir, distribution='uniform', num_clients=5, seed=3, double=False)
   path = fds.split_dir(data_dir, 'cityscapes', 'uniform_k5', 3)
   with open(os.path.join(path, 'meta.json')) as f:
     meta = json.load(f)

@@ -111,7 +111,7 @@ def get_split(root: str, distribution: str, *, data_dir: str, seed: int = 0, spl
 
 def load(data_dir: Optional[str] = None, *, root: str = '', distribution: str = 'heterogeneous',
          split_source: str = 'generate', split_dir: str = '', seed: int = 0, image_size: Sequence[int] = (),
-         num_clients: int = 146, clients_per_city: int = fds.CITYSCAPES_CLIENTS_PER_CITY, double: bool = False,
+         num_clients: int = 146, clients_per_city: int = fds.CITYSCAPES_CLIENTS_PER_CITY, double: bool = True,
          num_workers: int = 2, cache_clients: int = 0) -> SegmentationSource:
   """The FedDrive Cityscapes split as a SegmentationSource (see the module docstring)."""
   from fedjax_flat.data.cifar import default_data_dir
@@ -129,7 +129,7 @@ def load(data_dir: Optional[str] = None, *, root: str = '', distribution: str = 
 
 @register('cityscapes')
 def _cityscapes(data_dir='', root='', distribution='heterogeneous', split_source='generate', split_dir='', seed=0,
-                image_size=(), num_clients=146, clients_per_city=fds.CITYSCAPES_CLIENTS_PER_CITY, double=False,
+                image_size=(), num_clients=146, clients_per_city=fds.CITYSCAPES_CLIENTS_PER_CITY, double=True,
                 num_workers=2, cache_clients=0, **unused):
   del unused   # augmentation fields of config.data (crop, scale, style, ...) are read by training/transforms.py
   return load(data_dir or None, root=root, distribution=distribution, split_source=split_source,
