@@ -8,7 +8,10 @@ next attempt resumes. Only urllib is used.
 
 `download(dataset, data_dir)` fetches every file of a dataset and runs its post-processing (archive
 extraction with path checks; CIFAR100-PAM: LZMA-decompress TFF's cifar100.sqlite and convert it to
-FedJAX's per-client SQLite files without TensorFlow).
+FedJAX's per-client SQLite files without TensorFlow). Segmentation: `feddrive_splits` fetches FedDrive's
+released split JSONs (sha256-pinned); Cityscapes (login) and IDDA (on request) cannot be fetched by a
+program, so `cityscapes` extracts the official zips once they are placed by hand and otherwise raises
+`ManualDownloadRequired` with the URLs and the expected layout, and `idda` checks the layout likewise.
 """
 from __future__ import annotations
 
