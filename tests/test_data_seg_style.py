@@ -173,12 +173,12 @@ def test_apply_style_changes_exactly_the_chosen_half(synth, kind):
   bank = S.build_style_bank(kind, synth)
   x, _ = synth.client_examples(1)
   x = jnp.asarray(x[:4], jnp.float32) / 255
-  mask = jnp.ones(4)
+  mask = jnp.array([1.0, 1.0, 1.0, 0.0])                              # a partial batch: 3 valid
   out = np.asarray(jax.jit(lambda k: S.apply_style(k, x, mask, bank, 0.5, client=1))(KEY))
   assert out.shape == x.shape and out.min() >= 0 and out.max() <= 1
   changed = np.abs(out - np.asarray(x)).reshape(4, -1).max(1) > 1e-6
   chosen = np.asarray(S.select_subset(jax.random.split(KEY, 3)[0], mask, 0.5))
-  assert chosen.sum() == 2
+  assert chosen.sum() == 2 and not chosen[3]                            # round(1.5) = 2, never the padding
   np.testing.assert_array_equal(out[~chosen], np.asarray(x)[~chosen])   # the other half is untouched
   assert changed[chosen].any()
   with pytest.raises(ValueError, match='style bank was built at'):

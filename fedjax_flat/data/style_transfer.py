@@ -30,6 +30,11 @@ RGB <-> LAB here: sRGB (IEC 61966-2-1 transfer curve) -> linear RGB -> XYZ (sRGB
 CIE 1976 L*a*b* with the D65 white (0.95047, 1, 1.08883), as OpenCV's float conversion. Tested against an
 independent numpy implementation (tests/test_data_seg_style.py).
 
+Bank size: LAB 24 bytes per image; CFSI (2 h_l + 1)(2 w_l + 1) x 3 x 4 bytes per image, e.g. 253 KB at
+1024 x 2048 (Cityscapes: 0.75 GB for 2,975 images; `max_per_client` caps it). The bank is a constant of the
+round program: for large banks run with JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=True so XLA receives it as an
+argument instead of embedding it in the HLO (training/transforms.py warns above 64 MB).
+
 Which images: each step restyles exactly round(fraction * n_valid) of the batch's valid examples, a random
 subset (keyed by the step key). Batches are reshuffled every epoch, so over training every image is
 restyled about half of the time; the release restyles the images at even positions of each client's list
@@ -226,14 +231,18 @@ def build_style_bank(kind: str, data, *, window: float = CFSI_WINDOW, max_per_cl
                    num_clients=int(data.num_clients), image_shape=shape, window=float(window))
 
 
+def _subset_rank(rng, mask, fraction: float):
+  """(rank [B], count): valid examples ranked first in random order; the first `count` are chosen."""
+  valid = mask > 0
+  count = jnp.floor(fraction * jnp.sum(valid) + 0.5).astype(jnp.int32)
+  keys = jnp.where(valid, jax.random.uniform(rng, valid.shape), 2.0)
+  return jnp.argsort(jnp.argsort(keys)), count
+
+
 def select_subset(rng, mask, fraction: float):
   """Exactly round(fraction * n_valid) of the valid examples of a masked batch, a random subset: bool [B]."""
-  valid = mask > 0
-  n_valid = jnp.sum(valid)
-  count = jnp.floor(fraction * n_valid + 0.5).astype(jnp.int32)
-  keys = jnp.where(valid, jax.random.uniform(rng, valid.shape), 2.0)
-  rank = jnp.argsort(jnp.argsort(keys))      # valid examples first, in random order
-  return valid & (rank < count)
+  rank, count = _subset_rank(rng, mask, fraction)
+  return rank < count
 
 
 def sample_entries(rng, bank_owners, batch_size: int, client=None):
@@ -255,14 +264,21 @@ def apply_style(rng, x, mask, bank: StyleBank, fraction: float = 0.5, client=Non
   if tuple(x.shape[1:3]) != tuple(bank.image_shape):
     raise ValueError(f'images are {tuple(x.shape[1:3])} but the style bank was built at {bank.image_shape}; '
                      'build it from the same images the augmentation sees (before cropping)')
+  b = x.shape[0]
+  # At most k = round(fraction * B) examples are chosen (n_valid <= B): only k slots are transformed.
+  k = min(b, int(math.floor(fraction * b + 0.5)))
+  if k == 0:
+    return x
   k_sel, k_idx, k_lam = jax.random.split(rng, 3)
-  chosen = select_subset(k_sel, mask, fraction)
+  rank, count = _subset_rank(k_sel, mask, fraction)
+  slots = jnp.argsort(rank)[:k]                 # the k lowest ranks hold every chosen example
   entries = jnp.asarray(bank.entries) if entries is None else entries
-  idx = sample_entries(k_idx, bank.owners, x.shape[0], client)
-  target = entries[idx]
+  target = entries[sample_entries(k_idx, bank.owners, k, client)]
+  xs = x[slots]
   if bank.kind == 'cfsi':
-    lam = jax.random.uniform(k_lam, (x.shape[0],))
-    styled = jax.vmap(lambda a, t, l: cfsi(a, t, l, bank.window))(x, target, lam)
+    lam = jax.random.uniform(k_lam, (k,))
+    styled = jax.vmap(lambda a, t, l: cfsi(a, t, l, bank.window))(xs, target, lam)
   else:
-    styled = jax.vmap(lab_transfer)(x, target)
-  return jnp.where(chosen[:, None, None, None], styled, x)
+    styled = jax.vmap(lab_transfer)(xs, target)
+  keep = (rank[slots] < count)[:, None, None, None]
+  return x.at[slots].set(jnp.where(keep, styled, xs))
