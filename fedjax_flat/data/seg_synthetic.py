@@ -19,7 +19,7 @@ Returned FederatedDataset (uint8 images [N, H, W, 3], uint8 label maps [N, H, W]
   test clients            a separate population: 'seen' (every training client's held-out images) and
                           'unseen' (unseen_test_per_domain images of each unseen domain)
   test_examples()         seen + unseen together
-Extra attributes: class_names, ignore_index, label_shape, domain_names, unseen_domain_ids, client_domain [K],
+task: per-pixel classification with ignore index 255 (fedjax_flat/tasks.py). Extra attributes: class_names, ignore_index, domain_names, unseen_domain_ids, client_domain [K],
 test_domain [N_test], domain_styles (gain, offset, gamma per domain).
 
 Everything is a function of the arguments (numpy Generators keyed by (seed, part, index)); the default set
@@ -31,6 +31,7 @@ from typing import Sequence, Tuple
 
 import numpy as np
 
+from fedjax_flat import tasks
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.data.registry import register
 
@@ -175,10 +176,10 @@ def load(*, num_domains: int = 6, unseen_domains: int = 2, clients_per_domain: i
       num_classes=len(CLASS_NAMES), name=f'seg_synthetic(domains={num_domains},unseen={unseen_domains})',
       client_test_indices=client_tests,
       client_names=[f'd{client_domain[k]}_c{k % clients_per_domain}' for k in range(len(clients))],
-      test_population_indices=[seen_pop, np.arange(t0, t0 + n_unseen)], test_client_names=['seen', 'unseen'])
+      test_population_indices=[seen_pop, np.arange(t0, t0 + n_unseen)], test_client_names=['seen', 'unseen'],
+      task=tasks.DenseClassification(ignore_index=IGNORE))
   ds.class_names = CLASS_NAMES
   ds.ignore_index = IGNORE
-  ds.label_shape = size
   ds.domain_names = [f'domain{d}' for d in range(num_domains)]
   ds.unseen_domain_ids = list(range(num_domains - unseen_domains, num_domains))
   ds.client_domain = np.asarray(client_domain, np.int32)

@@ -34,6 +34,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from fedjax_flat import tasks
 from fedjax_flat.data.prefetch import prefetch_map
 
 IGNORE = 255
@@ -146,6 +147,7 @@ class SegmentationSource:
     self.class_names = tuple(class_names)
     self.num_classes = len(self.class_names)
     self.ignore_index = IGNORE
+    self.task = tasks.DenseClassification(ignore_index=IGNORE)    # per-pixel loss / metrics (tasks.py)
     self.resample = resample
     self.label_rgb_channel = label_rgb_channel
     self.double = bool(double)
