@@ -1,6 +1,5 @@
 """Segmentation augmentations on the device: against a numpy resize -> pad -> crop reference, label values
 preserved (only original ids or 255), shapes, determinism, one compile under vmap + scan."""
-import math
 
 import jax
 import jax.numpy as jnp

@@ -1,7 +1,6 @@
 """FedDrive split procedures at full scale (file names only): the counts of the released split files."""
 import collections
 
-import numpy as np
 import pytest
 
 from fedjax_flat.data import cityscapes, feddrive_splits as fds

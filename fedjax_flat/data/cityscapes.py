@@ -90,11 +90,7 @@ def get_split(root: str, distribution: str, *, data_dir: str, seed: int = 0, spl
               split_dir: str = '', num_clients: int = 146,
               clients_per_city: int = fds.CITYSCAPES_CLIENTS_PER_CITY) -> fds.Split:
   if split_source == 'released':
-    path = split_dir or fds.released_dir(data_dir, 'cityscapes', distribution)
-    if not os.path.isdir(path):
-      raise FileNotFoundError(f'FedDrive split files not found in {path}. Get them with: python '
-                              f'experiments/download.py --dataset=feddrive_splits --data_dir={data_dir}')
-    return fds.load_released(path)
+    return fds.load_released_split(data_dir, 'cityscapes', distribution, split_dir=split_dir)
   if split_source != 'generate':
     raise ValueError(f"split_source={split_source!r}; allowed: 'generate', 'released'")
   train, test = find_images(root, 'train'), find_images(root, 'val')

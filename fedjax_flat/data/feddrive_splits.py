@@ -158,6 +158,16 @@ def released_dir(data_dir: str, dataset: str, distribution: str, setting: Option
   return os.path.join(*parts)
 
 
+def load_released_split(data_dir: str, dataset: str, distribution: str, setting: Optional[str] = None,
+                        split_dir: str = '') -> Split:
+  """The release's split of a setting from split_dir or its place under data_dir; names the download."""
+  path = split_dir or released_dir(data_dir, dataset, distribution, setting)
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f'FedDrive split files not found in {path}. Get them with: python '
+                            f'experiments/download.py --dataset=feddrive_splits --data_dir={data_dir}')
+  return load_released(path)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Saved generated splits.
 

@@ -91,11 +91,7 @@ def get_split(root: str, setting: str, distribution: str, *, data_dir: str, seed
   if setting not in fds.IDDA_SETTINGS:
     raise ValueError(f'setting={setting!r}; allowed: {fds.IDDA_SETTINGS}')
   if split_source == 'released':
-    path = split_dir or fds.released_dir(data_dir, 'idda', distribution, setting)
-    if not os.path.isdir(path):
-      raise FileNotFoundError(f'FedDrive split files not found in {path}. Get them with: python '
-                              f'experiments/download.py --dataset=feddrive_splits --data_dir={data_dir}')
-    return fds.load_released(path)
+    return fds.load_released_split(data_dir, 'idda', distribution, setting, split_dir)
   if split_source != 'generate':
     raise ValueError(f"split_source={split_source!r}; allowed: 'generate', 'released'")
   items = find_images(root)

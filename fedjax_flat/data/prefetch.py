@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 from collections import OrderedDict
-from typing import Callable, Iterator, Sequence, Tuple, TypeVar
+from typing import Callable, Iterator, Optional, Sequence, Tuple, TypeVar
 
 T = TypeVar('T')
 
@@ -20,3 +20,32 @@ def prefetch_map(pool: cf.Executor, fn: Callable[[int], T], ids: Sequence[int],
       nxt += 1
     j, fut = pending.popitem(last=False)
     yield ids[j], fut.result()
+
+
+class DecodePool:
+  """Mixin of out-of-memory sources: a lazily started decoding pool and `prefetch_clients`.
+
+  The class sets `num_workers`, `_lock` (a threading.Lock) and `_pool = None`, and has `client_examples(k)`.
+  """
+  _pool_prefix = 'decode'
+
+  def prefetch_clients(self, ids: Sequence[int], max_in_flight: Optional[int] = None) -> Iterator[Tuple[int, T]]:
+    """Yields (k, client_examples(k)) in order while later clients decode in the background pool."""
+    return prefetch_map(self._get_pool(), self.client_examples, ids, max_in_flight or 2 * self.num_workers)
+
+  def close(self):
+    if self._pool is not None:
+      self._pool.shutdown(wait=True)
+      self._pool = None
+
+  def __del__(self):  # pragma: no cover
+    try:
+      self.close()
+    except Exception:
+      pass
+
+  def _get_pool(self) -> cf.ThreadPoolExecutor:
+    with self._lock:
+      if self._pool is None:
+        self._pool = cf.ThreadPoolExecutor(self.num_workers, thread_name_prefix=self._pool_prefix)
+      return self._pool

@@ -35,7 +35,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from fedjax_flat import tasks
-from fedjax_flat.data.prefetch import prefetch_map
+from fedjax_flat.data.prefetch import DecodePool, prefetch_map
 
 IGNORE = 255
 RESAMPLE = ('bilinear', 'bicubic', 'nearest')
@@ -128,8 +128,9 @@ def decode_pair(image_path: str, label_path: str, lut: np.ndarray, size: Optiona
   return x, map_labels(raw, lut)
 
 
-class SegmentationSource:
+class SegmentationSource(DecodePool):
   """A federated segmentation split over image/label files (ClientDataSource protocol, see module doc)."""
+  _pool_prefix = 'segmentation-decode'
 
   def __init__(self, *, name: str, image_root: str, label_root: str, clients: Sequence[SegClient],
                test_clients: Sequence[SegClient], lut: np.ndarray, class_names: Sequence[str],
@@ -227,30 +228,7 @@ class SegmentationSource:
       for _, xy in prefetch_map(self._get_pool(), part, starts, 2):
         yield xy
 
-  # -- prefetching ---------------------------------------------------------------------------------
-  def prefetch_clients(self, ids: Sequence[int], max_in_flight: Optional[int] = None
-                       ) -> Iterator[Tuple[int, Tuple[np.ndarray, np.ndarray]]]:
-    """Yields (k, client_examples(k)) in order while later clients decode in the background pool."""
-    return prefetch_map(self._get_pool(), self.client_examples, ids, max_in_flight or 2 * self.num_workers)
-
-  def close(self):
-    if self._pool is not None:
-      self._pool.shutdown(wait=True)
-      self._pool = None
-
-  def __del__(self):  # pragma: no cover
-    try:
-      self.close()
-    except Exception:
-      pass
-
   # -- internals -----------------------------------------------------------------------------------
-  def _get_pool(self) -> cf.ThreadPoolExecutor:
-    with self._lock:
-      if self._pool is None:
-        self._pool = cf.ThreadPoolExecutor(self.num_workers, thread_name_prefix=f'{self.name}-decode')
-      return self._pool
-
   def _image_path(self, c: SegClient, i: int) -> str:
     return safe_join(self.image_root, c.images[i])
 
