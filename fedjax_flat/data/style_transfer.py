@@ -30,6 +30,10 @@ RGB <-> LAB here: sRGB (IEC 61966-2-1 transfer curve) -> linear RGB -> XYZ (sRGB
 CIE 1976 L*a*b* with the D65 white (0.95047, 1, 1.08883), as OpenCV's float conversion. Tested against an
 independent numpy implementation (tests/test_data_seg_style.py).
 
+Resolution: statistics and transfers are computed on the images as loaded (after `image_size`), i.e. the
+images the augmentation sees before scale/crop; the release computes them at the native resolution (IDDA:
+1080 x 1920, resized to 1024 x 1856 after the transfer), a difference in the CFSI window of a few rows.
+
 Bank size: LAB 24 bytes per image; CFSI (2 h_l + 1)(2 w_l + 1) x 3 x 4 bytes per image, e.g. 253 KB at
 1024 x 2048 (Cityscapes: 0.75 GB for 2,975 images; `max_per_client` caps it). The bank is a constant of the
 round program: for large banks run with JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=True so XLA receives it as an
