@@ -238,3 +238,14 @@ def test_idda_released_layout(idda_root):
   src = registry.get_dataset('idda', data_dir=data_dir, setting='country', split_source='released', image_size=())
   assert src.client_names == ['T01_CN_A'] and src.test_client_names == ['seen', 'unseen']
   assert src.test_client_sizes().tolist() == [1, 2]
+
+
+def test_idda_images_without_label_are_left_out_and_said(tmp_path, caplog):
+  root = str(tmp_path / 'IDDAsmall')
+  files = F.make_idda(root, ['T01_CN_A', 'T07_CN_A'], per_domain=3)
+  gone = sorted(files)[0]
+  os.remove(os.path.join(root, gone.replace('/RGB/', '/Semantic/').replace('.jpg', '.png')))
+  with caplog.at_level('WARNING'):
+    items = idda.find_images(root)
+  assert len(items) == 5 and gone not in {t[0] for t in items}
+  assert 'have no Semantic/ label map' in caplog.text

@@ -27,6 +27,7 @@ upsampled x2 to the 1024 x 1856 labels. `image_size` defaults to (1024, 1856) ac
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import List, Optional, Sequence, Tuple
 
@@ -41,6 +42,8 @@ CLASS_NAMES = ('road', 'sidewalk', 'building', 'wall', 'fence', 'pole', 'traffic
 DEFAULT_IMAGE_SIZE = (1024, 1856)
 IMAGE_DIR, LABEL_DIR = 'RGB', 'Semantic'
 IMAGE_EXT, LABEL_EXT = '.jpg', '.png'
+
+log = logging.getLogger(__name__)
 
 
 def default_root(data_dir: str) -> str:
@@ -57,7 +60,7 @@ def find_images(root: str) -> List[Tuple[str, str, str]]:
   if not os.path.isdir(root):
     raise FileNotFoundError(f'IDDA: {root} not found (expected <root>/<domain>/{IMAGE_DIR}/*{IMAGE_EXT}). '
                             f'{download_hint(os.path.dirname(os.path.dirname(root)))}')
-  out = []
+  out, unlabelled = [], []
   for domain in sorted(os.listdir(root)):
     img_dir = os.path.join(root, domain, IMAGE_DIR)
     if not (fds.IDDA_DOMAIN.match(domain) and os.path.isdir(img_dir)):
@@ -67,6 +70,11 @@ def find_images(root: str) -> List[Tuple[str, str, str]]:
         label = f'{domain}/{LABEL_DIR}/{f[:-len(IMAGE_EXT)]}{LABEL_EXT}'
         if os.path.isfile(os.path.join(root, label)):
           out.append((f'{domain}/{IMAGE_DIR}/{f}', label, domain))
+        else:
+          unlabelled.append(f'{domain}/{IMAGE_DIR}/{f}')
+  if unlabelled:   # not in any split; said, since a partial extraction looks the same
+    log.warning('IDDA: %d images under %s have no %s/ label map and are left out (e.g. %s)', len(unlabelled),
+                root, LABEL_DIR, unlabelled[:3])
   if not out:
     raise FileNotFoundError(f'IDDA: no <domain>/{IMAGE_DIR}/*{IMAGE_EXT} with a {LABEL_DIR}/ label map under '
                             f'{root}. {download_hint(os.path.dirname(os.path.dirname(root)))}')
