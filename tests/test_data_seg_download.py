@@ -61,7 +61,7 @@ def test_cityscapes_manual_step_then_zip_extraction(tmp_path):
           z.write(full, os.path.relpath(full, staging))
       z.writestr('README', 'license')
   assert dl.download('cityscapes', data_dir) == [root]
-  src = cityscapes.load(data_dir, distribution='uniform', num_clients=2, double=False)
+  src = cityscapes.load(data_dir, distribution='uniform', uniform_clients=2, double=False)
   assert src.client_sizes().sum() == 2 and src.test_client_sizes().tolist() == [1]
 
 

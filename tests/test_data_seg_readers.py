@@ -66,7 +66,7 @@ def test_cityscapes_heterogeneous_reads_exact_pixels(cs_root):
 
 def test_cityscapes_uniform_double_resize_prefetch(cs_root):
   data_dir, files = cs_root
-  src = cityscapes.load(data_dir, distribution='uniform', num_clients=4, double=True, image_size=(8, 16))
+  src = cityscapes.load(data_dir, distribution='uniform', uniform_clients=4, double=True, image_size=(8, 16))
   assert src.num_clients == 4 and src.client_sizes().sum() == 2 * 27
   x, y = src.client_examples(1)
   n = len(src.clients[1].images)
@@ -86,7 +86,7 @@ def test_cityscapes_uniform_double_resize_prefetch(cs_root):
 
 def test_cityscapes_split_saved_and_reused(cs_root, tmp_path):
   data_dir, _ = cs_root
-  a = cityscapes.load(data_dir, distribution='uniform', num_clients=5, seed=3, double=False)
+  a = cityscapes.load(data_dir, distribution='uniform', uniform_clients=5, seed=3, double=False)
   path = fds.split_dir(data_dir, 'cityscapes', 'uniform_k5', 3)
   with open(os.path.join(path, 'meta.json')) as f:
     meta = json.load(f)
@@ -94,16 +94,16 @@ def test_cityscapes_split_saved_and_reused(cs_root, tmp_path):
   with open(os.path.join(path, 'train', 'all_data_0.json')) as f:
     leaf = json.load(f)
   assert leaf['users'] == a.client_names and leaf['num_samples'] == a.client_sizes().tolist()
-  b = cityscapes.load(data_dir, distribution='uniform', num_clients=5, seed=3)   # read back from the JSON
+  b = cityscapes.load(data_dir, distribution='uniform', uniform_clients=5, seed=3)   # read back from the JSON
   assert [c.images for c in a.clients] == [c.images for c in b.clients]
-  c = cityscapes.load(data_dir, distribution='uniform', num_clients=5, seed=4)
+  c = cityscapes.load(data_dir, distribution='uniform', uniform_clients=5, seed=4)
   assert [x.images for x in c.clients] != [x.images for x in a.clients]
   # A saved split made for other files is refused, not silently used.
   meta['files_fingerprint'] = 'other'
   with open(os.path.join(path, 'meta.json'), 'w') as f:
     json.dump(meta, f)
   with pytest.raises(ValueError, match='another set of files'):
-    cityscapes.load(data_dir, distribution='uniform', num_clients=5, seed=3)
+    cityscapes.load(data_dir, distribution='uniform', uniform_clients=5, seed=3)
 
 
 def test_cityscapes_released_split_files(cs_root):
@@ -171,7 +171,7 @@ def test_image_label_size_mismatch_and_size_check(tmp_path):
   F.make_cityscapes(root, {'aachen': 2}, {'lindau': 1}, size=(8, 16))
   Image.fromarray(np.zeros((9, 16), np.uint8), mode='L').save(
       os.path.join(root, 'gtFine', 'train', 'aachen', 'aachen_000000_000019_gtFine_labelIds.png'))
-  src = cityscapes.load(str(tmp_path), distribution='uniform', num_clients=2)
+  src = cityscapes.load(str(tmp_path), distribution='uniform', uniform_clients=2)
   with pytest.raises(ValueError, match='label map'):
     [src.client_examples(k) for k in range(2)]
 

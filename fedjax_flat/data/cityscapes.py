@@ -87,7 +87,7 @@ def _to_clients(clients: Sequence[fds.Client], per_client_domain: bool) -> List[
 
 
 def get_split(root: str, distribution: str, *, data_dir: str, seed: int = 0, split_source: str = 'generate',
-              split_dir: str = '', num_clients: int = 146,
+              split_dir: str = '', uniform_clients: int = 146,
               clients_per_city: int = fds.CITYSCAPES_CLIENTS_PER_CITY) -> fds.Split:
   if split_source == 'released':
     return fds.load_released_split(data_dir, 'cityscapes', distribution, split_dir=split_dir)
@@ -96,25 +96,25 @@ def get_split(root: str, distribution: str, *, data_dir: str, seed: int = 0, spl
   train, test = find_images(root, 'train'), find_images(root, 'val')
   fp = fds.fingerprint([t[0] for t in train] + [t[0] for t in test])
   tag = distribution            # non-default client counts get their own saved split
-  if distribution == 'uniform' and num_clients != 146:
-    tag += f'_k{num_clients}'
+  if distribution == 'uniform' and uniform_clients != 146:
+    tag += f'_k{uniform_clients}'
   if distribution == 'heterogeneous' and clients_per_city != fds.CITYSCAPES_CLIENTS_PER_CITY:
     tag += f'_cpc{clients_per_city}'
   path = split_dir or fds.split_dir(data_dir, 'cityscapes', tag, seed)
   return fds.load_or_make(path, lambda: fds.cityscapes_split(
-      train, test, distribution, seed, num_clients=num_clients, clients_per_city=clients_per_city), fp)
+      train, test, distribution, seed, num_clients=uniform_clients, clients_per_city=clients_per_city), fp)
 
 
 def load(data_dir: Optional[str] = None, *, root: str = '', distribution: str = 'heterogeneous',
          split_source: str = 'generate', split_dir: str = '', seed: int = 0, image_size: Sequence[int] = (),
-         num_clients: int = 146, clients_per_city: int = fds.CITYSCAPES_CLIENTS_PER_CITY, double: bool = True,
+         uniform_clients: int = 146, clients_per_city: int = fds.CITYSCAPES_CLIENTS_PER_CITY, double: bool = True,
          num_workers: int = 2, cache_clients: int = 0) -> SegmentationSource:
   """The FedDrive Cityscapes split as a SegmentationSource (see the module docstring)."""
   from fedjax_flat.data.cifar import default_data_dir
   data_dir = data_dir or default_data_dir()
   root = root or default_root(data_dir)
   split = get_split(root, distribution, data_dir=data_dir, seed=seed, split_source=split_source,
-                    split_dir=split_dir, num_clients=num_clients, clients_per_city=clients_per_city)
+                    split_dir=split_dir, uniform_clients=uniform_clients, clients_per_city=clients_per_city)
   return SegmentationSource(
       name=f'cityscapes_{distribution}', image_root=os.path.join(root, 'leftImg8bit'),
       label_root=os.path.join(root, 'gtFine'), clients=_to_clients(split.train, True),
@@ -125,10 +125,10 @@ def load(data_dir: Optional[str] = None, *, root: str = '', distribution: str = 
 
 @register('cityscapes')
 def _cityscapes(data_dir='', root='', distribution='heterogeneous', split_source='generate', split_dir='', seed=0,
-                image_size=(), num_clients=146, clients_per_city=fds.CITYSCAPES_CLIENTS_PER_CITY, double=True,
+                image_size=(), uniform_clients=146, clients_per_city=fds.CITYSCAPES_CLIENTS_PER_CITY, double=True,
                 num_workers=2, cache_clients=0, **unused):
   del unused   # augmentation fields of config.data (crop, scale, style, ...) are read by training/transforms.py
   return load(data_dir or None, root=root, distribution=distribution, split_source=split_source,
-              split_dir=split_dir, seed=seed, image_size=image_size, num_clients=num_clients,
+              split_dir=split_dir, seed=seed, image_size=image_size, uniform_clients=uniform_clients,
               clients_per_city=clients_per_city, double=double, num_workers=num_workers,
               cache_clients=cache_clients)

@@ -176,7 +176,7 @@ _SEG_AUGMENT = dict(
 SEGMENTATION_DATA = {
     'cityscapes': dict(
         _SEG_AUGMENT, jitter=0.4, flip=False, data_dir='', root='', distribution='heterogeneous',
-        split_source='generate', split_dir='', seed=0, image_size=(), num_clients=146, clients_per_city=8,
+        split_source='generate', split_dir='', seed=0, image_size=(), uniform_clients=146, clients_per_city=8,
         double=True, num_workers=2, cache_clients=0),
     'idda': dict(
         _SEG_AUGMENT, crop=(512, 928), scale=(0.5, 2.0), scale_mode='resized_crop', data_dir='', root='',

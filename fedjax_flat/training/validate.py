@@ -443,7 +443,7 @@ def _validate_segmentation_data(cfg) -> None:
   num('num_workers', lo=1, integer=True)
   num('cache_clients', lo=0, integer=True)
   if cfg.dataset == 'cityscapes':
-    num('num_clients', lo=1, integer=True)
+    num('uniform_clients', lo=1, integer=True)
     num('clients_per_city', lo=1, integer=True)
   else:
     choice('setting', ('country', 'rainy', 'bus'))
