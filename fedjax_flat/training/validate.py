@@ -160,6 +160,9 @@ def validate_config(cfg) -> None:
   from fedjax_flat.core.client_state import STORE_KINDS
   _choice(cfg, 'client_state_store', STORE_KINDS)
   _num(cfg, 'client_state_device_max_mb', lo=0)
+  if 'centralized' in cfg:                 # the centralized upper bound / rounds-to-X (training/centralized.py)
+    from fedjax_flat.training import centralized
+    centralized.validate(cfg)
   if 'personalized' in cfg:                # end-of-training personalized evaluation (core/personalized.py)
     _num(cfg, 'personalized.finetune_epochs', lo=0, integer=True)
     _num(cfg, 'personalized.finetune_lr', lo=0)
