@@ -184,3 +184,30 @@ def test_unsafe_tar_member_refused(tmp_path):
   with pytest.raises(Exception):
     dl.safe_extract_tar(str(p), str(tmp_path / 'out'))
   assert not (tmp_path / 'escape.txt').exists()
+
+
+def test_download_stackoverflow_decompresses_and_loads(server, tmp_path, monkeypatch):
+  import lzma
+  from fedjax_flat.data import registry, stackoverflow as so
+  from data_fixtures import make_stackoverflow_tff, write_word_counts
+  handler, base = server
+  src = tmp_path / 'src'
+  src.mkdir()
+  make_stackoverflow_tff(str(src / 'so.sqlite'), {'train': {'1': ['the a', 'a b c']}, 'test': {'2': ['the']}})
+  sql = lzma.compress((src / 'so.sqlite').read_bytes())
+  write_word_counts(str(src / so.WORD_COUNT_FILE), [('the', 5), ('a', 3)])
+  buf = io.BytesIO()
+  with tarfile.open(fileobj=buf, mode='w:bz2') as tar:
+    tar.add(str(src / so.WORD_COUNT_FILE), arcname=so.WORD_COUNT_FILE)
+  wc = buf.getvalue()
+  handler.files['/stackoverflow.sqlite.lzma'] = sql
+  handler.files['/wc.tar.bz2'] = wc
+  monkeypatch.setitem(dl.RESOURCES, 'stackoverflow', [
+      dl.Resource('stackoverflow.sqlite.lzma', base + '/stackoverflow.sqlite.lzma', note='no published checksum'),
+      dl.Resource(so.WORD_COUNT_ARCHIVE, base + '/wc.tar.bz2', len(wc), sha256=hashlib.sha256(wc).hexdigest())])
+  out = dl.download('stackoverflow', str(tmp_path / 'd'), opener=_opener())
+  assert out == [str(tmp_path / 'd' / so.TFF_FILE), str(tmp_path / 'd' / so.WORD_COUNT_ARCHIVE)]
+  ds = registry.get_dataset('stackoverflow', data_dir=str(tmp_path / 'd'), vocab_size=2, sequence_length=3,
+                            test_examples=0, cache=False)
+  np.testing.assert_array_equal(ds.x, [[4, 1, 2], [4, 2, 3]])     # bos the a | bos a oov(b)
+  np.testing.assert_array_equal(ds.test_y, [[1, 5, 0]])            # the eos pad
