@@ -164,3 +164,16 @@ def test_errors(tmp_path):
   bad.write_text('{"users": [')
   with pytest.raises(leaf.LeafFormatError, match='truncated'):
     registry.get_dataset('femnist', data_dir=str(tmp_path))
+
+
+def test_cache_skips_json_parsing(tmp_path, monkeypatch):
+  make_femnist_leaf(str(tmp_path), SIZES)
+  a = registry.get_dataset('femnist', data_dir=str(tmp_path), seed=4)
+  assert len(os.listdir(tmp_path / 'fedjax_flat_cache')) == 1
+  monkeypatch.setattr(leaf, 'read_leaf_dir', lambda *a, **k: (_ for _ in ()).throw(AssertionError('parsed')))
+  b = registry.get_dataset('femnist', data_dir=str(tmp_path), seed=4)
+  for f in ('x', 'y', 'test_x', 'test_y', 'client_offsets', 'client_test_offsets'):
+    np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+  assert list(a.client_names) == list(b.client_names)
+  with pytest.raises(AssertionError, match='parsed'):
+    registry.get_dataset('femnist', data_dir=str(tmp_path), seed=4, cache=False)

@@ -30,7 +30,9 @@ LEAF's semantics, reproduced (data/utils/{sample,remove_users,split_data}.py), e
          that client's own test split (per-client test sets) and their union the global test set.
          `train_split='user'`: int(train_fraction * users) users train, the others form a separate test
          population.
-Randomness is numpy's (LEAF uses Python's `random`): the same semantics, not LEAF's bits.
+Randomness is numpy's (LEAF uses Python's `random`): the same semantics, not LEAF's bits. The resulting
+arrays are cached in <root>/fedjax_flat_cache/ (keyed by every argument and the JSON files' names, sizes and
+times; `data.cache=False` to skip), so the JSON is parsed once per setting.
 
 Labels: FEMNIST `classification` (62 classes; x stored as uint8 [28, 28, 1], the exact k/255 values).
 Shakespeare ids are TFF's character vocabulary (86 characters: 1..86; pad 0, oov 87, bos 88, eos 89: 90
@@ -43,8 +45,10 @@ the per-sample split puts overlapping windows of one role on both sides: a known
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
+import tempfile
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from absl import logging
@@ -60,6 +64,7 @@ SHAKESPEARE_PAD, SHAKESPEARE_OOV, SHAKESPEARE_BOS, SHAKESPEARE_EOS = 0, 87, 88, 
 SHAKESPEARE_VOCAB = len(SHAKESPEARE_CHARS) + 4     # 90
 SEQUENCE_LENGTH = 80
 FEMNIST_CLASSES = 62
+CACHE_VERSION = 1
 
 
 class LeafFormatError(ValueError):
@@ -292,18 +297,65 @@ def check_args(*, source, split, fraction, iid_user_fraction, iid_sizes, min_sam
   _check('seed', seed, isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0, 'an integer >= 0')
 
 
+def _pack(users: List[User], tag: str) -> Dict[str, np.ndarray]:
+  return {f'{tag}_x': np.concatenate([u[1] for u in users]), f'{tag}_y': np.concatenate([u[2] for u in users]),
+          f'{tag}_sizes': np.array([len(u[2]) for u in users], np.int64),
+          f'{tag}_names': np.array([u[0] for u in users], dtype=str),
+          f'{tag}_hier': np.array(['' if u[3] is None else u[3] for u in users], dtype=str)}
+
+
+def _unpack(z, tag: str) -> List[User]:
+  offs = np.concatenate([[0], np.cumsum(z[f'{tag}_sizes'])])
+  x, y = z[f'{tag}_x'], z[f'{tag}_y']
+  return [(str(n), x[offs[i]:offs[i + 1]], y[offs[i]:offs[i + 1]], str(h) or None)
+          for i, (n, h) in enumerate(zip(z[f'{tag}_names'], z[f'{tag}_hier']))]
+
+
+def _cache_path(root: str, name: str, args: dict, dirs: Sequence[str]) -> str:
+  files = sorted(f for d in dirs for f in glob.glob(os.path.join(root, d, '*.json')))
+  stamp = [(os.path.relpath(f, root), os.path.getsize(f), os.stat(f).st_mtime_ns) for f in files]
+  key = hashlib.sha256(json.dumps({'v': CACHE_VERSION, 'name': name, 'args': args, 'files': stamp},
+                                  sort_keys=True).encode()).hexdigest()[:16]
+  return os.path.join(root, 'fedjax_flat_cache', f'{name}_{key}.npz')
+
+
 def load(name: str, data_dir: Optional[str], encode, *, source='auto', split='', fraction=1.0,
          iid_user_fraction=1.0, iid_sizes='leaf', min_samples=0, train_split='sample', train_fraction=0.9,
-         seed=0) -> Tuple[List[User], List[User], bool, str]:
-  """(train users, test users, test users are a separate population, description)."""
-  check_args(source=source, split=split, fraction=fraction, iid_user_fraction=iid_user_fraction,
-             iid_sizes=iid_sizes, min_samples=min_samples, train_split=train_split,
-             train_fraction=train_fraction, seed=seed)
+         seed=0, cache=True) -> Tuple[List[User], List[User], bool, str]:
+  """(train users, test users, test users are a separate population, description).
+
+  With `cache`, the result is kept in <root>/fedjax_flat_cache/ (an .npz keyed by the arguments and the JSON
+  files' names, sizes and times), so the JSON files are parsed once per setting.
+  """
+  args = dict(source=source, split=split, fraction=fraction, iid_user_fraction=iid_user_fraction,
+              iid_sizes=iid_sizes, min_samples=min_samples, train_split=train_split,
+              train_fraction=train_fraction, seed=seed)
+  check_args(**args)
   from fedjax_flat.data.cifar import default_data_dir
   root = find_root(data_dir or default_data_dir(), name)
   has_all = os.path.isdir(os.path.join(root, 'all_data'))
   if source == 'auto':
     source = 'all_data' if has_all else 'leaf_split'
+  path = _cache_path(root, name, {**args, 'source': source}, ('all_data',) if source == 'all_data' else ('train', 'test'))
+  if cache and os.path.isfile(path):
+    logging.info('LEAF %s: arrays from the cache %s', name, path)
+    with np.load(path, allow_pickle=False) as z:
+      return _unpack(z, 'train'), _unpack(z, 'test'), bool(z['population']), str(z['desc'])
+  out = _load_json(name, root, encode, source=source, has_all=has_all, **{k: v for k, v in args.items() if k != 'source'})
+  if cache:
+    try:
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix='.npz.tmp')
+      with os.fdopen(fd, 'wb') as f:
+        np.savez(f, population=np.array(out[2]), desc=np.array(out[3]), **_pack(out[0], 'train'), **_pack(out[1], 'test'))
+      os.replace(tmp, path)
+    except OSError as e:      # a read-only data directory: no cache, same result
+      logging.warning('LEAF %s: could not write the cache %s (%s)', name, path, e)
+  return out
+
+
+def _load_json(name, root, encode, *, source, has_all, split, fraction, iid_user_fraction, iid_sizes, min_samples,
+               train_split, train_fraction, seed):
   if source == 'leaf_split':
     if split == 'iid':
       raise ConfigError('data.split', split, "LEAF's own train/test files are used as they are: produce IID files "
@@ -354,12 +406,12 @@ def to_dataset(train: List[User], test: List[User], population: bool, *, num_cla
 
 @register('femnist')
 def _femnist(data_dir=None, source='auto', split='', fraction=1.0, iid_user_fraction=1.0, iid_sizes='leaf',
-             min_samples=0, train_split='sample', train_fraction=0.9, seed=0, **unused):
+             min_samples=0, train_split='sample', train_fraction=0.9, seed=0, cache=True, **unused):
   del unused
   train, test, pop, desc = load('femnist', data_dir, encode_femnist, source=source, split=split,
                                 fraction=fraction, iid_user_fraction=iid_user_fraction, iid_sizes=iid_sizes,
                                 min_samples=min_samples, train_split=train_split,
-                                train_fraction=train_fraction, seed=seed)
+                                train_fraction=train_fraction, seed=seed, cache=cache)
   return to_dataset(train, test, pop, num_classes=FEMNIST_CLASSES, name=desc)
 
 
@@ -371,14 +423,15 @@ def shakespeare_task():
 
 @register('shakespeare')
 def _shakespeare(data_dir=None, source='auto', split='', fraction=1.0, iid_user_fraction=1.0, iid_sizes='leaf',
-                 min_samples=0, train_split='sample', train_fraction=0.9, seed=0, target='sequence', **unused):
+                 min_samples=0, train_split='sample', train_fraction=0.9, seed=0, target='sequence', cache=True,
+                 **unused):
   del unused
   _check('target', target, target in ('sequence', 'next'), "allowed: 'sequence' (the next 80 characters), "
          "'next' (the one next character; model_kwargs.readout='last')")
   train, test, pop, desc = load('shakespeare', data_dir, encode_shakespeare, source=source, split=split,
                                 fraction=fraction, iid_user_fraction=iid_user_fraction, iid_sizes=iid_sizes,
                                 min_samples=min_samples, train_split=train_split,
-                                train_fraction=train_fraction, seed=seed)
+                                train_fraction=train_fraction, seed=seed, cache=cache)
   if target == 'sequence':
     return to_dataset(train, test, pop, num_classes=SHAKESPEARE_VOCAB, name=desc, task=shakespeare_task(),
                       targets=shakespeare_targets)

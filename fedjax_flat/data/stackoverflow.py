@@ -284,7 +284,7 @@ def _int(v, lo):
 
 
 def _cache_key(args: dict, files: Sequence[str]) -> str:
-  stamp = [(os.path.basename(f), os.path.getsize(f), int(os.path.getmtime(f))) for f in files]
+  stamp = [(os.path.basename(f), os.path.getsize(f), os.stat(f).st_mtime_ns) for f in files]
   blob = json.dumps({'v': CACHE_VERSION, 'args': args, 'files': stamp}, sort_keys=True)
   return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
