@@ -177,3 +177,16 @@ def test_cache_skips_json_parsing(tmp_path, monkeypatch):
   assert list(a.client_names) == list(b.client_names)
   with pytest.raises(AssertionError, match='parsed'):
     registry.get_dataset('femnist', data_dir=str(tmp_path), seed=4, cache=False)
+
+
+def test_readout_must_match_the_labels(tmp_path):
+  from fedjax_flat.training import loop
+  make_shakespeare_leaf(str(tmp_path), [('A', 'x' * 90), ('B', 'y' * 95)])
+  import importlib
+  import sys
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  c = importlib.import_module('configs.quickstart_shakespeare').get_config()
+  c.data.data_dir, c.data.fraction, c.data.min_samples, c.clients_per_round = str(tmp_path), 1.0, 0, 2
+  c.data.target = 'next'                          # one label per window, but a per-position model
+  with pytest.raises(ConfigError, match="model_kwargs.readout.*'last'"):
+    loop.Trainer(c, write_files=False)

@@ -267,7 +267,8 @@ def find_root(data_dir: str, name: str) -> str:
       f'cd leaf/data/{name} && ./preprocess.sh\nthen set --config.data.data_dir=<...>/leaf/data/{name}/data')
 
 
-def _check(field, value, ok, allowed):
+def check_arg(field, value, ok, allowed):
+  """A dataset builder's argument: ConfigError naming config.data.<field> unless `ok`."""
   if not ok:
     raise ConfigError(f'data.{field}', value, allowed)
 
@@ -280,21 +281,21 @@ def _finite_in(v, lo, hi, lo_open=False):
 def check_args(*, source, split, fraction, iid_user_fraction, iid_sizes, min_samples, train_split,
                train_fraction, seed):
   """Bad arguments -> ConfigError naming the data field (before any file is read)."""
-  _check('source', source, source in ('auto', 'all_data', 'leaf_split'), "allowed: 'auto', 'all_data', 'leaf_split'")
-  _check('split', split, split in ('', 'niid', 'iid'), "allowed: 'niid', 'iid' ('' = niid; as made by LEAF "
+  check_arg('source', source, source in ('auto', 'all_data', 'leaf_split'), "allowed: 'auto', 'all_data', 'leaf_split'")
+  check_arg('split', split, split in ('', 'niid', 'iid'), "allowed: 'niid', 'iid' ('' = niid; as made by LEAF "
          "with source='leaf_split')")
-  _check('fraction', fraction, _finite_in(fraction, 0, 1, lo_open=True), 'a number in (0, 1]')
-  _check('iid_user_fraction', iid_user_fraction, _finite_in(iid_user_fraction, 0, 1e6, lo_open=True), 'a number > 0')
-  _check('iid_sizes', iid_sizes, iid_sizes in ('leaf', 'natural'), "allowed: 'leaf' (equal shares), 'natural'")
+  check_arg('fraction', fraction, _finite_in(fraction, 0, 1, lo_open=True), 'a number in (0, 1]')
+  check_arg('iid_user_fraction', iid_user_fraction, _finite_in(iid_user_fraction, 0, 1e6, lo_open=True), 'a number > 0')
+  check_arg('iid_sizes', iid_sizes, iid_sizes in ('leaf', 'natural'), "allowed: 'leaf' (equal shares), 'natural'")
   if split == 'iid' and iid_sizes == 'natural':
-    _check('iid_sizes', iid_sizes, fraction == 1 and iid_user_fraction == 1,
+    check_arg('iid_sizes', iid_sizes, fraction == 1 and iid_user_fraction == 1,
            "'natural' keeps every user and its size: needs data.fraction = 1 and data.iid_user_fraction = 1")
-  _check('min_samples', min_samples, isinstance(min_samples, int) and not isinstance(min_samples, bool)
+  check_arg('min_samples', min_samples, isinstance(min_samples, int) and not isinstance(min_samples, bool)
          and min_samples >= 0, 'an integer >= 0 (users with num_samples <= min_samples are dropped)')
-  _check('train_split', train_split, train_split in ('sample', 'user'), "allowed: 'sample', 'user'")
-  _check('train_fraction', train_fraction, _finite_in(train_fraction, 0, 1, lo_open=True) and train_fraction < 1,
+  check_arg('train_split', train_split, train_split in ('sample', 'user'), "allowed: 'sample', 'user'")
+  check_arg('train_fraction', train_fraction, _finite_in(train_fraction, 0, 1, lo_open=True) and train_fraction < 1,
          'a number in (0, 1)')
-  _check('seed', seed, isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0, 'an integer >= 0')
+  check_arg('seed', seed, isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0, 'an integer >= 0')
 
 
 def _pack(users: List[User], tag: str) -> Dict[str, np.ndarray]:
@@ -426,7 +427,7 @@ def _shakespeare(data_dir=None, source='auto', split='', fraction=1.0, iid_user_
                  min_samples=0, train_split='sample', train_fraction=0.9, seed=0, target='sequence', cache=True,
                  **unused):
   del unused
-  _check('target', target, target in ('sequence', 'next'), "allowed: 'sequence' (the next 80 characters), "
+  check_arg('target', target, target in ('sequence', 'next'), "allowed: 'sequence' (the next 80 characters), "
          "'next' (the one next character; model_kwargs.readout='last')")
   train, test, pop, desc = load('shakespeare', data_dir, encode_shakespeare, source=source, split=split,
                                 fraction=fraction, iid_user_fraction=iid_user_fraction, iid_sizes=iid_sizes,

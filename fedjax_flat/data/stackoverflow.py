@@ -42,8 +42,8 @@ import numpy as np
 
 from fedjax_flat.data import pam
 from fedjax_flat.data.federated import FederatedDataset
+from fedjax_flat.data.leaf import check_arg
 from fedjax_flat.data.registry import register
-from fedjax_flat.training.validate import ConfigError
 
 TFF_FILE = 'stackoverflow.sqlite'
 FEDJAX_FILES = {'train': 'stackoverflow_train.sqlite', 'test': 'stackoverflow_test.sqlite',
@@ -274,11 +274,6 @@ def open_source(data_dir: str, fmt: str):
 # The federated dataset.
 
 
-def _check(field, value, ok, allowed):
-  if not ok:
-    raise ConfigError(f'data.{field}', value, allowed)
-
-
 def _int(v, lo):
   return isinstance(v, int) and not isinstance(v, bool) and v >= lo
 
@@ -293,14 +288,14 @@ def load(data_dir: Optional[str] = None, *, format: str = 'auto', num_clients: i
          sequence_length: int = 20, max_sentences_per_client: int = 1000, test_examples: int = 10000,
          seed: int = 0, cache: bool = True) -> FederatedDataset:
   """The federated StackOverflow next-word dataset (module docstring)."""
-  _check('format', format, format in ('auto', 'tff', 'fedjax'), "allowed: 'auto', 'tff', 'fedjax'")
-  _check('num_clients', num_clients, _int(num_clients, 0), 'an integer >= 0 (0 = every training client)')
-  _check('vocab_size', vocab_size, _int(vocab_size, 1), 'an integer >= 1 (the thesis: 10000)')
-  _check('sequence_length', sequence_length, _int(sequence_length, 1), 'an integer >= 1 (the thesis: 20)')
-  _check('max_sentences_per_client', max_sentences_per_client, _int(max_sentences_per_client, 0),
+  check_arg('format', format, format in ('auto', 'tff', 'fedjax'), "allowed: 'auto', 'tff', 'fedjax'")
+  check_arg('num_clients', num_clients, _int(num_clients, 0), 'an integer >= 0 (0 = every training client)')
+  check_arg('vocab_size', vocab_size, _int(vocab_size, 1), 'an integer >= 1 (the thesis: 10000)')
+  check_arg('sequence_length', sequence_length, _int(sequence_length, 1), 'an integer >= 1 (the thesis: 20)')
+  check_arg('max_sentences_per_client', max_sentences_per_client, _int(max_sentences_per_client, 0),
          'an integer >= 0 (0 = no cap; the thesis: 1000)')
-  _check('test_examples', test_examples, _int(test_examples, 0), 'an integer >= 0 (0 = the whole test split)')
-  _check('seed', seed, _int(seed, 0), 'an integer >= 0')
+  check_arg('test_examples', test_examples, _int(test_examples, 0), 'an integer >= 0 (0 = the whole test split)')
+  check_arg('seed', seed, _int(seed, 0), 'an integer >= 0')
   from fedjax_flat.data.cifar import default_data_dir
   data_dir = data_dir or default_data_dir()
   vocab_path = find_word_counts(data_dir)

@@ -66,6 +66,13 @@ def _ids(x):
   return x.astype(jnp.int32).reshape(x.shape[0], -1)
 
 
+def _readout(h, readout: str):
+  """'sequence': every position's output [B, T, H]; 'last': the last position's [B, H]."""
+  if readout not in ('sequence', 'last'):
+    raise ValueError(f"readout={readout!r}; allowed: 'sequence', 'last'")
+  return h[:, -1] if readout == 'last' else h
+
+
 class CharLSTM(nn.Module):
   """Embedding(vocab, 8) -> num_layers x LSTM(100) -> Dense(vocab): the FedSeq Shakespeare model."""
   vocab_size: int = 90
@@ -80,11 +87,7 @@ class CharLSTM(nn.Module):
     h = nn.Embed(self.vocab_size, self.embed, embedding_init=nn.initializers.normal(1.0))(_ids(x))
     for i in range(self.num_layers):
       h = LSTM(self.hidden, self.biases, name=f'lstm_{i}')(h)
-    if self.readout == 'last':
-      h = h[:, -1]
-    elif self.readout != 'sequence':
-      raise ValueError(f"readout={self.readout!r}; allowed: 'sequence', 'last'")
-    return Dense(self.vocab_size, torch_init=True)(h)
+    return Dense(self.vocab_size, torch_init=True)(_readout(h, self.readout))
 
 
 class WordLSTM(nn.Module):
@@ -99,9 +102,5 @@ class WordLSTM(nn.Module):
   def __call__(self, x, train: bool = False):
     h = nn.Embed(self.vocab_size, self.embed, embedding_init=nn.initializers.normal(1.0))(_ids(x))
     h = LSTM(self.hidden, self.biases, name='lstm')(h)
-    if self.readout == 'last':
-      h = h[:, -1]
-    elif self.readout != 'sequence':
-      raise ValueError(f"readout={self.readout!r}; allowed: 'sequence', 'last'")
-    h = Dense(self.embed, torch_init=True)(h)
+    h = Dense(self.embed, torch_init=True)(_readout(h, self.readout))
     return Dense(self.vocab_size, torch_init=True)(h)

@@ -241,6 +241,13 @@ def validate_against_data(cfg, data) -> None:
                         f'FedGloSS needs the population K_total: config.data.num_clients='
                         f'{cfg.data.get("num_clients")!r} is not the data\'s {data.num_clients} clients; set '
                         f'algo.population={data.num_clients}')
+  readout = cfg.model_kwargs.get('readout')          # sequence models (models/rnn.py): one output per label
+  if readout is not None:
+    want = 'last' if tuple(getattr(data, 'label_shape', ())) == () else 'sequence'
+    if readout != want:
+      raise ConfigError('model_kwargs.readout', readout,
+                        f'the labels of {cfg.dataset!r} have shape {tuple(getattr(data, "label_shape", ()))}: '
+                        f'use {want!r}')
   sizes = data.client_sizes()
   if (sizes == 0).all():
     raise ConfigError('data', dict(cfg.data), 'every client has 0 examples')
