@@ -25,6 +25,7 @@ def get_config():
                              'min_samples': 0, 'train_split': 'sample', 'train_fraction': 0.9, 'seed': 0,
                              'shuffle': True})
   c.model = 'femnist_cnn'
+  c.model_kwargs.variant = 'reddi'     # 'fedseq_release': without the ReLUs that release omits
   c.rounds = 50
   c.clients_per_round = 10
   c.client.lr = 0.01

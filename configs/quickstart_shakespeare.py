@@ -24,7 +24,7 @@ def get_config():
                              'min_samples': 100, 'train_split': 'sample', 'train_fraction': 0.9, 'seed': 0,
                              'target': 'sequence', 'shuffle': True})
   c.model = 'char_lstm'
-  c.model_kwargs.readout = 'sequence'
+  c.model_kwargs.update({'embed': 8, 'hidden': 100, 'num_layers': 2, 'biases': 2, 'readout': 'sequence'})
   c.rounds = 30
   c.clients_per_round = 10
   c.client.lr = 1.0

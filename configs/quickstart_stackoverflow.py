@@ -22,7 +22,7 @@ def get_config():
                              'sequence_length': 20, 'max_sentences_per_client': 1000, 'test_examples': 10000,
                              'seed': 0, 'shuffle': True})
   c.model = 'word_lstm'
-  c.model_kwargs.readout = 'sequence'
+  c.model_kwargs.update({'embed': 96, 'hidden': 670, 'biases': 1, 'readout': 'sequence'})
   c.rounds = 30
   c.clients_per_round = 10
   c.client.lr = 10 ** -0.5

@@ -79,3 +79,23 @@ def test_registered_and_validated():
     _task(accuracy_excludes=('oov',))
   with pytest.raises(ValueError, match='subset'):
     _task(accuracy_excludes=('pad', 'unk'))
+
+
+def test_hessian_analysis_uses_the_task():
+  """analysis.analyze with the dataset's task: its loss is the task's (pad targets excluded), not a crash."""
+  import jax
+  from fedjax_flat import analysis
+  from fedjax_flat.core.evaluation import Evaluator
+  from fedjax_flat.models import registry
+  m = registry.get_model('char_lstm', V + 4, (5,), embed=3, hidden=4, num_layers=1)
+  p = jax.jit(m.init)(jax.random.key(0), jnp.zeros((1, 5)))
+  rng = np.random.default_rng(0)
+  x = rng.integers(1, V + 1, (9, 5)).astype(np.int16)
+  y = np.concatenate([x[:, 1:], rng.integers(1, V + 1, (9, 1))], 1)
+  y[:3, 3:] = PAD
+  t = _task()
+  rep = analysis.analyze(m, p, x, y, batch_size=4, top_k=1, num_iters=2, task=t)
+  ev = Evaluator(m, x, y, batch_size=4, task=t)(p)
+  np.testing.assert_allclose(rep['loss'], ev['loss'], rtol=1e-5)
+  np.testing.assert_allclose(rep['accuracy'], ev['accuracy_no_pad'], rtol=1e-5)
+  assert np.isfinite(rep['lambda_max'])
