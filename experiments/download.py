@@ -4,6 +4,7 @@
   python experiments/download.py --dataset=cifar100_pam --data_dir=...   # TFF sqlite -> FedJAX sqlite
   python experiments/download.py --dataset=gld23k --data_dir=...         # split CSVs only
   python experiments/download.py --dataset=stackoverflow --data_dir=...  # TFF sqlite (decompressed) + word counts
+  python experiments/download.py --dataset=femnist --data_dir=...        # prints how LEAF builds it (no file)
   python experiments/download.py --dataset=gldv2_images --shards=0-9 --data_dir=...  # GLDv2 JPEG shards
 
 Without internet access the command fails with the URL, checksum and the path where the file can be put

@@ -211,3 +211,9 @@ def test_download_stackoverflow_decompresses_and_loads(server, tmp_path, monkeyp
                             test_examples=0, cache=False)
   np.testing.assert_array_equal(ds.x, [[4, 1, 2], [4, 2, 3]])     # bos the a | bos a oov(b)
   np.testing.assert_array_equal(ds.test_y, [[1, 5, 0]])            # the eos pad
+
+
+def test_leaf_datasets_explain_how_to_build_them(tmp_path):
+  for name in ('femnist', 'shakespeare'):
+    with pytest.raises(dl.DownloadError, match=f'cd leaf/data/{name} && ./preprocess.sh'):
+      dl.download(name, str(tmp_path))

@@ -92,9 +92,21 @@ RESOURCES: Dict[str, List[Resource]] = {
                  note='sha256 from TFF stackoverflow.load_word_counts; read as it is'),
     ],
 }
+# LEAF's FEMNIST and Shakespeare have no file to download: LEAF's scripts build the JSON files from NIST SD19
+# (by_class.zip, by_write.zip) and Project Gutenberg's complete works (data/leaf.py).
+LEAF_DATASETS = ('femnist', 'shakespeare')
+
+
+def leaf_instructions(dataset: str, data_dir: str) -> str:
+  return (f'{dataset} is built by LEAF\'s own scripts (no file of it is published): on a machine with internet '
+          f'access run\n  git clone https://github.com/TalwalkarLab/leaf && cd leaf/data/{dataset} && ./preprocess.sh\n'
+          f'(it downloads the raw data and writes data/all_data/*.json), then copy leaf/data/{dataset}/data to '
+          f'{os.path.join(data_dir, dataset)} or pass --config.data.data_dir=<...>/leaf/data/{dataset}/data')
+
+
 GLDV2_BASE_URL = 'https://s3.amazonaws.com/google-landmark'
 GLDV2_NUM_TRAIN_SHARDS = 500
-DATASETS = tuple(RESOURCES) + ('gldv2_images',)
+DATASETS = tuple(RESOURCES) + ('gldv2_images',) + LEAF_DATASETS
 
 
 def _hash(path: str, algo: str) -> str:
@@ -271,6 +283,8 @@ def download(dataset: str, data_dir: str, *, opener=None, progress=None, shards:
   if dataset == 'gldv2_images':
     return download_gldv2_images(data_dir, shards or range(GLDV2_NUM_TRAIN_SHARDS), opener=opener,
                                  progress=progress)
+  if dataset in LEAF_DATASETS:
+    raise DownloadError(leaf_instructions(dataset, data_dir))
   if dataset not in RESOURCES:
     raise ValueError(f'unknown dataset {dataset!r}; allowed: {DATASETS}')
   paths = [fetch(r, data_dir, opener=opener, progress=progress) for r in RESOURCES[dataset]]

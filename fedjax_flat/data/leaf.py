@@ -260,11 +260,11 @@ def find_root(data_dir: str, name: str) -> str:
   for d in (data_dir, os.path.join(data_dir, name), os.path.join(data_dir, name, 'data')):
     if os.path.isdir(os.path.join(d, 'all_data')) or os.path.isdir(os.path.join(d, 'train')):
       return d
+  from fedjax_flat.data.download import leaf_instructions
   raise FileNotFoundError(
       f'{name}: no LEAF data under {data_dir} (looked for all_data/ or train/+test/ in {data_dir}, '
-      f'{os.path.join(data_dir, name)} and {os.path.join(data_dir, name, "data")}). LEAF has no download '
-      f'URL; build the files with LEAF\'s scripts:\n  git clone https://github.com/TalwalkarLab/leaf && '
-      f'cd leaf/data/{name} && ./preprocess.sh\nthen set --config.data.data_dir=<...>/leaf/data/{name}/data')
+      f'{os.path.join(data_dir, name)} and {os.path.join(data_dir, name, "data")}). '
+      + leaf_instructions(name, data_dir))
 
 
 def check_arg(field, value, ok, allowed):
