@@ -70,8 +70,9 @@ def _check_batch(x):
 
 
 def to_float(x):
-  """Integer images (uint8 0..255) -> float32 in [0, 1]; float images unchanged."""
-  if jnp.issubdtype(x.dtype, jnp.integer):
+  """8-bit images (uint8 0..255) -> float32 in [0, 1]; anything else unchanged (float images; int16/int32
+  token ids of the language datasets must reach the model as ids)."""
+  if x.dtype == jnp.uint8:
     return x.astype(jnp.float32) / 255.0
   return x
 

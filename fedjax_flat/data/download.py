@@ -88,10 +88,32 @@ RESOURCES: Dict[str, List[Resource]] = {
                  'https://storage.googleapis.com/tff-datasets-public/mini_gld_test.csv',
                  None, md5='298e9d19d66357236f66fe8e22920933', note='size not published; md5 from TFF gldv2.py'),
     ],
+    # TFF publishes no checksum or size of stackoverflow.sqlite.lzma (its loader downloads it unchecked); the
+    # word counts' sha256 is the one pinned in TFF's stackoverflow.load_word_counts.
+    'stackoverflow': [
+        Resource('stackoverflow.sqlite.lzma', 'https://storage.googleapis.com/tff-datasets-public/stackoverflow.sqlite.lzma',
+                 None, note='no published checksum; decompressed to stackoverflow.sqlite'),
+        Resource('stackoverflow.word_count.tar.bz2',
+                 'https://storage.googleapis.com/tff-datasets-public/stackoverflow.word_count.tar.bz2', None,
+                 sha256='1dc00256d6e527c54b9756d968118378ae14e6692c0b3b6cad470cdd3f0c519c',
+                 note='sha256 from TFF stackoverflow.load_word_counts; read as it is'),
+    ],
 }
+# LEAF's FEMNIST and Shakespeare have no file to download: LEAF's scripts build the JSON files from NIST SD19
+# (by_class.zip, by_write.zip) and Project Gutenberg's complete works (data/leaf.py).
+LEAF_DATASETS = ('femnist', 'shakespeare')
+
+
+def leaf_instructions(dataset: str, data_dir: str) -> str:
+  return (f'{dataset} is built by LEAF\'s own scripts (no file of it is published): on a machine with internet '
+          f'access run\n  git clone https://github.com/TalwalkarLab/leaf && cd leaf/data/{dataset} && ./preprocess.sh\n'
+          f'(it downloads the raw data and writes data/all_data/*.json), then copy leaf/data/{dataset}/data to '
+          f'{os.path.join(data_dir, dataset)} or pass --config.data.data_dir=<...>/leaf/data/{dataset}/data')
+
+
 GLDV2_BASE_URL = 'https://s3.amazonaws.com/google-landmark'
 GLDV2_NUM_TRAIN_SHARDS = 500
-DATASETS = tuple(RESOURCES) + ('gldv2_images', 'feddrive_splits', 'cityscapes', 'idda')
+DATASETS = tuple(RESOURCES) + ('gldv2_images', 'feddrive_splits', 'cityscapes', 'idda') + LEAF_DATASETS
 
 
 def _hash(path: str, algo: str) -> str:
@@ -254,6 +276,12 @@ def _post(dataset: str, paths: List[str], data_dir: str) -> List[str]:
         _lzma_decompress(paths[0], sqlite_path)
       pam.convert_tff_sqlite(sqlite_path, data_dir)
     return outs
+  if dataset == 'stackoverflow':
+    from fedjax_flat.data import stackoverflow
+    sqlite_path = os.path.join(data_dir, stackoverflow.TFF_FILE)
+    if not os.path.isfile(sqlite_path):
+      _lzma_decompress(paths[0], sqlite_path)
+    return [sqlite_path, paths[1]]
   return paths  # CIFAR tarballs are read directly; gld23k CSVs are used as they are
 
 
@@ -268,6 +296,8 @@ def download(dataset: str, data_dir: str, *, opener=None, progress=None, shards:
     return prepare_cityscapes(data_dir)
   if dataset == 'idda':
     return check_idda(data_dir)
+  if dataset in LEAF_DATASETS:
+    raise DownloadError(leaf_instructions(dataset, data_dir))
   if dataset not in RESOURCES:
     raise ValueError(f'unknown dataset {dataset!r}; allowed: {DATASETS}')
   paths = [fetch(r, data_dir, opener=opener, progress=progress) for r in RESOURCES[dataset]]

@@ -27,6 +27,10 @@ Fields (validated by `training/validate.py` before anything is compiled):
   client_state_store, client_state_device_max_mb   per-client state store (SCAFFOLD, FedDyn, ...)
   personalized         end-of-training personalized / OOD evaluation (core/personalized.py): enabled,
                        finetune_epochs, finetune_lr, finetune_batch_size, auc_scores, per_client
+  centralized          the centralized upper bound (training/centralized.py): how experiments/centralized.py
+                       trains it (epochs, lr, momentum, weight_decay, batch_size, schedule) and, for federated
+                       runs, its accuracy (or the path of its centralized.json) for summary.json's
+                       rounds_to_<70|90>pct_centralized (fractions, window)
   published            the paper's number for this setting, as data (documentation only: never changes
                        training, ignored by the resume check): source (str: paper, table, cell),
                        accuracy (percent, same protocol as summary.json's reported last-K mean),
@@ -150,6 +154,21 @@ def default_config() -> ml_collections.ConfigDict:
   c.personalized.finetune_batch_size = 0  # 0 = client.batch_size
   c.personalized.auc_scores = 'softmax'   # 'softmax' | 'logits' (the FedSoup reference code)
   c.personalized.per_client = True      # per-client rows in the summary
+
+  # The centralized upper bound (training/centralized.py; experiments/centralized.py trains it).
+  c.centralized = ml_collections.ConfigDict()
+  c.centralized.epochs = 10
+  c.centralized.lr = 0.0                # 0 = client.lr; cosine-annealed over all steps (schedule)
+  c.centralized.momentum = 0.9
+  c.centralized.weight_decay = -1.0     # -1 = client.weight_decay
+  c.centralized.batch_size = 0          # 0 = client.batch_size
+  c.centralized.schedule = 'cosine'     # 'cosine' | 'constant'
+  # Federated runs: the centralized accuracy (a fraction) or a centralized run's centralized.json / workdir;
+  # summary.json then holds rounds_to_<100 f>pct_centralized for f in fractions (mean of the last `window` evals).
+  c.centralized.accuracy = 0.0          # 0 = none
+  c.centralized.path = ''
+  c.centralized.fractions = (0.7, 0.9)
+  c.centralized.window = 1              # the FedSeq release averages 5 evaluations
 
   # Published result of the paper cell this config reproduces (experiments/report.py puts it beside ours).
   c.published = ml_collections.ConfigDict()

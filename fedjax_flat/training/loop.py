@@ -433,6 +433,8 @@ class Trainer:
         'sampling_procedure': sampling.PROCEDURE,
         'comm_total_params': self.comm_total, 'comm_total_bytes': 4.0 * sum(self.comm_total.values()),
         'summary_last_k': c.summary_last_k})
+    from fedjax_flat.training import centralized   # rounds to 70% / 90% of the centralized accuracy
+    summary.update(centralized.rounds_to_centralized(self.records, c, reported))
     if c.get('personalized') is not None and c.personalized.enabled:
       summary['personalized'] = personalized.evaluate_trainer(self)   # core/personalized.py
     if c.get('corruption_eval') is not None and c.corruption_eval.name:

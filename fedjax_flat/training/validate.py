@@ -162,6 +162,9 @@ def validate_config(cfg) -> None:
   from fedjax_flat.core.client_state import STORE_KINDS
   _choice(cfg, 'client_state_store', STORE_KINDS)
   _num(cfg, 'client_state_device_max_mb', lo=0)
+  if 'centralized' in cfg:                 # the centralized upper bound / rounds-to-X (training/centralized.py)
+    from fedjax_flat.training import centralized
+    centralized.validate(cfg)
   if 'personalized' in cfg:                # end-of-training personalized evaluation (core/personalized.py)
     _num(cfg, 'personalized.finetune_epochs', lo=0, integer=True)
     _num(cfg, 'personalized.finetune_lr', lo=0)
@@ -240,6 +243,13 @@ def validate_against_data(cfg, data) -> None:
                         f'FedGloSS needs the population K_total: config.data.num_clients='
                         f'{cfg.data.get("num_clients")!r} is not the data\'s {data.num_clients} clients; set '
                         f'algo.population={data.num_clients}')
+  readout = cfg.model_kwargs.get('readout')          # sequence models (models/rnn.py): one output per label
+  if readout is not None:
+    want = 'last' if tuple(getattr(data, 'label_shape', ())) == () else 'sequence'
+    if readout != want:
+      raise ConfigError('model_kwargs.readout', readout,
+                        f'the labels of {cfg.dataset!r} have shape {tuple(getattr(data, "label_shape", ()))}: '
+                        f'use {want!r}')
   sizes = data.client_sizes()
   if (sizes == 0).all():
     raise ConfigError('data', dict(cfg.data), 'every client has 0 examples')
