@@ -3,7 +3,12 @@
   python experiments/download.py --dataset=cifar100 --data_dir=/data/fedjax_flat
   python experiments/download.py --dataset=cifar100_pam --data_dir=...   # TFF sqlite -> FedJAX sqlite
   python experiments/download.py --dataset=gld23k --data_dir=...         # split CSVs only
+  python experiments/download.py --dataset=stackoverflow --data_dir=...  # TFF sqlite (decompressed) + word counts
+  python experiments/download.py --dataset=femnist --data_dir=...        # prints how LEAF builds it (no file)
   python experiments/download.py --dataset=gldv2_images --shards=0-9 --data_dir=...  # GLDv2 JPEG shards
+  python experiments/download.py --dataset=feddrive_splits --data_dir=...  # FedDrive's released split JSONs
+  python experiments/download.py --dataset=cityscapes --data_dir=...  # login needed: prints URLs, extracts zips
+  python experiments/download.py --dataset=idda --data_dir=...        # on request: prints where, checks layout
 
 Without internet access the command fails with the URL, checksum and the path where the file can be put
 by hand; re-running then verifies and uses it.

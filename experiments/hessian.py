@@ -129,7 +129,7 @@ def main(argv):
   t0 = time.time()
   report = analysis.analyze(model, params, x, y, batch_size=_BATCH.value, top_k=_TOPK.value, method=_METHOD.value,
                             num_iters=_ITERS.value, trace_probes=_TRACE.value, density_probes=_DENSITY.value,
-                            rng=jax.random.key(_SEED.value))
+                            rng=jax.random.key(_SEED.value), task=trainer.task)
   logging.info('lambda_max %.4f  lambda_max/lambda_5 %s  (%.1f s)', report['lambda_max'],
                report.get('lambda_max_over_lambda_5'), time.time() - t0)
   name = _MODEL.value
@@ -142,7 +142,7 @@ def main(argv):
     plots.plot_density(density['grid'], density['density'], os.path.join(out, f'density_{name}.png'),
                        eigenvalues=report['eigenvalues'])
   batches = analysis.make_fixed_batches(x, y, _BATCH.value)
-  eval_fn = analysis.make_eval_fn(model, batches)
+  eval_fn = analysis.make_eval_fn(model, batches, task=trainer.task)
   if _SURFACE.value:
     k1, k2 = jax.random.split(jax.random.key(_DIR_SEED.value))
     d1 = analysis.filter_normalized_direction(k1, params)

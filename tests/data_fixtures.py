@@ -152,3 +152,119 @@ def make_landmarks(data_dir: str, name: str = 'gld23k', num_users: int = 4, per_
     ww, hh = (size if i % 2 == 0 else size[::-1])
     write_jpeg(os.path.join(images_dir, sub, f'{image_id}.jpg'), ww, hh, seed=i)
   return dict(rows=rows, test_rows=test_rows, images_dir=images_dir)
+
+
+# ----------------------------------------------------------------------------------------------------
+# LEAF JSON (FEMNIST, Shakespeare), written as LEAF's data_to_json / sample / split scripts write it.
+
+
+def write_leaf_json(path: str, users, user_data, hierarchies=None):
+  import json
+  d = {'users': list(users)}
+  if hierarchies is not None:
+    d['hierarchies'] = list(hierarchies)
+  d['num_samples'] = [len(user_data[u]['y']) for u in users]
+  d['user_data'] = user_data
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, 'w') as f:
+    json.dump(d, f)
+
+
+def make_femnist_leaf(root: str, sizes_per_file=((5, 9, 3), (7, 4)), seed: int = 0):
+  """root/all_data/all_data_<i>.json: writers f<i>_<j> with `size` 784-float images (k/255) and labels."""
+  rng = np.random.default_rng(seed)
+  out = {}
+  for i, sizes in enumerate(sizes_per_file):
+    users, data = [], {}
+    for j, n in enumerate(sizes):
+      u = f'f{i}_{j:04d}'
+      x = rng.integers(0, 256, (n, 784)) / 255.0
+      y = rng.integers(0, 62, n)
+      users.append(u)
+      data[u] = {'x': x.tolist(), 'y': [int(v) for v in y]}
+      out[u] = (x, y)
+    write_leaf_json(os.path.join(root, 'all_data', f'all_data_{i}.json'), users, data)
+  return out
+
+
+def shakespeare_windows(text: str, seq_len: int = 80):
+  """LEAF's examples of one role's text: every window of seq_len characters and the character after it."""
+  return [text[i:i + seq_len] for i in range(len(text) - seq_len)], [text[i + seq_len] for i in range(len(text) - seq_len)]
+
+
+def make_shakespeare_leaf(root: str, roles, play: str = 'THE_TEMPEST'):
+  """root/all_data/all_data.json with one user per (role name, text) and LEAF's hierarchies (the play)."""
+  users, data = [], {}
+  for name, text in roles:
+    x, y = shakespeare_windows(text)
+    users.append(name)
+    data[name] = {'x': x, 'y': y}
+  write_leaf_json(os.path.join(root, 'all_data', 'all_data.json'), users, data, hierarchies=[play] * len(users))
+  return data
+
+
+# ----------------------------------------------------------------------------------------------------
+# StackOverflow: TFF's SQLite (one tf.train.Example per row) and FedJAX's per-client SQLite.
+
+
+def _bytes_feature(values):
+  from test_data_pam import _ld
+  return _ld(1, b''.join(_ld(1, v) for v in values))
+
+
+def stackoverflow_example(tokens: str, score: int = 3) -> bytes:
+  """A serialized tf.train.Example with TFF's six StackOverflow features."""
+  from test_data_pam import _int64_feature, _tf_example
+  return _tf_example({'creation_date': _bytes_feature([b'2010-01-08 09:34:05 UTC']),
+                      'score': _int64_feature([score], False), 'tags': _bytes_feature([b'python|sql']),
+                      'title': _bytes_feature([b'a title']), 'tokens': _bytes_feature([tokens.encode()]),
+                      'type': _bytes_feature([b'answer'])})
+
+
+def make_stackoverflow_tff(path: str, splits):
+  """splits: {split_name: {client_id: [sentence, ...]}} -> TFF's stackoverflow.sqlite (with its indices)."""
+  import sqlite3
+  con = sqlite3.connect(path)
+  con.execute('CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT NOT NULL, '
+              'serialized_example_proto BLOB NOT NULL);')
+  con.execute('CREATE INDEX idx_examples_client_id ON examples (client_id);')
+  con.execute('CREATE INDEX idx_examples_client_id_split ON examples (split_name, client_id);')
+  con.execute('CREATE TABLE client_metadata (client_id TEXT NOT NULL, split_name TEXT NOT NULL, '
+              'num_examples INTEGER NOT NULL);')
+  for split, clients in splits.items():
+    for cid, sents in clients.items():
+      for s in sents:
+        con.execute('INSERT INTO examples VALUES (?, ?, ?)', (split, cid, stackoverflow_example(s)))
+      con.execute('INSERT INTO client_metadata VALUES (?, ?, ?)', (cid, split, len(sents)))
+  con.commit()
+  con.close()
+
+
+def make_stackoverflow_fedjax(path: str, clients):
+  """{client_id: [sentence, ...]} -> a FedJAX SQLite file; `tokens` a bytes array (msgpack ExtType 4)."""
+  import sqlite3
+  import zlib
+  import msgpack
+
+  def ext(x):
+    if isinstance(x, np.ndarray) and x.dtype == object:
+      return msgpack.ExtType(4, msgpack.packb((x.shape, list(x.ravel())), use_bin_type=True))
+    if isinstance(x, np.ndarray):
+      return msgpack.ExtType(1, msgpack.packb((x.shape, x.dtype.name, x.tobytes('C')), use_bin_type=True))
+    raise TypeError(type(x))
+  con = sqlite3.connect(path)
+  con.execute('CREATE TABLE federated_data (client_id BLOB NOT NULL PRIMARY KEY, data BLOB NOT NULL, '
+              'num_examples INTEGER NOT NULL);')
+  for cid, sents in clients.items():
+    ex = {'tokens': np.array([s.encode() for s in sents], dtype=object),
+          'type': np.array([b'answer'] * len(sents), dtype=object), 'score': np.arange(len(sents), dtype=np.int64)}
+    con.execute('INSERT INTO federated_data VALUES (?, ?, ?);',
+                (cid.encode(), zlib.compress(msgpack.packb(ex, default=ext, strict_types=True)), len(sents)))
+  con.commit()
+  con.close()
+
+
+def write_word_counts(path: str, words_counts):
+  with open(path, 'w') as f:
+    for w, c in words_counts:
+      f.write(f'{w} {c}\n')

@@ -149,7 +149,9 @@ def test_official_table():
   r = {k: v for k, v in dl.RESOURCES.items()}
   assert r['cifar10'][0].md5 == 'c58f30108f718f92721af3b95e74349a'
   assert r['cifar100'][0].md5 == 'eb9058c3a382ffc7106e4002c42a8d85'
-  assert all(res.url.startswith('http') and res.checksum()[0] for v in r.values() for res in v)
+  assert all(res.url.startswith('http') and (res.checksum()[0] or 'no published checksum' in res.note)
+             for v in r.values() for res in v)
+  assert r['stackoverflow'][1].sha256 == '1dc00256d6e527c54b9756d968118378ae14e6692c0b3b6cad470cdd3f0c519c'
 
 
 def test_download_and_extract_cifar10_c(server, tmp_path, monkeypatch):
@@ -182,3 +184,36 @@ def test_unsafe_tar_member_refused(tmp_path):
   with pytest.raises(Exception):
     dl.safe_extract_tar(str(p), str(tmp_path / 'out'))
   assert not (tmp_path / 'escape.txt').exists()
+
+
+def test_download_stackoverflow_decompresses_and_loads(server, tmp_path, monkeypatch):
+  import lzma
+  from fedjax_flat.data import registry, stackoverflow as so
+  from data_fixtures import make_stackoverflow_tff, write_word_counts
+  handler, base = server
+  src = tmp_path / 'src'
+  src.mkdir()
+  make_stackoverflow_tff(str(src / 'so.sqlite'), {'train': {'1': ['the a', 'a b c']}, 'test': {'2': ['the']}})
+  sql = lzma.compress((src / 'so.sqlite').read_bytes())
+  write_word_counts(str(src / so.WORD_COUNT_FILE), [('the', 5), ('a', 3)])
+  buf = io.BytesIO()
+  with tarfile.open(fileobj=buf, mode='w:bz2') as tar:
+    tar.add(str(src / so.WORD_COUNT_FILE), arcname=so.WORD_COUNT_FILE)
+  wc = buf.getvalue()
+  handler.files['/stackoverflow.sqlite.lzma'] = sql
+  handler.files['/wc.tar.bz2'] = wc
+  monkeypatch.setitem(dl.RESOURCES, 'stackoverflow', [
+      dl.Resource('stackoverflow.sqlite.lzma', base + '/stackoverflow.sqlite.lzma', note='no published checksum'),
+      dl.Resource(so.WORD_COUNT_ARCHIVE, base + '/wc.tar.bz2', len(wc), sha256=hashlib.sha256(wc).hexdigest())])
+  out = dl.download('stackoverflow', str(tmp_path / 'd'), opener=_opener())
+  assert out == [str(tmp_path / 'd' / so.TFF_FILE), str(tmp_path / 'd' / so.WORD_COUNT_ARCHIVE)]
+  ds = registry.get_dataset('stackoverflow', data_dir=str(tmp_path / 'd'), vocab_size=2, sequence_length=3,
+                            test_examples=0, cache=False)
+  np.testing.assert_array_equal(ds.x, [[4, 1, 2], [4, 2, 3]])     # bos the a | bos a oov(b)
+  np.testing.assert_array_equal(ds.test_y, [[1, 5, 0]])            # the eos pad
+
+
+def test_leaf_datasets_explain_how_to_build_them(tmp_path):
+  for name in ('femnist', 'shakespeare'):
+    with pytest.raises(dl.DownloadError, match=f'cd leaf/data/{name} && ./preprocess.sh'):
+      dl.download(name, str(tmp_path))

@@ -72,3 +72,47 @@ def test_landmarks_config_on_tff_csv_and_gldv2_jpegs(tmp_path):
   c.data.short_side = 40
   c.model = 'mlp'
   _run(c, tmp_path, 'gld23k', clients_per_round=2, batch_size=2)
+
+
+def test_femnist_quickstart_on_leaf_json(tmp_path):
+  from data_fixtures import make_femnist_leaf
+  make_femnist_leaf(str(tmp_path / 'data'), ((6, 9, 5), (7, 8)))
+  c = _config('quickstart_femnist.py')
+  c.data.data_dir = str(tmp_path / 'data')
+  c.data.fraction = 1.0
+  _run(c, tmp_path, 'femnist', clients_per_round=2, batch_size=4)    # the paper CNN: dropout keyed per step
+  s = json.load(open(tmp_path / 'run' / 'summary.json'))
+  assert s['num_params'] == 1_206_590 and s['centralized_accuracy'] == 0.8752
+  assert 'rounds_to_70pct_centralized' in s
+
+
+def test_shakespeare_quickstart_on_leaf_json(tmp_path):
+  from data_fixtures import make_shakespeare_leaf
+  text = 'Full fathom five thy father lies; of his bones are coral made; those are pearls that were his eyes. '
+  make_shakespeare_leaf(str(tmp_path / 'data'), [('P1', text), ('P2', text[::-1] * 2), ('P3', text.upper())])
+  c = _config('quickstart_shakespeare.py')
+  c.data.data_dir = str(tmp_path / 'data')
+  c.data.fraction, c.data.min_samples = 1.0, 0
+  c.model_kwargs.hidden = 16
+  _run(c, tmp_path, 'shakespeare', clients_per_round=2, batch_size=8)
+  rec = json.loads(open(tmp_path / 'run' / 'metrics.jsonl').readlines()[-1])
+  assert {'test_accuracy_no_pad', 'test_accuracy_in_vocab', 'test_oov_rate', 'test_tokens'} <= set(rec)
+  assert rec['test_tokens'] > 0 and rec['test_accuracy'] == rec['test_accuracy_no_pad']   # pad-only exclusion
+
+
+def test_stackoverflow_quickstart_on_tff_sqlite(tmp_path):
+  from data_fixtures import make_stackoverflow_tff, write_word_counts
+  from fedjax_flat.data import stackoverflow as so
+  os.makedirs(tmp_path / 'data')
+  words = ['the', 'a', 'is', 'to', '.', 'python']
+  rng = np.random.default_rng(0)
+  sent = lambda: ' '.join(rng.choice(words + ['zzz'], rng.integers(2, 9)))   # noqa: E731
+  make_stackoverflow_tff(str(tmp_path / 'data' / so.TFF_FILE),
+                         {'train': {str(k): [sent() for _ in range(5 + k)] for k in range(4)},
+                          'test': {'t': [sent() for _ in range(12)]}})
+  write_word_counts(str(tmp_path / 'data' / so.WORD_COUNT_FILE), [(w, 10 - i) for i, w in enumerate(words)])
+  c = _config('quickstart_stackoverflow.py')
+  c.data.data_dir = str(tmp_path / 'data')
+  c.data.num_clients, c.data.vocab_size, c.data.test_examples = 0, 5, 10
+  c.model_kwargs.hidden, c.model_kwargs.embed = 16, 8
+  _run(c, tmp_path, 'stackoverflow', clients_per_round=2, batch_size=4)

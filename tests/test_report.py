@@ -109,3 +109,15 @@ def test_workdirs_glob_grouped_by_config_key(sweep_dir, tmp_path):
   p = subprocess.run([sys.executable, REPORT, f'--workdirs={tmp_path}/none*', f'--out_dir={tmp_path}/r2'],
                      capture_output=True, text=True, timeout=120, cwd=ROOT)
   assert p.returncode == 2 and 'matches no run directory' in p.stderr
+
+
+def test_rounds_to_centralized_averaged_over_seeds(tmp_path):
+  runs = []
+  for seed, (r70, r90) in enumerate(((4, 9), (6, None), (8, 12))):
+    d = str(tmp_path / f'seed={seed}')
+    _run(d, seed, 'sgd', summary={**_summary(0.8, 0.8), 'rounds_to_70pct_centralized': r70,
+                                   'rounds_to_90pct_centralized': r90, 'centralized_accuracy': 0.85})
+    runs.append(d)
+  rows = report_lib.aggregate(report_lib.collect(workdirs=runs), [])
+  assert rows[0]['rounds_to_70pct_centralized_mean'] == 6.0 and rows[0]['reached_70pct_centralized'] == '3/3'
+  assert rows[0]['rounds_to_90pct_centralized_mean'] == 10.5 and rows[0]['reached_90pct_centralized'] == '2/3'

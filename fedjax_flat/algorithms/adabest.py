@@ -66,7 +66,7 @@ def adabest(ctx) -> FederatedAlgorithm:
   def client_step(bcast, local, batch, rng):
     tx = make_client_tx(client_cfg, bcast['hparams'])
     new, m = local_lib.local_step(local, batch, rng, loss_fn=loss_fn, tx=tx, correction=local.extra['corr'])
-    return new._replace(extra={**local.extra, 'seen': local.extra['seen'] + m['count']}), m
+    return new._replace(extra={**local.extra, 'seen': local.extra['seen'] + m['examples']}), m
 
   def client_final(bcast, local, cs):
     t1 = bcast['round'] + 1.0                                                   # t, 1-based

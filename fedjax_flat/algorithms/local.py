@@ -1,7 +1,8 @@
 """Building blocks for local training that most algorithms share.
 
-`make_loss` gives the client's data loss (cross-entropy over the valid examples of a masked batch, plus
-MAN's activation-norm term when zeta > 0). `local_step` is one step of the client optimizer on it, with an
+`make_loss` gives the client's data loss (the task's loss over the valid units of a masked batch,
+fedjax_flat/tasks.py: cross-entropy over valid examples for classification; plus MAN's activation-norm term
+when zeta > 0). `local_step` is one step of the client optimizer on it, with an
 optional algorithm gradient correction (FedProx, SCAFFOLD, FedDyn, FedGloSS...) added after the SAM/ASAM
 transform and before weight decay/momentum/lr, i.e. evaluated at the unperturbed weights, as the reference
 codes do.
@@ -14,6 +15,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_flat import tasks as tasks_lib
+from fedjax_flat.tasks import cross_entropy  # noqa: F401  (re-exported: the one definition lives in tasks)
+
 Params = Any
 
 
@@ -24,37 +28,33 @@ class LocalState(NamedTuple):
   extra: Any = ()           # algorithm-specific local quantities (e.g. SCAFFOLD's c - c_k)
 
 
-def cross_entropy(logits, labels):
-  """Per-example CE; labels are int class ids or soft label distributions (mixup)."""
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32))
-  if labels.ndim == logits.ndim:
-    return -jnp.sum(labels * logp, axis=-1)
-  return -jnp.take_along_axis(logp, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
+def make_loss(model, *, man_zeta: float = 0.0, train: bool = True, task=None):
+  """loss(params, batch, rng) -> (mean loss over valid units, (loss_sum, count)).
 
-
-def make_loss(model, *, man_zeta: float = 0.0, train: bool = True):
-  """loss(params, batch, rng) -> (mean loss over valid examples, (loss_sum, count)).
+  `task` (fedjax_flat/tasks.py; default classification) defines the units and their loss: count is the
+  number of valid units (examples, tokens, pixels) that the mean runs over.
 
   MAN (activation-norm regularization): zeta * sum over hidden layers of mean(a_l^2) on the post-activation
   outputs (logits excluded); the mean runs over the valid examples and the layer's units. Convention: we
   use zeta as written in the paper's loss (the reference code halves it; pass zeta/2 to match that code).
   """
+  task = tasks_lib.get_task(task)
+
   def loss(params, batch, rng=None):
     mask = batch['mask'].astype(jnp.float32)
-    count = jnp.sum(mask)
-    denom = jnp.maximum(count, 1.0)
     if man_zeta:
       logits, acts = model.apply(params, batch['x'], train=train, rng=rng, with_activations=True)
     else:
       logits = model.apply(params, batch['x'], train=train, rng=rng)
-    ce = cross_entropy(logits, batch['y'])
-    loss_sum = jnp.sum(ce * mask)
-    total = loss_sum / denom
+    loss_sum, count = task.loss_sums(logits, batch['y'], mask)
+    total = loss_sum / jnp.maximum(count, 1.0)
     if man_zeta:
+      # MAN's term is per example (activations of the whole input), over the valid examples.
+      n_ex = jnp.maximum(jnp.sum(mask), 1.0)
       reg = 0.0
       for a in acts:
         per_example = jnp.mean(jnp.square(a.astype(jnp.float32)).reshape(a.shape[0], -1), axis=-1)
-        reg = reg + jnp.sum(per_example * mask) / denom
+        reg = reg + jnp.sum(per_example * mask) / n_ex
       total = total + man_zeta * reg
     return total, (loss_sum, count)
   return loss
@@ -71,4 +71,6 @@ def local_step(local: LocalState, batch, rng, *, loss_fn, tx: optax.GradientTran
   (_, (loss_sum, count)), grads = jax.value_and_grad(lambda p: loss_fn(p, batch, rng), has_aux=True)(params)
   updates, opt_state = tx.update(grads, local.opt_state, params, grad_fn=grad_fn, correction=correction)
   params = optax.apply_updates(params, updates)
-  return local._replace(params=params, opt_state=opt_state), {'loss_sum': loss_sum, 'count': count}
+  # count: valid loss units (examples, tokens, pixels); examples: valid examples of the batch.
+  return local._replace(params=params, opt_state=opt_state), {
+      'loss_sum': loss_sum, 'count': count, 'examples': jnp.sum(batch['mask'].astype(jnp.float32))}

@@ -1,7 +1,7 @@
 """Algorithm registry and the builder that composes an algorithm from config.
 
 build_algorithm(config, model):
-  loss    = cross-entropy (+ MAN when config.man.zeta > 0)                 algorithms/local.py
+  loss    = the task's loss (+ MAN when config.man.zeta > 0)                algorithms/local.py, tasks.py
   client  = SGD | SAM | ASAM optimizer chain, hparams broadcast by server   optimizers/client.py
   server  = optax transform on the pseudo-gradient                         server/optimizers.py
   base    = ALGORITHMS[config.algorithm](ctx)                              one module per algorithm
@@ -32,6 +32,7 @@ class BuildContext:
   make_client_tx: Callable
   config: Any
   population: int = 0        # N, the dataset's number of clients (0 = unknown: config.data.num_clients)
+  task: Any = None           # the dataset's task (fedjax_flat/tasks.py); None = classification
 
   @property
   def algo(self):
@@ -74,15 +75,15 @@ def default_hparams(name: str) -> dict:
   return dict(_HPARAMS.get(name, {}))
 
 
-def build_algorithm(config, model, population: int = 0) -> FederatedAlgorithm:
+def build_algorithm(config, model, population: int = 0, task=None) -> FederatedAlgorithm:
   _load()
   name = config.algorithm
   if name not in _ALGORITHMS:
     raise ValueError(f'algorithm={name!r} is unknown; allowed: {sorted(_ALGORITHMS)}')
-  loss_fn = local_lib.make_loss(model, man_zeta=float(config.man.zeta))
+  loss_fn = local_lib.make_loss(model, man_zeta=float(config.man.zeta), task=task)
   ctx = BuildContext(model=model, loss_fn=loss_fn, client_cfg=config.client,
                      server_tx=make_server_tx(config.server), make_client_tx=make_client_tx, config=config,
-                     population=int(population))
+                     population=int(population), task=task)
   alg = _ALGORITHMS[name](ctx)
   if config.swa.enabled:
     from fedjax_flat.server import swa

@@ -59,7 +59,7 @@ def stack_batches(batches: Sequence[Mapping[str, np.ndarray]], batch_size: int |
     if k > size:
       raise ValueError(f'a batch has {k} examples > batch_size={size}')
     px = np.zeros((size,) + bx.shape[1:], bx.dtype)
-    py = np.zeros((size,), np.int32)
+    py = np.zeros((size,) + by.shape[1:], np.int32)
     pm = np.zeros((size,), np.float32)
     px[:k], py[:k], pm[:k] = bx, by, bm
     xs.append(px), ys.append(py), ms.append(pm)

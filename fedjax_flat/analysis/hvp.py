@@ -1,9 +1,11 @@
 """Losses, evaluation and Hessian-vector products over fixed, padded batches.
 
-The Hessian is that of the *exact* example-weighted mean cross-entropy over every valid example of a fixed
-set of stacked batches (see `data.py`):
+The Hessian is that of the *exact* mean loss over every valid unit (the task's, fedjax_flat/tasks.py: examples
+for classification, tokens or pixels for dense labels) of a fixed set of stacked batches (see `data.py`):
 
-  L(w) = sum_b sum_i mask_bi * ce(f(w, x_bi), y_bi) / sum_b sum_i mask_bi.
+  L(w) = sum_b sum_u m_bu * ce(f(w, x_b)_u, y_bu) / sum_b sum_u m_bu,
+
+m_bu the task's unit weight: the example mask (times the label's validity for dense labels).
 
 H v is computed forward-over-reverse (`jax.jvp` of `jax.grad`, the JAX autodiff-cookbook HVP), one batch at
 a time inside a `lax.scan`. Each batch contributes the HVP of its *summed* loss, which is the batch's mean-loss
@@ -28,25 +30,23 @@ from jax import lax
 from jax.flatten_util import ravel_pytree
 from jax.tree_util import Partial
 
+from fedjax_flat import tasks as tasks_lib
+from fedjax_flat.tasks import cross_entropy  # noqa: F401  (re-exported)
+
 Batch = Mapping[str, Any]
 
 
-def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-  """Per-example softmax cross-entropy with integer labels, computed in float32."""
-  logits = logits.astype(jnp.float32)
-  logz = jax.nn.logsumexp(logits, axis=-1)
-  picked = jnp.take_along_axis(logits, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
-  return logz - picked
-
-
-def _masked_sums(apply: Callable, params, batch: Batch):
-  """(sum of ce * mask, number of correct valid predictions) over one [B, ...] batch."""
+def _masked_sums(apply: Callable, task, params, batch: Batch):
+  """(sum of the task's unit losses, number of correct valid predictions) over one [B, ...] batch."""
   logits = apply(params, batch['x'], train=False)
-  mask = batch['mask'].astype(jnp.float32)
-  valid = mask > 0
-  ce = jnp.where(valid, cross_entropy(logits, batch['y']), 0.0)
-  correct = jnp.where(valid, (jnp.argmax(logits, -1) == batch['y']).astype(jnp.float32), 0.0)
-  return jnp.sum(ce * mask), jnp.sum(correct * mask)
+  sums = task.eval_sums(logits, batch['y'], batch['mask'])
+  return sums['loss_sum'], sums['correct']
+
+
+def _count(task, batches: Batch):
+  """The number of valid units of stacked batches (>= 1): the divisor of every mean here."""
+  counts = jax.vmap(task.unit_count)(batches['y'], batches['mask'])
+  return jnp.maximum(jnp.sum(counts), 1.0)
 
 
 def _accumulate(fn: Callable, batches: Batch, init, unroll):
@@ -72,56 +72,56 @@ def _unroll_key(unroll):
   return 'python' if unroll is True else int(unroll)
 
 
-def make_loss_fn(model) -> Callable:
-  """loss(params, batch) -> masked mean cross-entropy over one [B, ...] batch (0 if the batch is all padding)."""
-  apply = model.apply
+def make_loss_fn(model, *, task=None) -> Callable:
+  """loss(params, batch) -> masked mean loss over one [B, ...] batch (0 if the batch is all padding)."""
+  apply, task = model.apply, tasks_lib.get_task(task)
 
   def loss(params, batch):
-    s, _ = _masked_sums(apply, params, batch)
-    return s / jnp.maximum(jnp.sum(batch['mask'].astype(jnp.float32)), 1.0)
+    s, _ = _masked_sums(apply, task, params, batch)
+    return s / jnp.maximum(task.unit_count(batch['y'], batch['mask']), 1.0)
   return loss
 
 
 @functools.lru_cache(maxsize=None)
-def _full_loss_impl(apply: Callable, unroll) -> Callable:
+def _full_loss_impl(apply: Callable, unroll, task) -> Callable:
 
   @jax.jit
   def full_loss(params, batches):
-    total = _accumulate(lambda batch: _masked_sums(apply, params, batch)[0], batches,
+    total = _accumulate(lambda batch: _masked_sums(apply, task, params, batch)[0], batches,
                         jnp.zeros((), jnp.float32), unroll)
-    return total / jnp.maximum(jnp.sum(batches['mask'].astype(jnp.float32)), 1.0)
+    return total / _count(task, batches)
   return full_loss
 
 
-def make_full_loss_fn(model, *, unroll=1) -> Callable:
-  """full_loss(params, batches) -> exact weighted mean cross-entropy over stacked [nb, B, ...] batches."""
-  return _full_loss_impl(model.apply, _unroll_key(unroll))
+def make_full_loss_fn(model, *, unroll=1, task=None) -> Callable:
+  """full_loss(params, batches) -> exact weighted mean loss over stacked [nb, B, ...] batches."""
+  return _full_loss_impl(model.apply, _unroll_key(unroll), tasks_lib.get_task(task))
 
 
 @functools.lru_cache(maxsize=None)
-def _eval_impl(apply: Callable, unroll) -> Callable:
+def _eval_impl(apply: Callable, unroll, task) -> Callable:
 
   @jax.jit
   def evaluate(batches, params):
     zero = jnp.zeros((), jnp.float32)
-    s, c = _accumulate(lambda batch: _masked_sums(apply, params, batch), batches, (zero, zero), unroll)
-    n = jnp.maximum(jnp.sum(batches['mask'].astype(jnp.float32)), 1.0)
+    s, c = _accumulate(lambda batch: _masked_sums(apply, task, params, batch), batches, (zero, zero), unroll)
+    n = _count(task, batches)
     return s / n, c / n
   return evaluate
 
 
-def make_eval_fn(model, batches: Batch, *, unroll=1) -> Partial:
+def make_eval_fn(model, batches: Batch, *, unroll=1, task=None) -> Partial:
   """eval_fn(params) -> (loss, accuracy), exact example-weighted means over the fixed stacked batches.
 
   Jitted; the returned `Partial` can be called directly or passed to `landscape` functions, which trace it
   inside their own jitted grids.
   """
   batches = jax.tree_util.tree_map(jnp.asarray, dict(batches))
-  return Partial(_eval_impl(model.apply, _unroll_key(unroll)), batches)
+  return Partial(_eval_impl(model.apply, _unroll_key(unroll), tasks_lib.get_task(task)), batches)
 
 
 @functools.lru_cache(maxsize=None)
-def _hvp_impl(apply: Callable, unroll) -> Callable:
+def _hvp_impl(apply: Callable, unroll, task) -> Callable:
 
   @jax.jit
   def hvp(params, batches, v_flat):
@@ -129,7 +129,7 @@ def _hvp_impl(apply: Callable, unroll) -> Callable:
     v = unravel(v_flat.astype(flat.dtype))
 
     def batch_sum_loss(p, batch):
-      return _masked_sums(apply, p, batch)[0]
+      return _masked_sums(apply, task, p, batch)[0]
     grad_fn = jax.grad(batch_sum_loss)
 
     def batch_hvp(batch):
@@ -137,11 +137,11 @@ def _hvp_impl(apply: Callable, unroll) -> Callable:
       return ravel_pytree(hv)[0]
 
     acc = _accumulate(batch_hvp, batches, jnp.zeros_like(flat), unroll)
-    return acc / jnp.maximum(jnp.sum(batches['mask'].astype(jnp.float32)), 1.0)
+    return acc / _count(task, batches)
   return hvp
 
 
-def make_hvp(model, params, batches: Batch, *, unroll=1) -> Partial:
+def make_hvp(model, params, batches: Batch, *, unroll=1, task=None) -> Partial:
   """Returns hvp(v_flat) -> H v_flat for the exact weighted mean loss over `batches`.
 
   Args:
@@ -159,7 +159,7 @@ def make_hvp(model, params, batches: Batch, *, unroll=1) -> Partial:
   """
   params = jax.tree_util.tree_map(jnp.asarray, params)
   batches = jax.tree_util.tree_map(jnp.asarray, dict(batches))
-  return Partial(_hvp_impl(model.apply, _unroll_key(unroll)), params, batches)
+  return Partial(_hvp_impl(model.apply, _unroll_key(unroll), tasks_lib.get_task(task)), params, batches)
 
 
 def flatten_params(params) -> tuple[jax.Array, Callable]:
@@ -172,8 +172,8 @@ def param_dim(params) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _dense_hessian_impl(apply: Callable) -> Callable:
-  full_loss = _full_loss_impl(apply, 1)
+def _dense_hessian_impl(apply: Callable, task) -> Callable:
+  full_loss = _full_loss_impl(apply, 1, task)
 
   @jax.jit
   def dense(params, batches):
@@ -182,7 +182,7 @@ def _dense_hessian_impl(apply: Callable) -> Callable:
   return dense
 
 
-def dense_hessian(model, params, batches: Batch) -> jax.Array:
+def dense_hessian(model, params, batches: Batch, *, task=None) -> jax.Array:
   """The full [dim, dim] Hessian of the exact weighted mean loss (`jax.hessian`; small models only)."""
   batches = jax.tree_util.tree_map(jnp.asarray, dict(batches))
-  return _dense_hessian_impl(model.apply)(params, batches)
+  return _dense_hessian_impl(model.apply, tasks_lib.get_task(task))(params, batches)

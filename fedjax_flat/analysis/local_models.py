@@ -69,8 +69,8 @@ def local_models(trainer, round_idx: int) -> Tuple[List[int], List]:
   return ids, out
 
 
-def _lambda(model, params, batches, *, num_iters, tol, rng) -> Tuple[float, int]:
-  lams, _, iters = top_eigenpairs_power(make_hvp(model, params, batches), param_dim(params), k=1,
+def _lambda(model, params, batches, *, num_iters, tol, rng, task=None) -> Tuple[float, int]:
+  lams, _, iters = top_eigenpairs_power(make_hvp(model, params, batches, task=task), param_dim(params), k=1,
                                         num_iters=num_iters, tol=tol, rng=rng, return_num_iters=True)
   return float(lams[0]), int(iters[0])
 
@@ -98,7 +98,8 @@ def per_client_sharpness(trainer, global_params, round_idx: int, *, num_examples
     row = {'client': k, 'num_examples': int(min(len(y), num_examples))}
     for name, p, b in (('local_own', params_k, own), ('global_own', global_params, own),
                        ('local_global', params_k, g_batches)):
-      row[f'lambda_{name}'], row[f'iters_{name}'] = _lambda(model, p, b, num_iters=num_iters, tol=tol, rng=rng)
+      row[f'lambda_{name}'], row[f'iters_{name}'] = _lambda(model, p, b, num_iters=num_iters, tol=tol, rng=rng,
+                                                            task=trainer.task)
     rows.append(row)
   means = {f'mean_lambda_{n}': float(np.mean([r[f'lambda_{n}'] for r in rows]))
            for n in ('local_own', 'global_own', 'local_global')} if rows else {}

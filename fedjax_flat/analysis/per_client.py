@@ -14,7 +14,7 @@ from fedjax_flat.analysis.hvp import make_hvp, param_dim
 
 
 def client_lambda_max(model, params_k, client_batches: Mapping, global_batches: Mapping, *,
-                      num_iters: int = 20, tol: float = 1e-4, rng=None, init: str = 'normal') -> dict:
+                      num_iters: int = 20, tol: float = 1e-4, rng=None, init: str = 'normal', task=None) -> dict:
   """lambda_max of `params_k` on the client's own batches and on the global batches.
 
   Args:
@@ -32,7 +32,7 @@ def client_lambda_max(model, params_k, client_batches: Mapping, global_batches: 
   dim = param_dim(params_k)
   out = {}
   for name, batches in (('local', client_batches), ('global', global_batches)):
-    lams, _, iters = top_eigenpairs_power(make_hvp(model, params_k, batches), dim, k=1, num_iters=num_iters,
+    lams, _, iters = top_eigenpairs_power(make_hvp(model, params_k, batches, task=task), dim, k=1, num_iters=num_iters,
                                           tol=tol, rng=rng, init=init, return_num_iters=True)
     out[f'lambda_{name}'] = float(lams[0])
     out[f'iters_{name}'] = int(iters[0])

@@ -31,7 +31,7 @@ def analyze(model, params, x, y, *, batch_size: int = 100, top_k: int = 5, metho
             num_iters: int = 20, tol: float = 1e-4, lanczos_steps: Optional[int] = None,
             trace_probes: int = 0, density_probes: int = 0, density_steps: int = 50,
             max_examples: Optional[int] = None, init: str = 'normal', rng=None,
-            with_density_arrays: bool = True) -> dict:
+            with_density_arrays: bool = True, task=None) -> dict:
   """Hessian analysis of `params` on the fixed data (x, y): top eigenvalues, trace, spectral density.
 
   Args:
@@ -50,6 +50,7 @@ def analyze(model, params, x, y, *, batch_size: int = 100, top_k: int = 5, metho
     density_probes: SLQ probes (0 = skip), each with `density_steps` Lanczos steps.
     rng: PRNG key (default PRNGKey(0)); split for eigen / trace / density.
     with_density_arrays: include the density grid and values (1000 points each) in the report.
+    task: what the labels mean (fedjax_flat/tasks.py; the run's `trainer.task`); None = classification.
 
   Returns:
     A JSON-able dict: 'eigenvalues' (descending), 'lambda_max', 'lambda_max_over_lambda_5' (None if
@@ -65,8 +66,8 @@ def analyze(model, params, x, y, *, batch_size: int = 100, top_k: int = 5, metho
 
   batches = make_fixed_batches(x, y, batch_size, max_examples=max_examples)
   dim = param_dim(params)
-  hvp = make_hvp(model, params, batches)
-  eval_fn = make_eval_fn(model, batches)
+  hvp = make_hvp(model, params, batches, task=task)
+  eval_fn = make_eval_fn(model, batches, task=task)
 
   (loss, acc), timings['eval_first_call_s'] = _timed(lambda: eval_fn(params))
   v = jax.random.normal(jax.random.PRNGKey(1), (dim,), jnp.float32)

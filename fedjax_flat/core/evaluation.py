@@ -1,41 +1,49 @@
-"""Jitted, batched evaluation: exact example-weighted loss/accuracy over padded, masked batches."""
+"""Jitted, batched evaluation: exact metrics over every valid unit of padded, masked batches.
+
+What the metrics are is the task's (fedjax_flat/tasks.py): each batch gives additive sums (loss, correct,
+count, or a confusion matrix), summed over the batches, then turned into metrics once.
+"""
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_flat.algorithms.local import cross_entropy
+from fedjax_flat import tasks as tasks_lib
 from fedjax_flat.data.batching import make_eval_batches
 
 
-def make_eval_fn(model, preprocess=None, jit: bool = True):
-  """eval(params, batches [nb, B, ...]) -> {'loss', 'accuracy', 'count'} (jitted unless jit=False)."""
+def make_eval_fn(model, preprocess=None, jit: bool = True, task=None):
+  """eval(params, batches [nb, B, ...]) -> the task's metrics: {'loss', 'accuracy', 'count', ...}.
+
+  Jitted unless jit=False. Classification: example-weighted loss and accuracy over the valid examples.
+  """
+  task = tasks_lib.get_task(task)
 
   def one(params, batch):
     x = batch['x'] if preprocess is None else preprocess(batch['x'])
     logits = model.apply(params, x, train=False)
-    mask = batch['mask']
-    ce = cross_entropy(logits, batch['y'])
-    correct = (jnp.argmax(logits, -1) == batch['y']).astype(jnp.float32)
-    return jnp.stack([jnp.sum(ce * mask), jnp.sum(correct * mask), jnp.sum(mask)])
+    return task.eval_sums(logits, batch['y'], batch['mask'])
 
   def evaluate(params, batches):
-    sums = jnp.sum(jax.lax.map(lambda b: one(params, b), batches), axis=0)
-    n = jnp.maximum(sums[2], 1.0)
-    return {'loss': sums[0] / n, 'accuracy': sums[1] / n, 'count': sums[2]}
+    sums = jax.tree_util.tree_map(lambda a: jnp.sum(a, axis=0), jax.lax.map(lambda b: one(params, b), batches))
+    return task.eval_metrics(sums)
   return jax.jit(evaluate) if jit else evaluate
 
 
 class Evaluator:
   """Holds the fixed test batches on device; evaluates any params with one compiled program."""
 
-  def __init__(self, model, x, y, batch_size: int = 256, preprocess=None):
+  def __init__(self, model, x, y, batch_size: int = 256, preprocess=None, task=None):
     self.batches = jax.device_put(make_eval_batches(np.asarray(x), np.asarray(y), batch_size))
-    self.fn = make_eval_fn(model, preprocess)
+    self.fn = make_eval_fn(model, preprocess, task=task)
 
   def __call__(self, params):
-    return {k: float(v) for k, v in self.fn(params, self.batches).items()}
+    """Scalar metrics as floats; array-valued ones (per-class IoU, ...) as lists."""
+    out = {}
+    for k, v in jax.device_get(self.fn(params, self.batches)).items():
+      out[k] = float(v) if np.ndim(v) == 0 else np.asarray(v).tolist()
+    return out
 
 
 class ClientEvaluator:
@@ -45,12 +53,12 @@ class ClientEvaluator:
   Returns per-client accuracy/loss and their example-weighted and plain means.
   """
 
-  def __init__(self, model, data, batch_size: int = 256, preprocess=None):
+  def __init__(self, model, data, batch_size: int = 256, preprocess=None, task=None):
     self.data = data
     max_n = int(np.max(data.client_sizes()))
     self.batch_size = min(batch_size, max(max_n, 1))
     self.nb = max(1, -(-max_n // self.batch_size))
-    self.fn = jax.jit(jax.vmap(make_eval_fn(model, preprocess, jit=False), in_axes=(None, 0)))
+    self.fn = jax.jit(jax.vmap(make_eval_fn(model, preprocess, jit=False, task=task), in_axes=(None, 0)))
 
   def _client_batches(self, k):
     x, y = (self.data.client_examples(k) if not hasattr(self.data, 'client_indices')

@@ -15,6 +15,8 @@ Pipelines (digest sections 2.4, 2.5 and 3.1):
                   flip, normalize with the ImageNet mean/std. Evaluation: centre crop with crop_padding 32
                   (the Flax ImageNet pipeline's 224/256 crop) resized to 224, normalize.
   'none'          no augmentation (integer images are still scaled to [0, 1]).
+  segmentation    `make_seg_augment` (image + label-map pairs: style transfer, random scale + crop, flip,
+                  jitter, normalize; FedDrive) and `make_seg_preprocess`: see the section at the end.
 The CIFAR pipelines need the dataset's statistics: pass dataset='cifar10'|'cifar100' (or mean=, std=), or use
 the aliases 'cifar10', 'cifar100', 'cifar10_cutout', 'cifar100_cutout'.
 
@@ -47,12 +49,15 @@ CIFAR100_MEAN = (0.5071, 0.4867, 0.4408)
 CIFAR100_STD = (0.2675, 0.2565, 0.2761)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+FEDDRIVE_MEAN = (0.5, 0.5, 0.5)   # FedDrive release (Cityscapes and IDDA): x / 255, then (x - 0.5) / 0.5
+FEDDRIVE_STD = (0.5, 0.5, 0.5)
 
 STATS = {
     'cifar10': (CIFAR10_MEAN, CIFAR10_STD),
     'cifar100': (CIFAR100_MEAN, CIFAR100_STD),
     'imagenet': (IMAGENET_MEAN, IMAGENET_STD),
     'landmarks': (IMAGENET_MEAN, IMAGENET_STD),
+    'feddrive': (FEDDRIVE_MEAN, FEDDRIVE_STD),
 }
 
 # Cutout side per dataset (thesis Table A.1 notes).
@@ -65,8 +70,9 @@ def _check_batch(x):
 
 
 def to_float(x):
-  """Integer images (uint8 0..255) -> float32 in [0, 1]; float images unchanged."""
-  if jnp.issubdtype(x.dtype, jnp.integer):
+  """8-bit images (uint8 0..255) -> float32 in [0, 1]; anything else unchanged (float images; int16/int32
+  token ids of the language datasets must reach the model as ids)."""
+  if x.dtype == jnp.uint8:
     return x.astype(jnp.float32) / 255.0
   return x
 
@@ -365,3 +371,171 @@ def make_label_augment(name: str, *, alpha: float = 1.0,
   if name == 'mixup':
     return lambda rng, x, y: mixup(rng, x, onehot(y), alpha)
   raise ValueError(f"label augmentation {name!r} is unknown; allowed: 'none', 'mixup'")
+
+
+# ------------------------------------------------------------------------------------------ segmentation
+#
+# Image + label-map pairs (FedDrive, thesis §2.7 / Table A.1). x [B, H, W, 3] in [0, 1], y [B, H, W] integer
+# label maps with SEG_IGNORE = 255 for "no label". The geometric transform of each example is one map from
+# output pixel (i, j) to a pixel of the *scaled* image, (i + off_y, j + off_x), and from there to the source
+# pixel ((u + 0.5) / s - 0.5) (half-pixel centres): the image is sampled bilinearly (no antialiasing, as the
+# release's cv2.resize INTER_LINEAR; edges replicated), the label map with nearest neighbour at the same
+# centres (PIL's NEAREST; cv2's INTER_NEAREST drops the half-pixel offset, a sub-pixel difference). Output
+# pixels outside the scaled image are padding: image 0, label 255. Shapes are static (crop size), so the
+# functions run under jit, scan over local steps and vmap over clients.
+#
+#   'scale_crop'    the release's Cityscapes transform (transform_cv2.RandomResizedCrop): s ~ U[scale]; the
+#                   image is resized to (ceil(H s), ceil(W s)); when smaller than the crop it is padded by
+#                   (crop - size) // 2 + 1 on both sides; a crop at a uniform offset. Cityscapes: scale
+#                   (0.5, 1.5), crop 512 x 1024.
+#   'resized_crop'  the release's IDDA transform (torchvision-style RandomResizedCrop with scale = area
+#                   fraction, ratio (3/4, 4/3), 10 attempts, then the centre fallback: see
+#                   sample_resized_crop_boxes) resized to the crop. IDDA: scale (0.5, 2.0), crop 512 x 928
+#                   (on images resized to 1024 x 1856 at load).
+
+SEG_IGNORE = 255
+
+
+def _check_pair(x, y):
+  _check_batch(x)
+  if y.shape != x.shape[:3]:
+    raise ValueError(f'label maps {y.shape} do not match images {x.shape} ([B, H, W] for [B, H, W, C])')
+
+
+def _bilinear_rows(img, src):
+  """Rows of img [H, W, C] at fractional source rows src [n] (edges replicated) -> [n, W, C]."""
+  h = img.shape[0]
+  r0 = jnp.floor(src)
+  w1 = (src - r0)[:, None, None].astype(img.dtype)
+  i0 = jnp.clip(r0.astype(jnp.int32), 0, h - 1)
+  i1 = jnp.clip(r0.astype(jnp.int32) + 1, 0, h - 1)
+  return img[i0] * (1 - w1) + img[i1] * w1
+
+
+def resample_pair(x, y, scale, offset, extent, out_size, ignore: int = SEG_IGNORE):
+  """One example: x [H, W, C], y [H, W]; scale, offset, extent: (row, col) of the scaled image.
+
+  Output pixel (i, j) takes scaled-image pixel (i + offset[0], j + offset[1]); pixels outside
+  [0, extent) are padding (x 0, y `ignore`). Returns (x [oh, ow, C], y [oh, ow]).
+  """
+  oh, ow = out_size
+  h, w = y.shape
+  u = jnp.arange(oh, dtype=jnp.float32) + offset[0]
+  v = jnp.arange(ow, dtype=jnp.float32) + offset[1]
+  xr = _bilinear_rows(x, (u + 0.5) / scale[0] - 0.5)                                       # [oh, W, C]
+  xo = jnp.swapaxes(_bilinear_rows(jnp.swapaxes(xr, 0, 1), (v + 0.5) / scale[1] - 0.5), 0, 1)  # [oh, ow, C]
+  rows = jnp.clip(jnp.floor((u + 0.5) / scale[0]).astype(jnp.int32), 0, h - 1)
+  cols = jnp.clip(jnp.floor((v + 0.5) / scale[1]).astype(jnp.int32), 0, w - 1)
+  yo = y[rows][:, cols]
+  inside = (((u >= 0) & (u < extent[0]))[:, None]) & (((v >= 0) & (v < extent[1]))[None, :])
+  return (jnp.where(inside[..., None], xo, jnp.zeros((), xo.dtype)),
+          jnp.where(inside, yo, jnp.asarray(ignore, y.dtype)))
+
+
+def sample_scale_crop(rng, batch_size: int, height: int, width: int, crop: Tuple[int, int],
+                      scale: Tuple[float, float]):
+  """Per-example parameters of 'scale_crop': dict of scale, offset, extent ([B, 2] each, (row, col))."""
+  k_s, k_off = jax.random.split(rng)
+  s = jax.random.uniform(k_s, (batch_size,), minval=scale[0], maxval=scale[1])
+  size_in = jnp.array([height, width], jnp.float32)
+  crop_a = jnp.array(crop, jnp.float32)
+  scaled = jnp.ceil(size_in[None, :] * s[:, None])                     # [B, 2] resized (H, W)
+  pad = jnp.where(scaled < crop_a, jnp.floor((crop_a - scaled) / 2) + 1, 0.0)
+  room = scaled + 2 * pad - crop_a                                      # >= 0
+  start = jnp.floor(jax.random.uniform(k_off, (batch_size, 2)) * room)
+  return {'scale': scaled / size_in[None, :], 'offset': start - pad, 'extent': scaled}
+
+
+def sample_resized_crop_params(rng, batch_size: int, height: int, width: int, crop: Tuple[int, int],
+                               scale: Tuple[float, float], ratio: Tuple[float, float] = (3 / 4, 4 / 3)):
+  """Per-example parameters of 'resized_crop' (torchvision box resized to the crop), as sample_scale_crop."""
+  boxes = sample_resized_crop_boxes(rng, batch_size, height, width, scale, ratio).astype(jnp.float32)
+  s = jnp.array(crop, jnp.float32)[None, :] / boxes[:, 2:4]
+  return {'scale': s, 'offset': boxes[:, 0:2] * s, 'extent': jnp.array([height, width], jnp.float32)[None] * s}
+
+
+def random_scale_crop_pair(rng, x, y, crop: Tuple[int, int], scale: Tuple[float, float] = (0.5, 1.5),
+                           mode: str = 'scale_crop', ratio: Tuple[float, float] = (3 / 4, 4 / 3)):
+  """Random scale + crop of image/label pairs to `crop` = (h, w): (x [B, h, w, C], y [B, h, w])."""
+  _check_pair(x, y)
+  b, h, w, _ = x.shape
+  if mode == 'scale_crop':
+    p = sample_scale_crop(rng, b, h, w, crop, scale)
+  elif mode == 'resized_crop':
+    p = sample_resized_crop_params(rng, b, h, w, crop, scale, ratio)
+  else:
+    raise ValueError(f"mode={mode!r}; allowed: 'scale_crop', 'resized_crop'")
+  return jax.vmap(lambda a, l, s, o, e: resample_pair(a, l, s, o, e, tuple(crop)))(
+      x, y, p['scale'], p['offset'], p['extent'])
+
+
+def random_flip_pair(rng, x, y):
+  """The same horizontal flip (p = 0.5 per example) of images and label maps."""
+  _check_pair(x, y)
+  flip = jax.random.bernoulli(rng, 0.5, (x.shape[0],))
+  return (jnp.where(flip[:, None, None, None], x[:, :, ::-1, :], x),
+          jnp.where(flip[:, None, None], y[:, :, ::-1], y))
+
+
+def color_jitter(rng, x, strength: float):
+  """Brightness, contrast, saturation jitter, each factor ~ U[max(0, 1 - s), 1 + s] per example, in that
+  order, clipped to [0, 1] after each (the release's cv2 ColorJitter: contrast pivots at 74/255,
+  saturation mixes with the pixel's channel mean)."""
+  _check_batch(x)
+  lo, hi = max(0.0, 1.0 - strength), 1.0 + strength
+  kb, kc, ks = jax.random.split(rng, 3)
+  draw = lambda k: jax.random.uniform(k, (x.shape[0], 1, 1, 1), minval=lo, maxval=hi).astype(x.dtype)
+  x = jnp.clip(x * draw(kb), 0.0, 1.0)
+  pivot = jnp.asarray(74.0 / 255.0, x.dtype)
+  x = jnp.clip(pivot + (x - pivot) * draw(kc), 0.0, 1.0)
+  r = draw(ks)
+  return jnp.clip(r * x + (1 - r) * jnp.mean(x, axis=-1, keepdims=True), 0.0, 1.0)
+
+
+def resize_pair(x, y, size: Tuple[int, int]):
+  """Deterministic resize of images (bilinear) and label maps (nearest) to size = (h, w): evaluation at a
+  reduced resolution, or resizing predictions' references."""
+  _check_pair(x, y)
+  b, h, w, _ = x.shape
+  s = jnp.array([size[0] / h, size[1] / w], jnp.float32)
+  e = jnp.array(size, jnp.float32)
+  return jax.vmap(lambda a, l: resample_pair(a, l, s, jnp.zeros(2), e, tuple(size)))(x, y)
+
+
+def make_seg_augment(*, crop: Tuple[int, int], scale: Tuple[float, float] = (0.5, 1.5), mode: str = 'scale_crop',
+                     ratio: Tuple[float, float] = (3 / 4, 4 / 3), flip: bool = True, jitter: float = 0.0,
+                     mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5),
+                     style=None, style_fraction: float = 0.5) -> Callable:
+  """Training transform of a segmentation batch: `fn(rng, batch) -> batch` (fn.on_batch = True).
+
+  Order as the FedDrive release: style transfer (CFSI / LAB on `style_fraction` of the valid examples, at the
+  loaded resolution; data/style_transfer.py; `style` is a StyleBank or None) -> random scale + crop
+  (`mode`) -> flip -> colour jitter (strength `jitter`, 0 = off) -> normalize. batch['x'] uint8 or float in
+  [0, 1] [B, H, W, 3], batch['y'] [B, H, W]; returns x float32 [B, *crop, 3], y int32 [B, *crop] with 255
+  in padded pixels. crop=None keeps the loaded size (no scale/crop).
+  """
+  if mode not in ('scale_crop', 'resized_crop'):
+    raise ValueError(f"mode={mode!r}; allowed: 'scale_crop', 'resized_crop'")
+  from fedjax_flat.data import style_transfer  # noqa: PLC0415  (keeps augment importable on its own)
+  entries = None if style is None else jnp.asarray(style.entries)
+
+  def seg(rng, batch):
+    k_style, k_geo, k_flip, k_jit = jax.random.split(rng, 4)
+    x, y = to_float(batch['x']), batch['y']
+    if style is not None:
+      x = style_transfer.apply_style(k_style, x, batch['mask'], style, style_fraction,
+                                     client=batch.get('client'), entries=entries)
+    if crop is not None:
+      x, y = random_scale_crop_pair(k_geo, x, y, tuple(crop), tuple(scale), mode, tuple(ratio))
+    if flip:
+      x, y = random_flip_pair(k_flip, x, y)
+    if jitter:
+      x = color_jitter(k_jit, x, jitter)
+    return {**batch, 'x': normalize(x, mean, std), 'y': y.astype(jnp.int32)}
+  seg.on_batch = True
+  return seg
+
+
+def make_seg_preprocess(mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5)):
+  """Evaluation transform of segmentation images `fn(x) -> x`: to [0, 1], normalize (labels untouched)."""
+  return lambda x: normalize(to_float(x), mean, std)

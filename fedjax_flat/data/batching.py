@@ -53,7 +53,7 @@ def padded_num_steps(client_sizes: np.ndarray, batch_size: int, *, epochs: int =
 @dataclasses.dataclass
 class RoundBatches:
   x: np.ndarray            # [C, S, B, *input_shape]
-  y: np.ndarray            # [C, S, B] int32
+  y: np.ndarray            # [C, S, B, *label_shape] int32
   mask: np.ndarray         # [C, S, B] float32, 1 = real example
   num_examples: np.ndarray  # [C] float32: the client's dataset size N_k (FedAvg weight); 0 for padding
   client_ids: np.ndarray   # [C] int32 (-1 for padding clients)
@@ -195,7 +195,8 @@ def gather_round_device(plan: BatchPlan, arrays, key, round_idx, client_ids):
   valid = mask > 0
   x = arrays['x'][flat]
   x = jnp.where(valid.reshape(valid.shape + (1,) * (x.ndim - valid.ndim)), x, jnp.zeros((), x.dtype))
-  y = jnp.where(valid, arrays['y'][flat], 0)
+  y = arrays['y'][flat]
+  y = jnp.where(valid.reshape(valid.shape + (1,) * (y.ndim - valid.ndim)), y, 0)
   return {'x': x, 'y': y, 'mask': mask}, sizes.astype(jnp.float32)
 
 
@@ -218,7 +219,8 @@ def make_round_batches(data, client_ids: Sequence[int], *, round_idx: int, seed:
   input_shape = tuple(data.input_shape)
   x_dtype = data.x.dtype if in_memory else np.float32
   xs = np.zeros((c_total, num_steps, batch_size) + input_shape, x_dtype)
-  ys = np.zeros((c_total, num_steps, batch_size), np.int32)
+  label_shape = tuple(np.shape(data.y)[1:]) if in_memory else tuple(getattr(data, 'label_shape', ()))
+  ys = np.zeros((c_total, num_steps, batch_size) + label_shape, np.int32)
   ms = np.zeros((c_total, num_steps, batch_size), np.float32)
   nums = np.zeros((c_total,), np.float32)
   out_ids = np.full((c_total,), -1, np.int32)
@@ -260,7 +262,7 @@ def make_eval_batches(x: np.ndarray, y: np.ndarray, batch_size: int):
   nb = max(1, int(math.ceil(n / batch_size)))
   total = nb * batch_size
   xp = np.zeros((total,) + x.shape[1:], x.dtype)
-  yp = np.zeros((total,), np.int32)
+  yp = np.zeros((total,) + y.shape[1:], np.int32)   # labels may be arrays (tokens, label maps)
   mp = np.zeros((total,), np.float32)
   xp[:n], yp[:n], mp[:n] = x, y, 1.0
   shape = lambda a: a.reshape((nb, batch_size) + a.shape[1:])

@@ -50,6 +50,9 @@ CIFAR100_STD = (0.2675, 0.2565, 0.2761)
 
 # alpha grids of the FedSAM paper (thesis Table 3.2 / Section 2.2 of the chapter-4 digest).
 ALPHA_GRID = {'cifar10': (0.0, 0.05, 100.0), 'cifar100': (0.0, 0.5, 1000.0)}
+# The FedSeq chapter (thesis 5.2, Table 5.1): 500 clients x 100 images (num_clients=500, examples_per_client=100),
+# both datasets; alpha = 100 for the label-flipping experiments (Table 5.5).
+ALPHA_GRID_FEDSEQ = (0.0, 0.2, 0.5, 100.0)
 
 _SPECS = {
     'cifar10': dict(tarball=CIFAR10_TARBALL, dirname=CIFAR10_DIR, num_classes=10,

@@ -8,7 +8,10 @@ next attempt resumes. Only urllib is used.
 
 `download(dataset, data_dir)` fetches every file of a dataset and runs its post-processing (archive
 extraction with path checks; CIFAR100-PAM: LZMA-decompress TFF's cifar100.sqlite and convert it to
-FedJAX's per-client SQLite files without TensorFlow).
+FedJAX's per-client SQLite files without TensorFlow). Segmentation: `feddrive_splits` fetches FedDrive's
+released split JSONs (sha256-pinned); Cityscapes (login) and IDDA (on request) cannot be fetched by a
+program, so `cityscapes` extracts the official zips once they are placed by hand and otherwise raises
+`ManualDownloadRequired` with the URLs and the expected layout, and `idda` checks the layout likewise.
 """
 from __future__ import annotations
 
@@ -34,6 +37,10 @@ class DownloadError(RuntimeError):
 
 class ChecksumError(DownloadError):
   """The fetched bytes do not match the expected size or checksum (the .part file was deleted)."""
+
+
+class ManualDownloadRequired(DownloadError):
+  """The dataset cannot be fetched by a program (login, request form): the message says what to do."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,10 +88,32 @@ RESOURCES: Dict[str, List[Resource]] = {
                  'https://storage.googleapis.com/tff-datasets-public/mini_gld_test.csv',
                  None, md5='298e9d19d66357236f66fe8e22920933', note='size not published; md5 from TFF gldv2.py'),
     ],
+    # TFF publishes no checksum or size of stackoverflow.sqlite.lzma (its loader downloads it unchecked); the
+    # word counts' sha256 is the one pinned in TFF's stackoverflow.load_word_counts.
+    'stackoverflow': [
+        Resource('stackoverflow.sqlite.lzma', 'https://storage.googleapis.com/tff-datasets-public/stackoverflow.sqlite.lzma',
+                 None, note='no published checksum; decompressed to stackoverflow.sqlite'),
+        Resource('stackoverflow.word_count.tar.bz2',
+                 'https://storage.googleapis.com/tff-datasets-public/stackoverflow.word_count.tar.bz2', None,
+                 sha256='1dc00256d6e527c54b9756d968118378ae14e6692c0b3b6cad470cdd3f0c519c',
+                 note='sha256 from TFF stackoverflow.load_word_counts; read as it is'),
+    ],
 }
+# LEAF's FEMNIST and Shakespeare have no file to download: LEAF's scripts build the JSON files from NIST SD19
+# (by_class.zip, by_write.zip) and Project Gutenberg's complete works (data/leaf.py).
+LEAF_DATASETS = ('femnist', 'shakespeare')
+
+
+def leaf_instructions(dataset: str, data_dir: str) -> str:
+  return (f'{dataset} is built by LEAF\'s own scripts (no file of it is published): on a machine with internet '
+          f'access run\n  git clone https://github.com/TalwalkarLab/leaf && cd leaf/data/{dataset} && ./preprocess.sh\n'
+          f'(it downloads the raw data and writes data/all_data/*.json), then copy leaf/data/{dataset}/data to '
+          f'{os.path.join(data_dir, dataset)} or pass --config.data.data_dir=<...>/leaf/data/{dataset}/data')
+
+
 GLDV2_BASE_URL = 'https://s3.amazonaws.com/google-landmark'
 GLDV2_NUM_TRAIN_SHARDS = 500
-DATASETS = tuple(RESOURCES) + ('gldv2_images',)
+DATASETS = tuple(RESOURCES) + ('gldv2_images', 'feddrive_splits', 'cityscapes', 'idda') + LEAF_DATASETS
 
 
 def _hash(path: str, algo: str) -> str:
@@ -247,6 +276,12 @@ def _post(dataset: str, paths: List[str], data_dir: str) -> List[str]:
         _lzma_decompress(paths[0], sqlite_path)
       pam.convert_tff_sqlite(sqlite_path, data_dir)
     return outs
+  if dataset == 'stackoverflow':
+    from fedjax_flat.data import stackoverflow
+    sqlite_path = os.path.join(data_dir, stackoverflow.TFF_FILE)
+    if not os.path.isfile(sqlite_path):
+      _lzma_decompress(paths[0], sqlite_path)
+    return [sqlite_path, paths[1]]
   return paths  # CIFAR tarballs are read directly; gld23k CSVs are used as they are
 
 
@@ -255,6 +290,14 @@ def download(dataset: str, data_dir: str, *, opener=None, progress=None, shards:
   if dataset == 'gldv2_images':
     return download_gldv2_images(data_dir, shards or range(GLDV2_NUM_TRAIN_SHARDS), opener=opener,
                                  progress=progress)
+  if dataset == 'feddrive_splits':
+    return download_feddrive_splits(data_dir, opener=opener)
+  if dataset == 'cityscapes':
+    return prepare_cityscapes(data_dir)
+  if dataset == 'idda':
+    return check_idda(data_dir)
+  if dataset in LEAF_DATASETS:
+    raise DownloadError(leaf_instructions(dataset, data_dir))
   if dataset not in RESOURCES:
     raise ValueError(f'unknown dataset {dataset!r}; allowed: {DATASETS}')
   paths = [fetch(r, data_dir, opener=opener, progress=progress) for r in RESOURCES[dataset]]
@@ -290,3 +333,53 @@ def download_gldv2_images(data_dir: str, shards: Sequence[int], *, opener=None, 
     open(marker, 'w').close()
     done.append(marker)
   return done
+
+
+# ----------------------------------------------------------------------------------------------------
+# Segmentation (FedDrive): split files from the release; Cityscapes and IDDA need a manual step.
+
+
+def download_feddrive_splits(data_dir: str, *, opener=None) -> List[str]:
+  """FedDrive's released split JSONs (sha256-pinned) into <data_dir>/feddrive_splits/<dataset>/..."""
+  from fedjax_flat.data import feddrive_splits as fds
+  paths = [fetch(Resource(os.path.join('feddrive_splits', *path.split('/')), fds.release_url(path), size,
+                          sha256=sha), data_dir, opener=opener)
+           for path, size, sha in fds.RELEASED_FILES]
+  return sorted({os.path.dirname(os.path.dirname(p)) for p in paths})
+
+
+def prepare_cityscapes(data_dir: str) -> List[str]:
+  """Extracts the official zips placed in <data_dir>/cityscapes/; without them says where to get them."""
+  from fedjax_flat.data import cityscapes
+  root = cityscapes.default_root(data_dir)
+  ready = lambda: all(os.path.isdir(os.path.join(root, d, s)) for d in ('leftImg8bit', 'gtFine')
+                      for s in ('train', 'val'))
+  if ready():
+    return [root]
+  zips = [os.path.join(root, name) for name in cityscapes.URLS]
+  if all(os.path.isfile(z) for z in zips):
+    for z in zips:
+      safe_extract_zip(z, root)
+    if ready():
+      return [root]
+    raise DownloadError(f'extracted {zips} but {root} still lacks leftImg8bit/{{train,val}} and gtFine/{{train,val}}')
+  urls = '\n'.join(f'  {name}: {url}' for name, url in cityscapes.URLS.items())
+  raise ManualDownloadRequired(
+      f'Cityscapes needs a login at https://www.cityscapes-dataset.com (free registration). Download\n{urls}\n'
+      f'and put both zips in {root}/, then re-run this command to extract them. Expected layout:\n'
+      f'  {root}/leftImg8bit/{{train,val}}/<city>/<city>_<seq>_<frame>_leftImg8bit.png\n'
+      f'  {root}/gtFine/{{train,val}}/<city>/<city>_<seq>_<frame>_gtFine_labelIds.png')
+
+
+def check_idda(data_dir: str) -> List[str]:
+  """IDDA is distributed on request: checks the layout or says where to get it and where to put it."""
+  from fedjax_flat.data import idda
+  root = idda.default_root(data_dir)
+  if os.path.isdir(root) and any(os.path.isdir(os.path.join(root, d, idda.IMAGE_DIR)) for d in os.listdir(root)):
+    return [root]
+  raise ManualDownloadRequired(
+      'IDDA is distributed on request: ask for the "IDDA V3" release at '
+      'https://idda-dataset.github.io/home/download/ (FedDrive uses its IDDAsmall folder). Extract it so that\n'
+      f'  {root}/<domain>/{idda.IMAGE_DIR}/<id>_<domain>{idda.IMAGE_EXT}\n'
+      f'  {root}/<domain>/{idda.LABEL_DIR}/<id>_<domain>{idda.LABEL_EXT}\n'
+      'with <domain> = T<town>_<weather>_<viewpoint> (e.g. T01_CN_A), then re-run this command to check it.')

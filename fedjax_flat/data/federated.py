@@ -6,12 +6,13 @@ population of 100,000 clients costs one int64 per example plus one per client. M
 on the clients sampled that round (their examples are gathered by the round batcher).
 
 Datasets that do not fit in memory (Landmarks) implement the same small protocol, `ClientDataSource`:
-`num_clients`, `client_sizes()`, `client_examples(k) -> (x, y)`, `test_examples() -> (x, y)`.
+`num_clients`, `client_sizes()`, `client_examples(k) -> (x, y)`, `test_examples() -> (x, y)`; optionally
+`label_shape` (default (): one class per example) and `task` (fedjax_flat/tasks.py; default classification).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence, Tuple, Protocol
+from typing import Any, Optional, Sequence, Tuple, Protocol
 
 import numpy as np
 
@@ -61,6 +62,7 @@ class FederatedDataset:
   test_population_index: Optional[np.ndarray] = None
   test_population_offsets: Optional[np.ndarray] = None
   test_client_names: Optional[Sequence[str]] = None
+  task: Any = None   # what the labels mean (fedjax_flat/tasks.py: a name or an instance); None = classification
 
   def __post_init__(self):
     if len(self.x) != len(self.y):
@@ -77,7 +79,7 @@ class FederatedDataset:
   @classmethod
   def from_client_indices(cls, x, y, client_indices: Sequence[np.ndarray], test_x, test_y, num_classes,
                           name='dataset', client_test_indices=None, client_names=None,
-                          test_population_indices=None, test_client_names=None):
+                          test_population_indices=None, test_client_names=None, task=None):
     idx, off = _csr(client_indices)
     t_idx = t_off = p_idx = p_off = None
     if client_test_indices is not None:
@@ -87,7 +89,8 @@ class FederatedDataset:
     return cls(x=x, y=np.asarray(y), client_index=idx, client_offsets=off, test_x=test_x,
                test_y=np.asarray(test_y), num_classes=int(num_classes), name=name,
                client_test_index=t_idx, client_test_offsets=t_off, client_names=client_names,
-               test_population_index=p_idx, test_population_offsets=p_off, test_client_names=test_client_names)
+               test_population_index=p_idx, test_population_offsets=p_off, test_client_names=test_client_names,
+               task=task)
 
   @property
   def num_clients(self) -> int:
@@ -96,6 +99,11 @@ class FederatedDataset:
   @property
   def input_shape(self) -> tuple:
     return tuple(self.x.shape[1:])
+
+  @property
+  def label_shape(self) -> tuple:
+    """() for one class per example; (T,) for token labels, (H, W) for label maps."""
+    return tuple(np.shape(self.y)[1:])
 
   def client_sizes(self) -> np.ndarray:
     return np.diff(self.client_offsets)

@@ -34,11 +34,11 @@ import logging
 import math
 import os
 import threading
-from collections import OrderedDict
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from fedjax_flat.data.prefetch import DecodePool
 from fedjax_flat.data.registry import register
 
 SPLITS = {
@@ -314,8 +314,9 @@ def decode_transform(blob: bytes, image_size: int, rng: Optional[np.random.Gener
     return np.asarray(out, np.uint8)
 
 
-class LandmarksSource:
+class LandmarksSource(DecodePool):
   """Out-of-memory federated Landmarks (ClientDataSource protocol) over prepared shards."""
+  _pool_prefix = 'landmarks'
 
   def __init__(self, shards_dir: str, *, image_size: int = 224, seed: int = 0, train_augment: bool = True,
                num_workers: int = 2):
@@ -387,39 +388,7 @@ class LandmarksSource:
         x = np.stack(list(pool.map(lambda b: decode_transform(b, self.image_size, None), blobs)))
         yield x, labels[lo:hi].copy()
 
-  def prefetch_clients(self, ids: Sequence[int], max_in_flight: Optional[int] = None
-                       ) -> Iterator[Tuple[int, Tuple[np.ndarray, np.ndarray]]]:
-    """Yields (k, client_examples(k)) in order while later clients decode in the background pool."""
-    pool = self._get_pool()
-    max_in_flight = max_in_flight or 2 * self.num_workers
-    pending: 'OrderedDict[int, cf.Future]' = OrderedDict()
-    ids = list(ids)
-    nxt = 0
-    while nxt < len(ids) or pending:
-      while nxt < len(ids) and len(pending) < max_in_flight:
-        pending[nxt] = pool.submit(self.client_examples, int(ids[nxt]))
-        nxt += 1
-      j, fut = pending.popitem(last=False)
-      yield int(ids[j]), fut.result()
-
-  def close(self):
-    if self._pool is not None:
-      self._pool.shutdown(wait=True)
-      self._pool = None
-
-  def __del__(self):  # pragma: no cover
-    try:
-      self.close()
-    except Exception:
-      pass
-
-  # -- internals -----------------------------------------------------------------------------------
-  def _get_pool(self) -> cf.ThreadPoolExecutor:
-    with self._lock:
-      if self._pool is None:
-        self._pool = cf.ThreadPoolExecutor(self.num_workers, thread_name_prefix='landmarks')
-      return self._pool
-
+  # -- internals (decoding pool and prefetch_clients: data/prefetch.DecodePool) ----------------------
   def _range(self, k: int) -> Tuple[int, int]:
     if not 0 <= k < self.num_clients:
       raise IndexError(f'client {k} out of range [0, {self.num_clients})')

@@ -29,7 +29,8 @@ def _load_optional():
   # Loader modules of real datasets register themselves on import.
   import importlib
   for mod in ('fedjax_flat.data.cifar', 'fedjax_flat.data.pam', 'fedjax_flat.data.landmarks',
-              'fedjax_flat.data.feature_shift'):
+              'fedjax_flat.data.feature_shift', 'fedjax_flat.data.seg_synthetic', 'fedjax_flat.data.cityscapes',
+              'fedjax_flat.data.idda', 'fedjax_flat.data.leaf', 'fedjax_flat.data.stackoverflow'):
     try:
       importlib.import_module(mod)
     except ModuleNotFoundError as e:

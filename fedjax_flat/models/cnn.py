@@ -72,3 +72,31 @@ class MLP(nn.Module):
     for h in self.hidden:
       x = _act(self, nn.Dense(h)(x))
     return nn.Dense(self.num_classes)(x)
+
+
+class FemnistCNN(nn.Module):
+  """The EMNIST/FEMNIST CNN of Reddi et al. 2021 (used by FedSeq): conv3x3-32 VALID, ReLU, conv3x3-64 VALID,
+  ReLU, maxpool2, dropout 0.25, fc128, ReLU, dropout 0.5, fc classes. 1,206,590 parameters for 62 classes.
+
+  `variant='fedseq_release'` drops the ReLUs after the first conv and after fc128, as the FedSeq release's
+  `emnistCNN.forward` does (same parameters, a different function). Dropout draws from the step's `rng`
+  (the engine passes one key per client and step), PyTorch default init as that release.
+  """
+  num_classes: int = 62
+  conv_impl: str = 'auto'
+  pool_impl: str = 'auto'
+  variant: str = 'reddi'
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    if self.variant not in ('reddi', 'fedseq_release'):
+      raise ValueError(f"variant={self.variant!r}; allowed: 'reddi', 'fedseq_release'")
+    act = (lambda y: _act(self, y)) if self.variant == 'reddi' else (lambda y: y)
+    x = act(Conv(32, (3, 3), conv_impl=self.conv_impl, torch_init=True)(x))
+    x = _act(self, Conv(64, (3, 3), conv_impl=self.conv_impl, torch_init=True)(x))
+    x = max_pool(x, (2, 2), pool_impl=self.pool_impl, conv_impl=self.conv_impl)
+    x = nn.Dropout(0.25, deterministic=not train)(x)
+    x = x.reshape(x.shape[:-3] + (-1,))
+    x = act(Dense(128, torch_init=True)(x))
+    x = nn.Dropout(0.5, deterministic=not train)(x)
+    return Dense(self.num_classes, torch_init=True)(x)

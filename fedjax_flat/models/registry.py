@@ -66,3 +66,28 @@ def _mobilenet_v2_gn(num_classes, input_shape, conv_impl='auto', gn_groups=8, wi
   module = _mobilenet_v2.MobileNetV2(num_classes, width_mult=width_mult, gn_groups=gn_groups,
                                      dropout_rate=dropout_rate, conv_impl=conv_impl)
   return base.from_flax(module, 'mobilenet_v2_gn', num_classes, input_shape)
+
+
+# --- The FedSeq chapter's FEMNIST CNN and language models (models/rnn.py). ---
+from fedjax_flat.models import rnn as _rnn  # noqa: E402
+
+
+@register('femnist_cnn')
+def _femnist_cnn(num_classes, input_shape, conv_impl='auto', pool_impl='auto', variant='reddi'):
+  return base.from_flax(cnn.FemnistCNN(num_classes, conv_impl=conv_impl, pool_impl=pool_impl, variant=variant),
+                        'femnist_cnn', num_classes, input_shape)
+
+
+@register('char_lstm')
+def _char_lstm(num_classes, input_shape, conv_impl='auto', embed=8, hidden=100, num_layers=2, biases=2,
+               readout='sequence'):
+  del conv_impl   # num_classes = the extended vocabulary (inputs and outputs share it)
+  return base.from_flax(_rnn.CharLSTM(num_classes, embed=embed, hidden=hidden, num_layers=num_layers,
+                                      biases=biases, readout=readout), 'char_lstm', num_classes, input_shape)
+
+
+@register('word_lstm')
+def _word_lstm(num_classes, input_shape, conv_impl='auto', embed=96, hidden=670, biases=1, readout='sequence'):
+  del conv_impl
+  return base.from_flax(_rnn.WordLSTM(num_classes, embed=embed, hidden=hidden, biases=biases, readout=readout),
+                        'word_lstm', num_classes, input_shape)

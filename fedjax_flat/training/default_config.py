@@ -2,10 +2,14 @@
 
 Fields (validated by `training/validate.py` before anything is compiled):
   seed                 run seed (init, sampling, batch order, augmentation all derive from it)
-  dataset, data        dataset name (data/registry.py) and its builder kwargs
+  dataset, data        dataset name (data/registry.py) and its builder kwargs; the segmentation datasets'
+                       data fields (cityscapes, idda, seg_synthetic: reader, split, on-device augmentation,
+                       style transfer) are declared in SEGMENTATION_DATA below (`segmentation_data(name)`)
   model, model_kwargs  model name (models/registry.py) and builder kwargs (e.g. conv_impl)
-  augment              on-device augmentation preset: 'none' | 'cifar' | 'cifar_cutout' | 'landmarks'
-  normalize            normalization preset for train and eval ('none', 'cifar10', 'cifar100', 'imagenet')
+  augment              on-device augmentation preset: 'none' | 'cifar' | 'cifar_cutout' | 'landmarks' |
+                       'segmentation' (image + label map: style, scale + crop, flip, jitter; config.data.*)
+  normalize            normalization preset for train and eval ('none', 'cifar10', 'cifar100', 'imagenet',
+                       'feddrive' = mean 0.5 / std 0.5)
   algorithm, algo      algorithm name (algorithms/registry.py) and its hyperparameters
   rounds, clients_per_round
   client               local training: optimizer ('sgd'|'sam'|'asam'), lr, momentum, weight_decay,
@@ -25,6 +29,10 @@ Fields (validated by `training/validate.py` before anything is compiled):
                        finetune_epochs, finetune_lr, finetune_batch_size, auc_scores, per_client
   grouping             clients -> superclients (fedjax_flat/grouping/, FedSeq): method, estimator, distance,
                        min_examples, max_clients, pre-training, public set, PCA, k-means / ICG, Task2Vec probe
+  centralized          the centralized upper bound (training/centralized.py): how experiments/centralized.py
+                       trains it (epochs, lr, momentum, weight_decay, batch_size, schedule) and, for federated
+                       runs, its accuracy (or the path of its centralized.json) for summary.json's
+                       rounds_to_<70|90>pct_centralized (fractions, window)
   published            the paper's number for this setting, as data (documentation only: never changes
                        training, ignored by the resume check): source (str: paper, table, cell),
                        accuracy (percent, same protocol as summary.json's reported last-K mean),
@@ -173,6 +181,64 @@ def default_config() -> ml_collections.ConfigDict:
   c.grouping.probe_checkpoint = ''       # t2v: or a run directory; neither (and no config.init): random probe
   c.grouping.seed = -1                   # grouper / pre-training randomness; -1 = config.seed
 
+  # The centralized upper bound (training/centralized.py; experiments/centralized.py trains it).
+  c.centralized = ml_collections.ConfigDict()
+  c.centralized.epochs = 10
+  c.centralized.lr = 0.0                # 0 = client.lr; cosine-annealed over all steps (schedule)
+  c.centralized.momentum = 0.9
+  c.centralized.weight_decay = -1.0     # -1 = client.weight_decay
+  c.centralized.batch_size = 0          # 0 = client.batch_size
+  c.centralized.schedule = 'cosine'     # 'cosine' | 'constant'
+  # Federated runs: the centralized accuracy (a fraction) or a centralized run's centralized.json / workdir;
+  # summary.json then holds rounds_to_<100 f>pct_centralized for f in fractions (mean of the last `window` evals).
+  c.centralized.accuracy = 0.0          # 0 = none
+  c.centralized.path = ''
+  c.centralized.fractions = (0.7, 0.9)
+  c.centralized.window = 1              # the FedSeq release averages 5 evaluations
+
   # Published result of the paper cell this config reproduces (experiments/report.py puts it beside ours).
   c.published = ml_collections.ConfigDict()
   return c
+
+
+# config.data of the segmentation datasets: the augmentation fields (read by training/transforms.py when
+# augment='segmentation'; data/augment.py make_seg_augment, data/style_transfer.py) and each dataset's own
+# builder fields. Defaults follow the FedDrive release's configs (Cityscapes: cv2 random scale 0.5-1.5 +
+# 512 x 1024 crop, colour jitter 0.4, the data doubled with flipped copies instead of random flips; IDDA:
+# images resized to 1024 x 1856 at load, random resized crop area 0.5-2.0 to 512 x 928, random flip).
+_SEG_AUGMENT = dict(
+    crop=(512, 1024),          # (h, w) of the training crops; () = keep the loaded size (no scale/crop)
+    scale=(0.5, 1.5),          # scale_crop: resize factor range; resized_crop: crop area fraction range
+    scale_mode='scale_crop',   # 'scale_crop' (Cityscapes release) | 'resized_crop' (IDDA release)
+    flip=True,                 # random horizontal flip (image and label map together)
+    jitter=0.0,                # colour jitter strength (brightness/contrast/saturation); 0 = off
+    style='none',              # style-transfer DG on half of each batch: 'none' | 'cfsi' | 'lab'
+    style_fraction=0.5,        # fraction of each batch's valid examples restyled
+    cfsi_window=0.05,          # CFSI low-frequency window (fraction of H and W)
+    style_max_per_client=0,    # bank entries per client (0 = every image, as the release)
+    shuffle=True,              # data/batching.py: reshuffle every epoch
+)
+SEGMENTATION_DATA = {
+    'cityscapes': dict(
+        _SEG_AUGMENT, jitter=0.4, flip=False, data_dir='', root='', distribution='heterogeneous',
+        split_source='generate', split_dir='', seed=0, image_size=(), uniform_clients=146, clients_per_city=8,
+        double=True, num_workers=2, cache_clients=0),
+    'idda': dict(
+        _SEG_AUGMENT, crop=(512, 928), scale=(0.5, 2.0), scale_mode='resized_crop', data_dir='', root='',
+        setting='country', distribution='heterogeneous', split_source='generate', split_dir='', seed=0,
+        image_size=(1024, 1856), double=False, num_workers=2, cache_clients=0),
+    'seg_synthetic': dict(
+        _SEG_AUGMENT, crop=(64, 64), scale=(0.75, 1.5), num_domains=6, unseen_domains=2, clients_per_domain=3,
+        examples_per_client=24, client_test_examples=6, unseen_test_per_domain=24, image_size=(64, 64),
+        max_shapes=3, class_alpha=2.0, client_jitter=0.05, ignore_border=True, seed=0),
+}
+
+
+def segmentation_data(dataset: str, **overrides) -> ml_collections.ConfigDict:
+  """config.data for a segmentation dataset: its declared fields with their defaults, then overrides."""
+  if dataset not in SEGMENTATION_DATA:
+    raise ValueError(f'{dataset!r} is not a segmentation dataset; allowed: {sorted(SEGMENTATION_DATA)}')
+  unknown = sorted(set(overrides) - set(SEGMENTATION_DATA[dataset]))
+  if unknown:
+    raise ValueError(f'unknown config.data fields {unknown} for dataset {dataset!r}')
+  return ml_collections.ConfigDict({**SEGMENTATION_DATA[dataset], **overrides})

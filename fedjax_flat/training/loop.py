@@ -32,6 +32,7 @@ from fedjax_flat.core.client_state import make_client_state_store
 from fedjax_flat.core import personalized
 from fedjax_flat.core import rounds as rounds_lib
 from fedjax_flat.core import sampling
+from fedjax_flat import tasks as tasks_lib
 from fedjax_flat.core.evaluation import Evaluator
 from fedjax_flat.core.sampling import sample_clients
 from fedjax_flat.data import batching
@@ -61,8 +62,11 @@ class Trainer:
     validate.validate_against_data(config, self.data)
     self.model = model_registry.get_model(config.model, self.data.num_classes, self.data.input_shape,
                                           **config.model_kwargs.to_dict())
-    self.algorithm = alg_registry.build_algorithm(config, self.model, population=self.data.num_clients)
-    self.train_transform, self.eval_transform = transforms.make_transforms(config, self.data.num_classes)
+    self.task = tasks_lib.task_of(self.data)          # what the labels mean: loss and metrics (tasks.py)
+    self.algorithm = alg_registry.build_algorithm(config, self.model, population=self.data.num_clients,
+                                                  task=self.task)
+    self.train_transform, self.eval_transform = transforms.make_transforms(config, self.data.num_classes,
+                                                                           data=self.data)
 
     ec = config.engine
     self.strategy = engine_lib.resolve_strategy(ec.strategy)
@@ -113,7 +117,8 @@ class Trainer:
           self.algorithm.client_state_init(params), self.data.num_clients, config.get('client_state_store', 'auto'),
           config.get('client_state_device_max_mb', 256) * 2**20)
     tx, ty = self.data.test_examples()
-    self.evaluator = Evaluator(self.model, tx, ty, config.eval_batch_size, preprocess=self.eval_transform)
+    self.evaluator = Evaluator(self.model, tx, ty, config.eval_batch_size, preprocess=self.eval_transform,
+                               task=self.task)
     self.round = 0                       # rounds completed
     self.is_writer = jax.process_index() == 0          # multi-host: only process 0 writes files
     self.writer = writers.MetricsWriter(workdir) if (workdir and write_files and self.is_writer) else None
@@ -328,12 +333,15 @@ class Trainer:
       prefix = '' if name == 'global' else f'{name}/'
       out[prefix + 'test_accuracy'] = res['accuracy']
       out[prefix + 'test_loss'] = res['loss']
+      for k, v in res.items():   # task-specific metrics (e.g. mIoU) beside loss and accuracy
+        if k not in ('accuracy', 'loss', 'count'):
+          out[f'{prefix}test_{k}'] = v
     if self.config.eval_clients and getattr(self, 'last_clients', None) is not None:
       # The global model on each client sampled in the last round, on that client's own training data.
       if not hasattr(self, 'client_evaluator'):
         from fedjax_flat.core.evaluation import ClientEvaluator
         self.client_evaluator = ClientEvaluator(self.model, self.data, self.config.eval_batch_size,
-                                                preprocess=self.eval_transform)
+                                                preprocess=self.eval_transform, task=self.task)
         self._eval_params = lambda: self.algorithm.eval_models(self.server_state)['global'][0]
       res = self.client_evaluator(self._eval_params(), self.last_clients)
       out.update({k: v for k, v in res.items() if k.startswith('clients_')})
@@ -425,6 +433,8 @@ class Trainer:
         'sampling_procedure': sampling.PROCEDURE,
         'comm_total_params': self.comm_total, 'comm_total_bytes': 4.0 * sum(self.comm_total.values()),
         'summary_last_k': c.summary_last_k})
+    from fedjax_flat.training import centralized   # rounds to 70% / 90% of the centralized accuracy
+    summary.update(centralized.rounds_to_centralized(self.records, c, reported))
     if c.get('personalized') is not None and c.personalized.enabled:
       summary['personalized'] = personalized.evaluate_trainer(self)   # core/personalized.py
     if c.get('corruption_eval') is not None and c.corruption_eval.name:

@@ -150,6 +150,12 @@ def aggregate(runs: List[Dict], group_by: Sequence[str], target: Optional[float]
       row['target'] = target
       row['rounds_to_target_mean'] = float(np.mean(reached)) if reached else None
       row['reached_target'] = f'{len(reached)}/{len(done)}'
+    # rounds to X% of the centralized accuracy (training/centralized.py), mean over the runs that got there
+    for key in sorted({k for r in done for k in r['summary'] if k.startswith('rounds_to_') and
+                       k.endswith('pct_centralized')}):
+      got = [r['summary'][key] for r in done if r['summary'].get(key) is not None]
+      row[f'{key}_mean'] = float(np.mean(got)) if got else None
+      row[f'reached_{key[len("rounds_to_"):]}'] = f'{len(got)}/{len(done)}'
     lam = [r['hessian']['lambda_max'] for r in done if r['hessian']]
     row['lambda_max_mean'], row['lambda_max_std'] = _mean_std(lam)
     row['lambda_max_runs'] = len(lam)
@@ -184,7 +190,9 @@ def _first(xs):
 # --------------------------------------------------------------------------------------------- writers
 
 CSV_FIELDS = ['acc_lastk_mean', 'acc_lastk_std', 'acc_final_mean', 'acc_final_std', 'last_k', 'model', 'runs',
-              'finished', 'seeds', 'target', 'rounds_to_target_mean', 'reached_target', 'lambda_max_mean',
+              'finished', 'seeds', 'target', 'rounds_to_target_mean', 'reached_target',
+              'rounds_to_70pct_centralized_mean', 'reached_70pct_centralized', 'rounds_to_90pct_centralized_mean',
+              'reached_90pct_centralized', 'lambda_max_mean',
               'lambda_max_std', 'lambda_max_runs', 'comm_mb_mean', 'wall_s_mean', 'published_acc',
               'published_std', 'diff_published', 'published_source', 'reference_acc', 'reference_std',
               'diff_reference', 'reference_source', 'failed']

@@ -43,8 +43,8 @@ def _choice(cfg, path, allowed):
   return v
 
 
-AUGMENTS = ('none', 'cifar', 'cifar_cutout', 'cifar_mixup', 'landmarks')
-NORMALIZE = ('none', 'cifar10', 'cifar100', 'imagenet')
+AUGMENTS = ('none', 'cifar', 'cifar_cutout', 'cifar_mixup', 'landmarks', 'segmentation')
+NORMALIZE = ('none', 'cifar10', 'cifar100', 'imagenet', 'feddrive')
 
 
 def validate_config(cfg) -> None:
@@ -65,6 +65,7 @@ def validate_config(cfg) -> None:
   if cfg.augment.startswith('cifar') and cfg.normalize == 'none':
     raise ConfigError('normalize', cfg.normalize, f'augment={cfg.augment!r} needs the dataset statistics: '
                       "'cifar10' or 'cifar100'")
+  _validate_segmentation_data(cfg)
   algo = _choice(cfg, 'algorithm', alg_registry.names())
   known = alg_registry.default_hparams(algo)
   for k in cfg.algo.keys():
@@ -161,6 +162,9 @@ def validate_config(cfg) -> None:
   from fedjax_flat.core.client_state import STORE_KINDS
   _choice(cfg, 'client_state_store', STORE_KINDS)
   _num(cfg, 'client_state_device_max_mb', lo=0)
+  if 'centralized' in cfg:                 # the centralized upper bound / rounds-to-X (training/centralized.py)
+    from fedjax_flat.training import centralized
+    centralized.validate(cfg)
   if 'personalized' in cfg:                # end-of-training personalized evaluation (core/personalized.py)
     _num(cfg, 'personalized.finetune_epochs', lo=0, integer=True)
     _num(cfg, 'personalized.finetune_lr', lo=0)
@@ -293,6 +297,13 @@ def validate_against_data(cfg, data) -> None:
                         f'FedGloSS needs the population K_total: config.data.num_clients='
                         f'{cfg.data.get("num_clients")!r} is not the data\'s {data.num_clients} clients; set '
                         f'algo.population={data.num_clients}')
+  readout = cfg.model_kwargs.get('readout')          # sequence models (models/rnn.py): one output per label
+  if readout is not None:
+    want = 'last' if tuple(getattr(data, 'label_shape', ())) == () else 'sequence'
+    if readout != want:
+      raise ConfigError('model_kwargs.readout', readout,
+                        f'the labels of {cfg.dataset!r} have shape {tuple(getattr(data, "label_shape", ()))}: '
+                        f'use {want!r}')
   sizes = data.client_sizes()
   if (sizes == 0).all():
     raise ConfigError('data', dict(cfg.data), 'every client has 0 examples')
@@ -410,3 +421,93 @@ def _validate_population(cfg, data) -> None:
   if pop != data.num_clients:
     raise ConfigError(field, pop or None, f'{cfg.algorithm} needs the population N = {data.num_clients} clients '
                       f'of the data: set algo.population={data.num_clients}')
+
+
+def _validate_segmentation_data(cfg) -> None:
+  """config.data of the segmentation datasets (default_config.SEGMENTATION_DATA) and augment='segmentation'."""
+  from fedjax_flat.training.default_config import SEGMENTATION_DATA
+  seg = cfg.dataset in SEGMENTATION_DATA
+  if cfg.augment == 'segmentation' and not seg:
+    raise ConfigError('augment', cfg.augment, f'is for the segmentation datasets {sorted(SEGMENTATION_DATA)}, '
+                      f'not dataset={cfg.dataset!r}')
+  if not seg:
+    return
+  if cfg.augment not in ('segmentation', 'none'):
+    raise ConfigError('augment', cfg.augment, f"dataset={cfg.dataset!r} has label maps: use 'segmentation' "
+                      "(or 'none')")
+  declared, d = SEGMENTATION_DATA[cfg.dataset], cfg.data
+  for k in d.keys():
+    if k not in declared:
+      raise ConfigError(f'data.{k}', d[k], f'not a field of dataset {cfg.dataset!r}; its fields: {sorted(declared)}')
+  get = lambda k: d.get(k, declared[k])
+
+  def num(k, lo=None, hi=None, lo_open=False, integer=False):
+    v = get(k)
+    if (isinstance(v, bool) or not isinstance(v, numbers.Number) or not math.isfinite(v)
+        or (integer and not isinstance(v, numbers.Integral))):
+      raise ConfigError(f'data.{k}', v, f'must be a finite {"integer" if integer else "number"}')
+    if lo is not None and (v <= lo if lo_open else v < lo):
+      raise ConfigError(f'data.{k}', v, f'must be {">" if lo_open else ">="} {lo}')
+    if hi is not None and v > hi:
+      raise ConfigError(f'data.{k}', v, f'must be <= {hi}')
+
+  def pair(k, allow_empty, integer, lo_open=True):
+    v = get(k)
+    ok = isinstance(v, (tuple, list)) and (len(v) == 2 or (allow_empty and len(v) == 0)) and all(
+        not isinstance(e, bool) and isinstance(e, numbers.Integral if integer else numbers.Number)
+        and math.isfinite(e) and (e > 0 if lo_open else e >= 0) for e in v)
+    if not ok:
+      what = 'positive integers (h, w)' if integer else 'positive numbers (lo, hi)'
+      raise ConfigError(f'data.{k}', v, f'must be two {what}' + (' or () for none' if allow_empty else ''))
+
+  def choice(k, allowed):
+    if get(k) not in allowed:
+      raise ConfigError(f'data.{k}', get(k), f'allowed values: {sorted(allowed)}')
+
+  def flag(k):
+    if not isinstance(get(k), bool):
+      raise ConfigError(f'data.{k}', get(k), 'must be True or False')
+
+  pair('crop', True, True)
+  pair('scale', False, False)
+  lo, hi = get('scale')
+  if lo > hi:
+    raise ConfigError('data.scale', get('scale'), 'must be (lo, hi) with lo <= hi')
+  choice('scale_mode', ('scale_crop', 'resized_crop'))
+  flag('flip')
+  num('jitter', lo=0, hi=1)
+  choice('style', ('none', 'cfsi', 'lab'))
+  if get('style') != 'none' and cfg.augment != 'segmentation':
+    raise ConfigError('data.style', get('style'), "style transfer runs in augment='segmentation'")
+  num('style_fraction', lo=0, hi=1)
+  num('cfsi_window', lo=0, hi=0.5, lo_open=True)
+  num('style_max_per_client', lo=0, integer=True)
+  flag('shuffle')
+  num('seed', lo=0, integer=True)
+  if cfg.dataset == 'seg_synthetic':
+    pair('image_size', False, True)
+    if min(get('image_size')) < 8:
+      raise ConfigError('data.image_size', get('image_size'), 'must be at least (8, 8)')
+    num('num_domains', lo=2, integer=True)
+    num('unseen_domains', lo=1, hi=get('num_domains') - 1, integer=True)
+    for k in ('clients_per_domain', 'examples_per_client', 'client_test_examples', 'unseen_test_per_domain',
+              'max_shapes'):
+      num(k, lo=1, integer=True)
+    num('class_alpha', lo=0, lo_open=True)
+    num('client_jitter', lo=0)
+    flag('ignore_border')
+    return
+  for k in ('data_dir', 'root', 'split_dir'):
+    if not isinstance(get(k), str):
+      raise ConfigError(f'data.{k}', get(k), 'must be a string (a path; empty = default)')
+  choice('distribution', ('uniform', 'heterogeneous'))
+  choice('split_source', ('generate', 'released'))
+  pair('image_size', True, True)
+  flag('double')
+  num('num_workers', lo=1, integer=True)
+  num('cache_clients', lo=0, integer=True)
+  if cfg.dataset == 'cityscapes':
+    num('uniform_clients', lo=1, integer=True)
+    num('clients_per_city', lo=1, integer=True)
+  else:
+    choice('setting', ('country', 'rainy', 'bus'))
