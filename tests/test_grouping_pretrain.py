@@ -245,3 +245,39 @@ def test_probe_from_config_init_keeps_features_and_refits_the_head(ctx, tmp_path
   # The pre-training of clf / conf starts from exactly the Trainer's w_0: config.init's params.
   w0 = sc.initial_params(config, model, ctx.data)
   np.testing.assert_array_equal(np.asarray(w0['Dense_1']['kernel']), np.asarray(src['Dense_1']['kernel']))
+
+
+def test_next_token_data_pretrain_on_the_task_loss_and_refuse_per_example_estimators(tmp_path):
+  """A per-position task (next_token): clf groups with the task's loss (pad targets excluded); conf and t2v,
+  which score one label per example, are a ConfigError naming grouping.estimator."""
+  from fedjax_flat import text_tasks
+  from fedjax_flat.data.federated import FederatedDataset
+  from fedjax_flat.training import validate
+  rng = np.random.default_rng(0)
+  x = rng.integers(1, 12, size=(40, 6)).astype(np.int32)
+  y = np.concatenate([x[:, 1:], np.zeros((40, 1), np.int32)], axis=1)      # last target is pad (0)
+  data = FederatedDataset.from_client_indices(x, y, [np.arange(i * 10, i * 10 + 10) for i in range(4)], x[:8],
+                                              y[:8], 12, name='tiny_text',
+                                              task=text_tasks.NextToken(ignore_index=0))
+  config = _config()
+  config.model, config.model_kwargs = 'char_lstm', type(config.model_kwargs)({'embed': 4, 'hidden': 8,
+                                                                              'num_layers': 1})
+  config.grouping.method, config.grouping.estimator = 'kmeans', 'clf'
+  config.grouping.pretrain_epochs, config.grouping.num_clusters = 1, 2
+  ctx = sc.GroupingContext.from_config(config, data)
+  groups = sc.build_superclients(config, ctx, str(tmp_path), num_superclients=2)
+  assert sorted(np.concatenate(groups).tolist()) == [0, 1, 2, 3]
+  params0 = sc.initial_params(config, ctx.model, data)
+  ckey = pretrained.find_classifier_key(params0, 12)
+  from fedjax_flat import tasks as tasks_lib
+  got = sc.pretrain_outputs(config, ctx.model, data, params0, None)['clf']
+  rec = json.load(open(tmp_path / 'grouping' / 'superclients-n2.json'))
+  assert rec['summary']['examples']['mean'] == 20       # 2 clients x 10 sequences
+  assert sum(r['classes'] for r in rec['superclients']) > 2  # token histograms (pad excluded)
+  loss = local_lib.make_loss(ctx.model, task=tasks_lib.task_of(data))
+  assert float(loss(params0, {'x': jnp.asarray(x[:2]), 'y': jnp.asarray(y[:2]), 'mask': jnp.ones(2)})[1][1]) == 10
+  for est in ('conf', 't2v'):
+    config.grouping.estimator = est
+    with pytest.raises(validate.ConfigError, match='one label per example'):
+      sc.build_superclients(config, ctx, None)
+  assert got.shape[0] == 4 and np.all(np.isfinite(got))

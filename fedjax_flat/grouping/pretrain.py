@@ -80,13 +80,14 @@ def hparams(client_cfg):
   return {'lr': jnp.asarray(client_cfg.lr, jnp.float32), 'rho': jnp.asarray(0.0, jnp.float32)}
 
 
-def training_algorithm(model, client_cfg, summarize: Callable, *, trainable: Optional[Sequence[str]] = None):
-  """FedAvg's local training from bcast['params']; client_final returns summarize(params) as the client's
-  state. trainable: '/'-joined leaf paths that train (None = all); the others get no gradient and are
-  restored after every step."""
+def training_algorithm(model, client_cfg, summarize: Callable, *, trainable: Optional[Sequence[str]] = None,
+                       task=None):
+  """FedAvg's local training from bcast['params'] on the task's loss (tasks.py; None = classification);
+  client_final returns summarize(params) as the client's state. trainable: '/'-joined leaf paths that train
+  (None = all); the others get no gradient and are restored after every step."""
   import optax
   from fedjax_flat.algorithms import fedavg as fedavg_lib
-  loss = local_lib.make_loss(model)
+  loss = local_lib.make_loss(model, task=task)
   if trainable is not None:
     full_loss = loss
 

@@ -7,12 +7,17 @@ import numpy as np
 
 
 def label_histograms(data) -> np.ndarray:
-  """[K, C] label counts of every client (in-memory data, or the client_examples protocol)."""
+  """[K, C] label counts of every client (in-memory data, or the client_examples protocol). Per-position
+  tasks (tokens, pixels) count every position's label except the task's ignore_index."""
+  from fedjax_flat import tasks as tasks_lib
+  ignore = getattr(tasks_lib.task_of(data), 'ignore_index', None)
   k, c = data.num_clients, data.num_classes
   out = np.zeros((k, c), np.int64)
   for i in range(k):
     y = data.client_labels(i) if hasattr(data, 'client_labels') else data.client_examples(i)[1]
-    out[i] = np.bincount(np.asarray(y, np.int64), minlength=c)[:c]
+    y = np.asarray(y, np.int64).ravel()
+    y = y[(y >= 0) & (y < c) & (y != (-1 if ignore is None else ignore))]
+    out[i] = np.bincount(y, minlength=c)
   return out
 
 
@@ -24,14 +29,16 @@ def entropy_bits(counts) -> np.ndarray:
   return -np.sum(np.where(p > 0, p * np.log2(np.where(p > 0, p, 1.0)), 0.0), axis=-1)
 
 
-def grouping_stats(groups: Sequence[np.ndarray], hist: np.ndarray, *, min_examples: int = 0,
+def grouping_stats(groups: Sequence[np.ndarray], hist: np.ndarray, *, sizes=None, min_examples: int = 0,
                    max_clients: int = 0) -> Dict:
-  """Per-superclient rows and a summary; `hist` = label_histograms(data)."""
+  """Per-superclient rows and a summary; `hist` = label_histograms(data), `sizes` = the clients' example
+  counts (default: the histogram's row sums, which differ for per-position labels)."""
   hist = np.asarray(hist)
+  sizes = hist.sum(axis=1) if sizes is None else np.asarray(sizes)
   rows: List[Dict] = []
   for i, g in enumerate(groups):
     h = hist[np.asarray(g, np.int64)].sum(axis=0)
-    rows.append({'superclient': i, 'clients': int(len(g)), 'examples': int(h.sum()),
+    rows.append({'superclient': i, 'clients': int(len(g)), 'examples': int(sizes[np.asarray(g, np.int64)].sum()),
                  'classes': int(np.count_nonzero(h)), 'entropy_bits': float(entropy_bits(h))})
   col = lambda name: np.array([r[name] for r in rows], np.float64)
   ids = np.concatenate([np.asarray(g, np.int64) for g in groups]) if len(groups) else np.zeros(0, np.int64)

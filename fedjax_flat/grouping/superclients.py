@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_flat import tasks as tasks_lib
 from fedjax_flat.grouping import estimators, groupers, pretrain, stats
 
 # Table 5.3's pairing of each estimator with its greedy distance (distance='auto').
@@ -145,27 +146,41 @@ def _cached_pass(workdir, kind, spec, names, num_clients, compute) -> Dict[str, 
   return out
 
 
+def check_task(estimator: str, data) -> None:
+  """psi_conf and psi_t2v score one label per example: a per-position task (next_token, segmentation) is a
+  ConfigError; psi_clf (the output layer's weights) and random grouping work with any task."""
+  from fedjax_flat.training import validate
+  task = tasks_lib.task_of(data)
+  if estimator in ('conf', 't2v') and isinstance(task, tasks_lib.DenseClassification):
+    raise validate.ConfigError('grouping.estimator', estimator, f'needs one label per example; the data\'s task '
+                               f'is {task.name!r} (one label per position): use \'clf\' or method=\'random\'')
+
+
 def pretrain_outputs(config, model, data, params0, workdir) -> Dict[str, np.ndarray]:
-  """{'clf': [K, d], 'conf': [K, C]}: psi_clf (before PCA) and psi_conf after the pre-training phase."""
+  """{'clf': [K, d], 'conf': [K, C]}: psi_clf (before PCA) and psi_conf after the pre-training phase.
+  conf is zeros for per-position tasks (check_task refuses it there)."""
   from fedjax_flat.training import transforms
   g = config.grouping
   seed = grouping_seed(config)
   ccfg = pretrain.plain_client_cfg(config.client, g.pretrain_lr)
   ckey = _classifier_key(config, model, params0)
   tx, ty = data.test_examples()
-  pub = estimators.public_set(ty, data.num_classes, int(g.public_per_class), seed)
+  per_example = not isinstance(tasks_lib.task_of(data), tasks_lib.DenseClassification)
+  pub = (estimators.public_set(ty, data.num_classes, int(g.public_per_class), seed) if per_example
+         else np.zeros((0,), np.int64))
   spec = {**_common_spec(config, data, ccfg), 'kind': 'pretrain', 'model': model.name,
           'params0': pretrain.params_fingerprint(params0), 'classifier_key': ckey,
           'public': pretrain.fingerprint(pub)}
 
   def compute():
-    train_fn, eval_fn = transforms.make_transforms(config, data.num_classes)
+    train_fn, eval_fn = transforms.make_transforms(config, data.num_classes, data)
     pub_x, pub_y = eval_fn(jnp.asarray(np.asarray(tx)[pub])), jnp.asarray(np.asarray(ty)[pub], jnp.int32)
 
     def summarize(params):
-      return {'clf': estimators.classifier_vector(params, ckey),
-              'conf': estimators.confidence_vector(model.apply(params, pub_x), pub_y, data.num_classes)}
-    alg = pretrain.training_algorithm(model, ccfg, summarize)
+      conf = (estimators.confidence_vector(model.apply(params, pub_x), pub_y, data.num_classes) if per_example
+              else jnp.zeros((data.num_classes,), jnp.float32))
+      return {'clf': estimators.classifier_vector(params, ckey), 'conf': conf}
+    alg = pretrain.training_algorithm(model, ccfg, summarize, task=tasks_lib.task_of(data))
     bcast = {'params': params0, 'hparams': pretrain.hparams(ccfg)}
     return pretrain.run_pass(alg, bcast, data, None, batch_size=int(ccfg.batch_size),
                              epochs=int(g.pretrain_epochs), seed=seed, augment_fn=train_fn,
@@ -228,10 +243,11 @@ def task2vec_outputs(config, data, workdir, params0=None) -> Dict[str, np.ndarra
           'fisher': g.fisher}
 
   def compute():
-    train_fn, eval_fn = transforms.make_transforms(config, data.num_classes)
+    train_fn, eval_fn = transforms.make_transforms(config, data.num_classes, data)
     kw = dict(seed=seed, batch_size=int(ccfg.batch_size), **_engine_kw(config))
     bcast = {'params': params, 'hparams': pretrain.hparams(ccfg)}
-    tune = pretrain.training_algorithm(model, ccfg, lambda p: estimators.subtree(p, clf), trainable=clf)
+    tune = pretrain.training_algorithm(model, ccfg, lambda p: estimators.subtree(p, clf), trainable=clf,
+                                      task=tasks_lib.task_of(data))
     heads = pretrain.run_pass(tune, bcast, data, None, epochs=int(g.pretrain_epochs), augment_fn=train_fn,
                               label='t2v classifier fine-tuning', **kw)
     apply_fn = lambda p, x: model.apply(p, x, train=False)
@@ -247,6 +263,7 @@ def representations(config, ctx, workdir, estimator: Optional[str] = None) -> Tu
   g = config.grouping
   estimator = estimator or g.estimator
   model, data = ctx.model, _data_of(ctx)
+  check_task(estimator, data)
   params0 = getattr(ctx, 'params0', None)
   if estimator == 't2v':
     reps, info = task2vec_outputs(config, data, workdir, params0)['t2v'], {}
@@ -285,7 +302,8 @@ def make_grouping(config, ctx, workdir=None, num_superclients: Optional[int] = N
 def describe(grouping: Grouping, data, config) -> Dict:
   """A JSON-able record: what was used, the superclients and their statistics."""
   g = config.grouping
-  st = stats.grouping_stats(grouping.groups, stats.label_histograms(data), min_examples=int(g.min_examples),
+  st = stats.grouping_stats(grouping.groups, stats.label_histograms(data), sizes=data.client_sizes(),
+                            min_examples=int(g.min_examples),
                             max_clients=0 if grouping.num_superclients else int(g.max_clients))
   return {'method': grouping.method, 'estimator': grouping.estimator, 'distance': grouping.distance,
           'num_superclients_requested': grouping.num_superclients, 'seed': grouping_seed(config),
