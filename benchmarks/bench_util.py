@@ -135,7 +135,7 @@ def spec_of(config, data_path: str, **extra) -> dict:
   spec = dict(model=c.model, num_classes=extra.pop('num_classes'), data=data_path,
               clients_per_round=c.clients_per_round, batch_size=c.client.batch_size, epochs=c.client.local_epochs,
               lr=c.client.lr, weight_decay=c.client.weight_decay, optimizer=c.client.optimizer, rho=c.client.rho,
-              seed=c.seed, hidden=list(c.model_kwargs.get('hidden', (32,))))
+              seed=c.seed, hidden=list(c.model_kwargs.get('hidden', (64,))))   # models/registry.py's MLP default
   spec.update(extra)
   return spec
 
@@ -149,3 +149,109 @@ def interleave(fns: dict, repeats: int, progress: bool = True) -> dict:
     if progress:
       print(f'  repeat {r + 1}/{repeats} done ({uptime()})', file=sys.stderr, flush=True)
   return times
+
+
+# --- Our variants of one round, generic over the model (round_throughput.py, accelerator.py). ---
+
+def round_config(model: str, opt: str = 'sgd', *, strategy: str = 'auto', conv: str = 'auto', clients: int = 10,
+                 chunk: int = 5, batch: int = 64):
+  """The paper CIFAR setting: lr 0.01, wd 4e-4, B=64, E=1, SAM rho 0.05."""
+  from fedjax_flat.training.default_config import default_config
+  c = default_config()
+  c.model = model
+  c.model_kwargs.conv_impl = conv
+  c.client.lr = 0.01
+  c.client.weight_decay = 4e-4
+  c.client.batch_size = batch
+  c.client.optimizer = opt
+  c.client.rho = 0.05
+  c.clients_per_round = clients
+  c.engine.strategy = strategy
+  c.engine.clients_per_chunk = chunk
+  return c
+
+
+def engine_round_variant(config, data, num_classes: int, *, compiled_memory: bool = False):
+  """The engine's one-round program on round 0's batches (built beforehand). Returns (time_fn, memory info).
+
+  time_fn() -> seconds of one round. Memory (compiled_memory=True): XLA's buffer sizes of the compiled
+  program (arguments, outputs, temporaries), the per-program peak that device-wide counters cannot split.
+  """
+  from fedjax_flat.algorithms import registry
+  from fedjax_flat.core import engine
+  from fedjax_flat.data import batching
+  from fedjax_flat.models import get_model
+  c = config
+  shape = tuple(data.input_shape)
+  model = get_model(c.model, num_classes, shape, **c.model_kwargs.to_dict())
+  alg = registry.build_algorithm(c, model)
+  params = model.init(jax.random.key(0), jnp.zeros((1,) + shape))
+  n, strategy, chunk = c.clients_per_round, c.engine.strategy, c.engine.clients_per_chunk
+  cohort = engine.padded_cohort(strategy, n, chunk)
+  fn = engine.make_round_fn(alg, chunk=engine.chunk_size(strategy, cohort, chunk), donate=False)
+  b = c.client.batch_size
+  s = batching.padded_num_steps(data.client_sizes(), b)
+  rb = batching.make_round_batches(data, range(n), round_idx=0, seed=0, batch_size=b, num_steps=s,
+                                   pad_clients_to=cohort)
+  args = (jax.device_put(rb.as_dict()), None,
+          jax.vmap(lambda k: jax.random.fold_in(jax.random.key(1), k))(jnp.arange(cohort)),
+          jnp.asarray(rb.num_examples), jnp.asarray(rb.client_ids >= 0), jnp.int32(0))
+  state = alg.server_init(params, None)
+  mem = {}
+  if compiled_memory:   # compile ahead of time (once) and run that executable
+    fn = fn.lower(state, *args).compile()
+    m = fn.memory_analysis()
+    if m is not None:
+      mem = {'argument_bytes': int(m.argument_size_in_bytes), 'output_bytes': int(m.output_size_in_bytes),
+             'temp_bytes': int(m.temp_size_in_bytes),
+             'program_peak_bytes': int(m.argument_size_in_bytes + m.output_size_in_bytes
+                                       + m.temp_size_in_bytes - m.alias_size_in_bytes)}
+
+  def run():
+    t = time.perf_counter()
+    out = fn(state, *args)
+    jax.block_until_ready(out[0])
+    return time.perf_counter() - t
+  return run, mem
+
+
+def python_loop_variant(model, data, clients: int, *, batch: int = 64, lr: float = 0.01, wd: float = 4e-4):
+  """FedJAX's default pattern on our stack: a Python loop over clients and batches, one jitted SGD step per
+  batch. Returns (loop time_fn (seconds per round), single-step time_fn (seconds per step of one batch))."""
+  import optax
+  from fedjax_flat.algorithms.local import make_loss
+  from fedjax_flat.data import batching
+  loss = make_loss(model)
+  tx = optax.chain(optax.add_decayed_weights(wd), optax.sgd(lr))
+  params = model.init(jax.random.key(0), jnp.zeros((1,) + tuple(data.input_shape)))
+
+  @jax.jit
+  def step(p, o, b):
+    g = jax.grad(lambda q: loss(q, b)[0])(p)
+    u, o = tx.update(g, o, p)
+    return optax.apply_updates(p, u), o
+
+  s = batching.padded_num_steps(data.client_sizes(), batch)
+  rb = batching.make_round_batches(data, range(clients), round_idx=0, seed=0, batch_size=batch, num_steps=s)
+  batches = [[jax.device_put({k: v[c, t] for k, v in rb.as_dict().items()}) for t in range(s)]
+             for c in range(clients)]
+
+  def loop_fn():
+    t = time.perf_counter()
+    outs = []
+    for c in range(clients):
+      p, o = params, tx.init(params)
+      for b in batches[c]:
+        p, o = step(p, o, b)
+      outs.append(p)
+    jax.block_until_ready(outs)
+    return time.perf_counter() - t
+
+  full, o0 = batches[0][0], tx.init(params)
+
+  def single(reps=8):
+    t = time.perf_counter()
+    for _ in range(reps):
+      jax.block_until_ready(step(params, o0, full))
+    return (time.perf_counter() - t) / reps
+  return loop_fn, single

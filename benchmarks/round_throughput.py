@@ -36,18 +36,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from absl import app, flags, logging  # noqa: E402
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import optax  # noqa: E402
 
 import bench_util  # noqa: E402
-from fedjax_flat.algorithms import registry  # noqa: E402
-from fedjax_flat.algorithms.local import make_loss  # noqa: E402
 from fedjax_flat.core import engine  # noqa: E402
-from fedjax_flat.data import batching  # noqa: E402
 from fedjax_flat.data.builtin import synthetic  # noqa: E402
 from fedjax_flat.models import get_model  # noqa: E402
 from fedjax_flat.training import loop  # noqa: E402
-from fedjax_flat.training.default_config import default_config  # noqa: E402
 
 FLAGS = flags.DEFINE_string('json', None, 'write results as JSON here')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'timed repetitions per variant (median)')
@@ -65,42 +59,12 @@ NUM_CLASSES = 100
 
 
 def _config(strategy, conv, opt):
-  c = default_config()
-  c.model = 'cifar_cnn'
-  c.model_kwargs.conv_impl = conv
-  c.client.lr = 0.01
-  c.client.weight_decay = 4e-4
-  c.client.batch_size = 64
-  c.client.optimizer = opt
-  c.client.rho = 0.05
-  c.clients_per_round = _CLIENTS.value
-  c.engine.strategy = strategy
-  c.engine.clients_per_chunk = _CHUNK.value
-  return c
+  return bench_util.round_config('cifar_cnn', opt, strategy=strategy, conv=conv, clients=_CLIENTS.value,
+                                 chunk=_CHUNK.value)
 
 
 def _engine_variant(strategy, data, conv, opt):
-  cfg = _config(strategy, conv, opt)
-  model = get_model('cifar_cnn', NUM_CLASSES, (32, 32, 3), conv_impl=conv)
-  alg = registry.build_algorithm(cfg, model)
-  params = model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
-  n = _CLIENTS.value
-  cohort = engine.padded_cohort(strategy, n, _CHUNK.value)
-  fn = engine.make_round_fn(alg, chunk=engine.chunk_size(strategy, cohort, _CHUNK.value), donate=False)
-  s = batching.padded_num_steps(data.client_sizes(), 64)
-  rb = batching.make_round_batches(data, range(n), round_idx=0, seed=0, batch_size=64, num_steps=s,
-                                   pad_clients_to=cohort)
-  args = (jax.device_put(rb.as_dict()), None,
-          jax.vmap(lambda k: jax.random.fold_in(jax.random.key(1), k))(jnp.arange(cohort)),
-          jnp.asarray(rb.num_examples), jnp.asarray(rb.client_ids >= 0), jnp.int32(0))
-  state = alg.server_init(params, None)
-
-  def run():
-    t = time.perf_counter()
-    out = fn(state, *args)
-    jax.block_until_ready(out[0])
-    return time.perf_counter() - t
-  return run
+  return bench_util.engine_round_variant(_config(strategy, conv, opt), data, NUM_CLASSES)[0]
 
 
 def _trainer_variant(data, opt, rounds):
@@ -123,41 +87,7 @@ def _trainer_variant(data, opt, rounds):
 def _loop_and_single(data, conv):
   """FedJAX-style loop: one jitted step per batch, Python loop over clients and batches."""
   model = get_model('cifar_cnn', NUM_CLASSES, (32, 32, 3), conv_impl=conv)
-  loss = make_loss(model)
-  tx = optax.chain(optax.add_decayed_weights(4e-4), optax.sgd(0.01))
-  params = model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
-
-  @jax.jit
-  def step(p, o, batch):
-    g = jax.grad(lambda q: loss(q, batch)[0])(p)
-    u, o = tx.update(g, o, p)
-    return optax.apply_updates(p, u), o
-
-  s = batching.padded_num_steps(data.client_sizes(), 64)
-  rb = batching.make_round_batches(data, range(_CLIENTS.value), round_idx=0, seed=0, batch_size=64, num_steps=s)
-  batches = [[jax.device_put({k: v[c, t] for k, v in rb.as_dict().items()}) for t in range(s)]
-             for c in range(_CLIENTS.value)]
-
-  def loop_fn():
-    t = time.perf_counter()
-    outs = []
-    for c in range(_CLIENTS.value):
-      p, o = params, tx.init(params)
-      for b in batches[c]:
-        p, o = step(p, o, b)
-      outs.append(p)
-    jax.block_until_ready(outs)
-    return time.perf_counter() - t
-
-  full = batches[0][0]
-  o0 = tx.init(params)
-
-  def single(reps=8):
-    t = time.perf_counter()
-    for _ in range(reps):
-      jax.block_until_ready(step(params, o0, full))
-    return (time.perf_counter() - t) / reps
-  return loop_fn, single
+  return bench_util.python_loop_variant(model, data, _CLIENTS.value)
 
 
 def main(argv):
