@@ -41,10 +41,6 @@ def resolve_strategy(strategy: str) -> str:
   return strategy
 
 
-def _tree_where(pred, a, b):
-  return jax.tree_util.tree_map(lambda x, y: jnp.where(pred, x, y), a, b)
-
-
 def _tree_zeros_like(t):
   return jax.tree_util.tree_map(jnp.zeros_like, t)
 
@@ -85,15 +81,25 @@ def make_client_runner(algorithm: FederatedAlgorithm, *, unroll=1, augment_fn=No
 
     def body(local, xs):
       batch, step = xs
-      step_rng = jax.random.fold_in(rng, step)
-      if augment_fn is not None:   # x -> x, or batch -> batch when it also changes labels (mixup)
-        aug_rng = jax.random.fold_in(step_rng, 1)
-        batch = (augment_fn(aug_rng, batch) if getattr(augment_fn, 'on_batch', False)
-                 else {**batch, 'x': augment_fn(aug_rng, batch['x'])})
-      new_local, m = algorithm.client_step(bcast, local, batch, step_rng, **kw)
-      valid = jnp.sum(batch['mask']) > 0
-      local = _tree_where(valid, new_local, local)
-      return local, (jnp.where(valid, m['loss_sum'], 0.0), jnp.where(valid, m['count'], 0.0))
+
+      def do_step(local):
+        step_rng = jax.random.fold_in(rng, step)
+        b = batch
+        if augment_fn is not None:   # x -> x, or batch -> batch when it also changes labels (mixup)
+          aug_rng = jax.random.fold_in(step_rng, 1)
+          b = (augment_fn(aug_rng, b) if getattr(augment_fn, 'on_batch', False)
+               else {**b, 'x': augment_fn(aug_rng, b['x'])})
+        new_local, m = algorithm.client_step(bcast, local, b, step_rng, **kw)
+        return new_local, (m['loss_sum'], m['count'])
+
+      def skip(local):
+        zeros = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), jax.eval_shape(do_step, local)[1])
+        return local, zeros
+
+      # A step whose batch is all padding leaves `local` unchanged. One client at a time (the sequential
+      # strategy, CPU default) `cond` does not compute it at all; under vmap JAX lowers the cond to a
+      # select of both branches (the padded step is computed and discarded, as a where would).
+      return jax.lax.cond(jnp.sum(batch['mask']) > 0, do_step, skip, local)
 
     local, (loss_sums, counts) = jax.lax.scan(body, local, (batches, jnp.arange(num_steps)), unroll=unroll)
     out, new_state = algorithm.client_final(bcast, local, client_state, **kw)
@@ -114,7 +120,12 @@ def run_clients(algorithm, bcast, batches, client_states, rngs, weights, valid, 
   The partial sums are what a cross-device reduction (psum) adds up (core/sharding.py).
   """
   runner = make_client_runner(algorithm, unroll=unroll, augment_fn=augment_fn, phase=phase)
-  vrun = jax.vmap(runner, in_axes=(None, 0, 0, 0))
+  if chunk == 1:   # one client at a time: no vmap, so the runner's cond really skips padded steps
+    squeeze = lambda t: jax.tree_util.tree_map(lambda a: a[0], t)
+    expand = lambda t: jax.tree_util.tree_map(lambda a: a[None], t)
+    vrun = lambda bcast, b, s, r: expand(runner(bcast, squeeze(b), squeeze(s), squeeze(r)))
+  else:
+    vrun = jax.vmap(runner, in_axes=(None, 0, 0, 0))
   c = weights.shape[0]
   n_chunks = c // chunk
   split = lambda t: jax.tree_util.tree_map(lambda a: a.reshape((n_chunks, chunk) + a.shape[1:]), t)
