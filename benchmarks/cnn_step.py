@@ -30,12 +30,14 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
+from bench_util import gemm_gflops  # noqa: E402
 from fedjax_flat.algorithms.local import LocalState, local_step, make_loss  # noqa: E402
 from fedjax_flat.models import get_model  # noqa: E402
 from fedjax_flat.models.layers import resolve_conv_impl, resolve_pool_impl  # noqa: E402
@@ -52,18 +54,6 @@ def model_flops_per_example() -> float:
   dense = 2 * (1600 * 384 + 384 * 192 + 192 * NUM_CLASSES)
   fwd = conv1 + conv2 + dense
   return 3 * fwd - conv1
-
-
-def gemm_gflops(n=2048, repeats=5) -> float:
-  a = jnp.ones((n, n), jnp.float32)
-  f = jax.jit(lambda a, b: a @ b)
-  jax.block_until_ready(f(a, a))
-  ts = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    jax.block_until_ready(f(a, a))
-    ts.append(time.perf_counter() - t)
-  return 2 * n ** 3 / statistics.median(ts) / 1e9
 
 
 def make_data(steps, seed=0):

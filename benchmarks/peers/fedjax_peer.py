@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import protocol  # noqa: E402
@@ -93,7 +92,7 @@ class FedAvgProblem:
   def round(self):
     self.state, _ = self.algorithm.apply(self.state, self.sampler.sample())
 
-  def visit_every_client(self):
+  def warm_up(self):
     """One apply over all clients: compiles every batch shape the timed rounds can meet."""
     rng = jax.random.PRNGKey(0)
     everyone = [(cid, cds, rng) for cid, cds in self.fd.clients()]
@@ -103,36 +102,9 @@ class FedAvgProblem:
   def sync(self):
     jax.block_until_ready(self.state.params)
 
-
-_PROBLEMS = {}
-
-
-def _setup(name, spec):
-  p = FedAvgProblem(spec)
-  _PROBLEMS[name] = p
-  t = time.perf_counter()
-  p.round()
-  p.sync()
-  first = time.perf_counter() - t
-  t = time.perf_counter()
-  p.visit_every_client()
-  for _ in range(int(spec.get('warmup_rounds', 1))):
-    p.round()
-  p.sync()
-  return {'first_round_s': first, 'warmup_s': time.perf_counter() - t}
-
-
-def _run(name, rounds):
-  p = _PROBLEMS[name]
-  t = time.perf_counter()
-  for _ in range(rounds):
-    p.round()
-  p.sync()
-  out = {'s': time.perf_counter() - t, 'peak_mem_bytes': protocol.peak_rss_bytes()}
-  stats = jax.devices()[0].memory_stats() if jax.default_backend() != 'cpu' else None
-  if stats:
-    out['peak_mem_bytes'] = stats.get('peak_bytes_in_use', out['peak_mem_bytes'])
-  return out
+  def peak_mem(self):
+    stats = jax.devices()[0].memory_stats() if jax.default_backend() != 'cpu' else None
+    return (stats or {}).get('peak_bytes_in_use', protocol.peak_rss_bytes())
 
 
 def _info():
@@ -141,26 +113,12 @@ def _info():
           'haiku': md.version('dm-haiku'), 'backend': jax.default_backend()}
 
 
-def _check():
-  import tempfile
-  rng = np.random.default_rng(0)
-  with tempfile.TemporaryDirectory() as tmp:
-    for model, shape, nc in (('cifar_cnn', (32, 32, 3), 100), ('digits_cnn', (8, 8, 1), 10),
-                             ('mlp', (8, 8, 1), 10)):
-      path = os.path.join(tmp, f'{model}.npz')
-      protocol.write_problem(path, [(rng.standard_normal((n,) + shape), rng.integers(0, nc, n)) for n in (5, 3)])
-      for opt in ('sgd', 'sam'):
-        spec = dict(model=model, num_classes=nc, data=path, clients_per_round=2, batch_size=2, epochs=1,
-                    lr=0.01, weight_decay=4e-4, optimizer=opt, rho=0.05, seed=0)
-        print(model, opt, _setup(model + opt, spec), _run(model + opt, 1))
-  print(_info())
-
-
 if __name__ == '__main__':
   _imports()
+  server = protocol.ProblemServer(FedAvgProblem, _info)
   if '--serve' in sys.argv:
-    protocol.serve(_setup, _run, _info)
+    server.serve()
   elif '--check' in sys.argv:
-    _check()
+    server.check(('cifar_cnn', 'digits_cnn', 'mlp'))
   else:
     print(__doc__)

@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import traceback
 
 import numpy as np
@@ -140,3 +141,57 @@ class Peer:
 
   def __exit__(self, *exc):
     self.close()
+
+
+class ProblemServer:
+  """The setup/run handlers every peer shares, over its problem class.
+
+  make_problem(spec) -> an object with round(), sync(), peak_mem() and optionally warm_up() (run before the
+  warm-up rounds, e.g. to compile every batch shape) and reset_peak().
+  """
+
+  def __init__(self, make_problem, info):
+    self.make_problem, self.info, self.problems = make_problem, info, {}
+
+  def setup(self, name, spec):
+    p = self.problems[name] = self.make_problem(spec)
+    t = time.perf_counter()
+    p.round()
+    p.sync()
+    first = time.perf_counter() - t
+    t = time.perf_counter()
+    if hasattr(p, 'warm_up'):
+      p.warm_up()
+    for _ in range(int(spec.get('warmup_rounds', 1))):
+      p.round()
+    p.sync()
+    return {'first_round_s': first, 'warmup_s': time.perf_counter() - t}
+
+  def run(self, name, rounds):
+    p = self.problems[name]
+    if hasattr(p, 'reset_peak'):
+      p.reset_peak()
+    t = time.perf_counter()
+    for _ in range(rounds):
+      p.round()
+    p.sync()
+    return {'s': time.perf_counter() - t, 'peak_mem_bytes': p.peak_mem()}
+
+  def serve(self):
+    serve(self.setup, self.run, self.info)
+
+  def check(self, models, optimizers=('sgd', 'sam')):
+    """Two clients of random data per model: set-up and one timed round each, printed (the --check)."""
+    import tempfile
+    rng = np.random.default_rng(0)
+    shapes = {'cifar_cnn': (32, 32, 3), 'resnet18_gn': (8, 8, 3)}
+    with tempfile.TemporaryDirectory() as tmp:
+      for model in models:
+        shape, nc = shapes.get(model, (8, 8, 1)), (100 if model == 'cifar_cnn' else 10)
+        path = os.path.join(tmp, f'{model}.npz')
+        write_problem(path, [(rng.standard_normal((n,) + shape), rng.integers(0, nc, n)) for n in (5, 3)])
+        for opt in optimizers:
+          spec = dict(model=model, num_classes=nc, data=path, clients_per_round=2, batch_size=2, epochs=1,
+                      lr=0.01, weight_decay=4e-4, optimizer=opt, rho=0.05, seed=0)
+          print(model, opt, self.setup(model + opt, spec), self.run(model + opt, 1))
+    print(self.info())

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 import numpy as np
 import torch
@@ -190,39 +189,19 @@ class FedAvgRound:
     if self.device.type == 'cuda':
       torch.cuda.synchronize()
 
+  def peak_mem(self):
+    return torch.cuda.max_memory_allocated() if self.device.type == 'cuda' else protocol.peak_rss_bytes()
 
-_PROBLEMS = {}
+  def reset_peak(self):
+    if self.device.type == 'cuda':
+      torch.cuda.reset_peak_memory_stats()
 
 
-def _setup(name, spec):
+def _make_problem(spec):
   threads = int(spec.get('threads', 0) or 0)
   if threads:
     torch.set_num_threads(threads)
-  p = FedAvgRound(spec, spec.get('device', 'cpu'))
-  _PROBLEMS[name] = p
-  t = time.perf_counter()
-  p.round()
-  p.sync()
-  first = time.perf_counter() - t
-  t = time.perf_counter()
-  for _ in range(int(spec.get('warmup_rounds', 1))):
-    p.round()
-  p.sync()
-  return {'first_round_s': first, 'warmup_s': time.perf_counter() - t}
-
-
-def _run(name, rounds):
-  p = _PROBLEMS[name]
-  if p.device.type == 'cuda':
-    torch.cuda.reset_peak_memory_stats()
-  t = time.perf_counter()
-  for _ in range(rounds):
-    p.round()
-  p.sync()
-  out = {'s': time.perf_counter() - t}
-  out['peak_mem_bytes'] = (torch.cuda.max_memory_allocated() if p.device.type == 'cuda'
-                           else protocol.peak_rss_bytes())
-  return out
+  return FedAvgRound(spec, spec.get('device', 'cpu'))
 
 
 def _info():
@@ -230,24 +209,11 @@ def _info():
           'cuda': torch.cuda.is_available()}
 
 
-def _check():
-  import tempfile
-  rng = np.random.default_rng(0)
-  with tempfile.TemporaryDirectory() as tmp:
-    for model, shape, nc in (('cifar_cnn', (32, 32, 3), 100), ('digits_cnn', (8, 8, 1), 10),
-                             ('mlp', (8, 8, 1), 10), ('resnet18_gn', (8, 8, 3), 10)):
-      path = os.path.join(tmp, f'{model}.npz')
-      protocol.write_problem(path, [(rng.standard_normal((n,) + shape), rng.integers(0, nc, n)) for n in (5, 3)])
-      spec = dict(model=model, num_classes=nc, data=path, clients_per_round=2, batch_size=2, epochs=1, lr=0.01,
-                  weight_decay=4e-4, optimizer='sam', rho=0.05, seed=0)
-      print(model, _setup(model, spec), _run(model, 1))
-  print(_info())
-
-
 if __name__ == '__main__':
+  server = protocol.ProblemServer(_make_problem, _info)
   if '--serve' in sys.argv:
-    protocol.serve(_setup, _run, _info)
+    server.serve()
   elif '--check' in sys.argv:
-    _check()
+    server.check(('cifar_cnn', 'digits_cnn', 'mlp', 'resnet18_gn'))
   else:
     print(__doc__)
