@@ -140,12 +140,19 @@ def spec_of(config, data_path: str, **extra) -> dict:
   return spec
 
 
-def interleave(fns: dict, repeats: int, progress: bool = True) -> dict:
-  """fns: name -> callable returning seconds per unit. Round-robin `repeats` times; name -> list of seconds."""
+def interleave(fns: dict, repeats: int, progress: bool = True, cpu_times: dict | None = None) -> dict:
+  """fns: name -> callable returning seconds per unit. Round-robin `repeats` times; name -> list of seconds.
+
+  cpu_times (a dict to fill): this process's CPU seconds per call, name -> list. On a shared machine the
+  CPU time of in-process variants is far steadier than the wall time (meaningless for peer subprocesses).
+  """
   times = {k: [] for k in fns}
   for r in range(repeats):
     for k, fn in fns.items():
+      c = time.process_time()
       times[k].append(fn())
+      if cpu_times is not None:
+        cpu_times.setdefault(k, []).append(time.process_time() - c)
     if progress:
       print(f'  repeat {r + 1}/{repeats} done ({uptime()})', file=sys.stderr, flush=True)
   return times
