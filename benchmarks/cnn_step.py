@@ -30,12 +30,14 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
+from bench_util import gemm_gflops  # noqa: E402
 from fedjax_flat.algorithms.local import LocalState, local_step, make_loss  # noqa: E402
 from fedjax_flat.models import get_model  # noqa: E402
 from fedjax_flat.models.layers import resolve_conv_impl, resolve_pool_impl  # noqa: E402
@@ -52,18 +54,6 @@ def model_flops_per_example() -> float:
   dense = 2 * (1600 * 384 + 384 * 192 + 192 * NUM_CLASSES)
   fwd = conv1 + conv2 + dense
   return 3 * fwd - conv1
-
-
-def gemm_gflops(n=2048, repeats=5) -> float:
-  a = jnp.ones((n, n), jnp.float32)
-  f = jax.jit(lambda a, b: a @ b)
-  jax.block_until_ready(f(a, a))
-  ts = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    jax.block_until_ready(f(a, a))
-    ts.append(time.perf_counter() - t)
-  return 2 * n ** 3 / statistics.median(ts) / 1e9
 
 
 def make_data(steps, seed=0):
@@ -98,48 +88,22 @@ def jax_variant(variant: str, opt: str, x, y):
 
 
 def torch_variant(opt: str, x, y, threads=None):
+  """The torch reference step (benchmarks/peers/torch_peer.py), in this process."""
   import torch
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), 'peers'))
+  import torch_peer
   if threads:
     torch.set_num_threads(threads)
-
-  class Net(torch.nn.Module):   # the FedSAM reference CNN (models/cnn.py's CifarCNN), NCHW
-    def __init__(self):
-      super().__init__()
-      self.conv1, self.conv2 = torch.nn.Conv2d(3, 64, 5), torch.nn.Conv2d(64, 64, 5)
-      self.fc1, self.fc2 = torch.nn.Linear(1600, 384), torch.nn.Linear(384, 192)
-      self.fc3 = torch.nn.Linear(192, NUM_CLASSES)
-
-    def forward(self, v):
-      v = torch.nn.functional.max_pool2d(torch.relu(self.conv1(v)), 2)
-      v = torch.nn.functional.max_pool2d(torch.relu(self.conv2(v)), 2)
-      v = torch.relu(self.fc1(v.flatten(1)))
-      return self.fc3(torch.relu(self.fc2(v)))
-
   torch.manual_seed(0)
-  net = Net()
+  net = torch_peer.build_net('cifar_cnn', NUM_CLASSES, (32, 32, 3))
   sgd = torch.optim.SGD(net.parameters(), lr=LR, weight_decay=WD)
-  crit = torch.nn.CrossEntropyLoss()
   xt = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 1, 4, 2, 3)))
   yt = torch.from_numpy(y.astype(np.int64))
+  rho = RHO if opt == 'sam' else 0.0
 
   def run():
     for s in range(xt.shape[0]):
-      sgd.zero_grad()
-      crit(net(xt[s]), yt[s]).backward()
-      if opt == 'sam':   # the reference minimizer: w + e, second gradient, restore w, then the SGD step
-        with torch.no_grad():
-          norm = torch.norm(torch.stack([p.grad.norm(2) for p in net.parameters()]), 2)
-          eps = []
-          for p in net.parameters():
-            e = p.grad * (RHO / (norm + 1e-12))
-            p.add_(e)
-            eps.append(e)
-        sgd.zero_grad()
-        crit(net(xt[s]), yt[s]).backward()
-        with torch.no_grad():
-          for p, e in zip(net.parameters(), eps):
-            p.sub_(e)
-      sgd.step()
+      torch_peer.local_step(net, sgd, xt[s], yt[s], rho)
   return run
 
 

@@ -10,10 +10,13 @@ Variants (built, compiled and warmed up first, then timed round-robin `--repeats
                (the path of every run before rounds_per_call)
   dev_R<k>     data on the device, sampling/batching in the program, k rounds per call (k=1: one per call)
   auto         the default (engine.rounds_per_call='auto')
-  loop_jit     FedJAX's default pattern as a stand-in for the FedJAX peer: a Python loop over clients with
-               numpy sampling / shuffling / batching and one jitted SGD step per batch, weighted average with
-               tree ops on the host (same model, data, batch size, lr)
-  fedjax       the FedJAX 0.0.17 peer (benchmarks/peers/fedjax_peer.py in .venv-fedjax), when present
+  loop_jit     FedJAX's default pattern on our stack: a Python loop over clients with numpy sampling /
+               shuffling / batching and one jitted SGD step per batch, weighted average with tree ops on the
+               host (same model, data, batch size, lr)
+  fedjax       the FedJAX 0.0.17 peer itself (benchmarks/peers/fedjax_peer.py in .venv-fedjax, a subprocess:
+               fed_avg + UniformGetClientSampler, haiku models; `bash benchmarks/peers/make_fedjax_venv.sh`)
+  torch        the PyTorch reference pattern (benchmarks/peers/torch_peer.py, a subprocess)
+  (--peers=auto: the peers installed here; none: no peers)
 
 Trainer variants time `Trainer.train(num_rounds=N)` with evaluation switched off (the training rounds only).
 Host overhead (device variants): 1 - (time of the compiled block program alone, same rounds, back to back)
@@ -21,7 +24,9 @@ Host overhead (device variants): 1 - (time of the compiled block program alone, 
 `--before=DIR` (a checkout of an older commit) adds the quickstart's end-to-end wall time (experiments/train.py,
 process start to exit, compilation included) before vs now, interleaved.
 
-  python benchmarks/rounds_per_s.py [--rounds=200] [--repeats=3] [--json=PATH] [--before=DIR]
+`vs_fedjax` / `vs_torch` columns: rounds/s of the variant / the peer's, same process, interleaved.
+
+  python benchmarks/rounds_per_s.py [--rounds=200] [--repeats=3] [--json=PATH] [--before=DIR] [--peers=auto]
 """
 from __future__ import annotations
 
@@ -35,11 +40,14 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, 'benchmarks'))
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+
+import bench_util  # noqa: E402
 
 from fedjax_flat.algorithms.local import make_loss  # noqa: E402
 from fedjax_flat.training import loop  # noqa: E402
@@ -50,6 +58,7 @@ _JSON = flags.DEFINE_string('json', None, 'write results as JSON here')
 _BEFORE = flags.DEFINE_string('before', None, 'a checkout of an older commit: quickstart wall time before/now')
 _PROBLEMS = flags.DEFINE_list('problems', ['quickstart', 'mlp6_full', 'mlp6_b16'], 'problems')
 _RS = flags.DEFINE_list('rounds_per_call', ['1', '8', '32', '64'], 'R values of the dev_R<k> variants')
+_PEERS = flags.DEFINE_string('peers', 'auto', 'torch,fedjax | auto (those installed) | none')
 
 
 def _config(problem):
@@ -170,6 +179,24 @@ class LoopJitVariant:
     return None
 
 
+class PeerVariant:
+  """A peer subprocess running the same problem (benchmarks/peers): rounds timed inside the peer."""
+
+  def __init__(self, peer_set, peer, problem, rounds, data_path, num_classes):
+    c = _config(problem)
+    if problem == 'mlp6_full':
+      c.client.batch_size = _full_batch(c)
+    spec = bench_util.spec_of(c, data_path, num_classes=num_classes)
+    self.fn, self.setup = peer_set.variant(peer, problem, spec)
+    self.rounds = rounds
+
+  def time(self):
+    return self.fn(self.rounds)
+
+  def program_time(self):
+    return None
+
+
 def _quickstart_wall(repo, wd):
   t0 = time.perf_counter()
   subprocess.run([sys.executable, os.path.join(repo, 'experiments', 'train.py'),
@@ -182,8 +209,19 @@ def _quickstart_wall(repo, wd):
 
 
 def main(_):
-  out = {'uptime': open('/proc/loadavg').read().split()[:3], 'backend': jax.default_backend(),
-         'devices': str(jax.devices()), 'problems': {}}
+  logging.set_verbosity(logging.WARNING)
+  peers = bench_util.resolve_peers(_PEERS.value)
+  peer_set = bench_util.PeerSet(peers)
+  try:
+    return _main(peer_set, peers)
+  finally:
+    peer_set.close()
+
+
+def _main(peer_set, peers):
+  out = {'uptime': open('/proc/loadavg').read().split()[:3], 'uptime_line': bench_util.uptime(),
+         'backend': jax.default_backend(), 'devices': str(jax.devices()), 'cpu': bench_util.cpu_model(),
+         'gemm_gflops_2048': bench_util.gemm_gflops(), 'peer_info': peer_set.info, 'problems': {}}
   for problem in _PROBLEMS.value:
     rounds = max(_ROUNDS.value // 4, 10) if problem == 'quickstart' else _ROUNDS.value
     variants = {'host_R1': TrainerVariant(problem, rounds, _REPEATS.value, device_data=False)}
@@ -191,6 +229,11 @@ def main(_):
       variants[f'dev_R{r}'] = TrainerVariant(problem, rounds, _REPEATS.value, rounds_per_call=int(r))
     variants['auto'] = TrainerVariant(problem, rounds, _REPEATS.value)
     variants['loop_jit'] = LoopJitVariant(problem, rounds, _REPEATS.value)
+    if peers:
+      data = variants['loop_jit'].data
+      path = peer_set.write_data(problem, data)
+      for peer in peers:
+        variants[peer] = PeerVariant(peer_set, peer, problem, rounds, path, data.num_classes)
     times = {k: [] for k in variants}
     prog = {k: [] for k in variants}
     for _ in range(_REPEATS.value):
@@ -210,13 +253,17 @@ def main(_):
     for k in res:
       res[k]['vs_loop_jit'] = res[k]['rounds_per_s'] / res['loop_jit']['rounds_per_s']
       res[k]['vs_host_R1'] = res[k]['rounds_per_s'] / res['host_R1']['rounds_per_s']
+      for peer in peers:
+        res[k][f'vs_{peer}'] = res[k]['rounds_per_s'] / res[peer]['rounds_per_s']
     out['problems'][problem] = {'timed_rounds': rounds, 'variants': res,
                                 'auto_rounds_per_call': variants['auto'].t.rounds_per_call}
     print(f'\n{problem} ({rounds} rounds x {_REPEATS.value}, median)')
-    print(f'{"variant":10s} {"rounds/s":>10s} {"vs loop_jit":>12s} {"vs host_R1":>11s} {"host ovh %":>11s}')
+    print(f'{"variant":10s} {"rounds/s":>10s} {"vs loop_jit":>12s} {"vs host_R1":>11s}'
+          + ''.join(f' {"vs " + p:>10s}' for p in peers) + f' {"host ovh %":>11s}')
     for k, v in res.items():
       ovh = f'{v["host_overhead_pct"]:.1f}' if 'host_overhead_pct' in v else '-'
-      print(f'{k:10s} {v["rounds_per_s"]:10.1f} {v["vs_loop_jit"]:12.2f} {v["vs_host_R1"]:11.2f} {ovh:>11s}')
+      print(f'{k:10s} {v["rounds_per_s"]:10.1f} {v["vs_loop_jit"]:12.2f} {v["vs_host_R1"]:11.2f}'
+            + ''.join(f' {v["vs_" + p]:10.2f}' for p in peers) + f' {ovh:>11s}')
     del variants
   if _BEFORE.value:
     walls = {'before': [], 'now': []}
@@ -232,6 +279,7 @@ def main(_):
       print(f'{k:7s} process {v["process_wall_s"]:.1f} s  training loop {v["train_wall_s"]:.1f} s  '
             f'acc {v["final_test_accuracy"]}')
   out['uptime_after'] = open('/proc/loadavg').read().split()[:3]
+  out['uptime_line_after'] = bench_util.uptime()
   print(json.dumps(out, indent=1))
   if _JSON.value:
     with open(_JSON.value, 'w') as f:

@@ -126,3 +126,39 @@ def test_partial_batch_loss_is_mean_over_valid_examples():
   full = loss(params, {'x': x[:2], 'y': y[:2], 'mask': np.ones(2, np.float32)})[0]
   padded = loss(params, {'x': x, 'y': y, 'mask': np.array([1, 1, 0, 0], np.float32)})[0]
   np.testing.assert_allclose(full, padded, rtol=1e-6)
+
+
+@pytest.mark.parametrize('strategy,chunk', [('sequential', 0), ('chunked', 2)])
+def test_padded_steps_are_skipped_one_client_at_a_time(strategy, chunk):
+  """Sequential: an all-padding step is not computed (lax.cond); under vmap it is computed and masked. Both
+  give the same result as without the extra padding steps (bit-identical for sequential)."""
+  cfg, data, model, alg, params = _setup(strategy, chunk)
+  calls = []
+  step = alg.client_step
+
+  def counted_step(*a, **k):
+    jax.debug.callback(lambda: calls.append(1))
+    return step(*a, **k)
+  alg = alg.replace(client_step=counted_step)
+  ids = np.arange(len(SIZES))
+  s = batching.padded_num_steps(data.client_sizes(), 4, epochs=2)
+  c = engine.padded_cohort(strategy, len(ids), chunk)
+  fn = engine.make_round_fn(alg, chunk=engine.chunk_size(strategy, c, chunk), donate=False)
+  rngs = jax.vmap(lambda k: jax.random.fold_in(jax.random.key(2), k))(jnp.arange(c))
+  outs, n_calls = [], []
+  for extra in (0, 3):
+    rb = batching.make_round_batches(data, ids, round_idx=0, seed=0, batch_size=4, num_steps=s + extra, epochs=2,
+                                     pad_clients_to=c)
+    calls.clear()
+    st, _, _ = fn(alg.server_init(params, None), rb.as_dict(), None, rngs, rb.num_examples, rb.client_ids >= 0, 0)
+    jax.block_until_ready(st)
+    jax.effects_barrier()
+    outs.append(st['params'])
+    n_calls.append(len(calls))
+  valid_steps = sum(int(np.ceil(n / 4)) * 2 for n in SIZES)   # 2 epochs of ceil(n/B) batches each
+  if strategy == 'sequential':
+    assert n_calls == [valid_steps, valid_steps]
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_array_equal(a, b), *outs)
+  else:   # vmap inside a chunk: every (padded) step of every chunk runs
+    assert n_calls[1] > n_calls[0] >= valid_steps
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), *outs)
