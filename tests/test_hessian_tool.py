@@ -26,7 +26,9 @@ def test_hessian_tool_writes_report_and_plots(tmp_path):
   out = wd / 'hessian'
   rep = json.loads((out / 'hessian_global.json').read_text())
   assert rep['round'] == 3 and rep['num_examples'] == 120
-  assert len(rep['eigenvalues']) == 3 and rep['lambda_max'] == max(rep['eigenvalues'], key=abs)
+  assert len(rep['eigenvalues']) == 3 and rep['lambda_max'] == rep['eigenvalues'][0]
+  assert rep['method'] == 'lanczos' and len(rep['residuals']) == len(rep['rayleigh_quotients']) == 3
+  assert rep['all_converged'] == all(rep['converged'])
   assert rep['trace'] is not None
   for f in ('eigenvalues_global.png', 'density_global.png', 'surface_global.png'):
     assert (out / f).stat().st_size > 1000
