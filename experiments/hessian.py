@@ -128,6 +128,9 @@ def main(argv):
     for r in rep['clients']:
       print(f"client {r['client']:4d}: local/own {r['lambda_local_own']:.4f}  global/own {r['lambda_global_own']:.4f}"
             f"  local/test {r['lambda_local_global']:.4f}")
+    if not rep['all_converged']:
+      print('warning: some power iterations did not converge (residual_* / converged_* in the report); '
+            'more steps: --num_iters', file=sys.stderr)
     print(f"round {step}: mean lambda_max local/own {rep.get('mean_lambda_local_own', float('nan')):.4f}, "
           f"global/own {rep.get('mean_lambda_global_own', float('nan')):.4f}; report: {path}")
     return

@@ -70,6 +70,10 @@ def test_per_client_local_vs_global_sharpness(tmp_path):
   for r in rep['clients']:
     assert all(np.isfinite(r[k]) and r[k] > 0 for k in ('lambda_local_own', 'lambda_global_own',
                                                          'lambda_local_global'))
+    assert all(r[f'residual_{n}'] >= 0 and isinstance(r[f'converged_{n}'], bool)
+               for n in ('local_own', 'global_own', 'local_global'))
+  assert rep['all_converged'] == all(r[f'converged_{n}'] for r in rep['clients']
+                                     for n in ('local_own', 'global_own', 'local_global'))
   _run(['experiments/hessian.py', f'--workdir={wd}', '--per_client', '--per_client_round=2', '--num_examples=60',
         '--num_iters=8'])
   rep2 = json.loads((wd / 'hessian' / 'per_client_global_round2.json').read_text())

@@ -11,7 +11,6 @@ import pytest
 
 from fedjax_flat.training import checkpoint as ckpt_lib
 from fedjax_flat.training import run as run_lib
-from fedjax_flat.training import workdir as workdir_lib
 from fedjax_flat.training.validate import ConfigError
 
 import scale_worker
@@ -26,6 +25,7 @@ def tiny_config(**over):
 
 
 def test_lock_is_exclusive_names_the_holder_and_dies_with_it(tmp_path):
+  from fedjax_flat.training import workdir as workdir_lib
   wd = str(tmp_path / 'w')
   with workdir_lib.WorkdirLock(wd):
     with pytest.raises(workdir_lib.WorkdirBusyError, match=rf'in use by process {os.getpid()}\b'):

@@ -1,7 +1,8 @@
 """`config.data`: the rule of every field a dataset builder takes, checked before any data are loaded.
 
 `config.data` is passed as keyword arguments to the builder of `config.dataset` (data/registry.py). A field
-that builder does not take would be silently ignored, so it is refused (with the fields it does take); every
+that builder does not take would be silently ignored, so it is refused (with the fields it does take) unless
+it still holds the default config's value (`--config.dataset=...` on a config written for the digits); every
 known field is checked against its rule below; fields of builders added later still get the finiteness check
 of `validate.validate_config`.
 
@@ -127,12 +128,15 @@ def _check(name, v, rule):
 
 def validate(cfg) -> None:
   """Every `config.data` field of `cfg.dataset` (a registered name) against its rule; ConfigError otherwise."""
+  from fedjax_flat.training.default_config import default_config
   data = cfg.data.to_dict()
   takes = builder_args(cfg.dataset)
+  inherited = default_config().data.to_dict()     # the default config's digits fields, e.g. alpha=0.0
   for name, v in data.items():
     if v is None:
       continue                      # unset: the builder's default
-    if takes is not None and name not in takes and name not in NOT_BUILDER_ARGS:
+    if (takes is not None and name not in takes and name not in NOT_BUILDER_ARGS
+        and not (name in inherited and inherited[name] == v)):
       close = difflib.get_close_matches(name, takes, n=1)
       hint = f'did you mean {close[0]!r}? ' if close else ''
       raise _bad(name, v, f'is not a field of dataset {cfg.dataset!r}: {hint}it takes {sorted(takes)}')
