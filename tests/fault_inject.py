@@ -25,6 +25,27 @@ def _under(path, root):
   return root is not None and os.path.abspath(os.fspath(path)).startswith(root)
 
 
+class FullFile:
+  """An open file whose writes fail as on a full disk."""
+
+  def __init__(self, f):
+    self._f = f
+
+  def write(self, *args):
+    raise OSError(errno.ENOSPC, 'No space left on device', self._f.name)
+
+  writelines = write
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self._f.close()
+
+  def __getattr__(self, name):
+    return getattr(self._f, name)
+
+
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument('--deny')
@@ -62,32 +83,12 @@ def main():
       check(path)
     return real_os_open(path, flags, *args, **kwargs)
 
-  class _Full:
-    """A file whose writes fail as on a full disk."""
-
-    def __init__(self, f):
-      self._f = f
-
-    def write(self, *args):
-      raise OSError(errno.ENOSPC, 'No space left on device', self._f.name)
-
-    writelines = write
-
-    def __enter__(self):
-      return self
-
-    def __exit__(self, *exc):
-      self._f.close()
-
-    def __getattr__(self, name):
-      return getattr(self._f, name)
-
   def open_(file, mode='r', *args, **kwargs):
     writing = any(c in mode for c in 'wax+')
     if writing and isinstance(file, (str, bytes, os.PathLike)):
       check(file)
       if a.enospc and os.path.basename(os.fspath(file)).startswith(a.enospc):
-        return _Full(real_open(file, mode, *args, **kwargs))
+        return FullFile(real_open(file, mode, *args, **kwargs))
     return real_open(file, mode, *args, **kwargs)
 
   def slow(real):

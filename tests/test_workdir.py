@@ -1,7 +1,6 @@
 """The run's hold on its workdir (training/workdir.py): exclusive lock, cleanup before the writability probe,
 no leaked probe, per-process temporary names, --fresh deleting nothing for a rejected config."""
 import builtins
-import errno
 import json
 import os
 import subprocess
@@ -15,6 +14,7 @@ from fedjax_flat.training.validate import ConfigError
 
 import scale_worker
 from config_helpers import small_config
+from fault_inject import FullFile
 from scale_worker import small_data
 
 _cache = pytest.fixture(scope='module', autouse=True)(scale_worker.persistent_compile_cache)
@@ -40,25 +40,6 @@ def test_lock_is_exclusive_names_the_holder_and_dies_with_it(tmp_path):
   workdir_lib.WorkdirLock(wd).acquire().release()                          # ... but the lock is free
 
 
-class _FullFile:
-  """An open file whose writes fail as on a full disk."""
-
-  def __init__(self, f):
-    self._f = f
-
-  def write(self, *args):
-    raise OSError(errno.ENOSPC, 'No space left on device', self._f.name)
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    self._f.close()
-
-  def __getattr__(self, name):
-    return getattr(self._f, name)
-
-
 def _disk_full(monkeypatch, root, full):
   """Writes under `root` fail with ENOSPC while full() holds (open() itself succeeds, as on a full disk)."""
   real = builtins.open
@@ -66,7 +47,7 @@ def _disk_full(monkeypatch, root, full):
   def fake_open(file, mode='r', *args, **kwargs):
     f = real(file, mode, *args, **kwargs)
     if any(c in mode for c in 'wax+') and os.path.abspath(os.fspath(file)).startswith(str(root)) and full():
-      return _FullFile(f)
+      return FullFile(f)
     return f
   monkeypatch.setattr(builtins, 'open', fake_open)
 

@@ -20,16 +20,6 @@ from typing import Optional, Sequence
 BAD_INPUT, FAILED = 2, 1
 
 
-def _config_spec(argv: Sequence[str]) -> Optional[str]:
-  spec = None
-  for i, a in enumerate(argv):
-    if a.startswith('--config='):
-      spec = a[len('--config='):]
-    elif a == '--config' and i + 1 < len(argv):
-      spec = argv[i + 1]
-  return spec
-
-
 def _where(e: BaseException, path: str) -> str:
   """'file:line' of the innermost frame of the config file in e's traceback."""
   frames = [f for f in traceback.extract_tb(e.__traceback__) if os.path.abspath(f.filename) == os.path.abspath(path)]
@@ -70,7 +60,7 @@ def preflight(argv: Sequence[str]) -> Optional[str]:
   """
   from fedjax_flat.training import config_strings
   from fedjax_flat.training.validate import ConfigError
-  spec = _config_spec(argv)
+  spec = config_strings.config_spec(argv)
   if not spec:
     return None                            # absl reports the missing required flag
   path = spec.partition(':')[0]
