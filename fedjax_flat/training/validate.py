@@ -46,7 +46,7 @@ def _choice(cfg, path, allowed):
 
 
 # Numeric fields where infinity is a meaningful value (anything else must be finite; NaN never is).
-INFINITY_MEANS = {'data.alpha': 'every client gets the global label proportions (IID)'}
+INFINITY_MEANS = {'data.alpha': 'IID clients'}
 
 
 def _check_finite(node, prefix='') -> None:
@@ -57,8 +57,8 @@ def _check_finite(node, prefix='') -> None:
     path = path.lstrip('.')
     if isinstance(v, numbers.Real) and not isinstance(v, (bool, numbers.Integral)) and not math.isfinite(v):
       if math.isnan(v) or path not in INFINITY_MEANS:
-        allowed = ', '.join(f'{p} (inf: {m})' for p, m in INFINITY_MEANS.items())
-        raise ConfigError(path, v, f'must be a finite number (infinity is meaningful only for {allowed})')
+        allowed = ', '.join(f'{p} (inf = {m})' for p, m in INFINITY_MEANS.items())
+        raise ConfigError(path, v, f'must be a finite number; only {allowed} may be infinite')
     elif isinstance(v, (dict, list, tuple)):
       _check_finite(v, path)
 
