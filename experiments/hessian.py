@@ -110,7 +110,8 @@ def main(argv):
   import numpy as np
   from fedjax_flat import analysis
   from fedjax_flat.analysis import plots
-  logging.set_verbosity(logging.INFO)
+  from fedjax_flat.training import cli
+  cli.configure_logging(verbosity_given=flags.FLAGS['verbosity'].present > 0)   # quiet unless --verbosity
   wd = _WORKDIR.value
   out = _OUT.value or os.path.join(wd, 'hessian')
   os.makedirs(out, exist_ok=True)
