@@ -21,7 +21,7 @@ def test_hessian_tool_writes_report_and_plots(tmp_path):
   wd = tmp_path / 'run'
   _run(['experiments/train.py', '--config=configs/quickstart.py', f'--workdir={wd}', '--config.rounds=3',
         '--config.eval_every=3'])
-  _run(['experiments/hessian.py', f'--workdir={wd}', '--num_examples=120', '--top_k=3', '--num_iters=10',
+  _run(['experiments/hessian.py', f'--workdir={wd}', '--num_examples=120', '--top_k=3', '--lanczos_steps=30',
         '--trace_probes=3', '--density_probes=1', '--surface_points=3'])
   out = wd / 'hessian'
   rep = json.loads((out / 'hessian_global.json').read_text())
@@ -52,7 +52,7 @@ def test_fedasam_flatter_than_fedavg_on_digits_alpha0():
     t.train()
     x, y = t.data.test_examples()
     rep = analysis.analyze(t.model, t.server_state['params'], x[:300], y[:300], batch_size=100, top_k=1,
-                           num_iters=30, rng=jax.random.key(0))
+                           lanczos_steps=30, rng=jax.random.key(0))
     lam[name] = rep['lambda_max']
   print('lambda_max', lam)
   assert np.isfinite(lam['fedavg']) and lam['fedasam'] < lam['fedavg']

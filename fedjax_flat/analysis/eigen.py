@@ -224,16 +224,6 @@ def _ritz_pairs(alphas, betas, basis, *, k):
 RESIDUAL_TOL = 1e-3
 
 
-@jax.jit
-def _residuals(op, values, vecs):
-  def one(args):
-    lam, u = args
-    u = u / jnp.linalg.norm(u)
-    w = op(u)
-    return jnp.vdot(u, w), jnp.linalg.norm(w - lam * u)
-  return lax.map(one, (values, vecs))
-
-
 class CheckedPairs(NamedTuple):
   eigenvalues: np.ndarray        # [k] as the solver returned them (descending)
   eigenvectors: jax.Array        # [k, dim]
@@ -247,9 +237,17 @@ class CheckedPairs(NamedTuple):
 
 def check_pairs(hvp: Callable, values, vecs, *, tol: float = RESIDUAL_TOL, steps: Optional[int] = None
                 ) -> CheckedPairs:
-  """Rayleigh quotient and residual of every (value, vector) pair, with one HVP each."""
-  values = jnp.asarray(values, jnp.float32)
-  rq, res = _residuals(as_partial(hvp), values, jnp.asarray(vecs, jnp.float32))
+  """Rayleigh quotient and residual of every (value, vector) pair, with one HVP each.
+
+  The HVP is called as it is (`make_hvp`'s is jitted: its own compiled program, shared with any other direct
+  call of the same shapes), not inside a new jitted loop, which would compile it again.
+  """
+  rq, res = [], []
+  for lam, u in zip(jnp.asarray(values, jnp.float32), jnp.asarray(vecs, jnp.float32)):
+    u = u / jnp.linalg.norm(u)
+    w = hvp(u)
+    rq.append(float(jnp.vdot(u, w)))
+    res.append(float(jnp.linalg.norm(w - lam * u)))
   vals = np.asarray(values, np.float64)
   res = np.asarray(res, np.float64)
   scale = float(np.max(np.abs(vals))) if vals.size else 0.0
