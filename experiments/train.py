@@ -13,9 +13,19 @@ Several hosts (docs/scaling.md): run the same command on every host with
   JAX_NUM_PROCESSES, JAX_PROCESS_ID environment variables), or --distributed on TPU pods / SLURM, where JAX
 detects the cluster itself. The clients of each round are sharded over every device of every host.
 
-Exit status: 0 done (or stopped by a signal after checkpointing), 2 invalid config or a config that does
-not match the workdir's checkpoint (one message naming the field), 1 a checkpoint could not be written or
-read.
+Exit status (fedjax_flat/training/cli.py), each error as one `error: ...` line without a traceback:
+  0  done, or stopped by SIGTERM / Ctrl-C after writing a checkpoint (a SIGTERM after `done:` changes nothing)
+  1  the run failed: divergence (naming the round and clients), a checkpoint or result file could not be
+     written (disk full, permissions), no checkpoint restores
+  2  bad input: an invalid config value (NaN / inf included), a --config.x naming no field, a missing or
+     broken config file, a config that does not match the workdir's checkpoint, malformed or unsafe dataset
+     files, missing dataset files, a workdir in use by another run (its lock names the holder's pid)
+  absl's own flag-parsing errors (a value that does not parse, e.g. --config.client.lr=abc, an unknown
+  flag) keep absl's "FATAL Flags parsing error" line and its exit status 1. A second Ctrl-C aborts at once
+  (killed by SIGINT); the newest complete checkpoint is kept.
+
+Logs: warnings, and INFO from fedjax_flat only (progress, resume); --verbosity=0 (or higher) shows every
+library's INFO lines as well (jax, orbax, ...), --verbosity=-1 warnings only.
 """
 from __future__ import annotations
 
@@ -56,32 +66,36 @@ def init_distributed() -> None:
                  jax.process_count(), jax.local_device_count(), jax.device_count())
 
 
-class _QuietOrbax:
-  """Keeps orbax's per-save INFO chatter out of the progress log (its warnings and errors still show)."""
-
-  def filter(self, record):
-    return record.levelno >= 30 or '/orbax/' not in record.pathname.replace(os.sep, '/')
+def _fail(e: BaseException, code: int) -> None:
+  from fedjax_flat.training import cli
+  print(cli.message(e), file=sys.stderr, flush=True)
+  if code == cli.FAILED:
+    # An I/O failure can leave library writer threads (orbax, tensorboard) waiting on what will never come;
+    # everything of ours is closed by now, so do not let them hold the exit.
+    logging.flush()
+    sys.stdout.flush()
+    os._exit(code)
+  sys.exit(code)
 
 
 def main(argv):
   del argv
-  logging.set_verbosity(logging.INFO)
-  logging.get_absl_handler().addFilter(_QuietOrbax())
+  import signal
+  from fedjax_flat.training import cli
+  cli.configure_logging(verbosity_given=flags.FLAGS['verbosity'].present > 0)
   init_distributed()
   import jax
-  from fedjax_flat.training import checkpoint as ckpt_lib
   from fedjax_flat.training import run as run_lib
-  from fedjax_flat.training.validate import ConfigError
   from fedjax_flat.training import algo_flags
   try:
     config = algo_flags.apply(_CONFIG.value, _ALGO_OVERRIDES)
     summary = run_lib.run(config, _WORKDIR.value, fresh=_FRESH.value, handle_signals=True)
-  except ConfigError as e:
-    print(f'error: {e}', file=sys.stderr)
-    sys.exit(2)
-  except ckpt_lib.CheckpointError as e:
-    print(f'error: {e}', file=sys.stderr)
-    sys.exit(1)
+  except Exception as e:  # noqa: BLE001 -- known errors are one line and an exit status; others a traceback
+    code = cli.exit_status(e)
+    if code is None:
+      raise
+    _fail(e, code)
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)   # done: a late SIGTERM (e.g. a job ending) is not a failure
   if jax.process_index() != 0:
     return
   wd = os.path.abspath(_WORKDIR.value)
@@ -101,12 +115,18 @@ _ALGO_OVERRIDES = []
 
 
 if __name__ == '__main__':
-  # --config.algo.<name>=<value> works for every config and algorithm (training/algo_flags.py).
   from fedjax_flat.training import algo_flags as _algo_flags
-  sys.argv, _ALGO_OVERRIDES = _algo_flags.split_argv(sys.argv)
-  # A bad config string (--config=configs/<family>.py:<string>) is one line and exit 2, not absl's traceback.
-  from fedjax_flat.training import config_strings as _config_strings
-  _bad = _config_strings.preflight(sys.argv)
+  from fedjax_flat.training import cli as _cli
+  from fedjax_flat.training.validate import ConfigError as _ConfigError
+  try:
+    # --config.algo.<name>=<value> works for every config and algorithm (training/algo_flags.py).
+    sys.argv, _ALGO_OVERRIDES = _algo_flags.split_argv(sys.argv)
+  except _ConfigError as _e:
+    print(f'error: {_e}', file=sys.stderr)
+    sys.exit(2)
+  # A missing or broken config file, a bad config string, a --config.x naming no field: one line and exit 2
+  # here, instead of absl's traceback of ml_collections.
+  _bad = _cli.preflight(sys.argv)
   if _bad:
     print(f'error: {_bad}', file=sys.stderr)
     sys.exit(2)

@@ -170,3 +170,64 @@ def test_every_config_file_builds_and_validates(name):
   c = mod.get_config() if not inspect.signature(mod.get_config).parameters else mod.get_config('')
   validate.validate_config(c)
   assert c.model_kwargs.to_dict().keys() >= {'conv_impl'}
+
+
+NONFINITE_FIELDS = ['client.lr', 'client.rho', 'client.weight_decay', 'server.lr', 'server.eps', 'swa.lr1',
+                    'man.zeta', 'progress_every_s', 'data.alpha', 'algo.mu']
+
+
+@pytest.mark.parametrize('field', NONFINITE_FIELDS)
+@pytest.mark.parametrize('value', [float('nan'), float('inf'), float('-inf')])
+def test_nan_and_inf_are_refused(field, value):
+  c = default_config()
+  c.algorithm = 'fedprox'
+  if field == 'algo.mu':
+    c.algo.mu = 0.1
+  if field == 'data.alpha' and value == float('inf'):
+    _set(c, field, value)
+    validate.validate_config(c)        # the one field where infinity means something: IID
+    return
+  _set(c, field, value)
+  with pytest.raises(validate.ConfigError, match='finite|>= 0') as e:
+    validate.validate_config(c)
+  assert e.value.field == field
+
+
+def test_every_data_field_is_checked_before_loading(monkeypatch, tmp_path):
+  from fedjax_flat.data import registry
+  from fedjax_flat.training import run
+  monkeypatch.setattr(registry, 'get_dataset', lambda *a, **k: pytest.fail('data loaded before validation'))
+  for path, value, needle in [('data.alpha', -1.0, '>= 0'), ('data.num_clients', 0, '>= 1'),
+                              ('data.test_fraction', 1.0, '< 1'), ('data.examples_per_client', 0, '>= 1'),
+                              ('data.quantity_skew', float('nan'), 'finite'), ('data.seed', -1, '>= 0')]:
+    c = default_config()
+    _set(c, path, value)
+    with pytest.raises(validate.ConfigError, match=needle) as e:
+      run.run(c, str(tmp_path / 'w'))
+    assert e.value.field == path
+  c = default_config()
+  with c.unlocked():
+    c.data.num_client = 5                                  # a typo the builder would silently ignore
+  with pytest.raises(validate.ConfigError, match="num_client.*did you mean 'num_clients'"):
+    validate.validate_config(c)
+  c = default_config()
+  c.data.split_json = 'x.json'                             # declared everywhere, but digits takes no split file
+  with pytest.raises(validate.ConfigError, match="not a field of dataset 'digits'"):
+    validate.validate_config(c)
+  c = default_config()
+  c.dataset = 'digits_feature_shift'
+  c.data.num_clients = 7
+  with pytest.raises(validate.ConfigError, match='2 <= num_clients <= 5'):
+    validate.validate_config(c)
+
+
+def test_every_config_declares_the_command_line_data_fields():
+  """--config.data.split_json=... (and the other optional data fields) work with every config file."""
+  import glob
+  from fedjax_flat.data.registry import OPTIONAL_FIELDS
+  from fedjax_flat.training.config_strings import load_config
+  for path in sorted(glob.glob(os.path.join(REPO, 'configs', '*.py'))):
+    c = load_config(path)
+    missing = sorted(set(OPTIONAL_FIELDS) - set(c.data.keys()))
+    assert not missing, (path, missing)
+    c.data.split_json = '/some/split.json'                 # typed str, settable on a locked config

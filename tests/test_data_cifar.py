@@ -100,6 +100,11 @@ def test_truncated_and_inconsistent_batches(tmp_path):
   (d / 'data_batch_1').write_bytes(py2_pickle({b'data': np.zeros((20, 3000), np.uint8), b'labels': [0] * 20}))
   with pytest.raises(cifar.CifarFormatError, match='3072'):
     cifar.load_arrays('cifar10', str(tmp_path), check_official_sizes=False)
+  # float labels would be truncated to wrong classes (3.7 -> 3): refused, as a data format error
+  for labels in ([i % 10 + 0.7 for i in range(20)], [float(i % 10) for i in range(20)], [True] * 20):
+    (d / 'data_batch_1').write_bytes(py2_pickle({b'data': np.zeros((20, 3072), np.uint8), b'labels': labels}))
+    with pytest.raises(cifar.CifarFormatError, match='must be integer class ids'):
+      cifar.load_arrays('cifar10', str(tmp_path), check_official_sizes=False)
 
 
 def test_malicious_batch_is_refused(tmp_path):

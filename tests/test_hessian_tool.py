@@ -21,12 +21,14 @@ def test_hessian_tool_writes_report_and_plots(tmp_path):
   wd = tmp_path / 'run'
   _run(['experiments/train.py', '--config=configs/quickstart.py', f'--workdir={wd}', '--config.rounds=3',
         '--config.eval_every=3'])
-  _run(['experiments/hessian.py', f'--workdir={wd}', '--num_examples=120', '--top_k=3', '--num_iters=10',
+  _run(['experiments/hessian.py', f'--workdir={wd}', '--num_examples=120', '--top_k=3', '--lanczos_steps=30',
         '--trace_probes=3', '--density_probes=1', '--surface_points=3'])
   out = wd / 'hessian'
   rep = json.loads((out / 'hessian_global.json').read_text())
   assert rep['round'] == 3 and rep['num_examples'] == 120
-  assert len(rep['eigenvalues']) == 3 and rep['lambda_max'] == max(rep['eigenvalues'], key=abs)
+  assert len(rep['eigenvalues']) == 3 and rep['lambda_max'] == rep['eigenvalues'][0]
+  assert rep['method'] == 'lanczos' and len(rep['residuals']) == len(rep['rayleigh_quotients']) == 3
+  assert rep['all_converged'] == all(rep['converged'])
   assert rep['trace'] is not None
   for f in ('eigenvalues_global.png', 'density_global.png', 'surface_global.png'):
     assert (out / f).stat().st_size > 1000
@@ -50,7 +52,7 @@ def test_fedasam_flatter_than_fedavg_on_digits_alpha0():
     t.train()
     x, y = t.data.test_examples()
     rep = analysis.analyze(t.model, t.server_state['params'], x[:300], y[:300], batch_size=100, top_k=1,
-                           num_iters=30, rng=jax.random.key(0))
+                           lanczos_steps=30, rng=jax.random.key(0))
     lam[name] = rep['lambda_max']
   print('lambda_max', lam)
   assert np.isfinite(lam['fedavg']) and lam['fedasam'] < lam['fedavg']
@@ -68,6 +70,10 @@ def test_per_client_local_vs_global_sharpness(tmp_path):
   for r in rep['clients']:
     assert all(np.isfinite(r[k]) and r[k] > 0 for k in ('lambda_local_own', 'lambda_global_own',
                                                          'lambda_local_global'))
+    assert all(r[f'residual_{n}'] >= 0 and isinstance(r[f'converged_{n}'], bool)
+               for n in ('local_own', 'global_own', 'local_global'))
+  assert rep['all_converged'] == all(r[f'converged_{n}'] for r in rep['clients']
+                                     for n in ('local_own', 'global_own', 'local_global'))
   _run(['experiments/hessian.py', f'--workdir={wd}', '--per_client', '--per_client_round=2', '--num_examples=60',
         '--num_iters=8'])
   rep2 = json.loads((wd / 'hessian' / 'per_client_global_round2.json').read_text())

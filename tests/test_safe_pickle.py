@@ -1,6 +1,7 @@
 import builtins
 import os
 import pickle
+import re
 import subprocess
 
 import numpy as np
@@ -68,3 +69,32 @@ def test_hand_written_global_opcode_is_refused(tmp_path):
   with pytest.raises(safe_pickle.UnsafePickleError, match='posix.system'):
     safe_pickle.loads(payload)
   assert not marker.exists()
+
+
+@pytest.mark.parametrize('protocol', [0, 2, 4, 5])
+def test_sizes_a_pickle_may_construct_are_bounded(protocol):
+  """A few bytes of pickle must not allocate gigabytes: refused before allocating."""
+  for evil, name in [(_Evil(bytes, (4_000_000_000,)), 'bytes(4000000000)'),
+                     (_Evil(bytearray, (10**10,)), 'bytearray'),
+                     (_Evil(np.ndarray, ((10**5, 10**5),)), 'numpy.ndarray'),
+                     (_Evil(safe_pickle._multiarray._reconstruct, (np.ndarray, (10**11,), b'b')), 'an array')]:
+    payload = pickle.dumps(evil, protocol=protocol)
+    assert len(payload) < 200
+    with pytest.raises(safe_pickle.UnsafePickleError, match=r'refused .*' + re.escape(name)):
+      safe_pickle.loads(payload)
+  # The allowance is per load, so many small requests cannot add up to a large one.
+  many = pickle.dumps([_Evil(bytes, (1 << 20,)) for _ in range(100)], protocol=protocol)
+  with pytest.raises(safe_pickle.UnsafePickleError, match='allowance'):
+    safe_pickle.loads(many)
+  assert len(safe_pickle.loads(pickle.dumps([_Evil(bytes, (1 << 20,)) for _ in range(3)], protocol=protocol))) == 3
+
+
+@pytest.mark.parametrize('protocol', [0, 2, 4, 5])
+def test_large_real_data_is_not_bounded(protocol):
+  """Arrays spelled out in the stream do not count against the allowance (CIFAR batches are 30 MB)."""
+  x = np.arange(10000 * 3072, dtype=np.uint8).reshape(-1, 3072) if protocol > 0 else np.zeros((4, 3), np.float32)
+  obj = {b'data': x, b'blob': bytes(range(256)) * 1000, b'ba': bytearray(b'xy' * 100)}
+  out = safe_pickle.loads(pickle.dumps(obj, protocol=protocol), max_alloc_bytes=1 << 20)
+  assert type(out[b'data']) is np.ndarray and out[b'data'].dtype == x.dtype
+  np.testing.assert_array_equal(out[b'data'], x)
+  assert out[b'blob'] == obj[b'blob'] and out[b'ba'] == obj[b'ba']

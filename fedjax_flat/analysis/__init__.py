@@ -7,14 +7,14 @@ Typical use::
   batches = analysis.make_fixed_batches(x_test, y_test, batch_size=100)
   hvp = analysis.make_hvp(model, params, batches)
   dim = analysis.param_dim(params)
-  lams, vecs = analysis.top_eigenpairs_power(hvp, dim, k=5, num_iters=20)
+  pairs = analysis.top_eigenpairs(hvp, dim, k=5)     # Lanczos; pairs.residuals, pairs.converged
   trace, stderr = analysis.hutchinson_trace(hvp, dim, num_probes=50)
 """
 from fedjax_flat.analysis.data import make_fixed_batches, num_valid, stack_batches
 from fedjax_flat.analysis.density import (SpectralDensity, density_from_nodes, slq_nodes_weights,
                                           spectral_density)
-from fedjax_flat.analysis.eigen import (LanczosResult, lanczos, top_eigenpairs_lanczos, top_eigenpairs_power,
-                                        tridiagonal)
+from fedjax_flat.analysis.eigen import (CheckedPairs, LanczosResult, check_pairs, lanczos, top_eigenpairs,
+                                        top_eigenpairs_lanczos, top_eigenpairs_power, tridiagonal)
 from fedjax_flat.analysis.hvp import (cross_entropy, dense_hessian, flatten_params, make_eval_fn,
                                       make_full_loss_fn, make_hvp, make_loss_fn, param_dim)
 from fedjax_flat.analysis.landscape import (Plane, evaluate_plane, evaluate_three_model_plane,

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fedjax_flat.analysis.data import make_fixed_batches
-from fedjax_flat.analysis.eigen import top_eigenpairs_power
+from fedjax_flat.analysis.eigen import RESIDUAL_TOL, check_pairs, top_eigenpairs_power
 from fedjax_flat.analysis.hvp import make_hvp, param_dim
 from fedjax_flat.core.sampling import sample_clients
 
@@ -69,10 +70,13 @@ def local_models(trainer, round_idx: int) -> Tuple[List[int], List]:
   return ids, out
 
 
-def _lambda(model, params, batches, *, num_iters, tol, rng, task=None) -> Tuple[float, int]:
-  lams, _, iters = top_eigenpairs_power(make_hvp(model, params, batches, task=task), param_dim(params), k=1,
-                                        num_iters=num_iters, tol=tol, rng=rng, return_num_iters=True)
-  return float(lams[0]), int(iters[0])
+def _lambda(model, params, batches, *, num_iters, tol, rng, task=None) -> Tuple[float, int, float, bool]:
+  """(lambda_max, power steps, residual ||Hu - lambda u||, converged) of the thesis' power iteration."""
+  hvp = make_hvp(model, params, batches, task=task)
+  lams, vecs, iters = top_eigenpairs_power(hvp, param_dim(params), k=1, num_iters=num_iters, tol=tol, rng=rng,
+                                           return_num_iters=True)
+  pairs = check_pairs(hvp, lams, vecs)
+  return float(lams[0]), int(iters[0]), float(pairs.residuals[0]), bool(pairs.converged[0])
 
 
 def per_client_sharpness(trainer, global_params, round_idx: int, *, num_examples: int = 500, batch_size: int = 100,
@@ -98,9 +102,16 @@ def per_client_sharpness(trainer, global_params, round_idx: int, *, num_examples
     row = {'client': k, 'num_examples': int(min(len(y), num_examples))}
     for name, p, b in (('local_own', params_k, own), ('global_own', global_params, own),
                        ('local_global', params_k, g_batches)):
-      row[f'lambda_{name}'], row[f'iters_{name}'] = _lambda(model, p, b, num_iters=num_iters, tol=tol, rng=rng,
-                                                            task=trainer.task)
+      (row[f'lambda_{name}'], row[f'iters_{name}'], row[f'residual_{name}'],
+       row[f'converged_{name}']) = _lambda(model, p, b, num_iters=num_iters, tol=tol,
+                                                           rng=rng, task=trainer.task)
     rows.append(row)
   means = {f'mean_lambda_{n}': float(np.mean([r[f'lambda_{n}'] for r in rows]))
            for n in ('local_own', 'global_own', 'local_global')} if rows else {}
-  return {'round': int(round_idx), 'clients': rows, **means}
+  bad = [(r['client'], n) for r in rows for n in ('local_own', 'global_own', 'local_global')
+         if not r[f'converged_{n}']]
+  if bad:
+    logging.warning('per-client lambda_max: %d of %d power iterations did not converge (residual > %g * lambda; '
+                    'more steps: --num_iters): %s', len(bad), 3 * len(rows), RESIDUAL_TOL, bad[:10])
+  return {'round': int(round_idx), 'clients': rows, 'all_converged': not bad, 'residual_tol': RESIDUAL_TOL,
+          **means}

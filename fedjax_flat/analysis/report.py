@@ -11,7 +11,8 @@ import numpy as np
 
 from fedjax_flat.analysis.data import make_fixed_batches, num_valid
 from fedjax_flat.analysis.density import spectral_density
-from fedjax_flat.analysis.eigen import top_eigenpairs_lanczos, top_eigenpairs_power
+from fedjax_flat.analysis.eigen import (RESIDUAL_TOL, check_pairs, top_eigenpairs, top_eigenpairs_power,
+                                        warn_unconverged)
 from fedjax_flat.analysis.hvp import make_eval_fn, make_hvp, param_dim
 from fedjax_flat.analysis.trace import hutchinson_trace
 
@@ -27,8 +28,9 @@ def _timed(fn):
   return out, time.perf_counter() - t
 
 
-def analyze(model, params, x, y, *, batch_size: int = 100, top_k: int = 5, method: str = 'power',
+def analyze(model, params, x, y, *, batch_size: int = 100, top_k: int = 5, method: str = 'lanczos',
             num_iters: int = 20, tol: float = 1e-4, lanczos_steps: Optional[int] = None,
+            lanczos_max_steps: Optional[int] = None, residual_tol: float = RESIDUAL_TOL,
             trace_probes: int = 0, density_probes: int = 0, density_steps: int = 50,
             max_examples: Optional[int] = None, init: str = 'normal', rng=None,
             with_density_arrays: bool = True, task=None) -> dict:
@@ -41,11 +43,14 @@ def analyze(model, params, x, y, *, batch_size: int = 100, top_k: int = 5, metho
       no augmentation; `max_examples` keeps the first ones).
     batch_size: examples per HVP batch (memory knob; the result does not depend on it).
     top_k: number of top eigenvalues (thesis: 5; 50 for spectrum plots).
-    method: 'power' (deflated power iteration, largest |lambda|; thesis/FedGloSS) or 'lanczos' (largest
-      algebraic Ritz values).
-    num_iters: power steps per eigenpair (thesis: 20), or the Lanczos steps when `lanczos_steps` is None
-      (then max(num_iters, 3 * top_k)).
+    method: 'lanczos' (default: the largest algebraic eigenvalues, Krylov space grown until every pair passes
+      the residual test, `eigen.top_eigenpairs`) or 'power' (the thesis/FedGloSS protocol: deflated power
+      iteration, largest |lambda|, `num_iters` steps; on a clustered spectrum its pairs often fail the test).
+    num_iters: power steps per eigenpair (thesis: 20).
     tol: power-iteration early-stopping threshold (eigenthings: 1e-4).
+    lanczos_steps: initial Krylov dimension (default max(80, 3 * top_k)); lanczos_max_steps: its limit
+      (default 4x).
+    residual_tol: a pair (u, lambda) is converged when ||Hu - lambda u|| <= residual_tol * max |lambda|.
     trace_probes: Hutchinson probes (0 = skip).
     density_probes: SLQ probes (0 = skip), each with `density_steps` Lanczos steps.
     rng: PRNG key (default PRNGKey(0)); split for eigen / trace / density.
@@ -53,9 +58,11 @@ def analyze(model, params, x, y, *, batch_size: int = 100, top_k: int = 5, metho
     task: what the labels mean (fedjax_flat/tasks.py; the run's `trainer.task`); None = classification.
 
   Returns:
-    A JSON-able dict: 'eigenvalues' (descending), 'lambda_max', 'lambda_max_over_lambda_5' (None if
-    top_k < 5), 'loss', 'accuracy', 'trace', 'trace_stderr', optional 'density', sizes and settings, and
-    'timings' in seconds (first-call times include compilation).
+    A JSON-able dict: 'eigenvalues' (descending), for every pair its 'rayleigh_quotients' (u.Hu),
+    'residuals' (||Hu - lambda u||) and 'converged', 'all_converged' (False also logs a warning),
+    'lambda_max', 'lambda_max_over_lambda_5' (None if top_k < 5), 'loss', 'accuracy', 'trace',
+    'trace_stderr', optional 'density', sizes and settings, and 'timings' in seconds (first-call times
+    include compilation).
   """
   if method not in ('power', 'lanczos'):
     raise ValueError(f"method={method!r}; allowed: 'power', 'lanczos'")
@@ -79,16 +86,27 @@ def analyze(model, params, x, y, *, batch_size: int = 100, top_k: int = 5, metho
       'batch_size': int(batch_size), 'method': method, 'top_k': int(top_k), 'loss': _f(loss),
       'accuracy': _f(acc),
   }
+  t_eig = time.perf_counter()
   if method == 'power':
-    (lams, _, iters), timings['eigen_s'] = _timed(lambda: top_eigenpairs_power(
-        hvp, dim, top_k, num_iters=num_iters, tol=tol, rng=k_eig, init=init, return_num_iters=True))
+    lams, vecs, iters = top_eigenpairs_power(hvp, dim, top_k, num_iters=num_iters, tol=tol, rng=k_eig, init=init,
+                                             return_num_iters=True)
+    pairs = check_pairs(hvp, lams, vecs, tol=residual_tol)
+    warn_unconverged(pairs, f'power iteration ({num_iters} steps)')
     report.update(num_iters=int(num_iters), tol=float(tol), power_iters=[int(i) for i in np.asarray(iters)])
   else:
-    steps = int(lanczos_steps or max(num_iters, 3 * top_k))
-    (lams, _), timings['eigen_s'] = _timed(lambda: top_eigenpairs_lanczos(hvp, dim, top_k, steps, rng=k_eig))
-    report.update(lanczos_steps=min(steps, dim))
-  lams = np.asarray(lams, np.float64)
+    steps = int(lanczos_steps or max(80, 3 * top_k))
+    pairs = top_eigenpairs(hvp, dim, top_k, num_steps=steps, max_steps=lanczos_max_steps, tol=residual_tol,
+                           rng=k_eig)
+    report.update(lanczos_steps=int(pairs.steps))
+  timings['eigen_s'] = time.perf_counter() - t_eig
+  lams = pairs.eigenvalues
   report['eigenvalues'] = [float(e) for e in lams]
+  report['rayleigh_quotients'] = [float(e) for e in pairs.rayleigh_quotients]
+  report['residuals'] = [float(e) for e in pairs.residuals]
+  report['converged'] = [bool(c) for c in pairs.converged]
+  report['all_converged'] = bool(pairs.converged.all())
+  report['residual_tol'] = float(residual_tol)
+  report['residual_scale'] = float(pairs.scale)
   report['lambda_max'] = float(lams[0])
   report['lambda_max_over_lambda_5'] = _f(lams[0] / lams[4]) if len(lams) >= 5 and lams[4] != 0 else None
 

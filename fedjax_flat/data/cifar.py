@@ -32,6 +32,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from absl import logging
 import numpy as np
 
+from fedjax_flat.data import errors
 from fedjax_flat.data import partition
 from fedjax_flat.data import safe_pickle
 from fedjax_flat.data.federated import FederatedDataset
@@ -64,7 +65,7 @@ _SPECS = {
 }
 
 
-class CifarFormatError(ValueError):
+class CifarFormatError(errors.DataFormatError):
   """A CIFAR file exists but is truncated, corrupted or not in the official format."""
 
 
@@ -165,6 +166,9 @@ def _decode_batch(name: str, member: str, raw: bytes, label_keys: Sequence[bytes
   for k, lab in zip(label_keys, labels):
     if lab.ndim != 1 or len(lab) != len(data):
       raise CifarFormatError(f'{name} batch {member!r}: {k!r} has shape {lab.shape} for {len(data)} images')
+    if not np.issubdtype(lab.dtype, np.integer):    # astype(int32) below would truncate 3.7 to 3 silently
+      raise CifarFormatError(f'{name} batch {member!r}: {k!r} must be integer class ids, got {lab.dtype} '
+                             f'(e.g. {lab[:3].tolist()}); the file is not the official one')
   images = np.ascontiguousarray(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
   extra = {}
   if b'filenames' in d or 'filenames' in d:

@@ -14,6 +14,8 @@ from typing import Iterable, Iterator, Optional, Tuple
 
 import numpy as np
 
+from fedjax_flat.data import errors
+
 CORRUPTIONS = (
     'brightness', 'contrast', 'defocus_blur', 'elastic_transform', 'fog', 'frost', 'gaussian_blur',
     'gaussian_noise', 'glass_blur', 'impulse_noise', 'jpeg_compression', 'motion_blur', 'pixelate',
@@ -28,7 +30,7 @@ _DIRNAMES = {'cifar10_c': 'CIFAR-10-C', 'cifar100_c': 'CIFAR-100-C'}
 OFFICIAL_PER_SEVERITY = 10000
 
 
-class CifarCFormatError(ValueError):
+class CifarCFormatError(errors.DataFormatError):
   """A CIFAR-C file has the wrong size, shape or dtype (truncated or not the official file)."""
 
 

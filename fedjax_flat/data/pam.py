@@ -27,6 +27,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from fedjax_flat.data import errors
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.data.registry import register
 
@@ -39,7 +40,7 @@ _EXT_NDARRAY, _EXT_COMPLEX, _EXT_SCALAR, _EXT_BYTES_NDARRAY = 1, 2, 3, 4
 _NUMERIC_KINDS = set('biufc')
 
 
-class PamFormatError(ValueError):
+class PamFormatError(errors.DataFormatError):
   """A CIFAR100-PAM file exists but is corrupted or not in the FedJAX/TFF format."""
 
 

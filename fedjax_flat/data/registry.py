@@ -12,6 +12,11 @@ from fedjax_flat.data import builtin
 
 _BUILDERS: Dict[str, Callable] = {}
 
+# config.data fields that every config declares (training/data_fields.py), so that they can be set on the
+# command line; None = unset, the builder's own default applies.
+OPTIONAL_FIELDS = {'data_dir': str, 'split_json': str, 'split_dir': str, 'examples_per_client': int,
+                   'quantity_skew': float, 'seed': int, 'check_official_sizes': bool}
+
 
 def register(name: str):
   def deco(fn):
@@ -43,6 +48,7 @@ def get_dataset(name: str, **kwargs):
   if name not in _BUILDERS:
     raise ValueError(f'dataset={name!r} is unknown; allowed: {sorted(_BUILDERS)}')
   kwargs.pop('shuffle', None)   # config.data.shuffle is for batching (data/batching.py), not the builders
+  kwargs = {k: v for k, v in kwargs.items() if not (v is None and k in OPTIONAL_FIELDS)}  # unset: its default
   return _BUILDERS[name](**kwargs)
 
 

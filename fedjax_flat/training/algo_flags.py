@@ -13,8 +13,23 @@ from typing import List, Sequence, Tuple
 _PREFIX = '--config.algo.'
 
 
+def _is_value(text: str) -> bool:
+  """A following argument that can be a value: not a flag ('-0.1' is a value, '--fresh' is not)."""
+  if not text.startswith('-'):
+    return True
+  try:
+    float(text)
+    return True
+  except ValueError:
+    return False
+
+
 def split_argv(argv: Sequence[str]) -> Tuple[List[str], List[Tuple[str, str]]]:
-  """(argv without the --config.algo.* flags, [(name, value text), ...]) in command-line order."""
+  """(argv without the --config.algo.* flags, [(name, value text), ...]) in command-line order.
+
+  Raises validate.ConfigError when a flag has no value (`--config.algo.mu` last, or followed by a flag).
+  """
+  from fedjax_flat.training.validate import ConfigError
   rest, overrides = [], []
   i = 0
   while i < len(argv):
@@ -22,8 +37,8 @@ def split_argv(argv: Sequence[str]) -> Tuple[List[str], List[Tuple[str, str]]]:
     if arg.startswith(_PREFIX):
       name, eq, value = arg[len(_PREFIX):].partition('=')
       if not eq:                        # "--config.algo.mu 0.1"
-        if i + 1 >= len(argv):
-          raise ValueError(f'{arg} needs a value: {arg}=<value>')
+        if i + 1 >= len(argv) or not _is_value(argv[i + 1]):
+          raise ConfigError(f'algo.{name}', None, f'{arg} needs a value: {arg}=<value>')
         value = argv[i + 1]
         i += 1
       overrides.append((name, value))

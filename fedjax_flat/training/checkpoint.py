@@ -6,8 +6,15 @@ Layout: WORKDIR/checkpoints/<round>/ with four orbax items
             the tree structure of a freshly built Trainer, so optax NamedTuples, None and empty nodes come
             back exactly, and a leaf whose shape or dtype differs is reported instead of silently loaded
   clients   the client-state store's state_dict() (ids + stacked states, flat leaves); absent when empty
-  meta      JSON: round, evaluation records so far, pending train losses, communication totals, elapsed time
+  meta      JSON: round, evaluation records so far, pending train losses, communication totals, elapsed time,
+            and content hashes (SHA-256) of every server leaf, of the client-state store, of the config and
+            of meta itself
   config    JSON: the config that wrote it (compared with the current one on resume)
+
+Integrity: orbax checks structure, not content, so a flipped bit inside an array file loads silently. Every
+leaf's SHA-256 (of dtype, shape and bytes) is stored in meta at save time and checked on restore; a mismatch
+makes the checkpoint corrupt (the fallback below then takes the previous one). Checkpoints written before
+hashes existed (format 1) restore unverified.
 
 Nothing random needs saving: sampling, batch order, client rngs and augmentation derive from
 (seed, round, client id), so restoring the state above at round r reproduces the uninterrupted run bit for
@@ -15,12 +22,14 @@ bit (tests/test_resume.py kills runs with SIGKILL at random rounds).
 
 Atomicity: orbax writes each checkpoint into `<round>.orbax-checkpoint-tmp-*` and renames it when complete
 (commit_success.txt on object stores), so a crash mid-write leaves the previous checkpoints intact; leftover
-temporary directories are removed at the next start. Saves are asynchronous: the state is copied to host
+temporary directories are removed at the next start (training/workdir.py, with the workdir locked). Saves are asynchronous: the state is copied to host
 numpy synchronously (cheap) and written by a background thread while the next rounds run. A failed write
 (disk full, permissions) raises `CheckpointError` naming the directory; the previous checkpoints are kept.
 
-Resume picks the newest checkpoint that restores; a corrupt or partial newest one is logged (warning naming
-it), moved to WORKDIR/checkpoints.corrupt/ and the previous one used. A checkpoint written by a config that
+Resume picks the newest checkpoint that restores and verifies; a corrupt or partial newest one is logged
+(warning naming it), moved to WORKDIR/checkpoints.corrupt/ and the previous one used. `read_only=True`
+(analysis tools reading a run that may still be training) neither cleans up temporary directories nor moves
+anything. A checkpoint written by a config that
 changes the computation (model, algorithm, dataset, seed, hyperparameters...) is refused with
 `CheckpointMismatchError` unless the run is started with fresh=True (`--fresh`).
 
@@ -29,9 +38,12 @@ process 0 only. The workdir must be a filesystem all hosts see (e.g. a GCS bucke
 """
 from __future__ import annotations
 
+import concurrent.futures
+import hashlib
 import json
 import os
 import shutil
+import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -42,7 +54,7 @@ import numpy as np
 
 from fedjax_flat.training import validate
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2          # 2: content hashes in meta (format 1 restores unverified)
 
 # Config fields that change what is computed: a checkpoint written with other values is refused.
 # Not here on purpose: `published` (the paper's number, documentation only), so correcting a transcribed
@@ -163,20 +175,92 @@ def _describe(a) -> str:
   return f'{np.dtype(a.dtype).name}{list(np.shape(a))}'
 
 
+def _sha256(a: np.ndarray) -> str:
+  """SHA-256 of an array's dtype, shape and bytes (C order)."""
+  a = np.ascontiguousarray(a)
+  h = hashlib.sha256(_describe(a).encode())
+  h.update(a.reshape(-1).view(np.uint8))
+  return h.hexdigest()
+
+
+def _digests(leaves: List[np.ndarray]) -> List[str]:
+  # hashlib releases the GIL on large buffers: big states hash on several threads (~1 GB/s each).
+  if sum(a.nbytes for a in leaves) < (16 << 20):
+    return [_sha256(a) for a in leaves]
+  with concurrent.futures.ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:
+    return list(pool.map(_sha256, leaves))
+
+
+def _json_sha256(obj) -> str:
+  return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(',', ':')).encode()).hexdigest()
+
+
+def _verify(what: str, leaves: List[np.ndarray], expected: Optional[List[str]]) -> None:
+  """Raises CheckpointError naming the first leaf whose content hash differs from the one saved."""
+  if expected is None:
+    return
+  got = _digests(leaves)
+  if len(got) != len(expected):
+    raise CheckpointError(f'{what}: {len(got)} arrays, its metadata hashes {len(expected)}')
+  for i, (g, e) in enumerate(zip(got, expected)):
+    if g != e:
+      raise CheckpointError(f'{what}: content hash mismatch in array {i:05d} ({_describe(leaves[i])}): the files '
+                            'changed after they were written (bit rot, a bad disk or an edit)')
+
+
+class _QuietClosedLoop:
+  """sys.unraisablehook filter while checkpoints are restored.
+
+  When orbax's restore fails on a corrupt file (which the fallback then handles), tensorstore's still
+  pending reads finish on other threads and call back into the asyncio loop that orbax has already closed;
+  Python reports each as an unraisable 'Event loop is closed' traceback. Only that error is dropped.
+  """
+
+  def __init__(self):
+    self.previous = None
+
+  def __call__(self, unraisable):
+    e = unraisable.exc_value
+    if isinstance(e, RuntimeError) and str(e) == 'Event loop is closed':
+      return
+    (self.previous or sys.__unraisablehook__)(unraisable)
+
+  def install(self):
+    if self.previous is None and not isinstance(sys.unraisablehook, _QuietClosedLoop):
+      self.previous = sys.unraisablehook
+      sys.unraisablehook = self
+
+  def uninstall(self):
+    if self.previous is not None and sys.unraisablehook is self:
+      sys.unraisablehook = self.previous
+    self.previous = None
+
+
 class Checkpointer:
   """Saves and restores a Trainer's whole run state in `directory` (WORKDIR/checkpoints)."""
 
-  def __init__(self, directory: str, *, keep: int = 2, every: int = 0, asynchronous: bool = True):
+  def __init__(self, directory: str, *, keep: int = 2, every: int = 0, asynchronous: bool = True,
+               read_only: bool = False):
     import orbax.checkpoint as ocp
     self._ocp = ocp
     self.directory = os.path.abspath(directory)
     self.keep, self.every = int(keep), int(every)
+    self.read_only = bool(read_only)
+    self._quiet = _QuietClosedLoop()
     try:
-      if jax.process_index() == 0:
+      if jax.process_index() == 0 and not read_only:
         os.makedirs(self.directory, exist_ok=True)
-      options = ocp.CheckpointManagerOptions(
-          max_to_keep=self.keep, enable_async_checkpointing=asynchronous, cleanup_tmp_directories=True,
-          create=True)
+      if read_only:     # a reader of a run that may still be training: never touch its files
+        options = ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0, create=False)
+      else:
+        # Step directories are created synchronously: when that fails (a read-only or full disk) the error
+        # comes back from save() at once, instead of leaving orbax's writer threads waiting 300 s for a
+        # "directory created" signal, which held the process at exit. Interrupted writes are removed by
+        # training/workdir.py under the workdir lock (orbax's own cleanup would run on a thread that an
+        # early exit, e.g. for missing data, interrupts with a traceback).
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=self.keep, enable_async_checkpointing=asynchronous, cleanup_tmp_directories=False,
+            create=True, async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
       self.manager = ocp.CheckpointManager(self.directory, options=options,
                                            item_names=('server', 'clients', 'meta', 'config'))
     except OSError as e:
@@ -203,12 +287,14 @@ class Checkpointer:
       self.wait()        # the previous (asynchronous) save: its failure is reported under its own round
     server = _leaf_dict(_host_leaves(trainer.server_state))
     items = {'server': ocp.args.StandardSave(server)}
-    num_states = 0
+    num_states, client_hashes = 0, None
     if trainer.store is not None and len(trainer.store):
       sd = trainer.store.state_dict()
       num_states = int(len(sd['ids']))
-      items['clients'] = ocp.args.StandardSave(
-          {'ids': np.asarray(sd['ids'], np.int64), 'leaves': _leaf_dict(_host_leaves(sd['states']))})
+      ids, leaves = np.asarray(sd['ids'], np.int64), _host_leaves(sd['states'])
+      items['clients'] = ocp.args.StandardSave({'ids': ids, 'leaves': _leaf_dict(leaves)})
+      client_hashes = _digests([ids] + leaves)
+    config = config_dict(trainer.config)
     meta = {
         'format': FORMAT_VERSION, 'round': r, 'records': _jsonable(trainer.records),
         'pending_train_losses': [float(x) for x in getattr(trainer, 'pending_train_losses', [])],
@@ -217,9 +303,12 @@ class Checkpointer:
         'algorithm': trainer.algorithm.name, 'num_devices': jax.device_count(),
         'num_processes': jax.process_count(), 'jax_version': jax.__version__, 'time': time.time(),
         'sampling': _sampling_procedure(),
+        'server_sha256': _digests(list(server.values())), 'clients_sha256': client_hashes,
+        'config_sha256': _json_sha256(config),
     }
+    meta['meta_sha256'] = _json_sha256(meta)
     items['meta'] = ocp.args.JsonSave(meta)
-    items['config'] = ocp.args.JsonSave(config_dict(trainer.config))
+    items['config'] = ocp.args.JsonSave(config)
     try:
       self.manager.save(r, args=ocp.args.Composite(**items), force=True)
       self.manager.check_for_errors()
@@ -247,9 +336,11 @@ class Checkpointer:
 
   def close(self) -> None:
     try:
-      self.wait()
+      if not self.read_only:
+        self.wait()
     finally:
       self.manager.close()
+      self._quiet.uninstall()
 
   # Inspecting.
   def steps(self) -> List[int]:
@@ -261,8 +352,7 @@ class Checkpointer:
     out = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore(),
                                                              config=ocp.args.JsonRestore()))
     meta, cfg = out['meta'], out['config']
-    if not isinstance(meta, dict) or meta.get('round') != step or not isinstance(cfg, dict):
-      raise CheckpointError(f'metadata of checkpoint {step} is inconsistent (round {meta.get("round")!r})')
+    _check_json(f'checkpoint {self.directory}/{step}', step, meta, cfg)
     return meta, cfg
 
   def check_config(self, config) -> Optional[int]:
@@ -286,6 +376,7 @@ class Checkpointer:
   # Restoring.
   def restore_latest(self, trainer) -> Optional[int]:
     """Restores the newest valid checkpoint into `trainer`; returns its round, or None if there is none."""
+    self._quiet.install()
     steps = self.steps()
     corrupt = []
     current = config_dict(trainer.config)
@@ -307,7 +398,8 @@ class Checkpointer:
       for bad, err in corrupt:
         logging.warning('checkpoint %s/%d is corrupt or incomplete and was skipped (%s: %s); resumed from '
                         'round %d instead', self.directory, bad, type(err).__name__, str(err)[:300], step)
-      self._set_aside([s for s, _ in corrupt])
+      if not self.read_only:
+        self._set_aside([s for s, _ in corrupt])
       return step
     if corrupt:
       names = ', '.join(f'{self.directory}/{s} ({type(e).__name__}: {str(e)[:200]})' for s, e in corrupt)
@@ -320,6 +412,7 @@ class Checkpointer:
     if step not in self.steps():
       raise CheckpointError(f'no checkpoint {self.directory}/{step}; available rounds: {self.steps()} '
                             '(keep more with config.checkpoint_every / keep_checkpoints)')
+    self._quiet.install()
     meta, saved_cfg = self._read_json(step)
     diffs = config_diffs(saved_cfg, config_dict(trainer.config))
     if diffs:
@@ -334,15 +427,7 @@ class Checkpointer:
     if meta.get('num_client_states', 0) > 0:
       items['clients'] = ocp.args.StandardRestore()
     out = self.manager.restore(step, args=ocp.args.Composite(**items))
-    server = _leaf_list(out['server'])
-    if [_describe(a) for a in server] != meta['server_leaves']:
-      raise CheckpointError(f'server leaves of checkpoint {step} do not match its metadata')
-    clients = None
-    if 'clients' in items:
-      clients = (np.asarray(out['clients']['ids'], np.int64), _leaf_list(out['clients']['leaves']))
-      if len(clients[0]) != meta['num_client_states']:
-        raise CheckpointError(f'client states of checkpoint {step} do not match its metadata')
-    return server, clients
+    return _check_arrays(f'checkpoint {self.directory}/{step}', meta, out)
 
   def _apply(self, trainer, meta, saved_cfg, server, clients) -> None:
     template = jax.tree_util.tree_leaves(trainer.server_state)
@@ -420,6 +505,33 @@ class Checkpointer:
     self.last_saved = None
 
 
+def _check_json(what: str, step: int, meta, cfg) -> None:
+  """meta and config as written: the round, and (format >= 2) their own content hashes."""
+  if not isinstance(meta, dict) or meta.get('round') != step or not isinstance(cfg, dict):
+    raise CheckpointError(f'metadata of {what} is inconsistent (round '
+                          f'{meta.get("round") if isinstance(meta, dict) else None!r})')
+  if 'meta_sha256' in meta:
+    if _json_sha256({k: v for k, v in meta.items() if k != 'meta_sha256'}) != meta['meta_sha256']:
+      raise CheckpointError(f'{what}: content hash mismatch in its metadata (meta)')
+    if _json_sha256(cfg) != meta.get('config_sha256'):
+      raise CheckpointError(f'{what}: content hash mismatch in its config')
+
+
+def _check_arrays(what: str, meta: Dict, out) -> Tuple[List[np.ndarray], Optional[Tuple]]:
+  """(server leaves, (client ids, client leaves) or None) from a restored Composite, checked against meta."""
+  server = _leaf_list(out['server'])
+  if [_describe(a) for a in server] != meta['server_leaves']:
+    raise CheckpointError(f'server leaves of {what} do not match its metadata')
+  _verify(f'{what} server state', server, meta.get('server_sha256'))
+  clients = None
+  if meta.get('num_client_states', 0) > 0:
+    clients = (np.asarray(out['clients']['ids'], np.int64), _leaf_list(out['clients']['leaves']))
+    if len(clients[0]) != meta['num_client_states']:
+      raise CheckpointError(f'client states of {what} do not match its metadata')
+    _verify(f'{what} client states', [clients[0]] + clients[1], meta.get('clients_sha256'))
+  return server, clients
+
+
 def _reconcile_metrics(writer, upto_round: int, records: List[Dict]) -> None:
   """metrics.jsonl := the checkpoint's records (rounds <= upto_round), each once; later lines are dropped."""
   writer.load_existing(upto_round)
@@ -442,15 +554,16 @@ def read_checkpoint(directory: str, step: Optional[int] = None) -> Dict[str, Any
     if step is None:
       raise CheckpointError(f'no checkpoint in {directory}')
     js = mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore(), config=ocp.args.JsonRestore()))
+    what = f'checkpoint {os.path.abspath(directory)}/{step}'
+    _check_json(what, step, js['meta'], js['config'])
     items = {'server': ocp.args.StandardRestore()}
     if js['meta'].get('num_client_states', 0) > 0:
       items['clients'] = ocp.args.StandardRestore()
-    arrays = mgr.restore(step, args=ocp.args.Composite(**items))
-    out = {'step': step, 'server_leaves': _leaf_list(arrays['server']), 'meta': js['meta'],
+    server, clients = _check_arrays(what, js['meta'], mgr.restore(step, args=ocp.args.Composite(**items)))
+    out = {'step': step, 'server_leaves': server, 'meta': js['meta'],
            'config': js['config'], 'client_ids': None, 'client_leaves': None}
-    if 'clients' in arrays:
-      out['client_ids'] = np.asarray(arrays['clients']['ids'])
-      out['client_leaves'] = _leaf_list(arrays['clients']['leaves'])
+    if clients is not None:
+      out['client_ids'], out['client_leaves'] = clients
     return out
   finally:
     mgr.close()

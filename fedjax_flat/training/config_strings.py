@@ -121,15 +121,21 @@ def load_config(spec: str):
   return mod.get_config(arg) if arg else mod.get_config()
 
 
-def preflight(argv: Sequence[str]) -> Optional[str]:
-  """The ConfigError message of the --config flag's get_config(arg), or None (no flag, a good string, or an
-  error of another kind, which absl then reports as usual)."""
+def config_spec(argv: Sequence[str]) -> Optional[str]:
+  """The value of the --config flag in argv (`path[:arg]`), or None."""
   spec = None
   for i, a in enumerate(argv):
     if a.startswith('--config='):
       spec = a[len('--config='):]
     elif a == '--config' and i + 1 < len(argv):
       spec = argv[i + 1]
+  return spec
+
+
+def preflight(argv: Sequence[str]) -> Optional[str]:
+  """The ConfigError message of the --config flag's get_config(arg), or None (no flag, a good string, or an
+  error of another kind, which absl then reports as usual)."""
+  spec = config_spec(argv)
   if not spec or not os.path.isfile(spec.partition(':')[0]):
     return None
   try:

@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from fedjax_flat.training import data_fields
+
 
 def default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
@@ -49,7 +51,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.dataset = 'digits'
   # data.shuffle: reshuffle each client's examples every epoch (keyed by seed, round, client); False = stored
   # order every epoch (batch-by-batch comparison with reference code). Configs that replace c.data: True.
-  c.data = ml_collections.ConfigDict({'num_clients': 20, 'alpha': 0.0, 'shuffle': True})
+  # data_fields.section: also declares the optional fields (split_json, seed, ...; None = dataset default).
+  c.data = data_fields.section(num_clients=20, alpha=0.0, shuffle=True)
   c.model = 'digits_cnn'
   c.model_kwargs = ml_collections.ConfigDict({'conv_impl': 'auto'})
   c.augment = 'none'

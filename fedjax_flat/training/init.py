@@ -62,7 +62,7 @@ def load_run(workdir: str, which: str = 'global', step=None) -> Tuple[object, ob
     config.init.checkpoint = ''
     config.init.pretrained = ''
   trainer = loop.Trainer(config, None, write_files=False)
-  ckpt = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'), asynchronous=False)
+  ckpt = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'), read_only=True)   # the run may be live
   try:
     step = ckpt.restore_latest(trainer) if step is None else ckpt.restore_step(trainer, int(step))
   finally:

@@ -454,5 +454,4 @@ class Trainer:
 
 def write_config(config, workdir):
   os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, 'config.json'), 'w') as f:
-    f.write(config.to_json_best_effort(indent=2))
+  writers.atomic_write(os.path.join(workdir, 'config.json'), lambda f: f.write(config.to_json_best_effort(indent=2)))

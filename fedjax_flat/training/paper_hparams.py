@@ -14,6 +14,8 @@ import math
 
 import ml_collections
 
+from fedjax_flat.training import data_fields
+
 # Table A.1 (FedSAM training setup).
 TRAINING = {
     'cifar10': dict(lr=0.01, batch_size=64, weight_decay=4e-4, local_epochs=1, momentum=0.0, rounds=10000),
@@ -127,8 +129,7 @@ def cifar_cnn_config(dataset: str, method: str, *, alpha: float = 0.0, clients_p
   from fedjax_flat.training.default_config import default_config
   c = default_config()
   c.dataset = dataset
-  c.data = ml_collections.ConfigDict({'data_dir': '', 'num_clients': 100, 'alpha': float(alpha),
-                                      'examples_per_client': 500, 'seed': 0})
+  c.data = data_fields.section(data_dir='', num_clients=100, alpha=float(alpha), examples_per_client=500, seed=0)
   c.model = 'cifar_cnn'
   c.augment = 'cifar'
   c.normalize = dataset
@@ -149,7 +150,7 @@ def landmarks_config() -> ml_collections.ConfigDict:
   from fedjax_flat.training.default_config import default_config
   c = default_config()
   c.dataset = 'gld160k'
-  c.data = ml_collections.ConfigDict({'data_dir': '', 'train_augment': True, 'seed': 0})
+  c.data = data_fields.section(data_dir='', train_augment=True, seed=0)
   c.model = 'mobilenet_v2_gn'
   c.augment = 'none'            # random-resized-crop + flip run in the data loader (data.train_augment)
   c.normalize = 'imagenet'

@@ -1,15 +1,19 @@
-"""Entry point shared by experiments/train.py and tests: validate, build, resume, train, checkpoint, write.
+"""Entry point shared by experiments/train.py and tests: validate, lock, build, resume, train, checkpoint, write.
 
 Resume is automatic: the newest valid checkpoint in WORKDIR/checkpoints is restored (training/checkpoint.py)
 and metrics.jsonl is cut back to its round, so a preempted or killed job rerun with the same command
-continues exactly where its last checkpoint was. `fresh=True` discards the workdir's checkpoints and metrics.
+continues exactly where its last checkpoint was. `fresh=True` discards the workdir's checkpoints and metrics,
+once the config has been validated against the data (a rejected config deletes nothing).
+The workdir is locked for the whole run (training/workdir.py): a second run on it is refused.
 SIGTERM / SIGINT (`handle_signals=True`): the current round finishes, a checkpoint is written, and `run`
-returns normally with summary['stopped_by_signal'] set; a second SIGINT interrupts immediately.
+returns normally with summary['stopped_by_signal'] set; a second SIGINT aborts the process at once (the
+newest complete checkpoint stays valid, as after SIGKILL).
 """
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from typing import Optional
 
@@ -19,6 +23,7 @@ import jax
 from fedjax_flat.training import checkpoint as ckpt_lib
 from fedjax_flat.training import init as init_lib
 from fedjax_flat.training import loop, validate
+from fedjax_flat.training import workdir as workdir_lib
 
 
 class StopSignal:
@@ -34,7 +39,12 @@ class StopSignal:
   def _handle(self, signum, frame):
     name = signal.Signals(signum).name
     if self.signal_name is not None and signum == signal.SIGINT:
-      raise KeyboardInterrupt   # second Ctrl-C: stop now (the last checkpoint stays valid)
+      # Second Ctrl-C: abort now. Not a KeyboardInterrupt, which code that catches BaseException swallows
+      # (orbax's wait for a checkpoint write does); dying by SIGINT is as safe as SIGKILL for the checkpoints.
+      print('second SIGINT: aborting now (the newest complete checkpoint is kept)', file=sys.stderr, flush=True)
+      signal.signal(signal.SIGINT, signal.SIG_DFL)
+      os.kill(os.getpid(), signal.SIGINT)
+      return
     self.signal_name = name
     logging.warning('received %s: finishing the current round, then writing a checkpoint and exiting '
                     '(Ctrl-C again to abort immediately)', name)
@@ -53,30 +63,35 @@ class StopSignal:
 
 
 def check_workdir(workdir: str) -> None:
-  try:
-    os.makedirs(workdir, exist_ok=True)
-    probe = os.path.join(workdir, f'.write_test.{os.getpid()}')
-    with open(probe, 'w') as f:
-      f.write('ok')
-    os.remove(probe)
-  except OSError as e:
-    raise validate.ConfigError('workdir', workdir, f'is not writable ({e.strerror}); choose another --workdir')
+  """The workdir (and its checkpoints/) can be written; ConfigError / CheckpointError otherwise."""
+  workdir_lib.check_writable(workdir)
 
 
 def run(config, workdir: str, *, fresh: bool = False, handle_signals: bool = False, data=None,
         stop_requested=None) -> dict:
   validate.validate_config(config)          # before any data loading or compilation
-  if jax.process_index() == 0:
-    check_workdir(workdir)
+  lock = workdir_lib.WorkdirLock(workdir).acquire() if jax.process_index() == 0 else None
+  try:
+    if lock is not None:
+      workdir_lib.prepare(workdir)          # the run's own interrupted writes go first: they may fill the disk
+    return _run_locked(config, workdir, fresh=fresh, handle_signals=handle_signals, data=data,
+                       stop_requested=stop_requested)
+  finally:
+    if lock is not None:
+      lock.release()
+
+
+def _run_locked(config, workdir, *, fresh, handle_signals, data, stop_requested) -> dict:
   checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, 'checkpoints'), keep=config.keep_checkpoints,
                                        every=config.checkpoint_every)
+  stopper = None
   try:
-    if fresh:
-      checkpointer.clear()
-    else:
+    if not fresh:
       checkpointer.check_config(config)     # a mismatch is refused before anything is built
-    trainer = loop.Trainer(config, workdir, data=data)
+    trainer = loop.Trainer(config, workdir, data=data)   # loads the data and validates the config against them
     trainer.checkpointer = checkpointer
+    if fresh:
+      checkpointer.clear()                  # only now: a config rejected above deleted nothing
     step = None if fresh else checkpointer.restore_latest(trainer)
     if step is None and trainer.writer is not None:
       trainer.writer.load_existing(0)       # no checkpoint: metrics from an earlier attempt are dropped
@@ -87,18 +102,18 @@ def run(config, workdir: str, *, fresh: bool = False, handle_signals: bool = Fal
       logging.info('resumed from %s/%d (round %d of %d)', checkpointer.directory, step, step, config.rounds)
     if jax.process_index() == 0:
       loop.write_config(config, workdir)
+    # Installed until the final checkpoint is on disk: a SIGTERM while it is written must not kill it.
     stopper = StopSignal().install() if handle_signals else None
     polls = [p for p in (stopper, stop_requested) if p is not None]
-    try:
-      summary = trainer.train(stop_requested=lambda: any(p() for p in polls))
-    finally:
-      if stopper is not None:
-        stopper.uninstall()
+    summary = trainer.train(stop_requested=lambda: any(p() for p in polls))
     summary['resumed_from_round'] = step
-    summary['stopped_by_signal'] = stopper.signal_name if (stopper and stopper()) else None
+    summary['stopped_by_signal'] = (stopper.signal_name if (stopper and stopper() and trainer.stopped_early)
+                                    else None)
     summary['checkpoint'] = (os.path.join(checkpointer.directory, str(checkpointer.last_saved))
                              if checkpointer.last_saved is not None else None)
     summary['checkpoint_save_s'] = list(checkpointer.save_times)
     return summary
   finally:
     checkpointer.close()
+    if stopper is not None:
+      stopper.uninstall()

@@ -29,6 +29,8 @@ def _num(cfg, path, *, lo=None, hi=None, lo_open=False, hi_open=False, integer=F
   v = _get(cfg, path)
   if isinstance(v, bool) or not isinstance(v, numbers.Number) or (integer and not isinstance(v, numbers.Integral)):
     raise ConfigError(path, v, f'must be {"an integer" if integer else "a number"}')
+  if not math.isfinite(v):
+    raise ConfigError(path, v, 'must be a finite number')
   if lo is not None and (v <= lo if lo_open else v < lo):
     raise ConfigError(path, v, f'must be {">" if lo_open else ">="} {lo}')
   if hi is not None and (v >= hi if hi_open else v > hi):
@@ -43,6 +45,24 @@ def _choice(cfg, path, allowed):
   return v
 
 
+# Numeric fields where infinity is a meaningful value (anything else must be finite; NaN never is).
+INFINITY_MEANS = {'data.alpha': 'IID clients'}
+
+
+def _check_finite(node, prefix='') -> None:
+  """NaN and +-inf anywhere in the config (command-line 'nan', 'inf', '1e400') are refused before anything runs."""
+  items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, (list, tuple)) else ()
+  for k, v in items:
+    path = f'{prefix}.{k}' if isinstance(k, str) else f'{prefix}[{k}]'
+    path = path.lstrip('.')
+    if isinstance(v, numbers.Real) and not isinstance(v, (bool, numbers.Integral)) and not math.isfinite(v):
+      if math.isnan(v) or path not in INFINITY_MEANS:
+        allowed = ', '.join(f'{p} (inf = {m})' for p, m in INFINITY_MEANS.items())
+        raise ConfigError(path, v, f'must be a finite number; only {allowed} may be infinite')
+    elif isinstance(v, (dict, list, tuple)):
+      _check_finite(v, path)
+
+
 AUGMENTS = ('none', 'cifar', 'cifar_cutout', 'cifar_mixup', 'landmarks', 'segmentation')
 NORMALIZE = ('none', 'cifar10', 'cifar100', 'imagenet', 'feddrive')
 
@@ -55,8 +75,11 @@ def validate_config(cfg) -> None:
   from fedjax_flat.models import registry as model_registry
   from fedjax_flat.server.optimizers import SERVER_OPTIMIZERS
 
+  _check_finite(cfg.to_dict())
   _num(cfg, 'seed', lo=0, integer=True)
   _choice(cfg, 'dataset', data_registry.names())
+  from fedjax_flat.training import data_fields
+  data_fields.validate(cfg)                # every data.* field, before any data are loaded
   _choice(cfg, 'model', model_registry.names())
   _choice(cfg, 'augment', AUGMENTS)
   _choice(cfg, 'normalize', NORMALIZE)

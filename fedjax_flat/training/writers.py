@@ -1,6 +1,12 @@
-"""Human-readable results: metrics.jsonl + metrics.csv, TensorBoard events, a PNG plot, summary.json/.md."""
+"""Human-readable results: metrics.jsonl + metrics.csv, TensorBoard events, a PNG plot, summary.json/.md.
+
+Files are replaced atomically through `<name>.<pid>.tmp` (unique per process). A write that fails (disk
+full, permissions) raises `ResultsWriteError` naming the file: one line from train.py, exit 1; the rerun
+resumes from the last checkpoint and rewrites metrics.jsonl from it.
+"""
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -8,6 +14,33 @@ import time
 from typing import Dict, List
 
 import numpy as np
+
+
+class ResultsWriteError(RuntimeError):
+  """A result file could not be written."""
+
+
+@contextlib.contextmanager
+def _writing(path: str):
+  """Turns an OSError while writing `path` into one ResultsWriteError naming it."""
+  try:
+    yield
+  except OSError as e:
+    raise ResultsWriteError(f'could not write {path}: {e.strerror or e}. Free disk space or fix permissions, then '
+                            'rerun the same command: it resumes from the last checkpoint') from None
+
+
+def atomic_write(path: str, write_fn, mode: str = 'w', **open_kw) -> None:
+  """write_fn(f) into `<path>.<pid>.tmp`, then renamed over `path`; the temporary file never stays behind."""
+  tmp = f'{path}.{os.getpid()}.tmp'
+  with _writing(path):
+    try:
+      with open(tmp, mode, **open_kw) as f:
+        write_fn(f)
+      os.replace(tmp, path)
+    finally:
+      if os.path.lexists(tmp):
+        os.remove(tmp)
 
 
 class MetricsWriter:
@@ -61,29 +94,25 @@ class MetricsWriter:
     self._rewrite()
 
   def _rewrite(self):
-    tmp = self.jsonl_path + '.tmp'
-    with open(tmp, 'w') as f:
-      for r in self.records:
-        f.write(json.dumps(r) + '\n')
-    os.replace(tmp, self.jsonl_path)
+    atomic_write(self.jsonl_path, lambda f: f.writelines(json.dumps(r) + '\n' for r in self.records))
     self._write_csv()
 
   def _write_csv(self):
     keys = []
     for r in self.records:
       keys += [k for k in r if k not in keys]
-    tmp = self.csv_path + '.tmp'
-    with open(tmp, 'w', newline='') as f:
+
+    def write(f):
       w = csv.DictWriter(f, fieldnames=keys)
       w.writeheader()
       for r in self.records:
         w.writerow(r)
-    os.replace(tmp, self.csv_path)
+    atomic_write(self.csv_path, write, newline='')
 
   def write(self, record: Dict):
     record = {k: (float(v) if isinstance(v, (np.floating, np.integer)) else v) for k, v in record.items()}
     self.records.append(record)
-    with open(self.jsonl_path, 'a') as f:
+    with _writing(self.jsonl_path), open(self.jsonl_path, 'a') as f:
       f.write(json.dumps(record) + '\n')
       f.flush()
     self._write_csv()
@@ -120,8 +149,11 @@ def plot_metrics(records: List[Dict], path: str, title: str = '') -> None:
   ax2.set_xlabel('round'); ax2.set_ylabel('loss'); ax2.grid(alpha=.3); ax2.legend()
   fig.suptitle(title)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  try:
+    with _writing(path):
+      fig.savefig(path, dpi=110)
+  finally:
+    plt.close(fig)
 
 
 def summarize(records: List[Dict], last_k: int, extra: Dict) -> Dict:
@@ -150,10 +182,7 @@ def summarize(records: List[Dict], last_k: int, extra: Dict) -> Dict:
 
 
 def write_summary(workdir: str, summary: Dict) -> None:
-  tmp = os.path.join(workdir, 'summary.json.tmp')
-  with open(tmp, 'w') as f:
-    json.dump(summary, f, indent=2, default=float)
-  os.replace(tmp, os.path.join(workdir, 'summary.json'))
+  atomic_write(os.path.join(workdir, 'summary.json'), lambda f: json.dump(summary, f, indent=2, default=float))
   lines = ['| model | final acc | mean last-K acc | final loss | evaluations |', '|---|---|---|---|---|']
   for name, m in summary.get('models', {}).items():
     k = [key for key in m if key.startswith('mean_last_') and key.endswith('accuracy')][0]
@@ -164,8 +193,7 @@ def write_summary(workdir: str, summary: Dict) -> None:
           f"{summary.get('rounds_completed')} rounds, {summary.get('wall_time_s', 0):.1f} s, "
           f"{summary.get('rounds_per_s', 0):.2f} rounds/s; reported model: `{summary.get('reported_model')}`", '']
   lines += personalized_markdown(summary.get('personalized'))
-  with open(os.path.join(workdir, 'summary.md'), 'w') as f:
-    f.write('\n'.join(head + lines) + '\n')
+  atomic_write(os.path.join(workdir, 'summary.md'), lambda f: f.write('\n'.join(head + lines) + '\n'))
 
 
 # summary.json 'personalized' keys (core/personalized.evaluate_protocols) -> the row names of summary.md.
