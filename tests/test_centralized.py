@@ -59,10 +59,10 @@ def test_centralized_beats_one_federated_round_and_feeds_rounds_to(tmp_path):
 
 
 @pytest.mark.parametrize('field,value,msg', [
-    ('accuracy', 1.5, 'fraction'), ('accuracy', float('nan'), 'fraction'), ('epochs', 0, '>= 1'),
+    ('accuracy', 1.5, 'fraction'), ('accuracy', float('nan'), 'finite'), ('epochs', 0, '>= 1'),
     ('momentum', 1.0, '[0, 1)'), ('weight_decay', -0.5, '-1'), ('schedule', 'step', 'allowed'),
     ('window', 0, '>= 1'), ('fractions', (0.7, 1.2), 'in (0, 1]'), ('fractions', (), 'in (0, 1]'),
-    ('lr', float('inf'), '>= 0'), ('path', '/nonexistent/centralized.json', 'cannot read')])
+    ('lr', float('inf'), 'finite'), ('lr', -0.1, '>= 0'), ('path', '/nonexistent/centralized.json', 'cannot read')])
 def test_validation(field, value, msg):
   c = default_config()
   with c.centralized.ignore_type():

@@ -88,7 +88,8 @@ def test_declared_defaults_validate(dataset):
     ('scale_mode', 'rrc'), ('flip', 1), ('image_size', (4, 4)), ('unseen_domains', 6), ('class_alpha', math.nan),
     ('seed', -1)])
 def test_bad_fields_are_config_errors(field, value):
-  with pytest.raises(validate.ConfigError, match=rf'config\.data\.{field}='):
+  # NaN / inf anywhere are refused first, naming the element (data.scale[1]=nan)
+  with pytest.raises(validate.ConfigError, match=rf'config\.data\.{field}(\[\d\])?='):
     validate.validate_config(_seg_config(**{field: value}))
 
 

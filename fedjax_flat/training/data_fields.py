@@ -64,6 +64,13 @@ DATASET_RULES = {
 }
 
 
+# A dataset whose field means something else than RULES says (checked with this rule instead).
+RULE_OVERRIDES = {
+    'stackoverflow': {'num_clients': ('int', 0, False, None, False,
+                                      'users sampled as clients; 0 = every user of the training split')},
+}
+
+
 def section(**values) -> ml_collections.ConfigDict:
   """A `config.data` with the OPTIONAL fields declared (None) and `values` set."""
   d = ml_collections.ConfigDict()
@@ -129,19 +136,26 @@ def _check(name, v, rule):
 def validate(cfg) -> None:
   """Every `config.data` field of `cfg.dataset` (a registered name) against its rule; ConfigError otherwise."""
   from fedjax_flat.training.default_config import default_config
+  from fedjax_flat.training.default_config import SEG_AUGMENT_FIELDS, SEGMENTATION_DATA
+  if cfg.dataset in SEGMENTATION_DATA:
+    return   # every field declared in SEGMENTATION_DATA, checked by validate._validate_segmentation_data
   data = cfg.data.to_dict()
   takes = builder_args(cfg.dataset)
+  not_builder_args = NOT_BUILDER_ARGS + SEG_AUGMENT_FIELDS   # the segmentation transforms read these
   inherited = default_config().data.to_dict()     # the default config's digits fields, e.g. alpha=0.0
   for name, v in data.items():
     if v is None:
       continue                      # unset: the builder's default
-    if (takes is not None and name not in takes and name not in NOT_BUILDER_ARGS
+    if (takes is not None and name not in takes and name not in not_builder_args
         and not (name in inherited and inherited[name] == v)):
       close = difflib.get_close_matches(name, takes, n=1)
       hint = f'did you mean {close[0]!r}? ' if close else ''
       raise _bad(name, v, f'is not a field of dataset {cfg.dataset!r}: {hint}it takes {sorted(takes)}')
-    if name in RULES:
+    if name in RULES and name not in RULE_OVERRIDES.get(cfg.dataset, {}):
       _check(name, v, RULES[name])
+  for name, rule in RULE_OVERRIDES.get(cfg.dataset, {}).items():
+    if data.get(name) is not None:
+      _check(name, data[name], rule)
   for name, limit in DATASET_RULES.get(cfg.dataset, {}).items():
     v = data.get(name)
     if v is None:

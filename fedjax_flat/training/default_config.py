@@ -221,6 +221,7 @@ _SEG_AUGMENT = dict(
     style_max_per_client=0,    # bank entries per client (0 = every image, as the release)
     shuffle=True,              # data/batching.py: reshuffle every epoch
 )
+SEG_AUGMENT_FIELDS = tuple(_SEG_AUGMENT)   # read by training/transforms.py, not by the dataset builders
 SEGMENTATION_DATA = {
     'cityscapes': dict(
         _SEG_AUGMENT, jitter=0.4, flip=False, data_dir='', root='', distribution='heterogeneous',
@@ -244,4 +245,4 @@ def segmentation_data(dataset: str, **overrides) -> ml_collections.ConfigDict:
   unknown = sorted(set(overrides) - set(SEGMENTATION_DATA[dataset]))
   if unknown:
     raise ValueError(f'unknown config.data fields {unknown} for dataset {dataset!r}')
-  return ml_collections.ConfigDict({**SEGMENTATION_DATA[dataset], **overrides})
+  return data_fields.section(**{**SEGMENTATION_DATA[dataset], **overrides})

@@ -78,17 +78,19 @@ def validate_config(cfg) -> None:
   _check_finite(cfg.to_dict())
   _num(cfg, 'seed', lo=0, integer=True)
   _choice(cfg, 'dataset', data_registry.names())
-  from fedjax_flat.training import data_fields
-  data_fields.validate(cfg)                # every data.* field, before any data are loaded
   _choice(cfg, 'model', model_registry.names())
   _choice(cfg, 'augment', AUGMENTS)
   _choice(cfg, 'normalize', NORMALIZE)
+  # every data.* field, before any data are loaded: the segmentation datasets' declared fields first (their
+  # own rules and messages), then the generic rules of every builder argument
+  _validate_segmentation_data(cfg)
+  from fedjax_flat.training import data_fields
+  data_fields.validate(cfg)
   if 'shuffle' in cfg.data and not isinstance(cfg.data.shuffle, bool):
     raise ConfigError('data.shuffle', cfg.data.shuffle, 'must be True or False')
   if cfg.augment.startswith('cifar') and cfg.normalize == 'none':
     raise ConfigError('normalize', cfg.normalize, f'augment={cfg.augment!r} needs the dataset statistics: '
                       "'cifar10' or 'cifar100'")
-  _validate_segmentation_data(cfg)
   algo = _choice(cfg, 'algorithm', alg_registry.names())
   known = alg_registry.default_hparams(algo)
   for k in cfg.algo.keys():
@@ -459,8 +461,9 @@ def _validate_segmentation_data(cfg) -> None:
     raise ConfigError('augment', cfg.augment, f"dataset={cfg.dataset!r} has label maps: use 'segmentation' "
                       "(or 'none')")
   declared, d = SEGMENTATION_DATA[cfg.dataset], cfg.data
+  from fedjax_flat.data.registry import OPTIONAL_FIELDS   # declared in every config; None = unset
   for k in d.keys():
-    if k not in declared:
+    if k not in declared and not (k in OPTIONAL_FIELDS and d[k] is None):
       raise ConfigError(f'data.{k}', d[k], f'not a field of dataset {cfg.dataset!r}; its fields: {sorted(declared)}')
   get = lambda k: d.get(k, declared[k])
 
