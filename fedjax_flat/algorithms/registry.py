@@ -32,6 +32,7 @@ class BuildContext:
   make_client_tx: Callable
   config: Any
   population: int = 0        # N, the dataset's number of clients (0 = unknown: config.data.num_clients)
+  chain: Any = None          # chain algorithms (algorithms/fedseq.py): their plan from the chain trainer
 
   @property
   def algo(self):
@@ -43,7 +44,7 @@ _HPARAMS: Dict[str, dict] = {}
 
 # Modules that register algorithms on import (each one file).
 _MODULES = ('fedavg_builder', 'fedprox', 'scaffold', 'feddyn', 'adabest', 'mime', 'fedcm', 'fedacg',
-            'fedspeed', 'fedsmoo', 'fedgamma', 'fedgloss', 'fedsoup')
+            'fedspeed', 'fedsmoo', 'fedgamma', 'fedgloss', 'fedsoup', 'fedseq')
 
 
 def register(name: str, hparams: dict = None):
@@ -74,7 +75,7 @@ def default_hparams(name: str) -> dict:
   return dict(_HPARAMS.get(name, {}))
 
 
-def build_algorithm(config, model, population: int = 0) -> FederatedAlgorithm:
+def build_algorithm(config, model, population: int = 0, chain=None) -> FederatedAlgorithm:
   _load()
   name = config.algorithm
   if name not in _ALGORITHMS:
@@ -82,7 +83,7 @@ def build_algorithm(config, model, population: int = 0) -> FederatedAlgorithm:
   loss_fn = local_lib.make_loss(model, man_zeta=float(config.man.zeta))
   ctx = BuildContext(model=model, loss_fn=loss_fn, client_cfg=config.client,
                      server_tx=make_server_tx(config.server), make_client_tx=make_client_tx, config=config,
-                     population=int(population))
+                     population=int(population), chain=chain)
   alg = _ALGORITHMS[name](ctx)
   if config.swa.enabled:
     from fedjax_flat.server import swa

@@ -23,6 +23,8 @@ Fields (validated by `training/validate.py` before anything is compiled):
   client_state_store, client_state_device_max_mb   per-client state store (SCAFFOLD, FedDyn, ...)
   personalized         end-of-training personalized / OOD evaluation (core/personalized.py): enabled,
                        finetune_epochs, finetune_lr, finetune_batch_size, auc_scores, per_client
+  attack               label-flipping attack (data/attacks.py): kind, malicious_superclients (L_S), attackers
+                       (L), classes, swap ('fixed' | 'random'), clean_workdir (report the accuracy drop)
   published            the paper's number for this setting, as data (documentation only: never changes
                        training, ignored by the resume check): source (str: paper, table, cell),
                        accuracy (percent, same protocol as summary.json's reported last-K mean),
@@ -146,6 +148,16 @@ def default_config() -> ml_collections.ConfigDict:
   c.personalized.finetune_batch_size = 0  # 0 = client.batch_size
   c.personalized.auc_scores = 'softmax'   # 'softmax' | 'logits' (the FedSoup reference code)
   c.personalized.per_client = True      # per-client rows in the summary
+
+  # Label-flipping attack (data/attacks.py; thesis Table 5.5). Chain algorithms (FedSeq family): L_S of the
+  # superclients are malicious and L of their clients attack; other algorithms: L_S * L of the clients.
+  c.attack = ml_collections.ConfigDict()
+  c.attack.kind = 'none'               # 'none' | 'label_flip'
+  c.attack.malicious_superclients = 0.1   # L_S
+  c.attack.attackers = 0.1             # L
+  c.attack.classes = '0,2'             # swapped classes: ids '0,2' | '3,5' | '0,2,3,5' ... | 'intra_sc' | 'extra_sc'
+  c.attack.swap = 'fixed'              # 'fixed' (one pairing for every attacker) | 'random' (one per attacker)
+  c.attack.clean_workdir = ''          # the clean run's workdir: summary.json reports the accuracy drop
 
   # Published result of the paper cell this config reproduces (experiments/report.py puts it beside ours).
   c.published = ml_collections.ConfigDict()
