@@ -35,6 +35,7 @@ capped at the population K as there:
 from __future__ import annotations
 
 import math
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -64,6 +65,8 @@ def growth(kind: str, alpha: float, beta: float, t: int, cap: int = 0) -> int:
   elif kind == 'log':
     v = beta * math.floor(alpha * math.log(t) + 1)
   elif kind == 'exp':
+    if (t - 1) * math.log1p(alpha) > 700:       # past any population: the cap (float overflow otherwise)
+      return int(cap) if cap else sys.maxsize
     v = beta * math.floor((1 + alpha) ** (t - 1))
   else:
     raise ValueError(f'growth={kind!r}; allowed: {GROWTH}')

@@ -1,0 +1,66 @@
+r"""FedSeq family on the embedded handwritten digits at alpha = 0 (one class per client): a CPU-sized stand-in for
+configs/fedseq.py's CIFAR 500 x 100 setting (100 clients x 13-15 images, C = 0.2 as there).
+
+  .venv/bin/python experiments/train.py --workdir=runs/digits_fedseq2par \
+      --config=configs/fedseq_digits.py:fedseq2par
+  .venv/bin/python experiments/train.py --workdir=runs/digits_fedseq_greedy \
+      --config=configs/fedseq_digits.py:fedseq,grouping=greedy
+
+  method = fedavg | fedseq | fedasyncseq | fedseq2par | fedcyclic;  grouping = random | greedy (FedSeq /
+  FedAsyncSeq: psi_clf + greedy, cosine; FedSeq2Par always regroups with ICG on psi_clf).
+Setting: digits CNN, SGD lr 0.05, batch 16, 1 local epoch, weight decay 4e-4, 200 rounds, evaluation every 5
+rounds, reported = mean of the last 10 evaluations. Superclients: |D_S|_min 140, K_S,max 11 (about 10 clients of
+about 10 classes, N_S = 10); FedSeq2Par: f_exp, alpha_gr 0.02, beta_gr 2 (N_S 2 -> 100 = K at the end);
+FedAsyncSeq R = N_S; pre-training e = 10 epochs. Fairness: every method trains C K = 20 clients x 1 epoch per
+round (FedAvg samples clients_per_round = 20; FedSeq 2 chains of about 10; FedCyclic one chain of 20).
+The 3-seed comparison is benchmarks/fedseq_digits.py (benchmarks/README.fedseq.md).
+No published numbers: the digits are a stand-in, not a paper setting (config.published stays empty).
+"""
+import ml_collections
+
+from fedjax_flat.algorithms import registry
+from fedjax_flat.training import config_strings
+from fedjax_flat.training.default_config import default_config
+
+FAMILY = 'configs/fedseq_digits.py'
+METHODS = ('fedavg', 'fedseq', 'fedasyncseq', 'fedseq2par', 'fedcyclic')
+FRACTION = 0.2
+NUM_CLIENTS = 100
+FIELDS = {'method': ('fedseq', METHODS), 'grouping': ('random', ('random', 'greedy'))}
+CELLS = [f'{m}' for m in METHODS] + ['fedseq,grouping=greedy', 'fedasyncseq,grouping=greedy']
+
+
+def get_config(arg: str = ''):
+  o = config_strings.parse(arg, FIELDS, family=FAMILY)
+  m, grouping = o['method'], o['grouping']
+  if grouping != 'random':
+    config_strings.check(FAMILY, 'method', m, ('fedseq', 'fedasyncseq'), context=f'with grouping={grouping}')
+  c = default_config()
+  c.dataset = 'digits'
+  c.data.num_clients = NUM_CLIENTS
+  c.data.alpha = 0.0
+  c.model = 'digits_cnn'
+  c.rounds = 200
+  c.clients_per_round = round(FRACTION * NUM_CLIENTS)     # FedAvg: C K (fairness); unused by chains
+  c.client.lr = 0.05
+  c.client.batch_size = 16
+  c.client.local_epochs = 1
+  c.client.weight_decay = 4e-4
+  c.algorithm = m
+  for k, v in registry.default_hparams(m).items():
+    c.algo[k] = v
+  if m != 'fedavg':
+    c.algo.fraction = FRACTION
+  if m == 'fedseq2par':
+    c.algo.growth, c.algo.growth_alpha, c.algo.growth_beta = 'exp', 0.02, 2
+  if 'grouping' not in c:            # a checkout without the grouping toolkit's fields
+    c.grouping = ml_collections.ConfigDict()
+  c.grouping.method = 'icg' if m == 'fedseq2par' else grouping
+  c.grouping.estimator = 'clf'
+  c.grouping.distance = 'cosine' if grouping == 'greedy' else ('euclidean' if m == 'fedseq2par' else 'auto')
+  c.grouping.min_examples = 140
+  c.grouping.max_clients = 11
+  c.grouping.pretrain_epochs = 10
+  c.eval_every = 5
+  c.summary_last_k = 10
+  return c
