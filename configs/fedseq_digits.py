@@ -10,7 +10,9 @@ configs/fedseq.py's CIFAR 500 x 100 setting (100 clients x 13-15 images, C = 0.2
   FedAsyncSeq: psi_clf + greedy, cosine; FedSeq2Par always regroups with ICG on psi_clf).
 Setting: digits CNN, SGD lr 0.05, batch 16, 1 local epoch, weight decay 4e-4, 200 rounds, evaluation every 5
 rounds, reported = mean of the last 10 evaluations. Superclients: |D_S|_min 140, K_S,max 11 (about 10 clients of
-about 10 classes, N_S = 10); FedSeq2Par: f_exp, alpha_gr 0.02, beta_gr 2 (N_S 2 -> 100 = K at the end);
+about 10 classes, N_S = 10); FedSeq2Par: f_exp, alpha_gr 0.0152, beta_gr 5 = 1 / C (as CIFAR's 5 with C = 0.2: the
+first round trains one chain of C K clients, and k chains of K / (5 k) later: C K clients every round), N_S 5 ->
+100 = K at round 200;
 FedAsyncSeq R = N_S; pre-training e = 10 epochs. Fairness: every method trains C K = 20 clients x 1 epoch per
 round (FedAvg samples clients_per_round = 20; FedSeq 2 chains of about 10; FedCyclic one chain of 20).
 The 3-seed comparison is benchmarks/fedseq_digits.py (benchmarks/README.fedseq.md).
@@ -52,7 +54,7 @@ def get_config(arg: str = ''):
   if m != 'fedavg':
     c.algo.fraction = FRACTION
   if m == 'fedseq2par':
-    c.algo.growth, c.algo.growth_alpha, c.algo.growth_beta = 'exp', 0.02, 2
+    c.algo.growth, c.algo.growth_alpha, c.algo.growth_beta = 'exp', 0.0152, 5
   if 'grouping' not in c:            # a checkout without the grouping toolkit's fields
     c.grouping = ml_collections.ConfigDict()
   c.grouping.method = 'icg' if m == 'fedseq2par' else grouping

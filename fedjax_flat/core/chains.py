@@ -21,9 +21,10 @@ The lane runner reuses the algorithm contract (algorithms/base.py): client_init 
 client_final of the chain algorithm (FedAvg's local training with any client optimizer: SGD, SAM, ASAM),
 then `algorithm.server_update` on the |D_S|-weighted means, exactly as the client engine does
 (core/engine.py): server optimizers and the SWA / WiMA wrappers work unchanged. Lanes run `chunk` at a time
-(vmap inside a chunk, sequential over chunks, like engine.run_clients); with chunk 1 (the CPU default) a
-lane is not vmapped, so padded steps and the restart / emit branches are real conditionals that cost
-nothing when not taken.
+(vmap inside a chunk, sequential over chunks, like engine.run_clients). A lane loops over its real steps
+only (a while loop with the lane's step count as trip count: padding is never computed on one lane; under
+vmap the chunk runs to its longest lane); with chunk 1 (the CPU default) a lane is not vmapped, so the
+restart / emit branches are real conditionals that cost nothing when not taken.
 
 Randomness, as for plain clients (core/sampling.py, data/batching.py): a member's batch order and its step
 keys are those of the same client in a FedAvg round (seed, round, client id; E_S pass e > 0 folds e in), so
@@ -262,8 +263,7 @@ def _zeros_of(shapes):
   return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
-def make_lane_runner(algorithm: FederatedAlgorithm, *, reset_opt_state: bool = True, augment_fn=None,
-                     unroll=1):
+def make_lane_runner(algorithm: FederatedAlgorithm, *, reset_opt_state: bool = True, augment_fn=None):
   """run(bcast, lane, start_params, key, round_idx) -> (partial sums, final params, metrics) for one lane.
 
   lane: the LANE_KEYS arrays [T] / [T, B] plus x, y [T, B, ...]. start_params: where each chain of the
@@ -282,8 +282,9 @@ def make_lane_runner(algorithm: FederatedAlgorithm, *, reset_opt_state: bool = T
     acc0 = {'weighted': _zeros_of(out_shape['weighted']), 'uniform': _zeros_of(out_shape['uniform']),
             'total_weight': jnp.zeros((), jnp.float32), 'num_clients': jnp.zeros((), jnp.float32)}
 
-    def body(carry, xs):
-      local, acc, finite = carry
+    def body(i, carry):
+      local, acc, finite, loss_sum, count = carry
+      xs = jax.tree_util.tree_map(lambda a: a[i], lane)
       batch = {'x': xs['x'], 'y': xs['y'], 'mask': xs['mask']}
       ckey = jax.random.fold_in(base, jnp.maximum(xs['client'], 0))       # = sampling.client_keys
       step_rng = jax.random.fold_in(ckey, xs['step'])                     # = engine: fold_in(rng, step)
@@ -296,19 +297,11 @@ def make_lane_runner(algorithm: FederatedAlgorithm, *, reset_opt_state: bool = T
 
       again = xs['chain_start'] | (xs['member_start'] & reset_opt_state)
       local = jax.lax.cond(again, restart, lambda l: l, local)
-
-      def step(local):
-        b = batch
-        if augment_fn is not None:   # as engine.make_client_runner
-          aug_rng = jax.random.fold_in(step_rng, 1)
-          b = (augment_fn(aug_rng, b) if getattr(augment_fn, 'on_batch', False)
-               else {**b, 'x': augment_fn(aug_rng, b['x'])})
-        new, m = algorithm.client_step(bcast, local, b, step_rng)
-        return new, m['loss_sum'], m['count']
-
-      valid = jnp.sum(xs['mask']) > 0
-      local, loss_sum, count = jax.lax.cond(
-          valid, step, lambda l: (l, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32)), local)
+      if augment_fn is not None:   # as engine.make_client_runner
+        aug_rng = jax.random.fold_in(step_rng, 1)
+        batch = (augment_fn(aug_rng, batch) if getattr(augment_fn, 'on_batch', False)
+                 else {**batch, 'x': augment_fn(aug_rng, batch['x'])})
+      local, m = algorithm.client_step(bcast, local, batch, step_rng)
 
       def emit(acc):
         out, _ = algorithm.client_final(bcast, local, None)
@@ -321,19 +314,21 @@ def make_lane_runner(algorithm: FederatedAlgorithm, *, reset_opt_state: bool = T
                 'total_weight': acc['total_weight'] + w, 'num_clients': acc['num_clients'] + 1.0}, ok
 
       acc, ok = jax.lax.cond(xs['chain_end'], emit, lambda a: (a, jnp.array(True)), acc)
-      finite = finite & ok & jnp.isfinite(loss_sum)
-      return (local, acc, finite), (loss_sum, count)
+      finite = finite & ok & jnp.isfinite(m['loss_sum'])
+      return local, acc, finite, loss_sum + m['loss_sum'], count + m['count']
 
-    (local, acc, finite), (loss_sums, counts) = jax.lax.scan(body, (local0, acc0, jnp.array(True)), lane,
-                                                             unroll=unroll)
-    metrics = {'loss_sum': jnp.sum(loss_sums), 'count': jnp.sum(counts), 'finite': finite}
+    # Only a lane's end is padding: loop over its real steps (a dynamic trip count), nothing to mask.
+    n_real = jnp.sum(lane['client'] >= 0)
+    zero = jnp.zeros((), jnp.float32)
+    local, acc, finite, loss_sum, count = jax.lax.fori_loop(
+        0, n_real, body, (local0, acc0, jnp.array(True), zero, zero))
+    metrics = {'loss_sum': loss_sum, 'count': count, 'finite': finite}
     return acc, local.params, metrics
   return run
 
 
 def make_chain_round_fn(algorithm: FederatedAlgorithm, *, chunk: int, reset_opt_state: bool = True,
-                        per_lane_params: bool = False, augment_fn=None, unroll=1, jit: bool = True,
-                        donate: bool = True):
+                        per_lane_params: bool = False, augment_fn=None, jit: bool = True, donate: bool = True):
   """round(server_state, lanes, data, key, round_idx) -> (server_state', metrics [L]).
 
   lanes: LANE_KEYS arrays [L, ...] plus x/y (host gather) or index [L, T, B] (gather from `data`, the
@@ -344,7 +339,7 @@ def make_chain_round_fn(algorithm: FederatedAlgorithm, *, chunk: int, reset_opt_
   """
   if algorithm.num_phases != 1:
     raise ValueError(f'chain execution runs single-phase algorithms; {algorithm.name} has {algorithm.num_phases}')
-  runner = make_lane_runner(algorithm, reset_opt_state=reset_opt_state, augment_fn=augment_fn, unroll=unroll)
+  runner = make_lane_runner(algorithm, reset_opt_state=reset_opt_state, augment_fn=augment_fn)
 
   def round_fn(server_state, lanes, data, key, round_idx):
     if 'index' in lanes:           # gather the examples from the device copy of the data

@@ -230,8 +230,7 @@ class ChainTrainer(loop.Trainer):
                        if self.device_gather else None)
     return chains_lib.make_chain_round_fn(
         self.algorithm, chunk=self.lane_chunk, reset_opt_state=bool(self.hp['reset_opt_state']),
-        per_lane_params=self.name == 'fedasyncseq', augment_fn=self.train_transform, unroll=c.engine.unroll,
-        jit=jit)
+        per_lane_params=self.name == 'fedasyncseq', augment_fn=self.train_transform, jit=jit)
 
   # Rounds.
   def grouping_at(self, r: int) -> Optional[Grouping]:
