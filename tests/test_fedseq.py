@@ -125,17 +125,21 @@ def test_fedcyclic_is_sgd_over_the_concatenated_clients(data):
     assert_trees_close(t.server_state['params'], w, rtol=5e-5, atol=5e-6)
 
 
-@pytest.mark.parametrize('client', ['sgd', 'sam'])
-def test_singleton_superclients_are_fedavg(data, client):
+@pytest.mark.parametrize('over', [
+    {'client.optimizer': 'sam', 'client.rho': 0.1},                                   # FedSeq + FedSAM
+    {'server.momentum': 0.9, 'swa.enabled': True, 'swa.start_fraction': 0.5, 'swa.cycle': 1}])  # FedAvgM + SWA
+def test_singleton_superclients_are_fedavg(data, over):
   """FedSeq with one client per superclient and C = 1 is FedAvg over every client (weights N_k), with any
-  client optimizer: the chain reuses FedAvg's local step, batches and step keys."""
-  over = {'client.optimizer': client, 'client.rho': 0.1, 'clients_per_round': 12, 'rounds': 2}
+  client optimizer and any server optimizer / wrapper: the chain reuses FedAvg's local step, batches and step
+  keys, and the algorithm's server update."""
+  over = {**over, 'clients_per_round': 12, 'rounds': 2}
   fa = loop.Trainer(cfg('fedavg', **over), data=data)
   fs = loop.Trainer(cfg('fedseq', **over, **{'algo.fraction': 1.0}), data=data,
                     superclients=[np.array([k]) for k in range(12)])
   fa.train()
   fs.train()
-  assert_trees_close(fs.server_state['params'], fa.server_state['params'], rtol=1e-4, atol=1e-5)
+  assert jax.tree_util.tree_structure(fs.server_state) == jax.tree_util.tree_structure(fa.server_state)
+  assert_trees_close(fs.server_state, fa.server_state, rtol=1e-4, atol=1e-5)
 
 
 def test_padding_lanes_and_strategy_change_nothing(data):
