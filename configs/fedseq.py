@@ -15,7 +15,8 @@ Grammar (comma-separated; defaults cifar10,fedseq,alpha=0,table=5.1):
   grouping=random | clf_kmeans | clf_greedy | conf_kmeans | conf_greedy_kl | conf_greedy_gini | t2v_greedy |
   t2v_icg (Table 5.3 rows; default t2v_greedy, FedSeq2Par t2v_icg);
   attack=none | 0-2 | 3-5 | 0-2-3-5 | intra_sc | extra_sc (Table 5.5's swapped labels; implies table=5.5, alpha=100),
-  gamma=fixed | random, ls=0.1 | 0.3 | 0.5 (L_S, malicious superclients), l=0.1 | 0.5 (L, attackers inside).
+  gamma=fixed | random, ls=0.1 | 0.3 | 0.5 (L_S, malicious superclients), l=0.1 | 0.5 (L, attackers inside);
+  fair=1 | 0 (the fairness switch, below; fair=0 is not a published setting).
 CELLS lists every published cell.
 
 Setting (Appendix A.4, Table A.6; digest 1.2): CIFAR CNN (conv 5x5 64 + pool, twice; FC 384, 192; the
@@ -31,6 +32,7 @@ Fairness (the thesis' protocol: the same number of model updates per round): eve
 clients x 1 epoch per round; FedAvg samples clients_per_round = C K = 100 clients with the same local epochs
 (E_k E_S), FedCyclic chains C K clients, FedSeq runs C N_S chains of about K / N_S clients. summary.json's
 fedseq.mean_local_steps_per_round shows the count (FedAvg: 100 clients x ceil(100 / 64) = 200 steps).
+fair=0 switches FedAvg to the same parallelism instead: C N_S = 10 clients per round (10x fewer updates).
 Reported accuracy: mean over the last 100 rounds (each evaluated), 3 seeds in the thesis.
 
 Published accuracy % (Table 5.1, mean +- std):
@@ -129,6 +131,7 @@ FIELDS = {
     'gamma': ('fixed', ('fixed', 'random')),
     'ls': (0.1, float),
     'l': (0.1, float),
+    'fair': (True, bool),
 }
 
 # Table 5.1: method -> (C10 a0, a.2, a.5, C100 a0, a.2, a.5) of (accuracy, std).
@@ -255,6 +258,13 @@ def get_config(arg: str = ''):
     alpha = o['alpha']
     config_strings.check(FAMILY, 'alpha', alpha, ALPHAS)
   c = base_config(ds, m, alpha)
+  if not o['fair']:
+    if m != 'fedavg' or table == '5.5':
+      raise config_strings.ConfigStringError(FAMILY, 'fair=0', 'the fairness switch applies to FedAvg outside '
+                                             'Table 5.5 (the chain methods define the number of updates)')
+    c.clients_per_round = round(FRACTION * NUM_CLIENTS / 10)    # C N_S: FedSeq's chains per round (N_S = 50)
+    c.published = ml_collections.ConfigDict()
+    return c
   grouping = default_grouping(m) if o['grouping'] == 'default' else o['grouping']
   col = (0 if ds == 'cifar10' else 3) + (ALPHAS.index(alpha) if alpha in ALPHAS else 0)
   src = f'thesis Table {table} (FedSeq), {_DS[ds]} {NAMES[m]}'

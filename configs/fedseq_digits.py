@@ -7,7 +7,8 @@ configs/fedseq.py's CIFAR 500 x 100 setting (100 clients x 13-15 images, C = 0.2
       --config=configs/fedseq_digits.py:fedseq,grouping=greedy
 
   method = fedavg | fedseq | fedasyncseq | fedseq2par | fedcyclic;  grouping = random | greedy (FedSeq /
-  FedAsyncSeq: psi_clf + greedy, cosine; FedSeq2Par always regroups with ICG on psi_clf).
+  FedAsyncSeq: psi_clf + greedy, cosine; FedSeq2Par always regroups with ICG on psi_clf); fair = 1 | 0
+  (fair=0: FedAvg with FedSeq's parallelism, C N_S = 2 clients per round, instead of its number of updates).
 Setting: digits CNN, SGD lr 0.05, batch 16, 1 local epoch, weight decay 4e-4, 200 rounds, evaluation every 5
 rounds, reported = mean of the last 10 evaluations. Superclients: |D_S|_min 140, K_S,max 11 (about 10 clients of
 about 10 classes, N_S = 10); FedSeq2Par: f_exp, alpha_gr 0.0152, beta_gr 5 = 1 / C (as CIFAR's 5 with C = 0.2: the
@@ -28,13 +29,15 @@ FAMILY = 'configs/fedseq_digits.py'
 METHODS = ('fedavg', 'fedseq', 'fedasyncseq', 'fedseq2par', 'fedcyclic')
 FRACTION = 0.2
 NUM_CLIENTS = 100
-FIELDS = {'method': ('fedseq', METHODS), 'grouping': ('random', ('random', 'greedy'))}
-CELLS = [f'{m}' for m in METHODS] + ['fedseq,grouping=greedy', 'fedasyncseq,grouping=greedy']
+FIELDS = {'method': ('fedseq', METHODS), 'grouping': ('random', ('random', 'greedy')), 'fair': (True, bool)}
+CELLS = [f'{m}' for m in METHODS] + ['fedseq,grouping=greedy', 'fedasyncseq,grouping=greedy', 'fedavg,fair=0']
 
 
 def get_config(arg: str = ''):
   o = config_strings.parse(arg, FIELDS, family=FAMILY)
   m, grouping = o['method'], o['grouping']
+  if not o['fair']:
+    config_strings.check(FAMILY, 'method', m, ('fedavg',), context='with fair=0')
   if grouping != 'random':
     config_strings.check(FAMILY, 'method', m, ('fedseq', 'fedasyncseq'), context=f'with grouping={grouping}')
   c = default_config()
@@ -43,7 +46,7 @@ def get_config(arg: str = ''):
   c.data.alpha = 0.0
   c.model = 'digits_cnn'
   c.rounds = 200
-  c.clients_per_round = round(FRACTION * NUM_CLIENTS)     # FedAvg: C K (fairness); unused by chains
+  c.clients_per_round = round(FRACTION * NUM_CLIENTS) if o['fair'] else 2   # FedAvg: C K | C N_S; unused by chains
   c.client.lr = 0.05
   c.client.batch_size = 16
   c.client.local_epochs = 1
