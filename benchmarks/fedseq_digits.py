@@ -12,6 +12,9 @@ it, an interim seeded random split into equal parts (N_S = 10, or the N_S FedSeq
 greedy rows are skipped (said so in the output).
 
   python benchmarks/fedseq_digits.py [--seeds=0,1,2] [--rounds=200] [--methods=...] [--json=PATH] [--md=PATH]
+
+--attack=<classes>: instead, the label-flipping comparison (Table 5.5's protocol on digits): FedAvg and FedSeq,
+clean and attacked (L_S = --ls, L = --l, --swap), alpha = --alpha; the drop = attacked - clean per seed.
 """
 from __future__ import annotations
 
@@ -37,6 +40,11 @@ _METHODS = flags.DEFINE_list('methods', ['fedavg', 'fedseq', 'fedseq_greedy', 'f
 _REFERENCE = flags.DEFINE_float('reference', 0.0, 'reference accuracy for rounds-to-70/90% (0 = best method)')
 _JSON = flags.DEFINE_string('json', os.path.join(REPO, 'benchmarks', 'fedseq_digits.json'), 'results JSON')
 _MD = flags.DEFINE_string('md', None, 'also write the Markdown table here')
+_ATTACK = flags.DEFINE_string('attack', '', "label-flipping comparison with these classes (e.g. '0,2,3,5')")
+_LS = flags.DEFINE_float('ls', 0.5, 'L_S: fraction of malicious superclients')
+_L = flags.DEFINE_float('l', 0.5, 'L: fraction of attackers inside a malicious superclient')
+_SWAP = flags.DEFINE_string('swap', 'fixed', "'fixed' | 'random'")
+_ALPHA = flags.DEFINE_float('alpha', 100.0, 'Dirichlet alpha of the attack comparison (Table 5.5: 100)')
 LAST = 50
 
 
@@ -68,9 +76,12 @@ def rounds_to(records, target, window=5):
   return None
 
 
-def run_one(method, seed, data, workdir):
+def run_one(method, seed, data, workdir, attack=None):
   c = config_strings.load_config(os.path.join(REPO, 'configs', f'fedseq_digits.py:{cell(method)}'))
   c.seed = seed
+  c.data.alpha = float(data.alpha) if hasattr(data, 'alpha') else c.data.alpha
+  if attack:
+    c.attack.update(attack)
   c.rounds = _ROUNDS.value
   c.eval_every = 1
   c.summary_last_k = LAST
@@ -81,7 +92,7 @@ def run_one(method, seed, data, workdir):
   t0 = time.time()
   t = loop.Trainer(c, workdir, data=data, **kw)
   s = t.train()
-  row = {'method': method, 'seed': seed, 'last': s[f'mean_last_{LAST}_test_accuracy'],
+  row = {'method': method, 'seed': seed, 'last': s[f'mean_last_{LAST}_test_accuracy'], 'attack': s.get('attack'),
          'final': s['final_test_accuracy'], 'wall_s': time.time() - t0,
          'accuracy_curve': [[r['round'], r['test_accuracy']] for r in t.records]}
   if 'fedseq' in s:
@@ -98,8 +109,50 @@ def run_one(method, seed, data, workdir):
   return row
 
 
+def attack_main():
+  """FedAvg and FedSeq, clean and attacked, per seed; the drop is attacked - clean (same seed)."""
+  c0 = config_strings.load_config(os.path.join(REPO, 'configs', 'fedseq_digits.py:fedavg'))
+  c0.data.alpha = _ALPHA.value
+  data = data_registry.get_dataset(c0.dataset, **c0.data.to_dict())
+  data.alpha = _ALPHA.value
+  attack = {'kind': 'label_flip', 'classes': _ATTACK.value, 'swap': _SWAP.value,
+            'malicious_superclients': _LS.value, 'attackers': _L.value}
+  rows = []
+  with tempfile.TemporaryDirectory() as tmp:
+    for seed in map(int, _SEEDS.value):
+      for m in ('fedavg', 'fedseq'):
+        clean = run_one(m, seed, data, os.path.join(tmp, f'{m}_{seed}_clean'))
+        att = run_one(m, seed, data, os.path.join(tmp, f'{m}_{seed}_att'), attack)
+        rows.append({'method': m, 'seed': seed, 'clean': clean['last'], 'attacked': att['last'],
+                     'drop': att['last'] - clean['last'], 'attack': att['attack']})
+        print(f"{m} seed {seed}: clean {clean['last']:.4f} attacked {att['last']:.4f} "
+              f"drop {att['last'] - clean['last']:+.4f} ({att['attack']['num_attackers']} attackers, "
+              f"{att['attack']['flipped_examples']} labels)", flush=True)
+  lines = [f"digits alpha={_ALPHA.value:g}, 100 clients, {_ROUNDS.value} rounds, seeds {','.join(_SEEDS.value)}; "
+           f"label flipping classes {_ATTACK.value} ({_SWAP.value}), L_S={_LS.value:g}, L={_L.value:g} "
+           f"(FedAvg: {_LS.value * _L.value:g} of the clients holding a swapped class)", '',
+           '| method | clean last-50 | attacked last-50 | drop (mean ± std) | attackers | flipped labels |',
+           '|---|---|---|---|---|---|']
+  for m in ('fedavg', 'fedseq'):
+    rs = [r for r in rows if r['method'] == m]
+    d = [r['drop'] for r in rs]
+    lines.append(f"| {m} | {np.mean([r['clean'] for r in rs]):.4f} | {np.mean([r['attacked'] for r in rs]):.4f} | "
+                 f"{np.mean(d):+.4f} ± {np.std(d):.4f} | {rs[0]['attack']['num_attackers']} | "
+                 f"{rs[0]['attack']['flipped_examples']} |")
+  table = '\n'.join(lines)
+  print(table)
+  if _JSON.value:
+    with open(_JSON.value, 'w') as f:
+      json.dump({'rows': rows, 'table': table}, f, indent=1)
+  if _MD.value:
+    with open(_MD.value, 'w') as f:
+      f.write(table + '\n')
+
+
 def main(argv):
   del argv
+  if _ATTACK.value:
+    return attack_main()
   grouping = has_grouping_toolkit()
   methods = [m for m in _METHODS.value if grouping or m != 'fedseq_greedy']
   c0 = config_strings.load_config(os.path.join(REPO, 'configs', 'fedseq_digits.py:fedavg'))

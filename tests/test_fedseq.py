@@ -153,7 +153,7 @@ def test_padding_lanes_and_strategy_change_nothing(data):
     t.train()
     runs[name] = (t, t.server_state['params'])
   assert runs['auto'][0].lane_shape.lanes == 3 and runs['padded_one_lane'][0].lane_shape == (
-      chains_lib.LaneShape(1, 40))
+      chains_lib.LaneShape(1, 40, 3))
   assert runs['chunked'][0].num_lanes == 4          # 3 lanes padded to chunks of 2: an empty lane
   for name, (_, p) in runs.items():
     assert_trees_close(p, runs['auto'][1]), name
@@ -300,9 +300,11 @@ def test_layout_flags(data):
   steps = {0: 2, 3: 1, 9: 1}                               # ceil(n / 4): 5 -> 2, 4 -> 1, 3 -> 1
   n = sum(steps.values())
   assert (x['client'][0, n:] == -1).all() and (x['mask'][0, n:] == 0).all()
-  assert x['chain_start'][0].sum() == 2 and x['chain_end'][0].sum() == 2 and x['member_start'][0].sum() == 3
-  ends = np.flatnonzero(x['chain_end'][0])
-  assert sorted(x['weight'][0, ends].tolist()) == [3.0, 9.0]
+  assert x['member_start'][0].sum() == 3 and x['num_chains'][0] == 2
+  lens, offs = x['chain_len'][0].tolist(), x['chain_offset'][0].tolist()
+  assert sorted(lens) == [1, 3] and offs[1] == offs[0] + lens[0]     # back to back in the one lane
+  by_len = dict(zip(lens, x['chain_weight'][0].tolist()))
+  assert by_len == {3: 9.0, 1: 3.0}                          # |D_S|: clients 0 + 3 (5 + 4), client 9 (3)
 
 
 def test_validation_errors():

@@ -7,14 +7,13 @@ combines the chains' final models. The round program sees the chains as *lanes* 
   lanes [L, T]: lane l is a sequence of T local steps. The sampled chains are packed into the lanes back to
   back (one chain per lane for FedSeq / FedAsyncSeq, every chain in one lane for FedCyclic / FedSeq2Par by
   default); inside a chain each member contributes exactly its own steps (E_k epochs of its data, no
-  per-client padding); only the end of a lane is padding. Per step the layout carries the batch and flags:
+  per-client padding); only the end of a lane is padding. Per step the layout carries the batch, the client
+  (for its keys) and `member_start` (a new client of the chain starts here: a fresh client optimizer state,
+  as the reference code builds a new optimizer per client, model passed along; `reset_opt_state=False` keeps
+  it); per chain of a lane its first step, its length and |D_S|. Each chain starts from its start model
+  (client_init) and ends with client_final -> |D_S| * out added to the aggregate.
 
-    chain_start   the chain starts here: local state <- client_init(chain's start model)
-    member_start  a new client of the chain starts here: a fresh client optimizer state (the reference code
-                  builds a new optimizer per client, model passed along; `reset_opt_state=False` keeps it)
-    chain_end     the chain ends after this step: client_final -> add |D_S| * out to the aggregate
-
-  L and T are fixed for the run (`LaneShape`), so chains of unequal length and clients of unequal size
+  L, T (and the most chains per lane) are fixed for the run (`LaneShape`), so chains of unequal length and clients of unequal size
   never change a shape: one compiled round program for every round (tests/test_fedseq.py counts compiles).
 
 The lane runner reuses the algorithm contract (algorithms/base.py): client_init / client_step /
@@ -50,13 +49,15 @@ from fedjax_flat.core import sampling
 from fedjax_flat.data import batching
 
 PASS_STREAM = 0x5E9       # fold_in tag of the batch order of E_S passes e > 0 (pass 0 = the FedAvg order)
-LANE_KEYS = ('client', 'step', 'member_start', 'chain_start', 'chain_end', 'weight', 'mask')
+# What the round program takes per lane: per step [L, T(, B)] and per chain slot of the lane [L, C] / [L].
+LANE_KEYS = ('client', 'step', 'member_start', 'mask', 'chain_offset', 'chain_len', 'chain_weight', 'num_chains')
 
 
 @dataclasses.dataclass(frozen=True)
 class LaneShape:
   lanes: int      # L: chains run in parallel (vmap / chunks)
   steps: int      # T: local steps per lane (the longest lane of any round of the run)
+  chains: int = 1  # the most chains a lane holds in any round (FedSeq2Par / FedCyclic packing)
 
 
 @dataclasses.dataclass
@@ -154,10 +155,11 @@ def build_lanes(chains: List[Chain], shape: LaneShape, *, steps: np.ndarray, siz
 
   Returns numpy arrays: client/step int32 [L, T] (client -1: padding), member_start/chain_start/chain_end
   bool [L, T], weight float32 [L, T] (|D_S| on chain_end steps), pos int64 [L, T, B] (into the client's own
-  examples), mask float32 [L, T, B]; lane_weight float32 [L] (the lane's last chain's |D_S|, 0 if empty).
-  Sets each chain's `lane`.
+  examples), mask float32 [L, T, B]; per chain of a lane, in order: chain_offset / chain_len int32 [L, C] (its
+  first step and step count), chain_weight float32 [L, C] (|D_S|), num_chains int32 [L]. Sets each chain's
+  `lane`.
   """
-  L, T, B = shape.lanes, shape.steps, plan.batch_size
+  L, T, B, C = shape.lanes, shape.steps, plan.batch_size, shape.chains
   totals = [chain_total_steps(c, steps) for c in chains]
   keep = [i for i, t in enumerate(totals) if t > 0]       # a chain of empty clients trains nothing
   lanes_of = pack_lanes([totals[i] for i in keep], L, one_per_lane=one_per_lane)
@@ -165,7 +167,8 @@ def build_lanes(chains: List[Chain], shape: LaneShape, *, steps: np.ndarray, siz
          'member_start': np.zeros((L, T), bool), 'chain_start': np.zeros((L, T), bool),
          'chain_end': np.zeros((L, T), bool), 'weight': np.zeros((L, T), np.float32),
          'pos': np.zeros((L, T, B), np.int64), 'mask': np.zeros((L, T, B), np.float32),
-         'lane_weight': np.zeros((L,), np.float32)}
+         'chain_offset': np.zeros((L, C), np.int32), 'chain_len': np.zeros((L, C), np.int32),
+         'chain_weight': np.zeros((L, C), np.float32), 'num_chains': np.zeros((L,), np.int32)}
   # Positions of every (member, pass): one batched call per pass.
   passes = max((c.members.shape[0] for c in chains), default=0)
   pos_of = {}
@@ -181,8 +184,10 @@ def build_lanes(chains: List[Chain], shape: LaneShape, *, steps: np.ndarray, siz
     c = chains[i]
     c.lane = int(lane)
     t0 = t = int(fill[lane])
-    if t + totals[i] > T:
-      raise ValueError(f'chain of {totals[i]} steps does not fit lane {lane} at step {t} of {T}')
+    j = int(out['num_chains'][lane])
+    if t + totals[i] > T or j >= C:
+      raise ValueError(f'chain of {totals[i]} steps does not fit lane {lane} at step {t} of {T} (chain {j} '
+                       f'of at most {C})')
     for e in range(c.members.shape[0]):
       for k in c.members[e]:
         s = int(steps[k])
@@ -198,7 +203,9 @@ def build_lanes(chains: List[Chain], shape: LaneShape, *, steps: np.ndarray, siz
     out['chain_start'][lane, t0] = True
     out['chain_end'][lane, t - 1] = True
     out['weight'][lane, t - 1] = c.weight
-    out['lane_weight'][lane] = c.weight
+    out['chain_offset'][lane, j], out['chain_len'][lane, j] = t0, t - t0
+    out['chain_weight'][lane, j] = c.weight
+    out['num_chains'][lane] = j + 1
     fill[lane] = t
   return out
 
@@ -266,8 +273,11 @@ def _zeros_of(shapes):
 def make_lane_runner(algorithm: FederatedAlgorithm, *, reset_opt_state: bool = True, augment_fn=None):
   """run(bcast, lane, start_params, key, round_idx) -> (partial sums, final params, metrics) for one lane.
 
-  lane: the LANE_KEYS arrays [T] / [T, B] plus x, y [T, B, ...]. start_params: where each chain of the
-  lane starts (the broadcast model, or FedAsyncSeq's slot model).
+  lane: the LANE_KEYS arrays ([T] / [T, B] per step, [C] / [] per chain) plus x, y [T, B, ...].
+  start_params: where each chain of the lane starts (the broadcast model, or FedAsyncSeq's slot model).
+  A loop over the lane's chains, and inside a chain a loop over its steps: the chain's start and end are
+  handled between the inner loops, so a step pays only for its own update (and, at a member's first step
+  with reset_opt_state, a fresh optimizer state: a conditional, real when the lane is not vmapped).
   """
   base_of = lambda key, r: jax.random.fold_in(jax.random.fold_in(key, sampling.TRAIN_STREAM), r)
 
@@ -281,49 +291,45 @@ def make_lane_runner(algorithm: FederatedAlgorithm, *, reset_opt_state: bool = T
     out_shape = jax.eval_shape(lambda l: algorithm.client_final(bcast, l, None)[0], local0)
     acc0 = {'weighted': _zeros_of(out_shape['weighted']), 'uniform': _zeros_of(out_shape['uniform']),
             'total_weight': jnp.zeros((), jnp.float32), 'num_clients': jnp.zeros((), jnp.float32)}
+    zero = jnp.zeros((), jnp.float32)
 
-    def body(i, carry):
-      local, acc, finite, loss_sum, count = carry
-      xs = jax.tree_util.tree_map(lambda a: a[i], lane)
+    def step_body(t, carry):
+      local, finite, loss_sum, count = carry
+      xs = jax.tree_util.tree_map(lambda a: a[t], {k: lane[k] for k in ('x', 'y', 'mask', 'client', 'step',
+                                                                         'member_start')})
       batch = {'x': xs['x'], 'y': xs['y'], 'mask': xs['mask']}
       ckey = jax.random.fold_in(base, jnp.maximum(xs['client'], 0))       # = sampling.client_keys
       step_rng = jax.random.fold_in(ckey, xs['step'])                     # = engine: fold_in(rng, step)
-
-      # A chain starts from its start model; a new member gets a fresh optimizer state, params passed on.
-      def restart(local):
-        new = fresh(jax.tree_util.tree_map(lambda s, p: jnp.where(xs['chain_start'], s, p),
-                                           start_params, local.params), ckey)
-        return new._replace(init_params=_tree_where(xs['chain_start'], new.init_params, local.init_params))
-
-      again = xs['chain_start'] | (xs['member_start'] & reset_opt_state)
-      local = jax.lax.cond(again, restart, lambda l: l, local)
+      if reset_opt_state:      # a new member: a fresh optimizer state, the params passed on
+        local = jax.lax.cond(xs['member_start'],
+                             lambda l: fresh(l.params, ckey)._replace(init_params=l.init_params),
+                             lambda l: l, local)
       if augment_fn is not None:   # as engine.make_client_runner
         aug_rng = jax.random.fold_in(step_rng, 1)
         batch = (augment_fn(aug_rng, batch) if getattr(augment_fn, 'on_batch', False)
                  else {**batch, 'x': augment_fn(aug_rng, batch['x'])})
       local, m = algorithm.client_step(bcast, local, batch, step_rng)
+      return local, finite & jnp.isfinite(m['loss_sum']), loss_sum + m['loss_sum'], count + m['count']
 
-      def emit(acc):
-        out, _ = algorithm.client_final(bcast, local, None)
-        w = xs['weight']
-        ok = jnp.all(jnp.stack([jnp.all(jnp.isfinite(v)) for v in jax.tree_util.tree_leaves(out)] or
-                               [jnp.array(True)]))
-        return {'weighted': jax.tree_util.tree_map(lambda a, v: a + w.astype(v.dtype) * v, acc['weighted'],
-                                                   out['weighted']),
-                'uniform': jax.tree_util.tree_map(lambda a, v: a + v, acc['uniform'], out['uniform']),
-                'total_weight': acc['total_weight'] + w, 'num_clients': acc['num_clients'] + 1.0}, ok
+    def chain_body(j, carry):
+      acc, finite, loss_sum, count, _ = carry
+      local = fresh(start_params, base)                  # the chain starts from its start model
+      first, n = lane['chain_offset'][j], lane['chain_len'][j]
+      local, finite, loss_sum, count = jax.lax.fori_loop(first, first + n, step_body,
+                                                         (local, finite, loss_sum, count))
+      out, _ = algorithm.client_final(bcast, local, None)
+      w = lane['chain_weight'][j]
+      for v in jax.tree_util.tree_leaves(out):
+        finite = finite & jnp.all(jnp.isfinite(v))
+      acc = {'weighted': jax.tree_util.tree_map(lambda a, v: a + w.astype(v.dtype) * v, acc['weighted'],
+                                                out['weighted']),
+             'uniform': jax.tree_util.tree_map(lambda a, v: a + v, acc['uniform'], out['uniform']),
+             'total_weight': acc['total_weight'] + w, 'num_clients': acc['num_clients'] + 1.0}
+      return acc, finite, loss_sum, count, local.params
 
-      acc, ok = jax.lax.cond(xs['chain_end'], emit, lambda a: (a, jnp.array(True)), acc)
-      finite = finite & ok & jnp.isfinite(m['loss_sum'])
-      return local, acc, finite, loss_sum + m['loss_sum'], count + m['count']
-
-    # Only a lane's end is padding: loop over its real steps (a dynamic trip count), nothing to mask.
-    n_real = jnp.sum(lane['client'] >= 0)
-    zero = jnp.zeros((), jnp.float32)
-    local, acc, finite, loss_sum, count = jax.lax.fori_loop(
-        0, n_real, body, (local0, acc0, jnp.array(True), zero, zero))
-    metrics = {'loss_sum': loss_sum, 'count': count, 'finite': finite}
-    return acc, local.params, metrics
+    acc, finite, loss_sum, count, last = jax.lax.fori_loop(
+        0, lane['num_chains'], chain_body, (acc0, jnp.array(True), zero, zero, local0.params))
+    return acc, last, {'loss_sum': loss_sum, 'count': count, 'finite': finite}
   return run
 
 
@@ -384,7 +390,7 @@ def make_chain_round_fn(algorithm: FederatedAlgorithm, *, chunk: int, reset_opt_
     merge = lambda t: jax.tree_util.tree_map(lambda a: a.reshape((n_lanes,) + a.shape[2:]), t)
     agg = engine_lib.finalize_aggregate(acc)
     if per_lane_params:
-      weight = jnp.sum(lanes['weight'], axis=1)
+      weight = jnp.sum(lanes['chain_weight'], axis=1)
       agg['lanes'] = {'params': merge(params), 'weight': weight, 'valid': weight > 0}
     server_state = algorithm.server_update(server_state, agg, round_idx, 0)
     return server_state, merge(metrics)

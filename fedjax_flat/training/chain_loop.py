@@ -197,7 +197,7 @@ class ChainTrainer(loop.Trainer):
     if self.name == 'fedcyclic':
       m = fedseq_lib.num_sampled(frac, self.data.num_clients)
       lanes, need = max(want_lanes, 1), E * int(np.sort(self.steps)[::-1][:m].sum())
-      one_per_lane = False
+      one_per_lane, per_lane = False, 1
     else:
       ms = [fedseq_lib.num_sampled(frac, len(g.groups)) for g in self.groupings]
       auto = 1 if self.name == 'fedseq2par' else max(ms)
@@ -206,14 +206,15 @@ class ChainTrainer(loop.Trainer):
         raise validate.ConfigError('algo.lanes', want_lanes, f'fedasyncseq runs one chain slot per lane: '
                                    f'needs >= {max(ms)} lanes (C N_S), or 0 (auto)')
       one_per_lane = self.name == 'fedasyncseq'
-      need = 1
+      need, per_lane = 1, 1
       for g, m in zip(self.groupings, ms):
         totals = np.sort([E * int(self.steps[x].sum()) for x in g.groups])[::-1][:m]
         need = max(need, chains_lib.lane_capacity(totals, lanes, one_per_lane=one_per_lane or lanes >= m))
+        per_lane = max(per_lane, 1 if (one_per_lane or lanes >= m) else m)
     if want_steps and want_steps < need:
       raise validate.ConfigError('algo.lane_steps', want_steps, f'the longest lane of this run needs {need} '
                                  f'local steps (with {lanes} lanes): use >= {need} or 0 (auto)')
-    return chains_lib.LaneShape(lanes, max(want_steps or need, 1)), one_per_lane
+    return chains_lib.LaneShape(lanes, max(want_steps or need, 1), per_lane), one_per_lane
 
   def device_rounds_blocker(self):
     return 'chain algorithms lay out each round on the host (training/chain_loop.py)'
@@ -261,7 +262,7 @@ class ChainTrainer(loop.Trainer):
 
   def prepare_round(self, r: int) -> ChainBatch:
     chains = self.round_chains(r)
-    shape = chains_lib.LaneShape(self.num_lanes, self.lane_shape.steps)
+    shape = dataclasses.replace(self.lane_shape, lanes=self.num_lanes)
     lanes = chains_lib.build_lanes(chains, shape, steps=self.steps, sizes=self.sizes, plan=self.batch_plan,
                                    seed=self.config.seed, round_idx=r, one_per_lane=self.one_per_lane)
     if self.device_gather:
@@ -333,7 +334,8 @@ class ChainTrainer(loop.Trainer):
     tot = self.totals()
     n = max(tot['rounds'], 1)
     sec = {'variant': self.name, 'fraction': float(self.hp['fraction']), 'chain_passes': self.passes,
-           'lanes': self.lane_shape.lanes, 'lane_steps': self.lane_shape.steps, 'lane_chunk': self.lane_chunk,
+           'lanes': self.lane_shape.lanes, 'lane_steps': self.lane_shape.steps,
+           'chains_per_lane': self.lane_shape.chains, 'lane_chunk': self.lane_chunk,
            'device_gather': self.device_gather,
            'num_superclients_initial': len(self.groupings[0].groups) if self.groupings else 1,
            'num_superclients_final': len(self.groupings[-1].groups) if self.groupings else 1,
