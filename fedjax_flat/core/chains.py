@@ -301,9 +301,9 @@ def make_lane_runner(algorithm: FederatedAlgorithm, *, reset_opt_state: bool = T
       ckey = jax.random.fold_in(base, jnp.maximum(xs['client'], 0))       # = sampling.client_keys
       step_rng = jax.random.fold_in(ckey, xs['step'])                     # = engine: fold_in(rng, step)
       if reset_opt_state:      # a new member: a fresh optimizer state, the params passed on
-        local = jax.lax.cond(xs['member_start'],
-                             lambda l: fresh(l.params, ckey)._replace(init_params=l.init_params),
-                             lambda l: l, local)
+        opt = jax.lax.cond(xs['member_start'], lambda l: fresh(l.params, ckey).opt_state,
+                           lambda l: l.opt_state, local)
+        local = local._replace(opt_state=opt)
       if augment_fn is not None:   # as engine.make_client_runner
         aug_rng = jax.random.fold_in(step_rng, 1)
         batch = (augment_fn(aug_rng, batch) if getattr(augment_fn, 'on_batch', False)
