@@ -349,3 +349,30 @@ def test_groupings_file(data, tmp_path):
   assert g['groups'] == [x.tolist() for x in GROUPS]
   assert g['examples'] == [sum(SIZES[k] for k in x) for x in GROUPS]
   del t
+
+
+def test_grouping_toolkit_is_called_with_each_new_num_superclients(data, monkeypatch, tmp_path):
+  """Without superclients=, the trainer asks fedjax_flat.grouping.build_superclients(config, ctx, workdir, N):
+  FedSeq with N = None (the constraints decide), FedSeq2Par once per new N of its growth schedule."""
+  import sys
+  import types
+  calls = []
+
+  def build_superclients(config, ctx, workdir, num_superclients=None):
+    calls.append((config.algorithm, ctx.data.num_clients, workdir, num_superclients))
+    return np.array_split(np.arange(12), num_superclients or 4)
+  monkeypatch.setitem(sys.modules, 'fedjax_flat.grouping', types.SimpleNamespace(build_superclients=build_superclients))
+  loop.Trainer(cfg(rounds=3), str(tmp_path), data=data)
+  assert calls == [('fedseq', 12, str(tmp_path), None)]
+  calls.clear()
+  t = loop.Trainer(cfg('fedseq2par', rounds=9, **{'algo.growth': 'linear', 'algo.growth_alpha': 0.5,
+                                                   'algo.growth_beta': 3}), str(tmp_path), data=data)
+  assert [n for *_, n in calls] == [3, 6, 9, 12]                # f = 3 floor(0.5 (t - 1) + 1), capped at K
+  assert [g.start_round for g in t.groupings] == [0, 2, 4, 6]
+
+
+def test_without_grouping_toolkit_is_a_config_error(data, monkeypatch):
+  import sys
+  monkeypatch.setitem(sys.modules, 'fedjax_flat.grouping', None)
+  with pytest.raises(ConfigError, match='grouping toolkit'):
+    loop.Trainer(cfg(), data=data)
