@@ -17,8 +17,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(REPO, 'configs')
 # Families whose cells reproduce a paper table (each cell must carry a published number or say it diverged).
 PAPER_FAMILIES = ('fedsam_cifar', 'fedsam_pam', 'fedsam_landmarks', 'fedgloss_cifar', 'wima', 'man_cifar100',
-                  'baselines_cifar_cnn')
-STAND_INS = ('baselines_digits', 'fedsoup_digits')   # digits stand-ins: no paper number applies
+                  'baselines_cifar_cnn', 'fedseq')
+STAND_INS = ('baselines_digits', 'fedsoup_digits', 'fedseq_digits')   # digits stand-ins: no paper number applies
 
 
 def load(name):

@@ -116,3 +116,20 @@ def test_stackoverflow_quickstart_on_tff_sqlite(tmp_path):
   c.data.num_clients, c.data.vocab_size, c.data.test_examples = 0, 5, 10
   c.model_kwargs.hidden, c.model_kwargs.embed = 16, 8
   _run(c, tmp_path, 'stackoverflow', clients_per_round=2, batch_size=4)
+@pytest.mark.parametrize('cell', ['cifar10,fedcyclic', 'cifar10,fedavg,attack=0-2,gamma=fixed,ls=0.5,l=0.5'])
+def test_fedseq_family_cells_on_official_tarball(tmp_path, cell):
+  """configs/fedseq.py cells that need no grouping: FedCyclic (one chain) and an attacked FedAvg (Table 5.5)."""
+  make_cifar10(str(tmp_path / 'data'), per_batch=20, n_test=20)
+  c = _config(f'fedseq.py:{cell}')
+  c.data.data_dir = str(tmp_path / 'data')
+  c.data.num_clients, c.data.examples_per_client, c.data.alpha = 5, 20, 100.0   # the fixture's 100 images
+  c.data.check_official_sizes = False
+  c.model = 'mlp'
+  if c.algorithm == 'fedcyclic':
+    c.algo.fraction = 0.6                     # 3 of 5 clients in the chain
+  _run(c, tmp_path, 'cifar10', clients_per_round=2, batch_size=8)
+  s = json.load(open(tmp_path / 'run' / 'summary.json'))
+  if c.algorithm == 'fedcyclic':
+    assert s['fedseq']['mean_clients_per_round'] == 3 and s['fedseq']['comm_messages_per_round']['c2c'] == 2
+  else:
+    assert s['attack']['num_attackers'] >= 1 and os.path.exists(tmp_path / 'run' / 'attack.json')

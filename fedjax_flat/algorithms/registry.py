@@ -33,6 +33,7 @@ class BuildContext:
   config: Any
   population: int = 0        # N, the dataset's number of clients (0 = unknown: config.data.num_clients)
   task: Any = None           # the dataset's task (fedjax_flat/tasks.py); None = classification
+  chain: Any = None          # chain algorithms (algorithms/fedseq.py): their plan from the chain trainer
 
   @property
   def algo(self):
@@ -44,7 +45,7 @@ _HPARAMS: Dict[str, dict] = {}
 
 # Modules that register algorithms on import (each one file).
 _MODULES = ('fedavg_builder', 'fedprox', 'scaffold', 'feddyn', 'adabest', 'mime', 'fedcm', 'fedacg',
-            'fedspeed', 'fedsmoo', 'fedgamma', 'fedgloss', 'fedsoup')
+            'fedspeed', 'fedsmoo', 'fedgamma', 'fedgloss', 'fedsoup', 'fedseq')
 
 
 def register(name: str, hparams: dict = None):
@@ -75,7 +76,7 @@ def default_hparams(name: str) -> dict:
   return dict(_HPARAMS.get(name, {}))
 
 
-def build_algorithm(config, model, population: int = 0, task=None) -> FederatedAlgorithm:
+def build_algorithm(config, model, population: int = 0, task=None, chain=None) -> FederatedAlgorithm:
   _load()
   name = config.algorithm
   if name not in _ALGORITHMS:
@@ -83,7 +84,7 @@ def build_algorithm(config, model, population: int = 0, task=None) -> FederatedA
   loss_fn = local_lib.make_loss(model, man_zeta=float(config.man.zeta), task=task)
   ctx = BuildContext(model=model, loss_fn=loss_fn, client_cfg=config.client,
                      server_tx=make_server_tx(config.server), make_client_tx=make_client_tx, config=config,
-                     population=int(population), task=task)
+                     population=int(population), task=task, chain=chain)
   alg = _ALGORITHMS[name](ctx)
   if config.swa.enabled:
     from fedjax_flat.server import swa

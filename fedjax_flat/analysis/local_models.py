@@ -33,6 +33,9 @@ def local_models(trainer, round_idx: int) -> Tuple[List[int], List]:
   if alg.num_phases != 1:
     raise ValueError(f'{alg.name} has {alg.num_phases} phases per round: local models are defined per phase; '
                      'only single-phase algorithms are supported')
+  if hasattr(trainer, 'lane_shape'):    # training/chain_loop.ChainTrainer
+    raise ValueError(f'{alg.name} trains its clients in chains: a client\'s model depends on its position in '
+                     'its chain, so per-client local models from the broadcast model are not defined')
   c = trainer.config
   r = int(round_idx)
   ids = [int(k) for k in sample_clients(trainer.data.num_clients, c.clients_per_round, seed=c.seed, round_idx=r)]

@@ -60,7 +60,7 @@ FORMAT_VERSION = 2          # 2: content hashes in meta (format 1 restores unver
 # Not here on purpose: `published` (the paper's number, documentation only), so correcting a transcribed
 # number never blocks a resume; evaluation / output fields likewise do not change the computation.
 COMPUTATION_FIELDS = ('seed', 'dataset', 'data', 'model', 'model_kwargs', 'augment', 'normalize', 'algorithm',
-                      'algo', 'clients_per_round', 'client', 'server', 'swa', 'wima', 'man')
+                      'algo', 'clients_per_round', 'client', 'server', 'swa', 'wima', 'man', 'attack')
 # Fields that may change on resume with a warning (the run is then no longer identical to an uninterrupted
 # run with either value): the round budget (SWA's start round depends on it) and the engine (same
 # computation, other floating-point reduction order).

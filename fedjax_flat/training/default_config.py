@@ -33,6 +33,8 @@ Fields (validated by `training/validate.py` before anything is compiled):
                        trains it (epochs, lr, momentum, weight_decay, batch_size, schedule) and, for federated
                        runs, its accuracy (or the path of its centralized.json) for summary.json's
                        rounds_to_<70|90>pct_centralized (fractions, window)
+  attack               label-flipping attack (data/attacks.py): kind, malicious_superclients (L_S), attackers
+                       (L), classes, swap ('fixed' | 'random'), clean_workdir (report the accuracy drop)
   published            the paper's number for this setting, as data (documentation only: never changes
                        training, ignored by the resume check): source (str: paper, table, cell),
                        accuracy (percent, same protocol as summary.json's reported last-K mean),
@@ -198,6 +200,15 @@ def default_config() -> ml_collections.ConfigDict:
   c.centralized.path = ''
   c.centralized.fractions = (0.7, 0.9)
   c.centralized.window = 1              # the FedSeq release averages 5 evaluations
+  # Label-flipping attack (data/attacks.py; thesis Table 5.5). Chain algorithms (FedSeq family): L_S of the
+  # superclients are malicious and L of their clients attack; other algorithms: L_S * L of the clients.
+  c.attack = ml_collections.ConfigDict()
+  c.attack.kind = 'none'               # 'none' | 'label_flip'
+  c.attack.malicious_superclients = 0.1   # L_S
+  c.attack.attackers = 0.1             # L
+  c.attack.classes = '0,2'             # swapped classes: ids '0,2' | '3,5' | '0,2,3,5' ... | 'intra_sc' | 'extra_sc'
+  c.attack.swap = 'fixed'              # 'fixed' (one pairing for every attacker) | 'random' (one per attacker)
+  c.attack.clean_workdir = ''          # the clean run's workdir: summary.json reports the accuracy drop
 
   # Published result of the paper cell this config reproduces (experiments/report.py puts it beside ours).
   c.published = ml_collections.ConfigDict()

@@ -35,6 +35,7 @@ from fedjax_flat.core import sampling
 from fedjax_flat import tasks as tasks_lib
 from fedjax_flat.core.evaluation import Evaluator
 from fedjax_flat.core.sampling import sample_clients
+from fedjax_flat.data import attacks
 from fedjax_flat.data import batching
 from fedjax_flat.data import registry as data_registry
 from fedjax_flat.data.federated import FederatedDataset
@@ -54,6 +55,14 @@ def _finite_tree(tree):
 class Trainer:
   """Builds everything from a config; `train()` runs the rounds. Usable from tests and notebooks."""
 
+  def __new__(cls, config, *args, **kwargs):
+    del args, kwargs
+    if cls is Trainer:         # chain algorithms (FedSeq family) have their trainer: training/chain_loop.py
+      from fedjax_flat.training import chain_loop
+      if chain_loop.is_chain_config(config):
+        cls = chain_loop.ChainTrainer
+    return super().__new__(cls)
+
   def __init__(self, config, workdir: Optional[str] = None, *, data=None, write_files: bool = True):
     validate.validate_config(config)
     self.config = config
@@ -63,8 +72,7 @@ class Trainer:
     self.model = model_registry.get_model(config.model, self.data.num_classes, self.data.input_shape,
                                           **config.model_kwargs.to_dict())
     self.task = tasks_lib.task_of(self.data)          # what the labels mean: loss and metrics (tasks.py)
-    self.algorithm = alg_registry.build_algorithm(config, self.model, population=self.data.num_clients,
-                                                  task=self.task)
+    self.algorithm = self.build_algorithm()
     self.train_transform, self.eval_transform = transforms.make_transforms(config, self.data.num_classes,
                                                                            data=self.data)
 
@@ -181,6 +189,20 @@ class Trainer:
         self.build_round_fn(self.chunk, jit=False), plan=self.batch_plan, num_clients=self.data.num_clients,
         clients_per_round=self.config.clients_per_round, cohort=self.cohort,
         rounds_per_call=self.rounds_per_call, has_store=self.store is not None)
+
+  def build_algorithm(self):
+    """Extension point (training/chain_loop.py groups the clients first). A configured label-flipping attack
+    poisons the attackers' data here, before anything trains (data/attacks.py)."""
+    if attacks.enabled(self.config):
+      self.poison_data(None)
+    return alg_registry.build_algorithm(self.config, self.model, population=self.data.num_clients,
+                                        task=self.task)
+
+  def poison_data(self, superclients):
+    self.data, self.attack_report = attacks.apply(self.data, self.config.attack, self.config.seed, superclients)
+    if self.workdir and jax.process_index() == 0:
+      os.makedirs(self.workdir, exist_ok=True)
+      attacks.write_report(self.workdir, self.attack_report)
 
   # Extension points for the sharding layer (core/sharding.py).
   def cohort_multiple(self) -> int:
@@ -444,6 +466,7 @@ class Trainer:
           self.model, params, c.corruption_eval, self.eval_transform, c.eval_batch_size,
           self.workdir if (self.workdir and self.writer) else None)
       summary['corruptions']['model'] = reported
+    attacks.summarize(c, summary, getattr(self, 'attack_report', None))
     if self.workdir and self.writer:
       writers.write_summary(self.workdir, summary)
       writers.plot_metrics(self.records, os.path.join(self.workdir, 'metrics.png'),

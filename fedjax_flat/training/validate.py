@@ -103,6 +103,10 @@ def validate_config(cfg) -> None:
     _validate_fedsoup(cfg, known)
   if algo in BASELINE_RULES:
     _validate_baseline(cfg, algo, known)
+  if algo in CHAIN_ALGORITHMS:
+    _validate_chain(cfg, algo, known)
+  if cfg.get('attack') is not None:
+    _validate_attack(cfg.attack)
   _num(cfg, 'rounds', lo=1, integer=True)
   _num(cfg, 'clients_per_round', lo=1, integer=True)
 
@@ -305,6 +309,62 @@ def _validate_fedsoup(cfg, defaults) -> None:
     raise ConfigError('algo.val_source', hp['val_source'], "allowed values: ['local_test', 'val']")
 
 
+CHAIN_ALGORITHMS = ('fedseq', 'fedasyncseq', 'fedseq2par', 'fedcyclic')   # algorithms/fedseq.py
+
+
+def _finite_number(v, integer=False) -> bool:
+  if isinstance(v, bool) or not isinstance(v, (numbers.Integral if integer else numbers.Number)):
+    return False
+  return integer or math.isfinite(v)
+
+
+def _validate_chain(cfg, algo, defaults) -> None:
+  """The FedSeq family's hyperparameters (algorithms/fedseq.py) and what a chain cannot do."""
+  hp = {**defaults, **cfg.algo.to_dict()}
+  if not (_finite_number(hp['fraction']) and 0 < hp['fraction'] <= 1):
+    raise ConfigError('algo.fraction', hp['fraction'], 'must be a number in (0, 1]: the fraction C of '
+                      'superclients (FedCyclic: of clients) sampled per round')
+  for name, lo in (('chain_passes', 1), ('lanes', 0), ('lane_steps', 0)) + (
+      (('growth_beta', 1),) if algo == 'fedseq2par' else ()) + ((('merge_every', 0),) if algo == 'fedasyncseq' else ()):
+    if not (_finite_number(hp[name], integer=True) and hp[name] >= lo):
+      raise ConfigError(f'algo.{name}', hp[name], f'must be an integer >= {lo}')
+  for name in ('shuffle_chain', 'reset_opt_state'):
+    if not isinstance(hp[name], bool):
+      raise ConfigError(f'algo.{name}', hp[name], 'must be True or False')
+  if algo == 'fedseq2par':
+    if hp['growth'] not in ('linear', 'log', 'exp'):
+      raise ConfigError('algo.growth', hp['growth'], "allowed values: ['exp', 'linear', 'log']")
+    if not (_finite_number(hp['growth_alpha']) and hp['growth_alpha'] >= 0):
+      raise ConfigError('algo.growth_alpha', hp['growth_alpha'], 'must be a finite number >= 0')
+  if algo == 'fedcyclic' and (cfg.server.optimizer != 'sgd' or cfg.server.lr != 1 or cfg.server.momentum):
+    raise ConfigError('server.optimizer', cfg.server.optimizer, 'FedCyclic has no server step (the chain\'s '
+                      'model is the next global model): use server.optimizer=sgd, lr=1, momentum=0')
+  if cfg.engine.get('stream_batches', False):
+    raise ConfigError('engine.stream_batches', True, f'{algo} lays out its chains on the host: use False')
+  rpc = cfg.engine.get('rounds_per_call', 'auto')
+  if rpc != 'auto' and rpc != 1:
+    raise ConfigError('engine.rounds_per_call', rpc, f"{algo} runs one round per call: use 'auto' or 1")
+
+
+def _validate_attack(a) -> None:
+  from fedjax_flat.data import attacks
+  if a.kind not in attacks.KINDS:
+    raise ConfigError('attack.kind', a.kind, f'allowed values: {list(attacks.KINDS)}')
+  if a.kind == 'none':
+    return
+  for name in ('malicious_superclients', 'attackers'):
+    v = a[name]
+    if not (_finite_number(v) and 0 < v <= 1):
+      raise ConfigError(f'attack.{name}', v, 'must be a fraction in (0, 1]')
+  why = attacks.check_classes(a.classes)
+  if why:
+    raise ConfigError('attack.classes', a.classes, why)
+  if a.swap not in attacks.SWAPS:
+    raise ConfigError('attack.swap', a.swap, f'allowed values: {list(attacks.SWAPS)}')
+  if not isinstance(a.get('clean_workdir', ''), str):
+    raise ConfigError('attack.clean_workdir', a.clean_workdir, "must be a string (a run directory; '' = none)")
+
+
 def _alg_defaults(name):
   from fedjax_flat.algorithms import registry as alg_registry
   return alg_registry.default_hparams(name)
@@ -329,6 +389,11 @@ def validate_against_data(cfg, data) -> None:
       raise ConfigError('model_kwargs.readout', readout,
                         f'the labels of {cfg.dataset!r} have shape {tuple(getattr(data, "label_shape", ()))}: '
                         f'use {want!r}')
+  if cfg.get('attack') is not None and cfg.attack.kind != 'none':
+    from fedjax_flat.data import attacks
+    why = attacks.check_classes(cfg.attack.classes, data.num_classes)
+    if why:
+      raise ConfigError('attack.classes', cfg.attack.classes, why)
   sizes = data.client_sizes()
   if (sizes == 0).all():
     raise ConfigError('data', dict(cfg.data), 'every client has 0 examples')

@@ -1,0 +1,204 @@
+r"""FedAvg vs FedSeq (random / greedy grouping) vs FedAsyncSeq vs FedSeq2Par vs FedCyclic on the embedded digits at
+alpha = 0, the same number of model updates per round (configs/fedseq_digits.py), several seeds.
+
+Per run: the mean test accuracy of the last 50 rounds (evaluated every round), the final accuracy, the rounds
+to reach 70% / 90% of a reference accuracy (first round whose mean over the last 5 evaluations reaches it,
+the reference code's rule), local steps and chains per round, communication (S2C / C2S / C2C messages).
+Reference: --reference (e.g. the centralized accuracy); 0 = the best method's mean last-50 accuracy (a
+stand-in until the centralized runner exists, said so in the output).
+
+Superclients: fedjax_flat.grouping.build_superclients when the grouping toolkit is in the checkout; without
+it, an interim seeded random split into equal parts (N_S = 10, or the N_S FedSeq2Par asks for) and the
+greedy rows are skipped (said so in the output).
+
+  python benchmarks/fedseq_digits.py [--seeds=0,1,2] [--rounds=200] [--methods=...] [--json=PATH] [--md=PATH]
+
+--attack=<classes>: instead, the label-flipping comparison (Table 5.5's protocol on digits): FedAvg and FedSeq,
+clean and attacked (L_S = --ls, L = --l, --swap), alpha = --alpha; the drop = attacked - clean per seed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from absl import app, flags  # noqa: E402
+import numpy as np  # noqa: E402
+
+from fedjax_flat.data import registry as data_registry  # noqa: E402
+from fedjax_flat.training import config_strings, loop  # noqa: E402
+
+_SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'training seeds')
+_ROUNDS = flags.DEFINE_integer('rounds', 200, 'rounds per run')
+_METHODS = flags.DEFINE_list('methods', ['fedavg', 'fedseq', 'fedseq_greedy', 'fedasyncseq', 'fedseq2par',
+                                         'fedcyclic'], 'rows (fedseq_greedy: FedSeq with psi_clf + greedy)')
+_REFERENCE = flags.DEFINE_float('reference', 0.0, 'reference accuracy for rounds-to-70/90% (0 = best method)')
+_JSON = flags.DEFINE_string('json', os.path.join(REPO, 'benchmarks', 'fedseq_digits.json'), 'results JSON')
+_MD = flags.DEFINE_string('md', None, 'also write the Markdown table here')
+_ATTACK = flags.DEFINE_string('attack', '', "label-flipping comparison with these classes (e.g. '0,2,3,5')")
+_LS = flags.DEFINE_float('ls', 0.5, 'L_S: fraction of malicious superclients')
+_L = flags.DEFINE_float('l', 0.5, 'L: fraction of attackers inside a malicious superclient')
+_SWAP = flags.DEFINE_string('swap', 'fixed', "'fixed' | 'random'")
+_ALPHA = flags.DEFINE_float('alpha', 100.0, 'Dirichlet alpha of the attack comparison (Table 5.5: 100)')
+LAST = 50
+
+
+def has_grouping_toolkit() -> bool:
+  try:
+    import fedjax_flat.grouping  # noqa: F401
+    return True
+  except ModuleNotFoundError:
+    return False
+
+
+def interim_superclients(num_clients: int, seed: int):
+  """Until fedjax_flat.grouping lands: a seeded random split into N equal parts (N = 10 by default)."""
+  def split(n):
+    rng = np.random.default_rng([seed, 0x6A0, n or 0])
+    return np.array_split(rng.permutation(num_clients), n or 10)
+  return split
+
+
+def cell(method):
+  return {'fedseq_greedy': 'fedseq,grouping=greedy'}.get(method, method)
+
+
+def rounds_to(records, target, window=5):
+  accs = [r['test_accuracy'] for r in records]
+  for i in range(len(accs)):
+    if np.mean(accs[max(0, i - window + 1):i + 1]) >= target:
+      return records[i]['round']
+  return None
+
+
+def run_one(method, seed, data, workdir, attack=None):
+  c = config_strings.load_config(os.path.join(REPO, 'configs', f'fedseq_digits.py:{cell(method)}'))
+  c.seed = seed
+  c.data.alpha = float(data.alpha) if hasattr(data, 'alpha') else c.data.alpha
+  if attack:
+    c.attack.update(attack)
+  c.rounds = _ROUNDS.value
+  c.eval_every = 1
+  c.summary_last_k = LAST
+  c.progress_every_s = 1e9
+  kw = {}
+  if c.algorithm != 'fedavg' and c.algorithm != 'fedcyclic' and not has_grouping_toolkit():
+    kw['superclients'] = interim_superclients(data.num_clients, seed)
+  t0 = time.time()
+  t = loop.Trainer(c, workdir, data=data, **kw)
+  s = t.train()
+  row = {'method': method, 'seed': seed, 'last': s[f'mean_last_{LAST}_test_accuracy'], 'attack': s.get('attack'),
+         'final': s['final_test_accuracy'], 'wall_s': time.time() - t0,
+         'accuracy_curve': [[r['round'], r['test_accuracy']] for r in t.records]}
+  if 'fedseq' in s:
+    f = s['fedseq']
+    row.update({'local_steps_per_round': f['mean_local_steps_per_round'],
+                'clients_per_round': f['mean_clients_per_round'], 'chains_per_round': f['mean_chains_per_round'],
+                'mean_num_superclients': f['mean_num_superclients'], 'comm': f['comm_messages_per_round']})
+  else:
+    steps = np.ceil(data.client_sizes() / c.client.batch_size) * c.client.local_epochs
+    n = c.clients_per_round
+    row.update({'local_steps_per_round': float(steps.mean() * n), 'clients_per_round': n,
+                'chains_per_round': n, 'mean_num_superclients': None,
+                'comm': {'s2c': n, 'c2s': n, 'c2c': 0}})
+  return row
+
+
+def attack_main():
+  """FedAvg and FedSeq, clean and attacked, per seed; the drop is attacked - clean (same seed)."""
+  c0 = config_strings.load_config(os.path.join(REPO, 'configs', 'fedseq_digits.py:fedavg'))
+  c0.data.alpha = _ALPHA.value
+  data = data_registry.get_dataset(c0.dataset, **c0.data.to_dict())
+  data.alpha = _ALPHA.value
+  attack = {'kind': 'label_flip', 'classes': _ATTACK.value, 'swap': _SWAP.value,
+            'malicious_superclients': _LS.value, 'attackers': _L.value}
+  rows = []
+  with tempfile.TemporaryDirectory() as tmp:
+    for seed in map(int, _SEEDS.value):
+      for m in ('fedavg', 'fedseq'):
+        clean = run_one(m, seed, data, os.path.join(tmp, f'{m}_{seed}_clean'))
+        att = run_one(m, seed, data, os.path.join(tmp, f'{m}_{seed}_att'), attack)
+        rows.append({'method': m, 'seed': seed, 'clean': clean['last'], 'attacked': att['last'],
+                     'drop': att['last'] - clean['last'], 'attack': att['attack']})
+        print(f"{m} seed {seed}: clean {clean['last']:.4f} attacked {att['last']:.4f} "
+              f"drop {att['last'] - clean['last']:+.4f} ({att['attack']['num_attackers']} attackers, "
+              f"{att['attack']['flipped_examples']} labels)", flush=True)
+  lines = [f"digits alpha={_ALPHA.value:g}, 100 clients, {_ROUNDS.value} rounds, seeds {','.join(_SEEDS.value)}; "
+           f"label flipping classes {_ATTACK.value} ({_SWAP.value}), L_S={_LS.value:g}, L={_L.value:g} "
+           f"(FedAvg: {_LS.value * _L.value:g} of the clients holding a swapped class)", '',
+           '| method | clean last-50 | attacked last-50 | drop (mean ± std) | attackers | flipped labels |',
+           '|---|---|---|---|---|---|']
+  for m in ('fedavg', 'fedseq'):
+    rs = [r for r in rows if r['method'] == m]
+    d = [r['drop'] for r in rs]
+    lines.append(f"| {m} | {np.mean([r['clean'] for r in rs]):.4f} | {np.mean([r['attacked'] for r in rs]):.4f} | "
+                 f"{np.mean(d):+.4f} ± {np.std(d):.4f} | {rs[0]['attack']['num_attackers']} | "
+                 f"{rs[0]['attack']['flipped_examples']} |")
+  table = '\n'.join(lines)
+  print(table)
+  if _JSON.value:
+    with open(_JSON.value, 'w') as f:
+      json.dump({'rows': rows, 'table': table}, f, indent=1)
+  if _MD.value:
+    with open(_MD.value, 'w') as f:
+      f.write(table + '\n')
+
+
+def main(argv):
+  del argv
+  if _ATTACK.value:
+    return attack_main()
+  grouping = has_grouping_toolkit()
+  methods = [m for m in _METHODS.value if grouping or m != 'fedseq_greedy']
+  c0 = config_strings.load_config(os.path.join(REPO, 'configs', 'fedseq_digits.py:fedavg'))
+  data = data_registry.get_dataset(c0.dataset, **c0.data.to_dict())
+  rows = []
+  with tempfile.TemporaryDirectory() as tmp:
+    for seed in map(int, _SEEDS.value):
+      for m in methods:
+        row = run_one(m, seed, data, os.path.join(tmp, f'{m}_{seed}'))
+        rows.append(row)
+        print(f"{m:14s} seed {seed}: last-{LAST} {row['last']:.4f} final {row['final']:.4f} "
+              f"steps/round {row['local_steps_per_round']:.1f} ({row['wall_s']:.0f} s)", flush=True)
+  means = {m: float(np.mean([r['last'] for r in rows if r['method'] == m])) for m in methods}
+  ref = _REFERENCE.value or max(means.values())
+  ref_note = ('given (--reference)' if _REFERENCE.value else
+              'best method\'s mean last-50 accuracy (stand-in for centralized)')
+  for r in rows:
+    curve = [{'round': a, 'test_accuracy': b} for a, b in r['accuracy_curve']]
+    r['rounds_to_70'] = rounds_to(curve, 0.7 * ref)
+    r['rounds_to_90'] = rounds_to(curve, 0.9 * ref)
+  lines = [f'digits alpha=0, 100 clients, C=0.2, {_ROUNDS.value} rounds, seeds {",".join(_SEEDS.value)}; '
+           f'reference {ref:.4f} = {ref_note}'
+           + ('' if grouping else '; superclients: interim random split (no grouping toolkit in this checkout)'),
+           '', '| method | last-50 acc (mean ± std) | final acc | rounds to 70% | rounds to 90% | local steps / round '
+           '| chains / round | mean N_S | S2C / C2S / C2C per round |', '|---|---|---|---|---|---|---|---|---|']
+  for m in methods:
+    rs = [r for r in rows if r['method'] == m]
+    fmt_r = lambda k: ' / '.join('-' if r[k] is None else str(r[k]) for r in rs)   # noqa: E731
+    comm = rs[0]['comm']
+    ns = rs[0]['mean_num_superclients']
+    lines.append(f"| {m} | {np.mean([r['last'] for r in rs]):.4f} ± {np.std([r['last'] for r in rs]):.4f} | "
+                 f"{np.mean([r['final'] for r in rs]):.4f} | {fmt_r('rounds_to_70')} | {fmt_r('rounds_to_90')} | "
+                 f"{np.mean([r['local_steps_per_round'] for r in rs]):.1f} | "
+                 f"{np.mean([r['chains_per_round'] for r in rs]):.2f} | {'-' if ns is None else f'{ns:.1f}'} | "
+                 f"{comm['s2c']:.1f} / {comm['c2s']:.1f} / {comm['c2c']:.1f} |")
+  table = '\n'.join(lines)
+  print(table)
+  doc = {'reference': ref, 'reference_note': ref_note, 'grouping_toolkit': grouping, 'rows': rows,
+         'table': table}
+  if _JSON.value:
+    with open(_JSON.value, 'w') as f:
+      json.dump(doc, f, indent=1)
+  if _MD.value:
+    with open(_MD.value, 'w') as f:
+      f.write(table + '\n')
+
+
+if __name__ == '__main__':
+  app.run(main)

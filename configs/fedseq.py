@@ -1,0 +1,305 @@
+r"""FedSeq family (thesis ch. 5.2): FedSeq, FedAsyncSeq, FedSeq2Par, FedCyclic (and FedAvg, the fairness baseline)
+on CIFAR10/100 with 500 clients x 100 images: thesis Tables 5.1, 5.3, 5.4 and 5.5.
+
+  .venv/bin/python experiments/train.py --workdir=runs/c10_fedseq2par_a0 \
+      --config=configs/fedseq.py:cifar10,fedseq2par,alpha=0
+  .venv/bin/python experiments/train.py --workdir=runs/c10_fedseq_clf_kmeans \
+      --config=configs/fedseq.py:cifar10,fedseq,grouping=clf_kmeans,alpha=0.2,table=5.3
+  .venv/bin/python experiments/train.py --workdir=runs/c100_fedseq_lfa \
+      --config=configs/fedseq.py:cifar100,fedseq,attack=intra_sc,gamma=random,ls=0.3,l=0.5 \
+      --config.attack.clean_workdir=runs/c100_fedseq_clean       # clean: ...:cifar100,fedseq,table=5.5
+
+Grammar (comma-separated; defaults cifar10,fedseq,alpha=0,table=5.1):
+  cifar10 | cifar100;  fedavg | fedseq | fedasyncseq | fedseq2par | fedcyclic;  alpha=0 | 0.2 | 0.5 (| 100 with
+  table=5.5);  table=5.1 | 5.3 | 5.4 | 5.5 (which table's number goes in config.published);
+  grouping=random | clf_kmeans | clf_greedy | conf_kmeans | conf_greedy_kl | conf_greedy_gini | t2v_greedy |
+  t2v_icg (Table 5.3 rows; default t2v_greedy, FedSeq2Par t2v_icg);
+  attack=none | 0-2 | 3-5 | 0-2-3-5 | intra_sc | extra_sc (Table 5.5's swapped labels; implies table=5.5, alpha=100),
+  gamma=fixed | random, ls=0.1 | 0.3 | 0.5 (L_S, malicious superclients), l=0.1 | 0.5 (L, attackers inside);
+  fair=1 | 0 (the fairness switch, below; fair=0 is not a published setting).
+CELLS lists every published cell.
+
+Setting (Appendix A.4, Table A.6; digest 1.2): CIFAR CNN (conv 5x5 64 + pool, twice; FC 384, 192; the
+FedSAM CNN), local SGD lr 0.01, batch 64, weight decay 4e-4, no momentum, E_k = 1 epoch, E_S = 1 pass, server
+lr 1; 10k rounds (C10) / 20k (C100); random crop + flip, normalization. Superclients: |D_S|_min 1000,
+K_S,max 11 (N_S = 50); FedSeq / FedAsyncSeq psi_t2v + greedy (normalized cosine), FedSeq2Par psi_t2v + ICG with
+f_exp, alpha_gr 4.6e-4, beta_gr 5 (N_S 5 -> 495); FedAsyncSeq R = N_S; pre-training e = 10 epochs. The
+fraction C is not stated in the thesis: C = 0.2 as the reference code's experiments (10 of 50 superclients,
+100 of 500 clients per round). Task2Vec's probe was an ImageNet ResNet18: pass its weights with
+--config.grouping.probe_model=... --config.grouping.probe_pretrained=... (fedjax_flat/grouping; without
+them the probe is randomly initialized and says so).
+Fairness (the thesis' protocol: the same number of model updates per round): every method trains C K = 100
+clients x 1 epoch per round; FedAvg samples clients_per_round = C K = 100 clients with the same local epochs
+(E_k E_S), FedCyclic chains C K clients, FedSeq runs C N_S chains of about K / N_S clients. summary.json's
+fedseq.mean_local_steps_per_round shows the count (FedAvg: 100 clients x ceil(100 / 64) = 200 steps).
+fair=0 switches FedAvg to the same parallelism instead: C N_S = 10 clients per round (10x fewer updates).
+Reported accuracy: mean over the last 100 rounds (each evaluated), 3 seeds in the thesis.
+
+Published accuracy % (Table 5.1, mean +- std):
+                 C10 a=0      C10 a=0.2    C10 a=0.5    C100 a=0     C100 a=0.2   C100 a=0.5
+  FedAvg         71.27+-0.29  76.32+-0.36  77.39+-0.43  42.68+-0.22  48.79+-0.55  49.51+-0.61
+  FedCyclic      82.45+-0.18  82.61+-0.27  83.49+-0.08  47.46+-0.42  49.93+-0.16  50.47+-0.27
+  FedSeq         81.89+-0.28  82.19+-0.26  82.77+-0.12  45.87+-0.45  49.26+-0.40  49.63+-0.42
+  FedAsyncSeq    83.03+-0.31  83.17+-0.27  83.57+-0.22  50.23+-0.11  51.39+-0.18  51.27+-0.24
+  FedSeq2Par     83.68+-0.14  84.21+-0.08  84.26+-0.06  51.46+-0.23  51.44+-0.02  51.72+-0.10
+  (Centralized 85.64 / 54.97: the centralized runner, not a cell here. FedProx / SCAFFOLD / FedDyn rows: their
+  chapter-5 hyperparameters are not in the digest, so they are not cells.)
+
+Table 5.3 (grouping criteria; table=5.3):  C10 a=0 / 0.2 / 0.5     C100 a=0 / 0.2 / 0.5
+  FedSeq  random                           81.90 82.09 82.12       46.39 48.62 49.44     grouping=random
+  FedSeq  clf  k-means  Euclidean          82.30 81.78 82.48       44.91 48.74 49.60     grouping=clf_kmeans
+  FedSeq  clf  greedy   cosine             79.95 82.06 83.32       45.22 48.92 49.62     grouping=clf_greedy
+  FedSeq  conf k-means  Euclidean          82.04 81.99 82.37       43.55 49.43 49.79     grouping=conf_kmeans
+  FedSeq  conf greedy   KL                 82.21 82.20 82.22       45.97 49.56 49.82     grouping=conf_greedy_kl
+  FedSeq  conf greedy   Gini               82.09 81.85 82.71       45.79 48.98 49.61     grouping=conf_greedy_gini
+          (the extraction labels this row t2v; the text applies Gini to conf's probability vectors: conf here)
+  FedSeq  t2v  greedy   norm-cosine        82.28 82.48 82.86       46.51 50.06 50.31     grouping=t2v_greedy
+  FedAsyncSeq t2v greedy norm-cosine       83.40 83.37 83.85       50.38 51.64 51.58
+  FedSeq2Par  t2v ICG   Euclidean          83.86 84.66 84.35       51.23 51.41 51.78
+  (FEMNIST / Shakespeare columns: the LEAF cells, added with those datasets.)
+
+Table 5.4 (parallelism, alpha = 0; table=5.4; config.published also has num_superclients / mean_num_superclients,
+compare with summary.json's fedseq.mean_num_superclients):
+  C10   FedSeq N_S 50, acc 81.89    FedSeq2Par mean N_S 104 (2.09x), acc 83.68
+  C100  FedSeq N_S 50, acc 45.87    FedSeq2Par mean N_S 113 (2.26x), acc 51.46
+
+Table 5.5 (label flipping after 1k rounds, alpha = 100; accuracy / drop against the clean run; "o" = negligible,
+published without a number: no drop in config.published). Clean: C10 FedSeq 76.10, FedAvg 48.69; C100 FedSeq
+39.70, FedAvg 12.85 (attack=none,table=5.5). The second row of each block lost its L label in the extraction
+(L = 0.5, the other tested value); C10 blocks 7-12 swap 0<->2 and 3<->5 together (digest 3.5).
+  C10   L_S  swap     gamma    L=0.1 FedSeq    FedAvg          L=0.5 FedSeq    FedAvg
+        0.1  0-2      fixed    76.06 o         48.72 o         75.92 -0.20     47.55 -1.14
+        0.3  0-2      fixed    76.25 -0.15     47.74 -0.95     74.75 -1.35     48.30 -0.39
+        0.5  0-2      fixed    75.65 -0.45     47.55 -1.14     75.50 -0.60     47.44 -1.25
+        0.1  3-5      fixed    76.05 o         47.92 -0.77     75.50 -0.60     47.93 -0.76
+        0.3  3-5      fixed    75.75 -0.35     47.80 -0.89     75.28 -0.82     47.74 -0.95
+        0.5  3-5      fixed    76.15 o         47.93 -0.76     75.09 -1.01     46.94 -1.75
+        0.1  0-2-3-5  fixed    76.65 o         47.36 -1.33     76.01 o         48.12 -0.58
+        0.3  0-2-3-5  fixed    75.79 -0.31     48.29 -0.40     75.19 -0.91     46.42 -2.27
+        0.5  0-2-3-5  fixed    75.35 -0.75     48.12 -0.58     75.09 -1.01     46.94 -1.75
+        0.1  0-2-3-5  random   76.52 o         48.65 o         75.71 -0.39     47.52 -1.17
+        0.3  0-2-3-5  random   75.98 -0.12     47.01 -1.68     74.75 -1.35     46.70 -1.99
+        0.5  0-2-3-5  random   75.93 -0.17     47.52 -1.17     73.46 -2.64     46.49 -2.20
+  C100  0.1  intra_sc fixed    38.81 -0.89     12.57 -0.28     38.87 -0.83     12.35 -0.50
+        0.3  intra_sc fixed    39.66 o         12.45 -0.40     39.04 -0.66     11.55 -1.30
+        0.5  intra_sc fixed    39.23 -0.47     12.35 -0.50     38.40 -1.30     11.02 -1.83
+        0.1  intra_sc random   39.36 -0.34     13.23 o         39.59 o         13.05 o
+        0.3  intra_sc random   39.67 o         13.23 o         38.88 -0.82     12.47 -0.38
+        0.5  intra_sc random   39.68 o         13.05 o         38.98 -0.72     11.27 -1.58
+        0.1  extra_sc fixed    40.11 o         12.37 -0.48     40.03 o         12.20 -0.65
+        0.3  extra_sc fixed    39.29 -0.41     13.08 o         38.73 -0.97     12.34 -0.51
+        0.5  extra_sc fixed    38.95 -0.75     12.20 -0.65     38.46 -1.24     12.30 -0.55
+        0.1  extra_sc random   39.17 -0.53     13.12 o         39.12 -0.58     12.83 o
+        0.3  extra_sc random   39.54 o         13.06 o         37.90 -1.80     11.81 -1.04
+        0.5  extra_sc random   39.03 -0.67     13.12 o         37.76 -1.94     11.94 -0.91
+Attack cells train 1k rounds at alpha = 100 with the Table 5.1 setting of their method; FedAvg's attackers are
+the equivalent L_S * L of the clients (data/attacks.py, where the CIFAR-100 class sets are defined). Set
+--config.attack.clean_workdir to the clean run's workdir to get summary.json's attack.drop.
+"""
+import ml_collections
+
+from fedjax_flat.algorithms import registry
+from fedjax_flat.training import config_strings, data_fields, paper_hparams
+from fedjax_flat.training.default_config import default_config
+
+FAMILY = 'configs/fedseq.py'
+METHODS = ('fedavg', 'fedseq', 'fedasyncseq', 'fedseq2par', 'fedcyclic')
+ALPHAS = (0.0, 0.2, 0.5)
+ATTACK_ALPHA = 100.0
+FRACTION = 0.2              # C (reference code experiments)
+NUM_CLIENTS, EXAMPLES = 500, 100
+# Table 5.3 rows: grouping name -> (estimator psi, method phi, distance tau).
+GROUPINGS = {
+    'random': ('clf', 'random', 'auto'),
+    'clf_kmeans': ('clf', 'kmeans', 'euclidean'),
+    'clf_greedy': ('clf', 'greedy', 'cosine'),
+    'conf_kmeans': ('conf', 'kmeans', 'euclidean'),
+    'conf_greedy_kl': ('conf', 'greedy', 'kl'),
+    'conf_greedy_gini': ('conf', 'greedy', 'gini'),
+    't2v_greedy': ('t2v', 'greedy', 'normalized_cosine'),
+    't2v_icg': ('t2v', 'icg', 'euclidean'),
+}
+ATTACKS = {'none': None, '0-2': '0,2', '3-5': '3,5', '0-2-3-5': '0,2,3,5', 'intra_sc': 'intra_sc',
+           'extra_sc': 'extra_sc'}
+FIELDS = {
+    'dataset': ('cifar10', ('cifar10', 'cifar100')),
+    'method': ('fedseq', METHODS),
+    'alpha': (0.0, float),
+    'table': ('5.1', ('5.1', '5.3', '5.4', '5.5')),
+    'grouping': ('default', ('default',) + tuple(GROUPINGS)),
+    'attack': ('none', tuple(ATTACKS)),
+    'gamma': ('fixed', ('fixed', 'random')),
+    'ls': (0.1, float),
+    'l': (0.1, float),
+    'fair': (True, bool),
+}
+
+# Table 5.1: method -> (C10 a0, a.2, a.5, C100 a0, a.2, a.5) of (accuracy, std).
+T51 = {
+    'fedavg': ((71.27, .29), (76.32, .36), (77.39, .43), (42.68, .22), (48.79, .55), (49.51, .61)),
+    'fedcyclic': ((82.45, .18), (82.61, .27), (83.49, .08), (47.46, .42), (49.93, .16), (50.47, .27)),
+    'fedseq': ((81.89, .28), (82.19, .26), (82.77, .12), (45.87, .45), (49.26, .40), (49.63, .42)),
+    'fedasyncseq': ((83.03, .31), (83.17, .27), (83.57, .22), (50.23, .11), (51.39, .18), (51.27, .24)),
+    'fedseq2par': ((83.68, .14), (84.21, .08), (84.26, .06), (51.46, .23), (51.44, .02), (51.72, .10)),
+}
+# Table 5.3: (method, grouping) -> the same six columns.
+T53 = {
+    ('fedseq', 'random'): (81.90, 82.09, 82.12, 46.39, 48.62, 49.44),
+    ('fedseq', 'clf_kmeans'): (82.30, 81.78, 82.48, 44.91, 48.74, 49.60),
+    ('fedseq', 'clf_greedy'): (79.95, 82.06, 83.32, 45.22, 48.92, 49.62),
+    ('fedseq', 'conf_kmeans'): (82.04, 81.99, 82.37, 43.55, 49.43, 49.79),
+    ('fedseq', 'conf_greedy_kl'): (82.21, 82.20, 82.22, 45.97, 49.56, 49.82),
+    ('fedseq', 'conf_greedy_gini'): (82.09, 81.85, 82.71, 45.79, 48.98, 49.61),
+    ('fedseq', 't2v_greedy'): (82.28, 82.48, 82.86, 46.51, 50.06, 50.31),
+    ('fedasyncseq', 't2v_greedy'): (83.40, 83.37, 83.85, 50.38, 51.64, 51.58),
+    ('fedseq2par', 't2v_icg'): (83.86, 84.66, 84.35, 51.23, 51.41, 51.78),
+}
+# Table 5.4: dataset -> (FedSeq N_S, acc; FedSeq2Par mean N_S, acc, parallelism as printed).
+T54 = {'cifar10': ((50, 81.89), (104, 83.68, 2.09)), 'cifar100': ((50, 45.87), (113, 51.46, 2.26))}
+# Table 5.5: clean references and attacked rows (dataset, swap, gamma, L_S) ->
+#   (L=0.1 FedSeq (acc, drop), FedAvg (acc, drop), L=0.5 FedSeq, FedAvg); drop None = "o".
+T55_CLEAN = {('cifar10', 'fedseq'): 76.10, ('cifar10', 'fedavg'): 48.69,
+             ('cifar100', 'fedseq'): 39.70, ('cifar100', 'fedavg'): 12.85}
+_o = None
+T55 = {
+    ('cifar10', '0-2', 'fixed', 0.1): ((76.06, _o), (48.72, _o), (75.92, -0.20), (47.55, -1.14)),
+    ('cifar10', '0-2', 'fixed', 0.3): ((76.25, -0.15), (47.74, -0.95), (74.75, -1.35), (48.30, -0.39)),
+    ('cifar10', '0-2', 'fixed', 0.5): ((75.65, -0.45), (47.55, -1.14), (75.50, -0.60), (47.44, -1.25)),
+    ('cifar10', '3-5', 'fixed', 0.1): ((76.05, _o), (47.92, -0.77), (75.50, -0.60), (47.93, -0.76)),
+    ('cifar10', '3-5', 'fixed', 0.3): ((75.75, -0.35), (47.80, -0.89), (75.28, -0.82), (47.74, -0.95)),
+    ('cifar10', '3-5', 'fixed', 0.5): ((76.15, _o), (47.93, -0.76), (75.09, -1.01), (46.94, -1.75)),
+    ('cifar10', '0-2-3-5', 'fixed', 0.1): ((76.65, _o), (47.36, -1.33), (76.01, _o), (48.12, -0.58)),
+    ('cifar10', '0-2-3-5', 'fixed', 0.3): ((75.79, -0.31), (48.29, -0.40), (75.19, -0.91), (46.42, -2.27)),
+    ('cifar10', '0-2-3-5', 'fixed', 0.5): ((75.35, -0.75), (48.12, -0.58), (75.09, -1.01), (46.94, -1.75)),
+    ('cifar10', '0-2-3-5', 'random', 0.1): ((76.52, _o), (48.65, _o), (75.71, -0.39), (47.52, -1.17)),
+    ('cifar10', '0-2-3-5', 'random', 0.3): ((75.98, -0.12), (47.01, -1.68), (74.75, -1.35), (46.70, -1.99)),
+    ('cifar10', '0-2-3-5', 'random', 0.5): ((75.93, -0.17), (47.52, -1.17), (73.46, -2.64), (46.49, -2.20)),
+    ('cifar100', 'intra_sc', 'fixed', 0.1): ((38.81, -0.89), (12.57, -0.28), (38.87, -0.83), (12.35, -0.50)),
+    ('cifar100', 'intra_sc', 'fixed', 0.3): ((39.66, _o), (12.45, -0.40), (39.04, -0.66), (11.55, -1.30)),
+    ('cifar100', 'intra_sc', 'fixed', 0.5): ((39.23, -0.47), (12.35, -0.50), (38.40, -1.30), (11.02, -1.83)),
+    ('cifar100', 'intra_sc', 'random', 0.1): ((39.36, -0.34), (13.23, _o), (39.59, _o), (13.05, _o)),
+    ('cifar100', 'intra_sc', 'random', 0.3): ((39.67, _o), (13.23, _o), (38.88, -0.82), (12.47, -0.38)),
+    ('cifar100', 'intra_sc', 'random', 0.5): ((39.68, _o), (13.05, _o), (38.98, -0.72), (11.27, -1.58)),
+    ('cifar100', 'extra_sc', 'fixed', 0.1): ((40.11, _o), (12.37, -0.48), (40.03, _o), (12.20, -0.65)),
+    ('cifar100', 'extra_sc', 'fixed', 0.3): ((39.29, -0.41), (13.08, _o), (38.73, -0.97), (12.34, -0.51)),
+    ('cifar100', 'extra_sc', 'fixed', 0.5): ((38.95, -0.75), (12.20, -0.65), (38.46, -1.24), (12.30, -0.55)),
+    ('cifar100', 'extra_sc', 'random', 0.1): ((39.17, -0.53), (13.12, _o), (39.12, -0.58), (12.83, _o)),
+    ('cifar100', 'extra_sc', 'random', 0.3): ((39.54, _o), (13.06, _o), (37.90, -1.80), (11.81, -1.04)),
+    ('cifar100', 'extra_sc', 'random', 0.5): ((39.03, -0.67), (13.12, _o), (37.76, -1.94), (11.94, -0.91)),
+}
+NAMES = {'fedavg': 'FedAvg', 'fedseq': 'FedSeq', 'fedasyncseq': 'FedAsyncSeq', 'fedseq2par': 'FedSeq2Par',
+         'fedcyclic': 'FedCyclic'}
+_DS = {'cifar10': 'C10', 'cifar100': 'C100'}
+
+CELLS = [f'{ds},{m},alpha={a:g}' for ds in _DS for m in METHODS for a in ALPHAS]
+CELLS += [f'{ds},{m},grouping={g},alpha={a:g},table=5.3' for ds in _DS for (m, g) in T53 for a in ALPHAS]
+CELLS += [f'{ds},{m},table=5.4' for ds in _DS for m in ('fedseq', 'fedseq2par')]
+CELLS += [f'{ds},{m},table=5.5' for (ds, m) in T55_CLEAN]
+CELLS += [f'{ds},{m},attack={sw},gamma={g},ls={ls:g},l={l:g}' for (ds, sw, g, ls) in T55
+          for m in ('fedseq', 'fedavg') for l in (0.1, 0.5)]
+
+
+def default_grouping(method: str) -> str:
+  return 't2v_icg' if method == 'fedseq2par' else 't2v_greedy'
+
+
+def base_config(dataset: str, method: str, alpha: float, *, fraction: float = FRACTION) -> ml_collections.ConfigDict:
+  """The Table 5.1 setting of `method` (digest 1.2, Table A.6); FedAvg with C K clients per round."""
+  c = default_config()
+  c.dataset = dataset
+  c.data = data_fields.section(data_dir='', num_clients=NUM_CLIENTS, alpha=float(alpha),
+                               examples_per_client=EXAMPLES, seed=0)
+  c.model = 'cifar_cnn'
+  c.augment = 'cifar'
+  c.normalize = dataset
+  paper_hparams.apply_training(c, dataset)     # lr 0.01, batch 64, wd 4e-4, E 1, no momentum, 10k / 20k rounds
+  c.algorithm = method
+  c.clients_per_round = round(fraction * NUM_CLIENTS)    # FedAvg: C K (fairness); unused by chain algorithms
+  for k, v in registry.default_hparams(method).items():
+    c.algo[k] = v
+  if method != 'fedavg':
+    c.algo.fraction = fraction
+  if method == 'fedseq2par':
+    c.algo.growth, c.algo.growth_alpha, c.algo.growth_beta = 'exp', 4.6e-4, 5
+  set_grouping(c, default_grouping(method))
+  c.eval_every = 100
+  c.eval_every_last = 100
+  c.summary_last_k = 100
+  return c
+
+
+def set_grouping(c, name: str, *, min_examples: int = 1000, max_clients: int = 11, pretrain_epochs: int = 10):
+  """config.grouping (fedjax_flat/grouping): psi, phi, tau of a Table 5.3 row and the CIFAR constraints."""
+  estimator, method, distance = GROUPINGS[name]
+  c.grouping.estimator, c.grouping.method, c.grouping.distance = estimator, method, distance
+  c.grouping.min_examples, c.grouping.max_clients = min_examples, max_clients
+  c.grouping.pretrain_epochs = pretrain_epochs
+
+
+def get_config(arg: str = ''):
+  o = config_strings.parse(arg, FIELDS, family=FAMILY)
+  ds, m, table = o['dataset'], o['method'], o['table']
+  attack = o['attack']
+  if attack != 'none':
+    table = '5.5'
+    config_strings.check(FAMILY, 'method', m, ('fedseq', 'fedavg'), context='under attack (Table 5.5)')
+    key = (ds, attack, o['gamma'], o['ls'])
+    if key not in T55:
+      raise config_strings.ConfigStringError(
+          FAMILY, arg, f'Table 5.5 has no cell {ds} attack={attack} gamma={o["gamma"]} ls={o["ls"]:g}; its rows: '
+          + '; '.join(f'{d},attack={s},gamma={g},ls={ls:g}' for d, s, g, ls in T55))
+    config_strings.check(FAMILY, 'l', o['l'], (0.1, 0.5))
+  if table == '5.5':
+    config_strings.check(FAMILY, 'method', m, ('fedseq', 'fedavg'), context='in Table 5.5')
+    alpha = ATTACK_ALPHA
+  else:
+    alpha = o['alpha']
+    config_strings.check(FAMILY, 'alpha', alpha, ALPHAS)
+  c = base_config(ds, m, alpha)
+  if not o['fair']:
+    if m != 'fedavg' or table == '5.5':
+      raise config_strings.ConfigStringError(FAMILY, 'fair=0', 'the fairness switch applies to FedAvg outside '
+                                             'Table 5.5 (the chain methods define the number of updates)')
+    c.clients_per_round = round(FRACTION * NUM_CLIENTS / 10)    # C N_S: FedSeq's chains per round (N_S = 50)
+    c.published = ml_collections.ConfigDict()
+    return c
+  grouping = default_grouping(m) if o['grouping'] == 'default' else o['grouping']
+  col = (0 if ds == 'cifar10' else 3) + (ALPHAS.index(alpha) if alpha in ALPHAS else 0)
+  src = f'thesis Table {table} (FedSeq), {_DS[ds]} {NAMES[m]}'
+  if table == '5.1':
+    if o['grouping'] != 'default':
+      raise config_strings.ConfigStringError(FAMILY, f'grouping={grouping}', 'Table 5.1 uses each method\'s '
+                                             'default grouping; the grouping rows are table=5.3')
+    acc, std = T51[m][col]
+    config_strings.set_published(c, f'{src}, alpha={alpha:g}', acc, std)
+  elif table == '5.3':
+    if (m, grouping) not in T53:
+      raise config_strings.ConfigStringError(
+          FAMILY, f'{m},grouping={grouping}', 'Table 5.3 has: ' + '; '.join(f'{a},grouping={g}' for a, g in T53))
+    set_grouping(c, grouping)
+    config_strings.set_published(c, f'{src}, grouping {grouping}, alpha={alpha:g}', T53[(m, grouping)][col])
+  elif table == '5.4':
+    config_strings.check(FAMILY, 'method', m, ('fedseq', 'fedseq2par'), context='in Table 5.4')
+    config_strings.check(FAMILY, 'alpha', alpha, (0.0,), context='in Table 5.4')
+    (ns, acc_seq), (ns_bar, acc_par, ratio) = T54[ds]
+    if m == 'fedseq':
+      config_strings.set_published(c, f'{src}, alpha=0, N_S = {ns}', acc_seq, num_superclients=ns)
+    else:
+      config_strings.set_published(c, f'{src}, alpha=0, mean N_S = {ns_bar} ({ratio:.2f}x)', acc_par,
+                                   mean_num_superclients=ns_bar)
+  else:                                       # Table 5.5: 1k rounds at alpha = 100
+    c.rounds = 1000
+    if attack == 'none':
+      config_strings.set_published(c, f'{src}, clean reference, alpha=100, 1k rounds', T55_CLEAN[(ds, m)])
+    else:
+      c.attack.kind = 'label_flip'
+      c.attack.classes = ATTACKS[attack]
+      c.attack.swap = o['gamma']
+      c.attack.malicious_superclients = o['ls']
+      c.attack.attackers = o['l']
+      row = T55[(ds, attack, o['gamma'], o['ls'])]
+      acc, drop = row[(0 if m == 'fedseq' else 1) + (0 if o['l'] == 0.1 else 2)]
+      config_strings.set_published(
+          c, f'{src}, attack {attack} {o["gamma"]}, L_S={o["ls"]:g}, L={o["l"]:g}, alpha=100, 1k rounds'
+          + ('' if drop is not None else ', drop "o" (negligible)'), acc, drop=drop)
+  return c

@@ -1,0 +1,354 @@
+"""The trainer of the chain algorithms (FedSeq family: algorithms/fedseq.py): superclients, chains, lanes.
+
+`loop.Trainer(config, ...)` returns a `ChainTrainer` when config.algorithm is a chain algorithm; it differs
+from the client trainer only in the hooks the latter offers:
+
+  build_algorithm   builds the superclients (fedjax_flat.grouping.build_superclients, or the lists / the
+                    function given as `superclients=`), plans FedSeq2Par's regroupings for the whole run (the
+                    growth schedule is known: each new N_S is built once, memoized by the N_S asked for),
+                    applies the label-flipping attack inside the superclients (data/attacks.py), fixes the
+                    lane shape for the run, builds the algorithm
+  prepare_round     samples round r's superclients (FedCyclic: its clients), orders each chain, lays the
+                    chains into lanes (core/chains.py); a pure function of (seed, r), prefetched on a thread
+  run_round         the compiled chain round (one program for every round), divergence check, bookkeeping
+
+Communication per round (thesis Table 5.2, in messages of one model): S2C = C2S = the number of chains run
+(1 for FedCyclic), C2C = sum over chains of (E_S K_S - 1) (a ring of E_S passes). In metrics.jsonl:
+comm_s2c / comm_c2s / comm_c2c (cumulative messages); comm_down_params counts S2C, comm_up_params counts C2S
+and C2C (so comm_bytes is the network total). summary.json's `fedseq` section has the totals, the mean number
+of superclients N_S over the rounds (Table 5.4's N_S bar), the mean chains per round (parallelism), the
+local steps per round (the fairness protocol: the same number of model updates per round across methods),
+the groupings (also in WORKDIR/superclients.json) and the attack report.
+
+Every per-round statistic is a deterministic function of (seed, round, groupings), so after a resume the
+totals of the earlier rounds are recomputed instead of being checkpointed. FedAsyncSeq's slots and counters
+are part of the server state, hence of every checkpoint.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Callable, List, Optional, Sequence, Union
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_flat.algorithms import fedseq as fedseq_lib
+from fedjax_flat.algorithms import registry as alg_registry
+from fedjax_flat.core import chains as chains_lib
+from fedjax_flat.core import engine as engine_lib
+from fedjax_flat.core import sampling
+from fedjax_flat.data import attacks
+from fedjax_flat.data.federated import FederatedDataset
+from fedjax_flat.training import loop, validate, writers
+
+SAMPLE_STREAM = 0x5C5        # chain_rng stream of the superclient sampling (core/chains.chain_rng)
+
+Groups = List[np.ndarray]
+
+
+def is_chain_config(config) -> bool:
+  return fedseq_lib.is_chain(config.get('algorithm', ''))
+
+
+@dataclasses.dataclass
+class Grouping:
+  start_round: int            # first (0-based) round that uses it
+  requested: int              # the N_S asked of the grouper (0: its own choice under the constraints)
+  groups: Groups              # client ids of each superclient
+
+
+@dataclasses.dataclass
+class ChainBatch:
+  round_idx: int
+  chains: List[chains_lib.Chain]
+  inputs: dict                # the round program's lane arrays (numpy)
+
+
+def check_groups(groups, num_clients: int) -> Groups:
+  """Superclients as int64 arrays; each non-empty, in range, disjoint (a ValueError names the problem)."""
+  out, seen = [], np.zeros(num_clients, bool)
+  if not len(groups):
+    raise ValueError('no superclients')
+  for i, g in enumerate(groups):
+    g = np.asarray(g, np.int64).reshape(-1)
+    if not len(g):
+      raise ValueError(f'superclient {i} is empty')
+    if g.min() < 0 or g.max() >= num_clients:
+      raise ValueError(f'superclient {i} has client ids outside [0, {num_clients})')
+    if seen[g].any() or len(np.unique(g)) != len(g):
+      raise ValueError(f'superclient {i} repeats a client that is already in a superclient')
+    seen[g] = True
+    out.append(g)
+  return out
+
+
+class ChainTrainer(loop.Trainer):
+  """`superclients`: None (the grouping toolkit), a list of client-id arrays (FedSeq / FedAsyncSeq) or a
+  function num_superclients (None = the grouper's choice) -> list (any chain algorithm, FedSeq2Par too)."""
+
+  def __init__(self, config, workdir: Optional[str] = None, *, data=None, write_files: bool = True,
+               superclients: Union[None, Sequence, Callable] = None):
+    self._superclients = superclients
+    self._totals = None
+    super().__init__(config, workdir, data=data, write_files=write_files)
+
+  # Setup (hooks of loop.Trainer.__init__).
+  def build_algorithm(self):
+    c = self.config
+    self.name = c.algorithm
+    self.hp = {**alg_registry.default_hparams(self.name), **c.algo.to_dict()}
+    if self.mesh_requested():
+      raise validate.ConfigError('engine.shard_clients', c.engine.get('shard_clients'),
+                                 'chain algorithms run on one device: set engine.shard_clients=False')
+    if c.engine.get('stream_batches', False):
+      raise validate.ConfigError('engine.stream_batches', True, 'is not available for chain algorithms')
+    self.sizes = np.asarray(self.data.client_sizes(), np.int64)
+    self.steps = chains_lib.client_steps(self.sizes, batch_size=c.client.batch_size,
+                                         epochs=c.client.local_epochs, local_steps=c.client.local_steps)
+    self.passes = int(self.hp['chain_passes'])
+    self.groupings = self._plan_groupings()
+    if attacks.enabled(c):     # attackers inside the superclients of the first grouping (FedCyclic: clients)
+      self.poison_data(None if self.name == 'fedcyclic' else self.groupings[0].groups)
+    self._write_groupings()
+    self.lane_shape, self.one_per_lane = self._lane_shape()
+    self.strategy = engine_lib.resolve_strategy(c.engine.strategy)
+    self.lane_chunk = engine_lib.chunk_size(self.strategy, self.lane_shape.lanes, c.engine.clients_per_chunk)
+    self.num_lanes = engine_lib.padded_cohort(self.strategy, self.lane_shape.lanes, c.engine.clients_per_chunk)
+    plan = {'num_slots': self.num_lanes, 'merge_every': self._merge_every()}
+    return alg_registry.build_algorithm(c, self.model, population=self.data.num_clients, chain=plan,
+                                        task=self.task)
+
+  def mesh_requested(self) -> bool:
+    from fedjax_flat.core import sharding as sharding_lib
+    return sharding_lib.resolve_shard_clients(self.config.engine.get('shard_clients', 'auto'))
+
+  def _merge_every(self) -> int:
+    """FedAsyncSeq's R: algo.merge_every, 0 = N_S (the thesis' choice)."""
+    r = int(self.hp.get('merge_every', 0) or 0)
+    return r or (len(self.groupings[0].groups) if self.groupings else 1)
+
+  def _group(self, num_superclients: Optional[int]) -> Groups:
+    src = self._superclients
+    if src is None:
+      from fedjax_flat import grouping          # the grouping toolkit (config.grouping.*)
+      groups = grouping.build_superclients(self.config, self, self.workdir, num_superclients=num_superclients)
+    elif callable(src):
+      groups = src(num_superclients)
+    else:
+      if num_superclients is not None and num_superclients != len(src):
+        raise ValueError(f'{self.name} asks for {num_superclients} superclients but a fixed list of '
+                         f'{len(src)} was given: pass a function num_superclients -> superclients')
+      groups = src
+    return check_groups(groups, self.data.num_clients)
+
+  def _plan_groupings(self) -> List[Grouping]:
+    """FedSeq / FedAsyncSeq: one grouping; FedSeq2Par: every regrouping of the run (Algorithm 6, lines 6-8)."""
+    if self.name == 'fedcyclic':
+      return []
+    if self.name != 'fedseq2par':
+      return [Grouping(0, 0, self._group(None))]
+    hp, K = self.hp, self.data.num_clients
+    f = lambda t: fedseq_lib.growth(hp['growth'], hp['growth_alpha'], hp['growth_beta'], t, cap=K)
+    memo = {}
+
+    def build(n):
+      if n not in memo:
+        memo[n] = self._group(n)
+      return memo[n]
+    plan = [Grouping(0, f(1), build(f(1)))]
+    for r in range(1, self.config.rounds):
+      want = f(r + 1)
+      if want > len(plan[-1].groups):
+        groups = build(want)
+        if groups is not plan[-1].groups:
+          plan.append(Grouping(r, want, groups))
+    logging.info('%s: %d groupings over %d rounds (N_S %s)', self.name, len(plan), self.config.rounds,
+                 ' -> '.join(str(len(g.groups)) for g in plan[:6]) + (' ...' if len(plan) > 6 else ''))
+    return plan
+
+  def _write_groupings(self):
+    if not (self.workdir and jax.process_index() == 0):
+      return
+    os.makedirs(self.workdir, exist_ok=True)
+    doc = {'algorithm': self.name,
+           'groupings': [{'from_round': g.start_round, 'requested': g.requested,
+                          'num_superclients': len(g.groups),
+                          'examples': [int(self.sizes[x].sum()) for x in g.groups],
+                          'groups': [x.tolist() for x in g.groups]} for g in self.groupings]}
+    tmp = os.path.join(self.workdir, 'superclients.json.tmp')
+    with open(tmp, 'w') as f:
+      json.dump(doc, f)
+    os.replace(tmp, os.path.join(self.workdir, 'superclients.json'))
+
+  def _lane_shape(self):
+    """(LaneShape, one chain per lane) fixed for the run from every grouping's worst round."""
+    hp, c = self.hp, self.config
+    frac, E = float(hp['fraction']), self.passes
+    want_lanes, want_steps = int(hp['lanes']), int(hp['lane_steps'])
+    if self.name == 'fedcyclic':
+      m = fedseq_lib.num_sampled(frac, self.data.num_clients)
+      lanes, need = max(want_lanes, 1), E * int(np.sort(self.steps)[::-1][:m].sum())
+      one_per_lane, per_lane = False, 1
+    else:
+      ms = [fedseq_lib.num_sampled(frac, len(g.groups)) for g in self.groupings]
+      auto = 1 if self.name == 'fedseq2par' else max(ms)
+      lanes = want_lanes or auto
+      if self.name == 'fedasyncseq' and lanes < max(ms):
+        raise validate.ConfigError('algo.lanes', want_lanes, f'fedasyncseq runs one chain slot per lane: '
+                                   f'needs >= {max(ms)} lanes (C N_S), or 0 (auto)')
+      one_per_lane = self.name == 'fedasyncseq'
+      need, per_lane = 1, 1
+      for g, m in zip(self.groupings, ms):
+        totals = np.sort([E * int(self.steps[x].sum()) for x in g.groups])[::-1][:m]
+        need = max(need, chains_lib.lane_capacity(totals, lanes, one_per_lane=one_per_lane or lanes >= m))
+        per_lane = max(per_lane, 1 if (one_per_lane or lanes >= m) else m)
+    if want_steps and want_steps < need:
+      raise validate.ConfigError('algo.lane_steps', want_steps, f'the longest lane of this run needs {need} '
+                                 f'local steps (with {lanes} lanes): use >= {need} or 0 (auto)')
+    return chains_lib.LaneShape(lanes, max(want_steps or need, 1), per_lane), one_per_lane
+
+  def device_rounds_blocker(self):
+    return 'chain algorithms lay out each round on the host (training/chain_loop.py)'
+
+  def build_round_fn(self, chunk, jit: bool = True):
+    del chunk
+    c = self.config
+    data = self.data
+    self.device_gather = False
+    if isinstance(data, FederatedDataset) and c.engine.get('device_data', 'auto') is not False:
+      nbytes = data.x.nbytes + data.y.nbytes
+      self.device_gather = nbytes <= c.engine.get('device_data_max_mb', 1024) * 2**20
+    self.dev_arrays = ({'x': jnp.asarray(data.x), 'y': jnp.asarray(np.asarray(data.y, np.int32))}
+                       if self.device_gather else None)
+    return chains_lib.make_chain_round_fn(
+        self.algorithm, chunk=self.lane_chunk, reset_opt_state=bool(self.hp['reset_opt_state']),
+        per_lane_params=self.name == 'fedasyncseq', augment_fn=self.train_transform, jit=jit)
+
+  # Rounds.
+  def grouping_at(self, r: int) -> Optional[Grouping]:
+    g = None
+    for cand in self.groupings:
+      if cand.start_round <= r:
+        g = cand
+    return g
+
+  def round_chains(self, r: int) -> List[chains_lib.Chain]:
+    """Round r's chains: sampled superclients (random order = slot order), each in a fresh random order."""
+    c, hp = self.config, self.hp
+    shuffle = bool(hp['shuffle_chain'])
+    if self.name == 'fedcyclic':     # one chain of a fraction C of the clients (FedAvg's sample of that size)
+      m = fedseq_lib.num_sampled(hp['fraction'], self.data.num_clients)
+      ids = sampling.sample_clients(self.data.num_clients, m, seed=c.seed, round_idx=r)
+      members = chains_lib.order_members(ids, seed=c.seed, round_idx=r, superclient=-1, passes=self.passes,
+                                         shuffle=shuffle)
+      return [chains_lib.Chain(-1, members, float(self.sizes[ids].sum()), slot=0)]
+    groups = self.grouping_at(r).groups
+    m = fedseq_lib.num_sampled(hp['fraction'], len(groups))
+    picks = chains_lib.chain_rng(c.seed, r, SAMPLE_STREAM).permutation(len(groups))[:m]
+    return [chains_lib.Chain(int(i), chains_lib.order_members(groups[i], seed=c.seed, round_idx=r,
+                                                              superclient=int(i), passes=self.passes,
+                                                              shuffle=shuffle),
+                             float(self.sizes[groups[i]].sum()), slot=j)
+            for j, i in enumerate(picks)]
+
+  def prepare_round(self, r: int) -> ChainBatch:
+    chains = self.round_chains(r)
+    shape = dataclasses.replace(self.lane_shape, lanes=self.num_lanes)
+    lanes = chains_lib.build_lanes(chains, shape, steps=self.steps, sizes=self.sizes, plan=self.batch_plan,
+                                   seed=self.config.seed, round_idx=r, one_per_lane=self.one_per_lane)
+    if self.device_gather:
+      inputs = chains_lib.program_inputs(lanes, index=chains_lib.flat_index(self.data, lanes))
+    else:
+      inputs = chains_lib.program_inputs(lanes, chains_lib.gather_host(self.data, lanes))
+    return ChainBatch(r, chains, inputs)
+
+  def run_round(self, r: int, rb: ChainBatch) -> dict:
+    self.server_state, m = self.round_fn(self.server_state, rb.inputs, self.dev_arrays, self.key,
+                                         jnp.asarray(r, jnp.int32))
+    m = jax.device_get(m)
+    server_finite = bool(self._finite(self.server_state))
+    bad = [ch for ch in rb.chains if ch.lane >= 0 and not m['finite'][ch.lane]]
+    if bad or not server_finite:
+      members = sorted({int(k) for ch in bad for k in np.unique(ch.members)})
+      raise loop.DivergenceError(
+          f'divergence (NaN/inf) at round {r + 1}: the chains of superclients '
+          f'{[ch.superclient for ch in bad] or "none"} (clients {members or "none"}) produced non-finite loss '
+          f'or updates; server state finite={server_finite}. Lower client.lr / rho, or enable client.grad_clip.')
+    return self._round_result(rb.chains, m)
+
+  def chain_stats(self, r: int, chains=None) -> dict:
+    """Round r's counts: chains (S2C = C2S), C2C messages, clients trained, local steps, N_S."""
+    chains = self.round_chains(r) if chains is None else chains
+    members = [ch.members for ch in chains]
+    g = self.grouping_at(r)
+    return {'rounds': 1, 'chains': len(chains), 'c2c': sum(mb.size - 1 for mb in members),
+            'clients': sum(mb.shape[1] for mb in members),
+            'local_steps': sum(int(self.steps[mb].sum()) for mb in members),
+            'num_superclients': len(g.groups) if g is not None else 1}
+
+  def totals(self) -> dict:
+    """Cumulative chain statistics of rounds [0, self.round) (recomputed once after a resume)."""
+    if self._totals is None or self._totals['rounds'] != self.round:
+      tot = {'rounds': 0, 'chains': 0, 'c2c': 0, 'clients': 0, 'local_steps': 0, 'num_superclients': 0}
+      for r in range(self.round):
+        for k, v in self.chain_stats(r).items():
+          tot[k] += v
+      self._totals = tot
+    return self._totals
+
+  def _round_result(self, chains, m) -> dict:
+    tot = self.totals()
+    s = self.chain_stats(self.round, chains)
+    for k, v in s.items():
+      tot[k] += v
+    p = self.num_params
+    self.comm_total['down_params'] += s['chains'] * p                   # S2C
+    self.comm_total['up_params'] += (s['chains'] + s['c2c']) * p       # C2S + C2C
+    ids = np.unique(np.concatenate([ch.members.reshape(-1) for ch in chains]))
+    self.last_clients = ids
+    count = float(np.sum(m['count']))
+    return {'train_loss': float(np.sum(m['loss_sum']) / max(count, 1.0)), 'clients': ids}
+
+  def train(self, num_rounds=None, stop_requested=lambda: False):
+    self.totals()           # before the first round: counts of the rounds a resumed run already did
+    return super().train(num_rounds, stop_requested)
+
+  def evaluate(self) -> dict:
+    out = super().evaluate()
+    tot = self._totals or self.totals()
+    out.update({'comm_s2c': tot['chains'], 'comm_c2s': tot['chains'], 'comm_c2c': tot['c2c'],
+                'num_superclients': self.chain_stats(max(self.round - 1, 0))['num_superclients'],
+                'mean_chains_per_round': tot['chains'] / max(tot['rounds'], 1)})
+    return out
+
+  def summary_section(self) -> dict:
+    tot = self.totals()
+    n = max(tot['rounds'], 1)
+    sec = {'variant': self.name, 'fraction': float(self.hp['fraction']), 'chain_passes': self.passes,
+           'lanes': self.lane_shape.lanes, 'lane_steps': self.lane_shape.steps,
+           'chains_per_lane': self.lane_shape.chains, 'lane_chunk': self.lane_chunk,
+           'device_gather': self.device_gather,
+           'num_superclients_initial': len(self.groupings[0].groups) if self.groupings else 1,
+           'num_superclients_final': len(self.groupings[-1].groups) if self.groupings else 1,
+           'regroupings': max(len(self.groupings) - 1, 0),
+           'mean_num_superclients': tot['num_superclients'] / n,
+           'mean_chains_per_round': tot['chains'] / n, 'mean_clients_per_round': tot['clients'] / n,
+           'mean_local_steps_per_round': tot['local_steps'] / n,
+           'comm_messages': {'s2c': tot['chains'], 'c2s': tot['chains'], 'c2c': tot['c2c'],
+                             'total': 2 * tot['chains'] + tot['c2c']},
+           'comm_messages_per_round': {'s2c': tot['chains'] / n, 'c2s': tot['chains'] / n,
+                                       'c2c': tot['c2c'] / n}}
+    if self.name == 'fedasyncseq':
+      sec['merge_every'] = self._merge_every()
+    return sec
+
+  def finish(self, wall, rounds_run):
+    summary = super().finish(wall, rounds_run)
+    summary['fedseq'] = self.summary_section()
+    if self.workdir and self.is_writer:
+      writers.write_summary(self.workdir, summary)
+    return summary
