@@ -29,7 +29,8 @@ class LocalState(NamedTuple):
 
 
 def make_loss(model, *, man_zeta: float = 0.0, train: bool = True, task=None):
-  """loss(params, batch, rng) -> (mean loss over valid units, (loss_sum, count)).
+  """loss(params, batch, rng) -> (mean loss over valid units, (loss_sum, count)); BatchNorm models
+  (model.batch_stats) add the updated running statistics: (loss_sum, count, batch_stats).
 
   `task` (fedjax_flat/tasks.py; default classification) defines the units and their loss: count is the
   number of valid units (examples, tokens, pixels) that the mean runs over.
@@ -40,12 +41,16 @@ def make_loss(model, *, man_zeta: float = 0.0, train: bool = True, task=None):
   """
   task = tasks_lib.get_task(task)
 
+  bn = getattr(model, 'batch_stats', False)
+
   def loss(params, batch, rng=None):
     mask = batch['mask'].astype(jnp.float32)
-    if man_zeta:
-      logits, acts = model.apply(params, batch['x'], train=train, rng=rng, with_activations=True)
-    else:
-      logits = model.apply(params, batch['x'], train=train, rng=rng)
+    # BatchNorm models: batch statistics over the valid examples; the updated running statistics come back
+    # as a third aux entry, which local_step writes into params (models/base.py).
+    kw = {'mask': mask, 'with_batch_stats': True} if bn else {}
+    out = model.apply(params, batch['x'], train=train, rng=rng, with_activations=bool(man_zeta), **kw)
+    out, stats = out if bn else (out, None)
+    logits, acts = out if man_zeta else (out, None)
     loss_sum, count = task.loss_sums(logits, batch['y'], mask)
     total = loss_sum / jnp.maximum(count, 1.0)
     if man_zeta:
@@ -56,7 +61,7 @@ def make_loss(model, *, man_zeta: float = 0.0, train: bool = True, task=None):
         per_example = jnp.mean(jnp.square(a.astype(jnp.float32)).reshape(a.shape[0], -1), axis=-1)
         reg = reg + jnp.sum(per_example * mask) / n_ex
       total = total + man_zeta * reg
-    return total, (loss_sum, count)
+    return total, ((loss_sum, count, stats) if bn else (loss_sum, count))
   return loss
 
 
@@ -68,9 +73,12 @@ def local_step(local: LocalState, batch, rng, *, loss_fn, tx: optax.GradientTran
   def grad_fn(p):
     return jax.grad(lambda q: loss_fn(q, batch, rng)[0])(p)
 
-  (_, (loss_sum, count)), grads = jax.value_and_grad(lambda p: loss_fn(p, batch, rng), has_aux=True)(params)
+  (_, aux), grads = jax.value_and_grad(lambda p: loss_fn(p, batch, rng), has_aux=True)(params)
+  loss_sum, count = aux[0], aux[1]
   updates, opt_state = tx.update(grads, local.opt_state, params, grad_fn=grad_fn, correction=correction)
   params = optax.apply_updates(params, updates)
+  if len(aux) > 2:   # BatchNorm: the running statistics of this step's (unperturbed) forward pass
+    params = {**params, 'batch_stats': aux[2]}
   # count: valid loss units (examples, tokens, pixels); examples: valid examples of the batch.
   return local._replace(params=params, opt_state=opt_state), {
       'loss_sum': loss_sum, 'count': count, 'examples': jnp.sum(batch['mask'].astype(jnp.float32))}

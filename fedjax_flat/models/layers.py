@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -128,6 +128,7 @@ class Conv(nn.Module):
   feature_group_count: int = 1
   conv_impl: str = 'auto'
   torch_init: bool = False
+  kernel_init: Any = None          # overrides the two defaults (e.g. BiSeNetV2's kaiming-normal fan-out)
 
   @nn.compact
   def __call__(self, x):
@@ -136,6 +137,7 @@ class Conv(nn.Module):
     groups = self.feature_group_count
     fan_in = kh * kw * cin // groups
     kinit = torch_kernel_init() if self.torch_init else nn.initializers.lecun_normal()
+    kinit = self.kernel_init or kinit
     kernel = self.param('kernel', kinit, (kh, kw, cin // groups, self.features))
     bias = None
     if self.use_bias:

@@ -66,3 +66,26 @@ def _mobilenet_v2_gn(num_classes, input_shape, conv_impl='auto', gn_groups=8, wi
   module = _mobilenet_v2.MobileNetV2(num_classes, width_mult=width_mult, gn_groups=gn_groups,
                                      dropout_rate=dropout_rate, conv_impl=conv_impl)
   return base.from_flax(module, 'mobilenet_v2_gn', num_classes, input_shape)
+
+
+# --- Semantic segmentation: BiSeNetV2 (FedDrive), BatchNorm or GroupNorm. ---
+from fedjax_flat.models import bisenetv2 as _bisenetv2  # noqa: E402
+
+
+@register('bisenetv2')
+def _bisenetv2_model(num_classes, input_shape, conv_impl='auto', norm='bn', gn_groups=8, bn_momentum=0.9,
+                     aux=True, variant='feddrive', remat=False):
+  if norm not in _bisenetv2.NORMS:
+    raise ValueError(f'model_kwargs.norm={norm!r}; allowed: {_bisenetv2.NORMS}')
+  if variant not in _bisenetv2.VARIANTS:
+    raise ValueError(f'model_kwargs.variant={variant!r}; allowed: {_bisenetv2.VARIANTS}')
+  if norm == 'gn':
+    _bisenetv2.check_gn_groups(int(gn_groups))
+  module = _bisenetv2.BiSeNetV2(num_classes, aux=bool(aux), variant=variant, norm=norm, gn_groups=int(gn_groups),
+                                bn_momentum=float(bn_momentum), conv_impl=conv_impl, remat=bool(remat))
+  return base.from_flax(module, 'bisenetv2', num_classes, input_shape, batch_stats=norm == 'bn')
+
+
+def uses_batch_stats(name: str, kwargs) -> bool:
+  """Whether the model carries BatchNorm running statistics in its params (known from the config alone)."""
+  return name == 'bisenetv2' and dict(kwargs or {}).get('norm', 'bn') == 'bn'
