@@ -213,7 +213,7 @@ class SegmentHead(Block):
   @nn.compact
   def __call__(self, x, mask):
     y = self.cbr(x, mask, self.mid, 3, 1, name='conv')
-    y = nn.Dropout(0.1, deterministic=not self.cfg.train)(y)
+    y = nn.Dropout(0.1, deterministic=not (self.cfg.train and self.has_rng('dropout')))(y)   # no rng: off
     if self.variant == 'feddrive':
       y = self.conv(y, self.num_classes * self.up ** 2, 1, bias=True, name='conv_out')
       return pixel_shuffle(y, self.up)

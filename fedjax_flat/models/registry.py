@@ -83,7 +83,7 @@ def _bisenetv2_model(num_classes, input_shape, conv_impl='auto', norm='bn', gn_g
     _bisenetv2.check_gn_groups(int(gn_groups))
   module = _bisenetv2.BiSeNetV2(num_classes, aux=bool(aux), variant=variant, norm=norm, gn_groups=int(gn_groups),
                                 bn_momentum=float(bn_momentum), conv_impl=conv_impl, remat=bool(remat))
-  return base.from_flax(module, 'bisenetv2', num_classes, input_shape, batch_stats=norm == 'bn')
+  return base.from_flax(module, 'bisenetv2', num_classes, input_shape, batch_stats=norm == 'bn', rbg_init=True)
 
 
 def uses_batch_stats(name: str, kwargs) -> bool:
