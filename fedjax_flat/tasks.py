@@ -194,7 +194,11 @@ class Segmentation(DenseClassification):
     return cross_entropy(logits, safe), w
 
   def _head_loss(self, logits, labels, mask):
-    """(sum of the selected pixel losses, their count) of one head."""
+    """(sum of the selected pixel losses, their count) of one head. A jax.checkpoint region: the backward
+    pass recomputes the softmax from the logits instead of keeping [B, H, W, C] log-probabilities per head."""
+    return jax.checkpoint(self._head_loss_impl)(logits, labels, mask)
+
+  def _head_loss_impl(self, logits, labels, mask):
     w = self.valid_pixels(labels, mask, logits.shape[-1])
     ce = jnp.where(w > 0, cross_entropy(logits, jnp.where(w > 0, labels, 0)), 0.0)
     if self.ohem == 'none':

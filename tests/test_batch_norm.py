@@ -271,3 +271,52 @@ def test_trainer_rounds_on_a_segmentation_fixture(tmp_path, algorithm, optimizer
     assert 'swa/test_miou' in tr.records[-1]
   if algorithm != 'fedavg':
     assert tr.store is not None
+
+
+def _batch(n=4, seed=0, mask=(1.0, 1.0, 1.0, 0.0)):
+  rng = np.random.default_rng(seed)
+  y = rng.integers(0, 3, (n, H, W))
+  y[:, 0] = 255
+  return {'x': jnp.asarray(rng.normal(0, 1, (n, H, W, 3)), jnp.float32), 'y': jnp.asarray(y),
+          'mask': jnp.asarray(mask, jnp.float32)}
+
+
+@pytest.mark.parametrize('ohem', ['topk', 'none'])
+def test_microbatches_give_the_full_batch_loss_and_gradient(ohem):
+  """GroupNorm (no batch statistics): exact, booster heads and per-image OHEM included."""
+  m, task = _model('gn'), tasks.Segmentation(ohem=ohem)
+  p = m.init(jax.random.key(0), jnp.zeros((1, H, W, 3)))
+  batch = _batch()
+  full = jax.value_and_grad(lambda q: local_lib.make_loss(m, task=task)(q, batch)[0])(p)
+  micro_fn = local_lib.make_loss(m, task=task, microbatches=2)
+  micro = jax.value_and_grad(lambda q: micro_fn(q, batch)[0])(p)
+  np.testing.assert_allclose(micro[0], full[0], rtol=1e-5)
+  for a, b in zip(jax.tree_util.tree_leaves(micro[1]), jax.tree_util.tree_leaves(full[1])):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+  (_, aux_full), (_, aux_micro) = local_lib.make_loss(m, task=task)(p, batch), micro_fn(p, batch)
+  np.testing.assert_allclose(aux_micro[1], aux_full[1])              # same count of loss units
+
+
+def test_microbatches_update_running_statistics_from_the_pooled_moments():
+  m = _model()
+  p = m.init(jax.random.key(0), jnp.zeros((1, H, W, 3)))
+  p = {**p, 'batch_stats': {'norm1': {'mean': jnp.full((8,), 0.5), 'var': jnp.full((8,), 2.0)}}}
+  batch = _batch(mask=(1.0, 1.0, 1.0, 0.0))
+  _, aux = local_lib.make_loss(m, task=tasks.Segmentation(), microbatches=2)(p, batch)
+  h = np.asarray(_conv1(p, batch['x']))[:3]            # the full batch's valid examples
+  np.testing.assert_allclose(aux[2]['norm1']['mean'], 0.9 * 0.5 + 0.1 * h.mean((0, 1, 2)), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(aux[2]['norm1']['var'], 0.9 * 2.0 + 0.1 * h.var((0, 1, 2)), rtol=1e-5)
+
+
+def test_trainable_view_keeps_statistics_out_of_the_hessian():
+  from fedjax_flat.analysis import hvp as hvp_lib
+  from fedjax_flat.models.base import num_params
+  m = _model()
+  p = m.init(jax.random.key(0), jnp.zeros((1, H, W, 3)))
+  view, trainable = batch_stats.trainable_view(m, p)
+  assert num_params(trainable) == num_params(p['params']) and not view.batch_stats
+  batches = jax.tree_util.tree_map(lambda a: a[None], _batch())
+  h = hvp_lib.make_hvp(view, trainable, batches, task=tasks.Segmentation())
+  v = jnp.ones((num_params(trainable),))
+  assert h(v).shape == v.shape
+  np.testing.assert_allclose(view.apply(trainable, batches['x'][0]), m.apply(p, batches['x'][0]))

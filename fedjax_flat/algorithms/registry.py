@@ -80,7 +80,8 @@ def build_algorithm(config, model, population: int = 0, task=None) -> FederatedA
   name = config.algorithm
   if name not in _ALGORITHMS:
     raise ValueError(f'algorithm={name!r} is unknown; allowed: {sorted(_ALGORITHMS)}')
-  loss_fn = local_lib.make_loss(model, man_zeta=float(config.man.zeta), task=task)
+  loss_fn = local_lib.make_loss(model, man_zeta=float(config.man.zeta), task=task,
+                                microbatches=int(config.client.get('microbatches', 1)))
   server_tx = make_server_tx(config.server)
   if getattr(model, 'batch_stats', False):   # BatchNorm statistics: averaged, not optimized (core/batch_stats.py)
     from fedjax_flat.core.batch_stats import average_batch_stats

@@ -116,3 +116,17 @@ def make_raw_moments_fn(model, preprocess=None):
       return {'mean': n * layer['mean'], 'sq': n * (layer['var'] + jnp.square(layer['mean']))}
     return jax.tree_util.tree_map(one, moments, is_leaf=_is_layer), n
   return fn
+
+
+def trainable_view(model, params):
+  """(model', trainable params) for the Hessian tools: the BatchNorm statistics become constants of apply
+  (evaluation mode uses them; they are not parameters), so eigenvalues, traces and landscapes live in the
+  space of the trainable parameters only. Models without statistics are returned unchanged."""
+  if not getattr(model, 'batch_stats', False):
+    return model, params
+  import dataclasses
+  stats = params['batch_stats']
+
+  def apply(p, x, **kw):
+    return model.apply({'params': p, 'batch_stats': stats}, x, **kw)
+  return dataclasses.replace(model, apply=apply, batch_stats=False), params['params']

@@ -48,6 +48,7 @@ class Model:
   num_classes: int
   input_shape: tuple  # per-example shape, e.g. (32, 32, 3)
   batch_stats: bool = False   # params = {'params', 'batch_stats'} (BatchNorm running statistics)
+  bn_momentum: float = 0.9    # BatchNorm models: running = m * running + (1 - m) * batch statistic
 
 
 def _collect_acts(intermediates) -> list:
@@ -132,7 +133,7 @@ def _from_flax_bn(module: nn.Module, name: str, num_classes: int, input_shape: t
     return res
 
   return Model(name=name, init=init, apply=apply, num_classes=num_classes, input_shape=tuple(input_shape),
-               batch_stats=True)
+               batch_stats=True, bn_momentum=float(getattr(module, 'bn_momentum', 0.9)))
 
 
 def num_params(params: Params) -> int:

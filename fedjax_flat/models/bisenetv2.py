@@ -34,8 +34,9 @@ backbones are not shipped (the thesis does not say whether FedDrive's `--pretrai
 
 `norm`: 'bn' (BatchNorm: eps 1e-5, momentum 0.9 = PyTorch's 0.1; running statistics in params['batch_stats'],
 see models/base.py) or 'gn' (GroupNorm with `gn_groups` groups, eps 1e-5; stateless).
-`remat=True` wraps every block in `jax.checkpoint` (flax `nn.remat`): activations inside a block are
-recomputed in the backward pass instead of kept, for 512x1024 crops (benchmarks/README.segmentation.md).
+`remat=True` makes every ConvBNReLU, GE layer, the aggregation layer and every head its own `jax.checkpoint`
+region (flax `nn.remat`): the backward pass keeps only the region boundaries and recomputes the inside, for
+512x1024 crops (measured in benchmarks/README.segmentation.md).
 Input height and width must be multiples of 32.
 """
 from __future__ import annotations
@@ -65,6 +66,7 @@ class Cfg:
   conv_impl: str = 'auto'
   use_running_average: bool = True
   train: bool = False
+  remat: bool = False
 
 
 def _pad(x, k: int):
@@ -93,9 +95,13 @@ class Block(nn.Module):
     return y
 
   def cbr(self, x, mask, features, k=3, stride=1, name='cbr'):
-    """ConvBNReLU: submodules '<name>_conv', '<name>_norm'."""
-    y = self.conv(x, features, k, stride, name=f'{name}_conv')
-    return self.act(self.norm(y, mask, f'{name}_norm'))
+    """ConvBNReLU: submodules '<name>_conv', '<name>_norm'. With remat, each one is its own jax.checkpoint
+    region (the lifted function keeps the parameter names): its backward recomputes only its own conv (and
+    im2col patches), so the high-resolution detail-branch activations are never all live at once."""
+    def fn(mdl, x, mask):
+      y = mdl.conv(x, features, k, stride, name=f'{name}_conv')
+      return mdl.act(mdl.norm(y, mask, f'{name}_norm'))
+    return (nn.remat(fn) if self.cfg.remat else fn)(self, x, mask)
 
 
 class DetailBranch(Block):
@@ -241,10 +247,10 @@ class BiSeNetV2(nn.Module):
       raise ValueError(f'BiSeNetV2 needs height and width divisible by 32, got {x.shape[1:3]}')
     ura = (not train) if use_running_average is None else use_running_average
     cfg = Cfg(norm=self.norm, gn_groups=self.gn_groups, bn_momentum=self.bn_momentum,
-              conv_impl=self.conv_impl, use_running_average=ura, train=train)
+              conv_impl=self.conv_impl, use_running_average=ura, train=train, remat=self.remat)
     wrap = nn.remat if self.remat else (lambda c: c)
-    feat_d = wrap(DetailBranch)(cfg, name='detail')(x, mask)
-    feat2 = wrap(StemBlock)(cfg, name='segment_S1S2')(x, mask)
+    feat_d = DetailBranch(cfg, name='detail')(x, mask)          # remat per ConvBNReLU (Block.cbr)
+    feat2 = StemBlock(cfg, name='segment_S1S2')(x, mask)
     f = feat2
     stages = {}
     for stage, layers in (('S3', ((32, 2), (32, 1))), ('S4', ((64, 2), (64, 1))),
@@ -252,7 +258,7 @@ class BiSeNetV2(nn.Module):
       for i, (out, stride) in enumerate(layers):
         f = wrap(GELayer)(cfg, out=out, stride=stride, name=f'segment_{stage}_{i}')(f, mask)
       stages[stage] = f
-    feat_s = wrap(CEBlock)(cfg, name='segment_S5_5')(f, mask)
+    feat_s = CEBlock(cfg, name='segment_S5_5')(f, mask)
     feat_head = wrap(BGALayer)(cfg, variant=self.variant, name='bga')(feat_d, feat_s, mask)
     head = lambda name, mid, up, aux: wrap(SegmentHead)(  # noqa: E731
         cfg, num_classes=self.num_classes, mid=mid, up=up, aux=aux, variant=self.variant, name=name)

@@ -27,6 +27,7 @@ Fields (validated by `training/validate.py` before anything is compiled):
                        of the 'segmentation' task (tasks.py)
   bn                   BatchNorm models: test-time statistics policy for unseen clients (core/batch_stats.py)
   client.lr_schedule   'constant' | 'poly_step' | 'poly_round' (lr_power, lr_poly_max): optimizers/schedules.py
+  client.microbatches  k: each local batch as k micro-batches (gradient accumulation, algorithms/local.py)
   published            the paper's number for this setting, as data (documentation only: never changes
                        training, ignored by the resume check): source (str: paper, table, cell),
                        accuracy (percent, same protocol as summary.json's reported last-K mean),
@@ -75,6 +76,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.client.lr_schedule = 'constant'   # 'constant' | 'poly_step' (over each round's local steps, FedDrive) |
   c.client.lr_power = 0.9             #   'poly_round' (over rounds): lr * (1 - t / lr_poly_max) ** lr_power
   c.client.lr_poly_max = 0            # T: local steps (poly_step) or rounds (poly_round); > 0 for poly_*
+  c.client.microbatches = 1           # k > 1: each batch as k micro-batches (gradient accumulation; memory / k)
 
   c.server = ml_collections.ConfigDict()
   c.server.optimizer = 'sgd'

@@ -107,6 +107,10 @@ def validate_config(cfg) -> None:
   _num(cfg, 'client.grad_clip', lo=0)
   if 'lr_schedule' in cfg.client:
     _validate_lr_schedule(cfg)
+  if 'microbatches' in cfg.client:
+    k = _num(cfg, 'client.microbatches', lo=1, integer=True)
+    if cfg.client.batch_size % k:
+      raise ConfigError('client.microbatches', k, f'must divide client.batch_size={cfg.client.batch_size}')
 
   _choice(cfg, 'server.optimizer', SERVER_OPTIMIZERS)
   _num(cfg, 'server.lr', lo=0, lo_open=True)
