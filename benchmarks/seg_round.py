@@ -17,6 +17,8 @@ A configuration whose XLA temporaries exceed --max_gb is compiled and reported b
 shared). Synthetic inputs (random images, random labels with 10% void).
 
   .venv/bin/python benchmarks/seg_round.py --crop=512x1024 --batch=8 --steps=2 --remat=0,1 --json=/tmp/s.json
+  .venv/bin/python benchmarks/seg_round.py --crop=128x256 --batch=2 --steps=2 --variants=im2col:1,lax:1,im2col:2
+      (interleaved step times of several variants in one process: the ratios)
 """
 from __future__ import annotations
 
@@ -93,6 +95,50 @@ def worker(a) -> dict:
   return out
 
 
+def interleaved(a) -> dict:
+  """Step time of several variants (--variants conv_impl:microbatches,...) compiled in ONE process, then run
+  alternately --repeats times: the machine's load drift hits them alike, so the ratios are meaningful."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from fedjax_flat import tasks
+  from fedjax_flat.algorithms import registry as alg_registry
+  from fedjax_flat.core import engine
+  from fedjax_flat.models import registry as model_registry
+  from fedjax_flat.training.default_config import default_config
+
+  h, w = (int(v) for v in a.crop.split('x'))
+  rng = np.random.default_rng(0)
+  x = rng.normal(0, 1, (1, a.steps, a.batch, h, w, 3)).astype(np.float32)
+  y = rng.integers(0, 19, (1, a.steps, a.batch, h, w)).astype(np.int32)
+  batches = {'x': jnp.asarray(x), 'y': jnp.asarray(y), 'mask': jnp.ones((1, a.steps, a.batch), jnp.float32)}
+  runs = {}
+  for v in a.variants.split(','):
+    impl, k = v.split(':')
+    c = default_config()
+    c.client.lr, c.client.momentum, c.client.microbatches = 0.05, 0.9, int(k)
+    m = model_registry.get_model('bisenetv2', 19, (h, w, 3), conv_impl=impl)
+    alg = alg_registry.build_algorithm(c, m, task=tasks.Segmentation())
+    state = alg.server_init(m.init(jax.random.key(0), jnp.zeros((1, h, w, 3))), jax.random.key(1))
+    fn = engine.make_round_fn(alg, chunk=1, jit=True, donate=False)
+    args = (state, batches, None, jax.random.split(jax.random.key(2), 1), jnp.ones((1,)), jnp.ones((1,), bool),
+            jnp.int32(0))
+    compiled = fn.lower(*args).compile()
+    jax.block_until_ready(compiled(*args))           # warm-up
+    runs[v] = (compiled, args, [])
+  for _ in range(a.repeats):
+    for v, (compiled, args, times) in runs.items():
+      t0 = time.time()
+      jax.block_until_ready(compiled(*args))
+      times.append((time.time() - t0) / a.steps)
+  med = {v: float(np.median(t)) for v, (_, _, t) in runs.items()}
+  base = a.variants.split(',')[0]
+  return {'crop': a.crop, 'batch': a.batch, 'steps': a.steps, 'repeats': a.repeats,
+          'uptime': os.popen('uptime').read().strip(),
+          'step_s_median': med, 'ratio_to_first': {v: med[v] / med[base] for v in med},
+          'step_s_all': {v: t for v, (_, _, t) in runs.items()}}
+
+
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument('--crop', default='512x1024')
@@ -107,7 +153,16 @@ def main():
   ap.add_argument('--max_gb', type=float, default=10.0)
   ap.add_argument('--json', default='')
   ap.add_argument('--worker', action='store_true')
+  ap.add_argument('--variants', default='', help='interleaved timing: conv_impl:microbatches,... in one process')
+  ap.add_argument('--repeats', type=int, default=3)
   a = ap.parse_args()
+  if a.variants:
+    r = interleaved(a)
+    print(json.dumps(r, indent=2))
+    if a.json:
+      with open(a.json, 'w') as f:
+        json.dump(r, f, indent=2)
+    return
   if a.worker:
     a.microbatches = int(a.microbatches)
     print('RESULT ' + json.dumps(worker(a)), flush=True)

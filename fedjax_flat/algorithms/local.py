@@ -66,12 +66,7 @@ def make_loss(model, *, man_zeta: float = 0.0, train: bool = True, task=None, mi
     total = loss_sum / jnp.maximum(count, 1.0)
     if man_zeta:
       # MAN's term is per example (activations of the whole input), over the valid examples.
-      n_ex = jnp.maximum(jnp.sum(mask), 1.0)
-      reg = 0.0
-      for a in acts:
-        per_example = jnp.mean(jnp.square(a.astype(jnp.float32)).reshape(a.shape[0], -1), axis=-1)
-        reg = reg + jnp.sum(per_example * mask) / n_ex
-      total = total + man_zeta * reg
+      total = total + man_zeta * _man_sum(acts, mask) / jnp.maximum(jnp.sum(mask), 1.0)
     return total, ((loss_sum, count, stats) if bn else (loss_sum, count))
   return loss
 
