@@ -139,7 +139,9 @@ def main(argv):
   x, y = trainer.data.test_examples() if _SPLIT.value == 'test' else (trainer.data.x, trainer.data.y)
   x = np.asarray(trainer.eval_transform(np.asarray(x[:_N.value])))
   y = np.asarray(y[:_N.value])
-  model = trainer.model
+  # BatchNorm models: the Hessian over the trainable params, the running statistics held fixed.
+  from fedjax_flat.core.batch_stats import trainable_view
+  model, params = trainable_view(trainer.model, params)
   logging.info('run %s, round %d, model %r, %d %s examples', wd, step, _MODEL.value, len(y), _SPLIT.value)
   t0 = time.time()
   report = analysis.analyze(model, params, x, y, batch_size=_BATCH.value, top_k=_TOPK.value, method=_METHOD.value,

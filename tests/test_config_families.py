@@ -19,6 +19,7 @@ CONFIGS = os.path.join(REPO, 'configs')
 PAPER_FAMILIES = ('fedsam_cifar', 'fedsam_pam', 'fedsam_landmarks', 'fedgloss_cifar', 'wima', 'man_cifar100',
                   'baselines_cifar_cnn', 'fedseq')
 STAND_INS = ('baselines_digits', 'fedsoup_digits', 'fedseq_digits')   # digits stand-ins: no paper number applies
+SEG_FAMILIES = ('feddrive',)   # mIoU instead of accuracy: tests/test_feddrive_configs.py
 
 
 def load(name):
@@ -37,7 +38,7 @@ def cfg(spec):
 
 
 def test_every_family_is_known():
-  assert set(families()) == set(PAPER_FAMILIES) | set(STAND_INS)
+  assert set(families()) == set(PAPER_FAMILIES) | set(STAND_INS) | set(SEG_FAMILIES)
 
 
 @pytest.mark.parametrize('name', PAPER_FAMILIES + STAND_INS)

@@ -22,13 +22,18 @@ def tree_sub(a, b):
 
 
 def make_hparams_fn(client_cfg):
-  """Round -> client hyperparameters {'lr', 'rho'}; rho follows the optional linear warm-up."""
+  """Round -> client hyperparameters {'lr', 'rho'}; rho follows the optional linear warm-up, lr the optional
+  per-round polynomial decay (client.lr_schedule='poly_round')."""
   from fedjax_flat.optimizers.schedules import rho_warmup
 
   rho_fn = rho_warmup(client_cfg.get('rho0', 0.0), client_cfg.rho, client_cfg.get('rho_warmup_rounds', 0))
+  lr_fn = lambda r: client_cfg.lr  # noqa: E731
+  if client_cfg.get('lr_schedule', 'constant') == 'poly_round':   # lr * (1 - r / lr_poly_max) ** lr_power
+    from fedjax_flat.optimizers.schedules import poly_lr
+    lr_fn = poly_lr(client_cfg.lr, client_cfg.lr_power, int(client_cfg.lr_poly_max))
 
   def hparams(round_idx):
-    return {'lr': jnp.asarray(client_cfg.lr, jnp.float32),
+    return {'lr': jnp.asarray(lr_fn(round_idx), jnp.float32),
             'rho': jnp.asarray(rho_fn(round_idx), jnp.float32)}
   return hparams
 

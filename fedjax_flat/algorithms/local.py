@@ -28,8 +28,9 @@ class LocalState(NamedTuple):
   extra: Any = ()           # algorithm-specific local quantities (e.g. SCAFFOLD's c - c_k)
 
 
-def make_loss(model, *, man_zeta: float = 0.0, train: bool = True, task=None):
-  """loss(params, batch, rng) -> (mean loss over valid units, (loss_sum, count)).
+def make_loss(model, *, man_zeta: float = 0.0, train: bool = True, task=None, microbatches: int = 1):
+  """loss(params, batch, rng) -> (mean loss over valid units, (loss_sum, count)); BatchNorm models
+  (model.batch_stats) add the updated running statistics: (loss_sum, count, batch_stats).
 
   `task` (fedjax_flat/tasks.py; default classification) defines the units and their loss: count is the
   number of valid units (examples, tokens, pixels) that the mean runs over.
@@ -37,26 +38,93 @@ def make_loss(model, *, man_zeta: float = 0.0, train: bool = True, task=None):
   MAN (activation-norm regularization): zeta * sum over hidden layers of mean(a_l^2) on the post-activation
   outputs (logits excluded); the mean runs over the valid examples and the layer's units. Convention: we
   use zeta as written in the paper's loss (the reference code halves it; pass zeta/2 to match that code).
+
+  microbatches = k > 1 (client.microbatches; gradient accumulation for memory): the batch is split into k
+  equal micro-batches run one after the other in a `lax.scan` whose body is a `jax.checkpoint` region, so
+  activation memory follows one micro-batch (the recomputation sits inside the backward loop, where XLA:CPU
+  cannot merge it with the forward pass). The loss, its gradient and the counts are exactly the full batch's
+  (sums over micro-batches; the task's per-image OHEM and the booster heads decompose), except that
+  BatchNorm normalizes each micro-batch with its own statistics ("ghost" batch norm) and OHEM 'thresh'
+  thresholds per micro-batch; the running statistics are updated once, from the moments pooled over the
+  micro-batches (= the full batch's).
   """
   task = tasks_lib.get_task(task)
+  if microbatches > 1:
+    return _microbatched_loss(model, man_zeta=man_zeta, train=train, task=task, k=int(microbatches))
+
+  bn = getattr(model, 'batch_stats', False)
 
   def loss(params, batch, rng=None):
     mask = batch['mask'].astype(jnp.float32)
-    if man_zeta:
-      logits, acts = model.apply(params, batch['x'], train=train, rng=rng, with_activations=True)
-    else:
-      logits = model.apply(params, batch['x'], train=train, rng=rng)
+    # BatchNorm models: batch statistics over the valid examples; the updated running statistics come back
+    # as a third aux entry, which local_step writes into params (models/base.py).
+    kw = {'mask': mask, 'with_batch_stats': True} if bn else {}
+    out = model.apply(params, batch['x'], train=train, rng=rng, with_activations=bool(man_zeta), **kw)
+    out, stats = out if bn else (out, None)
+    logits, acts = out if man_zeta else (out, None)
     loss_sum, count = task.loss_sums(logits, batch['y'], mask)
     total = loss_sum / jnp.maximum(count, 1.0)
     if man_zeta:
       # MAN's term is per example (activations of the whole input), over the valid examples.
-      n_ex = jnp.maximum(jnp.sum(mask), 1.0)
-      reg = 0.0
-      for a in acts:
-        per_example = jnp.mean(jnp.square(a.astype(jnp.float32)).reshape(a.shape[0], -1), axis=-1)
-        reg = reg + jnp.sum(per_example * mask) / n_ex
-      total = total + man_zeta * reg
-    return total, (loss_sum, count)
+      total = total + man_zeta * _man_sum(acts, mask) / jnp.maximum(jnp.sum(mask), 1.0)
+    return total, ((loss_sum, count, stats) if bn else (loss_sum, count))
+  return loss
+
+
+def _man_sum(acts, mask):
+  """sum over hidden layers and valid examples of mean(a^2) per example (MAN's term times n_examples)."""
+  reg = 0.0
+  for a in acts:
+    per_example = jnp.mean(jnp.square(a.astype(jnp.float32)).reshape(a.shape[0], -1), axis=-1)
+    reg = reg + jnp.sum(per_example * mask)
+  return reg
+
+
+def _microbatched_loss(model, *, man_zeta, train, task, k):
+  bn = getattr(model, 'batch_stats', False)
+
+  def one(params, mb, rng):
+    """Additive sums of one micro-batch: loss, count, MAN term, valid examples, BN moment sums."""
+    mask = mb['mask'].astype(jnp.float32)
+    kw = {'mask': mask, 'batch_moments': True} if bn else {}
+    out = model.apply(params, mb['x'], train=train, rng=rng, with_activations=bool(man_zeta), **kw)
+    out, moments = out if bn else (out, None)
+    logits, acts = out if man_zeta else (out, None)
+    loss_sum, count = task.loss_sums(logits, mb['y'], mask)
+    n = jnp.sum(mask)
+    sums = {'loss_sum': loss_sum, 'count': count, 'n': n,
+            'man': _man_sum(acts, mask) if man_zeta else jnp.zeros((), jnp.float32)}
+    if bn:   # n * mean and n * E[x^2] per layer (an all-padding micro-batch has NaN moments: weight 0)
+      safe = lambda v: jnp.where(n > 0, v, 0.0)  # noqa: E731
+      sums['moments'] = jax.tree_util.tree_map(
+          lambda l: {'mean': safe(n * l['mean']), 'sq': safe(n * (l['var'] + jnp.square(l['mean'])))},
+          moments, is_leaf=lambda t: isinstance(t, dict) and 'var' in t)
+    return sums
+
+  def loss(params, batch, rng=None):
+    split = lambda a: a.reshape((k, a.shape[0] // k) + a.shape[1:])  # noqa: E731
+    mbs = jax.tree_util.tree_map(split, batch)
+    body_fn = jax.checkpoint(one)
+    zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(
+        one, params, jax.tree_util.tree_map(lambda a: a[0], mbs), rng))
+
+    def body(acc, xs):
+      mb, i = xs
+      r = None if rng is None else jax.random.fold_in(rng, i)
+      return jax.tree_util.tree_map(jnp.add, acc, body_fn(params, mb, r)), None
+
+    sums, _ = jax.lax.scan(body, zeros, (mbs, jnp.arange(k)))
+    total = sums['loss_sum'] / jnp.maximum(sums['count'], 1.0)
+    if man_zeta:
+      total = total + man_zeta * sums['man'] / jnp.maximum(sums['n'], 1.0)
+    if not bn:
+      return total, (sums['loss_sum'], sums['count'])
+    from fedjax_flat.core.batch_stats import pooled_moments
+    pooled = pooled_moments(sums['moments'], sums['n'])
+    m = model.bn_momentum
+    stats = jax.tree_util.tree_map(lambda old, new: jax.lax.stop_gradient(m * old + (1 - m) * new),
+                                   params['batch_stats'], pooled)
+    return total, (sums['loss_sum'], sums['count'], stats)
   return loss
 
 
@@ -68,9 +136,12 @@ def local_step(local: LocalState, batch, rng, *, loss_fn, tx: optax.GradientTran
   def grad_fn(p):
     return jax.grad(lambda q: loss_fn(q, batch, rng)[0])(p)
 
-  (_, (loss_sum, count)), grads = jax.value_and_grad(lambda p: loss_fn(p, batch, rng), has_aux=True)(params)
+  (_, aux), grads = jax.value_and_grad(lambda p: loss_fn(p, batch, rng), has_aux=True)(params)
+  loss_sum, count = aux[0], aux[1]
   updates, opt_state = tx.update(grads, local.opt_state, params, grad_fn=grad_fn, correction=correction)
   params = optax.apply_updates(params, updates)
+  if len(aux) > 2:   # BatchNorm: the running statistics of this step's (unperturbed) forward pass
+    params = {**params, 'batch_stats': aux[2]}
   # count: valid loss units (examples, tokens, pixels); examples: valid examples of the batch.
   return local._replace(params=params, opt_state=opt_state), {
       'loss_sum': loss_sum, 'count': count, 'examples': jnp.sum(batch['mask'].astype(jnp.float32))}

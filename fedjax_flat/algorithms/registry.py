@@ -45,7 +45,7 @@ _HPARAMS: Dict[str, dict] = {}
 
 # Modules that register algorithms on import (each one file).
 _MODULES = ('fedavg_builder', 'fedprox', 'scaffold', 'feddyn', 'adabest', 'mime', 'fedcm', 'fedacg',
-            'fedspeed', 'fedsmoo', 'fedgamma', 'fedgloss', 'fedsoup', 'fedseq')
+            'fedspeed', 'fedsmoo', 'fedgamma', 'fedgloss', 'fedsoup', 'fedseq', 'silobn')
 
 
 def register(name: str, hparams: dict = None):
@@ -81,9 +81,14 @@ def build_algorithm(config, model, population: int = 0, task=None, chain=None) -
   name = config.algorithm
   if name not in _ALGORITHMS:
     raise ValueError(f'algorithm={name!r} is unknown; allowed: {sorted(_ALGORITHMS)}')
-  loss_fn = local_lib.make_loss(model, man_zeta=float(config.man.zeta), task=task)
+  loss_fn = local_lib.make_loss(model, man_zeta=float(config.man.zeta), task=task,
+                                microbatches=int(config.client.get('microbatches', 1)))
+  server_tx = make_server_tx(config.server)
+  if getattr(model, 'batch_stats', False):   # BatchNorm statistics: averaged, not optimized (core/batch_stats.py)
+    from fedjax_flat.core.batch_stats import average_batch_stats
+    server_tx = average_batch_stats(server_tx)
   ctx = BuildContext(model=model, loss_fn=loss_fn, client_cfg=config.client,
-                     server_tx=make_server_tx(config.server), make_client_tx=make_client_tx, config=config,
+                     server_tx=server_tx, make_client_tx=make_client_tx, config=config,
                      population=int(population), task=task, chain=chain)
   alg = _ALGORITHMS[name](ctx)
   if config.swa.enabled:

@@ -1,5 +1,8 @@
 """Layers shared by the models: a convolution with a backend-aware lowering, PyTorch-style init.
 
+'im2col' lowers depthwise convolutions (feature_group_count == input channels, any channel multiplier) to a
+sum of shifted, channel-scaled copies; other grouped convolutions always use 'lax'.
+
 Why two convolution lowerings: XLA:CPU runs a convolution's weight gradient 10-20x slower when it sits
 inside a while loop (lax.scan / lax.map), jax issue #12868; see `../shared/reference/ecosystem_measurements.md`
 section 4. 'im2col' builds the patches from shifted slices and does one matmul; it has the same parameters
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -128,6 +131,7 @@ class Conv(nn.Module):
   feature_group_count: int = 1
   conv_impl: str = 'auto'
   torch_init: bool = False
+  kernel_init: Any = None          # overrides the two defaults (e.g. BiSeNetV2's kaiming-normal fan-out)
 
   @nn.compact
   def __call__(self, x):
@@ -136,16 +140,36 @@ class Conv(nn.Module):
     groups = self.feature_group_count
     fan_in = kh * kw * cin // groups
     kinit = torch_kernel_init() if self.torch_init else nn.initializers.lecun_normal()
+    kinit = self.kernel_init or kinit
     kernel = self.param('kernel', kinit, (kh, kw, cin // groups, self.features))
     bias = None
     if self.use_bias:
       binit = torch_bias_init(fan_in) if self.torch_init else nn.initializers.zeros_init()
       bias = self.param('bias', binit, (self.features,))
     impl = resolve_conv_impl(self.conv_impl)
-    if impl == 'lax' or groups != 1:
+    depthwise = groups == cin and groups != 1
+    if impl == 'lax' or (groups != 1 and not depthwise):
       y = jax.lax.conv_general_dilated(
           x, kernel.astype(x.dtype), (self.strides, self.strides), self.padding,
           dimension_numbers=('NHWC', 'HWIO', 'NHWC'), feature_group_count=groups)
+    elif depthwise:
+      # Depthwise (BiSeNetV2's GE layers): a sum of kh*kw shifted, channel-scaled copies of the input; channel
+      # c feeds outputs c*M .. c*M+M-1 (M = features / cin, lax's grouping). Elementwise ops only, so the
+      # weight gradient stays fast inside loops (the lax grouped convolution has the while-loop slowdown too).
+      if self.padding == 'SAME':
+        x = _pad_same(x, kh, kw, self.strides)
+      s = self.strides
+      oh = (x.shape[-3] - kh) // s + 1
+      ow = (x.shape[-2] - kw) // s + 1
+      mult = self.features // cin
+      k = kernel.reshape(kh, kw, self.features).astype(x.dtype)
+      y = None
+      for i in range(kh):
+        for j in range(kw):
+          xs = x[..., i:i + (oh - 1) * s + 1:s, j:j + (ow - 1) * s + 1:s, :]
+          if mult > 1:
+            xs = jnp.repeat(xs, mult, axis=-1)
+          y = xs * k[i, j] if y is None else y + xs * k[i, j]
     else:
       if self.padding == 'SAME':
         x = _pad_same(x, kh, kw, self.strides)

@@ -91,3 +91,24 @@ def _word_lstm(num_classes, input_shape, conv_impl='auto', embed=96, hidden=670,
   del conv_impl
   return base.from_flax(_rnn.WordLSTM(num_classes, embed=embed, hidden=hidden, biases=biases, readout=readout),
                         'word_lstm', num_classes, input_shape)
+# --- Semantic segmentation: BiSeNetV2 (FedDrive), BatchNorm or GroupNorm. ---
+from fedjax_flat.models import bisenetv2 as _bisenetv2  # noqa: E402
+
+
+@register('bisenetv2')
+def _bisenetv2_model(num_classes, input_shape, conv_impl='auto', norm='bn', gn_groups=8, bn_momentum=0.9,
+                     aux=True, variant='feddrive', remat=False):
+  if norm not in _bisenetv2.NORMS:
+    raise ValueError(f'model_kwargs.norm={norm!r}; allowed: {_bisenetv2.NORMS}')
+  if variant not in _bisenetv2.VARIANTS:
+    raise ValueError(f'model_kwargs.variant={variant!r}; allowed: {_bisenetv2.VARIANTS}')
+  if norm == 'gn':
+    _bisenetv2.check_gn_groups(int(gn_groups))
+  module = _bisenetv2.BiSeNetV2(num_classes, aux=bool(aux), variant=variant, norm=norm, gn_groups=int(gn_groups),
+                                bn_momentum=float(bn_momentum), conv_impl=conv_impl, remat=bool(remat))
+  return base.from_flax(module, 'bisenetv2', num_classes, input_shape, batch_stats=norm == 'bn', rbg_init=True)
+
+
+def uses_batch_stats(name: str, kwargs) -> bool:
+  """Whether the model carries BatchNorm running statistics in its params (known from the config alone)."""
+  return name == 'bisenetv2' and dict(kwargs or {}).get('norm', 'bn') == 'bn'

@@ -5,6 +5,8 @@ chain(  [sam(rho) | asam(rho, eta) | nothing]   replaces g by the gradient at th
         [clip_by_global_norm(c)]                (FedDyn's gradient clipping)
         add_decayed_weights(wd)                 PyTorch-style coupled weight decay, at the unperturbed w
         sgd(lr, momentum) | adam(lr, b1, b2, eps) )   client.base_optimizer
+lr: the broadcast one, or with client.lr_schedule='poly_step' lr * (1 - t / lr_poly_max) ** lr_power over the
+round's local steps t (FedDrive's client scheduler; optimizers/schedules.poly_lr).
 
 Adam (FedSoup's client optimizer) is torch.optim.Adam with its coupled `weight_decay`; its moments start at
 zero each round (the usual FL practice; FedSoup's code keeps them across rounds per client).
@@ -56,10 +58,14 @@ def make_client_tx(client_cfg, hparams) -> optax.GradientTransformation:
   if client_cfg.weight_decay:
     parts.append(optax.add_decayed_weights(client_cfg.weight_decay))
   base = client_cfg.get('base_optimizer', 'sgd')
+  lr = hparams['lr']
+  if client_cfg.get('lr_schedule', 'constant') == 'poly_step':   # decays over the round's local steps
+    from fedjax_flat.optimizers.schedules import poly_lr
+    lr = poly_lr(lr, client_cfg.lr_power, int(client_cfg.lr_poly_max))
   if base == 'sgd':
-    parts.append(optax.sgd(hparams['lr'], momentum=client_cfg.momentum or None))
+    parts.append(optax.sgd(lr, momentum=client_cfg.momentum or None))
   elif base == 'adam':
-    parts.append(optax.adam(hparams['lr'], b1=client_cfg.adam_b1, b2=client_cfg.adam_b2, eps=client_cfg.adam_eps))
+    parts.append(optax.adam(lr, b1=client_cfg.adam_b1, b2=client_cfg.adam_b2, eps=client_cfg.adam_eps))
   else:
     raise ValueError(f"client.base_optimizer={base!r}; allowed: 'sgd', 'adam'")
   return optax.chain(*parts)

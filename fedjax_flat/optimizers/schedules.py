@@ -114,3 +114,29 @@ def swa_cyclic_lr(gamma1: float, gamma2: float, cycle: int) -> Callable[[Scalar]
     return (1.0 - t) * gamma1 + t * gamma2
 
   return schedule
+
+
+LR_SCHEDULES = ('constant', 'poly_step', 'poly_round')
+
+
+def poly_lr(base: Scalar, power: float, max_count: int) -> Callable[[Scalar], jax.Array]:
+  """Polynomial decay (DeepLab's "poly", FedDrive's client scheduler): base * (1 - t / T) ** power.
+
+  FedDrive (src/utils/scheduler.py, src/clients/client.py) builds a fresh `LambdaLR` for every client in
+  every round with T = 10000 * E * len(loader), i.e. t counts the client's local steps from 0 each round
+  ('poly_step': client.lr_schedule), so within a round the factor stays above (1 - 1e-4) ** 0.9. 'poly_round'
+  decays over rounds instead (t = round, T = client.lr_poly_max). t >= T gives 0.
+
+  Args:
+    base: the learning rate at t = 0 (may be traced: the server's broadcast lr, e.g. SWA's cyclic lr).
+    power: 0.9 in FedDrive and DeepLab.
+    max_count: T, a Python int >= 1.
+  """
+  if max_count < 1:
+    raise ValueError(f'max_count must be >= 1, got {max_count}')
+
+  def schedule(t):
+    frac = jnp.clip(1.0 - jnp.asarray(t, jnp.float32) / max_count, 0.0, 1.0)
+    return jnp.asarray(base, jnp.float32) * frac ** jnp.float32(power)
+
+  return schedule

@@ -35,6 +35,11 @@ Fields (validated by `training/validate.py` before anything is compiled):
                        rounds_to_<70|90>pct_centralized (fractions, window)
   attack               label-flipping attack (data/attacks.py): kind, malicious_superclients (L_S), attackers
                        (L), classes, swap ('fixed' | 'random'), clean_workdir (report the accuracy drop)
+  segmentation         loss (OHEM, booster-head weight) and evaluation (resolution, per test client, PNG)
+                       of the 'segmentation' task (tasks.py)
+  bn                   BatchNorm models: test-time statistics policy for unseen clients (core/batch_stats.py)
+  client.lr_schedule   'constant' | 'poly_step' | 'poly_round' (lr_power, lr_poly_max): optimizers/schedules.py
+  client.microbatches  k: each local batch as k micro-batches (gradient accumulation, algorithms/local.py)
   published            the paper's number for this setting, as data (documentation only: never changes
                        training, ignored by the resume check): source (str: paper, table, cell),
                        accuracy (percent, same protocol as summary.json's reported last-K mean),
@@ -83,6 +88,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.client.rho_warmup_rounds = 0      # T_s; 0 = no warm-up
   c.client.asam_eta = 0.0
   c.client.grad_clip = 0.0            # clip_by_global_norm (FedDyn: 30); 0 = off
+  c.client.lr_schedule = 'constant'   # 'constant' | 'poly_step' (over each round's local steps, FedDrive) |
+  c.client.lr_power = 0.9             #   'poly_round' (over rounds): lr * (1 - t / lr_poly_max) ** lr_power
+  c.client.lr_poly_max = 0            # T: local steps (poly_step) or rounds (poly_round); > 0 for poly_*
+  c.client.microbatches = 1           # k > 1: each batch as k micro-batches (gradient accumulation; memory / k)
 
   c.server = ml_collections.ConfigDict()
   c.server.optimizer = 'sgd'
@@ -209,6 +218,23 @@ def default_config() -> ml_collections.ConfigDict:
   c.attack.classes = '0,2'             # swapped classes: ids '0,2' | '3,5' | '0,2,3,5' ... | 'intra_sc' | 'extra_sc'
   c.attack.swap = 'fixed'              # 'fixed' (one pairing for every attacker) | 'random' (one per attacker)
   c.attack.clean_workdir = ''          # the clean run's workdir: summary.json reports the accuracy drop
+  # Semantic segmentation (tasks.Segmentation; used when the dataset's task is 'segmentation').
+  c.segmentation = ml_collections.ConfigDict()
+  c.segmentation.ohem = 'topk'          # 'topk' (FedDrive: per image, the hardest ohem_fraction of pixels) |
+  c.segmentation.ohem_fraction = 0.25   #   'thresh' (CoinCheung OhemCELoss: CE > -log(ohem_thresh), at least
+  c.segmentation.ohem_thresh = 0.7      #   1/16 of the valid pixels) | 'none' (mean CE over valid pixels)
+  c.segmentation.aux_weight = 1.0       # weight of each booster head's loss (the reference adds them: 1)
+  c.segmentation.eval_mode = 'full'     # 'full' | 'downscale' (input x eval_scale, logits upsampled to the
+  c.segmentation.eval_scale = 0.5       #   labels: FedDrive's IDDA use_test_resize) | 'tiles' (windows of
+  c.segmentation.eval_tile = (0, 0)     #   eval_tile (0, 0 = the model's input size), overlapping by
+  c.segmentation.eval_overlap = 1 / 3   #   eval_overlap, logits averaged)
+  c.segmentation.by_test_client = True  # metrics per held-out test client group ('seen' / 'unseen') as well
+  c.segmentation.predictions = 4        # predictions.png: this many test images with true / predicted masks
+
+  # BatchNorm models (core/batch_stats.py): statistics of unseen test clients.
+  c.bn = ml_collections.ConfigDict()
+  c.bn.test_policy = 'auto'             # 'auto' | 'running' | 'batch' | 'client'
+  c.bn.test_batch_size = 8              # 'batch': the test batch whose statistics normalize it (FedDrive: 8)
 
   # Published result of the paper cell this config reproduces (experiments/report.py puts it beside ours).
   c.published = ml_collections.ConfigDict()

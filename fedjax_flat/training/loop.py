@@ -33,7 +33,7 @@ from fedjax_flat.core import personalized
 from fedjax_flat.core import rounds as rounds_lib
 from fedjax_flat.core import sampling
 from fedjax_flat import tasks as tasks_lib
-from fedjax_flat.core.evaluation import Evaluator
+from fedjax_flat.core.evaluation import Evaluator, make_evaluator  # noqa: F401
 from fedjax_flat.core.sampling import sample_clients
 from fedjax_flat.data import attacks
 from fedjax_flat.data import batching
@@ -71,7 +71,7 @@ class Trainer:
     validate.validate_against_data(config, self.data)
     self.model = model_registry.get_model(config.model, self.data.num_classes, self.data.input_shape,
                                           **config.model_kwargs.to_dict())
-    self.task = tasks_lib.task_of(self.data)          # what the labels mean: loss and metrics (tasks.py)
+    self.task = tasks_lib.from_config(tasks_lib.task_of(self.data), config)  # loss and metrics (tasks.py)
     self.algorithm = self.build_algorithm()
     self.train_transform, self.eval_transform = transforms.make_transforms(config, self.data.num_classes,
                                                                            data=self.data)
@@ -124,9 +124,9 @@ class Trainer:
       self.store = make_client_state_store(  # host dict (lazy) or device [K, ...] arrays: core/client_state.py
           self.algorithm.client_state_init(params), self.data.num_clients, config.get('client_state_store', 'auto'),
           config.get('client_state_device_max_mb', 256) * 2**20)
-    tx, ty = self.data.test_examples()
-    self.evaluator = Evaluator(self.model, tx, ty, config.eval_batch_size, preprocess=self.eval_transform,
-                               task=self.task)
+    # The global test set (Evaluator), or test-client groups / BN test policy / resolution (segmentation).
+    self.evaluator = make_evaluator(config, self.model, self.data, self.task, self.eval_transform,
+                                    self.algorithm.name)
     self.round = 0                       # rounds completed
     self.is_writer = jax.process_index() == 0          # multi-host: only process 0 writes files
     self.writer = writers.MetricsWriter(workdir) if (workdir and write_files and self.is_writer) else None
@@ -467,6 +467,13 @@ class Trainer:
           self.workdir if (self.workdir and self.writer) else None)
       summary['corruptions']['model'] = reported
     attacks.summarize(c, summary, getattr(self, 'attack_report', None))
+    if self.workdir and self.writer and isinstance(self.task, tasks_lib.Segmentation) \
+        and c.segmentation.predictions and hasattr(self.evaluator, 'predictions'):   # images, true / predicted masks
+      from fedjax_flat.training import seg_figures
+      params = self.algorithm.eval_models(self.server_state)[reported][0]
+      seg_figures.write_predictions(os.path.join(self.workdir, 'predictions.png'),
+                                    self.evaluator.predictions(params, c.segmentation.predictions),
+                                    self.data.num_classes, title=f'{self.algorithm.name} ({reported} model)')
     if self.workdir and self.writer:
       writers.write_summary(self.workdir, summary)
       writers.plot_metrics(self.records, os.path.join(self.workdir, 'metrics.png'),

@@ -133,6 +133,12 @@ def validate_config(cfg) -> None:
   _num(cfg, 'client.rho_warmup_rounds', lo=0, integer=True)
   _num(cfg, 'client.asam_eta', lo=0)
   _num(cfg, 'client.grad_clip', lo=0)
+  if 'lr_schedule' in cfg.client:
+    _validate_lr_schedule(cfg)
+  if 'microbatches' in cfg.client:
+    k = _num(cfg, 'client.microbatches', lo=1, integer=True)
+    if cfg.client.batch_size % k:
+      raise ConfigError('client.microbatches', k, f'must divide client.batch_size={cfg.client.batch_size}')
 
   _choice(cfg, 'server.optimizer', SERVER_OPTIMIZERS)
   _num(cfg, 'server.lr', lo=0, lo_open=True)
@@ -194,6 +200,10 @@ def validate_config(cfg) -> None:
   if 'centralized' in cfg:                 # the centralized upper bound / rounds-to-X (training/centralized.py)
     from fedjax_flat.training import centralized
     centralized.validate(cfg)
+  if 'segmentation' in cfg:
+    _validate_segmentation(cfg)
+  if 'bn' in cfg:
+    _validate_bn(cfg, model_registry)
   if 'personalized' in cfg:                # end-of-training personalized evaluation (core/personalized.py)
     _num(cfg, 'personalized.finetune_epochs', lo=0, integer=True)
     _num(cfg, 'personalized.finetune_lr', lo=0)
@@ -253,6 +263,54 @@ def validate_grouping(cfg) -> None:
     if not (os.path.isfile(os.path.join(d, 'config.json')) and os.path.isdir(os.path.join(d, 'checkpoints'))):
       raise ConfigError('grouping.probe_checkpoint', g.probe_checkpoint,
                         'must be a fedjax_flat run directory (config.json + checkpoints/)')
+
+
+def _validate_lr_schedule(cfg) -> None:
+  from fedjax_flat.optimizers.schedules import LR_SCHEDULES
+  sched = _choice(cfg, 'client.lr_schedule', LR_SCHEDULES)
+  _num(cfg, 'client.lr_power', lo=0, lo_open=True)
+  _num(cfg, 'client.lr_poly_max', lo=0, integer=True)
+  if sched != 'constant' and cfg.client.lr_poly_max < 1:
+    raise ConfigError('client.lr_poly_max', cfg.client.lr_poly_max,
+                      f'client.lr_schedule={sched} needs T >= 1 ({"local steps" if sched == "poly_step" else "rounds"}'
+                      f'; FedDrive: poly_step with 10000 x local epochs x steps per epoch)')
+
+
+def _validate_segmentation(cfg) -> None:
+  from fedjax_flat.tasks import OHEM_MODES
+  from fedjax_flat.models.tiling import EVAL_MODES
+  _choice(cfg, 'segmentation.ohem', OHEM_MODES)
+  _num(cfg, 'segmentation.ohem_fraction', lo=0, lo_open=True, hi=1)
+  _num(cfg, 'segmentation.ohem_thresh', lo=0, lo_open=True, hi=1, hi_open=True)
+  _num(cfg, 'segmentation.aux_weight', lo=0)
+  _choice(cfg, 'segmentation.eval_mode', EVAL_MODES)
+  _num(cfg, 'segmentation.eval_scale', lo=0, lo_open=True, hi=1)
+  _num(cfg, 'segmentation.eval_overlap', lo=0, hi=1, hi_open=True)
+  tile = cfg.segmentation.eval_tile
+  if (not isinstance(tile, (tuple, list)) or len(tile) != 2
+      or any(isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0 for t in tile)):
+    raise ConfigError('segmentation.eval_tile', tile, 'must be (height, width), integers >= 0 ((0, 0) = the '
+                      "model's input size)")
+  if not isinstance(cfg.segmentation.by_test_client, bool):
+    raise ConfigError('segmentation.by_test_client', cfg.segmentation.by_test_client, 'must be True or False')
+  _num(cfg, 'segmentation.predictions', lo=0, hi=64, integer=True)
+
+
+def _validate_bn(cfg, model_registry) -> None:
+  from fedjax_flat.core import batch_stats
+  policy = _choice(cfg, 'bn.test_policy', batch_stats.TEST_POLICIES)
+  _num(cfg, 'bn.test_batch_size', lo=1, integer=True)
+  if not model_registry.uses_batch_stats(cfg.model, cfg.model_kwargs.to_dict()):
+    return
+  if cfg.algorithm not in batch_stats.BN_ALGORITHMS:
+    raise ConfigError('algorithm', cfg.algorithm,
+                      f'with a BatchNorm model (model={cfg.model}, model_kwargs.norm=bn) the running statistics '
+                      f'are averaged through the FedAvg pseudo-gradient: allowed {list(batch_stats.BN_ALGORITHMS)} '
+                      '(any client / server optimizer, SWA, WiMA); use model_kwargs.norm=gn for the others')
+  if policy == 'running' and cfg.algorithm in batch_stats.LOCAL_STATS_ALGORITHMS:
+    raise ConfigError('bn.test_policy', policy,
+                      f'{cfg.algorithm} keeps the statistics on the clients, the server never holds any: use '
+                      "'batch' (FedDrive) or 'client'")
 
 
 def _validate_init(init) -> None:

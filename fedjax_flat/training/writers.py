@@ -3,6 +3,10 @@
 Files are replaced atomically through `<name>.<pid>.tmp` (unique per process). A write that fails (disk
 full, permissions) raises `ResultsWriteError` naming the file: one line from train.py, exit 1; the rerun
 resumes from the last checkpoint and rewrites metrics.jsonl from it.
+Array-valued metrics (a segmentation run's per-class IoU `test_iou`) are kept whole in metrics.jsonl (NaN ->
+null), left out of metrics.csv and TensorBoard (scalars only), and summary.json reports their final value
+per model; every scalar test metric beyond accuracy/loss (test_miou, test_unseen_miou, ...) gets a final and
+a last-K mean there, and metrics.png a panel of the mIoU curves.
 """
 from __future__ import annotations
 
@@ -101,16 +105,17 @@ class MetricsWriter:
     keys = []
     for r in self.records:
       keys += [k for k in r if k not in keys]
+    keys = [k for k in keys if not any(isinstance(r.get(k), (list, tuple)) for r in self.records)]
 
     def write(f):
-      w = csv.DictWriter(f, fieldnames=keys)
+      w = csv.DictWriter(f, fieldnames=keys, extrasaction='ignore')   # array-valued metrics: jsonl only
       w.writeheader()
       for r in self.records:
         w.writerow(r)
     atomic_write(self.csv_path, write, newline='')
 
   def write(self, record: Dict):
-    record = {k: (float(v) if isinstance(v, (np.floating, np.integer)) else v) for k, v in record.items()}
+    record = {k: _plain(v) for k, v in record.items()}
     self.records.append(record)
     with _writing(self.jsonl_path), open(self.jsonl_path, 'a') as f:
       f.write(json.dumps(record) + '\n')
@@ -128,6 +133,15 @@ class MetricsWriter:
       self._tb.close()
 
 
+def _plain(v):
+  """numpy scalars -> float; arrays -> lists with NaN as None (strict JSON)."""
+  if isinstance(v, (np.floating, np.integer)):
+    return float(v)
+  if isinstance(v, (list, tuple, np.ndarray)):
+    return [None if (e is None or not np.isfinite(e)) else float(e) for e in np.asarray(v, np.float64).ravel()]
+  return v
+
+
 def plot_metrics(records: List[Dict], path: str, title: str = '') -> None:
   """accuracy and loss vs round for every evaluated model (global, swa, wima...)."""
   import matplotlib
@@ -135,7 +149,16 @@ def plot_metrics(records: List[Dict], path: str, title: str = '') -> None:
   import matplotlib.pyplot as plt
   if not records:
     return
-  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+  miou_keys = sorted({k for r in records for k in r if k.endswith('test_miou') or
+                      (k.startswith('test_') and k.endswith('_miou'))})
+  if miou_keys:   # segmentation: the mIoU curves (pooled and per test-client group) in a third panel
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4))
+    for k in miou_keys:
+      pts = [(r['round'], r[k]) for r in records if isinstance(r.get(k), (int, float))]
+      ax3.plot([a for a, _ in pts], [b for _, b in pts], label=k.replace('test_', '').replace('_miou', '') or 'all')
+    ax3.set_xlabel('round'); ax3.set_ylabel('test mIoU'); ax3.grid(alpha=.3); ax3.legend()
+  else:
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
   rounds = [r['round'] for r in records]
   prefixes = sorted({k[:-len('test_accuracy')] for r in records for k in r if k.endswith('test_accuracy')})
   for p in prefixes:
@@ -172,12 +195,27 @@ def summarize(records: List[Dict], last_k: int, extra: Dict) -> Dict:
         f'mean_last_{last_k}_test_loss': float(np.mean(losses[-last_k:])),
         'num_evaluations': len(accs), 'last_round': pts[-1]['round'],
     }
+    # Task metrics beyond accuracy/loss (mIoU, per test-client group): final and last-K mean; arrays (per-class
+    # IoU) final only.
+    extra_keys = sorted({k for r in pts for k in r if k.startswith(p + 'test_') and '/' not in k[len(p):]
+                    and k[len(p):] not in ('test_accuracy', 'test_loss', 'test_count')})
+    for k in extra_keys:
+      vals = [r[k] for r in pts if k in r]
+      key = k[len(p):]
+      if isinstance(vals[-1], (list, tuple)):
+        models[name][f'final_{key}'] = list(vals[-1])
+        continue
+      models[name][f'final_{key}'] = vals[-1]
+      models[name][f'mean_last_{last_k}_{key}'] = float(np.mean(vals[-last_k:]))
   out['models'] = models
   out['reported_model'] = extra.get('reported_model', 'global')
   if out['reported_model'] in models:
     m = models[out['reported_model']]
     out['final_test_accuracy'] = m['final_test_accuracy']
     out[f'mean_last_{last_k}_test_accuracy'] = m[f'mean_last_{last_k}_test_accuracy']
+    for key, v in m.items():   # the reported model's mIoU (pooled and per test-client group)
+      if key.endswith('_miou'):
+        out[key] = v
   return out
 
 
@@ -188,6 +226,13 @@ def write_summary(workdir: str, summary: Dict) -> None:
     k = [key for key in m if key.startswith('mean_last_') and key.endswith('accuracy')][0]
     lines.append(f"| {name} | {m['final_test_accuracy']:.4f} | {m[k]:.4f} | {m['final_test_loss']:.4f} | "
                  f"{m['num_evaluations']} |")
+  miou = [(name, key, m[key]) for name, m in summary.get('models', {}).items() for key in m
+          if key.startswith('mean_last_') and key.endswith('_miou')]
+  if miou:   # segmentation
+    lines += ['', '| model | mIoU (mean last-K) | test clients |', '|---|---|---|']
+    for name, key, v in miou:
+      group = key.split('_test_', 1)[1][:-len('miou')].rstrip('_') or 'all'
+      lines.append(f'| {name} | {100 * v:.2f} | {group} |')
   head = [f"# {summary.get('experiment', 'run')}", '',
           f"algorithm `{summary.get('algorithm')}`, dataset `{summary.get('dataset')}`, "
           f"{summary.get('rounds_completed')} rounds, {summary.get('wall_time_s', 0):.1f} s, "

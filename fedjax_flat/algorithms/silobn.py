@@ -1,0 +1,25 @@
+"""SiloBN (Andreux et al. 2020; FedDrive's baseline): FedAvg with BatchNorm statistics local.
+
+  server sends w^t (every param, and BatchNorm statistics it never updates after round 0)
+  client k: starts from w^t with ITS OWN running statistics (the server's on its first visit), trains
+            E local epochs (statistics follow the BatchNorm update), keeps its new statistics
+  server: FedAvg / FedOpt on everything else (the affine scale and bias of the norms included)
+
+The client's statistics live in its client state (core/personalized.with_local_norm with
+`select=is_batch_stats_path`, in the client-state store). With the client optimizer SAM / ASAM this is
+Table 4.10's "SiloBN + SAM / ASAM"; with server SWA, "+ SWA". FedBN (statistics AND affine params local)
+is the algorithm 'fedbn'. Unseen test clients need a test-time policy (config.bn.test_policy,
+core/batch_stats.py). A model without BatchNorm makes this plain FedAvg.
+"""
+from __future__ import annotations
+
+from fedjax_flat.algorithms.base import FederatedAlgorithm
+from fedjax_flat.algorithms.fedavg import fedavg
+from fedjax_flat.algorithms.registry import register
+from fedjax_flat.core import personalized
+
+
+@register('silobn', hparams={})
+def _silobn_builder(ctx) -> FederatedAlgorithm:
+  base = fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, make_client_tx=ctx.make_client_tx)
+  return personalized.with_local_norm(base, name='silobn', select=personalized.is_batch_stats_path)
