@@ -101,7 +101,7 @@ _PER_CLIENT = flags.DEFINE_bool(
     'Writes per_client_<model>_round<r>.json.')
 _PC_ROUND = flags.DEFINE_integer(
     'per_client_round', -1, 'With --per_client: the checkpoint round r to start from (-1: the newest); the run must '
-    'have kept it (config.checkpoint_every, keep_checkpoints).')
+    'have kept it (config.keep_rounds, or checkpoint_every / keep_checkpoints).')
 
 
 def main(argv):

@@ -72,6 +72,24 @@ def test_keep_last_k_and_metrics_once(tmp_path):
   assert ck['config']['model'] == 'mlp'
 
 
+def test_keep_rounds_saved_and_never_deleted(tmp_path):
+  """config.keep_rounds: those rounds are checkpointed off the checkpoint_every grid, survive keep-last-K, and
+  restore to exactly the state an uninterrupted run had at that round."""
+  wd = tmp_path / 'run'
+  s = run_lib.run(tiny_config(rounds=7, checkpoint_every=3, keep_checkpoints=1, keep_rounds=(2, 5)), str(wd),
+                  data=small_data())
+  assert s['rounds_completed'] == 7
+  assert sorted(os.listdir(wd / 'checkpoints'), key=int) == ['2', '5', '7']
+  t = loop.Trainer(tiny_config(rounds=7), data=small_data())
+  t.train(num_rounds=2)
+  kept = loop.Trainer(tiny_config(rounds=7), data=small_data())
+  ck = ckpt_lib.Checkpointer(str(wd / 'checkpoints'), read_only=True)
+  assert ck.restore_step(kept, 2) == 2
+  assert_trees_equal(kept.server_state, t.server_state)
+  with pytest.raises(ConfigError, match='keep_rounds'):
+    run_lib.run(tiny_config(rounds=7, keep_rounds=(0, 8)), str(tmp_path / 'bad'), data=small_data())
+
+
 def _corrupt(step_dir, how):
   if how == 'server_item_removed':
     shutil.rmtree(step_dir / 'server')

@@ -240,11 +240,14 @@ class Checkpointer:
   """Saves and restores a Trainer's whole run state in `directory` (WORKDIR/checkpoints)."""
 
   def __init__(self, directory: str, *, keep: int = 2, every: int = 0, asynchronous: bool = True,
-               read_only: bool = False):
+               read_only: bool = False, keep_rounds=()):
     import orbax.checkpoint as ocp
     self._ocp = ocp
     self.directory = os.path.abspath(directory)
     self.keep, self.every = int(keep), int(every)
+    # Rounds saved whatever `every` says and never deleted (config.keep_rounds): the states a later analysis
+    # starts from, e.g. `hessian.py --per_client --per_client_round=r` recomputes round r's local models.
+    self.keep_rounds = frozenset(int(r) for r in keep_rounds)
     self.read_only = bool(read_only)
     self._quiet = _QuietClosedLoop()
     try:
@@ -258,9 +261,15 @@ class Checkpointer:
         # "directory created" signal, which held the process at exit. Interrupted writes are removed by
         # training/workdir.py under the workdir lock (orbax's own cleanup would run on a thread that an
         # early exit, e.g. for missing data, interrupts with a traceback).
+        if self.keep_rounds:
+          cm = ocp.checkpoint_managers
+          keeping = dict(preservation_policy=cm.AnyPreservationPolicy(
+              [cm.LatestN(self.keep), cm.CustomSteps(sorted(self.keep_rounds))]))
+        else:
+          keeping = dict(max_to_keep=self.keep)
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=self.keep, enable_async_checkpointing=asynchronous, cleanup_tmp_directories=False,
-            create=True, async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
+            enable_async_checkpointing=asynchronous, cleanup_tmp_directories=False,
+            create=True, async_options=ocp.AsyncOptions(create_directories_asynchronously=False), **keeping)
       self.manager = ocp.CheckpointManager(self.directory, options=options,
                                            item_names=('server', 'clients', 'meta', 'config'))
     except OSError as e:
@@ -273,7 +282,7 @@ class Checkpointer:
   # Saving.
   def maybe_save(self, trainer, *, final: bool = False) -> bool:
     r = trainer.round
-    due = final or (self.every > 0 and r % self.every == 0)
+    due = final or (self.every > 0 and r % self.every == 0) or r in self.keep_rounds
     if not due or r == self.last_saved or r in self.manager.all_steps():
       return False
     self.save(trainer)
@@ -411,7 +420,7 @@ class Checkpointer:
     """Restores checkpoint `step` exactly (analysis of an earlier round: no fallback, nothing set aside)."""
     if step not in self.steps():
       raise CheckpointError(f'no checkpoint {self.directory}/{step}; available rounds: {self.steps()} '
-                            '(keep more with config.checkpoint_every / keep_checkpoints)')
+                            '(keep more with config.checkpoint_every / keep_checkpoints, or chosen rounds with config.keep_rounds)')
     self._quiet.install()
     meta, saved_cfg = self._read_json(step)
     diffs = config_diffs(saved_cfg, config_dict(trainer.config))

@@ -24,6 +24,8 @@ Fields (validated by `training/validate.py` before anything is compiled):
   eval_every, eval_every_last, eval_batch_size, eval_clients, summary_last_k
   checkpoint_every, keep_checkpoints   orbax checkpoints in WORKDIR/checkpoints every N rounds (0 = only at
                        the end or on SIGTERM/SIGINT), keeping the last K; resume is automatic (docs/scaling.md)
+  keep_rounds          rounds r whose checkpoints are saved too and kept for good (e.g. for
+                       `experiments/hessian.py --per_client --per_client_round=r`: round r's local models)
   client_state_store, client_state_device_max_mb   per-client state store (SCAFFOLD, FedDyn, ...)
   personalized         end-of-training personalized / OOD evaluation (core/personalized.py): enabled,
                        finetune_epochs, finetune_lr, finetune_batch_size, auc_scores, per_client
@@ -159,6 +161,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.summary_last_k = 10               # summary.json averages the last K evaluations (papers: last 100 rounds)
   c.checkpoint_every = 0              # 0 = only at the end
   c.keep_checkpoints = 2
+  c.keep_rounds = ()                  # rounds whose checkpoints are also saved and never deleted (analyses)
   c.progress_every_s = 10.0
   c.client_state_store = 'auto'       # stateful algorithms: 'host' | 'device' | 'auto' (core/client_state.py)
   c.client_state_device_max_mb = 256  # auto: device store if population * state bytes <= this

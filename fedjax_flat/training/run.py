@@ -83,7 +83,8 @@ def run(config, workdir: str, *, fresh: bool = False, handle_signals: bool = Fal
 
 def _run_locked(config, workdir, *, fresh, handle_signals, data, stop_requested) -> dict:
   checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, 'checkpoints'), keep=config.keep_checkpoints,
-                                       every=config.checkpoint_every)
+                                       every=config.checkpoint_every,
+                                       keep_rounds=tuple(config.get('keep_rounds', ())))
   stopper = None
   try:
     if not fresh:

@@ -194,6 +194,12 @@ def validate_config(cfg) -> None:
   _num(cfg, 'summary_last_k', lo=1, integer=True)
   _num(cfg, 'checkpoint_every', lo=0, integer=True)
   _num(cfg, 'keep_checkpoints', lo=1, integer=True)
+  keep_rounds = cfg.get('keep_rounds', ())
+  if (not isinstance(keep_rounds, (tuple, list))
+      or any(isinstance(r, bool) or not isinstance(r, numbers.Integral) or not 1 <= r <= cfg.rounds
+             for r in keep_rounds)):
+    raise ConfigError('keep_rounds', keep_rounds, f'must be a tuple of rounds in [1, rounds={cfg.rounds}] '
+                      '(e.g. --config.keep_rounds="(100, 500)")')
   from fedjax_flat.core.client_state import STORE_KINDS
   _choice(cfg, 'client_state_store', STORE_KINDS)
   _num(cfg, 'client_state_device_max_mb', lo=0)
