@@ -6,6 +6,7 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -20,7 +21,7 @@ def _run(args, timeout=400):
 def test_hessian_tool_writes_report_and_plots(tmp_path):
   wd = tmp_path / 'run'
   _run(['experiments/train.py', '--config=configs/quickstart.py', f'--workdir={wd}', '--config.rounds=3',
-        '--config.eval_every=3'])
+        '--config.eval_every=3', '--config.model=mlp'])      # the tool's plumbing; CNN HVPs: test_hessian.py
   _run(['experiments/hessian.py', f'--workdir={wd}', '--num_examples=120', '--top_k=3', '--lanczos_steps=30',
         '--trace_probes=3', '--density_probes=1', '--surface_points=3'])
   out = wd / 'hessian'
@@ -34,6 +35,7 @@ def test_hessian_tool_writes_report_and_plots(tmp_path):
     assert (out / f).stat().st_size > 1000
 
 
+@pytest.mark.slow       # 2 x 60 rounds of the digits CNN + Lanczos: an experiment, not a unit test
 def test_fedasam_flatter_than_fedavg_on_digits_alpha0():
   """Claim 2 of the digest: client ASAM lowers the global model's lambda_max versus FedAvg (same budget)."""
   from configs import quickstart
@@ -63,7 +65,7 @@ def test_per_client_local_vs_global_sharpness(tmp_path):
   their example-weighted mean is the server's FedAvg update (server SGD lr 1)."""
   wd = tmp_path / 'run'
   _run(['experiments/train.py', '--config=configs/quickstart.py', f'--workdir={wd}', '--config.rounds=3',
-        '--config.eval_every=3', '--config.checkpoint_every=2'])       # checkpoints 2 and 3
+        '--config.eval_every=3', '--config.checkpoint_every=2', '--config.model=mlp'])   # checkpoints 2 and 3
   res = _run(['experiments/hessian.py', f'--workdir={wd}', '--per_client', '--num_examples=60', '--num_iters=8'])
   rep = json.loads((wd / 'hessian' / 'per_client_global_round3.json').read_text())
   assert rep['round'] == 3 and len(rep['clients']) == 5 and 'mean lambda_max local/own' in res.stdout

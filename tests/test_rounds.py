@@ -86,7 +86,13 @@ def _leaves(t):
   return out
 
 
-@pytest.mark.parametrize('case', sorted(CASES))
+# fedavg_sam and scaffold_server_adam (client-state store + server optimizer state) run in the default suite;
+# the other stateful cases in `pytest -m slow` (each case trains 5 trainers).
+SLOW_CASES = ('feddyn', 'swa')
+
+
+@pytest.mark.parametrize('case', [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_CASES else c
+                                  for c in sorted(CASES)])
 def test_rounds_per_call_bit_identical(case):
   data = _data()
   runs = {}

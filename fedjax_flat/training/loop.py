@@ -337,7 +337,8 @@ class Trainer:
     if end > c.rounds - c.get('eval_every_last', 0):
       b = min(b, max(r + 1, c.rounds - c.get('eval_every_last', 0) + 1))
     if self.checkpointer is not None:
-      b = min(b, nxt(self.checkpointer.every), *[k for k in self.checkpointer.keep_rounds if k > r] or [end])
+      kept = [k for k in getattr(self.checkpointer, 'keep_rounds', ()) if k > r]   # config.keep_rounds
+      b = min(b, nxt(self.checkpointer.every), *kept or [end])
     return max(b, r + 1)
 
   def block_length(self, r: int, end: int) -> int:
