@@ -307,6 +307,22 @@ def test_layout_flags(data):
   assert by_len == {3: 9.0, 1: 3.0}                          # |D_S|: clients 0 + 3 (5 + 4), client 9 (3)
 
 
+def test_per_position_labels_keep_their_shape_in_both_gathers(data):
+  """Labels with a shape per example (next_token: one id per position) travel whole through the host gather
+  and the device gather's index, masked entries 0."""
+  from fedjax_flat.data.federated import FederatedDataset
+  y = np.arange(data.x.shape[0] * 3, dtype=np.int32).reshape(-1, 3) % 7 + 1
+  seq = FederatedDataset.from_client_indices(data.x, y, [data.client_indices(k) for k in range(len(SIZES))],
+                                             data.test_x, np.ones((len(data.test_x), 3), np.int32), 8)
+  t = loop.Trainer(cfg(**{'algo.fraction': 1.0}), data=seq, superclients=GROUPS)
+  lanes = chains_lib.build_lanes(t.round_chains(0), t.lane_shape, steps=t.steps, sizes=t.sizes, plan=t.batch_plan,
+                                 seed=0, round_idx=0)
+  host = chains_lib.gather_host(seq, lanes)['y']
+  valid = lanes['mask'] > 0
+  assert host.shape == lanes['mask'].shape + (3,) and (host[~valid] == 0).all() and (host[valid] > 0).all()
+  np.testing.assert_array_equal(host[valid], y[chains_lib.flat_index(seq, lanes)][valid])
+
+
 def test_validation_errors():
   bad = [({'algorithm': 'fedseq', 'algo.fraction': float('nan')}, 'algo.fraction'),
          ({'algorithm': 'fedseq', 'algo.fraction': 0.0}, 'algo.fraction'),

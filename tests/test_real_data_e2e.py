@@ -133,3 +133,28 @@ def test_fedseq_family_cells_on_official_tarball(tmp_path, cell):
     assert s['fedseq']['mean_clients_per_round'] == 3 and s['fedseq']['comm_messages_per_round']['c2c'] == 2
   else:
     assert s['attack']['num_attackers'] >= 1 and os.path.exists(tmp_path / 'run' / 'attack.json')
+
+
+def test_fedseq_shakespeare_cell_on_leaf_json(tmp_path):
+  """configs/fedseq.py's Shakespeare FedSeq cell (psi_clf + greedy grouping, chains of the next_token task) on
+  LEAF JSON: superclients from the toolkit's pre-training, chain rounds, summary.json's fedseq section."""
+  from data_fixtures import make_shakespeare_leaf
+  text = 'Full fathom five thy father lies; of his bones are coral made; those are pearls that were his eyes. '
+  make_shakespeare_leaf(str(tmp_path / 'data'), [(f'R{i}', text[i:] + text[:i]) for i in range(0, 60, 10)])
+  c = _config('fedseq.py:shakespeare,fedseq')
+  assert (c.algorithm, c.grouping.estimator, c.grouping.method) == ('fedseq', 'clf', 'greedy')
+  c.data.data_dir = str(tmp_path / 'data')
+  c.data.fraction = 1.0
+  c.model_kwargs.hidden = 8
+  c.grouping.min_examples, c.grouping.max_clients, c.grouping.pretrain_epochs = 40, 3, 1
+  c.algo.fraction = 1.0                       # both superclients every round
+  _run(c, tmp_path, 'shakespeare', clients_per_round=2, batch_size=16)
+  s = json.load(open(tmp_path / 'run' / 'summary.json'))
+  f = s['fedseq']
+  assert f['variant'] == 'fedseq' and f['num_superclients_initial'] == 2 and f['mean_chains_per_round'] == 2
+  assert f['comm_messages_per_round'] == {'s2c': 2, 'c2s': 2, 'c2c': 4}      # 6 clients in 2 chains
+  assert s['centralized_accuracy'] == 0.52 and 'rounds_to_70pct_centralized' in s
+  groups = json.load(open(tmp_path / 'run' / 'superclients.json'))['groupings'][0]['groups']
+  assert sorted(i for g in groups for i in g) == list(range(6))
+  rec = json.loads(open(tmp_path / 'run' / 'metrics.jsonl').readlines()[-1])
+  assert rec['test_tokens'] > 0 and 'test_accuracy_no_pad' in rec      # the NextToken task's metrics
