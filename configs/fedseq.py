@@ -151,7 +151,6 @@ Table 5.4 (table=5.4, NIID): FEMNIST FedSeq N_S 175, acc 87.11; FedSeq2Par mean 
   Shakespeare N_S 25, acc 51.70; mean N_S 52 (2.09x), acc 52.75.  StackOverflow N_S 1900, acc 28.91; mean N_S
   5966 (3.14x), acc 29.79.
 """
-import math
 import os
 
 import ml_collections
@@ -406,21 +405,12 @@ def get_config(arg: str = ''):
     config_strings.check(FAMILY, 'alpha', alpha, ALPHAS)
   c = base_config(ds, m, alpha)
   if not o['fair']:
-    if m != 'fedavg' or table == '5.5':
-      raise config_strings.ConfigStringError(FAMILY, 'fair=0', 'the fairness switch applies to FedAvg outside '
-                                             'Table 5.5 (the chain methods define the number of updates)')
-    c.clients_per_round = fedseq_lib.num_sampled(FRACTION, T54[ds][0][0])   # C N_S: FedSeq's chains per round
-    c.published = ml_collections.ConfigDict()
-    return c
+    return _fair_off(c, m, ds, FRACTION, table)
   grouping = default_grouping(m) if o['grouping'] == 'default' else o['grouping']
   col = (0 if ds == 'cifar10' else 3) + (ALPHAS.index(alpha) if alpha in ALPHAS else 0)
   src = f'thesis Table {table} (FedSeq), {_DS[ds]} {NAMES[m]}'
   if table == '5.1':
-    if o['grouping'] != 'default':
-      raise config_strings.ConfigStringError(FAMILY, f'grouping={grouping}', 'Table 5.1 uses each method\'s '
-                                             'default grouping; the grouping rows are table=5.3')
-    acc, std = T51[m][col]
-    config_strings.set_published(c, f'{src}, alpha={alpha:g}', acc, std)
+    _set_t51(c, o, T51[m][col], f'{src}, alpha={alpha:g}')
   elif table == '5.3':
     _check_t53(T53, m, grouping)
     set_grouping(c, grouping)
@@ -444,6 +434,23 @@ def get_config(arg: str = ''):
           c, f'{src}, attack {attack} {o["gamma"]}, L_S={o["ls"]:g}, L={o["l"]:g}, alpha=100, 1k rounds'
           + ('' if drop is not None else ', drop "o" (negligible)'), acc, drop=drop)
   return c
+
+
+def _fair_off(c, m, ds, fraction, table):
+  """fair=0: FedAvg with FedSeq's parallelism, C N_S clients per round (Table 5.4's N_S); nothing published."""
+  if m != 'fedavg' or table == '5.5':
+    raise config_strings.ConfigStringError(FAMILY, 'fair=0', 'the fairness switch applies to FedAvg outside '
+                                           'Table 5.5 (the chain methods define the number of updates)')
+  c.clients_per_round = fedseq_lib.num_sampled(fraction, T54[ds][0][0])
+  c.published = ml_collections.ConfigDict()
+  return c
+
+
+def _set_t51(c, o, acc_std, src):
+  if o['grouping'] != 'default':
+    raise config_strings.ConfigStringError(FAMILY, f'grouping={o["grouping"]}', 'Table 5.1 uses each method\'s '
+                                           'default grouping; the grouping rows are table=5.3')
+  config_strings.set_published(c, src, *acc_std)
 
 
 def _check_t53(table, m, grouping):
@@ -475,20 +482,12 @@ def get_leaf_config(arg: str, o):
   c = leaf_config(ds, m, split)
   st = LEAF_SETTING[ds]
   if not o['fair']:
-    if m != 'fedavg':
-      raise config_strings.ConfigStringError(FAMILY, 'fair=0', 'the fairness switch applies to FedAvg (the chain '
-                                             'methods define the number of updates)')
-    c.clients_per_round = fedseq_lib.num_sampled(LEAF_FRACTION, T54[ds][0][0])   # C N_S: FedSeq's chains
-    return c
+    return _fair_off(c, m, ds, LEAF_FRACTION, table)
   col = ((0 if ds == 'femnist' else 2) + SPLITS.index(split)) if ds in LEAF else 4
   where = f'{_DS[ds]}' + (f' {split.upper()}' if ds in LEAF else '')
   src = f'thesis Table {table} (FedSeq), {where} {NAMES[m]}'
   if table == '5.1':
-    if o['grouping'] != 'default':
-      raise config_strings.ConfigStringError(FAMILY, f'grouping={o["grouping"]}', 'Table 5.1 uses each method\'s '
-                                             'default grouping; the grouping rows are table=5.3')
-    acc, std = T51_LEAF[m][col]
-    config_strings.set_published(c, src, acc, std)
+    _set_t51(c, o, T51_LEAF[m][col], src)
   elif table == '5.3':
     if ds == 'stackoverflow':
       raise config_strings.ConfigStringError(FAMILY, arg, 'Table 5.3 has no StackOverflow column')
