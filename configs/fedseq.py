@@ -104,16 +104,17 @@ LEAF and StackOverflow cells (femnist | shakespeare | stackoverflow; Table A.6, 
 data and centralized reference of configs/quickstart_<dataset>.py (its docstring: files, formats), at the
 thesis' size; E_k = E_S = 1, no momentum, server lr 1; C is not stated for these datasets: C = 0.1, the FedSeq
 release's default (fedbase.yaml: K 3500, C 0.1, B 20); FedAvg samples C K clients (fairness as above).
-  femnist      Reddi et al.'s CNN; every LEAF writer (fraction 1; split=iid: LEAF's iid resampling into as many
-               equal users); SGD lr 0.01, batch 20, no weight decay, 1,500 rounds; FedAvg 350 clients (C K,
+  femnist      Reddi et al.'s CNN; every LEAF writer (fraction 1, min_samples 0; split=iid: LEAF's iid
+               resampling into as many equal users); SGD lr 0.01, batch 20, no weight decay, 1,500 rounds; FedAvg 350 clients (C K,
                K = 3,500); |D_S|_min 4120, K_S,max 21 (N_S 175); FedSeq / FedAsyncSeq psi_t2v + k-means
                (Euclidean), FedSeq2Par psi_t2v + ICG, f_exp, alpha_gr 3e-3, beta_gr 5.
   shakespeare  the char-LSTM (embed 8, 2 x LSTM 100, 90 ids), 80 characters -> the next 80 (next_token);
-               fraction 0.0886 of LEAF's samples (about 100 of its 1,129 roles, LEAF's 3,743 windows on average:
-               the thesis' 100 clients; split=iid: as many equal users); SGD lr 1, batch 100, weight decay 0
-               (Table A.6; the text says 1e-4), 250 rounds; FedAvg 10 clients; |D_S|_min 8000, K_S,max 5
-               (Table 5.4's N_S = 25 is the FedSeq release's 100 roles x 2,000 windows; LEAF's natural sizes
-               give more superclients). The thesis groups with psi_t2v and a character-level GPT probe; a
+               100 random roles of more than 2,222 windows, each cut to its first 2,223, split 90/10: 100
+               clients x 2,000 training windows (appendix A.4 and the FedSeq release's shakespeare_niid, K =
+               100, 200,000 samples; split=iid: LEAF's iid resampling into 1,129 equal users, then the same
+               subset); SGD lr 1, batch 100, weight decay 0 (Table A.6; the text says 1e-4), 250 rounds;
+               FedAvg 10 clients; |D_S|_min 8000, K_S,max 5: 25 superclients of 4 (Table 5.4's N_S).
+               The thesis groups with psi_t2v and a character-level GPT probe; a
                next_token task labels every position, so psi_conf / psi_t2v do not apply (validate.py refuses
                them) and these cells use psi_clf (the output layer): FedSeq greedy (cosine), FedAsyncSeq
                k-means (Table 5.3's footnote), FedSeq2Par ICG, f_exp, alpha_gr 1.8e-2, beta_gr 5.
@@ -189,9 +190,10 @@ CENTRALIZED = {'cifar10': 85.64, 'cifar100': 54.97, 'femnist': 87.52, 'shakespea
 SO_ROUNDS, SO_BETA = 1500, 50
 LEAF_SETTING = {
     'femnist': dict(clients=3500, rounds=1500, min_examples=4120, max_clients=21, growth=(3e-3, 5),
-                    groupings=('t2v_kmeans', 't2v_kmeans', 't2v_icg'), data=dict(fraction=1.0)),
+                    groupings=('t2v_kmeans', 't2v_kmeans', 't2v_icg'), data=dict(fraction=1.0, min_samples=0)),
     'shakespeare': dict(clients=100, rounds=250, min_examples=8000, max_clients=5, growth=(1.8e-2, 5),
-                        groupings=('clf_greedy', 'clf_kmeans', 'clf_icg'), data=dict(fraction=0.0886)),
+                        groupings=('clf_greedy', 'clf_kmeans', 'clf_icg'),
+                        data=dict(fraction=1.0, min_samples=2222, num_clients=100, max_samples=2223)),
     'stackoverflow': dict(clients=40000, rounds=SO_ROUNDS, min_examples=21000, max_clients=21,
                           growth=(round((40000 / SO_BETA) ** (1 / (SO_ROUNDS - 1)) - 1, 6), SO_BETA),
                           groupings=('random', 'random', 'random'),
@@ -349,9 +351,7 @@ def leaf_config(dataset: str, method: str, split: str, *, fraction: float = LEAF
   for k, v in st['data'].items():
     c.data[k] = v
   if dataset in LEAF:
-    c.data.split, c.data.min_samples = split, 0
-    if split == 'iid':            # LEAF's iid resampling into as many users as the niid sample has
-      c.data.iid_user_fraction = c.data.fraction
+    c.data.split = split          # iid: LEAF's resampling into as many equal users (then the subset, if any)
   c.rounds = st['rounds']
   c.algorithm = method
   c.clients_per_round = round(fraction * st['clients'])     # FedAvg: C K (fairness); unused by chain algorithms

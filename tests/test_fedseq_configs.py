@@ -39,7 +39,9 @@ def test_leaf_settings_follow_table_a6():
   assert (c.grouping.estimator, c.grouping.method, c.grouping.min_examples, c.grouping.max_clients) == \
       ('clf', 'greedy', 8000, 5)
   assert cfg('shakespeare,fedasyncseq').grouping.method == 'kmeans'          # Table 5.3's footnote
-  assert cfg('shakespeare,fedseq,split=iid').data.iid_user_fraction == cfg('shakespeare,fedseq').data.fraction
+  d = cfg('shakespeare,fedseq,split=iid').data       # 100 roles x (2,223 -> 2,000 training) windows: N_S = 25
+  assert (d.split, d.num_clients, d.min_samples, d.max_samples, int(d.train_fraction * d.max_samples)) == \
+      ('iid', 100, 2222, 2223, 2000)
   c = cfg('stackoverflow,fedseq2par')
   assert (c.model, c.data.num_clients, c.client.batch_size, c.grouping.method) == ('word_lstm', 40000, 16, 'random')
   # alpha_gr: fully parallel (N_S = K) at the last round, the thesis' rule; beta_gr 50.

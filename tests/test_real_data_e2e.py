@@ -144,7 +144,8 @@ def test_fedseq_shakespeare_cell_on_leaf_json(tmp_path):
   c = _config('fedseq.py:shakespeare,fedseq')
   assert (c.algorithm, c.grouping.estimator, c.grouping.method) == ('fedseq', 'clf', 'greedy')
   c.data.data_dir = str(tmp_path / 'data')
-  c.data.fraction = 1.0
+  c.data.min_samples, c.data.max_samples = 0, 20   # the cell's fixed-size subset, scaled to the fixture
+  c.data.num_clients = 6
   c.model_kwargs.hidden = 8
   c.grouping.min_examples, c.grouping.max_clients, c.grouping.pretrain_epochs = 40, 3, 1
   c.algo.fraction = 1.0                       # both superclients every round
@@ -154,7 +155,8 @@ def test_fedseq_shakespeare_cell_on_leaf_json(tmp_path):
   assert f['variant'] == 'fedseq' and f['num_superclients_initial'] == 2 and f['mean_chains_per_round'] == 2
   assert f['comm_messages_per_round'] == {'s2c': 2, 'c2s': 2, 'c2c': 4}      # 6 clients in 2 chains
   assert s['centralized_accuracy'] == 0.52 and 'rounds_to_70pct_centralized' in s
-  groups = json.load(open(tmp_path / 'run' / 'superclients.json'))['groupings'][0]['groups']
-  assert sorted(i for g in groups for i in g) == list(range(6))
+  grouping = json.load(open(tmp_path / 'run' / 'superclients.json'))['groupings'][0]
+  assert sorted(i for g in grouping['groups'] for i in g) == list(range(6))
+  assert sum(grouping['examples']) == 6 * 18                  # 21 windows per role -> first 20 -> 18 train
   rec = json.loads(open(tmp_path / 'run' / 'metrics.jsonl').readlines()[-1])
   assert rec['test_tokens'] > 0 and 'test_accuracy_no_pad' in rec      # the NextToken task's metrics
