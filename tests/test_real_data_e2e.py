@@ -146,7 +146,7 @@ def test_fedseq_shakespeare_cell_on_leaf_json(tmp_path):
   c.data.data_dir = str(tmp_path / 'data')
   c.data.min_samples, c.data.max_samples = 0, 20   # the cell's fixed-size subset, scaled to the fixture
   c.data.num_clients = 6
-  c.model_kwargs.hidden = 8
+  c.model_kwargs.hidden, c.model_kwargs.num_layers = 8, 1       # compile time
   c.grouping.min_examples, c.grouping.max_clients, c.grouping.pretrain_epochs = 40, 3, 1
   c.algo.fraction = 1.0                       # both superclients every round
   _run(c, tmp_path, 'shakespeare', clients_per_round=2, batch_size=16)
