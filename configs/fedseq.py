@@ -66,6 +66,8 @@ Table 5.4 (parallelism, alpha = 0; table=5.4; config.published also has num_supe
 compare with summary.json's fedseq.mean_num_superclients):
   C10   FedSeq N_S 50, acc 81.89    FedSeq2Par mean N_S 104 (2.09x), acc 83.68
   C100  FedSeq N_S 50, acc 45.87    FedSeq2Par mean N_S 113 (2.26x), acc 51.46
+  (f_exp with alpha_gr 4.6e-4, beta_gr 5 averages N_S 104.5 over C10's 10k rounds, as printed, but 302 over
+  C100's 20k: the C100 row's 113 is not what this growth gives over 20k rounds; kept as printed.)
 
 Table 5.5 (label flipping after 1k rounds, alpha = 100; accuracy / drop against the clean run; "o" = negligible,
 published without a number: no drop in config.published). Clean: C10 FedSeq 76.10, FedAvg 48.69; C100 FedSeq

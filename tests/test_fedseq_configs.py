@@ -76,3 +76,15 @@ def test_per_position_task_refuses_per_example_estimators(dataset, estimator):
   if dataset == 'shakespeare':             # one next character per window: a per-example task
     c.grouping.method, c.data.target, c.model_kwargs.readout = 'kmeans', 'next', 'last'
     validate_config(c)
+
+
+@pytest.mark.parametrize('dataset,mean_ns', [('cifar10', 104), ('shakespeare', 52), ('stackoverflow', 5966),
+                                             ('femnist', 383 / 4)])
+def test_fedseq2par_schedule_gives_table_5_4_mean_num_superclients(dataset, mean_ns):
+  """The mean of N_S = f_exp(t) over the cell's rounds against Table 5.4's N_S bar, within 1%. FEMNIST: Table
+  A.6's beta_gr 5 gives a quarter of Table 5.4's 383 (the docstring's note: 383 is beta_gr 20). Not CIFAR-100:
+  the thesis' growth over its 20k rounds gives 302, not 113 (same alpha_gr, beta_gr as CIFAR-10)."""
+  c = cfg(f'{dataset},fedseq2par')
+  K = {'cifar10': 500, 'cifar100': 500, 'shakespeare': 100, 'stackoverflow': 40000, 'femnist': 3500}[dataset]
+  ns = [fedseq_lib.growth('exp', c.algo.growth_alpha, c.algo.growth_beta, t, cap=K) for t in range(1, c.rounds + 1)]
+  assert sum(ns) / len(ns) == pytest.approx(mean_ns, rel=0.01)
