@@ -88,3 +88,14 @@ def test_fedseq2par_schedule_gives_table_5_4_mean_num_superclients(dataset, mean
   K = {'cifar10': 500, 'cifar100': 500, 'shakespeare': 100, 'stackoverflow': 40000, 'femnist': 3500}[dataset]
   ns = [fedseq_lib.growth('exp', c.algo.growth_alpha, c.algo.growth_beta, t, cap=K) for t in range(1, c.rounds + 1)]
   assert sum(ns) / len(ns) == pytest.approx(mean_ns, rel=0.01)
+
+
+def test_chain_algorithms_do_not_check_clients_per_round_against_the_population():
+  """clients_per_round is FedAvg's C K in these families; chain algorithms sample by algo.fraction."""
+  from config_helpers import small_config
+  from fedjax_flat.data import builtin
+  from fedjax_flat.training import validate
+  data = builtin.synthetic(4, 5, seed=0)
+  validate.validate_against_data(small_config(algorithm='fedseq', clients_per_round=10), data)
+  with pytest.raises(ConfigError, match='population of 4'):
+    validate.validate_against_data(small_config(clients_per_round=10), data)
