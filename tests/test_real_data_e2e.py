@@ -136,8 +136,9 @@ def test_fedseq_family_cells_on_official_tarball(tmp_path, cell):
 
 
 def test_fedseq_shakespeare_cell_on_leaf_json(tmp_path):
-  """configs/fedseq.py's Shakespeare FedSeq cell (psi_clf + greedy grouping, chains of the next_token task) on
-  LEAF JSON: superclients from the toolkit's pre-training, chain rounds, summary.json's fedseq section."""
+  """configs/fedseq.py's Shakespeare FedSeq cell on LEAF JSON: superclients from the grouping toolkit, chains
+  of the next_token task, summary.json's fedseq section. The cell's psi_clf + greedy grouping is replaced by
+  random grouping here (5 s less; the pre-training pass on next_token data: tests/test_grouping_pretrain.py)."""
   from data_fixtures import make_shakespeare_leaf
   text = 'Full fathom five thy father lies; of his bones are coral made; those are pearls that were his eyes. '
   make_shakespeare_leaf(str(tmp_path / 'data'), [(f'R{i}', text[i:] + text[:i]) for i in range(0, 60, 10)])
@@ -147,7 +148,7 @@ def test_fedseq_shakespeare_cell_on_leaf_json(tmp_path):
   c.data.min_samples, c.data.max_samples = 0, 20   # the cell's fixed-size subset, scaled to the fixture
   c.data.num_clients = 6
   c.model_kwargs.hidden, c.model_kwargs.num_layers = 8, 1       # compile time
-  c.grouping.min_examples, c.grouping.max_clients, c.grouping.pretrain_epochs = 40, 3, 1
+  c.grouping.min_examples, c.grouping.max_clients, c.grouping.method = 40, 3, 'random'
   c.algo.fraction = 1.0                       # both superclients every round
   _run(c, tmp_path, 'shakespeare', clients_per_round=2, batch_size=16)
   s = json.load(open(tmp_path / 'run' / 'summary.json'))
