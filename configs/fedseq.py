@@ -1,5 +1,6 @@
 r"""FedSeq family (thesis ch. 5.2): FedSeq, FedAsyncSeq, FedSeq2Par, FedCyclic (and FedAvg, the fairness baseline)
-on CIFAR10/100 with 500 clients x 100 images: thesis Tables 5.1, 5.3, 5.4 and 5.5.
+on CIFAR10/100 with 500 clients x 100 images, LEAF's FEMNIST and Shakespeare and TFF's StackOverflow: thesis
+Tables 5.1, 5.3, 5.4 and 5.5.
 
   .venv/bin/python experiments/train.py --workdir=runs/c10_fedseq2par_a0 \
       --config=configs/fedseq.py:cifar10,fedseq2par,alpha=0
@@ -8,12 +9,15 @@ on CIFAR10/100 with 500 clients x 100 images: thesis Tables 5.1, 5.3, 5.4 and 5.
   .venv/bin/python experiments/train.py --workdir=runs/c100_fedseq_lfa \
       --config=configs/fedseq.py:cifar100,fedseq,attack=intra_sc,gamma=random,ls=0.3,l=0.5 \
       --config.attack.clean_workdir=runs/c100_fedseq_clean       # clean: ...:cifar100,fedseq,table=5.5
+  .venv/bin/python experiments/train.py --workdir=runs/femnist_fedseq --config=configs/fedseq.py:femnist,fedseq \
+      --config.data.data_dir=/path/to/leaf/data/femnist/data             # LEAF's JSON files (data/leaf.py)
 
 Grammar (comma-separated; defaults cifar10,fedseq,alpha=0,table=5.1):
-  cifar10 | cifar100;  fedavg | fedseq | fedasyncseq | fedseq2par | fedcyclic;  alpha=0 | 0.2 | 0.5 (| 100 with
-  table=5.5);  table=5.1 | 5.3 | 5.4 | 5.5 (which table's number goes in config.published);
-  grouping=random | clf_kmeans | clf_greedy | conf_kmeans | conf_greedy_kl | conf_greedy_gini | t2v_greedy |
-  t2v_icg (Table 5.3 rows; default t2v_greedy, FedSeq2Par t2v_icg);
+  cifar10 | cifar100 | femnist | shakespeare | stackoverflow;  fedavg | fedseq | fedasyncseq | fedseq2par |
+  fedcyclic;  alpha=0 | 0.2 | 0.5 (CIFAR; | 100 with table=5.5);  split=niid | iid (FEMNIST, Shakespeare);
+  table=5.1 | 5.3 | 5.4 | 5.5 (which table's number goes in config.published);
+  grouping=random | clf_kmeans | clf_greedy | clf_icg | conf_kmeans | conf_greedy_kl | conf_greedy_gini |
+  t2v_greedy | t2v_kmeans | t2v_icg (Table 5.3 rows; defaults per dataset below);
   attack=none | 0-2 | 3-5 | 0-2-3-5 | intra_sc | extra_sc (Table 5.5's swapped labels; implies table=5.5, alpha=100),
   gamma=fixed | random, ls=0.1 | 0.3 | 0.5 (L_S, malicious superclients), l=0.1 | 0.5 (L, attackers inside);
   fair=1 | 0 (the fairness switch, below; fair=0 is not a published setting).
@@ -56,12 +60,14 @@ Table 5.3 (grouping criteria; table=5.3):  C10 a=0 / 0.2 / 0.5     C100 a=0 / 0.
   FedSeq  t2v  greedy   norm-cosine        82.28 82.48 82.86       46.51 50.06 50.31     grouping=t2v_greedy
   FedAsyncSeq t2v greedy norm-cosine       83.40 83.37 83.85       50.38 51.64 51.58
   FedSeq2Par  t2v ICG   Euclidean          83.86 84.66 84.35       51.23 51.41 51.78
-  (FEMNIST / Shakespeare columns: the LEAF cells, added with those datasets.)
+  (FEMNIST / Shakespeare columns: the LEAF section below.)
 
 Table 5.4 (parallelism, alpha = 0; table=5.4; config.published also has num_superclients / mean_num_superclients,
 compare with summary.json's fedseq.mean_num_superclients):
   C10   FedSeq N_S 50, acc 81.89    FedSeq2Par mean N_S 104 (2.09x), acc 83.68
   C100  FedSeq N_S 50, acc 45.87    FedSeq2Par mean N_S 113 (2.26x), acc 51.46
+  (f_exp with alpha_gr 4.6e-4, beta_gr 5 averages N_S 104.5 over C10's 10k rounds, as printed, but 302 over
+  C100's 20k: the C100 row's 113 is not what this growth gives over 20k rounds; kept as printed.)
 
 Table 5.5 (label flipping after 1k rounds, alpha = 100; accuracy / drop against the clean run; "o" = negligible,
 published without a number: no drop in config.published). Clean: C10 FedSeq 76.10, FedAvg 48.69; C100 FedSeq
@@ -95,9 +101,67 @@ published without a number: no drop in config.published). Clean: C10 FedSeq 76.1
 Attack cells train 1k rounds at alpha = 100 with the Table 5.1 setting of their method; FedAvg's attackers are
 the equivalent L_S * L of the clients (data/attacks.py, where the CIFAR-100 class sets are defined). Set
 --config.attack.clean_workdir to the clean run's workdir to get summary.json's attack.drop.
+
+LEAF and StackOverflow cells (femnist | shakespeare | stackoverflow; Table A.6, digest 1.2 and 2.1). The model,
+data and centralized reference of configs/quickstart_<dataset>.py (its docstring: files, formats), at the
+thesis' size; E_k = E_S = 1, no momentum, server lr 1; C is not stated for these datasets: C = 0.1, the FedSeq
+release's default (fedbase.yaml: K 3500, C 0.1, B 20); FedAvg samples C K clients (fairness as above).
+  femnist      Reddi et al.'s CNN; every LEAF writer (fraction 1, min_samples 0; split=iid: LEAF's iid
+               resampling into as many equal users); SGD lr 0.01, batch 20, no weight decay, 1,500 rounds; FedAvg 350 clients (C K,
+               K = 3,500); |D_S|_min 4120, K_S,max 21 (N_S 175); FedSeq / FedAsyncSeq psi_t2v + k-means
+               (Euclidean), FedSeq2Par psi_t2v + ICG, f_exp, alpha_gr 3e-3, beta_gr 5 (Table A.6). Mean N_S
+               over the run with these: 95.8; Table 5.4's 383 is exactly what beta_gr = 20 gives (4 x 95.8), so
+               that row was probably run with beta_gr 20 (--config.algo.growth_beta=20); the CIFAR (104.5 vs
+               104), Shakespeare (52.3 vs 52) and StackOverflow (5,959 vs 5,966) settings here reproduce theirs.
+  shakespeare  the char-LSTM (embed 8, 2 x LSTM 100, 90 ids), 80 characters -> the next 80 (next_token);
+               100 random roles of more than 2,222 windows, each cut to its first 2,223, split 90/10: 100
+               clients x 2,000 training windows (appendix A.4 and the FedSeq release's shakespeare_niid, K =
+               100, 200,000 samples; split=iid: LEAF's iid resampling into 1,129 equal users, then the same
+               subset); SGD lr 1, batch 100, weight decay 0 (Table A.6; the text says 1e-4), 250 rounds;
+               FedAvg 10 clients; |D_S|_min 8000, K_S,max 5: 25 superclients of 4 (Table 5.4's N_S).
+               The thesis groups with psi_t2v and a character-level GPT probe; a
+               next_token task labels every position, so psi_conf / psi_t2v do not apply (validate.py refuses
+               them) and these cells use psi_clf (the output layer): FedSeq greedy (cosine), FedAsyncSeq
+               k-means (Table 5.3's footnote), FedSeq2Par ICG, f_exp, alpha_gr 1.8e-2, beta_gr 5.
+  stackoverflow  the word-LSTM (embed 96, LSTM 670, 10,000 + 4 ids), 40,000 users of <= 1,000 sentences,
+               10,000 random test sentences; SGD lr 10^-1/2, batch 16, no weight decay; T is not stated: 1,500
+               rounds (Reddi et al.'s StackOverflow NWP); FedAvg 4,000 clients (C K). The grouping is not stated:
+               random (psi_clf would be the 10,004 x 96 output layer of each of 40,000 clients) with K_S,max 21
+               and |D_S|_min 21,000 (21 clients x the 1,000-sentence cap), so that superclients close at 21
+               clients: N_S = 1,905 (Table 5.4: 1,900); FedSeq2Par f_exp, beta_gr 50 (the smallest of its grid,
+               "consistently best"), alpha_gr 4.469e-3 = (K / beta_gr)^(1 / (T - 1)) - 1 (fully parallel at the
+               last round, the thesis' rule for alpha_gr).
+Pre-training e = 10 epochs everywhere; without a pretrained probe psi_t2v uses a random one (it says so):
+pass one with --config.grouping.probe_pretrained=... (the thesis: an ImageNet ResNet18).
+
+Published accuracy % (Table 5.1, mean +- std):
+                 FEMNIST NIID  FEMNIST IID   Shakesp. NIID  Shakesp. IID  StackOverflow
+  FedAvg         81.55+-0.11   83.06+-0.12   48.68+-0.12    48.50+-0.07   24.68+-0.15
+  FedCyclic      85.46+-0.05   87.47+-0.09   50.25+-0.05    50.68+-0.03   26.44+-1.68
+  FedSeq         87.11+-0.03   87.48+-0.03   51.70+-0.13    51.82+-0.00   28.91+-0.21
+  FedAsyncSeq    86.96+-0.07   87.20+-0.01   51.82+-0.13    51.88+-0.04   27.44+-0.35
+  FedSeq2Par     87.58+-0.15   87.95+-0.05   52.75+-0.20    52.71+-0.05   29.79+-0.33
+  (Centralized 87.52 / 52.00 / 28.50: config.centralized.accuracy, summary.json's rounds_to_<70|90>pct_centralized.)
+Table 5.3 (table=5.3; FEMNIST NIID / IID, Shakespeare NIID / IID):
+  FedSeq  random                           87.07 87.49 51.55 51.84     grouping=random
+  FedSeq  clf  k-means  Euclidean          87.07 87.45 51.78 51.70     grouping=clf_kmeans
+  FedSeq  clf  greedy   cosine             87.12 87.42 51.72 51.88     grouping=clf_greedy
+  FedSeq  conf k-means  Euclidean          87.10 87.50 51.79 51.87     grouping=conf_kmeans (FEMNIST only)
+  FedSeq  conf greedy   KL                 87.01 87.46 51.70 51.65     grouping=conf_greedy_kl (FEMNIST only)
+  FedSeq  conf greedy   Gini               87.05 87.42 51.59 51.98     grouping=conf_greedy_gini (FEMNIST only)
+  FedSeq  t2v  greedy   norm-cosine        87.11 87.48 51.65 51.82     grouping=t2v_greedy (FEMNIST only)
+  FedAsyncSeq t2v k-means Euclidean        86.96 87.20 51.93 52.02     grouping=t2v_kmeans (FEMNIST only)
+  FedSeq2Par  t2v ICG   Euclidean          87.58 87.96 52.84 52.54     grouping=t2v_icg (FEMNIST only)
+  (Shakespeare: the psi_clf rows only, as above.)
+Table 5.4 (table=5.4, NIID): FEMNIST FedSeq N_S 175, acc 87.11; FedSeq2Par mean N_S 383 (2.19x), acc 87.58.
+  Shakespeare N_S 25, acc 51.70; mean N_S 52 (2.09x), acc 52.75.  StackOverflow N_S 1900, acc 28.91; mean N_S
+  5966 (3.14x), acc 29.79.
 """
+import os
+
 import ml_collections
 
+from fedjax_flat.algorithms import fedseq as fedseq_lib
 from fedjax_flat.algorithms import registry
 from fedjax_flat.training import config_strings, data_fields, paper_hparams
 from fedjax_flat.training.default_config import default_config
@@ -118,13 +182,37 @@ GROUPINGS = {
     'conf_greedy_gini': ('conf', 'greedy', 'gini'),
     't2v_greedy': ('t2v', 'greedy', 'normalized_cosine'),
     't2v_icg': ('t2v', 'icg', 'euclidean'),
+    't2v_kmeans': ('t2v', 'kmeans', 'euclidean'),     # FEMNIST (Table A.6; FedAsyncSeq on LEAF, Table 5.3)
+    'clf_icg': ('clf', 'icg', 'euclidean'),           # Shakespeare's FedSeq2Par (psi_t2v does not apply)
 }
+CIFAR = ('cifar10', 'cifar100')
+LEAF = ('femnist', 'shakespeare')
+SPLITS = ('niid', 'iid')
+LEAF_FRACTION = 0.1          # C on FEMNIST / Shakespeare / StackOverflow (the release's fedbase.yaml)
+CENTRALIZED = {'cifar10': 85.64, 'cifar100': 54.97, 'femnist': 87.52, 'shakespeare': 52.00, 'stackoverflow': 28.50}
+# dataset -> thesis setting: K, rounds, |D_S|_min, K_S,max, FedSeq2Par (alpha_gr, beta_gr), default groupings
+# (FedSeq, FedAsyncSeq, FedSeq2Par), data fields (Table A.6, digest 1.2 / 2.1; module docstring).
+SO_ROUNDS, SO_BETA = 1500, 50
+LEAF_SETTING = {
+    'femnist': dict(clients=3500, rounds=1500, min_examples=4120, max_clients=21, growth=(3e-3, 5),
+                    groupings=('t2v_kmeans', 't2v_kmeans', 't2v_icg'), data=dict(fraction=1.0, min_samples=0)),
+    'shakespeare': dict(clients=100, rounds=250, min_examples=8000, max_clients=5, growth=(1.8e-2, 5),
+                        groupings=('clf_greedy', 'clf_kmeans', 'clf_icg'),
+                        data=dict(fraction=1.0, min_samples=2222, num_clients=100, max_samples=2223)),
+    'stackoverflow': dict(clients=40000, rounds=SO_ROUNDS, min_examples=21000, max_clients=21,
+                          growth=(round((40000 / SO_BETA) ** (1 / (SO_ROUNDS - 1)) - 1, 6), SO_BETA),
+                          groupings=('random', 'random', 'random'),
+                          data=dict(num_clients=40000, test_examples=10000)),
+}
+# Groupings that need one label per example (psi_conf, psi_t2v): not for Shakespeare's next_token task.
+PER_EXAMPLE_GROUPINGS = tuple(g for g, (est, meth, _) in GROUPINGS.items() if est != 'clf' and meth != 'random')
 ATTACKS = {'none': None, '0-2': '0,2', '3-5': '3,5', '0-2-3-5': '0,2,3,5', 'intra_sc': 'intra_sc',
            'extra_sc': 'extra_sc'}
 FIELDS = {
-    'dataset': ('cifar10', ('cifar10', 'cifar100')),
+    'dataset': ('cifar10', CIFAR + LEAF + ('stackoverflow',)),
     'method': ('fedseq', METHODS),
     'alpha': (0.0, float),
+    'split': ('niid', SPLITS),
     'table': ('5.1', ('5.1', '5.3', '5.4', '5.5')),
     'grouping': ('default', ('default',) + tuple(GROUPINGS)),
     'attack': ('none', tuple(ATTACKS)),
@@ -154,8 +242,30 @@ T53 = {
     ('fedasyncseq', 't2v_greedy'): (83.40, 83.37, 83.85, 50.38, 51.64, 51.58),
     ('fedseq2par', 't2v_icg'): (83.86, 84.66, 84.35, 51.23, 51.41, 51.78),
 }
+# Table 5.1, LEAF / StackOverflow: method -> (FEMNIST niid, iid, Shakespeare niid, iid, StackOverflow).
+T51_LEAF = {
+    'fedavg': ((81.55, .11), (83.06, .12), (48.68, .12), (48.50, .07), (24.68, .15)),
+    'fedcyclic': ((85.46, .05), (87.47, .09), (50.25, .05), (50.68, .03), (26.44, 1.68)),
+    'fedseq': ((87.11, .03), (87.48, .03), (51.70, .13), (51.82, .00), (28.91, .21)),
+    'fedasyncseq': ((86.96, .07), (87.20, .01), (51.82, .13), (51.88, .04), (27.44, .35)),
+    'fedseq2par': ((87.58, .15), (87.95, .05), (52.75, .20), (52.71, .05), (29.79, .33)),
+}
+# Table 5.3, LEAF columns: (method, grouping) -> (FEMNIST niid, iid, Shakespeare niid, iid).
+T53_LEAF = {
+    ('fedseq', 'random'): (87.07, 87.49, 51.55, 51.84),
+    ('fedseq', 'clf_kmeans'): (87.07, 87.45, 51.78, 51.70),
+    ('fedseq', 'clf_greedy'): (87.12, 87.42, 51.72, 51.88),
+    ('fedseq', 'conf_kmeans'): (87.10, 87.50, 51.79, 51.87),
+    ('fedseq', 'conf_greedy_kl'): (87.01, 87.46, 51.70, 51.65),
+    ('fedseq', 'conf_greedy_gini'): (87.05, 87.42, 51.59, 51.98),
+    ('fedseq', 't2v_greedy'): (87.11, 87.48, 51.65, 51.82),
+    ('fedasyncseq', 't2v_kmeans'): (86.96, 87.20, 51.93, 52.02),
+    ('fedseq2par', 't2v_icg'): (87.58, 87.96, 52.84, 52.54),
+}
 # Table 5.4: dataset -> (FedSeq N_S, acc; FedSeq2Par mean N_S, acc, parallelism as printed).
-T54 = {'cifar10': ((50, 81.89), (104, 83.68, 2.09)), 'cifar100': ((50, 45.87), (113, 51.46, 2.26))}
+T54 = {'cifar10': ((50, 81.89), (104, 83.68, 2.09)), 'cifar100': ((50, 45.87), (113, 51.46, 2.26)),
+       'femnist': ((175, 87.11), (383, 87.58, 2.19)), 'shakespeare': ((25, 51.70), (52, 52.75, 2.09)),
+       'stackoverflow': ((1900, 28.91), (5966, 29.79, 3.14))}
 # Table 5.5: clean references and attacked rows (dataset, swap, gamma, L_S) ->
 #   (L=0.1 FedSeq (acc, drop), FedAvg (acc, drop), L=0.5 FedSeq, FedAvg); drop None = "o".
 T55_CLEAN = {('cifar10', 'fedseq'): 76.10, ('cifar10', 'fedavg'): 48.69,
@@ -189,17 +299,25 @@ T55 = {
 }
 NAMES = {'fedavg': 'FedAvg', 'fedseq': 'FedSeq', 'fedasyncseq': 'FedAsyncSeq', 'fedseq2par': 'FedSeq2Par',
          'fedcyclic': 'FedCyclic'}
-_DS = {'cifar10': 'C10', 'cifar100': 'C100'}
+_DS = {'cifar10': 'C10', 'cifar100': 'C100', 'femnist': 'FEMNIST', 'shakespeare': 'Shakespeare',
+       'stackoverflow': 'StackOverflow'}
 
-CELLS = [f'{ds},{m},alpha={a:g}' for ds in _DS for m in METHODS for a in ALPHAS]
-CELLS += [f'{ds},{m},grouping={g},alpha={a:g},table=5.3' for ds in _DS for (m, g) in T53 for a in ALPHAS]
-CELLS += [f'{ds},{m},table=5.4' for ds in _DS for m in ('fedseq', 'fedseq2par')]
+CELLS = [f'{ds},{m},alpha={a:g}' for ds in CIFAR for m in METHODS for a in ALPHAS]
+CELLS += [f'{ds},{m},split={sp}' for ds in LEAF for m in METHODS for sp in SPLITS]
+CELLS += [f'stackoverflow,{m}' for m in METHODS]
+CELLS += [f'{ds},{m},grouping={g},alpha={a:g},table=5.3' for ds in CIFAR for (m, g) in T53 for a in ALPHAS]
+CELLS += [f'{ds},{m},grouping={g},split={sp},table=5.3' for ds in LEAF for (m, g) in T53_LEAF for sp in SPLITS
+          if ds == 'femnist' or g not in PER_EXAMPLE_GROUPINGS]
+CELLS += [f'{ds},{m},table=5.4' for ds in T54 for m in ('fedseq', 'fedseq2par')]
 CELLS += [f'{ds},{m},table=5.5' for (ds, m) in T55_CLEAN]
 CELLS += [f'{ds},{m},attack={sw},gamma={g},ls={ls:g},l={l:g}' for (ds, sw, g, ls) in T55
           for m in ('fedseq', 'fedavg') for l in (0.1, 0.5)]
 
 
-def default_grouping(method: str) -> str:
+def default_grouping(method: str, dataset: str = 'cifar10') -> str:
+  if dataset in LEAF_SETTING:
+    return LEAF_SETTING[dataset]['groupings'][('fedseq', 'fedasyncseq', 'fedseq2par').index(method)
+                                              if method in ('fedseq', 'fedasyncseq', 'fedseq2par') else 0]
   return 't2v_icg' if method == 'fedseq2par' else 't2v_greedy'
 
 
@@ -225,11 +343,42 @@ def base_config(dataset: str, method: str, alpha: float, *, fraction: float = FR
   c.eval_every = 100
   c.eval_every_last = 100
   c.summary_last_k = 100
+  c.centralized.accuracy = CENTRALIZED[dataset] / 100
+  return c
+
+
+def leaf_config(dataset: str, method: str, split: str, *, fraction: float = LEAF_FRACTION) -> ml_collections.ConfigDict:
+  """The Table 5.1 setting of `method` on FEMNIST / Shakespeare / StackOverflow (module docstring): the
+  quickstart's data, model and client hyperparameters (Table A.6) at the thesis' size."""
+  st = LEAF_SETTING[dataset]
+  c = config_strings.load_config(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                              f'quickstart_{dataset}.py'))
+  for k, v in st['data'].items():
+    c.data[k] = v
+  if dataset in LEAF:
+    c.data.split = split          # iid: LEAF's resampling into as many equal users (then the subset, if any)
+  c.rounds = st['rounds']
+  c.algorithm = method
+  c.clients_per_round = round(fraction * st['clients'])     # FedAvg: C K (fairness); unused by chain algorithms
+  for k, v in registry.default_hparams(method).items():
+    c.algo[k] = v
+  if method != 'fedavg':
+    c.algo.fraction = fraction
+  if method == 'fedseq2par':
+    c.algo.growth = 'exp'
+    c.algo.growth_alpha, c.algo.growth_beta = st['growth']
+  set_grouping(c, default_grouping(method, dataset), min_examples=st['min_examples'],
+               max_clients=st['max_clients'])
+  c.eval_every = 100
+  c.eval_every_last = 100
+  c.summary_last_k = 100
+  c.centralized.accuracy = CENTRALIZED[dataset] / 100
   return c
 
 
 def set_grouping(c, name: str, *, min_examples: int = 1000, max_clients: int = 11, pretrain_epochs: int = 10):
-  """config.grouping (fedjax_flat/grouping): psi, phi, tau of a Table 5.3 row and the CIFAR constraints."""
+  """config.grouping (fedjax_flat/grouping): psi, phi, tau of a Table 5.3 row and the constraints (CIFAR's by
+  default)."""
   estimator, method, distance = GROUPINGS[name]
   c.grouping.estimator, c.grouping.method, c.grouping.distance = estimator, method, distance
   c.grouping.min_examples, c.grouping.max_clients = min_examples, max_clients
@@ -249,6 +398,10 @@ def get_config(arg: str = ''):
           FAMILY, arg, f'Table 5.5 has no cell {ds} attack={attack} gamma={o["gamma"]} ls={o["ls"]:g}; its rows: '
           + '; '.join(f'{d},attack={s},gamma={g},ls={ls:g}' for d, s, g, ls in T55))
     config_strings.check(FAMILY, 'l', o['l'], (0.1, 0.5))
+  if ds not in CIFAR:
+    return get_leaf_config(arg, o)
+  if o['split'] != 'niid':
+    raise config_strings.ConfigStringError(FAMILY, f'split={o["split"]}', 'CIFAR cells are split by alpha=')
   if table == '5.5':
     config_strings.check(FAMILY, 'method', m, ('fedseq', 'fedavg'), context='in Table 5.5')
     alpha = ATTACK_ALPHA
@@ -257,36 +410,19 @@ def get_config(arg: str = ''):
     config_strings.check(FAMILY, 'alpha', alpha, ALPHAS)
   c = base_config(ds, m, alpha)
   if not o['fair']:
-    if m != 'fedavg' or table == '5.5':
-      raise config_strings.ConfigStringError(FAMILY, 'fair=0', 'the fairness switch applies to FedAvg outside '
-                                             'Table 5.5 (the chain methods define the number of updates)')
-    c.clients_per_round = round(FRACTION * NUM_CLIENTS / 10)    # C N_S: FedSeq's chains per round (N_S = 50)
-    c.published = ml_collections.ConfigDict()
-    return c
+    return _fair_off(c, m, ds, FRACTION, table)
   grouping = default_grouping(m) if o['grouping'] == 'default' else o['grouping']
   col = (0 if ds == 'cifar10' else 3) + (ALPHAS.index(alpha) if alpha in ALPHAS else 0)
   src = f'thesis Table {table} (FedSeq), {_DS[ds]} {NAMES[m]}'
   if table == '5.1':
-    if o['grouping'] != 'default':
-      raise config_strings.ConfigStringError(FAMILY, f'grouping={grouping}', 'Table 5.1 uses each method\'s '
-                                             'default grouping; the grouping rows are table=5.3')
-    acc, std = T51[m][col]
-    config_strings.set_published(c, f'{src}, alpha={alpha:g}', acc, std)
+    _set_t51(c, o, T51[m][col], f'{src}, alpha={alpha:g}')
   elif table == '5.3':
-    if (m, grouping) not in T53:
-      raise config_strings.ConfigStringError(
-          FAMILY, f'{m},grouping={grouping}', 'Table 5.3 has: ' + '; '.join(f'{a},grouping={g}' for a, g in T53))
+    _check_t53(T53, m, grouping)
     set_grouping(c, grouping)
     config_strings.set_published(c, f'{src}, grouping {grouping}, alpha={alpha:g}', T53[(m, grouping)][col])
   elif table == '5.4':
-    config_strings.check(FAMILY, 'method', m, ('fedseq', 'fedseq2par'), context='in Table 5.4')
     config_strings.check(FAMILY, 'alpha', alpha, (0.0,), context='in Table 5.4')
-    (ns, acc_seq), (ns_bar, acc_par, ratio) = T54[ds]
-    if m == 'fedseq':
-      config_strings.set_published(c, f'{src}, alpha=0, N_S = {ns}', acc_seq, num_superclients=ns)
-    else:
-      config_strings.set_published(c, f'{src}, alpha=0, mean N_S = {ns_bar} ({ratio:.2f}x)', acc_par,
-                                   mean_num_superclients=ns_bar)
+    _set_t54(c, ds, m, f'{src}, alpha=0')
   else:                                       # Table 5.5: 1k rounds at alpha = 100
     c.rounds = 1000
     if attack == 'none':
@@ -302,4 +438,72 @@ def get_config(arg: str = ''):
       config_strings.set_published(
           c, f'{src}, attack {attack} {o["gamma"]}, L_S={o["ls"]:g}, L={o["l"]:g}, alpha=100, 1k rounds'
           + ('' if drop is not None else ', drop "o" (negligible)'), acc, drop=drop)
+  return c
+
+
+def _fair_off(c, m, ds, fraction, table):
+  """fair=0: FedAvg with FedSeq's parallelism, C N_S clients per round (Table 5.4's N_S); nothing published."""
+  if m != 'fedavg' or table == '5.5':
+    raise config_strings.ConfigStringError(FAMILY, 'fair=0', 'the fairness switch applies to FedAvg outside '
+                                           'Table 5.5 (the chain methods define the number of updates)')
+  c.clients_per_round = fedseq_lib.num_sampled(fraction, T54[ds][0][0])
+  c.published = ml_collections.ConfigDict()
+  return c
+
+
+def _set_t51(c, o, acc_std, src):
+  if o['grouping'] != 'default':
+    raise config_strings.ConfigStringError(FAMILY, f'grouping={o["grouping"]}', 'Table 5.1 uses each method\'s '
+                                           'default grouping; the grouping rows are table=5.3')
+  config_strings.set_published(c, src, *acc_std)
+
+
+def _check_t53(table, m, grouping):
+  if (m, grouping) not in table:
+    raise config_strings.ConfigStringError(
+        FAMILY, f'{m},grouping={grouping}', 'Table 5.3 has: ' + '; '.join(f'{a},grouping={g}' for a, g in table))
+
+
+def _set_t54(c, ds, m, src):
+  config_strings.check(FAMILY, 'method', m, ('fedseq', 'fedseq2par'), context='in Table 5.4')
+  (ns, acc_seq), (ns_bar, acc_par, ratio) = T54[ds]
+  if m == 'fedseq':
+    config_strings.set_published(c, f'{src}, N_S = {ns}', acc_seq, num_superclients=ns)
+  else:
+    config_strings.set_published(c, f'{src}, mean N_S = {ns_bar} ({ratio:.2f}x)', acc_par,
+                                 mean_num_superclients=ns_bar)
+
+
+def get_leaf_config(arg: str, o):
+  """FEMNIST / Shakespeare / StackOverflow cells (Tables 5.1, 5.3, 5.4; module docstring)."""
+  ds, m, table, split = o['dataset'], o['method'], o['table'], o['split']
+  if o['attack'] != 'none' or table == '5.5':
+    raise config_strings.ConfigStringError(FAMILY, arg, 'Table 5.5 (label flipping) is CIFAR only')
+  if o['alpha'] != 0:
+    raise config_strings.ConfigStringError(FAMILY, f'alpha={o["alpha"]:g}', f'{ds} has its natural split: use '
+                                           'split=niid | iid (FEMNIST, Shakespeare)')
+  if ds == 'stackoverflow':
+    config_strings.check(FAMILY, 'split', split, ('niid',), context='for stackoverflow (its users)')
+  c = leaf_config(ds, m, split)
+  st = LEAF_SETTING[ds]
+  if not o['fair']:
+    return _fair_off(c, m, ds, LEAF_FRACTION, table)
+  col = ((0 if ds == 'femnist' else 2) + SPLITS.index(split)) if ds in LEAF else 4
+  where = f'{_DS[ds]}' + (f' {split.upper()}' if ds in LEAF else '')
+  src = f'thesis Table {table} (FedSeq), {where} {NAMES[m]}'
+  if table == '5.1':
+    _set_t51(c, o, T51_LEAF[m][col], src)
+  elif table == '5.3':
+    if ds == 'stackoverflow':
+      raise config_strings.ConfigStringError(FAMILY, arg, 'Table 5.3 has no StackOverflow column')
+    grouping = default_grouping(m, ds) if o['grouping'] == 'default' else o['grouping']
+    _check_t53(T53_LEAF, m, grouping)
+    if ds == 'shakespeare' and grouping in PER_EXAMPLE_GROUPINGS:
+      raise config_strings.ConfigStringError(FAMILY, f'grouping={grouping}', 'Shakespeare\'s next_token task labels '
+                                             'every position: psi_conf / psi_t2v do not apply (psi_clf rows only)')
+    set_grouping(c, grouping, min_examples=st['min_examples'], max_clients=st['max_clients'])
+    config_strings.set_published(c, f'{src}, grouping {grouping}', T53_LEAF[(m, grouping)][col])
+  else:
+    config_strings.check(FAMILY, 'split', split, ('niid',), context='in Table 5.4')
+    _set_t54(c, ds, m, src)
   return c

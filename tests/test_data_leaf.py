@@ -77,6 +77,30 @@ def test_iid_sampling_leaf_equal_shares_and_natural_sizes():
   assert leaf.iid_divide(10, 3) == [3, 3, 4]
 
 
+def test_fixed_size_subset_num_clients_and_max_samples():
+  """num_clients random users among those min_samples keeps (file order kept), each cut to its FIRST
+  max_samples samples (the FedSeq release's Shakespeare: 100 roles x 2,000 training windows)."""
+  files = [_users((10, 20, 3)), [(f'v{i}',) + u[1:] for i, u in enumerate(_users((30, 5, 40), seed=1))]]
+  kept = [[u for u in users if len(u[2]) > 4] for users in files]
+  out = leaf.subset_users(kept, 3, 6, np.random.default_rng(0))
+  names = [u[0] for users in out for u in users]
+  assert len(names) == 3 and set(names) <= {'u0', 'u1', 'v0', 'v1', 'v2'}
+  order = [u[0] for users in kept for u in users]
+  assert names == sorted(names, key=order.index)
+  full = {u[0]: u for users in files for u in users}
+  for users in out:
+    for name, x, y, _ in users:
+      np.testing.assert_array_equal(x, full[name][1][:6])
+      assert len(y) == min(6, len(full[name][2]))
+  assert leaf.subset_users(kept, 0, 0, np.random.default_rng(0)) == kept
+  with pytest.raises(ConfigError, match='data.num_clients.*only 5 users'):
+    leaf.subset_users(kept, 6, 0, np.random.default_rng(0))
+  train, test, _ = leaf.prepare(files, split='niid', fraction=1.0, iid_user_fraction=1.0, iid_sizes='leaf',
+                                min_samples=5, train_split='sample', train_fraction=0.5, seed=0, num_clients=2,
+                                max_samples=10)
+  assert [len(u[2]) for u in train] == [5, 5] and [len(u[2]) for u in test] == [5, 5]
+
+
 def test_femnist_iid_min_samples_and_user_split(tmp_path):
   make_femnist_leaf(str(tmp_path), SIZES)
   ds = registry.get_dataset('femnist', data_dir=str(tmp_path), split='iid', seed=0)

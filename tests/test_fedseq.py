@@ -142,21 +142,32 @@ def test_singleton_superclients_are_fedavg(data, over):
   assert_trees_close(fs.server_state, fa.server_state, rtol=1e-4, atol=1e-5)
 
 
-def test_padding_lanes_and_strategy_change_nothing(data):
-  """More padded steps per lane, chains packed into one lane, and vmap over lanes: the same round."""
-  base = {'algo.fraction': 0.75, 'rounds': 2}
+def _layout_runs(data, variants):
   runs = {}
-  for name, over in {'auto': {}, 'padded_one_lane': {'algo.lane_steps': 40, 'algo.lanes': 1},
-                     'vmap': {'engine.strategy': 'vmap'},
-                     'chunked': {'engine.strategy': 'chunked', 'engine.clients_per_chunk': 2}}.items():
-    t = loop.Trainer(cfg(**base, **over), data=data, superclients=GROUPS)
+  for name, over in variants.items():
+    t = loop.Trainer(cfg(**{'algo.fraction': 0.75, 'rounds': 2, 'eval_every': 10}, **over), data=data,
+                     superclients=GROUPS)
     t.train()
     runs[name] = (t, t.server_state['params'])
-  assert runs['auto'][0].lane_shape.lanes == 3 and runs['padded_one_lane'][0].lane_shape == (
-      chains_lib.LaneShape(1, 40, 3))
-  assert runs['chunked'][0].num_lanes == 4          # 3 lanes padded to chunks of 2: an empty lane
   for name, (_, p) in runs.items():
     assert_trees_close(p, runs['auto'][1]), name
+  return runs
+
+
+def test_padding_and_lanes_change_nothing(data):
+  """More padded steps per lane and the chains packed into one lane: the same rounds."""
+  runs = _layout_runs(data, {'auto': {}, 'padded_one_lane': {'algo.lane_steps': 40, 'algo.lanes': 1}})
+  assert runs['auto'][0].lane_shape.lanes == 3 and runs['padded_one_lane'][0].lane_shape == (
+      chains_lib.LaneShape(1, 40, 3))
+
+
+@pytest.mark.slow
+def test_lane_strategies_change_nothing(data):
+  """vmap over lanes and chunks with an empty padding lane: the same rounds (the default CPU strategy runs
+  lanes one at a time; test_padding_and_lanes_change_nothing covers the layout in the default suite)."""
+  runs = _layout_runs(data, {'auto': {}, 'vmap': {'engine.strategy': 'vmap'},
+                             'chunked': {'engine.strategy': 'chunked', 'engine.clients_per_chunk': 2}})
+  assert runs['chunked'][0].num_lanes == 4          # 3 lanes padded to chunks of 2: an empty lane
 
 
 def test_one_compiled_program_across_rounds_and_regroupings(data):
@@ -244,23 +255,25 @@ def test_fedasyncseq_slots_train_from_their_own_models(data):
 
 
 def test_fedasyncseq_resume_is_bit_identical(data, tmp_path):
-  c = cfg('fedasyncseq', rounds=6, **{'algo.fraction': 0.5, 'algo.merge_every': 4})
-  full = loop.Trainer(c, data=data, superclients=GROUPS)
-  full.train()
-  a = loop.Trainer(c, str(tmp_path), data=data, superclients=GROUPS)
+  """A run stopped at round 3 (slots mid-period) and resumed from its checkpoint by a new trainer ends
+  bit-identical to the same trainer going on uninterrupted (2 trainers: each compiles its program)."""
+  c = cfg('fedasyncseq', rounds=6, eval_every=6, **{'algo.fraction': 0.5, 'algo.merge_every': 4})
+  a = loop.Trainer(c, str(tmp_path), data=data, superclients=GROUPS, write_files=False)   # no metrics / plots
   a.checkpointer = ckpt_lib.Checkpointer(str(tmp_path / 'checkpoints'), keep=2, every=3, asynchronous=False)
   a.train(num_rounds=3)                      # checkpoint at round 3: slots mid-period (merge at 4)
   assert float(np.sum(a.server_state['p'])) > 0
   a.checkpointer.close()
-  b = loop.Trainer(c, str(tmp_path), data=data, superclients=GROUPS)
+  a.checkpointer = None
+  b = loop.Trainer(c, str(tmp_path), data=data, superclients=GROUPS, write_files=False)
   b.checkpointer = ckpt = ckpt_lib.Checkpointer(str(tmp_path / 'checkpoints'), keep=2, every=3,
                                                 asynchronous=False)
   assert ckpt.restore_latest(b) == 3
   s = b.train()
   ckpt.close()
-  for x, y in zip(leaves(full.server_state), leaves(b.server_state)):
+  a.train()                                  # rounds 4-6 without the interruption
+  for x, y in zip(leaves(a.server_state), leaves(b.server_state)):
     np.testing.assert_array_equal(x, y)
-  assert s['fedseq']['comm_messages'] == full.summary_section()['comm_messages']
+  assert s['fedseq']['comm_messages'] == a.summary_section()['comm_messages']
 
 
 def test_communication_split_matches_table_5_2(data):
@@ -305,6 +318,22 @@ def test_layout_flags(data):
   assert sorted(lens) == [1, 3] and offs[1] == offs[0] + lens[0]     # back to back in the one lane
   by_len = dict(zip(lens, x['chain_weight'][0].tolist()))
   assert by_len == {3: 9.0, 1: 3.0}                          # |D_S|: clients 0 + 3 (5 + 4), client 9 (3)
+
+
+def test_per_position_labels_keep_their_shape_in_both_gathers(data):
+  """Labels with a shape per example (next_token: one id per position) travel whole through the host gather
+  and the device gather's index, masked entries 0."""
+  from fedjax_flat.data.federated import FederatedDataset
+  y = np.arange(data.x.shape[0] * 3, dtype=np.int32).reshape(-1, 3) % 7 + 1
+  seq = FederatedDataset.from_client_indices(data.x, y, [data.client_indices(k) for k in range(len(SIZES))],
+                                             data.test_x, np.ones((len(data.test_x), 3), np.int32), 8)
+  t = loop.Trainer(cfg(**{'algo.fraction': 1.0}), data=seq, superclients=GROUPS)
+  lanes = chains_lib.build_lanes(t.round_chains(0), t.lane_shape, steps=t.steps, sizes=t.sizes, plan=t.batch_plan,
+                                 seed=0, round_idx=0)
+  host = chains_lib.gather_host(seq, lanes)['y']
+  valid = lanes['mask'] > 0
+  assert host.shape == lanes['mask'].shape + (3,) and (host[~valid] == 0).all() and (host[valid] > 0).all()
+  np.testing.assert_array_equal(host[valid], y[chains_lib.flat_index(seq, lanes)][valid])
 
 
 def test_validation_errors():

@@ -120,16 +120,18 @@ def test_class_set_checks():
 
 def test_trainer_attacks_and_reports_the_drop(tmp_path):
   data = dataset(num_clients=20)
-  clean = small_config(rounds=2, clients_per_round=4)
-  loop.Trainer(clean, str(tmp_path / 'clean'), data=data).train()
+  os.makedirs(tmp_path / 'clean')           # the clean run's summary.json (what its run writes): a known accuracy
+  with open(tmp_path / 'clean' / 'summary.json', 'w') as f:
+    json.dump({'mean_last_10_test_accuracy': 0.25}, f)
   c = small_config(rounds=2, clients_per_round=4, **{'attack.kind': 'label_flip', 'attack.malicious_superclients': 0.5,
                                                      'attack.attackers': 0.5,
                                                      'attack.clean_workdir': str(tmp_path / 'clean')})
-  t = loop.Trainer(c, str(tmp_path / 'att'), data=data)
+  t = loop.Trainer(c, str(tmp_path / 'att'), data=data, write_files=False)    # attack.json only (no plots)
   assert int((t.data.y != data.y).sum()) == t.attack_report['flipped_examples'] > 0
   s = t.train()
   assert s['attack']['num_attackers'] == t.attack_report['num_attackers']
-  assert s['attack']['drop'] == pytest.approx(s['mean_last_10_test_accuracy'] - s['attack']['clean_accuracy'])
+  assert s['attack']['clean_accuracy'] == 0.25
+  assert s['attack']['drop'] == pytest.approx(s['mean_last_10_test_accuracy'] - 0.25)
   assert json.load(open(os.path.join(tmp_path, 'att', 'attack.json')))['attackers']
 
 

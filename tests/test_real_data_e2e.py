@@ -133,3 +133,31 @@ def test_fedseq_family_cells_on_official_tarball(tmp_path, cell):
     assert s['fedseq']['mean_clients_per_round'] == 3 and s['fedseq']['comm_messages_per_round']['c2c'] == 2
   else:
     assert s['attack']['num_attackers'] >= 1 and os.path.exists(tmp_path / 'run' / 'attack.json')
+
+
+def test_fedseq_shakespeare_cell_on_leaf_json(tmp_path):
+  """configs/fedseq.py's Shakespeare FedSeq cell on LEAF JSON: superclients from the grouping toolkit, chains
+  of the next_token task, summary.json's fedseq section. The cell's psi_clf + greedy grouping is replaced by
+  random grouping here (5 s less; the pre-training pass on next_token data: tests/test_grouping_pretrain.py)."""
+  from data_fixtures import make_shakespeare_leaf
+  text = 'Full fathom five thy father lies; of his bones are coral made; those are pearls that were his eyes. '
+  make_shakespeare_leaf(str(tmp_path / 'data'), [(f'R{i}', text[i:] + text[:i]) for i in range(0, 60, 10)])
+  c = _config('fedseq.py:shakespeare,fedseq')
+  assert (c.algorithm, c.grouping.estimator, c.grouping.method) == ('fedseq', 'clf', 'greedy')
+  c.data.data_dir = str(tmp_path / 'data')
+  c.data.min_samples, c.data.max_samples = 0, 20   # the cell's fixed-size subset, scaled to the fixture
+  c.data.num_clients = 6
+  c.model_kwargs.hidden, c.model_kwargs.num_layers = 8, 1       # compile time
+  c.grouping.min_examples, c.grouping.max_clients, c.grouping.method = 40, 3, 'random'
+  c.algo.fraction = 1.0                       # both superclients every round
+  _run(c, tmp_path, 'shakespeare', clients_per_round=2, batch_size=16)
+  s = json.load(open(tmp_path / 'run' / 'summary.json'))
+  f = s['fedseq']
+  assert f['variant'] == 'fedseq' and f['num_superclients_initial'] == 2 and f['mean_chains_per_round'] == 2
+  assert f['comm_messages_per_round'] == {'s2c': 2, 'c2s': 2, 'c2c': 4}      # 6 clients in 2 chains
+  assert s['centralized_accuracy'] == 0.52 and 'rounds_to_70pct_centralized' in s
+  grouping = json.load(open(tmp_path / 'run' / 'superclients.json'))['groupings'][0]
+  assert sorted(i for g in grouping['groups'] for i in g) == list(range(6))
+  assert sum(grouping['examples']) == 6 * 18                  # 21 windows per role -> first 20 -> 18 train
+  rec = json.loads(open(tmp_path / 'run' / 'metrics.jsonl').readlines()[-1])
+  assert rec['test_tokens'] > 0 and 'test_accuracy_no_pad' in rec      # the NextToken task's metrics

@@ -228,14 +228,14 @@ def gather_host(data, lanes: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
       flat = pos[sel][valid]
     if x is None:
       x = np.zeros((L, T, B) + tuple(cx.shape[1:]), cx.dtype)
-      y = np.zeros((L, T, B), np.int32)
+      y = np.zeros((L, T, B) + tuple(np.shape(cy)[1:]), np.int32)       # per-position labels keep their shape
     xs, ys = x[sel], y[sel]
     xs[valid] = cx[flat]
     ys[valid] = cy[flat]
     x[sel], y[sel] = xs, ys
   if x is None:
     x = np.zeros((L, T, B) + tuple(data.input_shape), np.float32)
-    y = np.zeros((L, T, B), np.int32)
+    y = np.zeros((L, T, B) + tuple(getattr(data, 'label_shape', ())), np.int32)
   return {'x': x, 'y': y}
 
 
@@ -351,10 +351,10 @@ def make_chain_round_fn(algorithm: FederatedAlgorithm, *, chunk: int, reset_opt_
     if 'index' in lanes:           # gather the examples from the device copy of the data
       idx = lanes['index']
       valid = lanes['mask'] > 0
-      x = data['x'][idx]
-      x = jnp.where(valid.reshape(valid.shape + (1,) * (x.ndim - valid.ndim)), x, jnp.zeros((), x.dtype))
-      lanes = {**{k: v for k, v in lanes.items() if k != 'index'}, 'x': x,
-               'y': jnp.where(valid, data['y'][idx], 0)}
+      x, y = data['x'][idx], data['y'][idx]
+      pad = lambda a: jnp.where(valid.reshape(valid.shape + (1,) * (a.ndim - valid.ndim)), a,   # noqa: E731
+                                jnp.zeros((), a.dtype))
+      lanes = {**{k: v for k, v in lanes.items() if k != 'index'}, 'x': pad(x), 'y': pad(y)}   # y: [..] or [.., P]
     bcast = algorithm.broadcast(server_state, round_idx, 0)
     n_lanes = lanes['mask'].shape[0]
     slots = bcast.get('slots')

@@ -25,6 +25,10 @@ LEAF's semantics, reproduced (data/utils/{sample,remove_users,split_data}.py), e
          (LEAF's `iid_divide`: sizes floor(n/g) then floor(n/g)+1). `iid_sizes='natural'` keeps every user
          and its size and only reshuffles the samples among the file's users (needs fraction = 1).
   min_samples  users with num_samples <= min_samples are dropped (LEAF's `-k`: "keep if n > k").
+  num_clients, max_samples (not LEAF's; 0 = off): then `num_clients` users drawn at random (seeded) and each
+         cut to its first `max_samples` samples, before the train/test split: a fixed-size subset such as the
+         FedSeq release's Shakespeare (100 roles x 2,000 training windows: min_samples=2222,
+         max_samples=2223, train_fraction=0.9).
   train/test   `train_split='sample'`: each user's samples split, num_train = max(1, int(train_fraction * n))
          (1 when n == 2), users with < 2 samples dropped, original order kept in both parts; the test part is
          that client's own test split (per-client test sets) and their union the global test set.
@@ -172,8 +176,25 @@ def split_by_sample(users: List[User], train_fraction: float, rng) -> Tuple[List
   return train, test
 
 
+def subset_users(kept: List[List[User]], num_clients: int, max_samples: int, rng) -> List[List[User]]:
+  """`num_clients` random users (0 = all; file order kept), each cut to its first `max_samples` (0 = all)."""
+  if num_clients:
+    have = sum(len(users) for users in kept)
+    if have < num_clients:
+      raise ConfigError('data.num_clients', num_clients, f'only {have} users are left after the sampling and '
+                        'min_samples: use at most that many (0 = all)')
+    pick = np.zeros(have, bool)
+    pick[rng.choice(have, num_clients, replace=False)] = True
+    offs = np.cumsum([0] + [len(users) for users in kept])
+    kept = [[u for u, p in zip(users, pick[offs[i]:offs[i + 1]]) if p] for i, users in enumerate(kept)]
+  if max_samples:
+    kept = [[(u, x[:max_samples], y[:max_samples], h) for u, x, y, h in users] for users in kept]
+  return kept
+
+
 def prepare(files: List[List[User]], *, split: str, fraction: float, iid_user_fraction: float, iid_sizes: str,
-            min_samples: int, train_split: str, train_fraction: float, seed: int):
+            min_samples: int, train_split: str, train_fraction: float, seed: int, num_clients: int = 0,
+            max_samples: int = 0):
   """all_data files -> (train users, test users, test_is_population) with LEAF's semantics (module doc)."""
   rng = np.random.default_rng(seed)
   kept, named = [], 0
@@ -184,6 +205,7 @@ def prepare(files: List[List[User]], *, split: str, fraction: float, iid_user_fr
     elif fraction < 1:
       users = sample_niid(users, fraction, rng)
     kept.append([u for u in users if len(u[2]) > min_samples])
+  kept = subset_users(kept, num_clients, max_samples, rng)
   if train_split == 'user':
     flat = [u for users in kept for u in users]
     is_train = np.zeros(len(flat), bool)
@@ -279,7 +301,7 @@ def _finite_in(v, lo, hi, lo_open=False):
 
 
 def check_args(*, source, split, fraction, iid_user_fraction, iid_sizes, min_samples, train_split,
-               train_fraction, seed):
+               train_fraction, seed, num_clients=0, max_samples=0):
   """Bad arguments -> ConfigError naming the data field (before any file is read)."""
   check_arg('source', source, source in ('auto', 'all_data', 'leaf_split'), "allowed: 'auto', 'all_data', 'leaf_split'")
   check_arg('split', split, split in ('', 'niid', 'iid'), "allowed: 'niid', 'iid' ('' = niid; as made by LEAF "
@@ -292,6 +314,9 @@ def check_args(*, source, split, fraction, iid_user_fraction, iid_sizes, min_sam
            "'natural' keeps every user and its size: needs data.fraction = 1 and data.iid_user_fraction = 1")
   check_arg('min_samples', min_samples, isinstance(min_samples, int) and not isinstance(min_samples, bool)
          and min_samples >= 0, 'an integer >= 0 (users with num_samples <= min_samples are dropped)')
+  for name, v, what in (('num_clients', num_clients, 'users drawn at random'),
+                        ('max_samples', max_samples, "the cap of a user's samples")):
+    check_arg(name, v, isinstance(v, int) and not isinstance(v, bool) and v >= 0, f'an integer >= 0 ({what}; 0 = all)')
   check_arg('train_split', train_split, train_split in ('sample', 'user'), "allowed: 'sample', 'user'")
   check_arg('train_fraction', train_fraction, _finite_in(train_fraction, 0, 1, lo_open=True) and train_fraction < 1,
          'a number in (0, 1)')
@@ -322,7 +347,7 @@ def _cache_path(root: str, name: str, args: dict, dirs: Sequence[str]) -> str:
 
 def load(name: str, data_dir: Optional[str], encode, *, source='auto', split='', fraction=1.0,
          iid_user_fraction=1.0, iid_sizes='leaf', min_samples=0, train_split='sample', train_fraction=0.9,
-         seed=0, cache=True) -> Tuple[List[User], List[User], bool, str]:
+         seed=0, cache=True, num_clients=0, max_samples=0) -> Tuple[List[User], List[User], bool, str]:
   """(train users, test users, test users are a separate population, description).
 
   With `cache`, the result is kept in <root>/fedjax_flat_cache/ (an .npz keyed by the arguments and the JSON
@@ -330,14 +355,15 @@ def load(name: str, data_dir: Optional[str], encode, *, source='auto', split='',
   """
   args = dict(source=source, split=split, fraction=fraction, iid_user_fraction=iid_user_fraction,
               iid_sizes=iid_sizes, min_samples=min_samples, train_split=train_split,
-              train_fraction=train_fraction, seed=seed)
+              train_fraction=train_fraction, seed=seed, num_clients=num_clients, max_samples=max_samples)
   check_args(**args)
   from fedjax_flat.data.cifar import default_data_dir
   root = find_root(data_dir or default_data_dir(), name)
   has_all = os.path.isdir(os.path.join(root, 'all_data'))
   if source == 'auto':
     source = 'all_data' if has_all else 'leaf_split'
-  path = _cache_path(root, name, {**args, 'source': source}, ('all_data',) if source == 'all_data' else ('train', 'test'))
+  key = {k: v for k, v in args.items() if v or k not in ('num_clients', 'max_samples')}   # older caches stay valid
+  path = _cache_path(root, name, {**key, 'source': source}, ('all_data',) if source == 'all_data' else ('train', 'test'))
   if cache and os.path.isfile(path):
     logging.info('LEAF %s: arrays from the cache %s', name, path)
     with np.load(path, allow_pickle=False) as z:
@@ -356,8 +382,12 @@ def load(name: str, data_dir: Optional[str], encode, *, source='auto', split='',
 
 
 def _load_json(name, root, encode, *, source, has_all, split, fraction, iid_user_fraction, iid_sizes, min_samples,
-               train_split, train_fraction, seed):
+               train_split, train_fraction, seed, num_clients, max_samples):
   if source == 'leaf_split':
+    if num_clients or max_samples:
+      raise ConfigError('data.num_clients' if num_clients else 'data.max_samples', num_clients or max_samples,
+                        "LEAF's own train/test files are used as they are: 0, or read all_data/ with "
+                        "data.source='all_data'")
     if split == 'iid':
       raise ConfigError('data.split', split, "LEAF's own train/test files are used as they are: produce IID files "
                         "with LEAF (./preprocess.sh -s iid ...) or read all_data/ with data.source='all_data'")
@@ -377,7 +407,8 @@ def _load_json(name, root, encode, *, source, has_all, split, fraction, iid_user
   train, test, population = prepare(files, split=split or 'niid', fraction=fraction,
                                     iid_user_fraction=iid_user_fraction, iid_sizes=iid_sizes,
                                     min_samples=min_samples, train_split=train_split,
-                                    train_fraction=train_fraction, seed=seed)
+                                    train_fraction=train_fraction, seed=seed, num_clients=num_clients,
+                                    max_samples=max_samples)
   return train, test, population, f'{name}({split or "niid"}, seed={seed})'
 
 
@@ -407,12 +438,14 @@ def to_dataset(train: List[User], test: List[User], population: bool, *, num_cla
 
 @register('femnist')
 def _femnist(data_dir=None, source='auto', split='', fraction=1.0, iid_user_fraction=1.0, iid_sizes='leaf',
-             min_samples=0, train_split='sample', train_fraction=0.9, seed=0, cache=True, **unused):
+             min_samples=0, train_split='sample', train_fraction=0.9, seed=0, cache=True, num_clients=0,
+             max_samples=0, **unused):
   del unused
   train, test, pop, desc = load('femnist', data_dir, encode_femnist, source=source, split=split,
                                 fraction=fraction, iid_user_fraction=iid_user_fraction, iid_sizes=iid_sizes,
                                 min_samples=min_samples, train_split=train_split,
-                                train_fraction=train_fraction, seed=seed, cache=cache)
+                                train_fraction=train_fraction, seed=seed, cache=cache, num_clients=num_clients,
+                                max_samples=max_samples)
   return to_dataset(train, test, pop, num_classes=FEMNIST_CLASSES, name=desc)
 
 
@@ -425,14 +458,15 @@ def shakespeare_task():
 @register('shakespeare')
 def _shakespeare(data_dir=None, source='auto', split='', fraction=1.0, iid_user_fraction=1.0, iid_sizes='leaf',
                  min_samples=0, train_split='sample', train_fraction=0.9, seed=0, target='sequence', cache=True,
-                 **unused):
+                 num_clients=0, max_samples=0, **unused):
   del unused
   check_arg('target', target, target in ('sequence', 'next'), "allowed: 'sequence' (the next 80 characters), "
          "'next' (the one next character; model_kwargs.readout='last')")
   train, test, pop, desc = load('shakespeare', data_dir, encode_shakespeare, source=source, split=split,
                                 fraction=fraction, iid_user_fraction=iid_user_fraction, iid_sizes=iid_sizes,
                                 min_samples=min_samples, train_split=train_split,
-                                train_fraction=train_fraction, seed=seed, cache=cache)
+                                train_fraction=train_fraction, seed=seed, cache=cache, num_clients=num_clients,
+                                max_samples=max_samples)
   if target == 'sequence':
     return to_dataset(train, test, pop, num_classes=SHAKESPEARE_VOCAB, name=desc, task=shakespeare_task(),
                       targets=shakespeare_targets)

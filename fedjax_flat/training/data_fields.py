@@ -55,6 +55,7 @@ RULES = {
     'split_dir': ('str',) + (None,) * 4 + ('where generated splits are saved',),
     'split_json': ('str',) + (None,) * 4 + ('a FedSAM/LEAF split JSON file',),
     'source': ('str',) + (None,) * 4 + ('where the clients come from',),
+    'max_samples': ('int', 0, False, None, False, "a user's first samples kept (LEAF); 0 = all"),
 }
 
 # Dataset-specific limits (checked here so that they fail before loading, not inside the builder).
@@ -68,6 +69,8 @@ DATASET_RULES = {
 RULE_OVERRIDES = {
     'stackoverflow': {'num_clients': ('int', 0, False, None, False,
                                       'users sampled as clients; 0 = every user of the training split')},
+    'femnist': {'num_clients': ('int', 0, False, None, False, 'users drawn at random; 0 = every user')},
+    'shakespeare': {'num_clients': ('int', 0, False, None, False, 'users drawn at random; 0 = every user')},
 }
 
 

@@ -226,6 +226,15 @@ def _finite(cfg, path, **kw):
   return v
 
 
+def per_position_task(cfg) -> str:
+  """The task of config.dataset when it labels every position (next_token, segmentation), else ''."""
+  from fedjax_flat.training.default_config import SEGMENTATION_DATA
+  if cfg.dataset == 'stackoverflow' or (cfg.dataset == 'shakespeare'
+                                        and (cfg.data.get('target') or 'sequence') == 'sequence'):
+    return 'next_token'
+  return 'segmentation' if cfg.dataset in SEGMENTATION_DATA else ''
+
+
 def validate_grouping(cfg) -> None:
   """config.grouping (fedjax_flat/grouping/): choices, pairings, ranges, probe files."""
   from fedjax_flat.grouping import distances, estimators, groupers
@@ -240,6 +249,10 @@ def validate_grouping(cfg) -> None:
   if method != 'random' and dist in distances.PROBABILITY_ONLY and est != 'conf':
     raise ConfigError('grouping.distance', dist, f'is defined on probability vectors: it needs '
                       f"grouping.estimator='conf', not {est!r} (use 'cosine', 'normalized_cosine' or 'euclidean')")
+  task = per_position_task(cfg)
+  if task and method != 'random' and est in ('conf', 't2v'):   # grouping/superclients.check_task, before loading
+    raise ConfigError('grouping.estimator', est, f"needs one label per example; dataset {cfg.dataset!r} has the "
+                      f"per-position task {task!r}: use 'clf' or grouping.method='random'")
   _num(cfg, 'grouping.min_examples', lo=1, integer=True)
   _num(cfg, 'grouping.max_clients', lo=0, integer=True)
   _num(cfg, 'grouping.pretrain_epochs', lo=1, integer=True)
@@ -435,7 +448,7 @@ def _alg_defaults(name):
 
 
 def validate_against_data(cfg, data) -> None:
-  if cfg.clients_per_round > data.num_clients:
+  if cfg.clients_per_round > data.num_clients and cfg.algorithm not in CHAIN_ALGORITHMS:   # chains: algo.fraction
     raise ConfigError('clients_per_round', cfg.clients_per_round,
                       f'must be <= the population of {data.num_clients} clients of dataset {cfg.dataset!r}')
   if cfg.algorithm in ('fedgloss', 'naive_fedgloss'):
