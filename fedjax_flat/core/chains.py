@@ -334,7 +334,8 @@ def make_lane_runner(algorithm: FederatedAlgorithm, *, reset_opt_state: bool = T
 
 
 def make_chain_round_fn(algorithm: FederatedAlgorithm, *, chunk: int, reset_opt_state: bool = True,
-                        per_lane_params: bool = False, augment_fn=None, jit: bool = True, donate: bool = True):
+                        per_lane_params: bool = False, augment_fn=None, jit: bool = True, donate: bool = True,
+                        mesh=None):
   """round(server_state, lanes, data, key, round_idx) -> (server_state', metrics [L]).
 
   lanes: LANE_KEYS arrays [L, ...] plus x/y (host gather) or index [L, T, B] (gather from `data`, the
@@ -342,12 +343,16 @@ def make_chain_round_fn(algorithm: FederatedAlgorithm, *, chunk: int, reset_opt_
   per_lane_params: server_update also gets agg['lanes'] = {'params': [L, ...] each lane's final model,
   'weight': [L] its chain's |D_S|, 'valid': [L]} (FedAsyncSeq's persistent chain slots: one chain per lane).
   The start model of lane l is bcast['slots'][l] when the broadcast carries slots, else bcast['params'].
+  mesh: lanes sharded over the ('clients',) mesh of core/sharding.py (L a multiple of devices x chunk): each
+  device runs its block of lanes, the partial sums are psum'ed, the server update is replicated; results
+  equal the one-device program up to the order of the floating-point sums.
   """
   if algorithm.num_phases != 1:
     raise ValueError(f'chain execution runs single-phase algorithms; {algorithm.name} has {algorithm.num_phases}')
   runner = make_lane_runner(algorithm, reset_opt_state=reset_opt_state, augment_fn=augment_fn)
 
-  def round_fn(server_state, lanes, data, key, round_idx):
+  def lane_block(bcast, lanes, starts, data, key, round_idx):
+    """A block of lanes (all of them, or one device's): (summed partial aggregates, final params, metrics)."""
     if 'index' in lanes:           # gather the examples from the device copy of the data
       idx = lanes['index']
       valid = lanes['mask'] > 0
@@ -355,10 +360,7 @@ def make_chain_round_fn(algorithm: FederatedAlgorithm, *, chunk: int, reset_opt_
       pad = lambda a: jnp.where(valid.reshape(valid.shape + (1,) * (a.ndim - valid.ndim)), a,   # noqa: E731
                                 jnp.zeros((), a.dtype))
       lanes = {**{k: v for k, v in lanes.items() if k != 'index'}, 'x': pad(x), 'y': pad(y)}   # y: [..] or [.., P]
-    bcast = algorithm.broadcast(server_state, round_idx, 0)
     n_lanes = lanes['mask'].shape[0]
-    slots = bcast.get('slots')
-    starts = slots if slots is not None else None
     n_chunks = n_lanes // chunk
     split = lambda t: jax.tree_util.tree_map(lambda a: a.reshape((n_chunks, chunk) + a.shape[1:]), t)
 
@@ -381,13 +383,43 @@ def make_chain_round_fn(algorithm: FederatedAlgorithm, *, chunk: int, reset_opt_
 
     acc, (params, metrics) = jax.lax.scan(body, _zeros_of(acc_shape), xs)
     merge = lambda t: jax.tree_util.tree_map(lambda a: a.reshape((n_lanes,) + a.shape[2:]), t)
+    return acc, merge(params), merge(metrics)
+
+  if mesh is not None:
+    from jax.sharding import PartitionSpec as P
+    from fedjax_flat.core import sharding as sharding_lib
+    rep, lane_axis = P(), P(sharding_lib.AXIS)
+
+    def sharded_block(bcast, lanes, starts, data, key, round_idx):
+      def local(bcast, lanes, starts, data, key, round_idx):
+        acc, params, metrics = lane_block(bcast, lanes, starts, data, key, round_idx)
+        return jax.lax.psum(acc, sharding_lib.AXIS), params, metrics
+      # check_vma=False: the zero-initialized scan accumulators are device-invariant while the lane outputs
+      # vary; the psum is the only cross-device operation (as core/sharding.make_sharded_block).
+      return jax.shard_map(local, mesh=mesh, in_specs=(rep, lane_axis, lane_axis, rep, rep, rep),
+                           out_specs=(rep, lane_axis, lane_axis), check_vma=False)(
+                               bcast, lanes, starts, data, key, round_idx)
+    block = sharded_block
+  else:
+    block = lane_block
+
+  def round_fn(server_state, lanes, data, key, round_idx):
+    bcast = algorithm.broadcast(server_state, round_idx, 0)
+    acc, params, metrics = block(bcast, lanes, bcast.get('slots'), data, key, round_idx)
     agg = engine_lib.finalize_aggregate(acc)
     if per_lane_params:
       weight = jnp.sum(lanes['chain_weight'], axis=1)
-      agg['lanes'] = {'params': merge(params), 'weight': weight, 'valid': weight > 0}
+      agg['lanes'] = {'params': params, 'weight': weight, 'valid': weight > 0}
     server_state = algorithm.server_update(server_state, agg, round_idx, 0)
-    return server_state, merge(metrics)
+    return server_state, metrics
 
   if not jit:
     return round_fn
-  return jax.jit(round_fn, donate_argnums=(0,) if donate else ())
+  if mesh is None:
+    return jax.jit(round_fn, donate_argnums=(0,) if donate else ())
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from fedjax_flat.core import sharding as sharding_lib
+  replicated, by_lane = NamedSharding(mesh, P()), NamedSharding(mesh, P(sharding_lib.AXIS))
+  # Explicit shardings: one compiled program for every round (replicated server state, lane-sharded rest).
+  return jax.jit(round_fn, in_shardings=(replicated, by_lane, replicated, replicated, replicated),
+                 out_shardings=(replicated, by_lane), donate_argnums=(0,) if donate else ())

@@ -101,9 +101,6 @@ class ChainTrainer(loop.Trainer):
     c = self.config
     self.name = c.algorithm
     self.hp = {**alg_registry.default_hparams(self.name), **c.algo.to_dict()}
-    if self.mesh_requested():
-      raise validate.ConfigError('engine.shard_clients', c.engine.get('shard_clients'),
-                                 'chain algorithms run on one device: set engine.shard_clients=False')
     if c.engine.get('stream_batches', False):
       raise validate.ConfigError('engine.stream_batches', True, 'is not available for chain algorithms')
     self.sizes = np.asarray(self.data.client_sizes(), np.int64)
@@ -116,8 +113,13 @@ class ChainTrainer(loop.Trainer):
     self._write_groupings()
     self.lane_shape, self.one_per_lane = self._lane_shape()
     self.strategy = engine_lib.resolve_strategy(c.engine.strategy)
-    self.lane_chunk = engine_lib.chunk_size(self.strategy, self.lane_shape.lanes, c.engine.clients_per_chunk)
-    self.num_lanes = engine_lib.padded_cohort(self.strategy, self.lane_shape.lanes, c.engine.clients_per_chunk)
+    if self.mesh_requested():     # lanes sharded over every device (core/sharding.py): D blocks of lanes
+      from fedjax_flat.core import sharding as sharding_lib
+      self.num_lanes, self.lane_chunk = sharding_lib.plan_cohort(self.strategy, self.lane_shape.lanes,
+                                                                 c.engine.clients_per_chunk, jax.device_count())
+    else:
+      self.lane_chunk = engine_lib.chunk_size(self.strategy, self.lane_shape.lanes, c.engine.clients_per_chunk)
+      self.num_lanes = engine_lib.padded_cohort(self.strategy, self.lane_shape.lanes, c.engine.clients_per_chunk)
     plan = {'num_slots': self.num_lanes, 'merge_every': self._merge_every()}
     return alg_registry.build_algorithm(c, self.model, population=self.data.num_clients, chain=plan,
                                         task=self.task)
@@ -224,9 +226,14 @@ class ChainTrainer(loop.Trainer):
       self.device_gather = nbytes <= c.engine.get('device_data_max_mb', 1024) * 2**20
     self.dev_arrays = ({'x': jnp.asarray(data.x), 'y': jnp.asarray(np.asarray(data.y, np.int32))}
                        if self.device_gather else None)
+    if self.mesh is not None:      # the placement of the lanes (not of a client cohort)
+      from fedjax_flat.core import sharding as sharding_lib
+      self.placement = sharding_lib.ClientPlacement(self.mesh, self.num_lanes)
+      if self.dev_arrays is not None:
+        self.dev_arrays = self.placement.replicate(jax.device_get(self.dev_arrays))
     return chains_lib.make_chain_round_fn(
         self.algorithm, chunk=self.lane_chunk, reset_opt_state=bool(self.hp['reset_opt_state']),
-        per_lane_params=self.name == 'fedasyncseq', augment_fn=self.train_transform, jit=jit)
+        per_lane_params=self.name == 'fedasyncseq', augment_fn=self.train_transform, jit=jit, mesh=self.mesh)
 
   # Rounds.
   def grouping_at(self, r: int) -> Optional[Grouping]:
@@ -267,9 +274,12 @@ class ChainTrainer(loop.Trainer):
     return ChainBatch(r, chains, inputs)
 
   def run_round(self, r: int, rb: ChainBatch) -> dict:
-    self.server_state, m = self.round_fn(self.server_state, rb.inputs, self.dev_arrays, self.key,
-                                         jnp.asarray(r, jnp.int32))
-    m = jax.device_get(m)
+    inputs, key, round_idx = rb.inputs, self.key, jnp.asarray(r, jnp.int32)
+    if self.placement is not None:   # every host built the whole layout: each device takes its lanes
+      inputs = self.placement.shard_rows(inputs)
+      key, round_idx = self.placement.replicate(key), np.int32(r)
+    self.server_state, m = self.round_fn(self.server_state, inputs, self.dev_arrays, key, round_idx)
+    m = jax.device_get(m) if self.placement is None else self.placement.to_host(m)
     server_finite = bool(self._finite(self.server_state))
     bad = [ch for ch in rb.chains if ch.lane >= 0 and not m['finite'][ch.lane]]
     if bad or not server_finite:
