@@ -15,6 +15,7 @@ compilation.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -88,6 +89,7 @@ def main():
   ap.add_argument('--set', action='append', default=[], help='config override key=value (every run)')
   ap.add_argument('--runs_dir', default=os.path.join(REPO, 'runs', 'seg_synthetic_compare'))
   ap.add_argument('--cache_dir', default=os.path.join(REPO, 'runs', 'xla_cache'))
+  ap.add_argument('--parallel', type=int, default=1, help='runs at a time')
   ap.add_argument('--json', default='')
   ap.add_argument('--md', default='')
   a = ap.parse_args()
@@ -99,15 +101,17 @@ def main():
   log = lambda msg: print(f'[{time.strftime("%H:%M:%S")}] {msg}', file=sys.stderr, flush=True)  # noqa: E731
   rows = []
   uptime = [os.popen('uptime').read().strip()]
+  tag = ','.join(a.set).replace('/', '_')
   # Seeds outermost: a cut-off run still leaves every method with the same seeds done.
-  for seed in seeds:
-    for m in methods:
-      tag = ','.join(a.set).replace('/', '_')
-      wd = os.path.join(a.runs_dir, f'{m}{("," + tag) if tag else ""}', f'seed={seed}')
-      rows.append(run_one(m, seed, wd, a.set, a.cache_dir, log))
+  jobs = [(seed, m, os.path.join(a.runs_dir, f'{m}{("," + tag) if tag else ""}', f'seed={seed}'))
+          for seed in seeds for m in methods]
+  with concurrent.futures.ThreadPoolExecutor(a.parallel) as pool:   # each run is its own process
+    futures = [pool.submit(run_one, m, seed, wd, a.set, a.cache_dir, log) for seed, m, wd in jobs]
+    for fut in futures:
+      rows.append(fut.result())
       r = rows[-1]
-      log(f'  seen {100 * r["seen_miou"]:.2f}  unseen {100 * r["unseen_miou"]:.2f}  ({len(rows)}/'
-          f'{len(seeds) * len(methods)})')
+      log(f'{r["method"]} seed {r["seed"]}: seen {100 * r["seen_miou"]:.2f}  unseen {100 * r["unseen_miou"]:.2f}  '
+          f'({len(rows)}/{len(jobs)})')
       agg = aggregate(rows)
       meta = {'seeds': sorted({r['seed'] for r in rows}), 'overrides': a.set, 'config': 'configs/quickstart_seg.py',
               'uptime': uptime + [os.popen('uptime').read().strip()], 'cpu_count': os.cpu_count()}

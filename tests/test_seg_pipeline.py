@@ -10,6 +10,8 @@ from fedjax_flat import tasks
 from fedjax_flat.core import evaluation
 from fedjax_flat.data import augment, batching, cityscapes, registry, seg_synthetic, style_transfer
 from fedjax_flat.data.federated import FederatedDataset
+from fedjax_flat.models import registry as model_registry
+from fedjax_flat.models.base import num_params
 from fedjax_flat.training import loop
 from fedjax_flat.training.default_config import default_config, segmentation_data
 import seg_fixtures as F
@@ -152,3 +154,28 @@ def test_file_source_is_evaluated_from_streamed_test_batches(tmp_path, monkeypat
   # The 5 unseen-city images, streamed in batches of eval_batch_size (test policy: running statistics).
   assert sum(calls) == 5 and max(calls) <= max(c.eval_batch_size, c.bn.test_batch_size)
   assert 0.0 <= t.records[-1]['test_unseen_miou'] <= 1.0
+
+
+def _seg_cnn_params(w, c):
+  """Closed form: 3x3 convs without bias + BN (scale, bias) per CBR, 1x1 heads with bias."""
+  cbr = lambda i, o: 9 * i * o + 2 * o       # noqa: E731
+  return (cbr(3, w) + cbr(w, 2 * w) + cbr(2 * w, 2 * w) + cbr(2 * w, 4 * w) + cbr(4 * w, 4 * w)
+          + cbr(6 * w, 2 * w) + cbr(3 * w, w) + (w + 1) * c + (4 * w + 1) * c)
+
+
+@pytest.mark.parametrize('width', [8, 16])
+def test_seg_cnn_parameters_and_shapes(width):
+  m = model_registry.get_model('seg_cnn', 4, (32, 48, 3), width=width)
+  p = m.init(jax.random.key(0), np.zeros((1, 32, 48, 3), np.float32))
+  assert num_params(p['params']) == _seg_cnn_params(width, 4) == {8: 26_560, 16: 104_952}[width]
+  assert num_params(p['batch_stats']) == 2 * 16 * width        # mean + var of every BN channel
+  assert model_registry.uses_batch_stats('seg_cnn', {}) and not model_registry.uses_batch_stats('seg_cnn', {'norm': 'gn'})
+  x = np.zeros((2, 32, 48, 3), np.float32)
+  (main, aux), stats = m.apply(p, x, train=True, rng=jax.random.key(1), with_batch_stats=True)
+  assert main.shape == aux.shape == (2, 32, 48, 4)
+  assert jax.tree_util.tree_structure(stats) == jax.tree_util.tree_structure(p['batch_stats'])
+  assert m.apply(p, x).shape == (2, 32, 48, 4)                  # evaluation: the main head only
+  g = model_registry.get_model('seg_cnn', 4, (32, 48, 3), width=width, norm='gn')
+  assert not g.batch_stats and num_params(g.init(jax.random.key(0), x[:1])) == _seg_cnn_params(width, 4)
+  with pytest.raises(ValueError, match='divisible by 4'):
+    m.apply(p, np.zeros((1, 30, 48, 3), np.float32))
