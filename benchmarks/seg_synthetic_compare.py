@@ -25,16 +25,22 @@ import time
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-METHODS = ('fedavg', 'fedsam', 'fedasam', 'silobn', 'fedbn')
-NAMES = {'fedavg': 'FedAvg', 'fedsam': 'FedSAM', 'fedasam': 'FedASAM', 'silobn': 'SiloBN', 'fedbn': 'FedBN'}
+METHODS = ('fedavg', 'fedsam', 'fedasam', 'silobn', 'fedbn', 'fedavg_bnbatch')
+NAMES = {'fedavg': 'FedAvg', 'fedsam': 'FedSAM', 'fedasam': 'FedASAM', 'silobn': 'SiloBN', 'fedbn': 'FedBN',
+         'fedavg_bnbatch': 'FedAvg, test BN = batch'}
+# Controls: a method's config with extra overrides. FedAvg trained exactly as 'fedavg' (same seed, same bits)
+# but its test clients normalized with each test batch's statistics, SiloBN's test-time policy: separates
+# what SiloBN's training does from what its test-time normalization does.
+VARIANTS = {'fedavg_bnbatch': ('fedavg', ['bn.test_policy=batch'])}
 
 
 def run_one(method: str, seed: int, workdir: str, sets, cache_dir: str, log) -> dict:
   summary = os.path.join(workdir, 'summary.json')
   if not os.path.exists(summary):
+    base, extra = VARIANTS.get(method, (method, []))
     cmd = [sys.executable, os.path.join(REPO, 'experiments', 'train.py'),
-           f'--config={os.path.join(REPO, "configs", "quickstart_seg.py")}:{method}', f'--config.seed={seed}',
-           f'--workdir={workdir}'] + [f'--config.{s}' for s in sets]
+           f'--config={os.path.join(REPO, "configs", "quickstart_seg.py")}:{base}', f'--config.seed={seed}',
+           f'--workdir={workdir}'] + [f'--config.{s}' for s in extra + list(sets)]
     env = {**os.environ, 'PYTHONPATH': REPO}
     if cache_dir:
       env.update(JAX_COMPILATION_CACHE_DIR=cache_dir, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0')

@@ -70,7 +70,7 @@ def test_a_client_never_receives_its_own_style():
   rb = batching.make_round_batches(data, [0, 1, 2], round_idx=0, seed=0, batch_size=4, num_steps=2, plan=plan)
   steps = {k: v.reshape((-1,) + v.shape[2:]) for k, v in rb.as_dict().items()}     # [C*S] steps
   run = jax.jit(jax.vmap(lambda key, b: seg(key, b), in_axes=(0, None)))
-  keys = jax.random.split(KEY, 32)
+  keys = jax.random.split(KEY, 16)
   for i in range(steps['mask'].shape[0]):
     batch = {k: v[i] for k, v in steps.items()}
     own = int(batch['client'])
@@ -107,7 +107,8 @@ def _synthetic_config(style='lab', device=True):
   return c
 
 
-@pytest.mark.parametrize('device', [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.slow     # default suite: the batching tests above + test_data_seg_e2e (LAB bank, device path)
+@pytest.mark.parametrize('device', [False, True])
 def test_trainer_feeds_client_ids_to_the_style_transform(device):
   c = _synthetic_config(device=device)
   t = loop.Trainer(c)
@@ -129,19 +130,17 @@ def test_file_source_is_evaluated_from_streamed_test_batches(tmp_path, monkeypat
   assert isinstance(src.task, tasks.Segmentation) and src.label_dtype == np.uint8
   c = default_config()
   c.dataset = 'cityscapes'
-  c.data = segmentation_data('cityscapes', data_dir=str(tmp_path), clients_per_city=2, double=False,
-                             crop=(16, 32), jitter=0.0)
-  c.augment, c.normalize = 'segmentation', 'feddrive'
-  c.model, c.model_kwargs = '_test_seg', {'norm': 'bn'}
-  c.rounds, c.clients_per_round, c.eval_every, c.eval_batch_size = 1, 2, 1, 2
-  c.client.batch_size = 2
-  t = loop.Trainer(c, data=src)
-  assert isinstance(t.evaluator, evaluation.HeldOutEvaluator)
+  c.data = segmentation_data('cityscapes', data_dir=str(tmp_path), clients_per_city=2, double=False)
+  c.eval_batch_size = 2
+  m = model_registry.get_model('_test_seg', src.num_classes, src.input_shape, norm='bn')
+  ev = evaluation.make_evaluator(c, m, src, tasks.from_config(src.task, c), algorithm='fedavg')
+  assert isinstance(ev, evaluation.HeldOutEvaluator)      # the Trainer's choice for a Segmentation task
   calls = []
   real = src.test_batches
 
   def counted(batch_size, client=None):
     for xy in real(batch_size, client):
+      assert xy[1].dtype == np.uint8
       calls.append(len(xy[0]))
       yield xy
 
@@ -150,11 +149,9 @@ def test_file_source_is_evaluated_from_streamed_test_batches(tmp_path, monkeypat
   monkeypatch.setattr(src, 'test_batches', counted)
   monkeypatch.setattr(src, 'test_examples', refuse)
   monkeypatch.setattr(src, 'test_client_examples', refuse)
-  t.train()
+  res = ev(m.init(jax.random.key(0), np.zeros((1,) + src.input_shape, np.float32)))
   # The 5 unseen-city images, streamed in batches of eval_batch_size (test policy: running statistics).
-  assert sum(calls) == 5 and max(calls) <= max(c.eval_batch_size, c.bn.test_batch_size)
-  assert 0.0 <= t.records[-1]['test_unseen_miou'] <= 1.0
-
+  assert calls == [2, 2, 1] and 0.0 <= res['unseen_miou'] <= 1.0 and res['unseen_count'] > 0
 
 def _seg_cnn_params(w, c):
   """Closed form: 3x3 convs without bias + BN (scale, bias) per CBR, 1x1 heads with bias."""
@@ -164,18 +161,27 @@ def _seg_cnn_params(w, c):
 
 
 @pytest.mark.parametrize('width', [8, 16])
-def test_seg_cnn_parameters_and_shapes(width):
-  m = model_registry.get_model('seg_cnn', 4, (32, 48, 3), width=width)
-  p = m.init(jax.random.key(0), np.zeros((1, 32, 48, 3), np.float32))
-  assert num_params(p['params']) == _seg_cnn_params(width, 4) == {8: 26_560, 16: 104_952}[width]
-  assert num_params(p['batch_stats']) == 2 * 16 * width        # mean + var of every BN channel
+def test_seg_cnn_parameter_count(width):
+  for norm in ('bn', 'gn'):
+    m = model_registry.get_model('seg_cnn', 4, (32, 48, 3), width=width, norm=norm)
+    p = jax.eval_shape(lambda: m.init(jax.random.key(0), np.zeros((1, 32, 48, 3), np.float32)))
+    trainable = p['params'] if norm == 'bn' else p
+    assert num_params(trainable) == _seg_cnn_params(width, 4) == {8: 26_560, 16: 104_952}[width]
+    if norm == 'bn':
+      assert m.batch_stats and num_params(p['batch_stats']) == 2 * 16 * width   # mean + var per BN channel
+    else:
+      assert not m.batch_stats
   assert model_registry.uses_batch_stats('seg_cnn', {}) and not model_registry.uses_batch_stats('seg_cnn', {'norm': 'gn'})
+
+
+def test_seg_cnn_shapes():
+  m = model_registry.get_model('seg_cnn', 4, (32, 48, 3), width=8)
+  p = jax.eval_shape(lambda: m.init(jax.random.key(0), np.zeros((1, 32, 48, 3), np.float32)))
   x = np.zeros((2, 32, 48, 3), np.float32)
-  (main, aux), stats = m.apply(p, x, train=True, rng=jax.random.key(1), with_batch_stats=True)
+  (main, aux), stats = jax.eval_shape(lambda q: m.apply(q, x, train=True, rng=jax.random.key(1),
+                                                        with_batch_stats=True), p)
   assert main.shape == aux.shape == (2, 32, 48, 4)
   assert jax.tree_util.tree_structure(stats) == jax.tree_util.tree_structure(p['batch_stats'])
-  assert m.apply(p, x).shape == (2, 32, 48, 4)                  # evaluation: the main head only
-  g = model_registry.get_model('seg_cnn', 4, (32, 48, 3), width=width, norm='gn')
-  assert not g.batch_stats and num_params(g.init(jax.random.key(0), x[:1])) == _seg_cnn_params(width, 4)
+  assert jax.eval_shape(lambda q: m.apply(q, x), p).shape == (2, 32, 48, 4)     # evaluation: the main head only
   with pytest.raises(ValueError, match='divisible by 4'):
-    m.apply(p, np.zeros((1, 30, 48, 3), np.float32))
+    jax.eval_shape(lambda q: m.apply(q, np.zeros((1, 30, 48, 3), np.float32)), p)
