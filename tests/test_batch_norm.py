@@ -54,11 +54,11 @@ def test_running_statistics_follow_the_formula_and_ignore_the_optimizer():
   cfg.momentum, cfg.weight_decay = 0.9, 0.1            # neither may touch the statistics
   tx = make_client_tx(cfg, {'lr': jnp.float32(0.5), 'rho': jnp.float32(0.0)})
   st = local_lib.LocalState(p, tx.init(p), p)
-  st, _ = local_lib.local_step(st, batch, jax.random.key(1), loss_fn=loss, tx=tx)
+  st, _ = jax.jit(lambda s_, b: local_lib.local_step(s_, b, jax.random.key(1), loss_fn=loss, tx=tx))(st, batch)
   np.testing.assert_allclose(st.params['batch_stats']['norm1']['mean'], 0.9 * 0.5 + 0.1 * mean, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(st.params['batch_stats']['norm1']['var'], 0.9 * 2.0 + 0.1 * var, rtol=1e-5)
   # The gradient w.r.t. the statistics is exactly 0 in training mode; the trainable params moved.
-  g = jax.grad(lambda q: loss(q, batch)[0])(p)
+  g = jax.jit(jax.grad(lambda q: loss(q, batch)[0]))(p)
   assert all(float(jnp.abs(v).max()) == 0 for v in jax.tree_util.tree_leaves(g['batch_stats']))
   assert float(jnp.abs(st.params['params']['conv1']['kernel'] - p['params']['conv1']['kernel']).max()) > 0
 
@@ -243,8 +243,10 @@ def test_local_statistics_refuse_the_running_test_policy():
 
 
 @pytest.mark.parametrize('algorithm,optimizer,swa,device', [('silobn', 'sgd', False, False),
-                                                            ('fedavg', 'sam', True, True),
-                                                            ('fedbn', 'asam', False, True)])
+                                                            pytest.param('fedavg', 'sam', True, True,
+                                                                         marks=pytest.mark.slow),
+                                                            pytest.param('fedbn', 'asam', False, True,
+                                                                         marks=pytest.mark.slow)])
 def test_trainer_rounds_on_a_segmentation_fixture(tmp_path, algorithm, optimizer, swa, device):
   c = _config(algorithm, optimizer=optimizer, rho=0.05, lr_schedule='poly_step', lr_poly_max=1000)
   c.server.momentum = 0.0

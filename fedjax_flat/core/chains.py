@@ -298,6 +298,8 @@ def make_lane_runner(algorithm: FederatedAlgorithm, *, reset_opt_state: bool = T
       xs = jax.tree_util.tree_map(lambda a: a[t], {k: lane[k] for k in ('x', 'y', 'mask', 'client', 'step',
                                                                          'member_start')})
       batch = {'x': xs['x'], 'y': xs['y'], 'mask': xs['mask']}
+      if getattr(augment_fn, 'needs_client', False):     # style transfer excludes the client's own style
+        batch['client'] = xs['client']
       ckey = jax.random.fold_in(base, jnp.maximum(xs['client'], 0))       # = sampling.client_keys
       step_rng = jax.random.fold_in(ckey, xs['step'])                     # = engine: fold_in(rng, step)
       if reset_opt_state:      # a new member: a fresh optimizer state, the params passed on

@@ -237,7 +237,7 @@ class ValRoundBatches(batching.RoundBatches):
   split: np.ndarray = None   # [C, S + S_val, B] float32: 1 = validation example
 
   def as_dict(self):
-    return {'x': self.x, 'y': self.y, 'mask': self.mask, 'split': self.split}
+    return {**super().as_dict(), 'split': self.split}
 
 
 def append_validation_steps(rb, data, source: str, num_val_steps: int) -> ValRoundBatches:
@@ -257,8 +257,10 @@ def append_validation_steps(rb, data, source: str, num_val_steps: int) -> ValRou
     vy[i].reshape(-1)[:n] = y
     vm[i].reshape(-1)[:n] = 1.0
   split = np.concatenate([np.zeros_like(rb.mask), np.ones_like(vm)], axis=1)
+  client = None if rb.client is None else batching.client_steps(rb.client_ids, split.shape[1])
   return ValRoundBatches(np.concatenate([rb.x, vx], 1), np.concatenate([rb.y, vy], 1),
-                         np.concatenate([rb.mask, vm], 1), rb.num_examples, rb.client_ids, split)
+                         np.concatenate([rb.mask, vm], 1), rb.num_examples, rb.client_ids, client=client,
+                         split=split)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -513,6 +513,10 @@ def make_seg_augment(*, crop: Tuple[int, int], scale: Tuple[float, float] = (0.5
   (`mode`) -> flip -> colour jitter (strength `jitter`, 0 = off) -> normalize. batch['x'] uint8 or float in
   [0, 1] [B, H, W, 3], batch['y'] [B, H, W]; returns x float32 [B, *crop, 3], y int32 [B, *crop] with 255
   in padded pixels. crop=None keeps the loaded size (no scale/crop).
+
+  With a style bank, `fn.needs_client` is True: the run's batches then carry 'client' (the step's client id,
+  data/batching.BatchPlan.with_client) so that a client never receives its own style; the transform consumes
+  that entry (the returned batch has none).
   """
   if mode not in ('scale_crop', 'resized_crop'):
     raise ValueError(f"mode={mode!r}; allowed: 'scale_crop', 'resized_crop'")
@@ -531,8 +535,11 @@ def make_seg_augment(*, crop: Tuple[int, int], scale: Tuple[float, float] = (0.5
       x, y = random_flip_pair(k_flip, x, y)
     if jitter:
       x = color_jitter(k_jit, x, jitter)
-    return {**batch, 'x': normalize(x, mean, std), 'y': y.astype(jnp.int32)}
+    out = {**batch, 'x': normalize(x, mean, std), 'y': y.astype(jnp.int32)}
+    out.pop('client', None)
+    return out
   seg.on_batch = True
+  seg.needs_client = style is not None
   return seg
 
 

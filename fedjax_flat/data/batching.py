@@ -53,13 +53,31 @@ def padded_num_steps(client_sizes: np.ndarray, batch_size: int, *, epochs: int =
 @dataclasses.dataclass
 class RoundBatches:
   x: np.ndarray            # [C, S, B, *input_shape]
-  y: np.ndarray            # [C, S, B, *label_shape] int32
+  y: np.ndarray            # [C, S, B, *label_shape] int32 (uint8 when the data store uint8: label_dtype)
   mask: np.ndarray         # [C, S, B] float32, 1 = real example
   num_examples: np.ndarray  # [C] float32: the client's dataset size N_k (FedAvg weight); 0 for padding
   client_ids: np.ndarray   # [C] int32 (-1 for padding clients)
+  client: Optional[np.ndarray] = None   # [C, S] int32 client id of every step (BatchPlan.with_client), or None
 
   def as_dict(self):
-    return {'x': self.x, 'y': self.y, 'mask': self.mask}
+    d = {'x': self.x, 'y': self.y, 'mask': self.mask}
+    if self.client is not None:
+      d['client'] = self.client
+    return d
+
+
+def label_dtype(dtype) -> np.dtype:
+  """Batched labels keep uint8 (label maps with 255 = void: 4x less host memory and transfer than int32);
+  every other integer label is int32 (class ids beyond 255, tokens)."""
+  return np.dtype(np.uint8) if np.dtype(dtype) == np.uint8 else np.dtype(np.int32)
+
+
+def client_steps(client_ids, num_steps: int):
+  """[C, S] int32: each row's client id repeated over its steps (-1 for padding clients), the `client` entry
+  of the round batches when a step's transform needs to know whose data it has (style transfer's own-client
+  exclusion, data/style_transfer.py)."""
+  ids = np.asarray(client_ids, np.int32)
+  return np.ascontiguousarray(np.broadcast_to(ids[:, None], (ids.shape[0], num_steps)))
 
 
 def client_rng(seed: int, round_idx: int, client_id: int) -> np.random.Generator:
@@ -108,10 +126,11 @@ class BatchPlan:
   shuffle: bool
   max_size: int          # the population's largest client: permutation length
   num_perms: int         # permutations drawn per client (epochs; or enough for the local_steps stream)
+  with_client: bool = False   # the batches carry 'client' [C, S] (the train transform asks: `needs_client`)
 
 
 def batch_plan(client_sizes, *, batch_size: int, num_steps: int, epochs: int = 1, local_steps: int = 0,
-               shuffle: bool = True) -> BatchPlan:
+               shuffle: bool = True, with_client: bool = False) -> BatchPlan:
   sizes = np.asarray(client_sizes, np.int64)
   max_size = max(int(sizes.max()) if sizes.size else 1, 1)
   if local_steps:
@@ -122,7 +141,7 @@ def batch_plan(client_sizes, *, batch_size: int, num_steps: int, epochs: int = 1
   else:
     num_perms = int(epochs)
   return BatchPlan(int(batch_size), int(num_steps), int(epochs), int(local_steps), bool(shuffle), max_size,
-                   max(num_perms, 1))
+                   max(num_perms, 1), bool(with_client))
 
 
 def step_positions(plan: BatchPlan, key, n):
@@ -177,14 +196,15 @@ def host_round_positions(plan: BatchPlan, seed, round_idx: int, client_ids, size
 
 def device_data(data):
   """An in-memory FederatedDataset's training arrays on the device, for `gather_round_device`."""
-  return {'x': jnp.asarray(data.x), 'y': jnp.asarray(np.asarray(data.y, np.int32)),
+  return {'x': jnp.asarray(data.x), 'y': jnp.asarray(np.asarray(data.y, label_dtype(data.y.dtype))),
           'index': jnp.asarray(np.asarray(data.client_index, np.int32)),
           'offsets': jnp.asarray(np.asarray(data.client_offsets[:-1], np.int32)),
           'sizes': jnp.asarray(np.asarray(data.client_sizes(), np.int32))}
 
 
 def gather_round_device(plan: BatchPlan, arrays, key, round_idx, client_ids):
-  """Traceable: the round's batches {x, y, mask} [C, S, B, ...] and weights N_k [C] from device arrays.
+  """Traceable: the round's batches {x, y, mask} [C, S, B, ...] (+ 'client' [C, S] with plan.with_client)
+  and weights N_k [C] from device arrays.
 
   Same positions as `make_round_batches` (one definition); masked entries are zeros, as on the host.
   """
@@ -196,8 +216,11 @@ def gather_round_device(plan: BatchPlan, arrays, key, round_idx, client_ids):
   x = arrays['x'][flat]
   x = jnp.where(valid.reshape(valid.shape + (1,) * (x.ndim - valid.ndim)), x, jnp.zeros((), x.dtype))
   y = arrays['y'][flat]
-  y = jnp.where(valid.reshape(valid.shape + (1,) * (y.ndim - valid.ndim)), y, 0)
-  return {'x': x, 'y': y, 'mask': mask}, sizes.astype(jnp.float32)
+  y = jnp.where(valid.reshape(valid.shape + (1,) * (y.ndim - valid.ndim)), y, jnp.zeros((), y.dtype))
+  out = {'x': x, 'y': y, 'mask': mask}
+  if plan.with_client:
+    out['client'] = jnp.broadcast_to(client_ids[:, None].astype(jnp.int32), mask.shape[:2])
+  return out, sizes.astype(jnp.float32)
 
 
 def make_round_batches(data, client_ids: Sequence[int], *, round_idx: int, seed: int, batch_size: int,
@@ -220,7 +243,8 @@ def make_round_batches(data, client_ids: Sequence[int], *, round_idx: int, seed:
   x_dtype = data.x.dtype if in_memory else np.float32
   xs = np.zeros((c_total, num_steps, batch_size) + input_shape, x_dtype)
   label_shape = tuple(np.shape(data.y)[1:]) if in_memory else tuple(getattr(data, 'label_shape', ()))
-  ys = np.zeros((c_total, num_steps, batch_size) + label_shape, np.int32)
+  y_dtype = label_dtype(data.y.dtype if in_memory else getattr(data, 'label_dtype', np.int32))
+  ys = np.zeros((c_total, num_steps, batch_size) + label_shape, y_dtype)
   ms = np.zeros((c_total, num_steps, batch_size), np.float32)
   nums = np.zeros((c_total,), np.float32)
   out_ids = np.full((c_total,), -1, np.int32)
@@ -236,6 +260,8 @@ def make_round_batches(data, client_ids: Sequence[int], *, round_idx: int, seed:
       n = len(cy)
       if i == 0 and xs.dtype != cx.dtype:
         xs = xs.astype(cx.dtype)
+      if i == 0 and ys.dtype != label_dtype(cy.dtype):   # a source that does not declare `label_dtype`
+        ys = ys.astype(label_dtype(cy.dtype))
     if epochs * int(math.ceil(n / batch_size)) > num_steps and not local_steps:
       raise ValueError(f'client with {n} examples needs {steps_for_size(n, batch_size, epochs)} steps > '
                        f'padded steps {num_steps}')
@@ -253,7 +279,8 @@ def make_round_batches(data, client_ids: Sequence[int], *, round_idx: int, seed:
       xs[i][valid] = cx[pos[valid]]
       ys[i][valid] = cy[pos[valid]]
     ms[i] = mask
-  return RoundBatches(xs, ys, ms, nums, out_ids)
+  client = client_steps(out_ids, num_steps) if plan.with_client else None
+  return RoundBatches(xs, ys, ms, nums, out_ids, client=client)
 
 
 def make_eval_batches(x: np.ndarray, y: np.ndarray, batch_size: int):
@@ -262,7 +289,7 @@ def make_eval_batches(x: np.ndarray, y: np.ndarray, batch_size: int):
   nb = max(1, int(math.ceil(n / batch_size)))
   total = nb * batch_size
   xp = np.zeros((total,) + x.shape[1:], x.dtype)
-  yp = np.zeros((total,) + y.shape[1:], np.int32)   # labels may be arrays (tokens, label maps)
+  yp = np.zeros((total,) + y.shape[1:], label_dtype(y.dtype))   # labels may be arrays (tokens, label maps)
   mp = np.zeros((total,), np.float32)
   xp[:n], yp[:n], mp[:n] = x, y, 1.0
   shape = lambda a: a.reshape((nb, batch_size) + a.shape[1:])

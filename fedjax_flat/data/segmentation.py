@@ -148,7 +148,8 @@ class SegmentationSource(DecodePool):
     self.class_names = tuple(class_names)
     self.num_classes = len(self.class_names)
     self.ignore_index = IGNORE
-    self.task = tasks.DenseClassification(ignore_index=IGNORE)    # per-pixel loss / metrics (tasks.py)
+    self.task = tasks.Segmentation(ignore_index=IGNORE)   # OHEM loss, mIoU (tasks.py; config.segmentation)
+    self.label_dtype = np.uint8                            # batches keep uint8 label maps (data/batching.py)
     self.resample = resample
     self.label_rgb_channel = label_rgb_channel
     self.double = bool(double)

@@ -43,7 +43,9 @@ Which images: each step restyles exactly round(fraction * n_valid) of the batch'
 subset (keyed by the step key). Batches are reshuffled every epoch, so over training every image is
 restyled about half of the time; the release restyles the images at even positions of each client's list
 every time they are loaded. Bank entries are drawn uniformly; when the batch carries its client id
-(`batch['client']`, a scalar) the client's own entries are excluded. The release keeps the own client's
+(`batch['client']`, a scalar) the client's own entries are excluded. The training loop's batches carry it
+whenever a bank is used (the transform's `needs_client` -> data/batching.BatchPlan.with_client; host, device,
+streamed and chain paths), so in training a client never receives its own style. The release keeps the own client's
 entries on Cityscapes and excludes the entries of the same town and weather on IDDA.
 """
 from __future__ import annotations

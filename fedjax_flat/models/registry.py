@@ -109,6 +109,19 @@ def _bisenetv2_model(num_classes, input_shape, conv_impl='auto', norm='bn', gn_g
   return base.from_flax(module, 'bisenetv2', num_classes, input_shape, batch_stats=norm == 'bn', rbg_init=True)
 
 
+from fedjax_flat.models import seg_cnn as _seg_cnn  # noqa: E402
+
+
+@register('seg_cnn')
+def _seg_cnn_model(num_classes, input_shape, conv_impl='auto', norm='bn', gn_groups=4, bn_momentum=0.9,
+                   width=16, aux=True):
+  if norm not in _seg_cnn.NORMS:
+    raise ValueError(f'model_kwargs.norm={norm!r}; allowed: {_seg_cnn.NORMS}')
+  module = _seg_cnn.SegCNN(num_classes, width=int(width), aux=bool(aux), norm=norm, gn_groups=int(gn_groups),
+                           bn_momentum=float(bn_momentum), conv_impl=conv_impl)
+  return base.from_flax(module, 'seg_cnn', num_classes, input_shape, batch_stats=norm == 'bn')
+
+
 def uses_batch_stats(name: str, kwargs) -> bool:
   """Whether the model carries BatchNorm running statistics in its params (known from the config alone)."""
-  return name == 'bisenetv2' and dict(kwargs or {}).get('norm', 'bn') == 'bn'
+  return name in ('bisenetv2', 'seg_cnn') and dict(kwargs or {}).get('norm', 'bn') == 'bn'

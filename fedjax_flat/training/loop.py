@@ -109,7 +109,8 @@ class Trainer:
     self.batch_plan = batching.batch_plan(
         self.data.client_sizes(), batch_size=config.client.batch_size, num_steps=self.num_steps,
         epochs=config.client.local_epochs, local_steps=config.client.local_steps,
-        shuffle=config.data.get('shuffle', True))
+        shuffle=config.data.get('shuffle', True),
+        with_client=bool(getattr(self.train_transform, 'needs_client', False)))   # style transfer's bank
     self.round_fn = self.build_round_fn(chunk)
 
     self.key = jax.random.key(config.seed)
