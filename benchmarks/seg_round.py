@@ -147,7 +147,7 @@ def main():
   ap.add_argument('--remat', default='0,1')
   ap.add_argument('--norm', default='bn')
   ap.add_argument('--optimizer', default='sgd')
-  ap.add_argument('--conv_impl', default='lax')
+  ap.add_argument('--conv_impl', default='auto', help="'auto' = im2col on CPU (lax: XLA:CPU's slow conv gradient)")
   ap.add_argument('--unroll', type=int, default=0, help='1: unroll the scan over local steps (engine.unroll)')
   ap.add_argument('--microbatches', default='1', help='client.microbatches, a comma list: one run each')
   ap.add_argument('--max_gb', type=float, default=10.0)
