@@ -31,6 +31,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# Before anything imports jax: one host CPU device per usable core (fedjax_flat/devices.py).
+from fedjax_flat import devices  # noqa: E402
+
+HOST_DEVICES = devices.configure_or_exit() if __name__ == '__main__' else None
+
 from absl import app, flags, logging  # noqa: E402
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory (config.json + checkpoints/).')
@@ -66,6 +71,7 @@ def load_run(workdir: str, which: str = 'global'):
   from fedjax_flat.training.default_config import default_config
   with open(cfg_path) as f:
     saved = json.load(f)
+  saved.pop('host_devices', None)   # the writing process's device record (training/loop.write_config)
   config = default_config()   # fields added since the run was written keep their defaults
 
   def merge(node, d):

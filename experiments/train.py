@@ -24,6 +24,11 @@ Exit status (fedjax_flat/training/cli.py), each error as one `error: ...` line w
   flag) keep absl's "FATAL Flags parsing error" line and its exit status 1. A second Ctrl-C aborts at once
   (killed by SIGINT); the newest complete checkpoint is kept.
 
+Devices (fedjax_flat/devices.py): before jax starts, XLA is given one host CPU device per usable core and the
+clients of each round are sharded over them (engine.shard_clients='auto'); the choice is the first line
+printed and `host_devices` in WORKDIR/config.json. --host_devices=N (or FEDJAX_FLAT_HOST_DEVICES=N) sets
+another count, N=1 one device; a --xla_force_host_platform_device_count in XLA_FLAGS is kept as given.
+
 Logs: warnings, and INFO from fedjax_flat only (progress, resume); --verbosity=0 (or higher) shows every
 library's INFO lines as well (jax, orbax, ...), --verbosity=-1 warnings only.
 """
@@ -33,6 +38,11 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# Before anything imports jax: one host CPU device per usable core (fedjax_flat/devices.py).
+from fedjax_flat import devices  # noqa: E402
+
+HOST_DEVICES = devices.configure_or_exit() if __name__ == '__main__' else None
 
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
@@ -85,6 +95,8 @@ def main(argv):
   cli.configure_logging(verbosity_given=flags.FLAGS['verbosity'].present > 0)
   init_distributed()
   import jax
+  if HOST_DEVICES is not None and jax.process_index() == 0:   # the run's header: how many devices and why
+    print(f'{HOST_DEVICES.line()}; jax sees {jax.device_count()} {jax.default_backend()} device(s)', flush=True)
   from fedjax_flat.training import run as run_lib
   from fedjax_flat.training import algo_flags
   try:

@@ -35,10 +35,11 @@ def _finite_tree(tree):
 
 
 def make_block_fn(round_fn, *, plan: batching.BatchPlan, num_clients: int, clients_per_round: int,
-                  cohort: int, rounds_per_call: int, has_store: bool, donate: bool = True):
+                  cohort: int, rounds_per_call: int, has_store: bool, donate: bool = True, mesh=None):
   """Jitted block(server_state, store_arrays, store_template, data, key, start_round, num_rounds).
 
-  round_fn: the un-jitted round of engine.make_round_fn. store_arrays/template: the device store's
+  round_fn: the un-jitted round of engine.make_round_fn (with mesh=: its client block sharded over the mesh,
+  core/sharding.make_sharded_block). store_arrays/template: the device store's
   [K, ...] arrays and its template (None without per-client state). Returns (server_state, store_arrays,
   metrics) with metrics leaves [R, cohort] ('ids', 'loss_sum', 'count', 'finite') and [R] ('ran',
   'server_finite').
@@ -80,4 +81,10 @@ def make_block_fn(round_fn, *, plan: batching.BatchPlan, num_clients: int, clien
         body, (server_state, store, jnp.array(True)), jnp.arange(rounds_per_call, dtype=jnp.int32))
     return server_state, store, metrics
 
-  return jax.jit(block, donate_argnums=(0, 1) if donate else ())
+  donate_argnums = (0, 1) if donate else ()
+  if mesh is None:
+    return jax.jit(block, donate_argnums=donate_argnums)
+  # Clients sharded over the mesh (round_fn's client block is core/sharding.make_sharded_block): everything
+  # in and out is replicated, so every block call reuses one compiled program.
+  rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  return jax.jit(block, in_shardings=rep, out_shardings=rep, donate_argnums=donate_argnums)

@@ -167,6 +167,10 @@ class ClientPlacement:
       return jax.make_array_from_callback(a.shape, self.replicated, lambda idx: a[idx])
     return jax.tree_util.tree_map(put, tree)
 
+  def replicate_device(self, tree):
+    """Device arrays of one process -> replicated on the mesh (no copy for those already replicated)."""
+    return jax.tree_util.tree_map(lambda a: jax.device_put(a, self.replicated), tree)
+
   def place(self, inputs, batches_are_local: bool):
     batches, states, rngs, weights, valid = inputs
     return (self.shard_rows(batches, local=batches_are_local), self.shard_rows(states), self.shard_rows(rngs),

@@ -474,6 +474,12 @@ class Checkpointer:
     for field, old, new in config_diffs(saved_cfg, config_dict(trainer.config), WARN_FIELDS):
       if field not in SAME_RESULT_FIELDS:
         logging.warning('resuming with config.%s=%r (the checkpoint was written with %r)', field, new, old)
+    saved_devices = meta.get('num_devices')
+    if saved_devices is not None and int(saved_devices) != jax.device_count():
+      # The server state is saved whole and re-replicated, client states live on the host: any count works.
+      logging.warning('resuming on %d device(s) from a checkpoint written on %d: the clients are sharded '
+                      'differently, so the resumed rounds agree with an uninterrupted run to float32 rounding '
+                      '(reduction order), not bit for bit', jax.device_count(), int(saved_devices))
     from fedjax_flat.core import sampling
     if meta.get('sampling', 'numpy-pcg64') != sampling.PROCEDURE:
       logging.warning('checkpoint written by a version that sampled clients and batch orders with %r; this one '

@@ -48,6 +48,7 @@ def load_run(workdir: str, which: str = 'global', step=None) -> Tuple[object, ob
     raise FileNotFoundError(f'{cfg_path} not found: expected a directory written by experiments/train.py')
   with open(cfg_path) as f:
     saved = json.load(f)
+  saved.pop('host_devices', None)   # the writing process's device record (training/loop.write_config)
   config = default_config()   # fields added since the run was written keep their defaults
 
   def merge(node, d):

@@ -32,6 +32,7 @@ from fedjax_flat.core.client_state import make_client_state_store
 from fedjax_flat.core import personalized
 from fedjax_flat.core import rounds as rounds_lib
 from fedjax_flat.core import sampling
+from fedjax_flat import devices
 from fedjax_flat import tasks as tasks_lib
 from fedjax_flat.core.evaluation import Evaluator, make_evaluator  # noqa: F401
 from fedjax_flat.core.sampling import sample_clients
@@ -152,8 +153,8 @@ class Trainer:
     ec = self.config.engine
     if not isinstance(self.data, FederatedDataset):
       return 'the training data are not an in-memory FederatedDataset (out-of-memory source)'
-    if self.mesh is not None:
-      return 'clients are sharded over several devices (engine.shard_clients)'
+    if self.mesh is not None and jax.process_count() > 1:
+      return 'clients are sharded over several processes (each host builds the batches of its own clients)'
     if self.stream:
       return 'engine.stream_batches=True builds batches on the host chunk by chunk'
     if self.val_source:
@@ -186,10 +187,18 @@ class Trainer:
     self._adaptive = want == 'auto'
     self._round_s = None                       # measured wall per round ('auto' block sizing)
     self.dev_data = batching.device_data(self.data)
+    if self.placement is not None:     # one copy of the data per device; each device gathers its clients' rows
+      self.dev_data = self.placement.replicate(jax.device_get(self.dev_data))
+      round_fn = engine_lib.make_round_fn(
+          self.algorithm, chunk=self.chunk, unroll=ec.unroll, augment_fn=self.train_transform, jit=False,
+          client_block=sharding_lib.make_sharded_block(self.algorithm, self.mesh, chunk=self.chunk,
+                                                       unroll=ec.unroll, augment_fn=self.train_transform))
+    else:
+      round_fn = self.build_round_fn(self.chunk, jit=False)
     self.block_fn = rounds_lib.make_block_fn(
-        self.build_round_fn(self.chunk, jit=False), plan=self.batch_plan, num_clients=self.data.num_clients,
+        round_fn, plan=self.batch_plan, num_clients=self.data.num_clients,
         clients_per_round=self.config.clients_per_round, cohort=self.cohort,
-        rounds_per_call=self.rounds_per_call, has_store=self.store is not None)
+        rounds_per_call=self.rounds_per_call, has_store=self.store is not None, mesh=self.mesh)
 
   def build_algorithm(self):
     """Extension point (training/chain_loop.py groups the clients first). A configured label-flipping attack
@@ -315,6 +324,9 @@ class Trainer:
     """Rounds r .. r+n-1 in one call of the block program (device path); returns the per-round results."""
     store = self.store.arrays if self.store is not None else None
     template = self.store.template if self.store is not None else None
+    if self.placement is not None:   # replicated on the mesh (a no-op after the first block or a restore)
+      store, template = self.placement.replicate_device(store), self.placement.replicate_device(template)
+      self.server_state = self.placement.replicate_device(self.server_state)
     self.server_state, store, m = self.block_fn(self.server_state, store, template, self.dev_data, self.key,
                                                 jnp.asarray(r, jnp.int32), jnp.asarray(n, jnp.int32))
     m = jax.device_get(m)
@@ -484,6 +496,15 @@ class Trainer:
     return summary
 
 
+# config.json's key for the process's device record (not a config field: loaders of config.json drop it).
+DEVICES_KEY = 'host_devices'
+
+
 def write_config(config, workdir):
+  """WORKDIR/config.json: the config, plus the host-device choice of this process (fedjax_flat/devices.py)
+  and the devices jax then saw, under `host_devices`."""
   os.makedirs(workdir, exist_ok=True)
-  writers.atomic_write(os.path.join(workdir, 'config.json'), lambda f: f.write(config.to_json_best_effort(indent=2)))
+  doc = json.loads(config.to_json_best_effort())
+  doc[DEVICES_KEY] = {**devices.describe(), 'backend': jax.default_backend(), 'device_count': jax.device_count(),
+                      'local_device_count': jax.local_device_count(), 'process_count': jax.process_count()}
+  writers.atomic_write(os.path.join(workdir, 'config.json'), lambda f: f.write(json.dumps(doc, indent=2)))

@@ -30,6 +30,8 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
+from fedjax_flat import devices
+
 RESERVED = ('config', 'name', 'reference')
 TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                      'experiments', 'train.py')
@@ -265,8 +267,13 @@ def _last_error(log_path: str) -> str:
 
 
 def run_local(runs: List[Run], sweep_dir: str, info: Dict[str, Any], *, parallel: int = 1, fresh: bool = False,
-              python: str = sys.executable, poll_s: float = 0.5, stream=sys.stderr) -> Dict[str, Dict]:
-  """Runs the unfinished runs `parallel` at a time; returns {run key: state dict}. One failure stops nothing."""
+              python: str = sys.executable, poll_s: float = 0.5, stream=sys.stderr,
+              env: Optional[Dict[str, str]] = None) -> Dict[str, Dict]:
+  """Runs the unfinished runs `parallel` at a time; returns {run key: state dict}. One failure stops nothing.
+
+  env: the runs' environment (default: fedjax_flat/devices.child_env, i.e. usable cores // parallel host
+  devices per run unless the user chose a count)."""
+  env = devices.child_env(parallel) if env is None else env
   states: Dict[str, Dict] = {}
   todo = []
   for r in runs:
@@ -329,7 +336,7 @@ def run_local(runs: List[Run], sweep_dir: str, info: Dict[str, Any], *, parallel
         log.write(f'\n# {time.strftime("%Y-%m-%d %H:%M:%S")} {shlex.join(r.argv(python, fresh))}\n')
         log.flush()
         proc = subprocess.Popen(r.argv(python, fresh), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True, env=env)
         running[r.key] = (proc, log, time.time(), log_path)
         states[r.key] = {'status': 'running', 'pid': proc.pid}
 

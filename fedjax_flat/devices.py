@@ -1,0 +1,208 @@
+"""Host CPU devices, decided before jax starts: one XLA CPU device per usable core.
+
+XLA fixes its number of host (CPU) devices when its CPU client starts, from
+`--xla_force_host_platform_device_count` in XLA_FLAGS. Its default, one device, spreads the ops of a
+federated round poorly over the cores (small GEMMs, memory-bound gradients); with one device per core the
+engine shards each round's clients over them (core/sharding.py) and every core runs its own clients
+(benchmarks/README.md, "Every core busy"). The binaries call `configure_host_devices()` first thing, before
+anything imports jax, which is why this module imports nothing but the standard library.
+
+Where the count comes from (the first that applies):
+  1. the user's own setting, left untouched: `--xla_force_host_platform_device_count` in XLA_FLAGS, or
+     JAX_NUM_CPU_DEVICES;
+  2. `--host_devices=N` on the command line (taken out of argv);
+  3. FEDJAX_FLAT_HOST_DEVICES=N in the environment;
+  4. auto: one device per usable core (`os.sched_getaffinity`: the cores this process may run on).
+N=1 keeps XLA's single device; 'auto' asks for rule 4. The chosen flags are marked in the environment
+(FEDJAX_FLAT_HOST_DEVICES_APPLIED), so that a child process (a sweep's runs) decides again instead of taking
+its parent's automatic choice for the user's.
+
+Threads: with N > 1 devices XLA's intra-op work (Eigen GEMMs, fusions) is also given one thread per device
+(`--xla_cpu_multi_thread_eigen=false`), so N devices on N cores do not oversubscribe them (measured:
+benchmarks/host_devices.py). A user's own `xla_cpu_multi_thread_eigen` setting is kept.
+
+The returned `HostDevices` record (devices, threads, why, flags) is printed in the run's header and written
+into WORKDIR/config.json (`host_devices`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+from typing import List, Mapping, MutableMapping, Optional
+
+ENV = 'FEDJAX_FLAT_HOST_DEVICES'
+APPLIED_ENV = 'FEDJAX_FLAT_HOST_DEVICES_APPLIED'
+FLAG = '--host_devices'
+COUNT_FLAG = '--xla_force_host_platform_device_count'
+THREAD_FLAG = '--xla_cpu_multi_thread_eigen'
+# Added with N > 1 devices unless the user set THREAD_FLAG (chosen by measurement: benchmarks/host_devices.py).
+THREADS_PER_DEVICE_FLAGS = (f'{THREAD_FLAG}=false',)
+
+_COUNT_RE = re.compile(r'--xla_force_host_platform_device_count=(\d+)')
+
+
+class HostDevicesError(ValueError):
+  """A bad --host_devices / FEDJAX_FLAT_HOST_DEVICES value (the binaries print it as one line, exit 2)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HostDevices:
+  devices: int                 # host CPU devices XLA creates
+  threads: str                 # intra-op threads per device: '1', 'shared' (XLA's pool over all cores) or
+                               # 'XLA_FLAGS' (the user's own xla_cpu_multi_thread_eigen)
+  cores: int                   # usable cores of this process
+  why: str                     # where the count came from
+  source: str                  # 'user' (XLA_FLAGS / JAX_NUM_CPU_DEVICES), 'flag', 'env' or 'auto'
+  xla_flags: str               # what this module added to XLA_FLAGS ('' when nothing)
+
+  def as_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+  def line(self) -> str:
+    return (f'host devices: {self.devices} CPU device(s) on {self.cores} usable core(s), intra-op threads '
+            f'per device: {self.threads} ({self.why})')
+
+
+def usable_cores() -> int:
+  try:
+    return max(1, len(os.sched_getaffinity(0)))
+  except (AttributeError, OSError):     # not Linux
+    return max(1, os.cpu_count() or 1)
+
+
+def _parse_count(value: str, source: str) -> Optional[int]:
+  """'auto' -> None; a positive integer -> int; anything else a HostDevicesError naming the source."""
+  v = value.strip().lower()
+  if v == 'auto':
+    return None
+  if v.isdigit() and int(v) >= 1:
+    return int(v)
+  raise HostDevicesError(f'{source}={value!r}: use a positive number of host CPU devices (1 = one device, '
+                         f'no client sharding) or auto (one per usable core)')
+
+
+def _take_flag(argv: List[str]) -> Optional[str]:
+  """Removes --host_devices=V / --host_devices V from argv (in place); returns V (the last one) or None."""
+  value, i = None, 0
+  while i < len(argv):
+    a = argv[i]
+    if a.startswith(FLAG + '='):
+      value = a.split('=', 1)[1]
+      del argv[i]
+    elif a == FLAG:
+      if i + 1 >= len(argv):
+        raise HostDevicesError(f'{FLAG} needs a value: {FLAG}=N or {FLAG}=auto')
+      value = argv[i + 1]
+      del argv[i:i + 2]
+    else:
+      i += 1
+  return value
+
+
+def _strip_applied(env: MutableMapping[str, str]) -> None:
+  """Removes the flags a parent process added automatically (so this process decides for itself)."""
+  applied = env.pop(APPLIED_ENV, None)
+  flags = env.get('XLA_FLAGS', '')
+  if applied and applied in flags:
+    rest = ' '.join(flags.replace(applied, ' ', 1).split())
+    if rest:
+      env['XLA_FLAGS'] = rest
+    else:
+      env.pop('XLA_FLAGS', None)
+
+
+def configure_host_devices(argv: Optional[List[str]] = None, env: MutableMapping[str, str] = os.environ, *,
+                           jax_started: Optional[bool] = None) -> HostDevices:
+  """Chooses the host CPU device count and thread setting, and writes them into env['XLA_FLAGS'].
+
+  Call before jax is imported: a jax already imported keeps its devices (nothing is written; the record says
+  so). argv (default sys.argv) loses its --host_devices flag. Raises HostDevicesError for a bad value.
+  """
+  argv = sys.argv if argv is None else argv
+  jax_started = ('jax' in sys.modules) if jax_started is None else jax_started
+  flag_value = _take_flag(argv)
+  _strip_applied(env)
+  cores = usable_cores()
+  flags = env.get('XLA_FLAGS', '')
+  user_threads = THREAD_FLAG in flags
+  user_count = _COUNT_RE.findall(flags)
+  if user_count or env.get('JAX_NUM_CPU_DEVICES', '').strip():
+    n = int(user_count[-1]) if user_count else _parse_count(env['JAX_NUM_CPU_DEVICES'], 'JAX_NUM_CPU_DEVICES')
+    why = (f'{COUNT_FLAG}={n} set by the user in XLA_FLAGS' if user_count else 'JAX_NUM_CPU_DEVICES set by the user')
+    return _record(n, 'XLA_FLAGS' if user_threads else 'shared', cores, why, 'user', '', jax_started)
+  count, why, source = None, '', 'auto'
+  if flag_value is not None:
+    count, why, source = _parse_count(flag_value, FLAG), f'{FLAG}={flag_value}', 'flag'
+  elif env.get(ENV, '').strip():
+    count, why, source = _parse_count(env[ENV], ENV), f'{ENV}={env[ENV]}', 'env'
+  if count is None:
+    count, source = cores, 'auto'
+    why = (why + ': ' if why else '') + 'auto, one device per usable core'
+  added = []
+  if count > 1:
+    added.append(f'{COUNT_FLAG}={count}')
+    if THREADS_PER_DEVICE_FLAGS and not user_threads:
+      added.extend(THREADS_PER_DEVICE_FLAGS)
+  threads = 'XLA_FLAGS' if user_threads else ('1' if count > 1 and THREADS_PER_DEVICE_FLAGS else 'shared')
+  if jax_started:
+    return _record(count, threads, cores, why, source, '', True)
+  if added:
+    applied = ' '.join(added)
+    env['XLA_FLAGS'] = f'{flags} {applied}'.strip()
+    env[APPLIED_ENV] = applied
+  return _record(count, threads, cores, why, source, ' '.join(added), False)
+
+
+def _record(devices, threads, cores, why, source, xla_flags, jax_started) -> HostDevices:
+  if jax_started:
+    why += ' (jax was already imported: its devices were fixed earlier, nothing was changed)'
+  rec = HostDevices(devices=devices, threads=threads, cores=cores, why=why, source=source, xla_flags=xla_flags)
+  global _CONFIGURED
+  _CONFIGURED = rec
+  return rec
+
+
+_CONFIGURED: Optional[HostDevices] = None
+
+
+def configured() -> Optional[HostDevices]:
+  """The record of this process's `configure_host_devices` call (None when it was not called: library use)."""
+  return _CONFIGURED
+
+
+def describe(env: Mapping[str, str] = os.environ) -> dict:
+  """The record to write into config.json: the configured one, or what XLA_FLAGS says (library use)."""
+  if _CONFIGURED is not None:
+    return _CONFIGURED.as_dict()
+  m = _COUNT_RE.findall(env.get('XLA_FLAGS', ''))
+  return {'devices': int(m[-1]) if m else 1, 'threads': 'shared', 'cores': usable_cores(),
+          'why': 'not configured by a binary (library use): XLA_FLAGS as found', 'source': 'library',
+          'xla_flags': ''}
+
+
+def child_env(parallel: int, env: Mapping[str, str] = os.environ) -> dict:
+  """The environment for binaries run `parallel` at a time (a local sweep): an automatic choice becomes
+  usable cores // parallel devices each (at least 1), so that the runs together do not oversubscribe the
+  cores; a count the user chose (--host_devices given to the sweep, FEDJAX_FLAT_HOST_DEVICES=N, XLA_FLAGS)
+  is passed on unchanged."""
+  out = dict(env)
+  rec = _CONFIGURED
+  user_count = bool(_COUNT_RE.findall(env.get('XLA_FLAGS', ''))) and not env.get(APPLIED_ENV)
+  if rec is not None and rec.source in ('flag', 'env'):
+    out[ENV] = str(rec.devices)
+  elif (rec is not None and rec.source == 'user') or (rec is None and (user_count or env.get(ENV, '').strip())):
+    pass
+  else:
+    out[ENV] = str(max(1, usable_cores() // max(int(parallel), 1)))
+  return out
+
+
+def configure_or_exit(argv: Optional[List[str]] = None) -> HostDevices:
+  """configure_host_devices for a binary's first lines: a bad value is one `error:` line and exit 2."""
+  try:
+    return configure_host_devices(argv)
+  except HostDevicesError as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
