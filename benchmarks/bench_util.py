@@ -16,6 +16,8 @@ import time
 import jax
 import jax.numpy as jnp
 
+from fedjax_flat import devices
+
 BENCH = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH)
 sys.path.insert(0, os.path.join(BENCH, 'peers'))
@@ -51,7 +53,8 @@ def gemm_gflops(n: int = 2048, repeats: int = 5) -> float:
 
 def machine_info() -> dict:
   return {'cpu': cpu_model(), 'cpus': os.cpu_count(), 'jax': jax.__version__, 'backend': jax.default_backend(),
-          'devices': [str(d) for d in jax.devices()], 'xla_flags': os.environ.get('XLA_FLAGS', '')}
+          'devices': [str(d) for d in jax.devices()], 'xla_flags': os.environ.get('XLA_FLAGS', ''),
+          'host_devices': devices.describe()}
 
 
 def available_peers() -> list:

@@ -29,6 +29,11 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+# Before jax starts: one host CPU device per usable core, as the binaries (fedjax_flat/devices.py).
+from fedjax_flat import devices  # noqa: E402
+
+HOST_DEVICES = devices.configure_or_exit() if __name__ == '__main__' else None
+
 from absl import app, flags  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -10,15 +10,18 @@ first, then all are timed round-robin `--repeats` times (median), with the torch
                                 per timed call (the device path runs them in blocks of rounds)
   settings   1dev               FEDJAX_FLAT_HOST_DEVICES=1 (XLA's single device: the old default)
              auto               the binaries' default: one device per usable core, one intra-op thread each
-             Ndev_shared        --xla_force_host_platform_device_count=N only (XLA's thread pool shared)
+             Ndev_eigen1        N devices with --xla_cpu_multi_thread_eigen=false (a per-device thread setting)
              auto_host          auto, with engine.device_data=False (host batches, one round per call)
+             auto_noshard       auto's N devices, engine.shard_clients=False (one device computes)
   (--settings picks; --overrides_<setting> is not offered: edit SETTINGS below for a new variant)
 
 Writes JSON (--json) and a Markdown table (--md): examples/s (CNN) or rounds/s (quickstart) per setting, the
-ratio to 1dev and to torch, machine record (CPU, uptime before/after, fp32 GEMM rate of this process).
+ratio to 1dev and to torch, the worker's CPU seconds per round (all threads: on a loaded machine the steadier
+figure; equal CPU time on 2 devices means the round parallelises without overhead), machine record (CPU,
+uptime before/after, fp32 GEMM rate of this process).
 
   python benchmarks/host_devices.py [--repeats=5] [--problems=cnn_sgd,cnn_sam,quickstart]
-      [--settings=1dev,auto,Ndev_shared,auto_host] [--rounds=20] [--peers=auto] [--json=PATH] [--md=PATH]
+      [--settings=1dev,auto] [--rounds=20] [--cnn_examples=500] [--peers=auto] [--json=PATH] [--md=PATH]
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ CORES = devices.usable_cores()
 SETTINGS = {
     '1dev': ({devices.ENV: '1'}, {}),
     'auto': ({devices.ENV: 'auto'}, {}),
-    'Ndev_shared': ({'XLA_FLAGS': f'{devices.COUNT_FLAG}={CORES}'}, {}),
+    'Ndev_eigen1': ({'XLA_FLAGS': f'{devices.COUNT_FLAG}={CORES} {devices.THREAD_FLAG}=false'}, {}),
     'auto_host': ({devices.ENV: 'auto'}, {'engine.device_data': False}),
     'auto_noshard': ({devices.ENV: 'auto'}, {'engine.shard_clients': False}),
 }
@@ -57,14 +60,14 @@ def _set(c, dotted, value):
     node[last] = value
 
 
-def _problem(name, overrides, rounds):
+def _problem(name, overrides, examples=CNN_EXAMPLES):
   """(config, data, examples per round) of a problem."""
   import bench_util
   from fedjax_flat.data import registry as data_registry
   from fedjax_flat.data.builtin import synthetic
   if name.startswith('cnn_'):
     c = bench_util.round_config('cifar_cnn', name.split('_')[1], clients=CNN_CLIENTS)
-    data = synthetic(CNN_CLIENTS, CNN_EXAMPLES, input_shape=(32, 32, 3), num_classes=CNN_CLASSES, test_size=1)
+    data = synthetic(CNN_CLIENTS, examples, input_shape=(32, 32, 3), num_classes=CNN_CLASSES, test_size=1)
   elif name == 'quickstart':
     import importlib.util
     spec = importlib.util.spec_from_file_location('quickstart', os.path.join(REPO, 'configs', 'quickstart.py'))
@@ -90,7 +93,7 @@ _TRAINERS = {}
 def _setup(name, spec):
   import jax
   from fedjax_flat.training import loop
-  c, data = _problem(spec['problem'], spec.get('overrides', {}), spec['rounds'])
+  c, data = _problem(spec['problem'], spec.get('overrides', {}), spec.get('examples', CNN_EXAMPLES))
   t = loop.Trainer(c, None, data=data, write_files=False)
   t.evaluate = lambda: {}          # training rounds only
   _TRAINERS[name] = t
@@ -109,10 +112,10 @@ def _setup(name, spec):
 def _run(name, rounds):
   import jax
   t = _TRAINERS[name]
-  t0 = time.perf_counter()
+  t0, c0 = time.perf_counter(), time.process_time()
   t.train(num_rounds=rounds)
   jax.block_until_ready(t.server_state)
-  return {'s': time.perf_counter() - t0}
+  return {'s': time.perf_counter() - t0, 'cpu_s': time.process_time() - c0}
 
 
 def _info():
@@ -134,8 +137,9 @@ def main():
   ap = argparse.ArgumentParser()
   ap.add_argument('--repeats', type=int, default=5)
   ap.add_argument('--problems', default='cnn_sgd,cnn_sam,quickstart')
-  ap.add_argument('--settings', default='1dev,auto,Ndev_shared,auto_host')
+  ap.add_argument('--settings', default='1dev,auto')
   ap.add_argument('--rounds', type=int, default=20, help='quickstart rounds per timed call')
+  ap.add_argument('--cnn_examples', type=int, default=CNN_EXAMPLES, help='examples per client (CNN problems)')
   ap.add_argument('--peers', default='auto', help='torch | auto (if installed) | none')
   ap.add_argument('--json', default=None)
   ap.add_argument('--md', default=None)
@@ -163,15 +167,16 @@ def main():
     for prob in problems:
       rounds = a.rounds if prob == 'quickstart' else 1
       for s in settings:
-        spec = {**_spec_keys(prob), 'problem': prob, 'overrides': SETTINGS[s][1], 'rounds': rounds}
+        spec = {**_spec_keys(prob), 'problem': prob, 'overrides': SETTINGS[s][1], 'rounds': rounds,
+                'examples': a.cnn_examples}
         print(f'setting up {prob} / {s} ...', file=sys.stderr, flush=True)
         setup[(prob, s)] = workers[s].setup(f'{prob}', spec)
-        fns[(prob, s)] = _timer(workers[s], prob, rounds)
+        fns[(prob, s)] = _timer(workers[s], prob, rounds, (prob, s))
         units[(prob, s)] = rounds
       if prob.startswith('cnn_') and 'torch' in peers:
         from fedjax_flat.data.builtin import synthetic
         if data_path is None:
-          data = synthetic(CNN_CLIENTS, CNN_EXAMPLES, input_shape=(32, 32, 3), num_classes=CNN_CLASSES,
+          data = synthetic(CNN_CLIENTS, a.cnn_examples, input_shape=(32, 32, 3), num_classes=CNN_CLASSES,
                            test_size=1)
           data_path = peer_set.write_data('cifar', data)
         c = bench_util.round_config('cifar_cnn', prob.split('_')[1], clients=CNN_CLIENTS)
@@ -192,7 +197,7 @@ def main():
   per_round = {k: statistics.median(v) / units[k] for k, v in times.items()}
   rows = []
   for prob in problems:
-    ex = CNN_CLIENTS * CNN_EXAMPLES if prob.startswith('cnn_') else None
+    ex = CNN_CLIENTS * a.cnn_examples if prob.startswith('cnn_') else None
     base = per_round.get((prob, '1dev'))
     torch_s = per_round.get((prob, 'torch'))
     for (p, s), sec in per_round.items():
@@ -204,8 +209,9 @@ def main():
                    'x_1dev': base / sec if base else None, 'x_torch': torch_s / sec if torch_s else None,
                    'devices': st.get('devices'), 'sharded': st.get('sharded'),
                    'device_rounds': st.get('device_rounds'), 'first_call_s': st.get('first_round_s'),
+                   'cpu_s_per_round': (statistics.median(CPU_S[(p, s)]) / units[(p, s)]) if (p, s) in CPU_S else None,
                    'all_s': times[(p, s)]})
-  res = {'rows': rows, 'repeats': a.repeats, 'quickstart_rounds_per_call': a.rounds, 'uptime': up,
+  res = {'rows': rows, 'repeats': a.repeats, 'cnn_examples_per_client': a.cnn_examples, 'quickstart_rounds_per_call': a.rounds, 'uptime': up,
          'gemm_gflops_2048': gemm, 'cores': CORES, **info,
          'workers': {s: setup.get((problems[0], s), {}).get('host_devices') for s in settings}}
   md = _markdown(res)
@@ -235,9 +241,14 @@ def _spec_keys(prob):
           'optimizer': 'sam' if prob == 'cnn_sam' else 'sgd', 'rho': 0.0, 'seed': 0}
 
 
-def _timer(worker, name, rounds):
+CPU_S = {}      # (problem, setting) -> the worker's CPU seconds per timed call (all its threads)
+
+
+def _timer(worker, name, rounds, key):
   def fn():
-    return worker.run(name, rounds)['s']
+    r = worker.run(name, rounds)
+    CPU_S.setdefault(key, []).append(r['cpu_s'])
+    return r['s']
   return fn
 
 
@@ -246,14 +257,14 @@ def _markdown(res):
            f"{res['gemm_gflops_2048'][0]:.0f} / {res['gemm_gflops_2048'][1]:.0f} GFLOP/s (before / after, one "
            f"device)", '', f"uptime before: `{res['uptime'][0]}`", '', f"uptime after: `{res['uptime'][1]}`", '',
            f"median of {res['repeats']}, interleaved; quickstart timed {res['quickstart_rounds_per_call']} rounds "
-           'per call', '',
-           '| problem | setting | devices | sharded | device path | examples/s | rounds/s | x 1dev | x torch |',
-           '|---|---|---:|---|---|---:|---:|---:|---:|']
+           f"per call; CNN rounds {CNN_CLIENTS} clients x {res['cnn_examples_per_client']} examples, B=64", '',
+           '| problem | setting | devices | sharded | device path | examples/s | rounds/s | x 1dev | x torch '
+           '| CPU s/round |', '|---|---|---:|---|---|---:|---:|---:|---:|---:|']
   f = lambda v, p=2: '-' if v is None else f'{v:.{p}f}'
   for r in res['rows']:
     lines.append(f"| {r['problem']} | {r['setting']} | {r['devices'] or '-'} | {r['sharded']} | "
                  f"{r['device_rounds']} | {f(r['examples_per_s'], 1)} | {f(r['rounds_per_s'], 2)} | "
-                 f"{f(r['x_1dev'])} | {f(r['x_torch'])} |")
+                 f"{f(r['x_1dev'])} | {f(r['x_torch'])} | {f(r['cpu_s_per_round'], 3)} |")
   return '\n'.join(lines) + '\n'
 
 

@@ -34,6 +34,11 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+# Before jax starts: one host CPU device per usable core, as the binaries (fedjax_flat/devices.py).
+from fedjax_flat import devices  # noqa: E402
+
+HOST_DEVICES = devices.configure_or_exit() if __name__ == '__main__' else None
+
 from absl import app, flags, logging  # noqa: E402
 import jax  # noqa: E402
 

@@ -42,6 +42,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, 'benchmarks'))
 
+# Before jax starts: one host CPU device per usable core, as the binaries (fedjax_flat/devices.py).
+from fedjax_flat import devices  # noqa: E402
+
+HOST_DEVICES = devices.configure_or_exit() if __name__ == '__main__' else None
+
 from absl import app, flags, logging  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

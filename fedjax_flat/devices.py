@@ -17,9 +17,11 @@ N=1 keeps XLA's single device; 'auto' asks for rule 4. The chosen flags are mark
 (FEDJAX_FLAT_HOST_DEVICES_APPLIED), so that a child process (a sweep's runs) decides again instead of taking
 its parent's automatic choice for the user's.
 
-Threads: with N > 1 devices XLA's intra-op work (Eigen GEMMs, fusions) is also given one thread per device
-(`--xla_cpu_multi_thread_eigen=false`), so N devices on N cores do not oversubscribe them (measured:
-benchmarks/host_devices.py). A user's own `xla_cpu_multi_thread_eigen` setting is kept.
+Threads: XLA:CPU runs the intra-op work of every device on one shared pool of one thread per usable core,
+so N devices on N cores do not oversubscribe them, and nothing is added for threads. Measured
+(benchmarks/README.md, "Every core busy"): `--xla_cpu_multi_thread_eigen=false` does not keep a GEMM on one
+thread in this XLA (the per-thread CPU time of a 1536^3 GEMM loop shows the pool's threads busy with and
+without it), so per-device thread flags would only risk the single-device work (evaluation, Hessians).
 
 The returned `HostDevices` record (devices, threads, why, flags) is printed in the run's header and written
 into WORKDIR/config.json (`host_devices`).
@@ -37,8 +39,8 @@ APPLIED_ENV = 'FEDJAX_FLAT_HOST_DEVICES_APPLIED'
 FLAG = '--host_devices'
 COUNT_FLAG = '--xla_force_host_platform_device_count'
 THREAD_FLAG = '--xla_cpu_multi_thread_eigen'
-# Added with N > 1 devices unless the user set THREAD_FLAG (chosen by measurement: benchmarks/host_devices.py).
-THREADS_PER_DEVICE_FLAGS = (f'{THREAD_FLAG}=false',)
+# Added with N > 1 devices unless the user set THREAD_FLAG: none (see "Threads" above).
+THREADS_PER_DEVICE_FLAGS = ()
 
 _COUNT_RE = re.compile(r'--xla_force_host_platform_device_count=(\d+)')
 
@@ -50,8 +52,8 @@ class HostDevicesError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class HostDevices:
   devices: int                 # host CPU devices XLA creates
-  threads: str                 # intra-op threads per device: '1', 'shared' (XLA's pool over all cores) or
-                               # 'XLA_FLAGS' (the user's own xla_cpu_multi_thread_eigen)
+  threads: str                 # intra-op threads: 'shared' (XLA's one pool, a thread per core, for all
+                               # devices), '1' (per-device flags) or 'XLA_FLAGS' (the user's own setting)
   cores: int                   # usable cores of this process
   why: str                     # where the count came from
   source: str                  # 'user' (XLA_FLAGS / JAX_NUM_CPU_DEVICES), 'flag', 'env' or 'auto'
@@ -61,8 +63,9 @@ class HostDevices:
     return dataclasses.asdict(self)
 
   def line(self) -> str:
-    return (f'host devices: {self.devices} CPU device(s) on {self.cores} usable core(s), intra-op threads '
-            f'per device: {self.threads} ({self.why})')
+    threads = {'shared': "XLA's pool, shared by the devices", '1': 'one per device'}.get(self.threads, self.threads)
+    return (f'host devices: {self.devices} CPU device(s) on {self.cores} usable core(s), intra-op threads: '
+            f'{threads} ({self.why})')
 
 
 def usable_cores() -> int:
