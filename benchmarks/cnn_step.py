@@ -64,8 +64,9 @@ def make_data(steps, seed=0):
 
 
 def jax_variant(variant: str, opt: str, x, y):
-  conv, pool = variant.split('+')
-  model = get_model('cifar_cnn', NUM_CLASSES, (32, 32, 3), conv_impl=conv, pool_impl=pool)
+  conv, pool, *rest = variant.split('+')     # a third part 'separate': ReLU and pool as two ops
+  model = get_model('cifar_cnn', NUM_CLASSES, (32, 32, 3), conv_impl=conv, pool_impl=pool,
+                    fused_relu_pool=rest != ['separate'])
   loss_fn = make_loss(model)
   cfg = default_config().client
   cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.rho, cfg.momentum = opt, LR, WD, RHO, 0.0

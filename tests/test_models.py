@@ -112,6 +112,43 @@ def test_reshape_max_pool_equals_reduce_window(shape, window, ties):
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize('shape', [(2, 28, 28, 4), (3, 7, 9, 2)])
+@pytest.mark.parametrize('ties', [False, True])
+def test_fused_relu_max_pool_equals_relu_then_pool(shape, ties):
+  # Ties: rounded values give tied maxima, zeros (relu'(0) = 0) and all-negative windows.
+  x = jax.random.normal(jax.random.key(0), shape)
+  x = jnp.round(x) if ties else x
+  fused = lambda v: layers.relu_max_pool(v, (2, 2), pool_impl='reshape')
+  ref = lambda v: nn.max_pool(nn.relu(v), (2, 2), strides=(2, 2))      # reduce_window of the ReLU output
+  dy = jax.random.normal(jax.random.key(1), ref(x).shape)
+  tx = jax.random.normal(jax.random.key(2), x.shape)
+
+  def all_modes(f):
+    @jax.jit
+    def run(x, dy, tx):
+      y, vjp = jax.vjp(f, x)
+      return y, vjp(dy)[0], jax.jvp(f, (x,), (tx,))[1]
+    return run(x, dy, tx)
+  for a, b in zip(all_modes(fused), all_modes(ref)):    # values, gradient, forward mode: exactly equal
+    np.testing.assert_array_equal(a, b)
+  x2 = jax.random.normal(jax.random.key(3), (1, 4, 6, 2))        # second order (HVPs), no ties
+  h = lambda f: jax.hessian(lambda v: jnp.sum(jnp.sin(f(v)) ** 2))(x2)
+  np.testing.assert_allclose(h(fused), h(ref), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('name,shape', [('cifar_cnn', (32, 32, 3)), ('digits_cnn', (8, 8, 1))])
+def test_models_fused_relu_pool_same_bits_as_collected_activations(name, shape):
+  # Collecting 'intermediates' (MAN) takes the unfused ReLU -> pool path: the same logits and gradients.
+  m = get_model(name, 10, shape, conv_impl='im2col')
+  x = jax.random.normal(jax.random.key(1), (3,) + shape)
+  p = m.init(jax.random.key(0), x)
+  fused = jax.jit(jax.value_and_grad(lambda q: jnp.sum(m.apply(q, x) ** 2)))
+  unfused = jax.jit(jax.value_and_grad(lambda q: jnp.sum(m.apply(q, x, with_activations=True)[0] ** 2)))
+  (va, ga), (vb, gb) = fused(p), unfused(p)
+  np.testing.assert_array_equal(va, vb)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, ga, gb)
+
+
 def test_reshape_max_pool_second_order_matches_without_ties():
   x = jax.random.normal(jax.random.key(0), (1, 4, 6, 2))
   f = lambda pool: (lambda v: jnp.sum(jnp.sin(pool(v)) ** 2))

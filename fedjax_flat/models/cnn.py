@@ -4,7 +4,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from fedjax_flat.models.layers import Conv, Dense, max_pool
+from fedjax_flat.models.layers import Conv, Dense, max_pool, relu_max_pool
 from fedjax_flat.models.resnet import group_norm
 
 
@@ -13,6 +13,14 @@ def _act(module: nn.Module, y):
   y = nn.relu(y)
   module.sow('intermediates', 'act', y)
   return y
+
+
+def _act_pool(module: nn.Module, y, pool_impl: str, conv_impl: str):
+  """max_pool(_act(y), 2x2): one fused ReLU + pool (same values and gradients) unless the ReLU output is
+  being collected (MAN's 'intermediates') or the module's `fused_relu_pool` is False."""
+  if module.is_mutable_collection('intermediates') or not module.fused_relu_pool:
+    return max_pool(_act(module, y), (2, 2), pool_impl=pool_impl, conv_impl=conv_impl)
+  return relu_max_pool(y, (2, 2), pool_impl=pool_impl, conv_impl=conv_impl)
 
 
 class CifarCNN(nn.Module):
@@ -24,14 +32,13 @@ class CifarCNN(nn.Module):
   num_classes: int = 10
   conv_impl: str = 'auto'
   pool_impl: str = 'auto'   # layers.max_pool: 'reshape' (same numbers, cheap gradient on CPU) | 'lax'
+  fused_relu_pool: bool = True   # ReLU + pool as one op (layers.relu_max_pool; same numbers); False: two ops
 
   @nn.compact
   def __call__(self, x, train: bool = False):
-    pool = lambda y: max_pool(y, (2, 2), pool_impl=self.pool_impl, conv_impl=self.conv_impl)
-    x = Conv(64, (5, 5), conv_impl=self.conv_impl, torch_init=True)(x)
-    x = pool(_act(self, x))
-    x = Conv(64, (5, 5), conv_impl=self.conv_impl, torch_init=True)(x)
-    x = pool(_act(self, x))
+    act_pool = lambda y: _act_pool(self, y, self.pool_impl, self.conv_impl)
+    x = act_pool(Conv(64, (5, 5), conv_impl=self.conv_impl, torch_init=True)(x))
+    x = act_pool(Conv(64, (5, 5), conv_impl=self.conv_impl, torch_init=True)(x))
     x = x.reshape(x.shape[:-3] + (-1,))
     x = _act(self, Dense(384, torch_init=True)(x))
     x = _act(self, Dense(192, torch_init=True)(x))
@@ -48,14 +55,15 @@ class DigitsCNN(nn.Module):
   conv_impl: str = 'auto'
   gn_groups: int = 0
   pool_impl: str = 'auto'
+  fused_relu_pool: bool = True   # as CifarCNN's
 
   @nn.compact
   def __call__(self, x, train: bool = False):
     norm = (lambda y, i: group_norm(y, self.gn_groups, name=f'GroupNorm_{i}')) if self.gn_groups else (
         lambda y, i: y)
     x = _act(self, norm(Conv(32, (3, 3), padding='SAME', conv_impl=self.conv_impl)(x), 0))
-    x = _act(self, norm(Conv(32, (3, 3), padding='SAME', conv_impl=self.conv_impl)(x), 1))
-    x = max_pool(x, (2, 2), pool_impl=self.pool_impl, conv_impl=self.conv_impl)
+    x = _act_pool(self, norm(Conv(32, (3, 3), padding='SAME', conv_impl=self.conv_impl)(x), 1), self.pool_impl,
+                  self.conv_impl)
     x = x.reshape(x.shape[:-3] + (-1,))
     x = _act(self, Dense(128)(x))
     return Dense(self.num_classes)(x)

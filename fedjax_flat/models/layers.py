@@ -74,15 +74,50 @@ def _window_max_jvp(kh, kw, primals, tangents):
   y = jnp.max(xw, axis=(-4, -2))
   # Index (row-major in the window) of the FIRST element equal to the max, one int8 per output, from
   # strided views: the tangent (and so the gradient) of each output goes to that element only.
+  sel = _first_max_select(xw, y, kh, kw)
+  ty = jnp.sum(jnp.where(sel, _pool_windows(tx, kh, kw), jnp.zeros((), tx.dtype)), axis=(-4, -2))
+  return y, ty
+
+
+def _first_max_select(xw, y, kh, kw):
+  """[..., H, kh, W, kw, C] bool: True at the FIRST element (row-major in its window) equal to the window max y."""
   first = jnp.full(y.shape, kh * kw - 1, jnp.int8)
   for pos in reversed(range(kh * kw - 1)):
     first = jnp.where(xw[..., pos // kw, :, pos % kw, :] == y, jnp.int8(pos), first)
   shape = (1,) * (xw.ndim - 5) + (1, kh, 1, kw, 1)
   pos = (kw * jax.lax.broadcasted_iota(jnp.int8, shape, xw.ndim - 4)
          + jax.lax.broadcasted_iota(jnp.int8, shape, xw.ndim - 2))
-  sel = pos == first[..., :, None, :, None, :]
+  return pos == first[..., :, None, :, None, :]
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2))
+def _relu_window_max(x, kh, kw):
+  return jax.nn.relu(_window_max_fwd(x, kh, kw))
+
+
+@_relu_window_max.defjvp
+def _relu_window_max_jvp(kh, kw, primals, tangents):
+  # max_pool(relu(x)) == relu(max_pool(x)) (relu is monotone), and its gradient is the window's first
+  # maximum's when that maximum is > 0, else 0 (relu'(0) = 0, as jax.nn.relu): the same values and
+  # gradients, bit for bit, as relu followed by the first-max pool, without the full-size ReLU and its mask.
+  (x,), (tx,) = primals, tangents
+  xw = _pool_windows(x, kh, kw)
+  m = jnp.max(xw, axis=(-4, -2))
+  sel = _first_max_select(xw, m, kh, kw)
   ty = jnp.sum(jnp.where(sel, _pool_windows(tx, kh, kw), jnp.zeros((), tx.dtype)), axis=(-4, -2))
-  return y, ty
+  return jax.nn.relu(m), jnp.where(m > 0, ty, jnp.zeros((), ty.dtype))
+
+
+def relu_max_pool(x, window: Sequence[int], *, pool_impl: str = 'auto', conv_impl: str = 'auto'):
+  """max_pool(relu(x), window) (non-overlapping windows, VALID); with pool_impl 'reshape' one fused op.
+
+  The same values and gradients as `max_pool(nn.relu(x), window)`; the fused form skips the full-size
+  ReLU and its backward mask (measured: benchmarks/README.cnn_step.md).
+  """
+  window = tuple(window)
+  if resolve_pool_impl(pool_impl, conv_impl) == 'reshape' and len(window) == 2:
+    return _relu_window_max(x, window[0], window[1])
+  return max_pool(jax.nn.relu(x), window, pool_impl=pool_impl, conv_impl=conv_impl)
 
 
 def max_pool(x, window: Sequence[int], strides: Sequence[int] | None = None, *, pool_impl: str = 'auto',

@@ -26,14 +26,15 @@ def get_model(name: str, num_classes: int, input_shape: tuple, **kwargs) -> base
 
 
 @register('cifar_cnn')
-def _cifar_cnn(num_classes, input_shape, conv_impl='auto', pool_impl='auto'):
-  return base.from_flax(cnn.CifarCNN(num_classes, conv_impl=conv_impl, pool_impl=pool_impl), 'cifar_cnn', num_classes, input_shape)
+def _cifar_cnn(num_classes, input_shape, conv_impl='auto', pool_impl='auto', fused_relu_pool=True):
+  return base.from_flax(cnn.CifarCNN(num_classes, conv_impl=conv_impl, pool_impl=pool_impl,
+                                     fused_relu_pool=bool(fused_relu_pool)), 'cifar_cnn', num_classes, input_shape)
 
 
 @register('digits_cnn')
-def _digits_cnn(num_classes, input_shape, conv_impl='auto', gn_groups=0, pool_impl='auto'):
+def _digits_cnn(num_classes, input_shape, conv_impl='auto', gn_groups=0, pool_impl='auto', fused_relu_pool=True):
   return base.from_flax(cnn.DigitsCNN(num_classes, conv_impl=conv_impl, gn_groups=int(gn_groups),
-                                      pool_impl=pool_impl), 'digits_cnn',
+                                      pool_impl=pool_impl, fused_relu_pool=bool(fused_relu_pool)), 'digits_cnn',
                         num_classes, input_shape)
 
 
