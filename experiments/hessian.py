@@ -63,6 +63,7 @@ flags.mark_flag_as_required('workdir')
 
 def load_run(workdir: str, which: str = 'global'):
   """(trainer, params, round) from a run directory's config.json and newest checkpoint."""
+  import jax
   import ml_collections
   from fedjax_flat.training import checkpoint, loop
   cfg_path = os.path.join(workdir, 'config.json')
@@ -94,7 +95,9 @@ def load_run(workdir: str, which: str = 'global'):
   params, active = models[which]
   if not bool(active):
     raise ValueError(f'--model={which!r} is not active at round {step} (e.g. SWA had not started)')
-  return trainer, params, step
+  # Host arrays: the analysis runs on one device (replicated params over several host devices would make
+  # every device compute the same HVPs).
+  return trainer, jax.device_get(params), step
 
 
 # Per-client sharpness (thesis Table 4.13): analysis/local_models.py.

@@ -132,7 +132,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.engine.stream_batches = False     # build/copy the round's batches one chunk at a time (core/streaming.py)
   # Rounds per compiled call (core/rounds.py): 'auto' (blocks of up to 32 rounds, about 2 s each, cut at every
   # evaluation / checkpoint round) or an int >= 1. R > 1 needs the training data on the device (device_data):
-  # in-memory data, one device, no streaming, no FedSoup validation steps, no host client-state store.
+  # in-memory data, one process, no streaming, no FedSoup validation steps, no host client-state store.
   c.engine.rounds_per_call = ml_collections.FieldReference('auto', field_type=object)
   # Keep the training data on the device and sample / batch inside the program: 'auto' (when possible and the
   # data take <= device_data_max_mb) | True | False (host batches, one round per call).

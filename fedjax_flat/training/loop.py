@@ -2,7 +2,8 @@
 
 Two paths (`Trainer.device_rounds`): in-memory data that fit on the device run blocks of rounds in one
 compiled program (core/rounds.py: sampling, batches, client keys and device-store client states inside the
-program; `engine.rounds_per_call`); otherwise (out-of-memory sources, streaming, sharding, FedSoup's
+program; `engine.rounds_per_call`; with several devices of one process the clients are sharded over them
+inside that program); otherwise (out-of-memory sources, streaming, multi-host sharding, FedSoup's
 validation steps, the host client-state store) the host samples and batches each round (prefetched on a
 thread) and calls the one-round program. Both use the same definitions and give the same numbers.
 
