@@ -163,7 +163,7 @@ def interleave(fns: dict, repeats: int, progress: bool = True, cpu_times: dict |
 def round_config(model: str, opt: str = 'sgd', *, strategy: str = 'auto', conv: str = 'auto', clients: int = 10,
                  chunk: int = 5, batch: int = 64):
   """The paper CIFAR setting: lr 0.01, wd 4e-4, B=64, E=1, SAM rho 0.05."""
-  from fedjax_flat.training.default_config import default_config
+  from fedjax_flat.config.default_config import default_config
   c = default_config()
   c.model = model
   c.model_kwargs.conv_impl = conv

@@ -40,8 +40,8 @@ def quickstart():
 
 
 def cifar_cnn():
-  from fedjax_flat.data.builtin import synthetic
-  from fedjax_flat.training.default_config import default_config
+  from fedjax_flat.data.sources.builtin import synthetic
+  from fedjax_flat.config.default_config import default_config
   c = default_config()
   c.dataset = 'synthetic'
   c.data.num_clients = 100

@@ -32,7 +32,8 @@ from absl import app, flags  # noqa: E402
 import numpy as np  # noqa: E402
 
 from fedjax_flat.data import registry as data_registry  # noqa: E402
-from fedjax_flat.training import centralized, config_strings, loop  # noqa: E402
+from fedjax_flat.training import centralized, loop  # noqa: E402
+from fedjax_flat.config import families as config_strings
 
 _SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'training seeds')
 _ROUNDS = flags.DEFINE_integer('rounds', 200, 'rounds per run')

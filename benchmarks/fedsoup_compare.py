@@ -28,10 +28,10 @@ import numpy as np  # noqa: E402
 
 def run_one(algorithm, seed, fold, rounds, hessian_iters, num_clients=0, gn_groups=None):
   import jax
-  from fedjax_flat.core import personalized as P
+  from fedjax_flat.evaluation import personalized as P
   from fedjax_flat.data.batching import make_eval_batches
   from fedjax_flat.training import loop
-  from fedjax_flat.training import config_strings
+  from fedjax_flat.config import families as config_strings
   c = config_strings.load_config(os.path.join(REPO, 'configs', f'fedsoup_digits.py:{algorithm}'))
   c.seed = seed
   c.data.seed = seed

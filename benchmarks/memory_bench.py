@@ -44,9 +44,9 @@ def _rss_mb() -> float:
 def worker(strategy: str, cohort: int, chunk: int, population: int, rounds: int) -> dict:
   import jax
   import numpy as np
-  from fedjax_flat.data.builtin import synthetic
+  from fedjax_flat.data.sources.builtin import synthetic
   from fedjax_flat.training import loop
-  from fedjax_flat.training.default_config import default_config
+  from fedjax_flat.config.default_config import default_config
 
   c = default_config()
   c.dataset = 'synthetic'

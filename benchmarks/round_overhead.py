@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 import bench_util  # noqa: E402
 import cnn_step  # noqa: E402
 from fedjax_flat.data import batching  # noqa: E402
-from fedjax_flat.data.builtin import synthetic  # noqa: E402
+from fedjax_flat.data.sources.builtin import synthetic  # noqa: E402
 from fedjax_flat.models.layers import resolve_conv_impl, resolve_pool_impl  # noqa: E402
 from fedjax_flat.training import loop  # noqa: E402
 

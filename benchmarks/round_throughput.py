@@ -39,7 +39,7 @@ import jax  # noqa: E402
 
 import bench_util  # noqa: E402
 from fedjax_flat.core import engine  # noqa: E402
-from fedjax_flat.data.builtin import synthetic  # noqa: E402
+from fedjax_flat.data.sources.builtin import synthetic  # noqa: E402
 from fedjax_flat.models import get_model  # noqa: E402
 from fedjax_flat.training import loop  # noqa: E402
 

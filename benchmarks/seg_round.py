@@ -38,11 +38,11 @@ def worker(a) -> dict:
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from fedjax_flat import tasks
+  from fedjax_flat.tasks import base as tasks
   from fedjax_flat.algorithms import registry as alg_registry
   from fedjax_flat.core import engine
   from fedjax_flat.models import registry as model_registry
-  from fedjax_flat.training.default_config import default_config
+  from fedjax_flat.config.default_config import default_config
 
   h, w = (int(v) for v in a.crop.split('x'))
   c = default_config()
@@ -101,11 +101,11 @@ def interleaved(a) -> dict:
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from fedjax_flat import tasks
+  from fedjax_flat.tasks import base as tasks
   from fedjax_flat.algorithms import registry as alg_registry
   from fedjax_flat.core import engine
   from fedjax_flat.models import registry as model_registry
-  from fedjax_flat.training.default_config import default_config
+  from fedjax_flat.config.default_config import default_config
 
   h, w = (int(v) for v in a.crop.split('x'))
   rng = np.random.default_rng(0)

@@ -1,6 +1,6 @@
 r"""FEMNIST quickstart: FedAvg with the Reddi et al. CNN on LEAF's FEMNIST (writers as clients, NIID).
 
-Data: LEAF's JSON files (no download URL; fedjax_flat/data/leaf.py says how to build them with LEAF's
+Data: LEAF's JSON files (no download URL; fedjax_flat/data/sources/leaf.py says how to build them with LEAF's
 scripts). Point data.data_dir at LEAF's `data/femnist/data` (holding all_data/):
   .venv/bin/python experiments/train.py --config=configs/quickstart_femnist.py --workdir=runs/femnist \
       --config.data.data_dir=/path/to/leaf/data/femnist/data
@@ -13,8 +13,8 @@ reference of summary.json's rounds_to_70pct_centralized / rounds_to_90pct_centra
 (config.centralized.accuracy), or train your own with experiments/centralized.py and pass
 --config.centralized.path=<its workdir>. Not a reproduction of a table cell: no published number.
 """
-from fedjax_flat.training import data_fields
-from fedjax_flat.training.default_config import default_config
+from fedjax_flat.config import data_fields
+from fedjax_flat.config.default_config import default_config
 
 
 def get_config():

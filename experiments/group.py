@@ -4,7 +4,7 @@
       --config.data.alpha=0 --config.grouping.method=greedy --config.grouping.estimator=conf \
       [--num_superclients=0] [--compare=random,kmeans]
 
-Uses config.grouping (fedjax_flat/grouping/; fields in training/default_config.py). The pre-training /
+Uses config.grouping (fedjax_flat/grouping/; fields in config/default_config.py). The pre-training /
 estimator passes are cached in WORKDIR/grouping/ (a training run with the same WORKDIR reuses them).
 Prints every superclient (clients, examples, classes present, label entropy in bits) and a table comparing
 the grouping with --compare groupings built under the same constraints and seed (random grouping by
@@ -63,7 +63,7 @@ def main(argv):
   logging.set_verbosity(logging.INFO)
   from fedjax_flat import grouping
   from fedjax_flat.grouping import superclients as sc
-  from fedjax_flat.training import validate
+  from fedjax_flat.config import validate
   config = _CONFIG.value
   try:
     validate.validate_config(config)

@@ -63,7 +63,7 @@ def load_run(workdir: str, which: str = 'global'):
   cfg_path = os.path.join(workdir, 'config.json')
   if not os.path.exists(cfg_path):
     raise FileNotFoundError(f'{cfg_path} not found: --workdir must be a directory written by experiments/train.py')
-  from fedjax_flat.training.default_config import default_config
+  from fedjax_flat.config.default_config import default_config
   with open(cfg_path) as f:
     saved = json.load(f)
   config = default_config()   # fields added since the run was written keep their defaults

@@ -5,8 +5,8 @@ end to end for SCAFFOLD)."""
 import pytest
 
 from fedjax_flat.algorithms import registry
-from fedjax_flat.training import validate
-from fedjax_flat.data.builtin import synthetic
+from fedjax_flat.config import validate
+from fedjax_flat.data.sources.builtin import synthetic
 from test_baselines_harness import MODEL, config
 
 # (algorithm, client optimizer, algo hparams) -> (models server->client, models client->server) per round

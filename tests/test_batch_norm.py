@@ -11,18 +11,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_flat import tasks
+from fedjax_flat.tasks import base as tasks
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.core import batch_stats
 from fedjax_flat.core import engine as engine_lib
-from fedjax_flat.core import personalized
-from fedjax_flat.core.evaluation import HeldOutEvaluator
+from fedjax_flat.evaluation import personalized
+from fedjax_flat.evaluation.evaluator import HeldOutEvaluator
 from fedjax_flat.models import registry as model_registry
 from fedjax_flat.optimizers.client import make_client_tx
 from fedjax_flat.training import loop
-from fedjax_flat.training.default_config import default_config
-from fedjax_flat.training.validate import ConfigError, validate_config
+from fedjax_flat.config.default_config import default_config
+from fedjax_flat.config.validate import validate_config
+from fedjax_flat.errors import ConfigError
 
 from seg_model_fixtures import seg_data  # noqa: F401  (registers '_test_seg')
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_flat import tasks
+from fedjax_flat.tasks import base as tasks
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.models import bisenetv2 as B
 from fedjax_flat.models import registry
@@ -105,7 +105,7 @@ def test_remat_gives_the_same_loss_and_gradients():
 def test_trainer_rounds_with_bisenetv2(tmp_path):
   from seg_model_fixtures import seg_data
   from fedjax_flat.training import loop
-  from fedjax_flat.training.default_config import default_config
+  from fedjax_flat.config.default_config import default_config
   c = default_config()
   c.model, c.algorithm = 'bisenetv2', 'silobn'
   c.client.optimizer, c.client.rho, c.client.lr, c.client.momentum, c.client.batch_size = 'sam', 0.01, 0.05, 0.9, 2

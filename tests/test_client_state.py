@@ -70,10 +70,10 @@ def test_auto_selection_and_nbytes():
 
 
 # ---- in training -----------------------------------------------------------------------------------------
-from fedjax_flat.data.builtin import synthetic                      # noqa: E402
+from fedjax_flat.data.sources.builtin import synthetic                      # noqa: E402
 from fedjax_flat.data.federated import FederatedDataset            # noqa: E402
 from fedjax_flat.training import loop                              # noqa: E402
-from fedjax_flat.training.default_config import default_config    # noqa: E402
+from fedjax_flat.config.default_config import default_config    # noqa: E402
 from config_helpers import set_fields  # noqa: E402
 
 

@@ -6,8 +6,10 @@ import os
 import numpy as np
 import pytest
 
-from fedjax_flat.data import leaf, registry
-from fedjax_flat.training.validate import ConfigError
+from fedjax_flat.data.sources import leaf
+
+from fedjax_flat.data import registry
+from fedjax_flat.errors import ConfigError
 from data_fixtures import make_femnist_leaf, make_shakespeare_leaf, shakespeare_windows, write_leaf_json
 
 SIZES = ((5, 9, 3, 1, 2), (7, 4, 12))

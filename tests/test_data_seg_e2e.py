@@ -9,7 +9,7 @@ import pytest
 from fedjax_flat.data import registry as data_registry
 from fedjax_flat.models import base, registry as model_registry
 from fedjax_flat.training import loop
-from fedjax_flat.training.default_config import default_config, segmentation_data
+from fedjax_flat.config.default_config import default_config, segmentation_data
 
 
 class _TinyFCN(nn.Module):

@@ -6,9 +6,12 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_flat.data import registry, seg_synthetic
-from fedjax_flat.training import transforms, validate
-from fedjax_flat.training.default_config import SEGMENTATION_DATA, default_config, segmentation_data
+from fedjax_flat.data import registry
+
+from fedjax_flat.data.sources import seg_synthetic
+from fedjax_flat.data.transforms import pipeline as transforms
+from fedjax_flat.config import validate
+from fedjax_flat.config.default_config import SEGMENTATION_DATA, default_config, segmentation_data
 
 SMALL = dict(num_domains=4, unseen_domains=1, clients_per_domain=2, examples_per_client=6, client_test_examples=2,
              unseen_test_per_domain=5, image_size=(32, 48))
@@ -56,7 +59,7 @@ def test_registry_builds_from_the_declared_config():
 
 
 def test_builder_defaults_equal_declared_defaults():
-  from fedjax_flat.data import cityscapes, idda
+  from fedjax_flat.data.sources import cityscapes, idda
   for name, fn in (('cityscapes', cityscapes._cityscapes), ('idda', idda._idda),
                    ('seg_synthetic', seg_synthetic._seg_synthetic)):
     declared = SEGMENTATION_DATA[name]

@@ -16,10 +16,12 @@ from config_helpers import small_config
 from fedjax_flat.algorithms import fedseq as fedseq_lib
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.core import chains as chains_lib
-from fedjax_flat.data import batching, builtin
+from fedjax_flat.data import batching
+from fedjax_flat.data.sources import builtin
 from fedjax_flat.training import checkpoint as ckpt_lib
 from fedjax_flat.training import chain_loop, loop
-from fedjax_flat.training.validate import ConfigError, validate_config
+from fedjax_flat.config.validate import validate_config
+from fedjax_flat.errors import ConfigError
 
 SIZES = [5, 9, 13, 4, 8, 11, 6, 7, 10, 3, 12, 9]
 GROUPS = [np.array([0, 1, 2]), np.array([3, 4, 5, 6]), np.array([7, 8]), np.array([9, 10, 11])]

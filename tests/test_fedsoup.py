@@ -8,11 +8,11 @@ import pytest
 
 from fedjax_flat.algorithms import fedsoup as fs
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.core import personalized
+from fedjax_flat.evaluation import personalized
 from fedjax_flat.models.base import Model
 from fedjax_flat.optimizers.client import make_client_tx
 from fedjax_flat.training import loop
-from fedjax_flat.training.default_config import default_config
+from fedjax_flat.config.default_config import default_config
 from config_helpers import set_fields
 
 
@@ -160,7 +160,7 @@ def fs_config(algorithm='fedsoup', **over):
 
 @pytest.fixture(scope='module')
 def fs_data():
-  from fedjax_flat.data.feature_shift import load_digits_feature_shift
+  from fedjax_flat.data.sources.feature_shift import load_digits_feature_shift
   return load_digits_feature_shift(4, seed=0)
 
 
@@ -214,7 +214,7 @@ def test_fedsoup_local_test_source_and_strict(fs_data):
 
 
 def test_config_errors_name_the_field():
-  from fedjax_flat.training import validate
+  from fedjax_flat.config import validate
   for field, value in (('algo.val_source', 'train'), ('algo.start_fraction', 1.5), ('algo.strict', 1)):
     c = fs_config(**{field: value})
     with pytest.raises(validate.ConfigError) as e:

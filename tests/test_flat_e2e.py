@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from fedjax_flat.algorithms import registry
-from fedjax_flat.data.builtin import synthetic
+from fedjax_flat.data.sources.builtin import synthetic
 from fedjax_flat.training import loop
-from fedjax_flat.training.default_config import default_config
+from fedjax_flat.config.default_config import default_config
 from config_helpers import set_fields
 
 ROUNDS = 6

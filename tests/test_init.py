@@ -8,7 +8,8 @@ from config_helpers import small_config
 from fedjax_flat.models import pretrained
 from fedjax_flat.training import checkpoint, loop
 from fedjax_flat.training import run as run_lib
-from fedjax_flat.training.validate import ConfigError, validate_config
+from fedjax_flat.config.validate import validate_config
+from fedjax_flat.errors import ConfigError
 
 
 def _source(tmp_path, **over):

@@ -49,7 +49,7 @@ def test_unknown_model_error():
 
 
 def test_digits_cnn_groupnorm_option_for_fedbn():
-  from fedjax_flat.core import personalized
+  from fedjax_flat.evaluation import personalized
   plain = get_model('digits_cnn', 10, (8, 8, 1))
   gn = get_model('digits_cnn', 10, (8, 8, 1), gn_groups=4)
   z = jnp.zeros((1, 8, 8, 1))
@@ -66,7 +66,7 @@ def test_digits_cnn_groupnorm_option_for_fedbn():
 
 def test_fedbn_on_digits_cnn_groupnorm_keeps_norm_local():
   from fedjax_flat.training import loop
-  from fedjax_flat.training.default_config import default_config
+  from fedjax_flat.config.default_config import default_config
   c = default_config()
   c.dataset = 'digits_feature_shift'
   c.data.num_clients = 5

@@ -9,13 +9,13 @@ import pytest
 from sklearn.metrics import roc_auc_score
 from sklearn.preprocessing import label_binarize
 
-from fedjax_flat.core import personalized as P
+from fedjax_flat.evaluation import personalized as P
 from fedjax_flat.data import batching
 from fedjax_flat.models import base as model_base
 from fedjax_flat.models import registry as model_registry
 from fedjax_flat.models.base import Model
 from fedjax_flat.training import loop
-from fedjax_flat.training.default_config import default_config
+from fedjax_flat.config.default_config import default_config
 
 
 # --- AUC ---
@@ -94,7 +94,7 @@ def test_default_personalizer_is_the_global_model():
 
 
 def test_validation_steps_appended_last():
-  from fedjax_flat.data.feature_shift import load_digits_feature_shift
+  from fedjax_flat.data.sources.feature_shift import load_digits_feature_shift
   d = load_digits_feature_shift(3, seed=0)
   S = batching.padded_num_steps(d.client_sizes(), 16)
   rb = batching.make_round_batches(d, [2, 0], round_idx=0, seed=0, batch_size=16, num_steps=S,

@@ -10,8 +10,9 @@ import pytest
 
 from fedjax_flat.core import sampling
 from fedjax_flat.data import batching
-from fedjax_flat.data.builtin import synthetic
-from fedjax_flat.training import loop, validate
+from fedjax_flat.data.sources.builtin import synthetic
+from fedjax_flat.training import loop
+from fedjax_flat.config import validate
 from fedjax_flat.training import run as run_lib
 
 from config_helpers import small_config

@@ -6,14 +6,16 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_flat import tasks
-from fedjax_flat.core import evaluation
-from fedjax_flat.data import augment, batching, cityscapes, registry, seg_synthetic, style_transfer
+from fedjax_flat.tasks import base as tasks
+from fedjax_flat.evaluation import evaluator as evaluation
+from fedjax_flat.data.transforms import augment, style_transfer
+from fedjax_flat.data import batching, registry
+from fedjax_flat.data.sources import cityscapes, seg_synthetic
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.models import registry as model_registry
 from fedjax_flat.models.base import num_params
 from fedjax_flat.training import loop
-from fedjax_flat.training.default_config import default_config, segmentation_data
+from fedjax_flat.config.default_config import default_config, segmentation_data
 import seg_fixtures as F
 import seg_model_fixtures  # noqa: F401  (registers the '_test_seg' model)
 

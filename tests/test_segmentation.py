@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_flat import tasks
+from fedjax_flat.tasks import base as tasks
 from fedjax_flat.algorithms.fedavg import make_hparams_fn
 from fedjax_flat.models import base as model_base
 from fedjax_flat.models import tiling

@@ -150,7 +150,7 @@ def test_streamed_batches_bit_identical_to_chunked(algorithm):
 
 def test_stream_with_sharding_refused():
   from fedjax_flat.training import loop
-  from fedjax_flat.training.validate import ConfigError
+  from fedjax_flat.errors import ConfigError
   c = scale_worker.make_config('fedavg_vmap', True)
   c.engine.stream_batches = True
   with pytest.raises(ConfigError, match='stream_batches'):

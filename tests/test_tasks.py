@@ -1,4 +1,4 @@
-"""Tasks (fedjax_flat/tasks.py): losses and metrics over valid units, dense labels through batching, the
+"""Tasks (fedjax_flat/tasks/base.py): losses and metrics over valid units, dense labels through batching, the
 engine, evaluation and the Hessian tools."""
 import flax.linen as nn
 import jax
@@ -6,10 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_flat import tasks
+from fedjax_flat.tasks import base as tasks
 from fedjax_flat.algorithms import local
 from fedjax_flat.analysis import hvp
-from fedjax_flat.core.evaluation import make_eval_fn
+from fedjax_flat.evaluation.evaluator import make_eval_fn
 from fedjax_flat.data import batching
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.models import base as model_base

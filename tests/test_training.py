@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_flat.data.builtin import synthetic
+from fedjax_flat.data.sources.builtin import synthetic
 from fedjax_flat.training import loop
 from config_helpers import small_config
 
@@ -110,6 +110,6 @@ def test_eval_every_last_evaluates_each_final_round_and_summary_averages_them():
   assert [r['round'] for r in t.records] == [5, 9, 10, 11, 12]
   np.testing.assert_allclose(s['models']['global']['mean_last_4_test_accuracy'],
                              np.mean([r['test_accuracy'] for r in t.records[-4:]]))
-  from fedjax_flat.training import validate
+  from fedjax_flat.config import validate
   with pytest.raises(validate.ConfigError, match='eval_every_last'):
     validate.validate_config(small_config(eval_every_last=-1))

@@ -3,9 +3,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_flat.data.builtin import synthetic
-from fedjax_flat.training import loop, transforms
-from fedjax_flat.training.default_config import default_config
+from fedjax_flat.data.sources.builtin import synthetic
+from fedjax_flat.training import loop
+from fedjax_flat.data.transforms import pipeline as transforms
+from fedjax_flat.config.default_config import default_config
 
 
 def _cfg(augment, normalize):

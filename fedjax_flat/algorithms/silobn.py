@@ -13,10 +13,10 @@ core/batch_stats.py). A model without BatchNorm makes this plain FedAvg.
 """
 from __future__ import annotations
 
-from fedjax_flat.algorithms.base import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.algorithms.fedavg import fedavg
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core import personalized
+from fedjax_flat.evaluation import personalized
 
 
 @register('silobn', hparams={})

@@ -41,7 +41,7 @@ tmap = jax.tree_util.tree_map
 
 # Algorithms whose server update is a server optimizer on the FedAvg pseudo-gradient, which is what
 # `average_batch_stats` turns into the exact average of the statistics. Others (control variates, duals,
-# their own gradient loops) would treat statistics as parameters: refused by training/validate.py.
+# their own gradient loops) would treat statistics as parameters: refused by config/validate.py.
 BN_ALGORITHMS = ('fedavg', 'fedprox', 'fedbn', 'silobn')
 TEST_POLICIES = ('auto', 'running', 'batch', 'client')
 LOCAL_STATS_ALGORITHMS = ('fedbn', 'silobn')

@@ -16,7 +16,7 @@ combines the chains' final models. The round program sees the chains as *lanes* 
   L, T (and the most chains per lane) are fixed for the run (`LaneShape`), so chains of unequal length and clients of unequal size
   never change a shape: one compiled round program for every round (tests/test_fedseq.py counts compiles).
 
-The lane runner reuses the algorithm contract (algorithms/base.py): client_init / client_step /
+The lane runner reuses the algorithm contract (core/contract.py): client_init / client_step /
 client_final of the chain algorithm (FedAvg's local training with any client optimizer: SGD, SAM, ASAM),
 then `algorithm.server_update` on the |D_S|-weighted means, exactly as the client engine does
 (core/engine.py): server optimizers and the SWA / WiMA wrappers work unchanged. Lanes run `chunk` at a time
@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_flat.algorithms.base import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.core import engine as engine_lib
 from fedjax_flat.core import sampling
 from fedjax_flat.data import batching

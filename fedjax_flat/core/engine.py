@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_flat.algorithms.base import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm
 
 STRATEGIES = ('vmap', 'chunked', 'sequential')
 

@@ -75,7 +75,7 @@ def label_dtype(dtype) -> np.dtype:
 def client_steps(client_ids, num_steps: int):
   """[C, S] int32: each row's client id repeated over its steps (-1 for padding clients), the `client` entry
   of the round batches when a step's transform needs to know whose data it has (style transfer's own-client
-  exclusion, data/style_transfer.py)."""
+  exclusion, data/transforms/style_transfer.py)."""
   ids = np.asarray(client_ids, np.int32)
   return np.ascontiguousarray(np.broadcast_to(ids[:, None], (ids.shape[0], num_steps)))
 

@@ -100,7 +100,7 @@ RESOURCES: Dict[str, List[Resource]] = {
     ],
 }
 # LEAF's FEMNIST and Shakespeare have no file to download: LEAF's scripts build the JSON files from NIST SD19
-# (by_class.zip, by_write.zip) and Project Gutenberg's complete works (data/leaf.py).
+# (by_class.zip, by_write.zip) and Project Gutenberg's complete works (data/sources/leaf.py).
 LEAF_DATASETS = ('femnist', 'shakespeare')
 
 
@@ -268,7 +268,7 @@ def _post(dataset: str, paths: List[str], data_dir: str) -> List[str]:
       safe_extract_zip(paths[0], data_dir)
     return [os.path.dirname(marker)]
   if dataset == 'cifar100_pam':
-    from fedjax_flat.data import pam
+    from fedjax_flat.data.sources import pam
     sqlite_path = os.path.join(data_dir, pam.TFF_SQLITE)
     outs = [os.path.join(data_dir, pam.TRAIN_FILE), os.path.join(data_dir, pam.TEST_FILE)]
     if not all(os.path.isfile(p) for p in outs):
@@ -277,7 +277,7 @@ def _post(dataset: str, paths: List[str], data_dir: str) -> List[str]:
       pam.convert_tff_sqlite(sqlite_path, data_dir)
     return outs
   if dataset == 'stackoverflow':
-    from fedjax_flat.data import stackoverflow
+    from fedjax_flat.data.sources import stackoverflow
     sqlite_path = os.path.join(data_dir, stackoverflow.TFF_FILE)
     if not os.path.isfile(sqlite_path):
       _lzma_decompress(paths[0], sqlite_path)
@@ -341,7 +341,7 @@ def download_gldv2_images(data_dir: str, shards: Sequence[int], *, opener=None, 
 
 def download_feddrive_splits(data_dir: str, *, opener=None) -> List[str]:
   """FedDrive's released split JSONs (sha256-pinned) into <data_dir>/feddrive_splits/<dataset>/..."""
-  from fedjax_flat.data import feddrive_splits as fds
+  from fedjax_flat.data.sources import feddrive_splits as fds
   paths = [fetch(Resource(os.path.join('feddrive_splits', *path.split('/')), fds.release_url(path), size,
                           sha256=sha), data_dir, opener=opener)
            for path, size, sha in fds.RELEASED_FILES]
@@ -350,7 +350,7 @@ def download_feddrive_splits(data_dir: str, *, opener=None) -> List[str]:
 
 def prepare_cityscapes(data_dir: str) -> List[str]:
   """Extracts the official zips placed in <data_dir>/cityscapes/; without them says where to get them."""
-  from fedjax_flat.data import cityscapes
+  from fedjax_flat.data.sources import cityscapes
   root = cityscapes.default_root(data_dir)
   ready = lambda: all(os.path.isdir(os.path.join(root, d, s)) for d in ('leftImg8bit', 'gtFine')
                       for s in ('train', 'val'))
@@ -373,7 +373,7 @@ def prepare_cityscapes(data_dir: str) -> List[str]:
 
 def check_idda(data_dir: str) -> List[str]:
   """IDDA is distributed on request: checks the layout or says where to get it and where to put it."""
-  from fedjax_flat.data import idda
+  from fedjax_flat.data.sources import idda
   root = idda.default_root(data_dir)
   if os.path.isdir(root) and any(os.path.isdir(os.path.join(root, d, idda.IMAGE_DIR)) for d in os.listdir(root)):
     return [root]

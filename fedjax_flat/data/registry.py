@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Callable, Dict
 
-from fedjax_flat.data import builtin
+from fedjax_flat.data.sources import builtin
 
 _BUILDERS: Dict[str, Callable] = {}
 
-# config.data fields that every config declares (training/data_fields.py), so that they can be set on the
+# config.data fields that every config declares (config/data_fields.py), so that they can be set on the
 # command line; None = unset, the builder's own default applies.
 OPTIONAL_FIELDS = {'data_dir': str, 'split_json': str, 'split_dir': str, 'examples_per_client': int,
                    'quantity_skew': float, 'seed': int, 'check_official_sizes': bool}
@@ -33,9 +33,9 @@ def names():
 def _load_optional():
   # Loader modules of real datasets register themselves on import.
   import importlib
-  for mod in ('fedjax_flat.data.cifar', 'fedjax_flat.data.pam', 'fedjax_flat.data.landmarks',
-              'fedjax_flat.data.feature_shift', 'fedjax_flat.data.seg_synthetic', 'fedjax_flat.data.cityscapes',
-              'fedjax_flat.data.idda', 'fedjax_flat.data.leaf', 'fedjax_flat.data.stackoverflow'):
+  for mod in ('fedjax_flat.data.sources.cifar', 'fedjax_flat.data.sources.pam', 'fedjax_flat.data.sources.landmarks',
+              'fedjax_flat.data.sources.feature_shift', 'fedjax_flat.data.sources.seg_synthetic', 'fedjax_flat.data.sources.cityscapes',
+              'fedjax_flat.data.sources.idda', 'fedjax_flat.data.sources.leaf', 'fedjax_flat.data.sources.stackoverflow'):
     try:
       importlib.import_module(mod)
     except ModuleNotFoundError as e:

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.base import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.core import engine
 from fedjax_flat.core import sampling
 from fedjax_flat.data import batching
@@ -82,7 +82,7 @@ def hparams(client_cfg):
 
 def training_algorithm(model, client_cfg, summarize: Callable, *, trainable: Optional[Sequence[str]] = None,
                        task=None):
-  """FedAvg's local training from bcast['params'] on the task's loss (tasks.py; None = classification);
+  """FedAvg's local training from bcast['params'] on the task's loss (tasks/base.py; None = classification);
   client_final returns summarize(params) as the client's state. trainable: '/'-joined leaf paths that train
   (None = all); the others get no gradient and are restored after every step."""
   import optax

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_flat import tasks as tasks_lib
+from fedjax_flat.tasks import base as tasks_lib
 from fedjax_flat.grouping import estimators, groupers, pretrain, stats
 
 # Table 5.3's pairing of each estimator with its greedy distance (distance='auto').
@@ -149,7 +149,7 @@ def _cached_pass(workdir, kind, spec, names, num_clients, compute) -> Dict[str, 
 def check_task(estimator: str, data) -> None:
   """psi_conf and psi_t2v score one label per example: a per-position task (next_token, segmentation) is a
   ConfigError; psi_clf (the output layer's weights) and random grouping work with any task."""
-  from fedjax_flat.training import validate
+  from fedjax_flat.config import validate
   task = tasks_lib.task_of(data)
   if estimator in ('conf', 't2v') and isinstance(task, tasks_lib.DenseClassification):
     raise validate.ConfigError('grouping.estimator', estimator, f'needs one label per example; the data\'s task '
@@ -159,7 +159,7 @@ def check_task(estimator: str, data) -> None:
 def pretrain_outputs(config, model, data, params0, workdir) -> Dict[str, np.ndarray]:
   """{'clf': [K, d], 'conf': [K, C]}: psi_clf (before PCA) and psi_conf after the pre-training phase.
   conf is zeros for per-position tasks (check_task refuses it there)."""
-  from fedjax_flat.training import transforms
+  from fedjax_flat.data.transforms import pipeline as transforms
   g = config.grouping
   seed = grouping_seed(config)
   ccfg = pretrain.plain_client_cfg(config.client, g.pretrain_lr)
@@ -231,7 +231,7 @@ def probe_network(config, data, params0=None) -> Tuple[Any, Any, str]:
 
 def task2vec_outputs(config, data, workdir, params0=None) -> Dict[str, np.ndarray]:
   """{'t2v': [K, d]}: Task2Vec vectors of the probe network (module docstring)."""
-  from fedjax_flat.training import transforms
+  from fedjax_flat.data.transforms import pipeline as transforms
   g = config.grouping
   seed = grouping_seed(config)
   ccfg = pretrain.probe_client_cfg(config.client, g.probe_lr)
@@ -314,7 +314,7 @@ def describe(grouping: Grouping, data, config) -> Dict:
 def build_superclients(config, ctx, workdir: Optional[str], num_superclients: Optional[int] = None
                        ) -> List[np.ndarray]:
   """Client ids of every superclient (module docstring); writes WORKDIR/grouping/superclients[-n<N>].json."""
-  from fedjax_flat.training import validate
+  from fedjax_flat.config import validate
   validate.validate_grouping(config)
   grouping = make_grouping(config, ctx, workdir, num_superclients)
   data = _data_of(ctx)

@@ -15,7 +15,7 @@ f * the centralized accuracy; None when never reached. The centralized accuracy 
 `config.centralized.accuracy` or the `final_test_accuracy` of `config.centralized.path` (a centralized run's
 JSON or its workdir). The round resolution is `eval_every` (and every round of the last `eval_every_last`).
 
-Config fields (`config.centralized`, training/default_config.py):
+Config fields (`config.centralized`, config/default_config.py):
   epochs, lr (0 = client.lr), momentum, weight_decay (-1 = client.weight_decay), batch_size (0 =
   client.batch_size), schedule ('cosine' | 'constant'): the centralized run;
   accuracy, path, fractions, window: the federated run's reference and its rounds-to-X metric.
@@ -35,9 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_flat import tasks as tasks_lib
+from fedjax_flat.tasks import base as tasks_lib
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.training.validate import ConfigError
+from fedjax_flat.errors import ConfigError
 
 RESULT_FILE = 'centralized.json'
 
@@ -65,7 +65,7 @@ def read_reference(path: str) -> float:
 
 
 def validate(cfg) -> None:
-  """config.centralized: ConfigError naming the field (called from training/validate.py)."""
+  """config.centralized: ConfigError naming the field (called from config/validate.py)."""
   c = cfg.centralized
 
   def num(name, ok, allowed):
@@ -188,10 +188,11 @@ def make_epoch_fn(model, task, hp, steps_per_epoch, augment_fn=None):
 
 def train(config, workdir: Optional[str] = None, *, data=None) -> Dict:
   """Trains the centralized baseline; returns (and writes to WORKDIR/centralized.json) its result."""
-  from fedjax_flat.core.evaluation import Evaluator
+  from fedjax_flat.evaluation.evaluator import Evaluator
   from fedjax_flat.data import registry as data_registry
   from fedjax_flat.models import registry as model_registry
-  from fedjax_flat.training import transforms, validate as validate_lib
+  from fedjax_flat.data.transforms import pipeline as transforms
+  from fedjax_flat.config import validate as validate_lib
   validate_lib.validate_config(config)
   data = data if data is not None else data_registry.get_dataset(config.dataset, **config.data.to_dict())
   model = model_registry.get_model(config.model, data.num_classes, data.input_shape, **config.model_kwargs.to_dict())

@@ -43,7 +43,8 @@ from fedjax_flat.core import engine as engine_lib
 from fedjax_flat.core import sampling
 from fedjax_flat.data import attacks
 from fedjax_flat.data.federated import FederatedDataset
-from fedjax_flat.training import loop, validate, writers
+from fedjax_flat.training import loop, writers
+from fedjax_flat.config import validate
 
 SAMPLE_STREAM = 0x5C5        # chain_rng stream of the superclient sampling (core/chains.chain_rng)
 

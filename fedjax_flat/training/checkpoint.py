@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_flat.training import validate
+from fedjax_flat.config import validate
 
 FORMAT_VERSION = 2          # 2: content hashes in meta (format 1 restores unverified)
 
@@ -124,7 +124,7 @@ def _implicit_defaults(current: Dict) -> Dict[str, Any]:
   """The value a field has when a config does not set it: default_config's, and for algo.* the algorithm's
   registered default. A checkpoint written before a field existed computed with exactly that value."""
   from fedjax_flat.algorithms import registry
-  from fedjax_flat.training.default_config import default_config
+  from fedjax_flat.config.default_config import default_config
   out = _flatten_dict(config_dict(default_config()))
   for k, v in registry.default_hparams(current.get('algorithm', '')).items():
     out[f'algo.{k}'] = _jsonable(v)

@@ -56,10 +56,10 @@ def missing_field(config, dotted: str) -> Optional[str]:
 def preflight(argv: Sequence[str]) -> Optional[str]:
   """The one-line error for the --config flag and the --config.<field> overrides, or None if they are fine.
 
-  --config.algo.* overrides must already be out of argv (training/algo_flags.py checks them).
+  --config.algo.* overrides must already be out of argv (config/algo_flags.py checks them).
   """
-  from fedjax_flat.training import config_strings
-  from fedjax_flat.training.validate import ConfigError
+  from fedjax_flat.config import families as config_strings
+  from fedjax_flat.errors import ConfigError
   spec = config_strings.config_spec(argv)
   if not spec:
     return None                            # absl reports the missing required flag
@@ -83,9 +83,9 @@ def preflight(argv: Sequence[str]) -> Optional[str]:
 
 def exit_status(e: BaseException) -> Optional[int]:
   """The exit status for an error of the run (None: an unexpected error, shown with its traceback)."""
-  from fedjax_flat.data.errors import DataFormatError
+  from fedjax_flat.errors import DataFormatError
   from fedjax_flat.training import checkpoint, loop, writers
-  from fedjax_flat.training.validate import ConfigError
+  from fedjax_flat.errors import ConfigError
   if isinstance(e, (ConfigError, DataFormatError, FileNotFoundError)):
     return BAD_INPUT
   if isinstance(e, (loop.DivergenceError, checkpoint.CheckpointError, writers.ResultsWriteError)):

@@ -41,7 +41,7 @@ def load_run(workdir: str, which: str = 'global', step=None) -> Tuple[object, ob
   `step`); builds the run's data and model, writes nothing."""
   import ml_collections
   from fedjax_flat.training import checkpoint, loop
-  from fedjax_flat.training.default_config import default_config
+  from fedjax_flat.config.default_config import default_config
   workdir = run_dir_of(workdir)
   cfg_path = os.path.join(workdir, 'config.json')
   if not os.path.exists(cfg_path):

@@ -29,11 +29,11 @@ from fedjax_flat.core import engine as engine_lib
 from fedjax_flat.core import sharding as sharding_lib
 from fedjax_flat.core import streaming
 from fedjax_flat.core.client_state import make_client_state_store
-from fedjax_flat.core import personalized
+from fedjax_flat.evaluation import personalized
 from fedjax_flat.core import rounds as rounds_lib
 from fedjax_flat.core import sampling
-from fedjax_flat import tasks as tasks_lib
-from fedjax_flat.core.evaluation import Evaluator, make_evaluator  # noqa: F401
+from fedjax_flat.tasks import base as tasks_lib
+from fedjax_flat.evaluation.evaluator import Evaluator, make_evaluator  # noqa: F401
 from fedjax_flat.core.sampling import sample_clients
 from fedjax_flat.data import attacks
 from fedjax_flat.data import batching
@@ -41,7 +41,9 @@ from fedjax_flat.data import registry as data_registry
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.models import registry as model_registry
 from fedjax_flat.models.base import num_params
-from fedjax_flat.training import transforms, validate, writers
+from fedjax_flat.data.transforms import pipeline as transforms
+from fedjax_flat.config import validate
+from fedjax_flat.training import writers
 
 
 class DivergenceError(RuntimeError):
@@ -71,7 +73,7 @@ class Trainer:
     validate.validate_against_data(config, self.data)
     self.model = model_registry.get_model(config.model, self.data.num_classes, self.data.input_shape,
                                           **config.model_kwargs.to_dict())
-    self.task = tasks_lib.from_config(tasks_lib.task_of(self.data), config)  # loss and metrics (tasks.py)
+    self.task = tasks_lib.from_config(tasks_lib.task_of(self.data), config)  # loss and metrics (tasks/base.py)
     self.algorithm = self.build_algorithm()
     self.train_transform, self.eval_transform = transforms.make_transforms(config, self.data.num_classes,
                                                                            data=self.data)
@@ -96,7 +98,7 @@ class Trainer:
         self.data.client_sizes(), config.client.batch_size, epochs=config.client.local_epochs,
         local_steps=config.client.local_steps, bucketing=ec.step_bucketing)
     # Algorithms with a `val_source` hyperparameter (FedSoup) get each client's validation examples appended
-    # to the round batches as flagged extra steps (core/personalized.py).
+    # to the round batches as flagged extra steps (evaluation/personalized.py).
     self.val_source = personalized.round_validation_source(config)
     self.val_steps = (personalized.validation_num_steps(self.data, self.val_source, config.client.batch_size)
                       if self.val_source else 0)
@@ -363,7 +365,7 @@ class Trainer:
     if self.config.eval_clients and getattr(self, 'last_clients', None) is not None:
       # The global model on each client sampled in the last round, on that client's own training data.
       if not hasattr(self, 'client_evaluator'):
-        from fedjax_flat.core.evaluation import ClientEvaluator
+        from fedjax_flat.evaluation.evaluator import ClientEvaluator
         self.client_evaluator = ClientEvaluator(self.model, self.data, self.config.eval_batch_size,
                                                 preprocess=self.eval_transform, task=self.task)
         self._eval_params = lambda: self.algorithm.eval_models(self.server_state)['global'][0]
@@ -460,9 +462,9 @@ class Trainer:
     from fedjax_flat.training import centralized   # rounds to 70% / 90% of the centralized accuracy
     summary.update(centralized.rounds_to_centralized(self.records, c, reported))
     if c.get('personalized') is not None and c.personalized.enabled:
-      summary['personalized'] = personalized.evaluate_trainer(self)   # core/personalized.py
+      summary['personalized'] = personalized.evaluate_trainer(self)   # evaluation/personalized.py
     if c.get('corruption_eval') is not None and c.corruption_eval.name:
-      from fedjax_flat.core.corruption_eval import evaluate_corruptions
+      from fedjax_flat.evaluation.corruption import evaluate_corruptions
       params = self.algorithm.eval_models(self.server_state)[reported][0]
       summary['corruptions'] = evaluate_corruptions(
           self.model, params, c.corruption_eval, self.eval_transform, c.eval_batch_size,

@@ -22,7 +22,8 @@ import jax
 
 from fedjax_flat.training import checkpoint as ckpt_lib
 from fedjax_flat.training import init as init_lib
-from fedjax_flat.training import loop, validate
+from fedjax_flat.training import loop
+from fedjax_flat.config import validate
 from fedjax_flat.training import workdir as workdir_lib
 
 

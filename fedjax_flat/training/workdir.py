@@ -23,7 +23,7 @@ from typing import Optional
 
 from absl import logging
 
-from fedjax_flat.training import validate
+from fedjax_flat.config import validate
 
 LOCK_NAME = '.run.lock'
 
