@@ -200,7 +200,6 @@ def validate_config(cfg) -> None:
   _choice(cfg, 'client_state_store', STORE_KINDS)
   _num(cfg, 'client_state_device_max_mb', lo=0)
   if 'centralized' in cfg:                 # the centralized upper bound / rounds-to-X (training/centralized.py)
-    from fedjax_flat.training import centralized
     centralized.validate(cfg)
   if 'segmentation' in cfg:
     _validate_segmentation(cfg)
@@ -273,9 +272,7 @@ def validate_grouping(cfg) -> None:
   if g.probe_pretrained and not os.path.isfile(g.probe_pretrained):
     raise ConfigError('grouping.probe_pretrained', g.probe_pretrained, 'no such file (a .npz or msgpack params file)')
   if g.probe_checkpoint:
-    from fedjax_flat.training.init import run_dir_of
-    d = run_dir_of(g.probe_checkpoint)
-    if not (os.path.isfile(os.path.join(d, 'config.json')) and os.path.isdir(os.path.join(d, 'checkpoints'))):
+    if not is_run_dir(g.probe_checkpoint):
       raise ConfigError('grouping.probe_checkpoint', g.probe_checkpoint,
                         'must be a fedjax_flat run directory (config.json + checkpoints/)')
 
@@ -336,9 +333,7 @@ def _validate_init(init) -> None:
   if ckpt and pre:
     raise ConfigError('init.pretrained', pre, f'init.checkpoint={ckpt!r} is set too: use one of the two')
   if ckpt:
-    from fedjax_flat.training.init import run_dir_of
-    d = run_dir_of(ckpt)
-    if not (os.path.isfile(os.path.join(d, 'config.json')) and os.path.isdir(os.path.join(d, 'checkpoints'))):
+    if not is_run_dir(ckpt):
       raise ConfigError('init.checkpoint', ckpt, 'must be a fedjax_flat run directory (config.json + checkpoints/)')
   if pre and not os.path.isfile(pre):
     raise ConfigError('init.pretrained', pre, 'no such file (a .npz or msgpack params file)')

@@ -28,14 +28,6 @@ def requested(config) -> bool:
   return init is not None and bool(init.get('checkpoint') or init.get('pretrained'))
 
 
-def run_dir_of(path: str) -> str:
-  """A run directory from either the run directory or its checkpoints/ folder."""
-  path = os.path.abspath(path)
-  if not os.path.exists(os.path.join(path, 'config.json')) and os.path.basename(path.rstrip('/')) == 'checkpoints':
-    path = os.path.dirname(path.rstrip('/'))
-  return path
-
-
 def load_run(workdir: str, which: str = 'global', step=None) -> Tuple[object, object, int]:
   """(trainer, params, round) from a run directory's config.json and its newest checkpoint (or checkpoint
   `step`); builds the run's data and model, writes nothing."""
