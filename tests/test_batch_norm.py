@@ -16,7 +16,7 @@ from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.core import batch_stats
 from fedjax_flat.core import engine as engine_lib
-from fedjax_flat.evaluation import personalized
+from fedjax_flat.algorithms.wrappers import local_norm
 from fedjax_flat.evaluation.evaluator import HeldOutEvaluator
 from fedjax_flat.models import registry as model_registry
 from fedjax_flat.optimizers.client import make_client_tx
@@ -116,8 +116,8 @@ def _hand_local(m, cfg, task, start, batches_k, rng):
   return st.params
 
 
-LOCAL = {'fedavg': lambda path: False, 'silobn': personalized.is_batch_stats_path,
-         'fedbn': personalized.is_norm_path}
+LOCAL = {'fedavg': lambda path: False, 'silobn': local_norm.is_batch_stats_path,
+         'fedbn': local_norm.is_norm_path}
 
 
 @pytest.mark.parametrize('algorithm', ['fedavg', 'silobn', 'fedbn'])
@@ -151,9 +151,9 @@ def test_bn_policies_keep_exactly_the_intended_leaves_local(algorithm):
     for i in range(2):
       start = server
       if own[i] is not None:    # the client's own local leaves from its previous visit
-        start = personalized.with_norm_leaves(server, own[i], local)
+        start = local_norm.with_norm_leaves(server, own[i], local)
       finals.append(_hand_local(m, cfg, task, start, tmap(lambda a: a[i], batches), rngs[i]))
-      own[i] = personalized.norm_leaves(finals[-1], local)
+      own[i] = local_norm.norm_leaves(finals[-1], local)
     avg = tmap(lambda a, b: (3 * a + 4 * b) / 7, *finals)
     delta = tmap(lambda s, a: s - a, server, avg)
     mom = tmap(lambda v, d: 0.9 * v + d, mom, delta)

@@ -9,6 +9,7 @@ import pytest
 from fedjax_flat.algorithms import fedsoup as fs
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.evaluation import personalized
+from fedjax_flat.training import personalized_eval
 from fedjax_flat.models.base import Model
 from fedjax_flat.optimizers.client import make_client_tx
 from fedjax_flat.training import loop
@@ -184,7 +185,7 @@ def test_fedsoup_end_to_end_with_personalized_evaluation(fs_data):
   rb = t.prepare_round(0)
   assert rb.x.shape[1] == t.num_steps + 1 and rb.split[:, -1].all() and not rb.split[:, :-1].any()
   s = t.train()
-  states = personalized.client_states_of(t.store)
+  states = personalized_eval.client_states_of(t.store)
   assert sorted(states) == [0, 1, 2, 3]
   counts = [float(st['count']) for st in states.values()]
   assert all(0 <= n <= 2 for n in counts)              # rounds 1 and 2 (start = floor(0.34 * 3) = 1)
@@ -210,7 +211,7 @@ def test_fedsoup_local_test_source_and_strict(fs_data):
   local = max(len(fs_data.client_test_examples(k)[1]) for k in range(4))
   assert t.val_steps == -(-local // 64)
   t.train()
-  assert all(float(st['count']) <= 1 for st in personalized.client_states_of(t.store).values())
+  assert all(float(st['count']) <= 1 for st in personalized_eval.client_states_of(t.store).values())
 
 
 def test_config_errors_name_the_field():

@@ -49,13 +49,13 @@ def test_unknown_model_error():
 
 
 def test_digits_cnn_groupnorm_option_for_fedbn():
-  from fedjax_flat.evaluation import personalized
+  from fedjax_flat.algorithms.wrappers import local_norm
   plain = get_model('digits_cnn', 10, (8, 8, 1))
   gn = get_model('digits_cnn', 10, (8, 8, 1), gn_groups=4)
   z = jnp.zeros((1, 8, 8, 1))
   p0, p1 = plain.init(jax.random.key(0), z), gn.init(jax.random.key(0), z)
   assert num_params(p1) - num_params(p0) == 2 * (32 + 32)           # scale + bias of two GN(32) layers
-  assert sum(personalized.norm_flags(p1)) == 4 and sum(personalized.norm_flags(p0)) == 0
+  assert sum(local_norm.norm_flags(p1)) == 4 and sum(local_norm.norm_flags(p0)) == 0
   # GroupNorm statistics are per example: one example's logits do not depend on the rest of the batch.
   x = jax.random.normal(jax.random.key(1), (5, 8, 8, 1))
   apply = jax.jit(gn.apply)

@@ -179,5 +179,5 @@ def test_trainer_runs_a_dense_task_and_matches_a_python_loop():
 
 
 def tr_sampled(tr, r):
-  from fedjax_flat.core.sampling import sample_clients
+  from fedjax_flat.data.sampling import sample_clients
   return sample_clients(tr.data.num_clients, tr.config.clients_per_round, seed=tr.config.seed, round_idx=r)

@@ -465,10 +465,10 @@ def validate_against_data(cfg, data) -> None:
   sizes = data.client_sizes()
   if (sizes == 0).all():
     raise ConfigError('data', dict(cfg.data), 'every client has 0 examples')
-  from fedjax_flat.evaluation import personalized
-  src = personalized.round_validation_source(cfg)
+  from fedjax_flat.data import validation_steps
+  src = validation_steps.round_validation_source(cfg, alg_registry_defaults(cfg.algorithm))
   if src:                                  # FedSoup's validation split must exist in the data
-    personalized.check_validation_data(data, src)
+    validation_steps.check_validation_data(data, src)
   hp_all = {**alg_registry_defaults(cfg.algorithm), **cfg.algo.to_dict()}
   if cfg.algorithm in BASELINE_RULES and 'population' in hp_all:
     if not (cfg.algorithm == 'fedspeed' and hp_all['dual_mean'] == 'active'):

@@ -40,7 +40,7 @@ from fedjax_flat.algorithms import fedseq as fedseq_lib
 from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.core import chains as chains_lib
 from fedjax_flat.core import engine as engine_lib
-from fedjax_flat.core import sampling
+from fedjax_flat.data import sampling
 from fedjax_flat.data import attacks
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.training import loop, writers
