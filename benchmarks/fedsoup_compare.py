@@ -32,7 +32,7 @@ def run_one(algorithm, seed, fold, rounds, hessian_iters, num_clients=0, gn_grou
   from fedjax_flat.evaluation import personalized
   from fedjax_flat.training import personalized_eval
   from fedjax_flat.data.batching import make_eval_batches
-  from fedjax_flat.training import loop
+  from fedjax_flat.training import trainers
   from fedjax_flat.config import families as config_strings
   c = config_strings.load_config(os.path.join(REPO, 'configs', f'fedsoup_digits.py:{algorithm}'))
   c.seed = seed
@@ -47,7 +47,7 @@ def run_one(algorithm, seed, fold, rounds, hessian_iters, num_clients=0, gn_grou
   c.progress_every_s = 1e9
   c.personalized.per_client = False
   t0 = time.time()
-  t = loop.Trainer(c)
+  t = trainers.make_trainer(c)
   s = t.train()
   train_s = time.time() - t0
   p = s['personalized']

@@ -20,7 +20,7 @@ from fedjax_flat.algorithms.wrappers import local_norm
 from fedjax_flat.evaluation.evaluator import HeldOutEvaluator
 from fedjax_flat.models import registry as model_registry
 from fedjax_flat.optimizers.client import make_client_tx
-from fedjax_flat.training import loop
+from fedjax_flat.training import trainers
 from fedjax_flat.config.default_config import default_config
 from fedjax_flat.config.validate import validate_config
 from fedjax_flat.errors import ConfigError
@@ -255,7 +255,7 @@ def test_trainer_rounds_on_a_segmentation_fixture(tmp_path, algorithm, optimizer
   c.eval_batch_size = 2
   c.engine.device_data = device
   c.swa.enabled, c.swa.start_fraction, c.swa.cycle = swa, 0.34, 1
-  tr = loop.Trainer(c, str(tmp_path), data=seg_data())
+  tr = trainers.make_trainer(c, str(tmp_path), data=seg_data())
   s = tr.train()
   if not device:     # one compiled round program although client sizes (2..5 examples) differ
     assert tr.round_fn._cache_size() == 1

@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_flat.models import get_model, num_params
+from fedjax_flat.models.base import num_params
+from fedjax_flat.models.registry import get_model
 
 
 @pytest.mark.parametrize('classes,expected', [(10, 797_962), (100, 815_332)])
@@ -65,7 +66,7 @@ def test_digits_cnn_groupnorm_option_for_fedbn():
 
 
 def test_fedbn_on_digits_cnn_groupnorm_keeps_norm_local():
-  from fedjax_flat.training import loop
+  from fedjax_flat.training import trainers
   from fedjax_flat.config.default_config import default_config
   c = default_config()
   c.dataset = 'digits_feature_shift'
@@ -75,7 +76,7 @@ def test_fedbn_on_digits_cnn_groupnorm_keeps_norm_local():
   c.algorithm = 'fedbn'
   c.rounds, c.clients_per_round, c.eval_every, c.progress_every_s = 2, 5, 2, 1e9
   c.client.lr, c.client.batch_size = 0.05, 32
-  t = loop.Trainer(c)
+  t = trainers.make_trainer(c)
   init = jax.tree_util.tree_map(np.array, t.server_state['params'])
   t.train()
   srv = t.server_state['params']

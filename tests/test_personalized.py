@@ -24,7 +24,7 @@ from fedjax_flat.data import batching
 from fedjax_flat.models import base as model_base
 from fedjax_flat.models import registry as model_registry
 from fedjax_flat.models.base import Model
-from fedjax_flat.training import loop
+from fedjax_flat.training import trainers
 from fedjax_flat.config.default_config import default_config
 
 
@@ -165,7 +165,7 @@ def test_fedbn_leave_one_out_end_to_end():
   c.eval_every = 2
   c.progress_every_s = 1e9
   c.personalized.enabled = True
-  t = loop.Trainer(c)
+  t = trainers.make_trainer(c)
   init = jax.tree_util.tree_map(np.array, t.server_state['params'])
   s = t.train()
   srv = t.server_state['params']
@@ -198,7 +198,7 @@ def test_fedsoup_with_local_norm_one_round():
   c.clients_per_round = 3
   c.client.batch_size = 64
   c.progress_every_s = 1e9
-  t = loop.Trainer(c)
+  t = trainers.make_trainer(c)
   init = jax.tree_util.tree_map(np.array, t.server_state['params'])
   t.train()
   assert t.algorithm.name == 'fedsoup+localnorm'

@@ -17,7 +17,7 @@ The personalized model of client k is its last uploaded theta_l (client state 'p
 starts it is the plain locally trained model. ValAcc is measured on the client's validation split
 (algo.val_source='val') or its local test split ('local_test', the reference code's behaviour), which the
 Trainer appends after the training steps of the round batches, flagged batch['split'] = 1 (see
-evaluation/personalized.py). client_step trains on split-0 steps and, on split-1 steps, accumulates the correct
+data/validation_steps.py). client_step trains on split-0 steps and, on split-1 steps, accumulates the correct
 counts of W and W+ (evaluated at the final theta_l, since those steps come last) in the local state;
 client_final applies the rule. With no validation examples, both counts are 0: '>=' always accepts,
 strict never does.
@@ -43,7 +43,6 @@ from fedjax_flat.algorithms.registry import default_hparams, register
 from fedjax_flat.algorithms import personalization
 from fedjax_flat.algorithms.wrappers import local_norm
 from fedjax_flat.data import validation_steps
-from fedjax_flat.evaluation import personalized
 tmap = jax.tree_util.tree_map
 
 HPARAMS = {'start_fraction': 0.75, 'start_round': -1, 'strict': False, 'val_source': 'val',

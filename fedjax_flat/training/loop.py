@@ -59,14 +59,6 @@ def _finite_tree(tree):
 class Trainer:
   """Builds everything from a config; `train()` runs the rounds. Usable from tests and notebooks."""
 
-  def __new__(cls, config, *args, **kwargs):
-    del args, kwargs
-    if cls is Trainer:         # chain algorithms (FedSeq family) have their trainer: training/chain_loop.py
-      from fedjax_flat.training import chain_loop
-      if chain_loop.is_chain_config(config):
-        cls = chain_loop.ChainTrainer
-    return super().__new__(cls)
-
   def __init__(self, config, workdir: Optional[str] = None, *, data=None, write_files: bool = True):
     validate.validate_config(config)
     self.config = config
