@@ -109,7 +109,7 @@ class Trainer:
         self.data.client_sizes(), batch_size=config.client.batch_size, num_steps=self.num_steps,
         epochs=config.client.local_epochs, local_steps=config.client.local_steps,
         shuffle=config.data.get('shuffle', True),
-        with_client=bool(getattr(self.train_transform, 'needs_client', False)))   # style transfer's bank
+        with_client=self.train_transform.needs_client)   # style transfer's bank
     self.round_fn = self.build_round_fn(chunk)
 
     self.key = jax.random.key(config.seed)
