@@ -47,6 +47,9 @@ CONFIGS = {
     'fedavg_vmap': ('fedavg', 'vmap', 0, 'sgd'),
     'fedavg_chunked_adam': ('fedavg', 'chunked', 2, 'adam'),
     'scaffold_sequential': ('scaffold', 'sequential', 0, 'sgd'),
+    # The device path (rounds in one program) is the default with several devices of one process too; the
+    # host path (batches built on the host each round) stays covered by this one.
+    'fedavg_chunked_adam_host': ('fedavg', 'chunked', 2, 'adam'),
 }
 
 
@@ -69,6 +72,8 @@ def make_config(name, shard):
   c.engine.strategy = strategy
   c.engine.clients_per_chunk = chunk
   c.engine.shard_clients = shard
+  if name.endswith('_host'):
+    c.engine.device_data = False
   return c
 
 
@@ -86,7 +91,8 @@ def train(name, shard):
   out['sharded'] = np.asarray(t.mesh is not None)
   out['num_devices'] = np.asarray(jax.device_count())
   out['cohort'] = np.asarray(t.cohort)
-  out['cache_size'] = np.asarray(t.round_fn._cache_size())
+  out['device_rounds'] = np.asarray(bool(t.device_rounds))
+  out['cache_size'] = np.asarray((t.block_fn if t.device_rounds else t.round_fn)._cache_size())
   return out
 
 

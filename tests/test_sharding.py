@@ -75,7 +75,8 @@ def test_four_devices_same_params_as_one_device(tmp_path):
   for name in names:
     got = np.load(tmp_path / f'{name}.npz')
     assert bool(got['sharded']) and int(got['num_devices']) == 4 and int(got['cohort']) == 8
-    assert int(got['cache_size']) == 1, 'the sharded round program must compile once'
+    assert int(got['cache_size']) == 1, 'the sharded round (or block) program must compile once'
+    assert bool(got['device_rounds']) == (not name.endswith('_host'))   # rounds in one program, sharded
     assert not bool(refs[name]['sharded'])
     _assert_same(got, refs[name])
     if 'ids' in refs[name].files:          # stateful algorithm: the same clients hold the same states
