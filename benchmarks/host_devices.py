@@ -64,7 +64,7 @@ def _problem(name, overrides, examples=CNN_EXAMPLES):
   """(config, data, examples per round) of a problem."""
   import bench_util
   from fedjax_flat.data import registry as data_registry
-  from fedjax_flat.data.builtin import synthetic
+  from fedjax_flat.data.sources.builtin import synthetic
   if name.startswith('cnn_'):
     c = bench_util.round_config('cifar_cnn', name.split('_')[1], clients=CNN_CLIENTS)
     data = synthetic(CNN_CLIENTS, examples, input_shape=(32, 32, 3), num_classes=CNN_CLASSES, test_size=1)
@@ -174,7 +174,7 @@ def main():
         fns[(prob, s)] = _timer(workers[s], prob, rounds, (prob, s))
         units[(prob, s)] = rounds
       if prob.startswith('cnn_') and 'torch' in peers:
-        from fedjax_flat.data.builtin import synthetic
+        from fedjax_flat.data.sources.builtin import synthetic
         if data_path is None:
           data = synthetic(CNN_CLIENTS, a.cnn_examples, input_shape=(32, 32, 3), num_classes=CNN_CLASSES,
                            test_size=1)

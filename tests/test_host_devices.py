@@ -124,7 +124,7 @@ WORKER_CONFIGS = {
 
 
 def _worker_config(name):
-  from fedjax_flat.training.default_config import default_config
+  from fedjax_flat.config.default_config import default_config
   model, alg, extra = WORKER_CONFIGS[name]
   c = default_config()
   c.dataset = 'digits'
