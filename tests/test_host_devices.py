@@ -194,7 +194,8 @@ def test_two_devices_rerun_bit_identical_and_close_to_one_device(tmp_path):
     for a, b in zip(_params(two_a[n]), _params(two_b[n]), strict=True):
       np.testing.assert_array_equal(a, b)            # same device count: the same bits
     for a, b in zip(_params(two_a[n]), _params(one[n]), strict=True):
-      np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)   # 1 vs 2 devices: reduction order only
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)   # 1 vs 2 devices: reduction order only
+      # (measured after 4 rounds: 4.4e-6 at most, on a conv bias; tests/test_sharding.py asks the same 1e-5)
     np.testing.assert_allclose(two_a[n]['test_accuracy'], one[n]['test_accuracy'], atol=1 / 359 + 1e-9)
   for n in ('fedavg_cnn', 'scaffold_mlp'):           # rounds in one program, sharded, compiled once
     assert bool(two_a[n]['device_rounds']) and int(two_a[n]['block_cache']) == 1, n
