@@ -5,8 +5,8 @@ the machine's speed drift hits them alike:
 
   torch                  the FedSAM reference pattern: the same CNN in torch (NCHW, oneDNN convs), torch SGD
                          with weight decay; SAM as the reference minimizer (ascent step, second grad, restore)
-  <conv>+<pool>[+separate]  ours: the library's CifarCNN (models/cnn.py) with `conv_impl`/`pool_impl` (ReLU +
-                         pool fused into one op as by default, or `+separate`: two ops, the same numbers), the
+  <conv>+<pool>[+fused]  ours: the library's CifarCNN (models/cnn.py) with `conv_impl`/`pool_impl` (`+fused`:
+                         ReLU + pool as one op, layers.relu_max_pool, the same numbers), the
                          library's loss and client optimizer (algorithms/local.py, optimizers/client.py),
                          `--steps` local steps in one `lax.scan`, as the engine runs them
 
@@ -15,7 +15,7 @@ examples/s, ratio to torch, model GFLOP/s (analytic: forward + 2x backward, no i
 conv; SAM counts two passes) and the fp32 GEMM rate of the machine (2048^3 through XLA) as the ceiling.
 
   .venv/bin/python benchmarks/cnn_step.py [--repeats=7] [--steps=8] [--opts=sgd,sam]
-      [--variants=im2col+reshape,im2col+reshape+separate,im2col+lax,lax+lax] [--no_torch] [--json=PATH]
+      [--variants=im2col+reshape,im2col+reshape+fused,im2col+lax,lax+lax] [--no_torch] [--json=PATH]
 
 `lax+lax` (native conv, reduce_window pool) inside a scan hits jax#12868 (10-20x slower): it is left out of
 the default variants; name it in --variants to see it.
@@ -65,9 +65,9 @@ def make_data(steps, seed=0):
 
 
 def jax_variant(variant: str, opt: str, x, y):
-  conv, pool, *rest = variant.split('+')     # a third part 'separate': ReLU and pool as two ops
+  conv, pool, *rest = variant.split('+')     # a third part 'fused': ReLU and pool as one op
   model = get_model('cifar_cnn', NUM_CLASSES, (32, 32, 3), conv_impl=conv, pool_impl=pool,
-                    fused_relu_pool=rest != ['separate'])
+                    fused_relu_pool=rest == ['fused'])
   loss_fn = make_loss(model)
   cfg = default_config().client
   cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.rho, cfg.momentum = opt, LR, WD, RHO, 0.0
@@ -114,9 +114,9 @@ def main(argv=None):
   ap.add_argument('--repeats', type=int, default=7)
   ap.add_argument('--steps', type=int, default=8, help='local steps per timed call (one lax.scan)')
   ap.add_argument('--opts', default='sgd,sam')
-  ap.add_argument('--variants', default='im2col+reshape,im2col+reshape+separate,im2col+lax',
-                  help='conv_impl+pool_impl pairs (+separate: ReLU and pool as two ops, not fused); the model '
-                       'default is auto+auto (fused)')
+  ap.add_argument('--variants', default='im2col+reshape,im2col+reshape+fused,im2col+lax',
+                  help='conv_impl+pool_impl pairs (+fused: ReLU and pool as one op, layers.relu_max_pool); the '
+                       'model default is auto+auto')
   ap.add_argument('--no_torch', action='store_true')
   ap.add_argument('--torch_threads', type=int, default=0, help='0: torch default')
   ap.add_argument('--json', default=None)

@@ -138,16 +138,20 @@ def test_fused_relu_max_pool_equals_relu_then_pool(shape, ties):
 
 
 @pytest.mark.parametrize('name,shape', [('cifar_cnn', (32, 32, 3)), ('digits_cnn', (8, 8, 1))])
-def test_models_fused_relu_pool_same_bits_as_collected_activations(name, shape):
-  # Collecting 'intermediates' (MAN) takes the unfused ReLU -> pool path: the same logits and gradients.
-  m = get_model(name, 10, shape, conv_impl='im2col')
+def test_models_fused_relu_pool_same_bits_as_two_ops(name, shape):
+  # fused_relu_pool=True vs the default two ops, and vs collecting 'intermediates' (MAN: always two ops).
+  m = get_model(name, 10, shape, conv_impl='im2col', fused_relu_pool=True)
+  ref = get_model(name, 10, shape, conv_impl='im2col', fused_relu_pool=False)
   x = jax.random.normal(jax.random.key(1), (3,) + shape)
   p = m.init(jax.random.key(0), x)
+  (vr, gr) = jax.jit(jax.value_and_grad(lambda q: jnp.sum(ref.apply(q, x) ** 2)))(p)
   fused = jax.jit(jax.value_and_grad(lambda q: jnp.sum(m.apply(q, x) ** 2)))
   unfused = jax.jit(jax.value_and_grad(lambda q: jnp.sum(m.apply(q, x, with_activations=True)[0] ** 2)))
   (va, ga), (vb, gb) = fused(p), unfused(p)
   np.testing.assert_array_equal(va, vb)
+  np.testing.assert_array_equal(va, vr)
   jax.tree_util.tree_map(np.testing.assert_array_equal, ga, gb)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, ga, gr)
 
 
 def test_reshape_max_pool_second_order_matches_without_ties():

@@ -17,8 +17,8 @@ def _act(module: nn.Module, y):
 
 
 def _act_pool(module: nn.Module, y, pool_impl: str, conv_impl: str):
-  """max_pool(_act(y), 2x2): one fused ReLU + pool (same values and gradients) unless the ReLU output is
-  being collected (MAN's 'intermediates') or the module's `fused_relu_pool` is False."""
+  """max_pool(_act(y), 2x2); with the module's `fused_relu_pool` one fused ReLU + pool (same values and
+  gradients), unless the ReLU output is being collected (MAN's 'intermediates')."""
   if module.is_mutable_collection('intermediates') or not module.fused_relu_pool:
     return max_pool(_act(module, y), (2, 2), pool_impl=pool_impl, conv_impl=conv_impl)
   return relu_max_pool(y, (2, 2), pool_impl=pool_impl, conv_impl=conv_impl)
@@ -33,7 +33,9 @@ class CifarCNN(nn.Module):
   num_classes: int = 10
   conv_impl: str = 'auto'
   pool_impl: str = 'auto'   # layers.max_pool: 'reshape' (same numbers, cheap gradient on CPU) | 'lax'
-  fused_relu_pool: bool = True   # ReLU + pool as one op (layers.relu_max_pool; same numbers); False: two ops
+  # ReLU + pool as one op (layers.relu_max_pool; same numbers). Off: measured 0.44x (SGD) / 0.50x (SAM) of the
+  # two ops on the CPU step (benchmarks/README.cnn_step.md); kept selectable for other backends' measurements.
+  fused_relu_pool: bool = False
 
   @nn.compact
   def __call__(self, x, train: bool = False):
@@ -56,7 +58,7 @@ class DigitsCNN(nn.Module):
   conv_impl: str = 'auto'
   gn_groups: int = 0
   pool_impl: str = 'auto'
-  fused_relu_pool: bool = True   # as CifarCNN's
+  fused_relu_pool: bool = False   # as CifarCNN's
 
   @nn.compact
   def __call__(self, x, train: bool = False):
@@ -114,13 +116,13 @@ class FemnistCNN(nn.Module):
 # --- Registered builders: config.model name -> Model (models/registry.py). ---
 
 @register('cifar_cnn')
-def _cifar_cnn(num_classes, input_shape, conv_impl='auto', pool_impl='auto', fused_relu_pool=True):
+def _cifar_cnn(num_classes, input_shape, conv_impl='auto', pool_impl='auto', fused_relu_pool=False):
   return from_flax(CifarCNN(num_classes, conv_impl=conv_impl, pool_impl=pool_impl,
                             fused_relu_pool=bool(fused_relu_pool)), 'cifar_cnn', num_classes, input_shape)
 
 
 @register('digits_cnn')
-def _digits_cnn(num_classes, input_shape, conv_impl='auto', gn_groups=0, pool_impl='auto', fused_relu_pool=True):
+def _digits_cnn(num_classes, input_shape, conv_impl='auto', gn_groups=0, pool_impl='auto', fused_relu_pool=False):
   return from_flax(DigitsCNN(num_classes, conv_impl=conv_impl, gn_groups=int(gn_groups),
                              pool_impl=pool_impl, fused_relu_pool=bool(fused_relu_pool)), 'digits_cnn',
                    num_classes, input_shape)

@@ -112,7 +112,8 @@ def relu_max_pool(x, window: Sequence[int], *, pool_impl: str = 'auto', conv_imp
   """max_pool(relu(x), window) (non-overlapping windows, VALID); with pool_impl 'reshape' one fused op.
 
   The same values and gradients as `max_pool(nn.relu(x), window)`; the fused form skips the full-size
-  ReLU and its backward mask (measured: benchmarks/README.cnn_step.md).
+  ReLU and its backward mask, yet measured SLOWER on the CPU step (0.44x SGD, 0.50x SAM of the two ops,
+  benchmarks/README.cnn_step.md): the CNNs keep two ops unless `fused_relu_pool=True`.
   """
   window = tuple(window)
   if resolve_pool_impl(pool_impl, conv_impl) == 'reshape' and len(window) == 2:
