@@ -3,6 +3,7 @@
 The run loop counts comm_down * num_phases * |S| * num_params per round (test_client_state checks the totals
 end to end for SCAFFOLD)."""
 import pytest
+from absl import logging
 
 from fedjax_flat.algorithms import registry
 from fedjax_flat.config import validate
@@ -105,7 +106,7 @@ def test_baseline_configs_validate():
 def test_fedspeed_active_dual_mean_at_partial_participation_warns(monkeypatch):
   data = synthetic(3, 4, input_shape=(2, 1, 1), num_classes=3)
   said = []
-  monkeypatch.setattr(validate.logging, 'warning', lambda msg, *a: said.append(msg % a))
+  monkeypatch.setattr(logging, 'warning', lambda msg, *a: said.append(msg % a))
   for dual_mean, per_round, warned in (('active', 2, True), ('active', 3, False), ('population', 2, False)):
     said.clear()
     cfg = config('fedspeed', optimizer='sam', dual_mean=dual_mean)
@@ -119,10 +120,10 @@ def test_fedspeed_active_dual_mean_at_partial_participation_warns(monkeypatch):
 
 def test_population_comes_from_the_dataset_when_the_config_has_none(monkeypatch):
   """PAM / Landmarks configs have no data.num_clients: SCAFFOLD takes N from the data, no flag needed."""
-  from fedjax_flat.algorithms import fedprox, scaffold
+  from fedjax_flat.algorithms import common, scaffold
   from fedjax_flat.training import loop
   seen = []
-  orig = fedprox.population
+  orig = common.population
   monkeypatch.setattr(scaffold, 'population', lambda ctx, hp: seen.append(orig(ctx, hp)) or seen[-1])
   data = synthetic(4, 6, input_shape=(2, 1, 1), num_classes=3)
   cfg = config('scaffold')
@@ -144,7 +145,7 @@ def test_population_comes_from_the_dataset_when_the_config_has_none(monkeypatch)
 def test_fedgloss_with_cyclic_swa_warns(monkeypatch):
   data = synthetic(3, 4, input_shape=(2, 1, 1), num_classes=3)
   said = []
-  monkeypatch.setattr(validate.logging, 'warning', lambda msg, *a: said.append(msg % a))
+  monkeypatch.setattr(logging, 'warning', lambda msg, *a: said.append(msg % a))
   for cyclic, warned in ((True, True), (False, False)):
     said.clear()
     cfg = config('fedgloss', optimizer='sam')
@@ -159,7 +160,7 @@ def test_fedgloss_with_cyclic_swa_warns(monkeypatch):
 def test_mime_lr_above_the_measured_range_warns(monkeypatch):
   """lr / (1 - beta) > 0.1 warns (MimeLite diverged at lr 0.02, beta 0.9, alpha 0 on the digits)."""
   said = []
-  monkeypatch.setattr(validate.logging, 'warning', lambda msg, *a: said.append(msg % a))
+  monkeypatch.setattr(logging, 'warning', lambda msg, *a: said.append(msg % a))
   for algo, lr, beta, warned in (('mimelite', 0.05, 0.9, True), ('mimelite', 0.01, 0.9, False),
                                  ('mimelite', 0.02, 0.9, True), ('mime', 0.05, 0.0, False),
                                  ('mime', 0.2, 0.0, True), ('mimelite', 0.005, 0.95, False)):

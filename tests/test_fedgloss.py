@@ -12,11 +12,12 @@ import ml_collections
 import numpy as np
 import optax
 import pytest
+from absl import logging
 
 from fedjax_flat.algorithms import registry
 from fedjax_flat.algorithms.fedgloss import fedgloss_builder, naive_fedgloss_builder
 from fedjax_flat.core import engine
-from fedjax_flat.optimizers.client import make_client_tx
+from fedjax_flat.optimizers.client import client_optimizer
 from fedjax_flat.config.default_config import default_config
 from fedjax_flat.config.validate import validate_config
 from fedjax_flat.errors import ConfigError
@@ -45,7 +46,7 @@ def build(naive=False, lr=0.5, steps=1, optimizer='sgd', rho_l=0.0, rho0=0.0, wa
   # The reference below defaults to Algorithm 5's dual; the registered default is 'release'.
   c.algo = ml_collections.ConfigDict({**registry.default_hparams(c.algorithm), 'dual_variant': 'thesis', **algo})
   ctx = registry.BuildContext(model=None, loss_fn=quad_loss, client_cfg=c.client, server_tx=optax.sgd(1.0),
-                              make_client_tx=make_client_tx, config=c)
+                              client_tx=client_optimizer(c.client), config=c)
   return (naive_fedgloss_builder if naive else fedgloss_builder)(ctx)
 
 
@@ -250,7 +251,7 @@ def test_stable_default_and_thesis_warning(monkeypatch):
   assert registry.default_hparams('fedgloss')['rho_server_schedule'] == 'constant'
   data = synthetic(8, 4, input_shape=(2, 2, 1), num_classes=2, test_size=4)
   said = []
-  monkeypatch.setattr(validate_mod.logging, 'warning', lambda msg, *a: said.append(msg % a))
+  monkeypatch.setattr(logging, 'warning', lambda msg, *a: said.append(msg % a))
   for variant, warned in (('release', False), ('thesis', True)):
     said.clear()
     c = default_config()

@@ -10,7 +10,6 @@ from fedjax_flat.algorithms import fedsoup as fs
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.evaluation import personalized
 from fedjax_flat.models.base import Model
-from fedjax_flat.optimizers.client import make_client_tx
 from fedjax_flat.training import loop
 from fedjax_flat.config.default_config import default_config
 from config_helpers import set_fields
@@ -65,7 +64,7 @@ def _client_cfg():
 
 def _alg(strict=False, start=0):
   ccfg = _client_cfg()
-  return fs.fedsoup(LINEAR, local_lib.make_loss(LINEAR), ccfg, optax.sgd(1.0), make_client_tx=make_client_tx,
+  return fs.fedsoup(LINEAR, local_lib.make_loss(LINEAR), ccfg, optax.sgd(1.0),
                     start=start, strict=strict)
 
 

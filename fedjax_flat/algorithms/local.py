@@ -129,16 +129,20 @@ def _microbatched_loss(model, *, man_zeta, train, task, k):
 
 
 def local_step(local: LocalState, batch, rng, *, loss_fn, tx: optax.GradientTransformation,
-               correction: Optional[Params] = None):
-  """One client optimizer step. `tx` sees grad_fn (for SAM/ASAM) and `correction` as extra args."""
+               hparams=None, correction: Optional[Params] = None):
+  """One client optimizer step. `tx` sees grad_fn (for SAM/ASAM), `correction` and the round's `hparams`
+  ({'lr', 'rho'}: optimizers/client.client_optimizer; None for an optimizer with fixed hparams) as extra
+  args."""
   params = local.params
+  extra = {} if hparams is None else {'hparams': hparams}
 
   def grad_fn(p):
     return jax.grad(lambda q: loss_fn(q, batch, rng)[0])(p)
 
   (_, aux), grads = jax.value_and_grad(lambda p: loss_fn(p, batch, rng), has_aux=True)(params)
   loss_sum, count = aux[0], aux[1]
-  updates, opt_state = tx.update(grads, local.opt_state, params, grad_fn=grad_fn, correction=correction)
+  updates, opt_state = tx.update(grads, local.opt_state, params, grad_fn=grad_fn, correction=correction,
+                                 **extra)
   params = optax.apply_updates(params, updates)
   if len(aux) > 2:   # BatchNorm: the running statistics of this step's (unperturbed) forward pass
     params = {**params, 'batch_stats': aux[2]}

@@ -39,10 +39,10 @@ import optax
 
 tmap = jax.tree_util.tree_map
 
-# Algorithms whose server update is a server optimizer on the FedAvg pseudo-gradient, which is what
-# `average_batch_stats` turns into the exact average of the statistics. Others (control variates, duals,
-# their own gradient loops) would treat statistics as parameters: refused by config/validate.py.
-BN_ALGORITHMS = ('fedavg', 'fedprox', 'fedbn', 'silobn')
+# Which algorithms BatchNorm models may use is declared by each algorithm (need 'batch_stats': its server
+# update is a server optimizer on the FedAvg pseudo-gradient, which `average_batch_stats` turns into the exact
+# average of the statistics; algorithms/registry.py). Others (control variates, duals, their own gradient
+# loops) would treat statistics as parameters: refused by config/validate.py.
 TEST_POLICIES = ('auto', 'running', 'batch', 'client')
 LOCAL_STATS_ALGORITHMS = ('fedbn', 'silobn')
 

@@ -38,7 +38,6 @@ from fedjax_flat.core import engine
 from fedjax_flat.core import sampling
 from fedjax_flat.data import batching
 from fedjax_flat.grouping import estimators
-from fedjax_flat.optimizers.client import make_client_tx
 
 PROCEDURE = 'grouping-v1'         # changes when a pass computes something else: old cache files are ignored
 STREAM_ROUND = 1_000_000_007      # the passes' batch / key stream (a round index no training reaches)
@@ -93,7 +92,7 @@ def training_algorithm(model, client_cfg, summarize: Callable, *, trainable: Opt
 
     def loss(p, batch, rng=None):     # gradients flow into the trainable leaves only
       return full_loss(estimators.merge(jax.lax.stop_gradient(p), estimators.subtree(p, trainable)), batch, rng)
-  base = fedavg_lib.fedavg(model, loss, client_cfg, optax.identity(), make_client_tx=make_client_tx)
+  base = fedavg_lib.fedavg(model, loss, client_cfg, optax.identity())
 
   def client_step(bcast, local, batch, rng):
     new, m = base.client_step(bcast, local, batch, rng)
