@@ -32,7 +32,7 @@ from absl import app, flags  # noqa: E402
 import numpy as np  # noqa: E402
 
 from fedjax_flat.data import registry as data_registry  # noqa: E402
-from fedjax_flat.training import centralized, loop  # noqa: E402
+from fedjax_flat.training import centralized, trainers  # noqa: E402
 from fedjax_flat.config import families as config_strings
 
 _SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'training seeds')
@@ -83,7 +83,7 @@ def run_one(method, seed, data, workdir, attack=None, reference=None):
   if reference:
     c.centralized.accuracy, c.centralized.window = float(reference), 5
   t0 = time.time()
-  t = loop.Trainer(c, workdir, data=data)
+  t = trainers.make_trainer(c, workdir, data=data)
   s = t.train()
   row = {'method': method, 'seed': seed, 'last': s[f'mean_last_{LAST}_test_accuracy'], 'attack': s.get('attack'),
          'final': s['final_test_accuracy'], 'wall_s': time.time() - t0,

@@ -59,7 +59,7 @@ flags.mark_flag_as_required('workdir')
 def load_run(workdir: str, which: str = 'global'):
   """(trainer, params, round) from a run directory's config.json and newest checkpoint."""
   import ml_collections
-  from fedjax_flat.training import checkpoint, loop
+  from fedjax_flat.training import checkpoint, trainers
   cfg_path = os.path.join(workdir, 'config.json')
   if not os.path.exists(cfg_path):
     raise FileNotFoundError(f'{cfg_path} not found: --workdir must be a directory written by experiments/train.py')
@@ -76,7 +76,7 @@ def load_run(workdir: str, which: str = 'global'):
         with node.ignore_type():
           node[k] = v
   merge(config, saved)
-  trainer = loop.Trainer(config, None, write_files=False)
+  trainer = trainers.make_trainer(config, None, write_files=False)
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'), read_only=True)   # the run may be live
   step = ckpt.restore_latest(trainer)
   ckpt.close()

@@ -75,8 +75,8 @@ def make_config(name, shard):
 def train(name, shard):
   import jax
   import numpy as np
-  from fedjax_flat.training import loop
-  t = loop.Trainer(make_config(name, shard), data=small_data())
+  from fedjax_flat.training import trainers
+  t = trainers.make_trainer(make_config(name, shard), data=small_data())
   t.train()
   out = {f's{i}': np.asarray(a) for i, a in enumerate(jax.tree_util.tree_leaves(jax.device_get(t.server_state)))}
   if t.store is not None:

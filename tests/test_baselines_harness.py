@@ -16,7 +16,7 @@ from fedjax_flat.core import engine
 from fedjax_flat.core.client_state import HostClientStateStore
 from fedjax_flat.data import batching
 from fedjax_flat.data.sources.builtin import synthetic
-from fedjax_flat.models import get_model
+from fedjax_flat.models.registry import get_model
 from fedjax_flat.config.default_config import default_config
 
 SIZES = [3, 10, 4]           # client 1 runs 3 steps per epoch, the others 1 (padding steps in between)

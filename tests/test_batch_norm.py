@@ -16,11 +16,11 @@ from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.core import batch_stats
 from fedjax_flat.core import engine as engine_lib
-from fedjax_flat.evaluation import personalized
+from fedjax_flat.algorithms.wrappers import local_norm
 from fedjax_flat.evaluation.evaluator import HeldOutEvaluator
 from fedjax_flat.models import registry as model_registry
 from fedjax_flat.optimizers.client import make_client_tx
-from fedjax_flat.training import loop
+from fedjax_flat.training import trainers
 from fedjax_flat.config.default_config import default_config
 from fedjax_flat.config.validate import validate_config
 from fedjax_flat.errors import ConfigError
@@ -116,8 +116,8 @@ def _hand_local(m, cfg, task, start, batches_k, rng):
   return st.params
 
 
-LOCAL = {'fedavg': lambda path: False, 'silobn': personalized.is_batch_stats_path,
-         'fedbn': personalized.is_norm_path}
+LOCAL = {'fedavg': lambda path: False, 'silobn': local_norm.is_batch_stats_path,
+         'fedbn': local_norm.is_norm_path}
 
 
 @pytest.mark.parametrize('algorithm', ['fedavg', 'silobn', 'fedbn'])
@@ -151,9 +151,9 @@ def test_bn_policies_keep_exactly_the_intended_leaves_local(algorithm):
     for i in range(2):
       start = server
       if own[i] is not None:    # the client's own local leaves from its previous visit
-        start = personalized.with_norm_leaves(server, own[i], local)
+        start = local_norm.with_norm_leaves(server, own[i], local)
       finals.append(_hand_local(m, cfg, task, start, tmap(lambda a: a[i], batches), rngs[i]))
-      own[i] = personalized.norm_leaves(finals[-1], local)
+      own[i] = local_norm.norm_leaves(finals[-1], local)
     avg = tmap(lambda a, b: (3 * a + 4 * b) / 7, *finals)
     delta = tmap(lambda s, a: s - a, server, avg)
     mom = tmap(lambda v, d: 0.9 * v + d, mom, delta)
@@ -255,7 +255,7 @@ def test_trainer_rounds_on_a_segmentation_fixture(tmp_path, algorithm, optimizer
   c.eval_batch_size = 2
   c.engine.device_data = device
   c.swa.enabled, c.swa.start_fraction, c.swa.cycle = swa, 0.34, 1
-  tr = loop.Trainer(c, str(tmp_path), data=seg_data())
+  tr = trainers.make_trainer(c, str(tmp_path), data=seg_data())
   s = tr.train()
   if not device:     # one compiled round program although client sizes (2..5 examples) differ
     assert tr.round_fn._cache_size() == 1

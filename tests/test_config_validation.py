@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from fedjax_flat.training import loop
+from fedjax_flat.training import trainers
 
 from fedjax_flat.config import validate
 from fedjax_flat.config.default_config import default_config
@@ -69,7 +69,7 @@ def test_clients_per_round_above_population():
   c = default_config()
   c.clients_per_round = 21   # digits default: 20 clients
   with pytest.raises(validate.ConfigError, match=r'clients_per_round=21.*population of 20'):
-    loop.Trainer(c)
+    trainers.make_trainer(c)
 
 
 @pytest.mark.parametrize('flag', ['--config.client.lr=-1', '--config.algorithm=fedfoo',

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.core import engine, sampling
+from fedjax_flat.core import engine
+from fedjax_flat.data import sampling
 from fedjax_flat.data import batching
 from fedjax_flat.data.sources import builtin
 from fedjax_flat.grouping import estimators, pretrain

@@ -40,7 +40,7 @@ def test_fedasam_flatter_than_fedavg_on_digits_alpha0():
   """Claim 2 of the digest: client ASAM lowers the global model's lambda_max versus FedAvg (same budget)."""
   from configs import quickstart
   from fedjax_flat import analysis
-  from fedjax_flat.training import loop
+  from fedjax_flat.training import trainers
   lam = {}
   for name, over in [('fedavg', {}), ('fedasam', {'optimizer': 'asam', 'rho': 0.7, 'asam_eta': 0.2})]:
     c = quickstart.get_config()
@@ -50,7 +50,7 @@ def test_fedasam_flatter_than_fedavg_on_digits_alpha0():
     c.progress_every_s = 1e9
     for k, v in over.items():
       c.client[k] = v
-    t = loop.Trainer(c)
+    t = trainers.make_trainer(c)
     t.train()
     x, y = t.data.test_examples()
     rep = analysis.analyze(t.model, t.server_state['params'], x[:300], y[:300], batch_size=100, top_k=1,

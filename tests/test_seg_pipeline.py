@@ -9,12 +9,12 @@ import pytest
 from fedjax_flat.tasks import base as tasks
 from fedjax_flat.evaluation import evaluator as evaluation
 from fedjax_flat.data.transforms import augment, style_transfer
-from fedjax_flat.data import batching, registry
+from fedjax_flat.data import batching
 from fedjax_flat.data.sources import cityscapes, seg_synthetic
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.models import registry as model_registry
 from fedjax_flat.models.base import num_params
-from fedjax_flat.training import loop
+from fedjax_flat.training import trainers
 from fedjax_flat.config.default_config import default_config, segmentation_data
 import seg_fixtures as F
 import seg_model_fixtures  # noqa: F401  (registers the '_test_seg' model)
@@ -113,7 +113,7 @@ def _synthetic_config(style='lab', device=True):
 @pytest.mark.parametrize('device', [False, True])
 def test_trainer_feeds_client_ids_to_the_style_transform(device):
   c = _synthetic_config(device=device)
-  t = loop.Trainer(c)
+  t = trainers.make_trainer(c)
   assert t.batch_plan.with_client and t.train_transform.needs_client
   if not device:
     rb = t.prepare_round(0)

@@ -1,10 +1,9 @@
 """Train/eval transforms from config, incl. mixup restricted to valid examples, inside the engine."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from fedjax_flat.data.sources.builtin import synthetic
-from fedjax_flat.training import loop
+from fedjax_flat.training import trainers
 from fedjax_flat.data.transforms import pipeline as transforms
 from fedjax_flat.config.default_config import default_config
 
@@ -54,6 +53,6 @@ def test_cifar_augmentation_runs_in_training():
   c.client.batch_size = 4
   c.progress_every_s = 1e9
   data = synthetic(3, 6, input_shape=(32, 32, 3), num_classes=4, seed=0)
-  t = loop.Trainer(c, data=data)
+  t = trainers.make_trainer(c, data=data)
   s = t.train()
   assert np.isfinite(s['final_test_accuracy'])

@@ -23,7 +23,7 @@ import numpy as np
 from fedjax_flat.analysis.data import make_fixed_batches
 from fedjax_flat.analysis.eigen import RESIDUAL_TOL, check_pairs, top_eigenpairs_power
 from fedjax_flat.analysis.hvp import make_hvp, param_dim
-from fedjax_flat.core.sampling import sample_clients
+from fedjax_flat.data.sampling import sample_clients
 
 
 def local_models(trainer, round_idx: int) -> Tuple[List[int], List]:

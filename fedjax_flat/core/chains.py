@@ -25,7 +25,7 @@ only (a while loop with the lane's step count as trip count: padding is never co
 vmap the chunk runs to its longest lane); with chunk 1 (the CPU default) a lane is not vmapped, so the
 restart / emit branches are real conditionals that cost nothing when not taken.
 
-Randomness, as for plain clients (core/sampling.py, data/batching.py): a member's batch order and its step
+Randomness, as for plain clients (data/sampling.py, data/batching.py): a member's batch order and its step
 keys are those of the same client in a FedAvg round (seed, round, client id; E_S pass e > 0 folds e in), so
 a chain of one client computes exactly a FedAvg client.
 
@@ -45,7 +45,7 @@ import numpy as np
 
 from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.core import engine as engine_lib
-from fedjax_flat.core import sampling
+from fedjax_flat.data import sampling
 from fedjax_flat.data import batching
 
 PASS_STREAM = 0x5E9       # fold_in tag of the batch order of E_S passes e > 0 (pass 0 = the FedAvg order)

@@ -35,7 +35,7 @@ import numpy as np
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.core import engine
-from fedjax_flat.core import sampling
+from fedjax_flat.data import sampling
 from fedjax_flat.data import batching
 from fedjax_flat.grouping import estimators
 

@@ -1,6 +1,6 @@
 """The trainer of the chain algorithms (FedSeq family: algorithms/fedseq.py): superclients, chains, lanes.
 
-`loop.Trainer(config, ...)` returns a `ChainTrainer` when config.algorithm is a chain algorithm; it differs
+`training/trainers.make_trainer(config, ...)` returns a `ChainTrainer` when config.algorithm is a chain algorithm; it differs
 from the client trainer only in the hooks the latter offers:
 
   build_algorithm   builds the superclients (fedjax_flat.grouping.build_superclients, or the lists / the
@@ -40,9 +40,10 @@ from fedjax_flat.algorithms import fedseq as fedseq_lib
 from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.core import chains as chains_lib
 from fedjax_flat.core import engine as engine_lib
-from fedjax_flat.core import sampling
+from fedjax_flat.data import sampling
 from fedjax_flat.data import attacks
 from fedjax_flat.data.federated import FederatedDataset
+from fedjax_flat.grouping import superclients as superclients_lib
 from fedjax_flat.training import loop, writers
 from fedjax_flat.config import validate
 
@@ -92,8 +93,9 @@ class ChainTrainer(loop.Trainer):
   function num_superclients (None = the grouper's choice) -> list (any chain algorithm, FedSeq2Par too)."""
 
   def __init__(self, config, workdir: Optional[str] = None, *, data=None, write_files: bool = True,
-               superclients: Union[None, Sequence, Callable] = None):
+               superclients: Union[None, Sequence, Callable] = None, init_params: Optional[Callable] = None):
     self._superclients = superclients
+    self._init_params = init_params     # (config, model, fresh params) -> w_0 when config.init is set
     self._totals = None
     super().__init__(config, workdir, data=data, write_files=write_files)
 
@@ -134,11 +136,22 @@ class ChainTrainer(loop.Trainer):
     r = int(self.hp.get('merge_every', 0) or 0)
     return r or (len(self.groupings[0].groups) if self.groupings else 1)
 
+  def _params0(self):
+    """w_0 for the grouping's pre-training: None = the fresh init (superclients.initial_params); with
+    config.init set, what training/init.py loads (run.py passes it as `init_params`)."""
+    if not superclients_lib.init_requested(self.config):
+      return None
+    if self._init_params is None:
+      raise ValueError('config.init is set: build the chain trainer with init_params=training.init.initial_params '
+                       '(experiments/train.py does)')
+    fresh = superclients_lib.fresh_params(self.config, self.model, self.data)
+    return jax.tree_util.tree_map(jnp.asarray, self._init_params(self.config, self.model, jax.device_get(fresh)))
+
   def _group(self, num_superclients: Optional[int]) -> Groups:
     src = self._superclients
-    if src is None:
-      from fedjax_flat import grouping          # the grouping toolkit (config.grouping.*)
-      groups = grouping.build_superclients(self.config, self, self.workdir, num_superclients=num_superclients)
+    if src is None:                             # the grouping toolkit (config.grouping.*)
+      ctx = superclients_lib.GroupingContext(self.model, self.data, self.config, params0=self._params0())
+      groups = superclients_lib.build_superclients(self.config, ctx, self.workdir, num_superclients=num_superclients)
     elif callable(src):
       groups = src(num_superclients)
     else:

@@ -70,7 +70,7 @@ SAME_RESULT_FIELDS = ('engine.rounds_per_call', 'engine.device_data', 'engine.de
 
 
 def _sampling_procedure() -> str:
-  from fedjax_flat.core import sampling
+  from fedjax_flat.data import sampling
   return sampling.PROCEDURE     # recorded: a checkpoint of another procedure resumes with a warning
 
 
@@ -474,7 +474,7 @@ class Checkpointer:
     for field, old, new in config_diffs(saved_cfg, config_dict(trainer.config), WARN_FIELDS):
       if field not in SAME_RESULT_FIELDS:
         logging.warning('resuming with config.%s=%r (the checkpoint was written with %r)', field, new, old)
-    from fedjax_flat.core import sampling
+    from fedjax_flat.data import sampling
     if meta.get('sampling', 'numpy-pcg64') != sampling.PROCEDURE:
       logging.warning('checkpoint written by a version that sampled clients and batch orders with %r; this one '
                       'uses %r: the resumed rounds differ from an uninterrupted run of either version',

@@ -436,7 +436,7 @@ def to_dataset(train: List[User], test: List[User], population: bool, *, num_cla
   return ds
 
 
-@register('femnist')
+@register('femnist', rules={'num_clients': ('int', 0, False, None, False, 'users drawn at random; 0 = every user')})
 def _femnist(data_dir=None, source='auto', split='', fraction=1.0, iid_user_fraction=1.0, iid_sizes='leaf',
              min_samples=0, train_split='sample', train_fraction=0.9, seed=0, cache=True, num_clients=0,
              max_samples=0, **unused):
@@ -455,7 +455,8 @@ def shakespeare_task():
                               eos_id=SHAKESPEARE_EOS, accuracy_excludes=('pad',))
 
 
-@register('shakespeare')
+@register('shakespeare', task=lambda d: 'next_token' if (d.get('target') or 'sequence') == 'sequence' else 'classification',
+          rules={'num_clients': ('int', 0, False, None, False, 'users drawn at random; 0 = every user')})
 def _shakespeare(data_dir=None, source='auto', split='', fraction=1.0, iid_user_fraction=1.0, iid_sizes='leaf',
                  min_samples=0, train_split='sample', train_fraction=0.9, seed=0, target='sequence', cache=True,
                  num_clients=0, max_samples=0, **unused):

@@ -465,7 +465,7 @@ def convert_tff_sqlite(tff_path: str, out_dir: str, splits: Sequence[str] = ('tr
   return written
 
 
-@register('cifar100_pam')
+@register('cifar100_pam', limits={'source': ('sqlite', 'generate')})
 def _cifar100_pam(data_dir=None, source='sqlite', seed=0, alpha=0.1, beta=10.0, num_clients=500,
                   examples_per_client=100, num_test_clients=100, split_dir=None, check_official_sizes=True,
                   **unused):

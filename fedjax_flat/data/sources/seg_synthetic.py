@@ -35,6 +35,7 @@ import numpy as np
 from fedjax_flat.tasks import base as tasks
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.data.registry import register
+from fedjax_flat.data.transforms.pipeline import SEG_AUGMENT
 
 CLASS_NAMES = ('background', 'rectangle', 'disc', 'triangle')
 IGNORE = 255
@@ -189,7 +190,13 @@ def load(*, num_domains: int = 6, unseen_domains: int = 2, clients_per_domain: i
   return ds
 
 
-@register('seg_synthetic')
+# config.data (config/default_config.segmentation_data): augmentation fields + the generator's fields.
+FIELDS = dict(SEG_AUGMENT, crop=(64, 64), scale=(0.75, 1.5), num_domains=6, unseen_domains=2, clients_per_domain=3,
+              examples_per_client=24, client_test_examples=6, unseen_test_per_domain=24, image_size=(64, 64),
+              max_shapes=3, class_alpha=2.0, client_jitter=0.05, ignore_border=True, seed=0)
+
+
+@register('seg_synthetic', task='segmentation', fields=FIELDS)
 def _seg_synthetic(num_domains=6, unseen_domains=2, clients_per_domain=3, examples_per_client=24,
                    client_test_examples=6, unseen_test_per_domain=24, image_size=(64, 64), max_shapes=3,
                    class_alpha=2.0, client_jitter=0.05, ignore_border=True, seed=0, **unused):

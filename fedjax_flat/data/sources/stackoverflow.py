@@ -354,7 +354,8 @@ def _tokenize_all(src, vocab_path, *, num_clients, vocab_size, sequence_length, 
           'test_x': tx, 'test_y': ty, 'client_ids': np.array(ids, dtype=str)}
 
 
-@register('stackoverflow')
+@register('stackoverflow', task='next_token', rules={'num_clients': ('int', 0, False, None, False,
+                                                  'users sampled as clients; 0 = every user of the training split')})
 def _stackoverflow(data_dir=None, format='auto', num_clients=0, vocab_size=10000, sequence_length=20,  # noqa: A002
                    max_sentences_per_client=1000, test_examples=10000, seed=0, cache=True, **unused):
   del unused

@@ -14,7 +14,24 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from fedjax_flat.data import registry as data_registry
 from fedjax_flat.data.transforms import augment as aug
+
+# config.data fields of the segmentation augmentation (augment='segmentation': make_seg_augment, style transfer),
+# with their defaults; each segmentation dataset declares them with its own defaults (data/registry.py `fields`).
+SEG_AUGMENT = dict(
+    crop=(512, 1024),          # (h, w) of the training crops; () = keep the loaded size (no scale/crop)
+    scale=(0.5, 1.5),          # scale_crop: resize factor range; resized_crop: crop area fraction range
+    scale_mode='scale_crop',   # 'scale_crop' (Cityscapes release) | 'resized_crop' (IDDA release)
+    flip=True,                 # random horizontal flip (image and label map together)
+    jitter=0.0,                # colour jitter strength (brightness/contrast/saturation); 0 = off
+    style='none',              # style-transfer DG on half of each batch: 'none' | 'cfsi' | 'lab'
+    style_fraction=0.5,        # fraction of each batch's valid examples restyled
+    cfsi_window=0.05,          # CFSI low-frequency window (fraction of H and W)
+    style_max_per_client=0,    # bank entries per client (0 = every image, as the release)
+    shuffle=True,              # data/batching.py: reshuffle every epoch
+)
+SEG_AUGMENT_FIELDS = tuple(SEG_AUGMENT)   # read here, not by the dataset builders
 
 
 def _mixup_valid(rng, batch, num_classes, alpha=1.0):
@@ -43,8 +60,8 @@ def _segmentation(config, data):
   and attached as `train_fn.style_bank` (its size is a side-channel message for the communication count)."""
   from absl import logging
   from fedjax_flat.data.transforms import style_transfer
-  from fedjax_flat.config.default_config import SEGMENTATION_DATA
-  get = lambda k: config.data.get(k, SEGMENTATION_DATA[config.dataset][k])
+  declared = data_registry.declared_fields(config.dataset)
+  get = lambda k: config.data.get(k, declared[k])  # noqa: E731
   mean, std = ((0.0,) * 3, (1.0,) * 3) if config.normalize == 'none' else aug.STATS[config.normalize]
   bank = None
   if get('style') != 'none':
