@@ -12,6 +12,7 @@ import os
 from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.config import centralized
 from fedjax_flat.config.run_dir import is_run_dir
+from fedjax_flat.data import registry as data_registry
 from fedjax_flat.errors import ConfigError
 
 

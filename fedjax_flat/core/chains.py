@@ -47,6 +47,7 @@ from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.core import engine as engine_lib
 from fedjax_flat.data import sampling
 from fedjax_flat.data import batching
+from fedjax_flat.core import sharding as sharding_lib
 
 PASS_STREAM = 0x5E9       # fold_in tag of the batch order of E_S passes e > 0 (pass 0 = the FedAvg order)
 # What the round program takes per lane: per step [L, T(, B)] and per chain slot of the lane [L, C] / [L].
@@ -389,7 +390,6 @@ def make_chain_round_fn(algorithm: FederatedAlgorithm, *, chunk: int, reset_opt_
 
   if mesh is not None:
     from jax.sharding import PartitionSpec as P
-    from fedjax_flat.core import sharding as sharding_lib
     rep, lane_axis = P(), P(sharding_lib.AXIS)
 
     def sharded_block(bcast, lanes, starts, data, key, round_idx):
@@ -420,7 +420,6 @@ def make_chain_round_fn(algorithm: FederatedAlgorithm, *, chunk: int, reset_opt_
   if mesh is None:
     return jax.jit(round_fn, donate_argnums=(0,) if donate else ())
   from jax.sharding import NamedSharding, PartitionSpec as P
-  from fedjax_flat.core import sharding as sharding_lib
   replicated, by_lane = NamedSharding(mesh, P()), NamedSharding(mesh, P(sharding_lib.AXIS))
   # Explicit shardings: one compiled program for every round (replicated server state, lane-sharded rest).
   return jax.jit(round_fn, in_shardings=(replicated, by_lane, replicated, replicated, replicated),

@@ -20,7 +20,6 @@ called with the same inputs, which the one-round host path builds with the same 
 """
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp

@@ -23,6 +23,7 @@ from __future__ import annotations
 import inspect
 from typing import Optional
 
+from fedjax_flat.errors import ConfigError
 from fedjax_flat.registry import Registry
 
 DATASETS = Registry('dataset', package='fedjax_flat.data.sources')
@@ -72,3 +73,9 @@ def task_name(name: str, data_cfg=None) -> str:
   """The task a dataset declares for a `config.data` (known before loading): 'classification' by default."""
   task = DATASETS.meta(name, 'task', 'classification') if name in DATASETS else 'classification'
   return task(dict(data_cfg or {})) if callable(task) else task
+
+
+def check_arg(field, value, ok, allowed):
+  """A dataset builder's argument: ConfigError naming config.data.<field> unless `ok`."""
+  if not ok:
+    raise ConfigError(f'data.{field}', value, allowed)

@@ -23,8 +23,6 @@ Config fields (`config.centralized`, config/default_config.py):
 from __future__ import annotations
 
 import json
-import math
-import numbers
 import os
 import time
 from typing import Dict, List, Optional
@@ -38,6 +36,11 @@ import optax
 from fedjax_flat.tasks import base as tasks_lib
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.config.centralized import RESULT_FILE, read_reference, reference_path  # noqa: F401 (re-exported)
+from fedjax_flat.evaluation.evaluator import Evaluator
+from fedjax_flat.data import registry as data_registry
+from fedjax_flat.models import registry as model_registry
+from fedjax_flat.data.transforms import pipeline as transforms
+from fedjax_flat.config import validate as validate_lib
 
 def reference_accuracy(config):
   """(accuracy, source) of the configured centralized reference, or (None, None)."""
@@ -130,11 +133,6 @@ def make_epoch_fn(model, task, hp, steps_per_epoch, augment_fn=None):
 
 def train(config, workdir: Optional[str] = None, *, data=None) -> Dict:
   """Trains the centralized baseline; returns (and writes to WORKDIR/centralized.json) its result."""
-  from fedjax_flat.evaluation.evaluator import Evaluator
-  from fedjax_flat.data import registry as data_registry
-  from fedjax_flat.models import registry as model_registry
-  from fedjax_flat.data.transforms import pipeline as transforms
-  from fedjax_flat.config import validate as validate_lib
   validate_lib.validate_config(config)
   data = data if data is not None else data_registry.get_dataset(config.dataset, **config.data.to_dict())
   model = model_registry.get_model(config.model, data.num_classes, data.input_shape, **config.model_kwargs.to_dict())

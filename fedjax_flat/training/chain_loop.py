@@ -46,6 +46,7 @@ from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.grouping import superclients as superclients_lib
 from fedjax_flat.training import loop, writers
 from fedjax_flat.config import validate
+from fedjax_flat.core import sharding as sharding_lib
 
 SAMPLE_STREAM = 0x5C5        # chain_rng stream of the superclient sampling (core/chains.chain_rng)
 
@@ -117,7 +118,6 @@ class ChainTrainer(loop.Trainer):
     self.lane_shape, self.one_per_lane = self._lane_shape()
     self.strategy = engine_lib.resolve_strategy(c.engine.strategy)
     if self.mesh_requested():     # lanes sharded over every device (core/sharding.py): D blocks of lanes
-      from fedjax_flat.core import sharding as sharding_lib
       self.num_lanes, self.lane_chunk = sharding_lib.plan_cohort(self.strategy, self.lane_shape.lanes,
                                                                  c.engine.clients_per_chunk, jax.device_count())
     else:
@@ -128,7 +128,6 @@ class ChainTrainer(loop.Trainer):
                                         task=self.task)
 
   def mesh_requested(self) -> bool:
-    from fedjax_flat.core import sharding as sharding_lib
     return sharding_lib.resolve_shard_clients(self.config.engine.get('shard_clients', 'auto'))
 
   def _merge_every(self) -> int:
@@ -241,7 +240,6 @@ class ChainTrainer(loop.Trainer):
     self.dev_arrays = ({'x': jnp.asarray(data.x), 'y': jnp.asarray(np.asarray(data.y, np.int32))}
                        if self.device_gather else None)
     if self.mesh is not None:      # the placement of the lanes (not of a client cohort)
-      from fedjax_flat.core import sharding as sharding_lib
       self.placement = sharding_lib.ClientPlacement(self.mesh, self.num_lanes)
       if self.dev_arrays is not None:
         self.dev_arrays = self.placement.replicate(jax.device_get(self.dev_arrays))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import json
 import os
 import time
 from typing import Optional
@@ -30,7 +29,6 @@ from fedjax_flat.core import sharding as sharding_lib
 from fedjax_flat.core import streaming
 from fedjax_flat.core.client_state import make_client_state_store
 from fedjax_flat.data import validation_steps
-from fedjax_flat.evaluation import personalized
 from fedjax_flat.training import personalized_eval
 from fedjax_flat.core import rounds as rounds_lib
 from fedjax_flat.data import sampling
@@ -46,6 +44,10 @@ from fedjax_flat.models.base import num_params
 from fedjax_flat.data.transforms import pipeline as transforms
 from fedjax_flat.config import validate
 from fedjax_flat.training import writers
+from fedjax_flat.evaluation.evaluator import ClientEvaluator
+from fedjax_flat.training import centralized
+from fedjax_flat.evaluation.corruption import evaluate_corruptions
+from fedjax_flat.training import seg_figures
 
 
 class DivergenceError(RuntimeError):
@@ -359,7 +361,6 @@ class Trainer:
     if self.config.eval_clients and getattr(self, 'last_clients', None) is not None:
       # The global model on each client sampled in the last round, on that client's own training data.
       if not hasattr(self, 'client_evaluator'):
-        from fedjax_flat.evaluation.evaluator import ClientEvaluator
         self.client_evaluator = ClientEvaluator(self.model, self.data, self.config.eval_batch_size,
                                                 preprocess=self.eval_transform, task=self.task)
         self._eval_params = lambda: self.algorithm.eval_models(self.server_state)['global'][0]
@@ -453,12 +454,10 @@ class Trainer:
         'sampling_procedure': sampling.PROCEDURE,
         'comm_total_params': self.comm_total, 'comm_total_bytes': 4.0 * sum(self.comm_total.values()),
         'summary_last_k': c.summary_last_k})
-    from fedjax_flat.training import centralized   # rounds to 70% / 90% of the centralized accuracy
     summary.update(centralized.rounds_to_centralized(self.records, c, reported))
     if c.get('personalized') is not None and c.personalized.enabled:
       summary['personalized'] = personalized_eval.evaluate_trainer(self)   # evaluation/personalized.py
     if c.get('corruption_eval') is not None and c.corruption_eval.name:
-      from fedjax_flat.evaluation.corruption import evaluate_corruptions
       params = self.algorithm.eval_models(self.server_state)[reported][0]
       summary['corruptions'] = evaluate_corruptions(
           self.model, params, c.corruption_eval, self.eval_transform, c.eval_batch_size,
@@ -467,7 +466,6 @@ class Trainer:
     attacks.summarize(c, summary, getattr(self, 'attack_report', None))
     if self.workdir and self.writer and isinstance(self.task, tasks_lib.Segmentation) \
         and c.segmentation.predictions and hasattr(self.evaluator, 'predictions'):   # images, true / predicted masks
-      from fedjax_flat.training import seg_figures
       params = self.algorithm.eval_models(self.server_state)[reported][0]
       seg_figures.write_predictions(os.path.join(self.workdir, 'predictions.png'),
                                     self.evaluator.predictions(params, c.segmentation.predictions),

@@ -27,6 +27,7 @@ from fedjax_flat.data.sources import feddrive_splits as fds
 from fedjax_flat.data.registry import register
 from fedjax_flat.data.sources.segmentation import SegClient, SegmentationSource, lookup_table
 from fedjax_flat.data.transforms.pipeline import SEG_AUGMENT
+from fedjax_flat.data.download import default_data_dir
 
 # labelId -> trainId of the 19 evaluated classes (cityscapesScripts helpers/labels.py).
 LABEL_TO_TRAIN = {7: 0, 8: 1, 11: 2, 12: 3, 13: 4, 17: 5, 19: 6, 20: 7, 21: 8, 22: 9, 23: 10, 24: 11, 25: 12,
@@ -111,7 +112,6 @@ def load(data_dir: Optional[str] = None, *, root: str = '', distribution: str = 
          uniform_clients: int = 146, clients_per_city: int = fds.CITYSCAPES_CLIENTS_PER_CITY, double: bool = True,
          num_workers: int = 2, cache_clients: int = 0) -> SegmentationSource:
   """The FedDrive Cityscapes split as a SegmentationSource (see the module docstring)."""
-  from fedjax_flat.data.sources.cifar import default_data_dir
   data_dir = data_dir or default_data_dir()
   root = root or default_root(data_dir)
   split = get_split(root, distribution, data_dir=data_dir, seed=seed, split_source=split_source,

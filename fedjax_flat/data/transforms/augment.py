@@ -42,6 +42,7 @@ from typing import Callable, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
+from fedjax_flat.data.transforms import style_transfer
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2023, 0.1994, 0.2010)
@@ -520,7 +521,6 @@ def make_seg_augment(*, crop: Tuple[int, int], scale: Tuple[float, float] = (0.5
   """
   if mode not in ('scale_crop', 'resized_crop'):
     raise ValueError(f"mode={mode!r}; allowed: 'scale_crop', 'resized_crop'")
-  from fedjax_flat.data.transforms import style_transfer  # noqa: PLC0415  (keeps augment importable on its own)
   entries = None if style is None else jnp.asarray(style.entries)
 
   def seg(rng, batch):

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from fedjax_flat.data import registry as data_registry
 from fedjax_flat.data.transforms import augment as aug
+from fedjax_flat.data.transforms import style_transfer
 
 # config.data fields of the segmentation augmentation (augment='segmentation': make_seg_augment, style transfer),
 # with their defaults; each segmentation dataset declares them with its own defaults (data/registry.py `fields`).
@@ -59,7 +60,6 @@ def _segmentation(config, data):
   with data.style != 'none' the style bank is built here from the training clients (data/transforms/style_transfer.py)
   and attached as `train_fn.style_bank` (its size is a side-channel message for the communication count)."""
   from absl import logging
-  from fedjax_flat.data.transforms import style_transfer
   declared = data_registry.declared_fields(config.dataset)
   get = lambda k: config.data.get(k, declared[k])  # noqa: E731
   mean, std = ((0.0,) * 3, (1.0,) * 3) if config.normalize == 'none' else aug.STATS[config.normalize]
