@@ -9,7 +9,7 @@ Reference: the centralized upper bound (training/centralized.py: the union of th
 0.9, cosine lr from the clients' 0.05, batch 16, --centralized_epochs epochs), one run per seed, their mean
 final test accuracy; --reference=<accuracy> replaces it.
 
-Superclients: fedjax_flat.grouping.build_superclients with each cell's grouping (random; psi_clf + greedy with
+Superclients: grouping/superclients.build_superclients with each cell's grouping (random; psi_clf + greedy with
 the cosine distance for fedseq_greedy; ICG on psi_clf for FedSeq2Par's regroupings).
 
   python benchmarks/fedseq_digits.py [--seeds=0,1,2] [--rounds=200] [--methods=...] [--json=PATH] [--md=PATH]

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_flat.tasks import base as tasks
+from fedjax_flat.tasks import segmentation as seg_tasks
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.core import batch_stats
@@ -50,7 +50,7 @@ def test_running_statistics_follow_the_formula_and_ignore_the_optimizer():
            'y': jnp.asarray(rng.integers(0, 3, (4, H, W))), 'mask': jnp.array([1.0, 1.0, 1.0, 0.0])}
   h = np.asarray(_conv1(p, batch['x']))[:3]          # the padded 4th example is excluded
   mean, var = h.mean((0, 1, 2)), h.var((0, 1, 2))   # Flax: biased batch variance
-  loss = local_lib.make_loss(m, task=tasks.Segmentation())
+  loss = local_lib.make_loss(m, task=seg_tasks.Segmentation())
   cfg = default_config().client
   cfg.momentum, cfg.weight_decay = 0.9, 0.1            # neither may touch the statistics
   tx = make_client_tx(cfg, {'lr': jnp.float32(0.5), 'rho': jnp.float32(0.0)})
@@ -125,7 +125,7 @@ def test_bn_policies_keep_exactly_the_intended_leaves_local(algorithm):
   """Two clients (sizes 3 and 4: unequal weights), two rounds, FedAvgM server: every leaf of the server model
   and of each client's stored state against a hand-run of local_step and the weighted average."""
   data = seg_data(sizes=(3, 4))
-  m, task = _model(), tasks.Segmentation()
+  m, task = _model(), seg_tasks.Segmentation()
   cfg = _config(algorithm)
   alg = alg_registry.build_algorithm(cfg, m, task=task)
   p0 = m.init(jax.random.key(0), jnp.zeros((1, H, W, 3)))
@@ -184,7 +184,7 @@ def _eval_data():
 def test_test_time_policies():
   data, m = _eval_data(), _model()
   p = m.init(jax.random.key(0), jnp.zeros((1, H, W, 3)))
-  task = tasks.Segmentation()
+  task = seg_tasks.Segmentation()
   # 'client': each test client's pooled statistics (numpy, from the conv outputs of all its images).
   ev = HeldOutEvaluator(m, data, task=task, batch_size=2, bn_policy='client')
   res = ev(p)
@@ -287,7 +287,7 @@ def _batch(n=4, seed=0, mask=(1.0, 1.0, 1.0, 0.0)):
 @pytest.mark.parametrize('ohem', ['topk', 'none'])
 def test_microbatches_give_the_full_batch_loss_and_gradient(ohem):
   """GroupNorm (no batch statistics): exact, booster heads and per-image OHEM included."""
-  m, task = _model('gn'), tasks.Segmentation(ohem=ohem)
+  m, task = _model('gn'), seg_tasks.Segmentation(ohem=ohem)
   p = m.init(jax.random.key(0), jnp.zeros((1, H, W, 3)))
   batch = _batch()
   full = jax.value_and_grad(lambda q: local_lib.make_loss(m, task=task)(q, batch)[0])(p)
@@ -305,7 +305,7 @@ def test_microbatches_update_running_statistics_from_the_pooled_moments():
   p = m.init(jax.random.key(0), jnp.zeros((1, H, W, 3)))
   p = {**p, 'batch_stats': {'norm1': {'mean': jnp.full((8,), 0.5), 'var': jnp.full((8,), 2.0)}}}
   batch = _batch(mask=(1.0, 1.0, 1.0, 0.0))
-  _, aux = local_lib.make_loss(m, task=tasks.Segmentation(), microbatches=2)(p, batch)
+  _, aux = local_lib.make_loss(m, task=seg_tasks.Segmentation(), microbatches=2)(p, batch)
   h = np.asarray(_conv1(p, batch['x']))[:3]            # the full batch's valid examples
   np.testing.assert_allclose(aux[2]['norm1']['mean'], 0.9 * 0.5 + 0.1 * h.mean((0, 1, 2)), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(aux[2]['norm1']['var'], 0.9 * 2.0 + 0.1 * h.var((0, 1, 2)), rtol=1e-5)
@@ -319,7 +319,7 @@ def test_trainable_view_keeps_statistics_out_of_the_hessian():
   view, trainable = batch_stats.trainable_view(m, p)
   assert num_params(trainable) == num_params(p['params']) and not view.batch_stats
   batches = jax.tree_util.tree_map(lambda a: a[None], _batch())
-  h = hvp_lib.make_hvp(view, trainable, batches, task=tasks.Segmentation())
+  h = hvp_lib.make_hvp(view, trainable, batches, task=seg_tasks.Segmentation())
   v = jnp.ones((num_params(trainable),))
   assert h(v).shape == v.shape
   np.testing.assert_allclose(view.apply(trainable, batches['x'][0]), m.apply(p, batches['x'][0]))

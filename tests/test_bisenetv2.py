@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_flat.tasks import base as tasks
+from fedjax_flat.tasks import segmentation as seg_tasks
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.models import bisenetv2 as B
 from fedjax_flat.models import registry
@@ -86,7 +86,7 @@ def test_depthwise_im2col_equals_lax(stride, mult):
 
 @pytest.mark.slow
 def test_remat_gives_the_same_loss_and_gradients():
-  task = tasks.Segmentation()
+  task = seg_tasks.Segmentation()
   batch = {'x': jax.random.normal(jax.random.key(0), (2, 32, 64, 3)),
            'y': jax.random.randint(jax.random.key(1), (2, 32, 64), 0, 4), 'mask': jnp.array([1.0, 0.0])}
   out = []

@@ -167,9 +167,6 @@ def test_every_config_file_builds_and_validates(name):
   """Each configs/*.py returns a ConfigDict that passes validation (the binary's first step)."""
   import importlib
   import inspect
-  from fedjax_flat.config import default_config as dc
-  if name == 'feddrive' and not hasattr(dc, 'segmentation_data'):
-    pytest.skip('configs/feddrive.py needs the segmentation datasets (issue 16 part A)')
   sys.path.insert(0, REPO)
   mod = importlib.import_module(f'configs.{name}')
   c = mod.get_config() if not inspect.signature(mod.get_config).parameters else mod.get_config('')

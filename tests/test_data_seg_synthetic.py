@@ -124,7 +124,7 @@ def test_transforms_build_the_style_bank_and_run():
   cfg = _seg_config(**SMALL, style='lab', crop=(24, 24))
   ds = registry.get_dataset('seg_synthetic', **cfg.data.to_dict())
   train, pre = transforms.make_transforms(cfg, ds.num_classes, data=ds)
-  assert train.on_batch and train.style_bank.kind == 'lab' and train.style_bank.nbytes == 36 * 24
+  assert train.needs_client and train.style_bank.kind == 'lab' and train.style_bank.nbytes == 36 * 24
   x, y = ds.client_examples(0)
   out = jax.jit(train)(jax.random.PRNGKey(0), {'x': x[:4], 'y': y[:4], 'mask': np.ones(4, np.float32)})
   assert out['x'].shape == (4, 24, 24, 3) and out['y'].shape == (4, 24, 24)

@@ -383,15 +383,15 @@ def test_groupings_file(data, tmp_path):
 
 
 def test_grouping_toolkit_is_called_with_each_new_num_superclients(data, monkeypatch, tmp_path):
-  """Without superclients=, the trainer asks fedjax_flat.grouping.build_superclients(config, ctx, workdir, N):
+  """Without superclients=, the trainer asks grouping/superclients.build_superclients(config, ctx, workdir, N):
   FedSeq with N = None (the constraints decide), FedSeq2Par once per new N of its growth schedule."""
-  from fedjax_flat import grouping
+  from fedjax_flat.grouping import superclients
   calls = []
 
   def build_superclients(config, ctx, workdir, num_superclients=None):
     calls.append((config.algorithm, ctx.data.num_clients, workdir, num_superclients))
     return np.array_split(np.arange(12), num_superclients or 4)
-  monkeypatch.setattr(grouping, 'build_superclients', build_superclients)
+  monkeypatch.setattr(superclients, 'build_superclients', build_superclients)
   trainers.make_trainer(cfg(rounds=3), str(tmp_path), data=data)
   assert calls == [('fedseq', 12, str(tmp_path), None)]
   calls.clear()

@@ -82,7 +82,7 @@ def test_per_client_local_vs_global_sharpness(tmp_path):
   assert rep2['round'] == 2 and len(rep2['clients']) == 5
   # The local models: one more FedAvg round from the checkpoint equals the weighted mean of them.
   from fedjax_flat.analysis.local_models import local_models
-  from fedjax_flat.training.init import load_run
+  from fedjax_flat.training.reload import load_run
   trainer, params, step = load_run(str(wd))
   ids, locs = local_models(trainer, step)
   sizes = np.asarray([len(trainer.data.client_examples(k)[1]) for k in ids], np.float64)

@@ -274,7 +274,7 @@ def _validate_lr_schedule(cfg) -> None:
 
 
 def _validate_segmentation(cfg) -> None:
-  from fedjax_flat.tasks.base import OHEM_MODES
+  from fedjax_flat.tasks.segmentation import OHEM_MODES
   from fedjax_flat.models.tiling import EVAL_MODES
   _choice(cfg, 'segmentation.ohem', OHEM_MODES)
   _num(cfg, 'segmentation.ohem_fraction', lo=0, lo_open=True, hi=1)

@@ -299,7 +299,7 @@ def make_lane_runner(algorithm: FederatedAlgorithm, *, reset_opt_state: bool = T
       xs = jax.tree_util.tree_map(lambda a: a[t], {k: lane[k] for k in ('x', 'y', 'mask', 'client', 'step',
                                                                          'member_start')})
       batch = {'x': xs['x'], 'y': xs['y'], 'mask': xs['mask']}
-      if getattr(augment_fn, 'needs_client', False):     # style transfer excludes the client's own style
+      if augment_fn is not None and augment_fn.needs_client:   # style transfer excludes the client's own style
         batch['client'] = xs['client']
       ckey = jax.random.fold_in(base, jnp.maximum(xs['client'], 0))       # = sampling.client_keys
       step_rng = jax.random.fold_in(ckey, xs['step'])                     # = engine: fold_in(rng, step)
@@ -308,9 +308,7 @@ def make_lane_runner(algorithm: FederatedAlgorithm, *, reset_opt_state: bool = T
                            lambda l: l.opt_state, local)
         local = local._replace(opt_state=opt)
       if augment_fn is not None:   # as engine.make_client_runner
-        aug_rng = jax.random.fold_in(step_rng, 1)
-        batch = (augment_fn(aug_rng, batch) if getattr(augment_fn, 'on_batch', False)
-                 else {**batch, 'x': augment_fn(aug_rng, batch['x'])})
+        batch = augment_fn(jax.random.fold_in(step_rng, 1), batch)
       local, m = algorithm.client_step(bcast, local, batch, step_rng)
       return local, finite & jnp.isfinite(m['loss_sum']), loss_sum + m['loss_sum'], count + m['count']
 

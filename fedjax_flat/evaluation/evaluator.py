@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_flat.tasks import base as tasks_lib
+from fedjax_flat.tasks import segmentation as seg_tasks
 from fedjax_flat.data.batching import make_eval_batches
 from fedjax_flat.core import batch_stats
 from fedjax_flat.models import tiling
@@ -212,7 +213,7 @@ def make_evaluator(config, model, data, task, preprocess=None, algorithm: str = 
   """The run's test-set evaluator: `Evaluator` (in-memory global test set), or for segmentation tasks and
   BatchNorm models a `HeldOutEvaluator` (test-client groups, streamed batches, the BN test-time policy and
   the evaluation resolution of config.segmentation / config.bn)."""
-  seg = isinstance(task, tasks_lib.Segmentation)
+  seg = isinstance(task, seg_tasks.Segmentation)
   if not (seg or getattr(model, 'batch_stats', False)):
     tx, ty = data.test_examples()
     return Evaluator(model, tx, ty, config.eval_batch_size, preprocess=preprocess, task=task)

@@ -175,7 +175,7 @@ def make_finetune_epoch(model, client_cfg, *, lr: float, man_zeta: float = 0.0, 
       batch, step = xs
       r = jax.random.fold_in(rng, step)
       if augment_fn is not None:
-        batch = {**batch, 'x': augment_fn(jax.random.fold_in(r, 1), batch['x'])}
+        batch = augment_fn(jax.random.fold_in(r, 1), batch)
       new, _ = local_lib.local_step(local, batch, r, loss_fn=loss_fn, tx=tx)
       valid = jnp.sum(batch['mask']) > 0
       return tmap(lambda a, b: jnp.where(valid, a, b), new, local), None

@@ -47,7 +47,7 @@ BLOCK = 32                        # clients per compiled call (rounded to the en
 
 
 def _unused(*a, **k):
-  raise NotImplementedError('grouping passes run clients only')
+  raise RuntimeError('a grouping pass runs clients only: it has no server side')
 
 
 def _pass_algorithm(name, client_init, client_step, client_final) -> FederatedAlgorithm:

@@ -44,6 +44,7 @@ import numpy as np
 
 from fedjax_flat.data import registry as data_registry
 from fedjax_flat.data.transforms import pipeline as transforms
+from fedjax_flat.data.transforms.transform import on_inputs
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.grouping import estimators, groupers, pretrain, stats
 from fedjax_flat.models import pretrained
@@ -262,7 +263,7 @@ def task2vec_outputs(config, data, workdir, params0=None, load_run=None) -> Dict
                               label='t2v classifier fine-tuning', **kw)
     apply_fn = lambda p, x: model.apply(p, x, train=False)
     fisher = pretrain.fisher_algorithm(apply_fn, feat, mode=g.fisher)
-    vec = pretrain.run_pass(fisher, bcast, data, heads, epochs=1, augment_fn=lambda rng, x: eval_fn(x),
+    vec = pretrain.run_pass(fisher, bcast, data, heads, epochs=1, augment_fn=on_inputs(lambda rng, x: eval_fn(x)),
                             label='t2v Fisher', **kw)
     return {'t2v': vec}
   return _cached_pass(workdir, 't2v', spec, ('t2v',), data.num_clients, compute)

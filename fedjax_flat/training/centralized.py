@@ -120,8 +120,7 @@ def make_epoch_fn(model, task, hp, steps_per_epoch, augment_fn=None):
       batch = {'x': x[idx], 'y': y[idx], 'mask': mask}
       if augment_fn is not None:
         a = jax.random.fold_in(rng, 1)
-        batch = (augment_fn(a, batch) if getattr(augment_fn, 'on_batch', False)
-                 else {**batch, 'x': augment_fn(a, batch['x'])})
+        batch = augment_fn(a, batch)
       (_, (s, n)), g = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, rng)
       updates, opt_state = tx.update(g, opt_state, params)
       return (optax.apply_updates(params, updates), opt_state), (s, n)

@@ -3,7 +3,7 @@
 `training/trainers.make_trainer(config, ...)` returns a `ChainTrainer` when config.algorithm is a chain algorithm; it differs
 from the client trainer only in the hooks the latter offers:
 
-  build_algorithm   builds the superclients (fedjax_flat.grouping.build_superclients, or the lists / the
+  build_algorithm   builds the superclients (grouping/superclients.build_superclients, or the lists / the
                     function given as `superclients=`), plans FedSeq2Par's regroupings for the whole run (the
                     growth schedule is known: each new N_S is built once, memoized by the N_S asked for),
                     applies the label-flipping attack inside the superclients (data/attacks.py), fixes the

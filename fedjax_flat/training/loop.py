@@ -33,6 +33,7 @@ from fedjax_flat.training import personalized_eval
 from fedjax_flat.core import rounds as rounds_lib
 from fedjax_flat.data import sampling
 from fedjax_flat.tasks import base as tasks_lib
+from fedjax_flat.tasks import segmentation as seg_tasks
 from fedjax_flat.evaluation.evaluator import Evaluator, make_evaluator  # noqa: F401
 from fedjax_flat.data.sampling import sample_clients
 from fedjax_flat.data import attacks
@@ -108,7 +109,7 @@ class Trainer:
         self.data.client_sizes(), batch_size=config.client.batch_size, num_steps=self.num_steps,
         epochs=config.client.local_epochs, local_steps=config.client.local_steps,
         shuffle=config.data.get('shuffle', True),
-        with_client=bool(getattr(self.train_transform, 'needs_client', False)))   # style transfer's bank
+        with_client=self.train_transform.needs_client)   # style transfer's bank
     self.round_fn = self.build_round_fn(chunk)
 
     self.key = jax.random.key(config.seed)
@@ -464,7 +465,7 @@ class Trainer:
           self.workdir if (self.workdir and self.writer) else None)
       summary['corruptions']['model'] = reported
     attacks.summarize(c, summary, getattr(self, 'attack_report', None))
-    if self.workdir and self.writer and isinstance(self.task, tasks_lib.Segmentation) \
+    if self.workdir and self.writer and isinstance(self.task, seg_tasks.Segmentation) \
         and c.segmentation.predictions and hasattr(self.evaluator, 'predictions'):   # images, true / predicted masks
       params = self.algorithm.eval_models(self.server_state)[reported][0]
       seg_figures.write_predictions(os.path.join(self.workdir, 'predictions.png'),

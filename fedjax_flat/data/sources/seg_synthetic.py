@@ -19,7 +19,7 @@ Returned FederatedDataset (uint8 images [N, H, W, 3], uint8 label maps [N, H, W]
   test clients            a separate population: 'seen' (every training client's held-out images) and
                           'unseen' (unseen_test_per_domain images of each unseen domain)
   test_examples()         seen + unseen together
-task: 'segmentation' (tasks.Segmentation: OHEM loss, mIoU and per-class IoU, ignore index 255).
+task: 'segmentation' (seg_tasks.Segmentation: OHEM loss, mIoU and per-class IoU, ignore index 255).
 Extra attributes: class_names, ignore_index, domain_names, unseen_domain_ids, client_domain [K],
 test_domain [N_test], domain_styles (gain, offset, gamma per domain).
 
@@ -32,7 +32,7 @@ from typing import Sequence, Tuple
 
 import numpy as np
 
-from fedjax_flat.tasks import base as tasks
+from fedjax_flat.tasks import segmentation as seg_tasks
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.data.registry import register
 from fedjax_flat.data.transforms.pipeline import SEG_AUGMENT
@@ -179,7 +179,7 @@ def load(*, num_domains: int = 6, unseen_domains: int = 2, clients_per_domain: i
       client_test_indices=client_tests,
       client_names=[f'd{client_domain[k]}_c{k % clients_per_domain}' for k in range(len(clients))],
       test_population_indices=[seen_pop, np.arange(t0, t0 + n_unseen)], test_client_names=['seen', 'unseen'],
-      task=tasks.Segmentation(ignore_index=IGNORE))
+      task=seg_tasks.Segmentation(ignore_index=IGNORE))
   ds.class_names = CLASS_NAMES
   ds.ignore_index = IGNORE
   ds.domain_names = [f'domain{d}' for d in range(num_domains)]
