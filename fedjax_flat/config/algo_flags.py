@@ -3,8 +3,8 @@
 ml_collections' config flags can only override keys the config file already has, and most configs leave
 `config.algo` empty (the algorithm's registered defaults apply). So the experiment binaries take these flags
 out of argv before absl parses it, and apply them once the config (and so `config.algorithm`) is known:
-`config.algo` is filled with the algorithm's declared defaults (its rules, algorithms/hparams.py), then each override is parsed with the
-type of its default. Values are parsed as literals, never evaluated.
+`config.algo` is filled with the algorithm's declared defaults (its rules, algorithms/hparams.py), then each
+override is parsed with the type of its default. Values are parsed as literals, never evaluated.
 """
 from __future__ import annotations
 
