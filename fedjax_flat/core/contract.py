@@ -31,7 +31,7 @@ algorithms never see masks beyond the per-example mask inside the batch.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Optional
 
 Params = Any
 
