@@ -94,9 +94,12 @@ class ChainTrainer(loop.Trainer):
   function num_superclients (None = the grouper's choice) -> list (any chain algorithm, FedSeq2Par too)."""
 
   def __init__(self, config, workdir: Optional[str] = None, *, data=None, write_files: bool = True,
-               superclients: Union[None, Sequence, Callable] = None, init_params: Optional[Callable] = None):
+               superclients: Union[None, Sequence, Callable] = None, grouping_context: Optional[Callable] = None):
     self._superclients = superclients
-    self._init_params = init_params     # (config, model, fresh params) -> w_0 when config.init is set
+    # (config, data, model) -> GroupingContext with w_0 as the run starts (config.init) and the run loader of
+    # grouping.probe_checkpoint: training/init.grouping_context (run.py passes it); None = a fresh w_0 only.
+    self._grouping_context = grouping_context
+    self._ctx = None
     self._totals = None
     super().__init__(config, workdir, data=data, write_files=write_files)
 
@@ -135,22 +138,19 @@ class ChainTrainer(loop.Trainer):
     r = int(self.hp.get('merge_every', 0) or 0)
     return r or (len(self.groupings[0].groups) if self.groupings else 1)
 
-  def _params0(self):
-    """w_0 for the grouping's pre-training: None = the fresh init (superclients.initial_params); with
-    config.init set, what training/init.py loads (run.py passes it as `init_params`)."""
-    if not superclients_lib.init_requested(self.config):
-      return None
-    if self._init_params is None:
-      raise ValueError('config.init is set: build the chain trainer with init_params=training.init.initial_params '
-                       '(experiments/train.py does)')
-    fresh = superclients_lib.fresh_params(self.config, self.model, self.data)
-    return jax.tree_util.tree_map(jnp.asarray, self._init_params(self.config, self.model, jax.device_get(fresh)))
+  def grouping_context(self) -> superclients_lib.GroupingContext:
+    """The grouping toolkit's context, built once (FedSeq2Par regroups with it)."""
+    if self._ctx is None:
+      make = self._grouping_context
+      self._ctx = (make(self.config, self.data, self.model) if make is not None
+                   else superclients_lib.GroupingContext(self.model, self.data, self.config))
+    return self._ctx
 
   def _group(self, num_superclients: Optional[int]) -> Groups:
     src = self._superclients
     if src is None:                             # the grouping toolkit (config.grouping.*)
-      ctx = superclients_lib.GroupingContext(self.model, self.data, self.config, params0=self._params0())
-      groups = superclients_lib.build_superclients(self.config, ctx, self.workdir, num_superclients=num_superclients)
+      groups = superclients_lib.build_superclients(self.config, self.grouping_context(), self.workdir,
+                                                   num_superclients=num_superclients)
     elif callable(src):
       groups = src(num_superclients)
     else:

@@ -12,10 +12,11 @@ def trainer_class(config):
   return chain_loop.ChainTrainer if chain_loop.is_chain_config(config) else loop.Trainer
 
 
-def make_trainer(config, workdir=None, *, init_params=None, **kwargs) -> loop.Trainer:
-  """`init_params`: training/init.initial_params, which a chain trainer needs for its grouping's w_0 when
-  config.init is set (the client trainer applies config.init after construction: training/run.py)."""
+def make_trainer(config, workdir=None, *, grouping_context=None, **kwargs) -> loop.Trainer:
+  """`grouping_context`: training/init.grouping_context, which a chain trainer's grouping needs when config.init
+  or grouping.probe_checkpoint names another run (training/run.py passes it; config.init itself is applied after
+  construction there)."""
   cls = trainer_class(config)
   if cls is chain_loop.ChainTrainer:
-    kwargs['init_params'] = init_params
+    kwargs['grouping_context'] = grouping_context
   return cls(config, workdir, **kwargs)
