@@ -17,6 +17,7 @@ import optax
 
 from fedjax_flat.tasks import base as tasks_lib
 from fedjax_flat.tasks.base import cross_entropy  # noqa: F401  (re-exported: the one definition lives in tasks)
+from fedjax_flat.core.batch_stats import pooled_moments
 
 Params = Any
 
@@ -119,7 +120,6 @@ def _microbatched_loss(model, *, man_zeta, train, task, k):
       total = total + man_zeta * sums['man'] / jnp.maximum(sums['n'], 1.0)
     if not bn:
       return total, (sums['loss_sum'], sums['count'])
-    from fedjax_flat.core.batch_stats import pooled_moments
     pooled = pooled_moments(sums['moments'], sums['n'])
     m = model.bn_momentum
     stats = jax.tree_util.tree_map(lambda old, new: jax.lax.stop_gradient(m * old + (1 - m) * new),

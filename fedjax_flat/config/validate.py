@@ -14,6 +14,20 @@ from fedjax_flat.config import centralized
 from fedjax_flat.config.run_dir import is_run_dir
 from fedjax_flat.data import registry as data_registry
 from fedjax_flat.errors import ConfigError
+from fedjax_flat.core.engine import STRATEGIES
+from fedjax_flat.models import registry as model_registry
+from fedjax_flat.optimizers.server import SERVER_OPTIMIZERS
+from fedjax_flat.config import data_fields
+from fedjax_flat.optimizers.server import ADAPTIVE_FORMS
+from fedjax_flat.core.client_state import STORE_KINDS
+from fedjax_flat.grouping import distances, estimators, groupers
+from fedjax_flat.optimizers.schedules import LR_SCHEDULES
+from fedjax_flat.tasks.segmentation import OHEM_MODES
+from fedjax_flat.models.tiling import EVAL_MODES
+from fedjax_flat.core import batch_stats
+from fedjax_flat.data import attacks
+from fedjax_flat.data import validation_steps
+from fedjax_flat.data.registry import OPTIONAL_FIELDS
 
 
 def _get(cfg, path):
@@ -67,10 +81,6 @@ NORMALIZE = ('none', 'cifar10', 'cifar100', 'imagenet', 'feddrive')
 
 def validate_config(cfg) -> None:
   """Static checks (no data loaded). `validate_against_data` checks the population-dependent fields."""
-  from fedjax_flat.core.engine import STRATEGIES
-  from fedjax_flat.data import registry as data_registry
-  from fedjax_flat.models import registry as model_registry
-  from fedjax_flat.optimizers.server import SERVER_OPTIMIZERS
 
   _check_finite(cfg.to_dict())
   _num(cfg, 'seed', lo=0, integer=True)
@@ -81,7 +91,6 @@ def validate_config(cfg) -> None:
   # every data.* field, before any data are loaded: the segmentation datasets' declared fields first (their
   # own rules and messages), then the generic rules of every builder argument
   _validate_segmentation_data(cfg)
-  from fedjax_flat.config import data_fields
   data_fields.validate(cfg)
   if 'shuffle' in cfg.data and not isinstance(cfg.data.shuffle, bool):
     raise ConfigError('data.shuffle', cfg.data.shuffle, 'must be True or False')
@@ -130,7 +139,6 @@ def validate_config(cfg) -> None:
   _num(cfg, 'server.b1', lo=0, hi=1, hi_open=True)
   _num(cfg, 'server.b2', lo=0, hi=1, hi_open=True)
   _num(cfg, 'server.eps', lo=0, lo_open=True)
-  from fedjax_flat.optimizers.server import ADAPTIVE_FORMS
   _choice(cfg, 'server.adaptive_form', ADAPTIVE_FORMS)
 
   _num(cfg, 'swa.start_fraction', lo=0, hi=1, hi_open=True)
@@ -184,7 +192,6 @@ def validate_config(cfg) -> None:
              for r in keep_rounds)):
     raise ConfigError('keep_rounds', keep_rounds, f'must be a tuple of rounds in [1, rounds={cfg.rounds}] '
                       '(e.g. --config.keep_rounds="(100, 500)")')
-  from fedjax_flat.core.client_state import STORE_KINDS
   _choice(cfg, 'client_state_store', STORE_KINDS)
   _num(cfg, 'client_state_device_max_mb', lo=0)
   if 'centralized' in cfg:                 # the centralized upper bound / rounds-to-X (training/centralized.py)
@@ -217,8 +224,6 @@ def per_position_task(cfg) -> str:
 
 def validate_grouping(cfg) -> None:
   """config.grouping (fedjax_flat/grouping/): choices, pairings, ranges, probe files."""
-  from fedjax_flat.grouping import distances, estimators, groupers
-  from fedjax_flat.models import registry as model_registry
   g = cfg.grouping
   method = _choice(cfg, 'grouping.method', groupers.METHODS)
   est = _choice(cfg, 'grouping.estimator', estimators.ESTIMATORS)
@@ -263,7 +268,6 @@ def validate_grouping(cfg) -> None:
 
 
 def _validate_lr_schedule(cfg) -> None:
-  from fedjax_flat.optimizers.schedules import LR_SCHEDULES
   sched = _choice(cfg, 'client.lr_schedule', LR_SCHEDULES)
   _num(cfg, 'client.lr_power', lo=0, lo_open=True)
   _num(cfg, 'client.lr_poly_max', lo=0, integer=True)
@@ -274,8 +278,6 @@ def _validate_lr_schedule(cfg) -> None:
 
 
 def _validate_segmentation(cfg) -> None:
-  from fedjax_flat.tasks.segmentation import OHEM_MODES
-  from fedjax_flat.models.tiling import EVAL_MODES
   _choice(cfg, 'segmentation.ohem', OHEM_MODES)
   _num(cfg, 'segmentation.ohem_fraction', lo=0, lo_open=True, hi=1)
   _num(cfg, 'segmentation.ohem_thresh', lo=0, lo_open=True, hi=1, hi_open=True)
@@ -294,7 +296,6 @@ def _validate_segmentation(cfg) -> None:
 
 
 def _validate_bn(cfg, model_registry) -> None:
-  from fedjax_flat.core import batch_stats
   policy = _choice(cfg, 'bn.test_policy', batch_stats.TEST_POLICIES)
   _num(cfg, 'bn.test_batch_size', lo=1, integer=True)
   if not model_registry.uses_batch_stats(cfg.model, cfg.model_kwargs.to_dict()):
@@ -338,7 +339,6 @@ def _finite_number(v, integer=False) -> bool:
 
 
 def _validate_attack(a) -> None:
-  from fedjax_flat.data import attacks
   if a.kind not in attacks.KINDS:
     raise ConfigError('attack.kind', a.kind, f'allowed values: {list(attacks.KINDS)}')
   if a.kind == 'none':
@@ -369,14 +369,12 @@ def validate_against_data(cfg, data) -> None:
                         f'the labels of {cfg.dataset!r} have shape {tuple(getattr(data, "label_shape", ()))}: '
                         f'use {want!r}')
   if cfg.get('attack') is not None and cfg.attack.kind != 'none':
-    from fedjax_flat.data import attacks
     why = attacks.check_classes(cfg.attack.classes, data.num_classes)
     if why:
       raise ConfigError('attack.classes', cfg.attack.classes, why)
   sizes = data.client_sizes()
   if (sizes == 0).all():
     raise ConfigError('data', dict(cfg.data), 'every client has 0 examples')
-  from fedjax_flat.data import validation_steps
   src = validation_steps.round_validation_source(cfg, alg_registry.default_hparams(cfg.algorithm))
   if src:                                  # FedSoup's validation split must exist in the data
     validation_steps.check_validation_data(data, src)
@@ -398,7 +396,6 @@ def _validate_segmentation_data(cfg) -> None:
     raise ConfigError('augment', cfg.augment, f"dataset={cfg.dataset!r} has label maps: use 'segmentation' "
                       "(or 'none')")
   declared, d = data_registry.declared_fields(cfg.dataset), cfg.data
-  from fedjax_flat.data.registry import OPTIONAL_FIELDS   # declared in every config; None = unset
   for k in d.keys():
     if k not in declared and not (k in OPTIONAL_FIELDS and d[k] is None):
       raise ConfigError(f'data.{k}', d[k], f'not a field of dataset {cfg.dataset!r}; its fields: {sorted(declared)}')

@@ -201,7 +201,7 @@ class ChainTrainer(loop.Trainer):
 
   def _lane_shape(self):
     """(LaneShape, one chain per lane) fixed for the run from every grouping's worst round."""
-    hp, c = self.hp, self.config
+    hp = self.hp
     frac, E = float(hp['fraction']), self.passes
     want_lanes, want_steps = int(hp['lanes']), int(hp['lane_steps'])
     if self.name == 'fedcyclic':
