@@ -17,11 +17,10 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags
 
-from fedjax_flat.data import download as dl  # noqa: E402
+from fedjax_flat.data import download as dl
 
 DATASET = flags.DEFINE_enum('dataset', None, list(dl.DATASETS), 'Dataset to download.')
 DATA_DIR = flags.DEFINE_string('data_dir', None, 'Destination directory (the loaders\' data_dir).')
