@@ -13,7 +13,6 @@
 Without internet access the command fails with the URL, checksum and the path where the file can be put
 by hand; re-running then verifies and uses it.
 """
-import os
 import sys
 import time
 

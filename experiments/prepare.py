@@ -8,7 +8,6 @@ resized JPEGs), index.npz, index.json. Restarting resumes (finished client shard
 """
 import json
 import os
-import sys
 import time
 
 

@@ -23,13 +23,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
-import re
 import sys
 
 import numpy as np
 
-from benchmarks.paths import REPO
 
 # torch submodule path pieces -> ours (see fedjax_flat/models/bisenetv2.py for our names).
 _SEQ = {
@@ -161,7 +158,8 @@ def main():
     if isinstance(mod, torch.nn.Dropout):
       mod.eval()
     if isinstance(mod, torch.nn.BatchNorm2d):    # pixels per channel of each BN input (for unbiased var)
-      mod.register_forward_hook(lambda mod_, inp, out, name=name: counts.__setitem__(name, inp[0].numel() // inp[0].shape[1]))
+      mod.register_forward_hook(
+          lambda mod_, inp, out, name=name: counts.__setitem__(name, inp[0].numel() // inp[0].shape[1]))
   with torch.no_grad():
     outs_t = tm(xt)
   outs_j, stats = m.apply(params, xj, train=True, with_batch_stats=True)   # no rng: dropout off

@@ -8,11 +8,8 @@ the same float32 HVP, tol 1e-7), each pair with its residual ||Hu - lambda u|| (
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
-from benchmarks.paths import REPO
 
 import jax
 import jax.numpy as jnp

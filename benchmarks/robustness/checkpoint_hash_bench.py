@@ -10,11 +10,8 @@ then `_digests` (save: hash; restore: verify), then the copy again; the medians 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
-from benchmarks.paths import REPO
 
 import jax
 import jax.numpy as jnp

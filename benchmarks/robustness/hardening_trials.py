@@ -92,7 +92,8 @@ def trials(tmp):
   open(big, 'wb').write(bytes(raw))
   r, s, _ = run(w, *QUICK, '--config.rounds=5', '--config.checkpoint_every=1')
   warn = [ln[ln.index('checkpoint '):][:150] for ln in r.stderr.splitlines() if 'is corrupt' in ln]
-  add('1 one flipped byte in the newest checkpoint array data', summary(r, s, '| ' + (warn[0] if warn else 'no warning')))
+  add('1 one flipped byte in the newest checkpoint array data',
+      summary(r, s, '| ' + (warn[0] if warn else 'no warning')))
   # 2. two runs together
   w = wd('together')
   flags = [*QUICK, '--config.rounds=8', '--config.checkpoint_every=1']
@@ -104,10 +105,12 @@ def trials(tmp):
   refused = [x for x in res if x[1] != 0]
   msg = ([ln for ln in refused[0][2].splitlines() if ln.startswith('error:')] or [''])[0] if refused else ''
   add('2 two runs started together on one workdir',
-      (f'{res[0][1]} / {res[1][1]}', max(x[3] for x in res), f'{msg} | pids {[x[0] for x in res]}; metrics rounds {rounds}'))
+      (f'{res[0][1]} / {res[1][1]}', max(x[3] for x in res),
+       f'{msg} | pids {[x[0] for x in res]}; metrics rounds {rounds}'))
   # 3. checkpoints/ not writable (from the start; and after the first save)
   w = wd('ro')
-  add('3 checkpoints/ not writable', summary(*run(w, *QUICK, '--config.rounds=2', inject=[f'--deny={w}/checkpoints'])[:2]))
+  add('3 checkpoints/ not writable',
+      summary(*run(w, *QUICK, '--config.rounds=2', inject=[f'--deny={w}/checkpoints'])[:2]))
   w = wd('ro2')
   add('3 checkpoints/ turns read-only after the first save',
       summary(*run(w, *QUICK, '--config.rounds=4', '--config.checkpoint_every=2',
@@ -138,7 +141,8 @@ def trials(tmp):
       summary(*run(wd('c'), f'--config.data.data_dir={root}', *CIFAR, config='configs/fedsam_cifar.py')[:2]))
   add('5 --config.data.split_json=/nonexistent.json (CIFAR config)',
       summary(*run(wd('c'), '--config.data.split_json=/nonexistent.json', config='configs/fedsam_cifar.py')[:2]))
-  add('5 divergence (client.lr=1e30)', summary(*run(wd('div'), *QUICK, '--config.rounds=3', '--config.client.lr=1e30')[:2]))
+  add('5 divergence (client.lr=1e30)',
+      summary(*run(wd('div'), *QUICK, '--config.rounds=3', '--config.client.lr=1e30')[:2]))
   add('5 ENOSPC in the metrics writer', summary(*run(wd('full'), *QUICK, '--config.rounds=3',
                                                       inject=['--enospc=metrics.jsonl'])[:2]))
   # 7. smaller ones

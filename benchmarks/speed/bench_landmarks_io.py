@@ -8,7 +8,6 @@ flip to 224x224 (the train transform); the eval center crop; and `prefetch_clien
 """
 import argparse
 import os
-import sys
 import tempfile
 import time
 

@@ -17,11 +17,9 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 
-from benchmarks.paths import REPO
 
 import jax
 import numpy as np

@@ -26,14 +26,12 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import time
 
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from benchmarks.speed.bench_util import gemm_gflops
 from fedjax_flat.algorithms.local import LocalState, local_step, make_loss

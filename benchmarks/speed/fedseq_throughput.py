@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 import time
 
 from benchmarks.paths import REPO

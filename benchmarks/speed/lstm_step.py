@@ -10,7 +10,6 @@ as a ratio to `library` (measured in one process, rows interleaved; absolute tim
 noise). Results: benchmarks/speed/README.throughput.md, "LSTM layer".
 """
 import os
-import sys
 import time
 
 

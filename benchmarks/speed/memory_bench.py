@@ -17,7 +17,8 @@ configuration), `peak` after 2 rounds (compile + run). `round_delta` = peak - se
       --max_vmap_gb=12 --json=/tmp/mem.json
 
 A one-vmap cohort keeps every client's parameters, gradients and activations live at once; the script skips
-vmap configurations whose estimate (7.5 parameter copies per client, as measured at 100) exceeds --max_vmap_gb, so a shared
+vmap configurations whose estimate (7.5 parameter copies per client, as measured at 100) exceeds --max_vmap_gb, so a
+shared
 machine is not pushed into swap or the OOM killer (the estimate is printed instead).
 """
 from __future__ import annotations
@@ -42,7 +43,6 @@ def _rss_mb() -> float:
 
 def worker(strategy: str, cohort: int, chunk: int, population: int, rounds: int) -> dict:
   import jax
-  import numpy as np
   from fedjax_flat.data.sources.builtin import synthetic
   from fedjax_flat.training import loop
   from fedjax_flat.config.default_config import default_config
@@ -80,7 +80,8 @@ def worker(strategy: str, cohort: int, chunk: int, population: int, rounds: int)
     times.append(time.perf_counter() - t0)
     del rb
   peak = _rss_mb()
-  return {'strategy': strategy, 'cohort': cohort, 'padded_cohort': t.cohort, 'chunk': t.chunk, 'setup_mb': setup, 'peak_mb': peak, 'round_delta_mb': peak - setup,
+  return {'strategy': strategy, 'cohort': cohort, 'padded_cohort': t.cohort, 'chunk': t.chunk, 'setup_mb': setup,
+          'peak_mb': peak, 'round_delta_mb': peak - setup,
           'host_batches_mb': host_bytes / 2 ** 20, 'first_round_s': times[0], 'last_round_s': times[-1],
           'backend': jax.default_backend(), 'devices': jax.device_count()}
 
@@ -115,7 +116,8 @@ def main():
               f'--max_vmap_gb={a.max_vmap_gb}', flush=True)
         continue
       env = {**os.environ, 'JAX_PLATFORMS': os.environ.get('JAX_PLATFORMS', 'cpu')}
-      cmd = [sys.executable, '-m', 'benchmarks.speed.memory_bench', f'--worker={strategy}:{cohort}', f'--chunk={a.chunk}',
+      cmd = [sys.executable, '-m', 'benchmarks.speed.memory_bench', f'--worker={strategy}:{cohort}',
+             f'--chunk={a.chunk}',
              f'--population={a.population}', f'--rounds={a.rounds}']
       res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
       line = [x for x in res.stdout.splitlines() if x.startswith('RESULT ')]

@@ -26,7 +26,6 @@ before/after and the fp32 GEMM rate before/after.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 import time
@@ -115,7 +114,6 @@ def main(argv):
         _, variants[(opt, 'single_step_im2col')] = _loop_and_single(data, 'im2col')
       for peer in peers:
         spec = bench_util.spec_of(_config('auto', 'auto', opt), data_path, num_classes=NUM_CLASSES)
-        t = time.perf_counter()
         variants[(opt, peer)], peer_setup[(opt, peer)] = peer_set.variant(peer, f'cifar_{opt}', spec)
         first_s[(opt, peer)] = peer_setup[(opt, peer)]['first_round_s']
     for key, fn in variants.items():

@@ -168,7 +168,8 @@ def main():
     return
   results = []
   for remat, k in [(r, k) for r in a.remat.split(',') for k in a.microbatches.split(',')]:
-    cmd = [sys.executable, '-m', 'benchmarks.speed.seg_round', '--worker', f'--crop={a.crop}', f'--batch={a.batch}', f'--steps={a.steps}',
+    cmd = [sys.executable, '-m', 'benchmarks.speed.seg_round', '--worker', f'--crop={a.crop}', f'--batch={a.batch}',
+           f'--steps={a.steps}',
            f'--remat={remat}', f'--norm={a.norm}', f'--optimizer={a.optimizer}', f'--conv_impl={a.conv_impl}',
            f'--max_gb={a.max_gb}', f'--unroll={a.unroll}', f'--microbatches={k}']
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, 'PYTHONPATH': REPO}, cwd=REPO)

@@ -17,7 +17,6 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 
 from benchmarks.paths import REPO
@@ -100,7 +99,8 @@ def table(path):
     for a in algs:
       rs = [r for r in full if r['algorithm'] == a]
       out.append(f'| {a} | {_fmt([r["local_acc_weighted"] for r in rs])} | {_fmt([r["local_auc_pooled"] for r in rs])} '
-                 f'| {_fmt([r["global_acc_client_mean"] for r in rs])} | {_fmt([r["global_auc_client_mean"] for r in rs])} '
+                 f'| {_fmt([r["global_acc_client_mean"] for r in rs])} '
+                 f'| {_fmt([r["global_auc_client_mean"] for r in rs])} '
                  f'| {_fmt([r["ood_other_clients_acc_client_mean"] for r in rs])} '
                  f'| {_fmt([r["server_global_acc"] for r in rs])} '
                  f'| {_fmt([r.get("lambda_max_median") for r in rs], 1.0)} |')
@@ -109,13 +109,16 @@ def table(path):
     folds = sorted({r['fold'] for r in loo})
     out.append(f'\nLeave-one-client-out (folds {folds} x seeds {sorted({r["seed"] for r in loo})}; mean (std) over '
                'runs, %):\n')
-    out.append('| Method | Local Acc | Local AUC | Global Acc | Global AUC | Unseen Acc | Unseen AUC | median lambda_max |')
+    out.append('| Method | Local Acc | Local AUC | Global Acc | Global AUC | Unseen Acc | Unseen AUC '
+               '| median lambda_max |')
     out.append('|---|---|---|---|---|---|---|---|')
     for a in algs:
       rs = [r for r in loo if r['algorithm'] == a]
       out.append(f'| {a} | {_fmt([r["local_acc_weighted"] for r in rs])} | {_fmt([r["local_auc_pooled"] for r in rs])} '
-                 f'| {_fmt([r["global_acc_client_mean"] for r in rs])} | {_fmt([r["global_auc_client_mean"] for r in rs])} '
-                 f'| {_fmt([r["unseen_acc_client_mean"] for r in rs])} | {_fmt([r["unseen_auc_client_mean"] for r in rs])} '
+                 f'| {_fmt([r["global_acc_client_mean"] for r in rs])} '
+                 f'| {_fmt([r["global_auc_client_mean"] for r in rs])} '
+                 f'| {_fmt([r["unseen_acc_client_mean"] for r in rs])} '
+                 f'| {_fmt([r["unseen_auc_client_mean"] for r in rs])} '
                  f'| {_fmt([r.get("lambda_max_median") for r in rs], 1.0)} |')
   if loo:
     out.append('\nUnseen-domain accuracy per left-out hospital (%; AUC in parentheses):\n')
@@ -125,8 +128,8 @@ def table(path):
       cells = []
       for f in folds:
         rs = [r for r in loo if r['algorithm'] == a and r['fold'] == f]
-        cells.append(f'{_fmt([r["unseen_acc_client_mean"] for r in rs])} ({_fmt([r["unseen_auc_client_mean"] for r in rs])})'
-                     if rs else '-')
+        acc, auc = _fmt([r['unseen_acc_client_mean'] for r in rs]), _fmt([r['unseen_auc_client_mean'] for r in rs])
+        cells.append(f'{acc} ({auc})' if rs else '-')
       out.append(f'| {a} | ' + ' | '.join(cells) + ' |')
   ft = [r for r in full if r.get('finetune')]
   if ft:

@@ -1,7 +1,5 @@
 """Mime, MimeLite (against FedJAX's mime.py / mime_lite.py, written in FedJAX's structure), FedCM, FedACG:
 engine rounds vs reference rounds (see test_baselines_harness)."""
-import jax
-import numpy as np
 import pytest
 
 from tests.fixtures.baselines import (LR, PARAMS0, SCHEDULE, SIZES, WD, add, assert_tree_close, client_batches,

@@ -256,7 +256,7 @@ def test_trainer_rounds_on_a_segmentation_fixture(tmp_path, algorithm, optimizer
   c.engine.device_data = device
   c.swa.enabled, c.swa.start_fraction, c.swa.cycle = swa, 0.34, 1
   tr = loop.Trainer(c, str(tmp_path), data=seg_data())
-  s = tr.train()
+  tr.train()
   if not device:     # one compiled round program although client sizes (2..5 examples) differ
     assert tr.round_fn._cache_size() == 1
   else:

@@ -1,7 +1,6 @@
 """Client-state stores: host (lazy dict) and device ([K, ...] arrays), checkpoint format, store selection, and
 SCAFFOLD over a population of 100,000 clients whose state memory grows with the clients seen."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

@@ -166,7 +166,7 @@ def test_resume_from_a_block_boundary_checkpoint(tmp_path):
   def config(**engine):
     c = _trainer({'algorithm': 'scaffold', 'checkpoint_every': 3}, data, **engine).config
     return c
-  ref = run_lib.run(config(device_data=False), str(tmp_path / 'ref'), data=data)
+  run_lib.run(config(device_data=False), str(tmp_path / 'ref'), data=data)   # the reference checkpoints
   polls = {'n': 0}
 
   def stop_after_two_blocks():        # the loop polls once per block: stop after the block ending at round 4

@@ -18,6 +18,7 @@ from fedjax_flat.training import checkpoint as ckpt_lib
 from fedjax_flat.training import run as run_lib
 
 from tests.fixtures import scale_worker
+from tests.fixtures.configs import quickstart_with_flags
 from tests.fixtures.paths import REPO
 
 _cache = pytest.fixture(scope='module', autouse=True)(scale_worker.persistent_compile_cache)
@@ -58,7 +59,8 @@ def _assert_same(a, b, tol=1e-5):
 
 def test_four_devices_same_params_as_one_device(tmp_path):
   names = list(scale_worker.CONFIGS)
-  proc = subprocess.Popen([sys.executable, '-m', 'tests.fixtures.scale_worker', '--devices=4', f'--out={tmp_path}', *names],
+  proc = subprocess.Popen([sys.executable, '-m', 'tests.fixtures.scale_worker', '--devices=4', f'--out={tmp_path}',
+                           *names],
                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   try:
     refs = {}

@@ -60,7 +60,8 @@ def test_superclient_attack_picks_and_swaps_exactly():
     suitable = [k for k in SUPER[s] if np.isin(data.client_labels(k), [0, 2]).any()]
     mine = [r['client'] for r in rep['attackers'] if r['client'] in SUPER[s]]
     assert len(mine) == max(1, int(np.floor(0.5 * len(suitable)))) and set(mine) <= set(suitable)
-  assert {r['client'] for r in rep['attackers']} <= set(np.concatenate([SUPER[s] for s in rep['malicious_superclients']]))
+  malicious = set(np.concatenate([SUPER[s] for s in rep['malicious_superclients']]))
+  assert {r['client'] for r in rep['attackers']} <= malicious
   assert all(r['pairs'] == [[0, 2]] for r in rep['attackers'])
   check_flips(data, poisoned, rep)
   again, rep2 = attacks.apply(data, attack_cfg(), seed=3, superclients=SUPER)

@@ -2,6 +2,7 @@
 import hashlib
 import io
 import os
+import socket
 import tarfile
 
 import numpy as np

@@ -1,6 +1,5 @@
 """The Hessian tool on a trained run, and the seeds' headline claim at small scale."""
 import json
-import os
 import subprocess
 import sys
 
@@ -20,7 +19,7 @@ def _run(args, timeout=400):
 def test_hessian_tool_writes_report_and_plots(tmp_path):
   wd = tmp_path / 'run'
   _run(['experiments/train.py', '--config=configs/quickstart.py', f'--workdir={wd}', '--config.rounds=3',
-        '--config.eval_every=3', '--config.model=mlp'])      # the tool's plumbing; CNN HVPs: tests/analysis/test_hessian.py
+        '--config.eval_every=3', '--config.model=mlp'])  # the tool's plumbing; CNN HVPs: tests/analysis/test_hessian.py
   _run(['experiments/hessian.py', f'--workdir={wd}', '--num_examples=120', '--top_k=3', '--lanczos_steps=30',
         '--trace_probes=3', '--density_probes=1', '--surface_points=3'])
   out = wd / 'hessian'

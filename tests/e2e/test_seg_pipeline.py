@@ -9,7 +9,7 @@ import pytest
 from fedjax_flat.tasks import base as tasks
 from fedjax_flat.evaluation import evaluator as evaluation
 from fedjax_flat.data.transforms import augment, style_transfer
-from fedjax_flat.data import batching, registry
+from fedjax_flat.data import batching
 from fedjax_flat.data.sources import cityscapes, seg_synthetic
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.models import registry as model_registry
@@ -173,7 +173,8 @@ def test_seg_cnn_parameter_count(width):
       assert m.batch_stats and num_params(p['batch_stats']) == 2 * 16 * width   # mean + var per BN channel
     else:
       assert not m.batch_stats
-  assert model_registry.uses_batch_stats('seg_cnn', {}) and not model_registry.uses_batch_stats('seg_cnn', {'norm': 'gn'})
+  assert model_registry.uses_batch_stats('seg_cnn', {})
+  assert not model_registry.uses_batch_stats('seg_cnn', {'norm': 'gn'})
 
 
 def test_seg_cnn_shapes():

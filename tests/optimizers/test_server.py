@@ -1,6 +1,5 @@
 """Server optimizers: hand-computed FedAvg/FedAvgM/FedAdam/FedAdagrad/FedYogi updates (Reddi et al., Alg. 2, and
 the torch release-code form), and optax where the two coincide."""
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax

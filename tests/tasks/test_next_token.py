@@ -63,7 +63,7 @@ def test_metrics_match_numpy_formulas():
   np.testing.assert_allclose(float(m['oov_rate']), np.isin(y, [OOV])[non_pad].mean(), rtol=1e-6)
   assert float(m['tokens']) == non_pad.sum() and float(m['count']) == head.sum()
   assert head.sum() == 9                       # by hand: 1, 2 | 3 | 4, 5 | 6, 6, 6, 6
-  assert hit[2, 3] == False and (np.argmax(masked, -1) == y)[2, 3]   # oov predicted: wrong, in-vocab: right
+  assert not hit[2, 3] and (np.argmax(masked, -1) == y)[2, 3]   # oov predicted: wrong, in-vocab: right
 
 
 def test_pad_only_exclusion_is_tff_shakespeare_metric():

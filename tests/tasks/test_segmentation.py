@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 import pytest
 
 from fedjax_flat.tasks import base as tasks

@@ -2,7 +2,8 @@ r"""The FedJAX 0.0.17 peer: a round as a FedJAX user writes it, run in the side 
 
   bash benchmarks/speed/peers/make_fedjax_venv.sh                 creates .venv-fedjax (jax 0.4.23, FedJAX 0.0.17)
   .venv-fedjax/bin/python -m benchmarks.speed.peers.fedjax_peer --check
-  .venv-fedjax/bin/python -m benchmarks.speed.peers.fedjax_peer --serve     (JSON lines: benchmarks/speed/peers/protocol.py)
+  .venv-fedjax/bin/python -m benchmarks.speed.peers.fedjax_peer --serve     (JSON lines: peers/protocol.py)
+(from the repository root)
 
 FedJAX's documented pattern: `fedjax.InMemoryFederatedData` of the clients' arrays, a haiku model through
 `fedjax.create_model_from_haiku`, `fedjax.model_grad`, client optimizer `create_optimizer_from_optax`
@@ -16,7 +17,6 @@ is what the 'sam' spec does. The models are ours (models/cnn.py) written in haik
 """
 from __future__ import annotations
 
-import os
 import sys
 
 from benchmarks.speed.peers import protocol

@@ -15,7 +15,6 @@ Used two ways:
 """
 from __future__ import annotations
 
-import os
 import sys
 
 import numpy as np
@@ -147,7 +146,8 @@ class FedAvgRound:
       shape = (1, 1, shape[0])
     torch.manual_seed(int(spec['seed']))
     self.net = build_net(spec['model'], int(spec['num_classes']), shape, spec.get('hidden', (32,))).to(self.device)
-    to_nchw = lambda x: torch.from_numpy(np.ascontiguousarray(x.reshape((len(x),) + tuple(shape)).transpose(0, 3, 1, 2)))
+    to_nchw = lambda x: torch.from_numpy(
+        np.ascontiguousarray(x.reshape((len(x),) + tuple(shape)).transpose(0, 3, 1, 2)))
     self.clients = [(to_nchw(x).to(self.device), torch.from_numpy(y.astype(np.int64)).to(self.device))
                     for x, y in clients]
     self.server = {k: v.detach().clone() for k, v in self.net.state_dict().items()}

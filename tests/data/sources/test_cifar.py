@@ -1,9 +1,7 @@
 import gzip
-import io
 import json
 import os
 import pickle
-import tarfile
 
 import numpy as np
 import pytest

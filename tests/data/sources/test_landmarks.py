@@ -76,7 +76,7 @@ def test_prefetch_matches_direct_decoding(prepared):
 
 
 def test_prepare_resumes_and_flat_layout(tmp_path):
-  info = make_landmarks(str(tmp_path), 'gld160k', num_users=3, per_user=(2,), num_test=2, nested=False)
+  make_landmarks(str(tmp_path), 'gld160k', num_users=3, per_user=(2,), num_test=2, nested=False)
   out = landmarks.prepare('gld160k', str(tmp_path), short_side=40, num_workers=1)
   shard = os.path.join(out, 'train', '00001.bin')
   mtime = os.path.getmtime(shard)

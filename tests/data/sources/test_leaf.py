@@ -1,6 +1,5 @@
 """LEAF FEMNIST / Shakespeare readers on JSON files written in LEAF's format; LEAF's sampling and split
 semantics; the Shakespeare vocabulary and targets against hand-computed ids."""
-import json
 import os
 
 import numpy as np
@@ -122,7 +121,8 @@ def test_leaf_own_train_test_files(tmp_path):
   root = tmp_path / 'femnist' / 'data'
   rng = np.random.default_rng(0)
   data = lambda n: {'x': (rng.integers(0, 256, (n, 784)) / 255).tolist(), 'y': [int(v) for v in rng.integers(0, 62, n)]}  # noqa: E731
-  write_leaf_json(str(root / 'train' / 'all_data_0_niid_1_keep_0_train_9.json'), ['a', 'b'], {'a': data(4), 'b': data(3)})
+  write_leaf_json(str(root / 'train' / 'all_data_0_niid_1_keep_0_train_9.json'), ['a', 'b'],
+                  {'a': data(4), 'b': data(3)})
   write_leaf_json(str(root / 'test' / 'all_data_0_niid_1_keep_0_test_9.json'), ['a', 'b'], {'a': data(1), 'b': data(2)})
   ds = registry.get_dataset('femnist', data_dir=str(tmp_path))       # finds <dir>/femnist/data/{train,test}
   assert list(ds.client_names) == ['a', 'b'] and list(ds.client_sizes()) == [4, 3]
@@ -149,7 +149,8 @@ def test_shakespeare_vocabulary_and_targets(tmp_path):
     tx, ty = ds.client_test_examples(k)
     assert len(y) + len(ty) == len(xs)
     for xi, yi in zip(np.concatenate([x, tx]), np.concatenate([y, ty])):
-      i = next(j for j in range(len(text) - 80) if text[j:j + 80] == ''.join(leaf.SHAKESPEARE_CHARS[v - 1] if v <= 86 else '~' for v in xi))
+      window = ''.join(leaf.SHAKESPEARE_CHARS[v - 1] if v <= 86 else '~' for v in xi)
+      i = next(j for j in range(len(text) - 80) if text[j:j + 80] == window)
       np.testing.assert_array_equal(xi, leaf.char_ids(text[i:i + 80]))
       np.testing.assert_array_equal(yi, leaf.char_ids(text[i + 1:i + 81]))   # the next 80 characters
   nxt = registry.get_dataset('shakespeare', data_dir=str(tmp_path), seed=0, target='next')

@@ -38,7 +38,8 @@ def test_feddrive_split_files_fetched_verified_and_read(server, tmp_path, monkey
   assert src.client_names == ['ulm0', 'ulm1'] and src.test_client_names == ['unseen']
   # A tampered file is refused by its checksum.
   monkeypatch.setattr(fds, 'RELEASED_FILES', ((table[0][0] + '.x', table[0][1], '0' * 64),))
-  handler.files[f'/{fds.RELEASE_COMMIT}/data/cityscapes/data/heterogeneous/train/all_data_0.json.x'] = b'x' * table[0][1]
+  path = f'/{fds.RELEASE_COMMIT}/data/cityscapes/data/heterogeneous/train/all_data_0.json.x'
+  handler.files[path] = b'x' * table[0][1]
   with pytest.raises(dl.ChecksumError, match='sha256'):
     dl.download('feddrive_splits', data_dir, opener=_opener())
 

@@ -33,7 +33,8 @@ def cs_root(tmp_path_factory):
 def test_label_table_is_the_official_one():
   # 19 train ids, each once, from the labelIds of the evaluated classes; everything else ignored.
   assert sorted(cityscapes.LABEL_TO_TRAIN.values()) == list(range(19)) and len(cityscapes.CLASS_NAMES) == 19
-  assert cityscapes.LABEL_TO_TRAIN[7] == 0 and cityscapes.LABEL_TO_TRAIN[26] == 13 and cityscapes.LABEL_TO_TRAIN[33] == 18
+  assert (cityscapes.LABEL_TO_TRAIN[7] == 0 and cityscapes.LABEL_TO_TRAIN[26] == 13
+          and cityscapes.LABEL_TO_TRAIN[33] == 18)
   assert sum(cityscapes.TRAIN_CITIES.values()) == 2975 and sum(cityscapes.VAL_CITIES.values()) == 500
   raw = np.array([[0, 7, 9, 33, 34, 255]])
   np.testing.assert_array_equal(map_labels(raw, lookup_table(cityscapes.LABEL_TO_TRAIN)),
@@ -114,7 +115,8 @@ def test_cityscapes_released_split_files(cs_root):
   train = sorted(p for p in files if p.startswith('train/'))
   lab = lambda p: p.replace('_leftImg8bit.png', '_gtFine_labelIds.png')
   F.write_leaf(os.path.join(rel, 'train', 'all_data_0.json'),
-               {'aachen0': (train[:3], [lab(p) for p in train[:3]]), 'aachen1': (train[3:5], [lab(p) for p in train[3:5]])})
+               {'aachen0': (train[:3], [lab(p) for p in train[:3]]),
+                'aachen1': (train[3:5], [lab(p) for p in train[3:5]])})
   F.write_leaf(os.path.join(rel, 'train', 'all_data_1.json'), {'bochum0': (train[9:11], [lab(p) for p in train[9:11]])})
   val = sorted(p for p in files if p.startswith('val/'))
   F.write_leaf(os.path.join(rel, 'test', 'all_data_0.json'), {'test_user': (val, [lab(p) for p in val])})
@@ -157,7 +159,8 @@ def test_missing_files_name_the_download_command(tmp_path, cs_root):
   # A split listing a file that is gone: the count, examples and the command.
   data_dir, files = cs_root
   rel = os.path.join(str(tmp_path), 'rel')
-  F.write_leaf(os.path.join(rel, 'train', 'a.json'), {'u': (['train/aachen/gone_leftImg8bit.png'], ['train/aachen/gone.png'])})
+  F.write_leaf(os.path.join(rel, 'train', 'a.json'),
+               {'u': (['train/aachen/gone_leftImg8bit.png'], ['train/aachen/gone.png'])})
   F.write_leaf(os.path.join(rel, 'test', 'a.json'), {'test_user': ([], [])})
   with pytest.raises(FileNotFoundError, match=r'2 of 2 files .*download.py --dataset=cityscapes'):
     cityscapes.load(data_dir, split_source='released', split_dir=rel)

@@ -1,6 +1,5 @@
 """StackOverflow: TFF's tokenization against hand-computed ids, the word-count file, TFF's SQLite and FedJAX's
 per-client SQLite written by the tests in those formats, the cache, errors."""
-import io
 import os
 import tarfile
 

@@ -1,6 +1,5 @@
 """Train/eval transforms from config, incl. mixup restricted to valid examples, inside the engine."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from fedjax_flat.data.sources.builtin import synthetic
