@@ -20,6 +20,7 @@ from fedjax_flat.optimizers.client import make_client_tx
 from fedjax_flat.config.default_config import default_config
 from fedjax_flat.config.validate import validate_config
 from fedjax_flat.errors import ConfigError
+from tests.fixtures.fedgloss_release import release_server_rhos
 
 B = 3   # examples per batch (client k has N_k valid ones)
 
@@ -188,23 +189,6 @@ def test_sam_client_with_rho_warmup():
   np.testing.assert_allclose(np.stack(sent), np.stack(ref_sent), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(state['params']['w'], w, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(cstates['w'], sig_k, rtol=1e-5, atol=1e-6)
-
-
-def release_server_rhos(rho, rho_l, rho0, T_s, T):
-  """The release code's server list (fedgloss_server.py, T_s > 1 branch), transcribed by hand."""
-  if T_s <= 1:
-    return [rho] * T
-  rhos_l = [rho0]
-  d = (rho_l - rho0) / T_s
-  for _ in range(T_s):
-    rhos_l.append(rhos_l[-1] + d)
-  rhos_l += [rho_l] * (T - len(rhos_l))
-  server = [rho0]
-  d = (rho - rho0) / T_s
-  for _ in range(T_s):
-    server.append(rhos_l[-1] + d)      # the client list's last value: the release behaviour
-  server += [rho] * (T - len(server))
-  return server
 
 
 @pytest.mark.parametrize('naive', [False, True])

@@ -50,8 +50,8 @@ def test_swa_cyclic_lr_c1_is_constant_gamma1():
 
 @pytest.mark.parametrize('T_s', [0, 1, 2, 3, 5])
 def test_server_rho_schedule_against_the_release_lists(T_s):
-  """Each schedule's rho_s(t) vs the release code's lists (transcribed in tests/algorithms/test_fedgloss.py), T = 9."""
-  from tests.test_fedgloss import release_server_rhos
+  """Each schedule's rho_s(t) vs the release code's lists (transcribed in tests/fixtures/fedgloss_release.py), T = 9."""
+  from tests.fixtures.fedgloss_release import release_server_rhos
   from fedjax_flat.optimizers.schedules import server_rho_schedule
   rho, rho_l, rho0, T = 0.01, 0.2, 0.001, 9
   got = {k: [float(server_rho_schedule(k, rho0, rho_l, rho, T_s)(t)) for t in range(T)]
