@@ -163,8 +163,8 @@ import ml_collections
 
 from fedjax_flat.algorithms import fedseq as fedseq_lib
 from fedjax_flat.algorithms import registry
-from fedjax_flat.config import families as config_strings, data_fields, paper_hparams
-from fedjax_flat.config.default_config import default_config
+from fedjax_flat.config import families as config_strings, paper_hparams
+from fedjax_flat.config.default_config import data_section, default_config
 
 FAMILY = 'configs/fedseq.py'
 METHODS = ('fedavg', 'fedseq', 'fedasyncseq', 'fedseq2par', 'fedcyclic')
@@ -325,7 +325,7 @@ def base_config(dataset: str, method: str, alpha: float, *, fraction: float = FR
   """The Table 5.1 setting of `method` (digest 1.2, Table A.6); FedAvg with C K clients per round."""
   c = default_config()
   c.dataset = dataset
-  c.data = data_fields.section(data_dir='', num_clients=NUM_CLIENTS, alpha=float(alpha),
+  c.data = data_section(data_dir='', num_clients=NUM_CLIENTS, alpha=float(alpha),
                                examples_per_client=EXAMPLES, seed=0)
   c.model = 'cifar_cnn'
   c.augment = 'cifar'

@@ -44,8 +44,8 @@ ResNet-18, not on these digits. For reference only (Local / Global Acc and AUC; 
 (unseen-domain pathology, Fig. 2c: FedSoup +2.87 AUC over FedAvg.) Those are binary tasks; the digits have
 10 classes, so AUC here is the micro-averaged one-vs-rest AUC.
 """
-from fedjax_flat.config import families as config_strings, data_fields
-from fedjax_flat.config.default_config import default_config
+from fedjax_flat.config import families as config_strings
+from fedjax_flat.config.default_config import data_section, default_config
 
 FAMILY = 'configs/fedsoup_digits.py'
 METHODS = ('fedsoup', 'fedavg', 'fedprox', 'fedbn')
@@ -60,7 +60,7 @@ def get_config(arg: str = ''):
   config_strings.check(FAMILY, 'leave_out', leave_out, tuple(range(-1, NUM_CLIENTS)))
   c = default_config()
   c.dataset = 'digits_feature_shift'
-  c.data = data_fields.section(num_clients=NUM_CLIENTS, seed=0, val_fraction=0.1, test_fraction=0.15,
+  c.data = data_section(num_clients=NUM_CLIENTS, seed=0, val_fraction=0.1, test_fraction=0.15,
                                leave_out=leave_out, global_fraction=0.1)
   c.model = 'digits_cnn'
   c.model_kwargs.gn_groups = 4 if method == 'fedbn' else 0   # FedBN: GroupNorm after each conv, kept local

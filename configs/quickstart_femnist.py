@@ -13,14 +13,14 @@ reference of summary.json's rounds_to_70pct_centralized / rounds_to_90pct_centra
 (config.centralized.accuracy), or train your own with experiments/centralized.py and pass
 --config.centralized.path=<its workdir>. Not a reproduction of a table cell: no published number.
 """
-from fedjax_flat.config import data_fields
-from fedjax_flat.config.default_config import default_config
+
+from fedjax_flat.config.default_config import data_section, default_config
 
 
 def get_config():
   c = default_config()
   c.dataset = 'femnist'
-  c.data = data_fields.section(**{'data_dir': '', 'source': 'auto', 'split': 'niid', 'fraction': 0.05,
+  c.data = data_section(**{'data_dir': '', 'source': 'auto', 'split': 'niid', 'fraction': 0.05,
                              'min_samples': 0, 'train_split': 'sample', 'train_fraction': 0.9, 'seed': 0,
                              'shuffle': True})
   c.model = 'femnist_cnn'

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_flat import analysis
-from fedjax_flat.models import get_model
+from fedjax_flat.models.registry import get_model
 
 
 def main():

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_flat.models import get_model
+from fedjax_flat.models.registry import get_model
 from fedjax_flat.training import checkpoint as ckpt_lib
 
 

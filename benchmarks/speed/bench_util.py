@@ -186,7 +186,7 @@ def engine_round_variant(config, data, num_classes: int, *, compiled_memory: boo
   from fedjax_flat.algorithms import registry
   from fedjax_flat.core import engine
   from fedjax_flat.data import batching
-  from fedjax_flat.models import get_model
+  from fedjax_flat.models.registry import get_model
   c = config
   shape = tuple(data.input_shape)
   model = get_model(c.model, num_classes, shape, **c.model_kwargs.to_dict())

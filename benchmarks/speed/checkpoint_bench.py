@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 from fedjax_flat.training import checkpoint as ckpt_lib
-from fedjax_flat.training import loop
+from fedjax_flat.training import trainers
 
 
 def quickstart():
@@ -61,7 +61,7 @@ def du(path):
 def bench(name, make, repeats, loop_rounds):
   config, data = make()
   config.rounds = 1000
-  t = loop.Trainer(config, data=data)
+  t = trainers.make_trainer(config, data=data)
   for r in range(2):                                  # compile + warm up
     t.run_round(r, t.prepare_round(r))
     t.round = r + 1
@@ -83,7 +83,7 @@ def bench(name, make, repeats, loop_rounds):
     ck.wait()
     durable.append(time.perf_counter() - t0)
   size = du(os.path.join(tmp, 'checkpoints', str(t.round)))
-  fresh = loop.Trainer(config, data=data)
+  fresh = trainers.make_trainer(config, data=data)
   t0 = time.perf_counter()
   step = ckpt_lib.Checkpointer(os.path.join(tmp, 'checkpoints'), keep=2).restore_latest(fresh)
   jax.block_until_ready(fresh.server_state)

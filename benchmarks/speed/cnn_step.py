@@ -35,7 +35,7 @@ import numpy as np
 
 from benchmarks.speed.bench_util import gemm_gflops
 from fedjax_flat.algorithms.local import LocalState, local_step, make_loss
-from fedjax_flat.models import get_model
+from fedjax_flat.models.registry import get_model
 from fedjax_flat.models.layers import resolve_conv_impl, resolve_pool_impl
 from fedjax_flat.optimizers.client import make_client_tx
 from fedjax_flat.config.default_config import default_config

@@ -35,7 +35,7 @@ import numpy as np
 from fedjax_flat.data.sources import builtin
 from fedjax_flat.data import registry as data_registry
 from fedjax_flat.config import families as config_strings
-from fedjax_flat.training import loop
+from fedjax_flat.training import loop, trainers
 
 _PROBLEMS = flags.DEFINE_list('problems', ['digits', 'cifar_cnn'], 'problems')
 _ROUNDS = flags.DEFINE_integer('rounds', 30, 'rounds per timed repetition')
@@ -65,7 +65,7 @@ def build(name, method, **engine):
   for k, v in engine.items():
     c.engine[k] = v
   kw = {} if method == 'fedavg' else {'superclients': groups}
-  return loop.Trainer(c, data=data, **kw)
+  return trainers.make_trainer(c, data=data, **kw)
 
 
 def block(tree):

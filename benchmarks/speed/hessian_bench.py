@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_flat import analysis
-from fedjax_flat.models import get_model
+from fedjax_flat.models.registry import get_model
 
 
 _CPU = {}

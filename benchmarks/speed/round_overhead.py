@@ -33,7 +33,7 @@ from benchmarks.speed import cnn_step
 from fedjax_flat.data import batching
 from fedjax_flat.data.sources.builtin import synthetic
 from fedjax_flat.models.layers import resolve_conv_impl, resolve_pool_impl
-from fedjax_flat.training import loop
+from fedjax_flat.training import trainers
 
 NUM_CLASSES = 100
 
@@ -88,7 +88,7 @@ def main(argv=None):
         bench_util.round_config('cifar_cnn', opt, clients=n), data, NUM_CLASSES)
     c = bench_util.round_config('cifar_cnn', opt, clients=n)
     c.rounds = c.eval_every = 1 + 4 * (a.repeats + 4)
-    t = loop.Trainer(c, None, data=data, write_files=False)
+    t = trainers.make_trainer(c, None, data=data, write_files=False)
     t.evaluate = lambda: {}
 
     def trainer(t=t):

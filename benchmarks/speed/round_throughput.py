@@ -37,8 +37,8 @@ import jax
 from benchmarks.speed import bench_util
 from fedjax_flat.core import engine
 from fedjax_flat.data.sources.builtin import synthetic
-from fedjax_flat.models import get_model
-from fedjax_flat.training import loop
+from fedjax_flat.models.registry import get_model
+from fedjax_flat.training import trainers
 
 FLAGS = flags.DEFINE_string('json', None, 'write results as JSON here')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'timed repetitions per variant (median)')
@@ -70,7 +70,7 @@ def _trainer_variant(data, opt, rounds):
   c.rounds = rounds
   c.eval_every = rounds
   c.progress_every_s = 1e9
-  t = loop.Trainer(c, None, data=data, write_files=False)
+  t = trainers.make_trainer(c, None, data=data, write_files=False)
   t.evaluate = lambda: {}          # training rounds only, as every other variant
 
   def run():

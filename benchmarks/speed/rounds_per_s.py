@@ -48,7 +48,7 @@ import numpy as np
 from benchmarks.speed import bench_util
 
 from fedjax_flat.algorithms.local import make_loss
-from fedjax_flat.training import loop
+from fedjax_flat.training import trainers
 
 _ROUNDS = flags.DEFINE_integer('rounds', 200, 'timed rounds per repetition (quickstart: a quarter)')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'timed repetitions per variant (median)')
@@ -87,7 +87,7 @@ def _trainer(problem, n_rounds, **engine):
   c.eval_every = n_rounds
   for k, v in engine.items():
     c.engine[k] = v
-  t = loop.Trainer(c, None, write_files=False)
+  t = trainers.make_trainer(c, None, write_files=False)
   t.evaluate = lambda: {}        # training rounds only (the same for every variant)
   return t
 

@@ -6,21 +6,23 @@ it still holds the default config's value (`--config.dataset=...` on a config wr
 known field is checked against its rule below; fields of builders added later still get the finiteness check
 of `validate.validate_config`.
 
-`OPTIONAL` fields are declared (value None = the builder's default) in every config, so that
-`--config.data.split_json=...` works on the command line for configs that do not set them; `get_dataset`
-drops them while they are None. Config files that replace `config.data` build it with `section(...)`.
+The OPTIONAL fields (data/registry.OPTIONAL_FIELDS) are declared (value None = the builder's default) in
+every config, so that `--config.data.split_json=...` works on the command line for configs that do not set
+them; `get_dataset` drops them while they are None. Config files that replace `config.data` build it with
+`default_config.data_section(...)`. A dataset's own rules (a field that means something else there, limits, a
+cross-field check) are declared by its module when it registers (data/registry.py).
 """
 from __future__ import annotations
 
 import difflib
-import inspect
 import math
 import numbers
 import os
 
-import ml_collections
-
-from fedjax_flat.data.registry import OPTIONAL_FIELDS as OPTIONAL   # declared everywhere; None = default
+from fedjax_flat.config.default_config import default_config
+from fedjax_flat.data import registry as data_registry
+from fedjax_flat.data.transforms.pipeline import SEG_AUGMENT_FIELDS
+from fedjax_flat.errors import ConfigError
 
 # Fields that are not builder arguments (data/batching.py reads them).
 NOT_BUILDER_ARGS = ('shuffle',)
@@ -58,46 +60,7 @@ RULES = {
     'max_samples': ('int', 0, False, None, False, "a user's first samples kept (LEAF); 0 = all"),
 }
 
-# Dataset-specific limits (checked here so that they fail before loading, not inside the builder).
-DATASET_RULES = {
-    'digits_feature_shift': {'num_clients': (2, 5, 'one distinct transform per client')},
-    'cifar100_pam': {'source': ('sqlite', 'generate')},
-}
-
-
-# A dataset whose field means something else than RULES says (checked with this rule instead).
-RULE_OVERRIDES = {
-    'stackoverflow': {'num_clients': ('int', 0, False, None, False,
-                                      'users sampled as clients; 0 = every user of the training split')},
-    'femnist': {'num_clients': ('int', 0, False, None, False, 'users drawn at random; 0 = every user')},
-    'shakespeare': {'num_clients': ('int', 0, False, None, False, 'users drawn at random; 0 = every user')},
-}
-
-
-def section(**values) -> ml_collections.ConfigDict:
-  """A `config.data` with the OPTIONAL fields declared (None) and `values` set."""
-  d = ml_collections.ConfigDict()
-  for name, typ in OPTIONAL.items():
-    d[name] = ml_collections.FieldReference(None, field_type=typ)
-  for k, v in values.items():
-    d[k] = v
-  return d
-
-
-def builder_args(dataset: str):
-  """The keyword arguments the builder of `dataset` takes (None when it takes arbitrary ones)."""
-  from fedjax_flat.data import registry
-  registry.names()
-  fn = registry._BUILDERS[dataset]   # pylint: disable=protected-access
-  params = inspect.signature(fn).parameters.values()
-  named = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-  if not named and any(p.kind == p.VAR_KEYWORD for p in params):
-    return None
-  return named
-
-
 def _bad(name, value, allowed):
-  from fedjax_flat.errors import ConfigError
   return ConfigError(f'data.{name}', value, allowed)
 
 
@@ -137,41 +100,42 @@ def _check(name, v, rule):
 
 
 def validate(cfg) -> None:
-  """Every `config.data` field of `cfg.dataset` (a registered name) against its rule; ConfigError otherwise."""
-  from fedjax_flat.config.default_config import default_config
-  from fedjax_flat.config.default_config import SEG_AUGMENT_FIELDS, SEGMENTATION_DATA
-  if cfg.dataset in SEGMENTATION_DATA:
-    return   # every field declared in SEGMENTATION_DATA, checked by validate._validate_segmentation_data
+  """Every `config.data` field of `cfg.dataset` (a registered name) against its rule; ConfigError otherwise.
+  The dataset's own declarations (data/registry.py: rules, limits, check) come from its module."""
+  name = cfg.dataset
+  if data_registry.declared_fields(name) is not None:
+    return   # declared whole by the dataset (segmentation), checked by validate._validate_segmentation_data
   data = cfg.data.to_dict()
-  takes = builder_args(cfg.dataset)
+  takes = data_registry.builder_args(name)
   not_builder_args = NOT_BUILDER_ARGS + SEG_AUGMENT_FIELDS   # the segmentation transforms read these
   inherited = default_config().data.to_dict()     # the default config's digits fields, e.g. alpha=0.0
-  for name, v in data.items():
+  entry = data_registry.DATASETS.entry(name)
+  own_rules = entry.meta.get('rules', {})
+  for field, v in data.items():
     if v is None:
       continue                      # unset: the builder's default
-    if (takes is not None and name not in takes and name not in not_builder_args
-        and not (name in inherited and inherited[name] == v)):
-      close = difflib.get_close_matches(name, takes, n=1)
+    if (takes is not None and field not in takes and field not in not_builder_args
+        and not (field in inherited and inherited[field] == v)):
+      close = difflib.get_close_matches(field, takes, n=1)
       hint = f'did you mean {close[0]!r}? ' if close else ''
-      raise _bad(name, v, f'is not a field of dataset {cfg.dataset!r}: {hint}it takes {sorted(takes)}')
-    if name in RULES and name not in RULE_OVERRIDES.get(cfg.dataset, {}):
-      _check(name, v, RULES[name])
-  for name, rule in RULE_OVERRIDES.get(cfg.dataset, {}).items():
-    if data.get(name) is not None:
-      _check(name, data[name], rule)
-  for name, limit in DATASET_RULES.get(cfg.dataset, {}).items():
-    v = data.get(name)
+      raise _bad(field, v, f'is not a field of dataset {name!r}: {hint}it takes {sorted(takes)}')
+    if field in RULES and field not in own_rules:
+      _check(field, v, RULES[field])
+  for field, rule in own_rules.items():
+    if data.get(field) is not None:
+      _check(field, data[field], rule)
+  for field, limit in entry.meta.get('limits', {}).items():
+    v = data.get(field)
     if v is None:
       continue
     if isinstance(limit[0], str):
       if v not in limit:
-        raise _bad(name, v, f'dataset {cfg.dataset!r} allows {list(limit)}')
+        raise _bad(field, v, f'dataset {name!r} allows {list(limit)}')
     elif not limit[0] <= v <= limit[1]:
-      raise _bad(name, v, f'dataset {cfg.dataset!r} needs {limit[0]} <= {name} <= {limit[1]} ({limit[2]})')
+      raise _bad(field, v, f'dataset {name!r} needs {limit[0]} <= {field} <= {limit[1]} ({limit[2]})')
   leave_out = data.get('leave_out')
   if leave_out is not None and data.get('num_clients') is not None and leave_out >= data['num_clients']:
     raise _bad('leave_out', leave_out, f'must be -1 or a client in [0, {data["num_clients"]})')
-  fracs = [data.get(k) or 0.0 for k in ('val_fraction', 'test_fraction', 'global_fraction')]
-  if cfg.dataset == 'digits_feature_shift' and sum(fracs) >= 0.8:
-    raise _bad('val_fraction', data.get('val_fraction'), 'val_fraction + test_fraction + global_fraction must '
-               'be < 0.8 (each client keeps some training examples)')
+  check = entry.meta.get('check')
+  if check is not None:
+    check(data)

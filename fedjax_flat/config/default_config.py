@@ -4,7 +4,7 @@ Fields (validated by `config/validate.py` before anything is compiled):
   seed                 run seed (init, sampling, batch order, augmentation all derive from it)
   dataset, data        dataset name (data/registry.py) and its builder kwargs; the segmentation datasets'
                        data fields (cityscapes, idda, seg_synthetic: reader, split, on-device augmentation,
-                       style transfer) are declared in SEGMENTATION_DATA below (`segmentation_data(name)`)
+                       style transfer) are declared by each dataset module (`fields=`; `segmentation_data(name)` below)
   model, model_kwargs  model name (models/registry.py) and builder kwargs (e.g. conv_impl)
   augment              on-device augmentation preset: 'none' | 'cifar' | 'cifar_cutout' | 'landmarks' |
                        'segmentation' (image + label map: style, scale + crop, flip, jitter; config.data.*)
@@ -51,7 +51,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from fedjax_flat.config import data_fields
+from fedjax_flat.data import registry as data_registry
+from fedjax_flat.data.registry import OPTIONAL_FIELDS
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -60,8 +61,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.dataset = 'digits'
   # data.shuffle: reshuffle each client's examples every epoch (keyed by seed, round, client); False = stored
   # order every epoch (batch-by-batch comparison with reference code). Configs that replace c.data: True.
-  # data_fields.section: also declares the optional fields (split_json, seed, ...; None = dataset default).
-  c.data = data_fields.section(num_clients=20, alpha=0.0, shuffle=True)
+  # data_section: also declares the optional fields (split_json, seed, ...; None = dataset default).
+  c.data = data_section(num_clients=20, alpha=0.0, shuffle=True)
   c.model = 'digits_cnn'
   c.model_kwargs = ml_collections.ConfigDict({'conv_impl': 'auto'})
   c.augment = 'none'
@@ -244,45 +245,23 @@ def default_config() -> ml_collections.ConfigDict:
   return c
 
 
-# config.data of the segmentation datasets: the augmentation fields (read by data/transforms/pipeline.py when
-# augment='segmentation'; data/transforms/augment.py make_seg_augment, data/transforms/style_transfer.py) and each dataset's own
-# builder fields. Defaults follow the FedDrive release's configs (Cityscapes: cv2 random scale 0.5-1.5 +
-# 512 x 1024 crop, colour jitter 0.4, the data doubled with flipped copies instead of random flips; IDDA:
-# images resized to 1024 x 1856 at load, random resized crop area 0.5-2.0 to 512 x 928, random flip).
-_SEG_AUGMENT = dict(
-    crop=(512, 1024),          # (h, w) of the training crops; () = keep the loaded size (no scale/crop)
-    scale=(0.5, 1.5),          # scale_crop: resize factor range; resized_crop: crop area fraction range
-    scale_mode='scale_crop',   # 'scale_crop' (Cityscapes release) | 'resized_crop' (IDDA release)
-    flip=True,                 # random horizontal flip (image and label map together)
-    jitter=0.0,                # colour jitter strength (brightness/contrast/saturation); 0 = off
-    style='none',              # style-transfer DG on half of each batch: 'none' | 'cfsi' | 'lab'
-    style_fraction=0.5,        # fraction of each batch's valid examples restyled
-    cfsi_window=0.05,          # CFSI low-frequency window (fraction of H and W)
-    style_max_per_client=0,    # bank entries per client (0 = every image, as the release)
-    shuffle=True,              # data/batching.py: reshuffle every epoch
-)
-SEG_AUGMENT_FIELDS = tuple(_SEG_AUGMENT)   # read by data/transforms/pipeline.py, not by the dataset builders
-SEGMENTATION_DATA = {
-    'cityscapes': dict(
-        _SEG_AUGMENT, jitter=0.4, flip=False, data_dir='', root='', distribution='heterogeneous',
-        split_source='generate', split_dir='', seed=0, image_size=(), uniform_clients=146, clients_per_city=8,
-        double=True, num_workers=2, cache_clients=0),
-    'idda': dict(
-        _SEG_AUGMENT, crop=(512, 928), scale=(0.5, 2.0), scale_mode='resized_crop', data_dir='', root='',
-        setting='country', distribution='heterogeneous', split_source='generate', split_dir='', seed=0,
-        image_size=(1024, 1856), double=False, num_workers=2, cache_clients=0),
-    'seg_synthetic': dict(
-        _SEG_AUGMENT, crop=(64, 64), scale=(0.75, 1.5), num_domains=6, unseen_domains=2, clients_per_domain=3,
-        examples_per_client=24, client_test_examples=6, unseen_test_per_domain=24, image_size=(64, 64),
-        max_shapes=3, class_alpha=2.0, client_jitter=0.05, ignore_border=True, seed=0),
-}
+def data_section(**values) -> ml_collections.ConfigDict:
+  """A `config.data` with the OPTIONAL fields (data/registry.OPTIONAL_FIELDS) declared (None) and `values` set."""
+  d = ml_collections.ConfigDict()
+  for name, typ in OPTIONAL_FIELDS.items():
+    d[name] = ml_collections.FieldReference(None, field_type=typ)
+  for k, v in values.items():
+    d[k] = v
+  return d
 
 
 def segmentation_data(dataset: str, **overrides) -> ml_collections.ConfigDict:
-  """config.data for a segmentation dataset: its declared fields with their defaults, then overrides."""
-  if dataset not in SEGMENTATION_DATA:
-    raise ValueError(f'{dataset!r} is not a segmentation dataset; allowed: {sorted(SEGMENTATION_DATA)}')
-  unknown = sorted(set(overrides) - set(SEGMENTATION_DATA[dataset]))
+  """config.data for a segmentation dataset: its declared fields with their defaults (its module's
+  `fields=`, data/registry.py), then overrides."""
+  declared = data_registry.declared_fields(dataset)
+  if declared is None:
+    raise ValueError(f'{dataset!r} is not a segmentation dataset; allowed: {data_registry.declaring_datasets()}')
+  unknown = sorted(set(overrides) - set(declared))
   if unknown:
     raise ValueError(f'unknown config.data fields {unknown} for dataset {dataset!r}')
-  return data_fields.section(**{**SEGMENTATION_DATA[dataset], **overrides})
+  return data_section(**{**declared, **overrides})

@@ -14,7 +14,7 @@ import math
 
 import ml_collections
 
-from fedjax_flat.config import data_fields
+from fedjax_flat.config.default_config import data_section, default_config
 
 # Table A.1 (FedSAM training setup).
 TRAINING = {
@@ -133,10 +133,9 @@ def apply_swa(c, dataset: str, enabled: bool = True) -> None:
 def cifar_cnn_config(dataset: str, method: str, *, alpha: float = 0.0, clients_per_round: int = 5,
                      swa: bool = False) -> ml_collections.ConfigDict:
   """The FedSAM paper's CIFAR setting: CNN, 100 clients x 500 images, Dirichlet alpha, Tables A.1-A.3."""
-  from fedjax_flat.config.default_config import default_config
   c = default_config()
   c.dataset = dataset
-  c.data = data_fields.section(data_dir='', num_clients=100, alpha=float(alpha), examples_per_client=500, seed=0)
+  c.data = data_section(data_dir='', num_clients=100, alpha=float(alpha), examples_per_client=500, seed=0)
   c.model = 'cifar_cnn'
   c.augment = 'cifar'
   c.normalize = dataset
@@ -154,10 +153,9 @@ def cifar_cnn_config(dataset: str, method: str, *, alpha: float = 0.0, clients_p
 
 def landmarks_config() -> ml_collections.ConfigDict:
   """The FedSAM paper's Landmarks-User-160k setting (Table A.1), client optimizer left to the caller."""
-  from fedjax_flat.config.default_config import default_config
   c = default_config()
   c.dataset = 'gld160k'
-  c.data = data_fields.section(data_dir='', train_augment=True, seed=0)
+  c.data = data_section(data_dir='', train_augment=True, seed=0)
   c.model = 'mobilenet_v2_gn'
   c.augment = 'none'            # random-resized-crop + flip run in the data loader (data.train_augment)
   c.normalize = 'imagenet'

@@ -11,6 +11,9 @@ import os
 
 from absl import logging
 
+from fedjax_flat.config import centralized
+from fedjax_flat.config.run_dir import is_run_dir
+from fedjax_flat.data import registry as data_registry
 from fedjax_flat.errors import ConfigError
 
 
@@ -223,11 +226,8 @@ def _finite(cfg, path, **kw):
 
 def per_position_task(cfg) -> str:
   """The task of config.dataset when it labels every position (next_token, segmentation), else ''."""
-  from fedjax_flat.config.default_config import SEGMENTATION_DATA
-  if cfg.dataset == 'stackoverflow' or (cfg.dataset == 'shakespeare'
-                                        and (cfg.data.get('target') or 'sequence') == 'sequence'):
-    return 'next_token'
-  return 'segmentation' if cfg.dataset in SEGMENTATION_DATA else ''
+  task = data_registry.task_name(cfg.dataset, cfg.data)
+  return task if task in ('next_token', 'segmentation') else ''
 
 
 def validate_grouping(cfg) -> None:
@@ -289,7 +289,7 @@ def _validate_lr_schedule(cfg) -> None:
 
 
 def _validate_segmentation(cfg) -> None:
-  from fedjax_flat.tasks.base import OHEM_MODES
+  from fedjax_flat.tasks.segmentation import OHEM_MODES
   from fedjax_flat.models.tiling import EVAL_MODES
   _choice(cfg, 'segmentation.ohem', OHEM_MODES)
   _num(cfg, 'segmentation.ohem_fraction', lo=0, lo_open=True, hi=1)
@@ -465,10 +465,10 @@ def validate_against_data(cfg, data) -> None:
   sizes = data.client_sizes()
   if (sizes == 0).all():
     raise ConfigError('data', dict(cfg.data), 'every client has 0 examples')
-  from fedjax_flat.evaluation import personalized
-  src = personalized.round_validation_source(cfg)
+  from fedjax_flat.data import validation_steps
+  src = validation_steps.round_validation_source(cfg, alg_registry_defaults(cfg.algorithm))
   if src:                                  # FedSoup's validation split must exist in the data
-    personalized.check_validation_data(data, src)
+    validation_steps.check_validation_data(data, src)
   hp_all = {**alg_registry_defaults(cfg.algorithm), **cfg.algo.to_dict()}
   if cfg.algorithm in BASELINE_RULES and 'population' in hp_all:
     if not (cfg.algorithm == 'fedspeed' and hp_all['dual_mean'] == 'active'):
@@ -582,18 +582,19 @@ def _validate_population(cfg, data) -> None:
 
 
 def _validate_segmentation_data(cfg) -> None:
-  """config.data of the segmentation datasets (default_config.SEGMENTATION_DATA) and augment='segmentation'."""
-  from fedjax_flat.config.default_config import SEGMENTATION_DATA
-  seg = cfg.dataset in SEGMENTATION_DATA
+  """config.data of the segmentation datasets (declared whole by their modules: data/registry.py `fields`)
+  and augment='segmentation'."""
+  seg_names = data_registry.declaring_datasets()
+  seg = cfg.dataset in seg_names
   if cfg.augment == 'segmentation' and not seg:
-    raise ConfigError('augment', cfg.augment, f'is for the segmentation datasets {sorted(SEGMENTATION_DATA)}, '
+    raise ConfigError('augment', cfg.augment, f'is for the segmentation datasets {seg_names}, '
                       f'not dataset={cfg.dataset!r}')
   if not seg:
     return
   if cfg.augment not in ('segmentation', 'none'):
     raise ConfigError('augment', cfg.augment, f"dataset={cfg.dataset!r} has label maps: use 'segmentation' "
                       "(or 'none')")
-  declared, d = SEGMENTATION_DATA[cfg.dataset], cfg.data
+  declared, d = data_registry.declared_fields(cfg.dataset), cfg.data
   from fedjax_flat.data.registry import OPTIONAL_FIELDS   # declared in every config; None = unset
   for k in d.keys():
     if k not in declared and not (k in OPTIONAL_FIELDS and d[k] is None):

@@ -18,6 +18,7 @@ import numpy as np
 
 from fedjax_flat.evaluation.evaluator import Evaluator
 from fedjax_flat.data.sources import cifar_c
+from fedjax_flat.data.batching import make_eval_batches
 
 
 class Progress:
@@ -60,7 +61,6 @@ def evaluate_corruptions(model, params, cfg, preprocess, batch_size: int, workdi
     if evaluator is None or evaluator.batches['mask'].size < len(y):
       evaluator = Evaluator(model, x, y, batch_size, preprocess=preprocess)
     else:  # same shapes: reuse the compiled program, swap the data
-      from fedjax_flat.data.batching import make_eval_batches
       import jax
       evaluator.batches = jax.device_put(make_eval_batches(x, y, batch_size))
     acc = evaluator(params)['accuracy']

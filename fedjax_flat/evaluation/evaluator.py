@@ -10,7 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_flat.tasks import base as tasks_lib
+from fedjax_flat.tasks import segmentation as seg_tasks
 from fedjax_flat.data.batching import make_eval_batches
+from fedjax_flat.core import batch_stats
+from fedjax_flat.models import tiling
 
 
 def make_eval_fn(model, preprocess=None, jit: bool = True, task=None):
@@ -127,7 +130,6 @@ class HeldOutEvaluator:
       return task_.eval_sums(model.apply(params, x, train=False, **kw), batch['y'], batch['mask'])
     self.sums_fn = jax.jit(sums)
     if self.bn_policy == 'client':
-      from fedjax_flat.core import batch_stats
       self.moments_fn = jax.jit(batch_stats.make_raw_moments_fn(model, preprocess))
 
   def batches(self, client):
@@ -152,7 +154,6 @@ class HeldOutEvaluator:
       for j in clients:
         p = params
         if self.bn_policy == 'client':
-          from fedjax_flat.core import batch_stats
           p = batch_stats.adapt_statistics(self.model, params, self.batches(j), moments_fn=self.moments_fn)
         for b in self.batches(j):
           group = add(group, self.sums_fn(p, b))
@@ -170,7 +171,6 @@ class HeldOutEvaluator:
     for name, clients in self.groups:
       p = params
       if self.bn_policy == 'client':
-        from fedjax_flat.core import batch_stats
         p = batch_stats.adapt_statistics(self.model, params, self.batches(clients[0]), moments_fn=self.moments_fn)
       taken = 0
       for b in self.batches(clients[0]):
@@ -213,12 +213,10 @@ def make_evaluator(config, model, data, task, preprocess=None, algorithm: str = 
   """The run's test-set evaluator: `Evaluator` (in-memory global test set), or for segmentation tasks and
   BatchNorm models a `HeldOutEvaluator` (test-client groups, streamed batches, the BN test-time policy and
   the evaluation resolution of config.segmentation / config.bn)."""
-  seg = isinstance(task, tasks_lib.Segmentation)
+  seg = isinstance(task, seg_tasks.Segmentation)
   if not (seg or getattr(model, 'batch_stats', False)):
     tx, ty = data.test_examples()
     return Evaluator(model, tx, ty, config.eval_batch_size, preprocess=preprocess, task=task)
-  from fedjax_flat.core import batch_stats
-  from fedjax_flat.models import tiling
   sc = config.get('segmentation')
   if seg and sc is not None:
     model = tiling.for_evaluation(model, sc.eval_mode, scale=sc.eval_scale, tile=tuple(sc.eval_tile),

@@ -23,8 +23,6 @@ Config fields (`config.centralized`, config/default_config.py):
 from __future__ import annotations
 
 import json
-import math
-import numbers
 import os
 import time
 from typing import Dict, List, Optional
@@ -38,6 +36,11 @@ import optax
 from fedjax_flat.tasks import base as tasks_lib
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.config.centralized import RESULT_FILE, read_reference, reference_path  # noqa: F401 (re-exported)
+from fedjax_flat.evaluation.evaluator import Evaluator
+from fedjax_flat.data import registry as data_registry
+from fedjax_flat.models import registry as model_registry
+from fedjax_flat.data.transforms import pipeline as transforms
+from fedjax_flat.config import validate as validate_lib
 
 def reference_accuracy(config):
   """(accuracy, source) of the configured centralized reference, or (None, None)."""
@@ -117,8 +120,7 @@ def make_epoch_fn(model, task, hp, steps_per_epoch, augment_fn=None):
       batch = {'x': x[idx], 'y': y[idx], 'mask': mask}
       if augment_fn is not None:
         a = jax.random.fold_in(rng, 1)
-        batch = (augment_fn(a, batch) if getattr(augment_fn, 'on_batch', False)
-                 else {**batch, 'x': augment_fn(a, batch['x'])})
+        batch = augment_fn(a, batch)
       (_, (s, n)), g = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, rng)
       updates, opt_state = tx.update(g, opt_state, params)
       return (optax.apply_updates(params, updates), opt_state), (s, n)
@@ -130,11 +132,6 @@ def make_epoch_fn(model, task, hp, steps_per_epoch, augment_fn=None):
 
 def train(config, workdir: Optional[str] = None, *, data=None) -> Dict:
   """Trains the centralized baseline; returns (and writes to WORKDIR/centralized.json) its result."""
-  from fedjax_flat.evaluation.evaluator import Evaluator
-  from fedjax_flat.data import registry as data_registry
-  from fedjax_flat.models import registry as model_registry
-  from fedjax_flat.data.transforms import pipeline as transforms
-  from fedjax_flat.config import validate as validate_lib
   validate_lib.validate_config(config)
   data = data if data is not None else data_registry.get_dataset(config.dataset, **config.data.to_dict())
   model = model_registry.get_model(config.model, data.num_classes, data.input_shape, **config.model_kwargs.to_dict())

@@ -71,7 +71,7 @@ def test_torch_reference_round_equals_ours(tmp_path, opt):
   from fedjax_flat.core import engine
   from fedjax_flat.data import batching
   from fedjax_flat.data.sources.builtin import synthetic
-  from fedjax_flat.models import get_model
+  from fedjax_flat.models.registry import get_model
   from fedjax_flat.config.default_config import default_config
 
   sizes, shape, b = [6, 9], (3, 2, 1), 9          # one channel: NHWC and NCHW flatten alike

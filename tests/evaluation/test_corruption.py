@@ -4,7 +4,7 @@ import csv
 import numpy as np
 
 from fedjax_flat.data.sources.builtin import synthetic
-from fedjax_flat.training import loop
+from fedjax_flat.training import trainers
 from fedjax_flat.config.default_config import default_config
 
 
@@ -28,7 +28,7 @@ def test_report_per_corruption_and_severity(tmp_path, capsys):
   c.corruption_eval.check_official_sizes = False
   data = synthetic(3, 4, input_shape=(32, 32, 3), num_classes=3, seed=0)
   wd = tmp_path / 'run'
-  t = loop.Trainer(c, str(wd), data=data)
+  t = trainers.make_trainer(c, str(wd), data=data)
   s = t.train()
   rep = s['corruptions']
   assert set(rep) >= {'fog', 'snow', 'mean_by_severity', 'mean'} and rep['model'] == 'global'

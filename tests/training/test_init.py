@@ -39,7 +39,7 @@ def _flat(p):
 
 def test_starts_from_the_checkpoint_exactly_and_not_on_resume(tmp_path, monkeypatch):
   src, leaves = _source(tmp_path)
-  _, src_params, step = __import__('fedjax_flat.training.init', fromlist=['x']).load_run(src)
+  _, src_params, step = __import__('fedjax_flat.training.reload', fromlist=['x']).load_run(src)
   assert step == 2
   # FedAvg's server state is {'opt_state': (), 'params': ...}: its leaves are the params, in tree order.
   for a, b in zip(jax.tree_util.tree_leaves(src_params), leaves):
@@ -64,7 +64,7 @@ def test_other_class_count_reinitializes_the_classifier(tmp_path, monkeypatch):
   c = small_config(**{'init.checkpoint': src, 'data.num_classes': 4})
   got = _flat(_first_params(monkeypatch, c, str(tmp_path / 'a'))['params'])
   plain = _flat(_first_params(monkeypatch, small_config(**{'data.num_classes': 4}), str(tmp_path / 'b'))['params'])
-  _, src_params, _ = __import__('fedjax_flat.training.init', fromlist=['x']).load_run(src)
+  _, src_params, _ = __import__('fedjax_flat.training.reload', fromlist=['x']).load_run(src)
   src_flat = _flat(src_params)
   assert got['Dense_1/kernel'].shape == (64, 4)
   np.testing.assert_array_equal(got['Dense_1/kernel'], plain['Dense_1/kernel'])   # the fresh classifier
@@ -87,7 +87,7 @@ def test_shape_mismatch_is_a_clear_error(tmp_path):
 
 def test_pretrained_file(tmp_path, monkeypatch):
   src, _ = _source(tmp_path)
-  _, src_params, _ = __import__('fedjax_flat.training.init', fromlist=['x']).load_run(src)
+  _, src_params, _ = __import__('fedjax_flat.training.reload', fromlist=['x']).load_run(src)
   path = str(tmp_path / 'w.npz')
   pretrained.save_params(path, src_params)
   got = _flat(_first_params(monkeypatch, small_config(**{'init.pretrained': path}), str(tmp_path / 't'))['params'])

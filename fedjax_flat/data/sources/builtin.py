@@ -7,6 +7,7 @@ import numpy as np
 
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.data.partition import dirichlet_split, iid_split
+from fedjax_flat.data.registry import register
 
 
 def _stratified_holdout(y, test_fraction, rng):
@@ -71,3 +72,19 @@ def synthetic(num_clients: int = 10, examples_per_client=32, *, input_shape=(8, 
 
 
 __all__ = ['load_digits', 'synthetic', 'iid_split']
+
+
+@register('digits')
+def _digits(num_clients=20, alpha=0.0, test_fraction=0.2, examples_per_client=None, quantity_skew=None,
+            seed=0, **unused):
+  del unused
+  return load_digits(num_clients, alpha, test_fraction=test_fraction,
+                     examples_per_client=examples_per_client, quantity_skew=quantity_skew, seed=seed)
+
+
+@register('synthetic')
+def _synthetic(num_clients=10, examples_per_client=32, input_shape=(8, 8, 1), num_classes=10, test_size=200,
+               alpha=None, seed=0, **unused):
+  del unused
+  return synthetic(num_clients, examples_per_client, input_shape=tuple(input_shape),
+                   num_classes=num_classes, test_size=test_size, alpha=alpha, seed=seed)

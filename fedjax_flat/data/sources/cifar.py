@@ -38,6 +38,7 @@ from fedjax_flat.data import safe_pickle
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.data.partition import dirichlet_split
 from fedjax_flat.data.registry import register
+from fedjax_flat.data.download import default_data_dir
 
 CIFAR10_TARBALL = 'cifar-10-python.tar.gz'
 CIFAR10_DIR = 'cifar-10-batches-py'
@@ -67,10 +68,6 @@ _SPECS = {
 
 class CifarFormatError(errors.DataFormatError):
   """A CIFAR file exists but is truncated, corrupted or not in the official format."""
-
-
-def default_data_dir() -> str:
-  return os.environ.get('FEDJAX_FLAT_DATA', os.path.expanduser('~/.cache/fedjax_flat'))
 
 
 def _download_hint(name: str, data_dir: str) -> str:

@@ -26,6 +26,8 @@ from typing import List, Optional, Sequence, Tuple
 from fedjax_flat.data.sources import feddrive_splits as fds
 from fedjax_flat.data.registry import register
 from fedjax_flat.data.sources.segmentation import SegClient, SegmentationSource, lookup_table
+from fedjax_flat.data.transforms.pipeline import SEG_AUGMENT
+from fedjax_flat.data.download import default_data_dir
 
 # labelId -> trainId of the 19 evaluated classes (cityscapesScripts helpers/labels.py).
 LABEL_TO_TRAIN = {7: 0, 8: 1, 11: 2, 12: 3, 13: 4, 17: 5, 19: 6, 20: 7, 21: 8, 22: 9, 23: 10, 24: 11, 25: 12,
@@ -110,7 +112,6 @@ def load(data_dir: Optional[str] = None, *, root: str = '', distribution: str = 
          uniform_clients: int = 146, clients_per_city: int = fds.CITYSCAPES_CLIENTS_PER_CITY, double: bool = True,
          num_workers: int = 2, cache_clients: int = 0) -> SegmentationSource:
   """The FedDrive Cityscapes split as a SegmentationSource (see the module docstring)."""
-  from fedjax_flat.data.sources.cifar import default_data_dir
   data_dir = data_dir or default_data_dir()
   root = root or default_root(data_dir)
   split = get_split(root, distribution, data_dir=data_dir, seed=seed, split_source=split_source,
@@ -123,7 +124,15 @@ def load(data_dir: Optional[str] = None, *, root: str = '', distribution: str = 
       cache_clients=cache_clients, missing_hint=download_hint(data_dir), meta=split.meta)
 
 
-@register('cityscapes')
+# config.data (config/default_config.segmentation_data): the augmentation fields with the FedDrive release's
+# Cityscapes defaults (cv2 random scale 0.5-1.5 + 512 x 1024 crop, colour jitter 0.4, the data doubled with
+# flipped copies instead of random flips), then the builder's own fields.
+FIELDS = dict(SEG_AUGMENT, jitter=0.4, flip=False, data_dir='', root='', distribution='heterogeneous',
+              split_source='generate', split_dir='', seed=0, image_size=(), uniform_clients=146, clients_per_city=8,
+              double=True, num_workers=2, cache_clients=0)
+
+
+@register('cityscapes', task='segmentation', fields=FIELDS)
 def _cityscapes(data_dir='', root='', distribution='heterogeneous', split_source='generate', split_dir='', seed=0,
                 image_size=(), uniform_clients=146, clients_per_city=fds.CITYSCAPES_CLIENTS_PER_CITY, double=True,
                 num_workers=2, cache_clients=0, **unused):

@@ -29,6 +29,7 @@ import numpy as np
 
 from fedjax_flat.data.federated import FederatedDataset, _csr
 from fedjax_flat.data.registry import register
+from fedjax_flat.errors import ConfigError
 
 
 # --- The per-source transforms (images [n, 8, 8, 1] in [0, 1]; outputs clipped to [0, 1]). ---
@@ -212,7 +213,15 @@ def load_digits_feature_shift(num_clients: int = 5, *, seed: int = 0, val_fracti
       unseen_x=unseen_x, unseen_y=unseen_y, source_of_client=train_sources, leave_out=int(leave_out))
 
 
-@register('digits_feature_shift')
+def _check_fractions(data: dict) -> None:
+  fracs = [data.get(k) or 0.0 for k in ('val_fraction', 'test_fraction', 'global_fraction')]
+  if sum(fracs) >= 0.8:
+    raise ConfigError('data.val_fraction', data.get('val_fraction'), 'val_fraction + test_fraction + '
+                      'global_fraction must be < 0.8 (each client keeps some training examples)')
+
+
+@register('digits_feature_shift', limits={'num_clients': (2, 5, 'one distinct transform per client')},
+          check=_check_fractions)
 def _digits_feature_shift(num_clients=5, seed=0, val_fraction=0.1, test_fraction=0.15, leave_out=-1,
                           global_fraction=0.0, **unused):
   """Registry builder (config.data); global_fraction 0 (or None) = the paper-sized global set."""

@@ -34,6 +34,8 @@ from typing import List, Optional, Sequence, Tuple
 from fedjax_flat.data.sources import feddrive_splits as fds
 from fedjax_flat.data.registry import register
 from fedjax_flat.data.sources.segmentation import SegClient, SegmentationSource, lookup_table
+from fedjax_flat.data.transforms.pipeline import SEG_AUGMENT
+from fedjax_flat.data.download import default_data_dir
 
 RAW_TO_TRAIN = {1: 2, 2: 4, 4: 11, 5: 5, 6: 0, 7: 0, 8: 1, 9: 8, 10: 13, 11: 3, 12: 7, 13: 6, 16: 15, 17: 14,
                 18: 12, 19: 9, 20: 10}
@@ -113,7 +115,6 @@ def load(data_dir: Optional[str] = None, *, root: str = '', setting: str = 'coun
          image_size: Sequence[int] = DEFAULT_IMAGE_SIZE, double: bool = False, num_workers: int = 2,
          cache_clients: int = 0) -> SegmentationSource:
   """The FedDrive IDDA split as a SegmentationSource (see the module docstring)."""
-  from fedjax_flat.data.sources.cifar import default_data_dir
   data_dir = data_dir or default_data_dir()
   root = root or default_root(data_dir)
   split = get_split(root, setting, distribution, data_dir=data_dir, seed=seed, split_source=split_source,
@@ -125,7 +126,14 @@ def load(data_dir: Optional[str] = None, *, root: str = '', setting: str = 'coun
       num_workers=num_workers, cache_clients=cache_clients, missing_hint=download_hint(data_dir), meta=split.meta)
 
 
-@register('idda')
+# config.data (config/default_config.segmentation_data): the FedDrive release's IDDA defaults (images resized
+# to 1024 x 1856 at load, random resized crop area 0.5-2.0 to 512 x 928, random flip).
+FIELDS = dict(SEG_AUGMENT, crop=(512, 928), scale=(0.5, 2.0), scale_mode='resized_crop', data_dir='', root='',
+              setting='country', distribution='heterogeneous', split_source='generate', split_dir='', seed=0,
+              image_size=(1024, 1856), double=False, num_workers=2, cache_clients=0)
+
+
+@register('idda', task='segmentation', fields=FIELDS)
 def _idda(data_dir='', root='', setting='country', distribution='heterogeneous', split_source='generate',
           split_dir='', seed=0, image_size=DEFAULT_IMAGE_SIZE, double=False, num_workers=2, cache_clients=0,
           **unused):

@@ -40,6 +40,7 @@ import numpy as np
 
 from fedjax_flat.data.prefetch import DecodePool
 from fedjax_flat.data.registry import register
+from fedjax_flat.data.download import default_data_dir
 
 SPLITS = {
     'gld23k': dict(train_csv=os.path.join('gld23k', 'mini_gld_train_split.csv'),
@@ -418,7 +419,6 @@ class LandmarksSource(DecodePool):
 def load(name: str, data_dir: Optional[str] = None, *, shards_dir: Optional[str] = None,
          short_side: int = DEFAULT_SHORT_SIDE, image_size: int = 224, seed: int = 0, num_workers: int = 2,
          train_augment: bool = True) -> LandmarksSource:
-  from fedjax_flat.data.sources.cifar import default_data_dir
   data_dir = data_dir or default_data_dir()
   shards_dir = shards_dir or default_shards_dir(name, data_dir, short_side)
   if not os.path.isfile(os.path.join(shards_dir, 'index.json')):

@@ -59,8 +59,10 @@ from absl import logging
 import numpy as np
 
 from fedjax_flat.data.federated import FederatedDataset
-from fedjax_flat.data.registry import register
+from fedjax_flat.data.registry import check_arg, register
 from fedjax_flat.errors import ConfigError
+from fedjax_flat.data.download import default_data_dir
+from fedjax_flat.tasks import next_token as text_tasks
 
 # TFF's Shakespeare character vocabulary (char_prediction_preprocessing.CHAR_VOCAB): 86 characters.
 SHAKESPEARE_CHARS = ('dhlptx@DHLPTX $(,048cgkoswCGKOSW[_#\'/37;?bfjnrvzBFJNRVZ"&*.26:\naeimquyAEIMQUY]!%)-159\r')
@@ -282,17 +284,22 @@ def find_root(data_dir: str, name: str) -> str:
   for d in (data_dir, os.path.join(data_dir, name), os.path.join(data_dir, name, 'data')):
     if os.path.isdir(os.path.join(d, 'all_data')) or os.path.isdir(os.path.join(d, 'train')):
       return d
-  from fedjax_flat.data.download import leaf_instructions
   raise FileNotFoundError(
       f'{name}: no LEAF data under {data_dir} (looked for all_data/ or train/+test/ in {data_dir}, '
       f'{os.path.join(data_dir, name)} and {os.path.join(data_dir, name, "data")}). '
       + leaf_instructions(name, data_dir))
 
 
-def check_arg(field, value, ok, allowed):
-  """A dataset builder's argument: ConfigError naming config.data.<field> unless `ok`."""
-  if not ok:
-    raise ConfigError(f'data.{field}', value, allowed)
+# LEAF's FEMNIST and Shakespeare have no file to download: LEAF's scripts build the JSON files from NIST SD19
+# (by_class.zip, by_write.zip) and Project Gutenberg's complete works.
+LEAF_DATASETS = ('femnist', 'shakespeare')
+
+
+def leaf_instructions(dataset: str, data_dir: str) -> str:
+  return (f'{dataset} is built by LEAF\'s own scripts (no file of it is published): on a machine with internet '
+          f'access run\n  git clone https://github.com/TalwalkarLab/leaf && cd leaf/data/{dataset} && ./preprocess.sh\n'
+          f'(it downloads the raw data and writes data/all_data/*.json), then copy leaf/data/{dataset}/data to '
+          f'{os.path.join(data_dir, dataset)} or pass --config.data.data_dir=<...>/leaf/data/{dataset}/data')
 
 
 def _finite_in(v, lo, hi, lo_open=False):
@@ -357,7 +364,6 @@ def load(name: str, data_dir: Optional[str], encode, *, source='auto', split='',
               iid_sizes=iid_sizes, min_samples=min_samples, train_split=train_split,
               train_fraction=train_fraction, seed=seed, num_clients=num_clients, max_samples=max_samples)
   check_args(**args)
-  from fedjax_flat.data.sources.cifar import default_data_dir
   root = find_root(data_dir or default_data_dir(), name)
   has_all = os.path.isdir(os.path.join(root, 'all_data'))
   if source == 'auto':
@@ -436,7 +442,7 @@ def to_dataset(train: List[User], test: List[User], population: bool, *, num_cla
   return ds
 
 
-@register('femnist')
+@register('femnist', rules={'num_clients': ('int', 0, False, None, False, 'users drawn at random; 0 = every user')})
 def _femnist(data_dir=None, source='auto', split='', fraction=1.0, iid_user_fraction=1.0, iid_sizes='leaf',
              min_samples=0, train_split='sample', train_fraction=0.9, seed=0, cache=True, num_clients=0,
              max_samples=0, **unused):
@@ -450,12 +456,12 @@ def _femnist(data_dir=None, source='auto', split='', fraction=1.0, iid_user_frac
 
 
 def shakespeare_task():
-  from fedjax_flat.tasks import next_token as text_tasks
   return text_tasks.NextToken(ignore_index=SHAKESPEARE_PAD, oov_ids=(SHAKESPEARE_OOV,), bos_id=SHAKESPEARE_BOS,
                               eos_id=SHAKESPEARE_EOS, accuracy_excludes=('pad',))
 
 
-@register('shakespeare')
+@register('shakespeare', task=lambda d: 'next_token' if (d.get('target') or 'sequence') == 'sequence' else 'classification',
+          rules={'num_clients': ('int', 0, False, None, False, 'users drawn at random; 0 = every user')})
 def _shakespeare(data_dir=None, source='auto', split='', fraction=1.0, iid_user_fraction=1.0, iid_sizes='leaf',
                  min_samples=0, train_split='sample', train_fraction=0.9, seed=0, target='sequence', cache=True,
                  num_clients=0, max_samples=0, **unused):

@@ -30,6 +30,8 @@ import numpy as np
 from fedjax_flat import errors
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.data.registry import register
+from fedjax_flat.data.download import default_data_dir
+from fedjax_flat.data.sources import cifar
 
 TRAIN_FILE = 'federated_cifar100_train.sqlite'
 TEST_FILE = 'federated_cifar100_test.sqlite'
@@ -306,7 +308,6 @@ def load_generated(data_dir: str, *, seed: int = 0, alpha: float = 0.1, beta: fl
                    num_test_clients: int = NUM_TEST_CLIENTS, split_dir: Optional[str] = None,
                    check_official_sizes: bool = True) -> FederatedDataset:
   """Pachinko split of the raw CIFAR-100 tarball (train and test), saved under <data_dir>/splits."""
-  from fedjax_flat.data.sources import cifar  # the tarball reader
   arrays = cifar.load_arrays('cifar100', data_dir, check_official_sizes=check_official_sizes)
   split_dir = split_dir or os.path.join(data_dir, 'splits')
   tag = f'_pam_beta{float(beta):g}'
@@ -465,12 +466,11 @@ def convert_tff_sqlite(tff_path: str, out_dir: str, splits: Sequence[str] = ('tr
   return written
 
 
-@register('cifar100_pam')
+@register('cifar100_pam', limits={'source': ('sqlite', 'generate')})
 def _cifar100_pam(data_dir=None, source='sqlite', seed=0, alpha=0.1, beta=10.0, num_clients=500,
                   examples_per_client=100, num_test_clients=100, split_dir=None, check_official_sizes=True,
                   **unused):
   del unused
-  from fedjax_flat.data.sources.cifar import default_data_dir
   data_dir = data_dir or default_data_dir()
   if source == 'sqlite':
     return load_sqlite(data_dir, check_official_sizes=check_official_sizes)

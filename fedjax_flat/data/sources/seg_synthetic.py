@@ -19,7 +19,7 @@ Returned FederatedDataset (uint8 images [N, H, W, 3], uint8 label maps [N, H, W]
   test clients            a separate population: 'seen' (every training client's held-out images) and
                           'unseen' (unseen_test_per_domain images of each unseen domain)
   test_examples()         seen + unseen together
-task: 'segmentation' (tasks.Segmentation: OHEM loss, mIoU and per-class IoU, ignore index 255).
+task: 'segmentation' (seg_tasks.Segmentation: OHEM loss, mIoU and per-class IoU, ignore index 255).
 Extra attributes: class_names, ignore_index, domain_names, unseen_domain_ids, client_domain [K],
 test_domain [N_test], domain_styles (gain, offset, gamma per domain).
 
@@ -32,9 +32,10 @@ from typing import Sequence, Tuple
 
 import numpy as np
 
-from fedjax_flat.tasks import base as tasks
+from fedjax_flat.tasks import segmentation as seg_tasks
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.data.registry import register
+from fedjax_flat.data.transforms.pipeline import SEG_AUGMENT
 
 CLASS_NAMES = ('background', 'rectangle', 'disc', 'triangle')
 IGNORE = 255
@@ -178,7 +179,7 @@ def load(*, num_domains: int = 6, unseen_domains: int = 2, clients_per_domain: i
       client_test_indices=client_tests,
       client_names=[f'd{client_domain[k]}_c{k % clients_per_domain}' for k in range(len(clients))],
       test_population_indices=[seen_pop, np.arange(t0, t0 + n_unseen)], test_client_names=['seen', 'unseen'],
-      task=tasks.Segmentation(ignore_index=IGNORE))
+      task=seg_tasks.Segmentation(ignore_index=IGNORE))
   ds.class_names = CLASS_NAMES
   ds.ignore_index = IGNORE
   ds.domain_names = [f'domain{d}' for d in range(num_domains)]
@@ -189,7 +190,13 @@ def load(*, num_domains: int = 6, unseen_domains: int = 2, clients_per_domain: i
   return ds
 
 
-@register('seg_synthetic')
+# config.data (config/default_config.segmentation_data): augmentation fields + the generator's fields.
+FIELDS = dict(SEG_AUGMENT, crop=(64, 64), scale=(0.75, 1.5), num_domains=6, unseen_domains=2, clients_per_domain=3,
+              examples_per_client=24, client_test_examples=6, unseen_test_per_domain=24, image_size=(64, 64),
+              max_shapes=3, class_alpha=2.0, client_jitter=0.05, ignore_border=True, seed=0)
+
+
+@register('seg_synthetic', task='segmentation', fields=FIELDS)
 def _seg_synthetic(num_domains=6, unseen_domains=2, clients_per_domain=3, examples_per_client=24,
                    client_test_examples=6, unseen_test_per_domain=24, image_size=(64, 64), max_shapes=3,
                    class_alpha=2.0, client_jitter=0.05, ignore_border=True, seed=0, **unused):

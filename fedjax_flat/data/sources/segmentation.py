@@ -34,7 +34,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from fedjax_flat.tasks import base as tasks
+from fedjax_flat.tasks import segmentation as seg_tasks
 from fedjax_flat.data.prefetch import DecodePool, prefetch_map
 
 IGNORE = 255
@@ -148,7 +148,7 @@ class SegmentationSource(DecodePool):
     self.class_names = tuple(class_names)
     self.num_classes = len(self.class_names)
     self.ignore_index = IGNORE
-    self.task = tasks.Segmentation(ignore_index=IGNORE)   # OHEM loss, mIoU (tasks/base.py; config.segmentation)
+    self.task = seg_tasks.Segmentation(ignore_index=IGNORE)   # OHEM loss, mIoU (tasks/base.py; config.segmentation)
     self.label_dtype = np.uint8                            # batches keep uint8 label maps (data/batching.py)
     self.resample = resample
     self.label_rgb_channel = label_rgb_channel

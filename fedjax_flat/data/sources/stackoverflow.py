@@ -42,8 +42,10 @@ import numpy as np
 
 from fedjax_flat.data.sources import pam
 from fedjax_flat.data.federated import FederatedDataset
-from fedjax_flat.data.sources.leaf import check_arg
+from fedjax_flat.data.registry import check_arg
 from fedjax_flat.data.registry import register
+from fedjax_flat.data.download import default_data_dir
+from fedjax_flat.tasks import next_token as text_tasks
 
 TFF_FILE = 'stackoverflow.sqlite'
 FEDJAX_FILES = {'train': 'stackoverflow_train.sqlite', 'test': 'stackoverflow_test.sqlite',
@@ -63,7 +65,6 @@ def special_ids(vocab_size: int) -> Dict[str, int]:
 
 
 def task(vocab_size: int):
-  from fedjax_flat.tasks import next_token as text_tasks
   s = special_ids(vocab_size)
   return text_tasks.NextToken(ignore_index=s['pad'], oov_ids=(s['oov'],), bos_id=s['bos'], eos_id=s['eos'])
 
@@ -296,7 +297,6 @@ def load(data_dir: Optional[str] = None, *, format: str = 'auto', num_clients: i
          'an integer >= 0 (0 = no cap; the thesis: 1000)')
   check_arg('test_examples', test_examples, _int(test_examples, 0), 'an integer >= 0 (0 = the whole test split)')
   check_arg('seed', seed, _int(seed, 0), 'an integer >= 0')
-  from fedjax_flat.data.sources.cifar import default_data_dir
   data_dir = data_dir or default_data_dir()
   vocab_path = find_word_counts(data_dir)
   src, files = open_source(data_dir, format)
@@ -354,7 +354,8 @@ def _tokenize_all(src, vocab_path, *, num_clients, vocab_size, sequence_length, 
           'test_x': tx, 'test_y': ty, 'client_ids': np.array(ids, dtype=str)}
 
 
-@register('stackoverflow')
+@register('stackoverflow', task='next_token', rules={'num_clients': ('int', 0, False, None, False,
+                                                  'users sampled as clients; 0 = every user of the training split')})
 def _stackoverflow(data_dir=None, format='auto', num_clients=0, vocab_size=10000, sequence_length=20,  # noqa: A002
                    max_sentences_per_client=1000, test_examples=10000, seed=0, cache=True, **unused):
   del unused

@@ -14,7 +14,26 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from fedjax_flat.data import registry as data_registry
 from fedjax_flat.data.transforms import augment as aug
+from fedjax_flat.data.transforms.transform import Transform, on_inputs
+from fedjax_flat.data.transforms import style_transfer
+
+# config.data fields of the segmentation augmentation (augment='segmentation': make_seg_augment, style transfer),
+# with their defaults; each segmentation dataset declares them with its own defaults (data/registry.py `fields`).
+SEG_AUGMENT = dict(
+    crop=(512, 1024),          # (h, w) of the training crops; () = keep the loaded size (no scale/crop)
+    scale=(0.5, 1.5),          # scale_crop: resize factor range; resized_crop: crop area fraction range
+    scale_mode='scale_crop',   # 'scale_crop' (Cityscapes release) | 'resized_crop' (IDDA release)
+    flip=True,                 # random horizontal flip (image and label map together)
+    jitter=0.0,                # colour jitter strength (brightness/contrast/saturation); 0 = off
+    style='none',              # style-transfer DG on half of each batch: 'none' | 'cfsi' | 'lab'
+    style_fraction=0.5,        # fraction of each batch's valid examples restyled
+    cfsi_window=0.05,          # CFSI low-frequency window (fraction of H and W)
+    style_max_per_client=0,    # bank entries per client (0 = every image, as the release)
+    shuffle=True,              # data/batching.py: reshuffle every epoch
+)
+SEG_AUGMENT_FIELDS = tuple(SEG_AUGMENT)   # read here, not by the dataset builders
 
 
 def _mixup_valid(rng, batch, num_classes, alpha=1.0):
@@ -40,11 +59,10 @@ def _mixup_valid(rng, batch, num_classes, alpha=1.0):
 def _segmentation(config, data):
   """augment='segmentation': image + label-map pipeline from config.data (data/transforms/augment.py make_seg_augment);
   with data.style != 'none' the style bank is built here from the training clients (data/transforms/style_transfer.py)
-  and attached as `train_fn.style_bank` (its size is a side-channel message for the communication count)."""
+  and held by the Transform (`style_bank`) (its size is a side-channel message for the communication count)."""
   from absl import logging
-  from fedjax_flat.data.transforms import style_transfer
-  from fedjax_flat.config.default_config import SEGMENTATION_DATA
-  get = lambda k: config.data.get(k, SEGMENTATION_DATA[config.dataset][k])
+  declared = data_registry.declared_fields(config.dataset)
+  get = lambda k: config.data.get(k, declared[k])  # noqa: E731
   mean, std = ((0.0,) * 3, (1.0,) * 3) if config.normalize == 'none' else aug.STATS[config.normalize]
   bank = None
   if get('style') != 'none':
@@ -61,11 +79,11 @@ def _segmentation(config, data):
   train = aug.make_seg_augment(crop=tuple(get('crop')) or None, scale=tuple(get('scale')), mode=get('scale_mode'),
                                flip=get('flip'), jitter=get('jitter'), mean=mean, std=std, style=bank,
                                style_fraction=get('style_fraction'))
-  train.style_bank = bank
-  return train, aug.make_seg_preprocess(mean, std)
+  return Transform(train, needs_client=bank is not None, style_bank=bank), aug.make_seg_preprocess(mean, std)
 
 
 def make_transforms(config, num_classes: int, data=None):
+  """(train Transform (rng, batch) -> batch (data/transforms/transform.py), eval fn x -> x) from the config."""
   norm = config.normalize
   name = config.augment
   if name == 'segmentation':
@@ -75,16 +93,15 @@ def make_transforms(config, num_classes: int, data=None):
     if name != 'none':
       raise ValueError(f'augment={name!r} needs config.normalize (cifar10 | cifar100 | imagenet)')
     pre = aug.make_preprocess('cifar', **stats) if stats else aug.to_float
-    return (lambda rng, x: pre(x)), pre
+    return on_inputs(lambda rng, x: pre(x)), pre
   if name == 'cifar_mixup':
     base = aug.make_augment('cifar', **stats)
 
     def mixup(rng, batch):
       k1, k2 = jax.random.split(rng)
       return _mixup_valid(k2, {**batch, 'x': base(k1, batch['x'])}, num_classes)
-    mixup.on_batch = True
-    return mixup, aug.make_preprocess('cifar', **stats)
-  return aug.make_augment(name, **stats), aug.make_preprocess(name, **stats)
+    return Transform(mixup), aug.make_preprocess('cifar', **stats)
+  return on_inputs(aug.make_augment(name, **stats)), aug.make_preprocess(name, **stats)
 
 
 __all__ = ['make_transforms']

@@ -8,7 +8,7 @@ from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.core import engine
 from fedjax_flat.data import batching
 from fedjax_flat.data.sources.builtin import synthetic
-from fedjax_flat.models import get_model
+from fedjax_flat.models.registry import get_model
 from fedjax_flat.algorithms.wrappers.swa import swa_start_round, with_swa
 from fedjax_flat.config.default_config import default_config
 

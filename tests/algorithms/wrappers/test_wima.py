@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from fedjax_flat.core.contract import FederatedAlgorithm
-from fedjax_flat.models import get_model
+from fedjax_flat.models.registry import get_model
 from fedjax_flat.algorithms.wrappers.wima import classifier_key, selected_paths, with_wima
 from fedjax_flat.config.default_config import default_config
 

@@ -207,11 +207,11 @@ def test_cache_skips_json_parsing(tmp_path, monkeypatch):
 
 
 def test_readout_must_match_the_labels(tmp_path):
-  from fedjax_flat.training import loop
+  from fedjax_flat.training import trainers
   make_shakespeare_leaf(str(tmp_path), [('A', 'x' * 90), ('B', 'y' * 95)])
   import importlib
   c = importlib.import_module('configs.quickstart_shakespeare').get_config()
   c.data.data_dir, c.data.fraction, c.data.min_samples, c.clients_per_round = str(tmp_path), 1.0, 0, 2
   c.data.target = 'next'                          # one label per window, but a per-position model
   with pytest.raises(ConfigError, match="model_kwargs.readout.*'last'"):
-    loop.Trainer(c, write_files=False)
+    trainers.make_trainer(c, write_files=False)
