@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import sys
 
-
 from absl import app, flags, logging
 from ml_collections import config_flags
 

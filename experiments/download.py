@@ -16,7 +16,6 @@ by hand; re-running then verifies and uses it.
 import sys
 import time
 
-
 from absl import app, flags
 
 from fedjax_flat.data import download as dl

@@ -19,7 +19,6 @@ import json
 import os
 import sys
 
-
 from absl import app, flags, logging
 from ml_collections import config_flags
 

@@ -29,7 +29,6 @@ import os
 import sys
 import time
 
-
 from absl import app, flags, logging
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory (config.json + checkpoints/).')

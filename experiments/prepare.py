@@ -10,7 +10,6 @@ import json
 import os
 import time
 
-
 from absl import app, flags, logging
 
 from fedjax_flat.data.sources import landmarks

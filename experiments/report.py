@@ -20,7 +20,6 @@ import os
 import sys
 import time
 
-
 from absl import app, flags
 
 from fedjax_flat.sweeps import report as report_lib

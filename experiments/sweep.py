@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import sys
 
-
 from absl import app, flags
 
 from fedjax_flat.sweeps import sweep as sweep_lib

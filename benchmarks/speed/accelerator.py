@@ -33,7 +33,6 @@ import sys
 import time
 import traceback
 
-
 import jax
 
 from benchmarks.speed import bench_util

@@ -20,7 +20,6 @@ import shutil
 import tempfile
 import time
 
-
 import jax
 import numpy as np
 

@@ -28,7 +28,6 @@ import statistics
 import subprocess
 import time
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np

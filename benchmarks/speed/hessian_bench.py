@@ -23,7 +23,6 @@ import os
 import platform
 import time
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np

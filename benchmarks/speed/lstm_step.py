@@ -12,7 +12,6 @@ noise). Results: benchmarks/speed/README.throughput.md, "LSTM layer".
 import os
 import time
 
-
 from absl import app, flags
 import flax.linen as nn
 import jax

@@ -23,7 +23,6 @@ import os
 import statistics
 import time
 
-
 from absl import logging
 import jax
 import numpy as np

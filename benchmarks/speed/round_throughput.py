@@ -30,7 +30,6 @@ import statistics
 import sys
 import time
 
-
 from absl import app, flags, logging
 import jax
 

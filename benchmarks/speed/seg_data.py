@@ -15,7 +15,6 @@ import os
 import tempfile
 import time
 
-
 import jax
 import numpy as np
 from PIL import Image

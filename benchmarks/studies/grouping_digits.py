@@ -17,7 +17,6 @@ import json
 import os
 import sys
 
-
 from absl import app, flags, logging
 import numpy as np
 
