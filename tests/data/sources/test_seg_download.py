@@ -14,7 +14,7 @@ from tests.fixtures import seg_files as F
 from tests.fixtures.http_server import loopback_opener as _opener
 
 
-def test_feddrive_split_files_fetched_verified_and_read(server, tmp_path, monkeypatch):  # noqa: F811
+def test_feddrive_split_files_fetched_verified_and_read(server, tmp_path, monkeypatch):
   handler, base = server
   data_dir = str(tmp_path / 'data')
   files = F.make_cityscapes(os.path.join(data_dir, 'cityscapes'), {'ulm': 4}, {'lindau': 2})
