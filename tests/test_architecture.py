@@ -4,7 +4,8 @@
       of LAYERS (the single declaration of the layer rule);
   (b) no import circle between modules (module-level imports, which run at import time; an `__init__.py`
       that imports its submodules counts as a module);
-  (c) a package `__init__.py` holds a docstring and nothing else;
+  (c) a package `__init__.py` holds a docstring and nothing else, except a declared public face (FACES): it
+      only re-exports names of its own package and none of that package's modules imports it;
   (d) the entry points (experiments/, benchmarks/, configs/, tests/) never edit `sys.path`: they run from the
       repository root against the installed package.
 
@@ -180,10 +181,37 @@ def test_no_import_circles():
   assert not report, 'module-level import circles:\n' + '\n'.join(report)
 
 
+# Public faces: `from fedjax_flat import analysis; analysis.top_eigenpairs(...)` is the documented API of the
+# Hessian tools (README). A face re-exports its own package's names only and is imported by none of them.
+FACES = {'fedjax_flat/analysis/__init__.py'}
+
+
+def _face_problems(rel):
+  pkg = rel[:-len('/__init__.py')].replace('/', '.')
+  out = []
+  for node in ast.parse(open(os.path.join(REPO, rel)).read(), rel).body[1:]:
+    own = isinstance(node, ast.ImportFrom) and (node.module == pkg or (node.module or '').startswith(pkg + '.'))
+    all_ = isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ['__all__']
+    if not (own or all_):
+      out.append(f'{rel}:{node.lineno}: a face only re-exports its own modules: {ast.unparse(node)[:80]}')
+  for other_rel in MODULES.values():
+    if other_rel.startswith(rel[:-len('__init__.py')]) and other_rel != rel:
+      for node in ast.walk(ast.parse(open(os.path.join(REPO, other_rel)).read(), other_rel)):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module or ''] if isinstance(node, ast.ImportFrom) else [])
+        if pkg in names or (isinstance(node, ast.ImportFrom) and node.module == pkg.rpartition('.')[0]
+                            and any(a.name == pkg.rpartition('.')[2] for a in node.names)):
+          out.append(f'{other_rel}:{node.lineno} imports its own package face {pkg}')
+  return out
+
+
 def test_package_inits_hold_only_a_docstring():
   bad = []
   for module, rel in MODULES.items():
     if not rel.endswith('__init__.py'):
+      continue
+    if rel in FACES:
+      bad += _face_problems(rel)
       continue
     body = ast.parse(open(os.path.join(REPO, rel)).read(), rel).body
     for k, node in enumerate(body):

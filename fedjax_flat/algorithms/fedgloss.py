@@ -51,7 +51,7 @@ DUAL_VARIANTS = ('thesis', 'release')
 # rho_server_schedule: 'constant' | 'release' | 'linear' (optimizers/schedules.server_rho_schedule); the
 # warm-up uses config.client.rho0 and client.rho_warmup_rounds (one T_s for client and server, as the release).
 # dual_variant defaults to 'release': Algorithm 5 as printed ('thesis') oscillates on the digits at alpha = 0
-# (benchmarks/README.flat_minima.md: 78.5 vs 95.6 last-K, SGD client); it stays one flag away, with a warning.
+# (benchmarks/studies/README.flat_minima.md: 78.5 vs 95.6 last-K, SGD client); it stays one flag away, with a warning.
 HPARAMS = {'rho_server': Number(0.15, lo=0, bound=True),
            'beta': Number(10.0, lo=0, lo_open=True, bound=True),
            'admm': Flag(True),
@@ -70,13 +70,13 @@ def check_data(cfg, hp, data) -> None:
                       f'{cfg.data.get("num_clients")!r} is not the data\'s {data.num_clients} clients; set '
                       f'algo.population={data.num_clients}')
   if hp['dual_variant'] == 'thesis' and hp['admm'] and cfg.clients_per_round < data.num_clients:
-    # Measured (benchmarks/README.flat_minima.md): Algorithm 5's dual as printed is a |C^t| times larger step
+    # Measured (benchmarks/studies/README.flat_minima.md): Algorithm 5's dual as printed is a |C^t| times larger step
     # than the release code's and oscillates at partial participation (digits alpha=0: 78.5 vs 95.6 last-K).
     logging.warning('%s with algo.dual_variant=thesis (Algorithm 5 as printed) and partial participation '
                     'is unstable; the release code (the default) is --config.algo.dual_variant=release',
                     cfg.algorithm)
   if cfg.swa.enabled and cfg.swa.cyclic_lr and hp['admm']:
-    # Measured (benchmarks/README.flat_minima.md): once SWA's cyclic client lr starts, the ADMM server term
+    # Measured (benchmarks/studies/README.flat_minima.md): once SWA's cyclic client lr starts, the ADMM server term
     # outweighs the clients' steps at lr2 and the model collapses (digits: 0.86 -> 0.60).
     logging.warning('%s with server SWA and its cyclic client lr is unstable (the thesis never combines them); '
                     'use --config.swa.cyclic_lr=False (averaging only) or WiMA (wima.enabled)', cfg.algorithm)

@@ -58,7 +58,8 @@ _PASSES = {'chain_passes': Integer(1, lo=1),      # E_S: passes over the chain p
            'lanes': Integer(0, lo=0),             # L: chains run in parallel per program (0 = auto; core/chains.py)
            'lane_steps': Integer(0, lo=0)}        # T: local steps per lane (0 = auto: the longest lane of the run)
 _FLAGS = {'shuffle_chain': Flag(True),            # re-draw the chain order every round (reference: shuffle_sp_clients)
-          'reset_opt_state': Flag(True)}          # fresh client optimizer state per chain member (reference: new optimizer)
+          # a fresh client optimizer state per chain member (the reference builds a new optimizer)
+          'reset_opt_state': Flag(True)}
 
 
 def check(cfg, hp) -> None:

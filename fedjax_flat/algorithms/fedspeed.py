@@ -17,7 +17,7 @@ the mean over ALL N clients of their corrections, x^{t+1} = mean_S x_{k,K} - lam
 under full participation. (The release code also uses alpha = 1, a plain SAM gradient: set algo.alpha=1.)
 With partial participation the 'active' form over-weights each client's accumulated correction by N/|S|: on
 the digits at alpha = 0 with 5 of 20 clients it collapses while 'population' reaches 0.96
-(benchmarks/README.baselines.md).
+(benchmarks/studies/README.baselines.md).
 
 The ascent step is part of the method, so client.optimizer must be 'sam' (its rho, with the optional rho
 warm-up, is the round's rho); grad_clip / weight decay / momentum of the client chain follow the merged
@@ -68,7 +68,7 @@ def check_data(cfg, hp, data) -> None:
   if hp['dual_mean'] != 'active':
     check_population(cfg, data)
   elif cfg.clients_per_round < data.num_clients:
-    # Measured (benchmarks/README.baselines.md): Algorithm 1's active-client dual mean diverges at partial
+    # Measured (benchmarks/studies/README.baselines.md): Algorithm 1's active-client dual mean diverges at partial
     # participation (digits alpha=0: 0.33 test accuracy) where the release code's population mean reaches 0.96.
     logging.warning('fedspeed with algo.dual_mean=active (the paper\'s Algorithm 1) and partial participation '
                     '(clients_per_round=%d of %d) is unstable; the authors\' code uses '

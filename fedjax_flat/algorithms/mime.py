@@ -41,7 +41,7 @@ from fedjax_flat.errors import ConfigError
 
 HPARAMS = {'beta': Number(0.9, lo=0, hi=1, hi_open=True)}
 
-# Measured (benchmarks/README.baselines.md, MimeLite beta 0.9 on the digits quickstart, 100 rounds): client lr
+# Measured (benchmarks/studies/README.baselines.md, MimeLite beta 0.9 on the digits quickstart, 100 rounds): client lr
 # 0.01 trains at alpha 0 and 0.5; 0.02 diverges at alpha 0; 0.03 degrades (0.61) and 0.04-0.05 diverge at
 # alpha 0.5. The momentum trace g + beta m scales the step by 1/(1 - beta), so the bound is on lr / (1 - beta).
 MIME_MAX_EFFECTIVE_LR = 0.1
@@ -53,7 +53,7 @@ def warn_mime_lr(lr, beta, algo) -> bool:
   if eff <= MIME_MAX_EFFECTIVE_LR * (1 + 1e-9):
     return False
   logging.warning('%s: client.lr=%g with algo.beta=%g is an effective step lr/(1-beta)=%.3g, above %.2g where it '
-                  'diverged on the digits quickstart (benchmarks/README.baselines.md); try client.lr <= %.3g',
+                  'diverged on the digits quickstart (benchmarks/studies/README.baselines.md); try client.lr <= %.3g',
                   algo, lr, beta, eff, MIME_MAX_EFFECTIVE_LR, MIME_MAX_EFFECTIVE_LR * (1.0 - float(beta)))
   return True
 

@@ -65,7 +65,7 @@ def plain_client_cfg(client_cfg, lr: float = 0.0):
 
 
 # Task2Vec's classifier fitting (`_fit_classifier`: Adam, lr 4e-4, weight decay 1e-4): a gentle fit keeps the
-# head from becoming certain on a one-class client, where the Fisher would vanish (benchmarks/README.fedseq.md).
+# head from becoming certain on a one-class client, where the Fisher would vanish (benchmarks/studies/README.fedseq.md).
 PROBE_WEIGHT_DECAY = 1e-4
 
 

@@ -1,6 +1,7 @@
 """The trainer of the chain algorithms (FedSeq family: algorithms/fedseq.py): superclients, chains, lanes.
 
-`training/trainers.make_trainer(config, ...)` returns a `ChainTrainer` when config.algorithm is a chain algorithm; it differs
+`training/trainers.make_trainer(config, ...)` returns a `ChainTrainer` when config.algorithm is a chain algorithm; it
+differs
 from the client trainer only in the hooks the latter offers:
 
   build_algorithm   builds the superclients (grouping/superclients.build_superclients, or the lists / the

@@ -5,7 +5,8 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_flat.optimizers import asam, default_adaptive_predicate, sam
+from fedjax_flat.optimizers.asam import asam, default_adaptive_predicate
+from fedjax_flat.optimizers.sam import sam
 
 
 def _probe(p):

@@ -6,7 +6,7 @@ import optax
 import pytest
 from jax.flatten_util import ravel_pytree
 
-from fedjax_flat.optimizers import sam
+from fedjax_flat.optimizers.sam import sam
 
 # Quadratic L(w) = 0.5 w^T A w - b^T w, so grad L(w) = A w - b.
 A = np.array([[3.0, 1.0], [1.0, 2.0]])

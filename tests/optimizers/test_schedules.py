@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_flat.optimizers import rho_warmup, swa_cyclic_lr
+from fedjax_flat.optimizers.schedules import rho_warmup, swa_cyclic_lr
 
 
 def test_rho_warmup_values():
