@@ -37,10 +37,8 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 # Before anything imports jax: one host CPU device per usable core (fedjax_flat/devices.py).
-from fedjax_flat import devices  # noqa: E402
+from fedjax_flat import devices
 
 HOST_DEVICES = devices.configure_or_exit() if __name__ == '__main__' else None
 
