@@ -145,7 +145,6 @@ def main():
   os.environ[devices.ENV] = '1'      # the driver itself: one device (it only measures the GEMM rate)
   devices.configure_host_devices([])
   from benchmarks.speed import bench_util
-  from benchmarks.speed.peers import protocol
   problems = a.problems.split(',')
   settings = a.settings.split(',')
   for s in settings:
@@ -209,7 +208,8 @@ def main():
                    'device_rounds': st.get('device_rounds'), 'first_call_s': st.get('first_round_s'),
                    'cpu_s_per_round': (statistics.median(CPU_S[(p, s)]) / units[(p, s)]) if (p, s) in CPU_S else None,
                    'all_s': times[(p, s)]})
-  res = {'rows': rows, 'repeats': a.repeats, 'cnn_examples_per_client': a.cnn_examples, 'quickstart_rounds_per_call': a.rounds, 'uptime': up,
+  res = {'rows': rows, 'repeats': a.repeats, 'cnn_examples_per_client': a.cnn_examples,
+         'quickstart_rounds_per_call': a.rounds, 'uptime': up,
          'gemm_gflops_2048': gemm, 'cores': CORES, **info,
          'workers': {s: setup.get((problems[0], s), {}).get('host_devices') for s in settings}}
   md = _markdown(res)
