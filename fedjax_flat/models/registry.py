@@ -78,6 +78,12 @@ def _femnist_cnn(num_classes, input_shape, conv_impl='auto', pool_impl='auto', v
                         'femnist_cnn', num_classes, input_shape)
 
 
+@register('pfl_cnn')
+def _pfl_cnn(num_classes, input_shape, conv_impl='auto', pool_impl='auto', dropout=True):
+  return base.from_flax(cnn.PflCNN(num_classes, conv_impl=conv_impl, pool_impl=pool_impl, dropout=bool(dropout)),
+                        'pfl_cnn', num_classes, input_shape)
+
+
 @register('char_lstm')
 def _char_lstm(num_classes, input_shape, conv_impl='auto', embed=8, hidden=100, num_layers=2, biases=2,
                readout='sequence'):

@@ -148,6 +148,9 @@ def validate_config(cfg) -> None:
   _num(cfg, 'server.eps', lo=0, lo_open=True)
   from fedjax_flat.server.optimizers import ADAPTIVE_FORMS
   _choice(cfg, 'server.adaptive_form', ADAPTIVE_FORMS)
+  if 'weighting' in cfg.server:
+    from fedjax_flat.algorithms.base import WEIGHTINGS
+    _choice(cfg, 'server.weighting', WEIGHTINGS)
 
   _num(cfg, 'swa.start_fraction', lo=0, hi=1, hi_open=True)
   _num(cfg, 'swa.cycle', lo=1, integer=True)
@@ -413,6 +416,9 @@ def _validate_chain(cfg, algo, defaults) -> None:
       raise ConfigError('algo.growth', hp['growth'], "allowed values: ['exp', 'linear', 'log']")
     if not (_finite_number(hp['growth_alpha']) and hp['growth_alpha'] >= 0):
       raise ConfigError('algo.growth_alpha', hp['growth_alpha'], 'must be a finite number >= 0')
+  if cfg.server.get('weighting', 'examples') != 'examples':
+    raise ConfigError('server.weighting', cfg.server.weighting, f'{algo} weights each chain by its data '
+                      "(|D_S|, algorithms/fedseq.py): use 'examples'")
   if algo == 'fedcyclic' and (cfg.server.optimizer != 'sgd' or cfg.server.lr != 1 or cfg.server.momentum):
     raise ConfigError('server.optimizer', cfg.server.optimizer, 'FedCyclic has no server step (the chain\'s '
                       'model is the next global model): use server.optimizer=sgd, lr=1, momentum=0')
