@@ -172,8 +172,8 @@ def run_pfl_group(a, peer_set):
   """pfl-research's CIFAR10 protocol (benchmarks/pfl_cifar10.py's problem): engine strategies, the trainer,
   the torch peer; every row times whole rounds (the trainer K per call)."""
   k = a.pfl_timed_rounds
-  opts = types.SimpleNamespace(smoke=a.smoke, chunk=10, timed_rounds=k)
-  c = pfl_cifar10.protocol_config(a.smoke)
+  opts = types.SimpleNamespace(smoke=a.smoke, chunk=10, timed_rounds=k, conv_impl=a.conv_impl)
+  c = pfl_cifar10.protocol_config(a.smoke, conv_impl=a.conv_impl)
   data = pfl_cifar10.make_data(c, a.smoke)
   rows, fns = {}, {}
   for v in PFL_VARIANTS:

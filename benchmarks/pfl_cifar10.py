@@ -14,7 +14,9 @@ same seed (0); each samples its 50 users per round uniformly from (seed, round) 
   ours_<N>dev            the trainer in a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=N
                          (the round's clients sharded over N host devices)
   torch                  the PyTorch reference pattern (benchmarks/peers/torch_peer.py: sequential users,
-                         torch SGD, nn.Dropout, unweighted average), a subprocess
+                         torch SGD, nn.Dropout, unweighted average), a subprocess; torch_1t the same with one
+                         torch thread (on a loaded 2-core machine torch's OpenMP threads spin: measured 10x
+                         slower with 2 threads than 1 there). x torch = against the faster of the two rows
   fedjax                 FedJAX 0.0.17's fed_avg (benchmarks/peers/fedjax_peer.py in .venv-fedjax; haiku CNN
                          with hk.dropout; FedJAX weights by examples, which with 50 images per user is uniform)
 
@@ -58,7 +60,8 @@ TRAINER_KNOBS = {'trainer': {}, 'trainer_rpc1': {'engine.rounds_per_call': 1},
                  'trainer_chunked': {'engine.strategy': 'chunked'},
                  'trainer_sequential': {'engine.strategy': 'sequential'}}
 ENGINE = ('engine_vmap', 'engine_chunked', 'engine_sequential')
-DEFAULT_VARIANTS = tuple(TRAINER_KNOBS) + ENGINE + ('ours_Ndev', 'torch', 'fedjax')
+PEER_VARIANTS = {'torch': ('torch', {}), 'torch_1t': ('torch', {'threads': 1}), 'fedjax': ('fedjax', {})}
+DEFAULT_VARIANTS = tuple(TRAINER_KNOBS) + ENGINE + ('ours_Ndev',) + tuple(PEER_VARIANTS)
 
 
 def _args(argv):
@@ -70,6 +73,8 @@ def _args(argv):
                   help='comma list; ours_Ndev stands for one subprocess variant per --host_devices entry')
   ap.add_argument('--host_devices', default='2', help='device counts of the ours_<N>dev subprocesses')
   ap.add_argument('--chunk', type=int, default=10, help='clients per vmap chunk of the chunked variants')
+  ap.add_argument('--conv_impl', default='auto', help="our convolution lowering: 'auto' (the default a user "
+                  "gets: im2col on CPU) | 'lax' | 'im2col'")
   ap.add_argument('--peers', default='auto', help="torch,fedjax | auto (those installed) | none")
   ap.add_argument('--data_dir', default='', help='CIFAR10 files (default: random images in their layout)')
   ap.add_argument('--smoke', action='store_true', help='tiny sizes: checks the script end to end')
@@ -87,9 +92,10 @@ def _args(argv):
 
 # --- The problem: the config, its data, what the peers get. ---
 
-def protocol_config(smoke: bool, overrides=None):
+def protocol_config(smoke: bool, overrides=None, conv_impl: str = 'auto'):
   """configs/pfl_cifar10.py (smoke: shrunk), with dotted `overrides` ({'engine.strategy': 'vmap'})."""
   c = config_strings.load_config(CONFIG)
+  c.model_kwargs.conv_impl = conv_impl
   if smoke:
     c.data.num_clients, c.data.examples_per_client = 40, 20
     c.clients_per_round, c.client.batch_size = 4, 4
@@ -172,7 +178,7 @@ def trainer_variant(name, a, data):
   over = {p: (a.timed_rounds if v == 'K' else v) for p, v in TRAINER_KNOBS[name].items()}
   if over.get('engine.strategy') == 'chunked':
     over['engine.clients_per_chunk'] = a.chunk
-  p = TrainerProblem(protocol_config(a.smoke, over), data, a.timed_rounds)
+  p = TrainerProblem(protocol_config(a.smoke, over, a.conv_impl), data, a.timed_rounds)
 
   def fn():
     p.round()
@@ -185,7 +191,7 @@ def engine_variant(name, a, data, compiled_memory: bool = False):
   Returns (time_fn, XLA's buffer sizes when compiled_memory)."""
   strategy = name.split('_', 1)[1]
   c = protocol_config(a.smoke, {'engine.strategy': strategy, 'engine.clients_per_chunk': a.chunk,
-                                'normalize': 'none'})
+                                'normalize': 'none'}, a.conv_impl)
   n = c.clients_per_round
   idx = [data.client_indices(k) for k in range(n)]
   flat = np.concatenate(idx)
@@ -207,7 +213,7 @@ class SubprocessTrainer:
   def variant(self, name, a):
     spec = dict(model='pfl_cnn', num_classes=10, data='', clients_per_round=0, batch_size=0, epochs=1, lr=0.0,
                 weight_decay=0.0, optimizer='sgd', rho=0.0, seed=0, smoke=a.smoke, data_dir=a.data_dir,
-                timed_rounds=a.timed_rounds)
+                timed_rounds=a.timed_rounds, conv_impl=a.conv_impl)
     setup = self.peer.setup(name, spec)
 
     def run():
@@ -220,7 +226,7 @@ def _serve():
   logging.set_verbosity(logging.WARNING)
 
   def make(spec):
-    c = protocol_config(bool(spec['smoke']))
+    c = protocol_config(bool(spec['smoke']), conv_impl=spec['conv_impl'])
     return TrainerProblem(c, make_data(c, bool(spec['smoke']), spec['data_dir']), int(spec['timed_rounds']))
 
   def info():
@@ -240,6 +246,8 @@ def _markdown(res):
        f"fp32 GEMM 2048^3: {res['gemm_gflops_2048'][0]:.0f} / {res['gemm_gflops_2048'][1]:.0f} GFLOP/s "
        f"(before / after)  ", f"uptime before: {res['uptime'][0]}  ", f"uptime after: {res['uptime'][1]}  ",
        'SMOKE RUN (tiny sizes, not a measurement)' if res['smoke'] else '', '',
+       'x torch: against the faster torch row (torch / torch_1t); 1500 rounds: training rounds at the median rate',
+       '',
        '| variant | rounds/s | examples/s | s/round | x torch | x fedjax | 1500 rounds (min) | first call s | note |',
        '|---|---:|---:|---:|---:|---:|---:|---:|---|']
   for v, r in res['rows'].items():
@@ -263,7 +271,9 @@ def main(argv=None):
   logging.set_verbosity(logging.WARNING)
   c0 = protocol_config(a.smoke)
   data = make_data(c0, a.smoke, a.data_dir)
-  peers = [p for p in bench_util.resolve_peers(a.peers) if p in a.variants]
+  installed = bench_util.resolve_peers(a.peers)
+  peers = sorted({PEER_VARIANTS[v][0] for v in a.variants if v in PEER_VARIANTS and PEER_VARIANTS[v][0] in installed})
+  a.variants = [v for v in a.variants if v not in PEER_VARIANTS or PEER_VARIANTS[v][0] in peers]
   k = a.timed_rounds
   fns, rows, extra = {}, {}, {}
   peer_set = bench_util.PeerSet(peers)
@@ -296,9 +306,9 @@ def main(argv=None):
           row['first_call_s'] = setup['first_round_s']
           row['note'] = f"{len(sub.peer.call(cmd='info')['devices'])} host devices, clients sharded"
         else:
-          spec = peer_spec(c0, path)
-          spec['warmup_rounds'] = 1
-          fn0, setup = peer_set.variant(v, 'pfl', spec)
+          peer, extra_spec = PEER_VARIANTS[v]
+          spec = {**peer_spec(c0, path), 'warmup_rounds': 1, **extra_spec}
+          fn0, setup = peer_set.variant(peer, v, spec)
           fn = lambda fn0=fn0: fn0(k)  # noqa: E731   # K rounds per timed call, seconds per round
           row['first_call_s'] = setup['first_round_s']
         if 'first_call_s' not in row:     # compile + warm-up (subprocesses did theirs at set-up)
@@ -328,10 +338,13 @@ def main(argv=None):
     s = statistics.median(ts)
     rows[v].update({'s_per_round': s, 'rounds_per_s': 1 / s, 'examples_per_s': ex / s, 's_per_round_all': ts,
                     'wall_1500_s': 1500 * s})
+  ref = {'torch': min((rows[v]['s_per_round'] for v in ('torch', 'torch_1t') if 's_per_round' in rows.get(v, {})),
+                      default=None),
+         'fedjax': rows.get('fedjax', {}).get('s_per_round')}
   for v, r in rows.items():
-    for p in ('torch', 'fedjax'):
-      if 's_per_round' in r and 's_per_round' in rows.get(p, {}):
-        r[f'x_{p}'] = rows[p]['s_per_round'] / r['s_per_round']
+    for p, s in ref.items():
+      if 's_per_round' in r and s:
+        r[f'x_{p}'] = s / r['s_per_round']
   t = rows.get('trainer', {})
   if 'eval_s' in t and 's_per_round' in t:
     t['wall_1500_with_eval_s'] = t['first_call_s'] + 1500 * t['s_per_round'] + 150 * t['eval_s']

@@ -149,7 +149,7 @@ def test_torch_pfl_cnn_round_equals_ours(tmp_path):
   hw, ch = (2, 2), 64
 
   def to_torch(p):
-    t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
+    t = lambda a: torch.from_numpy(np.array(a, dtype=np.float32, copy=True))  # noqa: E731
     k = lambda name: np.asarray(p[name]['kernel'])  # noqa: E731
     fc1 = k('Dense_0').reshape(hw + (ch, 128)).transpose(3, 2, 0, 1).reshape(128, -1)   # HWC rows -> CHW
     return {'conv1.weight': t(k('Conv_0').transpose(3, 2, 0, 1)), 'conv2.weight': t(k('Conv_1').transpose(3, 2, 0, 1)),

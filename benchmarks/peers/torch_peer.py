@@ -224,11 +224,26 @@ class FedAvgRound:
       torch.cuda.reset_peak_memory_stats()
 
 
+DEFAULT_THREADS = torch.get_num_threads()
+
+
+class ThreadedRound(FedAvgRound):
+  """A problem with its own torch thread count (spec `threads`, 0 = torch's default): set before each round,
+  since the count is process-wide and one peer serves several problems."""
+
+  def __init__(self, spec, device='cpu'):
+    self.threads = int(spec.get('threads', 0) or 0) or DEFAULT_THREADS
+    torch.set_num_threads(self.threads)
+    super().__init__(spec, device)
+
+  def round(self):
+    if torch.get_num_threads() != self.threads:
+      torch.set_num_threads(self.threads)
+    super().round()
+
+
 def _make_problem(spec):
-  threads = int(spec.get('threads', 0) or 0)
-  if threads:
-    torch.set_num_threads(threads)
-  return FedAvgRound(spec, spec.get('device', 'cpu'))
+  return ThreadedRound(spec, spec.get('device', 'cpu'))
 
 
 def _info():
