@@ -49,10 +49,12 @@ import numpy as np
 
 import bench_util
 from bench_util import protocol
-from fedjax_flat.data import augment as aug
-from fedjax_flat.data import cifar
+from fedjax_flat.config import families as config_strings
+from fedjax_flat.data.transforms import augment as aug
+from fedjax_flat.data import registry as data_registry
 from fedjax_flat.data.federated import FederatedDataset
-from fedjax_flat.training import config_strings, loop
+from fedjax_flat.data.sources import cifar
+from fedjax_flat.training import trainers
 
 CONFIG = os.path.join(bench_util.REPO, 'configs', 'pfl_cifar10.py')
 TRAINER_KNOBS = {'trainer': {}, 'trainer_rpc1': {'engine.rounds_per_call': 1},
@@ -112,8 +114,7 @@ def protocol_config(smoke: bool, overrides=None, conv_impl: str = 'auto'):
 def make_data(c, smoke: bool, data_dir: str = '') -> FederatedDataset:
   """The config's users: CIFAR10 files from data_dir, else random uint8 images (same layout, same partition)."""
   if data_dir:
-    from fedjax_flat.data import registry
-    return registry.get_dataset('cifar10', **{**c.data.to_dict(), 'data_dir': data_dir})
+    return data_registry.get_dataset('cifar10', **{**c.data.to_dict(), 'data_dir': data_dir})
   shape = (8, 8, 3) if smoke else (32, 32, 3)
   n_train, n_test = (c.data.num_clients * c.data.examples_per_client, 200) if smoke else (50000, 10000)
   rng = np.random.default_rng(c.data.seed)
@@ -146,7 +147,7 @@ class TrainerProblem:
   def __init__(self, c, data, k: int):
     self.k = k
     c.rounds = max(c.rounds, 64 * k)         # never the last round inside the timing
-    self.t = loop.Trainer(c, None, data=data, write_files=False)
+    self.t = trainers.make_trainer(c, None, data=data, write_files=False)
     self.evaluate = self.t.evaluate
     self.t.evaluate = lambda: {}               # training rounds only, as every other variant
 

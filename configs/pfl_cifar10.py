@@ -25,22 +25,21 @@ paper (arXiv 2404.06430, NeurIPS 2024 Datasets & Benchmarks; `publications/pfl/*
 Differences, on purpose: evaluation batches of 1000 instead of pfl's 10,000 (the same metrics; less memory on
 a CPU); each user's 50 images are reshuffled every epoch (data.shuffle; one epoch per round here). pfl's
 preprocessing reshapes the raw rows [N, 3072] straight to [N, 32, 32, 3] (channel planes read as pixels);
-our loader decodes the official layout (data/cifar.py). No published accuracy: the protocol is a speed
+our loader decodes the official layout (data/sources/cifar.py). No published accuracy: the protocol is a speed
 benchmark (pfl reports wall-clock minutes per framework).
 
 Run (data: `python experiments/download.py --dataset=cifar10`):
   .venv/bin/python experiments/train.py --config=configs/pfl_cifar10.py --workdir=runs/pfl_cifar10
 Throughput of this protocol against the peers: `python benchmarks/pfl_cifar10.py` (benchmarks/README.md).
 """
-from fedjax_flat.training import data_fields
-from fedjax_flat.training.default_config import default_config
+from fedjax_flat.config.default_config import data_section, default_config
 
 
 def get_config():
   c = default_config()
   c.dataset = 'cifar10'
-  c.data = data_fields.section(data_dir='', partition='random', num_clients=1000, examples_per_client=50, seed=0,
-                               shuffle=True)
+  c.data = data_section(data_dir='', partition='random', num_clients=1000, examples_per_client=50, seed=0,
+                        shuffle=True)
   c.model = 'pfl_cnn'
   c.normalize = 'cifar10'
   c.augment = 'none'

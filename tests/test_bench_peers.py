@@ -75,9 +75,9 @@ def test_torch_reference_round_equals_ours(tmp_path, opt):
   from fedjax_flat.algorithms import registry
   from fedjax_flat.core import engine
   from fedjax_flat.data import batching
-  from fedjax_flat.data.builtin import synthetic
-  from fedjax_flat.models import get_model
-  from fedjax_flat.training.default_config import default_config
+  from fedjax_flat.data.sources.builtin import synthetic
+  from fedjax_flat.models.registry import get_model
+  from fedjax_flat.config.default_config import default_config
 
   sizes, shape, b = [6, 9], (3, 2, 1), 9          # one channel: NHWC and NCHW flatten alike
   data = synthetic(2, sizes, input_shape=shape, num_classes=3, seed=3)
@@ -121,9 +121,9 @@ def test_torch_pfl_cnn_round_equals_ours(tmp_path):
   from fedjax_flat.algorithms import registry
   from fedjax_flat.core import engine
   from fedjax_flat.data import batching
-  from fedjax_flat.data.builtin import synthetic
-  from fedjax_flat.models import get_model
-  from fedjax_flat.training.default_config import default_config
+  from fedjax_flat.data.sources.builtin import synthetic
+  from fedjax_flat.models.registry import get_model
+  from fedjax_flat.config.default_config import default_config
 
   sizes, shape, b = [6, 9], (8, 8, 3), 9          # 8 -> 6 -> 4 -> pool 2: fc128 sees 2*2*64
   data = synthetic(2, sizes, input_shape=shape, num_classes=10, seed=3)

@@ -10,12 +10,15 @@ import numpy as np
 import pytest
 
 from fedjax_flat.algorithms import registry as alg_registry
+from fedjax_flat.config import families as config_strings
+from fedjax_flat.config import validate
+from fedjax_flat.config.default_config import default_config
 from fedjax_flat.core import engine
-from fedjax_flat.data import batching, cifar
-from fedjax_flat.data.builtin import synthetic
-from fedjax_flat.models import get_model
-from fedjax_flat.training import config_strings, validate
-from fedjax_flat.training.default_config import default_config
+from fedjax_flat.data import batching
+from fedjax_flat.data.sources import cifar
+from fedjax_flat.data.sources.builtin import synthetic
+from fedjax_flat.errors import ConfigError
+from fedjax_flat.models.registry import get_model
 from data_fixtures import make_cifar10
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -141,12 +144,12 @@ def test_weighting_is_the_formula(strategy, weighting):
 def test_weighting_is_validated():
   c = default_config()
   c.server.weighting = 'median'
-  with pytest.raises(validate.ConfigError, match='server.weighting') as e:
+  with pytest.raises(ConfigError, match='server.weighting') as e:
     validate.validate_config(c)
   assert "'examples', 'uniform'" in str(e.value)
   c = default_config()
   c.algorithm, c.server.weighting = 'fedseq', 'uniform'
-  with pytest.raises(validate.ConfigError, match="server.weighting.*use 'examples'"):
+  with pytest.raises(ConfigError, match="server.weighting.*use 'examples'"):
     validate.validate_config(c)
 
 
@@ -182,7 +185,7 @@ def test_partition_field_is_checked_before_loading():
   c = config_strings.load_config(os.path.join(REPO, 'configs', 'pfl_cifar10.py'))
   validate.validate_config(c)
   c.data.partition = 'sorted'
-  with pytest.raises(validate.ConfigError, match="data.partition.*allows \\['dirichlet', 'random'\\]"):
+  with pytest.raises(ConfigError, match="data.partition.*allows \\['dirichlet', 'random'\\]"):
     validate.validate_config(c)
 
 
