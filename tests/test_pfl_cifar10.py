@@ -87,15 +87,15 @@ def test_pfl_cnn_init_is_glorot_uniform_with_zero_biases():
 
 
 def test_pfl_cnn_dropout_draws_from_the_step_key():
-  m, p = _init()
-  x = jax.random.uniform(jax.random.key(1), (4, 32, 32, 3))
+  m, p = _init((8, 8, 3))
+  x = jax.random.uniform(jax.random.key(1), (4, 8, 8, 3))
   run = jax.jit(lambda p, x, k, train: m.apply(p, x, train=train, rng=k), static_argnums=3)
   a = run(p, x, jax.random.key(2), True)
   np.testing.assert_array_equal(a, run(p, x, jax.random.key(2), True))
   assert not np.allclose(a, run(p, x, jax.random.key(3), True))
   np.testing.assert_array_equal(run(p, x, jax.random.key(2), False), run(p, x, jax.random.key(3), False))
   # Without dropout, training mode is the evaluation function.
-  m0, _ = _init(dropout=False)
+  m0, _ = _init((8, 8, 3), dropout=False)
   np.testing.assert_allclose(jax.jit(lambda p, x, k: m0.apply(p, x, train=True, rng=k))(p, x, jax.random.key(2)),
                              run(p, x, jax.random.key(3), False), rtol=1e-6)
 
