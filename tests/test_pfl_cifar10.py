@@ -220,3 +220,34 @@ def test_config_trains_two_rounds_on_official_files(tmp_path):
   assert [r['round'] for r in recs] == [1, 2] and all(np.isfinite(r['test_loss']) for r in recs)
   assert (tmp_path / 'data' / 'splits' / 'cifar10_random_clients10_epc50_seed0.npz').exists()
   assert json.load(open(os.path.join(wd, 'config.json')))['server']['weighting'] == 'uniform'
+
+
+@pytest.mark.slow
+def test_benchmark_script_smoke(tmp_path):
+  """benchmarks/pfl_cifar10.py --smoke end to end: a trainer row, an engine row, the 2-device subprocess and
+  the torch peer (when installed), the JSON's ratios from its own medians, the Markdown table."""
+  import importlib.util
+  import subprocess
+  import sys
+  has_torch = importlib.util.find_spec('torch') is not None
+  variants = 'trainer,engine_sequential,ours_Ndev' + (',torch' if has_torch else '')
+  env = {**os.environ, 'PYTHONPATH': os.pathsep.join([REPO] + os.environ.get('PYTHONPATH', '').split(os.pathsep))}
+  out = tmp_path / 'pfl'
+  proc = subprocess.run([sys.executable, os.path.join(REPO, 'benchmarks', 'pfl_cifar10.py'), '--smoke',
+                         '--conv_impl=lax', f'--variants={variants}', '--peers=' + ('torch' if has_torch else 'none'),
+                         f'--out={out}'], capture_output=True, text=True, cwd=REPO, env=env, timeout=1200)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  res = json.loads((tmp_path / 'pfl.json').read_text())
+  md = (tmp_path / 'pfl.md').read_text()
+  want = ['trainer', 'engine_sequential', 'ours_2dev'] + (['torch'] if has_torch else [])
+  assert list(res['rows']) == want and res['smoke'] and (res['users'], res['cohort']) == (40, 4)
+  for v, r in res['rows'].items():
+    assert 'error' not in r, (v, r)
+    assert r['s_per_round'] == sorted(r['s_per_round_all'])[len(r['s_per_round_all']) // 2]
+    assert abs(r['examples_per_s'] - 80 / r['s_per_round']) < 1e-6 * r['examples_per_s']
+    assert abs(r['wall_1500_s'] - 1500 * r['s_per_round']) < 1e-9 * r['wall_1500_s']
+    if has_torch:
+      assert abs(r['x_torch'] - res['rows']['torch']['s_per_round'] / r['s_per_round']) < 1e-12
+    assert f'| {v} |' in md
+  assert '2 host devices' in res['rows']['ours_2dev']['note']
+  assert res['rows']['trainer']['wall_1500_with_eval_s'] > res['rows']['trainer']['wall_1500_s']
