@@ -317,6 +317,7 @@ def main(argv=None):
           row['first_call_s'] = (time.perf_counter() - t)
           fn()
         fns[v] = fn
+        print(f'  {v}: first call {row["first_call_s"]:.1f} s ({bench_util.uptime()})', file=sys.stderr, flush=True)
       except Exception as e:  # one variant that fails must not stop the others; the row says why
         row['error'] = f'{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ""}'
         traceback.print_exc(limit=3)
