@@ -90,7 +90,8 @@ def _run_locked(config, workdir, *, fresh, handle_signals, data, stop_requested)
   try:
     if not fresh:
       checkpointer.check_config(config)     # a mismatch is refused before anything is built
-    trainer = trainers.make_trainer(config, workdir, data=data, grouping_context=init_lib.grouping_context)   # loads the data and validates the config against them
+    # loads the data and validates the config against them
+    trainer = trainers.make_trainer(config, workdir, data=data, grouping_context=init_lib.grouping_context)
     trainer.checkpointer = checkpointer
     if fresh:
       checkpointer.clear()                  # only now: a config rejected above deleted nothing
