@@ -260,7 +260,8 @@ def _markdown(res):
       continue
     f = lambda key: f"{r[key]:.2f}" if key in r else '-'  # noqa: E731
     L.append(f"| {v} | {r['rounds_per_s']:.3f} | {r['examples_per_s']:.0f} | {r['s_per_round']:.3f} | "
-             f"{f('x_torch')} | {f('x_fedjax')} | {r['wall_1500_s'] / 60:.1f} | {r.get('first_call_s', float('nan')):.1f} | "
+             f"{f('x_torch')} | {f('x_fedjax')} | {r['wall_1500_s'] / 60:.1f} | "
+             f"{r.get('first_call_s', float('nan')):.1f} | "
              f"{r.get('note', '')} |")
   t = res['rows'].get('trainer', {})
   if 'eval_s' in t:

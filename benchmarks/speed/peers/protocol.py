@@ -14,7 +14,8 @@ Messages (one JSON object per line; every reply has "ok"):
 A spec names the model ('cifar_cnn' | 'digits_cnn' | 'mlp' | 'resnet18_gn' | 'pfl_cnn'), num_classes, hidden
 (mlp), the data file (`write_problem`), clients_per_round, batch_size, epochs, lr, weight_decay, optimizer
 ('sgd' | 'sam'), rho, seed; optionally weighting ('examples' | 'uniform': a client's weight in the server's
-average) and dropout (pfl_cnn: False removes its dropout layers). This module needs only the standard library and numpy (it runs in every venv).
+average) and dropout (pfl_cnn: False removes its dropout layers). This module needs only the standard library
+and numpy (it runs in every venv).
 """
 from __future__ import annotations
 
