@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One command for the accelerator table (benchmarks/speed/accelerator.py): vmap / chunked / sequential / loop /
-# torch peer for the paper CNN and ResNet18-GN at 10 and 100 clients per round, with peak memory.
+# torch peer for the paper CNN and ResNet18-GN at 10 and 100 clients per round, with peak memory; and
+# pfl-research's CIFAR10 protocol (1000 users x 50, 50 per round, B=10: vmap / chunked / sequential / trainer /
+# torch peer; --protocols=paper or =pfl for one part).
 #   bash benchmarks/speed/accelerator.sh              # the full table (on a GPU: jax[cuda] and, for a GPU torch row,
 #                                               # a CUDA torch installed in the venv)
 #   bash benchmarks/speed/accelerator.sh --smoke      # tiny sizes, end to end on a CPU (the test suite runs this)

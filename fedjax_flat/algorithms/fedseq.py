@@ -66,6 +66,9 @@ def check(cfg, hp) -> None:
   """What a chain cannot do (the chain trainer lays out the chains on the host, one round per call)."""
   del hp
   algo = cfg.algorithm
+  if cfg.server.get('weighting', 'examples') != 'examples':
+    raise ConfigError('server.weighting', cfg.server.weighting, f'{algo} weights each chain by its data '
+                      "(|D_S|, algorithms/fedseq.py): use 'examples'")
   if algo == 'fedcyclic' and (cfg.server.optimizer != 'sgd' or cfg.server.lr != 1 or cfg.server.momentum):
     raise ConfigError('server.optimizer', cfg.server.optimizer, 'FedCyclic has no server step (the chain\'s '
                       'model is the next global model): use server.optimizer=sgd, lr=1, momentum=0')

@@ -189,4 +189,5 @@ def build_algorithm(config, model, population: int = 0, task=None, chain=None) -
     alg = swa.with_swa(alg, config)
   if config.wima.enabled:
     alg = wima.with_wima(alg, config)
-  return alg
+  # Last, so that no wrapper drops it: the engine reads it when it builds the round program.
+  return alg.replace(client_weighting=config.server.get('weighting', 'examples'))

@@ -57,6 +57,7 @@ RULES = {
     'split_dir': ('str',) + (None,) * 4 + ('where generated splits are saved',),
     'split_json': ('str',) + (None,) * 4 + ('a FedSAM/LEAF split JSON file',),
     'source': ('str',) + (None,) * 4 + ('where the clients come from',),
+    'partition': ('str',) + (None,) * 4 + ('how the training set is split into clients',),
     'max_samples': ('int', 0, False, None, False, "a user's first samples kept (LEAF); 0 = all"),
 }
 

@@ -99,6 +99,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.server = ml_collections.ConfigDict()
   c.server.optimizer = 'sgd'
   c.server.lr = 1.0
+  c.server.weighting = 'examples'     # a client's weight in the mean of the updates: 'examples' (N_k) | 'uniform'
   c.server.momentum = 0.0
   c.server.b1 = 0.9
   c.server.b2 = 0.99

@@ -12,6 +12,7 @@ import os
 from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.config import centralized
 from fedjax_flat.config.run_dir import is_run_dir
+from fedjax_flat.core.contract import WEIGHTINGS
 from fedjax_flat.data import registry as data_registry
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.core.engine import STRATEGIES
@@ -140,6 +141,8 @@ def validate_config(cfg) -> None:
   _num(cfg, 'server.b2', lo=0, hi=1, hi_open=True)
   _num(cfg, 'server.eps', lo=0, lo_open=True)
   _choice(cfg, 'server.adaptive_form', ADAPTIVE_FORMS)
+  if 'weighting' in cfg.server:
+    _choice(cfg, 'server.weighting', WEIGHTINGS)
 
   _num(cfg, 'swa.start_fraction', lo=0, hi=1, hi_open=True)
   _num(cfg, 'swa.cycle', lo=1, integer=True)

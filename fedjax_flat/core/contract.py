@@ -24,6 +24,8 @@ schedules (see WORKSPACE.md for the data flow):
               When > 1, client_init/client_step/client_final also receive the static keyword `phase=`.
   comm_down / comm_up: models sent server->client / client->server per client per phase (communication
                        accounting; SCAFFOLD sends 2).
+  client_weighting: the weight of a client in the 'weighted' mean: 'examples' (N_k, FedAvg) or 'uniform'
+                    (1 per sampled client: pfl-research's weight_by_samples=False); config.server.weighting.
 
 Padded steps are handled by the engine (a step whose batch is all padding leaves `local` unchanged), so
 algorithms never see masks beyond the per-example mask inside the batch.
@@ -34,6 +36,8 @@ import dataclasses
 from typing import Any, Callable, Optional
 
 Params = Any
+
+WEIGHTINGS = ('examples', 'uniform')   # FederatedAlgorithm.client_weighting (config.server.weighting)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +54,7 @@ class FederatedAlgorithm:
   num_phases: int = 1
   comm_down: float = 1.0
   comm_up: float = 1.0
+  client_weighting: str = 'examples'
 
   def replace(self, **kw) -> 'FederatedAlgorithm':
     return dataclasses.replace(self, **kw)

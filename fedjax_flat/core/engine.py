@@ -7,6 +7,7 @@ Data flow of a round (all inside one XLA program):
       per client: local = client_init; lax.scan of client_step over the padded steps
                   (a step whose batch is all padding leaves `local` unchanged); client_final
       accumulate sum_k N_k * out_weighted, sum_k out_uniform, N, |C|      (streaming: O(chunk) memory)
+      (N_k = 1 for every sampled client when algorithm.client_weighting == 'uniform')
   agg = weighted / uniform means;  server_state = algorithm.server_update(server_state, agg, round, phase)
 
 Client strategies (config.engine.strategy): 'vmap' (all clients of the round in one vmap), 'chunked'
@@ -27,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.core.contract import WEIGHTINGS, FederatedAlgorithm
 
 STRATEGIES = ('vmap', 'chunked', 'sequential')
 
@@ -190,8 +191,13 @@ def make_round_fn(algorithm: FederatedAlgorithm, *, chunk: int, unroll=1, augmen
   """
   block = client_block or (lambda *a, phase=0: run_clients(algorithm, *a, chunk=chunk, unroll=unroll,
                                                            augment_fn=augment_fn, phase=phase))
+  if algorithm.client_weighting not in WEIGHTINGS:
+    raise ValueError(f'client_weighting={algorithm.client_weighting!r}; allowed: {WEIGHTINGS}')
+  uniform = algorithm.client_weighting == 'uniform'
 
   def round_fn(server_state, batches, client_states, rngs, weights, valid, round_idx):
+    if uniform:   # every sampled client counts once in the 'weighted' mean; padding clients stay at 0
+      weights = valid.astype(jnp.float32)
     metrics = None
     for phase in range(algorithm.num_phases):
       bcast = algorithm.broadcast(server_state, round_idx, phase)

@@ -113,6 +113,36 @@ class FemnistCNN(nn.Module):
     return Dense(self.num_classes, torch_init=True)(x)
 
 
+class PflCNN(nn.Module):
+  """pfl-research's CIFAR10 benchmark CNN (`simple_cnn`, apple/pfl-research benchmarks/model/{tf2,pytorch}/cnn.py):
+  conv3x3-32 VALID, ReLU, conv3x3-64 VALID, ReLU, maxpool2, dropout 0.25, fc128, ReLU, dropout 0.5, fc classes.
+
+  VALID convolutions as the reference (Keras' default; torch's padding 0): 32 -> 30 -> 28 -> pool 14, so fc128
+  sees 14*14*64 = 12,544 features; 1,626,442 parameters for 10 classes. Init as the TF2 reference (Keras
+  defaults): Glorot-uniform kernels, zero biases (its PyTorch port applies xavier_uniform_ to the weights and
+  keeps torch's default biases). Flattened in HWC order (the TF2 reference; the PyTorch port flattens CHW: the
+  same function class, fc128's rows permuted). Dropout draws from the step's `rng` (the engine passes one key
+  per client and step); `dropout=False` removes both dropout layers (exact comparisons against references).
+  """
+  num_classes: int = 10
+  conv_impl: str = 'auto'
+  pool_impl: str = 'auto'
+  dropout: bool = True
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    glorot = nn.initializers.xavier_uniform()
+    drop = lambda rate, y: nn.Dropout(rate, deterministic=not train)(y) if self.dropout else y  # noqa: E731
+    x = _act(self, Conv(32, (3, 3), conv_impl=self.conv_impl, kernel_init=glorot)(x))
+    x = _act(self, Conv(64, (3, 3), conv_impl=self.conv_impl, kernel_init=glorot)(x))
+    x = max_pool(x, (2, 2), pool_impl=self.pool_impl, conv_impl=self.conv_impl)
+    x = drop(0.25, x)
+    x = x.reshape(x.shape[:-3] + (-1,))
+    x = _act(self, Dense(128, kernel_init=glorot)(x))
+    x = drop(0.5, x)
+    return Dense(self.num_classes, kernel_init=glorot)(x)
+
+
 # --- Registered builders: config.model name -> Model (models/registry.py). ---
 
 @register('cifar_cnn')
@@ -138,3 +168,9 @@ def _mlp(num_classes, input_shape, hidden=(64,), conv_impl='auto'):
 def _femnist_cnn(num_classes, input_shape, conv_impl='auto', pool_impl='auto', variant='reddi'):
   return from_flax(FemnistCNN(num_classes, conv_impl=conv_impl, pool_impl=pool_impl, variant=variant),
                         'femnist_cnn', num_classes, input_shape)
+
+
+@register('pfl_cnn')
+def _pfl_cnn(num_classes, input_shape, conv_impl='auto', pool_impl='auto', dropout=True):
+  return from_flax(PflCNN(num_classes, conv_impl=conv_impl, pool_impl=pool_impl, dropout=bool(dropout)),
+                   'pfl_cnn', num_classes, input_shape)

@@ -234,11 +234,13 @@ class Dense(nn.Module):
   """Linear layer with parameters named like `nn.Dense` ('kernel' [in, out], 'bias')."""
   features: int
   torch_init: bool = False
+  kernel_init: Any = None          # overrides the two defaults (e.g. the pfl CNN's Glorot-uniform)
 
   @nn.compact
   def __call__(self, x):
     fan_in = x.shape[-1]
     kinit = torch_kernel_init() if self.torch_init else nn.initializers.lecun_normal()
+    kinit = self.kernel_init or kinit
     binit = torch_bias_init(fan_in) if self.torch_init else nn.initializers.zeros_init()
     kernel = self.param('kernel', kinit, (fan_in, self.features))
     bias = self.param('bias', binit, (self.features,))

@@ -1,7 +1,7 @@
 """benchmarks/speed/accelerator.py --smoke runs end to end on a CPU and writes its JSON + Markdown table.
 
-The fast case uses the MLP (every variant, the torch peer when torch is installed); the slow one the real
-models of the table (paper CNN, ResNet18-GN) at smoke sizes.
+The fast cases use the MLP (every variant, the torch peer when torch is installed) and pfl-research's CIFAR10
+protocol at smoke sizes; the slow one the real models of the table (paper CNN, ResNet18-GN) and the protocol.
 """
 import importlib.util
 import json
@@ -44,12 +44,35 @@ def _check(res, md, models, clients):
   assert 'SMOKE RUN' in md
 
 
+def _check_pfl(res, md, g):
+  assert (g['model'], g['protocol'], g['clients'], g['batch']) == ('pfl_cnn', 'pfl', 4, 4)
+  assert list(g['rows']) == ['vmap', 'chunked', 'sequential', 'trainer'] + (['torch'] if HAS_TORCH else [])
+  for v, r in g['rows'].items():
+    assert 'error' not in r, (v, r)
+    assert r['s_per_round'] > 0 and abs(r['rounds_per_s'] * r['s_per_round'] - 1) < 1e-9
+    assert abs(r['examples_per_s'] - 4 * 20 / r['s_per_round']) < 1e-6 * r['examples_per_s']
+    if v in ('vmap', 'chunked', 'sequential'):
+      assert r['program_peak_bytes'] > 0
+  assert 'strategy sequential' in g['rows']['trainer']['note']
+  assert '| pfl_cnn | 4 | trainer |' in md and 'SMOKE RUN' in md
+  if HAS_TORCH:
+    assert 'x torch' in md
+
+
 def test_accelerator_smoke_mlp(tmp_path):
-  res, md = _run(tmp_path, '--models=mlp', '--clients=3')
+  res, md = _run(tmp_path, '--models=mlp', '--clients=3', '--protocols=paper')
   _check(res, md, ['mlp'], [3])
+
+
+def test_accelerator_smoke_pfl_protocol(tmp_path):
+  res, md = _run(tmp_path, '--protocols=pfl')
+  assert len(res['groups']) == 1
+  _check_pfl(res, md, res['groups'][0])
 
 
 @pytest.mark.slow
 def test_accelerator_smoke_table_models(tmp_path):
   res, md = _run(tmp_path)
-  _check(res, md, ['cifar_cnn', 'resnet18_gn'], [2, 3])
+  paper = {**res, 'groups': res['groups'][:-1]}
+  _check(paper, md, ['cifar_cnn', 'resnet18_gn'], [2, 3])
+  _check_pfl(res, md, res['groups'][-1])

@@ -32,12 +32,23 @@ def _imports():
   import fedjax
 
 
-def _forward(model, num_classes, hidden):
-  """Our models in haiku (NHWC), no dropout, logits out."""
+def _forward(model, num_classes, hidden, dropout=True):
+  """Our models in haiku (NHWC), logits out. Only pfl_cnn has dropout (as FedJAX's own EMNIST CNN writes it:
+  `hk.dropout` with the rng `apply_for_train` gets, when is_train)."""
   pool = lambda v: hk.max_pool(v, window_shape=(1, 2, 2, 1), strides=(1, 2, 2, 1), padding='VALID')
+  glorot = hk.initializers.VarianceScaling(1.0, 'fan_avg', 'uniform')
 
-  def fwd(batch):
+  def drop(rate, v, is_train):
+    return hk.dropout(hk.next_rng_key(), rate, v) if (dropout and is_train) else v
+
+  def fwd(batch, is_train=True):
     x = batch['x']
+    if model == 'pfl_cnn':     # pfl-research's simple_cnn (models/cnn.py PflCNN)
+      x = jax.nn.relu(hk.Conv2D(32, 3, padding='VALID', w_init=glorot)(x))
+      x = pool(jax.nn.relu(hk.Conv2D(64, 3, padding='VALID', w_init=glorot)(x)))
+      x = hk.Flatten()(drop(0.25, x, is_train))
+      x = drop(0.5, jax.nn.relu(hk.Linear(128, w_init=glorot)(x)), is_train)
+      return hk.Linear(num_classes, w_init=glorot)(x)
     if model == 'cifar_cnn':
       x = pool(jax.nn.relu(hk.Conv2D(64, 5, padding='VALID')(x)))
       x = pool(jax.nn.relu(hk.Conv2D(64, 5, padding='VALID')(x)))
@@ -72,9 +83,14 @@ class FedAvgProblem:
     clients = protocol.read_problem(spec['data'])
     fd = fedjax.InMemoryFederatedData({f'{k}'.encode(): {'x': x, 'y': y} for k, (x, y) in enumerate(clients)})
     sample = {'x': clients[0][0][:1], 'y': clients[0][1][:1]}
+    if spec.get('weighting', 'examples') == 'uniform' and len({len(y) for _, y in clients}) > 1:
+      # fed_avg weights each client by its examples; with equal sizes that is the uniform mean.
+      raise protocol.PeerError("fedjax peer: weighting='uniform' needs clients of equal sizes")
     model = fedjax.create_model_from_haiku(
-        _forward(spec['model'], int(spec['num_classes']), tuple(spec.get('hidden', (32,)))), sample,
-        lambda batch, preds: fedjax.metrics.unreduced_cross_entropy_loss(batch['y'], preds))
+        _forward(spec['model'], int(spec['num_classes']), tuple(spec.get('hidden', (32,))),
+                 dropout=bool(spec.get('dropout', True))), sample,
+        lambda batch, preds: fedjax.metrics.unreduced_cross_entropy_loss(batch['y'], preds),
+        train_kwargs={'is_train': True}, eval_kwargs={'is_train': False})
     grad_fn = fedjax.model_grad(model)
     if spec['optimizer'] == 'sam':
       grad_fn = _sam_grad(grad_fn, float(spec['rho']))
@@ -85,6 +101,9 @@ class FedAvgProblem:
         fedjax.ShuffleRepeatBatchHParams(batch_size=int(spec['batch_size']), num_epochs=int(spec['epochs'])))
     self.state = self.algorithm.init(model.init(jax.random.PRNGKey(int(spec['seed']))))
     self.fd = fd
+    # False where every client has the same size (one batch shape: the first round compiled it), e.g. the
+    # pfl protocol's 1000 users x 50: visiting all of them would cost 20 rounds of set-up.
+    self.warmup_all_clients = bool(spec.get('warmup_all_clients', True))
     self.sampler = fedjax.client_samplers.UniformGetClientSampler(
         fd, min(int(spec['clients_per_round']), fd.num_clients()), int(spec['seed']))
 
@@ -93,6 +112,8 @@ class FedAvgProblem:
 
   def warm_up(self):
     """One apply over all clients: compiles every batch shape the timed rounds can meet."""
+    if not self.warmup_all_clients:
+      return
     rng = jax.random.PRNGKey(0)
     everyone = [(cid, cds, rng) for cid, cds in self.fd.clients()]
     state, _ = self.algorithm.apply(self.state, everyone)
@@ -118,6 +139,6 @@ if __name__ == '__main__':
   if '--serve' in sys.argv:
     server.serve()
   elif '--check' in sys.argv:
-    server.check(('cifar_cnn', 'digits_cnn', 'mlp'))
+    server.check(('cifar_cnn', 'digits_cnn', 'mlp', 'pfl_cnn'))
   else:
     print(__doc__)

@@ -11,9 +11,11 @@ Messages (one JSON object per line; every reply has "ok"):
                                                   "peak_mem_bytes": the peer's peak (device) memory}
   {"cmd": "info"}                              -> versions, threads
   {"cmd": "quit"}
-A spec names the model ('cifar_cnn' | 'digits_cnn' | 'mlp' | 'resnet18_gn'), num_classes, hidden (mlp),
-the data file (`write_problem`), clients_per_round, batch_size, epochs, lr, weight_decay, optimizer
-('sgd' | 'sam'), rho, seed. This module needs only the standard library and numpy (it runs in every venv).
+A spec names the model ('cifar_cnn' | 'digits_cnn' | 'mlp' | 'resnet18_gn' | 'pfl_cnn'), num_classes, hidden
+(mlp), the data file (`write_problem`), clients_per_round, batch_size, epochs, lr, weight_decay, optimizer
+('sgd' | 'sam'), rho, seed; optionally weighting ('examples' | 'uniform': a client's weight in the server's
+average) and dropout (pfl_cnn: False removes its dropout layers). This module needs only the standard library
+and numpy (it runs in every venv).
 """
 from __future__ import annotations
 
@@ -185,7 +187,7 @@ class ProblemServer:
     """Two clients of random data per model: set-up and one timed round each, printed (the --check)."""
     import tempfile
     rng = np.random.default_rng(0)
-    shapes = {'cifar_cnn': (32, 32, 3), 'resnet18_gn': (8, 8, 3)}
+    shapes = {'cifar_cnn': (32, 32, 3), 'resnet18_gn': (8, 8, 3), 'pfl_cnn': (8, 8, 3)}
     with tempfile.TemporaryDirectory() as tmp:
       for model in models:
         shape, nc = shapes.get(model, (8, 8, 1)), (100 if model == 'cifar_cnn' else 10)

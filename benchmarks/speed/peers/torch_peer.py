@@ -4,7 +4,9 @@ What the FedSAM reference code (debcaldarola/fedsam) does in a round, on the sam
 sequential clients; each loads the server weights, trains E local epochs with a fresh torch SGD (weight decay
 inside the optimizer, no momentum) over shuffled mini-batches (the last one partial); SAM is the reference
 minimizer (gradient, ascent to w + rho g/||g||, second gradient there, restore w, then the SGD step); the
-server sets its weights to the example-weighted average of the clients' weights (FedAvg, server lr 1).
+server sets its weights to the example-weighted average of the clients' weights (FedAvg, server lr 1), or their
+plain average with spec `weighting='uniform'` (pfl-research's CIFAR10 protocol; model 'pfl_cnn', whose
+dropout is on unless spec `dropout` is False).
 Generous to torch: each client's data are torch tensors (NCHW) made once at set-up, not a DataLoader.
 
 Used two ways:
@@ -52,6 +54,26 @@ class DigitsCNN(nn.Module):
   def forward(self, v):
     v = F.max_pool2d(torch.relu(self.conv2(torch.relu(self.conv1(v)))), 2)
     return self.fc2(torch.relu(self.fc1(v.flatten(1))))
+
+
+class PflCNN(nn.Module):
+  """models/cnn.py PflCNN as pfl-research's PyTorch port writes `simple_cnn` (benchmarks/model/pytorch/cnn.py):
+  conv3-32, ReLU, conv3-64, ReLU, maxpool 2, dropout 0.25, flatten (CHW), fc128, ReLU, dropout 0.5, fc;
+  xavier_uniform_ weights. `dropout=False`: without the two dropout layers (exact comparisons)."""
+
+  def __init__(self, num_classes=10, hw=(32, 32), cin=3, dropout=True):
+    super().__init__()
+    self.conv1, self.conv2 = nn.Conv2d(cin, 32, 3), nn.Conv2d(32, 64, 3)
+    self.fc1 = nn.Linear(64 * ((hw[0] - 4) // 2) * ((hw[1] - 4) // 2), 128)
+    self.fc2 = nn.Linear(128, num_classes)
+    self.drop1 = nn.Dropout(0.25) if dropout else nn.Identity()
+    self.drop2 = nn.Dropout(0.5) if dropout else nn.Identity()
+    for m in (self.conv1, self.conv2, self.fc1, self.fc2):
+      nn.init.xavier_uniform_(m.weight)
+
+  def forward(self, v):
+    v = self.drop1(F.max_pool2d(torch.relu(self.conv2(torch.relu(self.conv1(v)))), 2))
+    return self.fc2(self.drop2(torch.relu(self.fc1(v.flatten(1)))))
 
 
 class MLP(nn.Module):
@@ -102,11 +124,13 @@ class ResNet18GN(nn.Module):
     return self.fc(self.blocks(self.stem(v)).mean(dim=(2, 3)))
 
 
-def build_net(model: str, num_classes: int, input_shape, hidden=(32,)) -> nn.Module:
+def build_net(model: str, num_classes: int, input_shape, hidden=(32,), dropout: bool = True) -> nn.Module:
   """input_shape: NHWC of one example, as our models take it."""
   h, w, c = input_shape
   if model == 'cifar_cnn':
     return CifarCNN(num_classes)
+  if model == 'pfl_cnn':
+    return PflCNN(num_classes, (h, w), c, dropout=dropout)
   if model == 'digits_cnn':
     return DigitsCNN(num_classes, (h, w), c)
   if model == 'mlp':
@@ -145,7 +169,10 @@ class FedAvgRound:
     if len(shape) == 1:
       shape = (1, 1, shape[0])
     torch.manual_seed(int(spec['seed']))
-    self.net = build_net(spec['model'], int(spec['num_classes']), shape, spec.get('hidden', (32,))).to(self.device)
+    self.net = build_net(spec['model'], int(spec['num_classes']), shape, spec.get('hidden', (32,)),
+                         dropout=bool(spec.get('dropout', True))).to(self.device)
+    if spec.get('weighting', 'examples') not in ('examples', 'uniform'):
+      raise protocol.PeerError(f"spec weighting={spec['weighting']!r}; allowed: 'examples', 'uniform'")
     to_nchw = lambda x: torch.from_numpy(
         np.ascontiguousarray(x.reshape((len(x),) + tuple(shape)).transpose(0, 3, 1, 2)))
     self.clients = [(to_nchw(x).to(self.device), torch.from_numpy(y.astype(np.int64)).to(self.device))
@@ -172,7 +199,7 @@ class FedAvgRound:
         for i in range(0, len(y), b):
           sel = order[i:i + b]
           local_step(self.net, opt, x[sel], y[sel], rho)
-      n = float(len(y))
+      n = float(len(y)) if s.get('weighting', 'examples') == 'examples' else 1.0   # uniform: per user
       with torch.no_grad():
         sd = self.net.state_dict()
         if acc is None:
@@ -196,11 +223,26 @@ class FedAvgRound:
       torch.cuda.reset_peak_memory_stats()
 
 
+DEFAULT_THREADS = torch.get_num_threads()
+
+
+class ThreadedRound(FedAvgRound):
+  """A problem with its own torch thread count (spec `threads`, 0 = torch's default): set before each round,
+  since the count is process-wide and one peer serves several problems."""
+
+  def __init__(self, spec, device='cpu'):
+    self.threads = int(spec.get('threads', 0) or 0) or DEFAULT_THREADS
+    torch.set_num_threads(self.threads)
+    super().__init__(spec, device)
+
+  def round(self):
+    if torch.get_num_threads() != self.threads:
+      torch.set_num_threads(self.threads)
+    super().round()
+
+
 def _make_problem(spec):
-  threads = int(spec.get('threads', 0) or 0)
-  if threads:
-    torch.set_num_threads(threads)
-  return FedAvgRound(spec, spec.get('device', 'cpu'))
+  return ThreadedRound(spec, spec.get('device', 'cpu'))
 
 
 def _info():
@@ -213,6 +255,6 @@ if __name__ == '__main__':
   if '--serve' in sys.argv:
     server.serve()
   elif '--check' in sys.argv:
-    server.check(('cifar_cnn', 'digits_cnn', 'mlp', 'resnet18_gn'))
+    server.check(('cifar_cnn', 'digits_cnn', 'mlp', 'resnet18_gn', 'pfl_cnn'))
   else:
     print(__doc__)

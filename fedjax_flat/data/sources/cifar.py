@@ -16,7 +16,10 @@ uint8 (normalization happens on device). Array sizes are checked against each ot
 Federation (`load_federated`): `dirichlet_split` (100 clients x 500, alpha grids CIFAR10 {0, 0.05, 100},
 CIFAR100 {0, 0.5, 1000}). The split is saved to `<data_dir>/splits/<name>_alpha..._seed....npz` and reused
 when present, so runs compare on the same partition. `split_json=PATH` loads a FedSAM/LEAF split JSON
-(`{users, num_samples, user_data: {uid: {x: [file names], y: [labels]}}}`) instead.
+(`{users, num_samples, user_data: {uid: {x: [file names], y: [labels]}}}`) instead. `partition='random'`
+(alpha unused): a seeded permutation of the training set cut into consecutive clients of
+`examples_per_client` images, so each client's class counts are random (pfl-research's `cifar10_iid`: 1000 users
+x 50; `alpha=inf` instead gives every client the global class proportions); saved and reused the same way.
 """
 from __future__ import annotations
 
@@ -33,9 +36,9 @@ from absl import logging
 import numpy as np
 
 from fedjax_flat import errors
-from fedjax_flat.data import partition
 from fedjax_flat.data import safe_pickle
 from fedjax_flat.data.federated import FederatedDataset
+from fedjax_flat.data.partition import PROCEDURE as DIRICHLET_PROCEDURE   # `partition` is a field here
 from fedjax_flat.data.partition import dirichlet_split
 from fedjax_flat.data.registry import register
 from fedjax_flat.data.download import default_data_dir
@@ -321,14 +324,53 @@ def load_leaf_split(path: str, name: str, labels: np.ndarray,
   return out, users
 
 
+PARTITIONS = ('dirichlet', 'random')
+# Stored in a random partition's saved file: the procedure that made it (a different one is regenerated).
+RANDOM_PROCEDURE = 'random-permutation-consecutive-v1'
+
+
+def random_split(num_examples: int, num_clients: int, examples_per_client: int, seed: int) -> List[np.ndarray]:
+  """pfl-research's IID users: one seeded permutation of the examples, client k = its k-th run of E."""
+  need = num_clients * examples_per_client
+  if need > num_examples:
+    raise ValueError(f'data.num_clients * data.examples_per_client = {num_clients} * {examples_per_client} = '
+                     f'{need} exceeds the {num_examples} training examples: lower one of them')
+  perm = np.random.default_rng(seed).permutation(num_examples)
+  return [perm[k * examples_per_client:(k + 1) * examples_per_client] for k in range(num_clients)]
+
+
+def _random_partition(name, y, *, data_dir, split_dir, num_clients, examples_per_client, seed, save):
+  split_dir = split_dir or os.path.join(data_dir or default_data_dir(), 'splits')
+  path = os.path.join(split_dir, f'{name}_random_clients{int(num_clients)}_epc{int(examples_per_client)}'
+                                 f'_seed{int(seed)}.npz')
+  if os.path.exists(path):
+    clients, meta = load_split(path, y)
+    if meta.get('procedure') == RANDOM_PROCEDURE:
+      return clients
+  clients = random_split(len(y), int(num_clients), int(examples_per_client), int(seed))
+  if save:
+    save_split(path, clients, y, dict(dataset=name, partition='random', num_clients=int(num_clients),
+                                      examples_per_client=int(examples_per_client), seed=int(seed),
+                                      procedure=RANDOM_PROCEDURE))
+  return clients
+
+
 def federate(name: str, arrays: dict, *, data_dir: Optional[str], num_clients: int = 100,
              alpha: float = 0.5, examples_per_client: Optional[int] = 500, seed: int = 0,
              split_json: Optional[str] = None, quantity_skew: Optional[float] = None,
-             split_dir: Optional[str] = None, save: bool = True) -> FederatedDataset:
+             split_dir: Optional[str] = None, save: bool = True, partition: str = 'dirichlet') -> FederatedDataset:
   """Builds the FederatedDataset from decoded arrays (see `load_federated`)."""
+  if partition not in PARTITIONS:
+    raise ValueError(f'data.partition={partition!r}; allowed: {PARTITIONS}')
   y = arrays['y_train']
   names = None
-  if split_json:
+  if partition == 'random' and not split_json:
+    if examples_per_client is None or quantity_skew:
+      raise ValueError("data.partition='random' needs data.examples_per_client (equal clients, no quantity_skew)")
+    clients = _random_partition(name, y, data_dir=data_dir, split_dir=split_dir, num_clients=num_clients,
+                                examples_per_client=examples_per_client, seed=seed, save=save)
+    desc = f'{name}(random, {num_clients}x{examples_per_client})'
+  elif split_json:
     clients, names = load_leaf_split(split_json, name, y, arrays.get('filenames_train'))
     desc = f'{name}(split_json={os.path.basename(split_json)})'
   else:
@@ -337,18 +379,18 @@ def federate(name: str, arrays: dict, *, data_dir: Optional[str], num_clients: i
                       examples_per_client=examples_per_client, seed=seed, quantity_skew=quantity_skew)
     if os.path.exists(path):
       clients, meta = load_split(path, y)
-      if meta.get('procedure') != partition.PROCEDURE:
+      if meta.get('procedure') != DIRICHLET_PROCEDURE:
         # Kept (runs must compare on the same partition), but said: regenerating would change the split.
         logging.warning('split %s was made by %r, not the current %r; reusing it. Delete the file to '
                         'regenerate with the current procedure.', path, meta.get('procedure'),
-                        partition.PROCEDURE)
+                        DIRICHLET_PROCEDURE)
     else:
       clients = dirichlet_split(y, num_clients, alpha, examples_per_client=examples_per_client,
                                 quantity_skew=quantity_skew, num_classes=arrays['num_classes'], seed=seed)
       if save:
         save_split(path, clients, y, dict(dataset=name, alpha=float(alpha), num_clients=int(num_clients),
                                           examples_per_client=examples_per_client, seed=int(seed),
-                                          quantity_skew=quantity_skew, procedure=partition.PROCEDURE))
+                                          quantity_skew=quantity_skew, procedure=DIRICHLET_PROCEDURE))
     desc = f'{name}(alpha={alpha:g})'
   ds = FederatedDataset.from_client_indices(
       arrays['x_train'], y, clients, arrays['x_test'], arrays['y_test'], num_classes=arrays['num_classes'],
@@ -362,30 +404,34 @@ def federate(name: str, arrays: dict, *, data_dir: Optional[str], num_clients: i
 def load_federated(name: str, data_dir: Optional[str] = None, *, num_clients: int = 100,
                    alpha: float = 0.5, examples_per_client: Optional[int] = 500, seed: int = 0,
                    split_json: Optional[str] = None, quantity_skew: Optional[float] = None,
-                   split_dir: Optional[str] = None, check_official_sizes: bool = True) -> FederatedDataset:
-  """Loads CIFAR-10/100 and federates it (Dirichlet split saved under <data_dir>/splits, or split_json)."""
+                   split_dir: Optional[str] = None, check_official_sizes: bool = True,
+                   partition: str = 'dirichlet') -> FederatedDataset:
+  """Loads CIFAR-10/100 and federates it (Dirichlet or random split saved under <data_dir>/splits, or
+  split_json)."""
+  if partition not in PARTITIONS:   # before reading 170 MB
+    raise ValueError(f'data.partition={partition!r}; allowed: {PARTITIONS}')
   data_dir = data_dir or default_data_dir()
   arrays = load_arrays(name, data_dir, check_official_sizes=check_official_sizes)
   return federate(name, arrays, data_dir=data_dir, num_clients=num_clients, alpha=alpha,
                   examples_per_client=examples_per_client, seed=seed, split_json=split_json,
-                  quantity_skew=quantity_skew, split_dir=split_dir)
+                  quantity_skew=quantity_skew, split_dir=split_dir, partition=partition)
 
 
-@register('cifar10')
+@register('cifar10', limits={'partition': PARTITIONS})
 def _cifar10(data_dir=None, num_clients=100, alpha=0.05, examples_per_client=500, seed=0, split_json=None,
-             quantity_skew=None, split_dir=None, check_official_sizes=True, **unused):
+             quantity_skew=None, split_dir=None, check_official_sizes=True, partition='dirichlet', **unused):
   del unused
   return load_federated('cifar10', data_dir, num_clients=num_clients, alpha=alpha,
                         examples_per_client=examples_per_client, seed=seed, split_json=split_json,
                         quantity_skew=quantity_skew, split_dir=split_dir,
-                        check_official_sizes=check_official_sizes)
+                        check_official_sizes=check_official_sizes, partition=partition)
 
 
-@register('cifar100')
+@register('cifar100', limits={'partition': PARTITIONS})
 def _cifar100(data_dir=None, num_clients=100, alpha=0.5, examples_per_client=500, seed=0, split_json=None,
-              quantity_skew=None, split_dir=None, check_official_sizes=True, **unused):
+              quantity_skew=None, split_dir=None, check_official_sizes=True, partition='dirichlet', **unused):
   del unused
   return load_federated('cifar100', data_dir, num_clients=num_clients, alpha=alpha,
                         examples_per_client=examples_per_client, seed=seed, split_json=split_json,
                         quantity_skew=quantity_skew, split_dir=split_dir,
-                        check_official_sizes=check_official_sizes)
+                        check_official_sizes=check_official_sizes, partition=partition)
