@@ -41,6 +41,7 @@ if any(a.startswith('--batch_runs') and a not in ('--batch_runs=0', '--nobatch_r
 from absl import app, flags  # noqa: E402
 
 from fedjax_flat.training import batched  # noqa: E402
+from fedjax_flat.training import cli  # noqa: E402
 from fedjax_flat.training import run as run_lib  # noqa: E402
 from fedjax_flat.training import sweep as sweep_lib  # noqa: E402
 
@@ -134,6 +135,7 @@ def main(argv):
       print(f'{n} of {len(runs)} runs in {cmds}\nsubmit: sbatch {script}')
     return
   if batch_runs:
+    cli.configure_logging(verbosity_given=flags.FLAGS['verbosity'].present > 0)   # as train.py's
     stopper = run_lib.StopSignal().install()
     try:
       states = sweep_lib.run_batched(runs, configs, _DIR.value, _info(spec, name), batch_runs=batch_runs,

@@ -268,12 +268,14 @@ def run_batch(specs: Sequence[RunSpec], *, fresh: bool = False, stop_requested=l
       if cap >= n_dev:
         cap -= cap % n_dev
       chunks = [items[j:j + cap] for j in range(0, len(items), cap)]
+      use_lanes = lanes if (lanes and lanes >= len(items)) else None     # the pack's program shape
       if len(chunks) > 1:
+        use_lanes = runs_lib.lanes_for(cap, n_dev) if cap >= n_dev else None
         logging.warning('a batch of %d runs (%.1f MB per lane) exceeds the memory budget %.0f MB: split into '
                         '%d programs', len(items), per / 2**20, budget / 2**20, len(chunks))
       for chunk in chunks:
         t0 = time.time()
-        bt = BatchedTrainer([it[1] for it in chunk], lanes=lanes if (lanes and lanes >= len(chunk)) else None)
+        bt = BatchedTrainer([it[1] for it in chunk], lanes=use_lanes)
         summaries = bt.train(stop_requested=stop_requested)
         wall = time.time() - t0 + (t0 - t_open) / max(len(opened), 1) * len(chunk)
         for k, (i, t, ckpt, step, _) in enumerate(chunk):

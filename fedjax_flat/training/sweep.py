@@ -226,7 +226,8 @@ def run_config(run: Run):
   if bad:
     raise SweepError(f'{run.key}: {bad}')
   fv = flags.FlagValues()
-  config_flags.DEFINE_config_file('config', None, 'run config', flag_values=fv, lock_config=True)
+  config_flags.DEFINE_config_file('config', None, 'run config', flag_values=fv, lock_config=True,
+                                 sys_argv=argv[1:])
   try:
     fv(argv[1:])
     config = algo_flags.apply(fv['config'].value, algo)
