@@ -109,7 +109,7 @@ for r in rs:
   trainers = []
   for i in range(r):
     c = sweep_lib.run_config(sweep_lib.Run('x', i, run.config, run.overrides, ''))
-    t = loop.Trainer(c, None, data=data)
+    t = loop.Trainer(c, None, data=data, shard_clients=False)
     data = t.data
     trainers.append(t)
   bt = batched.BatchedTrainer(trainers)
@@ -196,7 +196,10 @@ def main():
          'machine': {'cpu': next((l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo')
                                   if l.startswith('model name')), ''), 'cpus': len(os.sched_getaffinity(0))}}
   doc['sweeps'] = sweeps(args, root) if args.modes and args.workloads else []
-  doc['scaling'] = scaling(args) if args.scaling_rs else []
+  try:
+    doc['scaling'] = scaling(args) if args.scaling_rs else []
+  except RuntimeError as e:           # the sweep table is still written
+    doc['scaling'], doc['scaling_error'] = [], str(e)[-2000:]
   doc['uptime_after'] = uptime()
   with open(args.out + '.json', 'w') as f:
     json.dump(doc, f, indent=1)

@@ -141,6 +141,7 @@ def test_batched_sweep_writes_every_workdir_and_resumes(tmp_path):
   assert len(m) == 6 and all(r['status'] == 'done' for r in m.values())
   assert {r['program'] for k, r in m.items() if 'sgd' in k} == {0} and {r['program'] for k, r in m.items()
                                                                        if 'sam' in k} == {1}
+  assert {r['lanes'] for r in m.values()} == {4}           # 3 runs -> 4 lanes on 2 devices: really batched
   for r in m.values():
     wd = d / r['workdir']
     assert {'config.json', 'metrics.jsonl', 'metrics.csv', 'summary.json', 'summary.md', 'metrics.png',

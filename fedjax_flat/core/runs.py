@@ -198,7 +198,9 @@ def make_runs_block_fn(build_round_fn: Callable[[Dict[str, Any]], Callable], *, 
     r, s = P(AXIS), P()
     batched = jax.shard_map(batched, mesh=mesh, in_specs=(r, r, r, r, r, s, r, s, s), out_specs=(r, r, r),
                             check_vma=False)
-  return jax.jit(batched, donate_argnums=(1, 2))
+  # No donation: the trainer dispatches the next block from these outputs while it still reads them
+  # (training/batched.py pipelines the host's evaluation and writes with the next block).
+  return jax.jit(batched)
 
 
 def place(tree, mesh: Optional[Mesh]):

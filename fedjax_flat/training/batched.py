@@ -76,6 +76,9 @@ def _signature(t: loop.Trainer):
           shapes(t.store.arrays) if t.store is not None else None, shapes(t.dev_data), t.round)
 
 
+_PROGRAMS: Dict[tuple, Callable] = {}     # compiled runs programs of this process (see BatchedTrainer)
+
+
 class BatchedTrainer:
   """Drives opened trainers (training/run.open_run) of one pack through one runs program."""
 
@@ -130,10 +133,16 @@ class BatchedTrainer:
       return engine_lib.make_round_fn(alg, chunk=t0.chunk, unroll=base.engine.unroll,
                                       augment_fn=t0.train_transform, jit=False)
 
-    self.fn = runs_lib.make_runs_block_fn(
-        build_round_fn, plan=t0.batch_plan, num_clients=t0.data.num_clients,
-        clients_per_round=base.clients_per_round, cohort=t0.cohort, rounds_per_call=t0.rounds_per_call,
-        has_store=self.has_store, mesh=self.mesh)
+    # Packs of one compatibility group (a grid split into several packs, a resumed remainder) reuse the
+    # compiled program: same key, same shapes, same lanes -> same program, compiled once per process.
+    program_key = (runs_lib.compat_key(base), _signature(t0)[:-1], self.lanes, self.fields,
+                   tuple(self.per_run_keys), tuple(str(d) for d in devices))
+    if program_key not in _PROGRAMS:
+      _PROGRAMS[program_key] = runs_lib.make_runs_block_fn(
+          build_round_fn, plan=t0.batch_plan, num_clients=t0.data.num_clients,
+          clients_per_round=base.clients_per_round, cohort=t0.cohort, rounds_per_call=t0.rounds_per_call,
+          has_store=self.has_store, mesh=self.mesh)
+    self.fn = _PROGRAMS[program_key]
     self.failed: Dict[int, BaseException] = {}
     self.compile_s = None
 
@@ -147,31 +156,48 @@ class BatchedTrainer:
     # so each run's evaluation and checkpoint see ordinary arrays; on one device they stay there.
     return jax.device_get(tree) if self.mesh is not None else tree
 
-  def run_block(self, r: int, n: int):
-    lanes = self._lane_runs()
-    states = runs_lib.place(runs_lib.stack([self.trainers[i].server_state for i in lanes]), self.mesh)
-    stores = (runs_lib.place(runs_lib.stack([self.trainers[i].store.arrays for i in lanes]), self.mesh)
-              if self.has_store else None)
-    states, stores, m = self.fn(self.values, states, stores, self.templates, self.data_runs, self.data_shared,
-                                self.keys, np.int32(r), np.int32(n))
-    return self._on_host(states), (self._on_host(stores) if self.has_store else None), jax.device_get(m)
+  def dispatch(self, r: int, n: int, states=None, stores=None):
+    """Starts rounds r .. r+n-1 of every lane (asynchronously) from the previous block's device outputs, or
+    from the trainers' states; returns the device outputs (states, stores, metrics)."""
+    if states is None:
+      lanes = self._lane_runs()
+      states = runs_lib.place(runs_lib.stack([self.trainers[i].server_state for i in lanes]), self.mesh)
+      stores = (runs_lib.place(runs_lib.stack([self.trainers[i].store.arrays for i in lanes]), self.mesh)
+                if self.has_store else None)
+    return self.fn(self.values, states, stores, self.templates, self.data_runs, self.data_shared, self.keys,
+                   np.int32(r), np.int32(n))
 
   def train(self, stop_requested: Callable[[], bool] = lambda: False) -> Dict[int, dict]:
     """Trains every run to its end (or a stop); returns {run index: summary} of the runs that finished
-    or stopped; diverged runs are in self.failed."""
+    or stopped; diverged runs are in self.failed.
+
+    Pipelined: block k+1 is dispatched (from block k's device outputs) before the host handles block k
+    (divergence checks, evaluation, metrics, checkpoints of every run), so the device is not idle while the
+    host writes. A stop or a divergence found in block k discards block k+1's outputs: every run's state
+    and files are those at the end of block k, as without the pipeline.
+    """
     ends = [t.begin_training() for t in self.trainers]
     end = ends[0]
     active = list(range(len(self.trainers)))
     start = self.trainers[0].round
-    stop = False
-    while active and not stop and self.trainers[active[0]].round < end:
-      r = self.trainers[active[0]].round
-      n = min(self.trainers[i].block_length(r, end) for i in active)
-      tb = time.time()
-      states, stores, m = self.run_block(r, n)
-      wall = time.time() - tb
+    block_len = lambda r: min(self.trainers[i].block_length(r, end) for i in active)
+    pending = None
+    if start < end:
+      n = block_len(start)
+      pending = (start, n, self.dispatch(start, n))
+    ready_prev = time.time()
+    while pending is not None:
+      r, n, (states_d, stores_d, m_d) = pending
+      pending = None
+      if r + n < end:               # the next block runs while the host handles this one
+        n2 = block_len(r + n)
+        pending = (r + n, n2, self.dispatch(r + n, n2, states_d, stores_d))
+      m = jax.device_get(m_d)
+      wall, ready_prev = time.time() - ready_prev, time.time()
       if r == start:
         self.compile_s = wall
+      states = self._on_host(states_d)
+      stores = self._on_host(stores_d) if self.has_store else None
       stop = bool(stop_requested())
       for i in list(active):
         t = self.trainers[i]
@@ -187,6 +213,8 @@ class BatchedTrainer:
           active.remove(i)
           continue
         t.record_block(block, end, lambda: stop)
+      if stop or not active:
+        pending = None               # dispatched ahead: its outputs are dropped
     return {i: self.trainers[i].end_training() for i in active}
 
 
@@ -215,6 +243,7 @@ def pack_groups(specs: Sequence[RunSpec], max_runs: int) -> List[List[int]]:
 @dataclasses.dataclass
 class RunResult:
   status: str               # 'done' | 'stopped' | 'failed'
+  lanes: int = 0            # lanes of the program that ran it (0: trained alone in this process)
   summary: Optional[dict] = None
   error: Optional[str] = None
   wall_s: float = 0.0
@@ -241,7 +270,10 @@ def run_batch(specs: Sequence[RunSpec], *, fresh: bool = False, stop_requested=l
       data_key = repr(sorted(spec.config.data.to_dict().items())) + spec.config.dataset
       if data_key not in data_cache:
         data_cache[data_key] = data_registry.get_dataset(spec.config.dataset, **spec.config.data.to_dict())
-      trainer, ckpt, step = run_lib.open_run(spec.config, spec.workdir, fresh=fresh, data=data_cache[data_key])
+      # Clients are not sharded: the devices take the runs axis instead (core/runs.py).
+      trainer, ckpt, step = run_lib.open_run(spec.config, spec.workdir, fresh=fresh, data=data_cache[data_key],
+                                             trainer_kwargs=({'shard_clients': False}
+                                                             if batch_blocker(spec.config) is None else None))
       opened.append((i, trainer, ckpt, step, lock))
     except Exception as e:  # noqa: BLE001 -- one run's failure stops nothing; the sweep reports it
       if lock is not None:
@@ -256,6 +288,7 @@ def run_batch(specs: Sequence[RunSpec], *, fresh: bool = False, stop_requested=l
     budget = memory_bytes if memory_bytes is not None else runs_lib.device_memory_bytes() // 2
     for sig, items in by_sig.items():
       if isinstance(sig, str):             # cannot batch: train each alone, as train.py would
+        logging.warning('%d run(s) train alone: %s', len(items), sig)
         for i, t, ckpt, step, _ in items:
           t0 = time.time()
           summary = t.train(stop_requested=stop_requested)
@@ -281,9 +314,10 @@ def run_batch(specs: Sequence[RunSpec], *, fresh: bool = False, stop_requested=l
         for k, (i, t, ckpt, step, _) in enumerate(chunk):
           if k in bt.failed:
             results[i] = RunResult('failed', error=f'{type(bt.failed[k]).__name__}: {bt.failed[k]}',
-                                   wall_s=wall / len(chunk))
+                                   wall_s=wall / len(chunk), lanes=bt.lanes)
           else:
-            results[i] = _result(summaries[k], t, ckpt, step, signal_name(), wall / len(chunk))
+            results[i] = dataclasses.replace(_result(summaries[k], t, ckpt, step, signal_name(), wall / len(chunk)),
+                                             lanes=bt.lanes)
           on_result(i, results[i])
         logging.info('batched program of %d runs in %d lanes: %.1f s (first block, with compilation: %.1f s)',
                      len(chunk), bt.lanes, time.time() - t0, bt.compile_s or 0.0)

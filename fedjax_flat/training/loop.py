@@ -63,7 +63,9 @@ class Trainer:
         cls = chain_loop.ChainTrainer
     return super().__new__(cls)
 
-  def __init__(self, config, workdir: Optional[str] = None, *, data=None, write_files: bool = True):
+  def __init__(self, config, workdir: Optional[str] = None, *, data=None, write_files: bool = True,
+               shard_clients: Optional[bool] = None):
+    """shard_clients: overrides config.engine.shard_clients (training/batched.py: the devices take runs)."""
     validate.validate_config(config)
     self.config = config
     self.workdir = workdir
@@ -79,8 +81,9 @@ class Trainer:
     ec = config.engine
     self.strategy = engine_lib.resolve_strategy(ec.strategy)
     # Sharding over devices/hosts (core/sharding.py): None = the single-device program.
-    self.mesh = (sharding_lib.client_mesh() if sharding_lib.resolve_shard_clients(ec.get('shard_clients', 'auto'))
-                 else None)
+    shard = (sharding_lib.resolve_shard_clients(ec.get('shard_clients', 'auto')) if shard_clients is None
+             else shard_clients)
+    self.mesh = sharding_lib.client_mesh() if shard else None
     if self.mesh is not None:
       self.cohort, chunk = sharding_lib.plan_cohort(self.strategy, config.clients_per_round,
                                                     ec.clients_per_chunk, self.mesh.devices.size)

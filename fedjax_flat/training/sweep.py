@@ -464,7 +464,7 @@ def run_batched(runs: List[Run], configs: List[Any], sweep_dir: str, info: Dict[
     for k, i in enumerate(todo):
       rr = res.get(k, batched.RunResult('failed', error='not run'))
       st = {'status': rr.status, 'returncode': 0 if rr.status != 'failed' else 1, 'wall_s': round(rr.wall_s, 1),
-            'program': p}
+            'program': p, 'lanes': rr.lanes}
       if rr.error:
         st['error'] = rr.error[:300]
         with open(os.path.join(runs[i].workdir, 'sweep.log'), 'a') as log:
