@@ -122,7 +122,7 @@ def test_compat_key_and_packing():
   same = [_config('fedavg', i) for i in range(3)]            # other seeds and values: one program
   assert len({runs_lib.compat_key(c) for c in same}) == 1
   assert runs_lib.compat_key(_config('fedsam', 0)) != runs_lib.compat_key(base)       # optimizer kind
-  assert runs_lib.compat_key(_config('fedavg', 0, rounds=8)) != runs_lib.compat_key(base)
+  assert runs_lib.compat_key(_config('fedavg', 0, **{'client.batch_size': 8})) != runs_lib.compat_key(base)
   # momentum 0 removes an optimizer stage: zero and non-zero momentum are different programs
   assert runs_lib.compat_key(_config('fedavg', 0, **{'client.momentum': 0.0})) != runs_lib.compat_key(base)
   specs = [batched.RunSpec(str(i), c, '') for i, c in enumerate(
