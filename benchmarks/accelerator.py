@@ -96,8 +96,8 @@ def _torch_device():
 
 
 def run_group(a, model_name, clients, peer_set):
-  from fedjax_flat.data.builtin import synthetic
-  from fedjax_flat.models import get_model
+  from fedjax_flat.data.sources.builtin import synthetic
+  from fedjax_flat.models.registry import get_model
   shape = _input_shape(model_name, a.smoke)
   data = synthetic(clients, a.examples_per_client, input_shape=shape, num_classes=NUM_CLASSES, test_size=1)
   rows, fns = {}, {}

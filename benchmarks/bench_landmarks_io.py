@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.join(ROOT, 'tests'))
 
 import numpy as np  # noqa: E402
 
-from fedjax_flat.data import landmarks  # noqa: E402
+from fedjax_flat.data.sources import landmarks  # noqa: E402
 from data_fixtures import make_landmarks  # noqa: E402
 
 

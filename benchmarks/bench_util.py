@@ -163,7 +163,7 @@ def interleave(fns: dict, repeats: int, progress: bool = True, cpu_times: dict |
 def round_config(model: str, opt: str = 'sgd', *, strategy: str = 'auto', conv: str = 'auto', clients: int = 10,
                  chunk: int = 5, batch: int = 64):
   """The paper CIFAR setting: lr 0.01, wd 4e-4, B=64, E=1, SAM rho 0.05."""
-  from fedjax_flat.training.default_config import default_config
+  from fedjax_flat.config.default_config import default_config
   c = default_config()
   c.model = model
   c.model_kwargs.conv_impl = conv
@@ -187,7 +187,7 @@ def engine_round_variant(config, data, num_classes: int, *, compiled_memory: boo
   from fedjax_flat.algorithms import registry
   from fedjax_flat.core import engine
   from fedjax_flat.data import batching
-  from fedjax_flat.models import get_model
+  from fedjax_flat.models.registry import get_model
   c = config
   shape = tuple(data.input_shape)
   model = get_model(c.model, num_classes, shape, **c.model_kwargs.to_dict())

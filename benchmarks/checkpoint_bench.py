@@ -28,7 +28,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from fedjax_flat.training import checkpoint as ckpt_lib  # noqa: E402
-from fedjax_flat.training import loop  # noqa: E402
+from fedjax_flat.training import trainers  # noqa: E402
 
 
 def quickstart():
@@ -40,8 +40,8 @@ def quickstart():
 
 
 def cifar_cnn():
-  from fedjax_flat.data.builtin import synthetic
-  from fedjax_flat.training.default_config import default_config
+  from fedjax_flat.data.sources.builtin import synthetic
+  from fedjax_flat.config.default_config import default_config
   c = default_config()
   c.dataset = 'synthetic'
   c.data.num_clients = 100
@@ -64,7 +64,7 @@ def du(path):
 def bench(name, make, repeats, loop_rounds):
   config, data = make()
   config.rounds = 1000
-  t = loop.Trainer(config, data=data)
+  t = trainers.make_trainer(config, data=data)
   for r in range(2):                                  # compile + warm up
     t.run_round(r, t.prepare_round(r))
     t.round = r + 1
@@ -86,7 +86,7 @@ def bench(name, make, repeats, loop_rounds):
     ck.wait()
     durable.append(time.perf_counter() - t0)
   size = du(os.path.join(tmp, 'checkpoints', str(t.round)))
-  fresh = loop.Trainer(config, data=data)
+  fresh = trainers.make_trainer(config, data=data)
   t0 = time.perf_counter()
   step = ckpt_lib.Checkpointer(os.path.join(tmp, 'checkpoints'), keep=2).restore_latest(fresh)
   jax.block_until_ready(fresh.server_state)

@@ -21,7 +21,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from fedjax_flat.models import get_model  # noqa: E402
+from fedjax_flat.models.registry import get_model  # noqa: E402
 from fedjax_flat.training import checkpoint as ckpt_lib  # noqa: E402
 
 

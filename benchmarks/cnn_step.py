@@ -39,10 +39,10 @@ import optax  # noqa: E402
 
 from bench_util import gemm_gflops  # noqa: E402
 from fedjax_flat.algorithms.local import LocalState, local_step, make_loss  # noqa: E402
-from fedjax_flat.models import get_model  # noqa: E402
+from fedjax_flat.models.registry import get_model  # noqa: E402
 from fedjax_flat.models.layers import resolve_conv_impl, resolve_pool_impl  # noqa: E402
 from fedjax_flat.optimizers.client import make_client_tx  # noqa: E402
-from fedjax_flat.training.default_config import default_config  # noqa: E402
+from fedjax_flat.config.default_config import default_config  # noqa: E402
 
 B, NUM_CLASSES, LR, WD, RHO = 64, 100, 0.01, 4e-4, 0.05
 

@@ -20,7 +20,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from fedjax_flat import analysis  # noqa: E402
-from fedjax_flat.models import get_model  # noqa: E402
+from fedjax_flat.models.registry import get_model  # noqa: E402
 
 
 def main():

@@ -9,7 +9,7 @@ Reference: the centralized upper bound (training/centralized.py: the union of th
 0.9, cosine lr from the clients' 0.05, batch 16, --centralized_epochs epochs), one run per seed, their mean
 final test accuracy; --reference=<accuracy> replaces it.
 
-Superclients: fedjax_flat.grouping.build_superclients with each cell's grouping (random; psi_clf + greedy with
+Superclients: grouping/superclients.build_superclients with each cell's grouping (random; psi_clf + greedy with
 the cosine distance for fedseq_greedy; ICG on psi_clf for FedSeq2Par's regroupings).
 
   python benchmarks/fedseq_digits.py [--seeds=0,1,2] [--rounds=200] [--methods=...] [--json=PATH] [--md=PATH]
@@ -32,7 +32,8 @@ from absl import app, flags  # noqa: E402
 import numpy as np  # noqa: E402
 
 from fedjax_flat.data import registry as data_registry  # noqa: E402
-from fedjax_flat.training import centralized, config_strings, loop  # noqa: E402
+from fedjax_flat.training import centralized, trainers  # noqa: E402
+from fedjax_flat.config import families as config_strings
 
 _SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'training seeds')
 _ROUNDS = flags.DEFINE_integer('rounds', 200, 'rounds per run')
@@ -82,7 +83,7 @@ def run_one(method, seed, data, workdir, attack=None, reference=None):
   if reference:
     c.centralized.accuracy, c.centralized.window = float(reference), 5
   t0 = time.time()
-  t = loop.Trainer(c, workdir, data=data)
+  t = trainers.make_trainer(c, workdir, data=data)
   s = t.train()
   row = {'method': method, 'seed': seed, 'last': s[f'mean_last_{LAST}_test_accuracy'], 'attack': s.get('attack'),
          'final': s['final_test_accuracy'], 'wall_s': time.time() - t0,

@@ -34,9 +34,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from fedjax_flat.data import builtin  # noqa: E402
+from fedjax_flat.data.sources import builtin  # noqa: E402
 from fedjax_flat.data import registry as data_registry  # noqa: E402
-from fedjax_flat.training import config_strings, loop  # noqa: E402
+from fedjax_flat.config import families as config_strings  # noqa: E402
+from fedjax_flat.training import loop, trainers
 
 _PROBLEMS = flags.DEFINE_list('problems', ['digits', 'cifar_cnn'], 'problems')
 _ROUNDS = flags.DEFINE_integer('rounds', 30, 'rounds per timed repetition')
@@ -66,7 +67,7 @@ def build(name, method, **engine):
   for k, v in engine.items():
     c.engine[k] = v
   kw = {} if method == 'fedavg' else {'superclients': groups}
-  return loop.Trainer(c, data=data, **kw)
+  return trainers.make_trainer(c, data=data, **kw)
 
 
 def block(tree):

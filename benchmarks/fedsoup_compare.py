@@ -28,10 +28,12 @@ import numpy as np  # noqa: E402
 
 def run_one(algorithm, seed, fold, rounds, hessian_iters, num_clients=0, gn_groups=None):
   import jax
-  from fedjax_flat.core import personalized as P
+  from fedjax_flat.algorithms import personalization
+  from fedjax_flat.evaluation import personalized
+  from fedjax_flat.training import personalized_eval
   from fedjax_flat.data.batching import make_eval_batches
-  from fedjax_flat.training import loop
-  from fedjax_flat.training import config_strings
+  from fedjax_flat.training import trainers
+  from fedjax_flat.config import families as config_strings
   c = config_strings.load_config(os.path.join(REPO, 'configs', f'fedsoup_digits.py:{algorithm}'))
   c.seed = seed
   c.data.seed = seed
@@ -45,31 +47,31 @@ def run_one(algorithm, seed, fold, rounds, hessian_iters, num_clients=0, gn_grou
   c.progress_every_s = 1e9
   c.personalized.per_client = False
   t0 = time.time()
-  t = loop.Trainer(c)
+  t = trainers.make_trainer(c)
   s = t.train()
   train_s = time.time() - t0
   p = s['personalized']
   rec = {'algorithm': algorithm, 'seed': seed, 'fold': fold, 'rounds': rounds, 'train_wall_s': train_s,
          'gn_groups': int(c.model_kwargs.get('gn_groups', 0)),
          'num_clients': c.data.num_clients,
-         'server_global_acc_final': s['final_test_accuracy'], **P.headline(p),
+         'server_global_acc_final': s['final_test_accuracy'], **personalized.headline(p),
          **{f'server_{k}': v for k, v in p['server'].items()},
          'finetune': p.get('finetune', [])}
   if algorithm == 'fedsoup':
-    states = P.client_states_of(t.store)
+    states = personalized_eval.client_states_of(t.store)
     rec['soup_counts'] = [float(states[k]['count']) for k in sorted(states)]
   try:
     from fedjax_flat.analysis import client_lambda_max
   except ImportError:
     client_lambda_max = None
   if client_lambda_max is not None and hessian_iters > 0:
-    states = P.client_states_of(t.store)
+    states = personalized_eval.client_states_of(t.store)
     gx, gy = t.data.test_examples()
     gb = make_eval_batches(gx, gy, 256)
     lams = []
     for k in range(t.data.num_clients):
       params = jax.tree_util.tree_map(jax.numpy.asarray,
-                                      P.personal_params(t.algorithm, t.server_state, states.get(k)))
+                                      personalization.personal_params(t.algorithm, t.server_state, states.get(k)))
       x, y = t.data.client_examples(k)
       r = client_lambda_max(t.model, params, make_eval_batches(x, y, 256), gb, num_iters=hessian_iters,
                             rng=jax.random.PRNGKey(seed))

@@ -82,14 +82,13 @@ def mean_std(v, fmt):
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  from fedjax_flat import grouping
   from fedjax_flat.grouping import superclients as sc
   seeds = [int(s) for s in _SEEDS.value.split(',')]
   rows = {}
   probe_acc = []
   for seed in seeds:
     config = config_for(seed)
-    ctx = grouping.GroupingContext.from_config(config)
+    ctx = sc.GroupingContext.from_config(config)
     wd = os.path.join(_WORKDIR.value, f'seed{seed}')
     os.makedirs(wd, exist_ok=True)
     probe = os.path.join(wd, 'probe.npz')

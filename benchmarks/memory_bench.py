@@ -43,10 +43,9 @@ def _rss_mb() -> float:
 
 def worker(strategy: str, cohort: int, chunk: int, population: int, rounds: int) -> dict:
   import jax
-  import numpy as np
-  from fedjax_flat.data.builtin import synthetic
-  from fedjax_flat.training import loop
-  from fedjax_flat.training.default_config import default_config
+  from fedjax_flat.data.sources.builtin import synthetic
+  from fedjax_flat.training import trainers
+  from fedjax_flat.config.default_config import default_config
 
   c = default_config()
   c.dataset = 'synthetic'
@@ -65,7 +64,7 @@ def worker(strategy: str, cohort: int, chunk: int, population: int, rounds: int)
   c.engine.stream_batches = strategy == 'stream'
   c.engine.shard_clients = False
   data = synthetic(population, 8, input_shape=(32, 32, 3), num_classes=10, test_size=64, seed=0)
-  t = loop.Trainer(c, data=data)
+  t = trainers.make_trainer(c, data=data)
   jax.block_until_ready(t.server_state)
   setup = _rss_mb()
   times = []

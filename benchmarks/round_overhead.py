@@ -34,9 +34,9 @@ import numpy as np  # noqa: E402
 import bench_util  # noqa: E402
 import cnn_step  # noqa: E402
 from fedjax_flat.data import batching  # noqa: E402
-from fedjax_flat.data.builtin import synthetic  # noqa: E402
+from fedjax_flat.data.sources.builtin import synthetic  # noqa: E402
 from fedjax_flat.models.layers import resolve_conv_impl, resolve_pool_impl  # noqa: E402
-from fedjax_flat.training import loop  # noqa: E402
+from fedjax_flat.training import trainers  # noqa: E402
 
 NUM_CLASSES = 100
 
@@ -91,7 +91,7 @@ def main(argv=None):
         bench_util.round_config('cifar_cnn', opt, clients=n), data, NUM_CLASSES)
     c = bench_util.round_config('cifar_cnn', opt, clients=n)
     c.rounds = c.eval_every = 1 + 4 * (a.repeats + 4)
-    t = loop.Trainer(c, None, data=data, write_files=False)
+    t = trainers.make_trainer(c, None, data=data, write_files=False)
     t.evaluate = lambda: {}
 
     def trainer(t=t):

@@ -39,9 +39,9 @@ import jax  # noqa: E402
 
 import bench_util  # noqa: E402
 from fedjax_flat.core import engine  # noqa: E402
-from fedjax_flat.data.builtin import synthetic  # noqa: E402
-from fedjax_flat.models import get_model  # noqa: E402
-from fedjax_flat.training import loop  # noqa: E402
+from fedjax_flat.data.sources.builtin import synthetic  # noqa: E402
+from fedjax_flat.models.registry import get_model  # noqa: E402
+from fedjax_flat.training import trainers  # noqa: E402
 
 FLAGS = flags.DEFINE_string('json', None, 'write results as JSON here')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'timed repetitions per variant (median)')
@@ -73,7 +73,7 @@ def _trainer_variant(data, opt, rounds):
   c.rounds = rounds
   c.eval_every = rounds
   c.progress_every_s = 1e9
-  t = loop.Trainer(c, None, data=data, write_files=False)
+  t = trainers.make_trainer(c, None, data=data, write_files=False)
   t.evaluate = lambda: {}          # training rounds only, as every other variant
 
   def run():

@@ -50,7 +50,7 @@ import numpy as np  # noqa: E402
 import bench_util  # noqa: E402
 
 from fedjax_flat.algorithms.local import make_loss  # noqa: E402
-from fedjax_flat.training import loop  # noqa: E402
+from fedjax_flat.training import trainers  # noqa: E402
 
 _ROUNDS = flags.DEFINE_integer('rounds', 200, 'timed rounds per repetition (quickstart: a quarter)')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'timed repetitions per variant (median)')
@@ -89,7 +89,7 @@ def _trainer(problem, n_rounds, **engine):
   c.eval_every = n_rounds
   for k, v in engine.items():
     c.engine[k] = v
-  t = loop.Trainer(c, None, write_files=False)
+  t = trainers.make_trainer(c, None, write_files=False)
   t.evaluate = lambda: {}        # training rounds only (the same for every variant)
   return t
 

@@ -22,7 +22,9 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from fedjax_flat.data import augment as A, cityscapes, style_transfer as S  # noqa: E402
+from fedjax_flat.data.transforms import augment as A, style_transfer as S  # noqa: E402
+
+from fedjax_flat.data.sources import cityscapes
 
 
 def write_files(root, clients, per_client, h=1024, w=2048, seed=0):

@@ -38,11 +38,11 @@ def worker(a) -> dict:
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from fedjax_flat import tasks
+  from fedjax_flat.tasks import segmentation as seg_tasks
   from fedjax_flat.algorithms import registry as alg_registry
   from fedjax_flat.core import engine
   from fedjax_flat.models import registry as model_registry
-  from fedjax_flat.training.default_config import default_config
+  from fedjax_flat.config.default_config import default_config
 
   h, w = (int(v) for v in a.crop.split('x'))
   c = default_config()
@@ -52,7 +52,7 @@ def worker(a) -> dict:
   c.client.microbatches = a.microbatches
   m = model_registry.get_model('bisenetv2', 19, (h, w, 3), norm=a.norm, remat=bool(int(a.remat)),
                                conv_impl=a.conv_impl)
-  task = tasks.Segmentation()
+  task = seg_tasks.Segmentation()
   alg = alg_registry.build_algorithm(c, m, task=task)
   t0 = time.time()
   params = m.init(jax.random.key(0), jnp.zeros((1, h, w, 3)))
@@ -101,11 +101,11 @@ def interleaved(a) -> dict:
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from fedjax_flat import tasks
+  from fedjax_flat.tasks import segmentation as seg_tasks
   from fedjax_flat.algorithms import registry as alg_registry
   from fedjax_flat.core import engine
   from fedjax_flat.models import registry as model_registry
-  from fedjax_flat.training.default_config import default_config
+  from fedjax_flat.config.default_config import default_config
 
   h, w = (int(v) for v in a.crop.split('x'))
   rng = np.random.default_rng(0)
@@ -118,7 +118,7 @@ def interleaved(a) -> dict:
     c = default_config()
     c.client.lr, c.client.momentum, c.client.microbatches = 0.05, 0.9, int(k)
     m = model_registry.get_model('bisenetv2', 19, (h, w, 3), conv_impl=impl)
-    alg = alg_registry.build_algorithm(c, m, task=tasks.Segmentation())
+    alg = alg_registry.build_algorithm(c, m, task=seg_tasks.Segmentation())
     state = alg.server_init(m.init(jax.random.key(0), jnp.zeros((1, h, w, 3))), jax.random.key(1))
     fn = engine.make_round_fn(alg, chunk=1, jit=True, donate=False)
     args = (state, batches, None, jax.random.split(jax.random.key(2), 1), jnp.ones((1,)), jnp.ones((1,), bool),

@@ -20,7 +20,7 @@ CELLS lists every published cell of Tables 4.2, 4.6 (momentum column), 4.8 and 4
 including the cells published as diverged (config.published has only a source saying so).
 
 Setting (Table A.1): lr 0.01, batch 64, weight decay 4e-4, 1 local epoch, no client momentum; C10 10k rounds,
-C100 20k rounds; random crop + flip, dataset normalization. Data: --config.data.data_dir=... (data/cifar.py).
+C100 20k rounds; random crop + flip, dataset normalization. Data: --config.data.data_dir=... (data/sources/cifar.py).
 Algorithm hyperparameters: the reconstructed choices of Table A.5 (CNN) where it has them, otherwise the
 middle of the Appendix A.3.2 grids (FedProx mu 0.01; FedDyn alpha 0.01, grad clip 30 as in FedSeq; AdaBest
 mu 0.02, beta 0.9; FedCM alpha 0.1; FedACG beta 0.01, lambda 0.85; Mime/MimeLite beta 0.9, eta_g 1; FedSpeed
@@ -113,7 +113,7 @@ configs/wima.py has that setting for FedAvg / SCAFFOLD):
 Not cells: Table 4.7 (strong augmentations) and Table 4.3 (configs/fedsam_cifar.py).
 """
 from fedjax_flat.algorithms import registry
-from fedjax_flat.training import config_strings, paper_hparams
+from fedjax_flat.config import families as config_strings, paper_hparams
 
 FAMILY = 'configs/baselines_cifar_cnn.py'
 

@@ -16,7 +16,7 @@ import importlib.util
 import os
 
 from fedjax_flat.algorithms import registry
-from fedjax_flat.training import config_strings
+from fedjax_flat.config import families as config_strings
 
 SERVER = {
     'fedavgm': dict(optimizer='sgd', lr=1.0, momentum=0.9),

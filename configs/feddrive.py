@@ -76,7 +76,7 @@ has no BN of its own: no number published), Table 6.2 has no FedBN row. Combinat
 """
 import ml_collections
 
-from fedjax_flat.training import config_strings, paper_hparams
+from fedjax_flat.config import families as config_strings, paper_hparams
 
 FAMILY = 'configs/feddrive.py'
 METHODS = ('fedavg', 'fedsam', 'fedasam', 'silobn', 'silobn_sam', 'silobn_asam', 'fedbn')
@@ -176,7 +176,7 @@ def _published(c, o):
 
 def get_config(arg: str = ''):
   o = config_strings.parse(arg, FIELDS, family=FAMILY)
-  from fedjax_flat.training.default_config import default_config, segmentation_data
+  from fedjax_flat.config.default_config import default_config, segmentation_data
   c = default_config()
   ds = o['dataset']
   base = 'cityscapes' if ds == 'cityscapes' else 'idda'

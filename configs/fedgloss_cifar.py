@@ -40,7 +40,7 @@ Table 4.21 (ablation) repeats the Table 4.15 FedGloSS cells; its FedSAM / FedDyn
 configs/baselines_cifar_cnn.py cells.
 """
 from fedjax_flat.algorithms import registry
-from fedjax_flat.training import config_strings, paper_hparams
+from fedjax_flat.config import families as config_strings, paper_hparams
 
 FAMILY = 'configs/fedgloss_cifar.py'
 FIELDS = {

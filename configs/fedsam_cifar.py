@@ -17,7 +17,7 @@ ASAM rho 0.7 / 0.7 / 0.05 (C10), 0.5 (C100), eta 0.2. Server SWA (Table A.3): fr
 20 (C100), cyclic client lr 1e-2 -> 1e-4; the SWA model is the reported one. Evaluation every 100 rounds and
 every round of the last 100; the reported number is the mean test accuracy over the last 100 rounds
 (summary.json's last-K mean, K = 100), the papers' protocol.
-Data: --config.data.data_dir=... (fedjax_flat/data/cifar.py; experiments/download.py).
+Data: --config.data.data_dir=... (fedjax_flat/data/sources/cifar.py; experiments/download.py).
 
 Published accuracy % (Table 4.3; mean of the last 100 rounds), at 5 / 10 / 20 clients per round:
                          alpha=0                 alpha=0.05 | 0.5        alpha=100 | 1000
@@ -36,7 +36,7 @@ Published accuracy % (Table 4.3; mean of the last 100 rounds), at 5 / 10 / 20 cl
   C100 FedSAM+SWA        39.30 39.51 39.24       47.96 46.76 46.47       53.90 53.67 54.36
   C100 FedASAM+SWA       42.01 42.64 41.62       49.17 48.72 48.27       53.86 54.79 54.10
 """
-from fedjax_flat.training import config_strings, paper_hparams
+from fedjax_flat.config import families as config_strings, paper_hparams
 
 FAMILY = 'configs/fedsam_cifar.py'
 FIELDS = {

@@ -27,7 +27,7 @@ Published accuracy % (Table 4.9; centralized: 74.03):
 Not a cell: SWA "from 100%" (the thesis does not say what it means; presumably SWA started at round 5000 and
 trained further, digest [U]).
 """
-from fedjax_flat.training import config_strings, paper_hparams
+from fedjax_flat.config import families as config_strings, paper_hparams
 
 FAMILY = 'configs/fedsam_landmarks.py'
 FIELDS = {'method': ('fedavg', paper_hparams.METHODS), 'swa': (False, bool)}

@@ -29,8 +29,8 @@ crop + flip, and whether the PAM runs had them is not stated; the nearest comman
 `--config.augment=cifar_mixup --config.client.asam_eta=0` (Table A.2: ASAM eta 0 with MixUp), without a
 published number attached.
 """
-from fedjax_flat.training import config_strings, data_fields, paper_hparams
-from fedjax_flat.training.default_config import default_config
+from fedjax_flat.config import families as config_strings, paper_hparams
+from fedjax_flat.config.default_config import data_section, default_config
 
 FAMILY = 'configs/fedsam_pam.py'
 FIELDS = {
@@ -56,7 +56,7 @@ def get_config(arg: str = ''):
   config_strings.check(FAMILY, 'epochs', epochs, (1, 2))
   c = default_config()
   c.dataset = 'cifar100_pam'
-  c.data = data_fields.section(data_dir='', source='sqlite', seed=0)
+  c.data = data_section(data_dir='', source='sqlite', seed=0)
   c.model = 'resnet18_gn'
   c.augment = 'none'
   c.normalize = 'cifar100'

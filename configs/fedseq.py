@@ -10,7 +10,7 @@ Tables 5.1, 5.3, 5.4 and 5.5.
       --config=configs/fedseq.py:cifar100,fedseq,attack=intra_sc,gamma=random,ls=0.3,l=0.5 \
       --config.attack.clean_workdir=runs/c100_fedseq_clean       # clean: ...:cifar100,fedseq,table=5.5
   .venv/bin/python experiments/train.py --workdir=runs/femnist_fedseq --config=configs/fedseq.py:femnist,fedseq \
-      --config.data.data_dir=/path/to/leaf/data/femnist/data             # LEAF's JSON files (data/leaf.py)
+      --config.data.data_dir=/path/to/leaf/data/femnist/data             # LEAF's JSON files (data/sources/leaf.py)
 
 Grammar (comma-separated; defaults cifar10,fedseq,alpha=0,table=5.1):
   cifar10 | cifar100 | femnist | shakespeare | stackoverflow;  fedavg | fedseq | fedasyncseq | fedseq2par |
@@ -163,8 +163,8 @@ import ml_collections
 
 from fedjax_flat.algorithms import fedseq as fedseq_lib
 from fedjax_flat.algorithms import registry
-from fedjax_flat.training import config_strings, data_fields, paper_hparams
-from fedjax_flat.training.default_config import default_config
+from fedjax_flat.config import families as config_strings, paper_hparams
+from fedjax_flat.config.default_config import data_section, default_config
 
 FAMILY = 'configs/fedseq.py'
 METHODS = ('fedavg', 'fedseq', 'fedasyncseq', 'fedseq2par', 'fedcyclic')
@@ -325,7 +325,7 @@ def base_config(dataset: str, method: str, alpha: float, *, fraction: float = FR
   """The Table 5.1 setting of `method` (digest 1.2, Table A.6); FedAvg with C K clients per round."""
   c = default_config()
   c.dataset = dataset
-  c.data = data_fields.section(data_dir='', num_clients=NUM_CLIENTS, alpha=float(alpha),
+  c.data = data_section(data_dir='', num_clients=NUM_CLIENTS, alpha=float(alpha),
                                examples_per_client=EXAMPLES, seed=0)
   c.model = 'cifar_cnn'
   c.augment = 'cifar'

@@ -21,8 +21,8 @@ No published numbers: the digits are a stand-in, not a paper setting (config.pub
 """
 
 from fedjax_flat.algorithms import registry
-from fedjax_flat.training import config_strings
-from fedjax_flat.training.default_config import default_config
+from fedjax_flat.config import families as config_strings
+from fedjax_flat.config.default_config import default_config
 
 FAMILY = 'configs/fedseq_digits.py'
 METHODS = ('fedavg', 'fedseq', 'fedasyncseq', 'fedseq2par', 'fedcyclic')

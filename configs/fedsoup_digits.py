@@ -11,7 +11,7 @@ Grammar: fedsoup | fedavg | fedprox | fedbn (default fedsoup);  leave_out=-1 | 0
 the left-out hospital never trains, summary 'unseen'; the clients per round drop to 4). CELLS: the 4 methods
 x (all clients, each of the 5 folds).
 
-Every run ends with the personalized evaluation of core/personalized.py (summary.json 'personalized': local /
+Every run ends with the personalized evaluation of evaluation/personalized.py (summary.json 'personalized': local /
 global / other clients / server, accuracy and micro-AUC), then 15 fine-tuning epochs with evaluation after each
 (Fig. 2b's trade-off; the paper shows iterations 1, 7, 15).
   FedSoup: the soup from 75% of training, accepted on each client's validation split with the paper's `>=`.
@@ -44,8 +44,8 @@ ResNet-18, not on these digits. For reference only (Local / Global Acc and AUC; 
 (unseen-domain pathology, Fig. 2c: FedSoup +2.87 AUC over FedAvg.) Those are binary tasks; the digits have
 10 classes, so AUC here is the micro-averaged one-vs-rest AUC.
 """
-from fedjax_flat.training import config_strings, data_fields
-from fedjax_flat.training.default_config import default_config
+from fedjax_flat.config import families as config_strings
+from fedjax_flat.config.default_config import data_section, default_config
 
 FAMILY = 'configs/fedsoup_digits.py'
 METHODS = ('fedsoup', 'fedavg', 'fedprox', 'fedbn')
@@ -60,7 +60,7 @@ def get_config(arg: str = ''):
   config_strings.check(FAMILY, 'leave_out', leave_out, tuple(range(-1, NUM_CLIENTS)))
   c = default_config()
   c.dataset = 'digits_feature_shift'
-  c.data = data_fields.section(num_clients=NUM_CLIENTS, seed=0, val_fraction=0.1, test_fraction=0.15,
+  c.data = data_section(num_clients=NUM_CLIENTS, seed=0, val_fraction=0.1, test_fraction=0.15,
                                leave_out=leave_out, global_fraction=0.1)
   c.model = 'digits_cnn'
   c.model_kwargs.gn_groups = 4 if method == 'fedbn' else 0   # FedBN: GroupNorm after each conv, kept local

@@ -47,7 +47,7 @@ Published accuracy % (Table 1, 500 rounds, mean +- std over 3 seeds; rounds to 5
   FedSpeed+MAN    55.23+-0.15 (163)     55.84+-0.11 (153)     55.89+-0.41 (163)
 """
 from fedjax_flat.algorithms import registry
-from fedjax_flat.training import config_strings, paper_hparams
+from fedjax_flat.config import families as config_strings, paper_hparams
 
 FAMILY = 'configs/man_cifar100.py'
 METHODS = ('fedavg', 'fedsam', 'fedasam', 'feddyn', 'fedspeed')

@@ -12,7 +12,7 @@ Another algorithm: --config.algorithm=fedprox --config.algo.mu=0.01 (experiments
 config.algo with the algorithm's registered defaults, then applies --config.algo.*; the config argument
 form --config=configs/quickstart.py:fedprox does the same; see configs/baselines_digits.py for every baseline).
 """
-from fedjax_flat.training.default_config import default_config
+from fedjax_flat.config.default_config import default_config
 
 
 def get_config(algorithm: str = ''):

@@ -11,7 +11,7 @@ No published number: a small-scale check (benchmarks/README.flat_minima.md), not
 import ml_collections
 
 from fedjax_flat.algorithms import registry
-from fedjax_flat.training.default_config import default_config
+from fedjax_flat.config.default_config import default_config
 
 
 def get_config():

@@ -1,6 +1,6 @@
 r"""FEMNIST quickstart: FedAvg with the Reddi et al. CNN on LEAF's FEMNIST (writers as clients, NIID).
 
-Data: LEAF's JSON files (no download URL; fedjax_flat/data/leaf.py says how to build them with LEAF's
+Data: LEAF's JSON files (no download URL; fedjax_flat/data/sources/leaf.py says how to build them with LEAF's
 scripts). Point data.data_dir at LEAF's `data/femnist/data` (holding all_data/):
   .venv/bin/python experiments/train.py --config=configs/quickstart_femnist.py --workdir=runs/femnist \
       --config.data.data_dir=/path/to/leaf/data/femnist/data
@@ -13,14 +13,14 @@ reference of summary.json's rounds_to_70pct_centralized / rounds_to_90pct_centra
 (config.centralized.accuracy), or train your own with experiments/centralized.py and pass
 --config.centralized.path=<its workdir>. Not a reproduction of a table cell: no published number.
 """
-from fedjax_flat.training import data_fields
-from fedjax_flat.training.default_config import default_config
+
+from fedjax_flat.config.default_config import data_section, default_config
 
 
 def get_config():
   c = default_config()
   c.dataset = 'femnist'
-  c.data = data_fields.section(**{'data_dir': '', 'source': 'auto', 'split': 'niid', 'fraction': 0.05,
+  c.data = data_section(**{'data_dir': '', 'source': 'auto', 'split': 'niid', 'fraction': 0.05,
                              'min_samples': 0, 'train_split': 'sample', 'train_fraction': 0.9, 'seed': 0,
                              'shuffle': True})
   c.model = 'femnist_cnn'

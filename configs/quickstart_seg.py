@@ -6,7 +6,7 @@ Command (from the repo root; no download, the data are generated in a second):
 
 Grammar: one method token, fedavg (default) | fedsam | fedasam | silobn | fedbn.
 
-The set (fedjax_flat/data/seg_synthetic.py): 48 x 48 images of shapes (rectangle, disc, triangle) on textured
+The set (fedjax_flat/data/sources/seg_synthetic.py): 48 x 48 images of shapes (rectangle, disc, triangle) on textured
 backgrounds, 4 classes with the shapes' inner borders void (255); 6 appearance domains (colour cast +
 illumination curve + class frequencies), 4 of them seen by 3 clients each (12 clients, 24 images, one domain
 per client: FedDrive's heterogeneous split), 2 never trained on. Test clients: 'seen' (6 held-out images of
@@ -28,8 +28,8 @@ for FedAvg / FedSAM / FedASAM. Reported: the mean over the last 10 rounds (evalu
 Expected: 2-5 minutes per run on 2 shared CPU cores. Measured mean +- std over 3 seeds of the five methods,
 seen and unseen mIoU: benchmarks/README.segmentation.md (benchmarks/seg_synthetic_compare.py runs them all).
 """
-from fedjax_flat.training import config_strings
-from fedjax_flat.training.default_config import default_config, segmentation_data
+from fedjax_flat.config import families as config_strings
+from fedjax_flat.config.default_config import default_config, segmentation_data
 
 FAMILY = 'configs/quickstart_seg.py'
 METHODS = ('fedavg', 'fedsam', 'fedasam', 'silobn', 'fedbn')

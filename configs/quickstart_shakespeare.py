@@ -1,6 +1,6 @@
 r"""Shakespeare quickstart: FedAvg with the char-LSTM (embed 8, 2 x LSTM 100, 90 ids) on LEAF's Shakespeare.
 
-Data: LEAF's JSON files (fedjax_flat/data/leaf.py: built with LEAF's scripts; no download URL). Point
+Data: LEAF's JSON files (fedjax_flat/data/sources/leaf.py: built with LEAF's scripts; no download URL). Point
 data.data_dir at LEAF's `data/shakespeare/data` (holding all_data/):
   .venv/bin/python experiments/train.py --config=configs/quickstart_shakespeare.py --workdir=runs/shakespeare \
       --config.data.data_dir=/path/to/leaf/data/shakespeare/data
@@ -12,14 +12,14 @@ Quickstart size: 5% of the data, users with more than 100 windows, 10 clients pe
 thesis' setting (Table A.6): client lr 1, batch 100, 250 rounds; centralized accuracy 52.00% (Table 5.1, the
 rounds-to-X reference here). Not a reproduction of a table cell: no published number.
 """
-from fedjax_flat.training import data_fields
-from fedjax_flat.training.default_config import default_config
+
+from fedjax_flat.config.default_config import data_section, default_config
 
 
 def get_config():
   c = default_config()
   c.dataset = 'shakespeare'
-  c.data = data_fields.section(**{'data_dir': '', 'source': 'auto', 'split': 'niid', 'fraction': 0.05,
+  c.data = data_section(**{'data_dir': '', 'source': 'auto', 'split': 'niid', 'fraction': 0.05,
                              'min_samples': 100, 'train_split': 'sample', 'train_fraction': 0.9, 'seed': 0,
                              'target': 'sequence', 'shuffle': True})
   c.model = 'char_lstm'

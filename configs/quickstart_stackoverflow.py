@@ -1,6 +1,6 @@
 r"""StackOverflow quickstart: FedAvg with the word-LSTM (embed 96, LSTM 670, 10,000 + 4 ids) on TFF's data.
 
-Data: TFF's stackoverflow.sqlite + stackoverflow.word_count (fedjax_flat/data/stackoverflow.py):
+Data: TFF's stackoverflow.sqlite + stackoverflow.word_count (fedjax_flat/data/sources/stackoverflow.py):
   .venv/bin/python experiments/download.py --dataset=stackoverflow --data_dir=/data/so
   .venv/bin/python experiments/train.py --config=configs/quickstart_stackoverflow.py --workdir=runs/so \
       --config.data.data_dir=/data/so
@@ -10,14 +10,14 @@ sentences, 10 clients per round, 30 rounds; the first load tokenizes and caches 
 setting: client lr 10^-1/2, batch 16 (Table A.6), 40,000 clients; centralized accuracy 28.50% (Table 5.1, the
 rounds-to-X reference here). Not a reproduction of a table cell: no published number.
 """
-from fedjax_flat.training import data_fields
-from fedjax_flat.training.default_config import default_config
+
+from fedjax_flat.config.default_config import data_section, default_config
 
 
 def get_config():
   c = default_config()
   c.dataset = 'stackoverflow'
-  c.data = data_fields.section(**{'data_dir': '', 'format': 'auto', 'num_clients': 1000, 'vocab_size': 10000,
+  c.data = data_section(**{'data_dir': '', 'format': 'auto', 'num_clients': 1000, 'vocab_size': 10000,
                              'sequence_length': 20, 'max_sentences_per_client': 1000, 'test_examples': 10000,
                              'seed': 0, 'shuffle': True})
   c.model = 'word_lstm'

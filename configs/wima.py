@@ -40,7 +40,7 @@ none to give). Any registered algorithm runs under WiMA with --config.algorithm=
 number attached.
 """
 from fedjax_flat.algorithms import registry
-from fedjax_flat.training import config_strings, paper_hparams
+from fedjax_flat.config import families as config_strings, paper_hparams
 
 FAMILY = 'configs/wima.py'
 FIELDS = {

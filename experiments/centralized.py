@@ -31,7 +31,7 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.INFO)
   from fedjax_flat.training import centralized
-  from fedjax_flat.training.validate import ConfigError
+  from fedjax_flat.errors import ConfigError
   try:
     res = centralized.train(_CONFIG.value, _WORKDIR.value)
   except ConfigError as e:
@@ -44,7 +44,7 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  from fedjax_flat.training import config_strings as _config_strings
+  from fedjax_flat.config import families as _config_strings
   _bad = _config_strings.preflight(sys.argv)
   if _bad:
     print(f'error: {_bad}', file=sys.stderr)

@@ -4,7 +4,7 @@
       --config.data.alpha=0 --config.grouping.method=greedy --config.grouping.estimator=conf \
       [--num_superclients=0] [--compare=random,kmeans]
 
-Uses config.grouping (fedjax_flat/grouping/; fields in training/default_config.py). The pre-training /
+Uses config.grouping (fedjax_flat/grouping/; fields in config/default_config.py). The pre-training /
 estimator passes are cached in WORKDIR/grouping/ (a training run with the same WORKDIR reuses them).
 Prints every superclient (clients, examples, classes present, label entropy in bits) and a table comparing
 the grouping with --compare groupings built under the same constraints and seed (random grouping by
@@ -61,17 +61,17 @@ def superclient_table(record) -> str:
 def main(argv):
   del argv
   logging.set_verbosity(logging.INFO)
-  from fedjax_flat import grouping
-  from fedjax_flat.grouping import superclients as sc
-  from fedjax_flat.training import validate
+  from fedjax_flat.grouping import groupers, superclients as sc
+  from fedjax_flat.training import init as init_lib
+  from fedjax_flat.config import validate
   config = _CONFIG.value
   try:
     validate.validate_config(config)
     methods = [m for m in _COMPARE.value.split(',') if m]
     for m in methods:
-      if m not in grouping.groupers.METHODS:
-        raise validate.ConfigError('compare', m, f'allowed values: {list(grouping.groupers.METHODS)}')
-    ctx = grouping.GroupingContext.from_config(config)
+      if m not in groupers.METHODS:
+        raise validate.ConfigError('compare', m, f'allowed values: {list(groupers.METHODS)}')
+    ctx = init_lib.grouping_context(config)   # w_0 as the run starts from it (config.init), the run loader
     validate.validate_against_data(config, ctx.data)
   except validate.ConfigError as e:
     print(f'error: {e}', file=sys.stderr)

@@ -56,41 +56,6 @@ _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the eigen-solver start vectors 
 flags.mark_flag_as_required('workdir')
 
 
-def load_run(workdir: str, which: str = 'global'):
-  """(trainer, params, round) from a run directory's config.json and newest checkpoint."""
-  import ml_collections
-  from fedjax_flat.training import checkpoint, loop
-  cfg_path = os.path.join(workdir, 'config.json')
-  if not os.path.exists(cfg_path):
-    raise FileNotFoundError(f'{cfg_path} not found: --workdir must be a directory written by experiments/train.py')
-  from fedjax_flat.training.default_config import default_config
-  with open(cfg_path) as f:
-    saved = json.load(f)
-  config = default_config()   # fields added since the run was written keep their defaults
-
-  def merge(node, d):
-    for k, v in d.items():
-      if isinstance(v, dict) and k in node and isinstance(node[k], ml_collections.ConfigDict):
-        merge(node[k], v)
-      else:
-        with node.ignore_type():
-          node[k] = v
-  merge(config, saved)
-  trainer = loop.Trainer(config, None, write_files=False)
-  ckpt = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'), read_only=True)   # the run may be live
-  step = ckpt.restore_latest(trainer)
-  ckpt.close()
-  if step is None:
-    raise FileNotFoundError(f'no checkpoint in {workdir}/checkpoints (runs write one at the end)')
-  models = trainer.algorithm.eval_models(trainer.server_state)
-  if which not in models:
-    raise ValueError(f'--model={which!r}: this run has models {sorted(models)}')
-  params, active = models[which]
-  if not bool(active):
-    raise ValueError(f'--model={which!r} is not active at round {step} (e.g. SWA had not started)')
-  return trainer, params, step
-
-
 # Per-client sharpness (thesis Table 4.13): analysis/local_models.py.
 _PER_CLIENT = flags.DEFINE_bool(
     'per_client', False, 'Instead of the global analysis: lambda_max of each client sampled at round r '
@@ -111,13 +76,13 @@ def main(argv):
   from fedjax_flat import analysis
   from fedjax_flat.analysis import plots
   from fedjax_flat.training import cli
+  from fedjax_flat.training.reload import load_run   # the run's trainer, params and round, read-only
   cli.configure_logging(verbosity_given=flags.FLAGS['verbosity'].present > 0)   # quiet unless --verbosity
   wd = _WORKDIR.value
   out = _OUT.value or os.path.join(wd, 'hessian')
   os.makedirs(out, exist_ok=True)
   if _PER_CLIENT.value:
-    from fedjax_flat.training.init import load_run as load_run_at
-    trainer, params, step = load_run_at(wd, _MODEL.value, None if _PC_ROUND.value < 0 else _PC_ROUND.value)
+    trainer, params, step = load_run(wd, _MODEL.value, None if _PC_ROUND.value < 0 else _PC_ROUND.value)
     from fedjax_flat.analysis.local_models import per_client_sharpness
     t0 = time.time()
     rep = per_client_sharpness(trainer, params, step, num_examples=_N.value, batch_size=_BATCH.value,

@@ -7,7 +7,7 @@ r"""Aggregates runs into a Markdown + CSV table and PNG plots: mean +- std over 
 Writes OUT_DIR/<name>.md and <name>.csv (one row per group and sweep), <name>_<sweep>_curves.png (accuracy of
 the reported model vs round, mean over seeds with a min..max band) and <name>_<sweep>_bars.png (last-K
 accuracy). Groups: `cell` (the sweep cell; for bare workdirs the directory name, or its parent's for
-.../seed=N) or dotted config keys read from each run's config.json. Columns (see fedjax_flat/training/report.py):
+.../seed=N) or dotted config keys read from each run's config.json. Columns (see fedjax_flat/sweeps/report.py):
 last-K and final accuracy (%), finished/total runs, rounds to --target (first evaluation at or above it),
 lambda_max when experiments/hessian.py ran, communication, config.published (paper number) and the sweep
 cell's reference (earlier measurement) with measured - that. Unfinished or failed runs are counted, not averaged.
@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 
-from fedjax_flat.training import report as report_lib  # noqa: E402
+from fedjax_flat.sweeps import report as report_lib  # noqa: E402
 
 _SWEEPS = flags.DEFINE_multi_string('sweep_dir', [], 'A sweep directory (holding sweep.json); repeatable.')
 _WORKDIRS = flags.DEFINE_list('workdirs', [], 'Run directories or globs (comma-separated).')

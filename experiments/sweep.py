@@ -1,6 +1,6 @@
 r"""Runs a sweep: a base config x a grid of overrides x seeds, N local processes at a time, or writes a SLURM array.
 
-  # from a sweep file (configs/sweeps/<name>.py, get_sweep() -> dict; see fedjax_flat/training/sweep.py)
+  # from a sweep file (configs/sweeps/<name>.py, get_sweep() -> dict; see fedjax_flat/sweeps/sweep.py)
   python experiments/sweep.py --sweep=configs/sweeps/flat_minima_digits.py --sweep_dir=runs/fm --parallel=2
   # or on the command line
   python experiments/sweep.py --config=configs/quickstart.py --grid=client.optimizer=sgd,sam \
@@ -40,10 +40,10 @@ if any(a.startswith('--batch_runs') and a not in ('--batch_runs=0', '--nobatch_r
 
 from absl import app, flags  # noqa: E402
 
+from fedjax_flat.sweeps import sweep as sweep_lib  # noqa: E402
 from fedjax_flat.training import batched  # noqa: E402
 from fedjax_flat.training import cli  # noqa: E402
 from fedjax_flat.training import run as run_lib  # noqa: E402
-from fedjax_flat.training import sweep as sweep_lib  # noqa: E402
 
 _SWEEP = flags.DEFINE_string('sweep', None, 'Sweep file path[:arg] with get_sweep() (configs/sweeps/*.py).')
 _CONFIG = flags.DEFINE_string('config', None, 'Base config path[:arg] (passed to train.py unchanged); '

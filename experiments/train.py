@@ -86,7 +86,7 @@ def main(argv):
   init_distributed()
   import jax
   from fedjax_flat.training import run as run_lib
-  from fedjax_flat.training import algo_flags
+  from fedjax_flat.config import algo_flags
   try:
     config = algo_flags.apply(_CONFIG.value, _ALGO_OVERRIDES)
     summary = run_lib.run(config, _WORKDIR.value, fresh=_FRESH.value, handle_signals=True)
@@ -115,11 +115,11 @@ _ALGO_OVERRIDES = []
 
 
 if __name__ == '__main__':
-  from fedjax_flat.training import algo_flags as _algo_flags
+  from fedjax_flat.config import algo_flags as _algo_flags
   from fedjax_flat.training import cli as _cli
-  from fedjax_flat.training.validate import ConfigError as _ConfigError
+  from fedjax_flat.errors import ConfigError as _ConfigError
   try:
-    # --config.algo.<name>=<value> works for every config and algorithm (training/algo_flags.py).
+    # --config.algo.<name>=<value> works for every config and algorithm (config/algo_flags.py).
     sys.argv, _ALGO_OVERRIDES = _algo_flags.split_argv(sys.argv)
   except _ConfigError as _e:
     print(f'error: {_e}', file=sys.stderr)

@@ -14,7 +14,7 @@ def set_fields(config, over):
 
 def small_config(**over):
   """4 rounds of FedAvg with an MLP on synthetic data, 3 clients a round; `over` as in set_fields."""
-  from fedjax_flat.training.default_config import default_config
+  from fedjax_flat.config.default_config import default_config
   c = default_config()
   c.dataset = 'synthetic'
   c.model = 'mlp'

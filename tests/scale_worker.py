@@ -38,7 +38,7 @@ def persistent_compile_cache():
 
 
 def small_data():
-  from fedjax_flat.data.builtin import synthetic
+  from fedjax_flat.data.sources.builtin import synthetic
   return synthetic(8, [3, 17, 6, 9, 30, 1, 12, 5], input_shape=(4, 4, 1), num_classes=4, seed=3)
 
 
@@ -51,7 +51,7 @@ CONFIGS = {
 
 
 def make_config(name, shard):
-  from fedjax_flat.training.default_config import default_config
+  from fedjax_flat.config.default_config import default_config
   alg, strategy, chunk, server = CONFIGS[name]
   c = default_config()
   c.dataset = 'synthetic'
@@ -75,8 +75,8 @@ def make_config(name, shard):
 def train(name, shard):
   import jax
   import numpy as np
-  from fedjax_flat.training import loop
-  t = loop.Trainer(make_config(name, shard), data=small_data())
+  from fedjax_flat.training import trainers
+  t = trainers.make_trainer(make_config(name, shard), data=small_data())
   t.train()
   out = {f's{i}': np.asarray(a) for i, a in enumerate(jax.tree_util.tree_leaves(jax.device_get(t.server_state)))}
   if t.store is not None:

@@ -5,8 +5,8 @@ end to end for SCAFFOLD)."""
 import pytest
 
 from fedjax_flat.algorithms import registry
-from fedjax_flat.training import validate
-from fedjax_flat.data.builtin import synthetic
+from fedjax_flat.config import validate
+from fedjax_flat.data.sources.builtin import synthetic
 from test_baselines_harness import MODEL, config
 
 # (algorithm, client optimizer, algo hparams) -> (models server->client, models client->server) per round
@@ -120,7 +120,7 @@ def test_fedspeed_active_dual_mean_at_partial_participation_warns(monkeypatch):
 def test_population_comes_from_the_dataset_when_the_config_has_none(monkeypatch):
   """PAM / Landmarks configs have no data.num_clients: SCAFFOLD takes N from the data, no flag needed."""
   from fedjax_flat.algorithms import fedprox, scaffold
-  from fedjax_flat.training import loop
+  from fedjax_flat.training import trainers
   seen = []
   orig = fedprox.population
   monkeypatch.setattr(scaffold, 'population', lambda ctx, hp: seen.append(orig(ctx, hp)) or seen[-1])
@@ -132,7 +132,7 @@ def test_population_comes_from_the_dataset_when_the_config_has_none(monkeypatch)
   cfg.rounds, cfg.eval_every, cfg.progress_every_s = 1, 1, 1e9
   validate.validate_config(cfg)
   validate.validate_against_data(cfg, data)
-  t = loop.Trainer(cfg, data=data)
+  t = trainers.make_trainer(cfg, data=data)
   t.train()
   assert seen == [4]
   alg = registry.build_algorithm(cfg, t.model, population=4)

@@ -15,9 +15,9 @@ from fedjax_flat.algorithms.local import make_loss
 from fedjax_flat.core import engine
 from fedjax_flat.core.client_state import HostClientStateStore
 from fedjax_flat.data import batching
-from fedjax_flat.data.builtin import synthetic
-from fedjax_flat.models import get_model
-from fedjax_flat.training.default_config import default_config
+from fedjax_flat.data.sources.builtin import synthetic
+from fedjax_flat.models.registry import get_model
+from fedjax_flat.config.default_config import default_config
 
 SIZES = [3, 10, 4]           # client 1 runs 3 steps per epoch, the others 1 (padding steps in between)
 B, E, LR, WD = 4, 2, 0.1, 1e-3

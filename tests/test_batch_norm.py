@@ -11,18 +11,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_flat import tasks
+from fedjax_flat.tasks import segmentation as seg_tasks
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.core import batch_stats
 from fedjax_flat.core import engine as engine_lib
-from fedjax_flat.core import personalized
-from fedjax_flat.core.evaluation import HeldOutEvaluator
+from fedjax_flat.algorithms.wrappers import local_norm
+from fedjax_flat.evaluation.evaluator import HeldOutEvaluator
 from fedjax_flat.models import registry as model_registry
 from fedjax_flat.optimizers.client import make_client_tx
-from fedjax_flat.training import loop
-from fedjax_flat.training.default_config import default_config
-from fedjax_flat.training.validate import ConfigError, validate_config
+from fedjax_flat.training import trainers
+from fedjax_flat.config.default_config import default_config
+from fedjax_flat.config.validate import validate_config
+from fedjax_flat.errors import ConfigError
 
 from seg_model_fixtures import seg_data  # noqa: F401  (registers '_test_seg')
 
@@ -49,7 +50,7 @@ def test_running_statistics_follow_the_formula_and_ignore_the_optimizer():
            'y': jnp.asarray(rng.integers(0, 3, (4, H, W))), 'mask': jnp.array([1.0, 1.0, 1.0, 0.0])}
   h = np.asarray(_conv1(p, batch['x']))[:3]          # the padded 4th example is excluded
   mean, var = h.mean((0, 1, 2)), h.var((0, 1, 2))   # Flax: biased batch variance
-  loss = local_lib.make_loss(m, task=tasks.Segmentation())
+  loss = local_lib.make_loss(m, task=seg_tasks.Segmentation())
   cfg = default_config().client
   cfg.momentum, cfg.weight_decay = 0.9, 0.1            # neither may touch the statistics
   tx = make_client_tx(cfg, {'lr': jnp.float32(0.5), 'rho': jnp.float32(0.0)})
@@ -115,8 +116,8 @@ def _hand_local(m, cfg, task, start, batches_k, rng):
   return st.params
 
 
-LOCAL = {'fedavg': lambda path: False, 'silobn': personalized.is_batch_stats_path,
-         'fedbn': personalized.is_norm_path}
+LOCAL = {'fedavg': lambda path: False, 'silobn': local_norm.is_batch_stats_path,
+         'fedbn': local_norm.is_norm_path}
 
 
 @pytest.mark.parametrize('algorithm', ['fedavg', 'silobn', 'fedbn'])
@@ -124,7 +125,7 @@ def test_bn_policies_keep_exactly_the_intended_leaves_local(algorithm):
   """Two clients (sizes 3 and 4: unequal weights), two rounds, FedAvgM server: every leaf of the server model
   and of each client's stored state against a hand-run of local_step and the weighted average."""
   data = seg_data(sizes=(3, 4))
-  m, task = _model(), tasks.Segmentation()
+  m, task = _model(), seg_tasks.Segmentation()
   cfg = _config(algorithm)
   alg = alg_registry.build_algorithm(cfg, m, task=task)
   p0 = m.init(jax.random.key(0), jnp.zeros((1, H, W, 3)))
@@ -150,9 +151,9 @@ def test_bn_policies_keep_exactly_the_intended_leaves_local(algorithm):
     for i in range(2):
       start = server
       if own[i] is not None:    # the client's own local leaves from its previous visit
-        start = personalized.with_norm_leaves(server, own[i], local)
+        start = local_norm.with_norm_leaves(server, own[i], local)
       finals.append(_hand_local(m, cfg, task, start, tmap(lambda a: a[i], batches), rngs[i]))
-      own[i] = personalized.norm_leaves(finals[-1], local)
+      own[i] = local_norm.norm_leaves(finals[-1], local)
     avg = tmap(lambda a, b: (3 * a + 4 * b) / 7, *finals)
     delta = tmap(lambda s, a: s - a, server, avg)
     mom = tmap(lambda v, d: 0.9 * v + d, mom, delta)
@@ -183,7 +184,7 @@ def _eval_data():
 def test_test_time_policies():
   data, m = _eval_data(), _model()
   p = m.init(jax.random.key(0), jnp.zeros((1, H, W, 3)))
-  task = tasks.Segmentation()
+  task = seg_tasks.Segmentation()
   # 'client': each test client's pooled statistics (numpy, from the conv outputs of all its images).
   ev = HeldOutEvaluator(m, data, task=task, batch_size=2, bn_policy='client')
   res = ev(p)
@@ -254,7 +255,7 @@ def test_trainer_rounds_on_a_segmentation_fixture(tmp_path, algorithm, optimizer
   c.eval_batch_size = 2
   c.engine.device_data = device
   c.swa.enabled, c.swa.start_fraction, c.swa.cycle = swa, 0.34, 1
-  tr = loop.Trainer(c, str(tmp_path), data=seg_data())
+  tr = trainers.make_trainer(c, str(tmp_path), data=seg_data())
   s = tr.train()
   if not device:     # one compiled round program although client sizes (2..5 examples) differ
     assert tr.round_fn._cache_size() == 1
@@ -286,7 +287,7 @@ def _batch(n=4, seed=0, mask=(1.0, 1.0, 1.0, 0.0)):
 @pytest.mark.parametrize('ohem', ['topk', 'none'])
 def test_microbatches_give_the_full_batch_loss_and_gradient(ohem):
   """GroupNorm (no batch statistics): exact, booster heads and per-image OHEM included."""
-  m, task = _model('gn'), tasks.Segmentation(ohem=ohem)
+  m, task = _model('gn'), seg_tasks.Segmentation(ohem=ohem)
   p = m.init(jax.random.key(0), jnp.zeros((1, H, W, 3)))
   batch = _batch()
   full = jax.value_and_grad(lambda q: local_lib.make_loss(m, task=task)(q, batch)[0])(p)
@@ -304,7 +305,7 @@ def test_microbatches_update_running_statistics_from_the_pooled_moments():
   p = m.init(jax.random.key(0), jnp.zeros((1, H, W, 3)))
   p = {**p, 'batch_stats': {'norm1': {'mean': jnp.full((8,), 0.5), 'var': jnp.full((8,), 2.0)}}}
   batch = _batch(mask=(1.0, 1.0, 1.0, 0.0))
-  _, aux = local_lib.make_loss(m, task=tasks.Segmentation(), microbatches=2)(p, batch)
+  _, aux = local_lib.make_loss(m, task=seg_tasks.Segmentation(), microbatches=2)(p, batch)
   h = np.asarray(_conv1(p, batch['x']))[:3]            # the full batch's valid examples
   np.testing.assert_allclose(aux[2]['norm1']['mean'], 0.9 * 0.5 + 0.1 * h.mean((0, 1, 2)), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(aux[2]['norm1']['var'], 0.9 * 2.0 + 0.1 * h.var((0, 1, 2)), rtol=1e-5)
@@ -318,7 +319,7 @@ def test_trainable_view_keeps_statistics_out_of_the_hessian():
   view, trainable = batch_stats.trainable_view(m, p)
   assert num_params(trainable) == num_params(p['params']) and not view.batch_stats
   batches = jax.tree_util.tree_map(lambda a: a[None], _batch())
-  h = hvp_lib.make_hvp(view, trainable, batches, task=tasks.Segmentation())
+  h = hvp_lib.make_hvp(view, trainable, batches, task=seg_tasks.Segmentation())
   v = jnp.ones((num_params(trainable),))
   assert h(v).shape == v.shape
   np.testing.assert_allclose(view.apply(trainable, batches['x'][0]), m.apply(p, batches['x'][0]))

@@ -75,9 +75,9 @@ def test_torch_reference_round_equals_ours(tmp_path, opt):
   from fedjax_flat.algorithms import registry
   from fedjax_flat.core import engine
   from fedjax_flat.data import batching
-  from fedjax_flat.data.builtin import synthetic
-  from fedjax_flat.models import get_model
-  from fedjax_flat.training.default_config import default_config
+  from fedjax_flat.data.sources.builtin import synthetic
+  from fedjax_flat.models.registry import get_model
+  from fedjax_flat.config.default_config import default_config
 
   sizes, shape, b = [6, 9], (3, 2, 1), 9          # one channel: NHWC and NCHW flatten alike
   data = synthetic(2, sizes, input_shape=shape, num_classes=3, seed=3)

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_flat import tasks
+from fedjax_flat.tasks import segmentation as seg_tasks
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.models import bisenetv2 as B
 from fedjax_flat.models import registry
@@ -86,7 +86,7 @@ def test_depthwise_im2col_equals_lax(stride, mult):
 
 @pytest.mark.slow
 def test_remat_gives_the_same_loss_and_gradients():
-  task = tasks.Segmentation()
+  task = seg_tasks.Segmentation()
   batch = {'x': jax.random.normal(jax.random.key(0), (2, 32, 64, 3)),
            'y': jax.random.randint(jax.random.key(1), (2, 32, 64), 0, 4), 'mask': jnp.array([1.0, 0.0])}
   out = []
@@ -104,13 +104,13 @@ def test_remat_gives_the_same_loss_and_gradients():
 @pytest.mark.slow
 def test_trainer_rounds_with_bisenetv2(tmp_path):
   from seg_model_fixtures import seg_data
-  from fedjax_flat.training import loop
-  from fedjax_flat.training.default_config import default_config
+  from fedjax_flat.training import trainers
+  from fedjax_flat.config.default_config import default_config
   c = default_config()
   c.model, c.algorithm = 'bisenetv2', 'silobn'
   c.client.optimizer, c.client.rho, c.client.lr, c.client.momentum, c.client.batch_size = 'sam', 0.01, 0.05, 0.9, 2
   c.rounds, c.clients_per_round, c.eval_every, c.eval_batch_size = 2, 2, 1, 2
   c.segmentation.predictions = 2
-  tr = loop.Trainer(c, str(tmp_path), data=seg_data(hw=(32, 32), sizes=(2, 3, 2, 3)))
+  tr = trainers.make_trainer(c, str(tmp_path), data=seg_data(hw=(32, 32), sizes=(2, 3, 2, 3)))
   tr.train()
   assert 0 <= tr.records[-1]['test_unseen_miou'] <= 1 and (tmp_path / 'predictions.png').exists()

@@ -4,9 +4,11 @@ import os
 
 import pytest
 
-from fedjax_flat.training import centralized, validate
+from fedjax_flat.training import centralized
+
+from fedjax_flat.config import validate
 from fedjax_flat.training import run as run_lib
-from fedjax_flat.training.default_config import default_config
+from fedjax_flat.config.default_config import default_config
 
 
 def _config():

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from fedjax_flat.training import checkpoint as ckpt_lib
-from fedjax_flat.training import loop
+from fedjax_flat.training import trainers
 from fedjax_flat.training import run as run_lib
-from fedjax_flat.training.validate import ConfigError
+from fedjax_flat.errors import ConfigError
 
 import scale_worker
 from config_helpers import small_config
@@ -38,12 +38,12 @@ def assert_trees_equal(a, b):
 def test_round_trip_server_optimizer_and_client_states(tmp_path):
   """Adam server state (a tuple of optax NamedTuples) and SCAFFOLD's client-state store come back exactly."""
   cfg = tiny_config(algorithm='scaffold', **{'server.optimizer': 'adam', 'server.lr': 0.01})
-  t = loop.Trainer(cfg, data=small_data())
+  t = trainers.make_trainer(cfg, data=small_data())
   t.train(num_rounds=3)
   ck = ckpt_lib.Checkpointer(str(tmp_path / 'ck'), keep=2)
   ck.save(t)
   ck.wait()
-  fresh = loop.Trainer(cfg, data=small_data())
+  fresh = trainers.make_trainer(cfg, data=small_data())
   assert ckpt_lib.Checkpointer(str(tmp_path / 'ck')).restore_latest(fresh) == 3
   assert_trees_equal(fresh.server_state, t.server_state)
   assert type(fresh.server_state['opt_state']) is type(t.server_state['opt_state'])
@@ -80,9 +80,9 @@ def test_keep_rounds_saved_and_never_deleted(tmp_path):
                   data=small_data())
   assert s['rounds_completed'] == 7
   assert sorted(os.listdir(wd / 'checkpoints'), key=int) == ['2', '5', '7']
-  t = loop.Trainer(tiny_config(rounds=7), data=small_data())
+  t = trainers.make_trainer(tiny_config(rounds=7), data=small_data())
   t.train(num_rounds=2)
-  kept = loop.Trainer(tiny_config(rounds=7), data=small_data())
+  kept = trainers.make_trainer(tiny_config(rounds=7), data=small_data())
   ck = ckpt_lib.Checkpointer(str(wd / 'checkpoints'), read_only=True)
   assert ck.restore_step(kept, 2) == 2
   assert_trees_equal(kept.server_state, t.server_state)

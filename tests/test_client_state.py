@@ -1,7 +1,6 @@
 """Client-state stores: host (lazy dict) and device ([K, ...] arrays), checkpoint format, store selection, and
 SCAFFOLD over a population of 100,000 clients whose state memory grows with the clients seen."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -70,10 +69,10 @@ def test_auto_selection_and_nbytes():
 
 
 # ---- in training -----------------------------------------------------------------------------------------
-from fedjax_flat.data.builtin import synthetic                      # noqa: E402
+from fedjax_flat.data.sources.builtin import synthetic                      # noqa: E402
 from fedjax_flat.data.federated import FederatedDataset            # noqa: E402
-from fedjax_flat.training import loop                              # noqa: E402
-from fedjax_flat.training.default_config import default_config    # noqa: E402
+from fedjax_flat.training import trainers  # noqa: E402
+from fedjax_flat.config.default_config import default_config    # noqa: E402
 from config_helpers import set_fields  # noqa: E402
 
 
@@ -91,7 +90,7 @@ def test_device_and_host_stores_train_identically():
   data = synthetic(40, 3, input_shape=(4, 4, 1), num_classes=4, seed=0)
   out = {}
   for kind in ('host', 'device'):
-    t = loop.Trainer(_config(client_state_store=kind, **{'data.num_clients': 40}), data=data)
+    t = trainers.make_trainer(_config(client_state_store=kind, **{'data.num_clients': 40}), data=data)
     for r in range(3):
       t.run_round(r, t.prepare_round(r))
     assert t.store.kind == kind and len(t.store) > 10
@@ -112,7 +111,7 @@ def test_scaffold_with_100k_clients_memory_grows_with_clients_seen():
                           client_offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
                           test_x=x[:200], test_y=y[:200], num_classes=10, name='100k')
   cfg = _config(**{'data.num_clients': k, 'client_state_device_max_mb': 64})
-  t = loop.Trainer(cfg, data=data)
+  t = trainers.make_trainer(cfg, data=data)
   per_client = (8 * 8 * 10 + 10) * 4                               # one c_k: 2,600 bytes
   assert t.store.kind == 'host'                                    # auto: 100k * 2.6 KB = 260 MB > 64 MiB
   seen = set()

@@ -9,9 +9,11 @@ import sys
 
 import pytest
 
-from fedjax_flat.server.swa import swa_start_round
-from fedjax_flat.training import checkpoint, config_strings
-from fedjax_flat.training.validate import ConfigError, validate_config
+from fedjax_flat.algorithms.wrappers.swa import swa_start_round
+from fedjax_flat.training import checkpoint
+from fedjax_flat.config import families as config_strings
+from fedjax_flat.config.validate import validate_config
+from fedjax_flat.errors import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(REPO, 'configs')
@@ -225,7 +227,7 @@ def test_binary_runs_a_cell_with_overrides(tmp_path):
 
 
 def test_paper_table_sweep_covers_a_family():
-  from fedjax_flat.training import sweep as sweep_lib
+  from fedjax_flat.sweeps import sweep as sweep_lib
   path = os.path.join(CONFIGS, 'sweeps', 'paper_table.py')
   runs = sweep_lib.expand(sweep_lib.load_sweep_file(path + ':fedsam_landmarks'), 'D')
   assert len(runs) == len(load('fedsam_landmarks').CELLS) * 3

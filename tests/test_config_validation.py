@@ -5,8 +5,10 @@ import sys
 
 import pytest
 
-from fedjax_flat.training import loop, validate
-from fedjax_flat.training.default_config import default_config
+from fedjax_flat.training import trainers
+
+from fedjax_flat.config import validate
+from fedjax_flat.config.default_config import default_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -67,7 +69,7 @@ def test_clients_per_round_above_population():
   c = default_config()
   c.clients_per_round = 21   # digits default: 20 clients
   with pytest.raises(validate.ConfigError, match=r'clients_per_round=21.*population of 20'):
-    loop.Trainer(c)
+    trainers.make_trainer(c)
 
 
 @pytest.mark.parametrize('flag', ['--config.client.lr=-1', '--config.algorithm=fedfoo',
@@ -100,7 +102,7 @@ def test_unwritable_workdir(tmp_path):
 
 
 def test_algo_flags_fill_defaults_and_parse_by_type():
-  from fedjax_flat.training import algo_flags
+  from fedjax_flat.config import algo_flags
   argv = ['train.py', '--config=x.py', '--config.algo.mu', '0.5', '--config.rounds=3',
           '--config.algo.adaptive_mu=true']
   rest, over = algo_flags.split_argv(argv)
@@ -165,9 +167,6 @@ def test_every_config_file_builds_and_validates(name):
   """Each configs/*.py returns a ConfigDict that passes validation (the binary's first step)."""
   import importlib
   import inspect
-  from fedjax_flat.training import default_config as dc
-  if name == 'feddrive' and not hasattr(dc, 'segmentation_data'):
-    pytest.skip('configs/feddrive.py needs the segmentation datasets (issue 16 part A)')
   sys.path.insert(0, REPO)
   mod = importlib.import_module(f'configs.{name}')
   c = mod.get_config() if not inspect.signature(mod.get_config).parameters else mod.get_config('')
@@ -228,7 +227,7 @@ def test_every_config_declares_the_command_line_data_fields():
   """--config.data.split_json=... (and the other optional data fields) work with every config file."""
   import glob
   from fedjax_flat.data.registry import OPTIONAL_FIELDS
-  from fedjax_flat.training.config_strings import load_config
+  from fedjax_flat.config.families import load_config
   for path in sorted(glob.glob(os.path.join(REPO, 'configs', '*.py'))):
     c = load_config(path)
     missing = sorted(set(OPTIONAL_FIELDS) - set(c.data.keys()))

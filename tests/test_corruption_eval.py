@@ -3,9 +3,9 @@ import csv
 
 import numpy as np
 
-from fedjax_flat.data.builtin import synthetic
-from fedjax_flat.training import loop
-from fedjax_flat.training.default_config import default_config
+from fedjax_flat.data.sources.builtin import synthetic
+from fedjax_flat.training import trainers
+from fedjax_flat.config.default_config import default_config
 
 
 def _write_cifar_c(root, n=6, corruptions=('fog', 'snow')):
@@ -28,7 +28,7 @@ def test_report_per_corruption_and_severity(tmp_path, capsys):
   c.corruption_eval.check_official_sizes = False
   data = synthetic(3, 4, input_shape=(32, 32, 3), num_classes=3, seed=0)
   wd = tmp_path / 'run'
-  t = loop.Trainer(c, str(wd), data=data)
+  t = trainers.make_trainer(c, str(wd), data=data)
   s = t.train()
   rep = s['corruptions']
   assert set(rep) >= {'fog', 'snow', 'mean_by_severity', 'mean'} and rep['model'] == 'global'
@@ -44,7 +44,7 @@ def test_report_per_corruption_and_severity(tmp_path, capsys):
 def test_progress_rate_and_eta():
   """Fake clock: 10000 images per set; 3 sets in 30 s -> 1000 img/s and 5 sets left x 10 s = 50 s."""
   import io
-  from fedjax_flat.core.corruption_eval import Progress
+  from fedjax_flat.evaluation.corruption import Progress
   t = [100.0]
   out = io.StringIO()
   p = Progress('cifar100_c', 8, out, clock=lambda: t[0])

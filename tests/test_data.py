@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from fedjax_flat.data import batching
-from fedjax_flat.data.builtin import load_digits, synthetic
+from fedjax_flat.data.sources.builtin import load_digits, synthetic
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.data.partition import dirichlet_split, split_statistics
 
@@ -191,13 +191,14 @@ def test_no_shuffle_keeps_stored_order_every_epoch_and_round():
 
 def test_trainer_honours_data_shuffle():
   from config_helpers import small_config
-  from fedjax_flat.training import loop
-  from fedjax_flat.training.validate import ConfigError, validate_config
+  from fedjax_flat.training import trainers
+  from fedjax_flat.config.validate import validate_config
+  from fedjax_flat.errors import ConfigError
   d = synthetic(6, 5, input_shape=(2, 2, 1), num_classes=3, seed=0)
   for shuffle in (True, False):
     c = small_config(**{'data.shuffle': shuffle, 'clients_per_round': 2})
     validate_config(c)
-    t = loop.Trainer(c, data=d)
+    t = trainers.make_trainer(c, data=d)
     rb = t.prepare_round(3)
     ids = [int(k) for k in rb.client_ids if k >= 0]
     stored = [np.array_equal(rb.y[i][rb.mask[i] > 0], d.y[d.client_indices(k)]) for i, k in enumerate(ids)]

@@ -8,7 +8,9 @@ import tarfile
 import numpy as np
 import pytest
 
-from fedjax_flat.data import cifar, cifar_c, registry, safe_pickle
+from fedjax_flat.data.sources import cifar, cifar_c
+
+from fedjax_flat.data import registry, safe_pickle
 from fedjax_flat.data import partition
 from fedjax_flat.data.partition import dirichlet_split, split_statistics
 from data_fixtures import make_cifar10, make_cifar100, py2_pickle, to_rows

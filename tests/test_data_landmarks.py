@@ -4,7 +4,9 @@ import os
 import numpy as np
 import pytest
 
-from fedjax_flat.data import landmarks, registry
+from fedjax_flat.data.sources import landmarks
+
+from fedjax_flat.data import registry
 from data_fixtures import make_landmarks
 
 

@@ -1,13 +1,14 @@
 """LEAF FEMNIST / Shakespeare readers on JSON files written in LEAF's format; LEAF's sampling and split
 semantics; the Shakespeare vocabulary and targets against hand-computed ids."""
-import json
 import os
 
 import numpy as np
 import pytest
 
-from fedjax_flat.data import leaf, registry
-from fedjax_flat.training.validate import ConfigError
+from fedjax_flat.data.sources import leaf
+
+from fedjax_flat.data import registry
+from fedjax_flat.errors import ConfigError
 from data_fixtures import make_femnist_leaf, make_shakespeare_leaf, shakespeare_windows, write_leaf_json
 
 SIZES = ((5, 9, 3, 1, 2), (7, 4, 12))
@@ -204,7 +205,7 @@ def test_cache_skips_json_parsing(tmp_path, monkeypatch):
 
 
 def test_readout_must_match_the_labels(tmp_path):
-  from fedjax_flat.training import loop
+  from fedjax_flat.training import trainers
   make_shakespeare_leaf(str(tmp_path), [('A', 'x' * 90), ('B', 'y' * 95)])
   import importlib
   import sys
@@ -213,4 +214,4 @@ def test_readout_must_match_the_labels(tmp_path):
   c.data.data_dir, c.data.fraction, c.data.min_samples, c.clients_per_round = str(tmp_path), 1.0, 0, 2
   c.data.target = 'next'                          # one label per window, but a per-position model
   with pytest.raises(ConfigError, match="model_kwargs.readout.*'last'"):
-    loop.Trainer(c, write_files=False)
+    trainers.make_trainer(c, write_files=False)

@@ -6,7 +6,9 @@ import msgpack
 import numpy as np
 import pytest
 
-from fedjax_flat.data import pam, registry
+from fedjax_flat.data.sources import pam
+
+from fedjax_flat.data import registry
 from data_fixtures import make_cifar100
 
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_flat.data import augment as A
+from fedjax_flat.data.transforms import augment as A
 
 KEY = jax.random.PRNGKey(0)
 

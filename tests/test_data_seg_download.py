@@ -6,7 +6,9 @@ import zipfile
 
 import pytest
 
-from fedjax_flat.data import cityscapes, download as dl, feddrive_splits as fds, idda
+from fedjax_flat.data.sources import cityscapes, feddrive_splits as fds, idda
+
+from fedjax_flat.data import download as dl
 import seg_fixtures as F
 from test_download import _opener, server  # noqa: F401  (the loopback http server fixture)
 

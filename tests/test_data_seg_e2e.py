@@ -8,8 +8,8 @@ import pytest
 
 from fedjax_flat.data import registry as data_registry
 from fedjax_flat.models import base, registry as model_registry
-from fedjax_flat.training import loop
-from fedjax_flat.training.default_config import default_config, segmentation_data
+from fedjax_flat.training import trainers
+from fedjax_flat.config.default_config import default_config, segmentation_data
 
 
 class _TinyFCN(nn.Module):
@@ -43,7 +43,7 @@ def _config(device_data):
 
 
 def test_trains_on_label_maps():
-  t = loop.Trainer(_config(True), data=data_registry.get_dataset('seg_synthetic', **_config(True).data.to_dict()))
+  t = trainers.make_trainer(_config(True), data=data_registry.get_dataset('seg_synthetic', **_config(True).data.to_dict()))
   assert t.train_transform.style_bank.kind == 'lab' and t.task.ignore_index == 255
   t.train()
   rec = t.records[-1]
@@ -56,7 +56,7 @@ def test_host_and_device_paths_agree():
   data = data_registry.get_dataset('seg_synthetic', **_config(False).data.to_dict())
   results = []
   for device_data in (False, True):
-    t = loop.Trainer(_config(device_data), data=data)
+    t = trainers.make_trainer(_config(device_data), data=data)
     assert t.train_transform.style_bank.kind == 'lab'
     t.train()
     results.append((t.records[-1], jax.tree_util.tree_map(np.asarray, t.server_state)))

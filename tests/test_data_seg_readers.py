@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fedjax_flat.data import cityscapes, feddrive_splits as fds, idda, registry
-from fedjax_flat.data.segmentation import IGNORE, lookup_table, map_labels, safe_join
+from fedjax_flat.data.sources import cityscapes, feddrive_splits as fds, idda
+
+from fedjax_flat.data import registry
+from fedjax_flat.data.sources.segmentation import IGNORE, lookup_table, map_labels, safe_join
 import seg_fixtures as F
 
 TRAIN = {'aachen': 9, 'bochum': 8, 'erfurt': 10}

@@ -3,7 +3,7 @@ import collections
 
 import pytest
 
-from fedjax_flat.data import cityscapes, feddrive_splits as fds
+from fedjax_flat.data.sources import cityscapes, feddrive_splits as fds
 
 
 def _cityscapes_items():

@@ -4,8 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_flat.data import seg_synthetic
-from fedjax_flat.data import style_transfer as S
+from fedjax_flat.data.sources import seg_synthetic
+from fedjax_flat.data.transforms import style_transfer as S
 
 KEY = jax.random.PRNGKey(0)
 

@@ -6,9 +6,13 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_flat.data import registry, seg_synthetic
-from fedjax_flat.training import transforms, validate
-from fedjax_flat.training.default_config import SEGMENTATION_DATA, default_config, segmentation_data
+from fedjax_flat.data import registry
+
+from fedjax_flat.data.sources import seg_synthetic
+from fedjax_flat.data.transforms import pipeline as transforms
+from fedjax_flat.config import validate
+from fedjax_flat.config.default_config import default_config, segmentation_data
+from fedjax_flat.data import registry as data_registry
 
 SMALL = dict(num_domains=4, unseen_domains=1, clients_per_domain=2, examples_per_client=6, client_test_examples=2,
              unseen_test_per_domain=5, image_size=(32, 48))
@@ -56,10 +60,10 @@ def test_registry_builds_from_the_declared_config():
 
 
 def test_builder_defaults_equal_declared_defaults():
-  from fedjax_flat.data import cityscapes, idda
+  from fedjax_flat.data.sources import cityscapes, idda
   for name, fn in (('cityscapes', cityscapes._cityscapes), ('idda', idda._idda),
                    ('seg_synthetic', seg_synthetic._seg_synthetic)):
-    declared = SEGMENTATION_DATA[name]
+    declared = data_registry.declared_fields(name)
     for p in inspect.signature(fn).parameters.values():
       if p.kind is p.VAR_KEYWORD:
         continue
@@ -77,7 +81,7 @@ def _seg_config(dataset='seg_synthetic', **data):
   return c
 
 
-@pytest.mark.parametrize('dataset', sorted(SEGMENTATION_DATA))
+@pytest.mark.parametrize('dataset', data_registry.declaring_datasets())
 def test_declared_defaults_validate(dataset):
   validate.validate_config(_seg_config(dataset))
 
@@ -120,7 +124,7 @@ def test_transforms_build_the_style_bank_and_run():
   cfg = _seg_config(**SMALL, style='lab', crop=(24, 24))
   ds = registry.get_dataset('seg_synthetic', **cfg.data.to_dict())
   train, pre = transforms.make_transforms(cfg, ds.num_classes, data=ds)
-  assert train.on_batch and train.style_bank.kind == 'lab' and train.style_bank.nbytes == 36 * 24
+  assert train.needs_client and train.style_bank.kind == 'lab' and train.style_bank.nbytes == 36 * 24
   x, y = ds.client_examples(0)
   out = jax.jit(train)(jax.random.PRNGKey(0), {'x': x[:4], 'y': y[:4], 'mask': np.ones(4, np.float32)})
   assert out['x'].shape == (4, 24, 24, 3) and out['y'].shape == (4, 24, 24)

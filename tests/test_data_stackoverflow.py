@@ -7,8 +7,10 @@ import tarfile
 import numpy as np
 import pytest
 
-from fedjax_flat.data import registry, stackoverflow as so
-from fedjax_flat.training.validate import ConfigError
+from fedjax_flat.data import registry
+
+from fedjax_flat.data.sources import stackoverflow as so
+from fedjax_flat.errors import ConfigError
 from data_fixtures import make_stackoverflow_fedjax, make_stackoverflow_tff, write_word_counts
 
 WORDS = [('the', 90), ('.', 80), ('is', 70), ('a', 60), ('to', 50), ('python', 40)]

@@ -11,7 +11,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from fedjax_flat.data import cifar_c
+from fedjax_flat.data.sources import cifar_c
 from fedjax_flat.data import download as dl
 
 PAYLOAD = os.urandom(300_000)
@@ -188,7 +188,8 @@ def test_unsafe_tar_member_refused(tmp_path):
 
 def test_download_stackoverflow_decompresses_and_loads(server, tmp_path, monkeypatch):
   import lzma
-  from fedjax_flat.data import registry, stackoverflow as so
+  from fedjax_flat.data import registry
+  from fedjax_flat.data.sources import stackoverflow as so
   from data_fixtures import make_stackoverflow_tff, write_word_counts
   handler, base = server
   src = tmp_path / 'src'

@@ -9,9 +9,9 @@ from fedjax_flat.algorithms import registry
 from fedjax_flat.algorithms.local import make_loss
 from fedjax_flat.core import engine
 from fedjax_flat.data import batching
-from fedjax_flat.data.builtin import synthetic
-from fedjax_flat.models import get_model
-from fedjax_flat.training.default_config import default_config
+from fedjax_flat.data.sources.builtin import synthetic
+from fedjax_flat.models.registry import get_model
+from fedjax_flat.config.default_config import default_config
 
 SIZES = [5, 13, 8, 21, 3]
 

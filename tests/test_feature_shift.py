@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from fedjax_flat.data import registry
-from fedjax_flat.data.feature_shift import TRANSFORMS, load_digits_feature_shift
+from fedjax_flat.data.sources.feature_shift import TRANSFORMS, load_digits_feature_shift
 
 N_DIGITS = 1797
 

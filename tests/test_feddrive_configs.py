@@ -6,8 +6,9 @@ import os
 
 import pytest
 
-from fedjax_flat.training import config_strings, default_config
-from fedjax_flat.training.validate import ConfigError, validate_config
+from fedjax_flat.config import families as config_strings, default_config
+from fedjax_flat.config.validate import validate_config
+from fedjax_flat.errors import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILY = os.path.join(REPO, 'configs', 'feddrive.py')

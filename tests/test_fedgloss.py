@@ -17,8 +17,9 @@ from fedjax_flat.algorithms import registry
 from fedjax_flat.algorithms.fedgloss import fedgloss_builder, naive_fedgloss_builder
 from fedjax_flat.core import engine
 from fedjax_flat.optimizers.client import make_client_tx
-from fedjax_flat.training.default_config import default_config
-from fedjax_flat.training.validate import ConfigError, validate_config
+from fedjax_flat.config.default_config import default_config
+from fedjax_flat.config.validate import validate_config
+from fedjax_flat.errors import ConfigError
 
 B = 3   # examples per batch (client k has N_k valid ones)
 
@@ -243,8 +244,8 @@ def test_naive_fedgloss_two_exchanges(admm):
 
 def test_stable_default_and_thesis_warning(monkeypatch):
   """The registered default is the release dual; the thesis dual at partial participation warns."""
-  from fedjax_flat.data.builtin import synthetic
-  from fedjax_flat.training import validate as validate_mod
+  from fedjax_flat.data.sources.builtin import synthetic
+  from fedjax_flat.config import validate as validate_mod
   assert registry.default_hparams('fedgloss')['dual_variant'] == 'release'
   assert registry.default_hparams('fedgloss')['rho_server_schedule'] == 'constant'
   data = synthetic(8, 4, input_shape=(2, 2, 1), num_classes=2, test_size=4)
@@ -275,8 +276,8 @@ def test_hparam_validation():
 
 
 def test_population_must_match_the_data():
-  from fedjax_flat.data.builtin import synthetic
-  from fedjax_flat.training.validate import validate_against_data
+  from fedjax_flat.data.sources.builtin import synthetic
+  from fedjax_flat.config.validate import validate_against_data
   data = synthetic(8, 4, input_shape=(2, 2, 1), num_classes=2, test_size=4)
   c = default_config()
   c.algorithm = 'fedgloss'

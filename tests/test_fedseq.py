@@ -16,10 +16,12 @@ from config_helpers import small_config
 from fedjax_flat.algorithms import fedseq as fedseq_lib
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.core import chains as chains_lib
-from fedjax_flat.data import batching, builtin
+from fedjax_flat.data import batching
+from fedjax_flat.data.sources import builtin
 from fedjax_flat.training import checkpoint as ckpt_lib
-from fedjax_flat.training import chain_loop, loop
-from fedjax_flat.training.validate import ConfigError, validate_config
+from fedjax_flat.training import chain_loop, loop, trainers
+from fedjax_flat.config.validate import validate_config
+from fedjax_flat.errors import ConfigError
 
 SIZES = [5, 9, 13, 4, 8, 11, 6, 7, 10, 3, 12, 9]
 GROUPS = [np.array([0, 1, 2]), np.array([3, 4, 5, 6]), np.array([7, 8]), np.array([9, 10, 11])]
@@ -82,7 +84,7 @@ def hand_chain(trainer, params, order, r, *, reset=True):
 @pytest.mark.parametrize('reset', [True, False])
 def test_one_superclient_of_three_clients_is_a_sequential_loop(data, reset):
   c = cfg(rounds=2, **{'client.momentum': 0.5, 'algo.fraction': 1.0, 'algo.reset_opt_state': reset})
-  t = loop.Trainer(c, data=data, superclients=[np.array([4, 0, 7])])
+  t = trainers.make_trainer(c, data=data, superclients=[np.array([4, 0, 7])])
   assert isinstance(t, chain_loop.ChainTrainer)
   w = t.server_state['params']
   for r in range(2):
@@ -100,7 +102,7 @@ def test_fedseq_weighted_average_of_chains(data):
   """Two sampled chains: the server's new model is the |D_S|-weighted mean of the two hand-run chains."""
   c = cfg(rounds=1, **{'algo.fraction': 1.0})
   groups = [np.array([0, 1, 2]), np.array([3, 4])]
-  t = loop.Trainer(c, data=data, superclients=groups)
+  t = trainers.make_trainer(c, data=data, superclients=groups)
   w0 = t.server_state['params']
   finals, weights = [], []
   for ch in t.round_chains(0):
@@ -113,7 +115,7 @@ def test_fedseq_weighted_average_of_chains(data):
 
 def test_fedcyclic_is_sgd_over_the_concatenated_clients(data):
   c = cfg('fedcyclic', rounds=2, **{'algo.fraction': 0.5})
-  t = loop.Trainer(c, data=data)
+  t = trainers.make_trainer(c, data=data)
   w = t.server_state['params']
   for r in range(2):
     (ch,) = t.round_chains(r)
@@ -133,8 +135,8 @@ def test_singleton_superclients_are_fedavg(data, over):
   client optimizer and any server optimizer / wrapper: the chain reuses FedAvg's local step, batches and step
   keys, and the algorithm's server update."""
   over = {**over, 'clients_per_round': 12, 'rounds': 2}
-  fa = loop.Trainer(cfg('fedavg', **over), data=data)
-  fs = loop.Trainer(cfg('fedseq', **over, **{'algo.fraction': 1.0}), data=data,
+  fa = trainers.make_trainer(cfg('fedavg', **over), data=data)
+  fs = trainers.make_trainer(cfg('fedseq', **over, **{'algo.fraction': 1.0}), data=data,
                     superclients=[np.array([k]) for k in range(12)])
   fa.train()
   fs.train()
@@ -145,7 +147,7 @@ def test_singleton_superclients_are_fedavg(data, over):
 def _layout_runs(data, variants):
   runs = {}
   for name, over in variants.items():
-    t = loop.Trainer(cfg(**{'algo.fraction': 0.75, 'rounds': 2, 'eval_every': 10}, **over), data=data,
+    t = trainers.make_trainer(cfg(**{'algo.fraction': 0.75, 'rounds': 2, 'eval_every': 10}, **over), data=data,
                      superclients=GROUPS)
     t.train()
     runs[name] = (t, t.server_state['params'])
@@ -175,7 +177,7 @@ def test_one_compiled_program_across_rounds_and_regroupings(data):
   c = cfg('fedseq2par', rounds=7, **{'algo.fraction': 0.5, 'algo.growth': 'linear', 'algo.growth_alpha': 0.5,
                                       'algo.growth_beta': 2})
   split = lambda n: np.array_split(np.random.default_rng(n).permutation(12), n)
-  t = loop.Trainer(c, data=data, superclients=split)
+  t = trainers.make_trainer(c, data=data, superclients=split)
   assert [len(g.groups) for g in t.groupings] == [2, 4, 6, 8]
   assert [g.start_round for g in t.groupings] == [0, 2, 4, 6]
   s = t.train()
@@ -239,7 +241,7 @@ def test_fedasyncseq_merge_is_the_p_weighted_mean():
 def test_fedasyncseq_slots_train_from_their_own_models(data):
   """Each slot continues from its own model (not the global one) until the merge every R = N_S rounds."""
   c = cfg('fedasyncseq', rounds=4, **{'algo.fraction': 0.5})
-  t = loop.Trainer(c, data=data, superclients=GROUPS)
+  t = trainers.make_trainer(c, data=data, superclients=GROUPS)
   assert t.num_lanes == 2 and t._merge_every() == 4
   slots = [t.server_state['params']] * 2
   p = np.zeros(2)
@@ -258,13 +260,13 @@ def test_fedasyncseq_resume_is_bit_identical(data, tmp_path):
   """A run stopped at round 3 (slots mid-period) and resumed from its checkpoint by a new trainer ends
   bit-identical to the same trainer going on uninterrupted (2 trainers: each compiles its program)."""
   c = cfg('fedasyncseq', rounds=6, eval_every=6, **{'algo.fraction': 0.5, 'algo.merge_every': 4})
-  a = loop.Trainer(c, str(tmp_path), data=data, superclients=GROUPS, write_files=False)   # no metrics / plots
+  a = trainers.make_trainer(c, str(tmp_path), data=data, superclients=GROUPS, write_files=False)   # no metrics / plots
   a.checkpointer = ckpt_lib.Checkpointer(str(tmp_path / 'checkpoints'), keep=2, every=3, asynchronous=False)
   a.train(num_rounds=3)                      # checkpoint at round 3: slots mid-period (merge at 4)
   assert float(np.sum(a.server_state['p'])) > 0
   a.checkpointer.close()
   a.checkpointer = None
-  b = loop.Trainer(c, str(tmp_path), data=data, superclients=GROUPS, write_files=False)
+  b = trainers.make_trainer(c, str(tmp_path), data=data, superclients=GROUPS, write_files=False)
   b.checkpointer = ckpt = ckpt_lib.Checkpointer(str(tmp_path / 'checkpoints'), keep=2, every=3,
                                                 asynchronous=False)
   assert ckpt.restore_latest(b) == 3
@@ -278,7 +280,7 @@ def test_fedasyncseq_resume_is_bit_identical(data, tmp_path):
 
 def test_communication_split_matches_table_5_2(data):
   c = cfg(rounds=3, **{'algo.fraction': 0.5, 'algo.chain_passes': 2})
-  t = loop.Trainer(c, data=data, superclients=GROUPS)
+  t = trainers.make_trainer(c, data=data, superclients=GROUPS)
   s = t.train()
   s2c = c2c = 0
   for r in range(3):
@@ -307,7 +309,7 @@ def test_lane_packing_and_capacity():
 
 def test_layout_flags(data):
   c = cfg(**{'algo.fraction': 1.0, 'algo.lanes': 1})
-  t = loop.Trainer(c, data=data, superclients=[np.array([0, 3]), np.array([9])])
+  t = trainers.make_trainer(c, data=data, superclients=[np.array([0, 3]), np.array([9])])
   rb = t.prepare_round(0)
   x = rb.inputs
   steps = {0: 2, 3: 1, 9: 1}                               # ceil(n / 4): 5 -> 2, 4 -> 1, 3 -> 1
@@ -327,7 +329,7 @@ def test_per_position_labels_keep_their_shape_in_both_gathers(data):
   y = np.arange(data.x.shape[0] * 3, dtype=np.int32).reshape(-1, 3) % 7 + 1
   seq = FederatedDataset.from_client_indices(data.x, y, [data.client_indices(k) for k in range(len(SIZES))],
                                              data.test_x, np.ones((len(data.test_x), 3), np.int32), 8)
-  t = loop.Trainer(cfg(**{'algo.fraction': 1.0}), data=seq, superclients=GROUPS)
+  t = trainers.make_trainer(cfg(**{'algo.fraction': 1.0}), data=seq, superclients=GROUPS)
   lanes = chains_lib.build_lanes(t.round_chains(0), t.lane_shape, steps=t.steps, sizes=t.sizes, plan=t.batch_plan,
                                  seed=0, round_idx=0)
   host = chains_lib.gather_host(seq, lanes)['y']
@@ -358,20 +360,20 @@ def test_validation_errors():
 
 def test_lane_steps_too_small_is_a_config_error(data):
   with pytest.raises(ConfigError, match='algo.lane_steps'):
-    loop.Trainer(cfg(**{'algo.lane_steps': 3, 'algo.fraction': 1.0}), data=data, superclients=GROUPS)
+    trainers.make_trainer(cfg(**{'algo.lane_steps': 3, 'algo.fraction': 1.0}), data=data, superclients=GROUPS)
   with pytest.raises(ConfigError, match='algo.lanes'):
-    loop.Trainer(cfg('fedasyncseq', **{'algo.lanes': 1, 'algo.fraction': 1.0}), data=data, superclients=GROUPS)
+    trainers.make_trainer(cfg('fedasyncseq', **{'algo.lanes': 1, 'algo.fraction': 1.0}), data=data, superclients=GROUPS)
 
 
 def test_superclients_are_checked(data):
   with pytest.raises(ValueError, match='repeats'):
-    loop.Trainer(cfg(), data=data, superclients=[np.array([0, 1]), np.array([1, 2])])
+    trainers.make_trainer(cfg(), data=data, superclients=[np.array([0, 1]), np.array([1, 2])])
   with pytest.raises(ValueError, match='outside'):
-    loop.Trainer(cfg(), data=data, superclients=[np.array([0, 12])])
+    trainers.make_trainer(cfg(), data=data, superclients=[np.array([0, 12])])
 
 
 def test_groupings_file(data, tmp_path):
-  t = loop.Trainer(cfg(rounds=1), str(tmp_path), data=data, superclients=GROUPS)
+  t = trainers.make_trainer(cfg(rounds=1), str(tmp_path), data=data, superclients=GROUPS)
   import json
   doc = json.load(open(os.path.join(tmp_path, 'superclients.json')))
   g = doc['groupings'][0]
@@ -381,19 +383,19 @@ def test_groupings_file(data, tmp_path):
 
 
 def test_grouping_toolkit_is_called_with_each_new_num_superclients(data, monkeypatch, tmp_path):
-  """Without superclients=, the trainer asks fedjax_flat.grouping.build_superclients(config, ctx, workdir, N):
+  """Without superclients=, the trainer asks grouping/superclients.build_superclients(config, ctx, workdir, N):
   FedSeq with N = None (the constraints decide), FedSeq2Par once per new N of its growth schedule."""
-  from fedjax_flat import grouping
+  from fedjax_flat.grouping import superclients
   calls = []
 
   def build_superclients(config, ctx, workdir, num_superclients=None):
     calls.append((config.algorithm, ctx.data.num_clients, workdir, num_superclients))
     return np.array_split(np.arange(12), num_superclients or 4)
-  monkeypatch.setattr(grouping, 'build_superclients', build_superclients)
-  loop.Trainer(cfg(rounds=3), str(tmp_path), data=data)
+  monkeypatch.setattr(superclients, 'build_superclients', build_superclients)
+  trainers.make_trainer(cfg(rounds=3), str(tmp_path), data=data)
   assert calls == [('fedseq', 12, str(tmp_path), None)]
   calls.clear()
-  t = loop.Trainer(cfg('fedseq2par', rounds=9, **{'algo.growth': 'linear', 'algo.growth_alpha': 0.5,
+  t = trainers.make_trainer(cfg('fedseq2par', rounds=9, **{'algo.growth': 'linear', 'algo.growth_alpha': 0.5,
                                                    'algo.growth_beta': 3}), str(tmp_path), data=data)
   assert [n for *_, n in calls] == [3, 6, 9, 12]                # f = 3 floor(0.5 (t - 1) + 1), capped at K
   assert [g.start_round for g in t.groupings] == [0, 2, 4, 6]

@@ -9,7 +9,7 @@ import pytest
 from config_helpers import small_config
 from fedjax_flat.data import attacks
 from fedjax_flat.data.federated import FederatedDataset
-from fedjax_flat.training import loop
+from fedjax_flat.training import trainers
 
 
 def dataset(num_clients=20, per_client=12, num_classes=10, seed=0):
@@ -126,7 +126,7 @@ def test_trainer_attacks_and_reports_the_drop(tmp_path):
   c = small_config(rounds=2, clients_per_round=4, **{'attack.kind': 'label_flip', 'attack.malicious_superclients': 0.5,
                                                      'attack.attackers': 0.5,
                                                      'attack.clean_workdir': str(tmp_path / 'clean')})
-  t = loop.Trainer(c, str(tmp_path / 'att'), data=data, write_files=False)    # attack.json only (no plots)
+  t = trainers.make_trainer(c, str(tmp_path / 'att'), data=data, write_files=False)    # attack.json only (no plots)
   assert int((t.data.y != data.y).sum()) == t.attack_report['flipped_examples'] > 0
   s = t.train()
   assert s['attack']['num_attackers'] == t.attack_report['num_attackers']
@@ -139,7 +139,7 @@ def test_chain_trainer_attacks_inside_malicious_superclients():
   data = dataset(num_clients=20)
   c = small_config(algorithm='fedseq', rounds=1, **{'attack.kind': 'label_flip', 'attack.malicious_superclients': 0.25,
                                                     'attack.attackers': 1.0, 'algo.fraction': 0.5})
-  t = loop.Trainer(c, data=data, superclients=SUPER)
+  t = trainers.make_trainer(c, data=data, superclients=SUPER)
   (mal,) = t.attack_report['malicious_superclients']
   suitable = [k for k in SUPER[mal] if np.isin(data.client_labels(k), [0, 2]).any()]
   assert sorted(r['client'] for r in t.attack_report['attackers']) == sorted(suitable)

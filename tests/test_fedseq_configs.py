@@ -5,8 +5,9 @@ import os
 import pytest
 
 from fedjax_flat.algorithms import fedseq as fedseq_lib
-from fedjax_flat.training import config_strings
-from fedjax_flat.training.validate import ConfigError, validate_config
+from fedjax_flat.config import families as config_strings
+from fedjax_flat.config.validate import validate_config
+from fedjax_flat.errors import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -93,8 +94,8 @@ def test_fedseq2par_schedule_gives_table_5_4_mean_num_superclients(dataset, mean
 def test_chain_algorithms_do_not_check_clients_per_round_against_the_population():
   """clients_per_round is FedAvg's C K in these families; chain algorithms sample by algo.fraction."""
   from config_helpers import small_config
-  from fedjax_flat.data import builtin
-  from fedjax_flat.training import validate
+  from fedjax_flat.data.sources import builtin
+  from fedjax_flat.config import validate
   data = builtin.synthetic(4, 5, seed=0)
   validate.validate_against_data(small_config(algorithm='fedseq', clients_per_round=10), data)
   with pytest.raises(ConfigError, match='population of 4'):

@@ -23,7 +23,7 @@ def train(name, shard):
   import jax
   from config_helpers import small_config
   from fedjax_flat.algorithms import registry
-  from fedjax_flat.data import builtin
+  from fedjax_flat.data.sources import builtin
   from fedjax_flat.training import chain_loop
   alg, strategy, over = CASES[name]
   c = small_config(algorithm=alg, rounds=3)

@@ -8,11 +8,11 @@ import pytest
 
 from fedjax_flat.algorithms import fedsoup as fs
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.core import personalized
+from fedjax_flat.training import personalized_eval
 from fedjax_flat.models.base import Model
 from fedjax_flat.optimizers.client import make_client_tx
-from fedjax_flat.training import loop
-from fedjax_flat.training.default_config import default_config
+from fedjax_flat.training import trainers
+from fedjax_flat.config.default_config import default_config
 from config_helpers import set_fields
 
 
@@ -160,15 +160,15 @@ def fs_config(algorithm='fedsoup', **over):
 
 @pytest.fixture(scope='module')
 def fs_data():
-  from fedjax_flat.data.feature_shift import load_digits_feature_shift
+  from fedjax_flat.data.sources.feature_shift import load_digits_feature_shift
   return load_digits_feature_shift(4, seed=0)
 
 
 def test_fedsoup_never_started_equals_fedavg(fs_data):
   """Validation steps must not perturb training: a soup that never starts is exactly FedAvg."""
-  a = loop.Trainer(fs_config('fedsoup', **{'algo.start_round': 100, 'rounds': 1}), data=fs_data)
+  a = trainers.make_trainer(fs_config('fedsoup', **{'algo.start_round': 100, 'rounds': 1}), data=fs_data)
   a.train()
-  b = loop.Trainer(fs_config('fedavg', rounds=1), data=fs_data)
+  b = trainers.make_trainer(fs_config('fedavg', rounds=1), data=fs_data)
   b.train()
   for x, y in zip(jax.tree_util.tree_leaves(a.server_state['params']),
                   jax.tree_util.tree_leaves(b.server_state['params'])):
@@ -179,12 +179,12 @@ def test_fedsoup_never_started_equals_fedavg(fs_data):
 def test_fedsoup_end_to_end_with_personalized_evaluation(fs_data):
   c = fs_config(**{'rounds': 3, 'algo.start_fraction': 0.34, 'personalized.enabled': True,
                    'personalized.finetune_epochs': 1, 'algo.persist_opt_state': True, 'client.momentum': 0.5})
-  t = loop.Trainer(c, data=fs_data)
+  t = trainers.make_trainer(c, data=fs_data)
   assert t.val_source == 'val' and t.val_steps == 1
   rb = t.prepare_round(0)
   assert rb.x.shape[1] == t.num_steps + 1 and rb.split[:, -1].all() and not rb.split[:, :-1].any()
   s = t.train()
-  states = personalized.client_states_of(t.store)
+  states = personalized_eval.client_states_of(t.store)
   assert sorted(states) == [0, 1, 2, 3]
   counts = [float(st['count']) for st in states.values()]
   assert all(0 <= n <= 2 for n in counts)              # rounds 1 and 2 (start = floor(0.34 * 3) = 1)
@@ -206,15 +206,15 @@ def test_fedsoup_end_to_end_with_personalized_evaluation(fs_data):
 
 def test_fedsoup_local_test_source_and_strict(fs_data):
   c = fs_config(**{'algo.val_source': 'local_test', 'algo.strict': True, 'algo.start_round': 1, 'rounds': 2})
-  t = loop.Trainer(c, data=fs_data)
+  t = trainers.make_trainer(c, data=fs_data)
   local = max(len(fs_data.client_test_examples(k)[1]) for k in range(4))
   assert t.val_steps == -(-local // 64)
   t.train()
-  assert all(float(st['count']) <= 1 for st in personalized.client_states_of(t.store).values())
+  assert all(float(st['count']) <= 1 for st in personalized_eval.client_states_of(t.store).values())
 
 
 def test_config_errors_name_the_field():
-  from fedjax_flat.training import validate
+  from fedjax_flat.config import validate
   for field, value in (('algo.val_source', 'train'), ('algo.start_fraction', 1.5), ('algo.strict', 1)):
     c = fs_config(**{field: value})
     with pytest.raises(validate.ConfigError) as e:
@@ -227,4 +227,4 @@ def test_config_errors_name_the_field():
   c = fs_config(dataset='digits', clients_per_round=4)
   c.data = ml_collections.ConfigDict({'num_clients': 4, 'alpha': 0.0})
   with pytest.raises(validate.ConfigError, match='no per-client validation'):
-    loop.Trainer(c)
+    trainers.make_trainer(c)

@@ -4,9 +4,9 @@ import os
 
 import pytest
 
-from fedjax_flat.server.swa import swa_start_round
-from fedjax_flat.training import paper_hparams
-from fedjax_flat.training.validate import validate_config
+from fedjax_flat.algorithms.wrappers.swa import swa_start_round
+from fedjax_flat.config import paper_hparams
+from fedjax_flat.config.validate import validate_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALPHAS = {'cifar10': (0.0, 0.05, 100.0), 'cifar100': (0.0, 0.5, 1000.0)}

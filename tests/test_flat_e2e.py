@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from fedjax_flat.algorithms import registry
-from fedjax_flat.data.builtin import synthetic
-from fedjax_flat.training import loop
-from fedjax_flat.training.default_config import default_config
+from fedjax_flat.data.sources.builtin import synthetic
+from fedjax_flat.training import trainers
+from fedjax_flat.config.default_config import default_config
 from config_helpers import set_fields
 
 ROUNDS = 6
@@ -62,7 +62,7 @@ _TRAINERS = {}
 @pytest.mark.parametrize('case', list(CASES))
 def test_method_runs_and_improves(case):
   over, reported = CASES[case]
-  t = loop.Trainer(config(**over), data=DATA, write_files=False)
+  t = trainers.make_trainer(config(**over), data=DATA, write_files=False)
   summary = t.train()
   _TRAINERS[case] = t
   first, last = t.records[0], t.records[-1]
@@ -87,9 +87,9 @@ def test_stateful_run_is_deterministic():
   c = config(**CASES['fedgloss+sam'][0])
   first = _TRAINERS.get('fedgloss+sam')
   if first is None:   # run alone (-k): make the reference run here
-    first = loop.Trainer(c, data=DATA, write_files=False)
+    first = trainers.make_trainer(c, data=DATA, write_files=False)
     first.train()
-  again = loop.Trainer(c, data=DATA, write_files=False)
+  again = trainers.make_trainer(c, data=DATA, write_files=False)
   again.train()
   for x, y in zip(jax.tree_util.tree_leaves(first.server_state), jax.tree_util.tree_leaves(again.server_state)):
     np.testing.assert_array_equal(x, y)

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from fedjax_flat.training import validate
-from fedjax_flat.training.default_config import default_config
+from fedjax_flat.config import validate
+from fedjax_flat.config.default_config import default_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

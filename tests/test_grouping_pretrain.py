@@ -10,13 +10,15 @@ import numpy as np
 import pytest
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.core import engine, sampling
-from fedjax_flat.data import batching, builtin
+from fedjax_flat.core import engine
+from fedjax_flat.data import sampling
+from fedjax_flat.data import batching
+from fedjax_flat.data.sources import builtin
 from fedjax_flat.grouping import estimators, pretrain
 from fedjax_flat.grouping import superclients as sc
 from fedjax_flat.models import pretrained
 from fedjax_flat.optimizers.client import make_client_tx
-from fedjax_flat.training.default_config import default_config
+from fedjax_flat.config.default_config import default_config
 
 SIZES = [7, 3, 12, 5, 9, 1]
 
@@ -250,9 +252,9 @@ def test_probe_from_config_init_keeps_features_and_refits_the_head(ctx, tmp_path
 def test_next_token_data_pretrain_on_the_task_loss_and_refuse_per_example_estimators(tmp_path):
   """A per-position task (next_token): clf groups with the task's loss (pad targets excluded); conf and t2v,
   which score one label per example, are a ConfigError naming grouping.estimator."""
-  from fedjax_flat import text_tasks
+  from fedjax_flat.tasks import next_token as text_tasks
   from fedjax_flat.data.federated import FederatedDataset
-  from fedjax_flat.training import validate
+  from fedjax_flat.config import validate
   rng = np.random.default_rng(0)
   x = rng.integers(1, 12, size=(40, 6)).astype(np.int32)
   y = np.concatenate([x[:, 1:], np.zeros((40, 1), np.int32)], axis=1)      # last target is pad (0)
@@ -269,7 +271,7 @@ def test_next_token_data_pretrain_on_the_task_loss_and_refuse_per_example_estima
   assert sorted(np.concatenate(groups).tolist()) == [0, 1, 2, 3]
   params0 = sc.initial_params(config, ctx.model, data)
   ckey = pretrained.find_classifier_key(params0, 12)
-  from fedjax_flat import tasks as tasks_lib
+  from fedjax_flat.tasks import base as tasks_lib
   got = sc.pretrain_outputs(config, ctx.model, data, params0, None)['clf']
   rec = json.load(open(tmp_path / 'grouping' / 'superclients-n2.json'))
   assert rec['summary']['examples']['mean'] == 20       # 2 clients x 10 sequences

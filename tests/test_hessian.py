@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fedjax_flat import analysis as A
-from fedjax_flat.models import get_model
+from fedjax_flat.models.registry import get_model
 
 SIZES = (10, 9, 4)  # three unequal batches, padded to 10 (make_fixed_batches(23, 10) has the same shape)
 

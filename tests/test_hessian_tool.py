@@ -40,7 +40,7 @@ def test_fedasam_flatter_than_fedavg_on_digits_alpha0():
   """Claim 2 of the digest: client ASAM lowers the global model's lambda_max versus FedAvg (same budget)."""
   from configs import quickstart
   from fedjax_flat import analysis
-  from fedjax_flat.training import loop
+  from fedjax_flat.training import trainers
   lam = {}
   for name, over in [('fedavg', {}), ('fedasam', {'optimizer': 'asam', 'rho': 0.7, 'asam_eta': 0.2})]:
     c = quickstart.get_config()
@@ -50,7 +50,7 @@ def test_fedasam_flatter_than_fedavg_on_digits_alpha0():
     c.progress_every_s = 1e9
     for k, v in over.items():
       c.client[k] = v
-    t = loop.Trainer(c)
+    t = trainers.make_trainer(c)
     t.train()
     x, y = t.data.test_examples()
     rep = analysis.analyze(t.model, t.server_state['params'], x[:300], y[:300], batch_size=100, top_k=1,
@@ -82,7 +82,7 @@ def test_per_client_local_vs_global_sharpness(tmp_path):
   assert rep2['round'] == 2 and len(rep2['clients']) == 5
   # The local models: one more FedAvg round from the checkpoint equals the weighted mean of them.
   from fedjax_flat.analysis.local_models import local_models
-  from fedjax_flat.training.init import load_run
+  from fedjax_flat.training.reload import load_run
   trainer, params, step = load_run(str(wd))
   ids, locs = local_models(trainer, step)
   sizes = np.asarray([len(trainer.data.client_examples(k)[1]) for k in ids], np.float64)

@@ -8,7 +8,8 @@ from config_helpers import small_config
 from fedjax_flat.models import pretrained
 from fedjax_flat.training import checkpoint, loop
 from fedjax_flat.training import run as run_lib
-from fedjax_flat.training.validate import ConfigError, validate_config
+from fedjax_flat.config.validate import validate_config
+from fedjax_flat.errors import ConfigError
 
 
 def _source(tmp_path, **over):
@@ -38,7 +39,7 @@ def _flat(p):
 
 def test_starts_from_the_checkpoint_exactly_and_not_on_resume(tmp_path, monkeypatch):
   src, leaves = _source(tmp_path)
-  _, src_params, step = __import__('fedjax_flat.training.init', fromlist=['x']).load_run(src)
+  _, src_params, step = __import__('fedjax_flat.training.reload', fromlist=['x']).load_run(src)
   assert step == 2
   # FedAvg's server state is {'opt_state': (), 'params': ...}: its leaves are the params, in tree order.
   for a, b in zip(jax.tree_util.tree_leaves(src_params), leaves):
@@ -63,7 +64,7 @@ def test_other_class_count_reinitializes_the_classifier(tmp_path, monkeypatch):
   c = small_config(**{'init.checkpoint': src, 'data.num_classes': 4})
   got = _flat(_first_params(monkeypatch, c, str(tmp_path / 'a'))['params'])
   plain = _flat(_first_params(monkeypatch, small_config(**{'data.num_classes': 4}), str(tmp_path / 'b'))['params'])
-  _, src_params, _ = __import__('fedjax_flat.training.init', fromlist=['x']).load_run(src)
+  _, src_params, _ = __import__('fedjax_flat.training.reload', fromlist=['x']).load_run(src)
   src_flat = _flat(src_params)
   assert got['Dense_1/kernel'].shape == (64, 4)
   np.testing.assert_array_equal(got['Dense_1/kernel'], plain['Dense_1/kernel'])   # the fresh classifier
@@ -86,7 +87,7 @@ def test_shape_mismatch_is_a_clear_error(tmp_path):
 
 def test_pretrained_file(tmp_path, monkeypatch):
   src, _ = _source(tmp_path)
-  _, src_params, _ = __import__('fedjax_flat.training.init', fromlist=['x']).load_run(src)
+  _, src_params, _ = __import__('fedjax_flat.training.reload', fromlist=['x']).load_run(src)
   path = str(tmp_path / 'w.npz')
   pretrained.save_params(path, src_params)
   got = _flat(_first_params(monkeypatch, small_config(**{'init.pretrained': path}), str(tmp_path / 't'))['params'])

@@ -7,7 +7,7 @@ import pytest
 
 from fedjax_flat import analysis as A
 from fedjax_flat.analysis._util import tree_norm, tree_vdot
-from fedjax_flat.models import get_model
+from fedjax_flat.models.registry import get_model
 
 
 def _perturb(params, seed, scale):

@@ -10,7 +10,7 @@ import numpy as np
 import optax
 
 from fedjax_flat.algorithms.local import LocalState, local_step, make_loss
-from fedjax_flat.models import get_model
+from fedjax_flat.models.registry import get_model
 from fedjax_flat.optimizers.sam import sam
 
 ZETA = 0.3

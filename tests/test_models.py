@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_flat.models import get_model, num_params
+from fedjax_flat.models.base import num_params
+from fedjax_flat.models.registry import get_model
 
 
 @pytest.mark.parametrize('classes,expected', [(10, 797_962), (100, 815_332)])
@@ -49,13 +50,13 @@ def test_unknown_model_error():
 
 
 def test_digits_cnn_groupnorm_option_for_fedbn():
-  from fedjax_flat.core import personalized
+  from fedjax_flat.algorithms.wrappers import local_norm
   plain = get_model('digits_cnn', 10, (8, 8, 1))
   gn = get_model('digits_cnn', 10, (8, 8, 1), gn_groups=4)
   z = jnp.zeros((1, 8, 8, 1))
   p0, p1 = plain.init(jax.random.key(0), z), gn.init(jax.random.key(0), z)
   assert num_params(p1) - num_params(p0) == 2 * (32 + 32)           # scale + bias of two GN(32) layers
-  assert sum(personalized.norm_flags(p1)) == 4 and sum(personalized.norm_flags(p0)) == 0
+  assert sum(local_norm.norm_flags(p1)) == 4 and sum(local_norm.norm_flags(p0)) == 0
   # GroupNorm statistics are per example: one example's logits do not depend on the rest of the batch.
   x = jax.random.normal(jax.random.key(1), (5, 8, 8, 1))
   apply = jax.jit(gn.apply)
@@ -65,8 +66,8 @@ def test_digits_cnn_groupnorm_option_for_fedbn():
 
 
 def test_fedbn_on_digits_cnn_groupnorm_keeps_norm_local():
-  from fedjax_flat.training import loop
-  from fedjax_flat.training.default_config import default_config
+  from fedjax_flat.training import trainers
+  from fedjax_flat.config.default_config import default_config
   c = default_config()
   c.dataset = 'digits_feature_shift'
   c.data.num_clients = 5
@@ -75,7 +76,7 @@ def test_fedbn_on_digits_cnn_groupnorm_keeps_norm_local():
   c.algorithm = 'fedbn'
   c.rounds, c.clients_per_round, c.eval_every, c.progress_every_s = 2, 5, 2, 1e9
   c.client.lr, c.client.batch_size = 0.05, 32
-  t = loop.Trainer(c)
+  t = trainers.make_trainer(c)
   init = jax.tree_util.tree_map(np.array, t.server_state['params'])
   t.train()
   srv = t.server_state['params']

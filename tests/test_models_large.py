@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_flat.models import get_model, names, num_params
+from fedjax_flat.models.base import num_params
+from fedjax_flat.models.registry import get_model, names
 from fedjax_flat.models import mobilenet_v2, pretrained, resnet
 
 

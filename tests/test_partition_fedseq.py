@@ -3,7 +3,9 @@ digest section 2.1) with the existing Dirichlet partitioner, on label vectors of
 import numpy as np
 import pytest
 
-from fedjax_flat.data import cifar, partition
+from fedjax_flat.data.sources import cifar
+
+from fedjax_flat.data import partition
 
 
 @pytest.mark.parametrize('num_classes', [10, 100])

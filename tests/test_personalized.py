@@ -9,23 +9,33 @@ import pytest
 from sklearn.metrics import roc_auc_score
 from sklearn.preprocessing import label_binarize
 
-from fedjax_flat.core import personalized as P
+from fedjax_flat.algorithms import personalization
+
+from fedjax_flat.algorithms.wrappers import local_norm
+
+from fedjax_flat.data import validation_steps
+
+from fedjax_flat.evaluation import metrics
+
+from fedjax_flat.evaluation import personalized
+
+from fedjax_flat.training import personalized_eval
 from fedjax_flat.data import batching
 from fedjax_flat.models import base as model_base
 from fedjax_flat.models import registry as model_registry
 from fedjax_flat.models.base import Model
-from fedjax_flat.training import loop
-from fedjax_flat.training.default_config import default_config
+from fedjax_flat.training import trainers
+from fedjax_flat.config.default_config import default_config
 
 
 # --- AUC ---
 
 def test_binary_auc_hand_computed():
   # Pairs (pos, neg): (.35,.1) (.35,.4)x (.8,.1) (.8,.4) -> 3/4.
-  assert P.binary_auc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1]) == pytest.approx(0.75)
+  assert metrics.binary_auc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1]) == pytest.approx(0.75)
   # A tie counts 1/2: pos {.5, .9}, neg {.5, .2}: 0.5 + 1 + 1 + 1 = 3.5 / 4.
-  assert P.binary_auc([0.5, 0.5, 0.2, 0.9], [1, 0, 0, 1]) == pytest.approx(0.875)
-  assert np.isnan(P.binary_auc([0.1, 0.2], [1, 1]))
+  assert metrics.binary_auc([0.5, 0.5, 0.2, 0.9], [1, 0, 0, 1]) == pytest.approx(0.875)
+  assert np.isnan(metrics.binary_auc([0.1, 0.2], [1, 1]))
 
 
 def test_auc_matches_sklearn():
@@ -35,14 +45,14 @@ def test_auc_matches_sklearn():
   logits[:20] = np.round(logits[:20])            # some ties
   probs = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
   yb = label_binarize(y, classes=range(4))
-  assert P.auc(logits, y) == pytest.approx(roc_auc_score(yb, probs, average='micro'), abs=1e-12)
-  assert P.auc(logits, y, scores='logits') == pytest.approx(roc_auc_score(yb, logits, average='micro'), abs=1e-12)
+  assert metrics.auc(logits, y) == pytest.approx(roc_auc_score(yb, probs, average='micro'), abs=1e-12)
+  assert metrics.auc(logits, y, scores='logits') == pytest.approx(roc_auc_score(yb, logits, average='micro'), abs=1e-12)
   # Binary: the score of class 1 (softmax and logit difference rank identically).
   y2 = rng.integers(0, 2, 200)
   l2 = rng.normal(0, 1, (200, 2)) + np.eye(2)[y2]
   p1 = np.exp(l2[:, 1]) / np.exp(l2).sum(1)
-  assert P.auc(l2, y2) == pytest.approx(roc_auc_score(y2, p1), abs=1e-12)
-  assert P.auc(l2, y2, scores='logits') == pytest.approx(roc_auc_score(y2, p1), abs=1e-12)
+  assert metrics.auc(l2, y2) == pytest.approx(roc_auc_score(y2, p1), abs=1e-12)
+  assert metrics.auc(l2, y2, scores='logits') == pytest.approx(roc_auc_score(y2, p1), abs=1e-12)
 
 
 # --- The protocols on a fixed toy setting: one-hot features f, a permutation model predicts sigma(f). ---
@@ -58,10 +68,10 @@ def _set(f, y):
 
 
 def test_protocols_known_answers():
-  sets = P.EvalSets(local=[_set([0, 1, 2, 0], [0, 1, 2, 1]), _set([0, 1], [1, 1])],
+  sets = personalized.EvalSets(local=[_set([0, 1, 2, 0], [0, 1, 2, 1]), _set([0, 1], [1, 1])],
                     global_=_set([0, 1, 2], [0, 2, 2]), unseen=_set([2, 2], [2, 0]))
-  predict = P.make_predict_fn(TOY, batch_size=2)              # batches smaller than the sets: padding path
-  r = P.evaluate_protocols(predict, [M0, M1], M0, sets)
+  predict = personalized.make_predict_fn(TOY, batch_size=2)              # batches smaller than the sets: padding path
+  r = personalized.evaluate_protocols(predict, [M0, M1], M0, sets)
   # local: client 0 with M0: 3/4; client 1 with M1 predicts [1, 2]: 1/2.
   assert r['local']['acc_client_mean'] == pytest.approx((3 / 4 + 1 / 2) / 2)
   assert r['local']['acc_weighted'] == pytest.approx(4 / 6)
@@ -78,8 +88,8 @@ def test_protocols_known_answers():
   assert r['server']['unseen_acc'] == pytest.approx(0.5)
   # AUC: the same rank-based micro AUC on each model's logits.
   x, y = sets.global_
-  assert r['global']['per_client'][0]['auc'] == pytest.approx(P.auc(np.asarray(x @ M0['W']), y))
-  flat = P.headline(r)
+  assert r['global']['per_client'][0]['auc'] == pytest.approx(metrics.auc(np.asarray(x @ M0['W']), y))
+  flat = personalized.headline(r)
   assert flat['local_acc_weighted'] == pytest.approx(4 / 6) and 'unseen_acc_client_mean' in flat
 
 
@@ -87,21 +97,21 @@ def test_default_personalizer_is_the_global_model():
   class Alg:
     name = 'fedprox'
     eval_models = staticmethod(lambda s: {'global': (s['params'], True)})
-  assert P.personal_params(Alg, {'params': M0}, {'anything': 1}) is M0
+  assert personalization.personal_params(Alg, {'params': M0}, {'anything': 1}) is M0
   import fedjax_flat.algorithms.fedsoup  # noqa: F401  registers the 'fedsoup' personalizer
-  assert P.personalizer_name('fedsoup+swa') == 'fedsoup'     # server wrappers keep the client state
-  assert P.personalizer_name('fedavg') is None and P.personalizer_name('fedavg+swa') is None
+  assert personalization.personalizer_name('fedsoup+swa') == 'fedsoup'     # server wrappers keep the client state
+  assert personalization.personalizer_name('fedavg') is None and personalization.personalizer_name('fedavg+swa') is None
 
 
 def test_validation_steps_appended_last():
-  from fedjax_flat.data.feature_shift import load_digits_feature_shift
+  from fedjax_flat.data.sources.feature_shift import load_digits_feature_shift
   d = load_digits_feature_shift(3, seed=0)
   S = batching.padded_num_steps(d.client_sizes(), 16)
   rb = batching.make_round_batches(d, [2, 0], round_idx=0, seed=0, batch_size=16, num_steps=S,
                                    pad_clients_to=3)
-  s_val = P.validation_num_steps(d, 'val', 16)
+  s_val = validation_steps.validation_num_steps(d, 'val', 16)
   assert s_val == -(-int(d.client_val_sizes().max()) // 16)
-  vb = P.append_validation_steps(rb, d, 'val', s_val)
+  vb = validation_steps.append_validation_steps(rb, d, 'val', s_val)
   assert vb.x.shape[:3] == (3, S + s_val, 16) and set(vb.as_dict()) == {'x', 'y', 'mask', 'split'}
   np.testing.assert_array_equal(vb.x[:, :S], rb.x)
   vx, vy = d.client_val_examples(2)
@@ -110,7 +120,7 @@ def test_validation_steps_appended_last():
   np.testing.assert_array_equal(vb.y[0, S:].reshape(-1)[:n], vy)
   assert vb.mask[0, S:].sum() == n and vb.mask[2].sum() == 0       # padding client: nothing
   assert vb.split[:, S:].all() and not vb.split[:, :S].any()
-  tb = P.append_validation_steps(rb, d, 'local_test', P.validation_num_steps(d, 'local_test', 16))
+  tb = validation_steps.append_validation_steps(rb, d, 'local_test', validation_steps.validation_num_steps(d, 'local_test', 16))
   assert tb.mask[1, S:].sum() == len(d.client_test_examples(0)[1])
 
 
@@ -136,7 +146,7 @@ def _register_gn_model():
 def test_norm_leaves_detected():
   p = GNMLP().init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))['params']
   flags = dict(zip([jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_flatten_with_path(p)[0]],
-                   P.norm_flags(p)))
+                   local_norm.norm_flags(p)))
   assert flags == {"['Dense_0']['bias']": False, "['Dense_0']['kernel']": False, "['Dense_1']['bias']": False,
                    "['Dense_1']['kernel']": False, "['gn']['bias']": True, "['gn']['scale']": True}
 
@@ -155,18 +165,18 @@ def test_fedbn_leave_one_out_end_to_end():
   c.eval_every = 2
   c.progress_every_s = 1e9
   c.personalized.enabled = True
-  t = loop.Trainer(c)
+  t = trainers.make_trainer(c)
   init = jax.tree_util.tree_map(np.array, t.server_state['params'])
   s = t.train()
   srv = t.server_state['params']
   np.testing.assert_array_equal(srv['gn']['scale'], init['gn']['scale'])        # never aggregated
   np.testing.assert_array_equal(srv['gn']['bias'], init['gn']['bias'])
   assert not np.allclose(srv['Dense_0']['kernel'], init['Dense_0']['kernel'])    # the rest is FedAvg
-  states = P.client_states_of(t.store)
+  states = personalized_eval.client_states_of(t.store)
   assert sorted(states) == [0, 1, 2] and all(float(st['seen']) == 1 for st in states.values())
   biases = [np.asarray(st['norm'][0]) for st in states.values()]               # gn bias per client
   assert not np.allclose(biases[0], biases[1]) and not np.allclose(biases[0], init['gn']['bias'])
-  pk = P.personal_params(t.algorithm, t.server_state, states[2])
+  pk = personalization.personal_params(t.algorithm, t.server_state, states[2])
   np.testing.assert_array_equal(pk['gn']['bias'], states[2]['norm'][0])
   np.testing.assert_array_equal(pk['Dense_0']['kernel'], srv['Dense_0']['kernel'])
   p = s['personalized']
@@ -188,14 +198,14 @@ def test_fedsoup_with_local_norm_one_round():
   c.clients_per_round = 3
   c.client.batch_size = 64
   c.progress_every_s = 1e9
-  t = loop.Trainer(c)
+  t = trainers.make_trainer(c)
   init = jax.tree_util.tree_map(np.array, t.server_state['params'])
   t.train()
   assert t.algorithm.name == 'fedsoup+localnorm'
   np.testing.assert_array_equal(t.server_state['params']['gn']['scale'], init['gn']['scale'])
-  st = P.client_states_of(t.store)[1]
+  st = personalized_eval.client_states_of(t.store)[1]
   assert set(st) == {'norm', 'seen', 'inner'} and float(st['inner']['count']) in (0.0, 1.0)
-  pk = P.personal_params(t.algorithm, t.server_state, st)
+  pk = personalization.personal_params(t.algorithm, t.server_state, st)
   # The soup-patched model with the client's own normalization params (those of its patched upload).
   np.testing.assert_array_equal(pk['Dense_0']['kernel'], st['inner']['personal']['Dense_0']['kernel'])
   np.testing.assert_array_equal(pk['gn']['scale'], st['norm'][1])

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from fedjax_flat.data import landmarks
+from fedjax_flat.data.sources import landmarks
 from fedjax_flat.training import run as run_lib
 from data_fixtures import make_cifar10, make_landmarks
 
@@ -16,7 +16,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _config(spec):
-  from fedjax_flat.training import config_strings
+  from fedjax_flat.config import families as config_strings
   c = config_strings.load_config(os.path.join(REPO, 'configs', spec))
   c.rounds = 3
   c.eval_every = 1
@@ -102,7 +102,7 @@ def test_shakespeare_quickstart_on_leaf_json(tmp_path):
 
 def test_stackoverflow_quickstart_on_tff_sqlite(tmp_path):
   from data_fixtures import make_stackoverflow_tff, write_word_counts
-  from fedjax_flat.data import stackoverflow as so
+  from fedjax_flat.data.sources import stackoverflow as so
   os.makedirs(tmp_path / 'data')
   words = ['the', 'a', 'is', 'to', '.', 'python']
   rng = np.random.default_rng(0)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from fedjax_flat.training import report as report_lib
+from fedjax_flat.sweeps import report as report_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPORT = os.path.join(ROOT, 'experiments', 'report.py')

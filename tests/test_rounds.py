@@ -8,10 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_flat.core import sampling
+from fedjax_flat.data import sampling
 from fedjax_flat.data import batching
-from fedjax_flat.data.builtin import synthetic
-from fedjax_flat.training import loop, validate
+from fedjax_flat.data.sources.builtin import synthetic
+from fedjax_flat.training import loop, trainers
+from fedjax_flat.config import validate
 from fedjax_flat.training import run as run_lib
 
 from config_helpers import small_config
@@ -75,7 +76,7 @@ def _trainer(over, data, **engine):
   if c.algorithm != 'fedavg':
     from fedjax_flat.algorithms import registry
     c.algo.update({**registry.default_hparams(c.algorithm), **c.algo.to_dict()})
-  return loop.Trainer(c, data=data)
+  return trainers.make_trainer(c, data=data)
 
 
 def _leaves(t):

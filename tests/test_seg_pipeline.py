@@ -6,14 +6,17 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_flat import tasks
-from fedjax_flat.core import evaluation
-from fedjax_flat.data import augment, batching, cityscapes, registry, seg_synthetic, style_transfer
+from fedjax_flat.tasks import base as tasks
+from fedjax_flat.tasks import segmentation as seg_tasks
+from fedjax_flat.evaluation import evaluator as evaluation
+from fedjax_flat.data.transforms import augment, style_transfer
+from fedjax_flat.data import batching
+from fedjax_flat.data.sources import cityscapes, seg_synthetic
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.models import registry as model_registry
 from fedjax_flat.models.base import num_params
-from fedjax_flat.training import loop
-from fedjax_flat.training.default_config import default_config, segmentation_data
+from fedjax_flat.training import trainers
+from fedjax_flat.config.default_config import default_config, segmentation_data
 import seg_fixtures as F
 import seg_model_fixtures  # noqa: F401  (registers the '_test_seg' model)
 
@@ -35,7 +38,7 @@ def test_datasets_declare_the_segmentation_task():
   ds = seg_synthetic.load(num_domains=2, unseen_domains=1, clients_per_domain=1, examples_per_client=1,
                           client_test_examples=1, unseen_test_per_domain=1, image_size=(8, 8))
   for task in (tasks.task_of(ds),):
-    assert isinstance(task, tasks.Segmentation) and task.ignore_index == 255
+    assert isinstance(task, seg_tasks.Segmentation) and task.ignore_index == 255
 
 
 def test_batches_carry_the_client_only_when_asked_and_host_equals_device():
@@ -111,14 +114,14 @@ def _synthetic_config(style='lab', device=True):
 @pytest.mark.parametrize('device', [False, True])
 def test_trainer_feeds_client_ids_to_the_style_transform(device):
   c = _synthetic_config(device=device)
-  t = loop.Trainer(c)
+  t = trainers.make_trainer(c)
   assert t.batch_plan.with_client and t.train_transform.needs_client
   if not device:
     rb = t.prepare_round(0)
     np.testing.assert_array_equal(rb.as_dict()['client'][:, 0], rb.client_ids)
   t.train()                                     # microbatches split the batch: 'client' must be gone by then
   rec = t.records[-1]
-  assert isinstance(t.task, tasks.Segmentation)
+  assert isinstance(t.task, seg_tasks.Segmentation)
   for k in ('test_miou', 'test_seen_miou', 'test_unseen_miou'):
     assert 0.0 <= rec[k] <= 1.0, k
   assert not augment.make_seg_augment(crop=None, style=None).needs_client   # no bank: batches as before
@@ -127,7 +130,7 @@ def test_trainer_feeds_client_ids_to_the_style_transform(device):
 def test_file_source_is_evaluated_from_streamed_test_batches(tmp_path, monkeypatch):
   F.make_cityscapes(str(tmp_path / 'cityscapes'), {'aachen': 4, 'bochum': 4}, {'frankfurt': 3, 'lindau': 2})
   src = cityscapes.load(str(tmp_path), distribution='heterogeneous', clients_per_city=2, double=False)
-  assert isinstance(src.task, tasks.Segmentation) and src.label_dtype == np.uint8
+  assert isinstance(src.task, seg_tasks.Segmentation) and src.label_dtype == np.uint8
   c = default_config()
   c.dataset = 'cityscapes'
   c.data = segmentation_data('cityscapes', data_dir=str(tmp_path), clients_per_city=2, double=False)

@@ -1,4 +1,4 @@
-"""The segmentation task (tasks.Segmentation): mIoU from a hand-computed confusion matrix, OHEM's pixel
+"""The segmentation task (seg_tasks.Segmentation): mIoU from a hand-computed confusion matrix, OHEM's pixel
 selection against numpy references of FedDrive's HardNegativeMining and CoinCheung's OhemCELoss, the booster
 heads' summed loss, evaluation at reduced resolution / in tiles, the poly lr schedule and the writers'
 handling of array-valued metrics."""
@@ -9,10 +9,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 import pytest
 
-from fedjax_flat import tasks
+from fedjax_flat.tasks import base as tasks
+from fedjax_flat.tasks import segmentation as seg_tasks
 from fedjax_flat.algorithms.fedavg import make_hparams_fn
 from fedjax_flat.models import base as model_base
 from fedjax_flat.models import tiling
@@ -40,7 +40,7 @@ def test_miou_from_hand_computed_confusion_matrix():
   p = np.array([[[0, 1, 1], [1, 0, 2]],
                 [[0, 1, 2], [0, 1, 1]]])
   mask = np.array([1.0, 1.0])
-  task = tasks.Segmentation()
+  task = seg_tasks.Segmentation()
   sums = task.eval_sums(_onehot_logits(p, 3), jnp.asarray(y), jnp.asarray(mask))
   # Valid pixels (true, pred): img0 (0,0)(0,1)(1,1)(1,1)(1,0) [ignore skipped]; img1 (0,0)(1,1)(1,2)(0,0)(0,1).
   expected = np.array([[3, 2, 0],
@@ -88,7 +88,7 @@ def test_ohem_topk_selects_each_images_hardest_pixels():
   y = rng.integers(0, 4, (3, 8, 8))
   y[rng.random(y.shape) < 0.3] = IGNORE
   mask = np.array([1.0, 0.0, 1.0])
-  task = tasks.Segmentation(ohem='topk', ohem_fraction=0.25)
+  task = seg_tasks.Segmentation(ohem='topk', ohem_fraction=0.25)
   s, n = task.loss_sums(jnp.asarray(logits), jnp.asarray(y), jnp.asarray(mask))
   assert float(n) == 2 * 16
   assert float(s / n) == pytest.approx(_ohem_topk_ref(logits, y, mask, 0.25), rel=1e-5)
@@ -114,7 +114,7 @@ def test_ohem_thresh_matches_coincheung(scale):
   y[rng.random(y.shape) < 0.2] = IGNORE
   logits = (rng.normal(0, 1, (2, 16, 16, 4)) * scale).astype(np.float32)
   logits[..., 0] += scale * 3 * (y == 0)      # some easy pixels
-  task = tasks.Segmentation(ohem='thresh', ohem_thresh=0.7)
+  task = seg_tasks.Segmentation(ohem='thresh', ohem_thresh=0.7)
   s, n = task.loss_sums(jnp.asarray(logits), jnp.asarray(y), jnp.ones(2))
   assert float(s / n) == pytest.approx(_ohem_thresh_ref(logits, y, 0.7), rel=1e-5)
 
@@ -125,7 +125,7 @@ def test_aux_heads_are_summed_and_none_is_the_valid_mean():
   y[0, 0] = IGNORE
   heads = [rng.normal(0, 1, (2, 4, 4, 3)).astype(np.float32) for _ in range(3)]
   mean_ce = lambda z: _np_ce(z, y)[y != IGNORE].mean()  # noqa: E731
-  t = tasks.Segmentation(ohem='none', aux_weight=0.5)
+  t = seg_tasks.Segmentation(ohem='none', aux_weight=0.5)
   s, n = t.loss_sums(tuple(map(jnp.asarray, heads)), jnp.asarray(y), jnp.ones(2))
   assert float(n) == (y != IGNORE).sum()
   assert float(s / n) == pytest.approx(mean_ce(heads[0]) + 0.5 * (mean_ce(heads[1]) + mean_ce(heads[2])), rel=1e-5)
@@ -136,7 +136,7 @@ def test_aux_heads_are_summed_and_none_is_the_valid_mean():
 
 def test_task_registered_and_configured():
   t = tasks.get_task('segmentation')
-  assert isinstance(t, tasks.Segmentation) and t.ignore_index == 255 and t.ohem == 'topk'
+  assert isinstance(t, seg_tasks.Segmentation) and t.ignore_index == 255 and t.ohem == 'topk'
   cfg = ml_collections.ConfigDict({'segmentation': {'ohem': 'thresh', 'ohem_fraction': 0.5, 'ohem_thresh': 0.6,
                                                     'aux_weight': 0.0}})
   t2 = tasks.from_config(t, cfg)
@@ -173,7 +173,7 @@ def test_downscale_evaluates_at_reduced_resolution_and_metrics_at_label_size():
   logits = ev.apply(w, x)
   assert seen[-1] == (1, 64, 96, 3) and logits.shape == (1, 64, 96, 3)
   y = jnp.zeros((1, 128, 192), jnp.int32)
-  sums = tasks.Segmentation().eval_sums(logits, y, jnp.ones(1))      # upsampled to the labels
+  sums = seg_tasks.Segmentation().eval_sums(logits, y, jnp.ones(1))      # upsampled to the labels
   assert float(sums['count']) == 128 * 192
   assert tiling.scaled_size(1080, 0.5, 32) == 544 and tiling.scaled_size(1024, 0.5, 32) == 512
 

@@ -6,8 +6,8 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_flat.server.optimizers import fedopt_adaptive, make_server_tx
-from fedjax_flat.training.default_config import default_config
+from fedjax_flat.optimizers.server import fedopt_adaptive, make_server_tx
+from fedjax_flat.config.default_config import default_config
 
 # Three rounds of pseudo-gradients for a 4-parameter "model" (two leaves).
 DELTAS = [np.array([0.5, -0.2, 0.0, 3.0], np.float32), np.array([-0.1, -0.4, 0.2, 2.0], np.float32),

@@ -131,13 +131,13 @@ def test_two_processes_same_result_as_one_process(tmp_path):
 @pytest.mark.parametrize('algorithm', ['fedavg', 'scaffold'])
 def test_streamed_batches_bit_identical_to_chunked(algorithm):
   """engine.stream_batches builds each chunk's batches on the host inside the round (O(chunk) memory)."""
-  from fedjax_flat.training import loop
+  from fedjax_flat.training import trainers
   out = {}
   for stream in (False, True):
     c = scale_worker.make_config('fedavg_chunked_adam', False)
     c.algorithm = algorithm
     c.engine.stream_batches = stream
-    t = loop.Trainer(c, data=scale_worker.small_data())
+    t = trainers.make_trainer(c, data=scale_worker.small_data())
     t.train()
     assert (t.block_fn if t.device_rounds else t.round_fn)._cache_size() == 1   # device path unless streaming
     assert t.device_rounds == (not stream)
@@ -149,12 +149,12 @@ def test_streamed_batches_bit_identical_to_chunked(algorithm):
 
 
 def test_stream_with_sharding_refused():
-  from fedjax_flat.training import loop
-  from fedjax_flat.training.validate import ConfigError
+  from fedjax_flat.training import trainers
+  from fedjax_flat.errors import ConfigError
   c = scale_worker.make_config('fedavg_vmap', True)
   c.engine.stream_batches = True
   with pytest.raises(ConfigError, match='stream_batches'):
-    loop.Trainer(c, data=scale_worker.small_data())
+    trainers.make_trainer(c, data=scale_worker.small_data())
 
 
 def _two_processes(wd, flags, timeout=600, during=None):

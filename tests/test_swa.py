@@ -1,16 +1,16 @@
-"""Server-side SWA (server/swa.py): server-driven cyclic lr, averaging timing and counter, ablations."""
+"""Server-side SWA (algorithms/wrappers/swa.py): server-driven cyclic lr, averaging timing and counter, ablations."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fedjax_flat.algorithms import registry
-from fedjax_flat.algorithms.base import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.core import engine
 from fedjax_flat.data import batching
-from fedjax_flat.data.builtin import synthetic
-from fedjax_flat.models import get_model
-from fedjax_flat.server.swa import swa_start_round, with_swa
-from fedjax_flat.training.default_config import default_config
+from fedjax_flat.data.sources.builtin import synthetic
+from fedjax_flat.models.registry import get_model
+from fedjax_flat.algorithms.wrappers.swa import swa_start_round, with_swa
+from fedjax_flat.config.default_config import default_config
 
 BASE_LR = 0.5
 

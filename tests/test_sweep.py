@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from fedjax_flat.training import sweep as sweep_lib
+from fedjax_flat.sweeps import sweep as sweep_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEP = os.path.join(ROOT, 'experiments', 'sweep.py')

@@ -1,4 +1,4 @@
-"""Tasks (fedjax_flat/tasks.py): losses and metrics over valid units, dense labels through batching, the
+"""Tasks (fedjax_flat/tasks/base.py): losses and metrics over valid units, dense labels through batching, the
 engine, evaluation and the Hessian tools."""
 import flax.linen as nn
 import jax
@@ -6,10 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_flat import tasks
+from fedjax_flat.tasks import base as tasks
 from fedjax_flat.algorithms import local
 from fedjax_flat.analysis import hvp
-from fedjax_flat.core.evaluation import make_eval_fn
+from fedjax_flat.evaluation.evaluator import make_eval_fn
 from fedjax_flat.data import batching
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.models import base as model_base
@@ -139,7 +139,7 @@ def test_dense_eval_and_train_loss_equal_direct_formula():
 def test_trainer_runs_a_dense_task_and_matches_a_python_loop():
   """Two FedAvg rounds on dense labels: engine == plain Python loop of SGD on the masked per-position mean."""
   from tests.config_helpers import small_config
-  from fedjax_flat.training.loop import Trainer
+  from fedjax_flat.training.trainers import make_trainer as Trainer
   data = _dense_data()
   c = small_config()
   c.model = '_test_per_position'
@@ -179,5 +179,5 @@ def test_trainer_runs_a_dense_task_and_matches_a_python_loop():
 
 
 def tr_sampled(tr, r):
-  from fedjax_flat.core.sampling import sample_clients
+  from fedjax_flat.data.sampling import sample_clients
   return sample_clients(tr.data.num_clients, tr.config.clients_per_round, seed=tr.config.seed, round_idx=r)

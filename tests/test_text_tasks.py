@@ -3,7 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_flat import tasks, text_tasks
+from fedjax_flat.tasks import base as tasks, next_token as text_tasks
 
 V = 6                                  # words 1..6; pad 0, oov 7, bos 8, eos 9
 PAD, OOV, BOS, EOS = 0, 7, 8, 9
@@ -85,7 +85,7 @@ def test_hessian_analysis_uses_the_task():
   """analysis.analyze with the dataset's task: its loss is the task's (pad targets excluded), not a crash."""
   import jax
   from fedjax_flat import analysis
-  from fedjax_flat.core.evaluation import Evaluator
+  from fedjax_flat.evaluation.evaluator import Evaluator
   from fedjax_flat.models import registry
   m = registry.get_model('char_lstm', V + 4, (5,), embed=3, hidden=4, num_layers=1)
   p = jax.jit(m.init)(jax.random.key(0), jnp.zeros((1, 5)))

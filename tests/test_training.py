@@ -8,8 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_flat.data.builtin import synthetic
-from fedjax_flat.training import loop
+from fedjax_flat.data.sources.builtin import synthetic
+from fedjax_flat.training import loop, trainers
 from config_helpers import small_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,11 +21,11 @@ def quantity_skew_data():
 
 def test_same_seed_same_params_other_seed_other_params():
   data = quantity_skew_data()
-  p1 = loop.Trainer(small_config(), data=data)
+  p1 = trainers.make_trainer(small_config(), data=data)
   p1.train()
-  p2 = loop.Trainer(small_config(), data=data)
+  p2 = trainers.make_trainer(small_config(), data=data)
   p2.train()
-  p3 = loop.Trainer(small_config(seed=1), data=data)
+  p3 = trainers.make_trainer(small_config(seed=1), data=data)
   p3.train()
   a, b, c = (jax.tree_util.tree_leaves(t.server_state['params']) for t in (p1, p2, p3))
   for x, y in zip(a, b):
@@ -35,7 +35,7 @@ def test_same_seed_same_params_other_seed_other_params():
 
 def test_no_recompilation_across_rounds_with_different_client_sizes():
   data = quantity_skew_data()
-  t = loop.Trainer(small_config(rounds=6), data=data)
+  t = trainers.make_trainer(small_config(rounds=6), data=data)
   sizes = set()
   for r in range(6):
     rb = t.prepare_round(r)
@@ -47,7 +47,7 @@ def test_no_recompilation_across_rounds_with_different_client_sizes():
 
 def test_divergence_names_round_and_clients():
   data = quantity_skew_data()
-  t = loop.Trainer(small_config(**{'client.lr': 1e30}), data=data)
+  t = trainers.make_trainer(small_config(**{'client.lr': 1e30}), data=data)
   with pytest.raises(loop.DivergenceError, match=r'round \d+: clients \[\d'):
     t.train()
 
@@ -80,7 +80,7 @@ def test_quickstart_learns():
   c = quickstart.get_config()
   c.rounds = 40        # seed 0: 0.44 at round 30, 0.85 at 35 (noisy early rounds at alpha=0.5)
   c.progress_every_s = 1e9
-  t = loop.Trainer(c)
+  t = trainers.make_trainer(c)
   s = t.train()
   assert t.records[0]['test_accuracy'] < s['final_test_accuracy']
   assert s['final_test_accuracy'] > 0.6
@@ -88,7 +88,7 @@ def test_quickstart_learns():
 
 def test_eval_clients_reports_accuracy_on_sampled_clients():
   data = quantity_skew_data()
-  t = loop.Trainer(small_config(eval_clients=True), data=data)
+  t = trainers.make_trainer(small_config(eval_clients=True), data=data)
   t.train()
   rec = t.records[-1]
   assert 0.0 <= rec['clients_mean_accuracy'] <= 1.0 and 'clients_weighted_accuracy' in rec
@@ -104,12 +104,12 @@ def test_eval_clients_reports_accuracy_on_sampled_clients():
 
 def test_eval_every_last_evaluates_each_final_round_and_summary_averages_them():
   """The papers' protocol: evaluate every round of the last N rounds and report their mean."""
-  t = loop.Trainer(small_config(rounds=12, eval_every=5, eval_every_last=4, summary_last_k=4),
+  t = trainers.make_trainer(small_config(rounds=12, eval_every=5, eval_every_last=4, summary_last_k=4),
                    data=quantity_skew_data())
   s = t.train()
   assert [r['round'] for r in t.records] == [5, 9, 10, 11, 12]
   np.testing.assert_allclose(s['models']['global']['mean_last_4_test_accuracy'],
                              np.mean([r['test_accuracy'] for r in t.records[-4:]]))
-  from fedjax_flat.training import validate
+  from fedjax_flat.config import validate
   with pytest.raises(validate.ConfigError, match='eval_every_last'):
     validate.validate_config(small_config(eval_every_last=-1))

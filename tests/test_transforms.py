@@ -1,11 +1,12 @@
 """Train/eval transforms from config, incl. mixup restricted to valid examples, inside the engine."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from fedjax_flat.data.builtin import synthetic
-from fedjax_flat.training import loop, transforms
-from fedjax_flat.training.default_config import default_config
+from fedjax_flat.data.sources.builtin import synthetic
+from fedjax_flat.training import trainers
+from fedjax_flat.data.transforms import pipeline as transforms
+from fedjax_flat.data.transforms.transform import Transform
+from fedjax_flat.config.default_config import default_config
 
 
 def _cfg(augment, normalize):
@@ -18,7 +19,7 @@ def test_none_is_identity_on_float_and_scales_uint8():
   train, ev = transforms.make_transforms(_cfg('none', 'none'), 10)
   x = np.random.default_rng(0).random((2, 4, 4, 1)).astype(np.float32)
   np.testing.assert_allclose(ev(x), x)
-  np.testing.assert_allclose(train(jax.random.key(0), x), x)
+  np.testing.assert_allclose(train(jax.random.key(0), {'x': x, 'y': np.zeros(2, np.int32), 'mask': np.ones(2)})['x'], x)
   u = np.full((1, 2, 2, 3), 255, np.uint8)
   np.testing.assert_allclose(ev(u), 1.0)
 
@@ -32,7 +33,7 @@ def test_cifar_eval_normalizes_with_dataset_stats():
 
 def test_mixup_mixes_only_valid_examples():
   train, _ = transforms.make_transforms(_cfg('cifar_mixup', 'cifar10'), 10)
-  assert train.on_batch
+  assert isinstance(train, Transform) and not train.needs_client   # changes the labels too: a batch transform
   rng = np.random.default_rng(0)
   batch = {'x': rng.integers(0, 255, (6, 32, 32, 3)).astype(np.uint8), 'y': np.arange(6, dtype=np.int32),
            'mask': np.array([1, 1, 1, 1, 0, 0], np.float32)}
@@ -53,6 +54,6 @@ def test_cifar_augmentation_runs_in_training():
   c.client.batch_size = 4
   c.progress_every_s = 1e9
   data = synthetic(3, 6, input_shape=(32, 32, 3), num_classes=4, seed=0)
-  t = loop.Trainer(c, data=data)
+  t = trainers.make_trainer(c, data=data)
   s = t.train()
   assert np.isfinite(s['final_test_accuracy'])

@@ -1,13 +1,13 @@
-"""WiMA (server/wima.py): the ring buffer + running sum equals the mean of the last W global models."""
+"""WiMA (algorithms/wrappers/wima.py): the ring buffer + running sum equals the mean of the last W global models."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_flat.algorithms.base import FederatedAlgorithm
-from fedjax_flat.models import get_model
-from fedjax_flat.server.wima import classifier_key, selected_paths, with_wima
-from fedjax_flat.training.default_config import default_config
+from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.models.registry import get_model
+from fedjax_flat.algorithms.wrappers.wima import classifier_key, selected_paths, with_wima
+from fedjax_flat.config.default_config import default_config
 
 W = 3
 

@@ -10,7 +10,7 @@ import pytest
 
 from fedjax_flat.training import checkpoint as ckpt_lib
 from fedjax_flat.training import run as run_lib
-from fedjax_flat.training.validate import ConfigError
+from fedjax_flat.errors import ConfigError
 
 import scale_worker
 from config_helpers import small_config

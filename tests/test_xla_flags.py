@@ -10,7 +10,7 @@ _PROBE = r'''
 import os, jax
 before = (os.environ.get('XLA_FLAGS'), jax.config.jax_enable_x64, jax.config.jax_default_matmul_precision)
 import fedjax_flat.training.run, fedjax_flat.training.loop, fedjax_flat.models.registry, fedjax_flat.core.engine
-from fedjax_flat.models import get_model
+from fedjax_flat.models.registry import get_model
 m = get_model('cifar_cnn', 10, (32, 32, 3))
 m.init(jax.random.key(0), jax.numpy.zeros((1, 32, 32, 3)))
 after = (os.environ.get('XLA_FLAGS'), jax.config.jax_enable_x64, jax.config.jax_default_matmul_precision)

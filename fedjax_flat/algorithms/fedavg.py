@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.base import FederatedAlgorithm
+from fedjax_flat.algorithms.registry import register
+from fedjax_flat.core.contract import FederatedAlgorithm
 
 
 def tree_sub(a, b):
@@ -73,3 +74,9 @@ def fedavg(model, loss_fn, client_cfg, server_tx: optax.GradientTransformation, 
 
   return FederatedAlgorithm(name, server_init, broadcast, client_init, client_step, client_final,
                             server_update, eval_models)
+
+
+@register('fedavg')
+def _fedavg(ctx):
+  """FedAvg, and FedOpt (FedAvgM, FedAdam, FedAdagrad, FedYogi) through config.server."""
+  return fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, make_client_tx=ctx.make_client_tx)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fedjax_flat.algorithms.base import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.algorithms.fedprox import hparams
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.algorithms.scaffold import scaffold_algorithm

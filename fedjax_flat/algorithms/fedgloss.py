@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.base import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.algorithms.fedavg import make_hparams_fn
 from fedjax_flat.algorithms.fedprox import population
 from fedjax_flat.algorithms.registry import default_hparams, register

@@ -20,7 +20,7 @@ import ml_collections
 import optax
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.base import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.algorithms.fedavg import make_hparams_fn
 from fedjax_flat.algorithms.registry import default_hparams, register
 
@@ -35,7 +35,7 @@ def hparams(ctx, name: str) -> dict:
 
 def population(ctx, hp: dict) -> int:
   """N, the number of clients (SCAFFOLD's |S|/N, FedDyn's 1/m): algo.population, else the dataset's number of
-  clients (BuildContext.population), else config.data.num_clients. training/validate.py checks an explicit
+  clients (BuildContext.population), else config.data.num_clients. config/validate.py checks an explicit
   algo.population against the dataset before anything is built."""
   n = (int(hp.get('population', 0) or 0) or int(getattr(ctx, 'population', 0) or 0)
        or int(ctx.config.data.get('num_clients', 0) or 0))

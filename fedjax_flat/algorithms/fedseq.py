@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_flat.algorithms.base import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.algorithms.fedavg import fedavg
 from fedjax_flat.algorithms.registry import register
 

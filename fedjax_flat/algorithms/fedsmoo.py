@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.base import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.algorithms.fedavg import make_hparams_fn
 from fedjax_flat.algorithms.fedprox import (global_norm, hparams, population, server_step_to, tmap,
                                             without_sharpness)

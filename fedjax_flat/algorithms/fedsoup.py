@@ -17,14 +17,14 @@ The personalized model of client k is its last uploaded theta_l (client state 'p
 starts it is the plain locally trained model. ValAcc is measured on the client's validation split
 (algo.val_source='val') or its local test split ('local_test', the reference code's behaviour), which the
 Trainer appends after the training steps of the round batches, flagged batch['split'] = 1 (see
-core/personalized.py). client_step trains on split-0 steps and, on split-1 steps, accumulates the correct
+data/validation_steps.py). client_step trains on split-0 steps and, on split-1 steps, accumulates the correct
 counts of W and W+ (evaluated at the final theta_l, since those steps come last) in the local state;
 client_final applies the rule. With no validation examples, both counts are 0: '>=' always accepts,
 strict never does.
 
 Hyperparameters (config.algo): start_fraction (0.75), start_round (-1 = from start_fraction), strict (False),
 val_source ('val' | 'local_test'), persist_opt_state (False), local_norm (False: FedBN-style local
-normalization params, core/personalized.with_local_norm).
+normalization params, algorithms/wrappers/local_norm.with_local_norm).
 
 Also registers 'fedbn': FedAvg with local normalization params (FedBN for GroupNorm models).
 """
@@ -37,11 +37,12 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.base import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.algorithms.fedavg import fedavg, make_hparams_fn
 from fedjax_flat.algorithms.registry import default_hparams, register
-from fedjax_flat.core import personalized
-
+from fedjax_flat.algorithms import personalization
+from fedjax_flat.algorithms.wrappers import local_norm
+from fedjax_flat.data import validation_steps
 tmap = jax.tree_util.tree_map
 
 HPARAMS = {'start_fraction': 0.75, 'start_round': -1, 'strict': False, 'val_source': 'val',
@@ -80,8 +81,8 @@ def _hp(ctx, name):
   hp = {**default_hparams(name), **ctx.algo.to_dict()}
   if not 0.0 <= float(hp['start_fraction']) <= 1.0:
     raise ValueError(f"algo.start_fraction={hp['start_fraction']!r} must be in [0, 1]")
-  if hp['val_source'] not in personalized.VAL_SOURCES:
-    raise ValueError(f"algo.val_source={hp['val_source']!r}; allowed: {personalized.VAL_SOURCES}")
+  if hp['val_source'] not in validation_steps.VAL_SOURCES:
+    raise ValueError(f"algo.val_source={hp['val_source']!r}; allowed: {validation_steps.VAL_SOURCES}")
   return hp
 
 
@@ -123,7 +124,7 @@ def fedsoup(model, loss_fn, client_cfg, server_tx, *, make_client_tx, start: int
   def client_step(bcast, local, batch, rng):
     if 'split' not in batch:
       raise ValueError("fedsoup needs the clients' validation examples in the round batches (batch['split']); "
-                       'the Trainer appends them (core/personalized.append_validation_steps)')
+                       'the Trainer appends them (data/validation_steps.append_validation_steps)')
     split = batch['split'].astype(jnp.float32)
     tx = make_client_tx(client_cfg, bcast['hparams'])
     train_batch = {'x': batch['x'], 'y': batch['y'], 'mask': batch['mask'] * (1.0 - split)}
@@ -175,11 +176,11 @@ def fedsoup(model, loss_fn, client_cfg, server_tx, *, make_client_tx, start: int
 
 def _fedsoup_personalizer(algorithm, server_state, client_state):
   if client_state is None:
-    return personalized.global_params(algorithm, server_state)
+    return personalization.global_params(algorithm, server_state)
   return client_state['personal']
 
 
-personalized.register_personalizer('fedsoup', _fedsoup_personalizer)
+personalization.register_personalizer('fedsoup', _fedsoup_personalizer)
 
 
 @register('fedsoup', hparams=HPARAMS)
@@ -189,7 +190,7 @@ def _fedsoup_builder(ctx) -> FederatedAlgorithm:
                 start=start_round(ctx.config, hp), strict=bool(hp['strict']),
                 persist_opt_state=bool(hp['persist_opt_state']))
   if hp['local_norm']:
-    alg = personalized.with_local_norm(alg)
+    alg = local_norm.with_local_norm(alg)
   return alg
 
 
@@ -197,4 +198,4 @@ def _fedsoup_builder(ctx) -> FederatedAlgorithm:
 def _fedbn_builder(ctx) -> FederatedAlgorithm:
   """FedAvg with the normalization params kept local (FedBN, Li et al. 2021; GroupNorm models here)."""
   base = fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, make_client_tx=ctx.make_client_tx)
-  return personalized.with_local_norm(base, name='fedbn')
+  return local_norm.with_local_norm(base, name='fedbn')

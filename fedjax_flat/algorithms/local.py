@@ -1,7 +1,7 @@
 """Building blocks for local training that most algorithms share.
 
 `make_loss` gives the client's data loss (the task's loss over the valid units of a masked batch,
-fedjax_flat/tasks.py: cross-entropy over valid examples for classification; plus MAN's activation-norm term
+fedjax_flat/tasks/base.py: cross-entropy over valid examples for classification; plus MAN's activation-norm term
 when zeta > 0). `local_step` is one step of the client optimizer on it, with an
 optional algorithm gradient correction (FedProx, SCAFFOLD, FedDyn, FedGloSS...) added after the SAM/ASAM
 transform and before weight decay/momentum/lr, i.e. evaluated at the unperturbed weights, as the reference
@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_flat import tasks as tasks_lib
-from fedjax_flat.tasks import cross_entropy  # noqa: F401  (re-exported: the one definition lives in tasks)
+from fedjax_flat.tasks import base as tasks_lib
+from fedjax_flat.tasks.base import cross_entropy  # noqa: F401  (re-exported: the one definition lives in tasks)
 
 Params = Any
 
@@ -32,7 +32,7 @@ def make_loss(model, *, man_zeta: float = 0.0, train: bool = True, task=None, mi
   """loss(params, batch, rng) -> (mean loss over valid units, (loss_sum, count)); BatchNorm models
   (model.batch_stats) add the updated running statistics: (loss_sum, count, batch_stats).
 
-  `task` (fedjax_flat/tasks.py; default classification) defines the units and their loss: count is the
+  `task` (fedjax_flat/tasks/base.py; default classification) defines the units and their loss: count is the
   number of valid units (examples, tokens, pixels) that the mean runs over.
 
   MAN (activation-norm regularization): zeta * sum over hidden layers of mean(a_l^2) on the post-activation

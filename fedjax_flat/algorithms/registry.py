@@ -1,11 +1,11 @@
 """Algorithm registry and the builder that composes an algorithm from config.
 
 build_algorithm(config, model):
-  loss    = the task's loss (+ MAN when config.man.zeta > 0)                algorithms/local.py, tasks.py
+  loss    = the task's loss (+ MAN when config.man.zeta > 0)                algorithms/local.py, tasks/base.py
   client  = SGD | SAM | ASAM optimizer chain, hparams broadcast by server   optimizers/client.py
-  server  = optax transform on the pseudo-gradient                         server/optimizers.py
+  server  = optax transform on the pseudo-gradient                         optimizers/server.py
   base    = ALGORITHMS[config.algorithm](ctx)                              one module per algorithm
-  then the server-side wrappers: SWA (config.swa), WiMA (config.wima)      server/swa.py, server/wima.py
+  then the server-side wrappers: SWA (config.swa), WiMA (config.wima)      algorithms/wrappers/swa.py, algorithms/wrappers/wima.py
 
 A new algorithm is one module with a builder `fn(ctx) -> FederatedAlgorithm`, registered here with
 `@register('name', hparams={...defaults...})`; its hyperparameters live in `config.algo`.
@@ -17,9 +17,9 @@ import importlib
 from typing import Any, Callable, Dict
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.base import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.optimizers.client import make_client_tx
-from fedjax_flat.server.optimizers import make_server_tx
+from fedjax_flat.optimizers.server import make_server_tx
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +32,7 @@ class BuildContext:
   make_client_tx: Callable
   config: Any
   population: int = 0        # N, the dataset's number of clients (0 = unknown: config.data.num_clients)
-  task: Any = None           # the dataset's task (fedjax_flat/tasks.py); None = classification
+  task: Any = None           # the dataset's task (fedjax_flat/tasks/base.py); None = classification
   chain: Any = None          # chain algorithms (algorithms/fedseq.py): their plan from the chain trainer
 
   @property
@@ -44,7 +44,7 @@ _ALGORITHMS: Dict[str, Callable[[BuildContext], FederatedAlgorithm]] = {}
 _HPARAMS: Dict[str, dict] = {}
 
 # Modules that register algorithms on import (each one file).
-_MODULES = ('fedavg_builder', 'fedprox', 'scaffold', 'feddyn', 'adabest', 'mime', 'fedcm', 'fedacg',
+_MODULES = ('fedavg', 'fedprox', 'scaffold', 'feddyn', 'adabest', 'mime', 'fedcm', 'fedacg',
             'fedspeed', 'fedsmoo', 'fedgamma', 'fedgloss', 'fedsoup', 'fedseq', 'silobn')
 
 
@@ -92,9 +92,9 @@ def build_algorithm(config, model, population: int = 0, task=None, chain=None) -
                      population=int(population), task=task, chain=chain)
   alg = _ALGORITHMS[name](ctx)
   if config.swa.enabled:
-    from fedjax_flat.server import swa
+    from fedjax_flat.algorithms.wrappers import swa
     alg = swa.with_swa(alg, config)
   if config.wima.enabled:
-    from fedjax_flat.server import wima
+    from fedjax_flat.algorithms.wrappers import wima
     alg = wima.with_wima(alg, config)
   return alg

@@ -5,7 +5,7 @@
             E local epochs (statistics follow the BatchNorm update), keeps its new statistics
   server: FedAvg / FedOpt on everything else (the affine scale and bias of the norms included)
 
-The client's statistics live in its client state (core/personalized.with_local_norm with
+The client's statistics live in its client state (algorithms/wrappers/local_norm.with_local_norm with
 `select=is_batch_stats_path`, in the client-state store). With the client optimizer SAM / ASAM this is
 Table 4.10's "SiloBN + SAM / ASAM"; with server SWA, "+ SWA". FedBN (statistics AND affine params local)
 is the algorithm 'fedbn'. Unseen test clients need a test-time policy (config.bn.test_policy,
@@ -13,13 +13,11 @@ core/batch_stats.py). A model without BatchNorm makes this plain FedAvg.
 """
 from __future__ import annotations
 
-from fedjax_flat.algorithms.base import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.algorithms.fedavg import fedavg
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core import personalized
-
-
+from fedjax_flat.algorithms.wrappers import local_norm
 @register('silobn', hparams={})
 def _silobn_builder(ctx) -> FederatedAlgorithm:
   base = fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, make_client_tx=ctx.make_client_tx)
-  return personalized.with_local_norm(base, name='silobn', select=personalized.is_batch_stats_path)
+  return local_norm.with_local_norm(base, name='silobn', select=local_norm.is_batch_stats_path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 import numpy as np
+from fedjax_flat.data.batching import make_eval_batches
 
 
 def make_fixed_batches(x, y, batch_size: int, *, max_examples: int | None = None) -> dict:
@@ -38,7 +39,6 @@ def make_fixed_batches(x, y, batch_size: int, *, max_examples: int | None = None
     x, y = x[:max_examples], y[:max_examples]
   if x.shape[0] == 0:
     raise ValueError('no examples')
-  from fedjax_flat.data.batching import make_eval_batches  # the one padded-batch layout of the project
   return make_eval_batches(x, y, batch_size)
 
 

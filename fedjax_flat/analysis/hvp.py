@@ -1,6 +1,6 @@
 """Losses, evaluation and Hessian-vector products over fixed, padded batches.
 
-The Hessian is that of the *exact* mean loss over every valid unit (the task's, fedjax_flat/tasks.py: examples
+The Hessian is that of the *exact* mean loss over every valid unit (the task's, fedjax_flat/tasks/base.py: examples
 for classification, tokens or pixels for dense labels) of a fixed set of stacked batches (see `data.py`):
 
   L(w) = sum_b sum_u m_bu * ce(f(w, x_b)_u, y_bu) / sum_b sum_u m_bu,
@@ -30,8 +30,8 @@ from jax import lax
 from jax.flatten_util import ravel_pytree
 from jax.tree_util import Partial
 
-from fedjax_flat import tasks as tasks_lib
-from fedjax_flat.tasks import cross_entropy  # noqa: F401  (re-exported)
+from fedjax_flat.tasks import base as tasks_lib
+from fedjax_flat.tasks.base import cross_entropy  # noqa: F401  (re-exported)
 
 Batch = Mapping[str, Any]
 

@@ -23,7 +23,7 @@ import numpy as np
 from fedjax_flat.analysis.data import make_fixed_batches
 from fedjax_flat.analysis.eigen import RESIDUAL_TOL, check_pairs, top_eigenpairs_power
 from fedjax_flat.analysis.hvp import make_hvp, param_dim
-from fedjax_flat.core.sampling import sample_clients
+from fedjax_flat.data.sampling import sample_clients
 
 
 def local_models(trainer, round_idx: int) -> Tuple[List[int], List]:
@@ -55,8 +55,7 @@ def local_models(trainer, round_idx: int) -> Tuple[List[int], List]:
       step_rng = jax.random.fold_in(rng, step)
       if augment_fn is not None:
         aug_rng = jax.random.fold_in(step_rng, 1)
-        batch = (augment_fn(aug_rng, batch) if getattr(augment_fn, 'on_batch', False)
-                 else {**batch, 'x': augment_fn(aug_rng, batch['x'])})
+        batch = augment_fn(aug_rng, batch)
       new_local, _ = alg.client_step(bcast, local, batch, step_rng)
       valid = jnp.sum(batch['mask']) > 0
       return jax.tree_util.tree_map(lambda a, b: jnp.where(valid, a, b), new_local, local), None

@@ -55,7 +55,7 @@ def analyze(model, params, x, y, *, batch_size: int = 100, top_k: int = 5, metho
     density_probes: SLQ probes (0 = skip), each with `density_steps` Lanczos steps.
     rng: PRNG key (default PRNGKey(0)); split for eigen / trace / density.
     with_density_arrays: include the density grid and values (1000 points each) in the report.
-    task: what the labels mean (fedjax_flat/tasks.py; the run's `trainer.task`); None = classification.
+    task: what the labels mean (fedjax_flat/tasks/base.py; the run's `trainer.task`); None = classification.
 
   Returns:
     A JSON-able dict: 'eigenvalues' (descending), for every pair its 'rayleigh_quotients' (u.Hu),

@@ -11,7 +11,7 @@ statistics, never optimized. Three policies (FedDrive, thesis Table 4.10; digest
            step, src/fed_setting/server.py)
   silobn   statistics local, affine params shared (SiloBN, Andreux et al. 2020): algorithm 'silobn'
   fedbn    statistics and affine params local (FedBN, Li et al. 2021): algorithm 'fedbn'
-The local leaves live in each client's state (core/personalized.with_local_norm over the client-state store,
+The local leaves live in each client's state (algorithms/wrappers/local_norm.with_local_norm over the client-state store,
 core/client_state.py); a client starts from the server's values on its first visit.
 
 Reference quirk (not reproduced): FedDrive selects SiloBN's local tensors by the substring 'bn' in the
@@ -41,7 +41,7 @@ tmap = jax.tree_util.tree_map
 
 # Algorithms whose server update is a server optimizer on the FedAvg pseudo-gradient, which is what
 # `average_batch_stats` turns into the exact average of the statistics. Others (control variates, duals,
-# their own gradient loops) would treat statistics as parameters: refused by training/validate.py.
+# their own gradient loops) would treat statistics as parameters: refused by config/validate.py.
 BN_ALGORITHMS = ('fedavg', 'fedprox', 'fedbn', 'silobn')
 TEST_POLICIES = ('auto', 'running', 'batch', 'client')
 LOCAL_STATS_ALGORITHMS = ('fedbn', 'silobn')

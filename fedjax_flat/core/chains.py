@@ -16,7 +16,7 @@ combines the chains' final models. The round program sees the chains as *lanes* 
   L, T (and the most chains per lane) are fixed for the run (`LaneShape`), so chains of unequal length and clients of unequal size
   never change a shape: one compiled round program for every round (tests/test_fedseq.py counts compiles).
 
-The lane runner reuses the algorithm contract (algorithms/base.py): client_init / client_step /
+The lane runner reuses the algorithm contract (core/contract.py): client_init / client_step /
 client_final of the chain algorithm (FedAvg's local training with any client optimizer: SGD, SAM, ASAM),
 then `algorithm.server_update` on the |D_S|-weighted means, exactly as the client engine does
 (core/engine.py): server optimizers and the SWA / WiMA wrappers work unchanged. Lanes run `chunk` at a time
@@ -25,7 +25,7 @@ only (a while loop with the lane's step count as trip count: padding is never co
 vmap the chunk runs to its longest lane); with chunk 1 (the CPU default) a lane is not vmapped, so the
 restart / emit branches are real conditionals that cost nothing when not taken.
 
-Randomness, as for plain clients (core/sampling.py, data/batching.py): a member's batch order and its step
+Randomness, as for plain clients (data/sampling.py, data/batching.py): a member's batch order and its step
 keys are those of the same client in a FedAvg round (seed, round, client id; E_S pass e > 0 folds e in), so
 a chain of one client computes exactly a FedAvg client.
 
@@ -43,10 +43,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_flat.algorithms.base import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.core import engine as engine_lib
-from fedjax_flat.core import sampling
+from fedjax_flat.data import sampling
 from fedjax_flat.data import batching
+from fedjax_flat.core import sharding as sharding_lib
 
 PASS_STREAM = 0x5E9       # fold_in tag of the batch order of E_S passes e > 0 (pass 0 = the FedAvg order)
 # What the round program takes per lane: per step [L, T(, B)] and per chain slot of the lane [L, C] / [L].
@@ -298,7 +299,7 @@ def make_lane_runner(algorithm: FederatedAlgorithm, *, reset_opt_state: bool = T
       xs = jax.tree_util.tree_map(lambda a: a[t], {k: lane[k] for k in ('x', 'y', 'mask', 'client', 'step',
                                                                          'member_start')})
       batch = {'x': xs['x'], 'y': xs['y'], 'mask': xs['mask']}
-      if getattr(augment_fn, 'needs_client', False):     # style transfer excludes the client's own style
+      if augment_fn is not None and augment_fn.needs_client:   # style transfer excludes the client's own style
         batch['client'] = xs['client']
       ckey = jax.random.fold_in(base, jnp.maximum(xs['client'], 0))       # = sampling.client_keys
       step_rng = jax.random.fold_in(ckey, xs['step'])                     # = engine: fold_in(rng, step)
@@ -307,9 +308,7 @@ def make_lane_runner(algorithm: FederatedAlgorithm, *, reset_opt_state: bool = T
                            lambda l: l.opt_state, local)
         local = local._replace(opt_state=opt)
       if augment_fn is not None:   # as engine.make_client_runner
-        aug_rng = jax.random.fold_in(step_rng, 1)
-        batch = (augment_fn(aug_rng, batch) if getattr(augment_fn, 'on_batch', False)
-                 else {**batch, 'x': augment_fn(aug_rng, batch['x'])})
+        batch = augment_fn(jax.random.fold_in(step_rng, 1), batch)
       local, m = algorithm.client_step(bcast, local, batch, step_rng)
       return local, finite & jnp.isfinite(m['loss_sum']), loss_sum + m['loss_sum'], count + m['count']
 
@@ -389,7 +388,6 @@ def make_chain_round_fn(algorithm: FederatedAlgorithm, *, chunk: int, reset_opt_
 
   if mesh is not None:
     from jax.sharding import PartitionSpec as P
-    from fedjax_flat.core import sharding as sharding_lib
     rep, lane_axis = P(), P(sharding_lib.AXIS)
 
     def sharded_block(bcast, lanes, starts, data, key, round_idx):
@@ -420,7 +418,6 @@ def make_chain_round_fn(algorithm: FederatedAlgorithm, *, chunk: int, reset_opt_
   if mesh is None:
     return jax.jit(round_fn, donate_argnums=(0,) if donate else ())
   from jax.sharding import NamedSharding, PartitionSpec as P
-  from fedjax_flat.core import sharding as sharding_lib
   replicated, by_lane = NamedSharding(mesh, P()), NamedSharding(mesh, P(sharding_lib.AXIS))
   # Explicit shardings: one compiled program for every round (replicated server state, lane-sharded rest).
   return jax.jit(round_fn, in_shardings=(replicated, by_lane, replicated, replicated, replicated),

@@ -14,7 +14,7 @@ stores share one API (`gather`, `scatter`, `nbytes`, `__len__` = clients seen, `
 
 `make_client_state_store(template, population, kind, device_max_bytes)` picks one: kind 'host' | 'device' |
 'auto' (device if population * bytes_per_client <= device_max_bytes, else host). config:
-`client_state_store` and `client_state_device_max_mb` (training/default_config.py).
+`client_state_store` and `client_state_device_max_mb` (config/default_config.py).
 
 Client id -1 marks a padding client: gather returns the template for it and scatter ignores it.
 Checkpoint format (both stores, interchangeable): {'ids': int64 [M] sorted, 'states': pytree of [M, ...]

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_flat.algorithms.base import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm
 
 STRATEGIES = ('vmap', 'chunked', 'sequential')
 
@@ -100,10 +100,8 @@ def make_client_runner(algorithm: FederatedAlgorithm, *, unroll=1, augment_fn=No
       def do_step(local):
         step_rng = jax.random.fold_in(rng, step)
         b = batch
-        if augment_fn is not None:   # x -> x, or batch -> batch when it also changes labels (mixup)
-          aug_rng = jax.random.fold_in(step_rng, 1)
-          b = (augment_fn(aug_rng, b) if getattr(augment_fn, 'on_batch', False)
-               else {**b, 'x': augment_fn(aug_rng, b['x'])})
+        if augment_fn is not None:   # data/transforms/transform.py: (rng, batch) -> batch
+          b = augment_fn(jax.random.fold_in(step_rng, 1), b)
         new_local, m = client_step(bcast, local, b, step_rng)
         return new_local, (m['loss_sum'], m['count'])
 

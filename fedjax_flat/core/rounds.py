@@ -1,7 +1,7 @@
 """Many rounds in one compiled program (`engine.rounds_per_call`), with sampling and batching on the device.
 
 Everything a round needs that is a function of (seed, round) runs inside the program: client sampling
-(core/sampling.sample_ids), the batch positions and the gather from the training arrays kept on the device
+(data/sampling.sample_ids), the batch positions and the gather from the training arrays kept on the device
 (data/batching.gather_round_device), the clients' keys (sampling.client_keys), the client states of a
 device store (core/client_state._gather_dev/_scatter_dev, carried through the rounds). Each call is
 
@@ -20,12 +20,11 @@ called with the same inputs, which the one-round host path builds with the same 
 """
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp
 
-from fedjax_flat.core import sampling
+from fedjax_flat.data import sampling
 from fedjax_flat.core.client_state import _gather_dev, _scatter_dev
 from fedjax_flat.data import batching
 

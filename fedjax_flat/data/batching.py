@@ -13,7 +13,7 @@ compare against reference code batch by batch.
 One definition of the order: `step_positions` (traceable JAX, fixed shapes from a `BatchPlan`) gives every
 client's [S, B] positions and mask. The host (`make_round_batches`, numpy gather) and the compiled
 multi-round program (`gather_round_device`, core/rounds.py: data kept on the device) both call it, so the two
-paths cannot drift (tests/test_rounds.py). The stream changed with core/sampling.PROCEDURE 'jax-...-v1'
+paths cannot drift (tests/test_rounds.py). The stream changed with data/sampling.PROCEDURE 'jax-...-v1'
 (numpy's PCG64 before). `client_step_indices` (numpy) remains for the personalized validation steps.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_flat.core import sampling
+from fedjax_flat.data import sampling
 
 
 def steps_for_size(n: int, batch_size: int, epochs: int) -> int:
@@ -75,7 +75,7 @@ def label_dtype(dtype) -> np.dtype:
 def client_steps(client_ids, num_steps: int):
   """[C, S] int32: each row's client id repeated over its steps (-1 for padding clients), the `client` entry
   of the round batches when a step's transform needs to know whose data it has (style transfer's own-client
-  exclusion, data/style_transfer.py)."""
+  exclusion, data/transforms/style_transfer.py)."""
   ids = np.asarray(client_ids, np.int32)
   return np.ascontiguousarray(np.broadcast_to(ids[:, None], (ids.shape[0], num_steps)))
 

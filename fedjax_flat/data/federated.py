@@ -7,7 +7,7 @@ on the clients sampled that round (their examples are gathered by the round batc
 
 Datasets that do not fit in memory (Landmarks) implement the same small protocol, `ClientDataSource`:
 `num_clients`, `client_sizes()`, `client_examples(k) -> (x, y)`, `test_examples() -> (x, y)`; optionally
-`label_shape` (default (): one class per example) and `task` (fedjax_flat/tasks.py; default classification).
+`label_shape` (default (): one class per example) and `task` (fedjax_flat/tasks/base.py; default classification).
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ class FederatedDataset:
   test_population_index: Optional[np.ndarray] = None
   test_population_offsets: Optional[np.ndarray] = None
   test_client_names: Optional[Sequence[str]] = None
-  task: Any = None   # what the labels mean (fedjax_flat/tasks.py: a name or an instance); None = classification
+  task: Any = None   # what the labels mean (fedjax_flat/tasks/base.py: a name or an instance); None = classification
 
   def __post_init__(self):
     if len(self.x) != len(self.y):

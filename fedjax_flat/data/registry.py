@@ -1,68 +1,81 @@
 """Dataset registry: `config.dataset` name -> a builder returning a federated dataset.
 
-Builders take the whole `config.data` ConfigDict section (as kwargs) and return an object with the
-`FederatedDataset` / `ClientDataSource` interface. Real datasets (CIFAR, PAM, Landmarks) register here from
-their loader modules, which raise a clear error naming the download command when files are missing.
+Builders take the `config.data` section as keyword arguments and return an object with the `FederatedDataset` /
+`ClientDataSource` interface. Each dataset module under data/sources/ registers its builder where it is defined,
+with what it declares about its `config.data` fields:
+
+  @register('name', rules={field: rule}, limits={field: (lo, hi, why) | (allowed, ...)}, check=fn(data) -> None,
+            fields={field: default, ...})
+
+  rules    a field whose meaning differs from the common rule of config/data_fields.RULES
+  limits   dataset-specific bounds, checked before loading
+  check    a cross-field rule on the `config.data` dict (raise ConfigError)
+  task     the task name the dataset's labels have (tasks/), or fn(config.data) -> name; default classification
+  fields   every field with its default, for datasets whose config.data is declared whole (segmentation:
+           config/default_config.segmentation_data builds it; the augmentation fields come from
+           data/transforms/pipeline.SEG_AUGMENT)
+
+Every module of data/sources/ is imported on the first lookup: a new dataset is its module + its test. Real
+datasets raise a clear error naming the download command when files are missing.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict
+import inspect
+from typing import Optional
 
-from fedjax_flat.data import builtin
+from fedjax_flat.errors import ConfigError
+from fedjax_flat.registry import Registry
 
-_BUILDERS: Dict[str, Callable] = {}
+DATASETS = Registry('dataset', package='fedjax_flat.data.sources')
+register = DATASETS.register
 
-# config.data fields that every config declares (training/data_fields.py), so that they can be set on the
-# command line; None = unset, the builder's own default applies.
+# config.data fields that every config declares (config/default_config.data_section), so that they can be set on
+# the command line; None = unset, the builder's own default applies.
 OPTIONAL_FIELDS = {'data_dir': str, 'split_json': str, 'split_dir': str, 'examples_per_client': int,
                    'quantity_skew': float, 'seed': int, 'check_official_sizes': bool}
 
 
-def register(name: str):
-  def deco(fn):
-    _BUILDERS[name] = fn
-    return fn
-  return deco
-
-
 def names():
-  _load_optional()
-  return sorted(_BUILDERS)
-
-
-def _load_optional():
-  # Loader modules of real datasets register themselves on import.
-  import importlib
-  for mod in ('fedjax_flat.data.cifar', 'fedjax_flat.data.pam', 'fedjax_flat.data.landmarks',
-              'fedjax_flat.data.feature_shift', 'fedjax_flat.data.seg_synthetic', 'fedjax_flat.data.cityscapes',
-              'fedjax_flat.data.idda', 'fedjax_flat.data.leaf', 'fedjax_flat.data.stackoverflow'):
-    try:
-      importlib.import_module(mod)
-    except ModuleNotFoundError as e:
-      if e.name != mod:
-        raise
+  return DATASETS.names()
 
 
 def get_dataset(name: str, **kwargs):
-  _load_optional()
-  if name not in _BUILDERS:
-    raise ValueError(f'dataset={name!r} is unknown; allowed: {sorted(_BUILDERS)}')
+  if name not in DATASETS:
+    raise ValueError(f'dataset={name!r} is unknown; allowed: {names()}')
   kwargs.pop('shuffle', None)   # config.data.shuffle is for batching (data/batching.py), not the builders
   kwargs = {k: v for k, v in kwargs.items() if not (v is None and k in OPTIONAL_FIELDS)}  # unset: its default
-  return _BUILDERS[name](**kwargs)
+  return DATASETS.get(name)(**kwargs)
 
 
-@register('digits')
-def _digits(num_clients=20, alpha=0.0, test_fraction=0.2, examples_per_client=None, quantity_skew=None,
-            seed=0, **unused):
-  del unused
-  return builtin.load_digits(num_clients, alpha, test_fraction=test_fraction,
-                             examples_per_client=examples_per_client, quantity_skew=quantity_skew, seed=seed)
+def builder_args(name: str):
+  """The keyword arguments the builder of `name` takes (None when it takes arbitrary ones)."""
+  params = inspect.signature(DATASETS.get(name)).parameters.values()
+  named = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+  if not named and any(p.kind == p.VAR_KEYWORD for p in params):
+    return None
+  return named
 
 
-@register('synthetic')
-def _synthetic(num_clients=10, examples_per_client=32, input_shape=(8, 8, 1), num_classes=10, test_size=200,
-               alpha=None, seed=0, **unused):
-  del unused
-  return builtin.synthetic(num_clients, examples_per_client, input_shape=tuple(input_shape),
-                           num_classes=num_classes, test_size=test_size, alpha=alpha, seed=seed)
+def declared_fields(name: str) -> Optional[dict]:
+  """{field: default} of a dataset that declares its config.data whole (the segmentation datasets), else None."""
+  if name not in DATASETS:
+    return None
+  fields = DATASETS.meta(name, 'fields')
+  return dict(fields) if fields is not None else None
+
+
+def declaring_datasets():
+  """The datasets that declare their config.data whole (segmentation), sorted."""
+  return [n for n in names() if DATASETS.meta(n, 'fields') is not None]
+
+
+def task_name(name: str, data_cfg=None) -> str:
+  """The task a dataset declares for a `config.data` (known before loading): 'classification' by default."""
+  task = DATASETS.meta(name, 'task', 'classification') if name in DATASETS else 'classification'
+  return task(dict(data_cfg or {})) if callable(task) else task
+
+
+def check_arg(field, value, ok, allowed):
+  """A dataset builder's argument: ConfigError naming config.data.<field> unless `ok`."""
+  if not ok:
+    raise ConfigError(f'data.{field}', value, allowed)

@@ -24,7 +24,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from fedjax_flat.data import errors
+from fedjax_flat import errors
 
 try:  # numpy >= 2
   from numpy._core import multiarray as _multiarray

@@ -7,7 +7,3 @@
   stats.py         sizes, classes and label entropy per superclient
   superclients.py  build_superclients(config, ctx, workdir, num_superclients=None): the entry point
 """
-from fedjax_flat.grouping.superclients import (GroupingContext, build_superclients, make_grouping,
-                                               representations)
-
-__all__ = ['GroupingContext', 'build_superclients', 'make_grouping', 'representations']

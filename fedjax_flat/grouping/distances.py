@@ -14,7 +14,7 @@ adds the client that MAXIMIZES tau to the superclient's mean representation.
 
 `kl` and `gini` are not distances between a and b but *diversity scores of their mixture*: both grow as
 the average of two probability vectors gets closer to uniform, which is what a superclient should be.
-They are defined for probability vectors only (psi_conf); `training/validate.py` rejects other pairings.
+They are defined for probability vectors only (psi_conf); `config/validate.py` rejects other pairings.
 0 log 0 = 0 in `kl` (the reference code returns NaN there; a confidence vector has no exact zeros, but a
 data-size-weighted mean of one-hot vectors does).
 """

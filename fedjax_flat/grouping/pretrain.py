@@ -33,12 +33,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.base import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.core import engine
-from fedjax_flat.core import sampling
+from fedjax_flat.data import sampling
 from fedjax_flat.data import batching
 from fedjax_flat.grouping import estimators
 from fedjax_flat.optimizers.client import make_client_tx
+from fedjax_flat.algorithms import fedavg as fedavg_lib
+from fedjax_flat.models import pretrained
 
 PROCEDURE = 'grouping-v1'         # changes when a pass computes something else: old cache files are ignored
 STREAM_ROUND = 1_000_000_007      # the passes' batch / key stream (a round index no training reaches)
@@ -46,7 +48,7 @@ BLOCK = 32                        # clients per compiled call (rounded to the en
 
 
 def _unused(*a, **k):
-  raise NotImplementedError('grouping passes run clients only')
+  raise RuntimeError('a grouping pass runs clients only: it has no server side')
 
 
 def _pass_algorithm(name, client_init, client_step, client_final) -> FederatedAlgorithm:
@@ -82,11 +84,10 @@ def hparams(client_cfg):
 
 def training_algorithm(model, client_cfg, summarize: Callable, *, trainable: Optional[Sequence[str]] = None,
                        task=None):
-  """FedAvg's local training from bcast['params'] on the task's loss (tasks.py; None = classification);
+  """FedAvg's local training from bcast['params'] on the task's loss (tasks/base.py; None = classification);
   client_final returns summarize(params) as the client's state. trainable: '/'-joined leaf paths that train
   (None = all); the others get no gradient and are restored after every step."""
   import optax
-  from fedjax_flat.algorithms import fedavg as fedavg_lib
   loss = local_lib.make_loss(model, task=task)
   if trainable is not None:
     full_loss = loss
@@ -181,7 +182,6 @@ def fingerprint(*arrays) -> str:
 
 
 def params_fingerprint(params) -> str:
-  from fedjax_flat.models import pretrained
   flat = pretrained.flatten(jax.device_get(params))
   return fingerprint(np.frombuffer(json.dumps(sorted(flat)).encode(), np.uint8),
                      *[np.asarray(flat[k]) for k in sorted(flat)])

@@ -4,12 +4,12 @@ from __future__ import annotations
 from typing import Dict, List, Sequence
 
 import numpy as np
+from fedjax_flat.tasks import base as tasks_lib
 
 
 def label_histograms(data) -> np.ndarray:
   """[K, C] label counts of every client (in-memory data, or the client_examples protocol). Per-position
   tasks (tokens, pixels) count every position's label except the task's ignore_index."""
-  from fedjax_flat import tasks as tasks_lib
   ignore = getattr(tasks_lib.task_of(data), 'ignore_index', None)
   k, c = data.num_clients, data.num_classes
   out = np.zeros((k, c), np.int64)

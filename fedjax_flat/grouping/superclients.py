@@ -5,7 +5,8 @@
 ctx: anything with `model` (models/base.Model) and `data` (or `dataset`: the FederatedDataset /
 ClientDataSource), optionally `params0` (the common initial params w_0; default: exactly what the Trainer
 starts from: model.init with key fold_in(key(config.seed), 0), then config.init when set) and `config`.
-`GroupingContext.from_config(config)` builds one from the registries.
+`GroupingContext.from_config(config)` builds one from the registries; with config.init set, or for
+grouping.probe_checkpoint, training/init.grouping_context builds it (params0 and the run loader).
 
 Client representations come from `representations`: psi_clf and psi_conf from one pre-training pass (every
 client trains w_0 for grouping.pretrain_epochs epochs), psi_t2v from the probe network (classifier
@@ -41,8 +42,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_flat import tasks as tasks_lib
+from fedjax_flat.data import registry as data_registry
+from fedjax_flat.data.transforms import pipeline as transforms
+from fedjax_flat.data.transforms.transform import on_inputs
+from fedjax_flat.errors import ConfigError
 from fedjax_flat.grouping import estimators, groupers, pretrain, stats
+from fedjax_flat.models import pretrained
+from fedjax_flat.models import registry as model_registry
+from fedjax_flat.tasks import base as tasks_lib
 
 # Table 5.3's pairing of each estimator with its greedy distance (distance='auto').
 GREEDY_DISTANCE = {'clf': 'cosine', 'conf': 'kl', 't2v': 'normalized_cosine'}
@@ -54,17 +61,16 @@ class GroupingContext:
   model: Any
   data: Any
   config: Any = None
-  params0: Any = None
+  params0: Any = None        # w_0; None: model.init as the Trainer does (config.init needs it given)
+  load_run: Any = None       # path -> (params, round, run dir): grouping.probe_checkpoint's loader
 
   @classmethod
-  def from_config(cls, config, data=None) -> 'GroupingContext':
-    from fedjax_flat.data import registry as data_registry
-    from fedjax_flat.models import registry as model_registry
+  def from_config(cls, config, data=None, **kw) -> 'GroupingContext':
     if data is None:
       data = data_registry.get_dataset(config.dataset, **config.data.to_dict())
     model = model_registry.get_model(config.model, data.num_classes, data.input_shape,
                                      **config.model_kwargs.to_dict())
-    return cls(model, data, config)
+    return cls(model, data, config, **kw)
 
 
 @dataclasses.dataclass
@@ -93,18 +99,27 @@ def resolved_distance(method: str, estimator: str, distance: str) -> str:
   return GREEDY_DISTANCE[estimator] if method == 'greedy' else 'euclidean'
 
 
+def init_requested(config) -> bool:
+  init = config.get('init')
+  return init is not None and bool(init.get('checkpoint') or init.get('pretrained'))
+
+
 def initial_params(config, model, data):
-  """w_0 as the Trainer builds it (training/loop.py, then training/init.py when config.init is set)."""
-  from fedjax_flat.training import init as init_lib
+  """w_0 as the Trainer builds it (training/loop.py). With config.init set, w_0 comes from another run or a
+  file: the caller loads it (training/init.grouping_context) and passes it as the context's params0."""
+  if init_requested(config):
+    raise ValueError('config.init is set: pass the initial params as GroupingContext.params0 '
+                     '(training/init.grouping_context builds such a context)')
+  return fresh_params(config, model, data)
+
+
+def fresh_params(config, model, data):
+  """model.init exactly as the Trainer's round 0 (key fold_in(key(seed), 0)), before any config.init."""
   key = jax.random.key(config.seed)
-  params = model.init(jax.random.fold_in(key, 0), jnp.zeros((1,) + tuple(data.input_shape), jnp.float32))
-  if init_lib.requested(config):
-    params = jax.tree_util.tree_map(jnp.asarray, init_lib.initial_params(config, model, jax.device_get(params)))
-  return params
+  return model.init(jax.random.fold_in(key, 0), jnp.zeros((1,) + tuple(data.input_shape), jnp.float32))
 
 
 def _classifier_key(config, model, params) -> str:
-  from fedjax_flat.models import pretrained
   key = config.init.get('classifier_key', '') if config.get('init') is not None else ''
   return key or pretrained.find_classifier_key(params, model.num_classes)
 
@@ -149,17 +164,15 @@ def _cached_pass(workdir, kind, spec, names, num_clients, compute) -> Dict[str, 
 def check_task(estimator: str, data) -> None:
   """psi_conf and psi_t2v score one label per example: a per-position task (next_token, segmentation) is a
   ConfigError; psi_clf (the output layer's weights) and random grouping work with any task."""
-  from fedjax_flat.training import validate
   task = tasks_lib.task_of(data)
   if estimator in ('conf', 't2v') and isinstance(task, tasks_lib.DenseClassification):
-    raise validate.ConfigError('grouping.estimator', estimator, f'needs one label per example; the data\'s task '
+    raise ConfigError('grouping.estimator', estimator, f'needs one label per example; the data\'s task '
                                f'is {task.name!r} (one label per position): use \'clf\' or method=\'random\'')
 
 
 def pretrain_outputs(config, model, data, params0, workdir) -> Dict[str, np.ndarray]:
   """{'clf': [K, d], 'conf': [K, C]}: psi_clf (before PCA) and psi_conf after the pre-training phase.
   conf is zeros for per-position tasks (check_task refuses it there)."""
-  from fedjax_flat.training import transforms
   g = config.grouping
   seed = grouping_seed(config)
   ccfg = pretrain.plain_client_cfg(config.client, g.pretrain_lr)
@@ -190,16 +203,12 @@ def pretrain_outputs(config, model, data, params0, workdir) -> Dict[str, np.ndar
 
 def _probe_classifier_key(config, model, params) -> str:
   if config.grouping.probe_model:   # another architecture: config.init.classifier_key is the run model's
-    from fedjax_flat.models import pretrained
     return pretrained.find_classifier_key(params, model.num_classes)
   return _classifier_key(config, model, params)
 
 
-def probe_network(config, data, params0=None) -> Tuple[Any, Any, str]:
+def probe_network(config, data, params0=None, load_run=None) -> Tuple[Any, Any, str]:
   """(probe model, its params, where they came from) for psi_t2v (module docstring)."""
-  from fedjax_flat.models import pretrained
-  from fedjax_flat.models import registry as model_registry
-  from fedjax_flat.training import init as init_lib
   g = config.grouping
   name = g.probe_model or config.model
   kwargs = g.probe_model_kwargs.to_dict() if g.probe_model else config.model_kwargs.to_dict()
@@ -214,11 +223,14 @@ def probe_network(config, data, params0=None) -> Tuple[Any, Any, str]:
                                    source=g.probe_pretrained, reinit_classifier=True, classifier_key=ckey)
     return model, params, g.probe_pretrained
   if g.probe_checkpoint:
-    _, src, step = init_lib.load_run(g.probe_checkpoint)
+    if load_run is None:
+      raise ValueError('grouping.probe_checkpoint needs a run loader: GroupingContext.load_run '
+                       '(training/init.grouping_context sets it)')
+    src, step, run_dir = load_run(g.probe_checkpoint)
     params = pretrained.fit_params(model, fresh, src, source=f'{g.probe_checkpoint} (round {step})',
                                    reinit_classifier=True, classifier_key=ckey)
-    return model, params, f'{init_lib.run_dir_of(g.probe_checkpoint)} (round {step})'
-  if not g.probe_model and init_lib.requested(config):
+    return model, params, f'{run_dir} (round {step})'
+  if not g.probe_model and init_requested(config):
     params = params0 if params0 is not None else initial_params(config, model, data)
     params = estimators.merge(params, estimators.subtree(fresh, estimators.split_paths(fresh, ckey)[1]))
     return model, params, 'config.init'
@@ -229,13 +241,12 @@ def probe_network(config, data, params0=None) -> Tuple[Any, Any, str]:
   return model, fresh, 'random init (no pretrained probe)'
 
 
-def task2vec_outputs(config, data, workdir, params0=None) -> Dict[str, np.ndarray]:
+def task2vec_outputs(config, data, workdir, params0=None, load_run=None) -> Dict[str, np.ndarray]:
   """{'t2v': [K, d]}: Task2Vec vectors of the probe network (module docstring)."""
-  from fedjax_flat.training import transforms
   g = config.grouping
   seed = grouping_seed(config)
   ccfg = pretrain.probe_client_cfg(config.client, g.probe_lr)
-  model, params, source = probe_network(config, data, params0)
+  model, params, source = probe_network(config, data, params0, load_run)
   ckey = _probe_classifier_key(config, model, params)
   feat, clf = estimators.split_paths(params, ckey)
   spec = {**_common_spec(config, data, ccfg), 'kind': 't2v', 'probe_model': model.name,
@@ -252,7 +263,7 @@ def task2vec_outputs(config, data, workdir, params0=None) -> Dict[str, np.ndarra
                               label='t2v classifier fine-tuning', **kw)
     apply_fn = lambda p, x: model.apply(p, x, train=False)
     fisher = pretrain.fisher_algorithm(apply_fn, feat, mode=g.fisher)
-    vec = pretrain.run_pass(fisher, bcast, data, heads, epochs=1, augment_fn=lambda rng, x: eval_fn(x),
+    vec = pretrain.run_pass(fisher, bcast, data, heads, epochs=1, augment_fn=on_inputs(lambda rng, x: eval_fn(x)),
                             label='t2v Fisher', **kw)
     return {'t2v': vec}
   return _cached_pass(workdir, 't2v', spec, ('t2v',), data.num_clients, compute)
@@ -266,7 +277,7 @@ def representations(config, ctx, workdir, estimator: Optional[str] = None) -> Tu
   check_task(estimator, data)
   params0 = getattr(ctx, 'params0', None)
   if estimator == 't2v':
-    reps, info = task2vec_outputs(config, data, workdir, params0)['t2v'], {}
+    reps, info = task2vec_outputs(config, data, workdir, params0, getattr(ctx, 'load_run', None))['t2v'], {}
   elif estimator in ('clf', 'conf'):
     params0 = params0 if params0 is not None else initial_params(config, model, data)
     reps, info = pretrain_outputs(config, model, data, params0, workdir)[estimator], {}
@@ -313,9 +324,8 @@ def describe(grouping: Grouping, data, config) -> Dict:
 
 def build_superclients(config, ctx, workdir: Optional[str], num_superclients: Optional[int] = None
                        ) -> List[np.ndarray]:
-  """Client ids of every superclient (module docstring); writes WORKDIR/grouping/superclients[-n<N>].json."""
-  from fedjax_flat.training import validate
-  validate.validate_grouping(config)
+  """Client ids of every superclient (module docstring); writes WORKDIR/grouping/superclients[-n<N>].json.
+  config.grouping is validated by config/validate.py before this is called."""
   grouping = make_grouping(config, ctx, workdir, num_superclients)
   data = _data_of(ctx)
   if workdir and jax.process_index() == 0:

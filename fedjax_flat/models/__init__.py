@@ -1,2 +1,1 @@
-from fedjax_flat.models.base import Model, from_flax, num_params
-from fedjax_flat.models.registry import get_model, register, names
+"""Model definitions (Flax modules) and their registry (models/registry.py)."""

@@ -42,13 +42,15 @@ Input height and width must be multiples of 32.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Optional
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from fedjax_flat.models.layers import Conv
+from fedjax_flat.models.base import from_flax
+from fedjax_flat.models.registry import register
 
 VARIANTS = ('feddrive', 'coincheung')
 NORMS = ('bn', 'gn')
@@ -277,3 +279,19 @@ def check_gn_groups(gn_groups: int) -> None:
   if gn_groups < 1 or bad:
     raise ValueError(f'gn_groups={gn_groups} must divide every normalized width of BiSeNetV2 {widths}; '
                      f'{bad} are not divisible (use 1, 2, 4 or 8)')
+
+
+# --- Registered builders: config.model name -> Model (models/registry.py). ---
+
+@register('bisenetv2', batch_stats=lambda kw: kw.get('norm', 'bn') == 'bn')
+def _bisenetv2_model(num_classes, input_shape, conv_impl='auto', norm='bn', gn_groups=8, bn_momentum=0.9,
+                     aux=True, variant='feddrive', remat=False):
+  if norm not in NORMS:
+    raise ValueError(f'model_kwargs.norm={norm!r}; allowed: {NORMS}')
+  if variant not in VARIANTS:
+    raise ValueError(f'model_kwargs.variant={variant!r}; allowed: {VARIANTS}')
+  if norm == 'gn':
+    check_gn_groups(int(gn_groups))
+  module = BiSeNetV2(num_classes, aux=bool(aux), variant=variant, norm=norm, gn_groups=int(gn_groups),
+                                bn_momentum=float(bn_momentum), conv_impl=conv_impl, remat=bool(remat))
+  return from_flax(module, 'bisenetv2', num_classes, input_shape, batch_stats=norm == 'bn', rbg_init=True)

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import flax.linen as nn
-import jax.numpy as jnp
 
 from fedjax_flat.models.layers import Conv, Dense, max_pool
 from fedjax_flat.models.resnet import group_norm
+from fedjax_flat.models.base import from_flax
+from fedjax_flat.models.registry import register
 
 
 def _act(module: nn.Module, y):
@@ -100,3 +101,29 @@ class FemnistCNN(nn.Module):
     x = act(Dense(128, torch_init=True)(x))
     x = nn.Dropout(0.5, deterministic=not train)(x)
     return Dense(self.num_classes, torch_init=True)(x)
+
+
+# --- Registered builders: config.model name -> Model (models/registry.py). ---
+
+@register('cifar_cnn')
+def _cifar_cnn(num_classes, input_shape, conv_impl='auto', pool_impl='auto'):
+  return from_flax(CifarCNN(num_classes, conv_impl=conv_impl, pool_impl=pool_impl), 'cifar_cnn', num_classes, input_shape)
+
+
+@register('digits_cnn')
+def _digits_cnn(num_classes, input_shape, conv_impl='auto', gn_groups=0, pool_impl='auto'):
+  return from_flax(DigitsCNN(num_classes, conv_impl=conv_impl, gn_groups=int(gn_groups),
+                                      pool_impl=pool_impl), 'digits_cnn',
+                        num_classes, input_shape)
+
+
+@register('mlp')
+def _mlp(num_classes, input_shape, hidden=(64,), conv_impl='auto'):
+  del conv_impl
+  return from_flax(MLP(num_classes, hidden=tuple(hidden)), 'mlp', num_classes, input_shape)
+
+
+@register('femnist_cnn')
+def _femnist_cnn(num_classes, input_shape, conv_impl='auto', pool_impl='auto', variant='reddi'):
+  return from_flax(FemnistCNN(num_classes, conv_impl=conv_impl, pool_impl=pool_impl, variant=variant),
+                        'femnist_cnn', num_classes, input_shape)

@@ -38,6 +38,8 @@ import jax.numpy as jnp
 
 from fedjax_flat.models.layers import Dense
 from fedjax_flat.models.resnet import conv, group_norm
+from fedjax_flat.models.base import from_flax
+from fedjax_flat.models.registry import register
 
 # (expansion t, output channels c, repeats n, first stride s), Sandler et al. Table 2.
 INVERTED_RESIDUAL_SETTING: Tuple[Tuple[int, int, int, int], ...] = (
@@ -128,3 +130,13 @@ class MobileNetV2(nn.Module):
     if self.dropout_rate > 0:
       x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
     return Dense(self.num_classes, torch_init=True, name='classifier')(x)
+
+
+# --- Registered builders: config.model name -> Model (models/registry.py). ---
+
+@register('mobilenet_v2_gn')
+def _mobilenet_v2_gn(num_classes, input_shape, conv_impl='auto', gn_groups=8, width_mult=1.0,
+                     dropout_rate=0.0):
+  module = MobileNetV2(num_classes, width_mult=width_mult, gn_groups=gn_groups,
+                                     dropout_rate=dropout_rate, conv_impl=conv_impl)
+  return from_flax(module, 'mobilenet_v2_gn', num_classes, input_shape)

@@ -41,6 +41,8 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from fedjax_flat.models.layers import Conv, Dense
+from fedjax_flat.models.base import from_flax
+from fedjax_flat.models.registry import register
 
 GN_EPSILON = 1e-5
 
@@ -152,3 +154,17 @@ def resnet20(num_classes: int = 10, *, gn_groups: int = 2, shortcut: str = 'A',
   """ResNet20-GN (He et al. CIFAR ResNet, n=3): 3 stages x 3 BasicBlocks, widths 16-32-64."""
   return ResNet(stage_sizes=(3, 3, 3), widths=(16, 32, 64), num_classes=num_classes, stem_width=16,
                 stem='cifar', gn_groups=gn_groups, shortcut=shortcut, conv_impl=conv_impl)
+
+
+# --- Registered builders: config.model name -> Model (models/registry.py). ---
+
+@register('resnet18_gn')
+def _resnet18_gn(num_classes, input_shape, conv_impl='auto', stem='cifar', gn_groups=2):
+  module = resnet18(num_classes, stem=stem, gn_groups=gn_groups, conv_impl=conv_impl)
+  return from_flax(module, 'resnet18_gn', num_classes, input_shape)
+
+
+@register('resnet20_gn')
+def _resnet20_gn(num_classes, input_shape, conv_impl='auto', gn_groups=2, shortcut='A'):
+  module = resnet20(num_classes, gn_groups=gn_groups, shortcut=shortcut, conv_impl=conv_impl)
+  return from_flax(module, 'resnet20_gn', num_classes, input_shape)

@@ -28,6 +28,8 @@ import jax.numpy as jnp
 import flax.linen as nn
 
 from fedjax_flat.models.layers import Dense
+from fedjax_flat.models.base import from_flax
+from fedjax_flat.models.registry import register
 
 
 def _uniform(scale):
@@ -105,3 +107,20 @@ class WordLSTM(nn.Module):
     h = LSTM(self.hidden, self.biases, name='lstm')(h)
     h = Dense(self.embed, torch_init=True)(_readout(h, self.readout))
     return Dense(self.vocab_size, torch_init=True)(h)
+
+
+# --- Registered builders: config.model name -> Model (models/registry.py). ---
+
+@register('char_lstm')
+def _char_lstm(num_classes, input_shape, conv_impl='auto', embed=8, hidden=100, num_layers=2, biases=2,
+               readout='sequence'):
+  del conv_impl   # num_classes = the extended vocabulary (inputs and outputs share it)
+  return from_flax(CharLSTM(num_classes, embed=embed, hidden=hidden, num_layers=num_layers,
+                                      biases=biases, readout=readout), 'char_lstm', num_classes, input_shape)
+
+
+@register('word_lstm')
+def _word_lstm(num_classes, input_shape, conv_impl='auto', embed=96, hidden=670, biases=1, readout='sequence'):
+  del conv_impl
+  return from_flax(WordLSTM(num_classes, embed=embed, hidden=hidden, biases=biases, readout=readout),
+                        'word_lstm', num_classes, input_shape)

@@ -26,6 +26,8 @@ import jax.numpy as jnp
 
 from fedjax_flat.models.bisenetv2 import EPS, _KAIMING, _pad, upsample_bilinear
 from fedjax_flat.models.layers import Conv
+from fedjax_flat.models.base import from_flax
+from fedjax_flat.models.registry import register
 
 NORMS = ('bn', 'gn')
 
@@ -68,3 +70,15 @@ class SegCNN(nn.Module):
       return logits
     aux = Conv(self.num_classes, (1, 1), conv_impl=self.conv_impl, name='aux')(e3)
     return logits, upsample_bilinear(aux, 4)
+
+
+# --- Registered builders: config.model name -> Model (models/registry.py). ---
+
+@register('seg_cnn', batch_stats=lambda kw: kw.get('norm', 'bn') == 'bn')
+def _seg_cnn_model(num_classes, input_shape, conv_impl='auto', norm='bn', gn_groups=4, bn_momentum=0.9,
+                   width=16, aux=True):
+  if norm not in NORMS:
+    raise ValueError(f'model_kwargs.norm={norm!r}; allowed: {NORMS}')
+  module = SegCNN(num_classes, width=int(width), aux=bool(aux), norm=norm, gn_groups=int(gn_groups),
+                           bn_momentum=float(bn_momentum), conv_impl=conv_impl)
+  return from_flax(module, 'seg_cnn', num_classes, input_shape, batch_stats=norm == 'bn')

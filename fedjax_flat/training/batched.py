@@ -27,13 +27,13 @@ import numpy as np
 from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.core import engine as engine_lib
 from fedjax_flat.core import runs as runs_lib
-from fedjax_flat.core.evaluation import Evaluator
+from fedjax_flat.evaluation.evaluator import Evaluator
 from fedjax_flat.data import attacks
 from fedjax_flat.data import registry as data_registry
 from fedjax_flat.training import chain_loop
 from fedjax_flat.training import loop
 from fedjax_flat.training import run as run_lib
-from fedjax_flat.training import validate
+from fedjax_flat.config import validate
 from fedjax_flat.training import workdir as workdir_lib
 
 

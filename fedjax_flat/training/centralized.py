@@ -15,7 +15,7 @@ f * the centralized accuracy; None when never reached. The centralized accuracy 
 `config.centralized.accuracy` or the `final_test_accuracy` of `config.centralized.path` (a centralized run's
 JSON or its workdir). The round resolution is `eval_every` (and every round of the last `eval_every_last`).
 
-Config fields (`config.centralized`, training/default_config.py):
+Config fields (`config.centralized`, config/default_config.py):
   epochs, lr (0 = client.lr), momentum, weight_decay (-1 = client.weight_decay), batch_size (0 =
   client.batch_size), schedule ('cosine' | 'constant'): the centralized run;
   accuracy, path, fractions, window: the federated run's reference and its rounds-to-X metric.
@@ -23,8 +23,6 @@ Config fields (`config.centralized`, training/default_config.py):
 from __future__ import annotations
 
 import json
-import math
-import numbers
 import os
 import time
 from typing import Dict, List, Optional
@@ -35,67 +33,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_flat import tasks as tasks_lib
+from fedjax_flat.tasks import base as tasks_lib
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.training.validate import ConfigError
-
-RESULT_FILE = 'centralized.json'
-
-
-def _finite(v) -> bool:
-  return isinstance(v, numbers.Number) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def reference_path(path: str) -> str:
-  return os.path.join(path, RESULT_FILE) if os.path.isdir(path) else path
-
-
-def read_reference(path: str) -> float:
-  """The `final_test_accuracy` of a centralized run's JSON (or workdir); ValueError if unreadable."""
-  p = reference_path(path)
-  try:
-    with open(p) as f:
-      d = json.load(f)
-  except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ValueError(f'cannot read {p} ({type(e).__name__}: {e})') from e
-  acc = d.get('final_test_accuracy') if isinstance(d, dict) else None
-  if not _finite(acc) or not 0 < acc <= 1:
-    raise ValueError(f'{p} has no final_test_accuracy in (0, 1] (got {acc!r}); is it a centralized.json?')
-  return float(acc)
-
-
-def validate(cfg) -> None:
-  """config.centralized: ConfigError naming the field (called from training/validate.py)."""
-  c = cfg.centralized
-
-  def num(name, ok, allowed):
-    v = c[name]
-    if not _finite(v) or not ok(v):
-      raise ConfigError(f'centralized.{name}', v, allowed)
-  num('epochs', lambda v: isinstance(v, numbers.Integral) and v >= 1, 'an integer >= 1')
-  num('lr', lambda v: v >= 0, 'a number >= 0 (0 = client.lr)')
-  num('momentum', lambda v: 0 <= v < 1, 'a number in [0, 1)')
-  num('weight_decay', lambda v: v >= 0 or v == -1, 'a number >= 0, or -1 (= client.weight_decay)')
-  num('batch_size', lambda v: isinstance(v, numbers.Integral) and v >= 0, 'an integer >= 0 (0 = client.batch_size)')
-  if c.schedule not in ('cosine', 'constant'):
-    raise ConfigError('centralized.schedule', c.schedule, "allowed values: ['constant', 'cosine']")
-  num('accuracy', lambda v: 0 <= v <= 1, 'a fraction in [0, 1] (summary.json accuracies are fractions; '
-      '0 = no reference)')
-  num('window', lambda v: isinstance(v, numbers.Integral) and v >= 1, 'an integer >= 1 (evaluations averaged)')
-  fr = c.fractions
-  if (not isinstance(fr, (tuple, list)) or not fr or not all(_finite(f) and 0 < f <= 1 for f in fr)
-      or len(set(fr)) != len(fr)):
-    raise ConfigError('centralized.fractions', fr, 'distinct numbers in (0, 1], e.g. (0.7, 0.9)')
-  if not isinstance(c.path, str):
-    raise ConfigError('centralized.path', c.path, "a path to a centralized run's centralized.json or workdir")
-  if c.path:
-    if c.accuracy:
-      raise ConfigError('centralized.path', c.path, f'centralized.accuracy={c.accuracy} is set too: use one of the two')
-    try:
-      read_reference(c.path)
-    except ValueError as e:
-      raise ConfigError('centralized.path', c.path, str(e)) from None
-
+from fedjax_flat.config.centralized import RESULT_FILE, read_reference, reference_path  # noqa: F401 (re-exported)
+from fedjax_flat.evaluation.evaluator import Evaluator
+from fedjax_flat.data import registry as data_registry
+from fedjax_flat.models import registry as model_registry
+from fedjax_flat.data.transforms import pipeline as transforms
+from fedjax_flat.config import validate as validate_lib
 
 def reference_accuracy(config):
   """(accuracy, source) of the configured centralized reference, or (None, None)."""
@@ -175,8 +120,7 @@ def make_epoch_fn(model, task, hp, steps_per_epoch, augment_fn=None):
       batch = {'x': x[idx], 'y': y[idx], 'mask': mask}
       if augment_fn is not None:
         a = jax.random.fold_in(rng, 1)
-        batch = (augment_fn(a, batch) if getattr(augment_fn, 'on_batch', False)
-                 else {**batch, 'x': augment_fn(a, batch['x'])})
+        batch = augment_fn(a, batch)
       (_, (s, n)), g = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, rng)
       updates, opt_state = tx.update(g, opt_state, params)
       return (optax.apply_updates(params, updates), opt_state), (s, n)
@@ -188,10 +132,6 @@ def make_epoch_fn(model, task, hp, steps_per_epoch, augment_fn=None):
 
 def train(config, workdir: Optional[str] = None, *, data=None) -> Dict:
   """Trains the centralized baseline; returns (and writes to WORKDIR/centralized.json) its result."""
-  from fedjax_flat.core.evaluation import Evaluator
-  from fedjax_flat.data import registry as data_registry
-  from fedjax_flat.models import registry as model_registry
-  from fedjax_flat.training import transforms, validate as validate_lib
   validate_lib.validate_config(config)
   data = data if data is not None else data_registry.get_dataset(config.dataset, **config.data.to_dict())
   model = model_registry.get_model(config.model, data.num_classes, data.input_shape, **config.model_kwargs.to_dict())

@@ -1,9 +1,9 @@
 """The trainer of the chain algorithms (FedSeq family: algorithms/fedseq.py): superclients, chains, lanes.
 
-`loop.Trainer(config, ...)` returns a `ChainTrainer` when config.algorithm is a chain algorithm; it differs
+`training/trainers.make_trainer(config, ...)` returns a `ChainTrainer` when config.algorithm is a chain algorithm; it differs
 from the client trainer only in the hooks the latter offers:
 
-  build_algorithm   builds the superclients (fedjax_flat.grouping.build_superclients, or the lists / the
+  build_algorithm   builds the superclients (grouping/superclients.build_superclients, or the lists / the
                     function given as `superclients=`), plans FedSeq2Par's regroupings for the whole run (the
                     growth schedule is known: each new N_S is built once, memoized by the N_S asked for),
                     applies the label-flipping attack inside the superclients (data/attacks.py), fixes the
@@ -40,10 +40,13 @@ from fedjax_flat.algorithms import fedseq as fedseq_lib
 from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.core import chains as chains_lib
 from fedjax_flat.core import engine as engine_lib
-from fedjax_flat.core import sampling
+from fedjax_flat.data import sampling
 from fedjax_flat.data import attacks
 from fedjax_flat.data.federated import FederatedDataset
-from fedjax_flat.training import loop, validate, writers
+from fedjax_flat.grouping import superclients as superclients_lib
+from fedjax_flat.training import loop, writers
+from fedjax_flat.config import validate
+from fedjax_flat.core import sharding as sharding_lib
 
 SAMPLE_STREAM = 0x5C5        # chain_rng stream of the superclient sampling (core/chains.chain_rng)
 
@@ -91,8 +94,12 @@ class ChainTrainer(loop.Trainer):
   function num_superclients (None = the grouper's choice) -> list (any chain algorithm, FedSeq2Par too)."""
 
   def __init__(self, config, workdir: Optional[str] = None, *, data=None, write_files: bool = True,
-               superclients: Union[None, Sequence, Callable] = None):
+               superclients: Union[None, Sequence, Callable] = None, grouping_context: Optional[Callable] = None):
     self._superclients = superclients
+    # (config, data, model) -> GroupingContext with w_0 as the run starts (config.init) and the run loader of
+    # grouping.probe_checkpoint: training/init.grouping_context (run.py passes it); None = a fresh w_0 only.
+    self._grouping_context = grouping_context
+    self._ctx = None
     self._totals = None
     super().__init__(config, workdir, data=data, write_files=write_files)
 
@@ -114,7 +121,6 @@ class ChainTrainer(loop.Trainer):
     self.lane_shape, self.one_per_lane = self._lane_shape()
     self.strategy = engine_lib.resolve_strategy(c.engine.strategy)
     if self.mesh_requested():     # lanes sharded over every device (core/sharding.py): D blocks of lanes
-      from fedjax_flat.core import sharding as sharding_lib
       self.num_lanes, self.lane_chunk = sharding_lib.plan_cohort(self.strategy, self.lane_shape.lanes,
                                                                  c.engine.clients_per_chunk, jax.device_count())
     else:
@@ -125,7 +131,6 @@ class ChainTrainer(loop.Trainer):
                                         task=self.task)
 
   def mesh_requested(self) -> bool:
-    from fedjax_flat.core import sharding as sharding_lib
     return sharding_lib.resolve_shard_clients(self.config.engine.get('shard_clients', 'auto'))
 
   def _merge_every(self) -> int:
@@ -133,11 +138,19 @@ class ChainTrainer(loop.Trainer):
     r = int(self.hp.get('merge_every', 0) or 0)
     return r or (len(self.groupings[0].groups) if self.groupings else 1)
 
+  def grouping_context(self) -> superclients_lib.GroupingContext:
+    """The grouping toolkit's context, built once (FedSeq2Par regroups with it)."""
+    if self._ctx is None:
+      make = self._grouping_context
+      self._ctx = (make(self.config, self.data, self.model) if make is not None
+                   else superclients_lib.GroupingContext(self.model, self.data, self.config))
+    return self._ctx
+
   def _group(self, num_superclients: Optional[int]) -> Groups:
     src = self._superclients
-    if src is None:
-      from fedjax_flat import grouping          # the grouping toolkit (config.grouping.*)
-      groups = grouping.build_superclients(self.config, self, self.workdir, num_superclients=num_superclients)
+    if src is None:                             # the grouping toolkit (config.grouping.*)
+      groups = superclients_lib.build_superclients(self.config, self.grouping_context(), self.workdir,
+                                                   num_superclients=num_superclients)
     elif callable(src):
       groups = src(num_superclients)
     else:
@@ -227,7 +240,6 @@ class ChainTrainer(loop.Trainer):
     self.dev_arrays = ({'x': jnp.asarray(data.x), 'y': jnp.asarray(np.asarray(data.y, np.int32))}
                        if self.device_gather else None)
     if self.mesh is not None:      # the placement of the lanes (not of a client cohort)
-      from fedjax_flat.core import sharding as sharding_lib
       self.placement = sharding_lib.ClientPlacement(self.mesh, self.num_lanes)
       if self.dev_arrays is not None:
         self.dev_arrays = self.placement.replicate(jax.device_get(self.dev_arrays))

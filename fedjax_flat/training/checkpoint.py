@@ -52,7 +52,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_flat.training import validate
+from fedjax_flat.config import validate
+from fedjax_flat.data import sampling
+from fedjax_flat.algorithms import registry
+from fedjax_flat.config.default_config import default_config
+from fedjax_flat.core.sharding import ClientPlacement
 
 FORMAT_VERSION = 2          # 2: content hashes in meta (format 1 restores unverified)
 
@@ -70,7 +74,6 @@ SAME_RESULT_FIELDS = ('engine.rounds_per_call', 'engine.device_data', 'engine.de
 
 
 def _sampling_procedure() -> str:
-  from fedjax_flat.core import sampling
   return sampling.PROCEDURE     # recorded: a checkpoint of another procedure resumes with a warning
 
 
@@ -123,8 +126,6 @@ def _flatten_dict(d, prefix=''):
 def _implicit_defaults(current: Dict) -> Dict[str, Any]:
   """The value a field has when a config does not set it: default_config's, and for algo.* the algorithm's
   registered default. A checkpoint written before a field existed computed with exactly that value."""
-  from fedjax_flat.algorithms import registry
-  from fedjax_flat.training.default_config import default_config
   out = _flatten_dict(config_dict(default_config()))
   for k, v in registry.default_hparams(current.get('algorithm', '')).items():
     out[f'algo.{k}'] = _jsonable(v)
@@ -157,7 +158,6 @@ def _is_key(a) -> bool:
 
 def _host_leaves(tree) -> List[np.ndarray]:
   """Leaves as host numpy copies (typed PRNG keys as their raw uint32 data); works for multi-host arrays."""
-  from fedjax_flat.core.sharding import ClientPlacement
   leaves = [jax.random.key_data(a) if _is_key(a) else a for a in jax.tree_util.tree_leaves(tree)]
   host = ClientPlacement.to_host(leaves)
   return [np.array(a, copy=True) for a in host]
@@ -474,7 +474,6 @@ class Checkpointer:
     for field, old, new in config_diffs(saved_cfg, config_dict(trainer.config), WARN_FIELDS):
       if field not in SAME_RESULT_FIELDS:
         logging.warning('resuming with config.%s=%r (the checkpoint was written with %r)', field, new, old)
-    from fedjax_flat.core import sampling
     if meta.get('sampling', 'numpy-pcg64') != sampling.PROCEDURE:
       logging.warning('checkpoint written by a version that sampled clients and batch orders with %r; this one '
                       'uses %r: the resumed rounds differ from an uninterrupted run of either version',

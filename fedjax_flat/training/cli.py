@@ -16,6 +16,11 @@ import logging as std_logging
 import os
 import traceback
 from typing import Optional, Sequence
+from fedjax_flat.config import families as config_strings
+from fedjax_flat.errors import ConfigError
+from fedjax_flat.errors import DataFormatError
+from fedjax_flat.training import checkpoint, loop, writers
+from fedjax_flat.training.checkpoint import CheckpointMismatchError
 
 BAD_INPUT, FAILED = 2, 1
 
@@ -56,10 +61,8 @@ def missing_field(config, dotted: str) -> Optional[str]:
 def preflight(argv: Sequence[str]) -> Optional[str]:
   """The one-line error for the --config flag and the --config.<field> overrides, or None if they are fine.
 
-  --config.algo.* overrides must already be out of argv (training/algo_flags.py checks them).
+  --config.algo.* overrides must already be out of argv (config/algo_flags.py checks them).
   """
-  from fedjax_flat.training import config_strings
-  from fedjax_flat.training.validate import ConfigError
   spec = config_strings.config_spec(argv)
   if not spec:
     return None                            # absl reports the missing required flag
@@ -83,9 +86,6 @@ def preflight(argv: Sequence[str]) -> Optional[str]:
 
 def exit_status(e: BaseException) -> Optional[int]:
   """The exit status for an error of the run (None: an unexpected error, shown with its traceback)."""
-  from fedjax_flat.data.errors import DataFormatError
-  from fedjax_flat.training import checkpoint, loop, writers
-  from fedjax_flat.training.validate import ConfigError
   if isinstance(e, (ConfigError, DataFormatError, FileNotFoundError)):
     return BAD_INPUT
   if isinstance(e, (loop.DivergenceError, checkpoint.CheckpointError, writers.ResultsWriteError)):
@@ -95,7 +95,6 @@ def exit_status(e: BaseException) -> Optional[int]:
 
 def message(e: BaseException) -> str:
   """'error: ...' on one line (a config mismatch keeps its per-field lines)."""
-  from fedjax_flat.training.checkpoint import CheckpointMismatchError
   text = str(e)
   if not isinstance(e, CheckpointMismatchError):
     text = ' '.join(line.strip() for line in text.splitlines() if line.strip())

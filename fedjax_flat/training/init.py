@@ -14,11 +14,13 @@ duals, SWA buffers start fresh), and so is the client-state store (FedBN's local
 """
 from __future__ import annotations
 
-import json
-import os
-from typing import Tuple
-
 import jax
+
+from fedjax_flat.config.run_dir import run_dir_of
+from fedjax_flat.core.client_state import make_client_state_store
+from fedjax_flat.grouping.superclients import GroupingContext, fresh_params
+from fedjax_flat.models import pretrained
+from fedjax_flat.training.reload import load_run
 
 _MODELS = ('global', 'swa', 'wima')
 
@@ -28,59 +30,8 @@ def requested(config) -> bool:
   return init is not None and bool(init.get('checkpoint') or init.get('pretrained'))
 
 
-def run_dir_of(path: str) -> str:
-  """A run directory from either the run directory or its checkpoints/ folder."""
-  path = os.path.abspath(path)
-  if not os.path.exists(os.path.join(path, 'config.json')) and os.path.basename(path.rstrip('/')) == 'checkpoints':
-    path = os.path.dirname(path.rstrip('/'))
-  return path
-
-
-def load_run(workdir: str, which: str = 'global', step=None) -> Tuple[object, object, int]:
-  """(trainer, params, round) from a run directory's config.json and its newest checkpoint (or checkpoint
-  `step`); builds the run's data and model, writes nothing."""
-  import ml_collections
-  from fedjax_flat.training import checkpoint, loop
-  from fedjax_flat.training.default_config import default_config
-  workdir = run_dir_of(workdir)
-  cfg_path = os.path.join(workdir, 'config.json')
-  if not os.path.exists(cfg_path):
-    raise FileNotFoundError(f'{cfg_path} not found: expected a directory written by experiments/train.py')
-  with open(cfg_path) as f:
-    saved = json.load(f)
-  config = default_config()   # fields added since the run was written keep their defaults
-
-  def merge(node, d):
-    for k, v in d.items():
-      if isinstance(v, dict) and k in node and isinstance(node[k], ml_collections.ConfigDict):
-        merge(node[k], v)
-      else:
-        with node.ignore_type():
-          node[k] = v
-  merge(config, saved)
-  if config.get('init') is not None:     # the source's own initialisation is in its checkpoint already
-    config.init.checkpoint = ''
-    config.init.pretrained = ''
-  trainer = loop.Trainer(config, None, write_files=False)
-  ckpt = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'), read_only=True)   # the run may be live
-  try:
-    step = ckpt.restore_latest(trainer) if step is None else ckpt.restore_step(trainer, int(step))
-  finally:
-    ckpt.close()
-  if step is None:
-    raise FileNotFoundError(f'no checkpoint in {workdir}/checkpoints (runs write one at the end)')
-  models = trainer.algorithm.eval_models(trainer.server_state)
-  if which not in models:
-    raise ValueError(f'model {which!r}: the run {workdir} has models {sorted(models)}')
-  params, active = models[which]
-  if not bool(active):
-    raise ValueError(f'model {which!r} of {workdir} is not active at round {step} (e.g. SWA had not started)')
-  return trainer, jax.device_get(params), step
-
-
 def initial_params(config, model, params_init):
   """The params `config.init` asks for, fitted to `params_init` (the fresh initialization of this run's model)."""
-  from fedjax_flat.models import pretrained
   init = config.init
   reinit = {'auto': 'auto', 'always': True, 'never': False}[init.get('reinit_classifier', 'auto')]
   key = init.get('classifier_key') or None
@@ -95,7 +46,6 @@ def initial_params(config, model, params_init):
 def apply(trainer, config) -> None:
   """Replaces the trainer's round-0 server state (and client-state store) by ones built from `initial_params`.
   Mirrors Trainer.__init__ (training/loop.py): server_init with the same key, replicated when placed."""
-  from fedjax_flat.core.client_state import make_client_state_store
   alg = trainer.algorithm
   fresh = jax.device_get(alg.eval_models(trainer.server_state)['global'][0])
   params = jax.tree_util.tree_map(jax.numpy.asarray, initial_params(config, trainer.model, fresh))
@@ -105,3 +55,19 @@ def apply(trainer, config) -> None:
     trainer.store = make_client_state_store(
         alg.client_state_init(params), trainer.data.num_clients, config.get('client_state_store', 'auto'),
         config.get('client_state_device_max_mb', 256) * 2**20)
+
+
+def load_params(path: str):
+  """grouping.probe_checkpoint's loader: (global params, round, run dir) of a run directory."""
+  _, params, step = load_run(path)
+  return params, step, run_dir_of(path)
+
+
+def grouping_context(config, data=None, model=None) -> GroupingContext:
+  """The grouping toolkit's context for a config: w_0 as this run starts from it (config.init included) and the
+  loader of grouping.probe_checkpoint."""
+  ctx = GroupingContext.from_config(config, data) if model is None else GroupingContext(model, data, config)
+  params0 = fresh_params(config, ctx.model, ctx.data)
+  if requested(config):
+    params0 = jax.tree_util.tree_map(jax.numpy.asarray, initial_params(config, ctx.model, jax.device_get(params0)))
+  return GroupingContext(ctx.model, ctx.data, config, params0=params0, load_run=load_params)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import json
 import os
 import time
 from typing import Optional
@@ -29,19 +28,27 @@ from fedjax_flat.core import engine as engine_lib
 from fedjax_flat.core import sharding as sharding_lib
 from fedjax_flat.core import streaming
 from fedjax_flat.core.client_state import make_client_state_store
-from fedjax_flat.core import personalized
+from fedjax_flat.data import validation_steps
+from fedjax_flat.training import personalized_eval
 from fedjax_flat.core import rounds as rounds_lib
-from fedjax_flat.core import sampling
-from fedjax_flat import tasks as tasks_lib
-from fedjax_flat.core.evaluation import Evaluator, make_evaluator  # noqa: F401
-from fedjax_flat.core.sampling import sample_clients
+from fedjax_flat.data import sampling
+from fedjax_flat.tasks import base as tasks_lib
+from fedjax_flat.tasks import segmentation as seg_tasks
+from fedjax_flat.evaluation.evaluator import Evaluator, make_evaluator  # noqa: F401
+from fedjax_flat.data.sampling import sample_clients
 from fedjax_flat.data import attacks
 from fedjax_flat.data import batching
 from fedjax_flat.data import registry as data_registry
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.models import registry as model_registry
 from fedjax_flat.models.base import num_params
-from fedjax_flat.training import transforms, validate, writers
+from fedjax_flat.data.transforms import pipeline as transforms
+from fedjax_flat.config import validate
+from fedjax_flat.training import writers
+from fedjax_flat.evaluation.evaluator import ClientEvaluator
+from fedjax_flat.training import centralized
+from fedjax_flat.evaluation.corruption import evaluate_corruptions
+from fedjax_flat.training import seg_figures
 
 
 class DivergenceError(RuntimeError):
@@ -55,14 +62,6 @@ def _finite_tree(tree):
 class Trainer:
   """Builds everything from a config; `train()` runs the rounds. Usable from tests and notebooks."""
 
-  def __new__(cls, config, *args, **kwargs):
-    del args, kwargs
-    if cls is Trainer:         # chain algorithms (FedSeq family) have their trainer: training/chain_loop.py
-      from fedjax_flat.training import chain_loop
-      if chain_loop.is_chain_config(config):
-        cls = chain_loop.ChainTrainer
-    return super().__new__(cls)
-
   def __init__(self, config, workdir: Optional[str] = None, *, data=None, write_files: bool = True,
                shard_clients: Optional[bool] = None):
     """shard_clients: overrides config.engine.shard_clients (training/batched.py: the devices take runs)."""
@@ -73,7 +72,7 @@ class Trainer:
     validate.validate_against_data(config, self.data)
     self.model = model_registry.get_model(config.model, self.data.num_classes, self.data.input_shape,
                                           **config.model_kwargs.to_dict())
-    self.task = tasks_lib.from_config(tasks_lib.task_of(self.data), config)  # loss and metrics (tasks.py)
+    self.task = tasks_lib.from_config(tasks_lib.task_of(self.data), config)  # loss and metrics (tasks/base.py)
     self.algorithm = self.build_algorithm()
     self.train_transform, self.eval_transform = transforms.make_transforms(config, self.data.num_classes,
                                                                            data=self.data)
@@ -99,9 +98,9 @@ class Trainer:
         self.data.client_sizes(), config.client.batch_size, epochs=config.client.local_epochs,
         local_steps=config.client.local_steps, bucketing=ec.step_bucketing)
     # Algorithms with a `val_source` hyperparameter (FedSoup) get each client's validation examples appended
-    # to the round batches as flagged extra steps (core/personalized.py).
-    self.val_source = personalized.round_validation_source(config)
-    self.val_steps = (personalized.validation_num_steps(self.data, self.val_source, config.client.batch_size)
+    # to the round batches as flagged extra steps (evaluation/personalized.py).
+    self.val_source = validation_steps.round_validation_source(config, alg_registry.default_hparams(config.algorithm))
+    self.val_steps = (validation_steps.validation_num_steps(self.data, self.val_source, config.client.batch_size)
                       if self.val_source else 0)
     self.stream = bool(ec.get('stream_batches', False))   # host batches one chunk at a time (core/streaming.py)
     if self.stream and self.mesh is not None:
@@ -113,7 +112,7 @@ class Trainer:
         self.data.client_sizes(), batch_size=config.client.batch_size, num_steps=self.num_steps,
         epochs=config.client.local_epochs, local_steps=config.client.local_steps,
         shuffle=config.data.get('shuffle', True),
-        with_client=bool(getattr(self.train_transform, 'needs_client', False)))   # style transfer's bank
+        with_client=self.train_transform.needs_client)   # style transfer's bank
     self.round_fn = self.build_round_fn(chunk)
 
     self.key = jax.random.key(config.seed)
@@ -253,7 +252,7 @@ class Trainer:
                                      local_steps=c.client.local_steps, pad_clients_to=self.cohort,
                                      shuffle=c.data.get('shuffle', True), plan=self.batch_plan)
     if self.val_source:
-      rb = personalized.append_validation_steps(rb, self.data, self.val_source, self.val_steps)
+      rb = validation_steps.append_validation_steps(rb, self.data, self.val_source, self.val_steps)
     return rb
 
   def _build_rows(self, r, ids, pad_to, as_dict=True):
@@ -264,7 +263,7 @@ class Trainer:
                                      local_steps=c.client.local_steps, pad_clients_to=pad_to,
                                      shuffle=c.data.get('shuffle', True), plan=self.batch_plan)
     if self.val_source:
-      rb = personalized.append_validation_steps(rb, self.data, self.val_source, self.val_steps)
+      rb = validation_steps.append_validation_steps(rb, self.data, self.val_source, self.val_steps)
     return rb.as_dict() if as_dict else rb
 
   def _num_examples(self, full_ids):
@@ -369,7 +368,6 @@ class Trainer:
     if self.config.eval_clients and getattr(self, 'last_clients', None) is not None:
       # The global model on each client sampled in the last round, on that client's own training data.
       if not hasattr(self, 'client_evaluator'):
-        from fedjax_flat.core.evaluation import ClientEvaluator
         self.client_evaluator = ClientEvaluator(self.model, self.data, self.config.eval_batch_size,
                                                 preprocess=self.eval_transform, task=self.task)
         self._eval_params = lambda: self.algorithm.eval_models(self.server_state)['global'][0]
@@ -478,21 +476,18 @@ class Trainer:
         'sampling_procedure': sampling.PROCEDURE,
         'comm_total_params': self.comm_total, 'comm_total_bytes': 4.0 * sum(self.comm_total.values()),
         'summary_last_k': c.summary_last_k})
-    from fedjax_flat.training import centralized   # rounds to 70% / 90% of the centralized accuracy
     summary.update(centralized.rounds_to_centralized(self.records, c, reported))
     if c.get('personalized') is not None and c.personalized.enabled:
-      summary['personalized'] = personalized.evaluate_trainer(self)   # core/personalized.py
+      summary['personalized'] = personalized_eval.evaluate_trainer(self)   # evaluation/personalized.py
     if c.get('corruption_eval') is not None and c.corruption_eval.name:
-      from fedjax_flat.core.corruption_eval import evaluate_corruptions
       params = self.algorithm.eval_models(self.server_state)[reported][0]
       summary['corruptions'] = evaluate_corruptions(
           self.model, params, c.corruption_eval, self.eval_transform, c.eval_batch_size,
           self.workdir if (self.workdir and self.writer) else None)
       summary['corruptions']['model'] = reported
     attacks.summarize(c, summary, getattr(self, 'attack_report', None))
-    if self.workdir and self.writer and isinstance(self.task, tasks_lib.Segmentation) \
+    if self.workdir and self.writer and isinstance(self.task, seg_tasks.Segmentation) \
         and c.segmentation.predictions and hasattr(self.evaluator, 'predictions'):   # images, true / predicted masks
-      from fedjax_flat.training import seg_figures
       params = self.algorithm.eval_models(self.server_state)[reported][0]
       seg_figures.write_predictions(os.path.join(self.workdir, 'predictions.png'),
                                     self.evaluator.predictions(params, c.segmentation.predictions),

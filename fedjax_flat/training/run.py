@@ -22,7 +22,8 @@ import jax
 
 from fedjax_flat.training import checkpoint as ckpt_lib
 from fedjax_flat.training import init as init_lib
-from fedjax_flat.training import loop, validate
+from fedjax_flat.training import loop, trainers
+from fedjax_flat.config import validate
 from fedjax_flat.training import workdir as workdir_lib
 
 
@@ -93,7 +94,8 @@ def open_run(config, workdir, *, fresh: bool = False, data=None, trainer_kwargs=
   try:
     if not fresh:
       checkpointer.check_config(config)     # a mismatch is refused before anything is built
-    trainer = loop.Trainer(config, workdir, data=data, **(trainer_kwargs or {}))   # loads and checks the data
+    trainer = trainers.make_trainer(config, workdir, data=data, grouping_context=init_lib.grouping_context,
+                                    **(trainer_kwargs or {}))   # loads the data and validates the config
     trainer.checkpointer = checkpointer
     if fresh:
       checkpointer.clear()                  # only now: a config rejected above deleted nothing

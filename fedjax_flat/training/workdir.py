@@ -23,7 +23,8 @@ from typing import Optional
 
 from absl import logging
 
-from fedjax_flat.training import validate
+from fedjax_flat.config import validate
+from fedjax_flat.training.checkpoint import CheckpointError
 
 LOCK_NAME = '.run.lock'
 
@@ -137,7 +138,6 @@ def check_writable(workdir: str) -> None:
   try:
     _probe(ckpt)
   except OSError as e:
-    from fedjax_flat.training.checkpoint import CheckpointError
     raise CheckpointError(f'cannot write to the checkpoint directory {ckpt} ({type(e).__name__}: {e.strerror}). '
                           'Free disk space or fix permissions, then rerun the same command.') from None
 

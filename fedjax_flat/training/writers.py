@@ -241,7 +241,7 @@ def write_summary(workdir: str, summary: Dict) -> None:
   atomic_write(os.path.join(workdir, 'summary.md'), lambda f: f.write('\n'.join(head + lines) + '\n'))
 
 
-# summary.json 'personalized' keys (core/personalized.evaluate_protocols) -> the row names of summary.md.
+# summary.json 'personalized' keys (evaluation/personalized.evaluate_protocols) -> the row names of summary.md.
 _PROTOCOLS = (('local', 'local: each client model on its own test split'),
               ('ood_other_clients', 'leave-one-out: each client model on the other clients\' test splits'),
               ('global', 'global: each client model on the global test set'),

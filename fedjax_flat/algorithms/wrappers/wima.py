@@ -1,0 +1,138 @@
+"""WiMA, window-based model averaging (thesis Section 4.5, Eq. 4.12): `with_wima(alg, config)`.
+
+The evaluated model is the uniform average of the last W global models produced by ANY algorithm / server
+optimizer; the clients keep receiving the algorithm's own global model (the thesis' derivation, Eq. 4.13,
+treats WiMA as a side average over an unchanged chain). Usable from round 0.
+
+  after the server update of round t (global model w^{t+1}), with a ring buffer B[0..W-1] and a sum S:
+      j = t mod W
+      S <- S - B[j] + w^{t+1}          (B[j] is the model leaving the window; zeros while the window fills)
+      B[j] <- w^{t+1}
+      w_WiMA = S / min(t + 1, W)       = mean of {w^{max(1, t-W+2)}, ..., w^{t+1}}
+
+Before the window is full (t + 1 < W models seen) w_WiMA is the mean of all global models so far,
+w^1..w^{t+1} (the thesis leaves t < W unspecified; this is the natural running mean). The initial model
+w^0 is never part of the window. Every W rounds (when the ring wraps around) S is recomputed exactly from
+the buffer (a lax.cond, so it costs O(W) model adds once per W rounds) to stop float32 drift of the
+running sum over thousands of rounds.
+
+wima.subset (thesis Table 4.25):
+  'all'         every parameter is averaged;
+  'classifier'  only the classifier (the output Dense layer) is averaged, the rest is the current global model;
+  'features'    everything but the classifier is averaged, the classifier is the current global model.
+The classifier is the top-level module named by `wima.classifier`; '' = auto: the module named
+'classifier' if there is one, else the last top-level module holding a 'kernel', in the creation order of
+the freshly initialized parameters (MLP: Dense_1, CIFAR CNN: Dense_2). Only the averaged parameters are
+buffered, so 'classifier' costs W copies of the classifier only.
+
+The wrapped server state is the algorithm's state dict plus the key 'wima' = {'buf', 'sum', 'count'}; buf
+and sum are nested dicts like the parameters restricted to the averaged leaves (buf leaves have a leading W).
+"""
+from __future__ import annotations
+
+import flax.traverse_util
+import jax
+import jax.numpy as jnp
+
+from fedjax_flat.core.contract import FederatedAlgorithm
+
+KEY = 'wima'
+SEP = '/'
+SUBSETS = ('all', 'classifier', 'features')
+
+
+def _split(state):
+  inner = {k: v for k, v in state.items() if k != KEY}
+  return inner, state.get(KEY)
+
+
+def _flatten(params, sep=SEP):
+  return flax.traverse_util.flatten_dict(params, sep=sep)
+
+
+def _tuple(path):
+  return tuple(path.split(SEP))
+
+
+def classifier_key(params, override: str = '') -> str:
+  """Top-level key of the classifier module (see the module docstring)."""
+  keys = list(params.keys())
+  if override:
+    if override not in params:
+      raise ValueError(f'wima.classifier={override!r} is not a top-level parameter module; have {keys}')
+    return override
+  if 'classifier' in params:
+    return 'classifier'
+  with_kernel = [k for k in keys if any(p.split(SEP)[-1] == 'kernel' for p in _flatten({k: params[k]}))]
+  if not with_kernel:
+    raise ValueError(f'cannot find the classifier among the top-level modules {keys}; set wima.classifier')
+  return with_kernel[-1]
+
+
+def selected_paths(params, subset: str, classifier: str = '') -> list:
+  """'/'-joined paths of the parameters WiMA averages."""
+  if subset not in SUBSETS:
+    raise ValueError(f'wima.subset={subset!r}; allowed: {SUBSETS}')
+  paths = list(_flatten(params))
+  if subset == 'all':
+    return paths
+  head = classifier_key(params, classifier)
+  in_head = [p for p in paths if p.split(SEP)[0] == head]
+  return in_head if subset == 'classifier' else [p for p in paths if p.split(SEP)[0] != head]
+
+
+def with_wima(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
+  wcfg = config.wima
+  window = int(wcfg.window)
+  subset = str(wcfg.subset)
+  classifier = str(wcfg.get('classifier', ''))
+  last_phase = alg.num_phases - 1
+
+  def server_init(params, rng):
+    inner = alg.server_init(params, rng)
+    if not isinstance(inner, dict) or KEY in inner:
+      raise TypeError(f'with_wima needs a dict server state without a {KEY!r} key, got {type(inner)}')
+    flat = _flatten(params, sep=None)
+    paths = [_tuple(p) for p in selected_paths(params, subset, classifier)]  # creation order of fresh params
+    nest = flax.traverse_util.unflatten_dict
+    return {**inner, KEY: {
+        'buf': nest({p: jnp.zeros((window,) + flat[p].shape, flat[p].dtype) for p in paths}),
+        'sum': nest({p: jnp.zeros_like(flat[p]) for p in paths}),
+        'count': jnp.zeros((), jnp.int32)}}
+
+  def server_update(state, agg, round_idx, phase=0):
+    inner, w = _split(state)
+    inner = alg.server_update(inner, agg, round_idx, phase)
+    if phase != last_phase:
+      return {**inner, KEY: w}
+    new = _flatten(alg.eval_models(inner)['global'][0], sep=None)
+    old_buf, old_sum = _flatten(w['buf'], sep=None), _flatten(w['sum'], sep=None)
+    j = jnp.mod(w['count'], window)
+    buf, tot = {}, {}
+    for p in old_buf:
+      leaving = jax.lax.dynamic_index_in_dim(old_buf[p], j, 0, keepdims=False)
+      buf[p] = jax.lax.dynamic_update_index_in_dim(old_buf[p], new[p].astype(old_buf[p].dtype), j, 0)
+      tot[p] = old_sum[p] - leaving + new[p]
+    # Exact re-sum when the ring wraps (j == W-1: the buffer holds exactly the last W models).
+    tot = jax.lax.cond(j == window - 1, lambda: {p: jnp.sum(buf[p], axis=0) for p in buf}, lambda: tot)
+    nest = flax.traverse_util.unflatten_dict
+    return {**inner, KEY: {'buf': nest(buf), 'sum': nest(tot), 'count': w['count'] + 1}}
+
+  def wima_params(inner, w):
+    flat = dict(_flatten(alg.eval_models(inner)['global'][0], sep=None))
+    denom = jnp.minimum(jnp.maximum(w['count'], 1), window).astype(jnp.float32)
+    for p, s in _flatten(w['sum'], sep=None).items():
+      flat[p] = s / denom.astype(s.dtype)
+    return flax.traverse_util.unflatten_dict(flat)
+
+  def eval_models(state):
+    inner, w = _split(state)
+    models = dict(alg.eval_models(inner))
+    models[KEY] = (wima_params(inner, w), w['count'] > 0)
+    return models
+
+  def broadcast(state, round_idx, phase=0):
+    return alg.broadcast(_split(state)[0], round_idx, phase)
+
+  return alg.replace(name=f'{alg.name}+wima', server_init=server_init, broadcast=broadcast,
+                     server_update=server_update, eval_models=eval_models)

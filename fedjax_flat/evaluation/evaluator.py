@@ -1,0 +1,228 @@
+"""Jitted, batched evaluation: exact metrics over every valid unit of padded, masked batches.
+
+What the metrics are is the task's (fedjax_flat/tasks/base.py): each batch gives additive sums (loss, correct,
+count, or a confusion matrix), summed over the batches, then turned into metrics once.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_flat.tasks import base as tasks_lib
+from fedjax_flat.tasks import segmentation as seg_tasks
+from fedjax_flat.data.batching import make_eval_batches
+from fedjax_flat.core import batch_stats
+from fedjax_flat.models import tiling
+
+
+def make_eval_fn(model, preprocess=None, jit: bool = True, task=None):
+  """eval(params, batches [nb, B, ...]) -> the task's metrics: {'loss', 'accuracy', 'count', ...}.
+
+  Jitted unless jit=False. Classification: example-weighted loss and accuracy over the valid examples.
+  """
+  task = tasks_lib.get_task(task)
+
+  def one(params, batch):
+    x = batch['x'] if preprocess is None else preprocess(batch['x'])
+    logits = model.apply(params, x, train=False)
+    return task.eval_sums(logits, batch['y'], batch['mask'])
+
+  def evaluate(params, batches):
+    sums = jax.tree_util.tree_map(lambda a: jnp.sum(a, axis=0), jax.lax.map(lambda b: one(params, b), batches))
+    return task.eval_metrics(sums)
+  return jax.jit(evaluate) if jit else evaluate
+
+
+class Evaluator:
+  """Holds the fixed test batches on device; evaluates any params with one compiled program."""
+
+  def __init__(self, model, x, y, batch_size: int = 256, preprocess=None, task=None):
+    self.batches = jax.device_put(make_eval_batches(np.asarray(x), np.asarray(y), batch_size))
+    self.fn = make_eval_fn(model, preprocess, task=task)
+
+  def __call__(self, params):
+    """Scalar metrics as floats; array-valued ones (per-class IoU, ...) as lists."""
+    out = {}
+    for k, v in jax.device_get(self.fn(params, self.batches)).items():
+      out[k] = float(v) if np.ndim(v) == 0 else np.asarray(v).tolist()
+    return out
+
+
+class ClientEvaluator:
+  """The global model on each sampled client's own training data (one compiled program per run).
+
+  Every client is padded to the population's largest client, so the shape never changes across rounds.
+  Returns per-client accuracy/loss and their example-weighted and plain means.
+  """
+
+  def __init__(self, model, data, batch_size: int = 256, preprocess=None, task=None):
+    self.data = data
+    max_n = int(np.max(data.client_sizes()))
+    self.batch_size = min(batch_size, max(max_n, 1))
+    self.nb = max(1, -(-max_n // self.batch_size))
+    self.fn = jax.jit(jax.vmap(make_eval_fn(model, preprocess, jit=False, task=task), in_axes=(None, 0)))
+
+  def _client_batches(self, k):
+    x, y = (self.data.client_examples(k) if not hasattr(self.data, 'client_indices')
+            else (self.data.x[self.data.client_indices(k)], self.data.y[self.data.client_indices(k)]))
+    b = make_eval_batches(np.asarray(x), np.asarray(y), self.batch_size)
+    pad = self.nb - b['mask'].shape[0]
+    return {key: np.concatenate([v, np.zeros((pad,) + v.shape[1:], v.dtype)]) for key, v in b.items()}
+
+  def __call__(self, params, client_ids):
+    rows = [self._client_batches(int(k)) for k in client_ids]
+    stacked = {key: np.stack([r[key] for r in rows]) for key in rows[0]}
+    res = jax.device_get(self.fn(params, stacked))
+    n = res['count']
+    return {'client_accuracy': res['accuracy'], 'client_loss': res['loss'], 'client_count': n,
+            'clients_mean_accuracy': float(np.mean(res['accuracy'])),
+            'clients_weighted_accuracy': float(np.sum(res['accuracy'] * n) / max(np.sum(n), 1.0)),
+            'clients_mean_loss': float(np.mean(res['loss']))}
+
+
+def _pad_batch(x, y, batch_size: int):
+  """One fixed-shape batch {'x', 'y', 'mask'} of up to batch_size examples (zero padding, mask 0)."""
+  b = make_eval_batches(np.asarray(x), np.asarray(y), batch_size)
+  return [{k: v[i] for k, v in b.items()} for i in range(b['mask'].shape[0])]
+
+
+class HeldOutEvaluator:
+  """The task's metrics over held-out test clients, per group of test clients and pooled.
+
+  Groups: the test clients of `data.test_client_names` grouped by name (FedDrive: 'seen' / 'unseen' IDDA
+  clients, the unseen-city Cityscapes client), each group's metrics prefixed '<name>_' (so the run records
+  `test_seen_miou`, `test_unseen_miou`, ...); the unprefixed metrics pool every test example (sums of the
+  additive statistics: a pooled confusion matrix, not a mean of mIoUs). Without test clients (or with
+  by_client=False) the global test set is one group, reported unprefixed only.
+
+  BatchNorm test-time policy (core/batch_stats.py): 'running' (the model's statistics), 'batch' (each batch
+  of `bn_batch_size` normalized with its own statistics, padding excluded), 'client' (each test client's
+  statistics pooled over all its images first: one extra pass per client and evaluation).
+
+  Batches: a source with `test_batches(batch_size, client)` (out-of-memory test sets, decoded on the host)
+  is streamed at every evaluation; in-memory data are batched once. Every batch has one shape (the last one
+  padded), so each program compiles once per run.
+  """
+
+  def __init__(self, model, data, *, task=None, batch_size: int = 8, preprocess=None, bn_policy: str = 'running',
+               bn_batch_size: int = 8, by_client: bool = True):
+    self.model, self.data, self.preprocess = model, data, preprocess
+    self.task = tasks_lib.get_task(task)
+    self.bn_policy = bn_policy if getattr(model, 'batch_stats', False) else 'running'
+    self.batch_size = bn_batch_size if self.bn_policy == 'batch' else batch_size
+    names = list(getattr(data, 'test_client_names', None) or [])
+    n_test = int(getattr(data, 'num_test_clients', 0) or 0)
+    self.groups = []     # (name or None, [test client ids] or [None] = the global test set)
+    if by_client and n_test and len(names) == n_test:
+      for name in dict.fromkeys(names):
+        self.groups.append((str(name), [j for j in range(n_test) if names[j] == name]))
+    else:
+      self.groups.append((None, [None]))
+    self._cache = {}
+    bn = getattr(model, 'batch_stats', False)
+    batch_norm = 'batch' if self.bn_policy == 'batch' else None
+    task_ = self.task
+
+    def sums(params, batch):
+      x = batch['x'] if preprocess is None else preprocess(batch['x'])
+      kw = {'mask': batch['mask'], 'batch_norm': batch_norm} if bn else {}
+      return task_.eval_sums(model.apply(params, x, train=False, **kw), batch['y'], batch['mask'])
+    self.sums_fn = jax.jit(sums)
+    if self.bn_policy == 'client':
+      self.moments_fn = jax.jit(batch_stats.make_raw_moments_fn(model, preprocess))
+
+  def batches(self, client):
+    """Fixed-shape padded batches of one test client (None: the global test set)."""
+    if client in self._cache:
+      return self._cache[client]
+    if hasattr(self.data, 'test_batches'):
+      def stream():
+        for x, y in self.data.test_batches(self.batch_size, client):
+          yield from _pad_batch(x, y, self.batch_size)
+      return stream()
+    x, y = self.data.test_examples() if client is None else self.data.test_client_examples(client)
+    out = [jax.device_put(b) for b in _pad_batch(x, y, self.batch_size)]
+    self._cache[client] = out
+    return out
+
+  def __call__(self, params):
+    add = lambda a, b: b if a is None else jax.tree_util.tree_map(jnp.add, a, b)  # noqa: E731
+    out, pooled = {}, None
+    for name, clients in self.groups:
+      group = None
+      for j in clients:
+        p = params
+        if self.bn_policy == 'client':
+          p = batch_stats.adapt_statistics(self.model, params, self.batches(j), moments_fn=self.moments_fn)
+        for b in self.batches(j):
+          group = add(group, self.sums_fn(p, b))
+      pooled = add(pooled, group)
+      if name is not None:
+        out.update({f'{name}_{k}': v for k, v in self._host(self.task.eval_metrics(group)).items()})
+    out.update(self._host(self.task.eval_metrics(pooled)))
+    return out
+
+  def predictions(self, params, n: int = 4):
+    """[(group name, image, true labels, predicted labels)] for up to n test images, spread over the groups
+    (the first images of each group's first test client), predicted as the evaluation predicts them."""
+    out = []
+    per_group = max(1, -(-n // len(self.groups)))
+    for name, clients in self.groups:
+      p = params
+      if self.bn_policy == 'client':
+        p = batch_stats.adapt_statistics(self.model, params, self.batches(clients[0]), moments_fn=self.moments_fn)
+      taken = 0
+      for b in self.batches(clients[0]):
+        pred = np.asarray(jax.device_get(self._predict(p, b)))
+        for i in np.flatnonzero(np.asarray(b['mask']) > 0):
+          if taken >= per_group or len(out) >= n:
+            break
+          out.append((name or 'test', np.asarray(b['x'][i]), np.asarray(b['y'][i]), pred[i]))
+          taken += 1
+        if taken >= per_group or len(out) >= n:
+          break
+    return out
+
+  def _predict(self, params, batch):
+    if not hasattr(self, '_predict_fn'):
+      bn = getattr(self.model, 'batch_stats', False)
+      batch_norm = 'batch' if self.bn_policy == 'batch' else None
+
+      def predict(params, batch):
+        x = batch['x'] if self.preprocess is None else self.preprocess(batch['x'])
+        kw = {'mask': batch['mask'], 'batch_norm': batch_norm} if bn else {}
+        logits = tasks_lib.resize_to_labels(self.model.apply(params, x, train=False, **kw), batch['y'])
+        return jnp.argmax(logits, -1)
+      self._predict_fn = jax.jit(predict)
+    return self._predict_fn(params, batch)
+
+  @staticmethod
+  def _host(metrics):
+    """Scalars as floats; array-valued metrics (per-class IoU) as lists, NaN -> None (valid JSON)."""
+    res = {}
+    for k, v in jax.device_get(metrics).items():
+      if np.ndim(v) == 0:
+        res[k] = float(v)
+      else:
+        res[k] = [None if not np.isfinite(e) else float(e) for e in np.asarray(v, np.float64).ravel()]
+    return res
+
+
+def make_evaluator(config, model, data, task, preprocess=None, algorithm: str = 'fedavg'):
+  """The run's test-set evaluator: `Evaluator` (in-memory global test set), or for segmentation tasks and
+  BatchNorm models a `HeldOutEvaluator` (test-client groups, streamed batches, the BN test-time policy and
+  the evaluation resolution of config.segmentation / config.bn)."""
+  seg = isinstance(task, seg_tasks.Segmentation)
+  if not (seg or getattr(model, 'batch_stats', False)):
+    tx, ty = data.test_examples()
+    return Evaluator(model, tx, ty, config.eval_batch_size, preprocess=preprocess, task=task)
+  sc = config.get('segmentation')
+  if seg and sc is not None:
+    model = tiling.for_evaluation(model, sc.eval_mode, scale=sc.eval_scale, tile=tuple(sc.eval_tile),
+                                  overlap=sc.eval_overlap)
+  bn = config.get('bn')
+  policy = batch_stats.resolve_test_policy(bn.test_policy if bn is not None else 'auto', algorithm)
+  return HeldOutEvaluator(model, data, task=task, batch_size=config.eval_batch_size, preprocess=preprocess,
+                             bn_policy=policy, bn_batch_size=bn.test_batch_size if bn is not None else 8,
+                             by_client=bool(sc.by_test_client) if (seg and sc is not None) else False)

@@ -1,0 +1,80 @@
+"""One registry mechanism for algorithms, models, datasets and tasks.
+
+A `Registry` maps a config name to an entry (a builder function or a class) plus the metadata its module
+declares with it (an algorithm's hyperparameter rules, a dataset's config fields and task, ...). Entries
+register themselves where they are defined:
+
+    MODELS = Registry('model', package='fedjax_flat.models')
+    @MODELS.register('cifar_cnn')
+    def cifar_cnn(num_classes, input_shape, ...): ...
+
+and every module of `package` is imported on the first lookup, so adding one is writing its module: no
+central list to edit. Lookups of an unknown name raise `ConfigError`-style `KeyError`s listing the names.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from typing import Any, Callable, Dict, Iterable, Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  name: str
+  fn: Any                                   # the builder (or class)
+  meta: Dict[str, Any]                      # what the module declared with it
+
+
+class UnknownName(KeyError):
+  def __init__(self, kind: str, name: str, known: Iterable[str]):
+    self.kind, self.name, self.known = kind, name, sorted(known)
+    super().__init__(f'{kind}={name!r} is unknown; allowed: {self.known}')
+
+  def __str__(self):
+    return self.args[0]
+
+
+class Registry:
+  """name -> Entry; `package`: the package whose modules register entries on import (loaded lazily)."""
+
+  def __init__(self, kind: str, package: Optional[str] = None, skip: Iterable[str] = ()):
+    self.kind, self.package, self.skip = kind, package, set(skip)
+    self._entries: Dict[str, Entry] = {}
+    self._loaded = package is None
+
+  def register(self, name: str, **meta) -> Callable:
+    def deco(fn):
+      self._entries[name] = Entry(name, fn, dict(meta))
+      return fn
+    return deco
+
+  def _load(self) -> None:
+    # Import every module of the package once (recursively): they register themselves.
+    if self._loaded:
+      return
+    self._loaded = True
+    pkg = importlib.import_module(self.package)
+    for m in pkgutil.walk_packages(pkg.__path__, self.package + '.'):
+      if m.name.rsplit('.', 1)[-1] not in self.skip and not m.name.rsplit('.', 1)[-1].startswith('_'):
+        importlib.import_module(m.name)
+
+  def names(self):
+    self._load()
+    return sorted(self._entries)
+
+  def __contains__(self, name) -> bool:
+    self._load()
+    return name in self._entries
+
+  def entry(self, name: str) -> Entry:
+    self._load()
+    if name not in self._entries:
+      raise UnknownName(self.kind, name, self._entries)
+    return self._entries[name]
+
+  def get(self, name: str):
+    return self.entry(name).fn
+
+  def meta(self, name: str, key: str, default=None):
+    return self.entry(name).meta.get(key, default)

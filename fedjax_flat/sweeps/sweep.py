@@ -1,0 +1,513 @@
+"""Sweeps: a base config x a grid of overrides x seeds, run as local processes or written as a SLURM array.
+
+A sweep file (`configs/sweeps/<name>.py`) defines `get_sweep(arg='')` returning a dict:
+
+  config    base config, `path[:arg]`, passed to experiments/train.py unchanged
+  fixed     {dotted key: value} overrides common to every run (optional)
+  grid      {dotted key: [values]} (cartesian product) or a list of cells (dicts); a cell may hold
+            `config` (its own base config), `name` (its directory / row name), `reference`
+            ({'source': str, 'accuracy': percent[, 'accuracy_std']}: an earlier measurement shown beside the
+            new one by experiments/report.py) and dotted overrides
+  seeds     [ints] (optional; default [0]); each run gets --config.seed=<s>
+
+Each run is `train.py --config=<config> --config.<k>=<v> ... --config.seed=<s> --workdir=<dir>/<cell>/seed=<s>`,
+where <cell> is the cell's `name` or `k=v,...` over the keys that vary between cells (deterministic).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import itertools
+import json
+import math
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+from absl import flags
+import jax
+from ml_collections import config_flags
+
+from fedjax_flat.core import runs as runs_lib
+from fedjax_flat.config import algo_flags
+from fedjax_flat.training import batched
+from fedjax_flat.training import cli
+from fedjax_flat.config import validate
+
+RESERVED = ('config', 'name', 'reference')
+TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                     'experiments', 'train.py')
+
+
+class SweepError(ValueError):
+  """Bad sweep input; the message names the bad value and the fix."""
+
+
+@dataclasses.dataclass
+class Run:
+  cell: str                 # directory name of the cell (also the default report group)
+  seed: int
+  config: str               # path[:arg]
+  overrides: Dict[str, Any]  # dotted key -> value (fixed + cell), without the seed
+  workdir: str
+  reference: Optional[Dict[str, Any]] = None
+
+  @property
+  def key(self) -> str:
+    return f'{self.cell}/seed={self.seed}'
+
+  def argv(self, python: str = sys.executable, fresh: bool = False) -> List[str]:
+    args = [python, TRAIN, f'--config={self.config}']
+    args += [f'--config.{k}={format_value(v)}' for k, v in self.overrides.items()]
+    args += [f'--config.seed={self.seed}', f'--workdir={self.workdir}']
+    return args + (['--fresh'] if fresh else [])
+
+
+# --------------------------------------------------------------------------------------------- values
+
+def parse_value(text: str) -> Any:
+  """A command-line grid value, typed without eval: True/False, int, float, else the string."""
+  if text in ('True', 'False', 'true', 'false'):
+    return text in ('True', 'true')
+  for cast in (int, float):
+    try:
+      return cast(text)
+    except ValueError:
+      pass
+  return text
+
+
+def format_value(v: Any) -> str:
+  if isinstance(v, bool):
+    return 'True' if v else 'False'
+  if isinstance(v, float):
+    return repr(v)
+  if isinstance(v, (list, tuple)):
+    return '(' + ','.join(format_value(x) for x in v) + (',)' if len(v) == 1 else ')')
+  return str(v)
+
+
+def _norm(v):
+  if isinstance(v, bool) or v is None or isinstance(v, str):
+    return v
+  if isinstance(v, (int, float)):
+    return float(v)
+  if isinstance(v, (list, tuple)):
+    return tuple(_norm(x) for x in v)
+  return v
+
+
+def values_equal(a, b) -> bool:
+  na, nb = _norm(a), _norm(b)
+  if isinstance(na, float) and isinstance(nb, float):
+    return math.isclose(na, nb, rel_tol=1e-9, abs_tol=1e-12)
+  return na == nb or str(a) == str(b)
+
+
+def _name_value(v) -> str:
+  return re.sub(r'[/\\\s]+', '_', format_value(v)).strip('()') if isinstance(v, (list, tuple)) else \
+      re.sub(r'[/\\\s]+', '_', format_value(v))
+
+
+# --------------------------------------------------------------------------------------------- spec
+
+def parse_grid_flags(grid_flags: Sequence[str]) -> Dict[str, List[Any]]:
+  grid = {}
+  for g in grid_flags:
+    key, sep, vals = g.partition('=')
+    key = key.strip()
+    if key.startswith('config.'):
+      key = key[len('config.'):]
+    if not sep or not key or not vals:
+      raise SweepError(f'--grid={g!r} is not KEY=V1,V2,...; e.g. --grid=client.optimizer=sgd,sam')
+    grid[key] = [parse_value(x.strip()) for x in vals.split(',')]
+  return grid
+
+
+def parse_seeds(text: str) -> List[int]:
+  try:
+    seeds = [int(s) for s in text.split(',') if s.strip()]
+  except ValueError:
+    raise SweepError(f'--seeds={text!r} is not a comma-separated list of integers; e.g. --seeds=0,1,2') from None
+  if not seeds:
+    raise SweepError(f'--seeds={text!r} is empty; e.g. --seeds=0,1,2')
+  return seeds
+
+
+def load_sweep_file(spec: str) -> Dict[str, Any]:
+  """`path[:arg]` -> the dict returned by the file's get_sweep(arg)."""
+  path, _, arg = spec.partition(':')
+  if not os.path.isfile(path):
+    raise SweepError(f'--sweep={spec!r}: no file {path!r}; give a sweep file such as configs/sweeps/<name>.py')
+  mod_spec = importlib.util.spec_from_file_location('sweep_' + hashlib.md5(path.encode()).hexdigest()[:8], path)
+  mod = importlib.util.module_from_spec(mod_spec)
+  mod_spec.loader.exec_module(mod)
+  if not hasattr(mod, 'get_sweep'):
+    raise SweepError(f'--sweep={spec!r}: {path} defines no get_sweep(); see fedjax_flat/sweeps/sweep.py')
+  out = mod.get_sweep(arg) if arg else mod.get_sweep()
+  if not isinstance(out, dict):
+    raise SweepError(f'--sweep={spec!r}: get_sweep() returned {type(out).__name__}, expected a dict')
+  return out
+
+
+def product(**lists) -> List[Dict[str, Any]]:
+  """Cartesian product of {key: [values]} as a list of cells (for sweep files)."""
+  keys = list(lists)
+  return [dict(zip(keys, vals)) for vals in itertools.product(*(lists[k] for k in keys))]
+
+
+def expand(spec: Dict[str, Any], sweep_dir: str) -> List[Run]:
+  """The sweep's runs, in a deterministic order (cells in grid order, seeds inner)."""
+  unknown = set(spec) - {'config', 'fixed', 'grid', 'seeds', 'name', 'description'}
+  if unknown:
+    raise SweepError(f'unknown sweep keys {sorted(unknown)}; allowed: config, fixed, grid, seeds, name, description')
+  base = spec.get('config')
+  fixed = dict(spec.get('fixed') or {})
+  grid = spec.get('grid') or [{}]
+  cells = product(**grid) if isinstance(grid, dict) else [dict(c) for c in grid]
+  seeds = [int(s) for s in (spec.get('seeds') or [0])]
+  for c in cells:
+    if not (c.get('config') or base):
+      raise SweepError(f'cell {c} has no config and the sweep has no base config; set config=path[:arg]')
+    bad = [k for k in c if k not in RESERVED and not re.fullmatch(r'[A-Za-z_][\w.]*', k)]
+    if bad or 'seed' in c or 'seed' in fixed:
+      raise SweepError(f'bad override key(s) {bad or ["seed"]} in cell {c}; use dotted config keys '
+                       '(client.rho), seeds go in seeds=[...] / --seeds')
+  overrides = [{k: v for k, v in c.items() if k not in RESERVED} for c in cells]
+  # Name cells by what varies between them (config included), so names stay short and readable.
+  varying = []
+  for k in ['config'] + sorted({k for o in overrides for k in o}):
+    vals = [(c.get('config') or base) if k == 'config' else o.get(k, '<unset>') for c, o in zip(cells, overrides)]
+    if len({format_value(v) for v in vals}) > 1:
+      varying.append(k)
+  runs, names = [], {}
+  for c, o in zip(cells, overrides):
+    if c.get('name'):
+      name = str(c['name'])
+    else:
+      parts = []
+      for k in varying:
+        if k == 'config':
+          cfg = c.get('config') or base
+          parts.append('config=' + os.path.splitext(os.path.basename(cfg.split(':')[0]))[0] +
+                       ('_' + cfg.split(':', 1)[1] if ':' in cfg else ''))
+        elif k in o:
+          parts.append(f'{k}={_name_value(o[k])}')
+      name = ','.join(parts) or 'base'
+    name = re.sub(r'[/\\\s]+', '_', name)
+    if len(name) > 150:      # file-system limits; keep a readable prefix and a hash of the whole
+      name = name[:140] + '~' + hashlib.md5(name.encode()).hexdigest()[:8]
+    if name in names:
+      raise SweepError(f'two cells get the directory name {name!r} ({names[name]} and {c}); give them names')
+    names[name] = c
+    for s in seeds:
+      runs.append(Run(cell=name, seed=s, config=c.get('config') or base, overrides={**fixed, **o},
+                      workdir=os.path.join(sweep_dir, name, f'seed={s}'), reference=c.get('reference')))
+  return runs
+
+
+# --------------------------------------------------------------------------------------------- configs
+
+def run_config(run: Run):
+  """The run's ConfigDict exactly as experiments/train.py builds it from the same command line (absl's
+  config flag, --config.algo.* over the registry defaults), validated. SweepError: train.py's one line."""
+  argv = [a for a in run.argv('python') if not a.startswith('--workdir=') and a != '--fresh']
+  try:
+    argv, algo = algo_flags.split_argv(argv)
+  except validate.ConfigError as e:
+    raise SweepError(f'{run.key}: {e}') from None
+  bad = cli.preflight(argv)
+  if bad:
+    raise SweepError(f'{run.key}: {bad}')
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file('config', None, 'run config', flag_values=fv, lock_config=True,
+                                 sys_argv=argv[1:])
+  try:
+    fv(argv[1:])
+    config = algo_flags.apply(fv['config'].value, algo)
+    validate.validate_config(config)
+  except (flags.Error, validate.ConfigError, ValueError) as e:
+    raise SweepError(f'{run.key}: {e}') from None
+  return config
+
+
+def run_configs(runs: List[Run]) -> List[Any]:
+  """Every run's config, validated before anything launches (the first bad one raises SweepError)."""
+  return [run_config(r) for r in runs]
+
+
+def pack_runs(runs: List[Run], configs: List[Any], batch_runs: int) -> List[List[int]]:
+  """Runs (indices) packed into batched programs of at most `batch_runs`: compatible runs (equal config once
+  the per-run values are removed: core/runs.compat_key) together, in sweep order; a config that cannot be
+  batched at all (training/batched.batch_blocker) alone. Deterministic in the whole sweep, so a resumed
+  sweep packs the unfinished runs as the first attempt did."""
+  specs = [batched.RunSpec(r.key, c, r.workdir) for r, c in zip(runs, configs)]
+  alone = [i for i, c in enumerate(configs) if batched.batch_blocker(c)]
+  packable = [i for i in range(len(runs)) if i not in alone]
+  packs = [[packable[j] for j in p] for p in batched.pack_groups([specs[i] for i in packable], batch_runs)]
+  return sorted(packs + [[i] for i in alone], key=lambda p: p[0])
+
+
+# --------------------------------------------------------------------------------------------- status
+
+def _get(d: Dict, dotted: str):
+  for part in dotted.split('.'):
+    if not isinstance(d, dict) or part not in d:
+      return '<absent>'
+    d = d[part]
+  return d
+
+
+def run_status(run: Run) -> str:
+  """'finished' (summary.json complete and config.json holds this run's overrides and seed), 'mismatch'
+  (finished, but with other values: rerun with --fresh), 'partial' (started: train.py resumes it) or 'new'."""
+  try:
+    with open(os.path.join(run.workdir, 'summary.json')) as f:
+      summary = json.load(f)
+    with open(os.path.join(run.workdir, 'config.json')) as f:
+      config = json.load(f)
+  except (OSError, ValueError):
+    return 'partial' if os.path.isdir(os.path.join(run.workdir, 'checkpoints')) else 'new'
+  if summary.get('rounds_completed', -1) < config.get('rounds', math.inf) or summary.get('stopped_by_signal'):
+    return 'partial'
+  wanted = {**run.overrides, 'seed': run.seed}
+  if any(not values_equal(_get(config, k), v) for k, v in wanted.items()):
+    return 'mismatch'
+  return 'finished'
+
+
+# --------------------------------------------------------------------------------------------- manifest
+
+def write_manifest(sweep_dir: str, runs: List[Run], info: Dict[str, Any], states: Dict[str, Dict]) -> str:
+  path = os.path.join(sweep_dir, 'sweep.json')
+  doc = dict(info, runs=[dict(cell=r.cell, seed=r.seed, workdir=os.path.relpath(r.workdir, sweep_dir),
+                              config=r.config, overrides=r.overrides, reference=r.reference,
+                              command=shlex.join(r.argv()), **states.get(r.key, {})) for r in runs])
+  os.makedirs(sweep_dir, exist_ok=True)
+  tmp = path + '.tmp'
+  with open(tmp, 'w') as f:
+    json.dump(doc, f, indent=1, default=str)
+  os.replace(tmp, path)
+  return path
+
+
+# --------------------------------------------------------------------------------------------- local runner
+
+def _fmt_s(s: float) -> str:
+  s = int(max(s, 0))
+  return f'{s // 3600}h{s // 60 % 60:02d}m' if s >= 3600 else f'{s // 60}m{s % 60:02d}s'
+
+
+def _last_error(log_path: str) -> str:
+  try:
+    with open(log_path, errors='replace') as f:
+      lines = [l.strip() for l in f.readlines()[-200:] if l.strip()]
+  except OSError:
+    return ''
+  for l in reversed(lines):
+    if l.startswith('error:') or 'Error' in l.split(':')[0]:
+      return l[:300]
+  return lines[-1][:300] if lines else ''
+
+
+def run_local(runs: List[Run], sweep_dir: str, info: Dict[str, Any], *, parallel: int = 1, fresh: bool = False,
+              python: str = sys.executable, poll_s: float = 0.5, stream=sys.stderr) -> Dict[str, Dict]:
+  """Runs the unfinished runs `parallel` at a time; returns {run key: state dict}. One failure stops nothing."""
+  states: Dict[str, Dict] = {}
+  todo = []
+  for r in runs:
+    st = run_status(r)
+    if st == 'finished':
+      states[r.key] = {'status': 'skipped (finished)'}
+    elif st == 'mismatch' and not fresh:
+      states[r.key] = {'status': 'failed', 'returncode': None,
+                       'error': f'{r.workdir} finished with other config values; rerun the sweep with --fresh'}
+    else:
+      todo.append(r)
+  n_skip = sum(s['status'].startswith('skipped') for s in states.values())
+  total, t0 = len(todo), time.time()
+  running: Dict[str, tuple] = {}
+  durations: List[float] = []
+  stop = {'sig': None}
+  tty = hasattr(stream, 'isatty') and stream.isatty()
+  last = {'line': '', 't': 0.0}
+
+  def show(force=False):
+    done = sum(s['status'] == 'done' for s in states.values())
+    failed = sum(s['status'] == 'failed' for s in states.values())
+    pending = len(queue)
+    eta = ''
+    if durations:
+      waves = math.ceil((pending + len(running)) / max(parallel, 1))
+      eta = f', ETA {_fmt_s(waves * sum(durations) / len(durations))}'
+    line = (f'[sweep] {done}/{total} done, {len(running)} running, {failed} failed, {pending} pending'
+            f' ({n_skip} finished earlier), elapsed {_fmt_s(time.time() - t0)}{eta}')
+    now = time.time()
+    if tty:
+      stream.write('\r' + line.ljust(len(last['line'])))
+    elif force or now - last['t'] > 60:      # a log file: state changes and a heartbeat, not a line a second
+      stream.write(line + '\n')
+    else:
+      return
+    stream.flush()
+    last.update(line=line, t=now)
+
+  def on_signal(signum, frame):
+    stop['sig'] = signum
+    for _, (proc, _, _, _) in list(running.items()):
+      if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)    # train.py checkpoints and exits 0; the next sweep resumes it
+
+  old = {}
+  for s in (signal.SIGINT, signal.SIGTERM):
+    try:
+      old[s] = signal.signal(s, on_signal)
+    except ValueError:                       # not the main thread (tests): no forwarding
+      pass
+  queue = list(todo)
+  try:
+    def launch():
+      while queue and len(running) < parallel and stop['sig'] is None:
+        r = queue.pop(0)
+        os.makedirs(r.workdir, exist_ok=True)
+        log_path = os.path.join(r.workdir, 'sweep.log')
+        log = open(log_path, 'a')
+        log.write(f'\n# {time.strftime("%Y-%m-%d %H:%M:%S")} {shlex.join(r.argv(python, fresh))}\n')
+        log.flush()
+        proc = subprocess.Popen(r.argv(python, fresh), stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        running[r.key] = (proc, log, time.time(), log_path)
+        states[r.key] = {'status': 'running', 'pid': proc.pid}
+
+    launch()
+    write_manifest(sweep_dir, runs, info, states)
+    show(force=True)
+    while queue or running:
+      if stop['sig'] is not None and not running:
+        break
+      time.sleep(poll_s)
+      changed = False
+      for key in list(running):
+        proc, log, start, log_path = running[key]
+        rc = proc.poll()
+        if rc is None:
+          continue
+        log.close()
+        del running[key]
+        changed = True
+        wall = time.time() - start
+        run = next(r for r in todo if r.key == key)
+        if rc == 0 and run_status(run) == 'finished':
+          durations.append(wall)
+          states[key] = {'status': 'done', 'returncode': 0, 'wall_s': round(wall, 1)}
+        elif rc == 0 and stop['sig'] is not None:
+          states[key] = {'status': 'stopped', 'returncode': 0, 'wall_s': round(wall, 1)}
+        else:
+          states[key] = {'status': 'failed', 'returncode': rc, 'wall_s': round(wall, 1),
+                         'error': _last_error(log_path) or f'exit {rc}', 'log': log_path}
+      launch()      # before the display, so it shows the slots refilled
+      if changed:
+        write_manifest(sweep_dir, runs, info, states)
+      show(force=changed)
+    for r in queue:
+      states.setdefault(r.key, {'status': 'not started'})
+  finally:
+    for s, h in old.items():
+      signal.signal(s, h)
+    if tty:
+      stream.write('\n')
+    write_manifest(sweep_dir, runs, info, states)
+  return states
+
+
+def run_batched(runs: List[Run], configs: List[Any], sweep_dir: str, info: Dict[str, Any], *, batch_runs: int,
+                fresh: bool = False, stop_requested=lambda: False, signal_name=lambda: None,
+                stream=sys.stderr) -> Dict[str, Dict]:
+  """Runs the unfinished runs in this process, packed into batched programs (training/batched.py): every run
+  still writes its own workdir (and a line in its sweep.log). Returns {run key: state dict} as run_local."""
+  states: Dict[str, Dict] = {}
+  for r in runs:
+    st = run_status(r)
+    if st == 'finished':
+      states[r.key] = {'status': 'skipped (finished)'}
+    elif st == 'mismatch' and not fresh:
+      states[r.key] = {'status': 'failed', 'returncode': None,
+                       'error': f'{r.workdir} finished with other config values; rerun the sweep with --fresh'}
+  packs = pack_runs(runs, configs, batch_runs)
+  n_dev = len(jax.local_devices())
+  write_manifest(sweep_dir, runs, info, states)
+  t0 = time.time()
+  for p, pack in enumerate(packs):
+    lanes = runs_lib.lanes_for(len(pack), n_dev)    # the pack's program shape, kept on resume
+    todo = [i for i in pack if runs[i].key not in states]
+    if not todo or stop_requested():
+      continue
+    for i in todo:
+      os.makedirs(runs[i].workdir, exist_ok=True)
+      with open(os.path.join(runs[i].workdir, 'sweep.log'), 'a') as log:
+        log.write(f'\n# {time.strftime("%Y-%m-%d %H:%M:%S")} batched program {p + 1}/{len(packs)} '
+                  f'({len(pack)} runs, {lanes} lanes): {shlex.join(runs[i].argv("python", fresh))}\n')
+      states[runs[i].key] = {'status': 'running', 'pid': os.getpid(), 'program': p}
+    write_manifest(sweep_dir, runs, info, states)
+    stream.write(f'[sweep] program {p + 1}/{len(packs)}: {len(todo)} runs ({lanes} lanes), '
+                 f'elapsed {_fmt_s(time.time() - t0)}\n')
+    stream.flush()
+    specs = [batched.RunSpec(runs[i].key, configs[i], runs[i].workdir) for i in todo]
+    res = batched.run_batch(specs, fresh=fresh, stop_requested=stop_requested, signal_name=signal_name,
+                            lanes=lanes)
+    for k, i in enumerate(todo):
+      rr = res.get(k, batched.RunResult('failed', error='not run'))
+      st = {'status': rr.status, 'returncode': 0 if rr.status != 'failed' else 1, 'wall_s': round(rr.wall_s, 1),
+            'program': p, 'lanes': rr.lanes}
+      if rr.error:
+        st['error'] = rr.error[:300]
+        with open(os.path.join(runs[i].workdir, 'sweep.log'), 'a') as log:
+          log.write(f'error: {rr.error}\n')
+      states[runs[i].key] = st
+    write_manifest(sweep_dir, runs, info, states)
+  for r in runs:
+    states.setdefault(r.key, {'status': 'not started'})
+  write_manifest(sweep_dir, runs, info, states)
+  return states
+
+
+# --------------------------------------------------------------------------------------------- SLURM
+
+def write_slurm(runs: List[Run], sweep_dir: str, *, name: str, python: str, parallel: int = 0, nodes: int = 1,
+                sbatch_args: Sequence[str] = (), include_finished: bool = False) -> tuple:
+  """Writes sweep_dir/commands.txt (one train.py command per array task) and sweep_dir/sweep.sbatch.
+
+  nodes > 1: every array task is a multi-host job (docs/scaling.md): srun starts one train.py per node with
+  --distributed, and JAX reads the SLURM environment. Returns (script path, commands path, task count).
+  """
+  todo = [r for r in runs if include_finished or run_status(r) != 'finished']
+  os.makedirs(os.path.join(sweep_dir, 'slurm_logs'), exist_ok=True)
+  cmd_path = os.path.join(sweep_dir, 'commands.txt')
+  with open(cmd_path, 'w') as f:
+    for r in todo:
+      argv = r.argv(python) + (['--distributed'] if nodes > 1 else [])
+      f.write(shlex.join(argv) + '\n')
+  script = os.path.join(sweep_dir, 'sweep.sbatch')
+  lines = ['#!/bin/bash', f'#SBATCH --job-name={name}',
+           f'#SBATCH --array=0-{len(todo) - 1}' + (f'%{parallel}' if parallel else ''),
+           f'#SBATCH --output={os.path.abspath(sweep_dir)}/slurm_logs/%A_%a.out']
+  if nodes > 1:
+    lines += [f'#SBATCH --nodes={nodes}', '#SBATCH --ntasks-per-node=1']
+  lines += [f'#SBATCH {a}' for a in sbatch_args]
+  lines += ['# Generated by experiments/sweep.py --launcher=slurm; submit with: sbatch ' + script,
+            '# Task i runs line i+1 of commands.txt. A preempted or requeued task resumes from its workdir.',
+            'set -euo pipefail', f'cd {shlex.quote(os.getcwd())}',   # relative config / workdir paths mean what they meant here
+            f'CMD=$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {shlex.quote(os.path.abspath(cmd_path))})',
+            # The line is a shlex-quoted argv written above; bash -c parses it as such (no config is evaluated).
+            ('srun --nodes=$SLURM_JOB_NUM_NODES --ntasks-per-node=1 bash -c "$CMD"' if nodes > 1
+             else 'bash -c "$CMD"')]
+  with open(script, 'w') as f:
+    f.write('\n'.join(lines) + '\n')
+  os.chmod(script, 0o755)
+  return script, cmd_path, len(todo)
