@@ -9,8 +9,9 @@ import jax
 import numpy as np
 import pytest
 
+from fedjax_flat.algorithms import registry
 from fedjax_flat.core import runs as runs_lib
-from fedjax_flat.data.builtin import synthetic
+from fedjax_flat.data.sources.builtin import synthetic
 from fedjax_flat.training import batched
 from fedjax_flat.training import checkpoint as ckpt_lib
 from fedjax_flat.training import run as run_lib
@@ -46,7 +47,6 @@ def _config(case, i, **over):
   c.data.num_clients = len(SIZES)
   c.engine.strategy = 'sequential'
   if c.algorithm != 'fedavg':
-    from fedjax_flat.algorithms import registry
     c.algo.update({**registry.default_hparams(c.algorithm), **c.algo.to_dict()})
   return c
 
