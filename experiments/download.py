@@ -23,7 +23,9 @@ from absl import app, flags  # noqa: E402
 
 from fedjax_flat.data import download as dl  # noqa: E402
 
-DATASET = flags.DEFINE_enum('dataset', None, list(dl.DATASETS), 'Dataset to download.')
+from fedjax_flat.data.sources import catalogue
+
+DATASET = flags.DEFINE_enum('dataset', None, list(catalogue.DATASETS), 'Dataset to download.')
 DATA_DIR = flags.DEFINE_string('data_dir', None, 'Destination directory (the loaders\' data_dir).')
 SHARDS = flags.DEFINE_string('shards', '0-499', 'gldv2_images only: shard range "a-b" or list "1,2,5".')
 flags.mark_flags_as_required(['dataset', 'data_dir'])
@@ -52,7 +54,7 @@ def main(argv):
       print(f'  {done / 1e6:.1f} MB{pct}', flush=True)
 
   try:
-    paths = dl.download(DATASET.value, DATA_DIR.value, progress=progress,
+    paths = catalogue.download(DATASET.value, DATA_DIR.value, progress=progress,
                         shards=_parse_shards(SHARDS.value) if DATASET.value == 'gldv2_images' else ())
   except dl.DownloadError as e:
     print(f'ERROR: {e}', file=sys.stderr)

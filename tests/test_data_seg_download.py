@@ -9,6 +9,8 @@ import pytest
 from fedjax_flat.data.sources import cityscapes, feddrive_splits as fds, idda
 
 from fedjax_flat.data import download as dl
+
+from fedjax_flat.data.sources import catalogue
 import seg_fixtures as F
 from test_download import _opener, server  # noqa: F401  (the loopback http server fixture)
 
@@ -32,7 +34,7 @@ def test_feddrive_split_files_fetched_verified_and_read(server, tmp_path, monkey
     table.append((rel, len(body), hashlib.sha256(body).hexdigest()))
   monkeypatch.setattr(fds, 'RELEASED_FILES', tuple(table))
   monkeypatch.setattr(fds, 'RELEASE_URL', base + '/{commit}/data/{dataset}/data/{rest}')
-  out = dl.download('feddrive_splits', data_dir, opener=_opener())
+  out = catalogue.download('feddrive_splits', data_dir, opener=_opener())
   assert out == [os.path.join(data_dir, 'feddrive_splits', 'cityscapes', 'heterogeneous')]
   src = cityscapes.load(data_dir, split_source='released', double=False)
   assert src.client_names == ['ulm0', 'ulm1'] and src.test_client_names == ['unseen']
@@ -40,13 +42,13 @@ def test_feddrive_split_files_fetched_verified_and_read(server, tmp_path, monkey
   monkeypatch.setattr(fds, 'RELEASED_FILES', ((table[0][0] + '.x', table[0][1], '0' * 64),))
   handler.files[f'/{fds.RELEASE_COMMIT}/data/cityscapes/data/heterogeneous/train/all_data_0.json.x'] = b'x' * table[0][1]
   with pytest.raises(dl.ChecksumError, match='sha256'):
-    dl.download('feddrive_splits', data_dir, opener=_opener())
+    catalogue.download('feddrive_splits', data_dir, opener=_opener())
 
 
 def test_cityscapes_manual_step_then_zip_extraction(tmp_path):
   data_dir = str(tmp_path)
   with pytest.raises(dl.ManualDownloadRequired) as e:
-    dl.download('cityscapes', data_dir)
+    catalogue.download('cityscapes', data_dir)
   msg = str(e.value)
   assert all(url in msg for url in cityscapes.URLS.values())
   assert 'leftImg8bit/{train,val}/<city>' in msg and '_gtFine_labelIds.png' in msg
@@ -62,15 +64,15 @@ def test_cityscapes_manual_step_then_zip_extraction(tmp_path):
           full = os.path.join(dirpath, f)
           z.write(full, os.path.relpath(full, staging))
       z.writestr('README', 'license')
-  assert dl.download('cityscapes', data_dir) == [root]
+  assert catalogue.download('cityscapes', data_dir) == [root]
   src = cityscapes.load(data_dir, distribution='uniform', uniform_clients=2, double=False)
   assert src.client_sizes().sum() == 2 and src.test_client_sizes().tolist() == [1]
 
 
 def test_idda_manual_step(tmp_path):
   with pytest.raises(dl.ManualDownloadRequired, match='idda-dataset.github.io'):
-    dl.download('idda', str(tmp_path))
+    catalogue.download('idda', str(tmp_path))
   root = idda.default_root(str(tmp_path))
   F.make_idda(root, ['T01_CN_A'], per_domain=1)
-  assert dl.download('idda', str(tmp_path)) == [root]
-  assert {'feddrive_splits', 'cityscapes', 'idda'} <= set(dl.DATASETS)
+  assert catalogue.download('idda', str(tmp_path)) == [root]
+  assert {'feddrive_splits', 'cityscapes', 'idda'} <= set(catalogue.DATASETS)

@@ -13,6 +13,7 @@ import pytest
 
 from fedjax_flat.data.sources import cifar_c
 from fedjax_flat.data import download as dl
+from fedjax_flat.data.sources import catalogue
 
 PAYLOAD = os.urandom(300_000)
 
@@ -146,7 +147,7 @@ def test_offline_error_says_where_to_put_the_file(tmp_path):
 
 
 def test_official_table():
-  r = {k: v for k, v in dl.RESOURCES.items()}
+  r = {k: v for k, v in catalogue.RESOURCES.items()}
   assert r['cifar10'][0].md5 == 'c58f30108f718f92721af3b95e74349a'
   assert r['cifar100'][0].md5 == 'eb9058c3a382ffc7106e4002c42a8d85'
   assert all(res.url.startswith('http') and (res.checksum()[0] or 'no published checksum' in res.note)
@@ -167,9 +168,9 @@ def test_download_and_extract_cifar10_c(server, tmp_path, monkeypatch):
       tar.addfile(info, io.BytesIO(b.getvalue()))
   data = buf.getvalue()
   handler.files['/CIFAR-10-C.tar'] = data
-  monkeypatch.setitem(dl.RESOURCES, 'cifar10_c', [dl.Resource('CIFAR-10-C.tar', base + '/CIFAR-10-C.tar', len(data),
+  monkeypatch.setitem(catalogue.RESOURCES, 'cifar10_c', [dl.Resource('CIFAR-10-C.tar', base + '/CIFAR-10-C.tar', len(data),
                                                                 md5=hashlib.md5(data).hexdigest())])
-  out = dl.download('cifar10_c', str(tmp_path), opener=_opener())
+  out = catalogue.download('cifar10_c', str(tmp_path), opener=_opener())
   assert out == [str(tmp_path / 'CIFAR-10-C')]
   x, y = cifar_c.load_corruption(str(tmp_path), 'fog', 2, check_official_sizes=False)
   assert x.shape == (2, 32, 32, 3) and np.all(x == 7)
@@ -203,10 +204,10 @@ def test_download_stackoverflow_decompresses_and_loads(server, tmp_path, monkeyp
   wc = buf.getvalue()
   handler.files['/stackoverflow.sqlite.lzma'] = sql
   handler.files['/wc.tar.bz2'] = wc
-  monkeypatch.setitem(dl.RESOURCES, 'stackoverflow', [
+  monkeypatch.setitem(catalogue.RESOURCES, 'stackoverflow', [
       dl.Resource('stackoverflow.sqlite.lzma', base + '/stackoverflow.sqlite.lzma', note='no published checksum'),
       dl.Resource(so.WORD_COUNT_ARCHIVE, base + '/wc.tar.bz2', len(wc), sha256=hashlib.sha256(wc).hexdigest())])
-  out = dl.download('stackoverflow', str(tmp_path / 'd'), opener=_opener())
+  out = catalogue.download('stackoverflow', str(tmp_path / 'd'), opener=_opener())
   assert out == [str(tmp_path / 'd' / so.TFF_FILE), str(tmp_path / 'd' / so.WORD_COUNT_ARCHIVE)]
   ds = registry.get_dataset('stackoverflow', data_dir=str(tmp_path / 'd'), vocab_size=2, sequence_length=3,
                             test_examples=0, cache=False)
@@ -217,4 +218,4 @@ def test_download_stackoverflow_decompresses_and_loads(server, tmp_path, monkeyp
 def test_leaf_datasets_explain_how_to_build_them(tmp_path):
   for name in ('femnist', 'shakespeare'):
     with pytest.raises(dl.DownloadError, match=f'cd leaf/data/{name} && ./preprocess.sh'):
-      dl.download(name, str(tmp_path))
+      catalogue.download(name, str(tmp_path))

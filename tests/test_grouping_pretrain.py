@@ -19,6 +19,7 @@ from fedjax_flat.grouping import superclients as sc
 from fedjax_flat.models import pretrained
 from fedjax_flat.optimizers.client import make_client_tx
 from fedjax_flat.config.default_config import default_config
+from fedjax_flat.training import init as init_lib
 
 SIZES = [7, 3, 12, 5, 9, 1]
 
@@ -240,12 +241,16 @@ def test_probe_from_config_init_keeps_features_and_refits_the_head(ctx, tmp_path
   path = str(tmp_path / 'init.npz')
   pretrained.save_params(path, src)
   config.init.pretrained = path
-  _, params, source = sc.probe_network(config, ctx.data)
+  # grouping/ is pure: with config.init set, the training layer gives it w_0 (and the run loader).
+  gctx = init_lib.grouping_context(config, ctx.data, model)
+  _, params, source = sc.probe_network(config, ctx.data, gctx.params0)
   assert source == 'config.init'
   np.testing.assert_array_equal(np.asarray(params['Dense_0']['kernel']), np.asarray(src['Dense_0']['kernel']))
   assert not np.allclose(np.asarray(params['Dense_1']['kernel']), np.asarray(src['Dense_1']['kernel']))
   # The pre-training of clf / conf starts from exactly the Trainer's w_0: config.init's params.
-  w0 = sc.initial_params(config, model, ctx.data)
+  w0 = gctx.params0
+  with pytest.raises(ValueError, match='config.init is set'):   # never a silently different w_0
+    sc.initial_params(config, model, ctx.data)
   np.testing.assert_array_equal(np.asarray(w0['Dense_1']['kernel']), np.asarray(src['Dense_1']['kernel']))
 
 

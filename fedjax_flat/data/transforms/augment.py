@@ -42,7 +42,9 @@ from typing import Callable, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
+
 from fedjax_flat.data.transforms import style_transfer
+from fedjax_flat.data.transforms.transform import Transform
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2023, 0.1994, 0.2010)
@@ -506,8 +508,8 @@ def resize_pair(x, y, size: Tuple[int, int]):
 def make_seg_augment(*, crop: Tuple[int, int], scale: Tuple[float, float] = (0.5, 1.5), mode: str = 'scale_crop',
                      ratio: Tuple[float, float] = (3 / 4, 4 / 3), flip: bool = True, jitter: float = 0.0,
                      mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5),
-                     style=None, style_fraction: float = 0.5) -> Callable:
-  """Training transform of a segmentation batch: `fn(rng, batch) -> batch` (a data/transforms/transform.Transform once wrapped by the pipeline).
+                     style=None, style_fraction: float = 0.5) -> Transform:
+  """Training transform of a segmentation batch: a `Transform` (data/transforms/transform.py) `(rng, batch) -> batch`.
 
   Order as the FedDrive release: style transfer (CFSI / LAB on `style_fraction` of the valid examples, at the
   loaded resolution; data/transforms/style_transfer.py; `style` is a StyleBank or None) -> random scale + crop
@@ -515,7 +517,7 @@ def make_seg_augment(*, crop: Tuple[int, int], scale: Tuple[float, float] = (0.5
   [0, 1] [B, H, W, 3], batch['y'] [B, H, W]; returns x float32 [B, *crop, 3], y int32 [B, *crop] with 255
   in padded pixels. crop=None keeps the loaded size (no scale/crop).
 
-  With a style bank, the pipeline declares `needs_client`: the run's batches then carry 'client' (the step's client id,
+  With a style bank it declares `needs_client`: the run's batches then carry 'client' (the step's client id,
   data/batching.BatchPlan.with_client) so that a client never receives its own style; the transform consumes
   that entry (the returned batch has none).
   """
@@ -538,7 +540,7 @@ def make_seg_augment(*, crop: Tuple[int, int], scale: Tuple[float, float] = (0.5
     out = {**batch, 'x': normalize(x, mean, std), 'y': y.astype(jnp.int32)}
     out.pop('client', None)
     return out
-  return seg
+  return Transform(seg, needs_client=style is not None, style_bank=style)
 
 
 def make_seg_preprocess(mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5)):

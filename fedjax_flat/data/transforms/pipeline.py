@@ -79,7 +79,7 @@ def _segmentation(config, data):
   train = aug.make_seg_augment(crop=tuple(get('crop')) or None, scale=tuple(get('scale')), mode=get('scale_mode'),
                                flip=get('flip'), jitter=get('jitter'), mean=mean, std=std, style=bank,
                                style_fraction=get('style_fraction'))
-  return Transform(train, needs_client=bank is not None, style_bank=bank), aug.make_seg_preprocess(mean, std)
+  return train, aug.make_seg_preprocess(mean, std)
 
 
 def make_transforms(config, num_classes: int, data=None):

@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any, Callable
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)   # identity hash: jit caches on it, a style bank holds arrays
 class Transform:
   fn: Callable                 # (rng, batch) -> batch
   needs_client: bool = False   # the batches must carry 'client'
