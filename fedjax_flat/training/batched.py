@@ -38,7 +38,7 @@ from fedjax_flat.training import workdir as workdir_lib
 
 
 # --batch_runs=auto: runs per program (measured: benchmarks/runs_axis.py, benchmarks/README.runs.md).
-AUTO_BATCH_RUNS = 8
+AUTO_BATCH_RUNS = 4
 
 
 @dataclasses.dataclass
