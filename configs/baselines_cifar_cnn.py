@@ -28,7 +28,7 @@ alpha 0.95, lambda 100; FedSMOO beta 10 (C10) / 100 (C100)); override with --con
 config holds every hyperparameter of the chosen algorithm, so each can be overridden by flag). FedSpeed runs
 the paper's Algorithm 1, set explicitly (algo.dual_mean='active', as these configs always have; the registered
 default is now the release code's 'population', stable at low participation where 'active' can collapse:
-benchmarks/README.baselines.md); which one produced Table 4.15 is not stated.
+benchmarks/studies/README.baselines.md); which one produced Table 4.15 is not stated.
 Reported accuracy: mean over the last 100 rounds, each evaluated (config.eval_every_last=100,
 config.summary_last_k=100), as in the papers.
 

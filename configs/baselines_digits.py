@@ -8,7 +8,8 @@ r"""Every FL baseline on the embedded handwritten digits: configs/quickstart.py'
          mimelite | fedcm | fedacg | fedspeed | fedsmoo | fedgamma  (fedavgm..fedyogi: FedAvg with that server
          optimizer). config.algo holds all of the algorithm's hyperparameters (registry defaults), so
          --config.algo.mu=0.1 etc. work; FedSpeed / FedSMOO / FedGamma get a SAM client (rho 0.05).
-The table of all of them at alpha = 0 is benchmarks/README.baselines.md (3 seeds: configs/sweeps/baselines_digits.py).
+The table of all of them at alpha = 0 is benchmarks/studies/README.baselines.md (3 seeds:
+configs/sweeps/baselines_digits.py).
 CELLS lists one cell per algorithm. No published numbers: the digits are a small-scale stand-in, not a paper
 setting (config.published stays empty; the sweep's `reference` holds the earlier measurement instead).
 """

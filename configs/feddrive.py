@@ -155,7 +155,8 @@ def _published(c, o):
     return
   skey = key + (o['style'],)
   name = {'fedavg': 'FedAvg', 'silobn': 'SiloBN', 'fedbn': 'FedBN'}[o['method']]
-  name += {'none': '', 'cfsi': ' + CFSI', 'lab': ' + LAB'}[o['style']] + (' (uniform)' if o['split'] == 'uniform' else '')
+  name += ({'none': '', 'cfsi': ' + CFSI', 'lab': ' + LAB'}[o['style']]
+           + (' (uniform)' if o['split'] == 'uniform' else ''))
   if ds == 'cityscapes':
     if skey not in TABLE_6_2:
       return

@@ -16,7 +16,8 @@ Setting: 100 clients x 500 images, Dirichlet alpha, 5 clients per round; C10 10k
 random crop (pad 4) + flip, dataset normalization. Hyperparameters (Table A.5, confirmed by the release scripts
 paper_experiments/cnn_cifar{10,100}.sh): C10 rho_l 0.15, rho_s 0.15, beta 10, T_s 2000; C100 rho_l 0.2,
 rho_s 0.01, beta 100, T_s 15000; client rho warm-up from rho0 = 0.001 over T_s rounds (the SGD client ignores
-the radius; rho_l still feeds the release server-rho schedule). Set explicitly, as the code that produced the published numbers behaves:
+the radius; rho_l still feeds the release server-rho schedule). Set explicitly, as the code that produced the published
+numbers behaves:
   algo.dual_variant='release'        sum_k (w_k - w~) / (beta K_total |C^t|), K_total = 100 (the release
                                      code; 'thesis' is Algorithm 5 as printed, a |C^t| = 5x larger dual step)
   algo.rho_server_schedule='release' the release code's server radius: ~rho_l during the T_s warm-up, then
@@ -66,8 +67,10 @@ for _ds, _het in (('cifar10', 0.05), ('cifar100', 0.5)):
     _table = '4.15' if _name == 'fedgloss' else '4.20'
     for _alpha, _v in ((0.0, _vals[_i]), (_het, _vals[_i + 1])):
       PUBLISHED[(_ds, _alpha, _name, _client, True)] = (_table,) + _v
-for _client, _admm, _c10, _c100 in (('sgd', False, (84.0, 67.7), (50.5, 50.8)), ('sgd', True, (83.1, 7.1), (51.7, 47.9)),
-                                    ('sam', False, (84.8, 36.2), (55.8, 13.9)), ('sam', True, (84.8, 2.8), (55.7, 11.8))):
+for _client, _admm, _c10, _c100 in (('sgd', False, (84.0, 67.7), (50.5, 50.8)),
+                                    ('sgd', True, (83.1, 7.1), (51.7, 47.9)),
+                                    ('sam', False, (84.8, 36.2), (55.8, 13.9)),
+                                    ('sam', True, (84.8, 2.8), (55.7, 11.8))):
   PUBLISHED[('cifar10', 100.0, 'fedgloss', _client, _admm)] = ('4.17', _c10[0], None, _c10[1], None)
   PUBLISHED[('cifar100', 1000.0, 'fedgloss', _client, _admm)] = ('4.17', _c100[0], None, _c100[1], None)
 

@@ -106,13 +106,13 @@ LEAF and StackOverflow cells (femnist | shakespeare | stackoverflow; Table A.6, 
 data and centralized reference of configs/quickstart_<dataset>.py (its docstring: files, formats), at the
 thesis' size; E_k = E_S = 1, no momentum, server lr 1; C is not stated for these datasets: C = 0.1, the FedSeq
 release's default (fedbase.yaml: K 3500, C 0.1, B 20); FedAvg samples C K clients (fairness as above).
-  femnist      Reddi et al.'s CNN; every LEAF writer (fraction 1, min_samples 0; split=iid: LEAF's iid
-               resampling into as many equal users); SGD lr 0.01, batch 20, no weight decay, 1,500 rounds; FedAvg 350 clients (C K,
-               K = 3,500); |D_S|_min 4120, K_S,max 21 (N_S 175); FedSeq / FedAsyncSeq psi_t2v + k-means
-               (Euclidean), FedSeq2Par psi_t2v + ICG, f_exp, alpha_gr 3e-3, beta_gr 5 (Table A.6). Mean N_S
-               over the run with these: 95.8; Table 5.4's 383 is exactly what beta_gr = 20 gives (4 x 95.8), so
-               that row was probably run with beta_gr 20 (--config.algo.growth_beta=20); the CIFAR (104.5 vs
-               104), Shakespeare (52.3 vs 52) and StackOverflow (5,959 vs 5,966) settings here reproduce theirs.
+  femnist      Reddi et al.'s CNN; every LEAF writer (fraction 1, min_samples 0; split=iid: LEAF's iid resampling into
+               as many equal users); SGD lr 0.01, batch 20, no weight decay, 1,500 rounds; FedAvg 350 clients (C K, K =
+               3,500); |D_S|_min 4120, K_S,max 21 (N_S 175); FedSeq / FedAsyncSeq psi_t2v + k-means (Euclidean),
+               FedSeq2Par psi_t2v + ICG, f_exp, alpha_gr 3e-3, beta_gr 5 (Table A.6). Mean N_S over the run with these:
+               95.8; Table 5.4's 383 is exactly what beta_gr = 20 gives (4 x 95.8), so that row was probably run with
+               beta_gr 20 (--config.algo.growth_beta=20); the CIFAR (104.5 vs 104), Shakespeare (52.3 vs 52) and
+               StackOverflow (5,959 vs 5,966) settings here reproduce theirs.
   shakespeare  the char-LSTM (embed 8, 2 x LSTM 100, 90 ids), 80 characters -> the next 80 (next_token);
                100 random roles of more than 2,222 windows, each cut to its first 2,223, split 90/10: 100
                clients x 2,000 training windows (appendix A.4 and the FedSeq release's shakespeare_niid, K =

@@ -16,7 +16,7 @@ first round trains one chain of C K clients, and k chains of K / (5 k) later: C 
 100 = K at round 200;
 FedAsyncSeq R = N_S; pre-training e = 10 epochs. Fairness: every method trains C K = 20 clients x 1 epoch per
 round (FedAvg samples clients_per_round = 20; FedSeq 2 chains of about 10; FedCyclic one chain of 20).
-The 3-seed comparison is benchmarks/fedseq_digits.py (benchmarks/README.fedseq.md).
+The 3-seed comparison is benchmarks/studies/fedseq_digits.py (benchmarks/studies/README.fedseq.md).
 No published numbers: the digits are a stand-in, not a paper setting (config.published stays empty).
 """
 

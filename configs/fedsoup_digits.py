@@ -2,7 +2,7 @@ r"""FedSoup and its baselines (FedAvg, FedProx, FedBN) on the cross-silo feature
 one acquisition transform each): the quickstart-sized stand-in for FedSoup's Table 1 (Chen et al., MICCAI 2023;
 digest ../shared/reference/fedsoup_man_digest.md part A).
 
-Commands (the comparison; benchmarks/README.fedsoup.md has the measured table):
+Commands (the comparison; benchmarks/studies/README.fedsoup.md has the measured table):
   .venv/bin/python experiments/train.py --config=configs/fedsoup_digits.py:fedsoup --workdir=runs/fs_fedsoup
   .venv/bin/python experiments/train.py --config=configs/fedsoup_digits.py:fedavg  --workdir=runs/fs_fedavg
   .venv/bin/python experiments/train.py --config=configs/fedsoup_digits.py:fedprox --workdir=runs/fs_fedprox
@@ -23,7 +23,7 @@ global / other clients / server, accuracy and micro-AUC), then 15 fine-tuning ep
   FedBN (Li et al. 2021): FedAvg with the normalization layers kept local, on digits_cnn with GroupNorm after
     each conv (model_kwargs.gn_groups=4); a client's personalized model is the global model with its own norm
     params. For a like-for-like comparison run the others on the same network: --config.model_kwargs.gn_groups=4
-    (benchmarks/fedsoup_compare.py --gn_groups=4).
+    (benchmarks/studies/fedsoup_compare.py --gn_groups=4).
 
 Setting: digits_cnn, client SGD lr 0.05 (no momentum, weight decay 4e-4), batch 16, 1 local epoch, 100 rounds,
 5 clients per round (all), server FedAvg; fine-tuning at lr 0.01. The global test set takes 10% of every source

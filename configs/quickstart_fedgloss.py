@@ -6,7 +6,7 @@ This file exists so that the FedGloSS hyperparameters can be overridden from the
 (--config.algo.beta=100, --config.algo.dual_variant=release, --config.algo.admm=False, ...): they live in
 config.algo, which the plain quickstart leaves empty. Defaults: the CIFAR10 CNN values of the paper scripts
 (rho_s 0.15, beta 10), SGD client; --config.client.optimizer=sam --config.client.rho=0.1 for a SAM client.
-No published number: a small-scale check (benchmarks/README.flat_minima.md), not a reproduction.
+No published number: a small-scale check (benchmarks/studies/README.flat_minima.md), not a reproduction.
 """
 import ml_collections
 

@@ -26,7 +26,8 @@ statistics for SiloBN / FedBN (bn.test_policy auto = FedDrive's protocol), with 
 for FedAvg / FedSAM / FedASAM. Reported: the mean over the last 10 rounds (evaluated every round).
 
 Expected: 2-5 minutes per run on 2 shared CPU cores. Measured mean +- std over 3 seeds of the five methods,
-seen and unseen mIoU: benchmarks/README.segmentation.md (benchmarks/seg_synthetic_compare.py runs them all).
+seen and unseen mIoU: benchmarks/studies/README.segmentation.md (benchmarks/studies/seg_synthetic_compare.py runs them
+all).
 """
 from fedjax_flat.config import families as config_strings
 from fedjax_flat.config.default_config import default_config, segmentation_data

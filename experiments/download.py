@@ -13,15 +13,12 @@
 Without internet access the command fails with the URL, checksum and the path where the file can be put
 by hand; re-running then verifies and uses it.
 """
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags
 
-from absl import app, flags  # noqa: E402
-
-from fedjax_flat.data import download as dl  # noqa: E402
+from fedjax_flat.data import download as dl
 
 from fedjax_flat.data.sources import catalogue
 

@@ -29,9 +29,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import app, flags, logging  # noqa: E402
+from absl import app, flags, logging
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory (config.json + checkpoints/).')
 _MODEL = flags.DEFINE_string('model', 'global', "Which evaluated model: 'global', 'swa', 'wima'.")

@@ -8,14 +8,11 @@ resized JPEGs), index.npz, index.json. Restarting resumes (finished client shard
 """
 import json
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags, logging
 
-from absl import app, flags, logging  # noqa: E402
-
-from fedjax_flat.data.sources import landmarks  # noqa: E402
+from fedjax_flat.data.sources import landmarks
 
 DATASET = flags.DEFINE_enum('dataset', None, sorted(landmarks.SPLITS), 'Landmarks split.')
 DATA_DIR = flags.DEFINE_string('data_dir', None, 'Directory with the split CSVs (see download.py).')

@@ -20,11 +20,9 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags
 
-from absl import app, flags  # noqa: E402
-
-from fedjax_flat.sweeps import report as report_lib  # noqa: E402
+from fedjax_flat.sweeps import report as report_lib
 
 _SWEEPS = flags.DEFINE_multi_string('sweep_dir', [], 'A sweep directory (holding sweep.json); repeatable.')
 _WORKDIRS = flags.DEFINE_list('workdirs', [], 'Run directories or globs (comma-separated).')

@@ -20,7 +20,7 @@ compatible runs (same config once seeds, learning rates, momentum, weight decay,
 partition are set aside: fedjax_flat/core/runs.py) into batched programs of up to R runs, vmapped over the
 runs and sharded over one host device per core on CPU; each run still writes its own workdir exactly as
 alone, so experiments/report.py and resuming work unchanged (training/batched.py; measured:
-benchmarks/README.runs.md). Every run's config is validated before anything launches.
+benchmarks/speed/README.runs.md). Every run's config is validated before anything launches.
 
 Exit status: 0 all runs finished, 1 some run failed, 2 bad input.
 """
@@ -29,8 +29,6 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 # Batched runs on CPU: one XLA host device per core (the runs axis is sharded over them), set before jax is
 # imported; an explicit device count in XLA_FLAGS is kept. Process-parallel sweeps leave the children alone.
 if any(a.startswith('--batch_runs') and a not in ('--batch_runs=0', '--nobatch_runs') for a in sys.argv) \
@@ -38,12 +36,12 @@ if any(a.startswith('--batch_runs') and a not in ('--batch_runs=0', '--nobatch_r
   os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                              f' --xla_force_host_platform_device_count={len(os.sched_getaffinity(0))}').strip()
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags
 
-from fedjax_flat.sweeps import sweep as sweep_lib  # noqa: E402
-from fedjax_flat.training import batched  # noqa: E402
-from fedjax_flat.training import cli  # noqa: E402
-from fedjax_flat.training import run as run_lib  # noqa: E402
+from fedjax_flat.sweeps import sweep as sweep_lib
+from fedjax_flat.training import batched
+from fedjax_flat.training import cli
+from fedjax_flat.training import run as run_lib
 
 _SWEEP = flags.DEFINE_string('sweep', None, 'Sweep file path[:arg] with get_sweep() (configs/sweeps/*.py).')
 _CONFIG = flags.DEFINE_string('config', None, 'Base config path[:arg] (passed to train.py unchanged); '

@@ -1,4 +1,4 @@
-r"""The FL-baselines table's digits stand-in (benchmarks/README.baselines.md), 3 seeds, as one sweep.
+r"""The FL-baselines table's digits stand-in (benchmarks/studies/README.baselines.md), 3 seeds, as one sweep.
 
   python experiments/sweep.py --sweep=configs/sweeps/baselines_digits.py --sweep_dir=runs/repro/baselines
 
@@ -7,7 +7,7 @@ last 5 evaluations (the README's "acc last 25"). `reference` is the earlier meas
 (README.baselines.md, seed 0 only, percent): a check against the checked-in table, not a paper number.
 """
 
-SOURCE = 'benchmarks/README.baselines.md (earlier run, seed 0)'
+SOURCE = 'benchmarks/studies/README.baselines.md (earlier run, seed 0)'
 CFG = 'configs/baselines_digits.py:algo='
 
 # (row name, algo, extra overrides, reference acc last 25 in percent)

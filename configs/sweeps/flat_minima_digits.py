@@ -1,4 +1,4 @@
-r"""The flat-minima table's digits stand-in (benchmarks/README.flat_minima.md), 3 seeds, as one sweep.
+r"""The flat-minima table's digits stand-in (benchmarks/studies/README.flat_minima.md), 3 seeds, as one sweep.
 
   python experiments/sweep.py --sweep=configs/sweeps/flat_minima_digits.py --sweep_dir=runs/repro/flat_minima
   python experiments/sweep.py --sweep=configs/sweeps/flat_minima_digits.py:rounds=60 ...   (shorter)
@@ -20,7 +20,7 @@ GLOSS = 'configs/quickstart_fedgloss.py'
 GLOSS_WARMUP = {'client.rho0': 0.001, 'client.rho_warmup_rounds': 30}
 RELEASE = {'algo.dual_variant': 'release'}
 THESIS = {'algo.dual_variant': 'thesis'}   # Algorithm 5 as printed (explicit: the registered default may change)
-SOURCE = 'benchmarks/README.flat_minima.md (earlier run, 150 rounds, seeds 0-2)'
+SOURCE = 'benchmarks/studies/README.flat_minima.md (earlier run, 150 rounds, seeds 0-2)'
 
 # (name, config, overrides, reference last-K mean, std)
 CELLS = [

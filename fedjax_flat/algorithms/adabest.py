@@ -22,17 +22,19 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.core.contract import FederatedAlgorithm
-from fedjax_flat.algorithms.fedavg import make_hparams_fn
-from fedjax_flat.algorithms.fedprox import hparams, server_step_to, tmap
+from fedjax_flat.algorithms.common import hparams, make_hparams_fn, server_step_to, tmap
+from fedjax_flat.algorithms.hparams import Flag, Number
 from fedjax_flat.algorithms.registry import register
+from fedjax_flat.core.contract import FederatedAlgorithm
 
 
-@register('adabest', hparams={'mu': 0.02, 'beta': 0.9, 'adaptive_mu': True})
+@register('adabest', hparams={'mu': Number(0.02, lo=0), 'beta': Number(0.9, lo=0, hi=1),
+                             'adaptive_mu': Flag(True)},
+          needs=('client_state',))
 def adabest(ctx) -> FederatedAlgorithm:
   hp = hparams(ctx, 'adabest')
   mu, beta, adaptive = float(hp['mu']), float(hp['beta']), bool(hp['adaptive_mu'])
-  client_cfg, loss_fn, server_tx, make_client_tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx, ctx.make_client_tx
+  client_cfg, loss_fn, server_tx, tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx, ctx.client_tx
   epochs = 1 if client_cfg.get('local_steps', 0) else int(client_cfg.local_epochs)
   hparams_fn = make_hparams_fn(client_cfg)
   f32 = lambda v: jnp.asarray(v, jnp.float32)
@@ -54,7 +56,6 @@ def adabest(ctx) -> FederatedAlgorithm:
 
   def client_init(bcast, cs, rng):
     del rng
-    tx = make_client_tx(client_cfg, bcast['hparams'])
     w0 = bcast['params']
     if adaptive:
       mu_k = jnp.where(cs['n'] > 0, mu * bcast['n_bar'] / jnp.maximum(cs['n'], 1.0), 0.0)
@@ -64,8 +65,8 @@ def adabest(ctx) -> FederatedAlgorithm:
     return local_lib.LocalState(w0, tx.init(w0), w0, {'corr': corr, 'seen': f32(0.0)})
 
   def client_step(bcast, local, batch, rng):
-    tx = make_client_tx(client_cfg, bcast['hparams'])
-    new, m = local_lib.local_step(local, batch, rng, loss_fn=loss_fn, tx=tx, correction=local.extra['corr'])
+    new, m = local_lib.local_step(local, batch, rng, loss_fn=loss_fn, tx=tx, hparams=bcast['hparams'],
+                                  correction=local.extra['corr'])
     return new._replace(extra={**local.extra, 'seen': local.extra['seen'] + m['examples']}), m
 
   def client_final(bcast, local, cs):

@@ -15,17 +15,18 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.core.contract import FederatedAlgorithm
-from fedjax_flat.algorithms.fedavg import make_hparams_fn
-from fedjax_flat.algorithms.fedprox import hparams, server_step_to, tmap
+from fedjax_flat.algorithms.common import hparams, make_hparams_fn, server_step_to, tmap
+from fedjax_flat.algorithms.hparams import Number
 from fedjax_flat.algorithms.registry import register
+from fedjax_flat.core.contract import FederatedAlgorithm
 
 
-@register('fedacg', hparams={'beta': 0.01, 'lam': 0.85})
+@register('fedacg', hparams={'beta': Number(0.01, lo=0),
+                            'lam': Number(0.85, lo=0, hi=1, hi_open=True)})
 def fedacg(ctx) -> FederatedAlgorithm:
   hp = hparams(ctx, 'fedacg')
   beta, lam = float(hp['beta']), float(hp['lam'])
-  client_cfg, loss_fn, server_tx, make_client_tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx, ctx.make_client_tx
+  client_cfg, loss_fn, server_tx, tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx, ctx.client_tx
   hparams_fn = make_hparams_fn(client_cfg)
 
   def server_init(params, rng):
@@ -39,14 +40,13 @@ def fedacg(ctx) -> FederatedAlgorithm:
 
   def client_init(bcast, cs, rng):
     del cs, rng
-    tx = make_client_tx(client_cfg, bcast['hparams'])
     w = bcast['params']
     return local_lib.LocalState(w, tx.init(w), w)
 
   def client_step(bcast, local, batch, rng):
-    tx = make_client_tx(client_cfg, bcast['hparams'])
     prox = tmap(lambda y, w: beta * (y - w), local.params, local.init_params)
-    return local_lib.local_step(local, batch, rng, loss_fn=loss_fn, tx=tx, correction=prox)
+    return local_lib.local_step(local, batch, rng, loss_fn=loss_fn, tx=tx, hparams=bcast['hparams'],
+                                correction=prox)
 
   def client_final(bcast, local, cs):
     del bcast

@@ -9,39 +9,21 @@ With client optimizer SAM / ASAM this is FedSAM / FedASAM (the server stays FedA
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import optax
 
 from fedjax_flat.algorithms import local as local_lib
+from fedjax_flat.algorithms.common import make_hparams_fn, tree_sub
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.optimizers.client import client_optimizer
 
 
-def tree_sub(a, b):
-  return jax.tree_util.tree_map(lambda x, y: x - y, a, b)
-
-
-def make_hparams_fn(client_cfg):
-  """Round -> client hyperparameters {'lr', 'rho'}; rho follows the optional linear warm-up, lr the optional
-  per-round polynomial decay (client.lr_schedule='poly_round')."""
-  from fedjax_flat.optimizers.schedules import rho_warmup
-
-  rho_fn = rho_warmup(client_cfg.get('rho0', 0.0), client_cfg.rho, client_cfg.get('rho_warmup_rounds', 0))
-  lr_fn = lambda r: client_cfg.lr  # noqa: E731
-  if client_cfg.get('lr_schedule', 'constant') == 'poly_round':   # lr * (1 - r / lr_poly_max) ** lr_power
-    from fedjax_flat.optimizers.schedules import poly_lr
-    lr_fn = poly_lr(client_cfg.lr, client_cfg.lr_power, int(client_cfg.lr_poly_max))
-
-  def hparams(round_idx):
-    return {'lr': jnp.asarray(lr_fn(round_idx), jnp.float32),
-            'rho': jnp.asarray(rho_fn(round_idx), jnp.float32)}
-  return hparams
-
-
-def fedavg(model, loss_fn, client_cfg, server_tx: optax.GradientTransformation, *, make_client_tx,
+def fedavg(model, loss_fn, client_cfg, server_tx: optax.GradientTransformation, *, client_tx=None,
            name='fedavg') -> FederatedAlgorithm:
+  """client_tx: the client optimizer (built once; default: optimizers/client.client_optimizer(client_cfg))."""
   hparams_fn = make_hparams_fn(client_cfg)
+  tx = client_optimizer(client_cfg) if client_tx is None else client_tx
 
   def server_init(params, rng):
     del rng
@@ -53,12 +35,10 @@ def fedavg(model, loss_fn, client_cfg, server_tx: optax.GradientTransformation, 
 
   def client_init(bcast, client_state, rng):
     del client_state, rng
-    tx = make_client_tx(client_cfg, bcast['hparams'])
     return local_lib.LocalState(bcast['params'], tx.init(bcast['params']), bcast['params'])
 
   def client_step(bcast, local, batch, rng):
-    tx = make_client_tx(client_cfg, bcast['hparams'])
-    return local_lib.local_step(local, batch, rng, loss_fn=loss_fn, tx=tx)
+    return local_lib.local_step(local, batch, rng, loss_fn=loss_fn, tx=tx, hparams=bcast['hparams'])
 
   def client_final(bcast, local, client_state):
     del bcast
@@ -76,7 +56,7 @@ def fedavg(model, loss_fn, client_cfg, server_tx: optax.GradientTransformation, 
                             server_update, eval_models)
 
 
-@register('fedavg')
+@register('fedavg', needs=('batch_stats',))
 def _fedavg(ctx):
   """FedAvg, and FedOpt (FedAvgM, FedAdam, FedAdagrad, FedYogi) through config.server."""
-  return fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, make_client_tx=ctx.make_client_tx)
+  return fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, client_tx=ctx.client_tx)

@@ -18,16 +18,16 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.core.contract import FederatedAlgorithm
-from fedjax_flat.algorithms.fedavg import make_hparams_fn
-from fedjax_flat.algorithms.fedprox import hparams, tmap
+from fedjax_flat.algorithms.common import hparams, make_hparams_fn, tmap
+from fedjax_flat.algorithms.hparams import Number
 from fedjax_flat.algorithms.registry import register
+from fedjax_flat.core.contract import FederatedAlgorithm
 
 
-@register('fedcm', hparams={'alpha': 0.1})
+@register('fedcm', hparams={'alpha': Number(0.1, lo=0, lo_open=True, hi=1)})
 def fedcm(ctx) -> FederatedAlgorithm:
   alpha = float(hparams(ctx, 'fedcm')['alpha'])
-  client_cfg, loss_fn, server_tx, make_client_tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx, ctx.make_client_tx
+  client_cfg, loss_fn, server_tx, tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx, ctx.client_tx
   hparams_fn = make_hparams_fn(client_cfg)
 
   def scaled_loss(p, batch, rng=None):
@@ -44,14 +44,13 @@ def fedcm(ctx) -> FederatedAlgorithm:
 
   def client_init(bcast, cs, rng):
     del cs, rng
-    tx = make_client_tx(client_cfg, bcast['hparams'])
     x = bcast['params']
     return local_lib.LocalState(x, tx.init(x), x, {'steps': jnp.zeros((), jnp.float32)})
 
   def client_step(bcast, local, batch, rng):
-    tx = make_client_tx(client_cfg, bcast['hparams'])
     corr = tmap(lambda d: (1.0 - alpha) * d, bcast['d'])
-    new, m = local_lib.local_step(local, batch, rng, loss_fn=scaled_loss, tx=tx, correction=corr)
+    new, m = local_lib.local_step(local, batch, rng, loss_fn=scaled_loss, tx=tx, hparams=bcast['hparams'],
+                                  correction=corr)
     return new._replace(extra={'steps': local.extra['steps'] + 1.0}), m
 
   def client_final(bcast, local, cs):

@@ -18,17 +18,18 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.core.contract import FederatedAlgorithm
-from fedjax_flat.algorithms.fedavg import make_hparams_fn
-from fedjax_flat.algorithms.fedprox import hparams, population, server_step_to, tmap
+from fedjax_flat.algorithms.common import hparams, make_hparams_fn, population, server_step_to, tmap
+from fedjax_flat.algorithms.hparams import Number, Population
 from fedjax_flat.algorithms.registry import register
+from fedjax_flat.core.contract import FederatedAlgorithm
 
 
-@register('feddyn', hparams={'alpha': 0.01, 'population': 0})
+@register('feddyn', hparams={'alpha': Number(0.01, lo=0, lo_open=True), 'population': Population()},
+          needs=('population', 'client_state'))
 def feddyn(ctx) -> FederatedAlgorithm:
   hp = hparams(ctx, 'feddyn')
   alpha, n_pop = float(hp['alpha']), population(ctx, hp)
-  client_cfg, loss_fn, server_tx, make_client_tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx, ctx.make_client_tx
+  client_cfg, loss_fn, server_tx, tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx, ctx.client_tx
   hparams_fn = make_hparams_fn(client_cfg)
 
   def server_init(params, rng):
@@ -41,14 +42,13 @@ def feddyn(ctx) -> FederatedAlgorithm:
 
   def client_init(bcast, g_k, rng):
     del rng
-    tx = make_client_tx(client_cfg, bcast['hparams'])
     w0 = bcast['params']
     return local_lib.LocalState(w0, tx.init(w0), w0, g_k)
 
   def client_step(bcast, local, batch, rng):
-    tx = make_client_tx(client_cfg, bcast['hparams'])
     corr = tmap(lambda w, w0, g: -g + alpha * (w - w0), local.params, local.init_params, local.extra)
-    return local_lib.local_step(local, batch, rng, loss_fn=loss_fn, tx=tx, correction=corr)
+    return local_lib.local_step(local, batch, rng, loss_fn=loss_fn, tx=tx, hparams=bcast['hparams'],
+                                correction=corr)
 
   def client_final(bcast, local, g_k):
     del bcast

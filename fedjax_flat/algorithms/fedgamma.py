@@ -17,13 +17,15 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fedjax_flat.core.contract import FederatedAlgorithm
-from fedjax_flat.algorithms.fedprox import hparams
+from fedjax_flat.algorithms.common import hparams
+from fedjax_flat.algorithms.hparams import Flag, Population
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.algorithms.scaffold import scaffold_algorithm
+from fedjax_flat.core.contract import FederatedAlgorithm
 
 
-@register('fedgamma', hparams={'population': 0, 'perturb_corrected': False})
+@register('fedgamma', hparams={'population': Population(), 'perturb_corrected': Flag(False)},
+          client_optimizers=('sam', 'asam'), needs=('population', 'client_state'))
 def fedgamma(ctx) -> FederatedAlgorithm:
   if ctx.client_cfg.optimizer not in ('sam', 'asam'):
     raise ValueError(f"fedgamma is SCAFFOLD with a sharpness-aware client: set client.optimizer to 'sam' or "

@@ -35,30 +35,51 @@ was ~client.rho during the T_s = client.rho_warmup_rounds warm-up: see optimizer
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import optax
+from absl import logging
 
 from fedjax_flat.algorithms import local as local_lib
+from fedjax_flat.algorithms.common import global_norm, hparams, make_hparams_fn, population, tmap
+from fedjax_flat.algorithms.hparams import Choice, Flag, Number, Population
+from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm
-from fedjax_flat.algorithms.fedavg import make_hparams_fn
-from fedjax_flat.algorithms.fedprox import population
-from fedjax_flat.algorithms.registry import default_hparams, register
-from fedjax_flat.optimizers.schedules import server_rho_schedule
+from fedjax_flat.errors import ConfigError
+from fedjax_flat.optimizers.schedules import SERVER_RHO_SCHEDULES, server_rho_schedule
 
 DUAL_VARIANTS = ('thesis', 'release')
 # rho_server_schedule: 'constant' | 'release' | 'linear' (optimizers/schedules.server_rho_schedule); the
 # warm-up uses config.client.rho0 and client.rho_warmup_rounds (one T_s for client and server, as the release).
 # dual_variant defaults to 'release': Algorithm 5 as printed ('thesis') oscillates on the digits at alpha = 0
-# (benchmarks/README.flat_minima.md: 78.5 vs 95.6 last-K, SGD client); it stays one flag away, with a warning.
-HPARAMS = {'rho_server': 0.15, 'beta': 10.0, 'admm': True, 'dual_variant': 'release', 'population': 0,
-           'rho_server_schedule': 'constant'}
+# (benchmarks/studies/README.flat_minima.md: 78.5 vs 95.6 last-K, SGD client); it stays one flag away, with a warning.
+HPARAMS = {'rho_server': Number(0.15, lo=0, bound=True),
+           'beta': Number(10.0, lo=0, lo_open=True, bound=True),
+           'admm': Flag(True),
+           'dual_variant': Choice('release', ('release', 'thesis')),
+           'rho_server_schedule': Choice('constant', SERVER_RHO_SCHEDULES,
+                                         note=' (warm-up length: client.rho_warmup_rounds)'),
+           'population': Population()}
 
-tmap = jax.tree_util.tree_map
 
-
-def global_norm(tree):
-  return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree_util.tree_leaves(tree)))
+def check_data(cfg, hp, data) -> None:
+  """K_total against the data; the measured unstable combinations (warnings)."""
+  if (hp['admm'] and not hp['population'] and cfg.data.get('num_clients')
+      and cfg.data.get('num_clients') != data.num_clients):
+    raise ConfigError('algo.population', hp['population'],
+                      f'FedGloSS needs the population K_total: config.data.num_clients='
+                      f'{cfg.data.get("num_clients")!r} is not the data\'s {data.num_clients} clients; set '
+                      f'algo.population={data.num_clients}')
+  if hp['dual_variant'] == 'thesis' and hp['admm'] and cfg.clients_per_round < data.num_clients:
+    # Measured (benchmarks/studies/README.flat_minima.md): Algorithm 5's dual as printed is a |C^t| times larger step
+    # than the release code's and oscillates at partial participation (digits alpha=0: 78.5 vs 95.6 last-K).
+    logging.warning('%s with algo.dual_variant=thesis (Algorithm 5 as printed) and partial participation '
+                    'is unstable; the release code (the default) is --config.algo.dual_variant=release',
+                    cfg.algorithm)
+  if cfg.swa.enabled and cfg.swa.cyclic_lr and hp['admm']:
+    # Measured (benchmarks/studies/README.flat_minima.md): once SWA's cyclic client lr starts, the ADMM server term
+    # outweighs the clients' steps at lr2 and the model collapses (digits: 0.86 -> 0.60).
+    logging.warning('%s with server SWA and its cyclic client lr is unstable (the thesis never combines them); '
+                    'use --config.swa.cyclic_lr=False (averaging only) or WiMA (wima.enabled)', cfg.algorithm)
 
 
 def ascent(delta, rho, active):
@@ -70,7 +91,7 @@ def ascent(delta, rho, active):
 
 
 def _hp(ctx, name):
-  hp = {**default_hparams(name), **ctx.algo.to_dict()}
+  hp = hparams(ctx, name)
   if hp['dual_variant'] not in DUAL_VARIANTS:
     raise ValueError(f"algo.dual_variant={hp['dual_variant']!r}; allowed: {DUAL_VARIANTS}")
   if not hp['beta'] > 0:
@@ -85,24 +106,22 @@ def _hp(ctx, name):
 
 def _fedgloss_parts(ctx, hp):
   """Client functions and server pieces shared by FedGloSS and NaiveFedGloSS."""
-  client_cfg, loss_fn, server_tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx
-  make_client_tx = ctx.make_client_tx
+  loss_fn, server_tx, tx = ctx.loss_fn, ctx.server_tx, ctx.client_tx
   beta = float(hp['beta'])
   admm = bool(hp['admm'])
   release = hp['dual_variant'] == 'release'
 
   def client_init(bcast, client_state, admm_on=admm):
-    tx = make_client_tx(client_cfg, bcast['hparams'])
     w0 = bcast['params']
     extra = client_state if admm_on else ()
     return local_lib.LocalState(w0, tx.init(w0), w0, extra)
 
   def client_step(bcast, local, batch, rng, admm_on=admm):
-    tx = make_client_tx(client_cfg, bcast['hparams'])
     correction = None
     if admm_on:   # - sigma_k + (w - w_{k,0}) / beta, at the unperturbed w
       correction = tmap(lambda w, w0, s: -s + (w - w0) / beta, local.params, local.init_params, local.extra)
-    return local_lib.local_step(local, batch, rng, loss_fn=loss_fn, tx=tx, correction=correction)
+    return local_lib.local_step(local, batch, rng, loss_fn=loss_fn, tx=tx, hparams=bcast['hparams'],
+                                correction=correction)
 
   def client_final(bcast, local, client_state):
     """out: weighted D~ contribution (w~ - w_k); uniform (w_k - w~) for the global dual."""
@@ -145,7 +164,7 @@ def _fedgloss_parts(ctx, hp):
   return client_init, client_step, client_final, descent, init_state, client_state_init
 
 
-@register('fedgloss', hparams=HPARAMS)
+@register('fedgloss', hparams=HPARAMS, needs=('client_state',), check_data=check_data)
 def fedgloss_builder(ctx) -> FederatedAlgorithm:
   hp = _hp(ctx, 'fedgloss')
   rho_fn = hp['rho_fn']
@@ -180,7 +199,7 @@ def fedgloss_builder(ctx) -> FederatedAlgorithm:
       server_update, eval_models, client_state_init=client_state_init)
 
 
-@register('naive_fedgloss', hparams=HPARAMS)
+@register('naive_fedgloss', hparams=HPARAMS, needs=('client_state',), check_data=check_data)
 def naive_fedgloss_builder(ctx) -> FederatedAlgorithm:
   hp = _hp(ctx, 'naive_fedgloss')
   rho_fn = hp['rho_fn']

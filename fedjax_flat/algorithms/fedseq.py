@@ -41,21 +41,45 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.algorithms import registry
 from fedjax_flat.algorithms.fedavg import fedavg
+from fedjax_flat.algorithms.hparams import Choice, Flag, Integer, Number
 from fedjax_flat.algorithms.registry import register
+from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.errors import ConfigError
 
-CHAIN_ALGORITHMS = ('fedseq', 'fedasyncseq', 'fedseq2par', 'fedcyclic')
 GROWTH = ('linear', 'log', 'exp')
 
 # Hyperparameters of every chain algorithm (config.algo.*). C = 0.2: the reference code's experiments
 # (K = 500, C = 0.2 for every method); the thesis does not state C.
-_COMMON = {'fraction': 0.2,          # C: fraction of superclients (FedCyclic: of clients) per round
-           'chain_passes': 1,        # E_S: passes over the chain per round (a ring when > 1)
-           'shuffle_chain': True,    # re-draw the chain order every round (reference: shuffle_sp_clients)
-           'reset_opt_state': True,  # fresh client optimizer state per chain member (reference: new optimizer)
-           'lanes': 0,               # L: chains run in parallel per program (0 = auto; core/chains.py)
-           'lane_steps': 0}          # T: local steps per lane (0 = auto: the longest lane of the run)
+_FRACTION = {'fraction': Number(0.2, lo=0, lo_open=True, hi=1, finite=True,   # C: fraction of superclients
+                                note=': the fraction C of superclients (FedCyclic: of clients) sampled per round')}
+_PASSES = {'chain_passes': Integer(1, lo=1),      # E_S: passes over the chain per round (a ring when > 1)
+           'lanes': Integer(0, lo=0),             # L: chains run in parallel per program (0 = auto; core/chains.py)
+           'lane_steps': Integer(0, lo=0)}        # T: local steps per lane (0 = auto: the longest lane of the run)
+_FLAGS = {'shuffle_chain': Flag(True),            # re-draw the chain order every round (reference: shuffle_sp_clients)
+          # a fresh client optimizer state per chain member (the reference builds a new optimizer)
+          'reset_opt_state': Flag(True)}
+
+
+def check(cfg, hp) -> None:
+  """What a chain cannot do (the chain trainer lays out the chains on the host, one round per call)."""
+  del hp
+  algo = cfg.algorithm
+  if algo == 'fedcyclic' and (cfg.server.optimizer != 'sgd' or cfg.server.lr != 1 or cfg.server.momentum):
+    raise ConfigError('server.optimizer', cfg.server.optimizer, 'FedCyclic has no server step (the chain\'s '
+                      'model is the next global model): use server.optimizer=sgd, lr=1, momentum=0')
+  if cfg.engine.get('stream_batches', False):
+    raise ConfigError('engine.stream_batches', True, f'{algo} lays out its chains on the host: use False')
+  rpc = cfg.engine.get('rounds_per_call', 'auto')
+  if rpc != 'auto' and rpc != 1:
+    raise ConfigError('engine.rounds_per_call', rpc, f"{algo} runs one round per call: use 'auto' or 1")
+
+
+def _register(name, extra_counts=None, extra=None):
+  """The chain algorithms' declarations: rules in the order they are checked."""
+  return register(name, hparams={**_FRACTION, **_PASSES, **(extra_counts or {}), **_FLAGS, **(extra or {})},
+                  needs=('chains',), check=check)
 
 
 def growth(kind: str, alpha: float, beta: float, t: int, cap: int = 0) -> int:
@@ -80,30 +104,32 @@ def num_sampled(fraction: float, n: int) -> int:
 
 
 def is_chain(name: str) -> bool:
-  return name in CHAIN_ALGORITHMS
+  """Whether algorithm `name` declares the need 'chains' (False for unknown names)."""
+  return 'chains' in registry.needs(name)
 
 
 def _fedavg_of(ctx, name):
-  return fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, make_client_tx=ctx.make_client_tx,
-                name=name)
+  return fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, client_tx=ctx.client_tx, name=name)
 
 
-@register('fedseq', hparams=dict(_COMMON))
+@_register('fedseq')
 def _fedseq(ctx):
   return _fedavg_of(ctx, 'fedseq')
 
 
-@register('fedseq2par', hparams={**_COMMON, 'growth': 'exp', 'growth_alpha': 4.6e-4, 'growth_beta': 5})
+@_register('fedseq2par', {'growth_beta': Integer(5, lo=1)},
+           {'growth': Choice('exp', ('exp', 'linear', 'log')),
+            'growth_alpha': Number(4.6e-4, lo=0, bound=True, finite=True)})
 def _fedseq2par(ctx):
   return _fedavg_of(ctx, 'fedseq2par')
 
 
-@register('fedcyclic', hparams=dict(_COMMON))
+@_register('fedcyclic')
 def _fedcyclic(ctx):
   return _fedavg_of(ctx, 'fedcyclic')
 
 
-@register('fedasyncseq', hparams={**_COMMON, 'merge_every': 0})
+@_register('fedasyncseq', {'merge_every': Integer(0, lo=0)})
 def _fedasyncseq(ctx):
   chain = getattr(ctx, 'chain', None)
   if not chain:

@@ -26,21 +26,23 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.core.contract import FederatedAlgorithm
-from fedjax_flat.algorithms.fedavg import make_hparams_fn
-from fedjax_flat.algorithms.fedprox import (global_norm, hparams, population, server_step_to, tmap,
-                                            without_sharpness)
+from fedjax_flat.algorithms.common import (global_norm, hparams, make_hparams_fn, population, server_step_to,
+                                           tmap, without_sharpness)
 from fedjax_flat.algorithms.fedspeed import apply_gradient, ascent_point, require_sam
+from fedjax_flat.algorithms.hparams import Number, Population
 from fedjax_flat.algorithms.registry import register
+from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.optimizers.client import client_optimizer
 
 
-@register('fedsmoo', hparams={'beta': 10.0, 'population': 0})
+@register('fedsmoo', hparams={'beta': Number(10.0, lo=0, lo_open=True), 'population': Population()},
+          client_optimizers=('sam',), needs=('population', 'client_state'))
 def fedsmoo(ctx) -> FederatedAlgorithm:
   require_sam(ctx, 'fedsmoo')
   hp = hparams(ctx, 'fedsmoo')
   beta, n_pop = float(hp['beta']), population(ctx, hp)
-  client_cfg, loss_fn, server_tx, make_client_tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx, ctx.make_client_tx
-  sgd_cfg = without_sharpness(client_cfg)
+  client_cfg, loss_fn, server_tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx
+  tx = client_optimizer(without_sharpness(client_cfg))      # its own ascent step: the rest of the chain
   hparams_fn = make_hparams_fn(client_cfg)
   zeros = lambda t: tmap(jnp.zeros_like, t)
 
@@ -54,12 +56,10 @@ def fedsmoo(ctx) -> FederatedAlgorithm:
 
   def client_init(bcast, cs, rng):
     del rng
-    tx = make_client_tx(sgd_cfg, bcast['hparams'])
     w = bcast['params']
     return local_lib.LocalState(w, tx.init(w), w, cs)
 
   def client_step(bcast, local, batch, rng):
-    tx = make_client_tx(sgd_cfg, bcast['hparams'])
     grad = lambda p: jax.value_and_grad(lambda q: loss_fn(q, batch, rng), has_aux=True)(p)
     (_, (loss_sum, count)), g = grad(local.params)
     s, mu = bcast['s'], local.extra['mu']
@@ -68,7 +68,7 @@ def fedsmoo(ctx) -> FederatedAlgorithm:
     mu = tmap(lambda m, e, ss: m + e - ss, mu, eps, s)
     g2 = grad(w_eps)[1]
     corr = tmap(lambda sg, w, w0: -sg + (w - w0) / beta, local.extra['sigma'], local.params, local.init_params)
-    new, m = apply_gradient(local, g2, tx, corr, loss_sum, count)
+    new, m = apply_gradient(local, g2, tx, bcast['hparams'], corr, loss_sum, count)
     return new._replace(extra={'sigma': local.extra['sigma'], 'mu': mu}), m
 
   def client_final(bcast, local, cs):

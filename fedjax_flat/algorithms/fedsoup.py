@@ -37,16 +37,22 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_flat.algorithms import local as local_lib
+from fedjax_flat.algorithms.common import hparams, make_hparams_fn, tmap
+from fedjax_flat.algorithms.fedavg import fedavg
+from fedjax_flat.algorithms.hparams import Choice, Flag, Integer, Number
+from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm
-from fedjax_flat.algorithms.fedavg import fedavg, make_hparams_fn
-from fedjax_flat.algorithms.registry import default_hparams, register
 from fedjax_flat.algorithms import personalization
 from fedjax_flat.algorithms.wrappers import local_norm
 from fedjax_flat.data import validation_steps
-tmap = jax.tree_util.tree_map
+from fedjax_flat.optimizers.client import client_optimizer
 
-HPARAMS = {'start_fraction': 0.75, 'start_round': -1, 'strict': False, 'val_source': 'val',
-           'persist_opt_state': False, 'local_norm': False}
+HPARAMS = {'start_fraction': Number(0.75, lo=0, hi=1),
+           'start_round': Integer(-1, lo=-1, note=' (-1 = from start_fraction)'),
+           'strict': Flag(False),
+           'persist_opt_state': Flag(False),
+           'local_norm': Flag(False),
+           'val_source': Choice('val', ('local_test', 'val'))}
 
 
 # --- The soup arithmetic (pure; unit-tested on hand-made models). ---
@@ -78,7 +84,7 @@ def start_round(config, hp) -> int:
 
 
 def _hp(ctx, name):
-  hp = {**default_hparams(name), **ctx.algo.to_dict()}
+  hp = hparams(ctx, name)
   if not 0.0 <= float(hp['start_fraction']) <= 1.0:
     raise ValueError(f"algo.start_fraction={hp['start_fraction']!r} must be in [0, 1]")
   if hp['val_source'] not in validation_steps.VAL_SOURCES:
@@ -86,9 +92,11 @@ def _hp(ctx, name):
   return hp
 
 
-def fedsoup(model, loss_fn, client_cfg, server_tx, *, make_client_tx, start: int, strict: bool = False,
+def fedsoup(model, loss_fn, client_cfg, server_tx, *, client_tx=None, start: int, strict: bool = False,
             persist_opt_state: bool = False, name: str = 'fedsoup') -> FederatedAlgorithm:
+  """client_tx: the client optimizer (built once; default: optimizers/client.client_optimizer(client_cfg))."""
   hparams_fn = make_hparams_fn(client_cfg)
+  tx = client_optimizer(client_cfg) if client_tx is None else client_tx
 
   def correct(params, batch, vmask):
     logits = model.apply(params, batch['x'], train=False)
@@ -108,13 +116,11 @@ def fedsoup(model, loss_fn, client_cfg, server_tx, *, make_client_tx, start: int
     z = tmap(jnp.zeros_like, params)
     s = {'soup': z, 'count': jnp.zeros((), jnp.float32), 'personal': z}
     if persist_opt_state:
-      tx = make_client_tx(client_cfg, hparams_fn(0))
       s['opt_state'] = tmap(jnp.zeros_like, tx.init(params))
     return s
 
   def client_init(bcast, client_state, rng):
     del rng
-    tx = make_client_tx(client_cfg, bcast['hparams'])
     w0 = bcast['params']
     opt_state = client_state['opt_state'] if persist_opt_state else tx.init(w0)
     extra = {'soup': client_state['soup'], 'count': client_state['count'],
@@ -126,9 +132,8 @@ def fedsoup(model, loss_fn, client_cfg, server_tx, *, make_client_tx, start: int
       raise ValueError("fedsoup needs the clients' validation examples in the round batches (batch['split']); "
                        'the Trainer appends them (data/validation_steps.append_validation_steps)')
     split = batch['split'].astype(jnp.float32)
-    tx = make_client_tx(client_cfg, bcast['hparams'])
     train_batch = {'x': batch['x'], 'y': batch['y'], 'mask': batch['mask'] * (1.0 - split)}
-    trained, m = local_lib.local_step(local, train_batch, rng, loss_fn=loss_fn, tx=tx)
+    trained, m = local_lib.local_step(local, train_batch, rng, loss_fn=loss_fn, tx=tx, hparams=bcast['hparams'])
 
     vmask = batch['mask'] * split
     ex = local.extra
@@ -183,10 +188,10 @@ def _fedsoup_personalizer(algorithm, server_state, client_state):
 personalization.register_personalizer('fedsoup', _fedsoup_personalizer)
 
 
-@register('fedsoup', hparams=HPARAMS)
+@register('fedsoup', hparams=HPARAMS, needs=('client_state', 'validation'))
 def _fedsoup_builder(ctx) -> FederatedAlgorithm:
   hp = _hp(ctx, 'fedsoup')
-  alg = fedsoup(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, make_client_tx=ctx.make_client_tx,
+  alg = fedsoup(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, client_tx=ctx.client_tx,
                 start=start_round(ctx.config, hp), strict=bool(hp['strict']),
                 persist_opt_state=bool(hp['persist_opt_state']))
   if hp['local_norm']:
@@ -194,8 +199,8 @@ def _fedsoup_builder(ctx) -> FederatedAlgorithm:
   return alg
 
 
-@register('fedbn', hparams={})
+@register('fedbn', needs=('client_state', 'batch_stats', 'local_batch_stats'))
 def _fedbn_builder(ctx) -> FederatedAlgorithm:
   """FedAvg with the normalization params kept local (FedBN, Li et al. 2021; GroupNorm models here)."""
-  base = fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, make_client_tx=ctx.make_client_tx)
+  base = fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, client_tx=ctx.client_tx)
   return local_norm.with_local_norm(base, name='fedbn')

@@ -9,7 +9,7 @@ codes do.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +17,7 @@ import optax
 
 from fedjax_flat.tasks import base as tasks_lib
 from fedjax_flat.tasks.base import cross_entropy  # noqa: F401  (re-exported: the one definition lives in tasks)
+from fedjax_flat.core.batch_stats import pooled_moments
 
 Params = Any
 
@@ -119,7 +120,6 @@ def _microbatched_loss(model, *, man_zeta, train, task, k):
       total = total + man_zeta * sums['man'] / jnp.maximum(sums['n'], 1.0)
     if not bn:
       return total, (sums['loss_sum'], sums['count'])
-    from fedjax_flat.core.batch_stats import pooled_moments
     pooled = pooled_moments(sums['moments'], sums['n'])
     m = model.bn_momentum
     stats = jax.tree_util.tree_map(lambda old, new: jax.lax.stop_gradient(m * old + (1 - m) * new),
@@ -129,16 +129,20 @@ def _microbatched_loss(model, *, man_zeta, train, task, k):
 
 
 def local_step(local: LocalState, batch, rng, *, loss_fn, tx: optax.GradientTransformation,
-               correction: Optional[Params] = None):
-  """One client optimizer step. `tx` sees grad_fn (for SAM/ASAM) and `correction` as extra args."""
+               hparams=None, correction: Optional[Params] = None):
+  """One client optimizer step. `tx` sees grad_fn (for SAM/ASAM), `correction` and the round's `hparams`
+  ({'lr', 'rho'}: optimizers/client.client_optimizer; None for an optimizer with fixed hparams) as extra
+  args."""
   params = local.params
+  extra = {} if hparams is None else {'hparams': hparams}
 
   def grad_fn(p):
     return jax.grad(lambda q: loss_fn(q, batch, rng)[0])(p)
 
   (_, aux), grads = jax.value_and_grad(lambda p: loss_fn(p, batch, rng), has_aux=True)(params)
   loss_sum, count = aux[0], aux[1]
-  updates, opt_state = tx.update(grads, local.opt_state, params, grad_fn=grad_fn, correction=correction)
+  updates, opt_state = tx.update(grads, local.opt_state, params, grad_fn=grad_fn, correction=correction,
+                                 **extra)
   params = optax.apply_updates(params, updates)
   if len(aux) > 2:   # BatchNorm: the running statistics of this step's (unperturbed) forward pass
     params = {**params, 'batch_stats': aux[2]}

@@ -30,14 +30,44 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import optax
+from absl import logging
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.core.contract import FederatedAlgorithm
-from fedjax_flat.algorithms.fedavg import make_hparams_fn
-from fedjax_flat.algorithms.fedprox import hparams, tmap
+from fedjax_flat.algorithms.common import hparams, make_hparams_fn, tmap
+from fedjax_flat.algorithms.hparams import Number
 from fedjax_flat.algorithms.registry import register
+from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.errors import ConfigError
 
-HPARAMS = {'beta': 0.9}
+HPARAMS = {'beta': Number(0.9, lo=0, hi=1, hi_open=True)}
+
+# Measured (benchmarks/studies/README.baselines.md, MimeLite beta 0.9 on the digits quickstart, 100 rounds): client lr
+# 0.01 trains at alpha 0 and 0.5; 0.02 diverges at alpha 0; 0.03 degrades (0.61) and 0.04-0.05 diverge at
+# alpha 0.5. The momentum trace g + beta m scales the step by 1/(1 - beta), so the bound is on lr / (1 - beta).
+MIME_MAX_EFFECTIVE_LR = 0.1
+
+
+def warn_mime_lr(lr, beta, algo) -> bool:
+  """Logs a warning (and returns True) when lr / (1 - beta) is above the measured stable range."""
+  eff = float(lr) / (1.0 - float(beta))
+  if eff <= MIME_MAX_EFFECTIVE_LR * (1 + 1e-9):
+    return False
+  logging.warning('%s: client.lr=%g with algo.beta=%g is an effective step lr/(1-beta)=%.3g, above %.2g where it '
+                  'diverged on the digits quickstart (benchmarks/studies/README.baselines.md); try client.lr <= %.3g',
+                  algo, lr, beta, eff, MIME_MAX_EFFECTIVE_LR, MIME_MAX_EFFECTIVE_LR * (1.0 - float(beta)))
+  return True
+
+
+def check(cfg, hp) -> None:
+  """The base optimizer is Mime's own SGD with momentum algo.beta: no client momentum, no Adam."""
+  algo = cfg.algorithm
+  warn_mime_lr(cfg.client.lr, hp['beta'], algo)
+  if cfg.client.momentum:
+    raise ConfigError('client.momentum', cfg.client.momentum,
+                      f'{algo} must have client.momentum = 0 (its base-optimizer momentum is algo.beta)')
+  if cfg.client.get('base_optimizer', 'sgd') == 'adam':
+    raise ConfigError('client.base_optimizer', 'adam',
+                      f'{algo} defines its own SGD-momentum base optimizer: use sgd')
 
 
 def _check(ctx, name):
@@ -54,7 +84,7 @@ def _grad_sum(loss_fn, w, batch, rng):
 
 def _mime(ctx, name: str, lite: bool) -> FederatedAlgorithm:
   beta = _check(ctx, name)
-  client_cfg, loss_fn, server_tx, make_client_tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx, ctx.make_client_tx
+  client_cfg, loss_fn, server_tx, tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx, ctx.client_tx
   wd = float(client_cfg.weight_decay)
   hparams_fn = make_hparams_fn(client_cfg)
   zeros = lambda t: tmap(jnp.zeros_like, t)
@@ -77,18 +107,17 @@ def _mime(ctx, name: str, lite: bool) -> FederatedAlgorithm:
 
   # -- the training pass (Mime phase 1, MimeLite's only phase)
   def train_init(bcast):
-    tx = make_client_tx(client_cfg, bcast['hparams'])
     x = bcast['params']
     return local_lib.LocalState(x, tx.init(x), x, {'gsum': zeros(x), 'n': jnp.zeros((), jnp.float32)})
 
   def train_step(bcast, local, batch, rng):
-    tx = make_client_tx(client_cfg, bcast['hparams'])
     _, count, gx_sum = _grad_sum(loss_fn, local.init_params, batch, rng)       # grad f_B(x) * |B|
     if lite:
       corr = tmap(lambda m: beta * m, bcast['m'])
     else:
       corr = tmap(lambda gs, c, m: -gs / jnp.maximum(count, 1.0) + c + beta * m, gx_sum, bcast['c'], bcast['m'])
-    new, met = local_lib.local_step(local, batch, rng, loss_fn=loss_fn, tx=tx, correction=corr)
+    new, met = local_lib.local_step(local, batch, rng, loss_fn=loss_fn, tx=tx, hparams=bcast['hparams'],
+                                    correction=corr)
     extra = local.extra
     if lite:
       extra = {'gsum': tmap(lambda a, b: a + b, extra['gsum'], gx_sum), 'n': extra['n'] + count}
@@ -152,11 +181,11 @@ def _mime(ctx, name: str, lite: bool) -> FederatedAlgorithm:
                             comm_down=(3.0 if beta else 2.0) / 2, comm_up=1.0)
 
 
-@register('mime', hparams=HPARAMS)
+@register('mime', hparams=HPARAMS, check=check)
 def mime(ctx) -> FederatedAlgorithm:
   return _mime(ctx, 'mime', lite=False)
 
 
-@register('mimelite', hparams=HPARAMS)
+@register('mimelite', hparams=HPARAMS, check=check)
 def mimelite(ctx) -> FederatedAlgorithm:
   return _mime(ctx, 'mimelite', lite=True)

@@ -1,25 +1,55 @@
-"""Algorithm registry and the builder that composes an algorithm from config.
+"""The algorithm registry: each algorithm declares, where it is defined, everything the rest of the package
+needs to know about it; and the builder that composes an algorithm from config.
+
+Adding an algorithm = its module in this package + its test (+ a config); nothing else changes:
+
+    @register('fednova', hparams={'mu': Number(0.0, lo=0)},     # config.algo.* rules and defaults (hparams.py)
+              client_optimizers=('sgd', 'sam', 'asam'),          # allowed client.optimizer (None: any)
+              needs=('population',),                              # see NEEDS
+              check=my_check, check_data=my_check_data)           # optional cross-field rules and warnings
+    def fednova(ctx: BuildContext) -> FederatedAlgorithm: ...
+
+The module is imported on the first lookup (fedjax_flat/registry.py walks the package). The contract:
+  hparams            {name: Rule}: the ONLY hyperparameters config.algo may hold; their defaults fill config.algo
+                     (`default_hparams`, `--config.algo.<k>=<v>` in config/algo_flags.py)
+  client_optimizers  client.optimizer values the algorithm works with; anything else is a ConfigError
+  needs              what the algorithm relies on, read by the central code instead of lists of names:
+                       'population'        scales by N: algo.population must be the dataset's (checked on the data)
+                       'chains'            runs sequential chains (training/chain_loop.py); algo.fraction samples
+                       'client_state'      persistent per-client state (core/client_state.py)
+                       'validation'        per-client validation examples in the round batches
+                       'batch_stats'       BatchNorm statistics averaged through the FedAvg pseudo-gradient
+                       'local_batch_stats' BatchNorm statistics kept on the clients
+  check(cfg, hp)     static cross-field rules of this algorithm (hp = defaults over config.algo); raises
+                     ConfigError, may log warnings; runs in config/validate.validate_config, before any data
+  check_data(cfg, hp, data)  the same once the data are loaded (config/validate.validate_against_data)
 
 build_algorithm(config, model):
   loss    = the task's loss (+ MAN when config.man.zeta > 0)                algorithms/local.py, tasks/base.py
-  client  = SGD | SAM | ASAM optimizer chain, hparams broadcast by server   optimizers/client.py
+  client  = SGD | SAM | ASAM optimizer chain, built once; hparams per step   optimizers/client.py
   server  = optax transform on the pseudo-gradient                         optimizers/server.py
-  base    = ALGORITHMS[config.algorithm](ctx)                              one module per algorithm
-  then the server-side wrappers: SWA (config.swa), WiMA (config.wima)      algorithms/wrappers/swa.py, algorithms/wrappers/wima.py
-
-A new algorithm is one module with a builder `fn(ctx) -> FederatedAlgorithm`, registered here with
-`@register('name', hparams={...defaults...})`; its hyperparameters live in `config.algo`.
+  base    = the registered builder (ctx)                                   one module per algorithm
+  then the server-side wrappers: SWA (config.swa), WiMA (config.wima)      algorithms/wrappers/swa.py, wima.py
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 
+from fedjax_flat.algorithms import hparams as hparams_lib
 from fedjax_flat.algorithms import local as local_lib
+from fedjax_flat.algorithms.wrappers import swa, wima
+from fedjax_flat.core.batch_stats import average_batch_stats
 from fedjax_flat.core.contract import FederatedAlgorithm
-from fedjax_flat.optimizers.client import make_client_tx
+from fedjax_flat.errors import ConfigError
+from fedjax_flat.optimizers.client import client_optimizer
 from fedjax_flat.optimizers.server import make_server_tx
+from fedjax_flat.registry import Registry
+
+ALGORITHMS = Registry('algorithm', package='fedjax_flat.algorithms')
+
+NEEDS = ('population', 'chains', 'client_state', 'validation', 'batch_stats', 'local_batch_stats')
+CLIENT_OPTIMIZERS = ('sgd', 'sam', 'asam')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +59,7 @@ class BuildContext:
   loss_fn: Callable
   client_cfg: Any
   server_tx: Any
-  make_client_tx: Callable
+  client_tx: Any             # the client optimizer (optimizers/client.client_optimizer), built once
   config: Any
   population: int = 0        # N, the dataset's number of clients (0 = unknown: config.data.num_clients)
   task: Any = None           # the dataset's task (fedjax_flat/tasks/base.py); None = classification
@@ -40,61 +70,123 @@ class BuildContext:
     return self.config.algo
 
 
-_ALGORITHMS: Dict[str, Callable[[BuildContext], FederatedAlgorithm]] = {}
-_HPARAMS: Dict[str, dict] = {}
+@dataclasses.dataclass(frozen=True)
+class AlgorithmSpec:
+  """One registered algorithm: its builder and its declarations (see the module docstring)."""
+  name: str
+  build: Callable[[BuildContext], FederatedAlgorithm]
+  hparams: Mapping[str, hparams_lib.Rule]
+  client_optimizers: Optional[Tuple[str, ...]]
+  needs: FrozenSet[str]
+  check: Optional[Callable] = None
+  check_data: Optional[Callable] = None
 
-# Modules that register algorithms on import (each one file).
-_MODULES = ('fedavg', 'fedprox', 'scaffold', 'feddyn', 'adabest', 'mime', 'fedcm', 'fedacg',
-            'fedspeed', 'fedsmoo', 'fedgamma', 'fedgloss', 'fedsoup', 'fedseq', 'silobn')
+  def defaults(self) -> Dict[str, Any]:
+    return hparams_lib.defaults(self.hparams)
+
+  def hp(self, cfg) -> Dict[str, Any]:
+    """config.algo over the declared defaults."""
+    return {**self.defaults(), **cfg.algo.to_dict()}
+
+  def validate(self, cfg) -> None:
+    """Names, rules, client optimizer, then the algorithm's own cross-field check."""
+    for k in cfg.algo.keys():
+      if k not in self.hparams:
+        raise ConfigError(f'algo.{k}', cfg.algo[k], f'not a hyperparameter of algorithm {self.name!r}; '
+                          f'its hyperparameters: {sorted(self.hparams)}')
+    hp = self.hp(cfg)
+    hparams_lib.check(self.hparams, hp)
+    allowed = self.client_optimizers
+    if allowed is not None and cfg.client.optimizer not in allowed:
+      raise ConfigError('client.optimizer', cfg.client.optimizer,
+                        f'{self.name} needs a sharpness-aware client: allowed values {list(allowed)}')
+    if self.check is not None:
+      self.check(cfg, hp)
+
+  def validate_data(self, cfg, data) -> None:
+    hp = self.hp(cfg)
+    if 'population' in self.needs:
+      check_population(cfg, data)
+    if self.check_data is not None:
+      self.check_data(cfg, hp, data)
 
 
-def register(name: str, hparams: dict = None):
+def check_population(cfg, data) -> None:
+  """Algorithms that scale by the population N (SCAFFOLD, FedDyn, FedSMOO, FedGamma, ...): the N they are
+  given (algo.population, else data.num_clients) must be the dataset's."""
+  pop = int(cfg.algo.get('population', 0) or 0)
+  field = 'algo.population'
+  if not pop:
+    pop, field = int(cfg.data.get('num_clients', 0) or 0), 'data.num_clients'
+    if not pop:
+      return                     # neither set: the algorithm takes N from the dataset (BuildContext.population)
+  if pop != data.num_clients:
+    raise ConfigError(field, pop or None, f'{cfg.algorithm} needs the population N = {data.num_clients} clients '
+                      f'of the data: set algo.population={data.num_clients}')
+
+
+def register(name: str, hparams: Optional[Mapping[str, hparams_lib.Rule]] = None, *,
+             client_optimizers: Optional[Tuple[str, ...]] = None, needs: Tuple[str, ...] = (),
+             check: Optional[Callable] = None, check_data: Optional[Callable] = None):
+  """Registers `fn(ctx) -> FederatedAlgorithm` as algorithm `name` with its declarations."""
+  rules = dict(hparams or {})
+  for k, r in rules.items():
+    if not isinstance(r, hparams_lib.Rule):
+      raise TypeError(f'algorithm {name!r}: hyperparameter {k!r} must be declared with a rule of '
+                      f'algorithms/hparams.py (Number, Integer, Flag, Choice, Population), got {r!r}')
+  bad = set(needs) - set(NEEDS)
+  if bad:
+    raise ValueError(f'algorithm {name!r}: unknown needs {sorted(bad)}; known: {list(NEEDS)}')
+  if client_optimizers is not None and not set(client_optimizers) <= set(CLIENT_OPTIMIZERS):
+    raise ValueError(f'algorithm {name!r}: client_optimizers {client_optimizers} not in {CLIENT_OPTIMIZERS}')
+
   def deco(fn):
-    _ALGORITHMS[name] = fn
-    _HPARAMS[name] = dict(hparams or {})
+    spec = AlgorithmSpec(name, fn, rules, None if client_optimizers is None else tuple(client_optimizers),
+                         frozenset(needs), check, check_data)
+    ALGORITHMS.register(name, spec=spec)(fn)
     return fn
   return deco
 
 
-def _load():
-  for m in _MODULES:
-    mod = f'fedjax_flat.algorithms.{m}'
-    try:
-      importlib.import_module(mod)
-    except ModuleNotFoundError as e:
-      if e.name != mod:
-        raise
-
-
 def names():
-  _load()
-  return sorted(_ALGORITHMS)
+  return ALGORITHMS.names()
+
+
+def spec(name: str) -> AlgorithmSpec:
+  return ALGORITHMS.meta(name, 'spec')
+
+
+def needs(name: str) -> FrozenSet[str]:
+  """The declared needs of `name`; empty for a name that is not registered (e.g. '' or a typo: the
+  validator reports those)."""
+  return spec(name).needs if name in ALGORITHMS else frozenset()
+
+
+def with_need(need: str):
+  """The registered algorithms that declare `need`, sorted."""
+  return [n for n in names() if need in spec(n).needs]
 
 
 def default_hparams(name: str) -> dict:
-  _load()
-  return dict(_HPARAMS.get(name, {}))
+  """The declared defaults of `name` ({} for a name that is not registered)."""
+  return spec(name).defaults() if name in ALGORITHMS else {}
 
 
 def build_algorithm(config, model, population: int = 0, task=None, chain=None) -> FederatedAlgorithm:
-  _load()
   name = config.algorithm
-  if name not in _ALGORITHMS:
-    raise ValueError(f'algorithm={name!r} is unknown; allowed: {sorted(_ALGORITHMS)}')
+  if name not in ALGORITHMS:
+    raise ValueError(f'algorithm={name!r} is unknown; allowed: {names()}')
   loss_fn = local_lib.make_loss(model, man_zeta=float(config.man.zeta), task=task,
                                 microbatches=int(config.client.get('microbatches', 1)))
   server_tx = make_server_tx(config.server)
   if getattr(model, 'batch_stats', False):   # BatchNorm statistics: averaged, not optimized (core/batch_stats.py)
-    from fedjax_flat.core.batch_stats import average_batch_stats
     server_tx = average_batch_stats(server_tx)
-  ctx = BuildContext(model=model, loss_fn=loss_fn, client_cfg=config.client,
-                     server_tx=server_tx, make_client_tx=make_client_tx, config=config,
+  ctx = BuildContext(model=model, loss_fn=loss_fn, client_cfg=config.client, server_tx=server_tx,
+                     client_tx=client_optimizer(config.client), config=config,
                      population=int(population), task=task, chain=chain)
-  alg = _ALGORITHMS[name](ctx)
+  alg = spec(name).build(ctx)
   if config.swa.enabled:
-    from fedjax_flat.algorithms.wrappers import swa
     alg = swa.with_swa(alg, config)
   if config.wima.enabled:
-    from fedjax_flat.algorithms.wrappers import wima
     alg = wima.with_wima(alg, config)
   return alg

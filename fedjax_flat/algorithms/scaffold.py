@@ -19,15 +19,15 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.core.contract import FederatedAlgorithm
-from fedjax_flat.algorithms.fedavg import make_hparams_fn
-from fedjax_flat.algorithms.fedprox import hparams, population, server_step_to, tmap
+from fedjax_flat.algorithms.common import hparams, make_hparams_fn, population, server_step_to, tmap
+from fedjax_flat.algorithms.hparams import Population
 from fedjax_flat.algorithms.registry import register
+from fedjax_flat.core.contract import FederatedAlgorithm
 
 
 def scaffold_algorithm(ctx, hp, name: str) -> FederatedAlgorithm:
   n_pop = population(ctx, hp)
-  client_cfg, loss_fn, server_tx, make_client_tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx, ctx.make_client_tx
+  client_cfg, loss_fn, server_tx, tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx, ctx.client_tx
   hparams_fn = make_hparams_fn(client_cfg)
   make_loss = hp.get('make_loss')            # FedGamma's optional corrected-perturbation loss
 
@@ -41,18 +41,16 @@ def scaffold_algorithm(ctx, hp, name: str) -> FederatedAlgorithm:
 
   def client_init(bcast, c_k, rng):
     del rng
-    tx = make_client_tx(client_cfg, bcast['hparams'])
     x = bcast['params']
     correction = tmap(lambda c, ck: c - ck, bcast['c'], c_k)                # c - c_k, fixed during the round
     return local_lib.LocalState(x, tx.init(x), x, {'corr': correction, 'steps': jnp.zeros((), jnp.float32)})
 
   def client_step(bcast, local, batch, rng):
-    tx = make_client_tx(client_cfg, bcast['hparams'])
-    corr = local.extra['corr']
+    corr, hp_round = local.extra['corr'], bcast['hparams']
     if make_loss is not None:   # the correction inside the loss: SAM's ascent uses g + c - c_k
-      new, m = local_lib.local_step(local, batch, rng, loss_fn=make_loss(corr), tx=tx)
+      new, m = local_lib.local_step(local, batch, rng, loss_fn=make_loss(corr), tx=tx, hparams=hp_round)
     else:
-      new, m = local_lib.local_step(local, batch, rng, loss_fn=loss_fn, tx=tx, correction=corr)
+      new, m = local_lib.local_step(local, batch, rng, loss_fn=loss_fn, tx=tx, hparams=hp_round, correction=corr)
     return new._replace(extra={**local.extra, 'steps': local.extra['steps'] + 1.0}), m
 
   def client_final(bcast, local, c_k):
@@ -79,6 +77,6 @@ def scaffold_algorithm(ctx, hp, name: str) -> FederatedAlgorithm:
                             comm_down=2.0, comm_up=2.0)
 
 
-@register('scaffold', hparams={'population': 0})
+@register('scaffold', hparams={'population': Population()}, needs=('population', 'client_state'))
 def scaffold(ctx) -> FederatedAlgorithm:
   return scaffold_algorithm(ctx, hparams(ctx, 'scaffold'), 'scaffold')

@@ -17,7 +17,9 @@ from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.algorithms.fedavg import fedavg
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.algorithms.wrappers import local_norm
-@register('silobn', hparams={})
+
+
+@register('silobn', needs=('client_state', 'batch_stats', 'local_batch_stats'))
 def _silobn_builder(ctx) -> FederatedAlgorithm:
-  base = fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, make_client_tx=ctx.make_client_tx)
+  base = fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, client_tx=ctx.client_tx)
   return local_norm.with_local_norm(base, name='silobn', select=local_norm.is_batch_stats_path)

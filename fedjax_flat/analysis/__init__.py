@@ -24,3 +24,13 @@ from fedjax_flat.analysis.per_client import client_lambda_max
 from fedjax_flat.analysis.report import analyze
 from fedjax_flat.analysis.trace import hutchinson_samples, hutchinson_trace
 from fedjax_flat.analysis import plots
+
+__all__ = [
+    'make_fixed_batches', 'num_valid', 'stack_batches', 'SpectralDensity', 'density_from_nodes',
+    'slq_nodes_weights', 'spectral_density', 'CheckedPairs', 'LanczosResult', 'check_pairs', 'lanczos',
+    'top_eigenpairs', 'top_eigenpairs_lanczos', 'top_eigenpairs_power', 'tridiagonal', 'cross_entropy',
+    'dense_hessian', 'flatten_params', 'make_eval_fn', 'make_full_loss_fn', 'make_hvp', 'make_loss_fn', 'param_dim',
+    'Plane', 'evaluate_plane', 'evaluate_three_model_plane', 'filter_normalized_direction', 'filter_norms',
+    'interpolate_1d', 'plane_grid', 'plane_through_three', 'surface_2d', 'client_lambda_max', 'analyze',
+    'hutchinson_samples', 'hutchinson_trace', 'plots'
+]

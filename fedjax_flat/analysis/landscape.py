@@ -12,7 +12,7 @@ is traced inside one jitted grid evaluation (`lax.map` over points, optionally i
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp

@@ -3,12 +3,14 @@
 ml_collections' config flags can only override keys the config file already has, and most configs leave
 `config.algo` empty (the algorithm's registered defaults apply). So the experiment binaries take these flags
 out of argv before absl parses it, and apply them once the config (and so `config.algorithm`) is known:
-`config.algo` is filled with the algorithm's registered defaults, then each override is parsed with the
-type of its default. Values are parsed as literals, never evaluated.
+`config.algo` is filled with the algorithm's declared defaults (its rules, algorithms/hparams.py), then each
+override is parsed with the type of its default. Values are parsed as literals, never evaluated.
 """
 from __future__ import annotations
 
 from typing import List, Sequence, Tuple
+from fedjax_flat.errors import ConfigError
+from fedjax_flat.algorithms import registry
 
 _PREFIX = '--config.algo.'
 
@@ -29,7 +31,6 @@ def split_argv(argv: Sequence[str]) -> Tuple[List[str], List[Tuple[str, str]]]:
 
   Raises validate.ConfigError when a flag has no value (`--config.algo.mu` last, or followed by a flag).
   """
-  from fedjax_flat.errors import ConfigError
   rest, overrides = [], []
   i = 0
   while i < len(argv):
@@ -75,8 +76,6 @@ def apply(config, overrides: Sequence[Tuple[str, str]]):
   Raises validate.ConfigError naming the field when the algorithm or a hyperparameter name is unknown or a
   value does not parse.
   """
-  from fedjax_flat.algorithms import registry
-  from fedjax_flat.errors import ConfigError
   if not overrides:
     return config
   if config.algorithm not in registry.names():

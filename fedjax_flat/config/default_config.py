@@ -103,7 +103,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.server.b1 = 0.9
   c.server.b2 = 0.99
   c.server.eps = 1e-3
-  c.server.adaptive_form = 'reddi'    # adam/adagrad/yogi: 'reddi' (Alg. 2) | 'torch' (release code); optimizers/server.py
+  # adam/adagrad/yogi: 'reddi' (Alg. 2) | 'torch' (release code); optimizers/server.py
+  c.server.adaptive_form = 'reddi'
 
   c.swa = ml_collections.ConfigDict()
   c.swa.enabled = False

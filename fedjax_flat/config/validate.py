@@ -9,12 +9,25 @@ import math
 import numbers
 import os
 
-from absl import logging
-
+from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.config import centralized
 from fedjax_flat.config.run_dir import is_run_dir
 from fedjax_flat.data import registry as data_registry
 from fedjax_flat.errors import ConfigError
+from fedjax_flat.core.engine import STRATEGIES
+from fedjax_flat.models import registry as model_registry
+from fedjax_flat.optimizers.server import SERVER_OPTIMIZERS
+from fedjax_flat.config import data_fields
+from fedjax_flat.optimizers.server import ADAPTIVE_FORMS
+from fedjax_flat.core.client_state import STORE_KINDS
+from fedjax_flat.grouping import distances, estimators, groupers
+from fedjax_flat.optimizers.schedules import LR_SCHEDULES
+from fedjax_flat.tasks.segmentation import OHEM_MODES
+from fedjax_flat.models.tiling import EVAL_MODES
+from fedjax_flat.core import batch_stats
+from fedjax_flat.data import attacks
+from fedjax_flat.data import validation_steps
+from fedjax_flat.data.registry import OPTIONAL_FIELDS
 
 
 def _get(cfg, path):
@@ -68,11 +81,6 @@ NORMALIZE = ('none', 'cifar10', 'cifar100', 'imagenet', 'feddrive')
 
 def validate_config(cfg) -> None:
   """Static checks (no data loaded). `validate_against_data` checks the population-dependent fields."""
-  from fedjax_flat.algorithms import registry as alg_registry
-  from fedjax_flat.core.engine import STRATEGIES
-  from fedjax_flat.data import registry as data_registry
-  from fedjax_flat.models import registry as model_registry
-  from fedjax_flat.optimizers.server import SERVER_OPTIMIZERS
 
   _check_finite(cfg.to_dict())
   _num(cfg, 'seed', lo=0, integer=True)
@@ -83,7 +91,6 @@ def validate_config(cfg) -> None:
   # every data.* field, before any data are loaded: the segmentation datasets' declared fields first (their
   # own rules and messages), then the generic rules of every builder argument
   _validate_segmentation_data(cfg)
-  from fedjax_flat.config import data_fields
   data_fields.validate(cfg)
   if 'shuffle' in cfg.data and not isinstance(cfg.data.shuffle, bool):
     raise ConfigError('data.shuffle', cfg.data.shuffle, 'must be True or False')
@@ -91,19 +98,9 @@ def validate_config(cfg) -> None:
     raise ConfigError('normalize', cfg.normalize, f'augment={cfg.augment!r} needs the dataset statistics: '
                       "'cifar10' or 'cifar100'")
   algo = _choice(cfg, 'algorithm', alg_registry.names())
-  known = alg_registry.default_hparams(algo)
-  for k in cfg.algo.keys():
-    if k not in known:
-      raise ConfigError(f'algo.{k}', cfg.algo[k],
-                        f'not a hyperparameter of algorithm {algo!r}; its hyperparameters: {sorted(known)}')
-  if algo in ('fedgloss', 'naive_fedgloss'):
-    _validate_fedgloss(cfg, known)
-  if algo == 'fedsoup':
-    _validate_fedsoup(cfg, known)
-  if algo in BASELINE_RULES:
-    _validate_baseline(cfg, algo, known)
-  if algo in CHAIN_ALGORITHMS:
-    _validate_chain(cfg, algo, known)
+  # the algorithm's declared rules: hyperparameter names and values, client optimizer, its own cross-field
+  # rules (algorithms/registry.py)
+  alg_registry.spec(algo).validate(cfg)
   if cfg.get('attack') is not None:
     _validate_attack(cfg.attack)
   _num(cfg, 'rounds', lo=1, integer=True)
@@ -118,9 +115,6 @@ def validate_config(cfg) -> None:
     if cfg.client.momentum:
       raise ConfigError('client.momentum', cfg.client.momentum,
                         'must be 0 with client.base_optimizer=adam (Adam\'s first moment is client.adam_b1)')
-    if cfg.algorithm in ('mime', 'mimelite'):
-      raise ConfigError('client.base_optimizer', 'adam',
-                        f'{cfg.algorithm} defines its own SGD-momentum base optimizer: use sgd')
   _num(cfg, 'client.lr', lo=0, lo_open=True)
   _num(cfg, 'client.momentum', lo=0, hi=1, hi_open=True)
   _num(cfg, 'client.weight_decay', lo=0)
@@ -145,7 +139,6 @@ def validate_config(cfg) -> None:
   _num(cfg, 'server.b1', lo=0, hi=1, hi_open=True)
   _num(cfg, 'server.b2', lo=0, hi=1, hi_open=True)
   _num(cfg, 'server.eps', lo=0, lo_open=True)
-  from fedjax_flat.optimizers.server import ADAPTIVE_FORMS
   _choice(cfg, 'server.adaptive_form', ADAPTIVE_FORMS)
 
   _num(cfg, 'swa.start_fraction', lo=0, hi=1, hi_open=True)
@@ -199,7 +192,6 @@ def validate_config(cfg) -> None:
              for r in keep_rounds)):
     raise ConfigError('keep_rounds', keep_rounds, f'must be a tuple of rounds in [1, rounds={cfg.rounds}] '
                       '(e.g. --config.keep_rounds="(100, 500)")')
-  from fedjax_flat.core.client_state import STORE_KINDS
   _choice(cfg, 'client_state_store', STORE_KINDS)
   _num(cfg, 'client_state_device_max_mb', lo=0)
   if 'centralized' in cfg:                 # the centralized upper bound / rounds-to-X (training/centralized.py)
@@ -232,8 +224,6 @@ def per_position_task(cfg) -> str:
 
 def validate_grouping(cfg) -> None:
   """config.grouping (fedjax_flat/grouping/): choices, pairings, ranges, probe files."""
-  from fedjax_flat.grouping import distances, estimators, groupers
-  from fedjax_flat.models import registry as model_registry
   g = cfg.grouping
   method = _choice(cfg, 'grouping.method', groupers.METHODS)
   est = _choice(cfg, 'grouping.estimator', estimators.ESTIMATORS)
@@ -278,7 +268,6 @@ def validate_grouping(cfg) -> None:
 
 
 def _validate_lr_schedule(cfg) -> None:
-  from fedjax_flat.optimizers.schedules import LR_SCHEDULES
   sched = _choice(cfg, 'client.lr_schedule', LR_SCHEDULES)
   _num(cfg, 'client.lr_power', lo=0, lo_open=True)
   _num(cfg, 'client.lr_poly_max', lo=0, integer=True)
@@ -289,8 +278,6 @@ def _validate_lr_schedule(cfg) -> None:
 
 
 def _validate_segmentation(cfg) -> None:
-  from fedjax_flat.tasks.segmentation import OHEM_MODES
-  from fedjax_flat.models.tiling import EVAL_MODES
   _choice(cfg, 'segmentation.ohem', OHEM_MODES)
   _num(cfg, 'segmentation.ohem_fraction', lo=0, lo_open=True, hi=1)
   _num(cfg, 'segmentation.ohem_thresh', lo=0, lo_open=True, hi=1, hi_open=True)
@@ -309,17 +296,18 @@ def _validate_segmentation(cfg) -> None:
 
 
 def _validate_bn(cfg, model_registry) -> None:
-  from fedjax_flat.core import batch_stats
   policy = _choice(cfg, 'bn.test_policy', batch_stats.TEST_POLICIES)
   _num(cfg, 'bn.test_batch_size', lo=1, integer=True)
   if not model_registry.uses_batch_stats(cfg.model, cfg.model_kwargs.to_dict()):
     return
-  if cfg.algorithm not in batch_stats.BN_ALGORITHMS:
+  needs = alg_registry.needs(cfg.algorithm)
+  if 'batch_stats' not in needs:
     raise ConfigError('algorithm', cfg.algorithm,
                       f'with a BatchNorm model (model={cfg.model}, model_kwargs.norm=bn) the running statistics '
-                      f'are averaged through the FedAvg pseudo-gradient: allowed {list(batch_stats.BN_ALGORITHMS)} '
+                      'are averaged through the FedAvg pseudo-gradient: allowed '
+                      f'{alg_registry.with_need("batch_stats")} '
                       '(any client / server optimizer, SWA, WiMA); use model_kwargs.norm=gn for the others')
-  if policy == 'running' and cfg.algorithm in batch_stats.LOCAL_STATS_ALGORITHMS:
+  if policy == 'running' and 'local_batch_stats' in needs:
     raise ConfigError('bn.test_policy', policy,
                       f'{cfg.algorithm} keeps the statistics on the clients, the server never holds any: use '
                       "'batch' (FedDrive) or 'client'")
@@ -344,78 +332,13 @@ def _validate_init(init) -> None:
                       "allowed values: ['auto', 'always', 'never']")
 
 
-def _validate_fedgloss(cfg, defaults) -> None:
-  hp = {**defaults, **cfg.algo.to_dict()}
-  for name, lo, lo_open in (('rho_server', 0, False), ('beta', 0, True)):
-    v = hp[name]
-    if isinstance(v, bool) or not isinstance(v, numbers.Number) or (v <= lo if lo_open else v < lo):
-      raise ConfigError(f'algo.{name}', v, f'must be a number {">" if lo_open else ">="} {lo}')
-  if not isinstance(hp['admm'], bool):
-    raise ConfigError('algo.admm', hp['admm'], 'must be True or False')
-  if hp['dual_variant'] not in ('thesis', 'release'):
-    raise ConfigError('algo.dual_variant', hp['dual_variant'], "allowed values: ['release', 'thesis']")
-  if hp['rho_server_schedule'] not in ('constant', 'release', 'linear'):
-    raise ConfigError('algo.rho_server_schedule', hp['rho_server_schedule'],
-                      "allowed values: ['constant', 'release', 'linear'] (warm-up length: client.rho_warmup_rounds)")
-  pop = hp['population']
-  if isinstance(pop, bool) or not isinstance(pop, numbers.Integral) or pop < 0:
-    raise ConfigError('algo.population', pop, 'must be an integer >= 0 (0 = the dataset\'s number of clients)')
-
-
-def _validate_fedsoup(cfg, defaults) -> None:
-  hp = {**defaults, **cfg.algo.to_dict()}
-  v = hp['start_fraction']
-  if isinstance(v, bool) or not isinstance(v, numbers.Number) or not 0 <= v <= 1:
-    raise ConfigError('algo.start_fraction', v, 'must be a number in [0, 1]')
-  v = hp['start_round']
-  if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < -1:
-    raise ConfigError('algo.start_round', v, 'must be an integer >= -1 (-1 = from start_fraction)')
-  for name in ('strict', 'persist_opt_state', 'local_norm'):
-    if not isinstance(hp[name], bool):
-      raise ConfigError(f'algo.{name}', hp[name], 'must be True or False')
-  if hp['val_source'] not in ('val', 'local_test'):
-    raise ConfigError('algo.val_source', hp['val_source'], "allowed values: ['local_test', 'val']")
-
-
-CHAIN_ALGORITHMS = ('fedseq', 'fedasyncseq', 'fedseq2par', 'fedcyclic')   # algorithms/fedseq.py
-
-
 def _finite_number(v, integer=False) -> bool:
   if isinstance(v, bool) or not isinstance(v, (numbers.Integral if integer else numbers.Number)):
     return False
   return integer or math.isfinite(v)
 
 
-def _validate_chain(cfg, algo, defaults) -> None:
-  """The FedSeq family's hyperparameters (algorithms/fedseq.py) and what a chain cannot do."""
-  hp = {**defaults, **cfg.algo.to_dict()}
-  if not (_finite_number(hp['fraction']) and 0 < hp['fraction'] <= 1):
-    raise ConfigError('algo.fraction', hp['fraction'], 'must be a number in (0, 1]: the fraction C of '
-                      'superclients (FedCyclic: of clients) sampled per round')
-  for name, lo in (('chain_passes', 1), ('lanes', 0), ('lane_steps', 0)) + (
-      (('growth_beta', 1),) if algo == 'fedseq2par' else ()) + ((('merge_every', 0),) if algo == 'fedasyncseq' else ()):
-    if not (_finite_number(hp[name], integer=True) and hp[name] >= lo):
-      raise ConfigError(f'algo.{name}', hp[name], f'must be an integer >= {lo}')
-  for name in ('shuffle_chain', 'reset_opt_state'):
-    if not isinstance(hp[name], bool):
-      raise ConfigError(f'algo.{name}', hp[name], 'must be True or False')
-  if algo == 'fedseq2par':
-    if hp['growth'] not in ('linear', 'log', 'exp'):
-      raise ConfigError('algo.growth', hp['growth'], "allowed values: ['exp', 'linear', 'log']")
-    if not (_finite_number(hp['growth_alpha']) and hp['growth_alpha'] >= 0):
-      raise ConfigError('algo.growth_alpha', hp['growth_alpha'], 'must be a finite number >= 0')
-  if algo == 'fedcyclic' and (cfg.server.optimizer != 'sgd' or cfg.server.lr != 1 or cfg.server.momentum):
-    raise ConfigError('server.optimizer', cfg.server.optimizer, 'FedCyclic has no server step (the chain\'s '
-                      'model is the next global model): use server.optimizer=sgd, lr=1, momentum=0')
-  if cfg.engine.get('stream_batches', False):
-    raise ConfigError('engine.stream_batches', True, f'{algo} lays out its chains on the host: use False')
-  rpc = cfg.engine.get('rounds_per_call', 'auto')
-  if rpc != 'auto' and rpc != 1:
-    raise ConfigError('engine.rounds_per_call', rpc, f"{algo} runs one round per call: use 'auto' or 1")
-
-
 def _validate_attack(a) -> None:
-  from fedjax_flat.data import attacks
   if a.kind not in attacks.KINDS:
     raise ConfigError('attack.kind', a.kind, f'allowed values: {list(attacks.KINDS)}')
   if a.kind == 'none':
@@ -433,23 +356,11 @@ def _validate_attack(a) -> None:
     raise ConfigError('attack.clean_workdir', a.clean_workdir, "must be a string (a run directory; '' = none)")
 
 
-def _alg_defaults(name):
-  from fedjax_flat.algorithms import registry as alg_registry
-  return alg_registry.default_hparams(name)
-
-
 def validate_against_data(cfg, data) -> None:
-  if cfg.clients_per_round > data.num_clients and cfg.algorithm not in CHAIN_ALGORITHMS:   # chains: algo.fraction
+  chains = 'chains' in alg_registry.needs(cfg.algorithm)
+  if cfg.clients_per_round > data.num_clients and not chains:   # chains sample by algo.fraction
     raise ConfigError('clients_per_round', cfg.clients_per_round,
                       f'must be <= the population of {data.num_clients} clients of dataset {cfg.dataset!r}')
-  if cfg.algorithm in ('fedgloss', 'naive_fedgloss'):
-    hp = {**_alg_defaults(cfg.algorithm), **cfg.algo.to_dict()}
-    if (hp['admm'] and not hp['population'] and cfg.data.get('num_clients')
-        and cfg.data.get('num_clients') != data.num_clients):
-      raise ConfigError('algo.population', hp['population'],
-                        f'FedGloSS needs the population K_total: config.data.num_clients='
-                        f'{cfg.data.get("num_clients")!r} is not the data\'s {data.num_clients} clients; set '
-                        f'algo.population={data.num_clients}')
   readout = cfg.model_kwargs.get('readout')          # sequence models (models/rnn.py): one output per label
   if readout is not None:
     want = 'last' if tuple(getattr(data, 'label_shape', ())) == () else 'sequence'
@@ -458,127 +369,17 @@ def validate_against_data(cfg, data) -> None:
                         f'the labels of {cfg.dataset!r} have shape {tuple(getattr(data, "label_shape", ()))}: '
                         f'use {want!r}')
   if cfg.get('attack') is not None and cfg.attack.kind != 'none':
-    from fedjax_flat.data import attacks
     why = attacks.check_classes(cfg.attack.classes, data.num_classes)
     if why:
       raise ConfigError('attack.classes', cfg.attack.classes, why)
   sizes = data.client_sizes()
   if (sizes == 0).all():
     raise ConfigError('data', dict(cfg.data), 'every client has 0 examples')
-  from fedjax_flat.data import validation_steps
-  src = validation_steps.round_validation_source(cfg, alg_registry_defaults(cfg.algorithm))
+  src = validation_steps.round_validation_source(cfg, alg_registry.default_hparams(cfg.algorithm))
   if src:                                  # FedSoup's validation split must exist in the data
     validation_steps.check_validation_data(data, src)
-  hp_all = {**alg_registry_defaults(cfg.algorithm), **cfg.algo.to_dict()}
-  if cfg.algorithm in BASELINE_RULES and 'population' in hp_all:
-    if not (cfg.algorithm == 'fedspeed' and hp_all['dual_mean'] == 'active'):
-      _validate_population(cfg, data)
-  if (cfg.algorithm in ('fedgloss', 'naive_fedgloss') and hp_all['dual_variant'] == 'thesis'
-      and hp_all['admm'] and cfg.clients_per_round < data.num_clients):
-    # Measured (benchmarks/README.flat_minima.md): Algorithm 5's dual as printed is a |C^t| times larger step
-    # than the release code's and oscillates at partial participation (digits alpha=0: 78.5 vs 95.6 last-K).
-    logging.warning('%s with algo.dual_variant=thesis (Algorithm 5 as printed) and partial participation '
-                    'is unstable; the release code (the default) is --config.algo.dual_variant=release',
-                    cfg.algorithm)
-  if (cfg.algorithm == 'fedspeed' and hp_all['dual_mean'] == 'active'
-      and cfg.clients_per_round < data.num_clients):
-    # Measured (benchmarks/README.baselines.md): Algorithm 1's active-client dual mean diverges at partial
-    # participation (digits alpha=0: 0.33 test accuracy) where the release code's population mean reaches 0.96.
-    logging.warning('fedspeed with algo.dual_mean=active (the paper\'s Algorithm 1) and partial participation '
-                    '(clients_per_round=%d of %d) is unstable; the authors\' code uses '
-                    '--config.algo.dual_mean=population', cfg.clients_per_round, data.num_clients)
-  if (cfg.algorithm in ('fedgloss', 'naive_fedgloss') and cfg.swa.enabled and cfg.swa.cyclic_lr
-      and cfg.algo.get('admm', True)):
-    # Measured (benchmarks/README.flat_minima.md): once SWA's cyclic client lr starts, the ADMM server term
-    # outweighs the clients' steps at lr2 and the model collapses (digits: 0.86 -> 0.60).
-    logging.warning('%s with server SWA and its cyclic client lr is unstable (the thesis never combines them); '
-                    'use --config.swa.cyclic_lr=False (averaging only) or WiMA (wima.enabled)', cfg.algorithm)
-
-
-# Baselines (algorithms/<name>.py): hyperparameter -> (lo, lo_open, hi, hi_open); booleans; population.
-BASELINE_RULES = {
-    'fedprox': {'mu': (0, False, None, False)},
-    'scaffold': {},
-    'feddyn': {'alpha': (0, True, None, False)},
-    'adabest': {'mu': (0, False, None, False), 'beta': (0, False, 1, False), 'adaptive_mu': bool},
-    'mime': {'beta': (0, False, 1, True)},
-    'mimelite': {'beta': (0, False, 1, True)},
-    'fedcm': {'alpha': (0, True, 1, False)},
-    'fedacg': {'beta': (0, False, None, False), 'lam': (0, False, 1, True)},
-    'fedspeed': {'alpha': (0, False, 1, False), 'lam': (0, True, None, False),
-                 'dual_mean': ('active', 'population')},
-    'fedsmoo': {'beta': (0, True, None, False)},
-    'fedgamma': {'perturb_corrected': bool},
-}
-_CLIENT_OPTIMIZERS = {'fedspeed': ('sam',), 'fedsmoo': ('sam',), 'fedgamma': ('sam', 'asam')}
-
-
-def alg_registry_defaults(name):
-  from fedjax_flat.algorithms import registry as alg_registry
-  return alg_registry.default_hparams(name)
-
-
-def _validate_baseline(cfg, algo, defaults) -> None:
-  hp = {**defaults, **cfg.algo.to_dict()}
-  for name, rule in BASELINE_RULES[algo].items():
-    v = hp[name]
-    if rule is bool:
-      if not isinstance(v, bool):
-        raise ConfigError(f'algo.{name}', v, 'must be True or False')
-      continue
-    if isinstance(rule[0], str):
-      if v not in rule:
-        raise ConfigError(f'algo.{name}', v, f'allowed values: {list(rule)}')
-      continue
-    lo, lo_open, hi, hi_open = rule
-    bad = isinstance(v, bool) or not isinstance(v, numbers.Number)
-    bad = bad or (v <= lo if lo_open else v < lo) or (hi is not None and (v >= hi if hi_open else v > hi))
-    if bad:
-      rng = f'{"(" if lo_open else "["}{lo}, {hi if hi is not None else "inf"}{")" if hi_open or hi is None else "]"}'
-      raise ConfigError(f'algo.{name}', v, f'must be a number in {rng}')
-  if 'population' in hp:
-    pop = hp['population']
-    if isinstance(pop, bool) or not isinstance(pop, numbers.Integral) or pop < 0:
-      raise ConfigError('algo.population', pop, 'must be an integer >= 0 (0 = the dataset\'s number of clients)')
-  allowed = _CLIENT_OPTIMIZERS.get(algo)
-  if allowed and cfg.client.optimizer not in allowed:
-    raise ConfigError('client.optimizer', cfg.client.optimizer,
-                      f'{algo} needs a sharpness-aware client: allowed values {list(allowed)}')
-  if algo in ('mime', 'mimelite'):
-    warn_mime_lr(cfg.client.lr, hp['beta'], algo)
-  if algo in ('mime', 'mimelite') and cfg.client.momentum:
-    raise ConfigError('client.momentum', cfg.client.momentum,
-                      f'{algo} must have client.momentum = 0 (its base-optimizer momentum is algo.beta)')
-
-
-# Measured (benchmarks/README.baselines.md, MimeLite beta 0.9 on the digits quickstart, 100 rounds): client lr
-# 0.01 trains at alpha 0 and 0.5; 0.02 diverges at alpha 0; 0.03 degrades (0.61) and 0.04-0.05 diverge at
-# alpha 0.5. The momentum trace g + beta m scales the step by 1/(1 - beta), so the bound is on lr / (1 - beta).
-MIME_MAX_EFFECTIVE_LR = 0.1
-
-
-def warn_mime_lr(lr, beta, algo) -> bool:
-  """Logs a warning (and returns True) when lr / (1 - beta) is above the measured stable range."""
-  eff = float(lr) / (1.0 - float(beta))
-  if eff <= MIME_MAX_EFFECTIVE_LR * (1 + 1e-9):
-    return False
-  logging.warning('%s: client.lr=%g with algo.beta=%g is an effective step lr/(1-beta)=%.3g, above %.2g where it '
-                  'diverged on the digits quickstart (benchmarks/README.baselines.md); try client.lr <= %.3g',
-                  algo, lr, beta, eff, MIME_MAX_EFFECTIVE_LR, MIME_MAX_EFFECTIVE_LR * (1.0 - float(beta)))
-  return True
-
-
-def _validate_population(cfg, data) -> None:
-  """SCAFFOLD/FedDyn/FedSMOO/FedGamma scale by the population N: it must be the dataset's."""
-  pop = int(cfg.algo.get('population', 0) or 0)
-  field = 'algo.population'
-  if not pop:
-    pop, field = int(cfg.data.get('num_clients', 0) or 0), 'data.num_clients'
-    if not pop:
-      return                     # neither set: the algorithm takes N from the dataset (BuildContext.population)
-  if pop != data.num_clients:
-    raise ConfigError(field, pop or None, f'{cfg.algorithm} needs the population N = {data.num_clients} clients '
-                      f'of the data: set algo.population={data.num_clients}')
+  # the algorithm's own data rules (its population N) and its warnings (algorithms/registry.py)
+  alg_registry.spec(cfg.algorithm).validate_data(cfg, data)
 
 
 def _validate_segmentation_data(cfg) -> None:
@@ -595,7 +396,6 @@ def _validate_segmentation_data(cfg) -> None:
     raise ConfigError('augment', cfg.augment, f"dataset={cfg.dataset!r} has label maps: use 'segmentation' "
                       "(or 'none')")
   declared, d = data_registry.declared_fields(cfg.dataset), cfg.data
-  from fedjax_flat.data.registry import OPTIONAL_FIELDS   # declared in every config; None = unset
   for k in d.keys():
     if k not in declared and not (k in OPTIONAL_FIELDS and d[k] is None):
       raise ConfigError(f'data.{k}', d[k], f'not a field of dataset {cfg.dataset!r}; its fields: {sorted(declared)}')

@@ -11,7 +11,8 @@ statistics, never optimized. Three policies (FedDrive, thesis Table 4.10; digest
            step, src/fed_setting/server.py)
   silobn   statistics local, affine params shared (SiloBN, Andreux et al. 2020): algorithm 'silobn'
   fedbn    statistics and affine params local (FedBN, Li et al. 2021): algorithm 'fedbn'
-The local leaves live in each client's state (algorithms/wrappers/local_norm.with_local_norm over the client-state store,
+The local leaves live in each client's state (algorithms/wrappers/local_norm.with_local_norm over the client-state
+store,
 core/client_state.py); a client starts from the server's values on its first visit.
 
 Reference quirk (not reproduced): FedDrive selects SiloBN's local tensors by the substring 'bn' in the
@@ -39,10 +40,10 @@ import optax
 
 tmap = jax.tree_util.tree_map
 
-# Algorithms whose server update is a server optimizer on the FedAvg pseudo-gradient, which is what
-# `average_batch_stats` turns into the exact average of the statistics. Others (control variates, duals,
-# their own gradient loops) would treat statistics as parameters: refused by config/validate.py.
-BN_ALGORITHMS = ('fedavg', 'fedprox', 'fedbn', 'silobn')
+# Which algorithms BatchNorm models may use is declared by each algorithm (need 'batch_stats': its server
+# update is a server optimizer on the FedAvg pseudo-gradient, which `average_batch_stats` turns into the exact
+# average of the statistics; algorithms/registry.py). Others (control variates, duals, their own gradient
+# loops) would treat statistics as parameters: refused by config/validate.py.
 TEST_POLICIES = ('auto', 'running', 'batch', 'client')
 LOCAL_STATS_ALGORITHMS = ('fedbn', 'silobn')
 

@@ -13,8 +13,9 @@ combines the chains' final models. The round program sees the chains as *lanes* 
   it); per chain of a lane its first step, its length and |D_S|. Each chain starts from its start model
   (client_init) and ends with client_final -> |D_S| * out added to the aggregate.
 
-  L, T (and the most chains per lane) are fixed for the run (`LaneShape`), so chains of unequal length and clients of unequal size
-  never change a shape: one compiled round program for every round (tests/test_fedseq.py counts compiles).
+  L, T (and the most chains per lane) are fixed for the run (`LaneShape`), so chains of unequal length and clients
+  of unequal size
+  never change a shape: one compiled round program for every round (tests/algorithms/test_fedseq.py counts compiles).
 
 The lane runner reuses the algorithm contract (core/contract.py): client_init / client_step /
 client_final of the chain algorithm (FedAvg's local training with any client optimizer: SGD, SAM, ASAM),
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -366,7 +367,7 @@ def make_chain_round_fn(algorithm: FederatedAlgorithm, *, chunk: int, reset_opt_
     split = lambda t: jax.tree_util.tree_map(lambda a: a.reshape((n_chunks, chunk) + a.shape[1:]), t)
 
     # vmapped even for chunk 1: on XLA:CPU the CNN step with a leading batch axis of 1 costs about 10% less
-    # CPU time than without one (measured: benchmarks/README.fedseq.md), as in engine.run_clients.
+    # CPU time than without one (measured: benchmarks/studies/README.fedseq.md), as in engine.run_clients.
     def one(lane, start):
       in_start = None if start is None else 0
       s = bcast['params'] if start is None else start

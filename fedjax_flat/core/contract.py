@@ -7,7 +7,8 @@ schedules (see WORKSPACE.md for the data flow):
   broadcast(server_state, round, phase)    -> bcast        what every sampled client receives: a dict with
                                                            'params' and 'hparams' ({'lr', 'rho', ...}: the
                                                            server drives client hyperparameters, e.g. SWA's
-                                                           cyclic lr), plus algorithm extras
+                                                           cyclic lr; the client optimizer, built once, gets
+                                                           them at every step), plus algorithm extras
   client_init(bcast, client_state, rng)    -> local        local training state
   client_step(bcast, local, batch, rng)    -> (local, {'loss_sum', 'count'})   one local step
   client_final(bcast, local, client_state) -> (out, client_state')
@@ -30,7 +31,7 @@ algorithms never see masks beyond the per-example mask inside the batch.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Optional
 
 Params = Any
 

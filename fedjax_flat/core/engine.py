@@ -21,7 +21,7 @@ runs 10-20x slower (jax#12868). Models use the im2col convolution on CPU ('auto'
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp

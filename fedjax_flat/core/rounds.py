@@ -16,7 +16,7 @@ The host checks divergence, records per-round train metrics, evaluates and check
 
 Why the round body is the same computation as the one-round program: it is `engine.make_round_fn(jit=False)`
 called with the same inputs, which the one-round host path builds with the same definitions
-(tests/test_rounds.py checks bit equality for R=1 vs R>1 and for device vs host batches).
+(tests/core/test_rounds.py checks bit equality for R=1 vs R>1 and for device vs host batches).
 """
 from __future__ import annotations
 

@@ -2,13 +2,13 @@
 
 With `engine.strategy='chunked'` the device computation is O(clients_per_chunk), but the round's batch array
 [C, S, B, ...] is still built on the host and copied to the device whole, so memory grows with the cohort
-(benchmarks/README.scaling.md). `engine.stream_batches=True` removes that term: the round program scans over
+(benchmarks/speed/README.scaling.md). `engine.stream_batches=True` removes that term: the round program scans over
 the chunks and, inside the scan, a host callback builds only the current chunk's batches (from the dataset,
 keyed by (seed, round, client id) exactly as `make_round_batches`), so host and device hold O(chunk) data.
 
 The chunk's clients then run through `engine.run_clients` as one block and its partial sums are added to the
 round's accumulator, the same additions in the same order as the chunked strategy: results are
-bit-identical to `strategy='chunked'` with the same chunk (tests/test_sharding.py). Single device only (with
+bit-identical to `strategy='chunked'` with the same chunk (tests/core/test_sharding.py). Single device only (with
 several devices, each device already holds only its own clients' rows).
 """
 from __future__ import annotations

@@ -13,7 +13,7 @@ compare against reference code batch by batch.
 One definition of the order: `step_positions` (traceable JAX, fixed shapes from a `BatchPlan`) gives every
 client's [S, B] positions and mask. The host (`make_round_batches`, numpy gather) and the compiled
 multi-round program (`gather_round_device`, core/rounds.py: data kept on the device) both call it, so the two
-paths cannot drift (tests/test_rounds.py). The stream changed with data/sampling.PROCEDURE 'jax-...-v1'
+paths cannot drift (tests/core/test_rounds.py). The stream changed with data/sampling.PROCEDURE 'jax-...-v1'
 (numpy's PCG64 before). `client_step_indices` (numpy) remains for the personalized validation steps.
 """
 from __future__ import annotations

@@ -14,7 +14,7 @@ Dirichlet's own variance 2.5 under rounding, vs 7.5 for multinomial sampling), s
 proportions; (b) sequential filling with exhaustion (62 of 100 CIFAR-100 alpha=0.5 clients end a class,
 the last clients hold leftovers: alpha=1000 client 99 has 42 classes); (c) clients that exhaust a class
 hold ~6 classes vs ~4 for the others, which a redraw reproduces and renormalizing the old q does not.
-`benchmarks/README.data.md` compares this generator with the reference files on all 9 released splits.
+`benchmarks/speed/README.data.md` compares this generator with the reference files on all 9 released splits.
 alpha = 0 gives exactly one class per client; alpha = inf gives rounded uniform proportions.
 """
 from __future__ import annotations

@@ -38,7 +38,6 @@ from fedjax_flat.core import engine
 from fedjax_flat.data import sampling
 from fedjax_flat.data import batching
 from fedjax_flat.grouping import estimators
-from fedjax_flat.optimizers.client import make_client_tx
 from fedjax_flat.algorithms import fedavg as fedavg_lib
 from fedjax_flat.models import pretrained
 
@@ -66,7 +65,7 @@ def plain_client_cfg(client_cfg, lr: float = 0.0):
 
 
 # Task2Vec's classifier fitting (`_fit_classifier`: Adam, lr 4e-4, weight decay 1e-4): a gentle fit keeps the
-# head from becoming certain on a one-class client, where the Fisher would vanish (benchmarks/README.fedseq.md).
+# head from becoming certain on a one-class client, where the Fisher would vanish (benchmarks/studies/README.fedseq.md).
 PROBE_WEIGHT_DECAY = 1e-4
 
 
@@ -94,7 +93,7 @@ def training_algorithm(model, client_cfg, summarize: Callable, *, trainable: Opt
 
     def loss(p, batch, rng=None):     # gradients flow into the trainable leaves only
       return full_loss(estimators.merge(jax.lax.stop_gradient(p), estimators.subtree(p, trainable)), batch, rng)
-  base = fedavg_lib.fedavg(model, loss, client_cfg, optax.identity(), make_client_tx=make_client_tx)
+  base = fedavg_lib.fedavg(model, loss, client_cfg, optax.identity())
 
   def client_step(bcast, local, batch, rng):
     new, m = base.client_step(bcast, local, batch, rng)

@@ -25,7 +25,7 @@ probe is the run's own model with config.init set, the run's initial params. Its
 re-initialized (Task2Vec fits a new head per task) and fine-tuned on each client with Task2Vec's optimizer
 (Adam, lr grouping.probe_lr, weight decay 1e-4). Without any of the three the probe is a RANDOMLY
 INITIALIZED network (a warning says so): its Fisher still separates clients by their data through the
-fine-tuned head (digits at alpha=0, exact Fisher: as well as a pretrained probe; benchmarks/README.fedseq.md),
+fine-tuned head (digits at alpha=0, exact Fisher: as well as a pretrained probe; benchmarks/studies/README.fedseq.md),
 but it cannot reflect the semantic and taxonomic similarity that Task2Vec gets from pretrained features (the
 thesis used an ImageNet ResNet18).
 """

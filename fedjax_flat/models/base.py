@@ -62,7 +62,7 @@ def fast_init(init_fn):
 
   Why: a network with hundreds of initializers (BiSeNetV2: 301 leaves) compiles for minutes on CPU with the
   default threefry PRNG, whose hash XLA unrolls per draw (measured on the loaded 2-core machine: eager init
-  144 s, jitted 110 s, jitted with rbg 29 s; benchmarks/README.segmentation.md). The values differ from a
+  144 s, jitted 110 s, jitted with rbg 29 s; benchmarks/studies/README.segmentation.md). The values differ from a
   threefry init but are a pure function of `rng`.
   """
   jitted = jax.jit(init_fn)

@@ -26,7 +26,7 @@ Two published variants (`variant`):
      to r^2 channels] + conv k1 to classes (bias) + bilinear upsampling (align_corners=False); nearest x4 in
      the aggregation. Parameters, 19 classes: 5,231,487 (3,358,627 without the booster heads).
   Counts measured by instantiating the two reference PyTorch modules (torch 2.x, `sum(p.numel() for p in
-  model.parameters())`, running statistics excluded); tests/test_bisenetv2.py checks ours equal them.
+  model.parameters())`, running statistics excluded); tests/models/test_bisenetv2.py checks ours equal them.
 
 Init as the reference: convolutions kaiming-normal (fan-out, gain sqrt 2), biases 0; norm scale 1 and bias 0,
 except the last norm of every GE layer (scale 0: each GE block starts as its shortcut). ImageNet-pretrained
@@ -36,7 +36,7 @@ backbones are not shipped (the thesis does not say whether FedDrive's `--pretrai
 see models/base.py) or 'gn' (GroupNorm with `gn_groups` groups, eps 1e-5; stateless).
 `remat=True` makes every ConvBNReLU, GE layer, the aggregation layer and every head its own `jax.checkpoint`
 region (flax `nn.remat`): the backward pass keeps only the region boundaries and recomputes the inside, for
-512x1024 crops (measured in benchmarks/README.segmentation.md).
+512x1024 crops (measured in benchmarks/studies/README.segmentation.md).
 Input height and width must be multiples of 32.
 """
 from __future__ import annotations

@@ -107,7 +107,8 @@ class FemnistCNN(nn.Module):
 
 @register('cifar_cnn')
 def _cifar_cnn(num_classes, input_shape, conv_impl='auto', pool_impl='auto'):
-  return from_flax(CifarCNN(num_classes, conv_impl=conv_impl, pool_impl=pool_impl), 'cifar_cnn', num_classes, input_shape)
+  return from_flax(CifarCNN(num_classes, conv_impl=conv_impl, pool_impl=pool_impl), 'cifar_cnn', num_classes,
+                   input_shape)
 
 
 @register('digits_cnn')

@@ -14,7 +14,7 @@ and so is JAX's gradient of a reshape + max (it splits ties, through a mask, a c
 'reshape' pools non-overlapping windows as reshape + max, with a custom gradient that routes each output's
 gradient to the FIRST maximal element of its window in row-major order: bit-for-bit the gradient of
 `reduce_window` (and of torch's max_pool2d), ties included. Measured on the paper CNN's SGD step inside a
-scan (benchmarks/cnn_step.py, README.cnn_step.md): 1.26x the step with reduce_window pooling.
+scan (benchmarks/speed/cnn_step.py, README.cnn_step.md): 1.26x the step with reduce_window pooling.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import flax.linen as nn
 
 
 # im2col builds patches in two stages (columns, then rows) below this many input channels (measured:
-# 3 channels faster, 64 slower; benchmarks/README.cnn_step.md).
+# 3 channels faster, 64 slower; benchmarks/speed/README.cnn_step.md).
 _TWO_STAGE_MAX_CIN = 16
 
 

@@ -13,7 +13,7 @@ LSTM: gates (i, f, g, o) = x W_ih + b_ih + h W_hh (+ b_hh), PyTorch's gate order
 (uniform +-1/sqrt(hidden) for every weight and bias). `biases=2` is PyTorch's nn.LSTM (two bias vectors,
 the FedSeq release's models), `biases=1` is Keras's / Flax's (one bias); the two compute the same family of
 functions and differ only in the parameter count. A `lax.scan` over time computes x_t W_ih + h W_hh in each
-step: measured on CPU (benchmarks/lstm_step.py, interleaved), projecting every step's input up front in one
+step: measured on CPU (benchmarks/speed/lstm_step.py, interleaved), projecting every step's input up front in one
 matmul took 1.3-1.4x the time of the char-LSTM layer's gradient and 0.9-1.0x the word-LSTM layer's; Flax's
 nn.RNN(OptimizedLSTMCell) 1.05-1.1x both.
 

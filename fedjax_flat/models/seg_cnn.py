@@ -15,7 +15,7 @@ ConvBNReLU blocks at three scales:
 
 CBR = 3x3 conv (no bias, kaiming-normal fan-out, as BiSeNetV2) -> norm -> ReLU (sown as 'act' for MAN); up2 =
 bilinear x2 (half-pixel centres). Height and width must be divisible by 4. With 4 classes: 26,560 parameters
-at width 8 (configs/quickstart_seg.py), 104,952 at width 16 (tests/test_seg_pipeline.py counts them).
+at width 8 (configs/quickstart_seg.py), 104,952 at width 16 (tests/e2e/test_seg_pipeline.py counts them).
 """
 from __future__ import annotations
 

@@ -1,4 +1,11 @@
-"""Round-indexed schedules for the sharpness-aware client optimizers. All are jnp-traceable.
+"""Every schedule of the client hyperparameters, in one place. All are jnp-traceable.
+
+The client's lr and rho follow two clocks:
+* per round (the server broadcasts them, `client_round_hparams`): rho's warm-up (`rho_warmup`), the lr's
+  polynomial decay over rounds (client.lr_schedule='poly_round', `poly_lr`); server-side wrappers may replace
+  the broadcast lr (SWA's cyclic lr, `swa_cyclic_lr`, algorithms/wrappers/swa.py);
+* per local step (inside the client optimizer, `client_step_lr`): client.lr_schedule='poly_step' decays the
+  broadcast lr over the round's local steps (optimizers/client.py).
 
 * `rho_warmup`: FedGloSS's local rho warm-up (thesis App. A.2):
       rho(t) = rho0 + (rho - rho0) * t / T_s   for t <= T_s,   rho   for t > T_s.
@@ -10,7 +17,7 @@
 """
 from __future__ import annotations
 
-from typing import Callable, Union
+from typing import Callable, Dict, Union
 
 import jax
 import jax.numpy as jnp
@@ -140,3 +147,30 @@ def poly_lr(base: Scalar, power: float, max_count: int) -> Callable[[Scalar], ja
     return jnp.asarray(base, jnp.float32) * frac ** jnp.float32(power)
 
   return schedule
+
+
+def client_round_hparams(client_cfg) -> Callable[[Scalar], Dict[str, jax.Array]]:
+  """Round -> the client hyperparameters the server broadcasts, {'lr', 'rho'} (float32 scalars).
+
+  rho follows the optional linear warm-up (client.rho0 -> client.rho over client.rho_warmup_rounds); lr the
+  optional per-round polynomial decay (client.lr_schedule='poly_round': lr * (1 - r / lr_poly_max) ** lr_power).
+  """
+  rho_fn = rho_warmup(client_cfg.get('rho0', 0.0), client_cfg.rho, client_cfg.get('rho_warmup_rounds', 0))
+  lr_fn = lambda r: client_cfg.lr  # noqa: E731
+  if client_cfg.get('lr_schedule', 'constant') == 'poly_round':
+    lr_fn = poly_lr(client_cfg.lr, client_cfg.lr_power, int(client_cfg.lr_poly_max))
+
+  def hparams(round_idx):
+    return {'lr': jnp.asarray(lr_fn(round_idx), jnp.float32),
+            'rho': jnp.asarray(rho_fn(round_idx), jnp.float32)}
+  return hparams
+
+
+def client_step_lr(client_cfg) -> Callable[[Scalar], Union[Scalar, Callable[[Scalar], jax.Array]]]:
+  """broadcast lr -> what the client's base optimizer gets as its learning rate: the lr itself, or with
+  client.lr_schedule='poly_step' the schedule `local step t -> lr * (1 - t / lr_poly_max) ** lr_power`
+  (FedDrive's client scheduler; t restarts at 0 every round with the client optimizer's state)."""
+  if client_cfg.get('lr_schedule', 'constant') == 'poly_step':
+    power, max_count = client_cfg.lr_power, int(client_cfg.lr_poly_max)
+    return lambda lr: poly_lr(lr, power, max_count)
+  return lambda lr: lr

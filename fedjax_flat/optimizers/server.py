@@ -24,7 +24,7 @@ Delta_R = -Delta and x + eta m / (sqrt(v) + tau); the two are the same update). 
 
 Why not optax.adagrad / optax.yogi: optax.adagrad puts eps INSIDE the sqrt (rsqrt(v + eps)) and starts the
 accumulator at 0.1; optax.yogi starts both moments at 1e-6 and bias-corrects; optax.adam bias-corrects. None
-is Reddi's Algorithm 2, and optax.adagrad is not torch's Adagrad either (tests/test_server_optimizers.py).
+is Reddi's Algorithm 2, and optax.adagrad is not torch's Adagrad either (tests/optimizers/test_server.py).
 
 Digest conventions (reference code): Adam b1=0.9, b2=0.99, eps 0.1; Adagrad eps 0.01 (configs/baselines_*).
 """

@@ -37,7 +37,7 @@ from fedjax_flat.config import validate
 from fedjax_flat.training import workdir as workdir_lib
 
 
-# --batch_runs=auto: runs per program (measured: benchmarks/runs_axis.py, benchmarks/README.runs.md).
+# --batch_runs=auto: runs per program (measured: benchmarks/speed/runs_axis.py, benchmarks/speed/README.runs.md).
 AUTO_BATCH_RUNS = 4
 
 

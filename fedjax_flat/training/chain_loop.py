@@ -1,6 +1,7 @@
 """The trainer of the chain algorithms (FedSeq family: algorithms/fedseq.py): superclients, chains, lanes.
 
-`training/trainers.make_trainer(config, ...)` returns a `ChainTrainer` when config.algorithm is a chain algorithm; it differs
+`training/trainers.make_trainer(config, ...)` returns a `ChainTrainer` when config.algorithm is a chain algorithm; it
+differs
 from the client trainer only in the hooks the latter offers:
 
   build_algorithm   builds the superclients (grouping/superclients.build_superclients, or the lists / the
@@ -201,7 +202,7 @@ class ChainTrainer(loop.Trainer):
 
   def _lane_shape(self):
     """(LaneShape, one chain per lane) fixed for the run from every grouping's worst round."""
-    hp, c = self.hp, self.config
+    hp = self.hp
     frac, E = float(hp['fraction']), self.passes
     want_lanes, want_steps = int(hp['lanes']), int(hp['lane_steps'])
     if self.name == 'fedcyclic':

@@ -18,11 +18,12 @@ hashes existed (format 1) restore unverified.
 
 Nothing random needs saving: sampling, batch order, client rngs and augmentation derive from
 (seed, round, client id), so restoring the state above at round r reproduces the uninterrupted run bit for
-bit (tests/test_resume.py kills runs with SIGKILL at random rounds).
+bit (tests/training/test_resume.py kills runs with SIGKILL at random rounds).
 
 Atomicity: orbax writes each checkpoint into `<round>.orbax-checkpoint-tmp-*` and renames it when complete
 (commit_success.txt on object stores), so a crash mid-write leaves the previous checkpoints intact; leftover
-temporary directories are removed at the next start (training/workdir.py, with the workdir locked). Saves are asynchronous: the state is copied to host
+temporary directories are removed at the next start (training/workdir.py, with the workdir locked). Saves are
+asynchronous: the state is copied to host
 numpy synchronously (cheap) and written by a background thread while the next rounds run. A failed write
 (disk full, permissions) raises `CheckpointError` naming the directory; the previous checkpoints are kept.
 
@@ -69,7 +70,7 @@ COMPUTATION_FIELDS = ('seed', 'dataset', 'data', 'model', 'model_kwargs', 'augme
 # run with either value): the round budget (SWA's start round depends on it) and the engine (same
 # computation, other floating-point reduction order).
 WARN_FIELDS = ('rounds', 'engine')
-# Engine fields that give bit-identical results (tests/test_rounds.py): no warning when they change on resume.
+# Engine fields that give bit-identical results (tests/core/test_rounds.py): no warning when they change on resume.
 SAME_RESULT_FIELDS = ('engine.rounds_per_call', 'engine.device_data', 'engine.device_data_max_mb')
 
 
@@ -420,7 +421,8 @@ class Checkpointer:
     """Restores checkpoint `step` exactly (analysis of an earlier round: no fallback, nothing set aside)."""
     if step not in self.steps():
       raise CheckpointError(f'no checkpoint {self.directory}/{step}; available rounds: {self.steps()} '
-                            '(keep more with config.checkpoint_every / keep_checkpoints, or chosen rounds with config.keep_rounds)')
+                            '(keep more with config.checkpoint_every / keep_checkpoints, or chosen rounds with '
+                            'config.keep_rounds)')
     self._quiet.install()
     meta, saved_cfg = self._read_json(step)
     diffs = config_diffs(saved_cfg, config_dict(trainer.config))

@@ -146,7 +146,7 @@ class Trainer:
     self._setup_rounds_per_call()
 
   # Rounds per call (core/rounds.py).
-  AUTO_ROUNDS_PER_CALL = 32      # the compiled block length of 'auto' (measured: benchmarks/rounds_per_s.py)
+  AUTO_ROUNDS_PER_CALL = 32      # the compiled block length of 'auto' (measured: benchmarks/speed/rounds_per_s.py)
   AUTO_BLOCK_TARGET_S = 2.0      # 'auto' sizes blocks to about this wall time (signals, progress lines)
 
   def device_rounds_blocker(self) -> Optional[str]:

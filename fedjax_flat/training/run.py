@@ -94,8 +94,9 @@ def open_run(config, workdir, *, fresh: bool = False, data=None, trainer_kwargs=
   try:
     if not fresh:
       checkpointer.check_config(config)     # a mismatch is refused before anything is built
+    # loads the data and validates the config against them
     trainer = trainers.make_trainer(config, workdir, data=data, grouping_context=init_lib.grouping_context,
-                                    **(trainer_kwargs or {}))   # loads the data and validates the config
+                                    **(trainer_kwargs or {}))
     trainer.checkpointer = checkpointer
     if fresh:
       checkpointer.clear()                  # only now: a config rejected above deleted nothing

@@ -276,5 +276,6 @@ def personalized_markdown(res) -> List[str]:
   if curve:
     last = curve[-1]
     out += ['', f"Fine-tuned {last['epoch']} epoch(s): local acc (client mean) "
-                f"{_fmt(last.get('local_acc_client_mean'))}, AUC (client mean) {_fmt(last.get('local_auc_client_mean'))}."]
+                f"{_fmt(last.get('local_acc_client_mean'))}, AUC (client mean) "
+                f"{_fmt(last.get('local_auc_client_mean'))}."]
   return out

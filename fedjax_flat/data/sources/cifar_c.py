@@ -10,7 +10,7 @@ Files are memory-mapped and their sizes checked against the .npy header, so a tr
 from __future__ import annotations
 
 import os
-from typing import Iterable, Iterator, Optional, Tuple
+from typing import Iterable, Iterator, Tuple
 
 import numpy as np
 

@@ -256,9 +256,11 @@ def prepare(name: str, data_dir: str, *, images_dir: Optional[str] = None, out_d
 
   np.savez(os.path.join(out_dir, 'index.npz.tmp.npz'),
            client_offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
-           labels=np.concatenate([np.asarray(metas[k]['labels'], np.int32) for k in keep]) if keep else np.zeros(0, np.int32),
+           labels=(np.concatenate([np.asarray(metas[k]['labels'], np.int32) for k in keep]) if keep
+                   else np.zeros(0, np.int32)),
            byte_start=np.concatenate([starts(metas[k]['lengths']) for k in keep]) if keep else np.zeros(0, np.int64),
-           byte_len=np.concatenate([np.asarray(metas[k]['lengths'], np.int64) for k in keep]) if keep else np.zeros(0, np.int64),
+           byte_len=(np.concatenate([np.asarray(metas[k]['lengths'], np.int64) for k in keep]) if keep
+                     else np.zeros(0, np.int64)),
            test_labels=np.asarray(test_meta['labels'], np.int32),
            test_byte_start=starts(test_meta['lengths']),
            test_byte_len=np.asarray(test_meta['lengths'], np.int64))

@@ -369,18 +369,21 @@ def load(name: str, data_dir: Optional[str], encode, *, source='auto', split='',
   if source == 'auto':
     source = 'all_data' if has_all else 'leaf_split'
   key = {k: v for k, v in args.items() if v or k not in ('num_clients', 'max_samples')}   # older caches stay valid
-  path = _cache_path(root, name, {**key, 'source': source}, ('all_data',) if source == 'all_data' else ('train', 'test'))
+  path = _cache_path(root, name, {**key, 'source': source},
+                     ('all_data',) if source == 'all_data' else ('train', 'test'))
   if cache and os.path.isfile(path):
     logging.info('LEAF %s: arrays from the cache %s', name, path)
     with np.load(path, allow_pickle=False) as z:
       return _unpack(z, 'train'), _unpack(z, 'test'), bool(z['population']), str(z['desc'])
-  out = _load_json(name, root, encode, source=source, has_all=has_all, **{k: v for k, v in args.items() if k != 'source'})
+  out = _load_json(name, root, encode, source=source, has_all=has_all,
+                   **{k: v for k, v in args.items() if k != 'source'})
   if cache:
     try:
       os.makedirs(os.path.dirname(path), exist_ok=True)
       fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix='.npz.tmp')
       with os.fdopen(fd, 'wb') as f:
-        np.savez(f, population=np.array(out[2]), desc=np.array(out[3]), **_pack(out[0], 'train'), **_pack(out[1], 'test'))
+        np.savez(f, population=np.array(out[2]), desc=np.array(out[3]), **_pack(out[0], 'train'),
+                 **_pack(out[1], 'test'))
       os.replace(tmp, path)
     except OSError as e:      # a read-only data directory: no cache, same result
       logging.warning('LEAF %s: could not write the cache %s (%s)', name, path, e)
@@ -460,7 +463,8 @@ def shakespeare_task():
                               eos_id=SHAKESPEARE_EOS, accuracy_excludes=('pad',))
 
 
-@register('shakespeare', task=lambda d: 'next_token' if (d.get('target') or 'sequence') == 'sequence' else 'classification',
+@register('shakespeare',
+          task=lambda d: 'next_token' if (d.get('target') or 'sequence') == 'sequence' else 'classification',
           rules={'num_clients': ('int', 0, False, None, False, 'users drawn at random; 0 = every user')})
 def _shakespeare(data_dir=None, source='auto', split='', fraction=1.0, iid_user_fraction=1.0, iid_sizes='leaf',
                  min_samples=0, train_split='sample', train_fraction=0.9, seed=0, target='sequence', cache=True,

@@ -28,7 +28,7 @@ a, b in [-128, 127]), and converted back to RGB (clipped to [0, 1]). The release
 
 RGB <-> LAB here: sRGB (IEC 61966-2-1 transfer curve) -> linear RGB -> XYZ (sRGB primaries, D65) ->
 CIE 1976 L*a*b* with the D65 white (0.95047, 1, 1.08883), as OpenCV's float conversion. Tested against an
-independent numpy implementation (tests/test_data_seg_style.py).
+independent numpy implementation (tests/data/transforms/test_style_transfer.py).
 
 Resolution: statistics and transfers are computed on the images as loaded (after `image_size`), i.e. the
 images the augmentation sees before scale/crop; the release computes them at the native resolution (IDDA:

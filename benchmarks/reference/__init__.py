@@ -1,0 +1,1 @@
+"""Checks against reference implementations and released splits / published numbers."""

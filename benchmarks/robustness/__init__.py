@@ -1,0 +1,1 @@
+"""Hardening trials of the binaries and the cost of the integrity checks."""

@@ -1,0 +1,1 @@
+"""Speed: throughput, step, round overhead, memory and accelerator benchmarks (README.throughput.md)."""

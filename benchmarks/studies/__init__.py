@@ -1,0 +1,1 @@
+"""Method comparisons and reproductions with their JSON / Markdown results."""

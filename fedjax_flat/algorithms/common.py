@@ -1,0 +1,64 @@
+"""Small helpers the algorithm modules share (one definition each).
+
+  hparams(ctx, name)          config.algo over the declared defaults of `name`
+  population(ctx, hp)         N for |C|/N and 1/N factors
+  make_hparams_fn(client_cfg) round -> broadcast client hparams {'lr', 'rho'} (optimizers/schedules.py)
+  server_step_to(tx, s, w*)   ServerOpt on the pseudo-gradient w - w* (server SGD lr 1: w' = w*)
+  without_sharpness(cfg)      the client config with optimizer 'sgd' (methods with their own ascent step)
+  global_norm, tree_sub, tmap pytree arithmetic
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from fedjax_flat.algorithms.registry import default_hparams
+from fedjax_flat.optimizers.schedules import client_round_hparams
+
+tmap = jax.tree_util.tree_map
+
+# The round's client hyperparameters: the schedules live in optimizers/schedules.py.
+make_hparams_fn = client_round_hparams
+
+
+def tree_sub(a, b):
+  return tmap(lambda x, y: x - y, a, b)
+
+
+def hparams(ctx, name: str) -> dict:
+  """config.algo over the registered defaults of `name`."""
+  return {**default_hparams(name), **ctx.algo.to_dict()}
+
+
+def population(ctx, hp: dict) -> int:
+  """N, the number of clients (SCAFFOLD's |S|/N, FedDyn's 1/m): algo.population, else the dataset's number of
+  clients (BuildContext.population), else config.data.num_clients. The registry's 'population' need checks an
+  explicit algo.population against the dataset before anything is built (registry.check_population)."""
+  n = (int(hp.get('population', 0) or 0) or int(getattr(ctx, 'population', 0) or 0)
+       or int(ctx.config.data.get('num_clients', 0) or 0))
+  if n <= 0:
+    raise ValueError('this algorithm needs the population size N: set config.algo.population '
+                     '(or config.data.num_clients)')
+  return n
+
+
+def server_step_to(server_tx, state, target):
+  """ServerOpt on the pseudo-gradient w - target: with server SGD lr 1 (the papers' setting) w' = target."""
+  w = state['params']
+  pseudo = tmap(lambda a, b: a - b, w, target)
+  updates, opt_state = server_tx.update(pseudo, state['opt_state'], w)
+  return {**state, 'params': optax.apply_updates(w, updates), 'opt_state': opt_state}
+
+
+def without_sharpness(client_cfg):
+  """The client config with optimizer 'sgd': for methods that compute their own ascent step (FedSpeed,
+  FedSMOO) and feed the resulting gradient to the rest of the client chain (correction, clip, wd, sgd)."""
+  cfg = ml_collections.ConfigDict(client_cfg.to_dict())
+  cfg.optimizer = 'sgd'
+  return cfg
+
+
+def global_norm(tree):
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree_util.tree_leaves(tree)))

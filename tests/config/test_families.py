@@ -1,0 +1,240 @@
+"""Config families (configs/<family>.py:<string>): every declared cell builds and validates, carries the
+published number transcribed from the digests, equals the per-file configs it replaced, and a bad string is
+one line naming the token and the allowed ones (exit 2 from the binary)."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fedjax_flat.algorithms.wrappers.swa import swa_start_round
+from fedjax_flat.training import checkpoint
+from fedjax_flat.config import families as config_strings
+from fedjax_flat.config.validate import validate_config
+from fedjax_flat.errors import ConfigError
+from tests.fixtures.paths import REPO
+
+CONFIGS = os.path.join(REPO, 'configs')
+# Families whose cells reproduce a paper table (each cell must carry a published number or say it diverged).
+PAPER_FAMILIES = ('fedsam_cifar', 'fedsam_pam', 'fedsam_landmarks', 'fedgloss_cifar', 'wima', 'man_cifar100',
+                  'baselines_cifar_cnn', 'fedseq')
+STAND_INS = ('baselines_digits', 'fedsoup_digits', 'fedseq_digits')   # digits stand-ins: no paper number applies
+SEG_FAMILIES = ('feddrive',)   # mIoU instead of accuracy: tests/config/test_feddrive_configs.py
+
+
+def load(name):
+  spec = importlib.util.spec_from_file_location('family_' + name, os.path.join(CONFIGS, name + '.py'))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def families():
+  return sorted(f[:-3] for f in os.listdir(CONFIGS) if f.endswith('.py') and hasattr(load(f[:-3]), 'CELLS'))
+
+
+def cfg(spec):
+  return config_strings.load_config(os.path.join(CONFIGS, spec))
+
+
+def test_every_family_is_known():
+  assert set(families()) == set(PAPER_FAMILIES) | set(STAND_INS) | set(SEG_FAMILIES)
+
+
+@pytest.mark.parametrize('name', PAPER_FAMILIES + STAND_INS)
+def test_every_cell_builds_validates_and_documents(name):
+  mod = load(name)
+  assert mod.CELLS and len(set(mod.CELLS)) == len(mod.CELLS), 'cells must be distinct'
+  assert f'configs/{name}.py' in mod.__doc__          # the command / grammar is in the docstring
+  seen = set()
+  for cell in mod.CELLS:
+    c = mod.get_config(cell)
+    validate_config(c)
+    if c.swa.enabled:
+      assert swa_start_round(c) == int(0.75 * c.rounds)
+    pub = c.published.to_dict()
+    if name in PAPER_FAMILIES:
+      assert pub.get('source'), cell
+      assert 'accuracy' in pub or 'diverged' in pub['source'], cell
+      if 'accuracy' in pub:
+        assert 0 < pub['accuracy'] <= 100 and f"{pub['accuracy']:.2f}".rstrip('0').rstrip('.') in \
+            mod.__doc__.replace('+-', ' '), (cell, pub)   # the docstring's table shows the number
+    else:
+      assert pub == {}, cell
+    # Distinct cells are distinct settings (or the same setting under another table's number).
+    key = json.dumps({k: v for k, v in c.to_dict().items() if k != 'published'}, sort_keys=True, default=str)
+    seen.add((key, json.dumps(pub, sort_keys=True)))
+  assert len(seen) == len(mod.CELLS)
+
+
+@pytest.mark.parametrize('spec,source,acc,extra', [
+    ('fedsam_cifar.py:cifar10,fedasam,swa', 'Table 4.3', 76.44, {}),
+    ('fedsam_cifar.py:cifar100,fedsam,alpha=0.5,clients=20', 'Table 4.3', 46.05, {}),
+    ('fedsam_cifar.py:cifar100,fedavg,alpha=1000,clients=10,epochs=2', 'E=2', 48.64, {}),
+    ('fedsam_pam.py:fedsam,swa,clients=20', 'Table 4.4', 54.67, {}),
+    ('fedsam_pam.py:fedasam,epochs=2', 'Table 4.4', 49.33, {}),
+    ('fedsam_landmarks.py:fedasam,swa', 'Table 4.9', 67.17, {}),
+    ('fedgloss_cifar.py:cifar100,sgd,alpha=0.5', 'Table 4.15', 47.9,
+     {'accuracy_std': 0.5, 'lambda_max': 107.35, 'lambda_max_std': 7.5}),
+    ('fedgloss_cifar.py:cifar10,naive_fedgloss,alpha=0.05', 'Table 4.20', 84.4, {'lambda_max': 2.75}),
+    ('fedgloss_cifar.py:cifar100,alpha=1000,noadmm', 'Table 4.17', 55.8, {'lambda_max': 13.9}),
+    ('wima.py:cifar10', 'Table 4.22', 69.95, {}),
+    ('wima.py:cifar100,scaffold,nowima,alpha=0.5', 'Table 4.22', 50.93, {}),
+    ('wima.py:landmarks,scaffold', 'Table 4.23', 68.30, {}),
+    ('wima.py:cifar100,window=10', 'Table 4.24', 25.70, {}),
+    ('wima.py:cifar10,alpha=0.05,subset=classifier,batch=20', 'Table 4.25', 71.01, {}),
+    ('man_cifar100.py:fedspeed,man,iid', 'MAN', 55.89, {'accuracy_std': 0.41}),
+    ('man_cifar100.py:fedavg,dir0.6', 'MAN', 40.39, {'accuracy_std': 0.59}),
+    ('baselines_cifar_cnn.py:cifar10,scaffold,asam', 'Table 4.8', 77.78, {}),
+    ('baselines_cifar_cnn.py:dataset=cifar100,algo=fedsmoo,alpha=0.5,table=4.15', 'Table 4.15', 51.7,
+     {'accuracy_std': 0.46, 'lambda_max': 29.23}),
+    ('baselines_cifar_cnn.py:dataset=cifar100,algo=fedadagrad,eta_g=0.01,alpha=1000', 'Table 4.2', 51.44, {}),
+    ('baselines_cifar_cnn.py:cifar10,fedavgm,sam,swa=1,clients=20,alpha=100', 'Table 4.6', 86.79, {}),
+])
+def test_published_numbers(spec, source, acc, extra):
+  pub = cfg(spec).published
+  assert source in pub.source and pub.accuracy == acc
+  for k, v in extra.items():
+    assert pub[k] == v
+
+
+def test_diverged_and_unpublished_cells():
+  pub = cfg('baselines_cifar_cnn.py:cifar100,feddyn,table=4.15').published
+  assert 'diverged' in pub.source and 'accuracy' not in pub
+  # A combination no table has builds, with nothing published.
+  assert cfg('fedgloss_cifar.py:cifar10,naive_fedgloss,sgd').published.to_dict() == {}
+  assert cfg('wima.py:cifar10,scaffold,window=10').published.to_dict() == {}
+
+
+def test_cells_equal_the_replaced_files():
+  """Key fields of the per-file configs this replaced (read from main:configs/<old>.py when written)."""
+  c = cfg('fedsam_cifar.py:cifar100,fedasam,swa')             # was cifar100_cnn_fedasam_swa.py
+  assert (c.dataset, c.model, c.data.alpha, c.data.num_clients, c.data.examples_per_client) == \
+      ('cifar100', 'cifar_cnn', 0.0, 100, 500)
+  assert (c.rounds, c.clients_per_round, c.client.lr, c.client.batch_size, c.client.weight_decay) == \
+      (20000, 5, 0.01, 64, 4e-4)
+  assert (c.client.optimizer, c.client.rho, c.client.asam_eta) == ('asam', 0.5, 0.2)
+  assert (c.swa.enabled, c.swa.cycle, c.swa.lr1, c.swa.lr2, c.swa.start_fraction) == (True, 20, 1e-2, 1e-4, 0.75)
+  assert (c.augment, c.normalize, c.eval_every, c.eval_every_last, c.summary_last_k) == \
+      ('cifar', 'cifar100', 100, 100, 100)
+  c = cfg('fedsam_cifar.py:cifar10,fedsam')                    # was cifar10_cnn_fedsam.py
+  assert (c.rounds, c.client.optimizer, c.client.rho, c.swa.enabled, c.swa.cycle) == (10000, 'sam', 0.1, False, 10)
+  c = cfg('fedgloss_cifar.py:cifar100')                        # was cifar100_cnn_fedgloss.py
+  assert c.algorithm == 'fedgloss' and c.rounds == 20000
+  assert {k: c.algo[k] for k in ('rho_server', 'beta', 'admm', 'dual_variant', 'population')} == \
+      {'rho_server': 0.01, 'beta': 100.0, 'admm': True, 'dual_variant': 'release', 'population': 0}
+  assert c.algo.rho_server_schedule == 'release'   # new: set explicitly (the published runs' schedule)
+  assert (c.client.optimizer, c.client.rho, c.client.rho0, c.client.rho_warmup_rounds) == ('sam', 0.2, 0.001, 15000)
+  c = cfg('fedgloss_cifar.py:cifar10,naive_fedgloss')          # was cifar10_cnn_naive_fedgloss.py
+  assert (c.algorithm, c.algo.rho_server, c.algo.beta, c.client.rho, c.client.rho_warmup_rounds) == \
+      ('naive_fedgloss', 0.15, 10.0, 0.15, 2000)
+  c = cfg('wima.py:cifar10')                                   # was cifar10_resnet20_fedavg_wima.py
+  assert (c.model, c.rounds, c.clients_per_round, c.client.lr, c.client.weight_decay, c.client.batch_size) == \
+      ('resnet20_gn', 10000, 10, 0.1, 0.0, 100)
+  assert (c.wima.enabled, c.wima.window, c.swa.enabled, c.algorithm) == (True, 100, False, 'fedavg')
+  c = cfg('wima.py:landmarks')                                 # was landmarks_mobilenet_fedavg_wima.py
+  assert (c.dataset, c.model, c.rounds, c.client.batch_size, c.client.lr, c.client.local_epochs) == \
+      ('gld160k', 'mobilenet_v2_gn', 3000, 50, 0.1, 5)
+  assert (c.wima.window, c.normalize, c.data.train_augment, c.eval_every) == (370, 'imagenet', True, 10)
+  c = cfg('fedsam_pam.py:fedasam')                             # was pam_resnet18_fedasam.py
+  assert (c.dataset, c.model, c.data.source, c.rounds, c.clients_per_round) == \
+      ('cifar100_pam', 'resnet18_gn', 'sqlite', 10000, 10)
+  assert (c.client.batch_size, c.client.momentum, c.client.optimizer, c.client.rho, c.client.asam_eta) == \
+      (20, 0.9, 'asam', 0.5, 0.2)
+  assert (c.augment, c.swa.enabled, c.swa.cycle, c.swa.start_fraction) == ('none', False, 5, 0.75)
+  c = cfg('fedsam_landmarks.py:fedsam')                        # was landmarks_mobilenet_fedsam.py
+  assert (c.rounds, c.client.weight_decay, c.client.optimizer, c.client.rho, c.swa.lr1, c.swa.cycle) == \
+      (5000, 4e-5, 'sam', 0.05, 1e-1, 5)
+  c = cfg('fedsoup_digits.py:fedbn')                           # was fedsoup_digits_fedbn.py
+  assert (c.algorithm, c.model_kwargs.gn_groups, c.clients_per_round, c.personalized.finetune_epochs) == \
+      ('fedbn', 4, 5, 15)
+  c = cfg('fedsoup_digits.py:fedsoup')                         # was fedsoup_digits_fedsoup.py
+  assert dict(c.algo) == {'start_fraction': 0.75, 'strict': False, 'val_source': 'val', 'persist_opt_state': False}
+  assert (c.data.leave_out, c.data.global_fraction, c.client.lr, c.summary_last_k) == (-1, 0.1, 0.05, 1)
+  c = cfg('baselines_cifar_cnn.py:dataset=cifar10,algo=fedspeed')
+  assert c.algo.dual_mean == 'active'   # Algorithm 1, explicit (the registered default is now 'population')
+
+
+def test_man_cells_follow_the_digest():
+  c = cfg('man_cifar100.py:fedasam,man,iid')
+  assert (c.dataset, c.model, c.rounds, c.clients_per_round, c.data.alpha) == ('cifar100', 'cifar_cnn', 500, 10, 1000.0)
+  assert (c.client.lr, c.client.batch_size, c.client.local_epochs, c.client.weight_decay, c.client.grad_clip) == \
+      (0.1, 50, 5, 1e-3, 10.0)
+  assert (c.man.zeta, c.client.optimizer, c.client.rho, c.client.asam_eta) == (0.15, 'asam', 0.1, 0.2)
+  assert cfg('man_cifar100.py:fedasam,dir0.3').client.rho == 0.5 and cfg('man_cifar100.py:fedasam').man.zeta == 0.0
+  c = cfg('man_cifar100.py:feddyn,man,dir0.6')
+  assert (c.algorithm, c.algo.alpha, c.data.alpha) == ('feddyn', 0.01, 0.6)
+  c = cfg('man_cifar100.py:fedspeed')
+  assert (c.client.optimizer, c.client.rho, c.algo.lam, c.algo.alpha, c.algo.dual_mean) == \
+      ('sam', 0.01, 100.0, 1.0, 'population')
+
+
+@pytest.mark.parametrize('spec,needle', [
+    ('fedsam_cifar.py:cifar1000', "'cifar1000' is invalid: unknown token; allowed: dataset = cifar10 | cifar100"),
+    ('fedsam_cifar.py:foo=1', "unknown key 'foo'; allowed: dataset = cifar10 | cifar100; method = fedavg"),
+    ('fedsam_cifar.py:cifar10,alpha=0.5', 'no such cell for cifar10; allowed alpha: 0 | 0.05 | 100'),
+    ('fedsam_cifar.py:clients=x', 'expected a int'),
+    ('fedsam_cifar.py:swa=maybe', 'expected 0 or 1'),
+    ('fedsam_cifar.py:fedsam,epochs=2', 'allowed epochs: 1'),
+    ('wima.py:cifar10,cifar100', "dataset is already set by 'cifar10'"),
+    ('fedgloss_cifar.py:fedgloss,sgd,adam', "'adam' is invalid: unknown token; allowed:"),
+    ('man_cifar100.py:fedprox', "allowed: method = fedavg | fedsam | fedasam | feddyn | fedspeed; man (flag)"),
+    ('fedsoup_digits.py:leave_out=7', 'allowed leave_out: -1 | 0 | 1 | 2 | 3 | 4'),
+    ('baselines_digits.py:algo=fedfoo', 'algo must be one of fedavg | fedavgm'),
+    ('baselines_cifar_cnn.py:algorithm=fedprox', "unknown key 'algorithm'"),
+])
+def test_bad_config_string_is_one_line_with_the_allowed_tokens(spec, needle):
+  with pytest.raises(ConfigError) as e:
+    cfg(spec)
+  msg = str(e.value)
+  assert needle in msg and '\n' not in msg
+  assert msg.startswith(f"configs/{spec.split(':')[0]}:")
+
+
+def test_published_is_ignored_by_the_resume_check():
+  a = cfg('fedsam_cifar.py:cifar10,fedasam').to_dict()
+  b = cfg('fedsam_cifar.py:cifar10,fedasam').to_dict()
+  b['published'] = {'source': 'corrected transcription', 'accuracy': 1.0}
+  assert checkpoint.config_diffs(a, b) == []
+  b['client']['rho'] = 0.1
+  assert [d[0] for d in checkpoint.config_diffs(a, b)] == ['client.rho']
+
+
+def test_binary_bad_string_exits_2_with_one_line(tmp_path):
+  res = subprocess.run([sys.executable, os.path.join(REPO, 'experiments', 'train.py'),
+                        '--config=configs/fedsam_cifar.py:cifar100,fedasm', f'--workdir={tmp_path / "w"}'],
+                       capture_output=True, text=True, timeout=120, cwd=REPO)
+  assert res.returncode == 2, res.stderr[-2000:]
+  lines = [line for line in res.stderr.splitlines() if line.strip()]
+  assert lines == ["error: configs/fedsam_cifar.py:'fedasm' is invalid: unknown token; allowed: dataset = "
+                   "cifar10 | cifar100; method = fedavg | fedsam | fedasam; swa (flag); alpha=<float>; "
+                   "clients=<int>; epochs=<int>"], res.stderr
+
+
+@pytest.mark.slow
+def test_binary_runs_a_cell_with_overrides(tmp_path):
+  """The string reaches get_config through ml_collections, and --config.* / --config.algo.* still apply."""
+  wd = tmp_path / 'w'
+  res = subprocess.run([sys.executable, os.path.join(REPO, 'experiments', 'train.py'),
+                        '--config=configs/baselines_digits.py:algo=fedprox', f'--workdir={wd}',
+                        '--config.rounds=2', '--config.eval_every=1', '--config.algo.mu=0.3'],
+                       capture_output=True, text=True, timeout=300, cwd=REPO)
+  assert res.returncode == 0, res.stderr[-2000:]
+  saved = json.loads((wd / 'config.json').read_text())
+  assert saved['algorithm'] == 'fedprox' and saved['algo']['mu'] == 0.3 and saved['rounds'] == 2
+
+
+def test_paper_table_sweep_covers_a_family():
+  from fedjax_flat.sweeps import sweep as sweep_lib
+  path = os.path.join(CONFIGS, 'sweeps', 'paper_table.py')
+  runs = sweep_lib.expand(sweep_lib.load_sweep_file(path + ':fedsam_landmarks'), 'D')
+  assert len(runs) == len(load('fedsam_landmarks').CELLS) * 3
+  assert {r.config for r in runs} == {f'configs/fedsam_landmarks.py:{c}' for c in load('fedsam_landmarks').CELLS}
+  c10 = sweep_lib.load_sweep_file(path + ':fedsam_cifar,only=cifar10')['grid']
+  assert len(c10) == 63 and all(',' in g['config'] and 'cifar100' not in g['config'] for g in c10)
+  t415 = sweep_lib.load_sweep_file(path + ':baselines_cifar_cnn,only=4.15')['grid']
+  assert len(t415) == 36
+  with pytest.raises(ValueError, match='families: .*fedsam_cifar'):
+    sweep_lib.load_sweep_file(path + ':nope')

@@ -1,0 +1,134 @@
+"""Client-state stores: host (lazy dict) and device ([K, ...] arrays), checkpoint format, store selection, and
+SCAFFOLD over a population of 100,000 clients whose state memory grows with the clients seen."""
+import jax
+import numpy as np
+import pytest
+
+from fedjax_flat.core.client_state import (DeviceClientStateStore, HostClientStateStore, bytes_per_client,
+                                           make_client_state_store)
+
+TEMPLATE = {'a': np.zeros((2, 3), np.float32), 'b': {'c': np.zeros((), np.float32)}}
+
+
+def _states(ids, offset=0.0):
+  c = len(ids)
+  return {'a': np.arange(c * 6, dtype=np.float32).reshape(c, 2, 3) + offset,
+          'b': {'c': np.arange(c, dtype=np.float32) + 100 + offset}}
+
+
+@pytest.mark.parametrize('kind', ['host', 'device'])
+def test_gather_scatter_padding_and_lazy_template(kind):
+  store = HostClientStateStore(TEMPLATE) if kind == 'host' else DeviceClientStateStore(TEMPLATE, 10)
+  ids = np.array([3, -1, 7])
+  store.scatter(ids, _states(ids))
+  assert len(store) == 2
+  got = jax.device_get(store.gather(np.array([7, 5, -1, 3])))
+  want = _states(ids)
+  np.testing.assert_array_equal(got['a'][0], want['a'][2])
+  np.testing.assert_array_equal(got['a'][1], 0)          # never seen: template
+  np.testing.assert_array_equal(got['a'][2], 0)          # padding: template
+  np.testing.assert_array_equal(got['a'][3], want['a'][0])
+  np.testing.assert_array_equal(got['b']['c'], [102, 0, 0, 100])
+  # overwrite one client
+  store.scatter(np.array([7]), _states([7], offset=1000.0))
+  np.testing.assert_array_equal(jax.device_get(store.gather(np.array([7])))['b']['c'], [1100])
+
+
+def test_state_dict_is_interchangeable_between_stores():
+  host = HostClientStateStore(TEMPLATE)
+  ids = np.array([4, 1, 8])
+  host.scatter(ids, _states(ids))
+  d = host.state_dict()
+  np.testing.assert_array_equal(d['ids'], [1, 4, 8])
+  dev = DeviceClientStateStore(TEMPLATE, 9)
+  dev.load_state_dict(d)
+  assert len(dev) == 3
+  d2 = dev.state_dict()
+  np.testing.assert_array_equal(d2['ids'], d['ids'])
+  jax.tree_util.tree_map(np.testing.assert_array_equal, d2['states'], d['states'])
+  back = HostClientStateStore(TEMPLATE)
+  back.load_state_dict(d2)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, back.gather([8, 1]), host.gather([8, 1]))
+  empty = HostClientStateStore(TEMPLATE)
+  assert empty.state_dict()['states'] is None
+  dev.load_state_dict(empty.state_dict())
+  assert len(dev) == 0
+
+
+def test_auto_selection_and_nbytes():
+  per = bytes_per_client(TEMPLATE)
+  assert per == 7 * 4
+  small = make_client_state_store(TEMPLATE, 100, 'auto', device_max_bytes=100 * per)
+  big = make_client_state_store(TEMPLATE, 101, 'auto', device_max_bytes=100 * per)
+  assert small.kind == 'device' and big.kind == 'host'
+  assert small.nbytes() == 100 * per                    # device: the whole population up front
+  big.scatter(np.array([5, 9, 50]), _states([5, 9, 50]))
+  assert big.nbytes() == 3 * per                        # host: the clients seen
+  with pytest.raises(ValueError, match='allowed'):
+    make_client_state_store(TEMPLATE, 3, 'disk')
+
+
+# ---- in training -----------------------------------------------------------------------------------------
+from fedjax_flat.data.sources.builtin import synthetic                      # noqa: E402
+from fedjax_flat.data.federated import FederatedDataset            # noqa: E402
+from fedjax_flat.training import trainers  # noqa: E402
+from fedjax_flat.config.default_config import default_config    # noqa: E402
+from tests.fixtures.configs import set_fields  # noqa: E402
+
+
+def _config(algorithm='scaffold', **over):
+  c = default_config()
+  c.dataset, c.model, c.algorithm = 'synthetic', 'mlp', algorithm
+  c.model_kwargs.hidden = ()
+  c.rounds, c.clients_per_round, c.eval_every = 3, 10, 100
+  c.client.batch_size, c.client.lr = 2, 0.1
+  c.progress_every_s = 1e9
+  return set_fields(c, over)
+
+
+def test_device_and_host_stores_train_identically():
+  data = synthetic(40, 3, input_shape=(4, 4, 1), num_classes=4, seed=0)
+  out = {}
+  for kind in ('host', 'device'):
+    t = trainers.make_trainer(_config(client_state_store=kind, **{'data.num_clients': 40}), data=data)
+    for r in range(3):
+      t.run_round(r, t.prepare_round(r))
+    assert t.store.kind == kind and len(t.store) > 10
+    out[kind] = (t.server_state['params'], t.store.state_dict())
+  jax.tree_util.tree_map(np.testing.assert_array_equal, out['host'][0], out['device'][0])
+  np.testing.assert_array_equal(out['host'][1]['ids'], out['device'][1]['ids'])
+  jax.tree_util.tree_map(np.testing.assert_array_equal, out['host'][1]['states'], out['device'][1]['states'])
+
+
+def test_scaffold_with_100k_clients_memory_grows_with_clients_seen():
+  k = 100_000
+  sizes = 1 + (np.arange(k) % 2)                                   # 1 or 2 examples per client
+  n = int(sizes.sum())
+  rng = np.random.default_rng(0)
+  y = rng.integers(0, 10, n).astype(np.int32)
+  x = (rng.normal(size=(n, 8, 8, 1)) + y[:, None, None, None] / 5.0).astype(np.float32)
+  data = FederatedDataset(x=x, y=y, client_index=np.arange(n, dtype=np.int64),
+                          client_offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
+                          test_x=x[:200], test_y=y[:200], num_classes=10, name='100k')
+  cfg = _config(**{'data.num_clients': k, 'client_state_device_max_mb': 64})
+  t = trainers.make_trainer(cfg, data=data)
+  per_client = (8 * 8 * 10 + 10) * 4                               # one c_k: 2,600 bytes
+  assert t.store.kind == 'host'                                    # auto: 100k * 2.6 KB = 260 MB > 64 MiB
+  seen = set()
+  for r in range(cfg.rounds):
+    rb = t.prepare_round(r)
+    t.run_round(r, rb)
+    t.round = r + 1
+    seen |= set(int(c) for c in rb.client_ids if c >= 0)
+    assert len(t.store) == len(seen)
+    assert t.store.nbytes() == len(seen) * per_client              # grows with clients seen, not population
+  assert len(seen) == 30
+  # c_k of a client that trained is non-zero; an unseen client reads the zero template
+  some = sorted(seen)[0]
+  unseen = next(i for i in range(k) if i not in seen)
+  got = t.store.gather([some, unseen])
+  leaves = jax.tree_util.tree_leaves(got)
+  assert any(np.abs(a[0]).sum() > 0 for a in leaves) and all(np.abs(a[1]).sum() == 0 for a in leaves)
+  # communication: SCAFFOLD sends 2 models each way per client per round
+  num_params = 8 * 8 * 10 + 10
+  assert t.comm_total == {'down_params': 2.0 * 30 * num_params, 'up_params': 2.0 * 30 * num_params}

@@ -1,0 +1,55 @@
+"""benchmarks/speed/accelerator.py --smoke runs end to end on a CPU and writes its JSON + Markdown table.
+
+The fast case uses the MLP (every variant, the torch peer when torch is installed); the slow one the real
+models of the table (paper CNN, ResNet18-GN) at smoke sizes.
+"""
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+from tests.fixtures.paths import REPO
+
+HAS_TORCH = importlib.util.find_spec('torch') is not None
+
+
+def _run(tmp_path, *extra):
+  out = tmp_path / 'acc'
+  proc = subprocess.run([sys.executable, '-m', 'benchmarks.speed.accelerator', '--smoke', f'--out={out}', *extra],
+                        capture_output=True, text=True, cwd=REPO, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  res = json.loads((tmp_path / 'acc.json').read_text())
+  md = (tmp_path / 'acc.md').read_text()
+  return res, md
+
+
+def _check(res, md, models, clients):
+  assert res['smoke'] and res['backend'] == 'cpu' and 'uptime' in res and res['cpu'] is not None
+  assert [(g['model'], g['clients']) for g in res['groups']] == [(m, c) for m in models for c in clients]
+  want = ['vmap', 'chunked', 'sequential', 'loop'] + (['torch'] if HAS_TORCH else [])
+  for g in res['groups']:
+    assert list(g['rows']) == want
+    for v, r in g['rows'].items():
+      assert 'error' not in r, (g['model'], v, r)
+      assert r['examples_per_s'] > 0 and r['s_per_round'] > 0 and len(r['s_per_round_all']) == res['repeats']
+      if v in ('vmap', 'chunked', 'sequential'):
+        assert r['program_peak_bytes'] > 0 and r['temp_bytes'] >= 0
+    # vmap keeps every client's activations live at once: its program needs more memory than sequential.
+    assert g['rows']['vmap']['program_peak_bytes'] > g['rows']['sequential']['program_peak_bytes']
+    if HAS_TORCH:
+      assert g['rows']['torch']['device'] == 'cpu' and g['rows']['torch']['peak_mem_bytes'] > 0
+  for m in models:
+    assert f'| {m} | {clients[0]} | sequential |' in md
+  assert 'SMOKE RUN' in md
+
+
+def test_accelerator_smoke_mlp(tmp_path):
+  res, md = _run(tmp_path, '--models=mlp', '--clients=3')
+  _check(res, md, ['mlp'], [3])
+
+
+@pytest.mark.slow
+def test_accelerator_smoke_table_models(tmp_path):
+  res, md = _run(tmp_path)
+  _check(res, md, ['cifar_cnn', 'resnet18_gn'], [2, 3])

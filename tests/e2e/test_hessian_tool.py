@@ -1,0 +1,93 @@
+"""The Hessian tool on a trained run, and the seeds' headline claim at small scale."""
+import json
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from tests.fixtures.paths import REPO
+
+
+
+def _run(args, timeout=400):
+  res = subprocess.run([sys.executable] + args, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+  assert res.returncode == 0, res.stderr[-3000:]
+  return res
+
+
+def test_hessian_tool_writes_report_and_plots(tmp_path):
+  wd = tmp_path / 'run'
+  _run(['experiments/train.py', '--config=configs/quickstart.py', f'--workdir={wd}', '--config.rounds=3',
+        '--config.eval_every=3', '--config.model=mlp'])  # the tool's plumbing; CNN HVPs: tests/analysis/test_hessian.py
+  _run(['experiments/hessian.py', f'--workdir={wd}', '--num_examples=120', '--top_k=3', '--lanczos_steps=30',
+        '--trace_probes=3', '--density_probes=1', '--surface_points=3'])
+  out = wd / 'hessian'
+  rep = json.loads((out / 'hessian_global.json').read_text())
+  assert rep['round'] == 3 and rep['num_examples'] == 120
+  assert len(rep['eigenvalues']) == 3 and rep['lambda_max'] == rep['eigenvalues'][0]
+  assert rep['method'] == 'lanczos' and len(rep['residuals']) == len(rep['rayleigh_quotients']) == 3
+  assert rep['all_converged'] == all(rep['converged'])
+  assert rep['trace'] is not None
+  for f in ('eigenvalues_global.png', 'density_global.png', 'surface_global.png'):
+    assert (out / f).stat().st_size > 1000
+
+
+@pytest.mark.slow       # 2 x 60 rounds of the digits CNN + Lanczos: an experiment, not a unit test
+def test_fedasam_flatter_than_fedavg_on_digits_alpha0():
+  """Claim 2 of the digest: client ASAM lowers the global model's lambda_max versus FedAvg (same budget)."""
+  from configs import quickstart
+  from fedjax_flat import analysis
+  from fedjax_flat.training import trainers
+  lam = {}
+  for name, over in [('fedavg', {}), ('fedasam', {'optimizer': 'asam', 'rho': 0.7, 'asam_eta': 0.2})]:
+    c = quickstart.get_config()
+    c.data.alpha = 0.0
+    c.rounds = 60
+    c.eval_every = 60
+    c.progress_every_s = 1e9
+    for k, v in over.items():
+      c.client[k] = v
+    t = trainers.make_trainer(c)
+    t.train()
+    x, y = t.data.test_examples()
+    rep = analysis.analyze(t.model, t.server_state['params'], x[:300], y[:300], batch_size=100, top_k=1,
+                           lanczos_steps=30, rng=jax.random.key(0))
+    lam[name] = rep['lambda_max']
+  print('lambda_max', lam)
+  assert np.isfinite(lam['fedavg']) and lam['fedasam'] < lam['fedavg']
+
+
+def test_per_client_local_vs_global_sharpness(tmp_path):
+  """--per_client on a quickstart-sized run; the recomputed local models are the ones the next round trains:
+  their example-weighted mean is the server's FedAvg update (server SGD lr 1)."""
+  wd = tmp_path / 'run'
+  _run(['experiments/train.py', '--config=configs/quickstart.py', f'--workdir={wd}', '--config.rounds=3',
+        '--config.eval_every=3', '--config.checkpoint_every=2', '--config.model=mlp'])   # checkpoints 2 and 3
+  res = _run(['experiments/hessian.py', f'--workdir={wd}', '--per_client', '--num_examples=60', '--num_iters=8'])
+  rep = json.loads((wd / 'hessian' / 'per_client_global_round3.json').read_text())
+  assert rep['round'] == 3 and len(rep['clients']) == 5 and 'mean lambda_max local/own' in res.stdout
+  for r in rep['clients']:
+    assert all(np.isfinite(r[k]) and r[k] > 0 for k in ('lambda_local_own', 'lambda_global_own',
+                                                         'lambda_local_global'))
+    assert all(r[f'residual_{n}'] >= 0 and isinstance(r[f'converged_{n}'], bool)
+               for n in ('local_own', 'global_own', 'local_global'))
+  assert rep['all_converged'] == all(r[f'converged_{n}'] for r in rep['clients']
+                                     for n in ('local_own', 'global_own', 'local_global'))
+  _run(['experiments/hessian.py', f'--workdir={wd}', '--per_client', '--per_client_round=2', '--num_examples=60',
+        '--num_iters=8'])
+  rep2 = json.loads((wd / 'hessian' / 'per_client_global_round2.json').read_text())
+  assert rep2['round'] == 2 and len(rep2['clients']) == 5
+  # The local models: one more FedAvg round from the checkpoint equals the weighted mean of them.
+  from fedjax_flat.analysis.local_models import local_models
+  from fedjax_flat.training.reload import load_run
+  trainer, params, step = load_run(str(wd))
+  ids, locs = local_models(trainer, step)
+  sizes = np.asarray([len(trainer.data.client_examples(k)[1]) for k in ids], np.float64)
+  mean = jax.tree_util.tree_map(lambda *p: sum(w * np.asarray(a, np.float64) for w, a in zip(sizes, p)) / sizes.sum(),
+                                *locs)
+  rb = trainer.prepare_round(step)
+  trainer.run_round(step, rb)
+  after = jax.device_get(trainer.algorithm.eval_models(trainer.server_state)['global'][0])
+  for a, b in zip(jax.tree_util.tree_leaves(after), jax.tree_util.tree_leaves(mean)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,123 @@
+"""experiments/report.py: hand-written workdirs (config.json, summary.json, metrics.jsonl, hessian/) -> exact table."""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fedjax_flat.sweeps import report as report_lib
+from tests.fixtures.paths import REPO as ROOT
+
+REPORT = os.path.join(ROOT, 'experiments', 'report.py')
+
+
+def _write(path, obj=None, lines=None):
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, 'w') as f:
+    if lines is not None:
+      f.write(''.join(json.dumps(l) + '\n' for l in lines))
+    else:
+      json.dump(obj, f)
+
+
+def _run(d, seed, opt, *, summary=None, records=(), published=None, lam=None):
+  cfg = {'seed': seed, 'rounds': 10, 'client': {'optimizer': opt}, 'published': published or {}}
+  _write(os.path.join(d, 'config.json'), cfg)
+  _write(os.path.join(d, 'metrics.jsonl'), lines=list(records))
+  if summary is not None:
+    _write(os.path.join(d, 'summary.json'), summary)
+  if lam is not None:
+    _write(os.path.join(d, 'hessian', 'hessian_global.json'), {'lambda_max': lam, 'eigenvalues': [lam]})
+
+
+def _summary(lastk, final, model='global', wall=10.0):
+  return {'rounds_completed': 10, 'rounds_planned': 10, 'reported_model': model, 'summary_last_k': 2,
+          'mean_last_2_test_accuracy': lastk, 'final_test_accuracy': final, 'comm_total_bytes': 2e6,
+          'wall_time_total_s': wall}
+
+
+@pytest.fixture
+def sweep_dir(tmp_path):
+  """Cell A: 2 finished seeds (global model, published 80, lambda_max 4 and 6). Cell B: SWA reported, one
+  finished seed and one killed (no summary.json), reference 55 +- 1."""
+  d = str(tmp_path / 'syn')
+  pub = {'source': 'paper Table 1', 'accuracy': 80.0}
+  _run(f'{d}/A/seed=0', 0, 'sgd', summary=_summary(0.80, 0.82), published=pub, lam=4.0,
+       records=[{'round': 5, 'test_accuracy': 0.70}, {'round': 10, 'test_accuracy': 0.82}])
+  _run(f'{d}/A/seed=1', 1, 'sgd', summary=_summary(0.90, 0.88, wall=20.0), published=pub, lam=6.0,
+       records=[{'round': 5, 'test_accuracy': 0.90}, {'round': 10, 'test_accuracy': 0.88}])
+  # B: the global chain passes 0.8 but the reported (SWA) model never does.
+  _run(f'{d}/B/seed=0', 0, 'sam', summary=_summary(0.60, 0.65, model='swa'),
+       records=[{'round': 5, 'test_accuracy': 0.95, 'swa/test_accuracy': 0.55},
+                {'round': 10, 'test_accuracy': 0.95, 'swa/test_accuracy': 0.65}])
+  _run(f'{d}/B/seed=1', 1, 'sam', records=[{'round': 5, 'test_accuracy': 0.5}])
+  ref = {'source': 'earlier table', 'accuracy': 55.0, 'accuracy_std': 1.0}
+  runs = [dict(cell=c, seed=s, workdir=f'{c}/seed={s}', reference=ref if c == 'B' else None)
+          for c in 'AB' for s in (0, 1)]
+  _write(os.path.join(d, 'sweep.json'), {'name': 'syn', 'description': 'synthetic', 'runs': runs})
+  return d
+
+
+def test_aggregate_exact_values(sweep_dir):
+  rows = report_lib.aggregate(report_lib.collect([sweep_dir]), ['cell'], target=0.8)
+  a, b = rows
+  assert (a['cell'], a['runs'], a['finished'], a['model']) == ('A', 2, 2, 'global')
+  assert a['acc_lastk_mean'] == pytest.approx(85.0) and a['acc_lastk_std'] == pytest.approx(5.0)
+  assert a['acc_final_mean'] == pytest.approx(85.0) and a['acc_final_std'] == pytest.approx(3.0)
+  assert a['rounds_to_target_mean'] == 7.5 and a['reached_target'] == '2/2'      # rounds 10 and 5
+  assert a['lambda_max_mean'] == 5.0 and a['lambda_max_std'] == 1.0 and a['lambda_max_runs'] == 2
+  assert a['comm_mb_mean'] == 2.0 and a['wall_s_mean'] == 15.0
+  assert a['published_acc'] == 80.0 and a['diff_published'] == pytest.approx(5.0) and a['reference_acc'] is None
+  assert (b['runs'], b['finished'], b['model'], b['failed']) == (2, 1, 'swa', 'B/seed=1')
+  assert b['acc_lastk_mean'] == pytest.approx(60.0) and b['acc_lastk_std'] == 0.0
+  assert b['rounds_to_target_mean'] is None and b['reached_target'] == '0/1'     # SWA model, not the global one
+  assert b['diff_reference'] == pytest.approx(5.0) and b['lambda_max_mean'] is None
+  assert report_lib.rounds_to_target([{'round': 3, 'x': 0.5}, {'round': 6, 'x': 0.9}], 'x', 0.9) == 6
+
+
+def test_binary_writes_markdown_csv_plots(sweep_dir, tmp_path):
+  out = tmp_path / 'rep'
+  p = subprocess.run([sys.executable, REPORT, f'--sweep_dir={sweep_dir}', f'--out_dir={out}', '--target=0.8',
+                      '--title=Synthetic'], capture_output=True, text=True, timeout=120, cwd=ROOT)
+  assert p.returncode == 1 and '2 rows from 4 runs (1 unfinished)' in p.stdout, p.stdout + p.stderr
+  md = (out / 'report.md').read_text()
+  assert ('| cell | model | last-K acc (%) | final acc (%) | seeds | rounds to 0.8 | lambda_max | comm (MB) | '
+          'published (%) | diff | reference (%) | diff |') in md
+  assert '| A | global | 85.00 ± 5.00 | 85.00 ± 3.00 | 2/2 | 7.5 (2/2) | 5.00 ± 1.00 | 2 | 80.00 | +5.00 |  |  |' in md
+  assert '| B | swa | 60.00 ± 0.00 | 65.00 ± 0.00 | 1/2 | not reached (0/1) |  | 2 |  |  | 55.00 ± 1.00 | +5.00 |' in md
+  assert 'Unfinished or failed runs (not averaged): B/seed=1' in md
+  with open(out / 'report.csv') as f:
+    rows = list(csv.DictReader(f))
+  assert [r['cell'] for r in rows] == ['A', 'B']
+  assert float(rows[0]['acc_lastk_mean']) == 85.0 and float(rows[0]['diff_published']) == 5.0
+  assert rows[1]['failed'] == 'B/seed=1' and float(rows[1]['reference_acc']) == 55.0
+  for name in ('report_syn_curves.png', 'report_syn_bars.png'):
+    assert (out / name).stat().st_size > 5000
+
+
+def test_workdirs_glob_grouped_by_config_key(sweep_dir, tmp_path):
+  runs = report_lib.collect(workdirs=[f'{sweep_dir}/*/seed=*'])
+  assert sorted(r['cell'] for r in runs) == ['A', 'A', 'B', 'B']
+  rows = report_lib.aggregate(runs, ['client.optimizer'])
+  assert [(r['client.optimizer'], r['finished'], round(r['acc_lastk_mean'], 6)) for r in rows] == \
+      [('sgd', 2, 85.0), ('sam', 1, 60.0)]
+  p = subprocess.run([sys.executable, REPORT, f'--workdirs={sweep_dir}/A/seed=*', f'--out_dir={tmp_path}/r2',
+                      '--group_by=client.nope'], capture_output=True, text=True, timeout=120, cwd=ROOT)
+  assert p.returncode == 2 and 'client.nope' in p.stderr and len(p.stderr.strip().splitlines()) == 1
+  p = subprocess.run([sys.executable, REPORT, f'--workdirs={tmp_path}/none*', f'--out_dir={tmp_path}/r2'],
+                     capture_output=True, text=True, timeout=120, cwd=ROOT)
+  assert p.returncode == 2 and 'matches no run directory' in p.stderr
+
+
+def test_rounds_to_centralized_averaged_over_seeds(tmp_path):
+  runs = []
+  for seed, (r70, r90) in enumerate(((4, 9), (6, None), (8, 12))):
+    d = str(tmp_path / f'seed={seed}')
+    _run(d, seed, 'sgd', summary={**_summary(0.8, 0.8), 'rounds_to_70pct_centralized': r70,
+                                   'rounds_to_90pct_centralized': r90, 'centralized_accuracy': 0.85})
+    runs.append(d)
+  rows = report_lib.aggregate(report_lib.collect(workdirs=runs), [])
+  assert rows[0]['rounds_to_70pct_centralized_mean'] == 6.0 and rows[0]['reached_70pct_centralized'] == '3/3'
+  assert rows[0]['rounds_to_90pct_centralized_mean'] == 10.5 and rows[0]['reached_90pct_centralized'] == '2/3'

@@ -1,0 +1,228 @@
+"""experiments/sweep.py: grid expansion and naming, local runs (run / skip / fail / resume after SIGKILL), SLURM."""
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fedjax_flat.sweeps import sweep as sweep_lib
+from tests.fixtures.paths import REPO as ROOT
+
+SWEEP = os.path.join(ROOT, 'experiments', 'sweep.py')
+QS = os.path.join(ROOT, 'configs', 'quickstart.py')
+# Tiny runs: 2 rounds, one evaluation each, a checkpoint every round.
+TINY = ['--set=rounds=2', '--set=eval_every=1', '--set=summary_last_k=1', '--set=checkpoint_every=1']
+
+
+def _sweep(args, timeout=240):
+  return subprocess.run([sys.executable, SWEEP] + args, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def _manifest(d):
+  with open(os.path.join(d, 'sweep.json')) as f:
+    return {f"{r['cell']}/seed={r['seed']}": r for r in json.load(f)['runs']}
+
+
+# ----------------------------------------------------------------------------------------------- no subprocess
+
+def test_expand_grid_names_and_commands(tmp_path):
+  spec = dict(config='configs/quickstart.py:fedprox', fixed={'rounds': 3},
+              grid={'client.optimizer': ['sgd', 'sam'], 'client.rho': [0.05, 0.1]}, seeds=[0, 2])
+  runs = sweep_lib.expand(spec, str(tmp_path))
+  assert [r.key for r in runs] == [
+      'client.optimizer=sgd,client.rho=0.05/seed=0', 'client.optimizer=sgd,client.rho=0.05/seed=2',
+      'client.optimizer=sgd,client.rho=0.1/seed=0', 'client.optimizer=sgd,client.rho=0.1/seed=2',
+      'client.optimizer=sam,client.rho=0.05/seed=0', 'client.optimizer=sam,client.rho=0.05/seed=2',
+      'client.optimizer=sam,client.rho=0.1/seed=0', 'client.optimizer=sam,client.rho=0.1/seed=2']
+  argv = runs[3].argv('PY')
+  # The config string with its :arg goes through unchanged; fixed, then cell overrides, then the seed.
+  assert argv[2:] == ['--config=configs/quickstart.py:fedprox', '--config.rounds=3', '--config.client.optimizer=sgd',
+                      '--config.client.rho=0.1', '--config.seed=2',
+                      f'--workdir={tmp_path}/client.optimizer=sgd,client.rho=0.1/seed=2']
+  # Same spec, same names (deterministic); named cells and per-cell configs.
+  assert [r.workdir for r in sweep_lib.expand(spec, str(tmp_path))] == [r.workdir for r in runs]
+  cells = sweep_lib.expand(dict(grid=[dict(name='a', config='x.py', **{'swa.enabled': True}),
+                                      dict(config='y.py:algo=fedavgm')]), 'D')
+  assert [r.key for r in cells] == ['a/seed=0', 'config=y_algo=fedavgm/seed=0']
+  assert cells[0].argv('PY')[2:4] == ['--config=x.py', '--config.swa.enabled=True']
+
+
+def test_expand_rejects_bad_input():
+  with pytest.raises(sweep_lib.SweepError, match='seeds'):
+    sweep_lib.expand(dict(config='c.py', grid={'seed': [0, 1]}), 'D')
+  with pytest.raises(sweep_lib.SweepError, match='two cells'):
+    sweep_lib.expand(dict(config='c.py', grid=[dict(name='x', a=1), dict(name='x', a=2)]), 'D')
+  with pytest.raises(sweep_lib.SweepError, match='KEY=V1,V2'):
+    sweep_lib.parse_grid_flags(['client.rho'])
+  with pytest.raises(sweep_lib.SweepError, match='unknown sweep keys'):
+    sweep_lib.expand(dict(config='c.py', grids={}), 'D')
+  assert sweep_lib.parse_grid_flags(['config.client.rho=0.05,1,True,sam']) == {'client.rho': [0.05, 1, True, 'sam']}
+  assert sweep_lib.parse_seeds('0,1, 2') == [0, 1, 2]
+
+
+def test_bad_flags_exit_2_with_one_line(tmp_path):
+  for args, needle in ((['--config=configs/nope.py'], 'no such file'), (['--config=' + QS, '--grid=client.lr'],
+                        'KEY=V1,V2'), (['--config=' + QS, '--seeds=a'], '--seeds')):
+    p = _sweep(args + [f'--sweep_dir={tmp_path}/s'], timeout=60)
+    assert p.returncode == 2 and needle in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_slurm_script_array_and_commands(tmp_path):
+  d = tmp_path / 'sl'
+  p = _sweep([f'--config={QS}', '--grid=client.optimizer=sgd,sam', '--grid=client.lr=0.05,0.1', '--seeds=0,1',
+              '--set=rounds=3', f'--sweep_dir={d}', '--launcher=slurm', '--parallel=3', '--sbatch=--time=01:00:00'],
+             timeout=60)
+  assert p.returncode == 0, p.stderr
+  script = (d / 'sweep.sbatch').read_text()
+  assert '#SBATCH --array=0-7%3' in script and '#SBATCH --time=01:00:00' in script
+  cmds = (d / 'commands.txt').read_text().splitlines()
+  assert len(cmds) == 8 and not (d / 'client.lr=0.05,client.optimizer=sgd').exists()   # nothing ran
+  assert shlex.split(cmds[1])[-2:] == ['--config.seed=1', f'--workdir={d}/client.lr=0.05,client.optimizer=sgd/seed=1']
+  assert f'cd {ROOT}' in script and 'bash -c "$CMD"' in script
+  assert all('experiments/train.py' in c and f'--config={QS}' in c and '--config.rounds=3' in c for c in cmds)
+  assert len(_manifest(d)) == 8
+  # Multi-host: every task is an srun over the nodes, train.py with --distributed (docs/scaling.md).
+  p = _sweep([f'--config={QS}', '--grid=client.lr=0.05', f'--sweep_dir={tmp_path}/mh', '--launcher=slurm',
+              '--slurm_nodes=4'], timeout=60)
+  script = (tmp_path / 'mh' / 'sweep.sbatch').read_text()
+  assert '#SBATCH --nodes=4' in script and 'srun --nodes=$SLURM_JOB_NUM_NODES' in script
+  assert '#SBATCH --array=0-0\n' in script
+  assert (tmp_path / 'mh' / 'commands.txt').read_text().strip().endswith('--distributed')
+
+
+def test_run_skip_and_fail(tmp_path):
+  """One good run and one that fails while training (divergence, exit 1): the good one finishes, the failure
+  is listed, exit 1; the second invocation skips the finished run and reports the failure again."""
+  d = tmp_path / 'sw'
+  args = [f'--config={QS}', '--grid=client.lr=0.05,1e30', '--seeds=0', f'--sweep_dir={d}', '--parallel=2'] + TINY
+  p = _sweep(args)
+  assert p.returncode == 1, p.stdout + p.stderr
+  m = _manifest(d)
+  assert m['client.lr=0.05/seed=0']['status'] == 'done'
+  bad = m['client.lr=1e+30/seed=0']
+  assert bad['status'] == 'failed' and bad['returncode'] == 1 and 'divergence' in bad['error']
+  assert 'FAILED client.lr=1e+30/seed=0 (exit 1)' in p.stdout
+  assert '1 runs done, 0 skipped (finished earlier), 1 failed' in p.stdout
+  assert '[sweep] 1/2 done, 0 running, 1 failed' in p.stderr
+  with open(d / 'client.lr=0.05' / 'seed=0' / 'summary.json') as f:
+    assert json.load(f)['rounds_completed'] == 2
+  mtime = os.path.getmtime(d / 'client.lr=0.05' / 'seed=0' / 'summary.json')
+  p = _sweep(args)
+  assert p.returncode == 1 and '0 runs done, 1 skipped (finished earlier), 1 failed' in p.stdout, p.stdout
+  assert os.path.getmtime(d / 'client.lr=0.05' / 'seed=0' / 'summary.json') == mtime
+  assert _manifest(d)['client.lr=0.05/seed=0']['status'] == 'skipped (finished)'
+  # A bad grid value (train.py would exit 2) stops the sweep before anything launches: one line, exit 2.
+  for mode in (['--parallel=2'], ['--batch_runs=2']):
+    p = _sweep([f'--config={QS}', '--grid=client.optimizer=sgd,bogus', '--seeds=0', f'--sweep_dir={d}2'] + mode +
+               TINY, timeout=120)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert 'client.optimizer=bogus/seed=0' in p.stderr and 'client.optimizer' in p.stderr
+    assert not (d.parent / 'sw2').exists()
+  # A finished workdir whose config differs from the sweep's is not silently reused.
+  run = sweep_lib.expand(dict(config=QS, fixed={'rounds': 2, 'client.momentum': 0.5},
+                              grid={'client.lr': [0.05, 1e30]}), str(d))[0]
+  assert sweep_lib.run_status(run) == 'mismatch'
+
+
+def test_batched_sweep_writes_every_workdir_and_resumes(tmp_path):
+  """--batch_runs on two host devices: compatible runs share a program (the SGD cell's seeds, the SAM
+  cell's), every workdir is complete, report.py reads the sweep; a rerun skips everything."""
+  d = tmp_path / 'b'
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2', PYTHONPATH=ROOT)
+  args = [f'--config={QS}', '--grid=client.optimizer=sgd,sam', '--seeds=0,1,2', f'--sweep_dir={d}',
+          '--batch_runs=auto'] + TINY
+  p = subprocess.run([sys.executable, SWEEP] + args, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+  assert p.returncode == 0, p.stdout + p.stderr
+  m = _manifest(d)
+  assert len(m) == 6 and all(r['status'] == 'done' for r in m.values())
+  assert {r['program'] for k, r in m.items() if 'sgd' in k} == {0} and {r['program'] for k, r in m.items()
+                                                                       if 'sam' in k} == {1}
+  assert {r['lanes'] for r in m.values()} == {4}           # 3 runs -> 4 lanes on 2 devices: really batched
+  for r in m.values():
+    wd = d / r['workdir']
+    assert {'config.json', 'metrics.jsonl', 'metrics.csv', 'summary.json', 'summary.md', 'metrics.png',
+            'tensorboard', 'checkpoints'} <= set(os.listdir(wd))
+    with open(wd / 'config.json') as f:
+      assert json.load(f)['seed'] == r['seed']
+    assert 'batched program' in (wd / 'sweep.log').read_text()
+  rep = subprocess.run([sys.executable, os.path.join(ROOT, 'experiments', 'report.py'), f'--sweep_dir={d}',
+                        f'--out_dir={tmp_path}/rep'], capture_output=True, text=True, timeout=300, cwd=ROOT)
+  assert rep.returncode == 0, rep.stderr
+  assert 'client.optimizer=sam' in (tmp_path / 'rep' / 'report.md').read_text()
+  # The same run alone (one process, one device) gives the batched lane's numbers (fp32 tolerance).
+  alone = tmp_path / 'alone'
+  q = subprocess.run([sys.executable, os.path.join(ROOT, 'experiments', 'train.py'), f'--config={QS}',
+                      '--config.client.optimizer=sam', '--config.rounds=2', '--config.eval_every=1',
+                      '--config.summary_last_k=1', '--config.checkpoint_every=1', '--config.seed=1',
+                      f'--workdir={alone}'], capture_output=True, text=True, timeout=300, cwd=ROOT)
+  assert q.returncode == 0, q.stderr
+  read = lambda wd: [json.loads(l) for l in (wd / 'metrics.jsonl').read_text().splitlines()]
+  for a, b in zip(read(alone), read(d / 'client.optimizer=sam' / 'seed=1'), strict=True):
+    for k in ('test_accuracy', 'test_loss', 'train_loss'):
+      assert abs(a[k] - b[k]) <= 1e-4 * max(1.0, abs(a[k])), (k, a[k], b[k])
+  p = subprocess.run([sys.executable, SWEEP] + args, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+  assert p.returncode == 0 and '0 runs done, 6 skipped' in p.stdout, p.stdout + p.stderr
+
+
+@pytest.mark.slow
+def test_grid_2x2_two_seeds_all_finish(tmp_path):
+  d = tmp_path / 'g'
+  p = _sweep([f'--config={QS}', '--grid=client.optimizer=sgd,sam', '--grid=client.lr=0.05,0.1', '--seeds=0,1',
+              f'--sweep_dir={d}', '--parallel=2'] + TINY, timeout=600)
+  assert p.returncode == 0, p.stdout + p.stderr
+  m = _manifest(d)
+  assert len(m) == 8 and all(r['status'] == 'done' for r in m.values())
+  for r in m.values():
+    with open(d / r['workdir'] / 'config.json') as f:
+      cfg = json.load(f)
+    assert cfg['seed'] == r['seed'] and cfg['client']['optimizer'] == r['overrides']['client.optimizer']
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_on_next_invocation(tmp_path):
+  d = tmp_path / 'k'
+  args = [f'--config={QS}', '--grid=client.lr=0.05', '--seeds=0', f'--sweep_dir={d}', '--set=rounds=40',
+          '--set=eval_every=5', '--set=summary_last_k=1', '--set=checkpoint_every=2']
+  proc = subprocess.Popen([sys.executable, SWEEP] + args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+  ckpt = d / 'base' / 'seed=0' / 'checkpoints'     # one cell, nothing varies: named 'base'
+  deadline = time.time() + 240
+  while time.time() < deadline and proc.poll() is None and not (
+      ckpt.is_dir() and any(p.name.isdigit() for p in ckpt.iterdir())):
+    time.sleep(0.5)
+  assert proc.poll() is None, 'the run finished before a checkpoint was seen'
+  pid = _manifest(d)['base/seed=0']['pid']
+  os.kill(pid, signal.SIGKILL)             # the training process itself, mid-run
+  out, err = proc.communicate(timeout=120)
+  assert proc.returncode == 1 and 'FAILED base/seed=0 (exit -9)' in out, out + err
+  assert sweep_lib.run_status(sweep_lib.expand(dict(config=QS, fixed={'rounds': 40, 'eval_every': 5,
+      'summary_last_k': 1, 'checkpoint_every': 2}, grid={'client.lr': [0.05]}), str(d))[0]) == 'partial'
+  p = _sweep(args, timeout=300)
+  assert p.returncode == 0 and '1 runs done' in p.stdout, p.stdout + p.stderr
+  log = (d / 'base' / 'seed=0' / 'sweep.log').read_text()
+  assert 'resumed from round' in log
+  with open(d / 'base' / 'seed=0' / 'summary.json') as f:
+    assert json.load(f)['rounds_completed'] == 40
+
+
+def test_checked_in_sweep_files_expand(tmp_path):
+  """The reproduction sweeps (benchmarks/studies/reproduce_digits.sh): every cell x 3 seeds, named, with references."""
+  fm = sweep_lib.expand(sweep_lib.load_sweep_file(os.path.join(ROOT, 'configs/sweeps/flat_minima_digits.py')), 'D')
+  assert len(fm) == 16 * 3 and fm[0].key == 'fedavg/seed=0' and fm[-1].key == 'fedasam_man/seed=2'
+  assert fm[0].reference == {'source': 'benchmarks/studies/README.flat_minima.md (earlier run, 150 rounds, seeds 0-2)',
+                             'accuracy': 89.35, 'accuracy_std': 0.19}
+  gloss = next(r for r in fm if r.cell == 'naive_fedgloss_sam_release')
+  assert gloss.config == 'configs/quickstart_fedgloss.py' and gloss.overrides['algorithm'] == 'naive_fedgloss'
+  assert gloss.overrides['rounds'] == 150 and gloss.overrides['algo.dual_variant'] == 'release'
+  short = sweep_lib.expand(sweep_lib.load_sweep_file(
+      os.path.join(ROOT, 'configs/sweeps/flat_minima_digits.py') + ':rounds=60'), 'D')
+  assert short[0].overrides['rounds'] == 60 and short[0].reference is None   # 150-round reference not comparable
+  bl = sweep_lib.expand(sweep_lib.load_sweep_file(os.path.join(ROOT, 'configs/sweeps/baselines_digits.py')), 'D')
+  assert len(bl) == 21 * 3 and len({r.cell for r in bl}) == 21
+  speed = next(r for r in bl if r.cell == 'fedspeed_population')
+  assert speed.config == 'configs/baselines_digits.py:algo=fedspeed' and speed.reference['accuracy'] == 96.32
+  assert speed.argv('PY')[2:4] == ['--config=configs/baselines_digits.py:algo=fedspeed', '--config.data.alpha=0.0']

@@ -1,0 +1,257 @@
+"""The package's architecture, read from the source with `ast` (nothing is imported):
+
+  (a) every fedjax_flat import, at module level or inside a function, points to the same or a lower layer
+      of LAYERS (the single declaration of the layer rule);
+  (b) no import circle between modules (module-level imports, which run at import time; an `__init__.py`
+      that imports its submodules counts as a module);
+  (c) a package `__init__.py` holds a docstring and nothing else, except a declared public face (FACES): it
+      only re-exports names of its own package and none of that package's modules imports it;
+  (d) the entry points (experiments/, benchmarks/, configs/, tests/) never edit `sys.path`: they run from the
+      repository root against the installed package.
+
+Each failure lists every offending import as `file:line -> target`.
+"""
+import ast
+import os
+
+from tests.fixtures.paths import REPO
+
+# Lowest layer first. A module may import its own layer and the layers below it, never one above.
+LAYERS = [
+    ['errors', 'registry', 'devices'],
+    ['tasks', 'models', 'optimizers'],
+    ['data'],
+    ['core'],
+    ['algorithms'],
+    ['evaluation', 'grouping', 'analysis'],
+    ['config'],
+    ['training'],
+    ['sweeps'],
+]
+PACKAGE = 'fedjax_flat'
+ENTRY_POINT_DIRS = ('experiments', 'benchmarks', 'configs', 'tests')
+
+RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
+
+
+def _modules():
+  """{dotted module name: path relative to the repo}, packages under their package name."""
+  out = {}
+  for d, dirs, files in os.walk(os.path.join(REPO, PACKAGE)):
+    dirs[:] = sorted(x for x in dirs if x != '__pycache__')
+    for f in sorted(files):
+      if f.endswith('.py'):
+        rel = os.path.relpath(os.path.join(d, f), REPO)
+        name = rel[:-3].replace(os.sep, '.')
+        out[name[:-len('.__init__')] if name.endswith('.__init__') else name] = rel
+  return out
+
+
+MODULES = _modules()
+
+
+def _is_package(name):
+  return MODULES.get(name, '').endswith('__init__.py')
+
+
+def _resolve(name):
+  """The longest prefix of a dotted name that is a module of the package ('a.b.SomeClass' -> 'a.b')."""
+  parts = name.split('.')
+  for k in range(len(parts), 0, -1):
+    cand = '.'.join(parts[:k])
+    if cand in MODULES:
+      return cand
+  return None
+
+
+def _imports(module):
+  """[(line, target module, at_module_level, under_type_checking)] of the package imports of one module."""
+  tree = ast.parse(open(os.path.join(REPO, MODULES[module])).read(), MODULES[module])
+  package = module if _is_package(module) else module.rpartition('.')[0]
+  found = []
+
+  def targets(node):
+    if isinstance(node, ast.Import):
+      return [a.name for a in node.names]
+    base = node.module or ''
+    if node.level:                                  # relative: from . import x, from ..core import y
+      anchor = package.split('.')
+      anchor = anchor[:len(anchor) - (node.level - 1)]
+      base = '.'.join(anchor + ([base] if base else []))
+    return [f'{base}.{a.name}' if a.name != '*' else base for a in node.names]
+
+  def walk(node, module_level, type_checking):
+    for child in ast.iter_child_nodes(node):
+      in_func = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+      tc = type_checking or (isinstance(child, ast.If) and 'TYPE_CHECKING' in ast.unparse(child.test))
+      if isinstance(child, (ast.Import, ast.ImportFrom)):
+        for name in targets(child):
+          if name == PACKAGE or name.startswith(PACKAGE + '.'):
+            found.append((child.lineno, _resolve(name) or name, module_level, type_checking))
+      walk(child, module_level and not in_func, tc)
+
+  walk(tree, True, False)
+  return found
+
+
+def _layer(module):
+  parts = module.split('.')
+  return RANK.get(parts[1]) if len(parts) > 1 else None
+
+
+def test_every_module_is_in_a_layer():
+  top = sorted({m.split('.')[1] for m in MODULES if m != PACKAGE})
+  missing = [t for t in top if t not in RANK]
+  assert not missing, (f'{PACKAGE}/{{{", ".join(missing)}}} belong to no layer: add each to LAYERS in '
+                       f'tests/test_architecture.py, at the layer whose modules it may import')
+
+
+def test_imports_point_to_the_same_or_a_lower_layer():
+  bad = []
+  for module in MODULES:
+    src = _layer(module)
+    for line, target, module_level, _ in _imports(module):
+      dst = _layer(target)
+      if src is not None and dst is not None and dst > src:
+        where = '' if module_level else ' (inside a function)'
+        bad.append(f'{MODULES[module]}:{line} -> {target}{where}  '
+                   f'[layer {src} {LAYERS[src]} imports layer {dst} {LAYERS[dst]}]')
+  assert not bad, f'{len(bad)} import(s) point to a higher layer:\n' + '\n'.join(bad)
+
+
+def _import_graph():
+  """Module-level edges (runtime imports): importing a.b.c runs a.b's __init__ too, except the importer's own
+  ancestors (already running when it is imported)."""
+  edges = {}
+  for module in MODULES:
+    ancestors = {module.rsplit('.', k)[0] for k in range(1, module.count('.') + 1)}
+    out = edges.setdefault(module, {})
+    for line, target, module_level, type_checking in _imports(module):
+      if not module_level or type_checking:
+        continue
+      parts = target.split('.')
+      for k in range(2, len(parts) + 1):
+        dst = '.'.join(parts[:k])
+        if dst in MODULES and dst != module and dst not in ancestors:
+          out.setdefault(dst, line)
+  return edges
+
+
+def _cycles(edges):
+  """Strongly connected components with more than one module (Tarjan), each as a sorted list."""
+  index, low, stack, on, comps = {}, {}, [], set(), []
+
+  def visit(v):
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    on.add(v)
+    for w in edges.get(v, {}):
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      comp = []
+      while True:
+        w = stack.pop()
+        on.discard(w)
+        comp.append(w)
+        if w == v:
+          break
+      if len(comp) > 1:
+        comps.append(sorted(comp))
+
+  for v in sorted(edges):
+    if v not in index:
+      visit(v)
+  return comps
+
+
+def test_no_import_circles():
+  edges = _import_graph()
+  report = []
+  for comp in _cycles(edges):
+    members = set(comp)
+    report.append(f'circle of {len(comp)} modules: {", ".join(comp)}')
+    for src in comp:
+      for dst, line in sorted(edges[src].items()):
+        if dst in members:
+          report.append(f'  {MODULES[src]}:{line} -> {dst}')
+  assert not report, 'module-level import circles:\n' + '\n'.join(report)
+
+
+# Public faces: `from fedjax_flat import analysis; analysis.top_eigenpairs(...)` is the documented API of the
+# Hessian tools (README). A face re-exports its own package's names only and is imported by none of them.
+FACES = {'fedjax_flat/analysis/__init__.py'}
+
+
+def _face_problems(rel):
+  pkg = rel[:-len('/__init__.py')].replace('/', '.')
+  out = []
+  for node in ast.parse(open(os.path.join(REPO, rel)).read(), rel).body[1:]:
+    own = isinstance(node, ast.ImportFrom) and (node.module == pkg or (node.module or '').startswith(pkg + '.'))
+    all_ = isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ['__all__']
+    if not (own or all_):
+      out.append(f'{rel}:{node.lineno}: a face only re-exports its own modules: {ast.unparse(node)[:80]}')
+  for other_rel in MODULES.values():
+    if other_rel.startswith(rel[:-len('__init__.py')]) and other_rel != rel:
+      for node in ast.walk(ast.parse(open(os.path.join(REPO, other_rel)).read(), other_rel)):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module or ''] if isinstance(node, ast.ImportFrom) else [])
+        if pkg in names or (isinstance(node, ast.ImportFrom) and node.module == pkg.rpartition('.')[0]
+                            and any(a.name == pkg.rpartition('.')[2] for a in node.names)):
+          out.append(f'{other_rel}:{node.lineno} imports its own package face {pkg}')
+  return out
+
+
+def test_package_inits_hold_only_a_docstring():
+  bad = []
+  for module, rel in MODULES.items():
+    if not rel.endswith('__init__.py'):
+      continue
+    if rel in FACES:
+      bad += _face_problems(rel)
+      continue
+    body = ast.parse(open(os.path.join(REPO, rel)).read(), rel).body
+    for k, node in enumerate(body):
+      is_docstring = (k == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+                      and isinstance(node.value.value, str))
+      if not is_docstring:
+        what = ast.unparse(node).splitlines()[0][:100]
+        bad.append(f'{rel}:{node.lineno}: {what}')
+  assert not bad, ('package __init__.py files must hold only a docstring (import the module that defines a '
+                   'name, not its package):\n' + '\n'.join(bad))
+
+
+def _sys_path_edits(path):
+  """Lines of a file that touch sys.path: attribute uses in code, and code strings run with `python -c`."""
+  src = open(path).read()
+  tree = ast.parse(src, path)
+  lines = []
+  needle = 'sys.' + 'path'
+  for node in ast.walk(tree):
+    if (isinstance(node, ast.Attribute) and node.attr == 'path' and isinstance(node.value, ast.Name)
+        and node.value.id == 'sys'):
+      lines.append(node.lineno)
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+      for verb in ('.insert(', '.append(', '.extend(', '[:0]', ' = ', '+='):
+        if needle + verb in node.value:
+          lines.append(node.lineno)
+          break
+  return sorted(set(lines))
+
+
+def test_entry_points_never_edit_sys_path():
+  bad = []
+  me = os.path.abspath(__file__)
+  for top in ENTRY_POINT_DIRS:
+    for d, dirs, files in os.walk(os.path.join(REPO, top)):
+      dirs[:] = sorted(x for x in dirs if x != '__pycache__')
+      for f in sorted(files):
+        path = os.path.join(d, f)
+        if f.endswith('.py') and os.path.abspath(path) != me:
+          bad += [f'{os.path.relpath(path, REPO)}:{line}' for line in _sys_path_edits(path)]
+  assert not bad, ('sys.path edited (run from the repository root: scripts as `python experiments/x.py`, '
+                   'benchmarks and helpers as `python -m benchmarks.kind.name`; the package is installed):\n'
+                   + '\n'.join(bad))

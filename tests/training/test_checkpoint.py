@@ -1,0 +1,261 @@
+"""Checkpoints (training/checkpoint.py): round trip, keep-last-K, corrupt fallback, config mismatch, bad disks."""
+import errno
+import json
+import logging
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from fedjax_flat.training import checkpoint as ckpt_lib
+from fedjax_flat.training import trainers
+from fedjax_flat.training import run as run_lib
+from fedjax_flat.errors import ConfigError
+
+from tests.fixtures import scale_worker
+from tests.fixtures.configs import small_config
+from tests.fixtures.scale_worker import small_data
+
+_cache = pytest.fixture(scope='module', autouse=True)(scale_worker.persistent_compile_cache)
+
+
+def tiny_config(**over):
+  return small_config(**{'data.num_clients': 8, 'checkpoint_every': 1, 'keep_checkpoints': 3, **over})
+
+
+def leaves(tree):
+  return [np.asarray(a) for a in jax.tree_util.tree_leaves(jax.device_get(tree))]
+
+
+def assert_trees_equal(a, b):
+  assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+  for x, y in zip(leaves(a), leaves(b)):
+    np.testing.assert_array_equal(x, y)
+
+
+def test_round_trip_server_optimizer_and_client_states(tmp_path):
+  """Adam server state (a tuple of optax NamedTuples) and SCAFFOLD's client-state store come back exactly."""
+  cfg = tiny_config(algorithm='scaffold', **{'server.optimizer': 'adam', 'server.lr': 0.01})
+  t = trainers.make_trainer(cfg, data=small_data())
+  t.train(num_rounds=3)
+  ck = ckpt_lib.Checkpointer(str(tmp_path / 'ck'), keep=2)
+  ck.save(t)
+  ck.wait()
+  fresh = trainers.make_trainer(cfg, data=small_data())
+  assert ckpt_lib.Checkpointer(str(tmp_path / 'ck')).restore_latest(fresh) == 3
+  assert_trees_equal(fresh.server_state, t.server_state)
+  assert type(fresh.server_state['opt_state']) is type(t.server_state['opt_state'])
+  a, b = t.store.state_dict(), fresh.store.state_dict()
+  np.testing.assert_array_equal(a['ids'], b['ids'])
+  assert len(a['ids']) > 0
+  assert_trees_equal(a['states'], b['states'])
+  assert fresh.round == 3 and fresh.records == json.loads(json.dumps(t.records))
+  assert fresh.comm_total == t.comm_total and fresh.pending_train_losses == t.pending_train_losses
+  # ... and the restored run continues exactly like the original one.
+  t.train()
+  fresh.train()
+  assert_trees_equal(fresh.server_state, t.server_state)
+  ck.close()
+
+
+def test_keep_last_k_and_metrics_once(tmp_path):
+  wd = tmp_path / 'run'
+  s = run_lib.run(tiny_config(rounds=5, keep_checkpoints=2), str(wd), data=small_data())
+  assert s['rounds_completed'] == 5
+  assert sorted(os.listdir(wd / 'checkpoints')) == ['4', '5']
+  recs = [json.loads(line) for line in (wd / 'metrics.jsonl').read_text().splitlines()]
+  assert [r['round'] for r in recs] == [2, 4, 5]
+  ck = ckpt_lib.read_checkpoint(str(wd / 'checkpoints'))
+  assert ck['step'] == 5 and [r['round'] for r in ck['meta']['records']] == [2, 4, 5]
+  assert ck['config']['model'] == 'mlp'
+
+
+def test_keep_rounds_saved_and_never_deleted(tmp_path):
+  """config.keep_rounds: those rounds are checkpointed off the checkpoint_every grid, survive keep-last-K, and
+  restore to exactly the state an uninterrupted run had at that round."""
+  wd = tmp_path / 'run'
+  s = run_lib.run(tiny_config(rounds=7, checkpoint_every=3, keep_checkpoints=1, keep_rounds=(2, 5)), str(wd),
+                  data=small_data())
+  assert s['rounds_completed'] == 7
+  assert sorted(os.listdir(wd / 'checkpoints'), key=int) == ['2', '5', '7']
+  t = trainers.make_trainer(tiny_config(rounds=7), data=small_data())
+  t.train(num_rounds=2)
+  kept = trainers.make_trainer(tiny_config(rounds=7), data=small_data())
+  ck = ckpt_lib.Checkpointer(str(wd / 'checkpoints'), read_only=True)
+  assert ck.restore_step(kept, 2) == 2
+  assert_trees_equal(kept.server_state, t.server_state)
+  with pytest.raises(ConfigError, match='keep_rounds'):
+    run_lib.run(tiny_config(rounds=7, keep_rounds=(0, 8)), str(tmp_path / 'bad'), data=small_data())
+
+
+def _corrupt(step_dir, how):
+  if how == 'server_item_removed':
+    shutil.rmtree(step_dir / 'server')
+  elif how == 'data_truncated':
+    for root, _, files in os.walk(step_dir / 'server'):
+      for f in files:
+        open(os.path.join(root, f), 'w').close()
+  elif how == 'meta_garbage':
+    for root, _, files in os.walk(step_dir / 'meta'):
+      for f in files:
+        with open(os.path.join(root, f), 'w') as fh:
+          fh.write('{not json')
+
+
+@pytest.mark.parametrize('how', ['server_item_removed', 'data_truncated', 'meta_garbage'])
+def test_corrupt_newest_falls_back_to_previous(tmp_path, caplog, how):
+  data = small_data()
+  ref = tmp_path / 'ref'
+  run_lib.run(tiny_config(), str(ref), data=data)
+  final = ckpt_lib.read_checkpoint(str(ref / 'checkpoints'))['server_leaves']
+  wd = tmp_path / 'run'
+  shutil.copytree(ref, wd)
+  _corrupt(wd / 'checkpoints' / '4', how)
+  (wd / 'checkpoints' / '5.orbax-checkpoint-tmp-123').mkdir()    # a write interrupted by a crash
+  with caplog.at_level(logging.WARNING):
+    s = run_lib.run(tiny_config(), str(wd), data=data)
+  msg = ' '.join(r.getMessage() for r in caplog.records)
+  assert f'{wd}/checkpoints/4 is corrupt or incomplete' in msg and 'resumed from round 3' in msg
+  assert s['resumed_from_round'] == 3 and s['rounds_completed'] == 4
+  assert os.listdir(tmp_path / 'run' / 'checkpoints.corrupt')[0].startswith('4-')
+  assert not (wd / 'checkpoints' / '5.orbax-checkpoint-tmp-123').exists()
+  got = ckpt_lib.read_checkpoint(str(wd / 'checkpoints'))
+  assert got['step'] == 4
+  for a, b in zip(got['server_leaves'], final):
+    np.testing.assert_array_equal(a, b)   # round 4 recomputed bit for bit
+  recs = [json.loads(line)['round'] for line in (wd / 'metrics.jsonl').read_text().splitlines()]
+  assert recs == [2, 4]
+
+
+def test_mismatched_config_refused_unless_fresh(tmp_path):
+  data = small_data()
+  wd = tmp_path / 'run'
+  run_lib.run(tiny_config(rounds=2), str(wd), data=data)
+  for over, field in [({'algorithm': 'fedprox'}, 'algorithm'), ({'seed': 1}, 'seed'),
+                      ({'client.lr': 0.2}, 'client.lr'), ({'model_kwargs.conv_impl': 'lax'}, 'model_kwargs')]:
+    with pytest.raises(ckpt_lib.CheckpointMismatchError, match=rf'config\.{field}.*checkpoint') as e:
+      run_lib.run(tiny_config(rounds=2, **over), str(wd), data=data)
+    assert '--fresh' in str(e.value) and isinstance(e.value, ConfigError)
+  s = run_lib.run(tiny_config(rounds=2, seed=1), str(wd), data=data, fresh=True)
+  assert s['resumed_from_round'] is None and s['rounds_completed'] == 2
+  assert ckpt_lib.read_checkpoint(str(wd / 'checkpoints'))['config']['seed'] == 1
+  recs = [json.loads(line)['round'] for line in (wd / 'metrics.jsonl').read_text().splitlines()]
+  assert recs == [2]
+  # More rounds for the same computation is a continuation, not a mismatch.
+  s = run_lib.run(tiny_config(rounds=3, seed=1), str(wd), data=data)
+  assert s['resumed_from_round'] == 2 and s['rounds_completed'] == 3
+
+
+def test_unwritable_workdir_clear_error(tmp_path):
+  blocker = tmp_path / 'file'
+  blocker.write_text('x')
+  with pytest.raises(ConfigError, match='workdir.*is not writable'):
+    run_lib.run(tiny_config(), str(blocker / 'run'), data=small_data())
+
+
+def test_failed_save_clear_error_previous_intact(tmp_path, monkeypatch):
+  """A save that fails (here: ENOSPC on round 3) raises CheckpointError; resume uses round 2."""
+  import orbax.checkpoint as ocp
+  real_save = ocp.CheckpointManager.save
+
+  def failing_save(self, step, *a, **kw):
+    if step == 3:
+      raise OSError(errno.ENOSPC, 'No space left on device')
+    return real_save(self, step, *a, **kw)
+  monkeypatch.setattr(ocp.CheckpointManager, 'save', failing_save)
+  wd = tmp_path / 'run'
+  with pytest.raises(ckpt_lib.CheckpointError,
+                     match=r'round 3 to .*No space left on device.*previous checkpoint \(round 2\) is intact'):
+    run_lib.run(tiny_config(), str(wd), data=small_data())
+  assert sorted(os.listdir(wd / 'checkpoints')) == ['1', '2']
+  monkeypatch.setattr(ocp.CheckpointManager, 'save', real_save)
+  s = run_lib.run(tiny_config(), str(wd), data=small_data())
+  assert s['resumed_from_round'] == 2 and s['rounds_completed'] == 4
+
+
+def test_fields_added_since_the_checkpoint_count_as_their_defaults():
+  """A checkpoint written before a config field existed (or with config.algo left empty) resumes when the
+  field now holds its default, and is refused when it does not."""
+  current = ckpt_lib.config_dict(tiny_config(algorithm='fedprox'))
+  current['algo'] = {'mu': 0.01}                       # the registered default, as --config.algo.* fills it
+  saved = json.loads(json.dumps(current))
+  del saved['client']['base_optimizer'], saved['client']['adam_b2']
+  saved['algo'] = {}
+  assert ckpt_lib.config_diffs(saved, current) == []
+  current['client']['base_optimizer'] = 'adam'
+  current['algo'] = {'mu': 0.5}
+  assert ckpt_lib.config_diffs(saved, current) == [('algo.mu', '<absent>', 0.5),
+                                                   ('client.base_optimizer', '<absent>', 'adam')]
+
+
+def _largest_array_file(item_dir):
+  files = [p for p in item_dir.rglob('*') if p.is_file() and p.parent.name == 'd']
+  return max(files, key=lambda p: p.stat().st_size)
+
+
+@pytest.mark.parametrize('item, algorithm', [('server', 'fedavg'), ('clients', 'scaffold')])
+def test_bit_rot_in_the_newest_checkpoint_falls_back(tmp_path, caplog, item, algorithm):
+  """Bytes flipped inside the newest checkpoint's array data load without any orbax error; the content hashes
+  catch them, the fallback takes the previous checkpoint, and the recomputed run is the uninterrupted one."""
+  data = small_data()
+  cfg = tiny_config(algorithm=algorithm)
+  ref = tmp_path / 'ref'
+  run_lib.run(cfg, str(ref), data=data)
+  final = ckpt_lib.read_checkpoint(str(ref / 'checkpoints'))
+  detected = 0
+  for i, where in enumerate((0.35, 0.65)):
+    wd = tmp_path / f'run{i}'
+    shutil.copytree(ref, wd)
+    f = _largest_array_file(wd / 'checkpoints' / '4' / item)
+    raw = bytearray(f.read_bytes())
+    raw[int(len(raw) * where)] ^= 0x5A
+    f.write_bytes(bytes(raw))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+      s = run_lib.run(cfg, str(wd), data=data)
+    msg = ' '.join(r.getMessage() for r in caplog.records)
+    if s['resumed_from_round'] == 3:
+      assert f'{wd}/checkpoints/4 is corrupt' in msg, msg
+      detected += 'content hash mismatch' in msg
+    got = ckpt_lib.read_checkpoint(str(wd / 'checkpoints'))
+    for a, b in zip(got['server_leaves'], final['server_leaves'], strict=True):
+      np.testing.assert_array_equal(a, b)
+    if final['client_leaves'] is not None:
+      for a, b in zip(got['client_leaves'], final['client_leaves'], strict=True):
+        np.testing.assert_array_equal(a, b)
+  assert detected >= 1
+
+
+def _edit_meta(step_dir, fn):
+  p = step_dir / 'meta' / 'metadata'
+  meta = json.loads(p.read_text())
+  fn(meta)
+  p.write_text(json.dumps(meta))
+
+
+def test_edited_metadata_is_corrupt_and_unhashed_checkpoints_still_restore(tmp_path, caplog):
+  data = small_data()
+  ref = tmp_path / 'ref'
+  run_lib.run(tiny_config(), str(ref), data=data)
+  wd = tmp_path / 'edited'
+  shutil.copytree(ref, wd)
+
+  def edit(meta):
+    meta['records'][-1]['test_accuracy'] += 0.125     # still valid JSON, a different number
+  _edit_meta(wd / 'checkpoints' / '4', edit)
+  with caplog.at_level(logging.WARNING):
+    s = run_lib.run(tiny_config(), str(wd), data=data)
+  assert s['resumed_from_round'] == 3 and 'content hash mismatch in its metadata' in caplog.text
+  # A checkpoint written before hashes existed (format 1) restores, unverified.
+  wd = tmp_path / 'format1'
+  shutil.copytree(ref, wd)
+
+  def strip(meta):
+    meta['format'] = 1
+    for k in ('server_sha256', 'clients_sha256', 'config_sha256', 'meta_sha256'):
+      meta.pop(k)
+  _edit_meta(wd / 'checkpoints' / '4', strip)
+  s = run_lib.run(tiny_config(rounds=5), str(wd), data=data)
+  assert s['resumed_from_round'] == 4
