@@ -173,10 +173,12 @@ def markdown(doc) -> str:
   if doc['scaling']:
     lines += ['', 'Scaling with R (quickstart FedSAM, alpha = 0, one program; XLA memory analysis of the compiled '
               'program):', '', '| R | lanes | devices | compile s | arguments MB | temporaries MB | block s '
-              f"({doc['scaling'][0]['rounds']} rounds) | ms per run-round |", '|---:|---:|---:|---:|---:|---:|---:|---:|']
+              f"({doc['scaling'][0]['rounds']} rounds) | ms per run-round |",
+              '|---:|---:|---:|---:|---:|---:|---:|---:|']
     for s in doc['scaling']:
-      lines.append(f"| {s['R']} | {s['lanes']} | {s['devices']} | {s['compile_s']:.1f} | {s['argument_mb']:.2f} | "
-                   f"{s['temp_mb']:.2f} | {s['block_s']:.2f} | {s['ms_per_run_round']:.1f} |")
+      lines.append(f"| {s['R']} | {s['lanes']} | {s['devices']} | {s['compile_s']:.1f} | "
+                   f"{s['argument_mb']:.2f} | {s['temp_mb']:.2f} | {s['block_s']:.2f} | "
+                   f"{s['ms_per_run_round']:.1f} |")
   lines += ['', f"Load: {doc['uptime_before']} -> {doc['uptime_after']}"]
   return '\n'.join(lines) + '\n'
 

@@ -68,7 +68,8 @@ def _files(wd):
 @pytest.mark.parametrize('case', sorted(CASES))
 def test_batched_run_equals_run_alone(case, tmp_path, monkeypatch):
   data = _data()
-  alone = [run_lib.run(_config(case, i), str(tmp_path / f'alone{i}'), data=data) for i in range(3)]
+  for i in range(3):
+    run_lib.run(_config(case, i), str(tmp_path / f'alone{i}'), data=data)
   # Data passed in-process: run_batch loads by config; give it the same object.
   monkeypatch.setattr(batched.data_registry, 'get_dataset', lambda *a, **k: data)
   specs = [batched.RunSpec(f'r{i}', _config(case, i), str(tmp_path / f'batched{i}')) for i in range(3)]
