@@ -15,6 +15,13 @@ checkpoints (train.py's workdir resume). sweep_dir/sweep.json is the manifest (e
 Progress (done / running / failed, ETA) goes to stderr; failures are listed at the end.
 Ctrl-C / SIGTERM: running trainings checkpoint and stop; rerun the same command to continue.
 
+Many runs in one program (`--batch_runs=R` or `auto`): instead of one process per run, this process packs
+compatible runs (same config once seeds, learning rates, momentum, weight decay, rho, SWA's lrs and the data
+partition are set aside: fedjax_flat/core/runs.py) into batched programs of up to R runs, vmapped over the
+runs and sharded over one host device per core on CPU; each run still writes its own workdir exactly as
+alone, so experiments/report.py and resuming work unchanged (training/batched.py; measured:
+benchmarks/speed/README.runs.md). Every run's config is validated before anything launches.
+
 Exit status: 0 all runs finished, 1 some run failed, 2 bad input.
 """
 from __future__ import annotations
@@ -22,7 +29,8 @@ from __future__ import annotations
 import os
 import sys
 
-# Before anything imports jax: one host CPU device per usable core (fedjax_flat/devices.py).
+# Before anything imports jax: one host CPU device per usable core (fedjax_flat/devices.py); batched runs shard
+# their runs axis over them, process-parallel sweeps give each child its share (devices.child_env).
 from fedjax_flat import devices
 
 HOST_DEVICES = devices.configure_or_exit() if __name__ == '__main__' else None
@@ -30,6 +38,9 @@ HOST_DEVICES = devices.configure_or_exit() if __name__ == '__main__' else None
 from absl import app, flags  # noqa: E402
 
 from fedjax_flat.sweeps import sweep as sweep_lib  # noqa: E402
+from fedjax_flat.training import batched  # noqa: E402
+from fedjax_flat.training import cli  # noqa: E402
+from fedjax_flat.training import run as run_lib  # noqa: E402
 
 _SWEEP = flags.DEFINE_string('sweep', None, 'Sweep file path[:arg] with get_sweep() (configs/sweeps/*.py).')
 _CONFIG = flags.DEFINE_string('config', None, 'Base config path[:arg] (passed to train.py unchanged); '
@@ -48,6 +59,9 @@ _SBATCH = flags.DEFINE_multi_string('sbatch', [], 'Extra #SBATCH line(s), e.g. -
 _FRESH = flags.DEFINE_bool('fresh', False, 'Start unfinished or mismatching runs over (train.py --fresh); '
                            'finished runs with matching configs are still skipped.')
 _DRY = flags.DEFINE_bool('dry_run', False, 'Print each run\'s status and command; run nothing.')
+_BATCH = flags.DEFINE_string('batch_runs', '0', 'Runs per batched program in this process (an integer >= 1, '
+                             f'or auto = {batched.AUTO_BATCH_RUNS}); 0 = one train.py process per run '
+                             '(--parallel at a time).')
 _PYTHON = flags.DEFINE_string('python', sys.executable, 'Python interpreter for the runs.')
 flags.mark_flag_as_required('sweep_dir')
 
@@ -94,8 +108,13 @@ def main(argv):
     _fail(f'unexpected arguments {argv[1:]}; overrides go in --grid=KEY=V1,V2 or --set=KEY=VALUE')
   if _PARALLEL.value < (0 if _LAUNCHER.value == 'slurm' else 1):
     _fail(f'--parallel={_PARALLEL.value}; use a positive number of processes')
+  batch_runs = _batch_runs()
   spec, runs = build_runs()
   name = spec.get('name') or os.path.basename(os.path.abspath(_DIR.value))
+  try:
+    configs = sweep_lib.run_configs(runs)      # every run's config, before anything launches
+  except sweep_lib.SweepError as e:
+    _fail(str(e))
   if _DRY.value:
     for r in runs:
       print(f'{sweep_lib.run_status(r):9s} {r.key}\n          {" ".join(r.argv(_PYTHON.value))}')
@@ -112,10 +131,20 @@ def main(argv):
     else:
       print(f'{n} of {len(runs)} runs in {cmds}\nsubmit: sbatch {script}')
     return
-  states = sweep_lib.run_local(runs, _DIR.value, _info(spec, name), parallel=_PARALLEL.value,
-                               fresh=_FRESH.value, python=_PYTHON.value)
+  if batch_runs:
+    cli.configure_logging(verbosity_given=flags.FLAGS['verbosity'].present > 0)   # as train.py's
+    stopper = run_lib.StopSignal().install()
+    try:
+      states = sweep_lib.run_batched(runs, configs, _DIR.value, _info(spec, name), batch_runs=batch_runs,
+                                     fresh=_FRESH.value, stop_requested=stopper,
+                                     signal_name=lambda: stopper.signal_name)
+    finally:
+      stopper.uninstall()
+  else:
+    states = sweep_lib.run_local(runs, _DIR.value, _info(spec, name), parallel=_PARALLEL.value,
+                                 fresh=_FRESH.value, python=_PYTHON.value)
   failed = [(k, s) for k, s in states.items() if s['status'] == 'failed']
-  unfinished = [k for k, s in states.items() if s['status'] in ('stopped', 'not started')]
+  unfinished = [k for k, s in states.items() if s['status'] in ('stopped', 'not started', 'running')]
   n_done = sum(s['status'] == 'done' for s in states.values())
   n_skip = sum(s['status'].startswith('skipped') for s in states.values())
   print(f'{n_done} runs done, {n_skip} skipped (finished earlier), {len(failed)} failed, '
@@ -126,6 +155,21 @@ def main(argv):
     print(f'{len(unfinished)} interrupted or not started (rerun the same command to resume): ' +
           ', '.join(unfinished[:5]) + (', ...' if len(unfinished) > 5 else ''))
   sys.exit(1 if failed or unfinished else 0)
+
+
+def _batch_runs() -> int:
+  text = _BATCH.value.strip()
+  if text == 'auto':
+    return batched.AUTO_BATCH_RUNS
+  try:
+    n = int(text)
+  except ValueError:
+    n = -1
+  if n < 0:
+    _fail(f'--batch_runs={text!r}; use an integer >= 1, auto, or 0 (one process per run)')
+  if n and _LAUNCHER.value == 'slurm':
+    _fail('--batch_runs runs the sweep in this process; with --launcher=slurm leave it out')
+  return n
 
 
 def _info(spec, name):

@@ -2,6 +2,8 @@ r"""The flat-minima table's digits stand-in (benchmarks/studies/README.flat_mini
 
   python experiments/sweep.py --sweep=configs/sweeps/flat_minima_digits.py --sweep_dir=runs/repro/flat_minima
   python experiments/sweep.py --sweep=configs/sweeps/flat_minima_digits.py:rounds=60 ...   (shorter)
+  python experiments/sweep.py --sweep=configs/sweeps/flat_minima_digits.py:cells=fedavg+fedsam+fedasam ...
+      (a subset of the cells: the FedAvg / FedSAM / FedASAM table)
 
 Setting: the quickstart at alpha = 0 (one class per client), 150 rounds, evaluation every 5 rounds, last-K = the
 last 6 evaluations (rounds 125-150); the papers' CIFAR10 alpha = 0 hyperparameters (see the README).
@@ -45,10 +47,17 @@ CELLS = [
 def get_sweep(arg: str = ''):
   opts = dict(item.partition('=')[::2] for item in filter(None, arg.split(',')))
   rounds = int(opts.pop('rounds', 150))
+  names = [c[0] for c in CELLS]
+  cells = opts.pop('cells', '+'.join(names)).split('+')
   if opts:
-    raise ValueError(f'unknown keys {sorted(opts)} in {arg!r}; the only key is rounds')
+    raise ValueError(f'unknown keys {sorted(opts)} in {arg!r}; the keys are rounds and cells')
+  unknown = [c for c in cells if c not in names]
+  if unknown:
+    raise ValueError(f'cells {unknown} in {arg!r} are not cells of this sweep; allowed: {"+".join(names)}')
   grid = []
   for name, config, overrides, acc, std in CELLS:
+    if name not in cells:
+      continue
     ref = {'source': SOURCE, 'accuracy': acc, 'accuracy_std': std} if rounds == 150 else None
     grid.append(dict(name=name, config=config, reference=ref, **overrides))
   return dict(

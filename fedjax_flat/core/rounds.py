@@ -34,8 +34,11 @@ def _finite_tree(tree):
 
 
 def make_block_fn(round_fn, *, plan: batching.BatchPlan, num_clients: int, clients_per_round: int,
-                  cohort: int, rounds_per_call: int, has_store: bool, donate: bool = True, mesh=None):
+                  cohort: int, rounds_per_call: int, has_store: bool, donate: bool = True, mesh=None,
+                  jit: bool = True):
   """Jitted block(server_state, store_arrays, store_template, data, key, start_round, num_rounds).
+
+  jit=False: the plain function (core/runs.py vmaps it over a leading runs axis).
 
   round_fn: the un-jitted round of engine.make_round_fn (with mesh=: its client block sharded over the mesh,
   core/sharding.make_sharded_block). store_arrays/template: the device store's
@@ -71,7 +74,13 @@ def make_block_fn(round_fn, *, plan: batching.BatchPlan, num_clients: int, clien
         shapes = jax.eval_shape(run, args)[1]
         return args, jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
 
-      (server_state, store), m = jax.lax.cond(ok & (i < num_rounds), run, skip, (server_state, store))
+      def maybe_run(args):
+        return jax.lax.cond(ok, run, skip, args)
+
+      # Two conds, not one on `ok & (i < num_rounds)`: under a vmap over runs (core/runs.py) `ok` is per
+      # run and its cond becomes a select, while `i < num_rounds` stays shared, so the rounds past a
+      # shortened block are still skipped, not computed and discarded.
+      (server_state, store), m = jax.lax.cond(i < num_rounds, maybe_run, skip, (server_state, store))
       # A divergent round (non-finite client or server) stops the block: later rounds are skipped.
       ok = ok & (~m['ran'] | (m['server_finite'] & jnp.all(m['finite'])))
       return (server_state, store, ok), m
@@ -80,6 +89,8 @@ def make_block_fn(round_fn, *, plan: batching.BatchPlan, num_clients: int, clien
         body, (server_state, store, jnp.array(True)), jnp.arange(rounds_per_call, dtype=jnp.int32))
     return server_state, store, metrics
 
+  if not jit:
+    return block
   donate_argnums = (0, 1) if donate else ()
   if mesh is None:
     return jax.jit(block, donate_argnums=donate_argnums)

@@ -30,7 +30,16 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
+from absl import flags
+import jax
+from ml_collections import config_flags
+
 from fedjax_flat import devices
+from fedjax_flat.core import runs as runs_lib
+from fedjax_flat.config import algo_flags
+from fedjax_flat.training import batched
+from fedjax_flat.training import cli
+from fedjax_flat.config import validate
 
 RESERVED = ('config', 'name', 'reference')
 TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -202,6 +211,48 @@ def expand(spec: Dict[str, Any], sweep_dir: str) -> List[Run]:
       runs.append(Run(cell=name, seed=s, config=c.get('config') or base, overrides={**fixed, **o},
                       workdir=os.path.join(sweep_dir, name, f'seed={s}'), reference=c.get('reference')))
   return runs
+
+
+# --------------------------------------------------------------------------------------------- configs
+
+def run_config(run: Run):
+  """The run's ConfigDict exactly as experiments/train.py builds it from the same command line (absl's
+  config flag, --config.algo.* over the registry defaults), validated. SweepError: train.py's one line."""
+  argv = [a for a in run.argv('python') if not a.startswith('--workdir=') and a != '--fresh']
+  try:
+    argv, algo = algo_flags.split_argv(argv)
+  except validate.ConfigError as e:
+    raise SweepError(f'{run.key}: {e}') from None
+  bad = cli.preflight(argv)
+  if bad:
+    raise SweepError(f'{run.key}: {bad}')
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file('config', None, 'run config', flag_values=fv, lock_config=True,
+                                 sys_argv=argv[1:])
+  try:
+    fv(argv[1:])
+    config = algo_flags.apply(fv['config'].value, algo)
+    validate.validate_config(config)
+  except (flags.Error, validate.ConfigError, ValueError) as e:
+    raise SweepError(f'{run.key}: {e}') from None
+  return config
+
+
+def run_configs(runs: List[Run]) -> List[Any]:
+  """Every run's config, validated before anything launches (the first bad one raises SweepError)."""
+  return [run_config(r) for r in runs]
+
+
+def pack_runs(runs: List[Run], configs: List[Any], batch_runs: int) -> List[List[int]]:
+  """Runs (indices) packed into batched programs of at most `batch_runs`: compatible runs (equal config once
+  the per-run values are removed: core/runs.compat_key) together, in sweep order; a config that cannot be
+  batched at all (training/batched.batch_blocker) alone. Deterministic in the whole sweep, so a resumed
+  sweep packs the unfinished runs as the first attempt did."""
+  specs = [batched.RunSpec(r.key, c, r.workdir) for r, c in zip(runs, configs)]
+  alone = [i for i, c in enumerate(configs) if batched.batch_blocker(c)]
+  packable = [i for i in range(len(runs)) if i not in alone]
+  packs = [[packable[j] for j in p] for p in batched.pack_groups([specs[i] for i in packable], batch_runs)]
+  return sorted(packs + [[i] for i in alone], key=lambda p: p[0])
 
 
 # --------------------------------------------------------------------------------------------- status
@@ -378,6 +429,57 @@ def run_local(runs: List[Run], sweep_dir: str, info: Dict[str, Any], *, parallel
     if tty:
       stream.write('\n')
     write_manifest(sweep_dir, runs, info, states)
+  return states
+
+
+def run_batched(runs: List[Run], configs: List[Any], sweep_dir: str, info: Dict[str, Any], *, batch_runs: int,
+                fresh: bool = False, stop_requested=lambda: False, signal_name=lambda: None,
+                stream=sys.stderr) -> Dict[str, Dict]:
+  """Runs the unfinished runs in this process, packed into batched programs (training/batched.py): every run
+  still writes its own workdir (and a line in its sweep.log). Returns {run key: state dict} as run_local."""
+  states: Dict[str, Dict] = {}
+  for r in runs:
+    st = run_status(r)
+    if st == 'finished':
+      states[r.key] = {'status': 'skipped (finished)'}
+    elif st == 'mismatch' and not fresh:
+      states[r.key] = {'status': 'failed', 'returncode': None,
+                       'error': f'{r.workdir} finished with other config values; rerun the sweep with --fresh'}
+  packs = pack_runs(runs, configs, batch_runs)
+  n_dev = len(jax.local_devices())
+  write_manifest(sweep_dir, runs, info, states)
+  t0 = time.time()
+  for p, pack in enumerate(packs):
+    lanes = runs_lib.lanes_for(len(pack), n_dev)    # the pack's program shape, kept on resume
+    todo = [i for i in pack if runs[i].key not in states]
+    if not todo or stop_requested():
+      continue
+    for i in todo:
+      os.makedirs(runs[i].workdir, exist_ok=True)
+      with open(os.path.join(runs[i].workdir, 'sweep.log'), 'a') as log:
+        log.write(f'\n# {time.strftime("%Y-%m-%d %H:%M:%S")} batched program {p + 1}/{len(packs)} '
+                  f'({len(pack)} runs, {lanes} lanes): {shlex.join(runs[i].argv("python", fresh))}\n')
+      states[runs[i].key] = {'status': 'running', 'pid': os.getpid(), 'program': p}
+    write_manifest(sweep_dir, runs, info, states)
+    stream.write(f'[sweep] program {p + 1}/{len(packs)}: {len(todo)} runs ({lanes} lanes), '
+                 f'elapsed {_fmt_s(time.time() - t0)}\n')
+    stream.flush()
+    specs = [batched.RunSpec(runs[i].key, configs[i], runs[i].workdir) for i in todo]
+    res = batched.run_batch(specs, fresh=fresh, stop_requested=stop_requested, signal_name=signal_name,
+                            lanes=lanes)
+    for k, i in enumerate(todo):
+      rr = res.get(k, batched.RunResult('failed', error='not run'))
+      st = {'status': rr.status, 'returncode': 0 if rr.status != 'failed' else 1, 'wall_s': round(rr.wall_s, 1),
+            'program': p, 'lanes': rr.lanes}
+      if rr.error:
+        st['error'] = rr.error[:300]
+        with open(os.path.join(runs[i].workdir, 'sweep.log'), 'a') as log:
+          log.write(f'error: {rr.error}\n')
+      states[runs[i].key] = st
+    write_manifest(sweep_dir, runs, info, states)
+  for r in runs:
+    states.setdefault(r.key, {'status': 'not started'})
+  write_manifest(sweep_dir, runs, info, states)
   return states
 
 

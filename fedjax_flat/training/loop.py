@@ -65,7 +65,9 @@ def _finite_tree(tree):
 class Trainer:
   """Builds everything from a config; `train()` runs the rounds. Usable from tests and notebooks."""
 
-  def __init__(self, config, workdir: Optional[str] = None, *, data=None, write_files: bool = True):
+  def __init__(self, config, workdir: Optional[str] = None, *, data=None, write_files: bool = True,
+               shard_clients: Optional[bool] = None):
+    """shard_clients: overrides config.engine.shard_clients (training/batched.py: the devices take runs)."""
     validate.validate_config(config)
     self.config = config
     self.workdir = workdir
@@ -81,8 +83,9 @@ class Trainer:
     ec = config.engine
     self.strategy = engine_lib.resolve_strategy(ec.strategy)
     # Sharding over devices/hosts (core/sharding.py): None = the single-device program.
-    self.mesh = (sharding_lib.client_mesh() if sharding_lib.resolve_shard_clients(ec.get('shard_clients', 'auto'))
-                 else None)
+    shard = (sharding_lib.resolve_shard_clients(ec.get('shard_clients', 'auto')) if shard_clients is None
+             else shard_clients)
+    self.mesh = sharding_lib.client_mesh() if shard else None
     if self.mesh is not None:
       self.cohort, chunk = sharding_lib.plan_cohort(self.strategy, config.clients_per_round,
                                                     ec.clients_per_chunk, self.mesh.devices.size)
@@ -330,7 +333,10 @@ class Trainer:
       self.server_state = self.placement.replicate_device(self.server_state)
     self.server_state, store, m = self.block_fn(self.server_state, store, template, self.dev_data, self.key,
                                                 jnp.asarray(r, jnp.int32), jnp.asarray(n, jnp.int32))
-    m = jax.device_get(m)
+    return self.block_results(r, n, jax.device_get(m), store)
+
+  def block_results(self, r: int, n: int, m: dict, store=None) -> list:
+    """The host side of a block: the device store's new arrays, divergence checks, per-round results."""
     if self.store is not None:
       self.store.arrays = store
       ran_ids = m['ids'][m['ran']]
@@ -384,12 +390,7 @@ class Trainer:
     return out
 
   def train(self, num_rounds: Optional[int] = None, stop_requested=lambda: False) -> dict:
-    c = self.config
-    end = c.rounds if num_rounds is None else min(c.rounds, self.round + num_rounds)
-    t0 = self._t0 = time.time()
-    start_round = self.round
-    last_progress = t0
-    train_losses = self.pending_train_losses
+    end = self.begin_training(num_rounds)
     future = None
     if not self.device_rounds and self.round < end:
       future = self._pool.submit(self.prepare_round, self.round)
@@ -399,46 +400,66 @@ class Trainer:
         n = self.block_length(r, end)
         tb = time.time()
         block = self.run_block(r, n)
-        if r > start_round:              # the first block includes compilation
+        if r > self._start_round:        # the first block includes compilation
           self._round_s = (time.time() - tb) / max(n, 1)
       else:
         rb = future.result()
         future = self._pool.submit(self.prepare_round, r + 1) if r + 1 < end else None  # overlap host batching
         block = [self.run_round(r, rb)]
-      train_losses.extend(res['train_loss'] for res in block)    # every round's train loss, as with R=1
-      res = block[-1]
-      self.round = r + len(block)
-      rps = (self.round - start_round) / max(time.time() - t0, 1e-9)
-      elapsed = self.elapsed_s()
-      if (self.round % c.eval_every == 0 or self.round == end
-          or self.round > c.rounds - c.get('eval_every_last', 0)):
-        rec = {'round': self.round, **self.evaluate(), 'train_loss': float(np.mean(train_losses)),
-               'elapsed_s': elapsed, 'rounds_per_s': rps,
-               'comm_down_params': self.comm_total['down_params'], 'comm_up_params': self.comm_total['up_params'],
-               'comm_bytes': 4.0 * (self.comm_total['down_params'] + self.comm_total['up_params'])}
-        train_losses.clear()
-        self.records.append(rec)
-        if self.writer:
-          self.writer.write(rec)
-        self.on_evaluation(rec)
-      if time.time() - last_progress >= c.progress_every_s or self.round == end:
-        last_progress = time.time()
-        eta = (end - self.round) / max(rps, 1e-9)
-        latest = self.records[-1] if self.records else {}
-        logging.info('round %d/%d  %.2f rounds/s  ETA %.0fs  train_loss %.4f  test_acc %s', self.round, c.rounds,
-                     rps, eta, res['train_loss'], f"{latest.get('test_accuracy', float('nan')):.4f}")
-      self.after_round()
-      stop = bool(stop_requested())
-      if self.placement is not None and self.placement.multi_process:
-        stop = sharding_lib.any_process(stop)   # every host stops after the same round
-      if self.checkpointer is not None:
-        self.checkpointer.maybe_save(self, final=stop or self.round == end)
-      if stop:
-        self.stopped_early = self.round < end
+      if self.record_block(block, end, stop_requested):
         break
+    return self.end_training()
+
+  def begin_training(self, num_rounds: Optional[int] = None) -> int:
+    """Starts this process's share of the run; returns the round to stop after (training/batched.py drives
+    several trainers through begin_training / record_block / end_training)."""
+    c = self.config
+    end = c.rounds if num_rounds is None else min(c.rounds, self.round + num_rounds)
+    self._t0 = self._last_progress = time.time()
+    self._start_round = self.round
+    return end
+
+  def record_block(self, block: list, end: int, stop_requested=lambda: False) -> bool:
+    """After a block of rounds (results of run_block / run_round): train losses, evaluation and metrics at
+    evaluation rounds, progress, checkpoint. Returns True when the run stops here (a stop was requested)."""
+    c = self.config
+    train_losses = self.pending_train_losses
+    train_losses.extend(res['train_loss'] for res in block)    # every round's train loss, as with R=1
+    res = block[-1]
+    self.round = block_end = self.round + len(block)
+    rps = (self.round - self._start_round) / max(time.time() - self._t0, 1e-9)
+    elapsed = self.elapsed_s()
+    if (block_end % c.eval_every == 0 or block_end == end
+        or block_end > c.rounds - c.get('eval_every_last', 0)):
+      rec = {'round': block_end, **self.evaluate(), 'train_loss': float(np.mean(train_losses)),
+             'elapsed_s': elapsed, 'rounds_per_s': rps,
+             'comm_down_params': self.comm_total['down_params'], 'comm_up_params': self.comm_total['up_params'],
+             'comm_bytes': 4.0 * (self.comm_total['down_params'] + self.comm_total['up_params'])}
+      train_losses.clear()
+      self.records.append(rec)
+      if self.writer:
+        self.writer.write(rec)
+      self.on_evaluation(rec)
+    if time.time() - self._last_progress >= c.progress_every_s or block_end == end:
+      self._last_progress = time.time()
+      eta = (end - block_end) / max(rps, 1e-9)
+      latest = self.records[-1] if self.records else {}
+      logging.info('round %d/%d  %.2f rounds/s  ETA %.0fs  train_loss %.4f  test_acc %s', block_end, c.rounds,
+                   rps, eta, res['train_loss'], f"{latest.get('test_accuracy', float('nan')):.4f}")
+    self.after_round()
+    stop = bool(stop_requested())
+    if self.placement is not None and self.placement.multi_process:
+      stop = sharding_lib.any_process(stop)   # every host stops after the same round
+    if self.checkpointer is not None:
+      self.checkpointer.maybe_save(self, final=stop or block_end == end)
+    if stop:
+      self.stopped_early = block_end < end
+    return stop
+
+  def end_training(self) -> dict:
     if self.checkpointer is not None:
       self.checkpointer.wait()
-    return self.finish(time.time() - t0, self.round - start_round)
+    return self.finish(time.time() - self._t0, self.round - self._start_round)
 
   def elapsed_s(self) -> float:
     """Wall time of the whole run, across resumes."""

@@ -82,16 +82,21 @@ def run(config, workdir: str, *, fresh: bool = False, handle_signals: bool = Fal
       lock.release()
 
 
-def _run_locked(config, workdir, *, fresh, handle_signals, data, stop_requested) -> dict:
+def open_run(config, workdir, *, fresh: bool = False, data=None, trainer_kwargs=None):
+  """The trainer of a locked workdir, resumed from its newest checkpoint (or fresh), config.json written.
+
+  Returns (trainer, checkpointer, resumed round or None); the caller closes the checkpointer. Also used by
+  training/batched.py, which opens every run of a batched program this way.
+  """
   checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, 'checkpoints'), keep=config.keep_checkpoints,
                                        every=config.checkpoint_every,
                                        keep_rounds=tuple(config.get('keep_rounds', ())))
-  stopper = None
   try:
     if not fresh:
       checkpointer.check_config(config)     # a mismatch is refused before anything is built
     # loads the data and validates the config against them
-    trainer = trainers.make_trainer(config, workdir, data=data, grouping_context=init_lib.grouping_context)
+    trainer = trainers.make_trainer(config, workdir, data=data, grouping_context=init_lib.grouping_context,
+                                    **(trainer_kwargs or {}))
     trainer.checkpointer = checkpointer
     if fresh:
       checkpointer.clear()                  # only now: a config rejected above deleted nothing
@@ -105,17 +110,32 @@ def _run_locked(config, workdir, *, fresh, handle_signals, data, stop_requested)
       logging.info('resumed from %s/%d (round %d of %d)', checkpointer.directory, step, step, config.rounds)
     if jax.process_index() == 0:
       loop.write_config(config, workdir)
+  except BaseException:
+    checkpointer.close()
+    raise
+  return trainer, checkpointer, step
+
+
+def close_summary(summary: dict, trainer, checkpointer, step, signal_name: Optional[str]) -> dict:
+  """The run-level entries of summary.json's dict that `run` returns."""
+  summary['resumed_from_round'] = step
+  summary['stopped_by_signal'] = signal_name if (signal_name and trainer.stopped_early) else None
+  summary['checkpoint'] = (os.path.join(checkpointer.directory, str(checkpointer.last_saved))
+                           if checkpointer.last_saved is not None else None)
+  summary['checkpoint_save_s'] = list(checkpointer.save_times)
+  return summary
+
+
+def _run_locked(config, workdir, *, fresh, handle_signals, data, stop_requested) -> dict:
+  trainer, checkpointer, step = open_run(config, workdir, fresh=fresh, data=data)
+  stopper = None
+  try:
     # Installed until the final checkpoint is on disk: a SIGTERM while it is written must not kill it.
     stopper = StopSignal().install() if handle_signals else None
     polls = [p for p in (stopper, stop_requested) if p is not None]
     summary = trainer.train(stop_requested=lambda: any(p() for p in polls))
-    summary['resumed_from_round'] = step
-    summary['stopped_by_signal'] = (stopper.signal_name if (stopper and stopper() and trainer.stopped_early)
-                                    else None)
-    summary['checkpoint'] = (os.path.join(checkpointer.directory, str(checkpointer.last_saved))
-                             if checkpointer.last_saved is not None else None)
-    summary['checkpoint_save_s'] = list(checkpointer.save_times)
-    return summary
+    return close_summary(summary, trainer, checkpointer, step,
+                         stopper.signal_name if (stopper and stopper()) else None)
   finally:
     checkpointer.close()
     if stopper is not None:

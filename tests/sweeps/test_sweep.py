@@ -95,30 +95,77 @@ def test_slurm_script_array_and_commands(tmp_path):
 
 
 def test_run_skip_and_fail(tmp_path):
-  """One good run and one that train.py rejects (exit 2): the good one finishes, the failure is listed, exit 1;
-  the second invocation skips the finished run and reports the failure again."""
+  """One good run and one that fails while training (divergence, exit 1): the good one finishes, the failure
+  is listed, exit 1; the second invocation skips the finished run and reports the failure again."""
   d = tmp_path / 'sw'
-  args = [f'--config={QS}', '--grid=client.optimizer=sgd,bogus', '--seeds=0', f'--sweep_dir={d}', '--parallel=2'] + TINY
+  args = [f'--config={QS}', '--grid=client.lr=0.05,1e30', '--seeds=0', f'--sweep_dir={d}', '--parallel=2'] + TINY
   p = _sweep(args)
   assert p.returncode == 1, p.stdout + p.stderr
   m = _manifest(d)
-  assert m['client.optimizer=sgd/seed=0']['status'] == 'done'
-  bad = m['client.optimizer=bogus/seed=0']
-  assert bad['status'] == 'failed' and bad['returncode'] == 2 and 'client.optimizer' in bad['error']
-  assert 'FAILED client.optimizer=bogus/seed=0 (exit 2)' in p.stdout
+  assert m['client.lr=0.05/seed=0']['status'] == 'done'
+  bad = m['client.lr=1e+30/seed=0']
+  assert bad['status'] == 'failed' and bad['returncode'] == 1 and 'divergence' in bad['error']
+  assert 'FAILED client.lr=1e+30/seed=0 (exit 1)' in p.stdout
   assert '1 runs done, 0 skipped (finished earlier), 1 failed' in p.stdout
   assert '[sweep] 1/2 done, 0 running, 1 failed' in p.stderr
-  with open(d / 'client.optimizer=sgd' / 'seed=0' / 'summary.json') as f:
+  with open(d / 'client.lr=0.05' / 'seed=0' / 'summary.json') as f:
     assert json.load(f)['rounds_completed'] == 2
-  mtime = os.path.getmtime(d / 'client.optimizer=sgd' / 'seed=0' / 'summary.json')
+  mtime = os.path.getmtime(d / 'client.lr=0.05' / 'seed=0' / 'summary.json')
   p = _sweep(args)
   assert p.returncode == 1 and '0 runs done, 1 skipped (finished earlier), 1 failed' in p.stdout, p.stdout
-  assert os.path.getmtime(d / 'client.optimizer=sgd' / 'seed=0' / 'summary.json') == mtime
-  assert _manifest(d)['client.optimizer=sgd/seed=0']['status'] == 'skipped (finished)'
+  assert os.path.getmtime(d / 'client.lr=0.05' / 'seed=0' / 'summary.json') == mtime
+  assert _manifest(d)['client.lr=0.05/seed=0']['status'] == 'skipped (finished)'
+  # A bad grid value (train.py would exit 2) stops the sweep before anything launches: one line, exit 2.
+  for mode in (['--parallel=2'], ['--batch_runs=2']):
+    p = _sweep([f'--config={QS}', '--grid=client.optimizer=sgd,bogus', '--seeds=0', f'--sweep_dir={d}2'] + mode +
+               TINY, timeout=120)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert 'client.optimizer=bogus/seed=0' in p.stderr and 'client.optimizer' in p.stderr
+    assert not (d.parent / 'sw2').exists()
   # A finished workdir whose config differs from the sweep's is not silently reused.
-  run = sweep_lib.expand(dict(config=QS, fixed={'rounds': 2, 'client.lr': 0.2},
-                              grid={'client.optimizer': ['sgd', 'x']}), str(d))[0]
+  run = sweep_lib.expand(dict(config=QS, fixed={'rounds': 2, 'client.momentum': 0.5},
+                              grid={'client.lr': [0.05, 1e30]}), str(d))[0]
   assert sweep_lib.run_status(run) == 'mismatch'
+
+
+def test_batched_sweep_writes_every_workdir_and_resumes(tmp_path):
+  """--batch_runs on two host devices: compatible runs share a program (the SGD cell's seeds, the SAM
+  cell's), every workdir is complete, report.py reads the sweep; a rerun skips everything."""
+  d = tmp_path / 'b'
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2', PYTHONPATH=ROOT)
+  args = [f'--config={QS}', '--grid=client.optimizer=sgd,sam', '--seeds=0,1,2', f'--sweep_dir={d}',
+          '--batch_runs=auto'] + TINY
+  p = subprocess.run([sys.executable, SWEEP] + args, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+  assert p.returncode == 0, p.stdout + p.stderr
+  m = _manifest(d)
+  assert len(m) == 6 and all(r['status'] == 'done' for r in m.values())
+  assert {r['program'] for k, r in m.items() if 'sgd' in k} == {0} and {r['program'] for k, r in m.items()
+                                                                       if 'sam' in k} == {1}
+  assert {r['lanes'] for r in m.values()} == {4}           # 3 runs -> 4 lanes on 2 devices: really batched
+  for r in m.values():
+    wd = d / r['workdir']
+    assert {'config.json', 'metrics.jsonl', 'metrics.csv', 'summary.json', 'summary.md', 'metrics.png',
+            'tensorboard', 'checkpoints'} <= set(os.listdir(wd))
+    with open(wd / 'config.json') as f:
+      assert json.load(f)['seed'] == r['seed']
+    assert 'batched program' in (wd / 'sweep.log').read_text()
+  rep = subprocess.run([sys.executable, os.path.join(ROOT, 'experiments', 'report.py'), f'--sweep_dir={d}',
+                        f'--out_dir={tmp_path}/rep'], capture_output=True, text=True, timeout=300, cwd=ROOT)
+  assert rep.returncode == 0, rep.stderr
+  assert 'client.optimizer=sam' in (tmp_path / 'rep' / 'report.md').read_text()
+  # The same run alone (one process, one device) gives the batched lane's numbers (fp32 tolerance).
+  alone = tmp_path / 'alone'
+  q = subprocess.run([sys.executable, os.path.join(ROOT, 'experiments', 'train.py'), f'--config={QS}',
+                      '--config.client.optimizer=sam', '--config.rounds=2', '--config.eval_every=1',
+                      '--config.summary_last_k=1', '--config.checkpoint_every=1', '--config.seed=1',
+                      f'--workdir={alone}'], capture_output=True, text=True, timeout=300, cwd=ROOT)
+  assert q.returncode == 0, q.stderr
+  read = lambda wd: [json.loads(l) for l in (wd / 'metrics.jsonl').read_text().splitlines()]
+  for a, b in zip(read(alone), read(d / 'client.optimizer=sam' / 'seed=1'), strict=True):
+    for k in ('test_accuracy', 'test_loss', 'train_loss'):
+      assert abs(a[k] - b[k]) <= 1e-4 * max(1.0, abs(a[k])), (k, a[k], b[k])
+  p = subprocess.run([sys.executable, SWEEP] + args, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+  assert p.returncode == 0 and '0 runs done, 6 skipped' in p.stdout, p.stdout + p.stderr
 
 
 @pytest.mark.slow

@@ -53,7 +53,8 @@ def with_swa(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
   start = swa_start_round(config)
   cycle = int(scfg.cycle)
   average = bool(scfg.average)
-  lr_fn = swa_cyclic_lr(float(scfg.lr1), float(scfg.lr2), cycle) if scfg.cyclic_lr else None
+  # lr1 / lr2 stay as given: a batched program (core/runs.py) passes them as traced per-run values.
+  lr_fn = swa_cyclic_lr(scfg.lr1, scfg.lr2, cycle) if scfg.cyclic_lr else None
   last_phase = alg.num_phases - 1
 
   def global_params(inner):

@@ -1,0 +1,343 @@
+"""R runs in one compiled program (core/runs.py), each writing its own workdir exactly as when run alone.
+
+`run_batch(specs)` opens every run as training/run.py does (workdir lock, resume from its checkpoints or
+fresh, config.json), groups the runs that can share a program (`pack_groups`: same compatibility key, same
+batch plan and data shapes, same resumed round), and drives each group with a `BatchedTrainer`:
+
+  every block:  stack the runs' server states / client stores -> one call of the runs program (vmapped over
+                R lanes, sharded over the local devices) -> unstack -> per run: divergence check, train loss,
+                evaluation, metrics.jsonl / TensorBoard, checkpoint (Trainer.block_results / record_block)
+  at the end:   per run: summary.json / .md, metrics.png (Trainer.end_training)
+
+Lanes: a program always has `lanes` lanes (runs rounded up to the device count); missing lanes are copies
+of the first run whose outputs are dropped, so a pack that lost finished members, or resumes with fewer,
+reuses the same program shape. Everything random is a function of each run's (seed, round, client), so a
+run's numbers do not depend on which runs share its program (up to fp32 reduction order between programs).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+from absl import logging
+import jax
+import numpy as np
+
+from fedjax_flat.algorithms import registry as alg_registry
+from fedjax_flat.core import engine as engine_lib
+from fedjax_flat.core import runs as runs_lib
+from fedjax_flat.evaluation.evaluator import Evaluator
+from fedjax_flat.data import attacks
+from fedjax_flat.data import registry as data_registry
+from fedjax_flat.training import chain_loop
+from fedjax_flat.training import loop
+from fedjax_flat.training import run as run_lib
+from fedjax_flat.config import validate
+from fedjax_flat.training import workdir as workdir_lib
+
+
+# --batch_runs=auto: runs per program (measured: benchmarks/speed/runs_axis.py, benchmarks/speed/README.runs.md).
+AUTO_BATCH_RUNS = 4
+
+
+@dataclasses.dataclass
+class RunSpec:
+  name: str                 # how messages name the run (the sweep's cell/seed)
+  config: object            # the run's ConfigDict, as train.py builds it
+  workdir: str
+
+
+def batch_blocker(config) -> Optional[str]:
+  """Why a config cannot join a batched program before anything is loaded (None: it may)."""
+  if chain_loop.is_chain_config(config):
+    return 'chain algorithms (FedSeq family) have their own trainer'
+  if attacks.enabled(config):
+    return 'a label-flipping attack poisons each run\'s data'
+  if config.engine.get('device_data', 'auto') is False:
+    return 'engine.device_data=False'
+  if config.get('init') is not None and (config.init.get('checkpoint') or config.init.get('pretrained')):
+    return 'config.init loads initial params per run'
+  return None
+
+
+def _trainer_blocker(t: loop.Trainer) -> Optional[str]:
+  if not t.device_rounds:
+    return t.device_rounds_blocker() or 'the run keeps its data on the host'
+  if t.mesh is not None:
+    return 'clients are sharded over devices (engine.shard_clients)'
+  return None
+
+
+def _signature(t: loop.Trainer):
+  """What must be equal for two opened runs to share a program, beyond the compatibility key."""
+  shapes = lambda tree: tuple((tuple(a.shape), str(a.dtype)) for a in jax.tree_util.tree_leaves(tree))
+  return (t.batch_plan, t.cohort, t.chunk, t.rounds_per_call, shapes(t.server_state),
+          shapes(t.store.arrays) if t.store is not None else None, shapes(t.dev_data), t.round)
+
+
+_PROGRAMS: Dict[tuple, Callable] = {}     # compiled runs programs of this process (see BatchedTrainer)
+
+
+class BatchedTrainer:
+  """Drives opened trainers (training/run.open_run) of one pack through one runs program."""
+
+  def __init__(self, trainers: Sequence[loop.Trainer], *, lanes: Optional[int] = None, devices=None):
+    self.trainers = list(trainers)
+    t0 = self.trainers[0]
+    for t in self.trainers:
+      why = _trainer_blocker(t)
+      if why:
+        raise ValueError(f'{t.workdir}: cannot run in a batched program: {why}')
+    keys = {runs_lib.compat_key(t.config) for t in self.trainers}
+    sigs = {_signature(t) for t in self.trainers}
+    if len(keys) > 1 or len(sigs) > 1:
+      raise ValueError('runs of one batched program must have equal compatibility keys and shapes '
+                       '(training/batched.pack_groups groups them)')
+    devices = list(devices if devices is not None else jax.local_devices())
+    self.lanes = lanes or runs_lib.lanes_for(len(self.trainers), len(devices))
+    if self.lanes < len(self.trainers):
+      raise ValueError(f'lanes={self.lanes} < {len(self.trainers)} runs')
+    self.mesh = runs_lib.runs_mesh(self.lanes, devices)
+    self.fields = runs_lib.present_value_fields(t0.config)
+    self.has_store = t0.store is not None
+    # The test set is the same for every run of the pack (same data config up to the partition): one
+    # evaluator, so its program is compiled once, not once per run.
+    if type(t0.evaluator) is Evaluator:
+      for t in self.trainers[1:]:
+        if type(t.evaluator) is Evaluator and _same_test_set(t.data, t0.data):
+          t.evaluator = t0.evaluator
+    # Device data: arrays equal in every run are passed once; the others (a run's partition) per lane.
+    shared, per_run = {}, {}
+    for k, v in t0.dev_data.items():
+      if all(t.dev_data[k] is v or np.array_equal(np.asarray(t.dev_data[k]), np.asarray(v))
+             for t in self.trainers[1:]):
+        shared[k] = v
+      else:
+        per_run[k] = [t.dev_data[k] for t in self.trainers]
+    self.data_shared = runs_lib.replicate(shared, self.mesh)
+    self.per_run_keys = sorted(per_run)
+    self.data_runs = runs_lib.place(runs_lib.stack([{k: per_run[k][i] for k in self.per_run_keys}
+                                                    for i in self._lane_runs()]), self.mesh)
+    self.values = runs_lib.place(runs_lib.stack([
+        {f: np.float32(v) for f, v in runs_lib.run_values(self.trainers[i].config, self.fields).items()}
+        for i in self._lane_runs()]), self.mesh)
+    self.keys = runs_lib.place(runs_lib.stack([self.trainers[i].key for i in self._lane_runs()]), self.mesh)
+    self.templates = (runs_lib.place(runs_lib.stack([self.trainers[i].store.template for i in self._lane_runs()]),
+                                     self.mesh) if self.has_store else None)
+    base = t0.config
+
+    def build_round_fn(values):
+      cfg = runs_lib.traced_config(base, values)
+      alg = alg_registry.build_algorithm(cfg, t0.model, population=t0.data.num_clients, task=t0.task)
+      return engine_lib.make_round_fn(alg, chunk=t0.chunk, unroll=base.engine.unroll,
+                                      augment_fn=t0.train_transform, jit=False)
+
+    # Packs of one compatibility group (a grid split into several packs, a resumed remainder) reuse the
+    # compiled program: same key, same shapes, same lanes -> same program, compiled once per process.
+    program_key = (runs_lib.compat_key(base), _signature(t0)[:-1], self.lanes, self.fields,
+                   tuple(self.per_run_keys), tuple(str(d) for d in devices))
+    if program_key not in _PROGRAMS:
+      _PROGRAMS[program_key] = runs_lib.make_runs_block_fn(
+          build_round_fn, plan=t0.batch_plan, num_clients=t0.data.num_clients,
+          clients_per_round=base.clients_per_round, cohort=t0.cohort, rounds_per_call=t0.rounds_per_call,
+          has_store=self.has_store, mesh=self.mesh)
+    self.fn = _PROGRAMS[program_key]
+    self.failed: Dict[int, BaseException] = {}
+    self.compile_s = None
+
+  def _lane_runs(self) -> List[int]:
+    """The run each lane computes: runs in order, then copies of run 0 (dropped outputs)."""
+    n = len(self.trainers)
+    return list(range(n)) + [0] * (self.lanes - n)
+
+  def _on_host(self, tree):
+    # With several devices, per-run states come to the host (cheap on CPU, where host devices share memory)
+    # so each run's evaluation and checkpoint see ordinary arrays; on one device they stay there.
+    return jax.device_get(tree) if self.mesh is not None else tree
+
+  def dispatch(self, r: int, n: int, states=None, stores=None):
+    """Starts rounds r .. r+n-1 of every lane (asynchronously) from the previous block's device outputs, or
+    from the trainers' states; returns the device outputs (states, stores, metrics)."""
+    if states is None:
+      lanes = self._lane_runs()
+      states = runs_lib.place(runs_lib.stack([self.trainers[i].server_state for i in lanes]), self.mesh)
+      stores = (runs_lib.place(runs_lib.stack([self.trainers[i].store.arrays for i in lanes]), self.mesh)
+                if self.has_store else None)
+    return self.fn(self.values, states, stores, self.templates, self.data_runs, self.data_shared, self.keys,
+                   np.int32(r), np.int32(n))
+
+  def train(self, stop_requested: Callable[[], bool] = lambda: False) -> Dict[int, dict]:
+    """Trains every run to its end (or a stop); returns {run index: summary} of the runs that finished
+    or stopped; diverged runs are in self.failed.
+
+    Pipelined: block k+1 is dispatched (from block k's device outputs) before the host handles block k
+    (divergence checks, evaluation, metrics, checkpoints of every run), so the device is not idle while the
+    host writes. A stop or a divergence found in block k discards block k+1's outputs: every run's state
+    and files are those at the end of block k, as without the pipeline.
+    """
+    ends = [t.begin_training() for t in self.trainers]
+    end = ends[0]
+    active = list(range(len(self.trainers)))
+    start = self.trainers[0].round
+    block_len = lambda r: min(self.trainers[i].block_length(r, end) for i in active)
+    pending = None
+    if start < end:
+      n = block_len(start)
+      pending = (start, n, self.dispatch(start, n))
+    ready_prev = time.time()
+    while pending is not None:
+      r, n, (states_d, stores_d, m_d) = pending
+      pending = None
+      if r + n < end:               # the next block runs while the host handles this one
+        n2 = block_len(r + n)
+        pending = (r + n, n2, self.dispatch(r + n, n2, states_d, stores_d))
+      m = jax.device_get(m_d)
+      wall, ready_prev = time.time() - ready_prev, time.time()
+      if r == start:
+        self.compile_s = wall
+      states = self._on_host(states_d)
+      stores = self._on_host(stores_d) if self.has_store else None
+      stop = bool(stop_requested())
+      for i in list(active):
+        t = self.trainers[i]
+        t.server_state = runs_lib.unstack(states, i)
+        if r > start:
+          t._round_s = wall / max(n, 1)      # pylint: disable=protected-access
+        try:
+          block = t.block_results(r, n, runs_lib.unstack(m, i),
+                                  runs_lib.unstack(stores, i) if self.has_store else None)
+        except loop.DivergenceError as e:
+          logging.error('%s: %s', t.workdir, e)
+          self.failed[i] = e
+          active.remove(i)
+          continue
+        t.record_block(block, end, lambda: stop)
+      if stop or not active:
+        pending = None               # dispatched ahead: its outputs are dropped
+    return {i: self.trainers[i].end_training() for i in active}
+
+
+def _same_test_set(a, b) -> bool:
+  if a is b:
+    return True
+  ax, ay = a.test_examples()
+  bx, by = b.test_examples()
+  return np.array_equal(ax, bx) and np.array_equal(ay, by)
+
+
+def pack_groups(specs: Sequence[RunSpec], max_runs: int) -> List[List[int]]:
+  """Indices of `specs` packed into programs: runs with equal compatibility keys, in order, split into
+  balanced packs of at most max_runs (n runs -> ceil(n / max_runs) packs of nearly equal size)."""
+  groups: Dict[str, List[int]] = {}
+  for i, s in enumerate(specs):
+    groups.setdefault(runs_lib.compat_key(s.config), []).append(i)
+  packs = []
+  for idx in groups.values():
+    k = -(-len(idx) // max(int(max_runs), 1))
+    size = -(-len(idx) // k)
+    packs += [idx[j:j + size] for j in range(0, len(idx), size)]
+  return packs
+
+
+@dataclasses.dataclass
+class RunResult:
+  status: str               # 'done' | 'stopped' | 'failed'
+  lanes: int = 0            # lanes of the program that ran it (0: trained alone in this process)
+  summary: Optional[dict] = None
+  error: Optional[str] = None
+  wall_s: float = 0.0
+
+
+def run_batch(specs: Sequence[RunSpec], *, fresh: bool = False, stop_requested=lambda: False,
+              signal_name=lambda: None, lanes: Optional[int] = None, memory_bytes: Optional[int] = None,
+              on_result: Callable[[int, RunResult], None] = lambda i, res: None) -> Dict[int, RunResult]:
+  """Opens and trains `specs` (one compatible pack) in as few batched programs as memory allows.
+
+  Runs that cannot be opened (bad config for the data, workdir locked) fail alone; the others go on.
+  memory_bytes: the budget for the program's lanes (default: runs.device_memory_bytes() / 2).
+  """
+  results: Dict[int, RunResult] = {}
+  opened = []          # (spec index, trainer, checkpointer, step, lock)
+  t_open = time.time()
+  data_cache = {}
+  for i, spec in enumerate(specs):
+    lock = None
+    try:
+      validate.validate_config(spec.config)
+      lock = workdir_lib.WorkdirLock(spec.workdir).acquire()
+      workdir_lib.prepare(spec.workdir)
+      data_key = repr(sorted(spec.config.data.to_dict().items())) + spec.config.dataset
+      if data_key not in data_cache:
+        data_cache[data_key] = data_registry.get_dataset(spec.config.dataset, **spec.config.data.to_dict())
+      # Clients are not sharded: the devices take the runs axis instead (core/runs.py).
+      trainer, ckpt, step = run_lib.open_run(spec.config, spec.workdir, fresh=fresh, data=data_cache[data_key],
+                                             trainer_kwargs=({'shard_clients': False}
+                                                             if batch_blocker(spec.config) is None else None))
+      opened.append((i, trainer, ckpt, step, lock))
+    except Exception as e:  # noqa: BLE001 -- one run's failure stops nothing; the sweep reports it
+      if lock is not None:
+        lock.release()
+      results[i] = RunResult('failed', error=f'{type(e).__name__}: {e}')
+      on_result(i, results[i])
+  try:
+    by_sig: Dict[object, list] = {}
+    for item in opened:
+      sig = _trainer_blocker(item[1]) or _signature(item[1])
+      by_sig.setdefault(sig, []).append(item)
+    budget = memory_bytes if memory_bytes is not None else runs_lib.device_memory_bytes() // 2
+    for sig, items in by_sig.items():
+      if isinstance(sig, str):             # cannot batch: train each alone, as train.py would
+        logging.warning('%d run(s) train alone: %s', len(items), sig)
+        for i, t, ckpt, step, _ in items:
+          t0 = time.time()
+          summary = t.train(stop_requested=stop_requested)
+          results[i] = _result(summary, t, ckpt, step, signal_name(), time.time() - t0)
+          on_result(i, results[i])
+        continue
+      per = _lane_bytes(items[0][1])
+      cap = max(1, int(budget // max(per, 1)))
+      n_dev = len(jax.local_devices())
+      if cap >= n_dev:
+        cap -= cap % n_dev
+      chunks = [items[j:j + cap] for j in range(0, len(items), cap)]
+      use_lanes = lanes if (lanes and lanes >= len(items)) else None     # the pack's program shape
+      if len(chunks) > 1:
+        use_lanes = runs_lib.lanes_for(cap, n_dev) if cap >= n_dev else None
+        logging.warning('a batch of %d runs (%.1f MB per lane) exceeds the memory budget %.0f MB: split into '
+                        '%d programs', len(items), per / 2**20, budget / 2**20, len(chunks))
+      for chunk in chunks:
+        t0 = time.time()
+        bt = BatchedTrainer([it[1] for it in chunk], lanes=use_lanes)
+        summaries = bt.train(stop_requested=stop_requested)
+        wall = time.time() - t0 + (t0 - t_open) / max(len(opened), 1) * len(chunk)
+        for k, (i, t, ckpt, step, _) in enumerate(chunk):
+          if k in bt.failed:
+            results[i] = RunResult('failed', error=f'{type(bt.failed[k]).__name__}: {bt.failed[k]}',
+                                   wall_s=wall / len(chunk), lanes=bt.lanes)
+          else:
+            results[i] = dataclasses.replace(_result(summaries[k], t, ckpt, step, signal_name(), wall / len(chunk)),
+                                             lanes=bt.lanes)
+          on_result(i, results[i])
+        logging.info('batched program of %d runs in %d lanes: %.1f s (first block, with compilation: %.1f s)',
+                     len(chunk), bt.lanes, time.time() - t0, bt.compile_s or 0.0)
+  finally:
+    for _, _, ckpt, _, lock in opened:
+      ckpt.close()
+      lock.release()
+  return results
+
+
+def _result(summary, trainer, ckpt, step, sig, wall) -> RunResult:
+  summary = run_lib.close_summary(summary, trainer, ckpt, step, sig)
+  return RunResult('stopped' if trainer.stopped_early else 'done', summary=summary, wall_s=wall)
+
+
+def _lane_bytes(t: loop.Trainer) -> int:
+  c = t.config
+  item = np.dtype(t.data.x.dtype).itemsize
+  batch = t.cohort * t.num_steps * c.client.batch_size * (int(np.prod(t.data.input_shape)) * item + 8)
+  data_run = sum(int(np.asarray(t.dev_data[k]).nbytes) for k in ('index', 'offsets', 'sizes'))
+  return runs_lib.estimate_run_bytes(server_state=t.server_state,
+                                     store_arrays=t.store.arrays if t.store is not None else None,
+                                     batch_bytes=batch, data_run_bytes=data_run)

@@ -1,0 +1,165 @@
+"""Many runs in one program (core/runs.py, training/batched.py): each run of a batched program equals the same
+run alone (fp32 tolerance: the vmapped program sums in another order) for FedAvg, FedSAM, SCAFFOLD (client
+states) and SWA; every run writes the workdir files a run alone writes; a stopped batched program resumes
+bit-identical to an uninterrupted one; compatibility keys, packing and the memory split."""
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from fedjax_flat.algorithms import registry
+from fedjax_flat.core import runs as runs_lib
+from fedjax_flat.data.sources.builtin import synthetic
+from fedjax_flat.training import batched
+from fedjax_flat.training import checkpoint as ckpt_lib
+from fedjax_flat.training import run as run_lib
+
+from tests.fixtures.configs import small_config
+
+SIZES = [7, 3, 12, 0, 5, 9, 1, 4, 10, 6]          # quantity skew, an empty client, a 1-example client
+
+
+def _data():
+  return synthetic(len(SIZES), SIZES, input_shape=(3, 3, 1), num_classes=4, seed=0)
+
+
+CASES = {
+    'fedavg': {},
+    'fedsam': {'client.optimizer': 'sam', 'client.rho': 0.05},
+    'scaffold': {'algorithm': 'scaffold'},
+    'swa': {'swa.enabled': True, 'swa.start_fraction': 0.3, 'swa.cycle': 2, 'swa.lr1': 0.1, 'swa.lr2': 0.01},
+}
+# Per-run values of the three runs of a case: seeds and every traced field the case uses.
+VALUES = [{'seed': 0, 'client.lr': 0.1, 'client.momentum': 0.9, 'client.weight_decay': 1e-3, 'server.lr': 1.0},
+          {'seed': 1, 'client.lr': 0.05, 'client.momentum': 0.5, 'client.weight_decay': 4e-4, 'server.lr': 0.7},
+          {'seed': 2, 'client.lr': 0.2, 'client.momentum': 0.8, 'client.weight_decay': 1e-2, 'server.lr': 1.2}]
+EXTRA = {'fedsam': [{'client.rho': 0.02}, {'client.rho': 0.05}, {'client.rho': 0.1}],
+         'swa': [{'swa.lr1': 0.1, 'swa.lr2': 0.01}, {'swa.lr1': 0.2, 'swa.lr2': 0.02}, {'swa.lr1': 0.05,
+                                                                                        'swa.lr2': 0.001}]}
+
+
+def _config(case, i, **over):
+  c = small_config(**{**CASES[case], **VALUES[i], **EXTRA.get(case, [{}] * 3)[i], **over})
+  c.rounds, c.eval_every, c.eval_every_last, c.clients_per_round = 7, 3, 1, 3
+  c.checkpoint_every = 3
+  c.data.num_clients = len(SIZES)
+  c.engine.strategy = 'sequential'
+  if c.algorithm != 'fedavg':
+    c.algo.update({**registry.default_hparams(c.algorithm), **c.algo.to_dict()})
+  return c
+
+
+def _records(wd):
+  with open(os.path.join(wd, 'metrics.jsonl')) as f:
+    return [{k: v for k, v in json.loads(l).items() if k not in ('elapsed_s', 'rounds_per_s')} for l in f]
+
+
+def _ckpt(wd):
+  got = ckpt_lib.read_checkpoint(os.path.join(wd, 'checkpoints'))
+  return got['server_leaves'] + list(got['client_leaves'] or [])
+
+
+def _files(wd):
+  return sorted(f for f in os.listdir(wd) if not f.startswith('.'))
+
+
+@pytest.mark.parametrize('case', sorted(CASES))
+def test_batched_run_equals_run_alone(case, tmp_path, monkeypatch):
+  data = _data()
+  for i in range(3):
+    run_lib.run(_config(case, i), str(tmp_path / f'alone{i}'), data=data)
+  # Data passed in-process: run_batch loads by config; give it the same object.
+  monkeypatch.setattr(batched.data_registry, 'get_dataset', lambda *a, **k: data)
+  specs = [batched.RunSpec(f'r{i}', _config(case, i), str(tmp_path / f'batched{i}')) for i in range(3)]
+  res = batched.run_batch(specs, lanes=4)                # 3 runs + a padding lane
+  assert [res[i].status for i in range(3)] == ['done'] * 3, [res[i].error for i in range(3)]
+  for i in range(3):
+    a, b = str(tmp_path / f'alone{i}'), str(tmp_path / f'batched{i}')
+    assert _files(a) == _files(b)
+    ra, rb = _records(a), _records(b)
+    assert [r['round'] for r in ra] == [r['round'] for r in rb] == [3, 6, 7]
+    for x, y in zip(ra, rb, strict=True):
+      assert x.keys() == y.keys()
+      for k in x:
+        np.testing.assert_allclose(x[k], y[k], rtol=2e-4, atol=1e-5, err_msg=f'{case} run {i} {k}')
+    la, lb = _ckpt(a), _ckpt(b)
+    assert len(la) == len(lb)
+    for x, y in zip(la, lb):
+      np.testing.assert_allclose(x, y, rtol=2e-4, atol=2e-5, err_msg=f'{case} run {i} checkpoint')
+    sa, sb = (json.load(open(os.path.join(d, 'summary.json'))) for d in (a, b))
+    assert sa['rounds_completed'] == sb['rounds_completed'] == 7
+    np.testing.assert_allclose(sa['final_test_accuracy'], sb['final_test_accuracy'], atol=1e-6)
+  # the runs really differ (the values are per run, not the first run's)
+  assert not np.allclose(_ckpt(str(tmp_path / 'batched0'))[0], _ckpt(str(tmp_path / 'batched1'))[0])
+
+
+def test_stopped_batched_program_resumes_bit_identical(tmp_path, monkeypatch):
+  data = _data()
+  monkeypatch.setattr(batched.data_registry, 'get_dataset', lambda *a, **k: data)
+  specs = lambda d: [batched.RunSpec(f'r{i}', _config('scaffold', i), str(tmp_path / d / str(i)))
+                     for i in range(3)]
+  batched.run_batch(specs('ref'), lanes=4)
+  polls = {'n': 0}
+
+  def stop_after_first_block():
+    polls['n'] += 1
+    return polls['n'] == 1
+  first = batched.run_batch(specs('resumed'), lanes=4, stop_requested=stop_after_first_block)
+  assert {first[i].status for i in range(3)} == {'stopped'}
+  assert all(first[i].summary['rounds_completed'] == 3 for i in range(3))
+  second = batched.run_batch(specs('resumed'), lanes=4)
+  assert all(second[i].summary['resumed_from_round'] == 3 for i in range(3))
+  for i in range(3):
+    for x, y in zip(_ckpt(str(tmp_path / 'resumed' / str(i))), _ckpt(str(tmp_path / 'ref' / str(i))),
+                    strict=True):
+      np.testing.assert_array_equal(x, y)
+    assert _records(str(tmp_path / 'resumed' / str(i))) == _records(str(tmp_path / 'ref' / str(i)))
+
+
+def test_compat_key_and_packing():
+  base = _config('fedavg', 0)
+  same = [_config('fedavg', i) for i in range(3)]            # other seeds and values: one program
+  assert len({runs_lib.compat_key(c) for c in same}) == 1
+  assert runs_lib.compat_key(_config('fedsam', 0)) != runs_lib.compat_key(base)       # optimizer kind
+  assert runs_lib.compat_key(_config('fedavg', 0, **{'client.batch_size': 8})) != runs_lib.compat_key(base)
+  # momentum 0 removes an optimizer stage: zero and non-zero momentum are different programs
+  assert runs_lib.compat_key(_config('fedavg', 0, **{'client.momentum': 0.0})) != runs_lib.compat_key(base)
+  specs = [batched.RunSpec(str(i), c, '') for i, c in enumerate(
+      [_config('fedavg', i % 3) for i in range(9)] + [_config('fedsam', 0)])]
+  assert batched.pack_groups(specs, 4) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]   # balanced: 9 -> 3 x 3
+  assert batched.pack_groups(specs, 16) == [list(range(9)), [9]]
+  assert runs_lib.lanes_for(3, 2) == 4 and runs_lib.lanes_for(8, 2) == 8 and runs_lib.lanes_for(5, 1) == 5
+
+
+def test_run_value_refuses_python_conversion():
+  c = _config('fedavg', 0)
+
+  def f(lr):
+    tc = runs_lib.traced_config(c, {'client.lr': lr, 'client.momentum': lr})
+    assert bool(tc.client.momentum)                 # static truth (non-zero in every run of the program)
+    with pytest.raises(runs_lib.RunValueError, match='client.lr'):
+      float(tc.client.lr)
+    with pytest.raises(runs_lib.RunValueError, match='client.lr'):
+      bool(tc.client.lr)
+    return 2.0 * tc.client.lr + tc.client.lr * 1.0 - tc.client.momentum
+  np.testing.assert_allclose(jax.vmap(f)(np.array([1.0, 2.0], np.float32)), [2.0, 4.0])
+
+
+def test_memory_budget_splits_the_batch(tmp_path, monkeypatch):
+  data = _data()
+  monkeypatch.setattr(batched.data_registry, 'get_dataset', lambda *a, **k: data)
+  specs = [batched.RunSpec(f'r{i}', _config('fedavg', i, rounds=3), str(tmp_path / str(i))) for i in range(3)]
+  seen = []
+  real = batched.BatchedTrainer
+
+  def spy(trainers, **kw):
+    seen.append(len(trainers))
+    return real(trainers, **kw)
+  monkeypatch.setattr(batched, 'BatchedTrainer', spy)
+  t = run_lib.open_run(specs[0].config, str(tmp_path / 'probe'), data=data)
+  per_lane = batched._lane_bytes(t[0])                # pylint: disable=protected-access
+  t[1].close()
+  res = batched.run_batch(specs, memory_bytes=int(per_lane * 1.5))      # one lane fits
+  assert seen == [1, 1, 1] and all(res[i].status == 'done' for i in range(3))
