@@ -1,6 +1,6 @@
 """FedNova (algorithms/fednova.py): engine rounds vs reference rounds computed by hand from the paper's update
 rule, on 3 unequal clients (2, 6 and 2 local steps in round 0), partial participation and padding
-(see test_baselines_harness)."""
+(see tests/fixtures/baselines.py)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +12,7 @@ from fedjax_flat.config import algo_flags, validate
 from fedjax_flat.core import engine
 from fedjax_flat.data import batching
 from fedjax_flat.errors import ConfigError
-from test_baselines_harness import (B, DATA, E, LR, MODEL, PARAMS0, S, SCHEDULE, SIZES, WD, add, assert_tree_close,
+from tests.fixtures.baselines import (B, DATA, E, LR, MODEL, PARAMS0, S, SCHEDULE, SIZES, WD, add, assert_tree_close,
                                     client_batches, config, grad, mean, run_engine, scale, sub)
 
 tmap = jax.tree_util.tree_map

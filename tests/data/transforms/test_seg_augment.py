@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from fedjax_flat.data.transforms import augment as A
+from fedjax_flat.data.transforms.transform import Transform
 
 KEY = jax.random.PRNGKey(0)
 
@@ -141,7 +142,7 @@ def test_color_jitter_formula_and_range():
 def test_make_seg_augment_contract_and_one_compile_under_vmap_scan():
   x, y = _pair(b=4, h=24, w=40)
   aug = A.make_seg_augment(crop=(16, 32), scale=(0.5, 1.5), mean=A.FEDDRIVE_MEAN, std=A.FEDDRIVE_STD)
-  assert aug.on_batch
+  assert isinstance(aug, Transform) and not aug.needs_client   # (rng, batch) -> batch; no style bank
   traces = []
 
   def client(key, xb, yb, mb):                         # scan over S steps of one client, as the engine
