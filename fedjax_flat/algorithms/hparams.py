@@ -22,6 +22,7 @@ rest of the config: cross-field rules are the algorithm's `check(cfg, hp)` hook 
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 import math
 import numbers
@@ -36,12 +37,12 @@ def is_number(v, integer: bool = False) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
-class Rule:
+class Rule(abc.ABC):
   default: Any
 
+  @abc.abstractmethod
   def why_not(self, v) -> Optional[str]:
     """None when v is allowed, else the reason (the text after 'algo.<name>=<v>: ')."""
-    raise NotImplementedError
 
 
 @dataclasses.dataclass(frozen=True)
