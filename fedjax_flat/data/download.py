@@ -59,6 +59,7 @@ class Resource:
 # Checksums: CIFAR tarballs = the md5 published on the CIFAR page; CIFAR-C = md5 listed on the Zenodo
 # records; cifar100.sqlite.lzma = the sha256/size pinned in fedjax/datasets/cifar100.py; GLDv2 split
 # files = the md5 pinned in TFF's gldv2.py (their sizes are not published, so only the md5 is checked).
+# Tiny-ImageNet zip = the md5 (and size) that torchvision-style loaders pin for the CS231n file.
 def _hash(path: str, algo: str) -> str:
   h = hashlib.new(algo)
   with open(path, 'rb') as f:

@@ -1,4 +1,5 @@
-"""The FedSAM paper's CIFAR CNN ("LeNet5-like", Hsu et al. 2020) and a small CNN for 8x8 digits."""
+"""The FedSAM paper's CIFAR CNN ("LeNet5-like", Hsu et al. 2020), MAN's Tiny-ImageNet ConvNet, the FEMNIST and
+pfl-research CNNs, and a small CNN for 8x8 digits."""
 from __future__ import annotations
 
 import flax.linen as nn
@@ -70,6 +71,28 @@ class DigitsCNN(nn.Module):
     x = x.reshape(x.shape[:-3] + (-1,))
     x = _act(self, Dense(128)(x))
     return Dense(self.num_classes)(x)
+
+
+class ManConvNet(nn.Module):
+  """MAN's Tiny-ImageNet "ConvNet" (seed 003, digest B5): three blocks of conv3x3-64 (pad 1), GroupNorm(4),
+  ReLU, maxpool2, then fc 512, ReLU, fc 384, ReLU, fc classes. 2,447,688 parameters for 200 classes at
+  64x64x3 (64 x 8 x 8 = 4096 features into the first fc). Every ReLU output is sown for MAN.
+  """
+  num_classes: int = 200
+  conv_impl: str = 'auto'
+  pool_impl: str = 'auto'
+  gn_groups: int = 4
+  fused_relu_pool: bool = False   # as CifarCNN's
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    for i in range(3):
+      y = Conv(64, (3, 3), padding='SAME', conv_impl=self.conv_impl, torch_init=True)(x)
+      x = _act_pool(self, group_norm(y, self.gn_groups, name=f'GroupNorm_{i}'), self.pool_impl, self.conv_impl)
+    x = x.reshape(x.shape[:-3] + (-1,))
+    x = _act(self, Dense(512, torch_init=True)(x))
+    x = _act(self, Dense(384, torch_init=True)(x))
+    return Dense(self.num_classes, torch_init=True)(x)
 
 
 class MLP(nn.Module):
@@ -156,6 +179,12 @@ def _digits_cnn(num_classes, input_shape, conv_impl='auto', gn_groups=0, pool_im
   return from_flax(DigitsCNN(num_classes, conv_impl=conv_impl, gn_groups=int(gn_groups),
                              pool_impl=pool_impl, fused_relu_pool=bool(fused_relu_pool)), 'digits_cnn',
                    num_classes, input_shape)
+
+
+@register('man_convnet')
+def _man_convnet(num_classes, input_shape, conv_impl='auto', pool_impl='auto', gn_groups=4):
+  return from_flax(ManConvNet(num_classes, conv_impl=conv_impl, pool_impl=pool_impl, gn_groups=int(gn_groups)),
+                   'man_convnet', num_classes, input_shape)
 
 
 @register('mlp')

@@ -201,3 +201,29 @@ def test_im2col_conv_equals_lax_conv(kernel, stride, padding, cin, hw):
   np.testing.assert_allclose(outs['im2col'], outs['lax'], rtol=1e-4, atol=1e-5)
   jax.tree_util.tree_map(lambda u, v: np.testing.assert_allclose(u, v, rtol=1e-4, atol=1e-4),
                          grads['im2col'], grads['lax'])
+
+
+def test_man_convnet_matches_its_definition_and_torch():
+  """MAN's Tiny-ImageNet ConvNet: 2,447,688 parameters, 5 sown ReLU outputs, and the same logits as the same
+  network written in torch with the same weights (conv3x3 pad 1, GroupNorm(4), ReLU, maxpool2; fc stack)."""
+  m = get_model('man_convnet', 200, (64, 64, 3))
+  x = jax.random.normal(jax.random.key(1), (2, 64, 64, 3))
+  p = m.init(jax.random.key(0), x)
+  assert num_params(p) == 2_447_688
+  logits, acts = m.apply(p, x, with_activations=True)
+  assert logits.shape == (2, 200)
+  assert sorted(a.shape[1:] for a in acts) == sorted([(64, 64, 64), (32, 32, 64), (16, 16, 64), (512,), (384,)])
+  torch = pytest.importorskip('torch')
+  f = torch.nn.functional
+  t = lambda a: torch.from_numpy(np.array(a, np.float32))  # noqa: E731
+  y = t(x).permute(0, 3, 1, 2)
+  for i in range(3):
+    conv, gn = p[f'Conv_{i}'], p[f'GroupNorm_{i}']
+    y = f.conv2d(y, t(conv['kernel']).permute(3, 2, 0, 1), t(conv['bias']), padding=1)
+    y = f.max_pool2d(f.relu(f.group_norm(y, 4, t(gn['scale']), t(gn['bias']), eps=1e-5)), 2)
+  y = y.permute(0, 2, 3, 1).reshape(2, -1)            # NHWC flatten, as the flax module
+  for i in range(3):
+    d = p[f'Dense_{i}']
+    y = y @ t(d['kernel']) + t(d['bias'])
+    y = f.relu(y) if i < 2 else y
+  np.testing.assert_allclose(np.asarray(logits), y.numpy(), rtol=2e-4, atol=2e-4)

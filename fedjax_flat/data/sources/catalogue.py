@@ -31,6 +31,9 @@ RESOURCES: Dict[str, List[Resource]] = {
                            2918471680, md5='56bf5dcef84df0e2308c6dcbcbbd8499')],
     'cifar100_c': [Resource('CIFAR-100-C.tar', 'https://zenodo.org/records/3555552/files/CIFAR-100-C.tar',
                             2918473216, md5='11f0ed0f1191edbf9fa23466ae6021d3')],
+    'tiny_imagenet': [Resource('tiny-imagenet-200.zip', 'http://cs231n.stanford.edu/tiny-imagenet-200.zip',
+                               248100043, md5='90528d7ca1a48142e341f4ef8d21d0de',
+                               note='extracted to tiny-imagenet-200/ (data/sources/tiny_imagenet.py)')],
     'gld160k': [Resource(
         'landmarks-user-160k.zip',
         'http://storage.googleapis.com/gresearch/federated-vision-datasets/landmarks-user-160k.zip',
@@ -67,6 +70,11 @@ def _post(dataset: str, paths: List[str], data_dir: str) -> List[str]:
     if not os.path.isfile(marker):
       safe_extract_tar(paths[0], data_dir)
     return [os.path.dirname(marker)]
+  if dataset == 'tiny_imagenet':
+    marker = os.path.join(data_dir, 'tiny-imagenet-200', 'val', 'val_annotations.txt')
+    if not os.path.isfile(marker):
+      safe_extract_zip(paths[0], data_dir)
+    return [os.path.join(data_dir, 'tiny-imagenet-200')]
   if dataset == 'gld160k':
     marker = os.path.join(data_dir, 'landmarks-user-160k', 'federated_train.csv')
     if not os.path.isfile(marker):
