@@ -88,6 +88,8 @@ def test_every_cell_builds_validates_and_documents(name):
     ('man_cifar100.py:fedspeed,man,iid', 'MAN', 55.89, {'accuracy_std': 0.41}),
     ('man_cifar100.py:fedavg,dir0.6', 'MAN', 40.39, {'accuracy_std': 0.59}),
     ('man_cifar100.py:feddc,man,iid', 'MAN', 56.77, {'accuracy_std': 0.31}),
+    ('man_cifar100.py:tiny_imagenet,feddc,man,iid', 'Tiny-ImageNet', 36.53, {'accuracy_std': 0.03}),
+    ('man_cifar100.py:tiny_imagenet,fedavg,dir0.6', 'Tiny-ImageNet', 24.41, {'accuracy_std': 0.41}),
     ('baselines_cifar_cnn.py:cifar10,scaffold,asam', 'Table 4.8', 77.78, {}),
     ('baselines_cifar_cnn.py:dataset=cifar100,algo=fedsmoo,alpha=0.5,table=4.15', 'Table 4.15', 51.7,
      {'accuracy_std': 0.46, 'lambda_max': 29.23}),
@@ -170,6 +172,13 @@ def test_man_cells_follow_the_digest():
   c = cfg('man_cifar100.py:feddc,dir0.3')
   assert (c.algorithm, c.algo.alpha, c.algo.control_lr, c.man.zeta, c.client.optimizer) == \
       ('feddc', 0.01, 'initial', 0.0, 'sgd')
+  c = cfg('man_cifar100.py:tiny_imagenet,fedsam,man,iid')
+  assert (c.dataset, c.model, c.normalize, c.augment, c.data.examples_per_client, c.data.num_clients) == \
+      ('tiny_imagenet', 'man_convnet', 'imagenet', 'none', 1000, 100)
+  assert (c.man.zeta, c.client.rho) == (0.1, 0.01)
+  assert cfg('man_cifar100.py:tiny_imagenet,fedsam,iid').client.rho == 0.03
+  assert cfg('man_cifar100.py:tiny_imagenet,fedasam,iid').client.rho == 0.1
+  assert cfg('man_cifar100.py:fedasam,iid').client.rho == 0.5               # CIFAR-100 without MAN
   c = cfg('man_cifar100.py:fedspeed')
   assert (c.client.optimizer, c.client.rho, c.algo.lam, c.algo.alpha, c.algo.dual_mean) == \
       ('sam', 0.01, 100.0, 1.0, 'population')
@@ -184,7 +193,8 @@ def test_man_cells_follow_the_digest():
     ('fedsam_cifar.py:fedsam,epochs=2', 'allowed epochs: 1'),
     ('wima.py:cifar10,cifar100', "dataset is already set by 'cifar10'"),
     ('fedgloss_cifar.py:fedgloss,sgd,adam', "'adam' is invalid: unknown token; allowed:"),
-    ('man_cifar100.py:fedprox', "allowed: method = fedavg | fedsam | fedasam | feddyn | feddc | fedspeed; man (flag)"),
+    ('man_cifar100.py:fedprox',
+     "allowed: dataset = cifar100 | tiny_imagenet; method = fedavg | fedsam | fedasam | feddyn | feddc | fedspeed"),
     ('fedsoup_digits.py:leave_out=7', 'allowed leave_out: -1 | 0 | 1 | 2 | 3 | 4'),
     ('baselines_digits.py:algo=fedfoo', 'algo must be one of fedavg | fedavgm'),
     ('baselines_cifar_cnn.py:algorithm=fedprox', "unknown key 'algorithm'"),
