@@ -9,19 +9,19 @@ client's). Writes WORKDIR/centralized.json (final / best test accuracy, per-epoc
 given --config.centralized.path=WORKDIR reports rounds_to_70pct_centralized / rounds_to_90pct_centralized in
 its summary.json (training/centralized.py).
 
-Exit status: 0 done, 2 invalid config (one message naming the field).
+Exit status (fedjax_flat/training/cli.py), each error one `error:` line without a traceback: 0 done, 1 a failed
+operation (a result file that cannot be written), 2 bad input (config, flags, dataset files).
 """
 from __future__ import annotations
 
 import os
-import sys
 
 # Before anything imports jax: one host CPU device per usable core (fedjax_flat/devices.py).
 from fedjax_flat import devices
 
 HOST_DEVICES = devices.configure_or_exit() if __name__ == '__main__' else None
 
-from absl import app, flags, logging  # noqa: E402
+from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to a config file returning a ConfigDict.',
@@ -31,15 +31,13 @@ flags.mark_flags_as_required(['config', 'workdir'])
 
 
 def main(argv):
-  del argv
-  logging.set_verbosity(logging.INFO)
+  from fedjax_flat.errors import BadInputError
   from fedjax_flat.training import centralized
-  from fedjax_flat.errors import ConfigError
-  try:
-    res = centralized.train(_CONFIG.value, _WORKDIR.value)
-  except ConfigError as e:
-    print(f'error: {e}', file=sys.stderr)
-    sys.exit(2)
+  if len(argv) > 1:
+    raise BadInputError(f'unexpected arguments {argv[1:]}; config overrides are --config.<field>=<value>')
+  if not _WORKDIR.value.strip():
+    raise BadInputError("--workdir='' is empty: give the directory for centralized.json")
+  res = centralized.train(_CONFIG.value, _WORKDIR.value)
   wd = os.path.abspath(_WORKDIR.value)
   print(f"done: {res['hparams']['epochs']} epochs on {res['num_train_examples']} examples, final test accuracy "
         f"{res['final_test_accuracy']:.4f} (best {res['best_test_accuracy']:.4f})")
@@ -47,9 +45,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  from fedjax_flat.config import families as _config_strings
-  _bad = _config_strings.preflight(sys.argv)
-  if _bad:
-    print(f'error: {_bad}', file=sys.stderr)
-    sys.exit(2)
-  app.run(main)
+  from fedjax_flat.training import cli as _cli
+  _cli.run_main(main, config_preflight=True)   # every error one line and its exit status

@@ -11,15 +11,16 @@ the grouping with --compare groupings built under the same constraints and seed 
 default: the baseline a grouping criterion has to beat). Writes WORKDIR/grouping/report.json (ids and
 statistics of every grouping) and report.md.
 
-Exit status: 0 done, 2 invalid config (one message naming the field).
+Exit status (fedjax_flat/training/cli.py), each error one `error:` line without a traceback: 0 done, 1 a failed
+operation (a cache or report that cannot be written), 2 bad input (config, flags, --compare, dataset files,
+an init / probe checkpoint that is not a run).
 """
 from __future__ import annotations
 
 import json
 import os
-import sys
 
-from absl import app, flags, logging
+from absl import flags
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to a config file returning a ConfigDict.',
@@ -57,23 +58,25 @@ def superclient_table(record) -> str:
 
 
 def main(argv):
-  del argv
-  logging.set_verbosity(logging.INFO)
+  from fedjax_flat.errors import BadInputError
   from fedjax_flat.grouping import groupers, superclients as sc
   from fedjax_flat.training import init as init_lib
   from fedjax_flat.config import validate
+  if len(argv) > 1:
+    raise BadInputError(f'unexpected arguments {argv[1:]}; config overrides are --config.<field>=<value>')
+  if not _WORKDIR.value.strip():
+    raise BadInputError("--workdir='' is empty: give the directory for the grouping cache and report")
+  if _NUM.value < 0:
+    raise BadInputError(f'--num_superclients={_NUM.value} must be >= 0 (0 = from the constraints)')
   config = _CONFIG.value
-  try:
-    validate.validate_config(config)
-    methods = [m for m in _COMPARE.value.split(',') if m]
-    for m in methods:
-      if m not in groupers.METHODS:
-        raise validate.ConfigError('compare', m, f'allowed values: {list(groupers.METHODS)}')
-    ctx = init_lib.grouping_context(config)   # w_0 as the run starts from it (config.init), the run loader
-    validate.validate_against_data(config, ctx.data)
-  except validate.ConfigError as e:
-    print(f'error: {e}', file=sys.stderr)
-    sys.exit(2)
+  validate.validate_config(config)
+  methods = [m for m in _COMPARE.value.split(',') if m]
+  for m in methods:
+    if m not in groupers.METHODS:
+      raise BadInputError(f'--compare={_COMPARE.value!r}: {m!r} is no grouping method; allowed: '
+                          f'{", ".join(groupers.METHODS)}')
+  ctx = init_lib.grouping_context(config)   # w_0 as the run starts from it (config.init), the run loader
+  validate.validate_against_data(config, ctx.data)
   workdir = os.path.abspath(_WORKDIR.value)
   n = _NUM.value or None
   main_grouping = sc.make_grouping(config, ctx, workdir, n)
@@ -102,4 +105,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  from fedjax_flat.training import cli as _cli
+  _cli.run_main(main, config_preflight=True)   # every error one line and its exit status

@@ -21,6 +21,10 @@ Eigenvalues: Lanczos by default (largest algebraic; the Krylov space grows until
 |lambda|), whose pairs on a clustered spectrum are often no eigenpairs: every pair failing the residual test
 is printed as a warning and marked converged=false in the JSON (all_converged=false).
 On CPU, models use the im2col convolution (an HVP inside an XLA loop is ~40x slower with native convs).
+
+Exit status (fedjax_flat/training/cli.py), each error one `error: ...` line without a traceback: 0 done; 1 the
+checkpoint cannot be restored (corrupt); 2 bad input (a flag value, a directory that is not a run, a truncated
+config.json, a checkpoint that does not match the run's config.json, a round the run did not keep).
 """
 from __future__ import annotations
 
@@ -34,7 +38,12 @@ from fedjax_flat import devices
 
 HOST_DEVICES = devices.configure_or_exit() if __name__ == '__main__' else None
 
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
+
+from fedjax_flat.errors import BadInputError  # noqa: E402
+from fedjax_flat.training import cli  # noqa: E402
+
+MODELS = ('global', 'swa', 'wima')
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory (config.json + checkpoints/).')
 _MODEL = flags.DEFINE_string('model', 'global', "Which evaluated model: 'global', 'swa', 'wima'.")
@@ -72,20 +81,39 @@ _PC_ROUND = flags.DEFINE_integer(
     'have kept it (config.keep_rounds, or checkpoint_every / keep_checkpoints).')
 
 
+def check_flags(argv) -> None:
+  """Every flag value before anything is loaded: BadInputError naming the flag and what is allowed."""
+  if len(argv) > 1:
+    raise BadInputError(f'unexpected arguments {argv[1:]}; give the run as --workdir=DIR')
+  if not (_WORKDIR.value or '').strip():
+    raise BadInputError("--workdir='' is empty: give a run directory written by experiments/train.py")
+  if _MODEL.value not in MODELS:
+    raise BadInputError(f'--model={_MODEL.value!r}; allowed: {", ".join(MODELS)}')
+  for flag, lo in ((_N, 1), (_BATCH, 1), (_TOPK, 1), (_ITERS, 1), (_LANCZOS, 1), (_TRACE, 0), (_DENSITY, 0),
+                   (_SURFACE, 0), (_PC_ROUND, -1)):
+    if flag.value < lo:
+      raise BadInputError(f'--{flag.name}={flag.value} must be >= {lo}')
+  if _SURFACE.value == 1:
+    raise BadInputError('--surface_points=1 gives no surface: use 0 (skip) or >= 2 (e.g. 11)')
+  if not (0 < _RES_TOL.value < 1):
+    raise BadInputError(f'--residual_tol={_RES_TOL.value} must be in (0, 1), e.g. 1e-3')
+  if _PER_CLIENT.value and (_OTHER.value or _SURFACE.value or _DENSITY.value or _TRACE.value):
+    raise BadInputError('--per_client computes per-client lambda_max only: leave out --interpolate_with, '
+                        '--surface_points, --density_probes and --trace_probes')
+
+
 def main(argv):
-  del argv
   import jax
   import numpy as np
   from fedjax_flat import analysis
   from fedjax_flat.analysis import plots
-  from fedjax_flat.training import cli
   from fedjax_flat.training.reload import load_run   # the run's trainer, params and round, read-only
-  cli.configure_logging(verbosity_given=flags.FLAGS['verbosity'].present > 0)   # quiet unless --verbosity
+  check_flags(argv)
   wd = _WORKDIR.value
   out = _OUT.value or os.path.join(wd, 'hessian')
-  os.makedirs(out, exist_ok=True)
   if _PER_CLIENT.value:
     trainer, params, step = load_run(wd, _MODEL.value, None if _PC_ROUND.value < 0 else _PC_ROUND.value)
+    os.makedirs(out, exist_ok=True)      # only once the run has loaded: a wrong --workdir gets no folder
     from fedjax_flat.analysis.local_models import per_client_sharpness
     t0 = time.time()
     rep = per_client_sharpness(trainer, params, step, num_examples=_N.value, batch_size=_BATCH.value,
@@ -104,6 +132,7 @@ def main(argv):
           f"global/own {rep.get('mean_lambda_global_own', float('nan')):.4f}; report: {path}")
     return
   trainer, params, step = load_run(wd, _MODEL.value)
+  os.makedirs(out, exist_ok=True)
   x, y = trainer.data.test_examples() if _SPLIT.value == 'test' else (trainer.data.x, trainer.data.y)
   x = np.asarray(trainer.eval_transform(np.asarray(x[:_N.value])))
   y = np.asarray(y[:_N.value])
@@ -156,4 +185,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run_main(main)   # every error one line and its exit status (training/cli.py)

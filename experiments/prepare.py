@@ -5,12 +5,18 @@
 
 Writes <data_dir>/landmarks_shards/<dataset>_s<short_side>/ (or --out_dir): train/<k>.bin (the client's
 resized JPEGs), index.npz, index.json. Restarting resumes (finished client shards are kept).
+
+Exit status (fedjax_flat/training/cli.py), each error one `error:` line without a traceback: 0 prepared, 1 a
+shard that cannot be written (disk full, permissions), 2 bad input (flags, missing or malformed split CSVs,
+an undecodable image without --allow_missing).
 """
 import json
 import os
 import time
 
-from absl import app, flags, logging
+from absl import flags, logging
+
+from fedjax_flat.errors import BadInputError
 
 from fedjax_flat.data.sources import landmarks
 
@@ -26,7 +32,13 @@ flags.mark_flags_as_required(['dataset', 'data_dir'])
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    raise BadInputError(f'unexpected arguments {argv[1:]}; give --dataset and --data_dir')
+  for flag, lo in ((SHORT_SIDE, 1), (NUM_WORKERS, 1)):
+    if flag.value < lo:
+      raise BadInputError(f'--{flag.name}={flag.value} must be >= {lo}')
+  if not 1 <= QUALITY.value <= 100:
+    raise BadInputError(f'--quality={QUALITY.value} must be in [1, 100] (JPEG quality)')
   info = landmarks.split_info(DATASET.value, DATA_DIR.value)
   print('split CSVs:', json.dumps(info))
   t0 = time.time()
@@ -41,4 +53,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  from fedjax_flat.training import cli
+  cli.run_main(main)   # every error one line and its exit status

@@ -11,8 +11,13 @@ accuracy). Groups: `cell` (the sweep cell; for bare workdirs the directory name,
 last-K and final accuracy (%), finished/total runs, rounds to --target (first evaluation at or above it),
 lambda_max when experiments/hessian.py ran, communication, config.published (paper number) and the sweep
 cell's reference (earlier measurement) with measured - that. Unfinished or failed runs are counted, not averaged.
+Nothing is dropped silently: torn metrics.jsonl lines are skipped and reported (run and line numbers, on stderr
+and under the table), runs with a NaN / inf accuracy are shown as non-finite and left out of the means (the
+seeds column says how many), and only a finite accuracy reaches --target.
 
-Exit status: 0 written, 1 some run of the set is unfinished (the report is still written), 2 bad input.
+Exit status (fedjax_flat/training/cli.py), each error one `error:` line without a traceback: 0 written, 1 some
+run of the set is unfinished or non-finite (the report is still written) or the report cannot be written,
+2 bad input (flags, a sweep.json of the wrong shape, no runs).
 """
 from __future__ import annotations
 
@@ -20,9 +25,10 @@ import os
 import sys
 import time
 
-from absl import app, flags
+from absl import flags
 
 from fedjax_flat.sweeps import report as report_lib
+from fedjax_flat.training import cli
 
 _SWEEPS = flags.DEFINE_multi_string('sweep_dir', [], 'A sweep directory (holding sweep.json); repeatable.')
 _WORKDIRS = flags.DEFINE_list('workdirs', [], 'Run directories or globs (comma-separated).')
@@ -37,8 +43,7 @@ flags.mark_flag_as_required('out_dir')
 
 
 def _fail(msg):
-  print(f'error: {msg}', file=sys.stderr)
-  sys.exit(2)
+  raise report_lib.ReportError(msg)
 
 
 def main(argv):
@@ -50,10 +55,9 @@ def main(argv):
     _fail(f'--target={_TARGET.value} is not an accuracy fraction in (0, 1]; e.g. --target=0.9')
   if not _GROUP.value:
     _fail('--group_by is empty; use cell or dotted config keys such as client.optimizer')
-  try:
-    runs = report_lib.collect(_SWEEPS.value, _WORKDIRS.value)
-  except report_lib.ReportError as e:
-    _fail(str(e))
+  if not _OUT.value.strip():
+    _fail("--out_dir='' is empty: give the directory for the report")
+  runs = report_lib.collect(_SWEEPS.value, _WORKDIRS.value)
   unknown = [k for k in _GROUP.value if k != 'cell' and all(
       report_lib._get(r['config'], k, '<unset>') == '<unset>' for r in runs)]
   if unknown:
@@ -87,12 +91,27 @@ def main(argv):
     bad = [r['failed'] for r in rs if r['failed']]
     if bad:
       md += ['Unfinished or failed runs (not averaged): ' + ' '.join(bad), '']
+    nonfinite = [r['nonfinite_runs'] for r in rs if r['nonfinite_runs']]
+    if nonfinite:
+      md += ['Runs with a non-finite (NaN / inf) accuracy (shown here, not averaged): ' + ' '.join(nonfinite), '']
+    torn = [r['torn'] for r in rs if r['torn']]
+    if torn:
+      md += ['Unreadable (torn) metrics.jsonl lines, skipped (the lines after them are read): ' + '; '.join(torn),
+             '']
   with open(stem + '.md', 'w') as f:
     f.write('\n'.join(md))
   n_bad = sum(not r['finished'] for r in runs)
-  print(f'{len(rows)} rows from {len(runs)} runs ({n_bad} unfinished): {stem}.md {stem}.csv')
-  sys.exit(1 if n_bad else 0)
+  n_nonfinite = sum(r['finished'] and report_lib.nonfinite(r) for r in runs)
+  for r in runs:
+    if r['torn_lines']:
+      print(f"warning: {r['workdir']}/metrics.jsonl: {len(r['torn_lines'])} unreadable line(s) skipped (line(s) "
+            f"{', '.join(map(str, r['torn_lines'][:10]))}); the records after them are kept", file=sys.stderr)
+    if r['finished'] and report_lib.nonfinite(r):
+      print(f"warning: {r['workdir']}: non-finite accuracy (NaN / inf): shown, not averaged", file=sys.stderr)
+  print(f'{len(rows)} rows from {len(runs)} runs ({n_bad} unfinished, {n_nonfinite} non-finite, '
+        f'{sum(len(r["torn_lines"]) for r in runs)} torn metrics lines): {stem}.md {stem}.csv')
+  sys.exit(1 if n_bad or n_nonfinite else 0)
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run_main(main)   # every error one line and its exit status

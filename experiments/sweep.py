@@ -22,7 +22,15 @@ runs and sharded over one host device per core on CPU; each run still writes its
 alone, so experiments/report.py and resuming work unchanged (training/batched.py; measured:
 benchmarks/speed/README.runs.md). Every run's config is validated before anything launches.
 
-Exit status: 0 all runs finished, 1 some run failed, 2 bad input.
+Every grid point and seed is validated as train.py validates it (sweeps/sweep.run_config) before anything
+launches. One driver per sweep directory (a second is refused while the first runs); the runs of a local sweep
+end with their driver (SIGTERM from the kernel, however the driver ends: they checkpoint and stop), and a rerun
+waits for a run whose workdir is still held by a live process. A failed run's reason is its log's last
+`error:` line.
+
+Exit status (fedjax_flat/training/cli.py), each error one `error:` line without a traceback: 0 all runs
+finished, 1 some run failed or was interrupted, or sweep.json cannot be written (disk full), 2 bad input
+(flags, the sweep file, any grid value or seed that train.py would refuse, a sweep directory in use).
 """
 from __future__ import annotations
 
@@ -35,7 +43,7 @@ from fedjax_flat import devices
 
 HOST_DEVICES = devices.configure_or_exit() if __name__ == '__main__' else None
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 
 from fedjax_flat.sweeps import sweep as sweep_lib  # noqa: E402
 from fedjax_flat.training import batched  # noqa: E402
@@ -67,36 +75,32 @@ flags.mark_flag_as_required('sweep_dir')
 
 
 def _fail(msg: str):
-  print(f'error: {msg}', file=sys.stderr)
-  sys.exit(2)
+  raise sweep_lib.SweepError(msg)
 
 
 def build_runs():
   spec = {}
-  try:
-    if _SWEEP.value:
-      spec = sweep_lib.load_sweep_file(_SWEEP.value)
-    elif not _CONFIG.value:
-      _fail('give --sweep=configs/sweeps/<name>.py or --config=<path[:arg]> with --grid=KEY=V1,V2')
-    if _CONFIG.value:
-      spec['config'] = _CONFIG.value
-    if spec.get('config') and not os.path.isfile(spec['config'].split(':')[0]):
-      _fail(f"config {spec['config']!r}: no such file; give --config=configs/<name>.py[:arg]")
-    if _GRID.value:
-      spec['grid'] = sweep_lib.parse_grid_flags(_GRID.value)
-    if _SET.value:
-      fixed = dict(spec.get('fixed') or {})
-      for item in _SET.value:
-        k, sep, v = item.partition('=')
-        if not sep or not k:
-          _fail(f'--set={item!r} is not KEY=VALUE; e.g. --set=rounds=50')
-        fixed[k[len('config.'):] if k.startswith('config.') else k] = sweep_lib.parse_value(v)
-      spec['fixed'] = fixed
-    if _SEEDS.value is not None:
-      spec['seeds'] = sweep_lib.parse_seeds(_SEEDS.value)
-    runs = sweep_lib.expand(spec, _DIR.value)
-  except sweep_lib.SweepError as e:
-    _fail(str(e))
+  if _SWEEP.value:
+    spec = sweep_lib.load_sweep_file(_SWEEP.value)
+  elif not _CONFIG.value:
+    _fail('give --sweep=configs/sweeps/<name>.py or --config=<path[:arg]> with --grid=KEY=V1,V2')
+  if _CONFIG.value:
+    spec['config'] = _CONFIG.value
+  if spec.get('config') and not os.path.isfile(spec['config'].split(':')[0]):
+    _fail(f"config {spec['config']!r}: no such file; give --config=configs/<name>.py[:arg]")
+  if _GRID.value:
+    spec['grid'] = sweep_lib.parse_grid_flags(_GRID.value)
+  if _SET.value:
+    fixed = dict(spec.get('fixed') or {})
+    for item in _SET.value:
+      k, sep, v = item.partition('=')
+      if not sep or not k:
+        _fail(f'--set={item!r} is not KEY=VALUE; e.g. --set=rounds=50')
+      fixed[k[len('config.'):] if k.startswith('config.') else k] = sweep_lib.parse_value(v)
+    spec['fixed'] = fixed
+  if _SEEDS.value is not None:
+    spec['seeds'] = sweep_lib.parse_seeds(_SEEDS.value)
+  runs = sweep_lib.expand(spec, _DIR.value)
   for r in runs:
     if not os.path.isfile(r.config.split(':')[0]):
       _fail(f'cell {r.cell}: config {r.config!r} is not a file; fix the sweep\'s config paths')
@@ -108,17 +112,18 @@ def main(argv):
     _fail(f'unexpected arguments {argv[1:]}; overrides go in --grid=KEY=V1,V2 or --set=KEY=VALUE')
   if _PARALLEL.value < (0 if _LAUNCHER.value == 'slurm' else 1):
     _fail(f'--parallel={_PARALLEL.value}; use a positive number of processes')
+  if not _DIR.value.strip():
+    _fail("--sweep_dir='' is empty: give the directory of the sweep's runs and sweep.json")
   batch_runs = _batch_runs()
   spec, runs = build_runs()
   name = spec.get('name') or os.path.basename(os.path.abspath(_DIR.value))
-  try:
-    configs = sweep_lib.run_configs(runs)      # every run's config, before anything launches
-  except sweep_lib.SweepError as e:
-    _fail(str(e))
+  configs = sweep_lib.run_configs(runs)      # every run's config, before anything launches (SweepError: exit 2)
   if _DRY.value:
     for r in runs:
       print(f'{sweep_lib.run_status(r):9s} {r.key}\n          {" ".join(r.argv(_PYTHON.value))}')
     return
+  # One driver per sweep directory (sweep.json has one writer): the lock is held until this process ends.
+  sweep_lib.lock_sweep_dir(_DIR.value)
   if _LAUNCHER.value == 'slurm':
     script, cmds, n = sweep_lib.write_slurm(runs, _DIR.value, name=name, python=_PYTHON.value,
                                             # unlimited array concurrency unless --parallel is given
@@ -178,4 +183,4 @@ def _info(spec, name):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run_main(main, quiet_logs=False)   # every error one line and its exit status

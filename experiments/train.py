@@ -19,10 +19,10 @@ Exit status (fedjax_flat/training/cli.py), each error as one `error: ...` line w
      written (disk full, permissions), no checkpoint restores
   2  bad input: an invalid config value (NaN / inf included), a --config.x naming no field, a missing or
      broken config file, a config that does not match the workdir's checkpoint, malformed or unsafe dataset
-     files, missing dataset files, a workdir in use by another run (its lock names the holder's pid)
-  absl's own flag-parsing errors (a value that does not parse, e.g. --config.client.lr=abc, an unknown
-  flag) keep absl's "FATAL Flags parsing error" line and its exit status 1. A second Ctrl-C aborts at once
-  (killed by SIGINT); the newest complete checkpoint is kept.
+     files, missing dataset files, a workdir in use by another run (its lock names the holder's pid), an empty
+     --workdir, a flag that does not parse (e.g. --config.client.lr=abc), an unknown or missing flag
+  An unexpected error is one line and exit 1 too (its traceback with --verbosity). A second Ctrl-C aborts at
+  once (killed by SIGINT); the newest complete checkpoint is kept.
 
 Devices (fedjax_flat/devices.py): before jax starts, XLA is given one host CPU device per usable core and the
 clients of each round are sharded over them (engine.shard_clients='auto'); the choice is the first line
@@ -42,7 +42,7 @@ from fedjax_flat import devices
 
 HOST_DEVICES = devices.configure_or_exit() if __name__ == '__main__' else None
 
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to a config file returning a ConfigDict.',
@@ -74,37 +74,20 @@ def init_distributed() -> None:
                  jax.process_count(), jax.local_device_count(), jax.device_count())
 
 
-def _fail(e: BaseException, code: int) -> None:
-  from fedjax_flat.training import cli
-  print(cli.message(e), file=sys.stderr, flush=True)
-  if code == cli.FAILED:
-    # An I/O failure can leave library writer threads (orbax, tensorboard) waiting on what will never come;
-    # everything of ours is closed by now, so do not let them hold the exit.
-    logging.flush()
-    sys.stdout.flush()
-    os._exit(code)
-  sys.exit(code)
-
-
 def main(argv):
-  del argv
   import signal
-  from fedjax_flat.training import cli
-  cli.configure_logging(verbosity_given=flags.FLAGS['verbosity'].present > 0)
+  from fedjax_flat.errors import BadInputError
+  if len(argv) > 1:
+    raise BadInputError(f'unexpected arguments {argv[1:]}; config overrides are --config.<field>=<value>')
   init_distributed()
   import jax
   if HOST_DEVICES is not None and jax.process_index() == 0:   # the run's header: how many devices and why
     print(f'{HOST_DEVICES.line()}; jax sees {jax.device_count()} {jax.default_backend()} device(s)', flush=True)
   from fedjax_flat.training import run as run_lib
   from fedjax_flat.config import algo_flags
-  try:
-    config = algo_flags.apply(_CONFIG.value, _ALGO_OVERRIDES)
-    summary = run_lib.run(config, _WORKDIR.value, fresh=_FRESH.value, handle_signals=True)
-  except Exception as e:  # noqa: BLE001 -- known errors are one line and an exit status; others a traceback
-    code = cli.exit_status(e)
-    if code is None:
-      raise
-    _fail(e, code)
+  # Errors: one line and the exit status of their class (cli.run_main below)
+  config = algo_flags.apply(_CONFIG.value, _ALGO_OVERRIDES)
+  summary = run_lib.run(config, _WORKDIR.value, fresh=_FRESH.value, handle_signals=True)
   signal.signal(signal.SIGTERM, signal.SIG_IGN)   # done: a late SIGTERM (e.g. a job ending) is not a failure
   if jax.process_index() != 0:
     return
@@ -135,9 +118,6 @@ if __name__ == '__main__':
     print(f'error: {_e}', file=sys.stderr)
     sys.exit(2)
   # A missing or broken config file, a bad config string, a --config.x naming no field: one line and exit 2
-  # here, instead of absl's traceback of ml_collections.
-  _bad = _cli.preflight(sys.argv)
-  if _bad:
-    print(f'error: {_bad}', file=sys.stderr)
-    sys.exit(2)
-  app.run(main)
+  # before absl parses the flags (cli.preflight), instead of absl's traceback of ml_collections; then every
+  # error of the run is one line and its exit status (cli.run_main).
+  _cli.run_main(main, config_preflight=True)

@@ -1,10 +1,17 @@
-"""The hostile-user trials of issue 13 against experiments/train.py: what each does now.
+"""The hostile-user trials: issue 13's against experiments/train.py, issue 22's against the tools around a run.
 
 Each trial runs the binary (quickstart config, MLP, a few rounds) in a fresh temporary workdir and records the
 exit status, the wall seconds of the process and its `error:` line (or the line that matters). Faults that
 root cannot produce with chmod come from tests/fixtures/fault_inject.py. Prints a Markdown table.
 
-  .venv/bin/python -m benchmarks.robustness.hardening_trials [--only=SUBSTRING]
+  .venv/bin/python -m benchmarks.robustness.hardening_trials [--issue=13|22]
+  .venv/bin/python -m benchmarks.robustness.hardening_trials --issue=22 --repo=/tmp/before   # another checkout
+
+Issue 22 (`trials_22`): every entry point's error cases (tests/fixtures/entry_cases.py), malformed LEAF JSON /
+StackOverflow SQLite / params files through train.py (tests/fixtures/hostile.py), a FEMNIST run reloaded by
+hessian.py and init.checkpoint, report.py on a torn metrics.jsonl and a NaN seed, and sweep.py's driver killed,
+a child killed, two drivers at once and a full disk. `--repo` runs the binaries of another checkout (its
+PYTHONPATH), e.g. the code before the issue; the malformed files are written by this checkout's fixtures.
 """
 from __future__ import annotations
 
@@ -200,18 +207,200 @@ def trials(tmp):
   return out
 
 
+def _first_line(res, extra=''):
+  """(exit status, the error line / the line that matters, with [TRACEBACK] when stderr holds one)."""
+  err = [ln for ln in res.stderr.splitlines() if ln.startswith(('error: ', 'ERROR: ', 'FATAL'))]
+  tail = [ln for ln in res.stderr.splitlines() if ln.strip()]
+  line = err[0] if err else (tail[-1] if tail else ([ln for ln in res.stdout.splitlines() if ln.strip()] or [''])[-1])
+  tb = ' [TRACEBACK]' if 'Traceback' in res.stderr else ''
+  return res.returncode, (line[:230] + tb + (' ' + extra if extra else '')).strip()
+
+
+def _timed(fn):
+  t = time.time()
+  out = fn()
+  return out, time.time() - t
+
+
+def _pid_alive(pid):
+  try:
+    with open(f'/proc/{pid}/stat') as f:
+      return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
+  except OSError:
+    return False
+
+
+def trials_22(tmp, repo, out):
+  """Appends (trial, exit status, seconds, message) rows to `out` (kept if a trial itself breaks)."""
+  from tests.fixtures import entry_cases, hostile
+  run_bin = lambda name, *a, **kw: entry_cases.run_binary(name, *a, repo=repo, **kw)   # noqa: E731
+  env = entry_cases._env(repo)
+
+  def add(name, code, secs, msg):
+    out.append((name, code, secs, msg))
+    print(f'{name}: {code} {secs:.1f} {msg}', file=sys.stderr, flush=True)
+
+  tiny = entry_cases.make_tiny_run(os.path.join(tmp, 'tiny'), repo)
+  # 1. every entry point's error cases
+  for name, (binary, args, _, _) in sorted({**entry_cases.FAST, **entry_cases.MATRIX}.items()):
+    d = tempfile.mkdtemp(dir=tmp)
+    try:
+      res, secs = _timed(lambda: run_bin(binary, *args(d, tiny), cwd=d, timeout=120))
+      code, msg = _first_line(res)
+    except subprocess.TimeoutExpired:
+      code, secs, msg = 'killed', 120.0, 'still running after 120 s (no error: it went on with the bad input)'
+    if 'empty --workdir' in name:
+      left = sorted(f for f in os.listdir(d) if f not in ('s', 'r', 'params', 'leaf'))
+      msg += f' / written to the current directory: {left}'
+    add(f'1 {binary}: {name.split(": ", 1)[-1]}', code, secs, msg)
+  # 1b. malformed data files through train.py
+  femnist = os.path.join(repo, 'configs', 'quickstart_femnist.py')
+  for case in hostile.LEAF_CASES:
+    root = hostile.femnist_root(tempfile.mkdtemp(dir=tmp), case)
+    res, secs = _timed(lambda: run_bin('train', f'--config={femnist}', f'--workdir={tmp}/w_leaf',
+                                       f'--config.data.data_dir={root}', '--config.progress_every_s=0'))
+    add(f'1 train: LEAF JSON {case}', res.returncode, secs, _first_line(res)[1])
+  so_cfg = os.path.join(repo, 'configs', 'quickstart_stackoverflow.py')
+  for case in hostile.SQLITE_CASES:
+    d = hostile.stackoverflow_dir(tempfile.mkdtemp(dir=tmp), case)
+    res, secs = _timed(lambda: run_bin('train', f'--config={so_cfg}', f'--workdir={tmp}/w_so',
+                                       f'--config.data.data_dir={d}', '--config.data.vocab_size=5',
+                                       '--config.data.test_examples=10', '--config.progress_every_s=0'))
+    add(f'1 train: StackOverflow SQLite {case}', res.returncode, secs, _first_line(res)[1])
+  qs = os.path.join(repo, 'configs', 'quickstart.py')
+  params_dir = os.path.join(tmp, 'params')
+  for case in ('truncated msgpack', 'msgpack of a list', 'wrong shapes', 'missing keys', 'unexpected keys',
+               'NaN values', 'string values', 'object arrays', 'not a params file', 'empty file'):
+    path = entry_cases._params(params_dir, case)
+    res, secs = _timed(lambda: run_bin('train', f'--config={qs}', f'--workdir={tmp}/w_pre_{len(out)}',
+                                       *entry_cases.QUICK, '--config.rounds=1', f'--config.init.pretrained={path}'))
+    add(f'1 train: init.pretrained {case}', res.returncode, secs, _first_line(res)[1])
+  # 2. a FEMNIST run (config.data without num_clients) reloaded
+  root = hostile.femnist_root(os.path.join(tmp, 'femnist'))
+  fw = os.path.join(tmp, 'femnist_run')
+  res, secs = _timed(lambda: run_bin('train', f'--config={femnist}', f'--workdir={fw}',
+                                     f'--config.data.data_dir={root}',
+                                     '--config.data.fraction=1.0', '--config.rounds=1', '--config.eval_every=1',
+                                     '--config.clients_per_round=2', '--config.client.batch_size=4',
+                                     '--config.summary_last_k=1', '--config.progress_every_s=0'))
+  add('2 train: FEMNIST run (1 round)', res.returncode, secs, _first_line(res)[1])
+  res, secs = _timed(lambda: run_bin('hessian', f'--workdir={fw}', '--num_examples=20', '--batch_size=10',
+                                     '--top_k=1', '--lanczos_steps=4'))
+  add('2 hessian.py on the FEMNIST run', res.returncode, secs, _first_line(res)[1])
+  res, secs = _timed(lambda: run_bin('train', f'--config={femnist}', f'--workdir={tmp}/femnist_init',
+                                     f'--config.data.data_dir={root}', '--config.data.fraction=1.0',
+                                     '--config.rounds=1',
+                                     '--config.clients_per_round=2', '--config.client.batch_size=4',
+                                     '--config.summary_last_k=1', '--config.progress_every_s=0',
+                                     f'--config.init.checkpoint={fw}'))
+  add('2 train: init.checkpoint = the FEMNIST run', res.returncode, secs, _first_line(res)[1])
+  # 4. report.py: a torn middle line; a NaN seed
+  rep = os.path.join(tmp, 'rep')
+  for s in (0, 1):
+    shutil.copytree(tiny, os.path.join(rep, 'cell', f'seed={s}'))
+  first_acc = json.loads(open(os.path.join(tiny, 'metrics.jsonl')).readline())['test_accuracy']
+  hostile.torn_metrics(os.path.join(rep, 'cell', 'seed=0', 'metrics.jsonl'))
+  res, secs = _timed(lambda: run_bin('report', f'--workdirs={rep}/cell/seed=0', f'--out_dir={tmp}/rep_out',
+                                     f'--target={first_acc * 0.99 if first_acc > 0 else 0.01}', '--noplots'))
+  md = open(os.path.join(tmp, 'rep_out', 'report.md')).read() if os.path.exists(os.path.join(tmp, 'rep_out',
+                                                                                             'report.md')) else ''
+  row = ([ln for ln in md.splitlines() if ln.startswith('| cell')] or [''])[0]
+  add('4 report.py: torn middle line of metrics.jsonl (2 records)', res.returncode, secs,
+      f'{_first_line(res)[1]} / row: {row}')
+  summ = os.path.join(rep, 'cell', 'seed=1', 'summary.json')
+  doc = json.load(open(summ))
+  doc = {k: (float('nan') if k.startswith('mean_last_') or k == 'final_test_accuracy' else v) for k, v in doc.items()}
+  json.dump(doc, open(summ, 'w'))
+  res, secs = _timed(lambda: run_bin('report', f'--workdirs={rep}/cell/seed=*', f'--out_dir={tmp}/rep_out2',
+                                     '--target=0.01', '--noplots'))
+  md = open(os.path.join(tmp, 'rep_out2', 'report.md')).read() if os.path.exists(os.path.join(tmp, 'rep_out2',
+                                                                                              'report.md')) else ''
+  row = ([ln for ln in md.splitlines() if ln.startswith('| cell')] or [''])[0]
+  add('4 report.py: one seed of two with NaN accuracy', res.returncode, secs, f'{_first_line(res)[1]} / row: {row}')
+  # 3. sweep.py
+  sweep = [sys.executable, os.path.join(repo, 'experiments', 'sweep.py')]
+  long = [f'--config={qs}', '--grid=client.lr=0.05', '--seeds=0', '--set=model=mlp', '--set=rounds=100000',
+          '--set=eval_every=1', '--set=checkpoint_every=1', '--set=progress_every_s=0']
+  sd = os.path.join(tmp, 'sweep_kill')
+  metrics = os.path.join(sd, 'client.lr=0.05', 'seed=0', 'metrics.jsonl')
+  t = time.time()
+  p = subprocess.Popen(sweep + long + [f'--sweep_dir={sd}'], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, env=env, cwd=repo)
+  while not (os.path.exists(metrics) and open(metrics).read().strip()) and time.time() - t < 300:
+    time.sleep(0.2)
+  child = json.load(open(os.path.join(sd, 'sweep.json')))['runs'][0].get('pid')
+  p.send_signal(signal.SIGKILL)
+  p.communicate()
+  time.sleep(15)
+  alive = child is not None and _pid_alive(child)
+  p2 = subprocess.Popen(sweep + long + [f'--sweep_dir={sd}'], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        text=True, env=env, cwd=repo)
+  try:
+    o2, e2 = p2.communicate(timeout=40)
+  except subprocess.TimeoutExpired:
+    p2.send_signal(signal.SIGTERM)
+    o2, e2 = p2.communicate(timeout=120)
+  said = ([ln for ln in (o2 + e2).splitlines() if any(k in ln for k in ('FAILED', 'waiting', 'interrupted'))]
+           or [ln for ln in (o2 + e2).splitlines() if ln.startswith('error:')] or [''])[0]
+  if child is not None and _pid_alive(child):
+    os.kill(child, signal.SIGTERM)     # the orphan this trial made (the old code leaves it running)
+  add('3 sweep.py: driver SIGKILLed, then the same command again', f'{p.returncode} / {p2.returncode}',
+      time.time() - t, f'child alive 15 s after the driver died: {alive}; rerun says: {said[:200]}')
+  sd = os.path.join(tmp, 'sweep_child')
+  metrics = os.path.join(sd, 'client.lr=0.05', 'seed=0', 'metrics.jsonl')
+  t = time.time()
+  p = subprocess.Popen(sweep + long + [f'--sweep_dir={sd}'], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, env=env, cwd=repo)
+  while not (os.path.exists(metrics) and open(metrics).read().strip()) and time.time() - t < 300:
+    time.sleep(0.2)
+  child = json.load(open(os.path.join(sd, 'sweep.json')))['runs'][0].get('pid')
+  os.kill(child, signal.SIGKILL)
+  o, e = p.communicate(timeout=120)
+  said = ([ln for ln in o.splitlines() if ln.startswith('FAILED')] or [''])[0]
+  add('3 sweep.py: its child SIGKILLed', p.returncode, time.time() - t, said[:230])
+  sd = os.path.join(tmp, 'sweep_two')
+  short = [f'--config={qs}', '--grid=client.lr=0.05,0.1', '--seeds=0', '--set=model=mlp', '--set=rounds=2',
+           '--set=eval_every=1', '--set=progress_every_s=0', f'--sweep_dir={sd}']
+  t = time.time()
+  ps = [subprocess.Popen(sweep + short, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=repo)
+        for _ in range(2)]
+  res = [pp.communicate(timeout=600) for pp in ps]
+  states = {r['cell']: r.get('status') for r in json.load(open(os.path.join(sd, 'sweep.json')))['runs']}
+  msg = ([ln for o, e in res for ln in e.splitlines() if ln.startswith('error:')] or [''])[0]
+  add('3 sweep.py: two drivers at once on one sweep directory', f'{ps[0].returncode} / {ps[1].returncode}',
+      time.time() - t, f'{msg[:160]} / sweep.json statuses {states}')
+  sd = os.path.join(tmp, 'sweep_full')
+  t = time.time()
+  r = subprocess.run([sys.executable, '-m', 'tests.fixtures.fault_inject', '--enospc=sweep.json', '--'] + sweep[1:] +
+                     short[:-1] + [f'--sweep_dir={sd}'], capture_output=True, text=True, env=env, cwd=repo)
+  runs_done = sum(os.path.exists(os.path.join(sd, c, 'seed=0', 'summary.json'))
+                  for c in ('client.lr=0.05', 'client.lr=0.1'))
+  add('3 sweep.py: disk full for sweep.json', r.returncode, time.time() - t,
+      f'{_first_line(r)[1]} / runs finished: {runs_done}/2')
+  return out
+
+
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument('--keep', action='store_true', help='keep the temporary workdirs')
+  ap.add_argument('--issue', choices=['13', '22'], default='22')
+  ap.add_argument('--repo', default=REPO, help='the checkout whose binaries run (issue 22)')
   args = ap.parse_args()
   tmp = tempfile.mkdtemp(prefix='hardening_trials_')
+  rows = []
   try:
-    rows = trials(tmp)
+    if args.issue == '13':
+      rows = trials(tmp)
+    else:
+      trials_22(tmp, os.path.abspath(args.repo), rows)
+  except Exception as e:  # noqa: BLE001 -- a broken trial ends the run, the rows so far are printed
+    rows.append(('trials stopped', '-', 0.0, f'{type(e).__name__}: {e}'))
   finally:
     if not args.keep:
       shutil.rmtree(tmp, ignore_errors=True)
   print('| trial | exit | s | what it prints |\n|---|---|---|---|')
   for name, code, secs, msg in rows:
+    msg = msg.replace(tmp, 'TMP').replace(args.repo if args.issue == '22' else REPO, 'REPO')
     print(f'| {name} | {code} | {secs:.1f} | {msg.replace("|", "/")} |')
 
 

@@ -40,7 +40,7 @@ def _masked_sums(apply: Callable, task, params, batch: Batch):
   """(sum of the task's unit losses, number of correct valid predictions) over one [B, ...] batch."""
   logits = apply(params, batch['x'], train=False)
   sums = task.eval_sums(logits, batch['y'], batch['mask'])
-  return sums['loss_sum'], sums['correct']
+  return sums['loss_sum'], jnp.asarray(sums['correct'], jnp.float32)   # integer counts (segmentation) too
 
 
 def _count(task, batches: Batch):

@@ -55,6 +55,12 @@ from fedjax_flat.data import registry as data_registry
 from fedjax_flat.data.registry import OPTIONAL_FIELDS
 
 
+# Sections whose fields belong to the dataset, the model or the algorithm: a config replaces them whole
+# (`c.data = data_section(...)`, `c.model_kwargs = ConfigDict({...})`), so a run's saved section is the whole
+# section; training/reload.py restores these as saved, never merged into the defaults below.
+WHOLE_SECTIONS = ('data', 'model_kwargs', 'algo', 'published', 'grouping.probe_model_kwargs')
+
+
 def default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0

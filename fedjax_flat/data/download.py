@@ -24,10 +24,12 @@ import urllib.request
 import zipfile
 from typing import Callable, Optional
 
+from fedjax_flat import errors
+
 CHUNK = 1 << 20
 
 
-class DownloadError(RuntimeError):
+class DownloadError(errors.OperationError):
   """The file could not be fetched (network failure, HTTP error)."""
 
 

@@ -31,7 +31,48 @@ def make_eval_fn(model, preprocess=None, jit: bool = True, task=None):
   def evaluate(params, batches):
     sums = jax.tree_util.tree_map(lambda a: jnp.sum(a, axis=0), jax.lax.map(lambda b: one(params, b), batches))
     return task.eval_metrics(sums)
-  return jax.jit(evaluate) if jit else evaluate
+  if not jit:
+    return evaluate
+
+  whole = jax.jit(evaluate)
+  per_batch = jax.jit(lambda params, batches: jax.lax.map(lambda b: one(params, b), batches))
+  integer = {}
+
+  def evaluate_exact(params, batches):
+    # A task with integer counts (segmentation's confusion matrix): the batches' sums are added on the host
+    # in int64, exact beyond int32 (and float32's 2^24) however many batches. Other tasks: one program.
+    if 'any' not in integer:
+      shapes = jax.eval_shape(per_batch, params, batches)
+      integer['any'] = any(jnp.issubdtype(a.dtype, jnp.integer) for a in jax.tree_util.tree_leaves(shapes))
+    if not integer['any']:
+      return whole(params, batches)
+    return host_metrics(task, jax.tree_util.tree_map(host_sum, jax.device_get(per_batch(params, batches))))
+  return evaluate_exact
+
+
+def host_metrics(task, sums):
+  """task.eval_metrics of host-added sums: int64 counts enter as float64 (jax without x64 would truncate an
+  int64 to int32); the ratios are then float32-exact (relative error < 1e-7) from exact counts."""
+  return task.eval_metrics(jax.tree_util.tree_map(
+      lambda a: np.asarray(a, np.float64) if np.issubdtype(np.asarray(a).dtype, np.integer) else a, sums))
+
+
+def host_sum(a, axis=0):
+  """Sum over `axis` on the host: int64 for integer counts, float64 for floats (an evaluation's additive
+  statistics, added without the rounding of float32 or the overflow of int32)."""
+  a = np.asarray(a)
+  return np.sum(a, axis=axis, dtype=np.int64 if np.issubdtype(a.dtype, np.integer) else np.float64)
+
+
+def host_add(a, b):
+  """a + b of two pytrees of additive statistics, on the host (int64 / float64; a None: b)."""
+  def one(x, y):
+    y = np.asarray(jax.device_get(y))
+    y = y.astype(np.int64 if np.issubdtype(y.dtype, np.integer) else np.float64)
+    return y if x is None else x + y
+  if a is None:
+    return jax.tree_util.tree_map(lambda y: one(None, y), b)
+  return jax.tree_util.tree_map(one, a, b)
 
 
 class Evaluator:
@@ -147,7 +188,7 @@ class HeldOutEvaluator:
     return out
 
   def __call__(self, params):
-    add = lambda a, b: b if a is None else jax.tree_util.tree_map(jnp.add, a, b)  # noqa: E731
+    add = host_add       # on the host, int64 counts: a confusion matrix exact over any number of batches
     out, pooled = {}, None
     for name, clients in self.groups:
       group = None
@@ -159,8 +200,8 @@ class HeldOutEvaluator:
           group = add(group, self.sums_fn(p, b))
       pooled = add(pooled, group)
       if name is not None:
-        out.update({f'{name}_{k}': v for k, v in self._host(self.task.eval_metrics(group)).items()})
-    out.update(self._host(self.task.eval_metrics(pooled)))
+        out.update({f'{name}_{k}': v for k, v in self._host(host_metrics(self.task, group)).items()})
+    out.update(self._host(host_metrics(self.task, pooled)))
     return out
 
   def predictions(self, params, n: int = 4):

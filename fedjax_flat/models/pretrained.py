@@ -11,6 +11,7 @@ No pretrained weights ship with the project (no downloads); convert them offline
 """
 from __future__ import annotations
 
+import io
 import os
 import re
 from typing import Any, Dict, Optional
@@ -20,6 +21,8 @@ import flax.traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from fedjax_flat import errors
 
 Params = Any
 SEP = '/'
@@ -55,11 +58,21 @@ def save_params(path: str, params: Params) -> None:
 
 def read_params(path: str) -> Dict[str, Any]:
   """Reads a params file written by `save_params` (or any compatible .npz / msgpack); a nested dict."""
-  if _is_npz(path):
-    with np.load(path, allow_pickle=False) as z:
-      return unflatten({k: np.asarray(z[k]) for k in z.files})
-  with open(path, 'rb') as f:
-    return flax.serialization.msgpack_restore(f.read())
+  with open(path, 'rb') as f:     # a missing file: the OSError it is
+    raw = f.read()
+  with errors.reading(path, 'a params file (.npz of \'/\'-joined keys, or flax msgpack)'):
+    if _is_npz(path):
+      with np.load(io.BytesIO(raw), allow_pickle=False) as z:    # object arrays are refused (no pickle)
+        return unflatten({k: np.asarray(z[k]) for k in z.files})
+    try:
+      tree = flax.serialization.msgpack_restore(raw)
+    except Exception as e:  # noqa: BLE001 -- msgpack's OutOfData etc. are no ValueErrors; the input is the file
+      raise errors.DataFormatError(f'{path}: not a params file (.npz or flax msgpack) ({type(e).__name__}: '
+                                   f'{str(e)[:200]}); the file is truncated, corrupted or in another format') from e
+    if not isinstance(tree, dict):
+      raise errors.DataFormatError(f'{path}: a msgpack params file holds a dict of arrays, not a '
+                                   f'{type(tree).__name__}')
+    return tree
 
 
 def find_classifier_key(params_init: Params, num_classes: Optional[int] = None) -> str:
@@ -79,7 +92,7 @@ def find_classifier_key(params_init: Params, num_classes: Optional[int] = None) 
     if num_classes is not None and any(l.shape and l.shape[-1] == num_classes for l in leaves):
       candidates.append(k)
   if not candidates:
-    raise ValueError('cannot find the classifier: pass classifier_key= (a path prefix such as '
+    raise errors.BadInputError('cannot find the classifier: pass classifier_key= (a path prefix such as '
                      f"'Dense_2'); top-level keys are {list(params_init)}")
   return max(candidates, key=_natural_key)
 
@@ -131,7 +144,7 @@ def fit_params(model, params_init: Params, source_params: Params, *, source: str
   if reinit_classifier:
     skip = classifier_key or find_classifier_key(params_init, getattr(model, 'num_classes', None))
     if not any(_under(k, skip) for k in expected):
-      raise ValueError(f'classifier_key={skip!r} matches no parameter of {name}')
+      raise errors.BadInputError(f'classifier_key={skip!r} matches no parameter of {name}')
     if reinit_classifier == 'auto' and all(
         k in loaded and tuple(np.shape(loaded[k])) == tuple(v.shape) for k, v in expected.items() if _under(k, skip)):
       skip = None        # same classes: the source's classifier is kept (and checked like the rest)
@@ -150,7 +163,15 @@ def fit_params(model, params_init: Params, source_params: Params, *, source: str
               for k in mismatched]
     lines += [f'  missing in file {k}: model {tuple(expected[k].shape)}' for k in missing]
     lines += [f'  unexpected in file {k}: file {tuple(np.shape(loaded[k]))}' for k in unexpected]
-    raise ValueError('\n'.join(lines))
+    raise errors.BadInputError('\n'.join(lines))
+  for k in expected:
+    if checked(k):
+      a = np.asarray(loaded[k])
+      if not (np.issubdtype(a.dtype, np.number) or a.dtype == np.bool_):
+        raise errors.DataFormatError(f'{path}: parameter {k} holds {a.dtype} values, not numbers')
+      if np.issubdtype(a.dtype, np.inexact) and not np.all(np.isfinite(a)):
+        raise errors.DataFormatError(f'{path}: parameter {k} holds {int(np.sum(~np.isfinite(a)))} non-finite '
+                                     'values (NaN / inf): the params are diverged or corrupted')
 
   out = {k: (v if not checked(k) else jnp.asarray(loaded[k], dtype=v.dtype)) for k, v in expected.items()}
   return flax.serialization.from_state_dict(params_init, unflatten(out))

@@ -7,6 +7,11 @@ Per group of runs (seeds of one cell, or runs sharing the values of user-named c
   experiments/hessian.py ran (WORKDIR/hessian/hessian_<model>.json); communication (summary.json
   comm_total_bytes); config.json's `published` (paper number, percent) and the sweep cell's `reference` (an
   earlier measurement, percent) beside the measured number with the difference.
+
+Nothing is dropped or invented silently: an unreadable (torn) line of a metrics.jsonl is skipped and reported
+(run, count, line numbers) while the lines after it are read; a run whose accuracy is NaN / inf is shown as
+non-finite and left out of the means, with the count of runs averaged saying so; a target is reached only by
+a finite accuracy. A sweep.json of the wrong shape is a ReportError naming what is wrong.
 """
 from __future__ import annotations
 
@@ -15,35 +20,87 @@ import glob
 import json
 import math
 import os
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from fedjax_flat.errors import BadInputError
 
-class ReportError(ValueError):
-  pass
+
+class ReportError(BadInputError):
+  """Bad report input (a sweep.json of the wrong shape, no runs): the message names it and the fix."""
+
+
+def _finite(v) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _num(v) -> Optional[float]:
+  """v as a float if it is a number (NaN / inf included), else None (absent, or a value of another type)."""
+  return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def _load_json(path: str) -> Optional[Dict]:
+  """A JSON object from path, or None when it is absent, unreadable or not an object."""
   try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, ValueError):
+    with open(path, 'rb') as f:
+      d = json.loads(f.read())
+  except (OSError, ValueError, RecursionError):
     return None
+  return d if isinstance(d, dict) else None
+
+
+def read_records(path: str) -> Tuple[List[Dict], List[int]]:
+  """(records, line numbers of unreadable lines) of a metrics.jsonl. A torn line (a killed writer, a damaged
+  file) is skipped, never the lines after it; records without an integer `round` count as unreadable."""
+  out, bad = [], []
+  try:
+    with open(path, 'rb') as f:
+      lines = f.read().split(b'\n')
+  except OSError:
+    return out, bad
+  for i, line in enumerate(lines, start=1):
+    if not line.strip():
+      continue
+    try:
+      rec = json.loads(line)
+    except (ValueError, RecursionError):
+      bad.append(i)
+      continue
+    if not isinstance(rec, dict) or not isinstance(rec.get('round'), int) or isinstance(rec.get('round'), bool):
+      bad.append(i)
+      continue
+    out.append(rec)
+  return out, bad
 
 
 def _records(path: str) -> List[Dict]:
-  out = []
-  try:
-    with open(path) as f:
-      for line in f:
-        try:
-          out.append(json.loads(line))
-        except ValueError:
-          break          # a torn last line of a killed run
-  except OSError:
-    pass
-  return out
+  return read_records(path)[0]
+
+
+def _manifest_runs(sd: str, man: Dict) -> List[Dict]:
+  """The runs of a sweep.json, checked: ReportError naming the first thing of the wrong shape."""
+  path = os.path.join(sd, 'sweep.json')
+  runs = man.get('runs')
+  if not isinstance(runs, list):
+    raise ReportError(f'{path}: "runs" must be a list of runs (got {type(runs).__name__}); the file is not '
+                      'a manifest written by experiments/sweep.py')
+  for i, r in enumerate(runs):
+    if not isinstance(r, dict) or not isinstance(r.get('workdir'), str) or not r['workdir']:
+      raise ReportError(f'{path}: run {i} has no "workdir" string; the file is not a manifest written by '
+                        'experiments/sweep.py (rerun the sweep, or give the runs as --workdirs)')
+    if os.path.isabs(r['workdir']) or '..' in r['workdir'].replace('\\', '/').split('/'):
+      raise ReportError(f'{path}: run {i} has workdir {r["workdir"]!r}: manifests hold paths inside the sweep '
+                        'directory')
+    if not isinstance(r.get('cell', ''), str) or (r.get('seed') is not None and not isinstance(r['seed'], int)):
+      raise ReportError(f'{path}: run {i}: "cell" must be a string and "seed" an integer')
+    for k in ('reference',):
+      if r.get(k) is not None and not isinstance(r[k], dict):
+        raise ReportError(f'{path}: run {i}: "{k}" must be an object ({{"source", "accuracy"}})')
+  if not isinstance(man.get('name', ''), (str, type(None))) or \
+      not isinstance(man.get('description', ''), (str, type(None))):
+    raise ReportError(f'{path}: "name" and "description" must be strings')
+  return runs
 
 
 def _get(d: Optional[Dict], dotted: str, default=None):
@@ -65,12 +122,12 @@ def collect(sweep_dirs: Sequence[str] = (), workdirs: Sequence[str] = ()) -> Lis
   for sd in sweep_dirs:
     man = _load_json(os.path.join(sd, 'sweep.json'))
     if man is None:
-      raise ReportError(f'--sweep_dir={sd!r} has no readable sweep.json; give a directory written by '
-                        'experiments/sweep.py, or the runs as --workdirs')
-    for r in man['runs']:
-      runs.append(dict(workdir=os.path.join(sd, r['workdir']), cell=r['cell'], seed=r.get('seed'),
-                       sweep=man.get('name') or os.path.basename(os.path.normpath(sd)),
-                       reference=r.get('reference'), description=man.get('description', '')))
+      raise ReportError(f'--sweep_dir={sd!r} has no readable sweep.json (absent, truncated, or not a JSON '
+                        'object); give a directory written by experiments/sweep.py, or the runs as --workdirs')
+    for r in _manifest_runs(sd, man):
+      runs.append(dict(workdir=os.path.join(sd, r['workdir']), cell=r.get('cell') or r['workdir'],
+                       seed=r.get('seed'), sweep=man.get('name') or os.path.basename(os.path.normpath(sd)),
+                       reference=r.get('reference'), description=man.get('description') or ''))
   for pattern in workdirs:
     hits = sorted(glob.glob(pattern)) or ([pattern] if os.path.isdir(pattern) else [])
     hits = [h for h in hits if os.path.isfile(os.path.join(h, 'config.json'))]
@@ -83,13 +140,15 @@ def collect(sweep_dirs: Sequence[str] = (), workdirs: Sequence[str] = ()) -> Lis
     wd = r['workdir']
     r['config'] = _load_json(os.path.join(wd, 'config.json'))
     r['summary'] = _load_json(os.path.join(wd, 'summary.json'))
-    r['records'] = _records(os.path.join(wd, 'metrics.jsonl'))
+    r['records'], r['torn_lines'] = read_records(os.path.join(wd, 'metrics.jsonl'))
     if r['seed'] is None:
       r['seed'] = _get(r['config'], 'seed')
     s, c = r['summary'], r['config'] or {}
-    r['finished'] = bool(s) and s.get('rounds_completed', -1) >= c.get('rounds', math.inf) and \
+    done, planned = _num((s or {}).get('rounds_completed')), _num(c.get('rounds'))
+    r['finished'] = bool(s) and done is not None and planned is not None and done >= planned and \
         not s.get('stopped_by_signal')
     model = (s or {}).get('reported_model', 'global')
+    model = model if isinstance(model, str) else 'global'
     r['model'] = model
     r['acc_key'] = 'test_accuracy' if model == 'global' else f'{model}/test_accuracy'
     r['hessian'] = None
@@ -109,17 +168,36 @@ def _group_value(run: Dict, key: str) -> str:
 
 
 def _mean_std(xs: List[float]):
-  xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+  """Mean and population std of the finite values (callers leave non-finite runs out first, and say so)."""
+  xs = [x for x in xs if _finite(x)]
   if not xs:
     return None, None
   return float(np.mean(xs)), float(np.std(xs))
 
 
 def rounds_to_target(records: List[Dict], key: str, target: float) -> Optional[int]:
+  """The first round whose `key` is a finite value >= target (NaN / inf never reach it)."""
   for rec in records:
-    if rec.get(key) is not None and rec[key] >= target:
+    if _finite(rec.get(key)) and rec[key] >= target:
       return int(rec['round'])
   return None
+
+
+def _accuracies(r: Dict) -> Tuple[Optional[float], Optional[float]]:
+  """(last-K, final) test accuracy of a finished run in percent (None: absent; NaN / inf kept as such)."""
+  s = r['summary']
+  k = s.get('summary_last_k')
+  lastk, final = _num(s.get(f'mean_last_{k}_test_accuracy')), _num(s.get('final_test_accuracy'))
+  return (None if lastk is None else 100 * lastk), (None if final is None else 100 * final)
+
+
+def nonfinite(r: Dict) -> bool:
+  """A finished run whose reported accuracy is NaN / inf (a diverged model, a damaged summary.json)."""
+  return any(v is not None and not math.isfinite(v) for v in _accuracies(r))
+
+
+def _run_name(r: Dict) -> str:
+  return f"{r['cell']}/seed={r['seed']}"
 
 
 def aggregate(runs: List[Dict], group_by: Sequence[str], target: Optional[float] = None) -> List[Dict]:
@@ -129,21 +207,20 @@ def aggregate(runs: List[Dict], group_by: Sequence[str], target: Optional[float]
     groups.setdefault((r['sweep'],) + tuple(_group_value(r, k) for k in group_by), []).append(r)
   rows = []
   for gkey, rs in groups.items():
-    done = [r for r in rs if r['finished']]
+    finished = [r for r in rs if r['finished']]
+    bad = [r for r in finished if nonfinite(r)]
+    done = [r for r in finished if not nonfinite(r)]      # what the means are over
     row = {'sweep': gkey[0], **dict(zip(group_by, gkey[1:])), 'runs': len(rs), 'finished': len(done),
-           'seeds': ' '.join(str(r['seed']) for r in done)}
+           'seeds': ' '.join(str(r['seed']) for r in done), 'nonfinite': len(bad),
+           'nonfinite_runs': ' '.join(_run_name(r) for r in bad),
+           'torn_lines': sum(len(r['torn_lines']) for r in rs),
+           'torn': '; '.join(f"{_run_name(r)} metrics.jsonl line(s) {', '.join(map(str, r['torn_lines'][:5]))}"
+                             + (' ...' if len(r['torn_lines']) > 5 else '') for r in rs if r['torn_lines'])}
     models = {r['model'] for r in done}
     row['model'] = ','.join(sorted(models)) if models else ''
-    lastk = []
-    for r in done:
-      k = r['summary'].get('summary_last_k')
-      v = r['summary'].get(f'mean_last_{k}_test_accuracy')
-      lastk.append(None if v is None else 100 * v)
     row['last_k'] = ','.join(sorted({str(r['summary'].get('summary_last_k')) for r in done}))
-    row['acc_lastk_mean'], row['acc_lastk_std'] = _mean_std(lastk)
-    row['acc_final_mean'], row['acc_final_std'] = _mean_std(
-        [None if r['summary'].get('final_test_accuracy') is None else 100 * r['summary']['final_test_accuracy']
-         for r in done])
+    row['acc_lastk_mean'], row['acc_lastk_std'] = _mean_std([_accuracies(r)[0] for r in done])
+    row['acc_final_mean'], row['acc_final_std'] = _mean_std([_accuracies(r)[1] for r in done])
     if target is not None:
       hits = [rounds_to_target(r['records'], r['acc_key'], target) for r in done]
       reached = [h for h in hits if h is not None]
@@ -153,28 +230,26 @@ def aggregate(runs: List[Dict], group_by: Sequence[str], target: Optional[float]
     # rounds to X% of the centralized accuracy (training/centralized.py), mean over the runs that got there
     for key in sorted({k for r in done for k in r['summary'] if k.startswith('rounds_to_') and
                        k.endswith('pct_centralized')}):
-      got = [r['summary'][key] for r in done if r['summary'].get(key) is not None]
+      got = [r['summary'][key] for r in done if _finite(r['summary'].get(key))]
       row[f'{key}_mean'] = float(np.mean(got)) if got else None
       row[f'reached_{key[len("rounds_to_"):]}'] = f'{len(got)}/{len(done)}'
-    lam = [r['hessian']['lambda_max'] for r in done if r['hessian']]
+    lam = [r['hessian']['lambda_max'] for r in done if r['hessian'] and _finite(r['hessian']['lambda_max'])]
     row['lambda_max_mean'], row['lambda_max_std'] = _mean_std(lam)
     row['lambda_max_runs'] = len(lam)
-    row['comm_mb_mean'], _ = _mean_std([None if r['summary'].get('comm_total_bytes') is None
-                                         else r['summary']['comm_total_bytes'] / 1e6 for r in done])
-    wall = [r['summary'].get('wall_time_total_s', r['summary'].get('wall_time_s')) for r in done]
+    row['comm_mb_mean'], _ = _mean_std([_num(r['summary'].get('comm_total_bytes')) / 1e6
+                                         if _num(r['summary'].get('comm_total_bytes')) is not None else None
+                                         for r in done])
+    wall = [_num(r['summary'].get('wall_time_total_s', r['summary'].get('wall_time_s'))) for r in done]
     row['wall_s_mean'], _ = _mean_std(wall)
-    pub = _first([_get(r['config'], 'published') for r in rs])
-    row['published_source'] = (pub or {}).get('source', '')
-    row['published_acc'] = (pub or {}).get('accuracy')
-    row['published_std'] = (pub or {}).get('accuracy_std')
-    ref = _first([r['reference'] for r in rs])
-    row['reference_source'] = (ref or {}).get('source', '')
-    row['reference_acc'] = (ref or {}).get('accuracy')
-    row['reference_std'] = (ref or {}).get('accuracy_std')
-    for name in ('published', 'reference'):
-      a, m = row[f'{name}_acc'], row['acc_lastk_mean']
-      row[f'diff_{name}'] = None if a is None or m is None else m - float(a)
-    row['failed'] = ' '.join(f"{r['cell']}/seed={r['seed']}" for r in rs if not r['finished'])
+    for name, given in (('published', [_get(r['config'], 'published') for r in rs]),
+                        ('reference', [r['reference'] for r in rs])):
+      d = _first([x for x in given if isinstance(x, dict)]) or {}
+      row[f'{name}_source'] = str(d.get('source') or '')
+      row[f'{name}_acc'] = a = _num(d.get('accuracy')) if _finite(d.get('accuracy')) else None
+      row[f'{name}_std'] = _num(d.get('accuracy_std')) if _finite(d.get('accuracy_std')) else None
+      m = row['acc_lastk_mean']
+      row[f'diff_{name}'] = None if a is None or m is None else m - a
+    row['failed'] = ' '.join(_run_name(r) for r in rs if not r['finished'])
     row['_runs'] = done
     rows.append(row)
   return rows
@@ -195,7 +270,7 @@ CSV_FIELDS = ['acc_lastk_mean', 'acc_lastk_std', 'acc_final_mean', 'acc_final_st
               'reached_90pct_centralized', 'lambda_max_mean',
               'lambda_max_std', 'lambda_max_runs', 'comm_mb_mean', 'wall_s_mean', 'published_acc',
               'published_std', 'diff_published', 'published_source', 'reference_acc', 'reference_std',
-              'diff_reference', 'reference_source', 'failed']
+              'diff_reference', 'reference_source', 'failed', 'nonfinite', 'nonfinite_runs', 'torn_lines', 'torn']
 
 
 def _r(v, nd=2):
@@ -233,7 +308,9 @@ def markdown_table(rows: List[Dict], group_by: Sequence[str], target: Optional[f
   for r in rows:
     cells = [str(r[k]) for k in group_by] + [r['model'], _pm(r['acc_lastk_mean'], r['acc_lastk_std']),
                                              _pm(r['acc_final_mean'], r['acc_final_std']),
-                                             f"{r['finished']}/{r['runs']}"]
+                                             f"{r['finished']}/{r['runs']}" +
+                                             (f" ({r['nonfinite']} non-finite, not averaged)" if r['nonfinite']
+                                              else '')]
     if target is not None:
       cells.append('' if r['rounds_to_target_mean'] is None and r['finished'] == 0 else
                    (f"{r['rounds_to_target_mean']:.1f} ({r['reached_target']})" if r['rounds_to_target_mean']
@@ -268,7 +345,7 @@ def plot(rows: List[Dict], group_by: Sequence[str], prefix: str) -> List[str]:
     curves = {}
     for run in r['_runs']:
       for rec in run['records']:
-        if rec.get(run['acc_key']) is not None:
+        if _finite(rec.get(run['acc_key'])):
           curves.setdefault(rec['round'], []).append(100 * rec[run['acc_key']])
     rounds = sorted(x for x, v in curves.items() if len(v) == len(r['_runs']))
     if not rounds:

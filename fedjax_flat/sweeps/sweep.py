@@ -12,10 +12,20 @@ A sweep file (`configs/sweeps/<name>.py`) defines `get_sweep(arg='')` returning 
 
 Each run is `train.py --config=<config> --config.<k>=<v> ... --config.seed=<s> --workdir=<dir>/<cell>/seed=<s>`,
 where <cell> is the cell's `name` or `k=v,...` over the keys that vary between cells (deterministic).
+
+One driver per sweep directory: `lock_sweep_dir` holds an exclusive flock on <dir>/.sweep.lock for the
+driver's life (a second driver is refused, naming the first's pid), so sweep.json has one writer; it is written
+atomically (a temporary file renamed over it). The local runner's children die with the driver (Linux: the
+kernel sends them SIGTERM when it ends, however it ends; train.py then checkpoints and stops), and a run whose
+workdir is still locked by a live process (a child of a killed driver still checkpointing) is waited for, not
+reported as failed. A failed child's reason is its log's last `error:` line of that attempt.
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import errno
+import fcntl
 import hashlib
 import importlib.util
 import itertools
@@ -35,6 +45,7 @@ import jax
 from ml_collections import config_flags
 
 from fedjax_flat import devices
+from fedjax_flat import errors
 from fedjax_flat.core import runs as runs_lib
 from fedjax_flat.config import algo_flags
 from fedjax_flat.training import batched
@@ -46,8 +57,78 @@ TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abs
                      'experiments', 'train.py')
 
 
-class SweepError(ValueError):
+class SweepError(errors.BadInputError):
   """Bad sweep input; the message names the bad value and the fix."""
+
+
+SWEEP_LOCK = '.sweep.lock'
+
+
+def lock_sweep_dir(sweep_dir: str) -> Optional[int]:
+  """An exclusive flock on <sweep_dir>/.sweep.lock, held until the returned descriptor is closed (the kernel
+  drops it when the driver ends, however it ends). SweepError naming the holder's pid if another driver
+  holds it. None on filesystems without flock (then a second driver is not detected)."""
+  os.makedirs(sweep_dir, exist_ok=True)
+  path = os.path.join(sweep_dir, SWEEP_LOCK)
+  fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    holder = os.pread(fd, 64, 0).decode(errors='replace').strip()
+    os.close(fd)
+    raise SweepError(f'sweep directory {sweep_dir} is in use by another sweep driver '
+                     f'({"process " + holder if holder.isdigit() else "its pid is not recorded yet"}; lock {path}): '
+                     'wait for it to finish, or stop it (its runs checkpoint and stop), then rerun') from None
+  except OSError as e:
+    os.close(fd)
+    if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+      return None
+    raise
+  try:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f'{os.getpid()}\n'.encode(), 0)
+  except OSError:
+    pass
+  return fd
+
+
+def workdir_holder(workdir: str) -> Optional[str]:
+  """The pid (as text) of a live process holding the run's workdir lock (training/workdir.py), else None."""
+  path = os.path.join(workdir, '.run.lock')
+  try:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+  except OSError:
+    return None
+  try:
+    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+  except BlockingIOError:
+    return os.pread(fd, 64, 0).decode(errors='replace').split(' ')[0].strip() or '?'
+  except OSError:
+    return None
+  finally:
+    os.close(fd)       # releases the probe's shared lock, if it got one
+  return None
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent():
+  """A preexec_fn for the driver's children: the kernel sends the child SIGTERM when the driver ends, however
+  it ends (Linux prctl PR_SET_PDEATHSIG; train.py then checkpoints and stops). None where there is no prctl:
+  a rerun then waits for a still-running child (`workdir_holder`). Everything is resolved before the fork;
+  the child only makes the call (and ends if the driver died before it)."""
+  try:
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+  except (OSError, AttributeError):
+    return None
+  parent, sig = os.getpid(), int(signal.SIGTERM)
+
+  def bind():
+    prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    if os.getppid() != parent:       # the driver ended between the fork and the call
+      os._exit(143)
+  return bind
 
 
 @dataclasses.dataclass
@@ -138,6 +219,8 @@ def parse_seeds(text: str) -> List[int]:
     raise SweepError(f'--seeds={text!r} is not a comma-separated list of integers; e.g. --seeds=0,1,2') from None
   if not seeds:
     raise SweepError(f'--seeds={text!r} is empty; e.g. --seeds=0,1,2')
+  if any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+    raise SweepError(f'--seeds={text!r}: seeds are distinct integers >= 0; e.g. --seeds=0,1,2')
   return seeds
 
 
@@ -148,12 +231,21 @@ def load_sweep_file(spec: str) -> Dict[str, Any]:
     raise SweepError(f'--sweep={spec!r}: no file {path!r}; give a sweep file such as configs/sweeps/<name>.py')
   mod_spec = importlib.util.spec_from_file_location('sweep_' + hashlib.md5(path.encode()).hexdigest()[:8], path)
   mod = importlib.util.module_from_spec(mod_spec)
-  mod_spec.loader.exec_module(mod)
-  if not hasattr(mod, 'get_sweep'):
-    raise SweepError(f'--sweep={spec!r}: {path} defines no get_sweep(); see fedjax_flat/sweeps/sweep.py')
-  out = mod.get_sweep(arg) if arg else mod.get_sweep()
+  try:
+    mod_spec.loader.exec_module(mod)
+    if not hasattr(mod, 'get_sweep'):
+      raise SweepError(f'--sweep={spec!r}: {path} defines no get_sweep(); see fedjax_flat/sweeps/sweep.py')
+    out = mod.get_sweep(arg) if arg else mod.get_sweep()
+  except SweepError:
+    raise
+  except SyntaxError as e:
+    raise SweepError(f'--sweep={spec!r}: syntax error in {e.filename}:{e.lineno}: {e.msg}') from None
+  except Exception as e:  # noqa: BLE001 -- an error of the user's sweep file is one line, not a traceback
+    raise SweepError(f'--sweep={spec!r}: get_sweep failed{cli.where(e, path)}: {type(e).__name__}: {e}') from None
   if not isinstance(out, dict):
     raise SweepError(f'--sweep={spec!r}: get_sweep() returned {type(out).__name__}, expected a dict')
+  if out.get('config') is not None and not isinstance(out['config'], str):
+    raise SweepError(f'--sweep={spec!r}: config={out["config"]!r}: a config path[:arg] string')
   return out
 
 
@@ -169,10 +261,22 @@ def expand(spec: Dict[str, Any], sweep_dir: str) -> List[Run]:
   if unknown:
     raise SweepError(f'unknown sweep keys {sorted(unknown)}; allowed: config, fixed, grid, seeds, name, description')
   base = spec.get('config')
-  fixed = dict(spec.get('fixed') or {})
+  fixed = spec.get('fixed') or {}
   grid = spec.get('grid') or [{}]
+  seeds = spec.get('seeds') or [0]
+  if not isinstance(seeds, (list, tuple)) or any(not isinstance(s, int) or isinstance(s, bool) or s < 0
+                                                 for s in seeds) or len(set(seeds)) != len(seeds):
+    raise SweepError(f'seeds={seeds!r}: a list of distinct integers >= 0, e.g. [0, 1, 2]')
+  if not isinstance(fixed, dict) or not isinstance(grid, (dict, list)):
+    raise SweepError('fixed must be a dict {key: value} and grid a dict {key: [values]} or a list of cells')
+  if isinstance(grid, dict) and any(not isinstance(v, (list, tuple)) or not v for v in grid.values()):
+    raise SweepError(f'grid {grid!r}: every key needs a non-empty list of values, e.g. {{"client.lr": [0.1, 0.05]}}')
+  if isinstance(grid, list) and any(not isinstance(c, dict) for c in grid):
+    raise SweepError('grid: a list of cells holds dicts of overrides')
+  if base is not None and not isinstance(base, str):
+    raise SweepError(f'config={base!r}: a config path[:arg] string')
+  fixed = dict(fixed)
   cells = product(**grid) if isinstance(grid, dict) else [dict(c) for c in grid]
-  seeds = [int(s) for s in (spec.get('seeds') or [0])]
   for c in cells:
     if not (c.get('config') or base):
       raise SweepError(f'cell {c} has no config and the sweep has no base config; set config=path[:arg]')
@@ -285,16 +389,33 @@ def run_status(run: Run) -> str:
 
 # --------------------------------------------------------------------------------------------- manifest
 
+class ManifestWriteError(errors.OperationError):
+  """sweep.json could not be written (a full disk, permissions)."""
+
+
 def write_manifest(sweep_dir: str, runs: List[Run], info: Dict[str, Any], states: Dict[str, Dict]) -> str:
+  """sweep.json, atomically (a temporary file of this process renamed over it; the driver holds the sweep
+  directory's lock, so it is the one writer). ManifestWriteError on a full disk / permissions."""
   path = os.path.join(sweep_dir, 'sweep.json')
   doc = dict(info, runs=[dict(cell=r.cell, seed=r.seed, workdir=os.path.relpath(r.workdir, sweep_dir),
                               config=r.config, overrides=r.overrides, reference=r.reference,
                               command=shlex.join(r.argv()), **states.get(r.key, {})) for r in runs])
-  os.makedirs(sweep_dir, exist_ok=True)
-  tmp = path + '.tmp'
-  with open(tmp, 'w') as f:
-    json.dump(doc, f, indent=1, default=str)
-  os.replace(tmp, path)
+  tmp = f'{path}.{os.getpid()}.tmp'
+  try:
+    os.makedirs(sweep_dir, exist_ok=True)
+    with open(tmp, 'w') as f:
+      f.write(json.dumps(doc, indent=1, default=str))
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except OSError as e:
+    try:
+      os.remove(tmp)
+    except OSError:
+      pass
+    raise ManifestWriteError(f'could not write {path}: {e.strerror or e}. Free disk space or fix permissions, '
+                             'then rerun the same command: finished runs are skipped, interrupted ones resume '
+                             'from their checkpoints') from None
   return path
 
 
@@ -305,16 +426,32 @@ def _fmt_s(s: float) -> str:
   return f'{s // 3600}h{s // 60 % 60:02d}m' if s >= 3600 else f'{s // 60}m{s % 60:02d}s'
 
 
-def _last_error(log_path: str) -> str:
+def _last_error(log_path: str, returncode: Optional[int] = None) -> str:
+  """Why a child failed: the last `error:` (or absl `FATAL`) line its log holds after the driver's header of
+  this attempt; else the last line of a traceback; else the signal that killed it or its exit status. Never
+  the header (the command line) itself."""
   try:
-    with open(log_path, errors='replace') as f:
-      lines = [l.strip() for l in f.readlines()[-200:] if l.strip()]
+    with open(log_path, 'rb') as f:
+      f.seek(0, os.SEEK_END)
+      f.seek(max(0, f.tell() - (1 << 20)))
+      lines = [ln.strip() for ln in f.read().decode(errors='replace').splitlines()]
   except OSError:
-    return ''
-  for l in reversed(lines):
-    if l.startswith('error:') or 'Error' in l.split(':')[0]:
-      return l[:300]
-  return lines[-1][:300] if lines else ''
+    lines = []
+  heads = [i for i, ln in enumerate(lines) if ln.startswith('# ') and TRAIN in ln]
+  lines = [ln for ln in lines[heads[-1] + 1 if heads else 0:] if ln]
+  for ln in reversed(lines):
+    if ln.startswith(('error:', 'FATAL')):
+      return ln[:300]
+  for ln in reversed(lines):
+    if re.match(r'^[A-Za-z_.]*(Error|Exception)\b', ln):
+      return ln[:300]
+  if returncode is not None and returncode < 0:
+    try:
+      name = signal.Signals(-returncode).name
+    except ValueError:
+      name = f'signal {-returncode}'
+    return f'killed by {name} (no error line in the log)'
+  return f'exit {returncode} (no error line in the log)' if returncode is not None else ''
 
 
 def run_local(runs: List[Run], sweep_dir: str, info: Dict[str, Any], *, parallel: int = 1, fresh: bool = False,
@@ -377,27 +514,58 @@ def run_local(runs: List[Run], sweep_dir: str, info: Dict[str, Any], *, parallel
     except ValueError:                       # not the main thread (tests): no forwarding
       pass
   queue = list(todo)
+  bind_child = _die_with_parent()
+  waiting: Dict[str, str] = {}      # run key -> pid of the live process holding its workdir
+  manifest_failed = {'msg': None}
+
+  def manifest():
+    """sweep.json now; while runs are going, a failed write is one warning (the runs go on and the final write
+    says it again), not the driver's end."""
+    try:
+      write_manifest(sweep_dir, runs, info, states)
+      manifest_failed['msg'] = None
+    except ManifestWriteError as e:
+      if manifest_failed['msg'] is None:
+        stream.write(f'warning: {e}\n')
+        stream.flush()
+      manifest_failed['msg'] = str(e)
+
   try:
     def launch():
-      while queue and len(running) < parallel and stop['sig'] is None:
-        r = queue.pop(0)
+      for r in list(queue):
+        if len(running) >= parallel or stop['sig'] is not None:
+          break
+        holder = workdir_holder(r.workdir)
+        if holder is not None:       # e.g. a child of a killed driver, still checkpointing: wait for it
+          if waiting.get(r.key) != holder:
+            stream.write(f'[sweep] {r.key}: its workdir is in use by process {holder} (a run of an earlier '
+                         'sweep driver?); waiting for it to end\n')
+            stream.flush()
+          waiting[r.key] = holder
+          states[r.key] = {'status': 'waiting', 'holder_pid': holder}
+          continue
+        waiting.pop(r.key, None)
+        queue.remove(r)
         os.makedirs(r.workdir, exist_ok=True)
         log_path = os.path.join(r.workdir, 'sweep.log')
         log = open(log_path, 'a')
         log.write(f'\n# {time.strftime("%Y-%m-%d %H:%M:%S")} {shlex.join(r.argv(python, fresh))}\n')
         log.flush()
+        # its own session (a terminal's Ctrl-C reaches the driver only, which forwards SIGTERM), and the
+        # kernel's SIGTERM when the driver ends however it ends (killed included): no orphaned runs
         proc = subprocess.Popen(r.argv(python, fresh), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+                                stdin=subprocess.DEVNULL, start_new_session=True, env=env,
+                                preexec_fn=bind_child)
         running[r.key] = (proc, log, time.time(), log_path)
         states[r.key] = {'status': 'running', 'pid': proc.pid}
 
     launch()
-    write_manifest(sweep_dir, runs, info, states)
+    manifest()
     show(force=True)
     while queue or running:
       if stop['sig'] is not None and not running:
         break
-      time.sleep(poll_s)
+      time.sleep(poll_s if not waiting or running else max(poll_s, 2.0))
       changed = False
       for key in list(running):
         proc, log, start, log_path = running[key]
@@ -416,19 +584,21 @@ def run_local(runs: List[Run], sweep_dir: str, info: Dict[str, Any], *, parallel
           states[key] = {'status': 'stopped', 'returncode': 0, 'wall_s': round(wall, 1)}
         else:
           states[key] = {'status': 'failed', 'returncode': rc, 'wall_s': round(wall, 1),
-                         'error': _last_error(log_path) or f'exit {rc}', 'log': log_path}
+                         'error': _last_error(log_path, rc), 'log': log_path}
+      n_wait = len(waiting)
       launch()      # before the display, so it shows the slots refilled
-      if changed:
-        write_manifest(sweep_dir, runs, info, states)
+      if changed or len(waiting) != n_wait:
+        manifest()
       show(force=changed)
     for r in queue:
-      states.setdefault(r.key, {'status': 'not started'})
+      if states.get(r.key, {}).get('status') in (None, 'waiting'):
+        states[r.key] = {'status': 'not started'}
   finally:
     for s, h in old.items():
       signal.signal(s, h)
     if tty:
       stream.write('\n')
-    write_manifest(sweep_dir, runs, info, states)
+  write_manifest(sweep_dir, runs, info, states)     # the last word: a failure here is the driver's error
   return states
 
 

@@ -3,7 +3,10 @@
 The unit is a pixel. Training: the main head's loss plus `aux_weight` x each booster head's (BiSeNetV2),
 optionally over the hardest pixels only (OHEM: 'topk' as FedDrive, 'thresh' as CoinCheung's BiSeNetV2).
 Evaluation: an additive confusion matrix -> mIoU over the classes present and per-class IoU; logits are
-upsampled to the label map first (a model evaluated at a lower resolution).
+upsampled to the label map first (a model evaluated at a lower resolution). Pixels are counted in integers
+(int32 per batch: exact up to 2^31 pixels per cell; the evaluators add batches on the host in int64): a
+float32 count stops at 2^24 = 16,777,216 (adding 1 no longer changes it), which one evaluation batch of
+64 images at 512 x 512 already reaches.
 """
 from __future__ import annotations
 
@@ -107,12 +110,10 @@ class Segmentation(DenseClassification):
     w = self.valid_pixels(labels, mask, c)
     loss = cross_entropy(logits, jnp.where(w > 0, labels, 0))
     pred = jnp.argmax(logits, -1)
-    valid = w > 0
-    idx = jnp.where(valid, jnp.where(valid, labels, 0).astype(jnp.int32) * c + pred, 0).reshape(-1)
-    confusion = jnp.zeros((c * c,), jnp.float32).at[idx].add(w.reshape(-1)).reshape(c, c)
+    valid = w > 0               # evaluation masks are 0 / 1 (padding): a valid pixel counts once
     return {'loss_sum': jnp.sum(jnp.where(valid, loss * w, 0.0)),
-            'correct': jnp.sum(jnp.where(valid & (pred == labels), w, 0.0)),
-            'count': jnp.sum(w), 'confusion': confusion}
+            'correct': jnp.sum(valid & (pred == labels), dtype=jnp.int32),
+            'count': jnp.sum(valid, dtype=jnp.int32), 'confusion': confusion_counts(labels, pred, valid, c)}
 
   def with_config(self, config) -> 'Segmentation':
     """This task with the run's loss settings (config.segmentation: OHEM, booster heads' weight)."""
@@ -126,6 +127,14 @@ class Segmentation(DenseClassification):
     out = super().eval_metrics(sums)
     out['miou'], out['iou'] = miou_from_confusion(sums['confusion'])
     return out
+
+
+def confusion_counts(labels, pred, valid, num_classes: int):
+  """[C, C] int32 pixel counts [true, predicted] of the valid pixels (a scatter-add of ones in int32: exact up to
+  2^31 per cell, where float32 stops counting at 2^24)."""
+  c = num_classes
+  idx = jnp.where(valid, jnp.where(valid, labels, 0).astype(jnp.int32) * c + pred.astype(jnp.int32), 0).reshape(-1)
+  return jnp.zeros((c * c,), jnp.int32).at[idx].add(valid.reshape(-1).astype(jnp.int32)).reshape(c, c)
 
 
 def miou_from_confusion(confusion):

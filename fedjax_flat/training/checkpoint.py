@@ -53,6 +53,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_flat import errors
 from fedjax_flat.config import validate
 from fedjax_flat.data import sampling
 from fedjax_flat.algorithms import registry
@@ -78,7 +79,7 @@ def _sampling_procedure() -> str:
   return sampling.PROCEDURE     # recorded: a checkpoint of another procedure resumes with a warning
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(errors.OperationError):
   """A checkpoint could not be written or no checkpoint in the directory can be restored."""
 
 

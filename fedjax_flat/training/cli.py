@@ -1,10 +1,12 @@
-"""What experiments/train.py prints and returns: one line per error with its exit status, quiet logs.
+"""The one error contract of every entry point (experiments/*.py): one `error:` line, an exit status, quiet logs.
 
-Exit status (documented in train.py): 0 done or stopped by a signal after checkpointing; 1 the run failed
-(divergence, a checkpoint or result file could not be written, no checkpoint restores); 2 bad input (config,
-command line, config file, dataset files, a workdir in use). absl's own flag-parsing errors (a value that
-does not parse, e.g. `--config.client.lr=abc`, or an unknown flag) keep absl's exit status 1 and its
-"FATAL Flags parsing error" line.
+Exit status: 0 done (or stopped by a signal after checkpointing); 1 a failed operation (`errors.OperationError`:
+divergence, a checkpoint or result file that could not be written, no checkpoint restores, a full disk, a
+download that failed; any other OSError; an unexpected error); 2 bad input (`errors.BadInputError`: config,
+command line and flag values, config file, dataset files, a workdir in use, a file given to a tool).
+Flag-parsing errors (a value that does not parse, e.g. `--config.client.lr=abc`, an unknown flag, a missing
+required flag) are bad input too: one line, exit 2. No traceback unless --verbosity is given (then an
+unexpected error shows its traceback). `run_main(main)` is what each binary calls instead of absl's `app.run`.
 
 `preflight(argv)` runs before absl parses the flags, so that the errors absl would report as tracebacks of
 ml_collections (a missing or broken config file, `--config.x` naming no field) are one line and exit 2.
@@ -14,18 +16,22 @@ from __future__ import annotations
 import difflib
 import logging as std_logging
 import os
+import sys
 import traceback
 from typing import Optional, Sequence
+
+from absl import app, flags, logging
+
 from fedjax_flat.config import families as config_strings
+from fedjax_flat.errors import BadInputError
 from fedjax_flat.errors import ConfigError
-from fedjax_flat.errors import DataFormatError
-from fedjax_flat.training import checkpoint, loop, writers
+from fedjax_flat.errors import OperationError
 from fedjax_flat.training.checkpoint import CheckpointMismatchError
 
 BAD_INPUT, FAILED = 2, 1
 
 
-def _where(e: BaseException, path: str) -> str:
+def where(e: BaseException, path: str) -> str:
   """'file:line' of the innermost frame of the config file in e's traceback."""
   frames = [f for f in traceback.extract_tb(e.__traceback__) if os.path.abspath(f.filename) == os.path.abspath(path)]
   return f' ({path}:{frames[-1].lineno})' if frames else ''
@@ -76,7 +82,7 @@ def preflight(argv: Sequence[str]) -> Optional[str]:
   except SyntaxError as e:
     return f'--config={spec}: syntax error in {e.filename}:{e.lineno}: {e.msg}'
   except Exception as e:  # noqa: BLE001 -- any error of the user's config file is one line, not a traceback
-    return f'--config={spec}: get_config failed{_where(e, path)}: {type(e).__name__}: {e}'
+    return f'--config={spec}: get_config failed{where(e, path)}: {type(e).__name__}: {e}'
   for flag, dotted in _override_paths(argv):
     why = missing_field(config, dotted)
     if why:
@@ -85,10 +91,10 @@ def preflight(argv: Sequence[str]) -> Optional[str]:
 
 
 def exit_status(e: BaseException) -> Optional[int]:
-  """The exit status for an error of the run (None: an unexpected error, shown with its traceback)."""
-  if isinstance(e, (ConfigError, DataFormatError, FileNotFoundError)):
+  """The exit status for an error (None: an unexpected error)."""
+  if isinstance(e, (BadInputError, FileNotFoundError, NotADirectoryError, IsADirectoryError)):
     return BAD_INPUT
-  if isinstance(e, (loop.DivergenceError, checkpoint.CheckpointError, writers.ResultsWriteError)):
+  if isinstance(e, (OperationError, OSError)):
     return FAILED
   return None
 
@@ -96,9 +102,65 @@ def exit_status(e: BaseException) -> Optional[int]:
 def message(e: BaseException) -> str:
   """'error: ...' on one line (a config mismatch keeps its per-field lines)."""
   text = str(e)
+  if exit_status(e) is None:
+    text = f'unexpected {type(e).__name__}: {text}; rerun with --verbosity=1 for the traceback'
+  elif isinstance(e, OSError) and not isinstance(e, OperationError) and e.strerror:
+    where = ' '.join(repr(f) for f in (e.filename, e.filename2) if f)
+    text = f'{e.strerror}{": " + where if where else ""}' + (
+        '' if exit_status(e) == BAD_INPUT else '. Free disk space or fix permissions, then rerun the same command')
   if not isinstance(e, CheckpointMismatchError):
     text = ' '.join(line.strip() for line in text.splitlines() if line.strip())
   return f'error: {text}'
+
+
+def fail(e: BaseException, code: Optional[int] = None, hard_exit: bool = True) -> None:
+  """Prints `message(e)` and exits with its status. A failed operation exits at once (os._exit, unless
+  hard_exit=False): an I/O failure can leave library writer threads (orbax, tensorboard) waiting on what
+  will never come."""
+  code = (exit_status(e) or FAILED) if code is None else code
+  print(message(e), file=sys.stderr, flush=True)
+  if code == FAILED and hard_exit:
+    logging.flush()
+    sys.stdout.flush()
+    os._exit(code)
+  sys.exit(code)
+
+
+def parse_flags(argv):
+  """absl's flag parser with the contract's error: a flag that does not parse, an unknown or missing flag is
+  one line and exit 2 (absl's own parser prints 'FATAL Flags parsing error' and exits 1)."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    print(f'error: {e}; see --helpshort for the flags', file=sys.stderr, flush=True)
+    sys.exit(BAD_INPUT)
+
+
+def verbose() -> bool:
+  """Whether --verbosity was given (then unexpected errors show their traceback)."""
+  return 'verbosity' in flags.FLAGS and flags.FLAGS['verbosity'].present > 0
+
+
+def run_main(main, *, config_preflight: bool = False, quiet_logs: bool = True, hard_exit: bool = True) -> None:
+  """What every binary calls instead of `absl.app.run(main)`: flags parsed under the contract, the quiet log
+  filter, and every error of `main` one line with its exit status (an unexpected one: exit 1, its traceback
+  only with --verbosity). config_preflight: `preflight(sys.argv)` first (binaries with a --config file)."""
+  if config_preflight:
+    bad = preflight(sys.argv)
+    if bad:
+      print(f'error: {bad}', file=sys.stderr, flush=True)
+      sys.exit(BAD_INPUT)
+
+  def guarded(argv):
+    if quiet_logs:
+      configure_logging(verbose())
+    try:
+      return main(argv)
+    except Exception as e:  # noqa: BLE001 -- the contract: one line and an exit status, never a traceback
+      if exit_status(e) is None and verbose():
+        raise
+      fail(e, hard_exit=hard_exit)
+  app.run(guarded, flags_parser=parse_flags)
 
 
 class QuietLogs(std_logging.Filter):
@@ -114,7 +176,6 @@ class QuietLogs(std_logging.Filter):
 
 def configure_logging(verbosity_given: bool) -> None:
   """absl INFO with the QuietLogs filter, unless --verbosity was given (then absl's own level, unfiltered)."""
-  from absl import logging
   if verbosity_given:
     return
   logging.set_verbosity(logging.INFO)

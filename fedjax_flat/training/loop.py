@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_flat import errors
 from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.core import engine as engine_lib
 from fedjax_flat.core import sharding as sharding_lib
@@ -54,7 +55,7 @@ from fedjax_flat.evaluation.corruption import evaluate_corruptions
 from fedjax_flat.training import seg_figures
 
 
-class DivergenceError(RuntimeError):
+class DivergenceError(errors.OperationError):
   pass
 
 

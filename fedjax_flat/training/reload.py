@@ -7,51 +7,110 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Tuple
+import re
+from typing import Any, Dict, Tuple
 
 import jax
 import ml_collections
 
-from fedjax_flat.config.default_config import default_config
+from fedjax_flat.errors import BadInputError, DataFormatError
+from fedjax_flat.config.default_config import WHOLE_SECTIONS, data_section, default_config
 from fedjax_flat.config.run_dir import run_dir_of
 from fedjax_flat.training import checkpoint, trainers
+from fedjax_flat.training.loop import DEVICES_KEY
+
+
+def read_saved_config(workdir: str) -> Dict[str, Any]:
+  """WORKDIR/config.json as written by the run (a dict); BadInputError when it is not a run directory,
+  DataFormatError when the file is truncated or not a config."""
+  cfg_path = os.path.join(workdir, 'config.json')
+  if not os.path.isdir(workdir):
+    raise BadInputError(f'{workdir} is not a directory: give a run directory written by experiments/train.py '
+                        '(holding config.json and checkpoints/)')
+  if not os.path.isfile(cfg_path):
+    raise BadInputError(f'{workdir} is not a run directory: no config.json (expected a directory written by '
+                        'experiments/train.py, holding config.json and checkpoints/)')
+  try:
+    with open(cfg_path, 'rb') as f:
+      saved = json.loads(f.read())
+  except (ValueError, RecursionError) as e:
+    raise DataFormatError(f'{cfg_path} is not valid JSON ({type(e).__name__}: {e}): the run\'s config is '
+                          'truncated or corrupted') from None
+  if not isinstance(saved, dict) or not isinstance(saved.get('dataset'), str) or \
+      not isinstance(saved.get('data'), dict):
+    raise DataFormatError(f'{cfg_path} is not a run\'s config (a JSON object with dataset, data, model, ...)')
+  return saved
+
+
+def restore_config(saved: Dict[str, Any]) -> ml_collections.ConfigDict:
+  """The run's ConfigDict from its config.json dict: every saved field as saved. Fields added to the code
+  since the run was written keep their defaults, except in `WHOLE_SECTIONS` (config.data, model_kwargs, algo,
+  ...), which a config replaces whole and which are therefore restored whole: merging a FEMNIST run's
+  data section into the default one would add the digits' `num_clients=20`."""
+  config = default_config()
+
+  def merge(node, d, prefix):
+    for k, v in d.items():
+      path = prefix + k
+      if path == DEVICES_KEY:
+        continue            # the writing process's device record (training/loop.write_config)
+      if path in WHOLE_SECTIONS and isinstance(v, dict):
+        section = data_section(**v) if path == 'data' else ml_collections.ConfigDict(v)
+        with node.ignore_type():
+          node[k] = section
+      elif isinstance(v, dict) and k in node and isinstance(node[k], ml_collections.ConfigDict):
+        merge(node[k], v, path + '.')
+      else:
+        with node.ignore_type():
+          node[k] = v
+  merge(config, saved, '')
+  return config
+
+
+def _read_only_advice(e: Exception) -> str:
+  """A checkpoint error's message without the advice of a training run (--fresh, --workdir): nothing here
+  writes to the run."""
+  text = ' '.join(str(e).split())
+  text = re.sub(r'\s*(Pass|Use|Resume with)[^.]*--(fresh|workdir)[^.]*\.', '', text)
+  return text.strip()
 
 
 def load_run(workdir: str, which: str = 'global', step=None) -> Tuple[object, object, int]:
   """(trainer, params, round) from a run directory's config.json and its newest checkpoint (or checkpoint
   `step`); builds the run's data and model, writes nothing."""
   workdir = run_dir_of(workdir)
-  cfg_path = os.path.join(workdir, 'config.json')
-  if not os.path.exists(cfg_path):
-    raise FileNotFoundError(f'{cfg_path} not found: expected a directory written by experiments/train.py')
-  with open(cfg_path) as f:
-    saved = json.load(f)
-  saved.pop('host_devices', None)   # the writing process's device record (training/loop.write_config)
-  config = default_config()   # fields added since the run was written keep their defaults
-
-  def merge(node, d):
-    for k, v in d.items():
-      if isinstance(v, dict) and k in node and isinstance(node[k], ml_collections.ConfigDict):
-        merge(node[k], v)
-      else:
-        with node.ignore_type():
-          node[k] = v
-  merge(config, saved)
+  config = restore_config(read_saved_config(workdir))
   if config.get('init') is not None:     # the source's own initialisation is in its checkpoint already
     config.init.checkpoint = ''
     config.init.pretrained = ''
-  trainer = trainers.make_trainer(config, None, write_files=False)
-  ckpt = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'), read_only=True)   # the run may be live
+  ckpt_dir = os.path.join(workdir, 'checkpoints')
+  if not os.path.isdir(ckpt_dir):
+    raise BadInputError(f'{workdir} has no checkpoints/ folder: the run has not written a checkpoint yet '
+                        '(runs write one at the end, and every config.checkpoint_every rounds)')
+  ckpt = checkpoint.Checkpointer(ckpt_dir, read_only=True)   # the run may be live
   try:
-    step = ckpt.restore_latest(trainer) if step is None else ckpt.restore_step(trainer, int(step))
+    if step is not None and int(step) not in ckpt.steps():
+      raise BadInputError(f'round {int(step)} was not kept by the run {workdir}: its checkpoints are rounds '
+                          f'{ckpt.steps()} (a run keeps chosen rounds with config.keep_rounds, more with '
+                          'config.checkpoint_every / keep_checkpoints)')
+    trainer = trainers.make_trainer(config, None, write_files=False)
+    try:
+      step = ckpt.restore_latest(trainer) if step is None else ckpt.restore_step(trainer, int(step))
+    except checkpoint.CheckpointMismatchError as e:
+      fields = ', '.join(f'config.{f}: checkpoint {old!r}, config.json {new!r}' for f, old, new in e.diffs[:4])
+      raise BadInputError(f'{workdir}: its checkpoint {e.step} was written by another config than its '
+                          f'config.json ({fields}): config.json and checkpoints/ come from different runs') from None
+    except checkpoint.CheckpointError as e:
+      raise checkpoint.CheckpointError(_read_only_advice(e)) from None
   finally:
     ckpt.close()
   if step is None:
-    raise FileNotFoundError(f'no checkpoint in {workdir}/checkpoints (runs write one at the end)')
+    raise BadInputError(f'no checkpoint in {workdir}/checkpoints (runs write one at the end)')
   models = trainer.algorithm.eval_models(trainer.server_state)
   if which not in models:
-    raise ValueError(f'model {which!r}: the run {workdir} has models {sorted(models)}')
+    raise BadInputError(f'model {which!r}: the run {workdir} has models {sorted(models)}; choose one of them')
   params, active = models[which]
   if not bool(active):
-    raise ValueError(f'model {which!r} of {workdir} is not active at round {step} (e.g. SWA had not started)')
+    raise BadInputError(f'model {which!r} of {workdir} is not active at round {step} (e.g. SWA had not started); '
+                        "choose --model=global or a later round")
   return trainer, jax.device_get(params), step

@@ -23,6 +23,7 @@ from typing import Optional
 
 from absl import logging
 
+from fedjax_flat import errors
 from fedjax_flat.config import validate
 from fedjax_flat.training.checkpoint import CheckpointError
 
@@ -49,6 +50,10 @@ class WorkdirLock:
   """Exclusive lock on a workdir for the lifetime of a run (a context manager)."""
 
   def __init__(self, workdir: str):
+    if not isinstance(workdir, (str, os.PathLike)) or not str(workdir).strip():
+      # os.path.abspath('') is the current directory: never lock (or write) there by accident
+      raise errors.BadInputError(f'--workdir={workdir!r} is empty: give the run\'s directory, e.g. '
+                                 '--workdir=runs/quickstart')
     self.workdir = os.path.abspath(workdir)
     self.path = os.path.join(self.workdir, LOCK_NAME)
     self._fd: Optional[int] = None

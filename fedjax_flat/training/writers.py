@@ -19,8 +19,10 @@ from typing import Dict, List
 
 import numpy as np
 
+from fedjax_flat import errors
 
-class ResultsWriteError(RuntimeError):
+
+class ResultsWriteError(errors.OperationError):
   """A result file could not be written."""
 
 

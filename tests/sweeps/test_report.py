@@ -81,7 +81,8 @@ def test_binary_writes_markdown_csv_plots(sweep_dir, tmp_path):
   out = tmp_path / 'rep'
   p = subprocess.run([sys.executable, REPORT, f'--sweep_dir={sweep_dir}', f'--out_dir={out}', '--target=0.8',
                       '--title=Synthetic'], capture_output=True, text=True, timeout=120, cwd=ROOT)
-  assert p.returncode == 1 and '2 rows from 4 runs (1 unfinished)' in p.stdout, p.stdout + p.stderr
+  assert p.returncode == 1 and '2 rows from 4 runs (1 unfinished, 0 non-finite, 0 torn metrics lines)' in p.stdout, \
+      p.stdout + p.stderr
   md = (out / 'report.md').read_text()
   assert ('| cell | model | last-K acc (%) | final acc (%) | seeds | rounds to 0.8 | lambda_max | comm (MB) | '
           'published (%) | diff | reference (%) | diff |') in md
@@ -121,3 +122,80 @@ def test_rounds_to_centralized_averaged_over_seeds(tmp_path):
   rows = report_lib.aggregate(report_lib.collect(workdirs=runs), [])
   assert rows[0]['rounds_to_70pct_centralized_mean'] == 6.0 and rows[0]['reached_70pct_centralized'] == '3/3'
   assert rows[0]['rounds_to_90pct_centralized_mean'] == 10.5 and rows[0]['reached_90pct_centralized'] == '2/3'
+
+
+# ------------------------------------------------------------------------------------------------ hardening II
+
+def test_torn_line_in_the_middle_keeps_the_later_records(tmp_path):
+  d = str(tmp_path / 'c' / 'seed=0')
+  _run(d, 0, 'sgd', summary=_summary(0.8, 0.8))
+  recs = [{'round': r, 'test_accuracy': a} for r, a in ((2, 0.5), (4, 0.6), (6, 0.85), (8, 0.9))]
+  lines = [json.dumps(r) for r in recs]
+  lines[1] = lines[1][:12]                                    # torn: a damaged middle line
+  with open(os.path.join(d, 'metrics.jsonl'), 'w') as f:
+    f.write('\n'.join(lines[:2] + ['{"round": "x"}'] + lines[2:]) + '\n')
+  runs = report_lib.collect(workdirs=[d])
+  assert [r['round'] for r in runs[0]['records']] == [2, 6, 8] and runs[0]['torn_lines'] == [2, 3]
+  row, = report_lib.aggregate(runs, ['cell'], target=0.8)
+  assert row['rounds_to_target_mean'] == 6.0                   # the record after the torn line counts
+  assert row['torn_lines'] == 2 and 'c/seed=0 metrics.jsonl line(s) 2, 3' in row['torn']
+
+
+def test_non_finite_runs_are_shown_not_averaged(tmp_path):
+  base = str(tmp_path / 'nf')
+  _run(f'{base}/A/seed=0', 0, 'sgd', summary=_summary(0.80, 0.82),
+       records=[{'round': 5, 'test_accuracy': float('inf')}, {'round': 10, 'test_accuracy': 0.82}])
+  _run(f'{base}/A/seed=1', 1, 'sgd', summary=_summary(float('nan'), float('nan')),
+       records=[{'round': 5, 'test_accuracy': float('nan')}])
+  _run(f'{base}/A/seed=2', 2, 'sgd', summary=_summary(float('inf'), 0.9))
+  runs = report_lib.collect(workdirs=[f'{base}/A/seed=*'])
+  row, = report_lib.aggregate(runs, ['cell'], target=0.9)
+  assert row['finished'] == 1 and row['runs'] == 3 and row['nonfinite'] == 2
+  assert row['nonfinite_runs'] == 'A/seed=1 A/seed=2'
+  assert row['acc_lastk_mean'] == pytest.approx(80.0) and row['acc_lastk_std'] == 0.0
+  assert row['reached_target'] == '0/1' and row['rounds_to_target_mean'] is None   # inf reaches nothing
+  assert report_lib.rounds_to_target([{'round': 1, 'x': float('inf')}, {'round': 2, 'x': float('nan')},
+                                      {'round': 3, 'x': 0.95}], 'x', 0.9) == 3
+  md = '\n'.join(report_lib.markdown_table([row], ['cell'], 0.9))
+  assert '| 1/3 (2 non-finite, not averaged) |' in md and 'inf' not in md and 'nan' not in md
+
+
+@pytest.mark.parametrize('manifest, needle', [
+    ({}, '"runs" must be a list'),
+    ([], 'no readable sweep.json'),
+    ({'runs': 'abc'}, '"runs" must be a list'),
+    ({'runs': [{'cell': 'A', 'seed': 0}]}, 'run 0 has no "workdir"'),
+    ({'runs': [{'workdir': '../../etc', 'cell': 'A'}]}, 'inside the sweep directory'),
+    ({'runs': [{'workdir': 'A/seed=0', 'cell': 3}]}, '"cell" must be a string'),
+    ({'runs': [{'workdir': 'A/seed=0', 'cell': 'A', 'reference': 'x'}]}, '"reference" must be an object'),
+])
+def test_manifests_of_the_wrong_shape_are_report_errors(tmp_path, manifest, needle):
+  _write(str(tmp_path / 'sweep.json'), manifest)
+  with pytest.raises(report_lib.ReportError, match=needle):
+    report_lib.collect([str(tmp_path)])
+
+
+def test_wrong_typed_summary_values_are_not_a_crash(tmp_path):
+  d = str(tmp_path / 'w' / 'seed=0')
+  _run(d, 0, 'sgd', summary={**_summary(0.8, 'high'), 'rounds_completed': '10', 'comm_total_bytes': 'x'})
+  row, = report_lib.aggregate(report_lib.collect(workdirs=[d]), ['cell'])
+  assert row['finished'] == 0 and row['failed'] == 'w/seed=0'      # not a number of rounds: not finished
+  _run(d, 0, 'sgd', summary={**_summary(0.8, 'high'), 'comm_total_bytes': 'x'})
+  row, = report_lib.aggregate(report_lib.collect(workdirs=[d]), ['cell'])
+  assert row['finished'] == 1 and row['acc_final_mean'] is None and row['comm_mb_mean'] is None
+
+
+def test_binary_reports_torn_and_non_finite_in_one_run(tmp_path):
+  base = str(tmp_path / 'b')
+  _run(f'{base}/A/seed=0', 0, 'sgd', summary=_summary(0.8, 0.8))
+  _run(f'{base}/A/seed=1', 1, 'sgd', summary=_summary(float('nan'), 0.8))
+  with open(f'{base}/A/seed=0/metrics.jsonl', 'w') as f:
+    f.write('{"round": 5, "test_acc\n{"round": 10, "test_accuracy": 0.8}\n')
+  p = subprocess.run([sys.executable, REPORT, f'--workdirs={base}/A/seed=*', f'--out_dir={tmp_path}/r',
+                      '--target=0.75', '--noplots'], capture_output=True, text=True, timeout=120, cwd=ROOT)
+  assert p.returncode == 1 and 'Traceback' not in p.stderr, p.stderr
+  assert '1 unfinished' not in p.stdout and '1 non-finite, 1 torn metrics lines' in p.stdout
+  assert 'unreadable line(s) skipped (line(s) 1)' in p.stderr and 'non-finite accuracy' in p.stderr
+  md = (tmp_path / 'r' / 'report.md').read_text()
+  assert '| 1/2 (1 non-finite, not averaged) | 10.0 (1/1) |' in md
+  assert 'Runs with a non-finite (NaN / inf) accuracy (shown here, not averaged): A/seed=1' in md

@@ -226,3 +226,138 @@ def test_checked_in_sweep_files_expand(tmp_path):
   speed = next(r for r in bl if r.cell == 'fedspeed_population')
   assert speed.config == 'configs/baselines_digits.py:algo=fedspeed' and speed.reference['accuracy'] == 96.32
   assert speed.argv('PY')[2:4] == ['--config=configs/baselines_digits.py:algo=fedspeed', '--config.data.alpha=0.0']
+
+
+# ------------------------------------------------------------------------------------------------ hardening II
+
+@pytest.mark.parametrize('grid, needle', [
+    ({'client.lr': [0.05, -1]}, 'client.lr=-1'),
+    ({'algorithm': ['fedavg', 'fedfoo']}, 'fedfoo'),
+    ({'client.lr': [0.05, 'abc']}, 'abc'),
+])
+def test_every_grid_point_is_validated_before_launch(tmp_path, grid, needle):
+  runs = sweep_lib.expand(dict(config=QS, grid=grid, seeds=[0, 1]), str(tmp_path))
+  with pytest.raises(sweep_lib.SweepError, match=needle) as e:
+    sweep_lib.run_configs(runs)
+  assert '/seed=0' in str(e.value)           # names the run
+  assert not os.listdir(tmp_path)            # nothing launched, nothing written
+
+
+def test_bad_seeds_and_sweep_shapes_are_sweep_errors():
+  for text in ('-1', '0,0', '1,-2'):
+    with pytest.raises(sweep_lib.SweepError, match='--seeds'):
+      sweep_lib.parse_seeds(text)
+  for spec, needle in ((dict(config=QS, seeds=[-1]), 'seeds'), (dict(config=QS, seeds='0'), 'seeds'),
+                       (dict(config=QS, grid={'client.lr': 0.1}), 'non-empty list'),
+                       (dict(config=QS, grid=[1, 2]), 'list of cells'), (dict(config=QS, fixed=[1]), 'fixed'),
+                       (dict(config=3), 'config=3')):
+    with pytest.raises(sweep_lib.SweepError, match=needle):
+      sweep_lib.expand(spec, 'D')
+
+
+def test_sweep_file_errors_are_one_sweep_error(tmp_path):
+  bad = tmp_path / 'bad.py'
+  bad.write_text('def get_sweep(:\n')
+  with pytest.raises(sweep_lib.SweepError, match='syntax error'):
+    sweep_lib.load_sweep_file(str(bad))
+  bad.write_text('def get_sweep():\n  return 1 / 0\n')
+  with pytest.raises(sweep_lib.SweepError, match=r'ZeroDivisionError.*bad.py:2|bad.py:2.*ZeroDivisionError'):
+    sweep_lib.load_sweep_file(str(bad))
+
+
+def test_one_driver_per_sweep_directory(tmp_path):
+  fd = sweep_lib.lock_sweep_dir(str(tmp_path))
+  try:
+    with pytest.raises(sweep_lib.SweepError, match=f'in use by another sweep driver \\(process {os.getpid()}'):
+      sweep_lib.lock_sweep_dir(str(tmp_path))
+  finally:
+    os.close(fd)
+  os.close(sweep_lib.lock_sweep_dir(str(tmp_path)))      # free again once the first driver is gone
+
+
+def test_manifest_write_failure_is_one_operation_error(tmp_path, monkeypatch):
+  import errno
+  from fedjax_flat.errors import OperationError
+  runs = sweep_lib.expand(dict(config=QS, grid={'client.lr': [0.1]}), str(tmp_path))
+
+  def full(*a, **k):
+    raise OSError(errno.ENOSPC, 'No space left on device')
+  monkeypatch.setattr(sweep_lib.os, 'replace', full)
+  with pytest.raises(OperationError, match='could not write .*sweep.json: No space left on device'):
+    sweep_lib.write_manifest(str(tmp_path), runs, {}, {})
+  assert not [f for f in os.listdir(tmp_path) if f.endswith('.tmp')]
+
+
+def _fake_python(tmp_path, name, body):
+  """An executable standing in for the interpreter: run_local starts `<python> train.py <args>`."""
+  p = tmp_path / name
+  p.write_text('#!/bin/sh\n' + body + '\n')
+  p.chmod(0o755)
+  return str(p)
+
+
+def test_failure_reason_is_the_last_error_line_of_the_attempt(tmp_path):
+  runs = sweep_lib.expand(dict(config=QS, grid={'client.lr': [0.1, 0.2, 0.3]}), str(tmp_path / 's'))
+  # a log from an earlier attempt holds an old error: never reported for this attempt
+  os.makedirs(runs[0].workdir)
+  with open(os.path.join(runs[0].workdir, 'sweep.log'), 'w') as f:
+    f.write('error: an old failure\n')
+  outs = {}
+  for r, py in zip(runs, [_fake_python(tmp_path, 'killed', 'kill -9 $$'),
+                          _fake_python(tmp_path, 'errs', 'echo "warning: x"; echo "error: boom (the fix)"; exit 2'),
+                          _fake_python(tmp_path, 'tb', 'echo "Traceback (most recent call last):"; '
+                                                       'echo "ValueError: bad thing"; exit 1')]):
+    outs[r.key] = sweep_lib.run_local([r], str(tmp_path / 's'), {}, python=py, poll_s=0.05,
+                                      stream=open(os.devnull, 'w'), env=dict(os.environ))[r.key]
+  k = [r.key for r in runs]
+  assert outs[k[0]]['error'] == 'killed by SIGKILL (no error line in the log)'
+  assert outs[k[1]]['error'] == 'error: boom (the fix)' and outs[k[1]]['returncode'] == 2
+  assert outs[k[2]]['error'] == 'ValueError: bad thing'
+
+
+def test_rerun_waits_for_a_live_process_holding_a_workdir(tmp_path):
+  """A run whose workdir is locked by a live process (e.g. a child of a killed driver, still checkpointing)
+  is waited for and then launched, not reported as failed ('workdir in use')."""
+  import io
+  import threading
+  from fedjax_flat.training.workdir import WorkdirLock
+  runs = sweep_lib.expand(dict(config=QS, grid={'client.lr': [0.1]}), str(tmp_path / 's'))
+  lock = WorkdirLock(runs[0].workdir).acquire()
+  assert sweep_lib.workdir_holder(runs[0].workdir) == str(os.getpid())
+  threading.Timer(1.5, lock.release).start()
+  stream = io.StringIO()
+  t = time.time()
+  st = sweep_lib.run_local(runs, str(tmp_path / 's'), {}, python=_fake_python(tmp_path, 'ok', 'exit 0'),
+                           poll_s=0.05, stream=stream, env=dict(os.environ))[runs[0].key]
+  assert time.time() - t >= 1.4
+  assert f'in use by process {os.getpid()}' in stream.getvalue() and 'waiting for it to end' in stream.getvalue()
+  assert st['status'] == 'failed' and st['error'] == 'exit 0 (no error line in the log)'   # it did launch
+  assert sweep_lib.workdir_holder(runs[0].workdir) is None
+
+
+@pytest.mark.slow
+def test_killed_driver_takes_its_children_down(tmp_path):
+  """SIGKILL to the driver alone: the kernel sends its train.py children SIGTERM (they checkpoint and stop);
+  a rerun finishes the sweep."""
+  d = tmp_path / 'k'
+  args = [f'--config={QS}', '--grid=client.lr=0.05', '--seeds=0', f'--sweep_dir={d}', '--set=rounds=100000',
+          '--set=eval_every=1', '--set=checkpoint_every=1']
+  p = subprocess.Popen([sys.executable, SWEEP] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+  log = d / 'client.lr=0.05' / 'seed=0' / 'metrics.jsonl'
+  deadline = time.time() + 180
+  while not (log.exists() and log.read_text().strip()) and time.time() < deadline:
+    time.sleep(0.2)
+  child = int(_manifest(d)['client.lr=0.05/seed=0']['pid'])
+  os.kill(p.pid, signal.SIGKILL)
+  p.wait(timeout=30)
+  def alive(pid):
+    try:
+      with open(f'/proc/{pid}/stat') as f:
+        return f.read().rsplit(')', 1)[1].split()[0] != 'Z'      # a zombie waiting to be reaped has ended
+    except OSError:
+      return False
+  deadline = time.time() + 120
+  while alive(child) and time.time() < deadline:
+    time.sleep(0.2)
+  assert not alive(child), f'child {child} outlived its driver'
+  assert os.path.isdir(d / 'client.lr=0.05' / 'seed=0' / 'checkpoints')

@@ -63,6 +63,43 @@ def test_miou_from_hand_computed_confusion_matrix():
   np.testing.assert_array_equal(np.asarray(a['confusion'] + b['confusion']), expected)
 
 
+def test_confusion_counts_are_integers_beyond_float32s_2_pow_24():
+  """One evaluation batch whose cell (0, 0) holds more than 2^24 pixels: a 4200 x 4200 label map of class 0, of
+  which 120 rows (504,000 pixels) are predicted as class 1 (int labels only: the counting path of `eval_sums`).
+  Integers count every pixel; a float32 count stops at 2^24 = 16,777,216 and the IoU is then wrong."""
+  h = w = 4200
+  labels = jnp.zeros((1, h, w), jnp.int32)
+  pred = labels.at[0, :120].set(1)
+  valid = jnp.ones((1, h, w), bool)
+  conf = np.asarray(seg_tasks.confusion_counts(labels, pred, valid, 2))
+  assert conf.dtype == np.int32
+  np.testing.assert_array_equal(conf, [[h * w - 120 * w, 120 * w], [0, 0]])
+  assert conf[0, 0] == 17_136_000 > 2 ** 24
+  miou, _ = seg_tasks.miou_from_confusion(conf)
+  assert float(miou) == pytest.approx(17_136_000 / 17_640_000, rel=1e-6)
+  # The float32 count of the same scatter-add (the code before) saturates, and the mIoU is off by 6e-4.
+  idx = (labels * 2 + pred).reshape(-1)
+  f32 = np.asarray(jnp.zeros((4,), jnp.float32).at[idx].add(1.0)).reshape(2, 2)
+  assert f32[0, 0] == 2 ** 24 and f32[0, 0] != conf[0, 0]
+  miou_f32, _ = seg_tasks.miou_from_confusion(f32)
+  assert abs(float(miou_f32) - 17_136_000 / 17_640_000) > 5e-4
+  # Across batches the evaluators add on the host in int64: past int32's range too.
+  from fedjax_flat.evaluation.evaluator import host_add, host_sum
+  total = None
+  for _ in range(130):                    # 130 x 17.1M > 2^31
+    total = host_add(total, {'confusion': conf})
+  assert total['confusion'].dtype == np.int64 and total['confusion'][0, 0] == 130 * 17_136_000 > 2 ** 31
+  assert host_sum(np.stack([conf, conf]))[0, 0] == 2 * 17_136_000
+
+
+def test_eval_sums_count_in_integers():
+  y = jnp.zeros((2, 3, 4), jnp.int32)
+  sums = seg_tasks.Segmentation().eval_sums(_onehot_logits(np.zeros((2, 3, 4), int), 2), y, jnp.ones(2))
+  for k in ('confusion', 'count', 'correct'):
+    assert jnp.issubdtype(sums[k].dtype, jnp.integer), k
+  assert int(sums['count']) == 24 and int(sums['confusion'][0, 0]) == 24
+
+
 def _ohem_topk_ref(logits, y, mask, frac):
   """FedDrive's HardNegativeMining on CrossEntropyLoss(ignore_index=255, reduction='none')."""
   ce = np.where(y == IGNORE, 0.0, _np_ce(logits, y))

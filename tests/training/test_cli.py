@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 
+from fedjax_flat import errors
 from tests.fixtures import scale_worker
 from tests.fixtures.paths import REPO
 
@@ -77,9 +78,8 @@ def test_bad_config_files_are_one_line_exit_2(tmp_path):
   # CIFAR configs do not set data.split_json themselves: the default config declares it.
   _assert_one_line(_train(tmp_path / 'w', '--config.data.split_json=/nonexistent/split.json',
                           config=os.path.join(REPO, 'configs', 'fedsam_cifar.py')), 2, 'no such file')
-  # absl's own parse errors keep absl's exit status (documented in train.py).
-  res = _train(tmp_path / 'w', '--config.client.lr=abc')
-  assert res.returncode == 1 and 'FATAL Flags parsing error' in res.stderr and 'Traceback' not in res.stderr
+  # A flag value that does not parse is bad input too: one line, exit 2 (training/cli.parse_flags).
+  _assert_one_line(_train(tmp_path / 'w', '--config.client.lr=abc'), 2, '--config.client.lr=abc', 'helpshort')
 
 
 def _cifar_dir(root, *, labels=None, batch1=None):
@@ -260,3 +260,51 @@ def test_two_processes_on_one_workdir(tmp_path):
   assert res.returncode == 0 and 'resumed from round' in res.stdout, res.stderr[-3000:]
   np.testing.assert_array_equal([json.loads(ln)['round'] for ln in (wd / 'metrics.jsonl').read_text().splitlines()],
                                 [2, 4, 6, 8, 10, 12, 14])
+
+
+# ------------------------------------------------------------------------------------------------ run_main
+
+def _run_main(monkeypatch, capsys, main, argv=('prog',)):
+  """cli.run_main in process (hard_exit=False): (exit status, stderr)."""
+  from fedjax_flat.training import cli
+  monkeypatch.setattr(sys, 'argv', list(argv))
+  with pytest.raises(SystemExit) as e:
+    cli.run_main(main, hard_exit=False, quiet_logs=False)
+  return e.value.code, capsys.readouterr().err
+
+
+def _raises(exc):
+  def main(argv):
+    raise exc
+  return main
+
+
+@pytest.mark.parametrize('exc, code, needle', [
+    (errors.BadInputError('--x=1 is wrong; use 2'), 2, 'error: --x=1 is wrong'),
+    (errors.DataFormatError('f.json: truncated'), 2, 'error: f.json: truncated'),
+    (FileNotFoundError(2, 'No such file or directory', '/nope'), 2, "No such file or directory: '/nope'"),
+    (OSError(28, 'No space left on device', '/full/x'), 1, 'No space left on device'),
+    (errors.OperationError('the run failed'), 1, 'error: the run failed'),
+    (KeyError('surprise'), 1, "unexpected KeyError: 'surprise'; rerun with --verbosity=1 for the traceback"),
+])
+def test_run_main_turns_every_error_into_one_line(monkeypatch, capsys, exc, code, needle):
+  got, err = _run_main(monkeypatch, capsys, _raises(exc))
+  assert got == code and needle in err and 'Traceback' not in err
+  assert len([ln for ln in err.splitlines() if ln.startswith('error: ')]) == 1
+
+
+def test_run_main_flag_errors_are_exit_2(monkeypatch, capsys):
+  got, err = _run_main(monkeypatch, capsys, lambda argv: 0, ['prog', '--no_such_flag=1'])
+  assert got == 2 and err.startswith('error: ') and 'no_such_flag' in err and 'Traceback' not in err
+  assert len(err.strip().splitlines()) == 1
+
+
+def test_run_main_unexpected_error_shows_its_traceback_with_verbosity(monkeypatch):
+  from fedjax_flat.training import cli
+  from absl import flags
+  monkeypatch.setattr(sys, 'argv', ['prog', '--verbosity=0'])
+  try:
+    with pytest.raises(KeyError):
+      cli.run_main(_raises(KeyError('surprise')), hard_exit=False, quiet_logs=False)
+  finally:
+    flags.FLAGS['verbosity'].unparse()      # back to not given, for the rest of this process

@@ -36,6 +36,7 @@ from absl import logging
 import numpy as np
 
 from fedjax_flat import errors
+from fedjax_flat.errors import reading
 from fedjax_flat.data import safe_pickle
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.data.partition import PROCEDURE as DIRICHLET_PROCEDURE   # `partition` is a field here
@@ -254,13 +255,13 @@ def load_split(path: str, labels: Optional[np.ndarray] = None) -> Tuple[List[np.
   with np.load(path, allow_pickle=False) as z:
     index, offsets, meta = z['index'], z['offsets'], json.loads(str(z['meta']))
   if offsets[0] != 0 or offsets[-1] != len(index) or np.any(np.diff(offsets) < 0):
-    raise ValueError(f'split file {path} is corrupted (bad offsets); delete it to regenerate')
+    raise errors.DataFormatError(f'split file {path} is corrupted (bad offsets); delete it to regenerate')
   if labels is not None:
     if meta.get('num_examples') != len(labels) or meta.get('labels_sha256_16') != _labels_fingerprint(labels):
-      raise ValueError(f'split file {path} was made for different data (labels fingerprint/size mismatch); '
+      raise errors.DataFormatError(f'split file {path} was made for different data (labels fingerprint/size mismatch); '
                        f'delete it to regenerate the split for the current files')
     if len(index) and (index.min() < 0 or index.max() >= len(labels)):
-      raise ValueError(f'split file {path} indexes outside the data; delete it to regenerate')
+      raise errors.DataFormatError(f'split file {path} indexes outside the data; delete it to regenerate')
   return [index[offsets[k]:offsets[k + 1]] for k in range(len(offsets) - 1)], meta
 
 
@@ -269,6 +270,13 @@ _C10_NAME = re.compile(r'^img_(\d+)_label_(\d+)\.png$')
 
 def load_leaf_split(path: str, name: str, labels: np.ndarray,
                     filenames: Optional[Sequence[str]] = None) -> Tuple[List[np.ndarray], List[str]]:
+  """`_load_leaf_split`, every parse error of a malformed file a DataFormatError naming it."""
+  with reading(path, 'a FedSAM/LEAF split JSON (users, num_samples, user_data)'):
+    return _load_leaf_split(path, name, labels, filenames)
+
+
+def _load_leaf_split(path: str, name: str, labels: np.ndarray,
+                     filenames: Optional[Sequence[str]] = None) -> Tuple[List[np.ndarray], List[str]]:
   """Maps a FedSAM/LEAF split JSON onto indices of the official train arrays.
 
   CIFAR-10 names are `img_{index}_label_{y}.png` with index into the concatenated data_batch_1..5.
@@ -279,11 +287,12 @@ def load_leaf_split(path: str, name: str, labels: np.ndarray,
   with open(path) as f:
     try:
       d = json.load(f)
-    except json.JSONDecodeError as e:
-      raise ValueError(f'{path} is not valid JSON ({e}); is the split file truncated?') from e
+    except (ValueError, RecursionError) as e:      # JSONDecodeError, UnicodeDecodeError, nesting
+      raise errors.DataFormatError(f'{path} is not valid JSON ({e}); is the split file truncated?') from e
   for key in ('users', 'user_data'):
     if key not in d:
-      raise ValueError(f'{path}: not a LEAF split JSON (missing {key!r}; expected users/num_samples/user_data)')
+      raise errors.DataFormatError(f'{path}: not a LEAF split JSON (missing {key!r}; expected users/num_samples/'
+                                   'user_data)')
   labels = np.asarray(labels)
   by_name: Dict[Tuple[str, int], List[int]] = {}
   if name == 'cifar100':
@@ -296,27 +305,27 @@ def load_leaf_split(path: str, name: str, labels: np.ndarray,
   for uid in d['users']:
     entry = d['user_data'].get(str(uid))
     if entry is None:
-      raise ValueError(f'{path}: user {uid!r} listed in users but absent from user_data')
+      raise errors.DataFormatError(f'{path}: user {uid!r} listed in users but absent from user_data')
     xs, ys = entry['x'], entry['y']
     if len(xs) != len(ys):
-      raise ValueError(f'{path}: user {uid}: {len(xs)} x for {len(ys)} y')
+      raise errors.DataFormatError(f'{path}: user {uid}: {len(xs)} x for {len(ys)} y')
     idx = np.empty(len(xs), np.int64)
     for j, (x, y) in enumerate(zip(xs, ys)):
       if name == 'cifar10':
         m = _C10_NAME.match(os.path.basename(x))
         if not m:
-          raise ValueError(f'{path}: user {uid}: CIFAR-10 file name {x!r} is not img_<index>_label_<y>.png')
+          raise errors.DataFormatError(f'{path}: user {uid}: CIFAR-10 file name {x!r} is not img_<index>_label_<y>.png')
         i = int(m.group(1))
         if i >= len(labels) or int(m.group(2)) != int(y) or int(labels[i]) != int(y):
-          raise ValueError(f'{path}: user {uid}: {x!r} (y={y}) does not match train example {i} '
+          raise errors.DataFormatError(f'{path}: user {uid}: {x!r} (y={y}) does not match train example {i} '
                            f'(label {labels[i] if i < len(labels) else "n/a"}); wrong data or split file?')
       else:
         cands = by_name.get((os.path.basename(x), int(y)))
         if not cands:
-          raise ValueError(f'{path}: user {uid}: no unused train image named {x!r} with label {y}')
+          raise errors.DataFormatError(f'{path}: user {uid}: no unused train image named {x!r} with label {y}')
         i = cands.pop()
       if used[i]:
-        raise ValueError(f'{path}: train example {i} ({x!r}) is assigned twice')
+        raise errors.DataFormatError(f'{path}: train example {i} ({x!r}) is assigned twice')
       used[i] = True
       idx[j] = i
     out.append(idx)

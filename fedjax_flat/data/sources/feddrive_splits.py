@@ -45,6 +45,8 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
+from fedjax_flat.errors import DataFormatError, reading
+
 PROCEDURE = 'feddrive_splits/v1'
 RELEASE_COMMIT = '66f530b5777fc76ddcf66858c41d9cd49f48006a'
 RELEASE_URL = 'https://raw.githubusercontent.com/Erosinho13/FedDrive/{commit}/data/{dataset}/data/{rest}'
@@ -95,23 +97,23 @@ def read_leaf_dir(path: str) -> List[Client]:
     with open(p) as fh:
       try:
         d = json.load(fh)
-      except json.JSONDecodeError as e:
-        raise ValueError(f'{p} is not valid JSON ({e}); is the file truncated?') from None
+      except (ValueError, RecursionError) as e:      # JSONDecodeError, UnicodeDecodeError, nesting
+        raise DataFormatError(f'{p} is not valid JSON ({e}); is the file truncated?') from None
     if not isinstance(d, dict) or not isinstance(d.get('users'), list) or not isinstance(d.get('user_data'), dict):
-      raise ValueError(f'{p}: not a LEAF split file (expected users, num_samples, user_data)')
+      raise DataFormatError(f'{p}: not a LEAF split file (expected users, num_samples, user_data)')
     for i, u in enumerate(d['users']):
       entry = d['user_data'].get(u) if isinstance(u, str) else None
       if entry is None or not isinstance(entry, dict):
-        raise ValueError(f'{p}: user {u!r} is listed in users but has no user_data entry')
+        raise DataFormatError(f'{p}: user {u!r} is listed in users but has no user_data entry')
       xs, ys = entry.get('x'), entry.get('y')
       if not (isinstance(xs, list) and isinstance(ys, list) and len(xs) == len(ys)
               and all(isinstance(v, str) for v in xs + ys)):
-        raise ValueError(f'{p}: user {u!r}: x and y must be lists of paths of equal length')
+        raise DataFormatError(f'{p}: user {u!r}: x and y must be lists of paths of equal length')
       ns = d.get('num_samples')
       if isinstance(ns, list) and i < len(ns) and ns[i] != len(xs):
-        raise ValueError(f'{p}: user {u!r}: num_samples says {ns[i]} but x has {len(xs)} paths')
+        raise DataFormatError(f'{p}: user {u!r}: num_samples says {ns[i]} but x has {len(xs)} paths')
       if u in seen:
-        raise ValueError(f'{path}: user {u!r} appears twice')
+        raise DataFormatError(f'{path}: user {u!r} appears twice')
       seen.add(u)
       out.append(Client(u, list(xs), list(ys)))
   return out
@@ -130,13 +132,13 @@ def check_split(split: Split, where: str = 'split') -> None:
   train = [x for c in split.train for x in c.x]
   if len(set(train)) != len(train):
     dup = next(x for x in train if train.count(x) > 1)
-    raise ValueError(f'{where}: training image {dup!r} belongs to more than one client')
+    raise DataFormatError(f'{where}: training image {dup!r} belongs to more than one client')
   both = set(train) & {x for c in split.test for x in c.x}
   if both:
-    raise ValueError(f'{where}: {len(both)} images are both training and test images (e.g. {sorted(both)[:2]})')
+    raise DataFormatError(f'{where}: {len(both)} images are both training and test images (e.g. {sorted(both)[:2]})')
   empty = [c.name for c in split.train if not c.x]
   if empty:
-    raise ValueError(f'{where}: training clients without images: {empty[:5]}')
+    raise DataFormatError(f'{where}: training clients without images: {empty[:5]}')
 
 
 def _canonical_test(clients: Sequence[Client]) -> List[Client]:
@@ -205,10 +207,12 @@ def load_or_make(path: str, make, files_fingerprint: str) -> Split:
   """The split saved at path (checked against the files present), else make() saved there."""
   meta_path = os.path.join(path, 'meta.json')
   if os.path.isfile(meta_path):
-    with open(meta_path) as f:
-      meta = json.load(f)
+    with open(meta_path, 'rb') as f, reading(meta_path, "a saved FedDrive split's meta.json (delete the folder "
+                                                         'to regenerate it)'):
+      meta = json.loads(f.read())
+      meta.get('files_fingerprint')
     if meta.get('files_fingerprint') != files_fingerprint:
-      raise ValueError(f'split {path} was made for another set of files (fingerprint '
+      raise DataFormatError(f'split {path} was made for another set of files (fingerprint '
                        f'{meta.get("files_fingerprint")} vs {files_fingerprint} now); delete the folder to '
                        f'regenerate it for the current files')
     if meta.get('procedure') != PROCEDURE:

@@ -39,6 +39,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from fedjax_flat.data.prefetch import DecodePool
+from fedjax_flat.errors import DataFormatError, reading
 from fedjax_flat.data.registry import register
 from fedjax_flat.data.download import default_data_dir
 
@@ -78,31 +79,39 @@ def default_shards_dir(name: str, data_dir: str, short_side: int = DEFAULT_SHORT
 
 
 def read_split_csv(path: str, with_users: bool) -> Tuple[Optional[List[str]], List[str], np.ndarray]:
+  """`_read_split_csv` with every parse error of a malformed file a DataFormatError naming it."""
+  with reading(path, 'a TFF gldv2 split CSV (user_id, image_id, class)'):
+    return _read_split_csv(path, with_users)
+
+
+def _read_split_csv(path: str, with_users: bool) -> Tuple[Optional[List[str]], List[str], np.ndarray]:
   """Reads a TFF/Hsu et al. split CSV -> (user ids or None, image ids, classes)."""
   if not os.path.isfile(path):
-    raise FileNotFoundError(path)
+    raise FileNotFoundError(f'{path} not found: the TFF gldv2 split CSVs come from python experiments/download.py '
+                            '--dataset=gld23k (or gld160k) --data_dir=<data_dir>')
   need = (['user_id'] if with_users else []) + ['image_id', 'class']
   users, images, classes = [], [], []
   with open(path, newline='') as f:
     reader = csv.DictReader(f)
     cols = [c.strip() for c in (reader.fieldnames or [])]
     if not all(c in cols for c in need):
-      raise ValueError(f'{path}: columns {cols}; expected {need} (TFF gldv2 split CSV)')
+      raise DataFormatError(f'{path}: columns {cols}; expected {need} (TFF gldv2 split CSV)')
     reader.fieldnames = cols
     for line, row in enumerate(reader, start=2):
       try:
         cls = int(row['class'])
       except (TypeError, ValueError):
-        raise ValueError(f'{path}:{line}: class {row.get("class")!r} is not an integer (truncated file?)') from None
+        raise DataFormatError(f'{path}:{line}: class {row.get("class")!r} is not an integer '
+                              '(truncated file?)') from None
       image_id = (row['image_id'] or '').strip()
       if not image_id:
-        raise ValueError(f'{path}:{line}: empty image_id')
+        raise DataFormatError(f'{path}:{line}: empty image_id')
       images.append(image_id)
       classes.append(cls)
       if with_users:
         users.append((row['user_id'] or '').strip())
   if not images:
-    raise ValueError(f'{path} has no rows')
+    raise DataFormatError(f'{path} has no rows')
   return (users if with_users else None), images, np.asarray(classes, np.int64)
 
 
@@ -194,7 +203,7 @@ def _prepare_shard(bin_path: str, image_ids: Sequence[str], labels: Sequence[int
       blobs.append(resize_jpeg(p, short_side, quality))
     except Exception as e:  # unreadable / truncated JPEG
       if not allow_missing:
-        raise ValueError(f'cannot decode {p} ({type(e).__name__}: {e})') from e
+        raise DataFormatError(f'cannot decode {p} ({type(e).__name__}: {e})') from e
       missing.append(image_id)
       continue
     kept_ids.append(image_id)
@@ -328,10 +337,11 @@ class LandmarksSource(DecodePool):
       raise FileNotFoundError(f'Landmarks shards not found: {idx_json}. Prepare them with:\n  python '
                               f'experiments/prepare.py --dataset=<gld23k|gld160k> --data_dir=<data_dir> '
                               f'[--images_dir=<GLDv2 train images>]')
-    with open(idx_json) as f:
-      self.index = json.load(f)
+    with open(idx_json, 'rb') as f, reading(idx_json, 'a Landmarks shard index (experiments/prepare.py)'):
+      self.index = json.loads(f.read())
+      self.index.get('format')
     if self.index.get('format') != FORMAT:
-      raise ValueError(f'{idx_json}: unknown shard format {self.index.get("format")!r} (expected {FORMAT})')
+      raise DataFormatError(f'{idx_json}: unknown shard format {self.index.get("format")!r} (expected {FORMAT})')
     with np.load(os.path.join(shards_dir, 'index.npz'), allow_pickle=False) as z:
       self._z = {k: z[k] for k in z.files}
     self.shards_dir = shards_dir
@@ -349,7 +359,7 @@ class LandmarksSource(DecodePool):
     self._pool: Optional[cf.ThreadPoolExecutor] = None
     off = self._z['client_offsets']
     if len(off) != self.num_clients + 1 or off[-1] != len(self._z['labels']):
-      raise ValueError(f'{shards_dir}: index.npz and index.json disagree (re-run prepare)')
+      raise DataFormatError(f'{shards_dir}: index.npz and index.json disagree (re-run prepare)')
 
   # -- protocol ------------------------------------------------------------------------------------
   def client_sizes(self) -> np.ndarray:
@@ -405,7 +415,7 @@ class LandmarksSource(DecodePool):
       buf = f.read()
     starts, lens = self._z['byte_start'][lo:hi], self._z['byte_len'][lo:hi]
     if len(lens) and int(starts[-1] + lens[-1]) != len(buf):
-      raise ValueError(f'{path} has {len(buf)} bytes, index expects {int(starts[-1] + lens[-1])}: the shard is '
+      raise DataFormatError(f'{path} has {len(buf)} bytes, index expects {int(starts[-1] + lens[-1])}: the shard is '
                        f'truncated or stale; re-run prepare')
     return [buf[int(s):int(s) + int(n)] for s, n in zip(starts, lens)]
 

@@ -53,6 +53,7 @@ import hashlib
 import json
 import os
 import tempfile
+import zipfile
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from absl import logging
@@ -60,7 +61,7 @@ import numpy as np
 
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.data.registry import check_arg, register
-from fedjax_flat.errors import ConfigError
+from fedjax_flat.errors import ConfigError, DataFormatError, reading
 from fedjax_flat.data.download import default_data_dir
 from fedjax_flat.tasks import next_token as text_tasks
 
@@ -73,7 +74,7 @@ FEMNIST_CLASSES = 62
 CACHE_VERSION = 1
 
 
-class LeafFormatError(ValueError):
+class LeafFormatError(DataFormatError):
   """A LEAF JSON file exists but is not in LEAF's format (or is inconsistent)."""
 
 
@@ -90,31 +91,33 @@ def read_leaf_dir(path: str, encode: Callable[[list, list, str], Tuple[np.ndarra
   out = []
   for i, f in enumerate(files):
     logging.info('LEAF: reading %s (%d/%d)', f, i + 1, len(files))
+    with open(f, 'rb') as fh:
+      raw = fh.read()
     try:
-      with open(f) as fh:
-        d = json.load(fh)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+      d = json.loads(raw)
+    except (ValueError, RecursionError) as e:       # JSONDecodeError, UnicodeDecodeError, nesting
       raise LeafFormatError(f'{f} is not valid JSON ({e}); is the file truncated?') from e
-    if not isinstance(d, dict) or not isinstance(d.get('users'), list) or not isinstance(d.get('user_data'), dict):
-      raise LeafFormatError(f'{f}: not a LEAF file (expected an object with "users", "num_samples", "user_data")')
-    ns = d.get('num_samples')
-    if ns is not None and (not isinstance(ns, list) or len(ns) != len(d['users'])):
-      raise LeafFormatError(f'{f}: "num_samples" must list one count per user')
-    hier = d.get('hierarchies')
-    users = []
-    for j, u in enumerate(d['users']):
-      u = str(u)
-      if u in seen:
-        raise LeafFormatError(f'{f}: user {u!r} appears twice in {path}')
-      seen.add(u)
-      entry = d['user_data'].get(u)
-      if not isinstance(entry, dict) or not isinstance(entry.get('x'), list) or not isinstance(entry.get('y'), list):
-        raise LeafFormatError(f'{f}: user {u!r} has no user_data {{"x": [...], "y": [...]}}')
-      if len(entry['x']) != len(entry['y']) or (ns is not None and ns[j] != len(entry['y'])):
-        raise LeafFormatError(f'{f}: user {u!r}: {len(entry["x"])} x, {len(entry["y"])} y, num_samples '
-                              f'{ns[j] if ns is not None else "-"}')
-      x, y = encode(entry['x'], entry['y'], f'{f}: user {u!r}')
-      users.append((u, x, y, None if hier is None else str(hier[j])))
+    with reading(f, 'a LEAF JSON file (users, num_samples, user_data)'):
+      if not isinstance(d, dict) or not isinstance(d.get('users'), list) or not isinstance(d.get('user_data'), dict):
+        raise LeafFormatError(f'{f}: not a LEAF file (expected an object with "users", "num_samples", "user_data")')
+      ns = d.get('num_samples')
+      if ns is not None and (not isinstance(ns, list) or len(ns) != len(d['users'])):
+        raise LeafFormatError(f'{f}: "num_samples" must list one count per user')
+      hier = d.get('hierarchies')
+      users = []
+      for j, u in enumerate(d['users']):
+        u = str(u)
+        if u in seen:
+          raise LeafFormatError(f'{f}: user {u!r} appears twice in {path}')
+        seen.add(u)
+        entry = d['user_data'].get(u)
+        if not isinstance(entry, dict) or not isinstance(entry.get('x'), list) or not isinstance(entry.get('y'), list):
+          raise LeafFormatError(f'{f}: user {u!r} has no user_data {{"x": [...], "y": [...]}}')
+        if len(entry['x']) != len(entry['y']) or (ns is not None and ns[j] != len(entry['y'])):
+          raise LeafFormatError(f'{f}: user {u!r}: {len(entry["x"])} x, {len(entry["y"])} y, num_samples '
+                                f'{ns[j] if ns is not None else "-"}')
+        x, y = encode(entry['x'], entry['y'], f'{f}: user {u!r}')
+        users.append((u, x, y, None if hier is None else str(hier[j])))
     out.append(users)
   return out
 
@@ -373,8 +376,12 @@ def load(name: str, data_dir: Optional[str], encode, *, source='auto', split='',
                      ('all_data',) if source == 'all_data' else ('train', 'test'))
   if cache and os.path.isfile(path):
     logging.info('LEAF %s: arrays from the cache %s', name, path)
-    with np.load(path, allow_pickle=False) as z:
-      return _unpack(z, 'train'), _unpack(z, 'test'), bool(z['population']), str(z['desc'])
+    try:
+      with np.load(path, allow_pickle=False) as z:
+        return _unpack(z, 'train'), _unpack(z, 'test'), bool(z['population']), str(z['desc'])
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:   # a damaged cache: rebuilt
+      logging.warning('LEAF %s: the cache %s is unreadable (%s: %s); rebuilding it from the JSON files', name,
+                      path, type(e).__name__, e)
   out = _load_json(name, root, encode, source=source, has_all=has_all,
                    **{k: v for k, v in args.items() if k != 'source'})
   if cache:

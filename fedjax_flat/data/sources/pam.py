@@ -146,7 +146,7 @@ def write_fedjax_sqlite(path: str, clients: Iterable[Tuple[str, Dict[str, np.nda
       for cid, ex in clients:
         n = {len(v) for v in ex.values()}
         if len(n) != 1:
-          raise ValueError(f'client {cid}: features have different lengths {n}')
+          raise errors.DataFormatError(f'client {cid}: features have different lengths {n}')
         yield (cid.encode() if isinstance(cid, str) else bytes(cid)), encode_client_blob(ex), n.pop()
     con.executemany('INSERT INTO federated_data VALUES (?, ?, ?);', rows())
     con.commit()

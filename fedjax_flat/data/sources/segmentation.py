@@ -35,6 +35,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from fedjax_flat.tasks import segmentation as seg_tasks
+from fedjax_flat.errors import DataFormatError, reading
 from fedjax_flat.data.prefetch import DecodePool, prefetch_map
 
 IGNORE = 255
@@ -61,16 +62,16 @@ class SegClient:
 
   def __post_init__(self):
     if len(self.images) != len(self.labels):
-      raise ValueError(f'client {self.name!r}: {len(self.images)} images for {len(self.labels)} label maps')
+      raise DataFormatError(f'client {self.name!r}: {len(self.images)} images for {len(self.labels)} label maps')
     if self.example_domains is not None and len(self.example_domains) != len(self.images):
-      raise ValueError(f'client {self.name!r}: {len(self.example_domains)} domains for {len(self.images)} images')
+      raise DataFormatError(f'client {self.name!r}: {len(self.example_domains)} domains for {len(self.images)} images')
 
 
 def safe_join(root: str, rel: str) -> str:
   """root/rel for a relative path that stays inside root (split files are untrusted)."""
   rel_n = rel.replace('\\', '/')
   if not rel_n or rel_n.startswith('/') or os.path.isabs(rel) or '..' in rel_n.split('/') or ':' in rel_n:
-    raise ValueError(f'path {rel!r} in a split file must be relative to {root} without ".." (untrusted input)')
+    raise DataFormatError(f'path {rel!r} in a split file must be relative to {root} without ".." (untrusted input)')
   return os.path.join(root, *rel_n.split('/'))
 
 
@@ -106,20 +107,28 @@ def image_size_of(path: str) -> Tuple[int, int]:
 def decode_pair(image_path: str, label_path: str, lut: np.ndarray, size: Optional[Tuple[int, int]] = None,
                 resample: str = 'bilinear', label_rgb_channel: Optional[int] = None
                 ) -> Tuple[np.ndarray, np.ndarray]:
+  """`_decode_pair` with every parse error of a malformed file a DataFormatError naming it."""
+  with reading(f'{image_path} / {label_path}', 'an image / label-map pair (PNG or JPEG)', images=True):
+    return _decode_pair(image_path, label_path, lut, size, resample, label_rgb_channel)
+
+
+def _decode_pair(image_path: str, label_path: str, lut: np.ndarray, size: Optional[Tuple[int, int]] = None,
+                 resample: str = 'bilinear', label_rgb_channel: Optional[int] = None
+                 ) -> Tuple[np.ndarray, np.ndarray]:
   """One example: (uint8 [H, W, 3], uint8 [H, W] train ids), resized to size = (H, W) when given."""
   Image = _pil()
   with Image.open(image_path) as im, Image.open(label_path) as lb:
     if im.size != lb.size:
-      raise ValueError(f'{image_path} is {im.size[0]}x{im.size[1]} but its label map {label_path} is '
+      raise DataFormatError(f'{image_path} is {im.size[0]}x{im.size[1]} but its label map {label_path} is '
                        f'{lb.size[0]}x{lb.size[1]} (W x H): wrong pairing or a corrupted file')
     im = im.convert('RGB')
     if lb.mode in ('RGB', 'RGBA'):
       if label_rgb_channel is None:
-        raise ValueError(f'{label_path}: label map has mode {lb.mode}; expected a single-channel PNG of label '
+        raise DataFormatError(f'{label_path}: label map has mode {lb.mode}; expected a single-channel PNG of label '
                          f'ids (for CARLA-style RGB labels set the class channel)')
       lb = lb.getchannel(int(label_rgb_channel))
     elif lb.mode not in ('L', 'P', 'I', 'I;16', 'I;16B', 'I;16L'):
-      raise ValueError(f'{label_path}: unsupported label PNG mode {lb.mode}')
+      raise DataFormatError(f'{label_path}: unsupported label PNG mode {lb.mode}')
     if size is not None and (im.size[1], im.size[0]) != tuple(size):
       im = im.resize((size[1], size[0]), _resample(resample))
       lb = lb.resize((size[1], size[0]), Image.NEAREST)

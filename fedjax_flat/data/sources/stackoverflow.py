@@ -35,11 +35,13 @@ import os
 import sqlite3
 import tarfile
 import tempfile
+import zipfile
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from absl import logging
 import numpy as np
 
+from fedjax_flat import errors
 from fedjax_flat.data.sources import pam
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.data.registry import check_arg
@@ -55,7 +57,7 @@ WORD_COUNT_ARCHIVE = 'stackoverflow.word_count.tar.bz2'
 CACHE_VERSION = 1
 
 
-class StackOverflowFormatError(ValueError):
+class StackOverflowFormatError(errors.DataFormatError):
   """A StackOverflow file exists but is not in the TFF / FedJAX format."""
 
 
@@ -305,14 +307,21 @@ def load(data_dir: Optional[str] = None, *, format: str = 'auto', num_clients: i
               format=type(src).__name__)
   name = f'stackoverflow(clients={num_clients or "all"}, seed={seed})'
   path = os.path.join(data_dir, 'stackoverflow_cache', _cache_key(args, files + [vocab_path]) + '.npz')
+  arrays = None
   if cache and os.path.isfile(path):
     logging.info('StackOverflow: tokenized arrays from the cache %s', path)
-    with np.load(path, allow_pickle=False) as z:
-      arrays = {k: z[k] for k in z.files}
+    try:
+      with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:   # a damaged cache: rebuilt
+      logging.warning('StackOverflow: the cache %s is unreadable (%s: %s); rebuilding it', path,
+                      type(e).__name__, e)
+  if arrays is not None:
     src.close()
   else:
     try:
-      arrays = _tokenize_all(src, vocab_path, **{k: v for k, v in args.items() if k != 'format'})
+      with errors.reading(' / '.join(files), "TFF's or FedJAX's StackOverflow SQLite"):
+        arrays = _tokenize_all(src, vocab_path, **{k: v for k, v in args.items() if k != 'format'})
     finally:
       src.close()
     if cache:

@@ -126,3 +126,13 @@ def test_random_resized_crop_box():
   # too-thin image: falls back to the center crop
   box = landmarks.random_resized_crop_box(1000, 2, rng)
   assert box == landmarks.center_crop_box(1000, 2)
+
+
+@pytest.mark.parametrize('text', [b'user_id,image_id,class\n1,a,\xff\xfe\n', b'user_id,image_id,class\n1,"a\n'])
+def test_malformed_csv_is_a_data_format_error(tmp_path, text):
+  """Bytes that are not UTF-8, an unterminated quote: the project's DataFormatError naming the file."""
+  from fedjax_flat.errors import DataFormatError
+  p = tmp_path / 'f.csv'
+  p.write_bytes(text)
+  with pytest.raises(DataFormatError, match='f.csv'):
+    landmarks.read_split_csv(str(p), True)

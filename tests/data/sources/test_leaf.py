@@ -215,3 +215,24 @@ def test_readout_must_match_the_labels(tmp_path):
   c.data.target = 'next'                          # one label per window, but a per-position model
   with pytest.raises(ConfigError, match="model_kwargs.readout.*'last'"):
     trainers.make_trainer(c, write_files=False)
+
+
+@pytest.mark.parametrize('case', sorted(__import__('tests.fixtures.hostile', fromlist=['x']).LEAF_CASES))
+def test_malformed_leaf_json_is_a_data_format_error(tmp_path, case):
+  """Every malformed all_data file: the project's DataFormatError naming the file, never a raw parser error."""
+  from fedjax_flat.errors import DataFormatError
+  from tests.fixtures import hostile
+  hostile.femnist_root(str(tmp_path), case)
+  with pytest.raises(DataFormatError, match='all_data_0.json'):
+    registry.get_dataset('femnist', data_dir=str(tmp_path))
+
+
+def test_corrupt_cache_is_rebuilt_from_the_json(tmp_path):
+  make_femnist_leaf(str(tmp_path), ((6, 9, 5), (7, 8)))
+  a = registry.get_dataset('femnist', data_dir=str(tmp_path), seed=1)
+  cache = [os.path.join(r, f) for r, _, fs in os.walk(tmp_path) for f in fs if f.endswith('.npz')]
+  assert len(cache) == 1
+  with open(cache[0], 'r+b') as f:
+    f.truncate(os.path.getsize(cache[0]) // 2)
+  b = registry.get_dataset('femnist', data_dir=str(tmp_path), seed=1)
+  np.testing.assert_array_equal(a.x, b.x)

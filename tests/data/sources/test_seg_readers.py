@@ -254,3 +254,17 @@ def test_idda_images_without_label_are_left_out_and_said(tmp_path, caplog):
     items = idda.find_images(root)
   assert len(items) == 5 and gone not in {t[0] for t in items}
   assert 'have no Semantic/ label map' in caplog.text
+
+
+@pytest.mark.parametrize('case', ['truncated PNG', 'not an image'])
+def test_malformed_image_is_a_data_format_error(tmp_path, case):
+  """A damaged image or label map: the project's DataFormatError naming both files, not PIL's error."""
+  from fedjax_flat.data.sources.segmentation import decode_pair
+  from fedjax_flat.errors import DataFormatError
+  img, lab = tmp_path / 'a.png', tmp_path / 'a_label.png'
+  Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(img)
+  Image.fromarray(np.zeros((8, 8), np.uint8), mode='L').save(lab)
+  raw = img.read_bytes()
+  img.write_bytes(raw[:len(raw) // 2] if case == 'truncated PNG' else b'GIF89a not really')
+  with pytest.raises(DataFormatError, match='a.png / .*a_label.png'):
+    decode_pair(str(img), str(lab), lookup_table({0: 0}))

@@ -145,3 +145,13 @@ def test_errors(tmp_path):
   (tmp_path / so.TFF_FILE).write_bytes(b'not sqlite at all' * 100)
   with pytest.raises(so.StackOverflowFormatError):
     _load(tmp_path, cache=False)
+
+
+@pytest.mark.parametrize('case', sorted(__import__('tests.fixtures.hostile', fromlist=['x']).SQLITE_CASES))
+def test_corrupt_sqlite_is_a_data_format_error(tmp_path, case):
+  """Every damaged stackoverflow.sqlite: the project's DataFormatError naming the file, never sqlite3's."""
+  from fedjax_flat.errors import DataFormatError
+  from tests.fixtures import hostile
+  d = hostile.stackoverflow_dir(str(tmp_path), case)
+  with pytest.raises(DataFormatError, match='stackoverflow.sqlite'):
+    registry.get_dataset('stackoverflow', data_dir=d, vocab_size=5, test_examples=10, cache=False)
