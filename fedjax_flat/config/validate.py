@@ -447,6 +447,10 @@ def _validate_segmentation_data(cfg) -> None:
   num('style_max_per_client', lo=0, integer=True)
   flag('shuffle')
   num('seed', lo=0, integer=True)
+  own_check = data_registry.DATASETS.entry(cfg.dataset).meta.get('check')
+  if own_check is not None:     # a segmentation dataset that checks its own fields (data/registry.py `check`)
+    own_check({k: get(k) for k in declared})
+    return
   if cfg.dataset == 'seg_synthetic':
     pair('image_size', False, True)
     if min(get('image_size')) < 8:

@@ -9,7 +9,8 @@ with what it declares about its `config.data` fields:
 
   rules    a field whose meaning differs from the common rule of config/data_fields.RULES
   limits   dataset-specific bounds, checked before loading
-  check    a cross-field rule on the `config.data` dict (raise ConfigError)
+  check    a cross-field rule on the `config.data` dict (raise ConfigError); a segmentation dataset (`fields=`)
+           with a check gets the shared augmentation checks of config/validate.py, then only its own
   task     the task name the dataset's labels have (tasks/), or fn(config.data) -> name; default classification
   fields   every field with its default, for datasets whose config.data is declared whole (segmentation:
            config/default_config.segmentation_data builds it; the augmentation fields come from

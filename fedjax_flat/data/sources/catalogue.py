@@ -15,7 +15,7 @@ from typing import Dict, List, Sequence
 
 from fedjax_flat.data.download import (ChecksumError, DownloadError, ManualDownloadRequired, Resource,  # noqa: F401
                                        fetch, lzma_decompress, safe_extract_tar, safe_extract_zip)
-from fedjax_flat.data.sources import cityscapes, feddrive_splits as fds, idda, pam, stackoverflow
+from fedjax_flat.data.sources import cityscapes, feddrive_splits as fds, idda, ladd_data, pam, stackoverflow
 from fedjax_flat.data.sources.leaf import LEAF_DATASETS, leaf_instructions
 
 RESOURCES: Dict[str, List[Resource]] = {
@@ -61,7 +61,8 @@ RESOURCES: Dict[str, List[Resource]] = {
 
 GLDV2_BASE_URL = 'https://s3.amazonaws.com/google-landmark'
 GLDV2_NUM_TRAIN_SHARDS = 500
-DATASETS = tuple(RESOURCES) + ('gldv2_images', 'feddrive_splits', 'cityscapes', 'idda') + LEAF_DATASETS
+DATASETS = (tuple(RESOURCES) + ('gldv2_images', 'feddrive_splits', 'cityscapes', 'idda', 'ladd_splits', 'gta5')
+            + LEAF_DATASETS)
 
 
 def _post(dataset: str, paths: List[str], data_dir: str) -> List[str]:
@@ -107,6 +108,11 @@ def download(dataset: str, data_dir: str, *, opener=None, progress=None, shards:
     return prepare_cityscapes(data_dir)
   if dataset == 'idda':
     return check_idda(data_dir)
+  if dataset == 'ladd_splits':
+    paths = ladd_data.download_released(data_dir, opener=opener)
+    return sorted({os.path.dirname(p) for p in paths})
+  if dataset == 'gta5':
+    return download_gta5(data_dir, opener=opener, progress=progress)
   if dataset in LEAF_DATASETS:
     raise DownloadError(leaf_instructions(dataset, data_dir))
   if dataset not in RESOURCES:
@@ -178,6 +184,22 @@ def prepare_cityscapes(data_dir: str) -> List[str]:
       f'and put both zips in {root}/, then re-run this command to extract them. Expected layout:\n'
       f'  {root}/leftImg8bit/{{train,val}}/<city>/<city>_<seq>_<frame>_leftImg8bit.png\n'
       f'  {root}/gtFine/{{train,val}}/<city>/<city>_<seq>_<frame>_gtFine_labelIds.png')
+
+
+def download_gta5(data_dir: str, *, opener=None, progress=None) -> List[str]:
+  """GTA5 (LADD's source): the 10 image and 10 label zips of the official site (no published checksums),
+  extracted into <data_dir>/gta5/{images,labels}; the split lines are in 'ladd_splits'."""
+  root = ladd_data.default_root(data_dir, 'gta5')
+  for r in ladd_data.GTA5_RESOURCES:
+    kind = 'images' if '_images' in r.filename else 'labels'
+    marker = os.path.join(root, f'.{os.path.basename(r.filename)}.done')
+    if os.path.isfile(marker):
+      continue
+    safe_extract_zip(fetch(r, data_dir, opener=opener, progress=progress), root)
+    if not os.path.isdir(os.path.join(root, kind)):
+      raise DownloadError(f'{r.filename} did not extract into {root}/{kind}/')
+    open(marker, 'w').close()
+  return [root]
 
 
 def check_idda(data_dir: str) -> List[str]:

@@ -11,6 +11,8 @@ client of Cityscapes; the seen-domain and unseen-domain clients of IDDA):
   prefetch_clients(ids)   -> (k, client_examples(k)) in order, decoded ahead on a thread pool (PIL releases
                              the GIL): a round's decoding overlaps the previous round's training
 
+Unlabelled examples (label path '': FFREEDA's target clients, e.g. CrossCity's training images) decode to an
+all-255 label map.
 Decoding: images with PIL, converted to RGB; label PNGs read as single-channel values (modes L, P, I, I;16)
 and mapped to train ids with a 256-entry lookup table (values outside it -> 255). A 3-channel label PNG is
 an error unless `label_rgb_channel` says which channel holds the class (CARLA's raw output keeps it in R).
@@ -137,6 +139,18 @@ def _decode_pair(image_path: str, label_path: str, lut: np.ndarray, size: Option
   return x, map_labels(raw, lut)
 
 
+def decode_image(image_path: str, size: Optional[Tuple[int, int]] = None, resample: str = 'bilinear'
+                 ) -> Tuple[np.ndarray, np.ndarray]:
+  """An unlabelled example (label path ''): (uint8 [H, W, 3], a label map of 255 = ignore everywhere)."""
+  Image = _pil()
+  with Image.open(image_path) as im:
+    im = im.convert('RGB')
+    if size is not None and (im.size[1], im.size[0]) != tuple(size):
+      im = im.resize((size[1], size[0]), _resample(resample))
+    x = np.asarray(im, np.uint8)
+  return x, np.full(x.shape[:2], IGNORE, np.uint8)
+
+
 class SegmentationSource(DecodePool):
   """A federated segmentation split over image/label files (ClientDataSource protocol, see module doc)."""
   _pool_prefix = 'segmentation-decode'
@@ -249,7 +263,9 @@ class SegmentationSource(DecodePool):
     missing, total = [], 0
     for c in self.clients + self.test_clients:
       for i in range(len(c.images)):
-        for p in (self._image_path(c, i), self._label_path(c, i)):
+        for p in (self._image_path(c, i), self._label_path(c, i) if c.labels[i] else None):
+          if p is None:      # an unlabelled example (FFREEDA's target clients)
+            continue
           total += 1
           if not os.path.isfile(p):
             missing.append(p)
@@ -262,8 +278,11 @@ class SegmentationSource(DecodePool):
     x = np.empty((n,) + self.input_shape, np.uint8)
     y = np.empty((n,) + self.label_shape, np.uint8)
     for i in range(n):
-      xi, yi = decode_pair(self._image_path(c, i), self._label_path(c, i), self.lut, self.image_size,
-                           self.resample, self.label_rgb_channel)
+      if not c.labels[i]:
+        xi, yi = decode_image(self._image_path(c, i), self.image_size, self.resample)
+      else:
+        xi, yi = decode_pair(self._image_path(c, i), self._label_path(c, i), self.lut, self.image_size,
+                             self.resample, self.label_rgb_channel)
       if xi.shape != self.input_shape:
         raise ValueError(f'{self._image_path(c, i)} is {xi.shape[0]}x{xi.shape[1]} (H x W) but the run uses '
                          f'{self.label_shape}: set config.data.image_size to resize every image at load')

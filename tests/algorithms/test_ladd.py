@@ -1,0 +1,287 @@
+"""LADD (algorithms/ladd.py): pseudo-label selection against the release's rule written with numpy loops, the
+self-training + KD loss against its formula, one client step against a hand SGD step, clustered aggregation leaf
+by leaf (two clusters, one round through the engine), the teacher schedule (refresh, then SWA: eq. 5.9), the
+target labels never read, and the cluster-layer selections on the segmentation model."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjax_flat.algorithms import ladd as L
+from fedjax_flat.algorithms import local as local_lib
+from fedjax_flat.config.default_config import default_config
+from fedjax_flat.core import engine
+from fedjax_flat.models import base
+from fedjax_flat.models.registry import get_model
+from fedjax_flat.optimizers.client import client_optimizer
+
+tmap = jax.tree_util.tree_map
+C = 3
+
+
+class Tiny(nn.Module):
+  """enc (1x1 conv) -> relu -> head (1x1 conv): a per-pixel classifier with a body and a classifier."""
+
+  @nn.compact
+  def __call__(self, x, train=False):
+    h = nn.relu(nn.Conv(4, (1, 1), name='enc')(x))
+    return nn.Conv(C, (1, 1), name='head')(h)
+
+
+MODEL = base.from_flax(Tiny(), 'tiny', C, (4, 4, 3))
+
+
+def _params(seed):
+  return MODEL.init(jax.random.PRNGKey(seed), jnp.zeros((1, 4, 4, 3)))
+
+
+def _client_cfg(lr=0.1):
+  cfg = default_config().client
+  cfg.lr, cfg.momentum, cfg.weight_decay = lr, 0.0, 0.0
+  return cfg
+
+
+# --------------------------------------------------------------------------------- pseudo-label selection
+
+def _np_pseudo(probs, conf_th, fraction):
+  """The release's get_image_mask with numpy loops: per predicted class, the int(n_c * fraction) most confident."""
+  p = probs.reshape(-1, probs.shape[-1])
+  maxp, lab = p.max(-1), p.argmax(-1)
+  keep = maxp > conf_th if 0 < conf_th < 1 else np.zeros(len(maxp), bool)
+  if 0 < fraction < 1:
+    for c in np.unique(lab):
+      members = np.nonzero(lab == c)[0]
+      k = int(len(members) * fraction)
+      top = members[np.argsort(-maxp[members], kind='stable')[:k]]
+      keep[top] = True
+  return lab.reshape(probs.shape[:-1]), keep.reshape(probs.shape[:-1])
+
+
+@pytest.mark.parametrize('conf_th,fraction', [(0.9, 0.66), (0.5, 0.66), (0.9, 0.0), (0.0, 0.66), (0.99, 0.3)])
+def test_pseudo_labels_keep_exactly_the_intended_pixels(conf_th, fraction):
+  rng = np.random.default_rng(0)
+  logits = rng.normal(0, 2.5, (6, 7, C)).astype(np.float32)     # distinct confidences: no ties
+  probs = np.asarray(jax.nn.softmax(jnp.asarray(logits), -1))
+  lab, keep = L.pseudo_labels(jnp.asarray(probs), conf_th, fraction)
+  want_lab, want_keep = _np_pseudo(probs, conf_th, fraction)
+  np.testing.assert_array_equal(np.asarray(lab), want_lab)
+  np.testing.assert_array_equal(np.asarray(keep), want_keep)
+  if conf_th == 0.9 and fraction == 0.66:
+    assert 0 < want_keep.sum() < want_keep.size     # the case is not trivial
+
+
+def test_pseudo_labels_hand_case():
+  # 5 pixels, 2 classes: class 0 has confidences .95 .6 .55 (k = int(3 * .66) = 1), class 1 .7 .8 (k = 1).
+  probs = np.array([[.95, .05], [.6, .4], [.55, .45], [.3, .7], [.2, .8]], np.float32)
+  lab, keep = L.pseudo_labels(jnp.asarray(probs), 0.9, 0.66)
+  np.testing.assert_array_equal(np.asarray(lab), [0, 0, 0, 1, 1])
+  np.testing.assert_array_equal(np.asarray(keep), [True, False, False, False, True])
+
+
+# --------------------------------------------------------------------------------- the loss
+
+def test_self_training_sums_formula():
+  rng = np.random.default_rng(1)
+  s, t, p = (rng.normal(0, 2, (3, 4, 5, C)).astype(np.float32) for _ in range(3))
+  mask = np.array([1, 1, 0], np.float32)
+  lam, alpha = 7.0, 0.5
+  got, n = L.self_training_sums(jnp.asarray(s), jnp.asarray(t), jnp.asarray(p), jnp.asarray(mask),
+                                lambda_kd=lam, alpha_kd=alpha)
+  want = 0.0
+  logp = np.log(np.exp(s) / np.exp(s).sum(-1, keepdims=True))
+  soft = lambda z: np.exp(z) / np.exp(z).sum(-1, keepdims=True)  # noqa: E731
+  for i in range(2):                                              # the padding example counts nowhere
+    lab, keep = _np_pseudo(soft(t[i]), 0.9, 0.66)
+    ce = -np.take_along_axis(logp[i], lab[..., None], -1)[..., 0]
+    want += np.sum(ce * keep)
+    _, keep_pre = _np_pseudo(soft(p[i]), 0.9, 0.66)
+    q = soft(alpha * p[i])
+    want += lam * np.sum(-np.mean(logp[i] * q, -1) * keep_pre)
+  assert float(n) == 2 * 4 * 5
+  np.testing.assert_allclose(float(got), want, rtol=1e-4)
+
+
+def test_one_client_step_is_sgd_on_the_formula_loss():
+  pre, teacher, w = _params(0), _params(1), _params(2)
+  x = jax.random.uniform(jax.random.PRNGKey(3), (2, 4, 4, 3))
+  batch = {'x': x, 'y': jnp.zeros((2, 4, 4), jnp.uint8), 'mask': jnp.array([1.0, 1.0])}
+  lam, lr = 3.0, 0.1
+  loss = L.make_self_training_loss(MODEL, lambda_kd=lam)
+  tx = client_optimizer(_client_cfg(lr))
+  local = local_lib.LocalState(w, tx.init(w), w)
+  new, _ = local_lib.local_step(local, batch, None, loss_fn=lambda p, b, r: loss(p, teacher, pre, b, r), tx=tx,
+                                hparams={'lr': jnp.float32(lr), 'rho': jnp.float32(0.0)})
+  # By hand: masks from numpy (constants), the loss in jnp from the formula, one SGD step.
+  soft = lambda z: np.asarray(jax.nn.softmax(z, -1))  # noqa: E731
+  sel = [_np_pseudo(q, 0.9, 0.66) for q in soft(MODEL.apply(teacher, x))]
+  sel_pre = [_np_pseudo(q, 0.9, 0.66)[1] for q in soft(MODEL.apply(pre, x))]
+  q_pre = jax.nn.softmax(0.5 * MODEL.apply(pre, x), -1)
+
+  def ref(p):
+    logp = jax.nn.log_softmax(MODEL.apply(p, x), -1)
+    tot = 0.0
+    for i in range(2):
+      lab, keep = sel[i]
+      tot += jnp.sum(-jnp.take_along_axis(logp[i], jnp.asarray(lab)[..., None], -1)[..., 0] * keep)
+      tot += lam * jnp.sum(-jnp.mean(logp[i] * q_pre[i], -1) * sel_pre[i])
+    return tot / 32.0
+  want = tmap(lambda a, g: a - lr * g, w, jax.grad(ref)(w))
+  for a, b in zip(jax.tree_util.tree_leaves(new.params), jax.tree_util.tree_leaves(want)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------------- clustered aggregation
+
+SIZES = np.array([2.0, 4.0, 2.0, 6.0])     # examples of the 4 sampled clients
+CLUSTER = np.array([0, 1, 1, 0])
+
+
+def _round_inputs():
+  xs = jax.random.uniform(jax.random.PRNGKey(7), (4, 3, 2, 4, 4, 3))     # [C, S, B, ...]
+  mask = np.zeros((4, 3, 2), np.float32)
+  for k, n in enumerate(SIZES.astype(int)):
+    mask[k].reshape(-1)[:n] = 1.0
+  batches = {'x': xs, 'y': jnp.zeros((4, 3, 2, 4, 4), jnp.uint8), 'mask': jnp.asarray(mask)}
+  return batches
+
+
+def _alg(layers, g=2, **kw):
+  return L.ladd(MODEL, _client_cfg(), optax.sgd(1.0), num_clusters=g, pretrained=_params(0), cluster_layers=layers,
+                lambda_kd=2.0, **kw)
+
+
+def _client_params(alg, state, batches, k, cluster=CLUSTER):
+  """Client k's trained params, by the algorithm's own client functions step by step."""
+  bcast = alg.broadcast(state, 0)
+  cs = {'cluster': jnp.int32(cluster[k])}
+  local = alg.client_init(bcast, cs, None)
+  for s in range(3):
+    b = tmap(lambda a: a[k, s], batches)
+    if float(jnp.sum(b['mask'])) > 0:
+      local, _ = alg.client_step(bcast, local, b, jax.random.fold_in(jax.random.PRNGKey(0), s))
+  return local.params
+
+
+@pytest.mark.parametrize('layers', ['cls', 'all'])
+def test_clustered_aggregation_leaf_by_leaf(layers):
+  alg = _alg(layers)
+  w0 = _params(5)
+  state = alg.server_init(w0, None)
+  # Start the two clusters from different classifier values, so that the clusters really hold their own.
+  state['cluster'] = [x.at[1].add(0.3) for x in state['cluster']]
+  batches = _round_inputs()
+  trained = [_client_params(alg, state, batches, k) for k in range(4)]
+  rngs = jnp.stack([jax.random.PRNGKey(0)] * 4)
+  round_fn = engine.make_round_fn(alg, chunk=1, jit=False)
+  new, _, _ = round_fn(state, batches, L.initial_client_states(CLUSTER), rngs, jnp.asarray(SIZES),
+                       jnp.ones(4, bool), 0)
+  flags = L.leaf_flags(w0, L.cluster_layer_select(layers))
+  paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(w0)[0]]
+  assert any(flags) and (all(flags) if layers == 'all' else not all(flags))
+  leaves = [jax.tree_util.tree_leaves(t) for t in trained]
+  ci = 0
+  for i, (path, f) in enumerate(zip(paths, flags)):
+    if f:                            # cluster-local: each cluster's weighted mean of ITS clients only
+      assert ('head' in path) or layers == 'all'
+      for c in (0, 1):
+        ids = np.nonzero(CLUSTER == c)[0]
+        want = sum(SIZES[k] * np.asarray(leaves[k][i]) for k in ids) / SIZES[ids].sum()
+        np.testing.assert_allclose(np.asarray(new['cluster'][ci][c]), want, rtol=1e-5, atol=1e-6)
+      ci += 1
+    else:                            # global: the weighted mean over every client
+      want = sum(SIZES[k] * np.asarray(leaves[k][i]) for k in range(4)) / SIZES.sum()
+      np.testing.assert_allclose(np.asarray(jax.tree_util.tree_leaves(new['params'])[i]), want, rtol=1e-5,
+                                 atol=1e-6)
+  # The two cluster models differ exactly on the cluster leaves.
+  m0, m1 = (jax.tree_util.tree_leaves(L.cluster_params(new, c, flags)) for c in (0, 1))
+  for a, b, f in zip(m0, m1, flags):
+    assert (not np.allclose(np.asarray(a), np.asarray(b))) == f
+
+
+def test_unsampled_cluster_keeps_its_leaves_and_one_cluster_is_fedavg():
+  alg = _alg('cls', g=3)
+  state = alg.server_init(_params(5), None)
+  state['cluster'] = [x.at[2].add(1.0) for x in state['cluster']]
+  batches = _round_inputs()
+  rngs = jnp.stack([jax.random.PRNGKey(0)] * 4)
+  new, _, _ = engine.make_round_fn(alg, chunk=1, jit=False)(
+      state, batches, L.initial_client_states(CLUSTER), rngs, jnp.asarray(SIZES), jnp.ones(4, bool), 0)
+  for old, nw in zip(state['cluster'], new['cluster']):
+    np.testing.assert_array_equal(np.asarray(old[2]), np.asarray(nw[2]))        # cluster 2 had no client
+  # One cluster (FedAvg + self-training): the new model is the weighted mean of every client's model.
+  alg1 = _alg('cls', g=1)
+  s1 = alg1.server_init(_params(5), None)
+  trained = [_client_params(alg1, s1, batches, k, np.zeros(4, int)) for k in range(4)]
+  new1, _, _ = engine.make_round_fn(alg1, chunk=1, jit=False)(
+      s1, batches, L.initial_client_states(np.zeros(4)), rngs, jnp.asarray(SIZES), jnp.ones(4, bool), 0)
+  want = tmap(lambda *ps: sum(SIZES[k] * ps[k] for k in range(4)) / SIZES.sum(), *trained)
+  for a, b in zip(jax.tree_util.tree_leaves(new1['params']), jax.tree_util.tree_leaves(want)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_target_labels_are_never_read():
+  alg = _alg('cls')
+  state = alg.server_init(_params(5), None)
+  batches = _round_inputs()
+  other = {**batches, 'y': jnp.full(batches['y'].shape, 2, jnp.uint8)}
+  rngs = jnp.stack([jax.random.PRNGKey(0)] * 4)
+  fn = engine.make_round_fn(alg, chunk=1, jit=False)
+  a = fn(state, batches, L.initial_client_states(CLUSTER), rngs, jnp.asarray(SIZES), jnp.ones(4, bool), 0)[0]
+  b = fn(state, other, L.initial_client_states(CLUSTER), rngs, jnp.asarray(SIZES), jnp.ones(4, bool), 0)[0]
+  for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+    np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+
+
+# --------------------------------------------------------------------------------- teachers
+
+def test_teacher_refresh_then_swa():
+  """omega = 2, t_start = 4: teachers = w_c at rounds 2 (refresh), then the running mean at rounds 4, 6, 8."""
+  alg = _alg('all', teacher_step=2, swa_teacher_start=4)
+  w0 = _params(5)
+  state = alg.server_init(w0, None)
+  pre0 = jax.tree_util.tree_leaves(state['teacher'])[0]
+  flat0 = [np.asarray(x) for x in state['cluster']]
+  zeros = tmap(jnp.zeros_like, w0)
+  teacher_ref = [np.asarray(x) for x in jax.tree_util.tree_leaves(state['teacher'])]
+  swa_n = 0
+  for r in range(8):
+    # Every round: cluster c's leaves become flat0 + (r + 1) * (c + 1) (all clients of both clusters sampled).
+    vals = [np.stack([f[c] + (r + 1) * (c + 1) for c in range(2)]) for f in flat0]
+    agg = {'weighted': {'delta': zeros, 'cluster_sum': [jnp.asarray(v * 0.5) for v in vals],
+                        'cluster_w': jnp.array([0.5, 0.5])}}
+    state = alg.server_update(state, agg, r)
+    nxt = r + 1
+    if nxt % 2 == 0:
+      if nxt >= 4:
+        teacher_ref = [(t * swa_n + v) / (swa_n + 1) for t, v in zip(teacher_ref, vals)]
+        swa_n += 1
+      else:
+        teacher_ref = [v for v in vals]
+    for got, want in zip(jax.tree_util.tree_leaves(state['teacher']), teacher_ref):
+      np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+    if r == 0:      # round 1 is not a refresh round: still the pre-trained model
+      np.testing.assert_array_equal(np.asarray(jax.tree_util.tree_leaves(state['teacher'])[0]), np.asarray(pre0))
+  assert float(state['swa_n']) == swa_n == 3
+
+
+# --------------------------------------------------------------------------------- layer selections
+
+def test_cluster_layer_selections_on_the_segmentation_model():
+  model = get_model('seg_cnn', num_classes=4, input_shape=(16, 16, 3), width=4)
+  params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 16, 16, 3)))
+  paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+
+  def picked(which):
+    return [p for p, f in zip(paths, L.leaf_flags(params, L.cluster_layer_select(which))) if f]
+  cls = picked('cls')
+  assert cls and all(("'head'" in p or "'aux'" in p) and 'batch_stats' not in p for p in cls)
+  dec = picked('decoder')
+  assert set(cls) <= set(dec) and any("'dec1_conv'" in p for p in dec)
+  assert all('norm' not in p and 'batch_stats' not in p and "'enc" not in p for p in dec)
+  bn = picked('bn')
+  assert bn and all('norm' in p for p in bn) and any('batch_stats' in p for p in bn)
+  assert picked('all') == paths and picked('none') == []
+  with pytest.raises(ValueError, match='cluster_layers'):
+    L.cluster_layer_select('encoder')
