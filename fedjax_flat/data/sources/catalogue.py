@@ -6,7 +6,8 @@ cifar100.sqlite and convert it to FedJAX's per-client SQLite files without Tenso
 `feddrive_splits` fetches FedDrive's released split JSONs (sha256-pinned); Cityscapes (login) and IDDA (on
 request) cannot be fetched by a program, so `cityscapes` extracts the official zips once they are placed by hand
 and otherwise raises `ManualDownloadRequired` with the URLs and the expected layout, and `idda` checks the layout
-likewise. FEMNIST / Shakespeare are built by LEAF's scripts (data/sources/leaf.leaf_instructions).
+likewise. FEMNIST / Shakespeare are built by LEAF's scripts (data/sources/leaf.leaf_instructions); CelebA's
+files sit behind the CelebA page's Google Drive (data/sources/celeba.celeba_instructions).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Dict, List, Sequence
 from fedjax_flat.data.download import (ChecksumError, DownloadError, ManualDownloadRequired, Resource,  # noqa: F401
                                        fetch, lzma_decompress, safe_extract_tar, safe_extract_zip)
 from fedjax_flat.data.sources import cityscapes, feddrive_splits as fds, idda, ladd_data, pam, stackoverflow
+from fedjax_flat.data.sources.celeba import celeba_instructions
 from fedjax_flat.data.sources.leaf import LEAF_DATASETS, leaf_instructions
 
 RESOURCES: Dict[str, List[Resource]] = {
@@ -61,8 +63,8 @@ RESOURCES: Dict[str, List[Resource]] = {
 
 GLDV2_BASE_URL = 'https://s3.amazonaws.com/google-landmark'
 GLDV2_NUM_TRAIN_SHARDS = 500
-DATASETS = (tuple(RESOURCES) + ('gldv2_images', 'feddrive_splits', 'cityscapes', 'idda', 'ladd_splits', 'gta5')
-            + LEAF_DATASETS)
+DATASETS = (tuple(RESOURCES) + ('gldv2_images', 'feddrive_splits', 'cityscapes', 'idda', 'ladd_splits', 'gta5',
+                                'celeba') + LEAF_DATASETS)
 
 
 def _post(dataset: str, paths: List[str], data_dir: str) -> List[str]:
@@ -115,6 +117,8 @@ def download(dataset: str, data_dir: str, *, opener=None, progress=None, shards:
     return download_gta5(data_dir, opener=opener, progress=progress)
   if dataset in LEAF_DATASETS:
     raise DownloadError(leaf_instructions(dataset, data_dir))
+  if dataset == 'celeba':
+    raise DownloadError(celeba_instructions(data_dir))
   if dataset not in RESOURCES:
     raise ValueError(f'unknown dataset {dataset!r}; allowed: {DATASETS}')
   paths = [fetch(r, data_dir, opener=opener, progress=progress) for r in RESOURCES[dataset]]

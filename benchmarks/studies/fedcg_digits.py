@@ -1,0 +1,153 @@
+"""FedAvg vs FedCG (oracle and discovered domains) and FedCG's ablations on the planted-domain digits, over seeds:
+test accuracy (soft and hard test-time domain weights), per planted domain, and the purity of the discovered
+domains (benchmarks/studies/README.fedcg.md).
+
+  .venv/bin/python -m benchmarks.studies.fedcg_digits --out=benchmarks/studies/fedcg_digits.jsonl [--seeds=0,1,2]
+      [--cells='fedavg;fedcg,oracle;fedcg,discovered'] [--rounds=100]
+  .venv/bin/python -m benchmarks.studies.fedcg_digits --out=benchmarks/studies/fedcg_digits.jsonl --table
+
+Each run is the Trainer on configs/fedcg_digits.py:<cell> with config.seed = data.seed = the seed (the planted
+domains, the split and the training all change with it). Purity: the test images grouped by the final student's
+argmax (or the final teacher's), sum over groups of the count of their majority planted domain / N
+(algorithms/fedcg.purity): 1 = every discovered domain is one planted domain (or a part of one); 1/D_planted =
+no information when the groups are as many as the planted domains. Runs already in --out are skipped.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks.paths import REPO
+from fedjax_flat.algorithms import fedcg
+from fedjax_flat.config import families as config_strings
+from fedjax_flat.data import registry as data_registry
+from fedjax_flat.grouping import domains as grouping_domains
+from fedjax_flat.models import registry as model_registry
+from fedjax_flat.training import trainers
+
+DEFAULT_CELLS = ('fedavg', 'fedcg,oracle', 'fedcg,discovered', 'fedcg,kmeans', 'fedcg,discovered,soft=0',
+                 'fedcg,discovered,all',
+                 'fedcg,discovered,D=2', 'fedcg,discovered,D=8', 'fedcg,oracle,W=0', 'fedcg,oracle,relu=0',
+                 'fedcg,oracle,residual=0', 'fedcg,oracle,U,fixed', 'fedcg,oracle,H,fixed')
+
+
+def _per_domain_accuracy(model, params, x, y):
+  logits = jax.jit(lambda p, a: model.apply(p, a))(params, jnp.asarray(x))
+  correct = np.asarray(jnp.argmax(logits, -1)) == y[:, 0]
+  return [float(np.mean(correct[y[:, 1] == d])) for d in range(int(y[:, 1].max()) + 1)]
+
+
+def kmeans_data(c, pretrain_epochs):
+  """The data with each client's k-means domain (grouping/domains.py) on models of the plain body."""
+  data = data_registry.get_dataset(c.dataset, **c.data.to_dict())
+  kw = {**c.model_kwargs.to_dict(), 'domain_layers': 'none'}
+  plain = model_registry.get_model(c.model, data.num_classes, data.input_shape, **kw)
+  n = len(kw.get('channels', ())) + len(kw.get('hidden', ())) + 1
+  c.grouping.pretrain_epochs = pretrain_epochs
+  out, labels, _ = grouping_domains.kmeans_domains(c, plain, data, int(kw['num_domains']), f'net/layer_{n - 1}')
+  planted = [int(np.bincount(data.client_labels(k)[:, 1]).argmax()) for k in range(data.num_clients)]
+  return out, labels, planted
+
+
+def run_one(cell, seed, rounds, pretrain_epochs=5):
+  """A cell of configs/fedcg_digits.py; 'kmeans' in a cell = its 'discovered' config trained on the k-means
+  client domains (grouping/domains.py) given as oracle domains."""
+  kmeans = 'kmeans' in cell.split(',')
+  spec = f'fedcg_digits.py:{cell.replace("kmeans", "discovered")}'
+  c = config_strings.load_config(os.path.join(REPO, 'configs', spec))
+  c.seed = seed
+  c.data.seed = seed
+  if rounds:
+    c.rounds = rounds
+  c.progress_every_s = 1e9
+  t0 = time.time()
+  data, client_domains, planted_of = None, None, None
+  if kmeans:
+    data, client_domains, planted_of = kmeans_data(c, pretrain_epochs)
+    c.algo.domains = 'oracle'
+  t = trainers.make_trainer(c, data=data)
+  s = t.train()
+  rec = {'cell': cell, 'seed': seed, 'rounds': c.rounds, 'train_wall_s': time.time() - t0,
+         'final_test_accuracy': s['final_test_accuracy'],
+         'models': {k: v['final_test_accuracy'] for k, v in s['models'].items()},
+         'num_params': s.get('num_params'), 'comm_down_params': s.get('comm_down_params'),
+         'comm_up_params': s.get('comm_up_params')}
+  tx, ty = t.data.test_examples()
+  params = t.algorithm.eval_models(t.server_state)['global'][0]
+  rec['per_domain_accuracy'] = _per_domain_accuracy(t.model, params, tx, ty)
+  if client_domains is not None:   # the clients' k-means domains against their (majority) planted domains
+    rec['purity_kmeans_clients'] = fedcg.purity(client_domains, planted_of, int(t.model.num_domains),
+                                                max(planted_of) + 1)
+  if c.algorithm == 'fedcg':
+    d = int(t.model.num_domains)
+    planted = int(ty[:, 1].max()) + 1
+    x = jnp.asarray(tx, jnp.float32)
+    student = np.asarray(jnp.argmax(t.model.classifier_apply(t.server_state['params']['net']['student'], x), -1))
+    teacher = np.asarray(jnp.argmax(t.model.classifier_apply(t.server_state['teacher'], x), -1))
+    rec['purity_student'] = fedcg.purity(student, ty[:, 1], d, planted)
+    rec['purity_teacher'] = fedcg.purity(teacher, ty[:, 1], d, planted)
+    rec['domains_used'] = int(len(np.unique(student)))
+    rec['student_vs_planted'] = np.histogram2d(student, ty[:, 1], bins=(d, planted),
+                                               range=((0, d), (0, planted)))[0].astype(int).tolist()
+  rec['wall_s'] = time.time() - t0
+  return rec
+
+
+def _fmt(vals, scale=100.0):
+  v = [x for x in vals if x is not None and not (isinstance(x, float) and math.isnan(x))]
+  if not v:
+    return '-'
+  return f'{np.mean(v) * scale:.2f} ({np.std(v) * scale:.2f})' if len(v) > 1 else f'{np.mean(v) * scale:.2f}'
+
+
+def table(path):
+  recs = [json.loads(line) for line in open(path)]
+  cells = list(dict.fromkeys(r['cell'] for r in recs))
+  out = [f'Mean (std) over seeds {sorted({r["seed"] for r in recs})}, final round, %:\n',
+         '| cell | test acc | other assignment | acc per planted domain | purity student | purity teacher '
+         '| domains used | seeds |', '|---|---|---|---|---|---|---|---|']
+  for cell in cells:
+    rs = [r for r in recs if r['cell'] == cell]
+    other = [v for r in rs for k, v in r['models'].items() if k != 'global']
+    per = np.mean([r['per_domain_accuracy'] for r in rs], axis=0) * 100
+    used = [r['domains_used'] for r in rs if 'domains_used' in r]
+    out.append(f'| {cell} | {_fmt([r["final_test_accuracy"] for r in rs])} | {_fmt(other)} '
+               f'| {" / ".join(f"{p:.1f}" for p in per)} | {_fmt([r.get("purity_student") for r in rs])} '
+               f'| {_fmt([r.get("purity_teacher") for r in rs])} | {" ".join(map(str, used)) or "-"} | {len(rs)} |')
+  return '\n'.join(out)
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument('--out', required=True)
+  ap.add_argument('--cells', default=';'.join(DEFAULT_CELLS), help='configs/fedcg_digits.py cells, ";"-separated')
+  ap.add_argument('--seeds', default='0,1,2')
+  ap.add_argument('--rounds', type=int, default=0, help='0 = the config (100)')
+  ap.add_argument('--table', action='store_true')
+  a = ap.parse_args()
+  if a.table:
+    print(table(a.out))
+    return
+  done = set()
+  if os.path.exists(a.out):
+    done = {(r['cell'], r['seed']) for r in map(json.loads, open(a.out))}
+  for seed in map(int, a.seeds.split(',')):
+    for cell in a.cells.split(';'):
+      if (cell, seed) in done:
+        continue
+      rec = run_one(cell, seed, a.rounds)
+      with open(a.out, 'a') as f:
+        f.write(json.dumps(rec, default=float) + '\n')
+      print(f"{cell} seed={seed}: acc {rec['final_test_accuracy']:.4f} purity {rec.get('purity_student')} "
+            f"({rec['wall_s']:.0f}s)", flush=True)
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,51 @@
+"""Client domains from k-means on locally trained client models: the "K-means" alternative of FedCG's domain
+discovery (thesis Table 5.10; algorithms/fedcg.py).
+
+  kmeans_domains(config, model, data, num_domains, classifier_key, workdir=None) -> (data', labels [K], info)
+
+Every client trains the common initial model on its own data (grouping's pre-training pass: config.grouping
+.pretrain_epochs local epochs of the client optimizer without SAM, cached in WORKDIR/grouping/ like FedSeq's),
+its classifier weights are the client's representation (psi_clf, standardised + PCA as config.grouping says),
+and Euclidean k-means (k-means++, 10 restarts, seeded by grouping.seed / config.seed) splits the clients into
+`num_domains` clusters. One domain per client: every training image of client k gets domain c_k, written into
+the domain column of the labels ([class, domain], tasks/domains.py) of a copy of the data; the test labels keep
+their column (the planted or oracle domains, against which purity is measured). FedCG then trains on these
+domains as on given ones (algo.domains='oracle'); at test time its student predicts them.
+
+`model` is the network the clients train for the representation (the thesis: "models trained independently on
+each client"; configs use the plain body, fedcg_net with domain_layers='none'); `classifier_key` its output
+layer's path ('net/layer_<n>' for fedcg_net). Not a config value of the Trainer: the clusters need this pass
+before training, so a run with k-means domains gets its data from here (`Trainer(config, data=data')`;
+benchmarks/studies/fedcg_digits.py --cells=...kmeans).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Optional, Tuple
+
+import ml_collections
+import numpy as np
+
+from fedjax_flat.grouping import groupers
+from fedjax_flat.grouping.superclients import GroupingContext, fresh_params, grouping_seed, representations
+
+
+def client_domain_labels(data, labels: np.ndarray):
+  """A copy of `data` whose training examples of client k carry domain labels[k] in y[:, 1]."""
+  y = np.array(data.y, copy=True)
+  if y.ndim != 2 or y.shape[1] < 2:
+    raise ValueError('client domains need labels [class, domain] (task domain_labelled)')
+  for k in range(data.num_clients):
+    y[data.client_indices(k), 1] = int(labels[k])
+  return dataclasses.replace(data, y=y)
+
+
+def kmeans_domains(config, model, data, num_domains: int, classifier_key: str,
+                   workdir: Optional[str] = None) -> Tuple[object, np.ndarray, Dict]:
+  cfg = ml_collections.ConfigDict(config.to_dict())
+  cfg.grouping.estimator = 'clf'
+  cfg.init.classifier_key = classifier_key
+  ctx = GroupingContext(model, data, cfg, params0=fresh_params(cfg, model, data))
+  reps, info = representations(cfg, ctx, workdir, 'clf')
+  labels = groupers.kmeans_labels(reps, int(num_domains), np.random.default_rng(grouping_seed(cfg)))
+  return client_domain_labels(data, labels), labels, info
