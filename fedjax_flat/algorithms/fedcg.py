@@ -159,7 +159,9 @@ def fedcg_algorithm(ctx, hp, name='fedcg') -> FederatedAlgorithm:
   def server_init(params, rng):
     k_teacher, k_adj = jax.random.split(jax.random.fold_in(rng, 0xFC6))
     a0 = initial_adjacency(hp['adjacency_init'], d, beta, k_adj)
-    params = {**params, 'adjacency': {k: a0 for k in model.layer_names}, 'soft': jnp.float32(soft)}
+    # one buffer per layer (a shared one would be donated twice by the round program)
+    params = {**params, 'adjacency': {k: jnp.array(a0, copy=True) for k in model.layer_names},
+              'soft': jnp.float32(soft)}
     teacher = model.init(k_teacher, sample_x)['net']['student']   # randomly initialised, independent of phi
     return {'params': params, 'opt_state': server_tx.init(params), 'teacher': teacher}
 
