@@ -39,7 +39,9 @@ Choices and their alternatives:
   beta             0.5 (the thesis' value); D = 1 gives A = [[1]]
   soft             True (default) / False
   domains          'discovered' (default) / 'oracle'. The k-means alternative of Table 5.10 (k-means on locally
-                   trained client models, one domain per client) is not built here.
+                   trained client models, one domain per client) is grouping/domains.kmeans_domains: it writes
+                   each client's cluster into the data's domain column before training, then 'oracle' trains on
+                   it (not a config value: the clusters need a pre-training pass the Trainer does not run)
 
 Not supported (ConfigError): MAN's activation term (man.zeta > 0) and client.microbatches > 1 (FedCG's loss is
 its own: the task's loss plus the student's).
