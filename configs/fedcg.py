@@ -33,8 +33,8 @@ Published accuracy % (the thesis' tables):
     All   rand  D = 2 / 3 / 4   hard                 88.73 / 88.24 / 88.55     all,rand,D=..,soft=0
     All   eye   D = 2 / 3 / 4   soft                 87.88 / 88.74 / 88.67     all,eye,D=..,soft=1
     Last  eye   D = 2 / 3 / 4 / 32  soft             88.31 / 88.13 / 89.18 / 88.40   last,eye,D=..,soft=1
-    (K-means rows, All eye D = 2 / 3 / 4 hard: 88.36 / 87.97 / 87.21: not cells, the k-means domain assignment
-    on locally trained client models is not built; algorithms/fedcg.py)
+    (K-means rows, All eye D = 2 / 3 / 4 hard: 88.36 / 87.97 / 87.21: not cells: the k-means domains come from
+    grouping/domains.kmeans_domains before training (a pre-training pass), not from a config value)
   Table 5.11:  CelebA FedAvg 86.88, FedCG 89.18 (= Table 5.10's Last/eye/D=4/soft setting);
                FEMNIST FedAvg 77.81, FedCG 83.41, FedProx 75.00, SCAFFOLD 84.20 (this FEMNIST FedAvg differs
                from Table 5.1's 81.55: another, unstated setup)

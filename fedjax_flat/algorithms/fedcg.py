@@ -39,7 +39,9 @@ Choices and their alternatives:
   beta             0.5 (the thesis' value); D = 1 gives A = [[1]]
   soft             True (default) / False
   domains          'discovered' (default) / 'oracle'. The k-means alternative of Table 5.10 (k-means on locally
-                   trained client models, one domain per client) is not built here.
+                   trained client models, one domain per client) is grouping/domains.kmeans_domains: it writes
+                   each client's cluster into the data's domain column before training, then 'oracle' trains on
+                   it (not a config value: the clusters need a pre-training pass the Trainer does not run)
 
 Not supported (ConfigError): MAN's activation term (man.zeta > 0) and client.microbatches > 1 (FedCG's loss is
 its own: the task's loss plus the student's).
@@ -159,7 +161,9 @@ def fedcg_algorithm(ctx, hp, name='fedcg') -> FederatedAlgorithm:
   def server_init(params, rng):
     k_teacher, k_adj = jax.random.split(jax.random.fold_in(rng, 0xFC6))
     a0 = initial_adjacency(hp['adjacency_init'], d, beta, k_adj)
-    params = {**params, 'adjacency': {k: a0 for k in model.layer_names}, 'soft': jnp.float32(soft)}
+    # one buffer per layer (a shared one would be donated twice by the round program)
+    params = {**params, 'adjacency': {k: jnp.array(a0, copy=True) for k in model.layer_names},
+              'soft': jnp.float32(soft)}
     teacher = model.init(k_teacher, sample_x)['net']['student']   # randomly initialised, independent of phi
     return {'params': params, 'opt_state': server_tx.init(params), 'teacher': teacher}
 

@@ -45,7 +45,9 @@ def kmeans_domains(config, model, data, num_domains: int, classifier_key: str,
   cfg = ml_collections.ConfigDict(config.to_dict())
   cfg.grouping.estimator = 'clf'
   cfg.init.classifier_key = classifier_key
-  ctx = GroupingContext(model, data, cfg, params0=fresh_params(cfg, model, data))
+  # the local models learn the classes: the pass sees plain class labels (the domain column is what we look for)
+  plain = dataclasses.replace(data, y=np.asarray(data.y)[:, 0], test_y=np.asarray(data.test_y)[:, 0], task=None)
+  ctx = GroupingContext(model, plain, cfg, params0=fresh_params(cfg, model, plain))
   reps, info = representations(cfg, ctx, workdir, 'clf')
   labels = groupers.kmeans_labels(reps, int(num_domains), np.random.default_rng(grouping_seed(cfg)))
   return client_domain_labels(data, labels), labels, info

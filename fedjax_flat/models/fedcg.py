@@ -25,7 +25,11 @@ One model, `fedcg_net`, registered for `config.model`:
             bottleneck", here as a low-rank update of the identity so that it starts where the full W does.
             A and W are per layer (graph G^l of the thesis).
   student   the domain classifier g_phi: `classifier_channels` conv blocks + a `classifier_hidden` dense layer
-            -> D logits (params['net']['student']). The teacher has the same architecture; its params live in
+            -> D logits (params['net']['student']), on each image standardised over its pixels
+            (`classifier_standardize=True`, a choice: on raw non-negative pixels a randomly initialised
+            classifier tends to put nearly every image in one domain, and that partition is a fixed point of
+            the teacher / student iterations: measured on the planted digits, benchmarks/studies/README.fedcg.md;
+            False gives the raw-pixel classifier). The teacher has the same architecture; its params live in
             the server state of algorithms/fedcg.py (`classifier_apply`).
 
 Params (what `init` returns and the server holds): {'net': the Flax params, 'adjacency': {layer: A [D, D]},
@@ -119,13 +123,19 @@ class DomainSpecific(nn.Module):
 
 
 class DomainClassifier(nn.Module):
-  """g: images -> D domain logits (the student; the teacher has the same architecture)."""
+  """g: images -> D domain logits (the student; the teacher has the same architecture). `standardize`: each
+  image is first standardised over its pixels and channels ((x - mean) / std)."""
   num_domains: int
   channels: Sequence[int] = (8,)
   hidden: int = 32
+  standardize: bool = True
 
   @nn.compact
   def __call__(self, x):
+    x = x.astype(jnp.float32)
+    if self.standardize:
+      axes = tuple(range(1, x.ndim))
+      x = (x - jnp.mean(x, axis=axes, keepdims=True)) / (jnp.std(x, axis=axes, keepdims=True) + 1e-6)
     for c in self.channels:
       x = nn.Dense(c, name=None)(im2col_same(x))
       x = max_pool(nn.relu(x), (2, 2)) if min(x.shape[1:3]) >= 2 else nn.relu(x)
@@ -148,6 +158,7 @@ class FedCGNet(nn.Module):
   lambda_init: float = 1.0
   classifier_channels: Sequence[int] = (8,)
   classifier_hidden: int = 32
+  classifier_standardize: bool = True
 
   def layer_names(self) -> Tuple[str, ...]:
     """The domain-specific layers, in order (the keys of params['adjacency'])."""
@@ -164,7 +175,7 @@ class FedCGNet(nn.Module):
       domain_logits = jnp.zeros((x.shape[0], self.num_domains), jnp.float32)
     else:
       domain_logits = DomainClassifier(self.num_domains, tuple(self.classifier_channels), self.classifier_hidden,
-                                       name='student')(x)
+                                       self.classifier_standardize, name='student')(x)
     n = len(self.channels) + len(self.hidden) + 1
     ds = set(self.layer_names())
     kw = dict(num_domains=self.num_domains, residual=self.residual, gcn_w=self.gcn_w,
@@ -217,7 +228,8 @@ class DomainModel(base.Model):
 def make_fedcg_net(module: FedCGNet, name: str, num_classes: int, input_shape: tuple) -> DomainModel:
   d = module.num_domains
   layers = module.layer_names()
-  classifier = DomainClassifier(d, tuple(module.classifier_channels), module.classifier_hidden)
+  classifier = DomainClassifier(d, tuple(module.classifier_channels), module.classifier_hidden,
+                                module.classifier_standardize)
 
   def init(rng, sample_x):
     eye = {k: jnp.eye(d, dtype=jnp.float32) for k in layers}
@@ -276,7 +288,7 @@ def _tuple(v) -> tuple:
 @register('fedcg_net')
 def _fedcg_net(num_classes, input_shape, num_domains=4, channels=(), hidden=(64,), domain_layers='last',
                residual=True, gcn_w=True, gcn_bottleneck=0, gcn_relu=True, lambda_init=1.0,
-               classifier_channels=(8,), classifier_hidden=32, conv_impl='auto'):
+               classifier_channels=(8,), classifier_hidden=32, classifier_standardize=True, conv_impl='auto'):
   del conv_impl   # the convolutions are im2col matmuls (the per-domain kernels are GCN outputs)
   if domain_layers not in DOMAIN_LAYERS:
     raise ValueError(f'model_kwargs.domain_layers={domain_layers!r}; allowed: {list(DOMAIN_LAYERS)}')
@@ -284,6 +296,6 @@ def _fedcg_net(num_classes, input_shape, num_domains=4, channels=(), hidden=(64,
     raise ValueError(f'model_kwargs.num_domains={num_domains!r} must be >= 1 and lambda_init finite')
   module = FedCGNet(num_classes, int(num_domains), _tuple(channels), _tuple(hidden), domain_layers,
                     bool(residual), bool(gcn_w), int(gcn_bottleneck), bool(gcn_relu), float(lambda_init),
-                    _tuple(classifier_channels), int(classifier_hidden))
+                    _tuple(classifier_channels), int(classifier_hidden), bool(classifier_standardize))
   return make_fedcg_net(module, 'fedcg_net', num_classes, input_shape)
 

@@ -2,12 +2,15 @@
 engine rounds equal rounds written by hand (teacher pseudo-labels or oracle domains -> one-hot w, student on the
 pseudo-labels, FedAvg, eq. 5.14's A, teacher <- student every T rounds); communication; the config checks; and
 the planted-domain problem on which the teacher/student procedure's purity is measured."""
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from fedjax_flat.algorithms import fedcg, registry
+from fedjax_flat.config import families as config_strings
 from fedjax_flat.config import validate
 from fedjax_flat.config.default_config import default_config
 from fedjax_flat.core import engine
@@ -17,6 +20,8 @@ from fedjax_flat.data.sources.planted_domains import planted_domains
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.models.registry import get_model
 from fedjax_flat.tasks.base import cross_entropy
+from fedjax_flat.training import trainers
+from tests.fixtures.paths import REPO
 
 tmap = jax.tree_util.tree_map
 D, B, LR, WD = 3, 4, 0.1, 1e-3
@@ -215,3 +220,20 @@ def test_config_checks():
   c.model_kwargs.num_domains = 2
   with pytest.raises(ConfigError, match='num_domains'):
     registry.spec('fedcg').validate_data(c, data)
+
+
+@pytest.mark.slow
+def test_teacher_student_discovers_two_planted_domains():
+  """Identity vs inverted digits, one domain per client, D = 2, 30 rounds: the final student's clusters on the test
+  images against the planted domains (purity 0.5 = no information, 1 = the planted split). Measured 0.777 (seed
+  0; 259 / 99 test images per cluster): a partial discovery, asserted with a margin for float differences."""
+  c = config_strings.load_config(os.path.join(REPO, 'configs', 'fedcg_digits.py:fedcg,discovered,D=2'))
+  c.data.num_domains, c.data.num_clients, c.clients_per_round, c.rounds = 2, 8, 8, 30
+  c.progress_every_s = 1e9
+  t = trainers.make_trainer(c)
+  t.train()
+  tx, ty = t.data.test_examples()
+  student = np.asarray(jnp.argmax(t.model.classifier_apply(t.server_state['params']['net']['student'],
+                                                           jnp.asarray(tx)), -1))
+  assert fedcg.purity(student, ty[:, 1], 2, 2) >= 0.7
+  assert np.bincount(student, minlength=2).min() > 0           # both domains in use (no collapse)

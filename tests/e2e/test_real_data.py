@@ -161,3 +161,17 @@ def test_fedseq_shakespeare_cell_on_leaf_json(tmp_path):
   assert sum(grouping['examples']) == 6 * 18                  # 21 windows per role -> first 20 -> 18 train
   rec = json.loads(open(tmp_path / 'run' / 'metrics.jsonl').readlines()[-1])
   assert rec['test_tokens'] > 0 and 'test_accuracy_no_pad' in rec      # the NextToken task's metrics
+
+
+@pytest.mark.parametrize('cell', ['celeba,fedcg', 'celeba,table=5.9,residual,H', 'celeba,fedavg'])
+def test_fedcg_celeba_cells_on_leaf_layout(tmp_path, cell):
+  """configs/fedcg.py on CelebA in LEAF's layout (JSON + official JPEGs and attribute file): discovered domains,
+  the 32 oracle attribute domains with the Hamming adjacency, and the FedAvg baseline; images shrunk to 16."""
+  from tests.fixtures.data_files import make_celeba_leaf
+  make_celeba_leaf(str(tmp_path / 'data' / 'celeba' / 'data'), celebs=(6, 5, 7, 8))
+  c = _config(f'fedcg.py:{cell}')
+  c.data.data_dir = str(tmp_path / 'data')
+  c.data.image_size = 16
+  c.model_kwargs.channels = (4, 4)
+  c.model_kwargs.gcn_bottleneck = 4
+  _run(c, tmp_path, 'celeba', clients_per_round=2, batch_size=4)
