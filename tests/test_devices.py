@@ -244,6 +244,7 @@ def _leaves(ck):
   return list(ck['server_leaves']) + list(ck['client_leaves'] or [])
 
 
+@pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 def test_two_devices_header_config_and_bit_identical_resume(tmp_path):
   ref = tmp_path / 'ref'
   res = subprocess.run(_train_cmd(ref), env=_env(2), capture_output=True, text=True, timeout=600)

@@ -163,6 +163,7 @@ def fs_data():
   return load_digits_feature_shift(4, seed=0)
 
 
+@pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 def test_fedsoup_never_started_equals_fedavg(fs_data):
   """Validation steps must not perturb training: a soup that never starts is exactly FedAvg."""
   a = trainers.make_trainer(fs_config('fedsoup', **{'algo.start_round': 100, 'rounds': 1}), data=fs_data)

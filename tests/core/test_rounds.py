@@ -87,9 +87,9 @@ def _leaves(t):
   return out
 
 
-# fedavg_sam and scaffold_server_adam (client-state store + server optimizer state) run in the default suite;
-# the other stateful cases in `pytest -m slow` (each case trains 5 trainers).
-SLOW_CASES = ('feddyn', 'swa')
+# fedavg_sam runs in the default suite; the stateful cases (client-state store + server optimizer state) in
+# `pytest -m slow` (each case trains 5 trainers).
+SLOW_CASES = ('feddyn', 'swa', 'scaffold_server_adam')
 
 
 @pytest.mark.parametrize('case', [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_CASES else c

@@ -57,6 +57,7 @@ def _assert_same(a, b, tol=1e-5):
     np.testing.assert_allclose(a[k], b[k], rtol=tol, atol=tol, err_msg=k)
 
 
+@pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 def test_four_devices_same_params_as_one_device(tmp_path):
   names = list(scale_worker.CONFIGS)
   proc = subprocess.Popen([sys.executable, '-m', 'tests.fixtures.scale_worker', '--devices=4', f'--out={tmp_path}',

@@ -64,6 +64,7 @@ def test_accelerator_smoke_mlp(tmp_path):
   _check(res, md, ['mlp'], [3])
 
 
+@pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 def test_accelerator_smoke_pfl_protocol(tmp_path):
   res, md = _run(tmp_path, '--protocols=pfl')
   assert len(res['groups']) == 1

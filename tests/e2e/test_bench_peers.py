@@ -107,6 +107,7 @@ def test_torch_reference_round_equals_ours(tmp_path, opt):
     np.testing.assert_allclose(peer.server[f'{name}.bias'].numpy(), got[key]['bias'], rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 def test_torch_pfl_cnn_round_equals_ours(tmp_path):
   """pfl-research's protocol on both stacks: the pfl CNN (dropout off: the one random draw the two stacks
   cannot share), unweighted averaging over clients of unequal sizes, full-batch steps (order-free), 2 epochs.

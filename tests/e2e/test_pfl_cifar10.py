@@ -89,6 +89,7 @@ def test_pfl_cnn_init_is_glorot_uniform_with_zero_biases():
     np.testing.assert_array_equal(np.asarray(p[name]['bias']), 0)
 
 
+@pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 def test_pfl_cnn_dropout_draws_from_the_step_key():
   m, p = _init((8, 8, 3))
   x = jax.random.uniform(jax.random.key(1), (4, 8, 8, 3))
@@ -206,6 +207,7 @@ def test_config_is_the_protocol():
   assert batching.padded_num_steps([50] * 1000, c.client.batch_size) == 5
 
 
+@pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 def test_config_trains_two_rounds_on_official_files(tmp_path):
   make_cifar10(str(tmp_path / 'data'), per_batch=100, n_test=20)      # 500 training images
   c = config_strings.load_config(os.path.join(REPO, 'configs', 'pfl_cifar10.py'))

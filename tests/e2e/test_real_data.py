@@ -50,6 +50,7 @@ def test_cifar10_fedsam_config_on_official_tarball(tmp_path):
   assert os.path.exists(tmp_path / 'data' / 'splits' / 'cifar10_alpha0.05_clients5_epc20_seed0.npz')
 
 
+@pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 def test_pam_config_on_fedjax_sqlite(tmp_path):
   from tests.fixtures.data_files import write_pam
   os.makedirs(tmp_path / 'data')
@@ -61,6 +62,7 @@ def test_pam_config_on_fedjax_sqlite(tmp_path):
   _run(c, tmp_path, 'cifar100_pam', clients_per_round=3, batch_size=4)
 
 
+@pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 def test_landmarks_config_on_tff_csv_and_gldv2_jpegs(tmp_path):
   root = str(tmp_path / 'data')
   make_landmarks(root, 'gld23k', num_users=4, per_user=(3, 5, 2, 4), num_test=5, num_classes=7)
@@ -86,6 +88,7 @@ def test_femnist_quickstart_on_leaf_json(tmp_path):
   assert 'rounds_to_70pct_centralized' in s
 
 
+@pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 def test_shakespeare_quickstart_on_leaf_json(tmp_path):
   from tests.fixtures.data_files import make_shakespeare_leaf
   text = 'Full fathom five thy father lies; of his bones are coral made; those are pearls that were his eyes. '
@@ -100,6 +103,7 @@ def test_shakespeare_quickstart_on_leaf_json(tmp_path):
   assert rec['test_tokens'] > 0 and rec['test_accuracy'] == rec['test_accuracy_no_pad']   # pad-only exclusion
 
 
+@pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 def test_stackoverflow_quickstart_on_tff_sqlite(tmp_path):
   from tests.fixtures.data_files import make_stackoverflow_tff, write_word_counts
   from fedjax_flat.data.sources import stackoverflow as so
@@ -135,6 +139,7 @@ def test_fedseq_family_cells_on_official_tarball(tmp_path, cell):
     assert s['attack']['num_attackers'] >= 1 and os.path.exists(tmp_path / 'run' / 'attack.json')
 
 
+@pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 def test_fedseq_shakespeare_cell_on_leaf_json(tmp_path):
   """configs/fedseq.py's Shakespeare FedSeq cell on LEAF JSON: superclients from the grouping toolkit, chains
   of the next_token task, summary.json's fedseq section. The cell's psi_clf + greedy grouping is replaced by

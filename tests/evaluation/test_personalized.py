@@ -186,6 +186,7 @@ def test_fedbn_leave_one_out_end_to_end():
   assert 'unseen_acc' in p['server'] and 0 <= p['unseen']['acc_client_mean'] <= 1
 
 
+@pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 def test_fedsoup_with_local_norm_one_round():
   _register_gn_model()
   c = default_config()

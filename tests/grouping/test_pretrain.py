@@ -181,6 +181,7 @@ def test_a_corrupt_cache_file_is_recomputed(ctx, tmp_path, monkeypatch, caplog):
   assert len(calls) == 3
 
 
+@pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 def test_task2vec_pass_equals_direct_fisher_and_uses_the_probe_file(ctx, tmp_path, caplog):
   config = _config()
   config.grouping.estimator = 't2v'
@@ -253,6 +254,7 @@ def test_probe_from_config_init_keeps_features_and_refits_the_head(ctx, tmp_path
   np.testing.assert_array_equal(np.asarray(w0['Dense_1']['kernel']), np.asarray(src['Dense_1']['kernel']))
 
 
+@pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 def test_next_token_data_pretrain_on_the_task_loss_and_refuse_per_example_estimators(tmp_path):
   """A per-position task (next_token): clf groups with the task's loss (pad targets excluded); conf and t2v,
   which score one label per example, are a ConfigError naming grouping.estimator."""

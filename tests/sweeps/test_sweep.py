@@ -94,6 +94,7 @@ def test_slurm_script_array_and_commands(tmp_path):
   assert (tmp_path / 'mh' / 'commands.txt').read_text().strip().endswith('--distributed')
 
 
+@pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 def test_run_skip_and_fail(tmp_path):
   """One good run and one that fails while training (divergence, exit 1): the good one finishes, the failure
   is listed, exit 1; the second invocation skips the finished run and reports the failure again."""
@@ -128,6 +129,7 @@ def test_run_skip_and_fail(tmp_path):
   assert sweep_lib.run_status(run) == 'mismatch'
 
 
+@pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 def test_batched_sweep_writes_every_workdir_and_resumes(tmp_path):
   """--batch_runs on two host devices: compatible runs share a program (the SGD cell's seeds, the SAM
   cell's), every workdir is complete, report.py reads the sweep; a rerun skips everything."""

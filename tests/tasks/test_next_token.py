@@ -81,6 +81,7 @@ def test_registered_and_validated():
     _task(accuracy_excludes=('pad', 'unk'))
 
 
+@pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 def test_hessian_analysis_uses_the_task():
   """analysis.analyze with the dataset's task: its loss is the task's (pad targets excluded), not a crash."""
   import jax

@@ -65,7 +65,9 @@ def _files(wd):
   return sorted(f for f in os.listdir(wd) if not f.startswith('.'))
 
 
-@pytest.mark.parametrize('case', sorted(CASES))
+# fedavg runs in the default suite; the other cases (each trains 3 runs alone and batched) in `pytest -m slow`.
+@pytest.mark.parametrize('case', [c if c == 'fedavg' else pytest.param(c, marks=pytest.mark.slow)
+                                  for c in sorted(CASES)])
 def test_batched_run_equals_run_alone(case, tmp_path, monkeypatch):
   data = _data()
   for i in range(3):

@@ -32,6 +32,7 @@ def test_rounds_to_with_window():
   assert centralized.fraction_key(0.7) == 'rounds_to_70pct_centralized'
 
 
+@pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 def test_centralized_beats_one_federated_round_and_feeds_rounds_to(tmp_path):
   c = _config()
   c.centralized.epochs = 4

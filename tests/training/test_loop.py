@@ -19,6 +19,7 @@ def quantity_skew_data():
   return synthetic(8, [3, 17, 6, 9, 30, 1, 12, 5], input_shape=(4, 4, 1), num_classes=4, seed=3)
 
 
+@pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 def test_same_seed_same_params_other_seed_other_params():
   data = quantity_skew_data()
   p1 = trainers.make_trainer(small_config(), data=data)
