@@ -170,6 +170,6 @@ def get_config(arg: str = ''):
     kw.update(domain_layers='none', num_domains=1)
     if m == 'fedprox':
       c.algo.mu = 0.01
-  c.model_kwargs = kw
+  c.model_kwargs = {'conv_impl': 'auto', **kw}   # conv_impl: the field every config carries
   config_strings.set_published(c, source, acc)
   return c
