@@ -268,6 +268,7 @@ def test_teacher_refresh_then_swa():
 
 # --------------------------------------------------------------------------------- layer selections
 
+@pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 def test_cluster_layer_selections_on_the_segmentation_model():
   model = get_model('seg_cnn', num_classes=4, input_shape=(16, 16, 3), width=4)
   params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 16, 16, 3)))

@@ -124,6 +124,7 @@ def test_algo_flags_fill_defaults_and_parse_by_type():
     algo_flags.split_argv(['--config.algo.mu'])
 
 
+@pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 def test_binary_takes_algo_flags_for_a_config_without_algo(tmp_path):
   wd = tmp_path / 'w'
   cmd = [sys.executable, os.path.join(REPO, 'experiments', 'train.py'),

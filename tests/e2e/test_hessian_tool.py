@@ -58,6 +58,7 @@ def test_fedasam_flatter_than_fedavg_on_digits_alpha0():
   assert np.isfinite(lam['fedavg']) and lam['fedasam'] < lam['fedavg']
 
 
+@pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 def test_per_client_local_vs_global_sharpness(tmp_path):
   """--per_client on a quickstart-sized run; the recomputed local models are the ones the next round trains:
   their example-weighted mean is the server's FedAvg update (server SGD lr 1)."""

@@ -168,6 +168,7 @@ def test_fedseq_shakespeare_cell_on_leaf_json(tmp_path):
   assert rec['test_tokens'] > 0 and 'test_accuracy_no_pad' in rec      # the NextToken task's metrics
 
 
+@pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 @pytest.mark.parametrize('cell', ['celeba,fedcg', 'celeba,table=5.9,residual,H', 'celeba,fedavg'])
 def test_fedcg_celeba_cells_on_leaf_layout(tmp_path, cell):
   """configs/fedcg.py on CelebA in LEAF's layout (JSON + official JPEGs and attribute file): discovered domains,

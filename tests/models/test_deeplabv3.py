@@ -35,6 +35,7 @@ def test_parameter_count(model_and_params):
   assert sorted(k for k in params['params'] if k.startswith('features'))[-1] == 'features_18'
 
 
+@pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 def test_forward_shapes_statistics_and_dropout(model_and_params):
   model, params = model_and_params
   x = jax.random.normal(jax.random.PRNGKey(1), (2, 64, 64, 3))

@@ -33,6 +33,7 @@ def test_pretraining_learns_and_is_deterministic(setup):
                          np.asarray(jax.tree_util.tree_leaves(params0['batch_stats'])[0]))
 
 
+@pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 def test_style_bank_changes_the_training(setup):
   ds, model, params0 = setup
   styles = fda.client_styles(ds)
@@ -46,6 +47,7 @@ def test_style_bank_changes_the_training(setup):
     P.pretrain_source(model, params0, ds.source_x, ds.source_y, steps=0)
 
 
+@pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 def test_checkpoint_round_trip(setup, tmp_path):
   ds, model, params0 = setup
   trained, _ = P.pretrain_source(model, params0, ds.source_x, ds.source_y, steps=2, batch_size=4)
