@@ -431,6 +431,11 @@ def _validate_segmentation_data(cfg) -> None:
     if not isinstance(get(k), bool):
       raise ConfigError(f'data.{k}', get(k), 'must be True or False')
 
+  if 'crop' not in declared:   # declared whole without the image + label-map augmentation (vpr_synthetic)
+    own = data_registry.DATASETS.entry(cfg.dataset).meta.get('check')
+    if own is not None:
+      own({k: get(k) for k in declared})
+    return
   pair('crop', True, True)
   pair('scale', False, False)
   lo, hi = get('scale')
