@@ -35,7 +35,7 @@ def get_config(arg: str = ''):
   c.clients_per_round = 5
   c.client.batch_size, c.client.local_epochs = 4, 1
   c.client.lr, c.client.momentum, c.client.weight_decay = 0.05, 0.9, 0.0
-  c.retrieval = {'margin': 0.1, 'num_negatives': 3, 'threshold': 25.0}
+  c.retrieval.margin, c.retrieval.num_negatives, c.retrieval.threshold = 0.1, 3, 25.0
   c.eval_batch_size = 64
   c.eval_every, c.summary_last_k = 5, 1
   return c

@@ -201,6 +201,10 @@ def validate_config(cfg) -> None:
     centralized.validate(cfg)
   if 'segmentation' in cfg:
     _validate_segmentation(cfg)
+  if 'retrieval' in cfg:                   # FedVPR's triplet loss and Recall@K (tasks/retrieval.py)
+    _num(cfg, 'retrieval.margin', lo=0)
+    _num(cfg, 'retrieval.num_negatives', lo=1, integer=True)
+    _num(cfg, 'retrieval.threshold', lo=0, lo_open=True)
   if 'bn' in cfg:
     _validate_bn(cfg, model_registry)
   if 'personalized' in cfg:                # end-of-training personalized evaluation (evaluation/personalized.py)

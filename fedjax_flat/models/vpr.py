@@ -133,4 +133,4 @@ def _vpr_resnet18(num_classes, input_shape, norm='gn', gn_groups=2, base_width=6
     raise ValueError(f'model_kwargs.norm={norm!r}; allowed: {NORMS}')
   module = VprResNet(base_width=int(base_width), norm=norm, gn_groups=int(gn_groups),
                      bn_momentum=float(bn_momentum), gem_p=float(gem_p), conv_impl=conv_impl)
-  return from_flax(module, 'vpr_resnet18', num_classes, input_shape, batch_stats=norm == 'bn')
+  return from_flax(module, 'vpr_resnet18', num_classes, input_shape, batch_stats=norm == 'bn', rbg_init=True)

@@ -21,6 +21,9 @@ proximity split gives). Each client's training examples are
 its query tuples (positives and negative candidates from its own database: tasks/retrieval.py). The test set
 is a separate city on the server: its queries and database, y = (easting, northing, role).
 
+Extra attributes: split_stats (Table 6.5's columns), tuple_index [N, T] (the image ids of each tuple's slots),
+image_pos [images, 2], image_client (the client holding each image; -2 when several hold it).
+
 Default size: 4 training cities of 300 m x 300 m, 30 sequences x 8 frames and 80 queries each, 32 x 32
 images; generated in about a second.
 """
@@ -181,6 +184,12 @@ def load(num_cities=4, city_size=300.0, sequences_per_city=30, seq_len=8, frame_
   data = vpr_places.tuple_dataset(images, tuples, int(num_positives), int(num_candidates), test_x, test_y,
                                   name=f'vpr_synthetic_{split}')
   data.split_stats = vpr_places.split_statistics(groups, [len(f) for f in seq_frames])
+  data.tuple_index = np.concatenate(tuples)                   # [N, T] image ids of x's slots (-1 empty)
+  data.image_pos = np.concatenate([db_pos, q_pos])            # [images, 2] metres
+  data.image_client = np.full(len(images), -1, np.int64)      # the client holding an image (-1: none or several)
+  for k, (qs, ss) in enumerate(groups):
+    for ids in [q_base + qs] + [seq_frames[s] for s in ss]:
+      data.image_client[ids] = np.where(data.image_client[ids] == -1, k, -2)
   return data
 
 
