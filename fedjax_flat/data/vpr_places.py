@@ -43,6 +43,22 @@ def distances(a, b):
   return np.sqrt(np.maximum(np.sum(a * a, 1)[:, None] + np.sum(b * b, 1)[None, :] - 2 * a @ b.T, 0.0))
 
 
+def within(query_pos, db_pos, radius: float):
+  """For every query, the indices of the database positions within `radius` metres (a grid of radius-sized
+  cells: each query looks at its 3 x 3 neighbouring cells, so memory follows the matches, not Nq x Nd)."""
+  query_pos = np.asarray(query_pos, np.float64).reshape(-1, 2)
+  db_pos = np.asarray(db_pos, np.float64).reshape(-1, 2)
+  cells = {}
+  for i, c in enumerate(map(tuple, np.floor(db_pos / radius).astype(np.int64))):
+    cells.setdefault(c, []).append(i)
+  out = []
+  for q, (cx, cy) in zip(query_pos, np.floor(query_pos / radius).astype(np.int64)):
+    cand = [i for dx in (-1, 0, 1) for dy in (-1, 0, 1) for i in cells.get((cx + dx, cy + dy), ())]
+    cand = np.array(sorted(cand), np.int64)
+    out.append(cand[np.linalg.norm(db_pos[cand] - q, axis=1) <= radius] if len(cand) else cand)
+  return out
+
+
 def proximity_split(query_pos, seq_centroids, radius: float, seed: int,
                     min_queries: int = MIN_QUERIES, min_sequences: int = MIN_SEQUENCES):
   """Clients of one city as (query indices, sequence indices) lists (module docstring)."""

@@ -84,3 +84,13 @@ def test_split_statistics_columns():
   assert st['clients'] == 2
   assert st['sequences_per_client'] == (2.5, 0.5)
   assert st['images_per_client'] == (((3 + 8) + (2 + 15)) / 2, 3.0)
+
+
+def test_within_equals_the_dense_distance_test():
+  rng = np.random.default_rng(5)
+  q, d = rng.uniform(0, 80, (40, 2)), rng.uniform(0, 80, (300, 2))
+  got = vpr_places.within(q, d, 10.0)
+  dense = vpr_places.distances(q, d) <= 10.0
+  for g, row in zip(got, dense):
+    assert g.tolist() == np.flatnonzero(row).tolist()
+  assert sum(len(g) for g in got) > 0

@@ -166,7 +166,7 @@ def load(num_cities=4, city_size=300.0, sequences_per_city=30, seq_len=8, frame_
       groups.append((qs[gq], ss[gs]))
   if split == 'random':
     k = int(num_clients) or max(1, len(groups))
-    near = vpr_places.distances(q_pos, db_pos) <= vpr_places.POS_RADIUS
+    near = vpr_places.within(q_pos, db_pos, vpr_places.POS_RADIUS)
     groups = vpr_places.random_split([np.unique(db_seq[row]) for row in near], len(seq_frames), k, seed=int(seed))
   elif int(num_clients):
     raise ConfigError('data.num_clients', num_clients, "0 with split='proximity' (the radius sets the clients)")
