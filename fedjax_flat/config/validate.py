@@ -201,6 +201,8 @@ def validate_config(cfg) -> None:
     centralized.validate(cfg)
   if 'segmentation' in cfg:
     _validate_segmentation(cfg)
+  if 'fedvc' in cfg:                       # FedVC's virtual clients (data/virtual_clients.py)
+    _num(cfg, 'fedvc.virtual_size', lo=0, integer=True)
   if 'retrieval' in cfg:                   # FedVPR's triplet loss and Recall@K (tasks/retrieval.py)
     _num(cfg, 'retrieval.margin', lo=0)
     _num(cfg, 'retrieval.num_negatives', lo=1, integer=True)

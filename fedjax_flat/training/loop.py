@@ -43,6 +43,7 @@ from fedjax_flat.data.sampling import sample_clients
 from fedjax_flat.data import attacks
 from fedjax_flat.data import batching
 from fedjax_flat.data import registry as data_registry
+from fedjax_flat.data import virtual_clients
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.models import registry as model_registry
 from fedjax_flat.models.base import num_params
@@ -73,6 +74,8 @@ class Trainer:
     self.config = config
     self.workdir = workdir
     self.data = data if data is not None else data_registry.get_dataset(config.dataset, **config.data.to_dict())
+    if config.get('fedvc') is not None and config.fedvc.virtual_size:     # FedVC: equal-size virtual clients
+      self.data = virtual_clients.virtual_clients(self.data, config.fedvc.virtual_size, seed=config.seed)
     validate.validate_against_data(config, self.data)
     self.model = model_registry.get_model(config.model, self.data.num_classes, self.data.input_shape,
                                           **config.model_kwargs.to_dict())
