@@ -19,7 +19,7 @@ from tests.fixtures.paths import REPO
 CONFIGS = os.path.join(REPO, 'configs')
 # Families whose cells reproduce a paper table (each cell must carry a published number or say it diverged).
 PAPER_FAMILIES = ('fedsam_cifar', 'fedsam_pam', 'fedsam_landmarks', 'fedgloss_cifar', 'wima', 'man_cifar100',
-                  'baselines_cifar_cnn', 'fedseq', 'fedcg')
+                  'baselines_cifar_cnn', 'fedseq', 'fedcg', 'fedvpr')
 # digits stand-ins: no paper number applies
 STAND_INS = ('baselines_digits', 'fedsoup_digits', 'fedseq_digits', 'fedcg_digits')
 SEG_FAMILIES = ('feddrive',)   # mIoU instead of accuracy: tests/config/test_feddrive_configs.py
