@@ -141,6 +141,7 @@ class Trainer:
     self.comm_total = {'down_params': 0.0, 'up_params': 0.0}
     # Run state beyond the server state and the store, saved in checkpoints (training/checkpoint.py).
     self.pending_train_losses = []       # train losses of the rounds since the last evaluation
+    self.round_log = alg_registry.round_logger(config)   # the algorithm's schedule values per round, or None
     self.elapsed_offset = 0.0            # wall time of the run before this process (resume)
     self.checkpointer = None             # a checkpoint.Checkpointer saves every checkpoint_every rounds
     self.stopped_early = False
@@ -434,7 +435,8 @@ class Trainer:
     elapsed = self.elapsed_s()
     if (block_end % c.eval_every == 0 or block_end == end
         or block_end > c.rounds - c.get('eval_every_last', 0)):
-      rec = {'round': block_end, **self.evaluate(), 'train_loss': window_loss,
+      logged = self.round_log(block_end - 1) if self.round_log is not None else {}   # schedules (FedGloSS)
+      rec = {'round': block_end, **self.evaluate(), 'train_loss': window_loss, **logged,
              'elapsed_s': elapsed, 'rounds_per_s': rps,
              'comm_down_params': self.comm_total['down_params'], 'comm_up_params': self.comm_total['up_params'],
              'comm_bytes': 4.0 * (self.comm_total['down_params'] + self.comm_total['up_params'])}
@@ -494,6 +496,12 @@ class Trainer:
         'comm_total_params': self.comm_total, 'comm_total_bytes': 4.0 * sum(self.comm_total.values()),
         'summary_last_k': c.summary_last_k})
     summary.update(centralized.rounds_to_centralized(self.records, c, reported))
+    swa_state = self.server_state.get('swa') if isinstance(self.server_state, dict) else None
+    if c.swa.enabled and isinstance(swa_state, dict) and 'n' in swa_state:
+      summary['swa_averages'] = int(np.asarray(jax.device_get(swa_state['n'])))
+      if summary['swa_averages'] == 0 and self.round >= c.rounds:   # said before the run too (validate.py)
+        logging.warning('swa: the SWA model was never averaged in %d rounds (summary.json swa_averages=0); its '
+                        'numbers are those of a single earlier model', self.round)
     if c.get('personalized') is not None and c.personalized.enabled:
       summary['personalized'] = personalized_eval.evaluate_trainer(self)   # evaluation/personalized.py
     if c.get('corruption_eval') is not None and c.corruption_eval.name:
@@ -513,6 +521,9 @@ class Trainer:
       writers.write_summary(self.workdir, summary)
       writers.plot_metrics(self.records, os.path.join(self.workdir, 'metrics.png'),
                            title=f'{self.algorithm.name} on {c.dataset}')
+      if isinstance(summary.get('personalized'), dict):
+        writers.plot_personalized(summary['personalized'], os.path.join(self.workdir, 'personalized.png'),
+                                  title=f'{self.algorithm.name} on {c.dataset}')
       self.writer.close()
     return summary
 
