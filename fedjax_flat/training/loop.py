@@ -30,7 +30,7 @@ from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.core import engine as engine_lib
 from fedjax_flat.core import sharding as sharding_lib
 from fedjax_flat.core import streaming
-from fedjax_flat.core.client_state import make_client_state_store
+from fedjax_flat.core.client_state import store_for
 from fedjax_flat.data import validation_steps
 from fedjax_flat.training import personalized_eval
 from fedjax_flat.core import rounds as rounds_lib
@@ -126,11 +126,9 @@ class Trainer:
     self.server_state = self.algorithm.server_init(params, jax.random.fold_in(self.key, 1))
     if self.placement is not None:
       self.server_state = self.placement.replicate(self.server_state)
-    self.store = None
-    if self.algorithm.client_state_init is not None:
-      self.store = make_client_state_store(  # host dict (lazy) or device [K, ...] arrays: core/client_state.py
-          self.algorithm.client_state_init(params), self.data.num_clients, config.get('client_state_store', 'auto'),
-          config.get('client_state_device_max_mb', 256) * 2**20)
+    # host dict (lazy) or device [K, ...] arrays, None when stateless: core/client_state.py
+    self.store = store_for(self.algorithm, params, self.data.num_clients, config.get('client_state_store', 'auto'),
+                           config.get('client_state_device_max_mb', 256) * 2**20)
     # The global test set (Evaluator), or test-client groups / BN test policy / resolution (segmentation).
     self.evaluator = make_evaluator(config, self.model, self.data, self.task, self.eval_transform,
                                     self.algorithm.name)
