@@ -52,6 +52,7 @@ from fedjax_flat.training import writers
 from fedjax_flat.evaluation.evaluator import ClientEvaluator
 from fedjax_flat.training import centralized
 from fedjax_flat.evaluation.corruption import evaluate_corruptions
+from fedjax_flat.grouping import style_clusters
 from fedjax_flat.training import seg_figures
 
 
@@ -209,7 +210,21 @@ class Trainer:
     if attacks.enabled(self.config):
       self.poison_data(None)
     return alg_registry.build_algorithm(self.config, self.model, population=self.data.num_clients,
-                                        task=self.task)
+                                        task=self.task, client_clusters=self.client_clusters())
+
+  def client_clusters(self):
+    """An algorithm that needs 'style_clusters' (LADD): the clients clustered by their FDA styles (Algorithm 7,
+    grouping/style_clusters.py) from its hparams k_min..k_max / force_k / fda_b, keyed by the seed; else None."""
+    name = self.config.algorithm
+    if 'style_clusters' not in alg_registry.needs(name):
+      return None
+    hp = alg_registry.spec(name).hp(self.config)
+    clusters = style_clusters.cluster_clients(self.data, ks=range(int(hp['k_min']), int(hp['k_max']) + 1),
+                                              force_k=int(hp['force_k']), seed=int(self.config.seed),
+                                              b=int(hp['fda_b']))
+    logging.info('style clusters: k = %d, sizes %s, silhouettes %s', clusters.k, clusters.sizes().tolist(),
+                 {k: round(v, 4) for k, v in clusters.scores.items()})
+    return clusters
 
   def poison_data(self, superclients):
     self.data, self.attack_report = attacks.apply(self.data, self.config.attack, self.config.seed, superclients)
