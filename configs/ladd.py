@@ -9,11 +9,17 @@ r"""LADD / FFREEDA (thesis section 5.3; Shenaj et al., WACV 2023): thesis Tables
       --config=configs/ladd.py:crosscity,fedavg_st --config.init.pretrained=/path/to/gta5_fda_pretrained.npz
   .venv/bin/python experiments/centralized.py --workdir=runs/ladd_mapillary_central \
       --config=configs/ladd.py:mapillary,central_oracle
+  .venv/bin/python experiments/train.py --workdir=runs/ladd_synthetic --config=configs/ladd.py:synthetic,ladd_all
 
 Grammar (comma-separated; defaults cityscapes,ladd_cls):
-  cityscapes | crosscity | mapillary;
+  cityscapes | crosscity | mapillary | synthetic;
   ladd_cls | ladd_all | fedavg_st | fed_oracle | ftda | central_oracle
-CELLS lists every published cell (16).
+CELLS lists every published cell (14). `synthetic` is the stand-in that runs in minutes here, not a cell (no
+published number): `seg_synthetic_da` (4 planted styles x 4 unlabelled clients x 12 images of 32 x 32; the target
+labels only for its oracles), `seg_cnn` width 8 (BatchNorm), 30 rounds of 4 clients, 1 epoch of batch 8, client
+SGD momentum 0.9 lr 0.01, lambda_KD 20, omega 1, no SWA teacher, k by the silhouette over 2..19 (the setting of
+benchmarks/studies/ladd_synthetic.py, which also runs the source pre-training; here w_0 is config.init's, a
+random init without it).
 
 Published mIoU % (mean +- std, the thesis' tables = the release's paper):
   Table 5.6, Cityscapes (heterogeneous):
@@ -73,7 +79,7 @@ from fedjax_flat.config import families as config_strings
 from fedjax_flat.config.default_config import default_config, segmentation_data
 
 FAMILY = 'configs/ladd.py'
-TARGETS = ('cityscapes', 'crosscity', 'mapillary')
+TARGETS = ('cityscapes', 'crosscity', 'mapillary', 'synthetic')
 METHODS = ('ladd_cls', 'ladd_all', 'fedavg_st', 'fed_oracle', 'ftda', 'central_oracle')
 FIELDS = {'target': ('cityscapes', TARGETS), 'method': ('ladd_cls', METHODS)}
 
@@ -104,9 +110,11 @@ def get_config(arg: str = ''):
   if method in ORACLES and target == 'crosscity':
     raise config_strings.ConfigStringError(FAMILY, f'crosscity,{method}', 'CrossCity has no target labels for '
                                            'training: its cells are ladd_cls, ladd_all, fedavg_st')
-  if method == 'ftda' and target != 'cityscapes':
+  if method == 'ftda' and target not in ('cityscapes', 'synthetic'):
     raise config_strings.ConfigStringError(FAMILY, f'{target},ftda', 'FTDA is published for Cityscapes only')
   oracle = method in ORACLES
+  if target == 'synthetic':
+    return _synthetic(method, oracle)
   c = default_config()
   c.dataset = f'{target}_ladd'
   c.data = segmentation_data(c.dataset, image_size=IMAGE_SIZE[target], crop=(512, 1024), scale=(0.7, 2.0),
@@ -142,4 +150,32 @@ def get_config(arg: str = ''):
   if mean is not None:
     c.published.source = f'thesis Table {TABLE[target]} (GTA5 -> {target}, mIoU, mean +- std), {method}'
     c.published.miou, c.published.miou_std = mean, std
+  return c
+
+
+def _synthetic(method, oracle):
+  """The stand-in on seg_synthetic_da (see the docstring)."""
+  c = default_config()
+  c.dataset = 'seg_synthetic_da'
+  c.data = segmentation_data('seg_synthetic_da')
+  c.augment, c.normalize = 'segmentation', 'feddrive'
+  c.model = 'seg_cnn'
+  c.model_kwargs = {'norm': 'bn', 'width': 8, 'aux': False, 'conv_impl': 'auto'}
+  c.rounds, c.clients_per_round = 30, 4
+  c.client.batch_size, c.client.local_epochs = 8, 1
+  c.client.lr, c.client.momentum, c.client.weight_decay = 0.01, 0.9, 0.0
+  c.segmentation.ohem, c.segmentation.ohem_fraction = 'topk', 0.25
+  c.eval_batch_size = 16
+  c.eval_every, c.eval_every_last, c.summary_last_k = 10, 10, 1
+  if oracle:
+    c.algorithm = 'fedavg'
+    if method == 'ftda':
+      c.init.reinit_classifier = 'never'
+    if method == 'central_oracle':
+      c.centralized.epochs, c.centralized.lr, c.centralized.batch_size = 50, 0.05, 16
+  else:
+    c.algorithm = 'ladd'
+    c.algo = {'cluster_layers': {'ladd_cls': 'cls', 'ladd_all': 'all', 'fedavg_st': 'none'}[method],
+              'force_k': 1 if method == 'fedavg_st' else 0, 'k_min': 2, 'k_max': 19, 'lambda_kd': 20.0,
+              'teacher_step': 1, 'swa_teacher_start': -1}
   return c

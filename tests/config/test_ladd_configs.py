@@ -77,3 +77,11 @@ def test_bad_strings(spec, match):
   with pytest.raises(ConfigError, match=match) as e:
     cfg(spec)
   assert '\n' not in str(e.value)
+
+
+@pytest.mark.parametrize('method', ['ladd_cls', 'ladd_all', 'fedavg_st', 'fed_oracle', 'ftda', 'central_oracle'])
+def test_synthetic_stand_in_validates_and_publishes_nothing(method):
+  c = cfg(f'synthetic,{method}')
+  validate_config(c)
+  assert c.dataset == 'seg_synthetic_da' and c.published.to_dict() == {}
+  assert c.algorithm == ('fedavg' if method in ('fed_oracle', 'ftda', 'central_oracle') else 'ladd')
