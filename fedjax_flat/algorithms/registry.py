@@ -20,6 +20,9 @@ The module is imported on the first lookup (fedjax_flat/registry.py walks the pa
                        'validation'        per-client validation examples in the round batches
                        'batch_stats'       BatchNorm statistics averaged through the FedAvg pseudo-gradient
                        'local_batch_stats' BatchNorm statistics kept on the clients
+                       'style_clusters'    the clients clustered by their FDA styles before it is built (LADD,
+                                           grouping/style_clusters.cluster_clients, by the trainer from the
+                                           algorithm's hparams k_min, k_max, force_k, fda_b): ctx.client_clusters
   check(cfg, hp)     static cross-field rules of this algorithm (hp = defaults over config.algo); raises
                      ConfigError, may log warnings; runs in config/validate.validate_config, before any data
   check_data(cfg, hp, data)  the same once the data are loaded (config/validate.validate_against_data)
@@ -50,7 +53,7 @@ from fedjax_flat.registry import Registry
 
 ALGORITHMS = Registry('algorithm', package='fedjax_flat.algorithms')
 
-NEEDS = ('population', 'chains', 'client_state', 'validation', 'batch_stats', 'local_batch_stats')
+NEEDS = ('population', 'chains', 'client_state', 'validation', 'batch_stats', 'local_batch_stats', 'style_clusters')
 CLIENT_OPTIMIZERS = ('sgd', 'sam', 'asam')
 
 
@@ -66,6 +69,7 @@ class BuildContext:
   population: int = 0        # N, the dataset's number of clients (0 = unknown: config.data.num_clients)
   task: Any = None           # the dataset's task (fedjax_flat/tasks/base.py); None = classification
   chain: Any = None          # chain algorithms (algorithms/fedseq.py): their plan from the chain trainer
+  client_clusters: Any = None  # need 'style_clusters': the trainer's StyleClustering (grouping/style_clusters.py)
 
   @property
   def algo(self):
@@ -184,7 +188,8 @@ def default_hparams(name: str) -> dict:
   return spec(name).defaults() if name in ALGORITHMS else {}
 
 
-def build_algorithm(config, model, population: int = 0, task=None, chain=None) -> FederatedAlgorithm:
+def build_algorithm(config, model, population: int = 0, task=None, chain=None,
+                    client_clusters=None) -> FederatedAlgorithm:
   name = config.algorithm
   if name not in ALGORITHMS:
     raise ValueError(f'algorithm={name!r} is unknown; allowed: {names()}')
@@ -195,7 +200,7 @@ def build_algorithm(config, model, population: int = 0, task=None, chain=None) -
     server_tx = average_batch_stats(server_tx)
   ctx = BuildContext(model=model, loss_fn=loss_fn, client_cfg=config.client, server_tx=server_tx,
                      client_tx=client_optimizer(config.client), config=config,
-                     population=int(population), task=task, chain=chain)
+                     population=int(population), task=task, chain=chain, client_clusters=client_clusters)
   alg = spec(name).build(ctx)
   if config.swa.enabled:
     alg = swa.with_swa(alg, config)

@@ -30,7 +30,7 @@ from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.core import engine as engine_lib
 from fedjax_flat.core import sharding as sharding_lib
 from fedjax_flat.core import streaming
-from fedjax_flat.core.client_state import make_client_state_store
+from fedjax_flat.core.client_state import store_for
 from fedjax_flat.data import validation_steps
 from fedjax_flat.training import personalized_eval
 from fedjax_flat.core import rounds as rounds_lib
@@ -52,6 +52,7 @@ from fedjax_flat.training import writers
 from fedjax_flat.evaluation.evaluator import ClientEvaluator
 from fedjax_flat.training import centralized
 from fedjax_flat.evaluation.corruption import evaluate_corruptions
+from fedjax_flat.grouping import style_clusters
 from fedjax_flat.training import seg_figures
 
 
@@ -126,11 +127,9 @@ class Trainer:
     self.server_state = self.algorithm.server_init(params, jax.random.fold_in(self.key, 1))
     if self.placement is not None:
       self.server_state = self.placement.replicate(self.server_state)
-    self.store = None
-    if self.algorithm.client_state_init is not None:
-      self.store = make_client_state_store(  # host dict (lazy) or device [K, ...] arrays: core/client_state.py
-          self.algorithm.client_state_init(params), self.data.num_clients, config.get('client_state_store', 'auto'),
-          config.get('client_state_device_max_mb', 256) * 2**20)
+    # host dict (lazy) or device [K, ...] arrays, None when stateless: core/client_state.py
+    self.store = store_for(self.algorithm, params, self.data.num_clients, config.get('client_state_store', 'auto'),
+                           config.get('client_state_device_max_mb', 256) * 2**20)
     # The global test set (Evaluator), or test-client groups / BN test policy / resolution (segmentation).
     self.evaluator = make_evaluator(config, self.model, self.data, self.task, self.eval_transform,
                                     self.algorithm.name)
@@ -212,7 +211,21 @@ class Trainer:
     if attacks.enabled(self.config):
       self.poison_data(None)
     return alg_registry.build_algorithm(self.config, self.model, population=self.data.num_clients,
-                                        task=self.task)
+                                        task=self.task, client_clusters=self.client_clusters())
+
+  def client_clusters(self):
+    """An algorithm that needs 'style_clusters' (LADD): the clients clustered by their FDA styles (Algorithm 7,
+    grouping/style_clusters.py) from its hparams k_min..k_max / force_k / fda_b, keyed by the seed; else None."""
+    name = self.config.algorithm
+    if 'style_clusters' not in alg_registry.needs(name):
+      return None
+    hp = alg_registry.spec(name).hp(self.config)
+    clusters = style_clusters.cluster_clients(self.data, ks=range(int(hp['k_min']), int(hp['k_max']) + 1),
+                                              force_k=int(hp['force_k']), seed=int(self.config.seed),
+                                              b=int(hp['fda_b']))
+    logging.info('style clusters: k = %d, sizes %s, silhouettes %s', clusters.k, clusters.sizes().tolist(),
+                 {k: round(v, 4) for k, v in clusters.scores.items()})
+    return clusters
 
   def poison_data(self, superclients):
     self.data, self.attack_report = attacks.apply(self.data, self.config.attack, self.config.seed, superclients)
