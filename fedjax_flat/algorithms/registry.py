@@ -20,6 +20,8 @@ The module is imported on the first lookup (fedjax_flat/registry.py walks the pa
                        'validation'        per-client validation examples in the round batches
                        'batch_stats'       BatchNorm statistics averaged through the FedAvg pseudo-gradient
                        'local_batch_stats' BatchNorm statistics kept on the clients
+                       'client_ids'        each step's batch carries the client's id, batch['client'] (per-client
+                                           slots on the server: FedFomo)
   check(cfg, hp)     static cross-field rules of this algorithm (hp = defaults over config.algo); raises
                      ConfigError, may log warnings; runs in config/validate.validate_config, before any data
   check_data(cfg, hp, data)  the same once the data are loaded (config/validate.validate_against_data)
@@ -48,7 +50,7 @@ from fedjax_flat.registry import Registry
 
 ALGORITHMS = Registry('algorithm', package='fedjax_flat.algorithms')
 
-NEEDS = ('population', 'chains', 'client_state', 'validation', 'batch_stats', 'local_batch_stats')
+NEEDS = ('population', 'chains', 'client_state', 'validation', 'batch_stats', 'local_batch_stats', 'client_ids')
 CLIENT_OPTIMIZERS = ('sgd', 'sam', 'asam')
 
 
