@@ -13,7 +13,10 @@ from fedjax_flat.algorithms.personalization import personal_params
 from fedjax_flat.core import engine
 from fedjax_flat.core.client_state import HostClientStateStore
 from fedjax_flat.data import batching, validation_steps
+from fedjax_flat.training import personalized_eval, trainers
 from tests.algorithms.test_fedrep_fedbabu import MODEL, PARAMS0
+from fedjax_flat.data.sources.feature_shift import load_digits_feature_shift
+from tests.algorithms.test_fedsoup import fs_config
 from tests.fixtures.baselines import B, DATA, E, LR, S, SCHEDULE, SIZES, WD, assert_tree_close, client_batches, config
 
 tmap = jax.tree_util.tree_map
@@ -126,3 +129,24 @@ def test_fedfomo_exploration_is_deterministic_and_uses_only_filled_slots(models)
   b, _, _ = _run(cfg)
   assert_tree_close(a['params'], b['params'], rtol=0, atol=0)
   np.testing.assert_array_equal(np.asarray(a['seen']), [1.0, 1.0, 1.0])
+
+
+@pytest.fixture(scope='module')
+def digits():
+  return load_digits_feature_shift(4, seed=0)
+
+
+# --- Through the Trainer: the round batches carry the validation steps and the client ids ('client_ids'). ---
+
+def test_fedfomo_end_to_end_fills_the_slots_of_the_clients_it_trained(digits):
+  c = fs_config('fedfomo', **{'rounds': 2, 'clients_per_round': 2, 'algo.models': 3, 'personalized.enabled': True})
+  t = trainers.make_trainer(c, data=digits)
+  rb = t.prepare_round(0)
+  assert rb.client is not None and (rb.client == rb.client_ids[:, None]).all()
+  s = t.train()
+  states = personalized_eval.client_states_of(t.store)
+  trained = sorted(states)
+  np.testing.assert_array_equal(np.flatnonzero(np.asarray(t.server_state['seen'])), trained)
+  for k in trained:                 # slot k holds client k's last trained model, its personal model
+    assert_tree_close(tmap(lambda a: a[k], t.server_state['models']), states[k]['personal'], rtol=0, atol=0)
+  assert s['personalized']['personal_model'] == 'fedfomo'

@@ -12,6 +12,9 @@ from fedjax_flat.algorithms.personalization import personal_params
 from fedjax_flat.core import engine
 from fedjax_flat.core.client_state import HostClientStateStore
 from fedjax_flat.models.registry import get_model
+from fedjax_flat.training import personalized_eval, trainers
+from fedjax_flat.data.sources.feature_shift import load_digits_feature_shift
+from tests.algorithms.test_fedsoup import fs_config
 from tests.fixtures.baselines import LR, SCHEDULE, SIZES, WD, assert_tree_close, client_batches, config, round_batches
 
 MODEL = get_model('mlp', 3, (2, 1, 1), hidden=(3,))
@@ -97,3 +100,26 @@ def test_fedbabu_head_is_bit_identical_to_its_init_and_the_body_is_fedavg_with_a
   want, _ = _reference(0)
   assert_tree_close(plain['params'], want)
   assert not np.allclose(plain['params']['Dense_0']['kernel'], PARAMS0['Dense_0']['kernel'])
+
+
+@pytest.fixture(scope='module')
+def digits():
+  return load_digits_feature_shift(4, seed=0)
+
+
+# --- Through the Trainer with the personalized evaluation (the digits, a one-hidden-layer MLP). ---
+
+def test_fedrep_and_fedbabu_end_to_end(digits):
+  rep = trainers.make_trainer(fs_config('fedrep', **{'rounds': 2, 'algo.head_epochs': 1,
+                                                     'personalized.enabled': True}), data=digits)
+  s = rep.train()
+  states = personalized_eval.client_states_of(rep.store)
+  heads = [np.asarray(st['norm'][0]) for _, st in sorted(states.items())]     # each client's own head
+  assert len(heads) == 4 and not np.allclose(heads[0], heads[1])
+  assert s['personalized']['personal_model'] == 'fedrep'
+  babu = trainers.make_trainer(fs_config('fedbabu', **{'rounds': 2, 'personalized.enabled': True,
+                                                       'personalized.finetune_epochs': 1}), data=digits)
+  p0 = tmap(np.asarray, babu.server_state['params'])
+  s = babu.train()
+  np.testing.assert_array_equal(np.asarray(babu.server_state['params']['Dense_1']['kernel']), p0['Dense_1']['kernel'])
+  assert len(s['personalized']['finetune']) == 1
