@@ -17,7 +17,7 @@ from __future__ import annotations
 import optax
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import tmap
+from fedjax_flat.algorithms.common import check_head, tmap
 from fedjax_flat.algorithms.fedavg import fedavg
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm
@@ -43,7 +43,7 @@ def fedbabu(model, loss_fn, client_cfg, server_tx: optax.GradientTransformation,
   return base.replace(client_step=client_step, server_update=server_update)
 
 
-@register('fedbabu')
+@register('fedbabu', check=check_head)
 def _fedbabu_builder(ctx) -> FederatedAlgorithm:
   """FedBABU: body-only FL with a fixed random head; fine-tune with config.personalized.finetune_epochs."""
   return fedbabu(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, client_tx=ctx.client_tx)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import hparams, make_hparams_fn, tmap, tree_sub
+from fedjax_flat.algorithms.common import check_head, hparams, make_hparams_fn, tmap, tree_sub
 from fedjax_flat.algorithms.hparams import Integer
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.algorithms.wrappers import local_norm
@@ -81,7 +81,7 @@ def fedrep(model, loss_fn, client_cfg, server_tx: optax.GradientTransformation, 
   return local_norm.with_local_norm(inner, name=name, select=partition.is_head_path(partition.require_head(model)))
 
 
-@register('fedrep', hparams=HPARAMS, needs=('client_state',))
+@register('fedrep', hparams=HPARAMS, needs=('client_state',), check=check_head)
 def _fedrep_builder(ctx) -> FederatedAlgorithm:
   """FedRep: local heads trained head_epochs passes first, then the shared body (aggregated)."""
   hp = hparams(ctx, 'fedrep')

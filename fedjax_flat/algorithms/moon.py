@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import hparams, tmap
+from fedjax_flat.algorithms.common import check_head, hparams, tmap
 from fedjax_flat.algorithms.fedavg import fedavg
 from fedjax_flat.algorithms.hparams import Number
 from fedjax_flat.algorithms.registry import register
@@ -88,7 +88,7 @@ def moon(model, task, client_cfg, server_tx: optax.GradientTransformation, *, cl
                       client_final=client_final)
 
 
-@register('moon', hparams=HPARAMS, needs=('client_state',))
+@register('moon', hparams=HPARAMS, needs=('client_state',), check=check_head)
 def _moon_builder(ctx) -> FederatedAlgorithm:
   """MOON: FedAvg whose clients add mu * the model-contrastive loss (temperature tau)."""
   hp = hparams(ctx, 'moon')

@@ -9,6 +9,8 @@ import pytest
 from fedjax_flat.algorithms import registry
 from fedjax_flat.algorithms.local import make_loss
 from fedjax_flat.algorithms.personalization import personal_params
+from fedjax_flat.config import validate
+from fedjax_flat.errors import ConfigError
 from fedjax_flat.core import engine
 from fedjax_flat.core.client_state import HostClientStateStore
 from fedjax_flat.models.registry import get_model
@@ -123,3 +125,12 @@ def test_fedrep_and_fedbabu_end_to_end(digits):
   s = babu.train()
   np.testing.assert_array_equal(np.asarray(babu.server_state['params']['Dense_1']['kernel']), p0['Dense_1']['kernel'])
   assert len(s['personalized']['finetune']) == 1
+
+
+@pytest.mark.parametrize('name', ['fedrep', 'fedbabu', 'moon'])
+def test_a_model_without_a_declared_head_is_a_config_error(name):
+  cfg = config(name)
+  cfg.model = 'char_lstm'
+  with pytest.raises(ConfigError, match='declares no head'):
+    validate.validate_config(cfg)
+  validate.validate_config(config(name))            # the MLP declares its head: fine
