@@ -14,7 +14,7 @@ from fedjax_flat.core import engine
 from fedjax_flat.core.client_state import HostClientStateStore
 from fedjax_flat.data import batching, validation_steps
 from fedjax_flat.training import personalized_eval, trainers
-from tests.algorithms.test_fedrep_fedbabu import MODEL, PARAMS0
+from tests.algorithms.test_fedrep import MODEL, PARAMS0
 from fedjax_flat.data.sources.feature_shift import load_digits_feature_shift
 from tests.algorithms.test_fedsoup import fs_config
 from tests.fixtures.baselines import B, DATA, E, LR, S, SCHEDULE, SIZES, WD, assert_tree_close, client_batches, config

@@ -9,7 +9,7 @@ import pytest
 from fedjax_flat.algorithms.moon import contrastive_terms
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.config import validate
-from tests.algorithms.test_fedrep_fedbabu import PARAMS0, _run
+from tests.algorithms.test_fedrep import PARAMS0, _run
 from tests.fixtures.baselines import LR, SCHEDULE, SIZES, WD, assert_tree_close, client_batches, config
 
 tmap = jax.tree_util.tree_map
