@@ -23,6 +23,8 @@ The module is imported on the first lookup (fedjax_flat/registry.py walks the pa
                        'style_clusters'    the clients clustered by their FDA styles before it is built (LADD,
                                            grouping/style_clusters.cluster_clients, by the trainer from the
                                            algorithm's hparams k_min, k_max, force_k, fda_b): ctx.client_clusters
+                       'client_ids'        each step's batch carries the client's id, batch['client'] (per-client
+                                           slots on the server: FedFomo)
   check(cfg, hp)     static cross-field rules of this algorithm (hp = defaults over config.algo); raises
                      ConfigError, may log warnings; runs in config/validate.validate_config, before any data
   check_data(cfg, hp, data)  the same once the data are loaded (config/validate.validate_against_data)
@@ -53,7 +55,8 @@ from fedjax_flat.registry import Registry
 
 ALGORITHMS = Registry('algorithm', package='fedjax_flat.algorithms')
 
-NEEDS = ('population', 'chains', 'client_state', 'validation', 'batch_stats', 'local_batch_stats', 'style_clusters')
+NEEDS = ('population', 'chains', 'client_state', 'validation', 'batch_stats', 'local_batch_stats', 'style_clusters',
+         'client_ids')
 CLIENT_OPTIMIZERS = ('sgd', 'sam', 'asam')
 
 

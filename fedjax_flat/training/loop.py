@@ -117,7 +117,8 @@ class Trainer:
         self.data.client_sizes(), batch_size=config.client.batch_size, num_steps=self.num_steps,
         epochs=config.client.local_epochs, local_steps=config.client.local_steps,
         shuffle=config.data.get('shuffle', True),
-        with_client=self.train_transform.needs_client)   # style transfer's bank
+        with_client=(self.train_transform.needs_client       # style transfer's bank
+                     or 'client_ids' in alg_registry.needs(config.algorithm)))   # FedFomo's slots
     self.round_fn = self.build_round_fn(chunk)
 
     self.key = jax.random.key(config.seed)
