@@ -165,3 +165,15 @@ def test_memory_budget_splits_the_batch(tmp_path, monkeypatch):
   t[1].close()
   res = batched.run_batch(specs, memory_bytes=int(per_lane * 1.5))      # one lane fits
   assert seen == [1, 1, 1] and all(res[i].status == 'done' for i in range(3))
+
+
+def test_a_workdir_held_by_a_live_process_is_busy_not_failed(tmp_path):
+  """run_batch leaves a run whose workdir lock is held untouched and says 'busy' (the sweep waits and retries);
+  the other runs of the pack go on."""
+  from fedjax_flat.training.workdir import WorkdirLock
+  specs = [batched.RunSpec(f'r{i}', _config('fedavg', i), str(tmp_path / f'r{i}')) for i in range(2)]
+  with WorkdirLock(specs[0].workdir):
+    res = batched.run_batch(specs)
+    assert res[0].status == 'busy' and 'in use by process' in res[0].error
+    assert not os.path.exists(tmp_path / 'r0' / 'config.json')       # nothing of it touched
+  assert res[1].status == 'done'
