@@ -99,7 +99,7 @@ def test_per_client_local_vs_global_sharpness(tmp_path):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.slow   # three runs and two Hessian tool runs as subprocesses (the check itself: tests/training/test_reload.py)
+@pytest.mark.slow   # three runs and two Hessian tool runs as subprocesses (the check: tests/training/test_reload.py)
 def test_interpolate_with_loads_the_other_run_and_refuses_another_model(tmp_path):
   """--interpolate_with: another run of the same model is loaded with its own config and the path written after
   the eigenvalues; a run of another model is one bad-input line before any eigenvalue work, nothing written."""
