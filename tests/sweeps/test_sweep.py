@@ -435,3 +435,27 @@ def test_batched_sweep_stopped_while_waiting_leaves_the_run_not_started(tmp_path
                                    poll_s=0.05)
   assert calls == [] and states[runs[0].key] == {'status': 'not started'}
   assert _manifest(tmp_path / 's')[runs[0].key]['status'] == 'not started'
+
+
+def test_disk_full_mid_sweep_runs_go_on_and_the_end_is_one_error(tmp_path, monkeypatch):
+  """sweep.json cannot be written (ENOSPC) while runs go: one warning, every run still launched and recorded by
+  its own workdir; the driver's last write is its one error (experiments/sweep.py: exit 1, one line)."""
+  import errno
+  import io
+  runs = sweep_lib.expand(dict(config=QS, grid={'client.lr': [0.1, 0.2]}), str(tmp_path / 's'))
+  real_open = open
+
+  def full_open(file, mode='r', *a, **k):
+    if 'w' in mode and os.path.basename(str(file)).startswith('sweep.json'):
+      raise OSError(errno.ENOSPC, 'No space left on device', str(file))
+    return real_open(file, mode, *a, **k)
+  monkeypatch.setattr('builtins.open', full_open)
+  stream = io.StringIO()
+  py = _fake_python(tmp_path, 'ok', 'for a in "$@"; do case $a in --workdir=*) touch "${a#--workdir=}/ran";; '
+                                    'esac; done')
+  with pytest.raises(sweep_lib.ManifestWriteError, match='sweep.json: No space left on device.*rerun the same'):
+    sweep_lib.run_local(runs, str(tmp_path / 's'), {}, python=py, poll_s=0.05, stream=stream, env=dict(os.environ))
+  assert all(os.path.exists(os.path.join(r.workdir, 'ran')) for r in runs)
+  warnings = [ln for ln in stream.getvalue().splitlines() if ln.startswith('warning:')]
+  assert len(warnings) == 1 and 'No space left on device' in warnings[0]
+  assert not [f for f in os.listdir(tmp_path / 's') if f.startswith('sweep.json')]
