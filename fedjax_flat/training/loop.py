@@ -427,13 +427,15 @@ class Trainer:
     c = self.config
     train_losses = self.pending_train_losses
     train_losses.extend(res['train_loss'] for res in block)    # every round's train loss, as with R=1
-    res = block[-1]
+    # `train_loss` (console, metrics.jsonl, TensorBoard alike): the mean client training loss of the rounds
+    # since the previous evaluation, so the console never shows one round's value under the same name.
+    window_loss = float(np.mean(train_losses))
     self.round = block_end = self.round + len(block)
     rps = (self.round - self._start_round) / max(time.time() - self._t0, 1e-9)
     elapsed = self.elapsed_s()
     if (block_end % c.eval_every == 0 or block_end == end
         or block_end > c.rounds - c.get('eval_every_last', 0)):
-      rec = {'round': block_end, **self.evaluate(), 'train_loss': float(np.mean(train_losses)),
+      rec = {'round': block_end, **self.evaluate(), 'train_loss': window_loss,
              'elapsed_s': elapsed, 'rounds_per_s': rps,
              'comm_down_params': self.comm_total['down_params'], 'comm_up_params': self.comm_total['up_params'],
              'comm_bytes': 4.0 * (self.comm_total['down_params'] + self.comm_total['up_params'])}
@@ -447,7 +449,7 @@ class Trainer:
       eta = (end - block_end) / max(rps, 1e-9)
       latest = self.records[-1] if self.records else {}
       logging.info('round %d/%d  %.2f rounds/s  ETA %.0fs  train_loss %.4f  test_acc %s', block_end, c.rounds,
-                   rps, eta, res['train_loss'], f"{latest.get('test_accuracy', float('nan')):.4f}")
+                   rps, eta, window_loss, f"{latest.get('test_accuracy', float('nan')):.4f}")
     self.after_round()
     stop = bool(stop_requested())
     if self.placement is not None and self.placement.multi_process:
