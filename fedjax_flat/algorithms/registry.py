@@ -25,6 +25,10 @@ The module is imported on the first lookup (fedjax_flat/registry.py walks the pa
                                            algorithm's hparams k_min, k_max, force_k, fda_b): ctx.client_clusters
                        'client_ids'        each step's batch carries the client's id, batch['client'] (per-client
                                            slots on the server: FedFomo)
+                       'client_domains'    with algo.domains='kmeans': each client's domain from k-means on
+                                           locally trained client models, written into the training labels'
+                                           domain column before training (training/trainers.py,
+                                           grouping/domains.py; FedCG)
   check(cfg, hp)     static cross-field rules of this algorithm (hp = defaults over config.algo); raises
                      ConfigError, may log warnings; runs in config/validate.validate_config, before any data
   check_data(cfg, hp, data)  the same once the data are loaded (config/validate.validate_against_data)
@@ -56,7 +60,7 @@ from fedjax_flat.registry import Registry
 ALGORITHMS = Registry('algorithm', package='fedjax_flat.algorithms')
 
 NEEDS = ('population', 'chains', 'client_state', 'validation', 'batch_stats', 'local_batch_stats', 'style_clusters',
-         'client_ids')
+         'client_ids', 'client_domains')
 CLIENT_OPTIMIZERS = ('sgd', 'sam', 'asam')
 
 

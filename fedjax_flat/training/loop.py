@@ -138,6 +138,7 @@ class Trainer:
     self.is_writer = jax.process_index() == 0          # multi-host: only process 0 writes files
     self.writer = writers.MetricsWriter(workdir) if (workdir and write_files and self.is_writer) else None
     self.records = []
+    self.client_domains = None          # k-means client domains [K] when the config asks (training/trainers.py)
     self.comm_total = {'down_params': 0.0, 'up_params': 0.0}
     # Run state beyond the server state and the store, saved in checkpoints (training/checkpoint.py).
     self.pending_train_losses = []       # train losses of the rounds since the last evaluation
