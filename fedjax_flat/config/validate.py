@@ -210,6 +210,10 @@ def validate_config(cfg) -> None:
     centralized.validate(cfg)
   if 'segmentation' in cfg:
     _validate_segmentation(cfg)
+  if 'retrieval' in cfg:                   # FedVPR's triplet loss and Recall@K (tasks/retrieval.py)
+    _num(cfg, 'retrieval.margin', lo=0)
+    _num(cfg, 'retrieval.num_negatives', lo=1, integer=True)
+    _num(cfg, 'retrieval.threshold', lo=0, lo_open=True)
   if 'bn' in cfg:
     _validate_bn(cfg, model_registry)
   if 'personalized' in cfg:                # end-of-training personalized evaluation (evaluation/personalized.py)
@@ -440,6 +444,11 @@ def _validate_segmentation_data(cfg) -> None:
     if not isinstance(get(k), bool):
       raise ConfigError(f'data.{k}', get(k), 'must be True or False')
 
+  if 'crop' not in declared:   # declared whole without the image + label-map augmentation (vpr_synthetic)
+    own = data_registry.DATASETS.entry(cfg.dataset).meta.get('check')
+    if own is not None:
+      own({k: get(k) for k in declared})
+    return
   pair('crop', True, True)
   pair('scale', False, False)
   lo, hi = get('scale')
