@@ -44,7 +44,7 @@ def _batches(seed=7):
 
 
 def _run(alg, states, rounds):
-  fn = engine.make_round_fn(alg, chunk=1, jit=False)
+  fn = engine.make_round_fn(alg, chunk=1, donate=False)
   s = alg.server_init(MODEL.init(jax.random.PRNGKey(0), jnp.zeros((1, 4))), None)
   rngs = jnp.stack([jax.random.PRNGKey(3)] * 4)
   for r in range(rounds):
@@ -79,7 +79,7 @@ def test_clusters_average_their_own_clients_and_meet_every_t_c_rounds():
     st = one.server_init(w0, None)
     bk = {key: v[k:k + 1] for key, v in b.items()}
     sizes_k = jnp.asarray(SIZES[k:k + 1])
-    out, _, _ = engine.make_round_fn(one, chunk=1, jit=False)(st, bk, None, jnp.stack([jax.random.PRNGKey(3)]),
+    out, _, _ = engine.make_round_fn(one, chunk=1, donate=False)(st, bk, None, jnp.stack([jax.random.PRNGKey(3)]),
                                                               sizes_k, jnp.ones(1, bool), 0)
     trained.append(out['params'])
   for g in (0, 1):
