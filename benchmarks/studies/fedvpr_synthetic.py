@@ -9,8 +9,9 @@ Methods (every run: configs/quickstart_vpr.py's model, loss and client optimizer
   proximity      FedAvg on Table 6.5's proximity split (100 m on 300 m cities), 5 clients a round
   random         FedAvg on the random split (queries of all cities per client): few hard negatives
   proximity_c8   FedAvg on the proximity split with 8 clients a round (H-FL's budget)
-  hfl            H-FL (algorithms/hfl.py): the 4 cities as clusters, 2 clients per cluster a round
-                 (8 a round), cluster models averaged every `--sync_every` rounds
+  hfl            H-FL (algorithms/hfl.py): the 4 cities as clusters, `--hfl_per_cluster` clients per cluster
+                 a round (2: 8 a round, FedAvg's proximity_c8 budget), cluster models averaged every
+                 `--sync_every` rounds
 The thesis' findings to compare with: random is worst (hard negatives missing, Table 6.5); H-FL below FedAvg
 at a matched client budget (Table 6.6). Seeds change the model initialisation, sampling and batch order; the
 data (data.seed 0) stay the same.
@@ -102,6 +103,7 @@ def main():
   ap.add_argument('--seeds', default='0,1,2')
   ap.add_argument('--rounds', type=int, default=15)
   ap.add_argument('--sync_every', type=int, default=5)
+  ap.add_argument('--hfl_per_cluster', type=int, default=2)
   ap.add_argument('--central_steps', type=int, default=40, help='centralized local steps a round (5 FedAvg '
                   'clients x 8 padded steps on the proximity split = 40)')
   ap.add_argument('--methods', default=','.join(METHODS))
@@ -120,12 +122,15 @@ def main():
       elif m == 'proximity_c8':
         res, wall = fedavg_run('proximity', seed, args.rounds, 8)
       elif m == 'hfl':
-        res, wall = hfl_run(seed, args.rounds, 2, args.sync_every)
+        res, wall = hfl_run(seed, args.rounds, args.hfl_per_cluster, args.sync_every)
       else:
         raise SystemExit(f'unknown method {m!r}; allowed: {METHODS}')
       row = {'method': m, 'seed': seed, 'wall_s': round(wall, 1), **res}
       print(json.dumps(row), flush=True)
       rows.append(row)
+      if args.json:                      # partial results survive an interrupted study
+        with open(args.json, 'w') as f:
+          json.dump({'args': vars(args), 'runs': rows}, f, indent=1)
   summary = {}
   for m in dict.fromkeys(r['method'] for r in rows):
     vals = np.array([r['test_recall@1'] for r in rows if r['method'] == m]) * 100
