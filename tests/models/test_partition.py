@@ -48,6 +48,7 @@ def test_digits_cnn_split_and_representation_under_jit_and_grad():
   np.testing.assert_array_equal(merged['Conv_0']['kernel'], p['Conv_0']['kernel'])
 
 
+@pytest.mark.slow   # a ResNet's compile (CI time budget); the MLP and CNN cases above are the fast ones
 def test_resnet_head_and_local_masks_reuse_the_same_predicate():
   m, p = _model('resnet20_gn', (8, 8, 3))
   select = partition.is_head_path(m.head)
