@@ -22,7 +22,7 @@ PAPER_FAMILIES = ('fedsam_cifar', 'fedsam_pam', 'fedsam_landmarks', 'fedgloss_ci
                   'baselines_cifar_cnn', 'fedseq', 'fedcg', 'fedsoup_table1')
 # digits stand-ins: no paper number applies
 STAND_INS = ('baselines_digits', 'fedsoup_digits', 'fedseq_digits', 'fedcg_digits')
-SEG_FAMILIES = ('feddrive',)   # mIoU instead of accuracy: tests/config/test_feddrive_configs.py
+SEG_FAMILIES = ('feddrive', 'ladd')   # mIoU instead of accuracy: tests/config/test_{feddrive,ladd}_configs.py
 
 
 def load(name):

@@ -84,6 +84,14 @@ def with_local_norm(alg, name: Optional[str] = None, select=is_norm_path):
       s['inner'] = alg.client_state_init(params)
     return s
 
+  initial_client_states = None
+  if alg.initial_client_states is not None:   # the inner algorithm's per-client rows, under 'inner'
+    def initial_client_states(params):
+      inner = alg.initial_client_states(params)
+      k = jax.tree_util.tree_leaves(inner)[0].shape[0]
+      rows = tmap(lambda x: jnp.broadcast_to(x, (k,) + x.shape), client_state_init(params))
+      return {**rows, 'inner': inner}
+
   def client_init(bcast, cs, rng, **kw):
     p = bcast['params']
     seen = cs['seen'] > 0
@@ -123,5 +131,5 @@ def with_local_norm(alg, name: Optional[str] = None, select=is_norm_path):
     return with_norm_leaves(base, [jnp.asarray(x) for x in cs['norm']], select)
 
   register_personalizer(name, personalizer)
-  return alg.replace(name=name, client_state_init=client_state_init, client_init=client_init,
-                     client_step=client_step, client_final=client_final)
+  return alg.replace(name=name, client_state_init=client_state_init, initial_client_states=initial_client_states,
+                     client_init=client_init, client_step=client_step, client_final=client_final)

@@ -16,7 +16,7 @@ from typing import Dict, List, Sequence
 
 from fedjax_flat.data.download import (ChecksumError, DownloadError, ManualDownloadRequired, Resource,  # noqa: F401
                                        fetch, lzma_decompress, safe_extract_tar, safe_extract_zip)
-from fedjax_flat.data.sources import (camelyon17, cityscapes, feddrive_splits as fds, idda, ladd_data, pam,
+from fedjax_flat.data.sources import (camelyon17, cityscapes, feddrive_splits as fds, idda, ladd_data, msls, pam,
                                       retina_fundus, stackoverflow)
 from fedjax_flat.data.sources.celeba import celeba_instructions
 from fedjax_flat.data.sources.leaf import LEAF_DATASETS, leaf_instructions
@@ -70,7 +70,7 @@ RESOURCES: Dict[str, List[Resource]] = {
 GLDV2_BASE_URL = 'https://s3.amazonaws.com/google-landmark'
 GLDV2_NUM_TRAIN_SHARDS = 500
 DATASETS = (tuple(RESOURCES) + ('gldv2_images', 'feddrive_splits', 'cityscapes', 'idda', 'ladd_splits', 'gta5',
-                                'celeba', 'retina_fundus', 'camelyon17_release') + LEAF_DATASETS)
+                                'celeba', 'retina_fundus', 'camelyon17_release', 'msls') + LEAF_DATASETS)
 
 
 def _post(dataset: str, paths: List[str], data_dir: str) -> List[str]:
@@ -136,6 +136,8 @@ def download(dataset: str, data_dir: str, *, opener=None, progress=None, shards:
     root = os.path.join(data_dir, 'tiny_camelyon17')
     raise ManualDownloadRequired(f"download the FedSoup release's tiny Camelyon17 by hand ({camelyon17.RELEASE_URL}) "
                                  f'and extract it so that {root}/train/0.npz ... exist')
+  if dataset == 'msls':
+    return check_msls(data_dir)
   if dataset not in RESOURCES:
     raise ValueError(f'unknown dataset {dataset!r}; allowed: {DATASETS}')
   paths = [fetch(r, data_dir, opener=opener, progress=progress) for r in RESOURCES[dataset]]
@@ -205,6 +207,14 @@ def prepare_cityscapes(data_dir: str) -> List[str]:
       f'and put both zips in {root}/, then re-run this command to extract them. Expected layout:\n'
       f'  {root}/leftImg8bit/{{train,val}}/<city>/<city>_<seq>_<frame>_leftImg8bit.png\n'
       f'  {root}/gtFine/{{train,val}}/<city>/<city>_<seq>_<frame>_gtFine_labelIds.png')
+
+
+def check_msls(data_dir: str) -> List[str]:
+  """MSLS (FedVPR) is not downloadable by a program: its root when train_val/ is in place, else the steps."""
+  root = msls.default_root(data_dir)
+  if os.path.isdir(os.path.join(root, 'train_val')):
+    return [root]
+  raise ManualDownloadRequired(msls.INSTRUCTIONS.replace('<data_dir>/msls', root))
 
 
 def download_gta5(data_dir: str, *, opener=None, progress=None) -> List[str]:
