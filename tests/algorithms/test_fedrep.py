@@ -93,6 +93,7 @@ def digits():
   return load_digits_feature_shift(4, seed=0)
 
 
+@pytest.mark.slow   # the Trainer with the personalized evaluation (CI time budget); the rounds are checked above
 def test_fedrep_end_to_end(digits):
   rep = trainers.make_trainer(fs_config('fedrep', **{'rounds': 2, 'algo.head_epochs': 1,
                                                      'personalized.enabled': True}), data=digits)
