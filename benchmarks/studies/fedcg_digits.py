@@ -1,6 +1,8 @@
-"""FedAvg vs FedCG (oracle and discovered domains) and FedCG's ablations on the planted-domain digits, over seeds:
-test accuracy (soft and hard test-time domain weights), per planted domain, and the purity of the discovered
-domains (benchmarks/studies/README.fedcg.md).
+"""FedAvg (the plain body, and a wider one of FedCG's parameter count) vs FedCG (oracle, discovered and k-means
+domains) and FedCG's ablations on the planted-domain digits, over seeds: test accuracy (soft and hard test-time
+domain weights), per planted domain, parameter counts, and the purity of the discovered domains
+(benchmarks/studies/README.fedcg.md). The k-means cell is the config value algo.domains='kmeans': the trainer
+runs the pre-training pass (grouping/domains.py); its client clusters are scored against the planted domains.
 
   .venv/bin/python -m benchmarks.studies.fedcg_digits --out=benchmarks/studies/fedcg_digits.jsonl [--seeds=0,1,2]
       [--cells='fedavg;fedcg,oracle;fedcg,discovered'] [--rounds=100]
