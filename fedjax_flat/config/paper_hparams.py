@@ -7,10 +7,13 @@ Tables (values transcribed from ../shared/reference/flat_minima_chapter4_digest.
   SWA          Table A.3: cycle c, gamma1, gamma2, start round
   FEDGLOSS     Table A.5 / release scripts: rho_l, rho_s, beta, T_s (CNN)
   PUBLISHED    Table 4.3 (CIFAR CNN, FedSAM paper) accuracies, for the configs' docstrings and reports
+  T419         Table 4.19: rounds and bits (in units of FedAvg's T-round bits) to reach FedAvg's final accuracy,
+               shared by the FedGloSS comparison families (`comm_to_target`)
 """
 from __future__ import annotations
 
 import math
+from typing import Tuple
 
 import ml_collections
 
@@ -165,3 +168,45 @@ def landmarks_config() -> ml_collections.ConfigDict:
   c.eval_every_last = 100       # the papers: mean test accuracy over the last 100 rounds, each evaluated
   c.summary_last_k = 100
   return c
+
+
+# Table 4.19 (FedGloSS paper): rounds and bits (units of B = the bits FedAvg sends in its T rounds) to reach
+# FedAvg's final accuracy. Columns: (model, dataset, alpha); rows: client optimizer/method. None = never
+# reached ("-"), 'X' = did not converge.
+T419_COLUMNS = (('cnn', 'cifar10', 0.0), ('cnn', 'cifar10', 0.05), ('cnn', 'cifar100', 0.0),
+                ('cnn', 'cifar100', 0.5), ('resnet18', 'cifar10', 0.05), ('resnet18', 'cifar100', 0.5),
+                ('mobilenet', 'gld160k', None))
+_N = None
+T419 = {
+    'sgd/fedavg': ((10000, 1), (10000, 1), (20000, 1), (20000, 1), (10000, 1), (10000, 1), (1300, 1)),
+    'sgd/fedprox': ((7600, .8), (7900, .8), (18700, .9), (18600, .9), (8800, .9), (8300, .8), (_N, _N)),
+    'sgd/feddyn': ((2000, .2), (1900, .2), 'X', 'X', (_N, _N), (3500, .4), (_N, _N)),
+    'sgd/scaffold': ((_N, _N), (_N, _N), 'X', (_N, _N), (_N, _N), (8900, 1.8), 'X'),
+    'sgd/fedgloss': ((3400, .3), (3800, .4), (5000, .3), (4700, .2), (2400, .2), (1900, .2), (_N, _N)),
+    'sam/fedsam': ((6300, .6), (7800, .8), (18300, .9), (16300, .8), (9200, .9), (7800, .8), (1300, 1)),
+    'sam/feddyn': ((3000, .3), (4200, .4), 'X', 'X', (4100, .4), (3500, .4), (_N, _N)),
+    'sam/fedspeed': ((6300, 1.3), (6900, 1.4), (18300, 1.8), (15700, 1.6), (8300, .7), (8300, 1.7), (1300, 2)),
+    'sam/fedgamma': ((_N, _N), (_N, _N), 'X', (_N, _N), (9300, 1.9), (8100, 1.6), 'X'),
+    'sam/fedsmoo': ((1900, .4), (2200, .4), (4500, .5), (6500, .7), (2400, .5), (2300, .5), (200, .3)),
+    'sam/fedgloss': ((2200, .2), (2200, .2), (6300, .3), (5200, .3), (2400, .2), (1900, .2), (200, .2)),
+}
+# The target of each column: FedAvg's final accuracy (%) in the matching accuracy table (4.15, 4.16, 4.18).
+T419_TARGET = (59.9, 65.7, 28.6, 38.5, 72.6, 37.4, 56.3)
+
+
+def comm_to_target(model: str, dataset: str, alpha, method: str) -> Tuple[str, dict]:
+  """Table 4.19's entry for (model, dataset, alpha) and 'client/method' -> (note for the source, metrics for
+  config.published: rounds_to_target, bits_to_target_B = bits in units of FedAvg's T-round bits,
+  target_accuracy); ('', {}) when the table has no such entry."""
+  col = next((i for i, (m, d, a) in enumerate(T419_COLUMNS) if m == model and d == dataset and
+              (a is None or alpha is None or math.isclose(a, float(alpha)))), None)
+  if col is None or method not in T419:
+    return '', {}
+  v = T419[method][col]
+  target = {'target_accuracy': T419_TARGET[col]}
+  if v == 'X':
+    return '; Table 4.19: did not converge', target
+  if v[0] is None:
+    return '; Table 4.19: FedAvg\'s accuracy never reached', target
+  return '; Table 4.19: rounds / bits to FedAvg\'s accuracy', {**target, 'rounds_to_target': v[0],
+                                                                 'bits_to_target_B': v[1]}

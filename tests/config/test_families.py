@@ -18,7 +18,8 @@ from tests.fixtures.paths import REPO
 
 CONFIGS = os.path.join(REPO, 'configs')
 # Families whose cells reproduce a paper table (each cell must carry a published number or say it diverged).
-PAPER_FAMILIES = ('fedsam_cifar', 'fedsam_pam', 'fedsam_landmarks', 'fedgloss_cifar', 'wima', 'man_cifar100',
+PAPER_FAMILIES = ('fedsam_cifar', 'fedsam_pam', 'fedsam_landmarks', 'fedgloss_cifar', 'fedgloss_sota', 'wima',
+                  'man_cifar100',
                   'baselines_cifar_cnn', 'fedseq', 'fedcg', 'fedsoup_table1')
 # digits stand-ins: no paper number applies
 STAND_INS = ('baselines_digits', 'fedsoup_digits', 'fedseq_digits', 'fedcg_digits')
@@ -93,6 +94,17 @@ def test_every_cell_builds_validates_and_documents(name):
      {'accuracy_std': 0.5, 'lambda_max': 107.35, 'lambda_max_std': 7.5}),
     ('fedgloss_cifar.py:cifar10,naive_fedgloss,alpha=0.05', 'Table 4.20', 84.4, {'lambda_max': 2.75}),
     ('fedgloss_cifar.py:cifar100,alpha=1000,noadmm', 'Table 4.17', 55.8, {'lambda_max': 13.9}),
+    ('fedgloss_cifar.py:cifar10,sgd,alpha=0.05', 'Table 4.19', 75.5,
+     {'rounds_to_target': 3800, 'bits_to_target_B': 0.4, 'target_accuracy': 65.7}),
+    ('fedgloss_sota.py:cifar100,fedgloss,sam', 'Table 4.16', 47.2,
+     {'accuracy_std': 0.2, 'rounds_to_target': 1900, 'bits_to_target_B': 0.2, 'target_accuracy': 37.4}),
+    ('fedgloss_sota.py:cifar10,fedsmoo,sam', 'Table 4.16', 75.3, {'rounds_to_target': 2400, 'bits_to_target_B': 0.5}),
+    ('fedgloss_sota.py:cifar10,fedavg', 'Table 4.16', 72.6, {'rounds_to_target': 10000, 'bits_to_target_B': 1}),
+    ('fedgloss_sota.py:landmarks,fedgloss,sam', 'Table 4.18', 59.7,
+     {'accuracy_std': 1.2, 'rounds_to_target': 200, 'bits_to_target_B': 0.2, 'target_accuracy': 56.3}),
+    ('fedgloss_sota.py:landmarks,fedprox', 'never reached', 55.0, {'target_accuracy': 56.3}),
+    ('baselines_cifar_cnn.py:dataset=cifar10,algo=fedsmoo,client=sam,table=4.15', 'Table 4.19', 81.3,
+     {'rounds_to_target': 1900, 'bits_to_target_B': 0.4, 'target_accuracy': 59.9}),
     ('wima.py:cifar10', 'Table 4.22', 69.95, {}),
     ('wima.py:cifar100,scaffold,nowima,alpha=0.5', 'Table 4.22', 50.93, {}),
     ('wima.py:landmarks,scaffold', 'Table 4.23', 68.30, {}),
@@ -149,8 +161,26 @@ def test_fedsam_cifar_ablation_cells_set_their_knobs():
       cfg('fedsam_cifar.py:' + bad)
 
 
+def test_fedgloss_sota_settings():
+  c = cfg('fedgloss_sota.py:cifar100,fedgloss,sam')
+  assert (c.model, c.data.alpha, c.rounds, c.clients_per_round, c.client.lr, c.client.momentum) == \
+      ('resnet18_gn', 0.5, 10000, 10, 0.01, 0.7)
+  assert (c.client.weight_decay, c.client.optimizer, c.client.rho, c.client.rho_warmup_rounds) == \
+      (1e-5, 'sam', 0.01, 0)
+  assert (c.algo.rho_server, c.algo.rho_server_schedule, c.algo.dual_variant) == (0.01, 'constant', 'release')
+  c = cfg('fedgloss_sota.py:landmarks,fedsmoo,sam')
+  assert (c.model, c.rounds, c.clients_per_round, c.client.local_epochs, c.client.rho, c.algo.beta) == \
+      ('mobilenet_v2_gn', 1300, 50, 5, 0.1, 50.0)
+  assert cfg('fedgloss_sota.py:cifar10,fedavg,sam').client.optimizer == 'sam'
+  assert cfg('fedgloss_sota.py:landmarks,fedspeed,sam').published.to_dict() == {}    # Table 4.19 only
+  with pytest.raises(ConfigError, match='client=sgd'):
+    cfg('fedgloss_sota.py:cifar10,fedgamma,sgd')
+
+
 def test_diverged_and_unpublished_cells():
   pub = cfg('baselines_cifar_cnn.py:cifar100,feddyn,table=4.15').published
+  assert 'diverged' in pub.source and 'accuracy' not in pub and 'Table 4.19: did not converge' in pub.source
+  pub = cfg('fedgloss_sota.py:landmarks,scaffold').published
   assert 'diverged' in pub.source and 'accuracy' not in pub
   # A combination no table has builds, with nothing published.
   assert cfg('fedgloss_cifar.py:cifar10,naive_fedgloss,sgd').published.to_dict() == {}
@@ -270,7 +300,8 @@ def test_binary_bad_string_exits_2_with_one_line(tmp_path):
   lines = [line for line in res.stderr.splitlines() if line.strip()]
   assert lines == ["error: configs/fedsam_cifar.py:'fedasm' is invalid: unknown token; allowed: dataset = "
                    "cifar10 | cifar100; method = fedavg | fedsam | fedasam; swa (flag); alpha=<float>; "
-                   "clients=<int>; epochs=<int>"], res.stderr
+                   "clients=<int>; epochs=<int>; aug = none | mixup | cutout; cycle=<int>; noavg (flag); "
+                   "start=<int>; table = 4.3 | 4.1; cifarc (flag)"], res.stderr
 
 
 @pytest.mark.slow
@@ -293,7 +324,7 @@ def test_paper_table_sweep_covers_a_family():
   assert len(runs) == len(load('fedsam_landmarks').CELLS) * 3
   assert {r.config for r in runs} == {f'configs/fedsam_landmarks.py:{c}' for c in load('fedsam_landmarks').CELLS}
   c10 = sweep_lib.load_sweep_file(path + ':fedsam_cifar,only=cifar10')['grid']
-  assert len(c10) == 63 and all(',' in g['config'] and 'cifar100' not in g['config'] for g in c10)
+  assert len(c10) == 252 and all(',' in g['config'] and 'cifar100' not in g['config'] for g in c10)
   t415 = sweep_lib.load_sweep_file(path + ':baselines_cifar_cnn,only=4.15')['grid']
   assert len(t415) == 36
   with pytest.raises(ValueError, match='families: .*fedsam_cifar'):
