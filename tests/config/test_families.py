@@ -111,7 +111,11 @@ def test_every_cell_builds_validates_and_documents(name):
     ('wima.py:cifar100,window=10', 'Table 4.24', 25.70, {}),
     ('wima.py:cifar10,alpha=0.05,subset=classifier,batch=20', 'Table 4.25', 71.01, {}),
     ('man_cifar100.py:fedspeed,man,iid', 'MAN', 55.89, {'accuracy_std': 0.41}),
-    ('man_cifar100.py:fedavg,dir0.6', 'MAN', 40.39, {'accuracy_std': 0.59}),
+    ('man_cifar100.py:fedavg,dir0.6', 'MAN', 40.39, {'accuracy_std': 0.59, 'target_accuracy': 50.0}),
+    ('man_cifar100.py:fedsam,man,dir0.6', 'Tables 1-2', 52.62,
+     {'rounds_to_target': 281, 'lambda_max': 30.05, 'hessian_trace': 2918}),
+    ('man_cifar100.py:tiny_imagenet,feddc,man,dir0.3', 'Table 1', 35.70,
+     {'rounds_to_target': 73, 'target_accuracy': 28.0}),
     ('man_cifar100.py:feddc,man,iid', 'MAN', 56.77, {'accuracy_std': 0.31}),
     ('man_cifar100.py:tiny_imagenet,feddc,man,iid', 'Tiny-ImageNet', 36.53, {'accuracy_std': 0.03}),
     ('man_cifar100.py:tiny_imagenet,fedavg,dir0.6', 'Tiny-ImageNet', 24.41, {'accuracy_std': 0.41}),
@@ -159,6 +163,18 @@ def test_fedsam_cifar_ablation_cells_set_their_knobs():
                       ('cifar100,fedavg,alpha=0.5,table=4.1', 'alpha=0.5')):
     with pytest.raises(ConfigError, match=needle):
       cfg('fedsam_cifar.py:' + bad)
+
+
+def test_man_zeta_convention_and_cifar10():
+  assert 'rounds_to_target' not in cfg('man_cifar100.py:fedavg,dir0.6').published      # "500+"
+  assert 'lambda_max' not in cfg('man_cifar100.py:fedsam,man,iid').published          # Table 2: no iid column
+  paper, code = cfg('man_cifar100.py:feddc,man'), cfg('man_cifar100.py:feddc,man,zeta=code')
+  assert (paper.man.zeta, paper.man.convention, code.man.zeta, code.man.convention) == \
+      (0.15, 'paper', 0.15, 'code')
+  c = cfg('man_cifar100.py:cifar10,fedavg,man')
+  validate_config(c)
+  assert (c.dataset, c.model, c.normalize, c.rounds, c.man.zeta) == ('cifar10', 'cifar_cnn', 'cifar10', 500, 0.15)
+  assert c.published.to_dict() == {}          # supplementary Sec. 5.2: not in the seeds
 
 
 def test_fedgloss_sota_settings():
@@ -270,7 +286,8 @@ def test_man_cells_follow_the_digest():
     ('wima.py:cifar10,cifar100', "dataset is already set by 'cifar10'"),
     ('fedgloss_cifar.py:fedgloss,sgd,adam', "'adam' is invalid: unknown token; allowed:"),
     ('man_cifar100.py:fedprox',
-     "allowed: dataset = cifar100 | tiny_imagenet; method = fedavg | fedsam | fedasam | feddyn | feddc | fedspeed"),
+     "allowed: dataset = cifar100 | tiny_imagenet | cifar10; method = fedavg | fedsam | fedasam | feddyn | feddc | "
+     "fedspeed"),
     ('fedsoup_digits.py:leave_out=7', 'allowed leave_out: -1 | 0 | 1 | 2 | 3 | 4'),
     ('baselines_digits.py:algo=fedfoo', 'algo must be one of fedavg | fedavgm'),
     ('baselines_cifar_cnn.py:algorithm=fedprox', "unknown key 'algorithm'"),
