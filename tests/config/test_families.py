@@ -107,6 +107,9 @@ def test_every_cell_builds_validates_and_documents(name):
      {'rounds_to_target': 1900, 'bits_to_target_B': 0.4, 'target_accuracy': 59.9}),
     ('wima.py:cifar10', 'Table 4.22', 69.95, {}),
     ('wima.py:cifar100,scaffold,nowima,alpha=0.5', 'Table 4.22', 50.93, {}),
+    ('wima.py:cifar100,mime_sgd,alpha=0.5', 'Table 4.22', 40.37, {}),
+    ('wima.py:cifar10,fedavgm,nowima', 'Table 4.22', 73.32, {}),
+    ('wima.py:cifar100,feddyn', 'Table 4.22', 8.48, {}),
     ('wima.py:landmarks,scaffold', 'Table 4.23', 68.30, {}),
     ('wima.py:cifar100,window=10', 'Table 4.24', 25.70, {}),
     ('wima.py:cifar10,alpha=0.05,subset=classifier,batch=20', 'Table 4.25', 71.01, {}),
@@ -163,6 +166,18 @@ def test_fedsam_cifar_ablation_cells_set_their_knobs():
                       ('cifar100,fedavg,alpha=0.5,table=4.1', 'alpha=0.5')):
     with pytest.raises(ConfigError, match=needle):
       cfg('fedsam_cifar.py:' + bad)
+
+
+def test_wima_table_4_22_rows_map_to_their_algorithms():
+  c = cfg('wima.py:cifar10,fedavgm')
+  assert (c.algorithm, c.server.momentum, c.server.lr, c.wima.enabled) == ('fedavg', 0.9, 1.0, True)
+  sgd, sgdm = cfg('wima.py:cifar10,mime_sgd'), cfg('wima.py:cifar10,mime_sgdm')
+  assert (sgd.algorithm, sgd.algo.beta, sgdm.algorithm, sgdm.algo.beta) == ('mime', 0.0, 'mime', 0.9)
+  c = cfg('wima.py:cifar100,adabest,nowima,alpha=0.5')
+  assert (c.algorithm, c.algo.mu, c.algo.beta, c.model, c.client.lr) == ('adabest', 0.02, 0.9, 'resnet20_gn', 0.1)
+  assert cfg('wima.py:cifar10,feddyn').published.to_dict() == {}       # N/A in the table
+  with pytest.raises(ConfigError, match='landmarks'):
+    cfg('wima.py:landmarks,fedcm')
 
 
 def test_man_zeta_convention_and_cifar10():
