@@ -114,6 +114,21 @@ experiments/report.py --target gives the measured ones; "-" never reached, X div
   SAM FedSMOO        1.9k (5.3x), 0.4B   2.2k (4.5x), 0.4B   4.5k (4.4x), 0.5B    6.5k (3.1x), 0.7B
   (FedGloSS rows: configs/fedgloss_cifar.py; ResNet18 / MobileNetV2 columns: configs/fedgloss_sota.py.)
 
+Table 4.13 (alpha 0, the last round's 5 clients, each holding one class: lambda_1 of its local model on its own
+data, l, and on the whole training set, g; in the table=4.15 alpha=0 cells' config.published as lambda_local_i /
+lambda_global_i, i = 1..5; experiments/hessian.py --per_client measures them on a run):
+  C10 clients airplane / cat / bird / airplane / frog:
+    FedAvg      l 9.1 424.2 18.4 483.5 263.2       g 239.1 273.6 237.0 269.5 259.6
+    FedSAM      l 100.6 28.8 106.4 103.2 68.1      g 36.4 16.5 35.7 30.6 32.9
+    FedDyn      l 752.5 59.9 894.0 761.6 528.9     g 347.8 242.3 371.2 348.9 286.0
+    FedDyn+SAM  l 199.6 122.0 200.2 206.9 155.6    g 12.0 11.1 12.0 12.3 11.7
+    FedSMOO     l 122.1 82.4 134.2 122.8 79.3      g 26.5 26.9 25.7 25.2 33.5
+  C100 clients sea / snail / bear / skyscraper / possum (FedDyn did not converge):
+    FedAvg      l 251.0 91.2 108.4 613.3 37.9      g 224.5 267.0 215.2 300.1 259.6
+    FedSAM      l 0.1 0.2 6.7 1.3 15.3             g 238.5 149.1 129.3 194.6 142.6
+    FedSMOO     l 33.2 331.2 428.6 143.5 455.5     g 31.4 102.2 121.0 40.2 90.9
+  (FedGloSS rows: configs/fedgloss_cifar.py.)
+
 Table 4.22 (WiMA paper: ResNet20-GN, 10 clients/round, B=100, lr 0.1, wd 0, 10k rounds; NOT this CNN setting,
 listed for Mime / FedCM / FedACG, which have no CNN numbers; no cells here, no published number attached;
 configs/wima.py has that setting for FedAvg / SCAFFOLD):
@@ -317,7 +332,9 @@ def get_config(arg: str = ''):
     elif key in DETAIL:
       acc, std, lam, lam_std = DETAIL[key]
       note, comm = paper_hparams.comm_to_target('cnn', ds, a, _T419_ROW.get(name, ''))   # Table 4.19
-      config_strings.set_published(c, source + note, acc, std, lambda_max=lam, lambda_max_std=lam_std, **comm)
+      note413, lams = paper_hparams.local_global_lambdas(ds, a, _T419_ROW.get(name, ''))  # Table 4.13
+      config_strings.set_published(c, source + note + note413, acc, std, lambda_max=lam, lambda_max_std=lam_std,
+                                   **comm, **lams)
     else:
       config_strings.set_published(c, source, PUBLISHED[key])
   return c

@@ -210,3 +210,36 @@ def comm_to_target(model: str, dataset: str, alpha, method: str) -> Tuple[str, d
     return '; Table 4.19: FedAvg\'s accuracy never reached', target
   return '; Table 4.19: rounds / bits to FedAvg\'s accuracy', {**target, 'rounds_to_target': v[0],
                                                                  'bits_to_target_B': v[1]}
+
+
+# Table 4.13 (alpha = 0, last round, 5 clients/round): lambda_1 of each sampled client's local model on its own
+# data (l) and on the whole training set (g); the clients are named by their single class. Rows: 'client/method'
+# of Table 4.15; None = FedDyn did not converge (C100).
+T413_CLASSES = {'cifar10': ('airplane', 'cat', 'bird', 'airplane', 'frog'),
+                'cifar100': ('sea', 'snail', 'bear', 'skyscraper', 'possum')}
+T413 = {   # (dataset, row) -> ((l, g) per client)
+    ('cifar10', 'sgd/fedavg'): ((9.1, 239.1), (424.2, 273.6), (18.4, 237.0), (483.5, 269.5), (263.2, 259.6)),
+    ('cifar10', 'sam/fedsam'): ((100.6, 36.4), (28.8, 16.5), (106.4, 35.7), (103.2, 30.6), (68.1, 32.9)),
+    ('cifar10', 'sgd/feddyn'): ((752.5, 347.8), (59.9, 242.3), (894.0, 371.2), (761.6, 348.9), (528.9, 286.0)),
+    ('cifar10', 'sam/feddyn'): ((199.6, 12.0), (122.0, 11.1), (200.2, 12.0), (206.9, 12.3), (155.6, 11.7)),
+    ('cifar10', 'sam/fedsmoo'): ((122.1, 26.5), (82.4, 26.9), (134.2, 25.7), (122.8, 25.2), (79.3, 33.5)),
+    ('cifar10', 'sam/fedgloss'): ((190.1, 4.3), (106.9, 3.9), (200.1, 4.1), (207.8, 4.0), (84.8, 4.1)),
+    ('cifar100', 'sgd/fedavg'): ((251.0, 224.5), (91.2, 267.0), (108.4, 215.2), (613.3, 300.1), (37.9, 259.6)),
+    ('cifar100', 'sam/fedsam'): ((0.1, 238.5), (0.2, 149.1), (6.7, 129.3), (1.3, 194.6), (15.3, 142.6)),
+    ('cifar100', 'sam/fedsmoo'): ((33.2, 31.4), (331.2, 102.2), (428.6, 121.0), (143.5, 40.2), (455.5, 90.9)),
+    ('cifar100', 'sam/fedgloss'): ((28.3, 19.6), (260.8, 40.7), (220.3, 49.6), (269.2, 22.2), (392.4, 39.0)),
+}
+
+
+def local_global_lambdas(dataset: str, alpha, method: str) -> Tuple[str, dict]:
+  """Table 4.13's entry for a Table 4.15 cell -> (note for the source, {lambda_local_i, lambda_global_i} for the
+  5 clients i = 1..5 of the last round, in the table's order); ('', {}) when the table has no such row. Measured
+  with experiments/hessian.py --per_client on the run's last round (its per-client report)."""
+  rows = T413.get((dataset, method))
+  if rows is None or float(alpha) != 0.0:
+    return '', {}
+  out = {}
+  for i, (lo, gl) in enumerate(rows, 1):
+    out[f'lambda_local_{i}'], out[f'lambda_global_{i}'] = lo, gl
+  return f'; Table 4.13: local / global lambda_1 of the last round\'s clients ({", ".join(T413_CLASSES[dataset])})', \
+      out

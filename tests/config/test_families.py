@@ -105,6 +105,9 @@ def test_every_cell_builds_validates_and_documents(name):
     ('fedgloss_sota.py:landmarks,fedprox', 'never reached', 55.0, {'target_accuracy': 56.3}),
     ('baselines_cifar_cnn.py:dataset=cifar10,algo=fedsmoo,client=sam,table=4.15', 'Table 4.19', 81.3,
      {'rounds_to_target': 1900, 'bits_to_target_B': 0.4, 'target_accuracy': 59.9}),
+    ('baselines_cifar_cnn.py:dataset=cifar100,algo=fedavg,client=sam,table=4.15', 'Table 4.13', 28.7,
+     {'lambda_local_1': 0.1, 'lambda_global_1': 238.5, 'lambda_local_5': 15.3, 'lambda_global_5': 142.6}),
+    ('fedgloss_cifar.py:cifar10', 'Table 4.13', 83.9, {'lambda_local_4': 207.8, 'lambda_global_4': 4.0}),
     ('wima.py:cifar10', 'Table 4.22', 69.95, {}),
     ('wima.py:cifar100,scaffold,nowima,alpha=0.5', 'Table 4.22', 50.93, {}),
     ('wima.py:cifar100,mime_sgd,alpha=0.5', 'Table 4.22', 40.37, {}),
@@ -190,6 +193,15 @@ def test_man_zeta_convention_and_cifar10():
   validate_config(c)
   assert (c.dataset, c.model, c.normalize, c.rounds, c.man.zeta) == ('cifar10', 'cifar_cnn', 'cifar10', 500, 0.15)
   assert c.published.to_dict() == {}          # supplementary Sec. 5.2: not in the seeds
+
+
+def test_table_4_13_only_on_its_rows():
+  assert 'lambda_local_1' not in cfg('baselines_cifar_cnn.py:dataset=cifar10,algo=fedprox,table=4.15').published
+  assert 'lambda_local_1' not in cfg('baselines_cifar_cnn.py:dataset=cifar10,algo=fedsmoo,client=sam,alpha=0.05,'
+                                     'table=4.15').published
+  assert 'lambda_local_1' not in cfg('fedgloss_cifar.py:cifar10,sgd').published
+  assert cfg('baselines_cifar_cnn.py:dataset=cifar10,algo=feddyn,client=sam,table=4.15').published.lambda_local_3 \
+      == 200.2
 
 
 def test_fedgloss_sota_settings():
