@@ -144,6 +144,18 @@ def _plain(v):
   return v
 
 
+def _save_figure(fig, path: str, title: str) -> None:
+  """Titles, lays out and writes a figure atomically (a failed write is one ResultsWriteError), then frees it."""
+  import matplotlib.pyplot as plt
+  fig.suptitle(title)
+  fig.tight_layout()
+  try:
+    with _writing(path):
+      fig.savefig(path, dpi=110)
+  finally:
+    plt.close(fig)
+
+
 def plot_metrics(records: List[Dict], path: str, title: str = '') -> None:
   """accuracy and loss vs round for every evaluated model (global, swa, wima...)."""
   import matplotlib
@@ -175,13 +187,7 @@ def plot_metrics(records: List[Dict], path: str, title: str = '') -> None:
     ax2.plot(rounds, [r.get('train_loss', np.nan) for r in records], '--', label='train (clients)')
   ax1.set_xlabel('round'); ax1.set_ylabel('test accuracy'); ax1.grid(alpha=.3); ax1.legend()
   ax2.set_xlabel('round'); ax2.set_ylabel('loss'); ax2.grid(alpha=.3); ax2.legend()
-  fig.suptitle(title)
-  fig.tight_layout()
-  try:
-    with _writing(path):
-      fig.savefig(path, dpi=110)
-  finally:
-    plt.close(fig)
+  _save_figure(fig, path, title)
 
 
 def plot_personalized(res: Dict, path: str, title: str = '') -> bool:
@@ -225,13 +231,7 @@ def plot_personalized(res: Dict, path: str, title: str = '') -> bool:
     ax.set_xlabel('fine-tuning epochs'); ax.set_ylabel('accuracy (%, mean over clients)'); ax.grid(alpha=.3)
     ax.legend(fontsize=7)
     ax.set_title('local fine-tuning after FL')
-  fig.suptitle(title)
-  fig.tight_layout()
-  try:
-    with _writing(path):
-      fig.savefig(path, dpi=110)
-  finally:
-    plt.close(fig)
+  _save_figure(fig, path, title)
   return True
 
 
