@@ -11,7 +11,8 @@ Grammar (comma-separated; defaults cifar10,fedavg,alpha=0,clients=5,epochs=1, no
   epochs=1 | 2 (local epochs; the table's "E=2" rows: FedAvg without SWA only);
   mixup | cutout (Table 4.7's strong augmentations on top of crop + flip; augment=cifar_mixup: MixUp alpha 1,
     soft labels; augment=cifar_cutout: 16x16 holes on CIFAR10, 8x8 on CIFAR100 as the thesis text says [U: the
-    release code uses 16 for both; --config.augment_kwargs are not a field, so 8 stays]);
+    release code uses 16 for both; --config.augment_kwargs are not a field, so 8 stays]; ASAM keeps Table A.2's
+    eta 0.2 [U: Table A.2 sets eta 0 with MixUp for PAM only]);
   cycle=1 with swa (Table 4.11 "Avg, c = 1": averaging every round, constant client lr);
   noavg with swa (Table 4.11 "no Avg, c > 1": the cyclic client lr alone, no averaging: swa.average=False);
   start=<round> with fedavg,swa,clients=5 (Table 4.12: SWA start round; C10 500 | 2500 | 5000, C100 1000 |
