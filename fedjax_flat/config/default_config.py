@@ -133,6 +133,9 @@ def default_config() -> ml_collections.ConfigDict:
 
   c.man = ml_collections.ConfigDict()
   c.man.zeta = 0.0
+  # 'paper': zeta is Eq. 15's coefficient (loss = CE + zeta * sum_l mean(a_l^2)); 'code': zeta is the MAN
+  # release's mu_mean, applied as mu_mean / 2 (algorithms/local.man_coefficient)
+  c.man.convention = 'paper'
 
   c.engine = ml_collections.ConfigDict()
   c.engine.strategy = 'auto'

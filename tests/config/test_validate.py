@@ -34,6 +34,7 @@ CASES = [
     ('wima.window', 0, '>= 1'),
     ('wima.subset', 'head', 'allowed values'),
     ('man.zeta', -1.0, '>= 0'),
+    ('man.convention', 'half', "allowed values: ['paper', 'code']"),
     ('augment', 'randaugment', 'allowed values'),
     ('eval_every', 0, '>= 1'),
 ]
