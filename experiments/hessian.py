@@ -24,7 +24,10 @@ On CPU, models use the im2col convolution (an HVP inside an XLA loop is ~40x slo
 
 Exit status (fedjax_flat/training/cli.py), each error one `error: ...` line without a traceback: 0 done; 1 the
 checkpoint cannot be restored (corrupt); 2 bad input (a flag value, a directory that is not a run, a truncated
-config.json, a checkpoint that does not match the run's config.json, a round the run did not keep).
+config.json, a checkpoint that does not match the run's config.json, a round the run did not keep, an
+--interpolate_with run of another model or other parameter shapes: refused before any eigenvalue work).
+hessian_<model>.json is written once the eigenvalues are computed, then again after each optional step
+(surface, interpolation), so a failure there keeps the main results.
 """
 from __future__ import annotations
 
@@ -132,12 +135,20 @@ def main(argv):
           f"global/own {rep.get('mean_lambda_global_own', float('nan')):.4f}; report: {path}")
     return
   trainer, params, step = load_run(wd, _MODEL.value)
+  # BatchNorm models: the Hessian over the trainable params, the running statistics held fixed.
+  from fedjax_flat.core.batch_stats import trainable_view
+  other = None
+  if _OTHER.value:
+    # The other run with its own config (training/reload), refused before any work when its model differs.
+    from fedjax_flat.training.reload import check_same_model
+    other_trainer, other, _ = load_run(_OTHER.value, _MODEL.value)
+    check_same_model(wd, trainer.config, params, _OTHER.value, other_trainer.config, other)
+    _, other = trainable_view(other_trainer.model, other)     # its statistics are not interpolated: ours are used
+    del other_trainer
   os.makedirs(out, exist_ok=True)
   x, y = trainer.data.test_examples() if _SPLIT.value == 'test' else (trainer.data.x, trainer.data.y)
   x = np.asarray(trainer.eval_transform(np.asarray(x[:_N.value])))
   y = np.asarray(y[:_N.value])
-  # BatchNorm models: the Hessian over the trainable params, the running statistics held fixed.
-  from fedjax_flat.core.batch_stats import trainable_view
   model, params = trainable_view(trainer.model, params)
   logging.info('run %s, round %d, model %r, %d %s examples', wd, step, _MODEL.value, len(y), _SPLIT.value)
   t0 = time.time()
@@ -151,6 +162,13 @@ def main(argv):
   density = report.pop('density', None)
   report.update({'workdir': os.path.abspath(wd), 'round': step, 'model': name, 'split': _SPLIT.value,
                  'num_examples': int(len(y))})
+  path = os.path.join(out, f'hessian_{name}.json')
+
+  def save():
+    # rewritten after each optional step: the eigenvalue results are on disk before any of them runs
+    with open(path, 'w') as f:
+      json.dump(report, f, indent=2, default=lambda o: np.asarray(o).tolist())
+  save()
   plots.plot_eigenvalues(report['eigenvalues'], os.path.join(out, f'eigenvalues_{name}.png'),
                          title=f'Top Hessian eigenvalues ({name}, round {step})')
   if density is not None:
@@ -166,17 +184,15 @@ def main(argv):
     plots.plot_surface_3d(surf['xs'], surf['ys'], surf['loss'], os.path.join(out, f'surface_{name}.png'),
                           title=f'loss along filter-normalized directions ({name})')
     report['surface'] = {k: np.asarray(v).tolist() for k, v in surf.items()}
-  if _OTHER.value:
-    _, other, _ = load_run(_OTHER.value, _MODEL.value)
+    save()
+  if other is not None:
     alphas = np.linspace(-0.25, 1.25, 31)
     curve = analysis.interpolate_1d(eval_fn, params, other, alphas)
     plots.plot_interpolation(alphas, curve['loss'], os.path.join(out, 'interpolation.png'),
                              labels=['loss'])
-    report['interpolation'] = {'alphas': alphas.tolist(), **{k: np.asarray(v).tolist() for k, v in curve.items()
-                                                             if k != 'alphas'}}
-  path = os.path.join(out, f'hessian_{name}.json')
-  with open(path, 'w') as f:
-    json.dump(report, f, indent=2, default=lambda o: np.asarray(o).tolist())
+    report['interpolation'] = {'with': os.path.abspath(_OTHER.value), 'alphas': alphas.tolist(),
+                               **{k: np.asarray(v).tolist() for k, v in curve.items() if k != 'alphas'}}
+    save()
   bad = [i + 1 for i, c in enumerate(report['converged']) if not c]
   if bad:
     print(f'warning: eigenpairs {bad} did not converge (residual > {report["residual_tol"]:g} * '

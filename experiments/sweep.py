@@ -25,7 +25,8 @@ benchmarks/speed/README.runs.md). Every run's config is validated before anythin
 Every grid point and seed is validated as train.py validates it (sweeps/sweep.run_config) before anything
 launches. One driver per sweep directory (a second is refused while the first runs); the runs of a local sweep
 end with their driver (SIGTERM from the kernel, however the driver ends: they checkpoint and stop), and a rerun
-waits for a run whose workdir is still held by a live process. A failed run's reason is its log's last
+(process-parallel or --batch_runs) waits for a run whose workdir is still held by a live process (a train.py
+started by hand, a child of an earlier driver) instead of marking it failed. A failed run's reason is its log's last
 `error:` line.
 
 Exit status (fedjax_flat/training/cli.py), each error one `error:` line without a traceback: 0 all runs

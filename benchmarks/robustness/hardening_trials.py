@@ -230,8 +230,12 @@ def _pid_alive(pid):
     return False
 
 
-def trials_22(tmp, repo, out):
-  """Appends (trial, exit status, seconds, message) rows to `out` (kept if a trial itself breaks)."""
+SECTIONS_22 = ('entry', 'files', 'femnist', 'report', 'interpolate', 'sweep')
+
+
+def trials_22(tmp, repo, out, only=SECTIONS_22):
+  """Appends (trial, exit status, seconds, message) rows to `out` (kept if a trial itself breaks); `only`: the
+  sections to run."""
   from tests.fixtures import entry_cases, hostile
   run_bin = lambda name, *a, **kw: entry_cases.run_binary(name, *a, repo=repo, **kw)   # noqa: E731
   env = entry_cases._env(repo)
@@ -242,7 +246,8 @@ def trials_22(tmp, repo, out):
 
   tiny = entry_cases.make_tiny_run(os.path.join(tmp, 'tiny'), repo)
   # 1. every entry point's error cases
-  for name, (binary, args, _, _) in sorted({**entry_cases.FAST, **entry_cases.MATRIX}.items()):
+  entry = sorted({**entry_cases.FAST, **entry_cases.MATRIX}.items()) if 'entry' in only else []
+  for name, (binary, args, _, _) in entry:
     d = tempfile.mkdtemp(dir=tmp)
     try:
       res, secs = _timed(lambda: run_bin(binary, *args(d, tiny), cwd=d, timeout=120))
@@ -255,13 +260,13 @@ def trials_22(tmp, repo, out):
     add(f'1 {binary}: {name.split(": ", 1)[-1]}', code, secs, msg)
   # 1b. malformed data files through train.py
   femnist = os.path.join(repo, 'configs', 'quickstart_femnist.py')
-  for case in hostile.LEAF_CASES:
+  for case in hostile.LEAF_CASES if 'files' in only else ():
     root = hostile.femnist_root(tempfile.mkdtemp(dir=tmp), case)
     res, secs = _timed(lambda: run_bin('train', f'--config={femnist}', f'--workdir={tmp}/w_leaf',
                                        f'--config.data.data_dir={root}', '--config.progress_every_s=0'))
     add(f'1 train: LEAF JSON {case}', res.returncode, secs, _first_line(res)[1])
   so_cfg = os.path.join(repo, 'configs', 'quickstart_stackoverflow.py')
-  for case in hostile.SQLITE_CASES:
+  for case in hostile.SQLITE_CASES if 'files' in only else ():
     d = hostile.stackoverflow_dir(tempfile.mkdtemp(dir=tmp), case)
     res, secs = _timed(lambda: run_bin('train', f'--config={so_cfg}', f'--workdir={tmp}/w_so',
                                        f'--config.data.data_dir={d}', '--config.data.vocab_size=5',
@@ -270,12 +275,29 @@ def trials_22(tmp, repo, out):
   qs = os.path.join(repo, 'configs', 'quickstart.py')
   params_dir = os.path.join(tmp, 'params')
   for case in ('truncated msgpack', 'msgpack of a list', 'wrong shapes', 'missing keys', 'unexpected keys',
-               'NaN values', 'string values', 'object arrays', 'not a params file', 'empty file'):
+               'NaN values', 'string values', 'object arrays', 'not a params file', 'empty file') \
+      if 'files' in only else ():
     path = entry_cases._params(params_dir, case)
     res, secs = _timed(lambda: run_bin('train', f'--config={qs}', f'--workdir={tmp}/w_pre_{len(out)}',
                                        *entry_cases.QUICK, '--config.rounds=1', f'--config.init.pretrained={path}'))
     add(f'1 train: init.pretrained {case}', res.returncode, secs, _first_line(res)[1])
   # 2. a FEMNIST run (config.data without num_clients) reloaded
+  if 'femnist' in only:
+    _femnist_trials(tmp, repo, run_bin, add)
+  # 4. report.py, 2b. hessian.py --interpolate_with, 3. sweep.py: each trial guarded (a broken one is a row)
+  for section, trial in (('report', _report_trials), ('interpolate', _interpolate_trials), ('sweep', _sweep_trials)):
+    if section not in only:
+      continue
+    try:
+      trial(tmp, repo, tiny, run_bin, env, add)
+    except Exception as e:  # noqa: BLE001 -- a trial that breaks is recorded, the next one still runs
+      add(f'{trial.__name__} stopped', '-', 0.0, f'{type(e).__name__}: {e}')
+  return out
+
+
+def _femnist_trials(tmp, repo, run_bin, add):
+  from tests.fixtures import hostile
+  femnist = os.path.join(repo, 'configs', 'quickstart_femnist.py')
   root = hostile.femnist_root(os.path.join(tmp, 'femnist'))
   fw = os.path.join(tmp, 'femnist_run')
   res, secs = _timed(lambda: run_bin('train', f'--config={femnist}', f'--workdir={fw}',
@@ -294,90 +316,185 @@ def trials_22(tmp, repo, out):
                                      '--config.summary_last_k=1', '--config.progress_every_s=0',
                                      f'--config.init.checkpoint={fw}'))
   add('2 train: init.checkpoint = the FEMNIST run', res.returncode, secs, _first_line(res)[1])
-  # 4. report.py: a torn middle line; a NaN seed
+
+
+def _table_rows(md):
+  """The data rows of the first Markdown table of a report (after its header and |---| lines)."""
+  lines = md.splitlines()
+  for i, ln in enumerate(lines[:-1]):
+    if ln.startswith('|') and lines[i + 1].startswith('|---'):
+      rows = []
+      for row in lines[i + 2:]:
+        if not row.startswith('|'):
+          break
+        rows.append(row)
+      return rows
+  return []
+
+
+def _report_outcome(res, out_dir):
+  """A report.py run: its summary line (stdout: rows, runs, and the flagged counts), its warnings, and the
+  data row the report shows."""
+  path = os.path.join(out_dir, 'report.md')
+  rows = _table_rows(open(path).read()) if os.path.exists(path) else []
+  said = [ln for ln in res.stdout.splitlines() if ' rows from ' in ln]
+  warn = [ln for ln in res.stderr.splitlines() if ln.startswith(('warning:', 'error:'))]
+  tb = ' [TRACEBACK]' if 'Traceback' in res.stderr else ''
+  return ' / '.join(x for x in [(said[0].split(':')[0] if said else ''), *(w[:200] for w in warn[:2]),
+                                'row: ' + (rows[0] if rows else '(no report)')] if x) + tb
+
+
+def _report_trials(tmp, repo, tiny, run_bin, env, add):
+  from tests.fixtures import hostile
   rep = os.path.join(tmp, 'rep')
   for s in (0, 1):
     shutil.copytree(tiny, os.path.join(rep, 'cell', f'seed={s}'))
-  first_acc = json.loads(open(os.path.join(tiny, 'metrics.jsonl')).readline())['test_accuracy']
-  hostile.torn_metrics(os.path.join(rep, 'cell', 'seed=0', 'metrics.jsonl'))
+  # seed 0: five records with accuracy 0.1 r, the middle one (round 3) torn: the target 0.35 is first reached at
+  # round 4, after the torn line (a reader that stops there finds it never reached)
+  path = os.path.join(rep, 'cell', 'seed=0', 'metrics.jsonl')
+  first = json.loads(open(path).readline())
+  with open(path, 'w') as f:
+    for r in range(1, 6):
+      f.write(json.dumps({**first, 'round': r, 'test_accuracy': 0.1 * r}) + '\n')
+  hostile.torn_metrics(path)
   res, secs = _timed(lambda: run_bin('report', f'--workdirs={rep}/cell/seed=0', f'--out_dir={tmp}/rep_out',
-                                     f'--target={first_acc * 0.99 if first_acc > 0 else 0.01}', '--noplots'))
-  md = open(os.path.join(tmp, 'rep_out', 'report.md')).read() if os.path.exists(os.path.join(tmp, 'rep_out',
-                                                                                             'report.md')) else ''
-  row = ([ln for ln in md.splitlines() if ln.startswith('| cell')] or [''])[0]
-  add('4 report.py: torn middle line of metrics.jsonl (2 records)', res.returncode, secs,
-      f'{_first_line(res)[1]} / row: {row}')
+                                     '--target=0.35', '--noplots'))
+  add('4 report.py: torn middle line of metrics.jsonl (5 records, target 0.35 first reached at round 4)',
+      res.returncode, secs, _report_outcome(res, os.path.join(tmp, 'rep_out')))
+  # seed 1: NaN accuracies in summary.json and an inf accuracy record in metrics.jsonl
   summ = os.path.join(rep, 'cell', 'seed=1', 'summary.json')
   doc = json.load(open(summ))
   doc = {k: (float('nan') if k.startswith('mean_last_') or k == 'final_test_accuracy' else v) for k, v in doc.items()}
   json.dump(doc, open(summ, 'w'))
+  path = os.path.join(rep, 'cell', 'seed=1', 'metrics.jsonl')
+  recs = [json.loads(ln) for ln in open(path)]
+  recs[0]['test_accuracy'] = float('inf')
+  with open(path, 'w') as f:
+    f.write(''.join(json.dumps(r) + '\n' for r in recs))
   res, secs = _timed(lambda: run_bin('report', f'--workdirs={rep}/cell/seed=*', f'--out_dir={tmp}/rep_out2',
-                                     '--target=0.01', '--noplots'))
-  md = open(os.path.join(tmp, 'rep_out2', 'report.md')).read() if os.path.exists(os.path.join(tmp, 'rep_out2',
-                                                                                              'report.md')) else ''
-  row = ([ln for ln in md.splitlines() if ln.startswith('| cell')] or [''])[0]
-  add('4 report.py: one seed of two with NaN accuracy', res.returncode, secs, f'{_first_line(res)[1]} / row: {row}')
-  # 3. sweep.py
+                                     '--target=0.99', '--noplots'))
+  add('4 report.py: one seed of two with NaN accuracy and an inf record (target 0.99, reached by no finite value)',
+      res.returncode, secs, _report_outcome(res, os.path.join(tmp, 'rep_out2')))
+
+
+def _interpolate_trials(tmp, repo, tiny, run_bin, env, add):
+  qs = os.path.join(repo, 'configs', 'quickstart.py')
+  other = os.path.join(tmp, 'tiny_seed1')
+  res = run_bin('train', f'--config={qs}', f'--workdir={other}', '--config.model=mlp', '--config.progress_every_s=0',
+                '--config.rounds=1', '--config.seed=1')
+  cnn = os.path.join(tmp, 'tiny_cnn')
+  res2 = run_bin('train', f'--config={qs}', f'--workdir={cnn}', '--config.progress_every_s=0', '--config.rounds=1')
+  if res.returncode or res2.returncode:
+    add('2b hessian.py --interpolate_with: the other runs', f'{res.returncode} / {res2.returncode}', 0.0,
+        f'{_first_line(res)[1]} / {_first_line(res2)[1]}')
+    return
+  hess = ['--num_examples=20', '--batch_size=10', '--top_k=1', '--lanczos_steps=4']
+  for name, oth in (('another MLP run (seed 1)', other), ('a run of another model (the digits CNN)', cnn)):
+    out_dir = os.path.join(tmp, 'hess_' + os.path.basename(oth))
+    res, secs = _timed(lambda: run_bin('hessian', f'--workdir={tiny}', *hess, f'--interpolate_with={oth}',
+                                       f'--out_dir={out_dir}'))
+    code, msg = _first_line(res)
+    rep = os.path.join(out_dir, 'hessian_global.json')
+    doc = json.load(open(rep)) if os.path.exists(rep) else None
+    wrote = ('nothing written' if doc is None else
+             f"hessian_global.json written (lambda_max {doc.get('lambda_max', float('nan')):.4g}, "
+             f"interpolation: {'yes' if 'interpolation' in doc else 'no'})")
+    eigen = 'lambda_max' in res.stderr
+    add(f'2b hessian.py --interpolate_with {name}', code, secs,
+        f'{msg} / {wrote}; eigenvalue work done: {eigen}')
+
+
+def _sweep_trials(tmp, repo, tiny, run_bin, env, add):
+  qs = os.path.join(repo, 'configs', 'quickstart.py')
   sweep = [sys.executable, os.path.join(repo, 'experiments', 'sweep.py')]
+  popen = lambda args: subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,  # noqa: E731
+                                        text=True, env=env, cwd=repo)
   long = [f'--config={qs}', '--grid=client.lr=0.05', '--seeds=0', '--set=model=mlp', '--set=rounds=100000',
           '--set=eval_every=1', '--set=checkpoint_every=1', '--set=progress_every_s=0']
+
+  def wait_metrics(sd, t, limit=300):
+    metrics = os.path.join(sd, 'client.lr=0.05', 'seed=0', 'metrics.jsonl')
+    while not (os.path.exists(metrics) and open(metrics).read().strip()) and time.time() - t < limit:
+      time.sleep(0.2)
+
+  def said_of(text, keys=('FAILED', 'waiting', 'interrupted', 'runs done')):
+    lines = text.splitlines()
+    picked = [ln for ln in lines if ln.startswith('error:')] + \
+        [ln for k in keys for ln in lines if k in ln][:3]
+    return ' // '.join(dict.fromkeys(ln.strip()[:200] for ln in picked))
+  # the driver alone SIGKILLed, then the same command again
   sd = os.path.join(tmp, 'sweep_kill')
-  metrics = os.path.join(sd, 'client.lr=0.05', 'seed=0', 'metrics.jsonl')
   t = time.time()
-  p = subprocess.Popen(sweep + long + [f'--sweep_dir={sd}'], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       text=True, env=env, cwd=repo)
-  while not (os.path.exists(metrics) and open(metrics).read().strip()) and time.time() - t < 300:
-    time.sleep(0.2)
+  p = popen(sweep + long + [f'--sweep_dir={sd}'])
+  wait_metrics(sd, t)
   child = json.load(open(os.path.join(sd, 'sweep.json')))['runs'][0].get('pid')
   p.send_signal(signal.SIGKILL)
   p.communicate()
   time.sleep(15)
   alive = child is not None and _pid_alive(child)
-  p2 = subprocess.Popen(sweep + long + [f'--sweep_dir={sd}'], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                        text=True, env=env, cwd=repo)
+  p2 = popen(sweep + long + [f'--sweep_dir={sd}'])
   try:
-    o2, e2 = p2.communicate(timeout=40)
+    o2, e2 = p2.communicate(timeout=60)
   except subprocess.TimeoutExpired:
     p2.send_signal(signal.SIGTERM)
-    o2, e2 = p2.communicate(timeout=120)
-  said = ([ln for ln in (o2 + e2).splitlines() if any(k in ln for k in ('FAILED', 'waiting', 'interrupted'))]
-           or [ln for ln in (o2 + e2).splitlines() if ln.startswith('error:')] or [''])[0]
+    o2, e2 = p2.communicate(timeout=180)
   if child is not None and _pid_alive(child):
     os.kill(child, signal.SIGTERM)     # the orphan this trial made (the old code leaves it running)
-  add('3 sweep.py: driver SIGKILLed, then the same command again', f'{p.returncode} / {p2.returncode}',
-      time.time() - t, f'child alive 15 s after the driver died: {alive}; rerun says: {said[:200]}')
+  add('3 sweep.py: driver SIGKILLed; the same command again (stopped by SIGTERM after 60 s)',
+      f'{p.returncode} / {p2.returncode}', time.time() - t,
+      f'child alive 15 s after the driver died: {alive}; rerun says: {said_of(o2 + e2)}')
+  # a live run holds a run's workdir (train.py started by hand, or another driver's child): the sweep waits
+  for mode in ([], ['--batch_runs=2']):
+    sd = os.path.join(tmp, 'sweep_busy' + ('_batched' if mode else ''))
+    short = [f'--config={qs}', '--grid=client.lr=0.05', '--seeds=0', '--set=model=mlp', '--set=rounds=4',
+             '--set=eval_every=1', '--set=progress_every_s=0', f'--sweep_dir={sd}']
+    wd = os.path.join(sd, 'client.lr=0.05', 'seed=0')
+    t = time.time()
+    live = popen([sys.executable, os.path.join(repo, 'experiments', 'train.py'), f'--config={qs}',
+                  '--config.model=mlp', '--config.rounds=4', '--config.eval_every=1', '--config.progress_every_s=0',
+                  '--config.client.lr=0.05', '--config.seed=0', f'--workdir={wd}'])
+    wait_metrics(sd, t)
+    r = subprocess.run(sweep + short + mode, capture_output=True, text=True, env=env, cwd=repo, timeout=600)
+    live.communicate(timeout=300)
+    states = {x['cell']: x.get('status') for x in json.load(open(os.path.join(sd, 'sweep.json')))['runs']}
+    add(f'3 sweep.py{" " + mode[0] if mode else ""}: a run\'s workdir held by a live train.py (4 rounds)',
+        r.returncode, time.time() - t, f'{said_of(r.stdout + r.stderr)} / sweep.json statuses {states}')
+  # a child SIGKILLed
   sd = os.path.join(tmp, 'sweep_child')
-  metrics = os.path.join(sd, 'client.lr=0.05', 'seed=0', 'metrics.jsonl')
   t = time.time()
-  p = subprocess.Popen(sweep + long + [f'--sweep_dir={sd}'], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       text=True, env=env, cwd=repo)
-  while not (os.path.exists(metrics) and open(metrics).read().strip()) and time.time() - t < 300:
-    time.sleep(0.2)
+  p = popen(sweep + long + [f'--sweep_dir={sd}'])
+  wait_metrics(sd, t)
   child = json.load(open(os.path.join(sd, 'sweep.json')))['runs'][0].get('pid')
   os.kill(child, signal.SIGKILL)
-  o, e = p.communicate(timeout=120)
-  said = ([ln for ln in o.splitlines() if ln.startswith('FAILED')] or [''])[0]
-  add('3 sweep.py: its child SIGKILLed', p.returncode, time.time() - t, said[:230])
+  o, e = p.communicate(timeout=180)
+  failed = json.load(open(os.path.join(sd, 'sweep.json')))['runs'][0]
+  add('3 sweep.py: its child SIGKILLed', p.returncode, time.time() - t,
+      f'{said_of(o, keys=("FAILED",))} / sweep.json error: {str(failed.get("error"))[:200]}')
+  # two drivers at once on one sweep directory
   sd = os.path.join(tmp, 'sweep_two')
   short = [f'--config={qs}', '--grid=client.lr=0.05,0.1', '--seeds=0', '--set=model=mlp', '--set=rounds=2',
            '--set=eval_every=1', '--set=progress_every_s=0', f'--sweep_dir={sd}']
   t = time.time()
-  ps = [subprocess.Popen(sweep + short, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=repo)
-        for _ in range(2)]
+  ps = [popen(sweep + short) for _ in range(2)]
   res = [pp.communicate(timeout=600) for pp in ps]
-  states = {r['cell']: r.get('status') for r in json.load(open(os.path.join(sd, 'sweep.json')))['runs']}
+  states = {x['cell']: x.get('status') for x in json.load(open(os.path.join(sd, 'sweep.json')))['runs']}
+  done = sum(os.path.exists(os.path.join(sd, c, 'seed=0', 'summary.json')) for c in ('client.lr=0.05', 'client.lr=0.1'))
   msg = ([ln for o, e in res for ln in e.splitlines() if ln.startswith('error:')] or [''])[0]
   add('3 sweep.py: two drivers at once on one sweep directory', f'{ps[0].returncode} / {ps[1].returncode}',
-      time.time() - t, f'{msg[:160]} / sweep.json statuses {states}')
+      time.time() - t, f'{msg[:200]} / runs finished: {done}/2; sweep.json statuses {states}')
+  # disk full for sweep.json (ENOSPC in the driver only), then the same command on a healthy disk
   sd = os.path.join(tmp, 'sweep_full')
+  short[-1] = f'--sweep_dir={sd}'
   t = time.time()
   r = subprocess.run([sys.executable, '-m', 'tests.fixtures.fault_inject', '--enospc=sweep.json', '--'] + sweep[1:] +
-                     short[:-1] + [f'--sweep_dir={sd}'], capture_output=True, text=True, env=env, cwd=repo)
+                     short, capture_output=True, text=True, env=env, cwd=repo, timeout=600)
   runs_done = sum(os.path.exists(os.path.join(sd, c, 'seed=0', 'summary.json'))
                   for c in ('client.lr=0.05', 'client.lr=0.1'))
-  add('3 sweep.py: disk full for sweep.json', r.returncode, time.time() - t,
-      f'{_first_line(r)[1]} / runs finished: {runs_done}/2')
-  return out
+  r2 = subprocess.run(sweep + short, capture_output=True, text=True, env=env, cwd=repo, timeout=600)
+  add('3 sweep.py: disk full for sweep.json; then the same command again', f'{r.returncode} / {r2.returncode}',
+      time.time() - t, f'{_first_line(r)[1]} / runs finished: {runs_done}/2 / rerun says: {said_of(r2.stdout)}')
+
+
 
 
 def main():
@@ -385,6 +502,7 @@ def main():
   ap.add_argument('--keep', action='store_true', help='keep the temporary workdirs')
   ap.add_argument('--issue', choices=['13', '22'], default='22')
   ap.add_argument('--repo', default=REPO, help='the checkout whose binaries run (issue 22)')
+  ap.add_argument('--only', default=','.join(SECTIONS_22), help=f'issue 22: sections to run, of {SECTIONS_22}')
   args = ap.parse_args()
   tmp = tempfile.mkdtemp(prefix='hardening_trials_')
   rows = []
@@ -392,7 +510,10 @@ def main():
     if args.issue == '13':
       rows = trials(tmp)
     else:
-      trials_22(tmp, os.path.abspath(args.repo), rows)
+      only = tuple(args.only.split(','))
+      if set(only) - set(SECTIONS_22):
+        ap.error(f'--only={args.only}: sections are {",".join(SECTIONS_22)}')
+      trials_22(tmp, os.path.abspath(args.repo), rows, only)
   except Exception as e:  # noqa: BLE001 -- a broken trial ends the run, the rows so far are printed
     rows.append(('trials stopped', '-', 0.0, f'{type(e).__name__}: {e}'))
   finally:

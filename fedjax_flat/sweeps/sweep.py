@@ -604,9 +604,11 @@ def run_local(runs: List[Run], sweep_dir: str, info: Dict[str, Any], *, parallel
 
 def run_batched(runs: List[Run], configs: List[Any], sweep_dir: str, info: Dict[str, Any], *, batch_runs: int,
                 fresh: bool = False, stop_requested=lambda: False, signal_name=lambda: None,
-                stream=sys.stderr) -> Dict[str, Dict]:
+                stream=sys.stderr, poll_s: float = 2.0) -> Dict[str, Dict]:
   """Runs the unfinished runs in this process, packed into batched programs (training/batched.py): every run
-  still writes its own workdir (and a line in its sweep.log). Returns {run key: state dict} as run_local."""
+  still writes its own workdir (and a line in its sweep.log). Returns {run key: state dict} as run_local. A run
+  whose workdir is held by a live process is waited for (sweep.json: 'waiting'), never marked failed; a stop
+  request while waiting leaves it 'not started'."""
   states: Dict[str, Dict] = {}
   for r in runs:
     st = run_status(r)
@@ -622,35 +624,78 @@ def run_batched(runs: List[Run], configs: List[Any], sweep_dir: str, info: Dict[
   for p, pack in enumerate(packs):
     lanes = runs_lib.lanes_for(len(pack), n_dev)    # the pack's program shape, kept on resume
     todo = [i for i in pack if runs[i].key not in states]
-    if not todo or stop_requested():
-      continue
-    for i in todo:
-      os.makedirs(runs[i].workdir, exist_ok=True)
-      with open(os.path.join(runs[i].workdir, 'sweep.log'), 'a') as log:
-        log.write(f'\n# {time.strftime("%Y-%m-%d %H:%M:%S")} batched program {p + 1}/{len(packs)} '
-                  f'({len(pack)} runs, {lanes} lanes): {shlex.join(runs[i].argv("python", fresh))}\n')
-      states[runs[i].key] = {'status': 'running', 'pid': os.getpid(), 'program': p}
-    write_manifest(sweep_dir, runs, info, states)
-    stream.write(f'[sweep] program {p + 1}/{len(packs)}: {len(todo)} runs ({lanes} lanes), '
-                 f'elapsed {_fmt_s(time.time() - t0)}\n')
-    stream.flush()
-    specs = [batched.RunSpec(runs[i].key, configs[i], runs[i].workdir) for i in todo]
-    res = batched.run_batch(specs, fresh=fresh, stop_requested=stop_requested, signal_name=signal_name,
-                            lanes=lanes)
-    for k, i in enumerate(todo):
-      rr = res.get(k, batched.RunResult('failed', error='not run'))
-      st = {'status': rr.status, 'returncode': 0 if rr.status != 'failed' else 1, 'wall_s': round(rr.wall_s, 1),
-            'program': p, 'lanes': rr.lanes}
-      if rr.error:
-        st['error'] = rr.error[:300]
-        with open(os.path.join(runs[i].workdir, 'sweep.log'), 'a') as log:
-          log.write(f'error: {rr.error}\n')
-      states[runs[i].key] = st
-    write_manifest(sweep_dir, runs, info, states)
+    while todo and not stop_requested():
+      # A workdir held by a live process (a run started by hand, a child of another driver) is waited for, as
+      # run_local does: it is not a failure. 'busy' results (taken between the check and the lock) go round again.
+      _wait_for_workdirs([runs[i] for i in todo], runs, sweep_dir, info, states, stop_requested, stream, poll_s)
+      if stop_requested():
+        break
+      todo = _run_pack(p, len(packs), pack, todo, lanes, runs, configs, sweep_dir, info, states, fresh,
+                       stop_requested, signal_name, stream, t0)
+      if todo:
+        time.sleep(poll_s)
   for r in runs:
-    states.setdefault(r.key, {'status': 'not started'})
+    if states.get(r.key, {}).get('status') in (None, 'waiting'):
+      states[r.key] = {'status': 'not started'}
   write_manifest(sweep_dir, runs, info, states)
   return states
+
+
+def _wait_for_workdirs(todo: List[Run], runs, sweep_dir, info, states, stop_requested, stream, poll_s) -> None:
+  """Returns once no run of `todo` has its workdir held by a live process (or a stop is requested); says so
+  once per holder, and sweep.json shows the runs as 'waiting' meanwhile."""
+  said: Dict[str, str] = {}
+  while not stop_requested():
+    busy = {r.key: h for r in todo for h in [workdir_holder(r.workdir)] if h is not None}
+    if not busy:
+      return
+    changed = False
+    for key, holder in busy.items():
+      if said.get(key) != holder:
+        stream.write(f'[sweep] {key}: its workdir is in use by process {holder} (a run started elsewhere, or of an '
+                     'earlier sweep driver?); waiting for it to end\n')
+        stream.flush()
+        said[key] = holder
+        states[key] = {'status': 'waiting', 'holder_pid': holder}
+        changed = True
+    if changed:
+      write_manifest(sweep_dir, runs, info, states)
+    time.sleep(poll_s)
+
+
+def _run_pack(p, n_packs, pack, todo, lanes, runs, configs, sweep_dir, info, states, fresh, stop_requested,
+              signal_name, stream, t0) -> List[int]:
+  """Trains the runs `todo` of pack p in one batched program (training/batched.run_batch); returns those found
+  busy (their workdir taken by a live process before the program could lock it), to be waited for."""
+  for i in todo:
+    os.makedirs(runs[i].workdir, exist_ok=True)
+    with open(os.path.join(runs[i].workdir, 'sweep.log'), 'a') as log:
+      log.write(f'\n# {time.strftime("%Y-%m-%d %H:%M:%S")} batched program {p + 1}/{n_packs} '
+                f'({len(pack)} runs, {lanes} lanes): {shlex.join(runs[i].argv("python", fresh))}\n')
+    states[runs[i].key] = {'status': 'running', 'pid': os.getpid(), 'program': p}
+  write_manifest(sweep_dir, runs, info, states)
+  stream.write(f'[sweep] program {p + 1}/{n_packs}: {len(todo)} runs ({lanes} lanes), '
+               f'elapsed {_fmt_s(time.time() - t0)}\n')
+  stream.flush()
+  specs = [batched.RunSpec(runs[i].key, configs[i], runs[i].workdir) for i in todo]
+  res = batched.run_batch(specs, fresh=fresh, stop_requested=stop_requested, signal_name=signal_name,
+                          lanes=lanes)
+  busy = []
+  for k, i in enumerate(todo):
+    rr = res.get(k, batched.RunResult('failed', error='not run'))
+    if rr.status == 'busy':
+      busy.append(i)
+      states[runs[i].key] = {'status': 'waiting'}
+      continue
+    st = {'status': rr.status, 'returncode': 0 if rr.status != 'failed' else 1, 'wall_s': round(rr.wall_s, 1),
+          'program': p, 'lanes': rr.lanes}
+    if rr.error:
+      st['error'] = rr.error[:300]
+      with open(os.path.join(runs[i].workdir, 'sweep.log'), 'a') as log:
+        log.write(f'error: {rr.error}\n')
+    states[runs[i].key] = st
+  write_manifest(sweep_dir, runs, info, states)
+  return busy
 
 
 # --------------------------------------------------------------------------------------------- SLURM

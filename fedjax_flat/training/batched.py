@@ -242,7 +242,7 @@ def pack_groups(specs: Sequence[RunSpec], max_runs: int) -> List[List[int]]:
 
 @dataclasses.dataclass
 class RunResult:
-  status: str               # 'done' | 'stopped' | 'failed'
+  status: str               # 'done' | 'stopped' | 'failed' | 'busy' (its workdir is held by a live process)
   lanes: int = 0            # lanes of the program that ran it (0: trained alone in this process)
   summary: Optional[dict] = None
   error: Optional[str] = None
@@ -254,7 +254,8 @@ def run_batch(specs: Sequence[RunSpec], *, fresh: bool = False, stop_requested=l
               on_result: Callable[[int, RunResult], None] = lambda i, res: None) -> Dict[int, RunResult]:
   """Opens and trains `specs` (one compatible pack) in as few batched programs as memory allows.
 
-  Runs that cannot be opened (bad config for the data, workdir locked) fail alone; the others go on.
+  Runs that cannot be opened (bad config for the data) fail alone; the others go on. A run whose workdir is
+  locked by a live process is 'busy' (nothing of it was touched): the caller waits and retries it.
   memory_bytes: the budget for the program's lanes (default: runs.device_memory_bytes() / 2).
   """
   results: Dict[int, RunResult] = {}
@@ -275,6 +276,9 @@ def run_batch(specs: Sequence[RunSpec], *, fresh: bool = False, stop_requested=l
                                              trainer_kwargs=({'shard_clients': False}
                                                              if batch_blocker(spec.config) is None else None))
       opened.append((i, trainer, ckpt, step, lock))
+    except workdir_lib.WorkdirBusyError as e:      # not a failure: the caller waits for it and retries
+      results[i] = RunResult('busy', error=str(e))
+      on_result(i, results[i])
     except Exception as e:  # noqa: BLE001 -- one run's failure stops nothing; the sweep reports it
       if lock is not None:
         lock.release()

@@ -117,7 +117,8 @@ class Trainer:
         self.data.client_sizes(), batch_size=config.client.batch_size, num_steps=self.num_steps,
         epochs=config.client.local_epochs, local_steps=config.client.local_steps,
         shuffle=config.data.get('shuffle', True),
-        with_client=self.train_transform.needs_client)   # style transfer's bank
+        with_client=(self.train_transform.needs_client       # style transfer's bank
+                     or 'client_ids' in alg_registry.needs(config.algorithm)))   # FedFomo's slots
     self.round_fn = self.build_round_fn(chunk)
 
     self.key = jax.random.key(config.seed)
@@ -137,9 +138,11 @@ class Trainer:
     self.is_writer = jax.process_index() == 0          # multi-host: only process 0 writes files
     self.writer = writers.MetricsWriter(workdir) if (workdir and write_files and self.is_writer) else None
     self.records = []
+    self.client_domains = None          # k-means client domains [K] when the config asks (training/trainers.py)
     self.comm_total = {'down_params': 0.0, 'up_params': 0.0}
     # Run state beyond the server state and the store, saved in checkpoints (training/checkpoint.py).
     self.pending_train_losses = []       # train losses of the rounds since the last evaluation
+    self.round_log = alg_registry.round_logger(config)   # the algorithm's schedule values per round, or None
     self.elapsed_offset = 0.0            # wall time of the run before this process (resume)
     self.checkpointer = None             # a checkpoint.Checkpointer saves every checkpoint_every rounds
     self.stopped_early = False
@@ -439,13 +442,16 @@ class Trainer:
     c = self.config
     train_losses = self.pending_train_losses
     train_losses.extend(res['train_loss'] for res in block)    # every round's train loss, as with R=1
-    res = block[-1]
+    # `train_loss` (console, metrics.jsonl, TensorBoard alike): the mean client training loss of the rounds
+    # since the previous evaluation, so the console never shows one round's value under the same name.
+    window_loss = float(np.mean(train_losses))
     self.round = block_end = self.round + len(block)
     rps = (self.round - self._start_round) / max(time.time() - self._t0, 1e-9)
     elapsed = self.elapsed_s()
     if (block_end % c.eval_every == 0 or block_end == end
         or block_end > c.rounds - c.get('eval_every_last', 0)):
-      rec = {'round': block_end, **self.evaluate(), 'train_loss': float(np.mean(train_losses)),
+      logged = self.round_log(block_end - 1) if self.round_log is not None else {}   # schedules (FedGloSS)
+      rec = {'round': block_end, **self.evaluate(), 'train_loss': window_loss, **logged,
              'elapsed_s': elapsed, 'rounds_per_s': rps,
              'comm_down_params': self.comm_total['down_params'], 'comm_up_params': self.comm_total['up_params'],
              'comm_bytes': 4.0 * (self.comm_total['down_params'] + self.comm_total['up_params'])}
@@ -459,7 +465,7 @@ class Trainer:
       eta = (end - block_end) / max(rps, 1e-9)
       latest = self.records[-1] if self.records else {}
       logging.info('round %d/%d  %.2f rounds/s  ETA %.0fs  train_loss %.4f  test_acc %s', block_end, c.rounds,
-                   rps, eta, res['train_loss'], f"{latest.get('test_accuracy', float('nan')):.4f}")
+                   rps, eta, window_loss, f"{latest.get('test_accuracy', float('nan')):.4f}")
     self.after_round()
     stop = bool(stop_requested())
     if self.placement is not None and self.placement.multi_process:
@@ -505,6 +511,12 @@ class Trainer:
         'comm_total_params': self.comm_total, 'comm_total_bytes': 4.0 * sum(self.comm_total.values()),
         'summary_last_k': c.summary_last_k})
     summary.update(centralized.rounds_to_centralized(self.records, c, reported))
+    swa_state = self.server_state.get('swa') if isinstance(self.server_state, dict) else None
+    if c.swa.enabled and isinstance(swa_state, dict) and 'n' in swa_state:
+      summary['swa_averages'] = int(np.asarray(jax.device_get(swa_state['n'])))
+      if summary['swa_averages'] == 0 and self.round >= c.rounds:   # said before the run too (validate.py)
+        logging.warning('swa: the SWA model was never averaged in %d rounds (summary.json swa_averages=0); its '
+                        'numbers are those of a single earlier model', self.round)
     if c.get('personalized') is not None and c.personalized.enabled:
       summary['personalized'] = personalized_eval.evaluate_trainer(self)   # evaluation/personalized.py
     if c.get('corruption_eval') is not None and c.corruption_eval.name:
@@ -524,6 +536,9 @@ class Trainer:
       writers.write_summary(self.workdir, summary)
       writers.plot_metrics(self.records, os.path.join(self.workdir, 'metrics.png'),
                            title=f'{self.algorithm.name} on {c.dataset}')
+      if isinstance(summary.get('personalized'), dict):
+        writers.plot_personalized(summary['personalized'], os.path.join(self.workdir, 'personalized.png'),
+                                  title=f'{self.algorithm.name} on {c.dataset}')
       self.writer.close()
     return summary
 

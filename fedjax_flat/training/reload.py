@@ -12,6 +12,7 @@ from typing import Any, Dict, Tuple
 
 import jax
 import ml_collections
+import numpy as np
 
 from fedjax_flat.errors import BadInputError, DataFormatError
 from fedjax_flat.config.default_config import WHOLE_SECTIONS, data_section, default_config
@@ -114,3 +115,25 @@ def load_run(workdir: str, which: str = 'global', step=None) -> Tuple[object, ob
     raise BadInputError(f'model {which!r} of {workdir} is not active at round {step} (e.g. SWA had not started); '
                         "choose --model=global or a later round")
   return trainer, jax.device_get(params), step
+
+
+def _leaves(params) -> Dict[str, Tuple[tuple, str]]:
+  """{'/'-joined path: (shape, dtype)} of a params pytree."""
+  return {'/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in path): (np.shape(v), str(np.asarray(v).dtype))
+          for path, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+
+def check_same_model(workdir: str, config, params, other_workdir: str, other_config, other_params) -> None:
+  """BadInputError unless two runs' models can be mixed (interpolated): the same config.model and the same
+  parameters (paths, shapes, dtypes). Called before any work on either model, so a wrong pairing costs nothing."""
+  flag = f'--interpolate_with={other_workdir}'
+  if config.model != other_config.model:
+    raise BadInputError(f"{flag}: its model is {other_config.model!r}, the model of {workdir} is {config.model!r}; "
+                        'interpolation needs two runs of the same model: choose a run of the same config.model')
+  a, b = _leaves(params), _leaves(other_params)
+  diffs = [f'{k}: missing in {other_workdir}' for k in a if k not in b]
+  diffs += [f'{k}: only in {other_workdir}' for k in b if k not in a]
+  diffs += [f'{k}: {a[k][0]} {a[k][1]} vs {b[k][0]} {b[k][1]}' for k in a if k in b and a[k] != b[k]]
+  if diffs:
+    raise BadInputError(f'{flag}: its parameters do not fit the model of {workdir} ({len(diffs)} difference(s), '
+                        f'e.g. {"; ".join(diffs[:2])}): choose a run of the same model and model_kwargs')

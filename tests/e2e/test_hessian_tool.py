@@ -20,10 +20,15 @@ def test_hessian_tool_writes_report_and_plots(tmp_path):
   wd = tmp_path / 'run'
   _run(['experiments/train.py', '--config=configs/quickstart.py', f'--workdir={wd}', '--config.rounds=3',
         '--config.eval_every=3', '--config.model=mlp'])  # the tool's plumbing; CNN HVPs: tests/analysis/test_hessian.py
+  # --interpolate_with the run itself: a compatible run, loaded with its own config (the path a = 0 .. 1 is one point)
   _run(['experiments/hessian.py', f'--workdir={wd}', '--num_examples=120', '--top_k=3', '--lanczos_steps=30',
-        '--trace_probes=3', '--density_probes=1', '--surface_points=3'])
+        '--trace_probes=3', '--density_probes=1', '--surface_points=3', f'--interpolate_with={wd}'])
   out = wd / 'hessian'
   rep = json.loads((out / 'hessian_global.json').read_text())
+  curve = rep['interpolation']
+  assert curve['with'] == str(wd) and len(curve['alphas']) == len(curve['loss']) == 31
+  assert np.ptp(curve['loss']) < 1e-4 * max(1.0, abs(curve['loss'][0]))
+  assert (out / 'interpolation.png').stat().st_size > 1000
   assert rep['round'] == 3 and rep['num_examples'] == 120
   assert len(rep['eigenvalues']) == 3 and rep['lambda_max'] == rep['eigenvalues'][0]
   assert rep['method'] == 'lanczos' and len(rep['residuals']) == len(rep['rayleigh_quotients']) == 3
@@ -92,3 +97,27 @@ def test_per_client_local_vs_global_sharpness(tmp_path):
   after = jax.device_get(trainer.algorithm.eval_models(trainer.server_state)['global'][0])
   for a, b in zip(jax.tree_util.tree_leaves(after), jax.tree_util.tree_leaves(mean)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow   # three runs and two Hessian tool runs as subprocesses (the check: tests/training/test_reload.py)
+def test_interpolate_with_loads_the_other_run_and_refuses_another_model(tmp_path):
+  """--interpolate_with: another run of the same model is loaded with its own config and the path written after
+  the eigenvalues; a run of another model is one bad-input line before any eigenvalue work, nothing written."""
+  from tests.fixtures.entry_cases import assert_one_line
+  runs = {}
+  for name, flags in (('a', ['--config.model=mlp']), ('b', ['--config.model=mlp', '--config.seed=1']),
+                      ('cnn', [])):
+    runs[name] = tmp_path / name
+    _run(['experiments/train.py', '--config=configs/quickstart.py', f'--workdir={runs[name]}', '--config.rounds=1',
+          '--config.progress_every_s=0', *flags])
+  hess = ['experiments/hessian.py', f'--workdir={runs["a"]}', '--num_examples=40', '--batch_size=20', '--top_k=1',
+          '--lanczos_steps=8']
+  _run(hess + [f'--interpolate_with={runs["b"]}', f'--out_dir={tmp_path / "ok"}'])
+  rep = json.loads((tmp_path / 'ok' / 'hessian_global.json').read_text())
+  assert rep['lambda_max'] == rep['eigenvalues'][0] and rep['interpolation']['with'] == str(runs['b'])
+  loss = rep['interpolation']['loss']
+  assert len(loss) == 31 and all(np.isfinite(loss)) and np.ptp(loss) > 0     # two different models
+  res = subprocess.run([sys.executable] + hess + [f'--interpolate_with={runs["cnn"]}', f'--out_dir={tmp_path / "no"}'],
+                       capture_output=True, text=True, timeout=400, cwd=REPO)
+  assert_one_line(res, 2, f'--interpolate_with={runs["cnn"]}', "its model is 'digits_cnn'", "is 'mlp'")
+  assert 'lambda_max' not in res.stderr and not (tmp_path / 'no').exists()

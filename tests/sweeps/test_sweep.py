@@ -363,3 +363,99 @@ def test_killed_driver_takes_its_children_down(tmp_path):
     time.sleep(0.2)
   assert not alive(child), f'child {child} outlived its driver'
   assert os.path.isdir(d / 'client.lr=0.05' / 'seed=0' / 'checkpoints')
+
+
+def _fake_run_batch(calls, results):
+  """Stands in for training/batched.run_batch: records the runs it was given; `results` pops one status list."""
+  from fedjax_flat.training import batched
+
+  def run_batch(specs, **kw):
+    calls.append([s.name for s in specs])
+    statuses = results.pop(0) if results else ['done'] * len(specs)
+    return {k: batched.RunResult(st, error='busy' if st == 'busy' else None) for k, st in enumerate(statuses)}
+  return run_batch
+
+
+def _batched_runs(tmp_path, lrs=(0.1,)):
+  from configs import quickstart
+  runs = sweep_lib.expand(dict(config=QS, grid={'client.lr': list(lrs)}), str(tmp_path / 's'))
+  configs = []
+  for r in runs:
+    c = quickstart.get_config()
+    c.client.lr = r.overrides['client.lr']
+    configs.append(c)
+  return runs, configs
+
+
+def test_batched_sweep_waits_for_a_workdir_held_by_a_live_process(tmp_path, monkeypatch):
+  """--batch_runs: a run whose workdir is locked by a live process (a train.py started by hand, a child of
+  another driver) is waited for, then trained; never marked failed ('workdir in use')."""
+  import io
+  import threading
+  from fedjax_flat.training import batched
+  from fedjax_flat.training.workdir import WorkdirLock
+  runs, configs = _batched_runs(tmp_path)
+  calls = []
+  monkeypatch.setattr(batched, 'run_batch', _fake_run_batch(calls, []))
+  lock = WorkdirLock(runs[0].workdir).acquire()
+  seen = []
+  timer = threading.Timer(1.0, lambda: (seen.append(_manifest(tmp_path / 's')[runs[0].key]['status']),
+                                        lock.release()))
+  timer.start()
+  stream = io.StringIO()
+  t = time.time()
+  states = sweep_lib.run_batched(runs, configs, str(tmp_path / 's'), {}, batch_runs=2, stream=stream, poll_s=0.05)
+  assert time.time() - t >= 0.9 and calls == [[runs[0].key]]        # launched once, after the holder ended
+  assert seen == ['waiting']                                         # sweep.json said so meanwhile
+  assert f'in use by process {os.getpid()}' in stream.getvalue() and 'waiting for it to end' in stream.getvalue()
+  assert states[runs[0].key]['status'] == 'done'
+
+
+def test_batched_sweep_retries_a_run_taken_between_the_check_and_the_lock(tmp_path, monkeypatch):
+  from fedjax_flat.training import batched
+  runs, configs = _batched_runs(tmp_path, lrs=(0.1, 0.2))
+  calls = []
+  monkeypatch.setattr(batched, 'run_batch', _fake_run_batch(calls, [['done', 'busy']]))
+  states = sweep_lib.run_batched(runs, configs, str(tmp_path / 's'), {}, batch_runs=2,
+                                 stream=open(os.devnull, 'w'), poll_s=0.01)
+  assert calls == [[runs[0].key, runs[1].key], [runs[1].key]]
+  assert [states[r.key]['status'] for r in runs] == ['done', 'done']
+
+
+def test_batched_sweep_stopped_while_waiting_leaves_the_run_not_started(tmp_path, monkeypatch):
+  from fedjax_flat.training import batched
+  from fedjax_flat.training.workdir import WorkdirLock
+  runs, configs = _batched_runs(tmp_path)
+  calls = []
+  monkeypatch.setattr(batched, 'run_batch', _fake_run_batch(calls, []))
+  t_stop = time.time() + 0.5
+  with WorkdirLock(runs[0].workdir):
+    states = sweep_lib.run_batched(runs, configs, str(tmp_path / 's'), {}, batch_runs=2,
+                                   stop_requested=lambda: time.time() > t_stop, stream=open(os.devnull, 'w'),
+                                   poll_s=0.05)
+  assert calls == [] and states[runs[0].key] == {'status': 'not started'}
+  assert _manifest(tmp_path / 's')[runs[0].key]['status'] == 'not started'
+
+
+def test_disk_full_mid_sweep_runs_go_on_and_the_end_is_one_error(tmp_path, monkeypatch):
+  """sweep.json cannot be written (ENOSPC) while runs go: one warning, every run still launched and recorded by
+  its own workdir; the driver's last write is its one error (experiments/sweep.py: exit 1, one line)."""
+  import errno
+  import io
+  runs = sweep_lib.expand(dict(config=QS, grid={'client.lr': [0.1, 0.2]}), str(tmp_path / 's'))
+  real_open = open
+
+  def full_open(file, mode='r', *a, **k):
+    if 'w' in mode and os.path.basename(str(file)).startswith('sweep.json'):
+      raise OSError(errno.ENOSPC, 'No space left on device', str(file))
+    return real_open(file, mode, *a, **k)
+  monkeypatch.setattr('builtins.open', full_open)
+  stream = io.StringIO()
+  py = _fake_python(tmp_path, 'ok', 'for a in "$@"; do case $a in --workdir=*) touch "${a#--workdir=}/ran";; '
+                                    'esac; done')
+  with pytest.raises(sweep_lib.ManifestWriteError, match='sweep.json: No space left on device.*rerun the same'):
+    sweep_lib.run_local(runs, str(tmp_path / 's'), {}, python=py, poll_s=0.05, stream=stream, env=dict(os.environ))
+  assert all(os.path.exists(os.path.join(r.workdir, 'ran')) for r in runs)
+  warnings = [ln for ln in stream.getvalue().splitlines() if ln.startswith('warning:')]
+  assert len(warnings) == 1 and 'No space left on device' in warnings[0]
+  assert not [f for f in os.listdir(tmp_path / 's') if f.startswith('sweep.json')]

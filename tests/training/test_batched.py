@@ -165,3 +165,14 @@ def test_memory_budget_splits_the_batch(tmp_path, monkeypatch):
   t[1].close()
   res = batched.run_batch(specs, memory_bytes=int(per_lane * 1.5))      # one lane fits
   assert seen == [1, 1, 1] and all(res[i].status == 'done' for i in range(3))
+
+
+def test_a_workdir_held_by_a_live_process_is_busy_not_failed(tmp_path):
+  """run_batch leaves a run whose workdir lock is held untouched and says 'busy' (the sweep waits and retries it;
+  tests/sweeps/test_sweep.py), not 'failed'."""
+  from fedjax_flat.training.workdir import WorkdirLock
+  spec = batched.RunSpec('r0', _config('fedavg', 0), str(tmp_path / 'r0'))
+  with WorkdirLock(spec.workdir):
+    res = batched.run_batch([spec])
+  assert res[0].status == 'busy' and 'in use by process' in res[0].error
+  assert not os.path.exists(tmp_path / 'r0' / 'config.json')       # nothing of it touched

@@ -176,3 +176,38 @@ def test_wrong_run_directories_are_bad_input(femnist_run, tmp_path):
   with pytest.raises((BadInputError, DataFormatError)) as e:
     reload.load_run(str(other))
   assert '--fresh' not in str(e.value) and 'hidden' in str(e.value)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Two runs mixed (hessian.py --interpolate_with): the same model and parameter shapes, else one bad-input line.
+
+
+def _model_config(model):
+  c = default_config()
+  c.model = model
+  return c
+
+
+def _mlp_params(hidden=64, dtype=np.float32):
+  return {'Dense_0': {'kernel': np.zeros((64, hidden), dtype), 'bias': np.zeros((hidden,), dtype)},
+          'Dense_1': {'kernel': np.zeros((hidden, 10), dtype), 'bias': np.zeros((10,), dtype)}}
+
+
+def test_same_model_and_shapes_are_compatible():
+  reload.check_same_model('a', _model_config('mlp'), _mlp_params(), 'b', _model_config('mlp'), _mlp_params())
+
+
+@pytest.mark.parametrize('other_model, other_params, needles', [
+    ('cnn', _mlp_params(), ["its model is 'cnn'", "is 'mlp'"]),
+    ('mlp', _mlp_params(hidden=13), ['3 difference(s)', 'Dense_0/bias: (64,) float32 vs (13,) float32']),
+    ('mlp', {**_mlp_params(), 'extra': {'w': np.zeros(3)}}, ['extra/w: only in b']),
+    ('mlp', {'Dense_0': _mlp_params()['Dense_0']}, ['Dense_1/bias: missing in b']),
+    ('mlp', _mlp_params(dtype=np.float16), ['float32 vs (64,) float16']),
+])
+def test_another_model_or_other_shapes_are_one_bad_input_line(other_model, other_params, needles):
+  with pytest.raises(BadInputError) as e:
+    reload.check_same_model('a', _model_config('mlp'), _mlp_params(), 'b', _model_config(other_model), other_params)
+  msg = str(e.value)
+  assert '\n' not in msg and msg.startswith('--interpolate_with=b: ')
+  for n in needles:
+    assert n in msg, msg

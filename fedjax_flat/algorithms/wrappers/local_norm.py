@@ -14,18 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_flat.algorithms.personalization import personal_params, register_personalizer
+from fedjax_flat.models.partition import key_name as _key_name  # one definition (ladd.py imports it here)
 
 tmap = jax.tree_util.tree_map
 
 
 # stay on the client and are never aggregated.
-
-def _key_name(k) -> str:
-  for attr in ('key', 'name', 'idx'):
-    if hasattr(k, attr):
-      return str(getattr(k, attr))
-  return str(k)
-
 
 def is_batch_stats_path(path) -> bool:
   """BatchNorm running statistics: the 'batch_stats' half of a BatchNorm model's params (models/base.py)."""
@@ -67,8 +61,9 @@ def with_local_norm(alg, name: Optional[str] = None, select=is_norm_path):
   """Wraps an algorithm so the normalization params are local (FedBN, Li et al. 2021).
 
   `select(path)` says which leaves stay local: `is_norm_path` (FedBN: norm scale/bias, and BatchNorm running
-  statistics when the model has them) or `is_batch_stats_path` (SiloBN, Andreux et al. 2020: statistics
-  local, affine params shared; algorithms/silobn.py).
+  statistics when the model has them), `is_batch_stats_path` (SiloBN, Andreux et al. 2020: statistics
+  local, affine params shared; algorithms/silobn.py) or the model's declared head,
+  `models/partition.is_head_path(model.head)` (FedRep's local head: algorithms/fedrep.py).
 
   Client state: {'norm': the client's norm leaves, 'seen': 0/1, 'inner': the inner algorithm's state}.
   client_init starts local training from the global model with the client's own norm params (the global
