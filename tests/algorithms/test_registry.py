@@ -9,8 +9,9 @@ import pytest
 
 from fedjax_flat.algorithms import fedseq, hparams, registry
 from fedjax_flat.algorithms.local import make_loss
-from fedjax_flat.config.default_config import default_config
+from fedjax_flat.config.default_config import default_config, segmentation_data
 from fedjax_flat.errors import ConfigError
+from fedjax_flat.grouping.style_clusters import StyleClustering
 from fedjax_flat.models.registry import get_model
 from fedjax_flat.optimizers import client as client_lib
 from fedjax_flat.optimizers.asam import asam
@@ -41,7 +42,22 @@ def test_rule_messages(rule, value, why):
 
 
 # Algorithms that run only on their own network (their `check` refuses the rest): the model their checks need.
-OWN_MODEL = {'fedcg': 'fedcg_net'}
+OWN_MODEL = {'fedcg': 'fedcg_net', 'ladd': 'seg_cnn'}
+# Algorithms that run only on their own kind of data (LADD self-trains on label maps): the dataset they need.
+OWN_DATA = {'ladd': 'seg_synthetic_da'}
+
+
+def _own_data(cfg, name):
+  if name in OWN_DATA:
+    cfg.dataset, cfg.data = OWN_DATA[name], segmentation_data(OWN_DATA[name])
+  return cfg
+
+
+def _clusters(name, k=4):
+  """What the trainer passes to an algorithm that needs 'style_clusters' (two clusters over k clients)."""
+  if 'style_clusters' not in registry.needs(name):
+    return None
+  return StyleClustering(2, np.arange(k, dtype=np.int32) % 2, np.zeros((2, 27)), {}, 0.0)
 
 
 def test_every_algorithm_declares_rules_and_known_needs():
@@ -55,6 +71,7 @@ def test_every_algorithm_declares_rules_and_known_needs():
     cfg = default_config()
     cfg.algorithm = name
     cfg.model = OWN_MODEL.get(name, cfg.model)
+    _own_data(cfg, name)
     cfg.algo.update(registry.default_hparams(name))
     if spec.client_optimizers is not None:
       cfg.client.optimizer = spec.client_optimizers[0]
@@ -84,11 +101,12 @@ def test_client_state_need_matches_the_built_algorithms():
     cfg = default_config()
     cfg.dataset, cfg.model, cfg.algorithm = 'synthetic', OWN_MODEL.get(name, 'mlp'), name
     cfg.data.num_clients = 4
+    _own_data(cfg, name)
     spec = registry.spec(name)
     if spec.client_optimizers is not None:
       cfg.client.optimizer = spec.client_optimizers[0]
     own = get_model(cfg.model, 3, (2, 1, 1)) if name in OWN_MODEL else model
-    alg = registry.build_algorithm(cfg, own, population=4)
+    alg = registry.build_algorithm(cfg, own, population=4, client_clusters=_clusters(name))
     assert ('client_state' in spec.needs) == (alg.client_state_init is not None), name
 
 
