@@ -422,28 +422,48 @@ def _said_of(text, keys=('FAILED', 'waiting', 'interrupted', 'runs done')):
 
 def _busy_trials(tmp, repo, tiny, run_bin, env, add):
   """A live train.py holds a sweep run's workdir (started by hand, or a child of another driver): the sweep waits
-  for it (process-parallel and --batch_runs), it does not mark the run failed."""
+  for it (process-parallel and --batch_runs), it does not mark the run failed. The live run is stopped (SIGTERM:
+  it checkpoints) once the sweep has said what it does; the sweep then resumes the run, and is stopped too."""
   qs = os.path.join(repo, 'configs', 'quickstart.py')
   sweep = [sys.executable, os.path.join(repo, 'experiments', 'sweep.py')]
+  popen = lambda args: subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,  # noqa: E731
+                                        text=True, env=env, cwd=repo)
   for mode in ([], ['--batch_runs=2']):
     sd = os.path.join(tmp, 'sweep_busy' + ('_batched' if mode else ''))
-    short = [f'--config={qs}', '--grid=client.lr=0.05', '--seeds=0', '--set=model=mlp', '--set=rounds=4',
-             '--set=eval_every=1', '--set=progress_every_s=0', f'--sweep_dir={sd}']
+    args = [f'--config={qs}', '--grid=client.lr=0.05', '--seeds=0', '--set=model=mlp', '--set=rounds=100000',
+            '--set=eval_every=1', '--set=progress_every_s=0', f'--sweep_dir={sd}']
     wd = os.path.join(sd, 'base', 'seed=0')        # the sweep's workdir of its one run
     t = time.time()
-    live = subprocess.Popen([sys.executable, os.path.join(repo, 'experiments', 'train.py'), f'--config={qs}',
-                             '--config.model=mlp', '--config.rounds=4', '--config.eval_every=1',
-                             '--config.progress_every_s=0', '--config.client.lr=0.05', '--config.seed=0',
-                             f'--workdir={wd}'], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=repo)
+    live = popen([sys.executable, os.path.join(repo, 'experiments', 'train.py'), f'--config={qs}',
+                  '--config.model=mlp', '--config.rounds=100000', '--config.eval_every=1',
+                  '--config.progress_every_s=0', '--config.client.lr=0.05', '--config.seed=0', f'--workdir={wd}'])
     _wait_metrics(sd, t)
-    held = _pid_alive(live.pid)
-    r = subprocess.run(sweep + short + mode, capture_output=True, text=True, env=env, cwd=repo, timeout=600)
+    p = popen(sweep + args + mode)
+    manifest = os.path.join(sd, 'sweep.json')
+
+    def status():
+      try:
+        return json.load(open(manifest))['runs'][0].get('status')
+      except (OSError, ValueError, LookupError):
+        return None
+    seen = []
+    t1 = time.time()
+    while p.poll() is None and time.time() - t1 < 300 and status() not in ('waiting', 'failed'):
+      time.sleep(0.5)
+    seen.append(status())
+    live.send_signal(signal.SIGTERM)       # the holder ends (checkpoints and stops)
     live.communicate(timeout=300)
-    states = {x['cell']: x.get('status') for x in json.load(open(os.path.join(sd, 'sweep.json')))['runs']}
-    add(f'3 sweep.py{" " + mode[0] if mode else ""}: its run\'s workdir held by a live train.py (4 rounds)',
-        r.returncode, time.time() - t, f'held when the sweep started: {held}; {_said_of(r.stdout + r.stderr)} / '
-                                       f'sweep.json statuses {states}')
+    t2 = time.time()
+    while p.poll() is None and time.time() - t2 < 180 and status() != 'running':
+      time.sleep(0.5)
+    seen.append(status())
+    if p.poll() is None:
+      time.sleep(10)
+      p.send_signal(signal.SIGTERM)
+    o, e = p.communicate(timeout=300)
+    add(f'3 sweep.py{" " + mode[0] if mode else ""}: its run\'s workdir held by a live train.py (stopped once the '
+        'sweep has said what it does; the sweep stopped 10 s after it starts the run)', p.returncode, time.time() - t,
+        f'sweep.json status while held / after: {seen[0]} / {seen[1]}; {_said_of(o + e)}')
 
 
 def _sweep_trials(tmp, repo, tiny, run_bin, env, add):
