@@ -11,7 +11,8 @@ Grammar (comma-separated; defaults celeba,fedcg,table=5.11):
   celeba | femnist;  fedcg | fedavg | fedprox | scaffold;  table=5.9 | 5.10 | 5.11;
   Table 5.9 (CelebA, oracle domains, N = 32):  separate | gcn | residual (the model rows);  U | H (A);
       W=0|1;  relu=0|1
-  Table 5.10 (CelebA, discovered domains, teacher/student "Clf"):  all | last (layers);  eye | rand (A init);
+  Table 5.10 (CelebA, discovered domains):  all | last (layers);  eye | rand (A init);  clf | kmeans (the
+      "Clusters" column: the teacher/student classifier, or k-means on locally trained client models);
       D=2 | 3 | 4 | 32;  soft=0|1
   Table 5.11: celeba,fedavg | celeba,fedcg | femnist,{fedavg,fedcg,fedprox,scaffold}
 CELLS lists every published cell.
@@ -28,13 +29,12 @@ Published accuracy % (the thesis' tables):
     FedCG     H  W     no ReLU                       88.65    residual,H,relu=0
     FedCG     U  W     ReLU                          87.97    residual,U
     FedCG     H  W     ReLU                          89.57    residual,H
-  Table 5.10 (discovered domains, teacher/student classifier "Clf"):
+  Table 5.10 (discovered domains: the teacher/student classifier "Clf" or "K-means"):
+    All   eye   K-means  D = 2 / 3 / 4   hard         88.36 / 87.97 / 87.21     all,eye,kmeans,D=..,soft=0
     All   eye   D = 2 / 3 / 4   hard                 88.03 / 88.59 / 88.74     all,eye,D=..,soft=0
     All   rand  D = 2 / 3 / 4   hard                 88.73 / 88.24 / 88.55     all,rand,D=..,soft=0
     All   eye   D = 2 / 3 / 4   soft                 87.88 / 88.74 / 88.67     all,eye,D=..,soft=1
     Last  eye   D = 2 / 3 / 4 / 32  soft             88.31 / 88.13 / 89.18 / 88.40   last,eye,D=..,soft=1
-    (K-means rows, All eye D = 2 / 3 / 4 hard: 88.36 / 87.97 / 87.21: not cells: the k-means domains come from
-    grouping/domains.kmeans_domains before training (a pre-training pass), not from a config value)
   Table 5.11:  CelebA FedAvg 86.88, FedCG 89.18 (= Table 5.10's Last/eye/D=4/soft setting);
                FEMNIST FedAvg 77.81, FedCG 83.41, FedProx 75.00, SCAFFOLD 84.20 (this FEMNIST FedAvg differs
                from Table 5.1's 81.55: another, unstated setup)
@@ -55,8 +55,12 @@ Setting. The thesis gives no model, optimizer or round count for these tables; c
     part, A = I, no W, no ReLU: D independent models, each trained only on its domain's images. The oracle
     domain is used in training; at test time the student (trained on the oracle labels) predicts it, soft.
   Table 5.10 / 5.11: discovered domains, A initialised (eye / rand) and recomputed from the node distances
-    every round (eq. 5.14). The thesis' text says A is initialised uniform after Table 5.10, its Table 5.11
-    setup says identity: the cells follow the table (identity); uniform is algo.adjacency_init='uniform'.
+    every round (eq. 5.14). K-means rows: algo.domains='kmeans' (the trainer's pass of grouping/domains.py before
+    training: every client trains the plain body for grouping.pretrain_epochs = 10 local epochs (not given; the
+    FedSeq pre-training default) from w_0, its classifier weights standardised + PCA 90% variance, k-means with
+    k = D; one domain per client), then the same FedCG as the Clf rows with hard test-time weights. The
+    thesis' text says A is initialised uniform after Table 5.10, its Table 5.11 setup says identity: the cells
+    follow the table (identity); uniform is algo.adjacency_init='uniform'.
 """
 from fedjax_flat.algorithms import registry
 from fedjax_flat.config import families as config_strings
@@ -74,6 +78,7 @@ FIELDS = {
     'layers': ('last', ('last', 'all')),
     'D': (4, int),
     'soft': (True, bool),
+    'clusters': ('clf', ('clf', 'kmeans')),
 }
 
 T59 = {'separate': 33.61, 'gcn,U,W=0,relu=0': 84.39, 'gcn,H,W=0,relu=0': 82.10, 'gcn,U,relu=0': 87.92,
@@ -81,6 +86,7 @@ T59 = {'separate': 33.61, 'gcn,U,W=0,relu=0': 84.39, 'gcn,H,W=0,relu=0': 82.10, 
        'residual,H': 89.57}
 T510 = {('all', 'eye', 0): (88.03, 88.59, 88.74), ('all', 'rand', 0): (88.73, 88.24, 88.55),
         ('all', 'eye', 1): (87.88, 88.74, 88.67)}
+T510_KMEANS = (88.36, 87.97, 87.21)       # All, eye, K-means, D = 2 / 3 / 4, hard
 T510_LAST = {2: 88.31, 3: 88.13, 4: 89.18, 32: 88.40}
 T511 = {('celeba', 'fedavg'): 86.88, ('celeba', 'fedcg'): 89.18, ('femnist', 'fedavg'): 77.81,
         ('femnist', 'fedcg'): 83.41, ('femnist', 'fedprox'): 75.00, ('femnist', 'scaffold'): 84.20}
@@ -88,6 +94,7 @@ T511 = {('celeba', 'fedavg'): 86.88, ('celeba', 'fedcg'): 89.18, ('femnist', 'fe
 CELLS = ([f'celeba,table=5.9,{k}' for k in T59]
          + [f'celeba,table=5.10,{layers},{a},D={d},soft={s}' for (layers, a, s), accs in T510.items()
             for d in (2, 3, 4)]
+         + [f'celeba,table=5.10,all,eye,kmeans,D={d},soft=0' for d in (2, 3, 4)]
          + [f'celeba,table=5.10,last,eye,D={d},soft=1' for d in T510_LAST]
          + [f'{ds},{m}' for ds, m in T511])
 
@@ -95,6 +102,8 @@ CELLS = ([f'celeba,table=5.9,{k}' for k in T59]
 def _published(o):
   """(source, accuracy) of a parsed cell, or raises ConfigStringError for a setting the tables do not have."""
   table, ds, m = o['table'], o['dataset'], o['method']
+  if table != '5.10':
+    config_strings.check(FAMILY, 'clusters', o['clusters'], ('clf',), context=f'in Table {table}')
   if table == '5.11':
     config_strings.check(FAMILY, 'method', m, [mm for d, mm in T511 if d == ds], context=f'for {ds} in Table 5.11')
     return f'thesis Table 5.11, {ds} {m}', T511[(ds, m)]
@@ -111,6 +120,12 @@ def _published(o):
       raise config_strings.ConfigStringError(FAMILY, key, f'Table 5.9 has no such row; its rows: {list(T59)}')
     return f'thesis Table 5.9, {key}', T59[key]
   layers, a, d, s = o['layers'], o['A'], o['D'], int(o['soft'])
+  if o['clusters'] == 'kmeans':
+    config_strings.check(FAMILY, 'layers', layers, ('all',), context='for the K-means rows of Table 5.10')
+    config_strings.check(FAMILY, 'A', a, ('eye',), context='for the K-means rows of Table 5.10')
+    config_strings.check(FAMILY, 'soft', s, (0,), context='for the K-means rows of Table 5.10')
+    config_strings.check(FAMILY, 'D', d, (2, 3, 4), context='for the K-means rows of Table 5.10')
+    return f'thesis Table 5.10, all,eye,kmeans,D={d},hard', T510_KMEANS[(2, 3, 4).index(d)]
   if layers == 'last':
     config_strings.check(FAMILY, 'A', a, ('eye',), context='for the last-layer rows of Table 5.10')
     config_strings.check(FAMILY, 'soft', s, (1,), context='for the last-layer rows of Table 5.10')
@@ -162,7 +177,9 @@ def get_config(arg: str = ''):
       d = o['D'] if table == '5.10' else 4
       kw.update(num_domains=d, domain_layers=o['layers'] if table == '5.10' else 'last', residual=True,
                 gcn_w=True, gcn_relu=True)
-      c.algo.domains = 'discovered'
+      c.algo.domains = 'kmeans' if o['clusters'] == 'kmeans' else 'discovered'
+      if o['clusters'] == 'kmeans':
+        c.grouping.pretrain_epochs = 10
       c.algo.adjacency_init = {'eye': 'identity', 'rand': 'random'}[o['A']] if table == '5.10' else 'identity'
       c.algo.adjacency_update = 'distance'
       c.algo.soft = bool(o['soft']) if table == '5.10' else True

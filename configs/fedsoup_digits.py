@@ -7,9 +7,9 @@ Commands (the comparison; benchmarks/studies/README.fedsoup.md has the measured 
   .venv/bin/python experiments/train.py --config=configs/fedsoup_digits.py:fedavg  --workdir=runs/fs_fedavg
   .venv/bin/python experiments/train.py --config=configs/fedsoup_digits.py:fedprox --workdir=runs/fs_fedprox
   .venv/bin/python experiments/train.py --config=configs/fedsoup_digits.py:fedbn   --workdir=runs/fs_fedbn
-Grammar: fedsoup | fedavg | fedprox | fedbn (default fedsoup);  leave_out=-1 | 0..4 (unseen domain, digest A4:
-the left-out hospital never trains, summary 'unseen'; the clients per round drop to 4). CELLS: the 4 methods
-x (all clients, each of the 5 folds).
+Grammar: fedsoup | fedavg | fedprox | fedbn | moon | fedfomo | fedrep | fedbabu (default fedsoup);
+leave_out=-1 | 0..4 (unseen domain, digest A4: the left-out hospital never trains, summary 'unseen'; the
+clients per round drop to 4). CELLS: the 8 methods x (all clients, each of the 5 folds).
 
 Every run ends with the personalized evaluation of evaluation/personalized.py (summary.json 'personalized': local /
 global / other clients / server, accuracy and micro-AUC), then 15 fine-tuning epochs with evaluation after each
@@ -24,6 +24,11 @@ global / other clients / server, accuracy and micro-AUC), then 15 fine-tuning ep
     each conv (model_kwargs.gn_groups=4); a client's personalized model is the global model with its own norm
     params. For a like-for-like comparison run the others on the same network: --config.model_kwargs.gn_groups=4
     (benchmarks/studies/fedsoup_compare.py --gn_groups=4).
+
+  MOON (mu 1, tau 0.5: MOON's defaults), FedFomo (M = 4 other clients, epsilon 0.3 decaying 0.05 per round,
+    weights on each client's validation split), FedRep (1 head epoch, then 1 body epoch; heads local), FedBABU
+    (the head fixed at its random init; personalized by the 15 fine-tuning epochs): the other PFL baselines of
+    Table 1 (configs/fedsoup_table1.py has them in the paper's setting); head = digits_cnn's last Dense.
 
 Setting: digits_cnn, client SGD lr 0.05 (no momentum, weight decay 4e-4), batch 16, 1 local epoch, 100 rounds,
 5 clients per round (all), server FedAvg; fine-tuning at lr 0.01. The global test set takes 10% of every source
@@ -48,7 +53,7 @@ from fedjax_flat.config import families as config_strings
 from fedjax_flat.config.default_config import data_section, default_config
 
 FAMILY = 'configs/fedsoup_digits.py'
-METHODS = ('fedsoup', 'fedavg', 'fedprox', 'fedbn')
+METHODS = ('fedsoup', 'fedavg', 'fedprox', 'fedbn', 'moon', 'fedfomo', 'fedrep', 'fedbabu')
 FIELDS = {'method': ('fedsoup', METHODS), 'leave_out': (-1, int)}
 NUM_CLIENTS = 5
 CELLS = [f'{m},leave_out={f}' for m in METHODS for f in range(-1, NUM_CLIENTS)]
@@ -72,6 +77,16 @@ def get_config(arg: str = ''):
     c.algo.persist_opt_state = False
   elif method == 'fedprox':
     c.algo.mu = 0.01
+  elif method == 'moon':
+    c.algo.mu = 1.0
+    c.algo.tau = 0.5
+  elif method == 'fedfomo':
+    c.algo.models = 5            # capped at the other clients (4)
+    c.algo.epsilon = 0.3
+    c.algo.epsilon_decay = 0.05
+    c.algo.val_source = 'val'
+  elif method == 'fedrep':
+    c.algo.head_epochs = 1
   c.rounds = 100
   c.clients_per_round = NUM_CLIENTS - (leave_out >= 0)
   c.client.lr = 0.05

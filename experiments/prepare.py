@@ -1,7 +1,9 @@
-"""Prepares the Landmarks (gld23k / gld160k) per-client shards from the split CSVs + GLDv2 JPEGs.
+"""Prepares the Landmarks (gld23k / gld160k) per-client shards from the split CSVs + GLDv2 JPEGs, and prints the
+statistics of the MSLS federated splits (FedVPR, thesis Table 6.5).
 
   python experiments/prepare.py --dataset=gld23k --data_dir=/data/fedjax_flat \
       [--images_dir=/data/fedjax_flat/gldv2/train] [--short_side=256] [--num_workers=2]
+  python experiments/prepare.py --dataset=msls --data_dir=/data/fedjax_flat   # Table 6.5 from the CSVs only
 
 Writes <data_dir>/landmarks_shards/<dataset>_s<short_side>/ (or --out_dir): train/<k>.bin (the client's
 resized JPEGs), index.npz, index.json. Restarting resumes (finished client shards are kept).
@@ -18,9 +20,10 @@ from absl import flags, logging
 
 from fedjax_flat.errors import BadInputError
 
-from fedjax_flat.data.sources import landmarks
+from fedjax_flat.data.sources import landmarks, msls
 
-DATASET = flags.DEFINE_enum('dataset', None, sorted(landmarks.SPLITS), 'Landmarks split.')
+DATASET = flags.DEFINE_enum('dataset', None, sorted(landmarks.SPLITS) + ['msls'],
+                            'Landmarks split, or msls (print the statistics of its federated splits).')
 DATA_DIR = flags.DEFINE_string('data_dir', None, 'Directory with the split CSVs (see download.py).')
 IMAGES_DIR = flags.DEFINE_string('images_dir', None, 'GLDv2 train JPEGs (default <data_dir>/gldv2/train).')
 OUT_DIR = flags.DEFINE_string('out_dir', None, 'Shards directory (default <data_dir>/landmarks_shards/...).')
@@ -39,6 +42,9 @@ def main(argv):
       raise BadInputError(f'--{flag.name}={flag.value} must be >= {lo}')
   if not 1 <= QUALITY.value <= 100:
     raise BadInputError(f'--quality={QUALITY.value} must be in [1, 100] (JPEG quality)')
+  if DATASET.value == 'msls':
+    print_msls_splits(DATA_DIR.value)
+    return
   info = landmarks.split_info(DATASET.value, DATA_DIR.value)
   print('split CSVs:', json.dumps(info))
   t0 = time.time()
@@ -50,6 +56,16 @@ def main(argv):
   logging.info('done in %.1f s', time.time() - t0)
   print(f'prepared {out}: {len(idx["client_ids"])} clients, {idx["num_train"]} train / {idx["num_test"]} test '
         f'images, {idx["missing_train"]} + {idx["missing_test"]} missing, {time.time() - t0:.1f} s')
+
+
+def print_msls_splits(data_dir: str) -> None:
+  """Table 6.5's columns (clients, sequences and images per client) of the proximity and random splits."""
+  print('| split | radius (m) | sequences/client | images/client | # clients |')
+  print('|---|---|---|---|---|')
+  for r in msls.split_table(data_dir):
+    (sm, ss), (im, istd) = r['sequences_per_client'], r['images_per_client']
+    radius = '-' if r['radius'] is None else f"{r['radius']:.0f}"
+    print(f"| {r['split']} | {radius} | {sm:.0f} +- {ss:.0f} | {im:.0f} +- {istd:.0f} | {r['clients']} |")
 
 
 if __name__ == '__main__':

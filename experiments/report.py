@@ -64,13 +64,20 @@ def main(argv):
     _fail(f'--group_by key(s) {unknown} are in no run\'s config.json; use cell or dotted config keys')
   os.makedirs(_OUT.value, exist_ok=True)
   rows = report_lib.aggregate(runs, _GROUP.value, _TARGET.value)
+  split = [r for r in rows if r['differs']]
+  if split:     # runs of different experiments are never pooled as seeds of one group
+    print(f'warning: {len(split)} rows come from groups whose runs differ in config keys beyond --group_by '
+          f'({", ".join(sorted({r["differs"].split("=")[0] for r in split}))}...): split, see the "differs in" '
+          'column; add the key(s) to --group_by to name them', file=sys.stderr)
   stem = os.path.join(_OUT.value, _NAME.value)
   report_lib.write_csv(rows, _GROUP.value, stem + '.csv')
   md = [f'# {_TITLE.value or "Report"}', ''] + [n for n in _NOTES.value] + ([''] if _NOTES.value else [])
   md += [f'Generated {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())} by `experiments/report.py`. '
          'Accuracies in percent: mean ± std over seeds (population std); "last-K" is summary.json\'s mean of the '
          'reported model\'s last K evaluations; "seeds" counts finished runs of the group; "diff" is measured '
-         'last-K minus that column.', '']
+         'last-K minus that column. Runs are pooled only when their configs differ in nothing but the seed and '
+         'execution settings (device count, checkpoint / progress cadence): a group holding different experiments '
+         'is split into rows named in "differs in".', '']
   for sweep in dict.fromkeys(r['sweep'] for r in rows):
     rs = [r for r in rows if r['sweep'] == sweep]
     desc = next((r['description'] for r in runs if r['sweep'] == sweep and r['description']), '')

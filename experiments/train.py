@@ -84,6 +84,7 @@ def main(argv):
   if HOST_DEVICES is not None and jax.process_index() == 0:   # the run's header: how many devices and why
     print(f'{HOST_DEVICES.line()}; jax sees {jax.device_count()} {jax.default_backend()} device(s)', flush=True)
   from fedjax_flat.training import run as run_lib
+  from fedjax_flat.training import writers
   from fedjax_flat.config import algo_flags
   # Errors: one line and the exit status of their class (cli.run_main below)
   config = algo_flags.apply(_CONFIG.value, _ALGO_OVERRIDES)
@@ -98,8 +99,7 @@ def main(argv):
     return
   if summary.get('resumed_from_round') is not None:
     print(f"resumed from round {summary['resumed_from_round']} ({wd}/checkpoints)")
-  print(f"done: {summary['rounds_completed']} rounds, final test accuracy "
-        f"{summary.get('final_test_accuracy', float('nan')):.4f} ({summary['reported_model']} model)")
+  print(writers.final_line(summary))
   print(f'results: {wd}/metrics.jsonl  {wd}/summary.json  {wd}/summary.md')
   print(f'plot:    {wd}/metrics.png   tensorboard: {wd}/tensorboard   checkpoint: {summary["checkpoint"]}')
 

@@ -1,4 +1,7 @@
+import atexit
 import os
+import shutil
+import tempfile
 
 from tests.fixtures.paths import REPO
 
@@ -12,3 +15,18 @@ os.environ.setdefault('FEDJAX_FLAT_HOST_DEVICES', '1')
 # checkout, whichever checkout the installed package points at.
 os.environ['PYTHONPATH'] = os.pathsep.join([REPO] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep)
                                                       if p and os.path.abspath(p) != REPO])
+
+# One XLA persistent compilation cache per test session, shared by the xdist workers and every binary the
+# tests start (they inherit the environment): the suite compiles the same small programs (the quickstart
+# config, the tiny MLP rounds) in hundreds of tests and subprocesses, and compiling is most of its time. A
+# cached executable is the same compiled code, so results and bit-exactness checks are unaffected, and the
+# compile-counter tests count jit's own cache (`_cache_size()`), not XLA compilations. A fresh directory per
+# session (removed at the end) keeps one run's timing from depending on an earlier run's leftovers; a user's
+# own JAX_COMPILATION_CACHE_DIR is kept as it is.
+if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
+  _session_cache = tempfile.mkdtemp(prefix='fedjax_flat_tests_xla_cache_')
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = _session_cache
+  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
+  # Only the process that made the directory (the xdist controller, or pytest without -n) removes it.
+  atexit.register(shutil.rmtree, _session_cache, True)

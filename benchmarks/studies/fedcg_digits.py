@@ -28,14 +28,12 @@ from benchmarks.paths import REPO
 from fedjax_flat.algorithms import fedcg
 from fedjax_flat.config import families as config_strings
 from fedjax_flat.data import registry as data_registry
-from fedjax_flat.grouping import domains as grouping_domains
-from fedjax_flat.models import registry as model_registry
 from fedjax_flat.training import trainers
 
-DEFAULT_CELLS = ('fedavg', 'fedcg,oracle', 'fedcg,discovered', 'fedcg,kmeans', 'fedcg,discovered,soft=0',
-                 'fedcg,discovered,all',
-                 'fedcg,discovered,D=2', 'fedcg,discovered,D=8', 'fedcg,oracle,W=0', 'fedcg,oracle,relu=0',
-                 'fedcg,oracle,residual=0', 'fedcg,oracle,U,fixed', 'fedcg,oracle,H,fixed')
+DEFAULT_CELLS = ('fedavg', 'fedavg,width=267', 'fedcg,oracle', 'fedcg,discovered', 'fedcg,kmeans',
+                 'fedcg,discovered,soft=0', 'fedcg,discovered,all', 'fedcg,discovered,D=2', 'fedcg,discovered,D=8',
+                 'fedcg,discovered,rand', 'fedcg,oracle,W=0', 'fedcg,oracle,relu=0', 'fedcg,oracle,residual=0',
+                 'fedcg,oracle,U,fixed', 'fedcg,oracle,H,fixed')
 
 
 def _per_domain_accuracy(model, params, x, y):
@@ -44,35 +42,16 @@ def _per_domain_accuracy(model, params, x, y):
   return [float(np.mean(correct[y[:, 1] == d])) for d in range(int(y[:, 1].max()) + 1)]
 
 
-def kmeans_data(c, pretrain_epochs):
-  """The data with each client's k-means domain (grouping/domains.py) on models of the plain body."""
-  data = data_registry.get_dataset(c.dataset, **c.data.to_dict())
-  kw = {**c.model_kwargs.to_dict(), 'domain_layers': 'none'}
-  plain = model_registry.get_model(c.model, data.num_classes, data.input_shape, **kw)
-  n = len(kw.get('channels', ())) + len(kw.get('hidden', ())) + 1
-  c.grouping.pretrain_epochs = pretrain_epochs
-  out, labels, _ = grouping_domains.kmeans_domains(c, plain, data, int(kw['num_domains']), f'net/layer_{n - 1}')
-  planted = [int(np.bincount(data.client_labels(k)[:, 1]).argmax()) for k in range(data.num_clients)]
-  return out, labels, planted
-
-
-def run_one(cell, seed, rounds, pretrain_epochs=5):
-  """A cell of configs/fedcg_digits.py; 'kmeans' in a cell = its 'discovered' config trained on the k-means
-  client domains (grouping/domains.py) given as oracle domains."""
-  kmeans = 'kmeans' in cell.split(',')
-  spec = f'fedcg_digits.py:{cell.replace("kmeans", "discovered")}'
-  c = config_strings.load_config(os.path.join(REPO, 'configs', spec))
+def run_one(cell, seed, rounds):
+  """A cell of configs/fedcg_digits.py ('kmeans': the trainer runs grouping/domains.py's pass first)."""
+  c = config_strings.load_config(os.path.join(REPO, 'configs', f'fedcg_digits.py:{cell}'))
   c.seed = seed
   c.data.seed = seed
   if rounds:
     c.rounds = rounds
   c.progress_every_s = 1e9
   t0 = time.time()
-  data, client_domains, planted_of = None, None, None
-  if kmeans:
-    data, client_domains, planted_of = kmeans_data(c, pretrain_epochs)
-    c.algo.domains = 'oracle'
-  t = trainers.make_trainer(c, data=data)
+  t = trainers.make_trainer(c)
   s = t.train()
   rec = {'cell': cell, 'seed': seed, 'rounds': c.rounds, 'train_wall_s': time.time() - t0,
          'final_test_accuracy': s['final_test_accuracy'],
@@ -82,8 +61,10 @@ def run_one(cell, seed, rounds, pretrain_epochs=5):
   tx, ty = t.data.test_examples()
   params = t.algorithm.eval_models(t.server_state)['global'][0]
   rec['per_domain_accuracy'] = _per_domain_accuracy(t.model, params, tx, ty)
-  if client_domains is not None:   # the clients' k-means domains against their (majority) planted domains
-    rec['purity_kmeans_clients'] = fedcg.purity(client_domains, planted_of, int(t.model.num_domains),
+  if t.client_domains is not None:   # the clients' k-means domains against their (majority) planted domains
+    raw = data_registry.get_dataset(c.dataset, **c.data.to_dict())
+    planted_of = [int(np.bincount(raw.client_labels(k)[:, 1]).argmax()) for k in range(raw.num_clients)]
+    rec['purity_kmeans_clients'] = fedcg.purity(t.client_domains, planted_of, int(t.model.num_domains),
                                                 max(planted_of) + 1)
   if c.algorithm == 'fedcg':
     d = int(t.model.num_domains)

@@ -2,7 +2,8 @@
 median lambda_max of the clients' personalized models (benchmarks/studies/README.fedsoup.md).
 
   .venv/bin/python -m benchmarks.studies.fedsoup_compare --out=/tmp/fsb/results.jsonl [--seeds=0,1,2]
-      [--folds=-1,0,1,2,3,4] [--algorithms=fedavg,fedprox,fedbn,fedsoup] [--rounds=100] [--gn_groups=4]
+      [--folds=-1,0,1,2,3,4] [--algorithms=fedavg,fedprox,fedbn,moon,fedfomo,fedrep,fedbabu,fedsoup] [--rounds=100]
+      [--gn_groups=4]
   .venv/bin/python -m benchmarks.studies.fedsoup_compare --out=/tmp/fsb/results.jsonl --table   (prints the table)
 
 Each run is the Trainer on configs/fedsoup_digits.py:<algorithm> (fold -1 = no client left out; fold j =
@@ -90,7 +91,8 @@ def _fmt(vals, scale=100.0):
 
 def table(path):
   recs = [json.loads(l) for l in open(path)]
-  algs = [a for a in ('fedavg', 'fedprox', 'fedbn', 'fedsoup') if any(r['algorithm'] == a for r in recs)]
+  order = ('fedavg', 'fedprox', 'fedbn', 'moon', 'fedfomo', 'fedrep', 'fedbabu', 'fedsoup')
+  algs = [a for a in order if any(r['algorithm'] == a for r in recs)]
   out = []
   full = [r for r in recs if r['fold'] == -1]
   if full:

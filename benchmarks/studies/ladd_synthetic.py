@@ -14,6 +14,9 @@ pre-training, the client sampling and the batches):
        ladd_cls   LADD, classifier cluster-specific      ladd_all  LADD, everything cluster-specific
        ftda       FedAvg with the target labels (supervised), from the same pre-trained model
      and oracle     FedAvg with the target labels from the random init (the federated oracle)
+         central_oracle  the target clients' images pooled with their labels, trained centrally from the random
+                         init (the centralized oracle): the source pre-training's trainer without style transfer
+                         (training/source_pretrain.py: same steps, batch, lr, loss), on the target data
   4. target test mIoU (global test set, every planted style): single-model methods on every image; LADD with
      test-time routing (each image to its nearest style centroid's cluster model, evaluation/routed.py)
 
@@ -45,7 +48,7 @@ from fedjax_flat.models.registry import get_model
 from fedjax_flat.tasks.segmentation import Segmentation
 from fedjax_flat.training import source_pretrain
 
-METHODS = ('source_only', 'fda_pretrained', 'fedavg_st', 'ladd_cls', 'ladd_all', 'ftda', 'oracle')
+METHODS = ('source_only', 'fda_pretrained', 'fedavg_st', 'ladd_cls', 'ladd_all', 'ftda', 'oracle', 'central_oracle')
 
 
 def round_batches(ds, ids, round_idx, seed, batch_size, prep):
@@ -169,6 +172,12 @@ def main():
       alg = fedavg_lib.fedavg(model, local_lib.make_loss(model, task=task), cfg, server_tx, name=name)
       state, dt = run_federated(alg, start, ds, **fed)
       row['miou'][name], row['train_s'][name] = evaluate(lambda c: state['params'], single), dt
+    if 'central_oracle' in methods:   # every target training image with its label, one central model
+      t0 = time.time()
+      central, _ = source_pretrain.pretrain_source(model, params0, ds.x, ds.y, steps=args.source_steps,
+                                                   lr=args.source_lr, seed=seed)
+      row['miou']['central_oracle'], row['train_s']['central_oracle'] = evaluate(lambda c: central, single), \
+          time.time() - t0
     print(f'seed {seed}: ' + ', '.join(f'{k} {100 * v:.2f}' for k, v in row['miou'].items()), flush=True)
     results.append(row)
   summary = {}

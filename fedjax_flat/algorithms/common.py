@@ -6,6 +6,7 @@
   server_step_to(tx, s, w*)   ServerOpt on the pseudo-gradient w - w* (server SGD lr 1: w' = w*)
   without_sharpness(cfg)      the client config with optimizer 'sgd' (methods with their own ascent step)
   global_norm, tree_sub, tmap pytree arithmetic
+  check_head(cfg, hp)         a head/body algorithm needs a model that declares its head
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import ml_collections
 import optax
 
 from fedjax_flat.algorithms.registry import default_hparams
+from fedjax_flat.errors import ConfigError
+from fedjax_flat.models import registry as model_registry
 from fedjax_flat.optimizers.schedules import client_round_hparams
 
 tmap = jax.tree_util.tree_map
@@ -62,3 +65,13 @@ def without_sharpness(client_cfg):
 
 def global_norm(tree):
   return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree_util.tree_leaves(tree)))
+
+
+def check_head(cfg, hp=None) -> None:
+  """A head/body algorithm (FedRep, FedBABU, MOON) on a model that declares no classifier head: one ConfigError,
+  before anything is built (models/partition.py; the head is declared where the model registers)."""
+  del hp
+  if cfg.model in model_registry.MODELS and not model_registry.declared_head(cfg.model, cfg.get('model_kwargs')):
+    with_head = [n for n in model_registry.names() if model_registry.declared_head(n, {})]
+    raise ConfigError('model', cfg.model, f'{cfg.algorithm} splits the model into body and head, and this model '
+                      f'declares no head; models that do: {with_head}')

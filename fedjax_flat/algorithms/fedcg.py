@@ -38,10 +38,12 @@ Choices and their alternatives:
                    'model': one A from all layers' nodes concatenated, shared by every layer
   beta             0.5 (the thesis' value); D = 1 gives A = [[1]]
   soft             True (default) / False
-  domains          'discovered' (default) / 'oracle'. The k-means alternative of Table 5.10 (k-means on locally
-                   trained client models, one domain per client) is grouping/domains.kmeans_domains: it writes
-                   each client's cluster into the data's domain column before training, then 'oracle' trains on
-                   it (not a config value: the clusters need a pre-training pass the Trainer does not run)
+  domains          'discovered' (default) / 'oracle' / 'kmeans' (Table 5.10's "K-means" rows: k-means on models
+                   trained independently on each client, one domain per client). With 'kmeans' the trainer runs
+                   the pass before training (training/trainers.make_trainer -> grouping/domains.py: pre-training
+                   as config.grouping says, classifier weights + PCA, k-means with k = model_kwargs.num_domains)
+                   and writes each client's cluster into the training labels' domain column; the rounds then
+                   read that column exactly as with 'oracle' (the declared need 'client_domains')
 
 Not supported (ConfigError): MAN's activation term (man.zeta > 0) and client.microbatches > 1 (FedCG's loss is
 its own: the task's loss plus the student's).
@@ -65,7 +67,8 @@ from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.tasks.base import cross_entropy, get_task
 
-DOMAINS = ('discovered', 'oracle')
+DOMAINS = ('discovered', 'oracle', 'kmeans')
+GIVEN_DOMAINS = ('oracle', 'kmeans')   # the domain column of the labels: the data's own, or k-means clusters
 ADJACENCY_INITS = ('identity', 'uniform', 'random', 'hamming')
 
 
@@ -149,7 +152,7 @@ def fedcg_algorithm(ctx, hp, name='fedcg') -> FederatedAlgorithm:
   task = get_task(ctx.task)
   tx, server_tx = ctx.client_tx, ctx.server_tx
   hparams_fn = make_hparams_fn(ctx.client_cfg)
-  oracle = hp['domains'] == 'oracle'
+  oracle = hp['domains'] in GIVEN_DOMAINS       # read from the labels' domain column
   beta, period = float(hp['beta']), int(hp['teacher_period'])
   dom_w = float(hp['domain_loss_weight'])
   soft = bool(hp['soft'])
@@ -239,19 +242,21 @@ def _check(cfg, hp):
   if cfg.model_kwargs.get('domain_layers', 'last') == 'none':
     raise ConfigError('model_kwargs.domain_layers', 'none', "fedcg needs domain-specific layers: 'last' or 'all' "
                       "('none' is the baselines' plain network)")
-  if hp['domains'] == 'oracle' and cfg.dataset not in ('digits_domains', 'celeba'):
-    raise ConfigError('algo.domains', 'oracle', f'dataset {cfg.dataset!r} gives no domain labels: oracle domains '
-                      "need labels [class, domain] (datasets 'digits_domains', 'celeba'); use 'discovered'")
+  if hp['domains'] in GIVEN_DOMAINS and cfg.dataset not in ('digits_domains', 'celeba'):
+    raise ConfigError('algo.domains', hp['domains'], f'dataset {cfg.dataset!r} gives no domain labels: '
+                      f"{hp['domains']} domains need labels [class, domain] (datasets 'digits_domains', 'celeba'); "
+                      "use 'discovered'")
 
 
 def _check_data(cfg, hp, data):
   d = int(cfg.model_kwargs.get('num_domains', 4))
-  if hp['domains'] == 'oracle':
+  if hp['domains'] in GIVEN_DOMAINS:
     y = np.asarray(data.y)
     if y.ndim != 2 or y.shape[1] < 2:
-      raise ConfigError('algo.domains', 'oracle', 'the data carry no domain column (labels [class, domain])')
+      raise ConfigError('algo.domains', hp['domains'], 'the data carry no domain column (labels [class, domain])')
     top = int(y[:, 1].max()) + 1 if len(y) else 0
-    if top > d:
+    # 'kmeans': the column is rewritten with clusters < num_domains before training (the raw data may hold more)
+    if hp['domains'] == 'oracle' and top > d:
       raise ConfigError('model_kwargs.num_domains', d, f'the data have oracle domains up to {top - 1}: set '
                         f'model_kwargs.num_domains >= {top}')
 
@@ -266,7 +271,7 @@ def _check_data(cfg, hp, data):
     'adjacency_update': Choice('distance', allowed=('distance', 'fixed')),
     'adjacency_nodes': Choice('raw', allowed=('raw', 'refined')),
     'adjacency_scope': Choice('layer', allowed=('layer', 'model')),
-}, check=_check, check_data=_check_data)
+}, needs=('client_domains',), check=_check, check_data=_check_data)
 def fedcg(ctx) -> FederatedAlgorithm:
   """FedCG (thesis 5.4): domain-specific residual layers connected by a GCN, teacher/student domain discovery."""
   return fedcg_algorithm(ctx, hparams(ctx, 'fedcg'))

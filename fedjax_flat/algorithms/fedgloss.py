@@ -98,10 +98,14 @@ def _hp(ctx, name):
     raise ValueError(f"algo.beta={hp['beta']!r} must be > 0")
   if hp['admm']:
     hp['population'] = population(ctx, hp)     # K_total of the dual updates
-  c = ctx.client_cfg
-  hp['rho_fn'] = server_rho_schedule(hp['rho_server_schedule'], c.get('rho0', 0.0), c.rho,
-                                     float(hp['rho_server']), int(c.get('rho_warmup_rounds', 0)))
+  hp['rho_fn'] = _rho_fn(ctx.client_cfg, hp)
   return hp
+
+
+def _rho_fn(client_cfg, hp):
+  c = client_cfg
+  return server_rho_schedule(hp['rho_server_schedule'], c.get('rho0', 0.0), c.rho, float(hp['rho_server']),
+                             int(c.get('rho_warmup_rounds', 0)))
 
 
 def _fedgloss_parts(ctx, hp):
@@ -164,7 +168,14 @@ def _fedgloss_parts(ctx, hp):
   return client_init, client_step, client_final, descent, init_state, client_state_init
 
 
-@register('fedgloss', hparams=HPARAMS, needs=('client_state',), check_data=check_data)
+def round_log(cfg, hp):
+  """The server SAM radius rho_s(t) of each round, logged with the metrics (its schedule is the part of
+  FedGloSS a user most often gets wrong: see optimizers/schedules.server_rho_schedule)."""
+  rho_fn = _rho_fn(cfg.client, hp)
+  return lambda t: {'server_rho': float(rho_fn(t))}
+
+
+@register('fedgloss', hparams=HPARAMS, needs=('client_state',), check_data=check_data, round_log=round_log)
 def fedgloss_builder(ctx) -> FederatedAlgorithm:
   hp = _hp(ctx, 'fedgloss')
   rho_fn = hp['rho_fn']
@@ -199,7 +210,8 @@ def fedgloss_builder(ctx) -> FederatedAlgorithm:
       server_update, eval_models, client_state_init=client_state_init)
 
 
-@register('naive_fedgloss', hparams=HPARAMS, needs=('client_state',), check_data=check_data)
+@register('naive_fedgloss', hparams=HPARAMS, needs=('client_state',), check_data=check_data,
+          round_log=round_log)
 def naive_fedgloss_builder(ctx) -> FederatedAlgorithm:
   hp = _hp(ctx, 'naive_fedgloss')
   rho_fn = hp['rho_fn']

@@ -39,6 +39,11 @@ Client loss (the release's `SelfTrainingLoss` + `KnowledgeDistillationLoss`, `fd
   loss by them (class ids), which reads the target annotations that FFREEDA forbids; we leave it out.
   The target labels `batch['y']` are never read.
 
+Registered as 'ladd' (`experiments/train.py`): the trainer clusters the clients' FDA styles before building it
+(need 'style_clusters': grouping/style_clusters.cluster_clients over k = k_min..k_max, or force_k; force_k=1 is
+FedAvg + self-training), w_0 (config.init: the source pre-trained checkpoint) is the pre-trained model, and every
+client starts with its cluster as its client state (core/contract.py `initial_client_states`).
+
 Client identity: the client state is {'cluster': int32} (`initial_client_states(labels)` gives the store's
 contents). Everything cluster-indexed is stacked on a leading axis of size G (clusters) in the server state and
 the broadcast, and each client picks its slice inside the compiled round: one program whatever the clusters,
@@ -60,9 +65,13 @@ import numpy as np
 import optax
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import make_hparams_fn
+from fedjax_flat.algorithms.common import hparams, make_hparams_fn
+from fedjax_flat.algorithms.hparams import Choice, Integer, Number
+from fedjax_flat.algorithms.registry import register
 from fedjax_flat.algorithms.wrappers.local_norm import _key_name, is_norm_path
 from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.data.registry import task_name
+from fedjax_flat.errors import ConfigError
 from fedjax_flat.optimizers.client import client_optimizer
 from fedjax_flat.tasks.base import _main_head, cross_entropy
 
@@ -181,12 +190,13 @@ def cluster_models(params, cluster_leaves, flags):
       treedef, [next(it) if f else jnp.broadcast_to(x, (g,) + x.shape) for x, f in zip(flat, flags)])
 
 
-def ladd(model, client_cfg, server_tx: optax.GradientTransformation, *, num_clusters: int, pretrained,
+def ladd(model, client_cfg, server_tx: optax.GradientTransformation, *, num_clusters: int, pretrained=None,
          cluster_layers: str = 'cls', conf_th: float = 0.9, fraction: float = 0.66, lambda_kd: float = 0.0,
          alpha_kd: float = 0.5, teacher_step: int = 1, swa_teacher_start: int = -1, client_tx=None,
          name: str = 'ladd') -> FederatedAlgorithm:
   """LADD with G = num_clusters clusters (G = 1: FedAvg + self-training). `pretrained`: the source model
-  (teachers start from it; the KD target). swa_teacher_start < 0: no SWA teacher."""
+  (teachers start from it; the KD target); None: the params the server starts from (server_init's: the run's
+  w_0, i.e. config.init's source checkpoint). swa_teacher_start < 0: no SWA teacher."""
   if num_clusters < 1:
     raise ValueError(f'num_clusters={num_clusters} must be >= 1')
   if teacher_step < 1:
@@ -194,27 +204,29 @@ def ladd(model, client_cfg, server_tx: optax.GradientTransformation, *, num_clus
   g = int(num_clusters)
   select = cluster_layer_select(cluster_layers)      # validates the name; one cluster shares everything
   select = select if g > 1 else cluster_layer_select('none')
-  flags = leaf_flags(pretrained, select)
   hparams_fn = make_hparams_fn(client_cfg)
   tx = client_optimizer(client_cfg) if client_tx is None else client_tx
   loss = make_self_training_loss(model, conf_th=conf_th, fraction=fraction, lambda_kd=lambda_kd,
                                  alpha_kd=alpha_kd)
 
+  # Which leaves are cluster leaves follows from the tree paths alone (static while tracing).
   def split(params):
     leaves = jax.tree_util.tree_leaves(params)
-    return [x for x, f in zip(leaves, flags) if f]
+    return [x for x, f in zip(leaves, leaf_flags(params, select)) if f]
 
   def merge(params, cl):
     flat, treedef = jax.tree_util.tree_flatten(params)
     it = iter(cl)
-    return jax.tree_util.tree_unflatten(treedef, [next(it) if f else x for x, f in zip(flat, flags)])
+    return jax.tree_util.tree_unflatten(treedef, [next(it) if f else x
+                                                  for x, f in zip(flat, leaf_flags(params, select))])
 
   def server_init(params, rng):
     del rng
+    pre = params if pretrained is None else pretrained
     stacked = lambda t: tmap(lambda x: jnp.broadcast_to(x, (g,) + x.shape), t)  # noqa: E731
     return {'params': params, 'opt_state': server_tx.init(params),
             'cluster': [jnp.broadcast_to(x, (g,) + x.shape) for x in split(params)],
-            'teacher': stacked(pretrained), 'pretrained': tmap(jnp.copy, pretrained),   # own buffers (donation)
+            'teacher': stacked(pre), 'pretrained': tmap(jnp.copy, pre),   # own buffers (donation)
             'swa_n': jnp.zeros((), jnp.float32)}
 
   def broadcast(state, round_idx, phase=0):
@@ -240,7 +252,7 @@ def ladd(model, client_cfg, server_tx: optax.GradientTransformation, *, num_clus
     delta = tmap(lambda a, b: a - b, local.init_params, local.params)
     flat, treedef = jax.tree_util.tree_flatten(delta)
     delta_global = jax.tree_util.tree_unflatten(
-        treedef, [jnp.zeros_like(x) if f else x for x, f in zip(flat, flags)])
+        treedef, [jnp.zeros_like(x) if f else x for x, f in zip(flat, leaf_flags(delta, select))])
     csum = [onehot.reshape((g,) + (1,) * x.ndim).astype(x.dtype) * x[None] for x in split(local.params)]
     return {'weighted': {'delta': delta_global, 'cluster_sum': csum, 'cluster_w': onehot},
             'uniform': {}}, cs
@@ -261,7 +273,7 @@ def ladd(model, client_cfg, server_tx: optax.GradientTransformation, *, num_clus
     r = jnp.asarray(round_idx) + 1
     due = (r % teacher_step) == 0
     swa = (swa_teacher_start >= 0) & (r >= swa_teacher_start)
-    models = cluster_models(params, cluster, flags)
+    models = cluster_models(params, cluster, leaf_flags(params, select))
     n = state['swa_n']
     teacher = tmap(lambda t, w: jnp.where(due, jnp.where(swa, (t * n + w) / (n + 1.0), w), t),
                    state['teacher'], models)
@@ -289,3 +301,56 @@ def cluster_params(state, c: int, flags: Sequence[bool]):
   flat, treedef = jax.tree_util.tree_flatten(state['params'])
   it = iter([x[c] for x in state['cluster']])
   return jax.tree_util.tree_unflatten(treedef, [next(it) if f else x for x, f in zip(flat, flags)])
+
+
+# ------------------------------------------------------------------------------------- registration
+
+HPARAMS = {
+    'cluster_layers': Choice('cls', allowed=CLUSTER_LAYERS),
+    'force_k': Integer(0, lo=0, note=' (0: k chosen by the silhouette over k_min..k_max; 1: FedAvg + self-training)'),
+    'k_min': Integer(4, lo=2, note=' (the release: 4)'),
+    'k_max': Integer(19, lo=2, note=' (the release: 19; capped at the number of clients - 1)'),
+    'fda_b': Integer(1, lo=0, note=' (style window (2b+1)^2)'),
+    'conf_th': Number(0.9, lo=0, hi=1),
+    'fraction': Number(0.66, lo=0, hi=1),
+    'lambda_kd': Number(0.0, lo=0),
+    'alpha_kd': Number(0.5, lo=0),
+    'teacher_step': Integer(1, lo=1, note=' (omega: rounds between teacher refreshes)'),
+    'swa_teacher_start': Integer(-1, lo=-1, note=' (t_start of the SWA teacher; -1: none)'),
+}
+
+
+def _check(cfg, hp):
+  if hp['k_min'] > hp['k_max']:
+    raise ConfigError('algo.k_min', hp['k_min'], f'must be <= algo.k_max={hp["k_max"]}')
+  task = task_name(cfg.dataset, cfg.data)
+  if task != 'segmentation':
+    raise ConfigError('algorithm', cfg.algorithm, f'self-trains on label maps: needs a segmentation dataset, '
+                      f'dataset={cfg.dataset!r} has task {task!r}')
+
+
+def _check_data(cfg, hp, data):
+  k = int(data.num_clients)
+  if hp['force_k'] > k:
+    raise ConfigError('algo.force_k', hp['force_k'], f'at most the {k} clients of the data')
+  if not hp['force_k'] and (k < 3 or hp['k_min'] > k - 1):
+    raise ConfigError('algo.k_min', hp['k_min'], f'the silhouette needs 2 <= k <= {k - 1} for {k} clients: '
+                      'lower algo.k_min or set algo.force_k')
+
+
+@register('ladd', hparams=HPARAMS, needs=('client_state', 'batch_stats', 'style_clusters'), check=_check,
+          check_data=_check_data)
+def ladd_algorithm(ctx) -> FederatedAlgorithm:
+  """LADD from a config: the trainer's style clusters, w_0 as the pre-trained model, the client optimizer of
+  config.client (SGD / SAM / ASAM)."""
+  hp = hparams(ctx, 'ladd')
+  clusters = ctx.client_clusters
+  if clusters is None:
+    raise ConfigError('algorithm', 'ladd', "needs the clients' style clusters, which the trainer computes "
+                      '(training/loop.py); run it with experiments/train.py, not as a batched run')
+  labels = np.asarray(clusters.labels, np.int32)
+  alg = ladd(ctx.model, ctx.client_cfg, ctx.server_tx, num_clusters=int(clusters.k),
+             cluster_layers=hp['cluster_layers'], conf_th=float(hp['conf_th']), fraction=float(hp['fraction']),
+             lambda_kd=float(hp['lambda_kd']), alpha_kd=float(hp['alpha_kd']), teacher_step=int(hp['teacher_step']),
+             swa_teacher_start=int(hp['swa_teacher_start']), client_tx=ctx.client_tx)
+  return alg.replace(initial_client_states=lambda params: initial_client_states(labels))

@@ -149,3 +149,28 @@ def local_step(local: LocalState, batch, rng, *, loss_fn, tx: optax.GradientTran
   # count: valid loss units (examples, tokens, pixels); examples: valid examples of the batch.
   return local._replace(params=params, opt_state=opt_state), {
       'loss_sum': loss_sum, 'count': count, 'examples': jnp.sum(batch['mask'].astype(jnp.float32))}
+
+
+def masked_step(local: LocalState, batch, rng, *, loss_fn, tx: optax.GradientTransformation, trainable,
+                hparams=None, correction: Optional[Params] = None):
+  """`local_step` training only the leaves where `trainable` (a params-shaped pytree of Python bools) is True.
+
+  The other leaves are frozen as `requires_grad=False` freezes them in PyTorch: their gradient is exactly 0
+  (a stop_gradient in the loss, so SAM's ascent does not move them either) and their value is restored after
+  the step (weight decay or momentum never moves them). BatchNorm running statistics still follow the
+  forward pass (a frozen torch module in train mode updates its buffers too). FedRep, FedBABU.
+  """
+  from_trainable = lambda m, x: x if m else jax.lax.stop_gradient(x)  # noqa: E731
+
+  def frozen_loss(p, b, r=None):
+    return loss_fn(jax.tree_util.tree_map(from_trainable, trainable, p), b, r)
+
+  new, m = local_step(local, batch, rng, loss_fn=frozen_loss, tx=tx, hparams=hparams, correction=correction)
+  keep = lambda path, t, a, b: a if (t or _is_stats(path)) else b  # noqa: E731
+  params = jax.tree_util.tree_map_with_path(keep, trainable, new.params, local.params)
+  return new._replace(params=params), m
+
+
+def _is_stats(path) -> bool:
+  k = path[0] if path else None
+  return k is not None and str(getattr(k, 'key', k)) == 'batch_stats'

@@ -20,9 +20,20 @@ The module is imported on the first lookup (fedjax_flat/registry.py walks the pa
                        'validation'        per-client validation examples in the round batches
                        'batch_stats'       BatchNorm statistics averaged through the FedAvg pseudo-gradient
                        'local_batch_stats' BatchNorm statistics kept on the clients
+                       'style_clusters'    the clients clustered by their FDA styles before it is built (LADD,
+                                           grouping/style_clusters.cluster_clients, by the trainer from the
+                                           algorithm's hparams k_min, k_max, force_k, fda_b): ctx.client_clusters
+                       'client_ids'        each step's batch carries the client's id, batch['client'] (per-client
+                                           slots on the server: FedFomo)
+                       'client_domains'    with algo.domains='kmeans': each client's domain from k-means on
+                                           locally trained client models, written into the training labels'
+                                           domain column before training (training/trainers.py,
+                                           grouping/domains.py; FedCG)
   check(cfg, hp)     static cross-field rules of this algorithm (hp = defaults over config.algo); raises
                      ConfigError, may log warnings; runs in config/validate.validate_config, before any data
   check_data(cfg, hp, data)  the same once the data are loaded (config/validate.validate_against_data)
+  round_log(cfg, hp) -> fn(t) -> {name: float}   optional: the algorithm's schedule values at 0-based round t
+                     (FedGloSS's server radius), written with each evaluation record (metrics.jsonl, TensorBoard)
 
 build_algorithm(config, model):
   loss    = the task's loss (+ MAN when config.man.zeta > 0)                algorithms/local.py, tasks/base.py
@@ -48,7 +59,8 @@ from fedjax_flat.registry import Registry
 
 ALGORITHMS = Registry('algorithm', package='fedjax_flat.algorithms')
 
-NEEDS = ('population', 'chains', 'client_state', 'validation', 'batch_stats', 'local_batch_stats')
+NEEDS = ('population', 'chains', 'client_state', 'validation', 'batch_stats', 'local_batch_stats', 'style_clusters',
+         'client_ids', 'client_domains')
 CLIENT_OPTIMIZERS = ('sgd', 'sam', 'asam')
 
 
@@ -64,6 +76,7 @@ class BuildContext:
   population: int = 0        # N, the dataset's number of clients (0 = unknown: config.data.num_clients)
   task: Any = None           # the dataset's task (fedjax_flat/tasks/base.py); None = classification
   chain: Any = None          # chain algorithms (algorithms/fedseq.py): their plan from the chain trainer
+  client_clusters: Any = None  # need 'style_clusters': the trainer's StyleClustering (grouping/style_clusters.py)
 
   @property
   def algo(self):
@@ -80,6 +93,7 @@ class AlgorithmSpec:
   needs: FrozenSet[str]
   check: Optional[Callable] = None
   check_data: Optional[Callable] = None
+  round_log: Optional[Callable] = None
 
   def defaults(self) -> Dict[str, Any]:
     return hparams_lib.defaults(self.hparams)
@@ -127,7 +141,8 @@ def check_population(cfg, data) -> None:
 
 def register(name: str, hparams: Optional[Mapping[str, hparams_lib.Rule]] = None, *,
              client_optimizers: Optional[Tuple[str, ...]] = None, needs: Tuple[str, ...] = (),
-             check: Optional[Callable] = None, check_data: Optional[Callable] = None):
+             check: Optional[Callable] = None, check_data: Optional[Callable] = None,
+             round_log: Optional[Callable] = None):
   """Registers `fn(ctx) -> FederatedAlgorithm` as algorithm `name` with its declarations."""
   rules = dict(hparams or {})
   for k, r in rules.items():
@@ -142,7 +157,7 @@ def register(name: str, hparams: Optional[Mapping[str, hparams_lib.Rule]] = None
 
   def deco(fn):
     spec = AlgorithmSpec(name, fn, rules, None if client_optimizers is None else tuple(client_optimizers),
-                         frozenset(needs), check, check_data)
+                         frozenset(needs), check, check_data, round_log)
     ALGORITHMS.register(name, spec=spec)(fn)
     return fn
   return deco
@@ -167,12 +182,21 @@ def with_need(need: str):
   return [n for n in names() if need in spec(n).needs]
 
 
+def round_logger(config) -> Optional[Callable[[int], Dict[str, float]]]:
+  """fn(t) -> the algorithm's logged schedule values at 0-based round t, or None (nothing declared)."""
+  if config.algorithm not in ALGORITHMS or spec(config.algorithm).round_log is None:
+    return None
+  s = spec(config.algorithm)
+  return s.round_log(config, s.hp(config))
+
+
 def default_hparams(name: str) -> dict:
   """The declared defaults of `name` ({} for a name that is not registered)."""
   return spec(name).defaults() if name in ALGORITHMS else {}
 
 
-def build_algorithm(config, model, population: int = 0, task=None, chain=None) -> FederatedAlgorithm:
+def build_algorithm(config, model, population: int = 0, task=None, chain=None,
+                    client_clusters=None) -> FederatedAlgorithm:
   name = config.algorithm
   if name not in ALGORITHMS:
     raise ValueError(f'algorithm={name!r} is unknown; allowed: {names()}')
@@ -183,7 +207,7 @@ def build_algorithm(config, model, population: int = 0, task=None, chain=None) -
     server_tx = average_batch_stats(server_tx)
   ctx = BuildContext(model=model, loss_fn=loss_fn, client_cfg=config.client, server_tx=server_tx,
                      client_tx=client_optimizer(config.client), config=config,
-                     population=int(population), task=task, chain=chain)
+                     population=int(population), task=task, chain=chain, client_clusters=client_clusters)
   alg = spec(name).build(ctx)
   if config.swa.enabled:
     alg = swa.with_swa(alg, config)

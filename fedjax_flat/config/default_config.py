@@ -39,6 +39,8 @@ Fields (validated by `config/validate.py` before anything is compiled):
                        (L), classes, swap ('fixed' | 'random'), clean_workdir (report the accuracy drop)
   segmentation         loss (OHEM, booster-head weight) and evaluation (resolution, per test client, PNG)
                        of the 'segmentation' task (tasks/base.py)
+  retrieval            triplet margin, hardest negatives per tuple and the Recall@K distance threshold of the
+                       'retrieval' task (tasks/retrieval.py: FedVPR)
   bn                   BatchNorm models: test-time statistics policy for unseen clients (core/batch_stats.py)
   client.lr_schedule   'constant' | 'poly_step' | 'poly_round' (lr_power, lr_poly_max): optimizers/schedules.py
   client.microbatches  k: each local batch as k micro-batches (gradient accumulation, algorithms/local.py)
@@ -242,6 +244,12 @@ def default_config() -> ml_collections.ConfigDict:
   c.segmentation.eval_overlap = 1 / 3   #   eval_overlap, logits averaged)
   c.segmentation.by_test_client = True  # metrics per held-out test client group ('seen' / 'unseen') as well
   c.segmentation.predictions = 4        # predictions.png: this many test images with true / predicted masks
+
+  # Visual place recognition (tasks.Retrieval; used when the dataset's task is 'retrieval': FedVPR).
+  c.retrieval = ml_collections.ConfigDict()
+  c.retrieval.margin = 0.1              # triplet margin (the reference's TripletMarginLoss(margin=0.1, p=2))
+  c.retrieval.num_negatives = 5         # hardest negative candidates per query tuple used in the loss
+  c.retrieval.threshold = 25.0          # metres: a retrieved database image within it is a match (Recall@K)
 
   # BatchNorm models (core/batch_stats.py): statistics of unseen test clients.
   c.bn = ml_collections.ConfigDict()

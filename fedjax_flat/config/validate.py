@@ -9,7 +9,10 @@ import math
 import numbers
 import os
 
+from absl import logging
+
 from fedjax_flat.algorithms import registry as alg_registry
+from fedjax_flat.algorithms.wrappers import swa as swa_lib
 from fedjax_flat.config import centralized
 from fedjax_flat.config.run_dir import is_run_dir
 from fedjax_flat.core.contract import WEIGHTINGS
@@ -151,6 +154,12 @@ def validate_config(cfg) -> None:
   if cfg.swa.enabled and not (cfg.swa.average or cfg.swa.cyclic_lr):
     raise ConfigError('swa.average', cfg.swa.average, 'swa.average and swa.cyclic_lr cannot both be False '
                       'when swa.enabled (disable SWA instead)')
+  if cfg.swa.enabled and cfg.swa.average and swa_lib.planned_averages(cfg) == 0:
+    s = swa_lib.swa_start_round(cfg)
+    logging.warning('swa: rounds=%d is too few for swa.start_fraction=%g and swa.cycle=%d: the first SWA average '
+                    'would come in round %d, so the SWA model is never averaged (it stays the model after round '
+                    '%d); lower swa.start_fraction or swa.cycle, or raise rounds', cfg.rounds, cfg.swa.start_fraction,
+                    cfg.swa.cycle, s + cfg.swa.cycle + 1, s)
   _num(cfg, 'wima.window', lo=1, integer=True)
   _choice(cfg, 'wima.subset', ('all', 'classifier', 'features'))
   if not isinstance(cfg.wima.get('classifier', ''), str):
@@ -201,6 +210,10 @@ def validate_config(cfg) -> None:
     centralized.validate(cfg)
   if 'segmentation' in cfg:
     _validate_segmentation(cfg)
+  if 'retrieval' in cfg:                   # FedVPR's triplet loss and Recall@K (tasks/retrieval.py)
+    _num(cfg, 'retrieval.margin', lo=0)
+    _num(cfg, 'retrieval.num_negatives', lo=1, integer=True)
+    _num(cfg, 'retrieval.threshold', lo=0, lo_open=True)
   if 'bn' in cfg:
     _validate_bn(cfg, model_registry)
   if 'personalized' in cfg:                # end-of-training personalized evaluation (evaluation/personalized.py)
@@ -431,6 +444,11 @@ def _validate_segmentation_data(cfg) -> None:
     if not isinstance(get(k), bool):
       raise ConfigError(f'data.{k}', get(k), 'must be True or False')
 
+  if 'crop' not in declared:   # declared whole without the image + label-map augmentation (vpr_synthetic)
+    own = data_registry.DATASETS.entry(cfg.dataset).meta.get('check')
+    if own is not None:
+      own({k: get(k) for k in declared})
+    return
   pair('crop', True, True)
   pair('scale', False, False)
   lo, hi = get('scale')

@@ -12,9 +12,14 @@ stores share one API (`gather`, `scatter`, `nbytes`, `__len__` = clients seen, `
                           read with jnp.take and written with .at[ids].set inside two jitted functions: no
                           host round trip per round. For small populations (K * bytes_per_client small).
 
-`make_client_state_store(template, population, kind, device_max_bytes)` picks one: kind 'host' | 'device' |
-'auto' (device if population * bytes_per_client <= device_max_bytes, else host). config:
+`make_client_state_store(template, population, kind, device_max_bytes, initial=None)` picks one: kind 'host' |
+'device' | 'auto' (device if population * bytes_per_client <= device_max_bytes, else host). config:
 `client_state_store` and `client_state_device_max_mb` (config/default_config.py).
+
+Per-client initial states (`initial`: the template's structure with a leading axis [K], the algorithm's
+`initial_client_states`, core/contract.py): a client not yet scattered reads its row instead of the template
+(host store: the rows are kept in numpy, [K, ...]; device store: its arrays start as the rows). Without them
+every client starts from the template.
 
 Client id -1 marks a padding client: gather returns the template for it and scatter ignores it.
 Checkpoint format (both stores, interchangeable): {'ids': int64 [M] sorted, 'states': pytree of [M, ...]
@@ -45,11 +50,19 @@ class HostClientStateStore:
 
   kind = 'host'
 
-  def __init__(self, template: Any):
+  def __init__(self, template: Any, initial: Any = None):
     self.template = _template_numpy(template)
     self._treedef = jax.tree_util.tree_structure(self.template)
     self._tleaves = jax.tree_util.tree_leaves(self.template)
+    self._initial = None if initial is None else jax.tree_util.tree_leaves(_initial_numpy(initial, self.template))
     self.states: Dict[int, list] = {}          # client id -> list of leaves (numpy)
+
+  def _unseen(self, k: int) -> list:
+    if k < 0 or self._initial is None:
+      return self._tleaves
+    if k >= self._initial[0].shape[0]:
+      raise IndexError(f'client id {k} >= population {self._initial[0].shape[0]}')
+    return [a[k] for a in self._initial]
 
   def __len__(self):
     return len(self.states)
@@ -60,7 +73,7 @@ class HostClientStateStore:
 
   def gather(self, client_ids: Sequence[int]):
     """Stacked states [C, ...] (numpy) for the given ids (-1 = padding client: template)."""
-    rows = [self.states.get(int(k), self._tleaves) if k >= 0 else self._tleaves for k in client_ids]
+    rows = [self.states[int(k)] if int(k) in self.states else self._unseen(int(k)) for k in client_ids]
     leaves = [np.stack([r[i] for r in rows]) for i in range(len(self._tleaves))]
     return jax.tree_util.tree_unflatten(self._treedef, leaves)
 
@@ -85,6 +98,22 @@ class HostClientStateStore:
       self.scatter(np.asarray(d['ids']), d['states'])
 
 
+def _initial_numpy(initial, template):
+  """The per-client initial rows as numpy, checked against the template (structure, row shapes, dtypes)."""
+  rows = _template_numpy(initial)
+  if jax.tree_util.tree_structure(rows) != jax.tree_util.tree_structure(template):
+    raise ValueError('initial client states must have the structure of the client-state template: '
+                     f'{jax.tree_util.tree_structure(rows)} vs {jax.tree_util.tree_structure(template)}')
+  leaves, tleaves = jax.tree_util.tree_leaves(rows), jax.tree_util.tree_leaves(template)
+  k = {a.shape[0] if a.ndim else None for a in leaves}
+  if len(k) != 1 or None in k:
+    raise ValueError(f'initial client states need one leading population axis on every leaf, got {sorted(map(str, k))}')
+  for a, t in zip(leaves, tleaves):
+    if a.shape[1:] != t.shape:
+      raise ValueError(f'initial client state rows of shape {a.shape[1:]} do not match the template {t.shape}')
+  return jax.tree_util.tree_map(lambda a, t: a.astype(t.dtype), rows, template)
+
+
 def _gather_dev(arrays, template, ids):
   safe = jnp.maximum(ids, 0)
   pad = ids < 0
@@ -106,20 +135,27 @@ class DeviceClientStateStore:
 
   kind = 'device'
 
-  def __init__(self, template: Any, population: int):
+  def __init__(self, template: Any, population: int, initial: Any = None):
     if population < 1:
       raise ValueError(f'population={population} must be >= 1')
     self.population = int(population)
     self.template_np = _template_numpy(template)
     self.template = jax.tree_util.tree_map(jnp.asarray, self.template_np)
+    self.initial_np = None if initial is None else _initial_numpy(initial, self.template_np)
+    if self.initial_np is not None and jax.tree_util.tree_leaves(self.initial_np)[0].shape[0] != self.population:
+      raise ValueError(f'initial client states hold {jax.tree_util.tree_leaves(self.initial_np)[0].shape[0]} '
+                       f'rows for a population of {self.population}')
     self._seen = np.zeros(self.population, bool)
     self._reset()
     self._gather = jax.jit(_gather_dev)
     self._scatter = jax.jit(_scatter_dev, donate_argnums=(0,))
 
   def _reset(self):
-    self.arrays = jax.tree_util.tree_map(
-        lambda t: jnp.broadcast_to(t, (self.population,) + t.shape).copy(), self.template)
+    if self.initial_np is not None:
+      self.arrays = jax.tree_util.tree_map(jnp.array, self.initial_np)
+    else:
+      self.arrays = jax.tree_util.tree_map(
+          lambda t: jnp.broadcast_to(t, (self.population,) + t.shape).copy(), self.template)
     self._seen[:] = False
 
   def __len__(self):
@@ -160,12 +196,28 @@ class DeviceClientStateStore:
 
 
 def make_client_state_store(template: Any, population: int, kind: str = 'auto',
-                            device_max_bytes: float = 256 * 2**20):
-  """'host' | 'device' | 'auto' (device when population * bytes per client <= device_max_bytes)."""
+                            device_max_bytes: float = 256 * 2**20, initial: Any = None):
+  """'host' | 'device' | 'auto' (device when population * bytes per client <= device_max_bytes).
+  initial: every client's initial state [K, ...] (None: the template for every client)."""
   if kind not in STORE_KINDS:
     raise ValueError(f'client_state_store={kind!r}; allowed: {STORE_KINDS}')
   if kind == 'auto':
     kind = 'device' if population * bytes_per_client(template) <= device_max_bytes else 'host'
   if kind == 'device':
-    return DeviceClientStateStore(template, population)
-  return HostClientStateStore(template)
+    return DeviceClientStateStore(template, population, initial)
+  if initial is not None:
+    initial = _initial_numpy(initial, _template_numpy(template))
+    if jax.tree_util.tree_leaves(initial)[0].shape[0] != population:
+      raise ValueError(f'initial client states hold {jax.tree_util.tree_leaves(initial)[0].shape[0]} rows for a '
+                       f'population of {population}')
+  return HostClientStateStore(template, initial)
+
+
+def store_for(algorithm, params, population: int, kind: str = 'auto', device_max_bytes: float = 256 * 2**20):
+  """The client-state store of a stateful algorithm (core/contract.py): its template from `client_state_init`,
+  its per-client initial rows from `initial_client_states` when it declares them; None when stateless."""
+  if algorithm.client_state_init is None:
+    return None
+  initial = algorithm.initial_client_states(params) if algorithm.initial_client_states is not None else None
+  return make_client_state_store(algorithm.client_state_init(params), population, kind, device_max_bytes,
+                                 initial=initial)

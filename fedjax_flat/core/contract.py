@@ -20,6 +20,11 @@ schedules (see WORKSPACE.md for the data flow):
                                                            `active` is a bool array (static structure)
   client_state_init(params) -> template of one client's persistent state (None: stateless). Never-seen
                                clients start from this template (lazy zero init).
+  initial_client_states(params) -> every client's initial persistent state, stacked [K, ...] over the population
+                               (None: every client starts from the template). For starting points that differ
+                               per client and are known when the algorithm is built (LADD: each client's style
+                               cluster). A client reads its row until its state is first written; padding
+                               clients (id -1) still read the template, which must have the rows' structure.
   num_phases: exchanges per round with the same clients (2 for NaiveFedGloSS, Mime's full-gradient pass).
               When > 1, client_init/client_step/client_final also receive the static keyword `phase=`.
   comm_down / comm_up: models sent server->client / client->server per client per phase (communication
@@ -51,6 +56,7 @@ class FederatedAlgorithm:
   server_update: Callable
   eval_models: Callable
   client_state_init: Optional[Callable] = None
+  initial_client_states: Optional[Callable] = None
   num_phases: int = 1
   comm_down: float = 1.0
   comm_up: float = 1.0

@@ -10,10 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_flat.tasks import base as tasks_lib
+from fedjax_flat.tasks import retrieval as ret_tasks
 from fedjax_flat.tasks import segmentation as seg_tasks
 from fedjax_flat.data.batching import make_eval_batches
 from fedjax_flat.core import batch_stats
 from fedjax_flat.models import tiling
+from fedjax_flat.evaluation.retrieval import RetrievalEvaluator
 
 
 def make_eval_fn(model, preprocess=None, jit: bool = True, task=None):
@@ -253,7 +255,11 @@ class HeldOutEvaluator:
 def make_evaluator(config, model, data, task, preprocess=None, algorithm: str = 'fedavg'):
   """The run's test-set evaluator: `Evaluator` (in-memory global test set), or for segmentation tasks and
   BatchNorm models a `HeldOutEvaluator` (test-client groups, streamed batches, the BN test-time policy and
-  the evaluation resolution of config.segmentation / config.bn)."""
+  the evaluation resolution of config.segmentation / config.bn); for retrieval tasks a `RetrievalEvaluator`
+  (Recall@K of the test queries against the test database)."""
+  if isinstance(task, ret_tasks.Retrieval):
+    tx, ty = data.test_examples()
+    return RetrievalEvaluator(model, tx, ty, config.eval_batch_size, preprocess=preprocess, task=task)
   seg = isinstance(task, seg_tasks.Segmentation)
   if not (seg or getattr(model, 'batch_stats', False)):
     tx, ty = data.test_examples()

@@ -14,9 +14,13 @@ domains as on given ones (algo.domains='oracle'); at test time its student predi
 
 `model` is the network the clients train for the representation (the thesis: "models trained independently on
 each client"; configs use the plain body, fedcg_net with domain_layers='none'); `classifier_key` its output
-layer's path ('net/layer_<n>' for fedcg_net). Not a config value of the Trainer: the clusters need this pass
-before training, so a run with k-means domains gets its data from here (`Trainer(config, data=data')`;
-benchmarks/studies/fedcg_digits.py --cells=...kmeans).
+layer's path ('net/layer_<n>' for fedcg_net).
+
+The config value: algo.domains='kmeans' of an algorithm declaring the need 'client_domains' (FedCG).
+`requested(config)` says so; `kmeans_from_config(config, data, workdir)` runs the pass for that config (the
+representation model = config.model with model_kwargs.domain_layers='none', k = model_kwargs.num_domains);
+training/trainers.make_trainer calls it before building the trainer, so experiments/train.py, sweeps and batched
+runs get k-means domains from the config alone (the pass is cached in WORKDIR/grouping/ and resumes with it).
 """
 from __future__ import annotations
 
@@ -26,8 +30,12 @@ from typing import Dict, Optional, Tuple
 import ml_collections
 import numpy as np
 
+from fedjax_flat.algorithms import registry as alg_registry
+from fedjax_flat.data import registry as data_registry
 from fedjax_flat.grouping import groupers
 from fedjax_flat.grouping.superclients import GroupingContext, fresh_params, grouping_seed, representations
+from fedjax_flat.models import registry as model_registry
+from fedjax_flat.models.pretrained import find_classifier_key
 
 
 def client_domain_labels(data, labels: np.ndarray):
@@ -51,3 +59,24 @@ def kmeans_domains(config, model, data, num_domains: int, classifier_key: str,
   reps, info = representations(cfg, ctx, workdir, 'clf')
   labels = groupers.kmeans_labels(reps, int(num_domains), np.random.default_rng(grouping_seed(cfg)))
   return client_domain_labels(data, labels), labels, info
+
+
+def requested(config) -> bool:
+  """True when the config asks for k-means client domains (algo.domains='kmeans', need 'client_domains')."""
+  name = config.get('algorithm', '')
+  if 'client_domains' not in alg_registry.needs(name):
+    return False
+  return alg_registry.spec(name).hp(config).get('domains') == 'kmeans'
+
+
+def kmeans_from_config(config, data=None, workdir: Optional[str] = None):
+  """kmeans_domains for a config: (data', labels [K], info) with data' = `data` (loaded from config.data when
+  None) whose training examples carry their client's k-means domain. The clients train the config's network
+  without domain-specific layers (model_kwargs.domain_layers='none'); its output layer is the representation."""
+  if data is None:
+    data = data_registry.get_dataset(config.dataset, **config.data.to_dict())
+  kw = {**config.model_kwargs.to_dict(), 'domain_layers': 'none'}
+  plain = model_registry.get_model(config.model, data.num_classes, data.input_shape, **kw)
+  params0 = fresh_params(config, plain, data)
+  key = 'net/' + find_classifier_key(params0['net'], data.num_classes)
+  return kmeans_domains(config, plain, data, int(kw.get('num_domains', 4)), key, workdir)

@@ -13,7 +13,8 @@ Algorithm 7 writes "least sum of a_k"; the two agree on separated clusters); we 
 by the seed. Centroids are the member means (mu_c); a test image is routed to the nearest centroid in L2
 (`route`, as the release's `KMeans.predict`).
 
-Pure numpy: no data, no model. The inputs are the flattened styles (data/transforms/fda.py).
+Pure numpy: no model. The inputs are the flattened styles (data/transforms/fda.py); `cluster_clients` computes
+them from a dataset's clients first (what the trainer does for an algorithm that needs 'style_clusters').
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ import dataclasses
 from typing import Dict, Optional, Sequence
 
 import numpy as np
+
+from fedjax_flat.data.transforms import fda
 
 RELEASE_KS = tuple(range(4, 20))     # the release's candidate numbers of clusters
 
@@ -138,6 +141,13 @@ def cluster_styles(styles, ks: Sequence[int] = RELEASE_KS, *, force_k: int = 0, 
       best = (k, labels, c, inertia)
   k, labels, c, inertia = best
   return StyleClustering(k, labels.astype(np.int32), c, scores, inertia)
+
+
+def cluster_clients(data, *, ks: Sequence[int] = RELEASE_KS, force_k: int = 0, seed: int = 0,
+                    b: int = fda.FDA_B) -> StyleClustering:
+  """Every training client's FDA style (data/transforms/fda.client_styles: the mean over its images), then
+  Algorithm 7 (`cluster_styles`)."""
+  return cluster_styles(fda.client_styles(data, b), ks, force_k=force_k, seed=seed)
 
 
 def route(styles, centroids) -> np.ndarray:

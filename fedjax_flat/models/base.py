@@ -49,6 +49,7 @@ class Model:
   input_shape: tuple  # per-example shape, e.g. (32, 32, 3)
   batch_stats: bool = False   # params = {'params', 'batch_stats'} (BatchNorm running statistics)
   bn_momentum: float = 0.9    # BatchNorm models: running = m * running + (1 - m) * batch statistic
+  head: tuple = ()            # module paths of the classifier head, e.g. (('Dense_1',),): models/partition.py
 
 
 def _collect_acts(intermediates) -> list:

@@ -168,38 +168,38 @@ class PflCNN(nn.Module):
 
 # --- Registered builders: config.model name -> Model (models/registry.py). ---
 
-@register('cifar_cnn')
+@register('cifar_cnn', head=(('Dense_2',),))
 def _cifar_cnn(num_classes, input_shape, conv_impl='auto', pool_impl='auto', fused_relu_pool=False):
   return from_flax(CifarCNN(num_classes, conv_impl=conv_impl, pool_impl=pool_impl,
                             fused_relu_pool=bool(fused_relu_pool)), 'cifar_cnn', num_classes, input_shape)
 
 
-@register('digits_cnn')
+@register('digits_cnn', head=(('Dense_1',),))
 def _digits_cnn(num_classes, input_shape, conv_impl='auto', gn_groups=0, pool_impl='auto', fused_relu_pool=False):
   return from_flax(DigitsCNN(num_classes, conv_impl=conv_impl, gn_groups=int(gn_groups),
                              pool_impl=pool_impl, fused_relu_pool=bool(fused_relu_pool)), 'digits_cnn',
                    num_classes, input_shape)
 
 
-@register('man_convnet')
+@register('man_convnet', head=(('Dense_2',),))
 def _man_convnet(num_classes, input_shape, conv_impl='auto', pool_impl='auto', gn_groups=4):
   return from_flax(ManConvNet(num_classes, conv_impl=conv_impl, pool_impl=pool_impl, gn_groups=int(gn_groups)),
                    'man_convnet', num_classes, input_shape)
 
 
-@register('mlp')
+@register('mlp', head=lambda kw: ((f"Dense_{len(tuple(kw.get('hidden', (64,))))}",),))
 def _mlp(num_classes, input_shape, hidden=(64,), conv_impl='auto'):
   del conv_impl
   return from_flax(MLP(num_classes, hidden=tuple(hidden)), 'mlp', num_classes, input_shape)
 
 
-@register('femnist_cnn')
+@register('femnist_cnn', head=(('Dense_1',),))
 def _femnist_cnn(num_classes, input_shape, conv_impl='auto', pool_impl='auto', variant='reddi'):
   return from_flax(FemnistCNN(num_classes, conv_impl=conv_impl, pool_impl=pool_impl, variant=variant),
                         'femnist_cnn', num_classes, input_shape)
 
 
-@register('pfl_cnn')
+@register('pfl_cnn', head=(('Dense_1',),))
 def _pfl_cnn(num_classes, input_shape, conv_impl='auto', pool_impl='auto', dropout=True):
   return from_flax(PflCNN(num_classes, conv_impl=conv_impl, pool_impl=pool_impl, dropout=bool(dropout)),
                    'pfl_cnn', num_classes, input_shape)

@@ -134,7 +134,7 @@ class MobileNetV2(nn.Module):
 
 # --- Registered builders: config.model name -> Model (models/registry.py). ---
 
-@register('mobilenet_v2_gn')
+@register('mobilenet_v2_gn', head=(('classifier',),))
 def _mobilenet_v2_gn(num_classes, input_shape, conv_impl='auto', gn_groups=8, width_mult=1.0,
                      dropout_rate=0.0):
   module = MobileNetV2(num_classes, width_mult=width_mult, gn_groups=gn_groups,

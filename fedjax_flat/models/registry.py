@@ -1,10 +1,14 @@
 """Model registry: `config.model` name -> a builder returning a `Model` (models/base.py: pure init/apply).
 
 Each model module registers its builders where the model is defined (`@register('name')`, with
-`batch_stats=fn(model_kwargs) -> bool` when the model carries BatchNorm running statistics); every module of
-this package is imported on the first lookup, so a new model is its module + its test.
+`batch_stats=fn(model_kwargs) -> bool` when the model carries BatchNorm running statistics, and
+`head=` the module paths of its classifier head: a tuple of name tuples or fn(model_kwargs) -> one, the
+head/body split of models/partition.py); every module of this package is imported on the first lookup, so a
+new model is its module + its test.
 """
 from __future__ import annotations
+
+import dataclasses
 
 from fedjax_flat.models import base
 from fedjax_flat.registry import Registry
@@ -20,7 +24,17 @@ def names():
 def get_model(name: str, num_classes: int, input_shape: tuple, **kwargs) -> base.Model:
   if name not in MODELS:
     raise ValueError(f'model={name!r} is unknown; allowed: {names()}')
-  return MODELS.get(name)(num_classes=num_classes, input_shape=tuple(input_shape), **kwargs)
+  model = MODELS.get(name)(num_classes=num_classes, input_shape=tuple(input_shape), **kwargs)
+  head = declared_head(name, kwargs)
+  return dataclasses.replace(model, head=head) if head else model
+
+
+def declared_head(name: str, kwargs=None) -> tuple:
+  """The module paths of the model's classifier head as its module declares them (() if it declares none)."""
+  h = MODELS.meta(name, 'head') if name in MODELS else None
+  if callable(h):
+    h = h(dict(kwargs or {}))
+  return tuple(tuple(p) for p in (h or ()))
 
 
 def uses_batch_stats(name: str, kwargs) -> bool:

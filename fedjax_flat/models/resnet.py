@@ -158,13 +158,13 @@ def resnet20(num_classes: int = 10, *, gn_groups: int = 2, shortcut: str = 'A',
 
 # --- Registered builders: config.model name -> Model (models/registry.py). ---
 
-@register('resnet18_gn')
+@register('resnet18_gn', head=(('classifier',),))
 def _resnet18_gn(num_classes, input_shape, conv_impl='auto', stem='cifar', gn_groups=2):
   module = resnet18(num_classes, stem=stem, gn_groups=gn_groups, conv_impl=conv_impl)
   return from_flax(module, 'resnet18_gn', num_classes, input_shape)
 
 
-@register('resnet20_gn')
+@register('resnet20_gn', head=(('classifier',),))
 def _resnet20_gn(num_classes, input_shape, conv_impl='auto', gn_groups=2, shortcut='A'):
   module = resnet20(num_classes, gn_groups=gn_groups, shortcut=shortcut, conv_impl=conv_impl)
   return from_flax(module, 'resnet20_gn', num_classes, input_shape)

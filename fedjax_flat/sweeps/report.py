@@ -200,17 +200,67 @@ def _run_name(r: Dict) -> str:
   return f"{r['cell']}/seed={r['seed']}"
 
 
+# Config keys that say how a run was executed or recorded, not what was run: runs that differ only in these
+# (and in the grouping keys) are seeds of one experiment. Every other key splits a group (see `split_group`).
+EXECUTION_KEYS = ('seed', 'host_devices', 'published', 'progress_every_s', 'checkpoint_every', 'keep_checkpoints',
+                  'keep_rounds', 'eval_batch_size', 'engine', 'client_state_store', 'client_state_device_max_mb',
+                  'data.data_dir')
+
+
+def _flatten(d: Dict, prefix: str = '') -> Dict[str, str]:
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict) and v:
+      out.update(_flatten(v, f'{prefix}{k}.'))
+    else:
+      out[f'{prefix}{k}'] = json.dumps(v, sort_keys=True)
+  return out
+
+
+def _under(key: str, prefixes: Sequence[str]) -> bool:
+  return any(key == p or key.startswith(p + '.') for p in prefixes)
+
+
+def split_group(rs: List[Dict], group_by: Sequence[str]) -> List[Tuple[str, List[Dict]]]:
+  """Splits one group's runs by their configs minus the seed, the grouping keys and EXECUTION_KEYS.
+
+  Grouping by `algorithm,server.optimizer` must not pool FedAvg with FedAvgM as "2/2 seeds" of one cell:
+  runs whose configs differ in any other key become separate rows, each labelled by the differing keys'
+  values ('' when the group is one experiment). Runs without a readable config.json (a failed start) stay
+  with the first sub-group, where they are counted as unfinished."""
+  flat = [None if r['config'] is None else
+          {k: v for k, v in _flatten(r['config']).items() if not _under(k, EXECUTION_KEYS)
+           and not _under(k, [g for g in group_by if g != 'cell'])} for r in rs]
+  known = [f for f in flat if f is not None]
+  keys = sorted({k for f in known for k in f})
+  differing = [k for k in keys if len({f.get(k, '<unset>') for f in known}) > 1]
+  if not differing:
+    return [('', rs)]
+  parts: Dict[str, List[Dict]] = {}
+  for r, f in zip(rs, flat):
+    if f is None:
+      continue
+    label = ', '.join(f"{k}={json.loads(f[k]) if k in f else '<unset>'}" for k in differing)
+    parts.setdefault(label, []).append(r)
+  first = next(iter(parts))
+  parts[first] += [r for r, f in zip(rs, flat) if f is None]
+  return list(parts.items())
+
+
 def aggregate(runs: List[Dict], group_by: Sequence[str], target: Optional[float] = None) -> List[Dict]:
-  """Rows in first-seen group order. Accuracies in percent."""
+  """Rows in first-seen group order. Accuracies in percent. A group whose runs differ in a config key other
+  than the seed and the grouping keys is split (`split_group`), the row's `differs` naming the values."""
   groups: Dict[tuple, List[Dict]] = {}
   for r in runs:
     groups.setdefault((r['sweep'],) + tuple(_group_value(r, k) for k in group_by), []).append(r)
+  parts = [(gkey, label, sub) for gkey, rs in groups.items() for label, sub in split_group(rs, group_by)]
   rows = []
-  for gkey, rs in groups.items():
+  for gkey, label, rs in parts:
     finished = [r for r in rs if r['finished']]
     bad = [r for r in finished if nonfinite(r)]
     done = [r for r in finished if not nonfinite(r)]      # what the means are over
-    row = {'sweep': gkey[0], **dict(zip(group_by, gkey[1:])), 'runs': len(rs), 'finished': len(done),
+    row = {'sweep': gkey[0], **dict(zip(group_by, gkey[1:])), 'differs': label, 'runs': len(rs),
+           'finished': len(done),
            'seeds': ' '.join(str(r['seed']) for r in done), 'nonfinite': len(bad),
            'nonfinite_runs': ' '.join(_run_name(r) for r in bad),
            'torn_lines': sum(len(r['torn_lines']) for r in rs),
@@ -264,8 +314,8 @@ def _first(xs):
 
 # --------------------------------------------------------------------------------------------- writers
 
-CSV_FIELDS = ['acc_lastk_mean', 'acc_lastk_std', 'acc_final_mean', 'acc_final_std', 'last_k', 'model', 'runs',
-              'finished', 'seeds', 'target', 'rounds_to_target_mean', 'reached_target',
+CSV_FIELDS = ['differs', 'acc_lastk_mean', 'acc_lastk_std', 'acc_final_mean', 'acc_final_std', 'last_k', 'model',
+              'runs', 'finished', 'seeds', 'target', 'rounds_to_target_mean', 'reached_target',
               'rounds_to_70pct_centralized_mean', 'reached_70pct_centralized', 'rounds_to_90pct_centralized_mean',
               'reached_90pct_centralized', 'lambda_max_mean',
               'lambda_max_std', 'lambda_max_runs', 'comm_mb_mean', 'wall_s_mean', 'published_acc',
@@ -294,7 +344,8 @@ def _pm(m, s, nd=2):
 
 def markdown_table(rows: List[Dict], group_by: Sequence[str], target: Optional[float]) -> List[str]:
   has = lambda k: any(r.get(k) is not None and r.get(k) != '' for r in rows)   # noqa: E731
-  head = list(group_by) + ['model', 'last-K acc (%)', 'final acc (%)', 'seeds']
+  split = any(r.get('differs') for r in rows)
+  head = list(group_by) + (['differs in'] if split else []) + ['model', 'last-K acc (%)', 'final acc (%)', 'seeds']
   if target is not None:
     head.append(f'rounds to {target:g}')
   if any(r['lambda_max_runs'] for r in rows):
@@ -306,11 +357,9 @@ def markdown_table(rows: List[Dict], group_by: Sequence[str], target: Optional[f
     head += ['reference (%)', 'diff']
   lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
   for r in rows:
-    cells = [str(r[k]) for k in group_by] + [r['model'], _pm(r['acc_lastk_mean'], r['acc_lastk_std']),
-                                             _pm(r['acc_final_mean'], r['acc_final_std']),
-                                             f"{r['finished']}/{r['runs']}" +
-                                             (f" ({r['nonfinite']} non-finite, not averaged)" if r['nonfinite']
-                                              else '')]
+    cells = [str(r[k]) for k in group_by] + ([r.get('differs', '')] if split else []) + [
+        r['model'], _pm(r['acc_lastk_mean'], r['acc_lastk_std']), _pm(r['acc_final_mean'], r['acc_final_std']),
+        f"{r['finished']}/{r['runs']}" + (f" ({r['nonfinite']} non-finite, not averaged)" if r['nonfinite'] else '')]
     if target is not None:
       cells.append('' if r['rounds_to_target_mean'] is None and r['finished'] == 0 else
                    (f"{r['rounds_to_target_mean']:.1f} ({r['reached_target']})" if r['rounds_to_target_mean']
@@ -334,14 +383,16 @@ def plot(rows: List[Dict], group_by: Sequence[str], prefix: str) -> List[str]:
   import matplotlib
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
-  label = lambda r: ', '.join(str(r[k]) for k in group_by)   # noqa: E731
+  label = lambda r: ', '.join([str(r[k]) for k in group_by] + ([r['differs']] if r.get('differs') else []))  # noqa: E731
   rows = [r for r in rows if r['_runs']]
   if not rows:
     return []
   out = []
   fig, ax = plt.subplots(figsize=(9, 5.5))
-  cmap = plt.get_cmap('tab20')
+  # tab20 pairs neighbouring hues (blue, light blue, ...); ten distinct colours x line styles stay apart.
+  colours, styles = plt.get_cmap('tab10'), ('-', '--', ':', '-.')
   for i, r in enumerate(rows):
+    colour, style = colours(i % 10), styles[(i // 10) % len(styles)]
     curves = {}
     for run in r['_runs']:
       for rec in run['records']:
@@ -351,8 +402,8 @@ def plot(rows: List[Dict], group_by: Sequence[str], prefix: str) -> List[str]:
     if not rounds:
       continue
     ys = np.array([curves[x] for x in rounds])
-    ax.plot(rounds, ys.mean(1), color=cmap(i % 20), label=label(r), lw=1.2)
-    ax.fill_between(rounds, ys.min(1), ys.max(1), color=cmap(i % 20), alpha=0.15, lw=0)
+    ax.plot(rounds, ys.mean(1), color=colour, ls=style, label=label(r), lw=1.4)
+    ax.fill_between(rounds, ys.min(1), ys.max(1), color=colour, alpha=0.12, lw=0)
   ax.set_xlabel('round')
   ax.set_ylabel('test accuracy (%), reported model')
   ax.set_title('mean over seeds; band = min..max')
@@ -375,8 +426,7 @@ def plot(rows: List[Dict], group_by: Sequence[str], prefix: str) -> List[str]:
   ax.set_xticks(x)
   ax.set_xticklabels([label(r) for r in rows], rotation=60, ha='right', fontsize=8)
   ax.set_ylabel('last-K test accuracy (%)')
-  lo = min([v for v in m if v] or [0])
-  ax.set_ylim(max(0, lo - 10), 100)
+  ax.set_ylim(0, 100)       # from zero: a cut axis makes small differences look large
   ax.grid(axis='y', alpha=0.3)
   ax.legend(fontsize=8)
   fig.tight_layout()

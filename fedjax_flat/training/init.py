@@ -17,7 +17,7 @@ from __future__ import annotations
 import jax
 
 from fedjax_flat.config.run_dir import run_dir_of
-from fedjax_flat.core.client_state import make_client_state_store
+from fedjax_flat.core.client_state import store_for
 from fedjax_flat.grouping.superclients import GroupingContext, fresh_params
 from fedjax_flat.models import pretrained
 from fedjax_flat.training.reload import load_run
@@ -52,9 +52,8 @@ def apply(trainer, config) -> None:
   state = alg.server_init(params, jax.random.fold_in(trainer.key, 1))
   trainer.server_state = trainer.placement.replicate(state) if trainer.placement is not None else state
   if trainer.store is not None:
-    trainer.store = make_client_state_store(
-        alg.client_state_init(params), trainer.data.num_clients, config.get('client_state_store', 'auto'),
-        config.get('client_state_device_max_mb', 256) * 2**20)
+    trainer.store = store_for(alg, params, trainer.data.num_clients, config.get('client_state_store', 'auto'),
+                              config.get('client_state_device_max_mb', 256) * 2**20)
 
 
 def load_params(path: str):

@@ -30,7 +30,7 @@ from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.core import engine as engine_lib
 from fedjax_flat.core import sharding as sharding_lib
 from fedjax_flat.core import streaming
-from fedjax_flat.core.client_state import make_client_state_store
+from fedjax_flat.core.client_state import store_for
 from fedjax_flat.data import validation_steps
 from fedjax_flat.training import personalized_eval
 from fedjax_flat.core import rounds as rounds_lib
@@ -52,6 +52,7 @@ from fedjax_flat.training import writers
 from fedjax_flat.evaluation.evaluator import ClientEvaluator
 from fedjax_flat.training import centralized
 from fedjax_flat.evaluation.corruption import evaluate_corruptions
+from fedjax_flat.grouping import style_clusters
 from fedjax_flat.training import seg_figures
 
 
@@ -116,7 +117,8 @@ class Trainer:
         self.data.client_sizes(), batch_size=config.client.batch_size, num_steps=self.num_steps,
         epochs=config.client.local_epochs, local_steps=config.client.local_steps,
         shuffle=config.data.get('shuffle', True),
-        with_client=self.train_transform.needs_client)   # style transfer's bank
+        with_client=(self.train_transform.needs_client       # style transfer's bank
+                     or 'client_ids' in alg_registry.needs(config.algorithm)))   # FedFomo's slots
     self.round_fn = self.build_round_fn(chunk)
 
     self.key = jax.random.key(config.seed)
@@ -126,11 +128,9 @@ class Trainer:
     self.server_state = self.algorithm.server_init(params, jax.random.fold_in(self.key, 1))
     if self.placement is not None:
       self.server_state = self.placement.replicate(self.server_state)
-    self.store = None
-    if self.algorithm.client_state_init is not None:
-      self.store = make_client_state_store(  # host dict (lazy) or device [K, ...] arrays: core/client_state.py
-          self.algorithm.client_state_init(params), self.data.num_clients, config.get('client_state_store', 'auto'),
-          config.get('client_state_device_max_mb', 256) * 2**20)
+    # host dict (lazy) or device [K, ...] arrays, None when stateless: core/client_state.py
+    self.store = store_for(self.algorithm, params, self.data.num_clients, config.get('client_state_store', 'auto'),
+                           config.get('client_state_device_max_mb', 256) * 2**20)
     # The global test set (Evaluator), or test-client groups / BN test policy / resolution (segmentation).
     self.evaluator = make_evaluator(config, self.model, self.data, self.task, self.eval_transform,
                                     self.algorithm.name)
@@ -138,9 +138,11 @@ class Trainer:
     self.is_writer = jax.process_index() == 0          # multi-host: only process 0 writes files
     self.writer = writers.MetricsWriter(workdir) if (workdir and write_files and self.is_writer) else None
     self.records = []
+    self.client_domains = None          # k-means client domains [K] when the config asks (training/trainers.py)
     self.comm_total = {'down_params': 0.0, 'up_params': 0.0}
     # Run state beyond the server state and the store, saved in checkpoints (training/checkpoint.py).
     self.pending_train_losses = []       # train losses of the rounds since the last evaluation
+    self.round_log = alg_registry.round_logger(config)   # the algorithm's schedule values per round, or None
     self.elapsed_offset = 0.0            # wall time of the run before this process (resume)
     self.checkpointer = None             # a checkpoint.Checkpointer saves every checkpoint_every rounds
     self.stopped_early = False
@@ -211,7 +213,21 @@ class Trainer:
     if attacks.enabled(self.config):
       self.poison_data(None)
     return alg_registry.build_algorithm(self.config, self.model, population=self.data.num_clients,
-                                        task=self.task)
+                                        task=self.task, client_clusters=self.client_clusters())
+
+  def client_clusters(self):
+    """An algorithm that needs 'style_clusters' (LADD): the clients clustered by their FDA styles (Algorithm 7,
+    grouping/style_clusters.py) from its hparams k_min..k_max / force_k / fda_b, keyed by the seed; else None."""
+    name = self.config.algorithm
+    if 'style_clusters' not in alg_registry.needs(name):
+      return None
+    hp = alg_registry.spec(name).hp(self.config)
+    clusters = style_clusters.cluster_clients(self.data, ks=range(int(hp['k_min']), int(hp['k_max']) + 1),
+                                              force_k=int(hp['force_k']), seed=int(self.config.seed),
+                                              b=int(hp['fda_b']))
+    logging.info('style clusters: k = %d, sizes %s, silhouettes %s', clusters.k, clusters.sizes().tolist(),
+                 {k: round(v, 4) for k, v in clusters.scores.items()})
+    return clusters
 
   def poison_data(self, superclients):
     self.data, self.attack_report = attacks.apply(self.data, self.config.attack, self.config.seed, superclients)
@@ -426,13 +442,16 @@ class Trainer:
     c = self.config
     train_losses = self.pending_train_losses
     train_losses.extend(res['train_loss'] for res in block)    # every round's train loss, as with R=1
-    res = block[-1]
+    # `train_loss` (console, metrics.jsonl, TensorBoard alike): the mean client training loss of the rounds
+    # since the previous evaluation, so the console never shows one round's value under the same name.
+    window_loss = float(np.mean(train_losses))
     self.round = block_end = self.round + len(block)
     rps = (self.round - self._start_round) / max(time.time() - self._t0, 1e-9)
     elapsed = self.elapsed_s()
     if (block_end % c.eval_every == 0 or block_end == end
         or block_end > c.rounds - c.get('eval_every_last', 0)):
-      rec = {'round': block_end, **self.evaluate(), 'train_loss': float(np.mean(train_losses)),
+      logged = self.round_log(block_end - 1) if self.round_log is not None else {}   # schedules (FedGloSS)
+      rec = {'round': block_end, **self.evaluate(), 'train_loss': window_loss, **logged,
              'elapsed_s': elapsed, 'rounds_per_s': rps,
              'comm_down_params': self.comm_total['down_params'], 'comm_up_params': self.comm_total['up_params'],
              'comm_bytes': 4.0 * (self.comm_total['down_params'] + self.comm_total['up_params'])}
@@ -446,7 +465,7 @@ class Trainer:
       eta = (end - block_end) / max(rps, 1e-9)
       latest = self.records[-1] if self.records else {}
       logging.info('round %d/%d  %.2f rounds/s  ETA %.0fs  train_loss %.4f  test_acc %s', block_end, c.rounds,
-                   rps, eta, res['train_loss'], f"{latest.get('test_accuracy', float('nan')):.4f}")
+                   rps, eta, window_loss, f"{latest.get('test_accuracy', float('nan')):.4f}")
     self.after_round()
     stop = bool(stop_requested())
     if self.placement is not None and self.placement.multi_process:
@@ -492,6 +511,12 @@ class Trainer:
         'comm_total_params': self.comm_total, 'comm_total_bytes': 4.0 * sum(self.comm_total.values()),
         'summary_last_k': c.summary_last_k})
     summary.update(centralized.rounds_to_centralized(self.records, c, reported))
+    swa_state = self.server_state.get('swa') if isinstance(self.server_state, dict) else None
+    if c.swa.enabled and isinstance(swa_state, dict) and 'n' in swa_state:
+      summary['swa_averages'] = int(np.asarray(jax.device_get(swa_state['n'])))
+      if summary['swa_averages'] == 0 and self.round >= c.rounds:   # said before the run too (validate.py)
+        logging.warning('swa: the SWA model was never averaged in %d rounds (summary.json swa_averages=0); its '
+                        'numbers are those of a single earlier model', self.round)
     if c.get('personalized') is not None and c.personalized.enabled:
       summary['personalized'] = personalized_eval.evaluate_trainer(self)   # evaluation/personalized.py
     if c.get('corruption_eval') is not None and c.corruption_eval.name:
@@ -511,6 +536,9 @@ class Trainer:
       writers.write_summary(self.workdir, summary)
       writers.plot_metrics(self.records, os.path.join(self.workdir, 'metrics.png'),
                            title=f'{self.algorithm.name} on {c.dataset}')
+      if isinstance(summary.get('personalized'), dict):
+        writers.plot_personalized(summary['personalized'], os.path.join(self.workdir, 'personalized.png'),
+                                  title=f'{self.algorithm.name} on {c.dataset}')
       self.writer.close()
     return summary
 

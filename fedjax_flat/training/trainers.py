@@ -2,9 +2,17 @@
 
 The FedSeq family (chain algorithms: the algorithm declares it needs chains) runs on `ChainTrainer`
 (training/chain_loop.py); every other algorithm on `Trainer` (training/loop.py). Both take the same arguments.
+A config asking for k-means client domains (algo.domains='kmeans' of an algorithm declaring the need
+'client_domains': FedCG) gets its training data from that pass first (grouping/domains.py; cached in
+WORKDIR/grouping/); the clusters are `trainer.client_domains` ([K] ints), None otherwise.
 """
 from __future__ import annotations
 
+from absl import logging
+import numpy as np
+
+from fedjax_flat.config import validate
+from fedjax_flat.grouping import domains as grouping_domains
 from fedjax_flat.training import chain_loop, loop
 
 
@@ -19,4 +27,12 @@ def make_trainer(config, workdir=None, *, grouping_context=None, **kwargs) -> lo
   cls = trainer_class(config)
   if cls is chain_loop.ChainTrainer:
     kwargs['grouping_context'] = grouping_context
-  return cls(config, workdir, **kwargs)
+  client_domains = None
+  if grouping_domains.requested(config):
+    validate.validate_config(config)       # a bad config fails before the pre-training pass
+    kwargs['data'], client_domains, _ = grouping_domains.kmeans_from_config(config, kwargs.get('data'), workdir)
+    logging.info('k-means client domains: %s clients per domain',
+                 np.bincount(client_domains, minlength=int(config.model_kwargs.get('num_domains', 4))).tolist())
+  trainer = cls(config, workdir, **kwargs)
+  trainer.client_domains = client_domains
+  return trainer

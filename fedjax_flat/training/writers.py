@@ -144,6 +144,18 @@ def _plain(v):
   return v
 
 
+def _save_figure(fig, path: str, title: str) -> None:
+  """Titles, lays out and writes a figure atomically (a failed write is one ResultsWriteError), then frees it."""
+  import matplotlib.pyplot as plt
+  fig.suptitle(title)
+  fig.tight_layout()
+  try:
+    with _writing(path):
+      fig.savefig(path, dpi=110)
+  finally:
+    plt.close(fig)
+
+
 def plot_metrics(records: List[Dict], path: str, title: str = '') -> None:
   """accuracy and loss vs round for every evaluated model (global, swa, wima...)."""
   import matplotlib
@@ -157,7 +169,8 @@ def plot_metrics(records: List[Dict], path: str, title: str = '') -> None:
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4))
     for k in miou_keys:
       pts = [(r['round'], r[k]) for r in records if isinstance(r.get(k), (int, float))]
-      ax3.plot([a for a, _ in pts], [b for _, b in pts], label=k.replace('test_', '').replace('_miou', '') or 'all')
+      ax3.plot([a for a, _ in pts], [b for _, b in pts], marker='.',
+               label=k.replace('test_', '').replace('_miou', '') or 'all')
     ax3.set_xlabel('round'); ax3.set_ylabel('test mIoU'); ax3.grid(alpha=.3); ax3.legend()
   else:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
@@ -166,19 +179,60 @@ def plot_metrics(records: List[Dict], path: str, title: str = '') -> None:
   for p in prefixes:
     pts = [(r['round'], r[p + 'test_accuracy'], r[p + 'test_loss']) for r in records if p + 'test_accuracy' in r]
     label = (p.rstrip('/') or 'global')
-    ax1.plot([a for a, _, _ in pts], [b for _, b, _ in pts], label=label)
-    ax2.plot([a for a, _, _ in pts], [c for _, _, c in pts], label=f'{label} test')
+    # markers: a model evaluated once (an SWA / WiMA model that became active at the last evaluation) is a
+    # single point, invisible as a line
+    ax1.plot([a for a, _, _ in pts], [b for _, b, _ in pts], marker='.', label=label)
+    ax2.plot([a for a, _, _ in pts], [c for _, _, c in pts], marker='.', label=f'{label} test')
   if any('train_loss' in r for r in records):
     ax2.plot(rounds, [r.get('train_loss', np.nan) for r in records], '--', label='train (clients)')
   ax1.set_xlabel('round'); ax1.set_ylabel('test accuracy'); ax1.grid(alpha=.3); ax1.legend()
   ax2.set_xlabel('round'); ax2.set_ylabel('loss'); ax2.grid(alpha=.3); ax2.legend()
-  fig.suptitle(title)
-  fig.tight_layout()
-  try:
-    with _writing(path):
-      fig.savefig(path, dpi=110)
-  finally:
-    plt.close(fig)
+  _save_figure(fig, path, title)
+
+
+def plot_personalized(res: Dict, path: str, title: str = '') -> bool:
+  """personalized.png from summary.json's `personalized` (training/personalized_eval.py): per client, the
+  personal model's accuracy on its own test split, the global test set and the other clients' splits, with
+  the server model's means as lines; the fine-tuning curve beside it when there is one. False: nothing to draw
+  (no per-client rows: config.personalized.per_client=False)."""
+  import matplotlib
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+  series = [(k, name) for k, name in (('local', 'own test split'), ('global', 'global test set'),
+                                      ('ood_other_clients', "other clients' splits"), ('unseen', 'unseen clients'))
+            if isinstance(res.get(k), dict) and res[k].get('per_client')]
+  if not series:
+    return False
+  curve = res.get('finetune') or []
+  fig, axes = plt.subplots(1, 2 if curve else 1, figsize=(13 if curve else 8, 4.5), squeeze=False)
+  ax = axes[0][0]
+  n = max(len(res[k]['per_client']) for k, _ in series)
+  width = 0.8 / len(series)
+  for i, (k, name) in enumerate(series):
+    rows = res[k]['per_client']
+    ax.bar(np.array([r['client'] for r in rows]) + (i - (len(series) - 1) / 2) * width,
+           [100 * r['acc'] for r in rows], width, label=f"{res.get('personal_model', 'personal')}: {name}")
+  srv = res.get('server') or {}
+  for key, label, style in (('local_acc_client_mean', 'server model: own splits (mean)', '--'),
+                            ('global_acc', 'server model: global test set', ':')):
+    if isinstance(srv.get(key), (int, float)):
+      ax.axhline(100 * srv[key], color='black', ls=style, lw=1, label=label)
+  ax.set_xticks(range(n))
+  ax.set_xlabel('client'); ax.set_ylabel('test accuracy (%)'); ax.set_ylim(0, 100); ax.grid(axis='y', alpha=.3)
+  ax.legend(fontsize=7)
+  ax.set_title('personalized models, per client')
+  if curve:
+    ax = axes[0][1]
+    keys = [k for k in ('local_acc_client_mean', 'global_acc_client_mean', 'ood_other_clients_acc_client_mean')
+            if any(k in c for c in curve)]
+    for k in keys:
+      pts = [(c['epoch'], 100 * c[k]) for c in curve if isinstance(c.get(k), (int, float))]
+      ax.plot([a for a, _ in pts], [b for _, b in pts], marker='o', label=k.replace('_acc_client_mean', ''))
+    ax.set_xlabel('fine-tuning epochs'); ax.set_ylabel('accuracy (%, mean over clients)'); ax.grid(alpha=.3)
+    ax.legend(fontsize=7)
+    ax.set_title('local fine-tuning after FL')
+  _save_figure(fig, path, title)
+  return True
 
 
 def summarize(records: List[Dict], last_k: int, extra: Dict) -> Dict:
@@ -219,6 +273,16 @@ def summarize(records: List[Dict], last_k: int, extra: Dict) -> Dict:
       if key.endswith('_miou'):
         out[key] = v
   return out
+
+
+def final_line(summary: Dict) -> str:
+  """The run's last result line: its headline metric (mIoU for segmentation, accuracy otherwise)."""
+  head = f"done: {summary['rounds_completed']} rounds, "
+  if 'final_test_miou' in summary:        # segmentation: mIoU first, pixel accuracy beside it
+    return head + (f"final test mIoU {100 * summary['final_test_miou']:.2f}% (pixel accuracy "
+                   f"{summary.get('final_test_accuracy', float('nan')):.4f}; {summary['reported_model']} model)")
+  return head + (f"final test accuracy {summary.get('final_test_accuracy', float('nan')):.4f} "
+                 f"({summary['reported_model']} model)")
 
 
 def write_summary(workdir: str, summary: Dict) -> None:

@@ -220,6 +220,12 @@ def test_config_checks():
   c.model_kwargs.num_domains = 2
   with pytest.raises(ConfigError, match='num_domains'):
     registry.spec('fedcg').validate_data(c, data)
+  with pytest.raises(ConfigError, match='algo.domains'):             # k-means domains need a domain column too
+    validate.validate_config(_config('digits', 3, domains='kmeans'))
+  c = _config('digits_domains', 3, domains='kmeans')
+  c.model_kwargs.num_domains = 2                                      # k < the data's domains: the pass rewrites
+  registry.spec('fedcg').validate_data(c, data)                       # the column with clusters < k
+  assert 'client_domains' in registry.needs('fedcg')
 
 
 @pytest.mark.slow

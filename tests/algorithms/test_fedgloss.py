@@ -274,3 +274,22 @@ def test_population_must_match_the_data():
   c.algo.population = 0
   c.data.num_clients = 8
   validate_against_data(c, data)
+
+
+@pytest.mark.parametrize('algorithm', ['fedgloss', 'naive_fedgloss'])
+def test_server_rho_is_logged_with_every_evaluation(algorithm):
+  """metrics records carry rho_s of the evaluated round: the release schedule's table, round by round."""
+  from fedjax_flat.data.sources.builtin import synthetic
+  from fedjax_flat.training import trainers
+  from tests.fixtures.configs import small_config
+  data = synthetic(8, [3, 17, 6, 9, 30, 1, 12, 5], input_shape=(4, 4, 1), num_classes=4, seed=3)
+  c = small_config(rounds=4, eval_every=1, algorithm=algorithm, **{
+      'client.optimizer': 'sam', 'client.rho': 0.2, 'client.rho0': 0.001, 'client.rho_warmup_rounds': 2})
+  c.algo = ml_collections.ConfigDict({**registry.default_hparams(algorithm), 'population': 8, 'rho_server': 0.01,
+                                      'rho_server_schedule': 'release'})
+  t = trainers.make_trainer(c, data=data)
+  t.train()
+  table = release_server_rhos(0.01, 0.2, 0.001, 2, 4)
+  assert [r['round'] for r in t.records] == [1, 2, 3, 4]
+  np.testing.assert_allclose([r['server_rho'] for r in t.records], table, rtol=1e-6)
+  assert registry.round_logger(small_config()) is None       # FedAvg declares nothing to log

@@ -11,11 +11,18 @@ import pytest
 
 from fedjax_flat.algorithms import ladd as L
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.config.default_config import default_config
+from fedjax_flat.algorithms import registry as alg_registry
+from fedjax_flat.config import validate
+from fedjax_flat.config.default_config import default_config, segmentation_data
+from fedjax_flat.errors import ConfigError
+from fedjax_flat.grouping import style_clusters
 from fedjax_flat.core import engine
+from fedjax_flat.core.client_state import store_for
 from fedjax_flat.models import base
 from fedjax_flat.models.registry import get_model
 from fedjax_flat.optimizers.client import client_optimizer
+from fedjax_flat.training import trainers
+from tests.fixtures.configs import set_fields
 
 tmap = jax.tree_util.tree_map
 C = 3
@@ -286,3 +293,139 @@ def test_cluster_layer_selections_on_the_segmentation_model():
   assert picked('all') == paths and picked('none') == []
   with pytest.raises(ValueError, match='cluster_layers'):
     L.cluster_layer_select('encoder')
+
+
+# --------------------------------------------------------------------------------- FedSAM / FedASAM clients
+
+def _sa_step(optimizer, rho, eta=0.0):
+  """One LADD client step through the algorithm's own client functions with client.optimizer = optimizer."""
+  cfg = _client_cfg(0.1)
+  cfg.optimizer, cfg.rho, cfg.asam_eta = optimizer, rho, eta
+  alg = L.ladd(MODEL, cfg, optax.sgd(1.0), num_clusters=2, pretrained=_params(0), cluster_layers='cls',
+               lambda_kd=2.0)
+  state = alg.server_init(_params(5), None)
+  state['cluster'] = [x.at[1].add(0.3) for x in state['cluster']]
+  bcast = alg.broadcast(state, 0)
+  local = alg.client_init(bcast, {'cluster': jnp.int32(1)}, None)
+  x = jax.random.uniform(jax.random.PRNGKey(3), (2, 4, 4, 3))
+  batch = {'x': x, 'y': jnp.zeros((2, 4, 4), jnp.uint8), 'mask': jnp.array([1.0, 1.0])}
+  new, _ = alg.client_step(bcast, local, batch, None)
+  return local, new, bcast, batch
+
+
+@pytest.mark.parametrize('optimizer,eta', [('sam', 0.0), ('asam', 0.2)])
+def test_sharpness_aware_clients_compose_with_ladd(optimizer, eta):
+  """FedSAM / FedASAM clients of LADD: the step is SGD on the self-training loss's gradient at the ascent point
+  w + e (SAM: e = rho g / ||g||; ASAM: e = rho T^2 g / ||T g||, T = |w| + eta on kernels, 1 on biases), with the
+  pseudo-labels of the cluster teacher fixed; it differs from the plain SGD step."""
+  rho, lr = 0.5, 0.1
+  local, new, bcast, batch = _sa_step(optimizer, rho, eta)
+  _, sgd, _, _ = _sa_step('sgd', 0.0)
+  w = local.params
+  teacher = local.extra
+  loss = L.make_self_training_loss(MODEL, lambda_kd=2.0)
+  f = lambda p: loss(p, teacher, bcast['pretrained'], batch)[0]  # noqa: E731
+  g = jax.grad(f)(w)
+  paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(w)[0]]
+  gl, wl = jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(w)
+  if optimizer == 'sam':
+    t = [np.ones_like(np.asarray(a)) for a in wl]
+  else:
+    t = [np.abs(np.asarray(a)) + eta if 'kernel' in p else np.ones_like(np.asarray(a)) for p, a in zip(paths, wl)]
+  tg = [ti * np.asarray(gi) for ti, gi in zip(t, gl)]
+  norm = np.sqrt(sum(np.sum(a ** 2) for a in tg))
+  eps = [rho * ti * a / norm for ti, a in zip(t, tg)]
+  w_adv = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(w),
+                                       [np.asarray(a) + e for a, e in zip(wl, eps)])
+  g_adv = jax.grad(f)(w_adv)
+  want = tmap(lambda a, b: a - lr * b, w, g_adv)
+  for a, b in zip(jax.tree_util.tree_leaves(new.params), jax.tree_util.tree_leaves(want)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+  # The ascent happened: the step is not SGD's.
+  assert max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+             for a, b in zip(jax.tree_util.tree_leaves(new.params), jax.tree_util.tree_leaves(sgd.params))) > 1e-5
+
+
+# --------------------------------------------------------------------------------- registered: train.py's path
+
+def _train_config(**over):
+  c = default_config()
+  c.dataset = 'seg_synthetic_da'
+  c.data = segmentation_data('seg_synthetic_da', num_styles=2, clients_per_style=2, examples_per_client=2,
+                             source_examples=4, test_per_style=2, image_size=(16, 16), crop=(16, 16))
+  c.model = 'seg_cnn'
+  c.model_kwargs = {'norm': 'bn', 'width': 4, 'aux': False, 'conv_impl': 'auto'}
+  c.algorithm = 'ladd'
+  c.algo = {'force_k': 2, 'cluster_layers': 'all', 'lambda_kd': 1.0}
+  c.rounds, c.clients_per_round, c.eval_every = 1, 4, 100
+  c.client.batch_size, c.client.lr, c.client.momentum, c.client.weight_decay = 2, 0.05, 0.0, 0.0
+  c.progress_every_s = 1e9
+  return set_fields(c, over)
+
+
+def test_registered_ladd_starts_each_client_from_its_cluster():
+  """The registered builder (fast, on the tiny model): given the trainer's clusters, the store built for it
+  (core/client_state.store_for) holds every client's cluster, w_0 is the pre-trained model (teachers, KD), and one
+  round of the engine with the store's states moves every sampled cluster, leaf by leaf as the direct call."""
+  labels = np.array([1, 0, 1, 0], np.int32)
+  clusters = style_clusters.StyleClustering(2, labels, np.zeros((2, 27)), {}, 0.0)
+  cfg = _train_config(**{'algo.lambda_kd': 2.0})
+  alg = alg_registry.build_algorithm(cfg, MODEL, population=4, client_clusters=clusters)
+  w0 = _params(5)
+  store = store_for(alg, w0, 4, 'device')
+  np.testing.assert_array_equal(np.asarray(store.gather(np.arange(4))['cluster']), labels)
+  state = alg.server_init(w0, None)
+  for a, b in zip(jax.tree_util.tree_leaves(state['pretrained']), jax.tree_util.tree_leaves(w0)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  batches, rngs = _round_inputs(), jnp.stack([jax.random.PRNGKey(0)] * 4)
+  ids = np.array([2, 1, 0, 3])
+  new, _, _ = engine.make_round_fn(alg, chunk=1, donate=False)(state, batches, store.gather(ids), rngs,
+                                                              jnp.asarray(SIZES), jnp.ones(4, bool), 0)
+  direct = L.ladd(MODEL, cfg.client, alg_registry.make_server_tx(cfg.server), num_clusters=2, pretrained=w0,
+                  cluster_layers='all', lambda_kd=2.0)
+  want, _, _ = engine.make_round_fn(direct, chunk=1, donate=False)(
+      direct.server_init(w0, None), batches, L.initial_client_states(labels[ids]), rngs, jnp.asarray(SIZES),
+      jnp.ones(4, bool), 0)
+  for a, b in zip(jax.tree_util.tree_leaves(new), jax.tree_util.tree_leaves(want)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+  for c in (0, 1):
+    assert all(not np.allclose(np.asarray(a[c]), np.asarray(b[c])) for a, b in zip(state['cluster'], new['cluster']))
+  with pytest.raises(ConfigError, match='style clusters'):
+    alg_registry.build_algorithm(cfg, MODEL, population=4)
+
+
+@pytest.mark.slow   # two trainers on seg_cnn (minutes on the shared CPU): the fast test above is the same wiring
+def test_registered_ladd_trains_each_client_from_its_cluster():
+  """train.py's path: the trainer clusters the styles (force_k=2 on 2 planted styles), every client starts with
+  its cluster in its client state (the store's initial rows), and one round of all 4 clients moves BOTH clusters'
+  models (with one template for every client only cluster 0 would move); host and device stores agree."""
+  out = {}
+  for kind in ('host', 'device'):
+    t = trainers.make_trainer(_train_config(client_state_store=kind))
+    labels = t.client_clusters().labels
+    assert style_clusters.agreement(labels, t.data.client_style) == 1.0 and sorted(set(labels)) == [0, 1]
+    np.testing.assert_array_equal(np.asarray(t.store.gather(np.arange(4))['cluster']), labels)
+    w0 = t.server_state['cluster']
+    before = [np.asarray(x).copy() for x in w0]
+    t.run_round(0, t.prepare_round(0))
+    after = [np.asarray(x) for x in t.server_state['cluster']]
+    for c in (0, 1):
+      assert any(not np.allclose(a[c], b[c]) for a, b in zip(before, after)), f'cluster {c} did not train'
+    assert any(not np.allclose(a[0], a[1]) for a in after)
+    np.testing.assert_array_equal(np.asarray(t.store.gather(np.arange(4))['cluster']), labels)
+    out[kind] = t.server_state
+  jax.tree_util.tree_map(np.testing.assert_array_equal, out['host'], out['device'])
+
+
+def test_registered_ladd_checks():
+  with pytest.raises(ConfigError, match='algo.k_min'):
+    validate.validate_config(_train_config(**{'algo.k_min': 5, 'algo.k_max': 4}))
+  c = _train_config()
+  c.dataset, c.data = 'synthetic', default_config().data
+  c.model, c.model_kwargs = 'mlp', {}
+  with pytest.raises(ConfigError, match='segmentation dataset'):
+    validate.validate_config(c)
+  with pytest.raises(ConfigError, match='algo.force_k'):
+    trainers.make_trainer(_train_config(**{'algo.force_k': 5}))
+  with pytest.raises(ConfigError, match='algo.k_min'):
+    trainers.make_trainer(_train_config(**{'algo.force_k': 0}))     # 4 clients: k in 2..3, k_min = 4

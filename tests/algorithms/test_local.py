@@ -9,7 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_flat.algorithms.local import LocalState, local_step, make_loss
+from fedjax_flat.algorithms.local import LocalState, local_step, make_loss, masked_step
+from fedjax_flat.config.default_config import default_config
+from fedjax_flat.optimizers.client import make_client_tx
 from fedjax_flat.models.registry import get_model
 from fedjax_flat.optimizers.sam import sam
 
@@ -89,3 +91,26 @@ def test_man_is_inside_both_sam_passes():
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), new, want)
   # ... and differs from SAM on the plain cross-entropy.
   assert not np.allclose(plain['Dense_0']['kernel'], new['Dense_0']['kernel'])
+
+
+def test_masked_step_freezes_the_other_leaves_and_trains_the_rest_like_local_step():
+  """Frozen leaves stay bit-identical under weight decay, momentum and SAM's ascent; with every leaf trainable
+  masked_step is local_step."""
+  model = get_model('mlp', 3, (2, 2, 1), hidden=(4,))
+  p = model.init(jax.random.key(0), jnp.zeros((1, 2, 2, 1)))
+  batch = {'x': jax.random.normal(jax.random.key(1), (6, 2, 2, 1)), 'y': jnp.asarray([0, 1, 2, 0, 1, 2]),
+           'mask': jnp.ones(6)}
+  cfg = default_config().client
+  cfg.optimizer, cfg.rho, cfg.lr, cfg.momentum, cfg.weight_decay = 'sam', 0.05, 0.1, 0.9, 0.01
+  tx = make_client_tx(cfg, {'lr': 0.1, 'rho': 0.05})
+  loss = make_loss(model)
+  local = LocalState(p, tx.init(p), p)
+  head = {'Dense_0': {'kernel': False, 'bias': False}, 'Dense_1': {'kernel': True, 'bias': True}}
+  new, _ = masked_step(local, batch, None, loss_fn=loss, tx=tx, trainable=head)
+  for leaf in ('kernel', 'bias'):
+    np.testing.assert_array_equal(np.asarray(new.params['Dense_0'][leaf]), np.asarray(p['Dense_0'][leaf]))
+    assert not np.allclose(new.params['Dense_1'][leaf], p['Dense_1'][leaf])
+  every = jax.tree_util.tree_map(lambda _: True, head)
+  a, _ = masked_step(local, batch, None, loss_fn=loss, tx=tx, trainable=every)
+  b, _ = local_step(local, batch, None, loss_fn=loss, tx=tx)
+  jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6), a.params, b.params)

@@ -19,10 +19,10 @@ from tests.fixtures.paths import REPO
 CONFIGS = os.path.join(REPO, 'configs')
 # Families whose cells reproduce a paper table (each cell must carry a published number or say it diverged).
 PAPER_FAMILIES = ('fedsam_cifar', 'fedsam_pam', 'fedsam_landmarks', 'fedgloss_cifar', 'wima', 'man_cifar100',
-                  'baselines_cifar_cnn', 'fedseq', 'fedcg')
+                  'baselines_cifar_cnn', 'fedseq', 'fedcg', 'fedsoup_table1')
 # digits stand-ins: no paper number applies
 STAND_INS = ('baselines_digits', 'fedsoup_digits', 'fedseq_digits', 'fedcg_digits')
-SEG_FAMILIES = ('feddrive',)   # mIoU instead of accuracy: tests/config/test_feddrive_configs.py
+SEG_FAMILIES = ('feddrive', 'ladd')   # mIoU instead of accuracy: tests/config/test_{feddrive,ladd}_configs.py
 
 
 def load(name):
@@ -96,6 +96,11 @@ def test_every_cell_builds_validates_and_documents(name):
      {'accuracy_std': 0.46, 'lambda_max': 29.23}),
     ('baselines_cifar_cnn.py:dataset=cifar100,algo=fedadagrad,eta_g=0.01,alpha=1000', 'Table 4.2', 51.44, {}),
     ('baselines_cifar_cnn.py:cifar10,fedavgm,sam,swa=1,clients=20,alpha=100', 'Table 4.6', 86.79, {}),
+    ('fedsoup_table1.py:camelyon17,moon,leave_out=3', 'Table 1, camelyon17 moon', 70.61,
+     {'accuracy_std': 1.54, 'local_acc': 85.71, 'local_auc': 91.98, 'global_auc': 79.27}),
+    ('fedsoup_table1.py:retina,fedfomo,leave_out=0', 'Table 1, retina fedfomo', 59.9,
+     {'local_acc': 89.70, 'local_acc_std': 0.0, 'global_auc': 63.82, 'global_auc_std': 1.14}),
+    ('fedsoup_table1.py:retina,fedbabu,leave_out=-1', 'Table 1, retina fedbabu', 77.65, {'local_auc': 95.10}),
 ])
 def test_published_numbers(spec, source, acc, extra):
   pub = cfg(spec).published

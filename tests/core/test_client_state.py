@@ -4,8 +4,9 @@ import jax
 import numpy as np
 import pytest
 
+from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.core.client_state import (DeviceClientStateStore, HostClientStateStore, bytes_per_client,
-                                           make_client_state_store)
+                                           make_client_state_store, store_for)
 
 TEMPLATE = {'a': np.zeros((2, 3), np.float32), 'b': {'c': np.zeros((), np.float32)}}
 
@@ -66,6 +67,61 @@ def test_auto_selection_and_nbytes():
   assert big.nbytes() == 3 * per                        # host: the clients seen
   with pytest.raises(ValueError, match='allowed'):
     make_client_state_store(TEMPLATE, 3, 'disk')
+
+
+def _rows(k):
+  return {'a': np.arange(k * 6, dtype=np.float32).reshape(k, 2, 3) - 50,
+          'b': {'c': -np.arange(k, dtype=np.float32) - 1}}
+
+
+@pytest.mark.parametrize('kind', ['host', 'device'])
+def test_per_client_initial_rows(kind):
+  """A never-written client reads ITS row (not the template); padding reads the template; a scatter overrides the
+  row; restoring a checkpoint starts again from the rows."""
+  rows = _rows(6)
+  store = make_client_state_store(TEMPLATE, 6, kind, initial=rows)
+  assert store.kind == kind
+  got = jax.device_get(store.gather(np.array([4, -1, 0])))
+  np.testing.assert_array_equal(got['a'][0], rows['a'][4])
+  np.testing.assert_array_equal(got['a'][1], 0)
+  np.testing.assert_array_equal(got['a'][2], rows['a'][0])
+  np.testing.assert_array_equal(got['b']['c'], [-5, 0, -1])
+  store.scatter(np.array([4]), _states([4]))
+  np.testing.assert_array_equal(jax.device_get(store.gather(np.array([4, 3])))['b']['c'], [100, -4])
+  assert len(store) == 1
+  d = store.state_dict()
+  np.testing.assert_array_equal(d['ids'], [4])
+  other = make_client_state_store(TEMPLATE, 6, 'device' if kind == 'host' else 'host', initial=rows)
+  other.load_state_dict(d)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(other.gather(np.arange(6))),
+                         jax.device_get(store.gather(np.arange(6))))
+  store.load_state_dict(None)     # back to the rows
+  np.testing.assert_array_equal(jax.device_get(store.gather(np.array([4])))['b']['c'], [-5])
+
+
+def test_initial_rows_are_checked():
+  with pytest.raises(ValueError, match='structure'):
+    make_client_state_store(TEMPLATE, 3, 'host', initial={'a': np.zeros((3, 2, 3))})
+  with pytest.raises(ValueError, match='do not match the template'):
+    make_client_state_store(TEMPLATE, 3, 'device', initial={'a': np.zeros((3, 3, 2)), 'b': {'c': np.zeros(3)}})
+  for kind in ('host', 'device'):
+    with pytest.raises(ValueError, match='population of 4'):
+      make_client_state_store(TEMPLATE, 4, kind, initial=_rows(3))
+  host = make_client_state_store(TEMPLATE, 3, 'host', initial=_rows(3))
+  with pytest.raises(IndexError, match='population 3'):
+    host.gather([3])
+
+
+def test_store_for_an_algorithm():
+  """core/client_state.store_for: stateless -> None; the template alone; the template + the declared rows."""
+  f = lambda *a, **k: None  # noqa: E731
+  base = FederatedAlgorithm('x', f, f, f, f, f, f, f)
+  assert store_for(base, None, 3) is None
+  plain = store_for(base.replace(client_state_init=lambda p: TEMPLATE), None, 3, 'host')
+  np.testing.assert_array_equal(plain.gather([2])['b']['c'], [0])
+  rows = store_for(base.replace(client_state_init=lambda p: TEMPLATE, initial_client_states=lambda p: _rows(3)),
+                   None, 3, 'host')
+  np.testing.assert_array_equal(rows.gather([2])['b']['c'], [-3])
 
 
 # ---- in training -----------------------------------------------------------------------------------------

@@ -152,7 +152,7 @@ def test_norm_leaves_detected():
                    "['Dense_1']['kernel']": False, "['gn']['bias']": True, "['gn']['scale']": True}
 
 
-def test_fedbn_leave_one_out_end_to_end():
+def test_fedbn_leave_one_out_end_to_end(tmp_path):
   _register_gn_model()
   c = default_config()
   c.dataset = 'digits_feature_shift'
@@ -166,7 +166,7 @@ def test_fedbn_leave_one_out_end_to_end():
   c.eval_every = 2
   c.progress_every_s = 1e9
   c.personalized.enabled = True
-  t = trainers.make_trainer(c)
+  t = trainers.make_trainer(c, str(tmp_path))
   init = jax.tree_util.tree_map(np.array, t.server_state['params'])
   s = t.train()
   srv = t.server_state['params']
@@ -184,6 +184,7 @@ def test_fedbn_leave_one_out_end_to_end():
   assert p['personal_model'] == 'fedbn' and p['num_clients'] == 3
   assert p['unseen']['per_client'][0]['n'] == len(t.data.unseen_examples()[1]) > 300
   assert 'unseen_acc' in p['server'] and 0 <= p['unseen']['acc_client_mean'] <= 1
+  assert (tmp_path / 'personalized.png').stat().st_size > 10000      # the personalized metrics' plot
 
 
 @pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`

@@ -112,6 +112,40 @@ def test_workdirs_glob_grouped_by_config_key(sweep_dir, tmp_path):
   assert p.returncode == 2 and 'matches no run directory' in p.stderr
 
 
+def test_runs_of_different_experiments_are_not_pooled_as_seeds(tmp_path):
+  """Grouped by client.optimizer, FedAvg (server momentum 0) and FedAvgM (0.9) are two rows, not "2/2 seeds";
+  the seed, the device record and the checkpoint cadence do not split; a run without config.json stays counted."""
+  d = tmp_path / 'w'
+  for name, seed, mom, extra in (('avg0', 0, 0.0, {}), ('avg1', 1, 0.0, {'host_devices': {'devices': 2},
+                                                                        'checkpoint_every': 7}),
+                                 ('avgm0', 0, 0.9, {})):
+    _run(str(d / name), seed, 'sgd', summary=_summary(0.8 if mom else 0.6, 0.8))
+    cfg = json.loads((d / name / 'config.json').read_text())
+    cfg.update(server={'optimizer': 'sgd', 'momentum': mom}, **extra)
+    _write(str(d / name / 'config.json'), cfg)
+  rows = report_lib.aggregate(report_lib.collect(workdirs=[str(d / '*')]), ['client.optimizer'])
+  assert [(r['differs'], r['finished'], r['runs'], round(r['acc_lastk_mean'], 6)) for r in rows] == \
+      [('server.momentum=0.0', 2, 2, 60.0), ('server.momentum=0.9', 1, 1, 80.0)]
+  # the key asked for as a grouping key names the rows instead of splitting them
+  rows = report_lib.aggregate(report_lib.collect(workdirs=[str(d / '*')]), ['server.momentum'])
+  assert [(r['server.momentum'], r['differs'], r['finished']) for r in rows] == [('0.0', '', 2), ('0.9', '', 1)]
+  runs = report_lib.collect(workdirs=[str(d / '*')])
+  runs.append(dict(runs[0], workdir='x', config=None, summary=None, finished=False))   # a run that never started
+  for r in runs:
+    r['cell'] = 'one cell'
+  a, b = report_lib.aggregate(runs, ['cell'])
+  assert (a['differs'], a['runs'], a['finished'], a['failed'], b['runs']) == \
+      ('server.momentum=0.0', 3, 2, 'one cell/seed=0', 1)
+  md = '\n'.join(report_lib.markdown_table(rows, ['server.momentum'], None))
+  assert 'differs in' not in md
+  p = subprocess.run([sys.executable, REPORT, f'--workdirs={d}/*', f'--out_dir={tmp_path}/rep',
+                      '--group_by=client.optimizer'], capture_output=True, text=True, timeout=120, cwd=ROOT)
+  assert p.returncode == 0 and 'split' in p.stderr and 'server.momentum' in p.stderr, p.stdout + p.stderr
+  md = (tmp_path / 'rep' / 'report.md').read_text()
+  assert '| client.optimizer | differs in | model |' in md
+  assert '| sgd | server.momentum=0.0 | global | 60.00 ± 0.00 |' in md and '| sgd | server.momentum=0.9 |' in md
+
+
 def test_rounds_to_centralized_averaged_over_seeds(tmp_path):
   runs = []
   for seed, (r70, r90) in enumerate(((4, 9), (6, None), (8, 12))):

@@ -113,3 +113,26 @@ def test_eval_every_last_evaluates_each_final_round_and_summary_averages_them():
   from fedjax_flat.config import validate
   with pytest.raises(validate.ConfigError, match='eval_every_last'):
     validate.validate_config(small_config(eval_every_last=-1))
+
+
+def test_console_train_loss_is_the_recorded_train_loss(caplog):
+  """The progress line's train_loss and metrics.jsonl's are one quantity: the mean client training loss of the
+  rounds since the previous evaluation (not the last round's loss, as the console once printed)."""
+  import logging
+  import re
+  t = trainers.make_trainer(small_config(rounds=6, eval_every=3, progress_every_s=0.0), data=quantity_skew_data())
+  assert t.device_rounds      # blocks of rounds in one program: each block returns its rounds' results
+  losses = []
+  run_block = t.run_block
+  t.run_block = lambda r, n: losses.extend(run_block(r, n)) or losses[-n:]
+  with caplog.at_level(logging.INFO, logger='absl'):
+    t.train()
+  printed = {int(m.group(1)): float(m.group(2)) for m in
+             (re.search(r'round (\d+)/6 .* train_loss ([0-9.]+)', rec.getMessage()) for rec in caplog.records) if m}
+  recorded = {rec['round']: rec['train_loss'] for rec in t.records}
+  assert sorted(recorded) == [3, 6] and set(recorded) <= set(printed)
+  for r in recorded:
+    assert printed[r] == pytest.approx(recorded[r], abs=5e-5)
+  per_round = [res['train_loss'] for res in losses]          # the record: the mean of its three rounds
+  assert len(per_round) == 6 and per_round[2] != pytest.approx(recorded[3])
+  assert recorded[3] == pytest.approx(np.mean(per_round[:3])) and recorded[6] == pytest.approx(np.mean(per_round[3:]))

@@ -14,18 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_flat.algorithms.personalization import personal_params, register_personalizer
+from fedjax_flat.models.partition import key_name as _key_name  # one definition (ladd.py imports it here)
 
 tmap = jax.tree_util.tree_map
 
 
 # stay on the client and are never aggregated.
-
-def _key_name(k) -> str:
-  for attr in ('key', 'name', 'idx'):
-    if hasattr(k, attr):
-      return str(getattr(k, attr))
-  return str(k)
-
 
 def is_batch_stats_path(path) -> bool:
   """BatchNorm running statistics: the 'batch_stats' half of a BatchNorm model's params (models/base.py)."""
@@ -67,8 +61,9 @@ def with_local_norm(alg, name: Optional[str] = None, select=is_norm_path):
   """Wraps an algorithm so the normalization params are local (FedBN, Li et al. 2021).
 
   `select(path)` says which leaves stay local: `is_norm_path` (FedBN: norm scale/bias, and BatchNorm running
-  statistics when the model has them) or `is_batch_stats_path` (SiloBN, Andreux et al. 2020: statistics
-  local, affine params shared; algorithms/silobn.py).
+  statistics when the model has them), `is_batch_stats_path` (SiloBN, Andreux et al. 2020: statistics
+  local, affine params shared; algorithms/silobn.py) or the model's declared head,
+  `models/partition.is_head_path(model.head)` (FedRep's local head: algorithms/fedrep.py).
 
   Client state: {'norm': the client's norm leaves, 'seen': 0/1, 'inner': the inner algorithm's state}.
   client_init starts local training from the global model with the client's own norm params (the global
@@ -88,6 +83,14 @@ def with_local_norm(alg, name: Optional[str] = None, select=is_norm_path):
     if inner_has_state:
       s['inner'] = alg.client_state_init(params)
     return s
+
+  initial_client_states = None
+  if alg.initial_client_states is not None:   # the inner algorithm's per-client rows, under 'inner'
+    def initial_client_states(params):
+      inner = alg.initial_client_states(params)
+      k = jax.tree_util.tree_leaves(inner)[0].shape[0]
+      rows = tmap(lambda x: jnp.broadcast_to(x, (k,) + x.shape), client_state_init(params))
+      return {**rows, 'inner': inner}
 
   def client_init(bcast, cs, rng, **kw):
     p = bcast['params']
@@ -128,5 +131,5 @@ def with_local_norm(alg, name: Optional[str] = None, select=is_norm_path):
     return with_norm_leaves(base, [jnp.asarray(x) for x in cs['norm']], select)
 
   register_personalizer(name, personalizer)
-  return alg.replace(name=name, client_state_init=client_state_init, client_init=client_init,
-                     client_step=client_step, client_final=client_final)
+  return alg.replace(name=name, client_state_init=client_state_init, initial_client_states=initial_client_states,
+                     client_init=client_init, client_step=client_step, client_final=client_final)

@@ -48,6 +48,12 @@ def swa_start_round(config) -> int:
   return int(math.floor(config.swa.start_fraction * config.rounds + 1e-9))
 
 
+def planned_averages(config) -> int:
+  """How often w_swa is averaged within T rounds: at rounds s + c, s + 2c, ... <= T - 1 (0 = the SWA model
+  stays the copy of w^s: a run too short for its start_fraction and cycle)."""
+  return max(0, (config.rounds - 1 - swa_start_round(config)) // int(config.swa.cycle))
+
+
 def with_swa(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
   scfg = config.swa
   start = swa_start_round(config)

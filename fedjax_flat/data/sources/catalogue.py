@@ -16,7 +16,8 @@ from typing import Dict, List, Sequence
 
 from fedjax_flat.data.download import (ChecksumError, DownloadError, ManualDownloadRequired, Resource,  # noqa: F401
                                        fetch, lzma_decompress, safe_extract_tar, safe_extract_zip)
-from fedjax_flat.data.sources import cityscapes, feddrive_splits as fds, idda, ladd_data, pam, stackoverflow
+from fedjax_flat.data.sources import (camelyon17, cityscapes, feddrive_splits as fds, idda, ladd_data, msls, pam,
+                                      retina_fundus, stackoverflow)
 from fedjax_flat.data.sources.celeba import celeba_instructions
 from fedjax_flat.data.sources.leaf import LEAF_DATASETS, leaf_instructions
 
@@ -33,6 +34,11 @@ RESOURCES: Dict[str, List[Resource]] = {
                            2918471680, md5='56bf5dcef84df0e2308c6dcbcbbd8499')],
     'cifar100_c': [Resource('CIFAR-100-C.tar', 'https://zenodo.org/records/3555552/files/CIFAR-100-C.tar',
                             2918473216, md5='11f0ed0f1191edbf9fa23466ae6021d3')],
+    'camelyon17': [Resource(
+        'camelyon17_v1.0.tar.gz',
+        'https://worksheets.codalab.org/rest/bundles/0xe45e15f39fb54e9d9e919556af67aabe/contents/blob/',
+        note='WILDS camelyon17 v1.0 (about 10.7 GB; WILDS publishes no checksum), extracted into '
+             'camelyon17_v1.0/ as WILDS does (metadata.csv + patches/; data/sources/camelyon17.py)')],
     'tiny_imagenet': [Resource('tiny-imagenet-200.zip', 'http://cs231n.stanford.edu/tiny-imagenet-200.zip',
                                248100043, md5='90528d7ca1a48142e341f4ef8d21d0de',
                                note='extracted to tiny-imagenet-200/ (data/sources/tiny_imagenet.py)')],
@@ -64,7 +70,7 @@ RESOURCES: Dict[str, List[Resource]] = {
 GLDV2_BASE_URL = 'https://s3.amazonaws.com/google-landmark'
 GLDV2_NUM_TRAIN_SHARDS = 500
 DATASETS = (tuple(RESOURCES) + ('gldv2_images', 'feddrive_splits', 'cityscapes', 'idda', 'ladd_splits', 'gta5',
-                                'celeba') + LEAF_DATASETS)
+                                'celeba', 'retina_fundus', 'camelyon17_release', 'msls') + LEAF_DATASETS)
 
 
 def _post(dataset: str, paths: List[str], data_dir: str) -> List[str]:
@@ -73,6 +79,11 @@ def _post(dataset: str, paths: List[str], data_dir: str) -> List[str]:
     if not os.path.isfile(marker):
       safe_extract_tar(paths[0], data_dir)
     return [os.path.dirname(marker)]
+  if dataset == 'camelyon17':
+    root = os.path.join(data_dir, camelyon17.DIRNAME)
+    if not os.path.isfile(os.path.join(root, 'metadata.csv')):
+      safe_extract_tar(paths[0], root)
+    return [root]
   if dataset == 'tiny_imagenet':
     marker = os.path.join(data_dir, 'tiny-imagenet-200', 'val', 'val_annotations.txt')
     if not os.path.isfile(marker):
@@ -119,6 +130,14 @@ def download(dataset: str, data_dir: str, *, opener=None, progress=None, shards:
     raise DownloadError(leaf_instructions(dataset, data_dir))
   if dataset == 'celeba':
     raise DownloadError(celeba_instructions(data_dir))
+  if dataset == 'retina_fundus':      # the FedSoup release's archives sit behind Google Drive pages
+    raise ManualDownloadRequired(retina_fundus.instructions(os.path.join(data_dir, 'retina')))
+  if dataset == 'camelyon17_release':
+    root = os.path.join(data_dir, 'tiny_camelyon17')
+    raise ManualDownloadRequired(f"download the FedSoup release's tiny Camelyon17 by hand ({camelyon17.RELEASE_URL}) "
+                                 f'and extract it so that {root}/train/0.npz ... exist')
+  if dataset == 'msls':
+    return check_msls(data_dir)
   if dataset not in RESOURCES:
     raise ValueError(f'unknown dataset {dataset!r}; allowed: {DATASETS}')
   paths = [fetch(r, data_dir, opener=opener, progress=progress) for r in RESOURCES[dataset]]
@@ -188,6 +207,14 @@ def prepare_cityscapes(data_dir: str) -> List[str]:
       f'and put both zips in {root}/, then re-run this command to extract them. Expected layout:\n'
       f'  {root}/leftImg8bit/{{train,val}}/<city>/<city>_<seq>_<frame>_leftImg8bit.png\n'
       f'  {root}/gtFine/{{train,val}}/<city>/<city>_<seq>_<frame>_gtFine_labelIds.png')
+
+
+def check_msls(data_dir: str) -> List[str]:
+  """MSLS (FedVPR) is not downloadable by a program: its root when train_val/ is in place, else the steps."""
+  root = msls.default_root(data_dir)
+  if os.path.isdir(os.path.join(root, 'train_val')):
+    return [root]
+  raise ManualDownloadRequired(msls.INSTRUCTIONS.replace('<data_dir>/msls', root))
 
 
 def download_gta5(data_dir: str, *, opener=None, progress=None) -> List[str]:

@@ -229,3 +229,57 @@ def _digits_feature_shift(num_clients=5, seed=0, val_fraction=0.1, test_fraction
   return load_digits_feature_shift(int(num_clients), seed=int(seed), val_fraction=float(val_fraction),
                                    test_fraction=float(test_fraction), leave_out=int(leave_out),
                                    global_fraction=float(global_fraction) if global_fraction else None)
+
+
+# --- Real cross-silo sets (Camelyon17, retinal fundus): each silo's train / local-test split as read. ---
+
+def assemble_silos(silos: Sequence[dict], *, name: str, num_classes: int, seed: int = 0, val_fraction: float = 0.0,
+                   global_fraction: Optional[float] = None, leave_out: int = -1,
+                   silo_names: Optional[Sequence[str]] = None) -> FeatureShiftDataset:
+  """FedSoup's protocol over silos read from files (digest A4): silos[i] = {'train': (x, y), 'test': (x, y)}.
+
+  Per training silo, class-stratified and keyed by `seed`: val_fraction of its training examples become its
+  validation split; its local test split gives up round(n_test * global_fraction) examples (default
+  1 / K_train: the global set is about one local test set) to the held-out GLOBAL test set, trimmed to the
+  same count from every silo. leave_out = j: silo j never trains; its training and test examples together are
+  the unseen-domain test (the release's hold-out client: its train + test).
+  """
+  k = len(silos)
+  if not -1 <= leave_out < k:
+    raise ConfigError('data.leave_out', leave_out, f'must be -1 or a client in [0, {k})')
+  rng = np.random.default_rng([int(seed), 0x5110])
+  train_ids = [s for s in range(k) if s != leave_out]
+  g_frac = 1.0 / len(train_ids) if not global_fraction else float(global_fraction)
+  xs, ys, tx, ty, train_idx, val_idx, ltest_idx, global_parts, local_parts = [], [], [], [], [], [], [], [], []
+  unseen_x = unseen_y = None
+  n_x = 0
+  for s in range(k):
+    (trx, tr_y), (tex, te_y) = silos[s]['train'], silos[s]['test']
+    if s == leave_out:
+      unseen_x, unseen_y = np.concatenate([trx, tex]), np.concatenate([tr_y, te_y])
+      continue
+    v, tr = _stratified_parts(tr_y, lambda m: [int(np.floor(val_fraction * m + 0.5))], rng)
+    g, t = _stratified_parts(te_y, lambda m: [int(np.floor(g_frac * m + 0.5))], rng)
+    xs.append(trx[tr]); ys.append(tr_y[tr]); train_idx.append(n_x + np.arange(len(tr))); n_x += len(tr)
+    xs.append(trx[v]); ys.append(tr_y[v]); val_idx.append(n_x + np.arange(len(v))); n_x += len(v)
+    global_parts.append((tex[g], te_y[g]))
+    local_parts.append((tex[t], te_y[t]))
+  n_g = min(len(gy) for _, gy in global_parts)
+  n_t = 0
+  for gx, gy in global_parts:
+    keep = np.sort(rng.permutation(len(gy))[:n_g])
+    tx.append(gx[keep]); ty.append(gy[keep]); n_t += n_g
+  gtest = np.arange(n_t)
+  for lx, ly in local_parts:
+    tx.append(lx); ty.append(ly); ltest_idx.append(n_t + np.arange(len(ly))); n_t += len(ly)
+  idx, off = _csr(train_idx)
+  t_idx, t_off = _csr(ltest_idx)
+  v_idx, v_off = _csr(val_idx)
+  names = list(silo_names) if silo_names is not None else [f'silo{s}' for s in range(k)]
+  return FeatureShiftDataset(
+      x=np.concatenate(xs), y=np.concatenate(ys).astype(np.int32), client_index=idx, client_offsets=off,
+      test_x=np.concatenate(tx), test_y=np.concatenate(ty).astype(np.int32), num_classes=int(num_classes),
+      name=name, client_test_index=t_idx, client_test_offsets=t_off, client_names=[names[s] for s in train_ids],
+      client_val_index=v_idx, client_val_offsets=v_off, global_test_index=gtest, unseen_x=unseen_x,
+      unseen_y=None if unseen_y is None else unseen_y.astype(np.int32), source_of_client=train_ids,
+      leave_out=int(leave_out))

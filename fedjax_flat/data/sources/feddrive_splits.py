@@ -84,13 +84,21 @@ def _natural(s: str):
   return [int(t) if t.isdigit() else t for t in re.split(r'(\d+)', s)]
 
 
-def read_leaf_dir(path: str) -> List[Client]:
-  """Every user of every *.json in a folder (files in natural order, users in file order)."""
+def split_json_files(path: str) -> List[str]:
+  """The *.json file names of a split folder in natural order (file2 before file10); a missing folder or one
+  without JSON files is a FileNotFoundError. The one folder walk of the LEAF-style split readers (FedDrive's
+  here, LADD's in data/sources/ladd_data.py)."""
   if not os.path.isdir(path):
     raise FileNotFoundError(f'split folder {path} not found')
   files = sorted((f for f in os.listdir(path) if f.endswith('.json')), key=_natural)
   if not files:
     raise FileNotFoundError(f'no *.json split files in {path}')
+  return files
+
+
+def read_leaf_dir(path: str) -> List[Client]:
+  """Every user of every *.json in a folder (files in natural order, users in file order)."""
+  files = split_json_files(path)
   out, seen = [], set()
   for f in files:
     p = os.path.join(path, f)

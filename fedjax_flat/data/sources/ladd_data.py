@@ -35,12 +35,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 from fedjax_flat.data.download import Resource, default_data_dir, fetch
 from fedjax_flat.data.registry import check_arg, register
 from fedjax_flat.data.sources import cityscapes
+from fedjax_flat.data.sources.feddrive_splits import split_json_files
 from fedjax_flat.data.sources.segmentation import SegClient, SegmentationSource, lookup_table
 from fedjax_flat.data.transforms.pipeline import SEG_AUGMENT
 from fedjax_flat.errors import DataFormatError
@@ -204,10 +204,6 @@ def verify_released(path: str, rel: str) -> None:
                           'delete it and fetch it again: python experiments/download.py --dataset=ladd_splits')
 
 
-def _natural(s: str):
-  return [int(t) if t.isdigit() else t for t in re.split(r'(\d+)', s)]
-
-
 def _str_list(v) -> bool:
   return isinstance(v, list) and all(isinstance(e, str) for e in v)
 
@@ -246,11 +242,7 @@ def read_split_json(path: str) -> List[SplitClient]:
 def read_split_dir(folder: str, released_prefix: Optional[str] = None) -> List[SplitClient]:
   """Every user of every *.json of a folder (files in natural order). With `released_prefix` (the folder's path
   under the release's data/), each file is checked against RELEASED_FILES first."""
-  if not os.path.isdir(folder):
-    raise FileNotFoundError(f'split folder {folder} not found')
-  files = sorted((f for f in os.listdir(folder) if f.endswith('.json')), key=_natural)
-  if not files:
-    raise FileNotFoundError(f'no *.json split files in {folder}')
+  files = split_json_files(folder)
   out, names = [], set()
   for f in files:
     p = os.path.join(folder, f)

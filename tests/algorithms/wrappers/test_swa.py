@@ -9,7 +9,7 @@ from fedjax_flat.core import engine
 from fedjax_flat.data import batching
 from fedjax_flat.data.sources.builtin import synthetic
 from fedjax_flat.models.registry import get_model
-from fedjax_flat.algorithms.wrappers.swa import swa_start_round, with_swa
+from fedjax_flat.algorithms.wrappers.swa import planned_averages, swa_start_round, with_swa
 from fedjax_flat.config.default_config import default_config
 
 BASE_LR = 0.5
@@ -176,3 +176,38 @@ def test_fedavg_round_with_swa_equals_fedavg_at_the_cyclic_lr():
   plain.client.lr = gamma
   close(swa(6), round_fn(plain)(6))
   close(swa(3), round_fn(default_config())(3))   # before the start the clients keep config.client.lr
+
+
+def test_planned_averages_is_the_reference_loops_final_counter():
+  for rounds in (1, 2, 4, 5, 9, 20, 33):
+    for frac in (0.0, 0.25, 0.5, 0.75, 0.9):
+      for cycle in (1, 2, 3, 5):
+        cfg = swa_config(rounds=rounds, start_fraction=frac, cycle=cycle)
+        assert planned_averages(cfg) == reference_swa(rounds, swa_start_round(cfg), cycle)[-1][1], \
+            (rounds, frac, cycle)
+
+
+def test_a_run_too_short_to_average_warns_before_and_after(caplog):
+  """swa enabled, rounds=4, start 0.75, cycle 2: s = 3, first average would be round 5 > 4: the validator
+  warns before the run, the run warns at the end and summary.json says swa_averages=0; a long enough run
+  records its averages and does not warn."""
+  import logging
+  from fedjax_flat.config.validate import validate_config
+  from fedjax_flat.training import trainers
+  from tests.fixtures.configs import small_config
+  data = synthetic(8, [3, 17, 6, 9, 30, 1, 12, 5], input_shape=(4, 4, 1), num_classes=4, seed=3)
+  short = small_config(rounds=4, **{'swa.enabled': True, 'swa.start_fraction': 0.75, 'swa.cycle': 2})
+  with caplog.at_level(logging.WARNING, logger='absl'):
+    validate_config(short)
+  assert any('never averaged' in r.getMessage() and 'round 6' in r.getMessage() for r in caplog.records)
+  caplog.clear()
+  with caplog.at_level(logging.WARNING, logger='absl'):
+    summary = trainers.make_trainer(short, data=data).train()
+  assert summary['swa_averages'] == 0 and any('never averaged' in r.getMessage() for r in caplog.records)
+  caplog.clear()
+  long = small_config(rounds=6, **{'swa.enabled': True, 'swa.start_fraction': 0.5, 'swa.cycle': 1})
+  with caplog.at_level(logging.WARNING, logger='absl'):
+    validate_config(long)
+    summary = trainers.make_trainer(long, data=data).train()
+  assert summary['swa_averages'] == planned_averages(long) == 2
+  assert not any('never averaged' in r.getMessage() for r in caplog.records)

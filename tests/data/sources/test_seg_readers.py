@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fedjax_flat.data.sources import cityscapes, feddrive_splits as fds, idda
+from fedjax_flat.data.sources import cityscapes, feddrive_splits as fds, idda, ladd_data
 
 from fedjax_flat.data import registry
 from fedjax_flat.data.sources.segmentation import IGNORE, lookup_table, map_labels, safe_join
@@ -268,3 +268,21 @@ def test_malformed_image_is_a_data_format_error(tmp_path, case):
   img.write_bytes(raw[:len(raw) // 2] if case == 'truncated PNG' else b'GIF89a not really')
   with pytest.raises(DataFormatError, match='a.png / .*a_label.png'):
     decode_pair(str(img), str(lab), lookup_table({0: 0}))
+
+
+def test_one_split_folder_walk_for_feddrive_and_ladd(tmp_path):
+  """feddrive_splits.split_json_files: natural order (u2 before u10), JSON files only, missing / empty folders;
+  both readers (FedDrive's read_leaf_dir, LADD's read_split_dir) read users in that file order."""
+  d = tmp_path / 'train'
+  with pytest.raises(FileNotFoundError, match='not found'):
+    fds.split_json_files(str(d))
+  d.mkdir()
+  (d / 'notes.txt').write_text('not a split')
+  with pytest.raises(FileNotFoundError, match='no \\*.json'):
+    fds.split_json_files(str(d))
+  for name in ('u10', 'u2', 'u1'):
+    (d / f'{name}.json').write_text(json.dumps({'users': [name], 'num_samples': [1],
+                                                'user_data': {name: {'x': [f'{name}.png'], 'y': [f'{name}_l.png']}}}))
+  assert fds.split_json_files(str(d)) == ['u1.json', 'u2.json', 'u10.json']
+  assert [c.name for c in fds.read_leaf_dir(str(d))] == ['u1', 'u2', 'u10']
+  assert [c.name for c in ladd_data.read_split_dir(str(d))] == ['u1', 'u2', 'u10']

@@ -1,0 +1,165 @@
+"""Place-recognition data (FedVPR, thesis 6.3): federated splits of geo-tagged sequences and the training tuples.
+
+A city's images are queries and database frames with UTM positions (metres); database frames come in
+sequences. What every place-recognition source (data/sources/vpr_synthetic.py, data/sources/msls.py) shares:
+
+  proximity_split   Table 6.5's Proximity split, per city: pick a random unassigned query, group the unassigned
+                    queries within `radius` of it and the unassigned database sequences whose centroid is within
+                    `radius`; the group is a client when it holds >= 2 queries and >= 2 database sequences
+                    (the validity rule), else its items are dropped. Repeat until no query is left.
+  random_split      Table 6.5's Random split: queries of every city dealt at random to `num_clients`
+                    clients, each with the database sequences holding its positives (duplicated where
+                    clients share one) and a random share of the rest: a client's images span the cities,
+                    so its negatives are mostly far away (few hard negatives).
+  client_tuples     a client's training examples: per query, the positive candidates (its database frames
+                    within `pos_radius` = 10 m, up to `num_positives`) and negative candidates (frames beyond
+                    `neg_radius` = 25 m, `num_candidates` drawn at random), all from the client's own database;
+                    queries without a positive are dropped (the MSLS loader does the same). Indices are into
+                    the image array; -1 marks an empty slot. The slot kinds follow tasks/retrieval.py.
+  tuple_dataset     the FederatedDataset: x [N, T, H, W, 3] uint8 (the tuples' images), y [N, T] uint8 slot
+                    kinds, clients as index sets; test_x / test_y the server's query and database images with
+                    y = (easting, northing, role).
+Everything is a function of the arguments and the seed (numpy Generators).
+"""
+from __future__ import annotations
+
+from typing import Sequence, Tuple
+
+import numpy as np
+
+from fedjax_flat.tasks import retrieval as ret_tasks
+from fedjax_flat.data.federated import FederatedDataset
+
+POS_RADIUS = 10.0      # metres: positives (the MSLS loader's posDistThr)
+NEG_RADIUS = 25.0      # metres: negatives beyond it (nonNegDistThr)
+MIN_QUERIES = 2        # Table 6.5's validity rule: a client needs >= 2 queries ...
+MIN_SEQUENCES = 2      # ... and >= 2 database sequences
+
+
+def distances(a, b):
+  """Euclidean distances [len(a), len(b)] between positions a [n, 2] and b [m, 2]."""
+  a = np.asarray(a, np.float64)
+  b = np.asarray(b, np.float64)
+  return np.sqrt(np.maximum(np.sum(a * a, 1)[:, None] + np.sum(b * b, 1)[None, :] - 2 * a @ b.T, 0.0))
+
+
+def within(query_pos, db_pos, radius: float):
+  """For every query, the indices of the database positions within `radius` metres (a grid of radius-sized
+  cells: each query looks at its 3 x 3 neighbouring cells, so memory follows the matches, not Nq x Nd)."""
+  query_pos = np.asarray(query_pos, np.float64).reshape(-1, 2)
+  db_pos = np.asarray(db_pos, np.float64).reshape(-1, 2)
+  cells = {}
+  for i, c in enumerate(map(tuple, np.floor(db_pos / radius).astype(np.int64))):
+    cells.setdefault(c, []).append(i)
+  out = []
+  for q, (cx, cy) in zip(query_pos, np.floor(query_pos / radius).astype(np.int64)):
+    cand = [i for dx in (-1, 0, 1) for dy in (-1, 0, 1) for i in cells.get((cx + dx, cy + dy), ())]
+    cand = np.array(sorted(cand), np.int64)
+    out.append(cand[np.linalg.norm(db_pos[cand] - q, axis=1) <= radius] if len(cand) else cand)
+  return out
+
+
+def proximity_split(query_pos, seq_centroids, radius: float, seed: int,
+                    min_queries: int = MIN_QUERIES, min_sequences: int = MIN_SEQUENCES):
+  """Clients of one city as (query indices, sequence indices) lists (module docstring)."""
+  query_pos = np.asarray(query_pos, np.float64).reshape(-1, 2)
+  seq_centroids = np.asarray(seq_centroids, np.float64).reshape(-1, 2)
+  rng = np.random.default_rng(seed)
+  q_free = np.ones(len(query_pos), bool)
+  s_free = np.ones(len(seq_centroids), bool)
+  clients = []
+  while q_free.any():
+    seed_q = rng.choice(np.flatnonzero(q_free))
+    qs = np.flatnonzero(q_free & (distances(query_pos[seed_q:seed_q + 1], query_pos)[0] <= radius))
+    ss = (np.flatnonzero(s_free & (distances(query_pos[seed_q:seed_q + 1], seq_centroids)[0] <= radius))
+          if len(seq_centroids) else np.zeros((0,), np.int64))
+    q_free[qs] = False
+    s_free[ss] = False
+    if len(qs) >= min_queries and len(ss) >= min_sequences:
+      clients.append((qs, ss))
+  return clients
+
+
+def random_split(query_sequences: Sequence[np.ndarray], num_sequences: int, num_clients: int, seed: int):
+  """(query indices, sequence indices) of `num_clients` clients: queries dealt uniformly at random over every
+  city; each client's database holds the sequences with its queries' positives (`query_sequences[i]`: the
+  sequences with a frame within 10 m of query i; duplicated when queries of several clients share one) and a
+  random share of the remaining sequences."""
+  rng = np.random.default_rng(seed)
+  qs = np.array_split(rng.permutation(len(query_sequences)), num_clients)
+  empty = [np.zeros((0,), np.int64)]
+  needed = [np.unique(np.concatenate([np.asarray(query_sequences[i], np.int64) for i in q] + empty)) for q in qs]
+  used = np.zeros(num_sequences, bool)
+  for n in needed:
+    used[n] = True
+  rest = np.array_split(rng.permutation(np.flatnonzero(~used)), num_clients)
+  return [(q, np.union1d(n, r)) for q, n, r in zip(qs, needed, rest)]
+
+
+def client_tuples(query_ids, query_pos, db_ids, db_pos, *, num_positives: int, num_candidates: int,
+                  seed: int, pos_radius: float = POS_RADIUS, neg_radius: float = NEG_RADIUS):
+  """[n, 1 + num_positives + num_candidates] image indices (-1 = empty) of one client's training tuples."""
+  query_ids = np.asarray(query_ids)
+  db_ids = np.asarray(db_ids)
+  rng = np.random.default_rng(seed)
+  t = 1 + num_positives + num_candidates
+  if not len(query_ids) or not len(db_ids):
+    return np.zeros((0, t), np.int64)
+  d = distances(query_pos, db_pos)
+  rows = []
+  for i, q in enumerate(query_ids):
+    pos = np.flatnonzero(d[i] <= pos_radius)
+    if not len(pos):
+      continue
+    pos = pos[np.argsort(d[i, pos], kind='stable')][:num_positives]
+    neg = np.flatnonzero(d[i] > neg_radius)
+    neg = rng.choice(neg, min(num_candidates, len(neg)), replace=False) if len(neg) else neg
+    row = np.full((t,), -1, np.int64)
+    row[0] = q
+    row[1:1 + len(pos)] = db_ids[pos]
+    row[1 + num_positives:1 + num_positives + len(neg)] = db_ids[neg]
+    rows.append(row)
+  return np.stack(rows) if rows else np.zeros((0, t), np.int64)
+
+
+def slot_kinds(num_positives: int, num_candidates: int, tuples):
+  """[n, T] uint8 slot kinds of tuples (tasks/retrieval.py: QUERY, POSITIVE, NEGATIVE, EMPTY)."""
+  kinds = np.zeros(tuples.shape, np.uint8)
+  kinds[:, 0] = ret_tasks.QUERY
+  kinds[:, 1:1 + num_positives] = ret_tasks.POSITIVE
+  kinds[:, 1 + num_positives:] = ret_tasks.NEGATIVE
+  kinds[tuples < 0] = ret_tasks.EMPTY
+  return kinds
+
+
+def test_labels(query_pos, db_pos):
+  """y [Nq + Nd, 3] float32 = (easting, northing, role) of the test queries then the test database."""
+  q = np.concatenate([np.asarray(query_pos, np.float32).reshape(-1, 2),
+                      np.full((len(query_pos), 1), ret_tasks.QUERY_ROLE, np.float32)], 1)
+  d = np.concatenate([np.asarray(db_pos, np.float32).reshape(-1, 2),
+                      np.full((len(db_pos), 1), ret_tasks.DATABASE_ROLE, np.float32)], 1)
+  return np.concatenate([q, d], 0)
+
+
+def tuple_dataset(images, client_tuple_lists: Sequence[np.ndarray], num_positives: int, num_candidates: int,
+                  test_x, test_y, name: str, client_names=None) -> FederatedDataset:
+  """The FederatedDataset of training tuples (module docstring); empty slots hold zero images."""
+  tuples = (np.concatenate(client_tuple_lists, 0) if len(client_tuple_lists)
+            else np.zeros((0, 1 + num_positives + num_candidates), np.int64))
+  images = np.asarray(images)
+  x = np.where((tuples >= 0)[..., None, None, None], images[np.maximum(tuples, 0)], 0).astype(images.dtype)
+  y = slot_kinds(num_positives, num_candidates, tuples)
+  offsets = np.cumsum([0] + [len(t) for t in client_tuple_lists])
+  groups = [np.arange(offsets[k], offsets[k + 1]) for k in range(len(client_tuple_lists))]
+  return FederatedDataset.from_client_indices(x, y, groups, test_x, test_y, num_classes=1, name=name,
+                                              client_names=client_names, task='retrieval')
+
+
+def split_statistics(clients: Sequence[Tuple[np.ndarray, np.ndarray]], seq_sizes) -> dict:
+  """Table 6.5's columns: sequences per client, images per client (mean, std), number of clients."""
+  seq_sizes = np.asarray(seq_sizes)
+  seqs = np.array([len(s) for _, s in clients], np.float64)
+  imgs = np.array([len(q) + int(np.sum(seq_sizes[s])) for q, s in clients], np.float64)
+  f = lambda a: (float(np.mean(a)) if len(a) else 0.0, float(np.std(a)) if len(a) else 0.0)  # noqa: E731
+  return {'clients': len(clients), 'sequences_per_client': f(seqs), 'images_per_client': f(imgs)}
+

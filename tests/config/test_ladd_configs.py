@@ -1,0 +1,87 @@
+"""configs/ladd.py (thesis Tables 5.6-5.8, Table A.7): every cell builds and validates with its published mIoU
+(shown in the docstring), the hyperparameters are Table A.7's (Mapillary: the release's), and the strings that
+name no published setting are one line."""
+import importlib.util
+import json
+import os
+
+import pytest
+
+from fedjax_flat.config import families as config_strings
+from fedjax_flat.config.validate import validate_config
+from fedjax_flat.errors import ConfigError
+from tests.fixtures.paths import REPO
+
+FAMILY = os.path.join(REPO, 'configs', 'ladd.py')
+
+
+def _mod():
+  spec = importlib.util.spec_from_file_location('family_ladd', FAMILY)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def cfg(arg):
+  return config_strings.load_config(f'{FAMILY}:{arg}')
+
+
+def test_every_cell_builds_validates_and_carries_its_published_miou():
+  mod = _mod()
+  assert len(mod.CELLS) == len(set(mod.CELLS)) == 6 + 3 + 5
+  assert 'configs/ladd.py' in mod.__doc__
+  doc = mod.__doc__.replace('+-', ' ')
+  seen = set()
+  for cell in mod.CELLS:
+    c = mod.get_config(cell)
+    validate_config(c)
+    pub = c.published.to_dict()
+    assert pub.get('source') and 0 < pub['miou'] < 100 and f"{pub['miou']:.2f}" in doc, cell
+    assert f"{pub['miou_std']:.2f}" in doc, cell
+    key = json.dumps({k: v for k, v in c.to_dict().items() if k != 'published'}, sort_keys=True, default=str)
+    seen.add((key, json.dumps(pub, sort_keys=True)))
+  assert len(seen) == len(mod.CELLS)
+
+
+@pytest.mark.parametrize('spec,rounds,clients,lr,lambda_kd,omega,t_start', [
+    ('crosscity,ladd_cls', 1000, 4, 1e-2, 20.0, 1, 400),
+    ('cityscapes,ladd_all', 300, 5, 5e-5, 10.0, 5, 200),
+    ('mapillary,ladd_cls', 1500, 6, 1e-2, 10.0, 5, 50),        # the release's config (garbled thesis row)
+])
+def test_table_a7(spec, rounds, clients, lr, lambda_kd, omega, t_start):
+  c = cfg(spec)
+  assert (c.rounds, c.clients_per_round, c.client.lr) == (rounds, clients, lr)
+  assert (c.algo.lambda_kd, c.algo.teacher_step, c.algo.swa_teacher_start) == (lambda_kd, omega, t_start)
+  assert c.algorithm == 'ladd' and (c.algo.k_min, c.algo.k_max, c.algo.force_k) == (4, 19, 0)
+  assert c.model == 'deeplabv3_mobilenetv2' and c.client.batch_size == 16 and c.client.momentum == 0.9
+  assert tuple(c.data.crop) == (512, 1024) and not c.data.labelled_train
+
+
+def test_methods():
+  assert cfg('cityscapes,ladd_cls').algo.cluster_layers == 'decoder'      # the release's LADD(cls)
+  assert cfg('cityscapes,ladd_all').algo.cluster_layers == 'all'
+  st = cfg('crosscity,fedavg_st')
+  assert st.algorithm == 'ladd' and st.algo.force_k == 1 and st.published.miou == 33.59
+  for spec in ('cityscapes,fed_oracle', 'mapillary,central_oracle', 'cityscapes,ftda'):
+    c = cfg(spec)
+    assert c.algorithm == 'fedavg' and c.data.labelled_train and c.rounds == 1500, spec
+  assert cfg('cityscapes,ftda').init.reinit_classifier == 'never'
+  assert cfg('mapillary,central_oracle').centralized.epochs == 100
+  assert cfg('mapillary,central_oracle').published.miou == 61.46
+
+
+@pytest.mark.parametrize('spec,match', [('crosscity,fed_oracle', 'no target labels'),
+                                        ('mapillary,ftda', 'Cityscapes only'),
+                                        ('gta5,ladd_cls', 'invalid'), ('cityscapes,mcd', 'invalid')])
+def test_bad_strings(spec, match):
+  with pytest.raises(ConfigError, match=match) as e:
+    cfg(spec)
+  assert '\n' not in str(e.value)
+
+
+@pytest.mark.parametrize('method', ['ladd_cls', 'ladd_all', 'fedavg_st', 'fed_oracle', 'ftda', 'central_oracle'])
+def test_synthetic_stand_in_validates_and_publishes_nothing(method):
+  c = cfg(f'synthetic,{method}')
+  validate_config(c)
+  assert c.dataset == 'seg_synthetic_da' and c.published.to_dict() == {}
+  assert c.algorithm == ('fedavg' if method in ('fed_oracle', 'ftda', 'central_oracle') else 'ladd')

@@ -1,0 +1,61 @@
+"""vpr_synthetic (data/sources/vpr_synthetic.py): shapes and determinism, every tuple slot valid by distance and
+held by its own client, the proximity split's rule, the random split spanning cities, test labels, bad input."""
+import numpy as np
+import pytest
+
+from fedjax_flat.data import registry
+from fedjax_flat.data.sources import vpr_synthetic
+from fedjax_flat.errors import ConfigError
+from fedjax_flat.tasks import retrieval as ret
+
+SMALL = dict(num_cities=2, city_size=150.0, sequences_per_city=10, seq_len=5, queries_per_city=24,
+             image_size=16, view_m=16.0, test_sequences=6, test_queries=10, split_radius=60.0,
+             num_positives=2, num_candidates=5)
+
+
+def test_shapes_task_and_determinism():
+  a = registry.get_dataset('vpr_synthetic', **SMALL)
+  b = registry.get_dataset('vpr_synthetic', **SMALL)
+  assert a.task == 'retrieval'
+  assert a.x.shape[1:] == (8, 16, 16, 3) and a.x.dtype == np.uint8 and a.y.shape[1:] == (8,)
+  assert a.test_x.shape == (10 + 30, 16, 16, 3) and a.test_y.shape == (40, 3)
+  assert np.sum(a.test_y[:, 2] == ret.QUERY_ROLE) == 10
+  np.testing.assert_array_equal(a.x, b.x)
+  np.testing.assert_array_equal(a.client_index, b.client_index)
+
+
+@pytest.mark.parametrize('split', ['proximity', 'random'])
+def test_every_slot_is_valid_by_distance_and_from_the_clients_own_database(split):
+  d = registry.get_dataset('vpr_synthetic', **SMALL, split=split)
+  assert d.num_clients >= 2
+  for k in range(d.num_clients):
+    for n in d.client_indices(k):
+      row, kinds = d.tuple_index[n], d.y[n]
+      qp = d.image_pos[row[0]]
+      assert kinds[0] == ret.QUERY
+      for j in range(1, len(row)):
+        if kinds[j] == ret.EMPTY:
+          assert row[j] < 0 and not d.x[n, j].any()
+          continue
+        dist = np.linalg.norm(d.image_pos[row[j]] - qp)
+        assert dist <= 10.0 if kinds[j] == ret.POSITIVE else dist > 25.0
+        assert d.image_client[row[j]] in (k, -2)                 # the client's own (or a duplicated) frame
+      assert (kinds == ret.POSITIVE).any()
+  if split == 'proximity':
+    assert d.split_stats['sequences_per_client'][0] >= 2
+
+
+def test_random_split_clients_span_the_cities():
+  d = registry.get_dataset('vpr_synthetic', **SMALL, split='random')
+  cities = [set((d.image_pos[d.tuple_index[d.client_indices(k), 0], 0] // vpr_synthetic.CITY_SPACING).tolist())
+            for k in range(d.num_clients)]
+  assert sum(len(c) > 1 for c in cities) >= d.num_clients // 2
+
+
+def test_bad_input_is_one_config_error():
+  with pytest.raises(ConfigError, match='data.split'):
+    registry.get_dataset('vpr_synthetic', **{**SMALL, 'split': 'clusters'})
+  with pytest.raises(ConfigError, match='split_radius'):
+    registry.get_dataset('vpr_synthetic', **{**SMALL, 'split_radius': 0.5})
+  with pytest.raises(ConfigError, match='city_size'):
+    registry.get_dataset('vpr_synthetic', **{**SMALL, 'city_size': float('nan')})

@@ -1,0 +1,145 @@
+"""The retrieval task (tasks/retrieval.py): the triplet loss with in-step mining against its formula written in
+numpy, the valid-triplet count, the blocked exact nearest neighbours and Recall@K against a brute-force numpy
+computation, and the test loss (nearest true match vs nearest wrong one)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_flat.tasks import base as tasks
+from fedjax_flat.tasks import retrieval as ret
+
+Q, P, N, E = ret.QUERY, ret.POSITIVE, ret.NEGATIVE, ret.EMPTY
+
+
+def _unit(rng, shape):
+  v = rng.normal(size=shape).astype(np.float32)
+  return v / np.linalg.norm(v, axis=-1, keepdims=True)
+
+
+def _np_triplet(desc, kinds, mask, margin, n_neg):
+  """The formula, one query at a time: nearest positive, the n_neg nearest negatives, hinge of the distances."""
+  total, count = 0.0, 0
+  for b in range(desc.shape[0]):
+    if not mask[b]:
+      continue
+    q = desc[b, 0]
+    d = np.linalg.norm(desc[b] - q, axis=-1)
+    pos = np.flatnonzero(kinds[b] == P)
+    neg = np.flatnonzero(kinds[b] == N)
+    if not len(pos):
+      continue
+    dp = d[pos].min()
+    for j in neg[np.argsort(d[neg], kind='stable')][:n_neg]:
+      total += max(dp - d[j] + margin, 0.0)
+      count += 1
+  return total, count
+
+
+def test_registered_and_named():
+  t = tasks.get_task('retrieval')
+  assert isinstance(t, ret.Retrieval) and t.margin == 0.1 and t.threshold == 25.0
+
+
+def test_triplet_loss_equals_formula_with_hardest_negatives():
+  rng = np.random.default_rng(0)
+  b, t, d = 6, 9, 8
+  # Descriptors on a small sphere so that many hinges are active (d(q,p) - d(q,n) + 0.1 > 0).
+  desc = _unit(rng, (b, t, d))
+  kinds = np.array([[Q, P, P, N, N, N, N, N, N],
+                    [Q, P, E, N, N, N, E, E, E],        # one positive, three negatives (< num_negatives)
+                    [Q, P, P, N, N, N, N, N, E],
+                    [Q, E, E, N, N, N, N, N, N],        # no positive: no triplet
+                    [Q, P, P, N, N, N, N, N, N],
+                    [Q, P, P, N, N, N, N, N, N]], np.int32)
+  mask = np.array([1, 1, 1, 1, 1, 0], np.float32)       # the last one is padding
+  task = ret.Retrieval(margin=0.3, num_negatives=4)
+  s, c = task.loss_sums(jnp.asarray(desc), jnp.asarray(kinds), jnp.asarray(mask))
+  ref_s, ref_c = _np_triplet(desc, kinds, mask, 0.3, 4)
+  assert ref_s > 0 and ref_c == 4 + 3 + 4 + 4
+  np.testing.assert_allclose(float(s), ref_s, rtol=1e-5)
+  assert float(c) == ref_c
+  assert float(task.unit_count(jnp.asarray(kinds), jnp.asarray(mask))) == ref_c
+
+
+def test_mining_is_hardest_and_gradient_flows_only_through_the_chosen_slots():
+  q = np.array([1.0, 0.0], np.float32)
+  slots = np.array([q, [0.0, 1.0], [0.6, 0.8], [0.8, 0.6], [-1.0, 0.0], [0.0, -1.0]], np.float32)
+  kinds = np.array([[Q, P, P, N, N, N]], np.int32)
+  task = ret.Retrieval(margin=0.1, num_negatives=1)
+  pos, neg, ok = task.mine(jnp.asarray(slots[None]), jnp.asarray(kinds))
+  assert int(pos[0]) == 2                  # the nearer of the two positives
+  assert neg.tolist() == [[3]] and bool(ok[0, 0])   # the nearest negative
+  g = jax.grad(lambda x: task.loss_sums(x, jnp.asarray(kinds), jnp.ones(1))[0])(jnp.asarray(slots[None]))
+  g = np.asarray(g)[0]
+  assert np.all(g[[1, 4, 5]] == 0) and np.any(g[2] != 0) and np.any(g[3] != 0)
+
+
+def test_identical_positive_has_a_finite_gradient():
+  d = np.zeros((1, 3, 4), np.float32)
+  d[0, :, 0] = 1.0
+  d[0, 2] = [0.0, 1.0, 0.0, 0.0]
+  kinds = np.array([[Q, P, N]], np.int32)
+  g = jax.grad(lambda x: ret.Retrieval().loss_sums(x, jnp.asarray(kinds), jnp.ones(1))[0])(jnp.asarray(d))
+  assert np.all(np.isfinite(np.asarray(g)))
+
+
+def test_eval_sums_on_tuples_count_ordered_triplets():
+  q = [1.0, 0.0]
+  desc = np.array([[q, [0.9, 0.1], [0.0, 1.0], [0.95, 0.0]]], np.float32)   # d(q,p)=.14 > d(q,n2)=.05
+  kinds = np.array([[Q, P, N, N]], np.int32)
+  sums = ret.Retrieval(num_negatives=2).eval_sums(jnp.asarray(desc), jnp.asarray(kinds), jnp.ones(1))
+  assert float(sums['count']) == 2 and float(sums['correct']) == 1
+
+
+def _np_recall(qd, qp, dd, dp, ks, thr):
+  dist = np.linalg.norm(qd[:, None] - dd[None], axis=-1)
+  order = np.argsort(dist, axis=1, kind='stable')
+  gps = np.linalg.norm(qp[:, None] - dp[None], axis=-1)
+  close = np.take_along_axis(gps, order, axis=1) <= thr
+  return {k: int(np.sum(np.any(close[:, :k], axis=1))) for k in ks}
+
+
+@pytest.mark.parametrize('block', [4, 8, 32])
+def test_recall_at_k_equals_brute_force(block):
+  rng = np.random.default_rng(1)
+  nq, nd, dim = 13, 29, 6
+  qd, dd = _unit(rng, (nq, dim)), _unit(rng, (nd, dim))
+  qp, dp = rng.uniform(0, 100, (nq, 2)).astype(np.float32), rng.uniform(0, 100, (nd, 2)).astype(np.float32)
+  pad = -nd % block
+  dd_p = np.concatenate([dd, np.zeros((pad, dim), np.float32)])       # padding rows must never be retrieved
+  dp_p = np.concatenate([dp, np.tile(qp[:1], (pad, 1))])               # ... even sitting on a query
+  dv = np.concatenate([np.ones(nd), np.zeros(pad)]).astype(np.float32)
+  qv = np.ones(nq, np.float32)
+  qv[-1] = 0                                                           # a padding query counts nowhere
+  task = ret.Retrieval(threshold=20.0)
+  sums = task.recall_sums(jnp.asarray(qd), jnp.asarray(qp), jnp.asarray(qv), jnp.asarray(dd_p), jnp.asarray(dp_p),
+                          jnp.asarray(dv), block=block)
+  ref = _np_recall(qd[:-1], qp[:-1], dd, dp, (1, 5, 10), 20.0)
+  assert int(sums['queries']) == nq - 1
+  for k in (1, 5, 10):
+    assert int(sums[f'hits@{k}']) == ref[k]
+  assert 0 < ref[1] < ref[10]                          # the case is not trivial
+  m = task.recall_metrics(jax.device_get(sums))
+  np.testing.assert_allclose(float(m['recall@5']), ref[5] / (nq - 1), rtol=1e-6)
+  assert float(m['accuracy']) == float(m['recall@1'])
+  # The test loss: the nearest database image within 20 m vs the nearest beyond, hinge with the margin.
+  dist = np.linalg.norm(qd[:-1, None] - dd[None], axis=-1)
+  gps = np.linalg.norm(qp[:-1, None] - dp[None], axis=-1)
+  near = np.where(gps <= 20, dist, np.inf).min(1)
+  far = np.where(gps > 20, dist, np.inf).min(1)
+  both = np.isfinite(near) & np.isfinite(far)
+  ref_loss = np.maximum(near - far + 0.1, 0)[both]
+  assert int(sums['loss_count']) == both.sum() > 0
+  np.testing.assert_allclose(float(sums['loss_sum']), ref_loss.sum(), rtol=1e-5)
+
+
+def test_nearest_returns_the_exact_neighbours_in_order():
+  rng = np.random.default_rng(2)
+  qd, dd = _unit(rng, (5, 4)), _unit(rng, (24, 4))
+  dist, idx = ret.Retrieval().nearest(jnp.asarray(qd), jnp.asarray(dd), jnp.ones(24), 7, block=6)
+  ref = np.linalg.norm(qd[:, None] - dd[None], axis=-1)
+  np.testing.assert_array_equal(np.asarray(idx), np.argsort(ref, axis=1)[:, :7])
+  np.testing.assert_allclose(np.asarray(dist), np.sort(ref, axis=1)[:, :7], atol=1e-5)
+  with pytest.raises(ValueError, match='multiple of block'):
+    ret.Retrieval().nearest(jnp.asarray(qd), jnp.asarray(dd), jnp.ones(24), 7, block=5)
