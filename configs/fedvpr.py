@@ -12,6 +12,11 @@ Grammar (comma-separated tokens; defaults in brackets):
   iters=    fixed local iterations per client and round: 125 | 250 | 500 | 1000 | 2000 | 4000 (Table 6.7;
             the rounds follow I_tot = iters x T x 5 = 2,000,000); 0 = one local epoch              [0]
   fedvc     FedVC's virtual clients (Table 6.7): virtual size = iters x B, sampling proportional to size
+  hfl=      city | continent: H-FL (Table 6.6) with city (C: 21 clusters) or continent (CC: 4) mid-tier
+            servers, 5 clients of every cluster a round (clients_per_round = 5 x clusters: 105 / 20, the
+            thesis' counts; the trainer checks it against the data's clusters), T_c = algo.sync_every, and
+            T = 75 / 15 rounds [U: the rounds of the FedAvg budgets the thesis matches to H-FL: 5 x 300 client
+            updates]                                                                                 ['']
 
 Setting: ResNet18 truncated after its third stage + GeM + L2 (`vpr_resnet18`, GroupNorm [U: the thesis does not
 name the normalisation]), FedAvg, 5 clients a round, 1 local epoch, T = 300 (thesis 6.3). Client training:
@@ -27,8 +32,10 @@ Published R@1 (%, mean +- std over runs):
              Proximity 1000 m 51.7 +- 1.7, 2000 m 61.0 +- 0.6, 4000 m 66.1 +- 0.3
   Table 6.6  FedAvg SGD 61.0 +- 0.6 (= proximity 2000), SGDm 61.2 +- 1.4, Adam 61.1 +- 1.2, AdaGrad 61.6 +- 0.3,
              FedAvg T=75, C=20: 55.6 +- 0.8, FedAvg T=15, C=105: 44.2 +- 0.4;
-             H-FL (CC, 4 continents) 46.9 +- 1.3 and H-FL (C, 21 cities) 33.3 +- 0.1 are not cells:
-             algorithms/hfl.py is not registered (it needs each client's cluster and stratified sampling)
+             H-FL (CC, 4 continents) 46.9 +- 1.3 (hfl=continent), H-FL (C, 21 cities) 33.3 +- 0.1 (hfl=city);
+             [U] T_c is not given by the thesis: algo.sync_every = 10 here (clusters drift between
+             syncs, the effect the thesis describes); the continents' grouping is
+             data/sources/msls.CONTINENT_OF's (the thesis does not list it)
   Table 6.7  iters  rounds  FedAvg        FedVC
              125    3200    66.6 +- 0.8   62.3 +- 1.1
              250    1600    66.0 +- 1.7   65.9 +- 1.0
@@ -53,11 +60,15 @@ FIELDS = {
     'C': (5, int),
     'iters': (0, int),
     'fedvc': (False, bool),
+    'hfl': ('', ('', 'city', 'continent')),
 }
 T65 = {('proximity', 1000): (51.7, 1.7), ('proximity', 2000): (61.0, 0.6), ('proximity', 4000): (66.1, 0.3),
        ('random', 2000): (40.2, 0.0)}
 T66 = {'sgdm': (61.2, 1.4), 'adam': (61.1, 1.2), 'adagrad': (61.6, 0.3)}
 T66_BUDGETS = {(75, 20): (55.6, 0.8), (15, 105): (44.2, 0.4)}
+T66_HFL = {'continent': (4, 75, (46.9, 1.3)), 'city': (21, 15, (33.3, 0.1))}    # clusters, rounds, R@1
+HFL_PER_CLUSTER = 5
+HFL_SYNC_EVERY = 10      # [U] T_c: the thesis does not give it
 T67 = {125: (3200, (66.6, 0.8), (62.3, 1.1)), 250: (1600, (66.0, 1.7), (65.9, 1.0)),
        500: (800, (66.4, 1.6), (67.7, 0.4)), 1000: (400, (61.7, 2.4), (66.8, 0.5)),
        2000: (200, (58.8, 1.8), (65.2, 0.9)), 4000: (100, (57.3, 2.5), (60.6, 1.0))}
@@ -65,13 +76,19 @@ BATCH = 4
 
 CELLS = (['proximity,radius=1000', 'proximity,radius=2000', 'proximity,radius=4000', 'random']
          + [f'server={s}' for s in T66] + [f'T={t},C={c}' for t, c in T66_BUDGETS]
-         + [f'iters={i}' for i in T67] + [f'iters={i},fedvc' for i in T67])
+         + [f'iters={i}' for i in T67] + [f'iters={i},fedvc' for i in T67] + [f'hfl={h}' for h in T66_HFL])
 
 
 def _published(o):
   """(source, (R@1, std)) of a parsed cell; a setting the tables do not have is a ConfigStringError."""
   split, radius, server, t, c, iters, fedvc = (o['split'], o['radius'], o['server'], o['T'], o['C'], o['iters'],
                                                o['fedvc'])
+  if o['hfl']:
+    groups, rounds, published = T66_HFL[o['hfl']]
+    for name, v, ok in (('split', split, ('proximity',)), ('radius', radius, (2000,)), ('server', server, ('sgd',)),
+                        ('T', t, (300, rounds)), ('C', c, (5,)), ('iters', iters, (0,)), ('fedvc', fedvc, (False,))):
+      config_strings.check(FAMILY, name, v, ok, context=f'with hfl={o["hfl"]} (Table 6.6)')
+    return f"thesis Table 6.6, H-FL ({'CC' if o['hfl'] == 'continent' else 'C'})", published
   if iters or fedvc:
     config_strings.check(FAMILY, 'iters', iters, tuple(T67), context='in Table 6.7')
     config_strings.check(FAMILY, 'server', server, ('sgd',), context='in Table 6.7')
@@ -116,6 +133,11 @@ def get_config(arg: str = ''):
   c.server.optimizer = {'sgd': 'sgd', 'sgdm': 'sgd', 'adam': 'adam', 'adagrad': 'adagrad'}[server]
   c.server.lr = {'sgd': 1.0, 'sgdm': 1.0, 'adam': 1e-3, 'adagrad': 1e-2}[server]    # [U] server lrs
   c.server.momentum = 0.9 if server == 'sgdm' else 0.0
+  if o['hfl']:
+    c.algorithm = 'hfl'
+    c.algo = {'group_by': o['hfl'], 'clients_per_group': HFL_PER_CLUSTER, 'sync_every': HFL_SYNC_EVERY}
+    c.clients_per_round = HFL_PER_CLUSTER * T66_HFL[o['hfl']][0]
+    c.rounds = T66_HFL[o['hfl']][1]
   c.retrieval.margin, c.retrieval.num_negatives, c.retrieval.threshold = 0.1, 5, 25.0
   c.eval_batch_size = 64
   c.eval_every, c.summary_last_k = max(1, c.rounds // 10), 1

@@ -40,6 +40,18 @@ from fedjax_flat.data.sources.segmentation import _pil
 VAL_CITIES = ('amsterdam', 'manila')
 TEST_CITIES = ('sf', 'cph')
 CITY_SPACING = 10_000_000.0
+# H-FL's continent clusters (algorithms/hfl.py, data.client_groups['continent']). [U] The thesis has 4 continent
+# clusters (its FedAvg budget C = 20 = 4 x 5) but does not list them; the MSLS train_val cities span six
+# continents, grouped here into four: Europe, the Americas, Asia-Pacific (with Oceania), Africa. A city not listed
+# forms the last group, 'other'.
+CONTINENTS = ('europe', 'americas', 'asia_pacific', 'africa', 'other')
+CONTINENT_OF = {
+    **dict.fromkeys(('trondheim', 'london', 'amsterdam', 'helsinki', 'moscow', 'zurich', 'paris', 'budapest',
+                     'berlin', 'cph'), 'europe'),
+    **dict.fromkeys(('boston', 'toronto', 'austin', 'ottawa', 'phoenix', 'sf', 'saopaulo'), 'americas'),
+    **dict.fromkeys(('tokyo', 'bangkok', 'goa', 'amman', 'manila', 'melbourne'), 'asia_pacific'),
+    'nairobi': 'africa',
+}
 SPLITS = ('proximity', 'random')
 URL = 'https://www.mapillary.com/dataset/places'
 INSTRUCTIONS = (
@@ -219,6 +231,12 @@ def load(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, ima
                                   name=f'msls_{split}')
   data.split_stats = vpr_places.split_statistics(groups_all, [len(f) for f in seq_frames_all])
   data.train_cities, data.test_cities = tuple(train), tuple(test)
+  # Per-client metadata (H-FL's clusters): the training city of most of the client's queries (every query of a
+  # proximity client), and that city's continent (CONTINENT_OF).
+  city_of = np.array([np.bincount((all_pos[qs, 0] // CITY_SPACING).astype(np.int64)).argmax() if len(qs) else 0
+                      for qs, _ in groups_all], np.int64)
+  cont = np.array([CONTINENTS.index(CONTINENT_OF.get(c, 'other')) for c in train], np.int64)
+  data.client_groups = {'city': city_of, 'continent': cont[city_of]}
   data.tuple_index = np.concatenate(tuples)
   data.image_pos = all_pos[used]
   return data

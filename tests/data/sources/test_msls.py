@@ -143,3 +143,18 @@ def test_prepare_prints_the_split_statistics(tree):
   assert out.returncode == 0, out.stderr[-2000:]
   lines = [l for l in out.stdout.splitlines() if l.startswith('| proximity') or l.startswith('| random')]
   assert len(lines) == 4 and lines[1].startswith('| proximity | 2000 |')
+
+
+def test_client_groups_are_the_clients_city_and_continent(tree):
+  """H-FL's clusters (algorithms/hfl.py): a proximity client's 'city' is the training city of all its queries
+  (read from the positions, which are shifted by CITY_SPACING per city), its 'continent' that city's."""
+  data_dir, _ = tree
+  d = registry.get_dataset('msls', data_dir=data_dir, split_radius=400.0, image_size=8, num_candidates=4)
+  g = d.client_groups
+  assert g['city'].shape == g['continent'].shape == (d.num_clients,)
+  for k in range(d.num_clients):
+    q = d.image_pos[d.tuple_index[d.client_indices(k), 0]]
+    assert set((q[:, 0] // msls.CITY_SPACING).astype(int).tolist()) == {int(g['city'][k])}
+  assert sorted(set(g['city'].tolist())) == [0, 1]                       # boston, tokyo both have clients
+  want = {0: msls.CONTINENTS.index('americas'), 1: msls.CONTINENTS.index('asia_pacific')}
+  assert [want[c] for c in g['city'].tolist()] == g['continent'].tolist()
