@@ -10,7 +10,8 @@ Grammar (comma-separated tokens; defaults in brackets):
   server    sgd | sgdm | adam | adagrad                       [sgd]        (Table 6.6)
   T=, C=    rounds and clients per round: T=75,C=20 | T=15,C=105 (Table 6.6's matched FedAvg budgets) [300, 5]
   iters=    fixed local iterations per client and round: 125 | 250 | 500 | 1000 | 2000 | 4000 (Table 6.7;
-            the rounds follow I_tot = iters x T x 5 = 2,000,000); 0 = one local epoch              [0]
+            the rounds follow I_tot = iters x T x 5 = 2,000,000); 0 = the thesis' baseline rule
+            min(floor(|D_k| / B), 2500) (client.full_batches, client.max_local_steps = 2500)          [0]
   fedvc     FedVC's virtual clients (Table 6.7): virtual size = iters x B, sampling proportional to size
   hfl=      city | continent: H-FL (Table 6.6) with city (C: 21 clusters) or continent (CC: 4) mid-tier
             servers, 5 clients of every cluster a round (clients_per_round = 5 x clusters: 105 / 20, the
@@ -19,7 +20,8 @@ Grammar (comma-separated tokens; defaults in brackets):
             updates]                                                                                 ['']
 
 Setting: ResNet18 truncated after its third stage + GeM + L2 (`vpr_resnet18`, GroupNorm [U: the thesis does not
-name the normalisation]), FedAvg, 5 clients a round, 1 local epoch, T = 300 (thesis 6.3). Client training:
+name the normalisation]), FedAvg, 5 clients a round, min(floor(|D_k| / B), 2500) local iterations, T = 300
+(thesis 6.3). Client training:
 triplet loss margin 0.1 with 5 hardest negatives out of 10 candidates from the client's own database, the
 nearest of 2 positive candidates (tasks/retrieval.py); Adam lr 1e-5, batch 4 query tuples, 224 x 224 images
 [U: taken from the deep-visual-geo-localization benchmark's defaults; the thesis does not state them]. The
@@ -43,9 +45,8 @@ Published R@1 (%, mean +- std over runs):
              1000   400     61.7 +- 2.4   66.8 +- 0.5
              2000   200     58.8 +- 1.8   65.2 +- 0.9
              4000   100     57.3 +- 2.5   60.6 +- 1.0
-Not reproduced exactly: the baseline's local iterations min(floor(|D_k| / B), 2500) run here as one epoch,
-ceil(|D_k| / B) steps with a partial last batch and no 2500 cap; the thesis' 12 validation clients are not
-held out; the in-memory MSLS reader bounds the data with data.max_queries_per_city (see data/sources/msls.py).
+Not reproduced exactly: the thesis' 12 validation clients are not held out; the in-memory MSLS reader bounds
+the data with data.max_queries_per_city (see data/sources/msls.py).
 """
 from fedjax_flat.config import families as config_strings
 from fedjax_flat.config.default_config import default_config, segmentation_data
@@ -73,6 +74,7 @@ T67 = {125: (3200, (66.6, 0.8), (62.3, 1.1)), 250: (1600, (66.0, 1.7), (65.9, 1.
        500: (800, (66.4, 1.6), (67.7, 0.4)), 1000: (400, (61.7, 2.4), (66.8, 0.5)),
        2000: (200, (58.8, 1.8), (65.2, 0.9)), 4000: (100, (57.3, 2.5), (60.6, 1.0))}
 BATCH = 4
+MAX_LOCAL_ITERS = 2500
 
 CELLS = (['proximity,radius=1000', 'proximity,radius=2000', 'proximity,radius=4000', 'random']
          + [f'server={s}' for s in T66] + [f'T={t},C={c}' for t, c in T66_BUDGETS]
@@ -124,7 +126,11 @@ def get_config(arg: str = ''):
   c.rounds, c.clients_per_round = int(o['T']), int(o['C'])
   c.client.base_optimizer, c.client.lr, c.client.momentum, c.client.weight_decay = 'adam', 1e-5, 0.0, 0.0
   c.client.batch_size, c.client.local_epochs = BATCH, 1
+  # The baseline's local iterations min(floor(|D_k| / B), 2500): full batches of one epoch, capped (masked
+  # steps inside the run's fixed step count, data/batching.py).
+  c.client.full_batches, c.client.max_local_steps = True, MAX_LOCAL_ITERS
   if o['iters']:
+    c.client.full_batches, c.client.max_local_steps = False, 0
     c.rounds = T67[o['iters']][0]
     c.client.local_steps = int(o['iters'])
     if o['fedvc']:

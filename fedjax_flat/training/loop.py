@@ -122,7 +122,9 @@ class Trainer:
       chunk = engine_lib.chunk_size(self.strategy, self.cohort, ec.clients_per_chunk)
     self.num_steps = batching.padded_num_steps(
         self.data.client_sizes(), config.client.batch_size, epochs=config.client.local_epochs,
-        local_steps=config.client.local_steps, bucketing=ec.step_bucketing)
+        local_steps=config.client.local_steps, bucketing=ec.step_bucketing,
+        full_batches=bool(config.client.get('full_batches', False)),
+        max_steps=int(config.client.get('max_local_steps', 0)))
     # Algorithms with a `val_source` hyperparameter (FedSoup) get each client's validation examples appended
     # to the round batches as flagged extra steps (evaluation/personalized.py).
     self.val_source = validation_steps.round_validation_source(config, alg_registry.default_hparams(config.algorithm))
@@ -139,7 +141,9 @@ class Trainer:
         epochs=config.client.local_epochs, local_steps=config.client.local_steps,
         shuffle=config.data.get('shuffle', True),
         with_client=(self.train_transform.needs_client       # style transfer's bank
-                     or 'client_ids' in alg_registry.needs(config.algorithm)))   # FedFomo's slots
+                     or 'client_ids' in alg_registry.needs(config.algorithm)),   # FedFomo's slots
+        full_batches=bool(config.client.get('full_batches', False)),
+        max_steps=int(config.client.get('max_local_steps', 0)))
     self.round_fn = self.build_round_fn(chunk)
 
     self.key = jax.random.key(config.seed)
