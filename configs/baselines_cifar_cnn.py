@@ -99,6 +99,36 @@ lambda_1 of the global model goes in config.published.lambda_max; its FedGloSS r
   SAM FedGamma       58.9+-1.8   61.9+-1.8   diverged    29.4+-1.4
   SAM FedSMOO        81.3+-0.5   82.8+-0.6   47.8+-0.5   51.7+-0.46
 
+Table 4.19 (rounds (speed-up), bits in units of B = FedAvg's bits in T rounds, to reach FedAvg's Table 4.15
+accuracy; in the table=4.15 cells' config.published as rounds_to_target, bits_to_target_B, target_accuracy;
+experiments/report.py --target gives the measured ones; "-" never reached, X diverged):
+                     C10 a0              C10 a.05            C100 a0              C100 a.5
+  SGD FedAvg         10k (1x), 1B        10k (1x), 1B        20k (1x), 1B         20k (1x), 1B
+  SGD FedProx        7.6k (1.3x), 0.8B   7.9k (1.3x), 0.8B   18.7k (1.1x), 0.9B   18.6k (1.1x), 0.9B
+  SGD FedDyn         2k (5x), 0.2B       1.9k (5x), 0.2B     X                    X
+  SGD SCAFFOLD       -, -                -, -                X                    -, -
+  SAM FedSAM         6.3k (1.6x), 0.6B   7.8k (1.3x), 0.8B   18.3k (1.1x), 0.9B   16.3k (1.2x), 0.8B
+  SAM FedDyn         3k (3.3x), 0.3B     4.2k (2.4x), 0.4B   X                    X
+  SAM FedSpeed       6.3k (1.6x), 1.3B   6.9k (1.4x), 1.4B   18.3k (1.1x), 1.8B   15.7k (1.3x), 1.6B
+  SAM FedGamma       -, -                -, -                X                    -, -
+  SAM FedSMOO        1.9k (5.3x), 0.4B   2.2k (4.5x), 0.4B   4.5k (4.4x), 0.5B    6.5k (3.1x), 0.7B
+  (FedGloSS rows: configs/fedgloss_cifar.py; ResNet18 / MobileNetV2 columns: configs/fedgloss_sota.py.)
+
+Table 4.13 (alpha 0, the last round's 5 clients, each holding one class: lambda_1 of its local model on its own
+data, l, and on the whole training set, g; in the table=4.15 alpha=0 cells' config.published as lambda_local_i /
+lambda_global_i, i = 1..5; experiments/hessian.py --per_client measures them on a run):
+  C10 clients airplane / cat / bird / airplane / frog:
+    FedAvg      l 9.1 424.2 18.4 483.5 263.2       g 239.1 273.6 237.0 269.5 259.6
+    FedSAM      l 100.6 28.8 106.4 103.2 68.1      g 36.4 16.5 35.7 30.6 32.9
+    FedDyn      l 752.5 59.9 894.0 761.6 528.9     g 347.8 242.3 371.2 348.9 286.0
+    FedDyn+SAM  l 199.6 122.0 200.2 206.9 155.6    g 12.0 11.1 12.0 12.3 11.7
+    FedSMOO     l 122.1 82.4 134.2 122.8 79.3      g 26.5 26.9 25.7 25.2 33.5
+  C100 clients sea / snail / bear / skyscraper / possum (FedDyn did not converge):
+    FedAvg      l 251.0 91.2 108.4 613.3 37.9      g 224.5 267.0 215.2 300.1 259.6
+    FedSAM      l 0.1 0.2 6.7 1.3 15.3             g 238.5 149.1 129.3 194.6 142.6
+    FedSMOO     l 33.2 331.2 428.6 143.5 455.5     g 31.4 102.2 121.0 40.2 90.9
+  (FedGloSS rows: configs/fedgloss_cifar.py.)
+
 Table 4.22 (WiMA paper: ResNet20-GN, 10 clients/round, B=100, lr 0.1, wd 0, 10k rounds; NOT this CNN setting,
 listed for Mime / FedCM / FedACG, which have no CNN numbers; no cells here, no published number attached;
 configs/wima.py has that setting for FedAvg / SCAFFOLD):
@@ -190,7 +220,11 @@ _T42 = {('fedavg', 1.0): (30.25, 49.92), ('fedavg', 0.1): (14.09, 40.43), ('feda
 for (_name, _lr), (_a0, _a1k) in _T42.items():
   PUBLISHED[('4.2', 'cifar100', f'{_name}@{_lr}', 0.0, 5)] = _a0
   PUBLISHED[('4.2', 'cifar100', f'{_name}@{_lr}', 1000.0, 5)] = _a1k
-TABLES = ('4.8', '4.15', '4.6', '4.2')   # the default lookup order of table=
+TABLES = ('4.8', '4.15', '4.6', '4.2')
+# Table 4.15's rows -> Table 4.19's (paper_hparams.T419: rounds / bits to FedAvg's accuracy, in config.published).
+_T419_ROW = {'fedavg': 'sgd/fedavg', 'fedprox': 'sgd/fedprox', 'feddyn': 'sgd/feddyn', 'scaffold': 'sgd/scaffold',
+             'fedavg+sam': 'sam/fedsam', 'feddyn+sam': 'sam/feddyn', 'fedspeed+sam': 'sam/fedspeed',
+             'fedgamma+sam': 'sam/fedgamma', 'fedsmoo+sam': 'sam/fedsmoo'}   # the default lookup order of table=
 
 # Algorithm hyperparameters (Table A.5 CNN choices where reconstructed; else Appendix A.3.2 grid choices).
 ALGO = {
@@ -293,10 +327,14 @@ def get_config(arg: str = ''):
     source = (f'thesis Table {t}, {"C10" if ds == "cifar10" else "C100"} {name}, alpha={a:g}, '
               f'{k} clients/round')
     if PUBLISHED[key] is None:
-      c.published.source = source + ' (published as diverged: no number)'
+      c.published.source = source + ' (published as diverged: no number)' + paper_hparams.comm_to_target(
+          'cnn', ds, a, _T419_ROW.get(name, '') if t == '4.15' else '')[0]
     elif key in DETAIL:
       acc, std, lam, lam_std = DETAIL[key]
-      config_strings.set_published(c, source, acc, std, lambda_max=lam, lambda_max_std=lam_std)
+      note, comm = paper_hparams.comm_to_target('cnn', ds, a, _T419_ROW.get(name, ''))   # Table 4.19
+      note413, lams = paper_hparams.local_global_lambdas(ds, a, _T419_ROW.get(name, ''))  # Table 4.13
+      config_strings.set_published(c, source + note + note413, acc, std, lambda_max=lam, lambda_max_std=lam_std,
+                                   **comm, **lams)
     else:
       config_strings.set_published(c, source, PUBLISHED[key])
   return c

@@ -37,6 +37,15 @@ Table 4.17 (homogeneous; single numbers):     C10 a100 (acc, lambda_1)   C100 a1
   FedGloSS (SGD), ADMM                        83.1   7.1                 51.7  47.9
   FedGloSS (SAM), no ADMM                     84.8  36.2                 55.8  13.9
   FedGloSS (SAM), ADMM                        84.8   2.8                 55.7  11.8
+Table 4.19 (rounds (speed-up), bits in units of B = FedAvg's bits in T rounds, to reach FedAvg's Table 4.15
+accuracy; in the Table 4.15 cells' config.published as rounds_to_target, bits_to_target_B, target_accuracy):
+                 C10 a0              C10 a.05            C100 a0             C100 a.5
+  SGD FedGloSS   3.4k (2.9x), 0.3B   3.8k (2.6x), 0.4B   5k (4x), 0.3B       4.7k (4.3x), 0.2B
+  SAM FedGloSS   2.2k (4.5x), 0.2B   2.2k (4.5x), 0.2B   6.3k (3.2x), 0.3B   5.2k (3.8x), 0.3B
+Table 4.13 (alpha 0, SAM client, the last round's 5 clients: lambda_1 of each local model on its own data, l,
+and on the whole training set, g; config.published.lambda_local_i / lambda_global_i):
+  C10 (airplane / cat / bird / airplane / frog)   l 190.1 106.9 200.1 207.8 84.8   g 4.3 3.9 4.1 4.0 4.1
+  C100 (sea / snail / bear / skyscraper / possum) l 28.3 260.8 220.3 269.2 392.4   g 19.6 40.7 49.6 22.2 39.0
 Table 4.21 (ablation) repeats the Table 4.15 FedGloSS cells; its FedSAM / FedDyn rows are
 configs/baselines_cifar_cnn.py cells.
 """
@@ -102,8 +111,11 @@ def get_config(arg: str = ''):
   if pub:
     table, acc, std, lam, lam_std = pub
     row = {'fedgloss': 'FedGloSS', 'naive_fedgloss': 'NaiveFedGloSS'}[name]
+    note, comm = paper_hparams.comm_to_target('cnn', ds, alpha, f'{client}/fedgloss' if table == '4.15' else '')
+    note413, lams = paper_hparams.local_global_lambdas(ds, alpha, f'{client}/fedgloss' if table == '4.15' else '')
+    note, comm = note + note413, {**comm, **lams}
     config_strings.set_published(
         c, f'thesis Table {table}, {row} ({client.upper()} client{"" if admm else ", no ADMM"}), '
-           f'{"C10" if ds == "cifar10" else "C100"} alpha={alpha:g}', acc, std, lambda_max=lam,
-        lambda_max_std=lam_std)
+           f'{"C10" if ds == "cifar10" else "C100"} alpha={alpha:g}{note}', acc, std, lambda_max=lam,
+        lambda_max_std=lam_std, **comm)
   return c

@@ -14,7 +14,9 @@ Tables 5.1, 5.3, 5.4 and 5.5.
 
 Grammar (comma-separated; defaults cifar10,fedseq,alpha=0,table=5.1):
   cifar10 | cifar100 | femnist | shakespeare | stackoverflow;  fedavg | fedseq | fedasyncseq | fedseq2par |
-  fedcyclic;  alpha=0 | 0.2 | 0.5 (CIFAR; | 100 with table=5.5);  split=niid | iid (FEMNIST, Shakespeare);
+  fedcyclic | fedprox | scaffold | feddyn (the last three: Table 5.1's SOTA rows, FedAvg's setting with the
+  algorithm's Appendix A.4.2 hyperparameters below);
+  alpha=0 | 0.2 | 0.5 (CIFAR; | 100 with table=5.5);  split=niid | iid (FEMNIST, Shakespeare);
   table=5.1 | 5.3 | 5.4 | 5.5 (which table's number goes in config.published);
   grouping=random | clf_kmeans | clf_greedy | clf_icg | conf_kmeans | conf_greedy_kl | conf_greedy_gini |
   t2v_greedy | t2v_kmeans | t2v_icg (Table 5.3 rows; defaults per dataset below);
@@ -46,8 +48,14 @@ Published accuracy % (Table 5.1, mean +- std):
   FedSeq         81.89+-0.28  82.19+-0.26  82.77+-0.12  45.87+-0.45  49.26+-0.40  49.63+-0.42
   FedAsyncSeq    83.03+-0.31  83.17+-0.27  83.57+-0.22  50.23+-0.11  51.39+-0.18  51.27+-0.24
   FedSeq2Par     83.68+-0.14  84.21+-0.08  84.26+-0.06  51.46+-0.23  51.44+-0.02  51.72+-0.10
-  (Centralized 85.64 / 54.97: the centralized runner, not a cell here. FedProx / SCAFFOLD / FedDyn rows: their
-  chapter-5 hyperparameters are not in the digest, so they are not cells.)
+  FedProx        71.52+-0.08  76.21+-0.50  77.38+-0.57  42.83+-0.18  48.84+-0.65  49.44+-0.49
+  SCAFFOLD       78.82+-0.05  78.02+-1.13  78.51+-0.24  42.17+-0.10  51.06+-0.03  51.02+-0.12
+  FedDyn         83.31+-0.05  82.31+-0.41  82.97+-0.40  50.35+-0.27  53.50+-0.76  54.32+-0.63
+  (Centralized 85.64 / 54.97: the centralized runner, not a cell here.)
+  SOTA rows (Appendix A.4.2): FedAvg's setting (C K = 100 clients per round, 1 epoch) with FedProx mu 0.01 and
+  FedDyn alpha 0.1 with the gradient clipped to 30 (CIFAR); FEMNIST mu 1e-3, alpha 1e-3, clip 30; Shakespeare
+  mu 1e-3, alpha 1e-3 (no clipping stated); SCAFFOLD has no hyperparameter. StackOverflow: only SCAFFOLD is a
+  cell (FedProx / FedDyn's StackOverflow values are not stated).
 
 Table 5.3 (grouping criteria; table=5.3):  C10 a=0 / 0.2 / 0.5     C100 a=0 / 0.2 / 0.5
   FedSeq  random                           81.90 82.09 82.12       46.39 48.62 49.44     grouping=random
@@ -141,6 +149,9 @@ Published accuracy % (Table 5.1, mean +- std):
   FedSeq         87.11+-0.03   87.48+-0.03   51.70+-0.13    51.82+-0.00   28.91+-0.21
   FedAsyncSeq    86.96+-0.07   87.20+-0.01   51.82+-0.13    51.88+-0.04   27.44+-0.35
   FedSeq2Par     87.58+-0.15   87.95+-0.05   52.75+-0.20    52.71+-0.05   29.79+-0.33
+  FedProx        81.55+-0.05   83.07+-0.05   48.73+-0.12    48.51+-0.15   24.59+-0.19  (StackOverflow: no cell)
+  SCAFFOLD       82.56+-0.07   82.70+-0.01   50.91+-0.19    50.91+-0.12   26.10+-0.15
+  FedDyn         81.95+-0.42   82.00+-0.13   51.77+-0.03    51.94+-0.09   25.51+-0.02  (StackOverflow: no cell)
   (Centralized 87.52 / 52.00 / 28.50: config.centralized.accuracy, summary.json's rounds_to_<70|90>pct_centralized.)
 Table 5.3 (table=5.3; FEMNIST NIID / IID, Shakespeare NIID / IID):
   FedSeq  random                           87.07 87.49 51.55 51.84     grouping=random
@@ -168,6 +179,15 @@ from fedjax_flat.config.default_config import data_section, default_config
 
 FAMILY = 'configs/fedseq.py'
 METHODS = ('fedavg', 'fedseq', 'fedasyncseq', 'fedseq2par', 'fedcyclic')
+BASELINES = ('fedprox', 'scaffold', 'feddyn')     # Table 5.1's SOTA rows: FedAvg's setting, their algorithm
+# Appendix A.4.2: (algorithm hyperparameters, gradient clip or 0) per dataset; StackOverflow: SCAFFOLD only.
+BASELINE_HP = {
+    'cifar10': {'fedprox': ({'mu': 0.01}, 0.0), 'scaffold': ({}, 0.0), 'feddyn': ({'alpha': 0.1}, 30.0)},
+    'cifar100': {'fedprox': ({'mu': 0.01}, 0.0), 'scaffold': ({}, 0.0), 'feddyn': ({'alpha': 0.1}, 30.0)},
+    'femnist': {'fedprox': ({'mu': 1e-3}, 0.0), 'scaffold': ({}, 0.0), 'feddyn': ({'alpha': 1e-3}, 30.0)},
+    'shakespeare': {'fedprox': ({'mu': 1e-3}, 0.0), 'scaffold': ({}, 0.0), 'feddyn': ({'alpha': 1e-3}, 0.0)},
+    'stackoverflow': {'scaffold': ({}, 0.0)},
+}
 ALPHAS = (0.0, 0.2, 0.5)
 ATTACK_ALPHA = 100.0
 FRACTION = 0.2              # C (reference code experiments)
@@ -210,7 +230,7 @@ ATTACKS = {'none': None, '0-2': '0,2', '3-5': '3,5', '0-2-3-5': '0,2,3,5', 'intr
            'extra_sc': 'extra_sc'}
 FIELDS = {
     'dataset': ('cifar10', CIFAR + LEAF + ('stackoverflow',)),
-    'method': ('fedseq', METHODS),
+    'method': ('fedseq', METHODS + BASELINES),
     'alpha': (0.0, float),
     'split': ('niid', SPLITS),
     'table': ('5.1', ('5.1', '5.3', '5.4', '5.5')),
@@ -229,6 +249,9 @@ T51 = {
     'fedseq': ((81.89, .28), (82.19, .26), (82.77, .12), (45.87, .45), (49.26, .40), (49.63, .42)),
     'fedasyncseq': ((83.03, .31), (83.17, .27), (83.57, .22), (50.23, .11), (51.39, .18), (51.27, .24)),
     'fedseq2par': ((83.68, .14), (84.21, .08), (84.26, .06), (51.46, .23), (51.44, .02), (51.72, .10)),
+    'fedprox': ((71.52, .08), (76.21, .50), (77.38, .57), (42.83, .18), (48.84, .65), (49.44, .49)),
+    'scaffold': ((78.82, .05), (78.02, 1.13), (78.51, .24), (42.17, .10), (51.06, .03), (51.02, .12)),
+    'feddyn': ((83.31, .05), (82.31, .41), (82.97, .40), (50.35, .27), (53.50, .76), (54.32, .63)),
 }
 # Table 5.3: (method, grouping) -> the same six columns.
 T53 = {
@@ -249,6 +272,9 @@ T51_LEAF = {
     'fedseq': ((87.11, .03), (87.48, .03), (51.70, .13), (51.82, .00), (28.91, .21)),
     'fedasyncseq': ((86.96, .07), (87.20, .01), (51.82, .13), (51.88, .04), (27.44, .35)),
     'fedseq2par': ((87.58, .15), (87.95, .05), (52.75, .20), (52.71, .05), (29.79, .33)),
+    'fedprox': ((81.55, .05), (83.07, .05), (48.73, .12), (48.51, .15), (24.59, .19)),
+    'scaffold': ((82.56, .07), (82.70, .01), (50.91, .19), (50.91, .12), (26.10, .15)),
+    'feddyn': ((81.95, .42), (82.00, .13), (51.77, .03), (51.94, .09), (25.51, .02)),
 }
 # Table 5.3, LEAF columns: (method, grouping) -> (FEMNIST niid, iid, Shakespeare niid, iid).
 T53_LEAF = {
@@ -298,13 +324,16 @@ T55 = {
     ('cifar100', 'extra_sc', 'random', 0.5): ((39.03, -0.67), (13.12, _o), (37.76, -1.94), (11.94, -0.91)),
 }
 NAMES = {'fedavg': 'FedAvg', 'fedseq': 'FedSeq', 'fedasyncseq': 'FedAsyncSeq', 'fedseq2par': 'FedSeq2Par',
-         'fedcyclic': 'FedCyclic'}
+         'fedcyclic': 'FedCyclic', 'fedprox': 'FedProx', 'scaffold': 'SCAFFOLD', 'feddyn': 'FedDyn'}
 _DS = {'cifar10': 'C10', 'cifar100': 'C100', 'femnist': 'FEMNIST', 'shakespeare': 'Shakespeare',
        'stackoverflow': 'StackOverflow'}
 
 CELLS = [f'{ds},{m},alpha={a:g}' for ds in CIFAR for m in METHODS for a in ALPHAS]
 CELLS += [f'{ds},{m},split={sp}' for ds in LEAF for m in METHODS for sp in SPLITS]
 CELLS += [f'stackoverflow,{m}' for m in METHODS]
+CELLS += [f'{ds},{m},alpha={a:g}' for ds in CIFAR for m in BASELINES for a in ALPHAS]
+CELLS += [f'{ds},{m},split={sp}' for ds in LEAF for m in BASELINES for sp in SPLITS]
+CELLS += ['stackoverflow,scaffold']
 CELLS += [f'{ds},{m},grouping={g},alpha={a:g},table=5.3' for ds in CIFAR for (m, g) in T53 for a in ALPHAS]
 CELLS += [f'{ds},{m},grouping={g},split={sp},table=5.3' for ds in LEAF for (m, g) in T53_LEAF for sp in SPLITS
           if ds == 'femnist' or g not in PER_EXAMPLE_GROUPINGS]
@@ -408,7 +437,9 @@ def get_config(arg: str = ''):
   else:
     alpha = o['alpha']
     config_strings.check(FAMILY, 'alpha', alpha, ALPHAS)
-  c = base_config(ds, m, alpha)
+  c = base_config(ds, 'fedavg' if m in BASELINES else m, alpha)
+  if m in BASELINES:
+    _set_baseline(c, ds, m, table)
   if not o['fair']:
     return _fair_off(c, m, ds, FRACTION, table)
   grouping = default_grouping(m) if o['grouping'] == 'default' else o['grouping']
@@ -439,6 +470,21 @@ def get_config(arg: str = ''):
           c, f'{src}, attack {attack} {o["gamma"]}, L_S={o["ls"]:g}, L={o["l"]:g}, alpha=100, 1k rounds'
           + ('' if drop is not None else ', drop "o" (negligible)'), acc, drop=drop)
   return c
+
+
+def _set_baseline(c, ds, m, table):
+  """Table 5.1's FedProx / SCAFFOLD / FedDyn: FedAvg's setting (C K clients per round) with the algorithm and
+  its Appendix A.4.2 hyperparameters."""
+  if m not in BASELINE_HP[ds]:
+    raise config_strings.ConfigStringError(FAMILY, f'{ds},{m}', f'{NAMES[m]} on {ds}: its hyperparameters are not '
+                                           f'stated (Table 5.1 cells: {", ".join(BASELINE_HP[ds])})')
+  config_strings.check(FAMILY, 'table', table, ('5.1',), context=f'for {m} (a Table 5.1 SOTA row)')
+  hp, clip = BASELINE_HP[ds][m]
+  c.algorithm = m
+  c.algo = ml_collections.ConfigDict(registry.default_hparams(m))   # every hparam present: --config.algo.<k>=...
+  c.algo.update(hp)
+  if clip:
+    c.client.grad_clip = clip
 
 
 def _fair_off(c, m, ds, fraction, table):
@@ -484,7 +530,9 @@ def get_leaf_config(arg: str, o):
                                            'split=niid | iid (FEMNIST, Shakespeare)')
   if ds == 'stackoverflow':
     config_strings.check(FAMILY, 'split', split, ('niid',), context='for stackoverflow (its users)')
-  c = leaf_config(ds, m, split)
+  c = leaf_config(ds, 'fedavg' if m in BASELINES else m, split)
+  if m in BASELINES:
+    _set_baseline(c, ds, m, table)
   st = LEAF_SETTING[ds]
   if not o['fair']:
     return _fair_off(c, m, ds, LEAF_FRACTION, table)

@@ -1,15 +1,24 @@
-r"""MAN (layerwise activation-norm regularization, WACV 2024): the paper's Table 1, CIFAR-100 with its CNN and
-Tiny-ImageNet with its ConvNet (digest ../shared/reference/fedsoup_man_digest.md, B5-B6).
+r"""MAN (layerwise activation-norm regularization, WACV 2024): the paper's Tables 1 and 2, CIFAR-100 with its CNN
+and Tiny-ImageNet with its ConvNet (digest ../shared/reference/fedsoup_man_digest.md, B5-B6).
 
 One cell per command:
   .venv/bin/python experiments/train.py --workdir=runs/man_feddyn_man_dir0.3 \
       --config=configs/man_cifar100.py:feddyn,man,dir0.3
 
-Grammar (defaults cifar100,fedavg,dir0.3, MAN off):
-  cifar100 | tiny_imagenet (the dataset; tiny_imagenet: man_convnet, 100 clients x 1,000 images, zeta 0.1);
+Grammar (defaults cifar100,fedavg,dir0.3, MAN off, zeta=paper):
+  cifar100 | tiny_imagenet | cifar10 (the dataset; tiny_imagenet: man_convnet, 100 clients x 1,000 images, zeta
+    0.1; cifar10: the CIFAR-10 CNN (797,962 params) in the CIFAR-100 setting, zeta 0.15 [U]: the paper's CIFAR-10
+    results are in its supplementary Sec. 5.2, which is not in the seeds, so its cells build with nothing
+    published and are not in CELLS);
   fedavg | fedsam | fedasam | feddyn | feddc | fedspeed;  man (the "+MAN" row: man.zeta = 0.15);
-  dir0.3 | dir0.6 | iid (the partition)
-CELLS lists the 72 cells; each carries its published accuracy (mean +- std over 3 seeds) in config.published.
+  dir0.3 | dir0.6 | iid (the partition);
+  zeta=paper | code (config.man.convention, algorithms/local.man_coefficient: 'paper' applies man.zeta as
+    Eq. 15's coefficient, loss = CE + zeta sum_l mean(a_l^2); 'code' reads man.zeta as the release's mu_mean
+    and applies mu_mean / 2, as its loss does: with zeta=code the same 0.15 / 0.1 give 0.075 / 0.05; which
+    produced the tables is not stated [U])
+CELLS lists the 72 cells; each carries its published accuracy (mean +- std over 3 seeds) and rounds to the
+target accuracy (rounds_to_target, target_accuracy; absent for "500+") in config.published, and for the Table 2
+rows the top Hessian eigenvalue and trace (lambda_max, hessian_trace).
 
 Setting (paper [P] and its code [C], digest B3/B5): 100 clients x 500 images, 10 clients per round, 500 rounds;
 client SGD lr 0.1, batch 50, 5 local epochs, weight decay 1e-3 [C], grad-norm clip 10 [C], no momentum; server
@@ -30,13 +39,14 @@ Where this differs from the paper (fedjax_flat has no equivalent; expect the num
     procedure (data/partition.py) with delta as alpha. "iid" is Dir(1000) (the thesis' homogeneous split),
     not a uniform random split.
   - zeta convention [U]: the code multiplies mu_mean/2 with mu_mean = 0.15 (effective 0.075); the paper writes
-    zeta = 0.15. This config uses the paper's; --config.man.zeta=0.075 gives the code's.
+    zeta = 0.15. The cells use the paper's; the token zeta=code (config.man.convention='code') gives the code's.
   - Augmentation is not stated [U]; the project's CIFAR crop + flip is used.
 Tiny-ImageNet [C]: FedSAM rho 0.05, and for iid 0.01 with MAN / 0.03 without; FedASAM rho 0.1 for iid;
 normalisation 'imagenet', no augmentation ([U]: the code's augmentation is not stated; the CIFAR pipeline's
 crop is 32x32, so it does not apply to 64x64 images);
-rounds to 28% is its target. Not cells: (no
-Tiny-ImageNet dataset or ConvNet model here); the CIFAR-10 results (supplementary, not available).
+rounds to 28% is its target. Not cells: the CIFAR-10 results (supplementary Sec. 5.2, not in the seeds: the
+cifar10 token builds the setting without a number); Table 2's Hessian numbers are measured by
+experiments/hessian.py on a cell's run (report.py shows lambda_max beside config.published.lambda_max).
 
 Published accuracy % (Table 1, 500 rounds, mean +- std over 3 seeds; rounds to 50% (CIFAR-100) / 28%
 (Tiny-ImageNet) in parentheses). CIFAR-100:
@@ -67,6 +77,18 @@ Tiny-ImageNet:
   FedDC+MAN       35.70+-0.21 (73)      36.07+-0.23 (66)      36.53+-0.03 (61)
   FedSpeed        31.12+-0.61 (211)     31.10+-0.27 (228)     29.65+-0.11 (363)
   FedSpeed+MAN    34.32+-0.63 (108)     35.49+-0.07 (78)      33.02+-0.55 (98)
+
+Table 2 (CIFAR-100, top Hessian eigenvalue / trace of the global model):
+                  delta=0.3          delta=0.6
+  FedAvg          51.49 / 8744       53.39 / 9056
+  FedAvg+MAN      43.80 / 4397       42.00 / 4747
+  FedSAM          32.46 / 4909       35.32 / 5160
+  FedSAM+MAN      29.29 / 2709       30.05 / 2918
+  FedDyn          51.03 / 6400       47.03 / 6717
+  FedDyn+MAN      44.84 / 3964       38.44 / 3966
+  FedDC           35.13 / 3578       35.13 / 3578
+  FedDC+MAN       32.99 / 2974       32.99 / 2974
+  ([U] FedDC's two columns are identical as printed.)
 """
 from fedjax_flat.algorithms import registry
 from fedjax_flat.config import families as config_strings, paper_hparams
@@ -76,12 +98,36 @@ METHODS = ('fedavg', 'fedsam', 'fedasam', 'feddyn', 'feddc', 'fedspeed')
 PARTITIONS = {'dir0.3': 0.3, 'dir0.6': 0.6, 'iid': 1000.0}
 DATASETS = ('cifar100', 'tiny_imagenet')
 FIELDS = {
-    'dataset': ('cifar100', DATASETS),
+    'dataset': ('cifar100', DATASETS + ('cifar10',)),
     'method': ('fedavg', METHODS),
     'man': (False, bool),
     'partition': ('dir0.3', tuple(PARTITIONS)),
+    'zeta': ('paper', ('paper', 'code')),
 }
-ZETA = {'cifar100': 0.15, 'tiny_imagenet': 0.1}
+ZETA = {'cifar100': 0.15, 'tiny_imagenet': 0.1, 'cifar10': 0.15}
+TARGET = {'cifar100': 50.0, 'tiny_imagenet': 28.0}
+# Table 1's rounds to the target (None = "500+"): (method, man) -> (dir0.3, dir0.6, iid).
+ROUNDS = {
+    'cifar100': {('fedavg', False): (None, None, None), ('fedavg', True): (206, 210, 224),
+                 ('fedsam', False): (None, None, None), ('fedsam', True): (326, 281, 301),
+                 ('fedasam', False): (None, None, None), ('fedasam', True): (313, 351, 296),
+                 ('feddyn', False): (None, 486, None), ('feddyn', True): (145, 143, 157),
+                 ('feddc', False): (294, 304, 289), ('feddc', True): (144, 129, 156),
+                 ('fedspeed', False): (392, 390, 439), ('fedspeed', True): (163, 153, 163)},
+    'tiny_imagenet': {('fedavg', False): (None, None, None), ('fedavg', True): (437, 194, 182),
+                      ('fedsam', False): (None, None, None), ('fedsam', True): (104, 87, 82),
+                      ('fedasam', False): (None, None, None), ('fedasam', True): (140, 136, 93),
+                      ('feddyn', False): (295, 308, 350), ('feddyn', True): (132, 110, 108),
+                      ('feddc', False): (170, 193, 201), ('feddc', True): (73, 66, 61),
+                      ('fedspeed', False): (211, 228, 363), ('fedspeed', True): (108, 78, 98)},
+}
+# Table 2 (CIFAR-100): (method, man) -> ((lambda_max, trace) at dir0.3, at dir0.6).
+HESSIAN = {
+    ('fedavg', False): ((51.49, 8744), (53.39, 9056)), ('fedavg', True): ((43.80, 4397), (42.00, 4747)),
+    ('fedsam', False): ((32.46, 4909), (35.32, 5160)), ('fedsam', True): ((29.29, 2709), (30.05, 2918)),
+    ('feddyn', False): ((51.03, 6400), (47.03, 6717)), ('feddyn', True): ((44.84, 3964), (38.44, 3966)),
+    ('feddc', False): ((35.13, 3578), (35.13, 3578)), ('feddc', True): ((32.99, 2974), (32.99, 2974)),
+}
 # (method, man) -> ((acc, std) for dir0.3, dir0.6, iid): CIFAR-100
 
 PUBLISHED = {
@@ -122,7 +168,8 @@ def get_config(arg: str = ''):
   dataset, method, man, part = o['dataset'], o['method'], o['man'], o['partition']
   tin = dataset == 'tiny_imagenet'
   # Built at alpha 0 (Table A.2 has no radius for 0.3 / 0.6: the radii below are MAN's), then its partition.
-  c = paper_hparams.cifar_cnn_config('cifar100', 'fedavg', alpha=0.0, clients_per_round=10)
+  c = paper_hparams.cifar_cnn_config('cifar10' if dataset == 'cifar10' else 'cifar100', 'fedavg', alpha=0.0,
+                                     clients_per_round=10)
   c.data.alpha = PARTITIONS[part]
   if tin:
     c.dataset, c.model, c.normalize, c.augment = 'tiny_imagenet', 'man_convnet', 'imagenet', 'none'
@@ -135,6 +182,7 @@ def get_config(arg: str = ''):
   c.client.grad_clip = 10.0
   c.client.momentum = 0.0
   c.man.zeta = ZETA[dataset] if man else 0.0
+  c.man.convention = o['zeta']
   if method == 'fedsam':
     c.client.optimizer, c.client.rho, c.client.asam_eta = 'sam', 0.05, 0.0
     if tin and part == 'iid':
@@ -153,9 +201,16 @@ def get_config(arg: str = ''):
   c.eval_every = 10
   c.eval_every_last = 0
   c.summary_last_k = 1            # the paper: accuracy at round 500
-  acc, std = (PUBLISHED_TIN if tin else PUBLISHED)[(method, man)][list(PARTITIONS).index(part)]
+  if dataset == 'cifar10':
+    return c                      # supplementary Sec. 5.2: no published number in the seeds
+  col = list(PARTITIONS).index(part)
+  acc, std = (PUBLISHED_TIN if tin else PUBLISHED)[(method, man)][col]
+  extra = {'target_accuracy': TARGET[dataset], 'rounds_to_target': ROUNDS[dataset][(method, man)][col]}
+  if dataset == 'cifar100' and part != 'iid' and (method, man) in HESSIAN:
+    extra['lambda_max'], extra['hessian_trace'] = HESSIAN[(method, man)][col]
   name = {'fedavg': 'FedAvg', 'fedsam': 'FedSAM', 'fedasam': 'FedASAM', 'feddyn': 'FedDyn', 'feddc': 'FedDC',
           'fedspeed': 'FedSpeed'}[method] + ('+MAN' if man else '')
   where = f'{"Tiny-ImageNet" if tin else "CIFAR-100"} {"iid" if part == "iid" else "delta=" + part[3:]}'
-  config_strings.set_published(c, f'MAN (WACV 2024) Table 1, {name}, {where}', acc, std)
+  tables = 'Tables 1-2' if 'lambda_max' in extra else 'Table 1'
+  config_strings.set_published(c, f'MAN (WACV 2024) {tables}, {name}, {where}', acc, std, **extra)
   return c

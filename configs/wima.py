@@ -6,11 +6,13 @@ One cell per command:
 
 Grammar (defaults cifar10,fedavg,alpha=0, WiMA on with W = 100 (CIFAR) / 370 (Landmarks), subset=all,
 batch=100):
-  cifar10 | cifar100 | landmarks;  fedavg | scaffold;  nowima (the table's "without WiMA" column);
+  cifar10 | cifar100 | landmarks;  fedavg | scaffold | fedavgm | mime_sgd | mime_sgdm | mimelite | fedcm | fedacg |
+  fedprox | feddyn | adabest (Table 4.22's rows; the ones after scaffold: CIFAR only);
+  nowima (the table's "without WiMA" column);
   alpha=0 | 0.05 (CIFAR10), 0 | 0.5 (CIFAR100) (Landmarks: its user split, no alpha);
   window=5 | 10 | 50 | 100 | 200 (Table 4.24, CIFAR alpha=0);
   subset=all | classifier | features with batch=20 (Table 4.25: WiMA on part of the network, FedAvg)
-CELLS lists the 40 cells with a published number in config.published.
+CELLS lists the 108 cells with a published number in config.published.
 
 CIFAR setting (thesis A.3.1, Table 4.22): 100 clients x 500 images, Dirichlet alpha, 10 clients per round, 10k
 rounds; client SGD lr 0.1, no momentum, no weight decay, batch 100, 1 local epoch; server lr 1, no momentum;
@@ -26,6 +28,20 @@ Published accuracy % (without -> with WiMA, W = 100):
 Table 4.22 (ResNet20-GN)   C10 a0           C10 a0.05        C100 a0          C100 a0.5
   FedAvg                   64.37 -> 69.95   68.50 -> 72.69   23.00 -> 27.91   31.21 -> 34.45
   SCAFFOLD                 81.45 -> 83.96   83.24 -> 85.17   45.65 -> 49.77   50.93 -> 53.75
+  FedAvgM                  73.32 -> 75.72   73.10 -> 75.30   24.27 -> 28.77   31.78 -> 33.97
+  MIME SGD                 74.92 -> 80.65   78.82 -> 82.81   17.55 -> 29.05   27.30 -> 40.37
+  MIME SGDM                74.58 -> 76.20   78.39 -> 80.38   25.78 -> 30.11   38.42 -> 43.08
+  MimeLite                 64.42 -> 67.78   68.27 -> 71.21   20.00 -> 24.69   35.56 -> 39.15
+  FedCM                    78.83 -> 81.73   73.94 -> 80.28   19.62 -> 25.29   36.12 -> 40.10
+  FedACG                   55.27 -> 60.09   63.20 -> 66.35   20.09 -> 23.55   29.74 -> 32.46
+  FedProx                  64.25 -> 69.90   67.82 -> 71.90   22.59 -> 27.58   30.70 -> 33.68
+  FedDyn                   N/A              N/A              5.88 -> 8.48     20.88 -> 24.54
+  AdaBest                  66.05 -> 73.95   71.54 -> 77.42   24.92 -> 31.41   37.45 -> 43.81
+  Hyperparameters of the rows after SCAFFOLD [U: Appendix A.3.2 gives their grids, not the chosen values; the
+  middle of each grid, as configs/baselines_cifar_cnn.py]: FedAvgM server momentum 0.9, lr 1 (grid {0.1, 1});
+  MIME SGD beta 0 / MIME SGDM beta 0.9, server lr 1; MimeLite beta 0.9, server lr 1; FedCM alpha 0.1 ({0.05,
+  0.1, 0.5}); FedACG beta 0.01, lambda 0.85; FedProx mu 0.01; FedDyn alpha 0.01 ({0.01, 0.001}); AdaBest mu 0.02,
+  beta 0.9. Override with --config.algo.<name>=... / --config.server.*.
 Table 4.23 (Landmarks, W = 370):  FedAvg 58.17 -> 63.05   SCAFFOLD 62.32 -> 68.30
 Table 4.24 (FedAvg + WiMA, alpha=0; W = 5 / 10 / 50 / 100 / 200):
   CIFAR10   67.25 / 69.12 / 69.79 / 69.94 / 68.74      CIFAR100  22.71 / 25.70 / 22.75 / 27.91 / 27.72
@@ -34,10 +50,10 @@ Table 4.25 (FedAvg + WiMA, batch 20; classifier only / feature extractor only / 
   C10 a0 47.76 / 59.03 / 59.53   C10 a0.05 71.01 / 76.72 / 78.87
   C100 a0 25.13 / 27.10 / 27.91  C100 a0.5 36.12 / 36.29 / 37.88   ([U] C100 a0 "all" equals Table 4.22's
   value at batch 100)
-Not cells: Table 4.22's other rows (FedAvgM, Mime, MimeLite, FedCM, FedACG, FedProx, FedDyn, AdaBest) and its
-PAM / FEMNIST columns: the thesis gives no hyperparameters for them in this setting (FedAvg and SCAFFOLD have
-none to give). Any registered algorithm runs under WiMA with --config.algorithm=<name>, without a published
-number attached.
+Not cells: Table 4.22's PAM / FEMNIST columns (the PAM model is not stated for the WiMA runs [U], nor which of
+the FEMNIST CNNs "following McMahan et al." is meant; numbers: PAM FedAvg 47.41 -> 48.53, ..., FEMNIST FedAvg
+83.59 -> 85.06, ..., digest Table 4.22) and its C10 FedDyn cells (N/A). Any registered algorithm runs under WiMA
+with --config.algorithm=<name>, without a published number attached.
 """
 from fedjax_flat.algorithms import registry
 from fedjax_flat.config import families as config_strings, paper_hparams
@@ -45,7 +61,8 @@ from fedjax_flat.config import families as config_strings, paper_hparams
 FAMILY = 'configs/wima.py'
 FIELDS = {
     'dataset': ('cifar10', ('cifar10', 'cifar100', 'landmarks')),
-    'algorithm': ('fedavg', ('fedavg', 'scaffold')),
+    'algorithm': ('fedavg', ('fedavg', 'scaffold', 'fedavgm', 'mime_sgd', 'mime_sgdm', 'mimelite', 'fedcm', 'fedacg',
+                             'fedprox', 'feddyn', 'adabest')),
     'nowima': (False, bool),
     'alpha': (0.0, float),
     'window': (0, int),        # 0 = the table's default (100 CIFAR, 370 Landmarks)
@@ -58,6 +75,31 @@ T422 = {  # (dataset, alpha, algorithm) -> (without, with WiMA)
     ('cifar100', 0.0, 'fedavg'): (23.00, 27.91), ('cifar100', 0.5, 'fedavg'): (31.21, 34.45),
     ('cifar10', 0.0, 'scaffold'): (81.45, 83.96), ('cifar10', 0.05, 'scaffold'): (83.24, 85.17),
     ('cifar100', 0.0, 'scaffold'): (45.65, 49.77), ('cifar100', 0.5, 'scaffold'): (50.93, 53.75),
+}
+# The other rows: algorithm -> (C10 a0, C10 a.05, C100 a0, C100 a.5) of (without, with); None = N/A.
+_T422_ROWS = {
+    'fedavgm': ((73.32, 75.72), (73.10, 75.30), (24.27, 28.77), (31.78, 33.97)),
+    'mime_sgd': ((74.92, 80.65), (78.82, 82.81), (17.55, 29.05), (27.30, 40.37)),
+    'mime_sgdm': ((74.58, 76.20), (78.39, 80.38), (25.78, 30.11), (38.42, 43.08)),
+    'mimelite': ((64.42, 67.78), (68.27, 71.21), (20.00, 24.69), (35.56, 39.15)),
+    'fedcm': ((78.83, 81.73), (73.94, 80.28), (19.62, 25.29), (36.12, 40.10)),
+    'fedacg': ((55.27, 60.09), (63.20, 66.35), (20.09, 23.55), (29.74, 32.46)),
+    'fedprox': ((64.25, 69.90), (67.82, 71.90), (22.59, 27.58), (30.70, 33.68)),
+    'feddyn': (None, None, (5.88, 8.48), (20.88, 24.54)),
+    'adabest': ((66.05, 73.95), (71.54, 77.42), (24.92, 31.41), (37.45, 43.81)),
+}
+for _a, _vals in _T422_ROWS.items():
+  for _v, _k in zip(_vals, (('cifar10', 0.0), ('cifar10', 0.05), ('cifar100', 0.0), ('cifar100', 0.5))):
+    if _v is not None:
+      T422[_k + (_a,)] = _v
+# Row -> (registered algorithm, its hyperparameters, server fields) [U: grid middles, see the docstring].
+ROWS = {
+    'fedavg': ('fedavg', {}, {}), 'scaffold': ('scaffold', {}, {}),
+    'fedavgm': ('fedavg', {}, {'momentum': 0.9, 'lr': 1.0}),
+    'mime_sgd': ('mime', {'beta': 0.0}, {'lr': 1.0}), 'mime_sgdm': ('mime', {'beta': 0.9}, {'lr': 1.0}),
+    'mimelite': ('mimelite', {'beta': 0.9}, {'lr': 1.0}), 'fedcm': ('fedcm', {'alpha': 0.1}, {}),
+    'fedacg': ('fedacg', {'beta': 0.01, 'lam': 0.85}, {}), 'fedprox': ('fedprox', {'mu': 0.01}, {}),
+    'feddyn': ('feddyn', {'alpha': 0.01}, {}), 'adabest': ('adabest', {'mu': 0.02, 'beta': 0.9}, {}),
 }
 T423 = {'fedavg': (58.17, 63.05), 'scaffold': (62.32, 68.30)}
 T424 = {'cifar10': {5: 67.25, 10: 69.12, 50: 69.79, 200: 68.74},
@@ -82,7 +124,7 @@ def _published(ds, alpha, algo, wima, window, subset, batch):
           T423[algo][int(wima)]
     return None, None
   name = f'{"C10" if ds == "cifar10" else "C100"} alpha={alpha:g}'
-  if batch == 100 and subset == 'all' and (window == 100 or not wima):
+  if batch == 100 and subset == 'all' and (window == 100 or not wima) and (ds, alpha, algo) in T422:
     return f'thesis Table 4.22 (WiMA on SOTA, ResNet20-GN), {algo}, {"w/" if wima else "w/o"} WiMA, {name}', \
         T422[(ds, alpha, algo)][int(wima)]
   if algo == 'fedavg' and wima and batch == 100 and subset == 'all' and alpha == 0 and window in T424[ds]:
@@ -98,6 +140,7 @@ def get_config(arg: str = ''):
   ds, algo, wima, alpha = o['dataset'], o['algorithm'], not o['nowima'], o['alpha']
   if ds == 'landmarks':
     config_strings.check(FAMILY, 'alpha', alpha, (0.0,), context='for landmarks (its user split has no alpha)')
+    config_strings.check(FAMILY, 'algorithm', algo, tuple(T423), context='for landmarks (Table 4.23)')
     c = paper_hparams.landmarks_config()
     c.rounds = 3000
     window, batch = o['window'] or 370, o['batch'] or 50
@@ -111,9 +154,13 @@ def get_config(arg: str = ''):
     c.client.weight_decay = 0.0
     window, batch = o['window'] or 100, o['batch'] or 100
   c.client.batch_size = batch
-  c.algorithm = algo
-  if algo != 'fedavg':
-    c.algo.update(registry.default_hparams(algo))
+  name, hp, server = ROWS[algo]
+  c.algorithm = name
+  if name != 'fedavg':
+    c.algo.update(registry.default_hparams(name))     # every hparam present: --config.algo.<k>=... works
+    c.algo.update(hp)
+  for k, v in server.items():
+    c.server[k] = v
   c.wima.enabled = wima
   c.wima.window = window
   c.wima.subset = o['subset']

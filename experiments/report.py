@@ -8,7 +8,8 @@ Writes OUT_DIR/<name>.md and <name>.csv (one row per group and sweep), <name>_<s
 the reported model vs round, mean over seeds with a min..max band) and <name>_<sweep>_bars.png (last-K
 accuracy). Groups: `cell` (the sweep cell; for bare workdirs the directory name, or its parent's for
 .../seed=N) or dotted config keys read from each run's config.json. Columns (see fedjax_flat/sweeps/report.py):
-last-K and final accuracy (%), finished/total runs, rounds to --target (first evaluation at or above it),
+last-K and final accuracy (%), finished/total runs, rounds to --target (first evaluation at or above it) and
+the bits sent until then (cumulative comm_bytes x 8, thesis Table 4.19),
 lambda_max when experiments/hessian.py ran, communication, config.published (paper number) and the sweep
 cell's reference (earlier measurement) with measured - that. Unfinished or failed runs are counted, not averaged.
 Nothing is dropped silently: torn metrics.jsonl lines are skipped and reported (run and line numbers, on stderr

@@ -230,7 +230,7 @@ def _pid_alive(pid):
     return False
 
 
-SECTIONS_22 = ('entry', 'files', 'femnist', 'report', 'interpolate', 'sweep')
+SECTIONS_22 = ('entry', 'files', 'femnist', 'report', 'interpolate', 'busy', 'sweep')
 
 
 def trials_22(tmp, repo, out, only=SECTIONS_22):
@@ -244,7 +244,8 @@ def trials_22(tmp, repo, out, only=SECTIONS_22):
     out.append((name, code, secs, msg))
     print(f'{name}: {code} {secs:.1f} {msg}', file=sys.stderr, flush=True)
 
-  tiny = entry_cases.make_tiny_run(os.path.join(tmp, 'tiny'), repo)
+  tiny = (entry_cases.make_tiny_run(os.path.join(tmp, 'tiny'), repo)
+          if {'entry', 'report', 'interpolate'} & set(only) else None)
   # 1. every entry point's error cases
   entry = sorted({**entry_cases.FAST, **entry_cases.MATRIX}.items()) if 'entry' in only else []
   for name, (binary, args, _, _) in entry:
@@ -285,7 +286,8 @@ def trials_22(tmp, repo, out, only=SECTIONS_22):
   if 'femnist' in only:
     _femnist_trials(tmp, repo, run_bin, add)
   # 4. report.py, 2b. hessian.py --interpolate_with, 3. sweep.py: each trial guarded (a broken one is a row)
-  for section, trial in (('report', _report_trials), ('interpolate', _interpolate_trials), ('sweep', _sweep_trials)):
+  for section, trial in (('report', _report_trials), ('interpolate', _interpolate_trials), ('busy', _busy_trials),
+                         ('sweep', _sweep_trials)):
     if section not in only:
       continue
     try:
@@ -404,6 +406,66 @@ def _interpolate_trials(tmp, repo, tiny, run_bin, env, add):
         f'{msg} / {wrote}; eigenvalue work done: {eigen}')
 
 
+def _wait_metrics(sd, t, cell='base', limit=300):
+  """Until the run <sd>/<cell>/seed=0 has written its first record (a one-value grid's cell is 'base')."""
+  metrics = os.path.join(sd, cell, 'seed=0', 'metrics.jsonl')
+  while not (os.path.exists(metrics) and open(metrics).read().strip()) and time.time() - t < limit:
+    time.sleep(0.2)
+
+
+def _said_of(text, keys=('FAILED', 'waiting', 'interrupted', 'runs done')):
+  """What a sweep driver said: its error line, then the first lines holding one of `keys`."""
+  lines = text.splitlines()
+  picked = [ln for ln in lines if ln.startswith('error:')] + [ln for k in keys for ln in lines if k in ln][:3]
+  return ' // '.join(dict.fromkeys(ln.strip()[:200] for ln in picked))
+
+
+def _busy_trials(tmp, repo, tiny, run_bin, env, add):
+  """A live train.py holds a sweep run's workdir (started by hand, or a child of another driver): the sweep waits
+  for it (process-parallel and --batch_runs), it does not mark the run failed. The live run is stopped (SIGTERM:
+  it checkpoints) once the sweep has said what it does; the sweep then resumes the run, and is stopped too."""
+  qs = os.path.join(repo, 'configs', 'quickstart.py')
+  sweep = [sys.executable, os.path.join(repo, 'experiments', 'sweep.py')]
+  popen = lambda args: subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,  # noqa: E731
+                                        text=True, env=env, cwd=repo)
+  for mode in ([], ['--batch_runs=2']):
+    sd = os.path.join(tmp, 'sweep_busy' + ('_batched' if mode else ''))
+    args = [f'--config={qs}', '--grid=client.lr=0.05', '--seeds=0', '--set=model=mlp', '--set=rounds=100000',
+            '--set=eval_every=1', '--set=progress_every_s=0', f'--sweep_dir={sd}']
+    wd = os.path.join(sd, 'base', 'seed=0')        # the sweep's workdir of its one run
+    t = time.time()
+    live = popen([sys.executable, os.path.join(repo, 'experiments', 'train.py'), f'--config={qs}',
+                  '--config.model=mlp', '--config.rounds=100000', '--config.eval_every=1',
+                  '--config.progress_every_s=0', '--config.client.lr=0.05', '--config.seed=0', f'--workdir={wd}'])
+    _wait_metrics(sd, t)
+    p = popen(sweep + args + mode)
+    manifest = os.path.join(sd, 'sweep.json')
+
+    def status():
+      try:
+        return json.load(open(manifest))['runs'][0].get('status')
+      except (OSError, ValueError, LookupError):
+        return None
+    seen = []
+    t1 = time.time()
+    while p.poll() is None and time.time() - t1 < 300 and status() not in ('waiting', 'failed'):
+      time.sleep(0.5)
+    seen.append(status())
+    live.send_signal(signal.SIGTERM)       # the holder ends (checkpoints and stops)
+    live.communicate(timeout=300)
+    t2 = time.time()
+    while p.poll() is None and time.time() - t2 < 180 and status() != 'running':
+      time.sleep(0.5)
+    seen.append(status())
+    if p.poll() is None:
+      time.sleep(10)
+      p.send_signal(signal.SIGTERM)
+    o, e = p.communicate(timeout=300)
+    add(f'3 sweep.py{" " + mode[0] if mode else ""}: its run\'s workdir held by a live train.py (stopped once the '
+        'sweep has said what it does; the sweep stopped 10 s after it starts the run)', p.returncode, time.time() - t,
+        f'sweep.json status while held / after: {seen[0]} / {seen[1]}; {_said_of(o + e)}')
+
+
 def _sweep_trials(tmp, repo, tiny, run_bin, env, add):
   qs = os.path.join(repo, 'configs', 'quickstart.py')
   sweep = [sys.executable, os.path.join(repo, 'experiments', 'sweep.py')]
@@ -411,22 +473,11 @@ def _sweep_trials(tmp, repo, tiny, run_bin, env, add):
                                         text=True, env=env, cwd=repo)
   long = [f'--config={qs}', '--grid=client.lr=0.05', '--seeds=0', '--set=model=mlp', '--set=rounds=100000',
           '--set=eval_every=1', '--set=checkpoint_every=1', '--set=progress_every_s=0']
-
-  def wait_metrics(sd, t, limit=300):
-    metrics = os.path.join(sd, 'client.lr=0.05', 'seed=0', 'metrics.jsonl')
-    while not (os.path.exists(metrics) and open(metrics).read().strip()) and time.time() - t < limit:
-      time.sleep(0.2)
-
-  def said_of(text, keys=('FAILED', 'waiting', 'interrupted', 'runs done')):
-    lines = text.splitlines()
-    picked = [ln for ln in lines if ln.startswith('error:')] + \
-        [ln for k in keys for ln in lines if k in ln][:3]
-    return ' // '.join(dict.fromkeys(ln.strip()[:200] for ln in picked))
   # the driver alone SIGKILLed, then the same command again
   sd = os.path.join(tmp, 'sweep_kill')
   t = time.time()
   p = popen(sweep + long + [f'--sweep_dir={sd}'])
-  wait_metrics(sd, t)
+  _wait_metrics(sd, t)
   child = json.load(open(os.path.join(sd, 'sweep.json')))['runs'][0].get('pid')
   p.send_signal(signal.SIGKILL)
   p.communicate()
@@ -442,34 +493,18 @@ def _sweep_trials(tmp, repo, tiny, run_bin, env, add):
     os.kill(child, signal.SIGTERM)     # the orphan this trial made (the old code leaves it running)
   add('3 sweep.py: driver SIGKILLed; the same command again (stopped by SIGTERM after 60 s)',
       f'{p.returncode} / {p2.returncode}', time.time() - t,
-      f'child alive 15 s after the driver died: {alive}; rerun says: {said_of(o2 + e2)}')
-  # a live run holds a run's workdir (train.py started by hand, or another driver's child): the sweep waits
-  for mode in ([], ['--batch_runs=2']):
-    sd = os.path.join(tmp, 'sweep_busy' + ('_batched' if mode else ''))
-    short = [f'--config={qs}', '--grid=client.lr=0.05', '--seeds=0', '--set=model=mlp', '--set=rounds=4',
-             '--set=eval_every=1', '--set=progress_every_s=0', f'--sweep_dir={sd}']
-    wd = os.path.join(sd, 'client.lr=0.05', 'seed=0')
-    t = time.time()
-    live = popen([sys.executable, os.path.join(repo, 'experiments', 'train.py'), f'--config={qs}',
-                  '--config.model=mlp', '--config.rounds=4', '--config.eval_every=1', '--config.progress_every_s=0',
-                  '--config.client.lr=0.05', '--config.seed=0', f'--workdir={wd}'])
-    wait_metrics(sd, t)
-    r = subprocess.run(sweep + short + mode, capture_output=True, text=True, env=env, cwd=repo, timeout=600)
-    live.communicate(timeout=300)
-    states = {x['cell']: x.get('status') for x in json.load(open(os.path.join(sd, 'sweep.json')))['runs']}
-    add(f'3 sweep.py{" " + mode[0] if mode else ""}: a run\'s workdir held by a live train.py (4 rounds)',
-        r.returncode, time.time() - t, f'{said_of(r.stdout + r.stderr)} / sweep.json statuses {states}')
+      f'child alive 15 s after the driver died: {alive}; rerun says: {_said_of(o2 + e2)}')
   # a child SIGKILLed
   sd = os.path.join(tmp, 'sweep_child')
   t = time.time()
   p = popen(sweep + long + [f'--sweep_dir={sd}'])
-  wait_metrics(sd, t)
+  _wait_metrics(sd, t)
   child = json.load(open(os.path.join(sd, 'sweep.json')))['runs'][0].get('pid')
   os.kill(child, signal.SIGKILL)
   o, e = p.communicate(timeout=180)
   failed = json.load(open(os.path.join(sd, 'sweep.json')))['runs'][0]
   add('3 sweep.py: its child SIGKILLed', p.returncode, time.time() - t,
-      f'{said_of(o, keys=("FAILED",))} / sweep.json error: {str(failed.get("error"))[:200]}')
+      f'{_said_of(o, keys=("FAILED",))} / sweep.json error: {str(failed.get("error"))[:200]}')
   # two drivers at once on one sweep directory
   sd = os.path.join(tmp, 'sweep_two')
   short = [f'--config={qs}', '--grid=client.lr=0.05,0.1', '--seeds=0', '--set=model=mlp', '--set=rounds=2',
@@ -492,7 +527,7 @@ def _sweep_trials(tmp, repo, tiny, run_bin, env, add):
                   for c in ('client.lr=0.05', 'client.lr=0.1'))
   r2 = subprocess.run(sweep + short, capture_output=True, text=True, env=env, cwd=repo, timeout=600)
   add('3 sweep.py: disk full for sweep.json; then the same command again', f'{r.returncode} / {r2.returncode}',
-      time.time() - t, f'{_first_line(r)[1]} / runs finished: {runs_done}/2 / rerun says: {said_of(r2.stdout)}')
+      time.time() - t, f'{_first_line(r)[1]} / runs finished: {runs_done}/2 / rerun says: {_said_of(r2.stdout)}')
 
 
 

@@ -1,6 +1,8 @@
-"""FedAvg vs FedCG (oracle and discovered domains) and FedCG's ablations on the planted-domain digits, over seeds:
-test accuracy (soft and hard test-time domain weights), per planted domain, and the purity of the discovered
-domains (benchmarks/studies/README.fedcg.md).
+"""FedAvg (the plain body, and a wider one of FedCG's parameter count) vs FedCG (oracle, discovered and k-means
+domains) and FedCG's ablations on the planted-domain digits, over seeds: test accuracy (soft and hard test-time
+domain weights), per planted domain, parameter counts, and the purity of the discovered domains
+(benchmarks/studies/README.fedcg.md). The k-means cell is the config value algo.domains='kmeans': the trainer
+runs the pre-training pass (grouping/domains.py); its client clusters are scored against the planted domains.
 
   .venv/bin/python -m benchmarks.studies.fedcg_digits --out=benchmarks/studies/fedcg_digits.jsonl [--seeds=0,1,2]
       [--cells='fedavg;fedcg,oracle;fedcg,discovered'] [--rounds=100]
@@ -90,16 +92,19 @@ def _fmt(vals, scale=100.0):
 
 def table(path):
   recs = [json.loads(line) for line in open(path)]
-  cells = list(dict.fromkeys(r['cell'] for r in recs))
+  order = {c: i for i, c in enumerate(DEFAULT_CELLS)}
+  cells = sorted(dict.fromkeys(r['cell'] for r in recs), key=lambda c: order.get(c, len(order)))
   out = [f'Mean (std) over seeds {sorted({r["seed"] for r in recs})}, final round, %:\n',
-         '| cell | test acc | other assignment | acc per planted domain | purity student | purity teacher '
-         '| domains used | seeds |', '|---|---|---|---|---|---|---|---|']
+         '| cell | params | test acc | other assignment | acc per planted domain | purity student | purity teacher '
+         '| domains used | seeds |', '|---|---|---|---|---|---|---|---|---|']
   for cell in cells:
     rs = [r for r in recs if r['cell'] == cell]
     other = [v for r in rs for k, v in r['models'].items() if k != 'global']
     per = np.mean([r['per_domain_accuracy'] for r in rs], axis=0) * 100
     used = [r['domains_used'] for r in rs if 'domains_used' in r]
-    out.append(f'| {cell} | {_fmt([r["final_test_accuracy"] for r in rs])} | {_fmt(other)} '
+    params = sorted({r.get('num_params') for r in rs if r.get('num_params')})
+    out.append(f'| {cell} | {" ".join(f"{p:,}" for p in params) or "-"} '
+               f'| {_fmt([r["final_test_accuracy"] for r in rs])} | {_fmt(other)} '
                f'| {" / ".join(f"{p:.1f}" for p in per)} | {_fmt([r.get("purity_student") for r in rs])} '
                f'| {_fmt([r.get("purity_teacher") for r in rs])} | {" ".join(map(str, used)) or "-"} | {len(rs)} |')
   return '\n'.join(out)

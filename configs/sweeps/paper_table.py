@@ -6,7 +6,8 @@ its config.published number.
   python experiments/report.py --sweep_dir=runs/t43 ...
 
 Argument: the family (a configs/<family>.py with CELLS: fedsam_cifar, fedsam_pam, fedsam_landmarks,
-fedgloss_cifar, wima, man_cifar100, baselines_cifar_cnn, baselines_digits, fedsoup_digits, fedseq, fedseq_digits), then
+fedgloss_cifar, fedgloss_sota, wima, man_cifar100, baselines_cifar_cnn, baselines_digits, fedsoup_digits, fedseq,
+fedseq_digits, ...), then
 optionally only=<token> to keep the cells with that token or key value (e.g. only=cifar100, only=swa, only=4.15).
 """
 import importlib.util

@@ -29,6 +29,22 @@ class LocalState(NamedTuple):
   extra: Any = ()           # algorithm-specific local quantities (e.g. SCAFFOLD's c - c_k)
 
 
+MAN_CONVENTIONS = ('paper', 'code')
+
+
+def man_coefficient(zeta: float, convention: str = 'paper') -> float:
+  """The coefficient c of MAN's term in the client loss CE + c * sum_l mean(a_l^2) (config.man).
+
+  'paper': zeta is Eq. 15's zeta (f_k = L_k + zeta L_k^act), c = zeta: the paper's 0.15 (CIFAR-100) / 0.1
+  (Tiny-ImageNet) as printed. 'code': zeta is the release code's `mu_mean`, whose loss is CE + (mu_mean / 2)
+  sum_l mean(a_l^2), so c = zeta / 2 (its EXPERIMENTS.md gives mu_mean = 0.15 / 0.1, i.e. c = 0.075 / 0.05;
+  its TinyImageNet script passes 0.2, i.e. c = 0.1). Which one produced the paper's tables is not stated.
+  """
+  if convention not in MAN_CONVENTIONS:
+    raise ValueError(f'man.convention={convention!r}; allowed: {MAN_CONVENTIONS}')
+  return float(zeta) / 2.0 if convention == 'code' else float(zeta)
+
+
 def make_loss(model, *, man_zeta: float = 0.0, train: bool = True, task=None, microbatches: int = 1):
   """loss(params, batch, rng) -> (mean loss over valid units, (loss_sum, count)); BatchNorm models
   (model.batch_stats) add the updated running statistics: (loss_sum, count, batch_stats).
@@ -37,8 +53,9 @@ def make_loss(model, *, man_zeta: float = 0.0, train: bool = True, task=None, mi
   number of valid units (examples, tokens, pixels) that the mean runs over.
 
   MAN (activation-norm regularization): zeta * sum over hidden layers of mean(a_l^2) on the post-activation
-  outputs (logits excluded); the mean runs over the valid examples and the layer's units. Convention: we
-  use zeta as written in the paper's loss (the reference code halves it; pass zeta/2 to match that code).
+  outputs (logits excluded); the mean runs over the valid examples and the layer's units. `man_zeta` is the
+  coefficient itself (the paper's zeta); `man_coefficient(config.man.zeta, config.man.convention)` maps the
+  release code's mu_mean convention onto it (mu_mean / 2).
 
   microbatches = k > 1 (client.microbatches; gradient accumulation for memory): the batch is split into k
   equal micro-batches run one after the other in a `lax.scan` whose body is a `jax.checkpoint` region, so

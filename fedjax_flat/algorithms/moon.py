@@ -30,6 +30,7 @@ from fedjax_flat.algorithms.fedavg import fedavg
 from fedjax_flat.algorithms.hparams import Number
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.errors import ConfigError
 from fedjax_flat.models import partition
 from fedjax_flat.tasks import base as tasks_lib
 
@@ -88,7 +89,13 @@ def moon(model, task, client_cfg, server_tx: optax.GradientTransformation, *, cl
                       client_final=client_final)
 
 
-@register('moon', hparams=HPARAMS, needs=('client_state',), check=check_head)
+def _check(cfg, hp):
+  check_head(cfg, hp)
+  if float(cfg.man.zeta) > 0:     # MOON builds its own loss from the representation: MAN's term is not in it
+    raise ConfigError('man.zeta', cfg.man.zeta, 'moon does not add MAN\'s activation term; use 0')
+
+
+@register('moon', hparams=HPARAMS, needs=('client_state',), check=_check)
 def _moon_builder(ctx) -> FederatedAlgorithm:
   """MOON: FedAvg whose clients add mu * the model-contrastive loss (temperature tau)."""
   hp = hparams(ctx, 'moon')

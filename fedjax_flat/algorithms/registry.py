@@ -200,7 +200,8 @@ def build_algorithm(config, model, population: int = 0, task=None, chain=None,
   name = config.algorithm
   if name not in ALGORITHMS:
     raise ValueError(f'algorithm={name!r} is unknown; allowed: {names()}')
-  loss_fn = local_lib.make_loss(model, man_zeta=float(config.man.zeta), task=task,
+  man = local_lib.man_coefficient(config.man.zeta, config.man.get('convention', 'paper'))   # config.man
+  loss_fn = local_lib.make_loss(model, man_zeta=man, task=task,
                                 microbatches=int(config.client.get('microbatches', 1)))
   server_tx = make_server_tx(config.server)
   if getattr(model, 'batch_stats', False):   # BatchNorm statistics: averaged, not optimized (core/batch_stats.py)

@@ -41,6 +41,7 @@ Fields (validated by `config/validate.py` before anything is compiled):
                        of the 'segmentation' task (tasks/base.py)
   retrieval            triplet margin, hardest negatives per tuple and the Recall@K distance threshold of the
                        'retrieval' task (tasks/retrieval.py: FedVPR)
+  fedvc                virtual_size > 0: FedVC's virtual clients of that many examples (data/virtual_clients.py)
   bn                   BatchNorm models: test-time statistics policy for unseen clients (core/batch_stats.py)
   client.lr_schedule   'constant' | 'poly_step' | 'poly_round' (lr_power, lr_poly_max): optimizers/schedules.py
   client.microbatches  k: each local batch as k micro-batches (gradient accumulation, algorithms/local.py)
@@ -132,6 +133,9 @@ def default_config() -> ml_collections.ConfigDict:
 
   c.man = ml_collections.ConfigDict()
   c.man.zeta = 0.0
+  # 'paper': zeta is Eq. 15's coefficient (loss = CE + zeta * sum_l mean(a_l^2)); 'code': zeta is the MAN
+  # release's mu_mean, applied as mu_mean / 2 (algorithms/local.man_coefficient)
+  c.man.convention = 'paper'
 
   c.engine = ml_collections.ConfigDict()
   c.engine.strategy = 'auto'
@@ -250,6 +254,11 @@ def default_config() -> ml_collections.ConfigDict:
   c.retrieval.margin = 0.1              # triplet margin (the reference's TripletMarginLoss(margin=0.1, p=2))
   c.retrieval.num_negatives = 5         # hardest negative candidates per query tuple used in the loss
   c.retrieval.threshold = 25.0          # metres: a retrieved database image within it is a match (Recall@K)
+
+  # FedVC (data/virtual_clients.py): > 0 cuts every client into virtual clients of this many examples
+  # (large clients split, small ones replicated); uniform sampling over them is sampling proportional to size.
+  c.fedvc = ml_collections.ConfigDict()
+  c.fedvc.virtual_size = 0
 
   # BatchNorm models (core/batch_stats.py): statistics of unseen test clients.
   c.bn = ml_collections.ConfigDict()

@@ -112,12 +112,18 @@ def set_published(config, source: str, accuracy: Optional[float], std: Optional[
       config.published[k] = float(v)
 
 
-def load_config(spec: str):
-  """`path[:arg]` -> the file's get_config(arg) (or get_config()), as DEFINE_config_file calls it."""
-  path, _, arg = spec.partition(':')
+def load_module(path: str):
+  """A config file as a fresh module (its get_config, and CELLS for a family)."""
   mod_spec = importlib.util.spec_from_file_location('config_' + os.path.basename(path)[:-3], path)
   mod = importlib.util.module_from_spec(mod_spec)
   mod_spec.loader.exec_module(mod)
+  return mod
+
+
+def load_config(spec: str):
+  """`path[:arg]` -> the file's get_config(arg) (or get_config()), as DEFINE_config_file calls it."""
+  path, _, arg = spec.partition(':')
+  mod = load_module(path)
   return mod.get_config(arg) if arg else mod.get_config()
 
 

@@ -7,10 +7,13 @@ Tables (values transcribed from ../shared/reference/flat_minima_chapter4_digest.
   SWA          Table A.3: cycle c, gamma1, gamma2, start round
   FEDGLOSS     Table A.5 / release scripts: rho_l, rho_s, beta, T_s (CNN)
   PUBLISHED    Table 4.3 (CIFAR CNN, FedSAM paper) accuracies, for the configs' docstrings and reports
+  T419         Table 4.19: rounds and bits (in units of FedAvg's T-round bits) to reach FedAvg's final accuracy,
+               shared by the FedGloSS comparison families (`comm_to_target`)
 """
 from __future__ import annotations
 
 import math
+from typing import Tuple
 
 import ml_collections
 
@@ -165,3 +168,78 @@ def landmarks_config() -> ml_collections.ConfigDict:
   c.eval_every_last = 100       # the papers: mean test accuracy over the last 100 rounds, each evaluated
   c.summary_last_k = 100
   return c
+
+
+# Table 4.19 (FedGloSS paper): rounds and bits (units of B = the bits FedAvg sends in its T rounds) to reach
+# FedAvg's final accuracy. Columns: (model, dataset, alpha); rows: client optimizer/method. None = never
+# reached ("-"), 'X' = did not converge.
+T419_COLUMNS = (('cnn', 'cifar10', 0.0), ('cnn', 'cifar10', 0.05), ('cnn', 'cifar100', 0.0),
+                ('cnn', 'cifar100', 0.5), ('resnet18', 'cifar10', 0.05), ('resnet18', 'cifar100', 0.5),
+                ('mobilenet', 'gld160k', None))
+_N = None
+T419 = {
+    'sgd/fedavg': ((10000, 1), (10000, 1), (20000, 1), (20000, 1), (10000, 1), (10000, 1), (1300, 1)),
+    'sgd/fedprox': ((7600, .8), (7900, .8), (18700, .9), (18600, .9), (8800, .9), (8300, .8), (_N, _N)),
+    'sgd/feddyn': ((2000, .2), (1900, .2), 'X', 'X', (_N, _N), (3500, .4), (_N, _N)),
+    'sgd/scaffold': ((_N, _N), (_N, _N), 'X', (_N, _N), (_N, _N), (8900, 1.8), 'X'),
+    'sgd/fedgloss': ((3400, .3), (3800, .4), (5000, .3), (4700, .2), (2400, .2), (1900, .2), (_N, _N)),
+    'sam/fedsam': ((6300, .6), (7800, .8), (18300, .9), (16300, .8), (9200, .9), (7800, .8), (1300, 1)),
+    'sam/feddyn': ((3000, .3), (4200, .4), 'X', 'X', (4100, .4), (3500, .4), (_N, _N)),
+    'sam/fedspeed': ((6300, 1.3), (6900, 1.4), (18300, 1.8), (15700, 1.6), (8300, .7), (8300, 1.7), (1300, 2)),
+    'sam/fedgamma': ((_N, _N), (_N, _N), 'X', (_N, _N), (9300, 1.9), (8100, 1.6), 'X'),
+    'sam/fedsmoo': ((1900, .4), (2200, .4), (4500, .5), (6500, .7), (2400, .5), (2300, .5), (200, .3)),
+    'sam/fedgloss': ((2200, .2), (2200, .2), (6300, .3), (5200, .3), (2400, .2), (1900, .2), (200, .2)),
+}
+# The target of each column: FedAvg's final accuracy (%) in the matching accuracy table (4.15, 4.16, 4.18).
+T419_TARGET = (59.9, 65.7, 28.6, 38.5, 72.6, 37.4, 56.3)
+
+
+def comm_to_target(model: str, dataset: str, alpha, method: str) -> Tuple[str, dict]:
+  """Table 4.19's entry for (model, dataset, alpha) and 'client/method' -> (note for the source, metrics for
+  config.published: rounds_to_target, bits_to_target_B = bits in units of FedAvg's T-round bits,
+  target_accuracy); ('', {}) when the table has no such entry."""
+  col = next((i for i, (m, d, a) in enumerate(T419_COLUMNS) if m == model and d == dataset and
+              (a is None or alpha is None or math.isclose(a, float(alpha)))), None)
+  if col is None or method not in T419:
+    return '', {}
+  v = T419[method][col]
+  target = {'target_accuracy': T419_TARGET[col]}
+  if v == 'X':
+    return '; Table 4.19: did not converge', target
+  if v[0] is None:
+    return '; Table 4.19: FedAvg\'s accuracy never reached', target
+  return '; Table 4.19: rounds / bits to FedAvg\'s accuracy', {**target, 'rounds_to_target': v[0],
+                                                                 'bits_to_target_B': v[1]}
+
+
+# Table 4.13 (alpha = 0, last round, 5 clients/round): lambda_1 of each sampled client's local model on its own
+# data (l) and on the whole training set (g); the clients are named by their single class. Rows: 'client/method'
+# of Table 4.15; None = FedDyn did not converge (C100).
+T413_CLASSES = {'cifar10': ('airplane', 'cat', 'bird', 'airplane', 'frog'),
+                'cifar100': ('sea', 'snail', 'bear', 'skyscraper', 'possum')}
+T413 = {   # (dataset, row) -> ((l, g) per client)
+    ('cifar10', 'sgd/fedavg'): ((9.1, 239.1), (424.2, 273.6), (18.4, 237.0), (483.5, 269.5), (263.2, 259.6)),
+    ('cifar10', 'sam/fedsam'): ((100.6, 36.4), (28.8, 16.5), (106.4, 35.7), (103.2, 30.6), (68.1, 32.9)),
+    ('cifar10', 'sgd/feddyn'): ((752.5, 347.8), (59.9, 242.3), (894.0, 371.2), (761.6, 348.9), (528.9, 286.0)),
+    ('cifar10', 'sam/feddyn'): ((199.6, 12.0), (122.0, 11.1), (200.2, 12.0), (206.9, 12.3), (155.6, 11.7)),
+    ('cifar10', 'sam/fedsmoo'): ((122.1, 26.5), (82.4, 26.9), (134.2, 25.7), (122.8, 25.2), (79.3, 33.5)),
+    ('cifar10', 'sam/fedgloss'): ((190.1, 4.3), (106.9, 3.9), (200.1, 4.1), (207.8, 4.0), (84.8, 4.1)),
+    ('cifar100', 'sgd/fedavg'): ((251.0, 224.5), (91.2, 267.0), (108.4, 215.2), (613.3, 300.1), (37.9, 259.6)),
+    ('cifar100', 'sam/fedsam'): ((0.1, 238.5), (0.2, 149.1), (6.7, 129.3), (1.3, 194.6), (15.3, 142.6)),
+    ('cifar100', 'sam/fedsmoo'): ((33.2, 31.4), (331.2, 102.2), (428.6, 121.0), (143.5, 40.2), (455.5, 90.9)),
+    ('cifar100', 'sam/fedgloss'): ((28.3, 19.6), (260.8, 40.7), (220.3, 49.6), (269.2, 22.2), (392.4, 39.0)),
+}
+
+
+def local_global_lambdas(dataset: str, alpha, method: str) -> Tuple[str, dict]:
+  """Table 4.13's entry for a Table 4.15 cell -> (note for the source, {lambda_local_i, lambda_global_i} for the
+  5 clients i = 1..5 of the last round, in the table's order); ('', {}) when the table has no such row. Measured
+  with experiments/hessian.py --per_client on the run's last round (its per-client report)."""
+  rows = T413.get((dataset, method))
+  if rows is None or float(alpha) != 0.0:
+    return '', {}
+  out = {}
+  for i, (lo, gl) in enumerate(rows, 1):
+    out[f'lambda_local_{i}'], out[f'lambda_global_{i}'] = lo, gl
+  return f'; Table 4.13: local / global lambda_1 of the last round\'s clients ({", ".join(T413_CLASSES[dataset])})', \
+      out

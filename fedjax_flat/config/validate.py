@@ -13,6 +13,7 @@ from absl import logging
 
 from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.algorithms.wrappers import swa as swa_lib
+from fedjax_flat.algorithms.local import MAN_CONVENTIONS
 from fedjax_flat.config import centralized
 from fedjax_flat.config.run_dir import is_run_dir
 from fedjax_flat.core.contract import WEIGHTINGS
@@ -165,6 +166,9 @@ def validate_config(cfg) -> None:
   if not isinstance(cfg.wima.get('classifier', ''), str):
     raise ConfigError('wima.classifier', cfg.wima.classifier, "must be a string ('' = auto)")
   _num(cfg, 'man.zeta', lo=0)
+  if cfg.man.get('convention', 'paper') not in MAN_CONVENTIONS:
+    raise ConfigError('man.convention', cfg.man.convention, f'allowed values: {list(MAN_CONVENTIONS)} (paper: zeta '
+                      'is Eq. 15\'s coefficient; code: zeta is the release\'s mu_mean, applied as mu_mean / 2)')
 
   _choice(cfg, 'engine.strategy', ('auto',) + STRATEGIES)
   _num(cfg, 'engine.clients_per_chunk', lo=0, integer=True)
@@ -210,6 +214,8 @@ def validate_config(cfg) -> None:
     centralized.validate(cfg)
   if 'segmentation' in cfg:
     _validate_segmentation(cfg)
+  if 'fedvc' in cfg:                       # FedVC's virtual clients (data/virtual_clients.py)
+    _num(cfg, 'fedvc.virtual_size', lo=0, integer=True)
   if 'retrieval' in cfg:                   # FedVPR's triplet loss and Recall@K (tasks/retrieval.py)
     _num(cfg, 'retrieval.margin', lo=0)
     _num(cfg, 'retrieval.num_negatives', lo=1, integer=True)

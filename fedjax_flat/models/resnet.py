@@ -1,4 +1,5 @@
-"""ResNets with GroupNorm: ResNet18-GN (FedSAM / FedGloSS CIFAR and CIFAR100-PAM) and ResNet20-GN (WiMA).
+"""ResNets with GroupNorm: ResNet18-GN (FedSAM / FedGloSS CIFAR and CIFAR100-PAM) and ResNet20-GN (WiMA); and
+ResNet18 with BatchNorm (`resnet18_bn`), the torchvision / "kuangliu" CIFAR network the GN one replaces.
 
 Digest section 2.8: BatchNorm is replaced by GroupNorm with 2 groups per GN layer (Hsieh et al.), so the model
 has no mutable state and `params` is the whole trainable state. GN has the same affine parameters as BN
@@ -12,6 +13,16 @@ ResNet18-GN (`resnet18`), torchvision/"kuangliu" layout:
   projection shortcut conv1x1 (stride s) + GN. Global average pool, dense classifier.
   Parameters: 11,173,962 for 10 classes and 11,220,132 for 100 (CIFAR stem; the ImageNet stem adds
   7*7*3*64 - 3*3*3*64 = 7,680).
+
+ResNet18-BN (`resnet18_bn`, `ResNetBN`): the same layout with BatchNorm (momentum 0.9 in flax's convention =
+  PyTorch's 0.1, epsilon 1e-5) in place of every GroupNorm: the same 11,173,962 trainable parameters for 10
+  classes (PyTorch's `parameters()`: BN's scale and bias equal GN's), plus 9,600 running statistics (mean and
+  variance of the 4,800 BN channels: 64 + 4 x 64 + (4 x 128 + 128) + (4 x 256 + 256) + (4 x 512 + 512)) in
+  params['batch_stats'] (models/base.py: the statistics travel with the params; local steps update them and
+  the server averages them, core/batch_stats.py; only algorithms declaring the 'batch_stats' need run it).
+  No thesis table uses it: the FedSAM / FedGloSS / PAM ResNet18 is the GN one (Appendix A.1: "replacing
+  Batch Normalization layers with group normalization"); it is here for the BN-vs-GN comparison and for
+  ported torchvision weights.
 
 ResNet20-GN (`resnet20`), the CIFAR ResNet of He et al. 2016 (section 4.2): conv3x3-16, GN, ReLU, then 3
 stages of 3 BasicBlocks, widths 16-32-64, strides 1-2-2, global average pool, dense classifier.
@@ -35,7 +46,7 @@ Conventions shared with `mobilenet_v2.py`:
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -45,6 +56,7 @@ from fedjax_flat.models.base import from_flax
 from fedjax_flat.models.registry import register
 
 GN_EPSILON = 1e-5
+BN_EPSILON = 1e-5
 
 
 def _act(module: nn.Module, y):
@@ -110,6 +122,60 @@ class BasicBlock(nn.Module):
     return _act(self, y + sc)
 
 
+class BNBlock(nn.Module):
+  """BasicBlock with BatchNorm: conv3x3 (stride s), BN, ReLU, conv3x3, BN, + projection shortcut, ReLU."""
+  features: int
+  strides: int = 1
+  bn_momentum: float = 0.9
+  conv_impl: str = 'auto'
+
+  @nn.compact
+  def __call__(self, x, *, use_running_average: bool, mask=None):
+    f, s = self.features, self.strides
+    bn = lambda name: nn.BatchNorm(momentum=self.bn_momentum, epsilon=BN_EPSILON, name=name)  # noqa: E731
+    y = conv(x, f, 3, strides=s, conv_impl=self.conv_impl, name='conv1')
+    y = _act(self, bn('bn1')(y, use_running_average=use_running_average, mask=mask))
+    y = conv(y, f, 3, conv_impl=self.conv_impl, name='conv2')
+    y = bn('bn2')(y, use_running_average=use_running_average, mask=mask)
+    if s != 1 or x.shape[-1] != f:
+      x = conv(x, f, 1, strides=s, conv_impl=self.conv_impl, name='shortcut_conv')
+      x = bn('shortcut_bn')(x, use_running_average=use_running_average, mask=mask)
+    return _act(self, y + x)
+
+
+class ResNetBN(nn.Module):
+  """ResNet18 with BatchNorm (module docstring): running statistics in the 'batch_stats' collection; `mask`
+  [B] keeps padded examples out of the batch statistics."""
+  stage_sizes: Sequence[int] = (2, 2, 2, 2)
+  widths: Sequence[int] = (64, 128, 256, 512)
+  num_classes: int = 10
+  stem_width: int = 64
+  stem: str = 'cifar'
+  bn_momentum: float = 0.9
+  conv_impl: str = 'auto'
+
+  @nn.compact
+  def __call__(self, x, train: bool = False, *, use_running_average: Optional[bool] = None, mask=None):
+    ura = (not train) if use_running_average is None else use_running_average
+    if mask is not None:
+      mask = jnp.reshape(mask, (-1, 1, 1, 1)) > 0
+    k, s = {'cifar': (3, 1), 'imagenet': (7, 2)}.get(self.stem, (None, None))
+    if k is None:
+      raise ValueError(f"stem={self.stem!r}; allowed: 'cifar', 'imagenet'")
+    x = conv(x, self.stem_width, k, strides=s, conv_impl=self.conv_impl, name='stem_conv')
+    x = nn.BatchNorm(momentum=self.bn_momentum, epsilon=BN_EPSILON, name='stem_bn')(
+        x, use_running_average=ura, mask=mask)
+    x = _act(self, x)
+    if self.stem == 'imagenet':
+      x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+    for i, (n, w) in enumerate(zip(self.stage_sizes, self.widths)):
+      for j in range(n):
+        x = BNBlock(w, strides=2 if (i > 0 and j == 0) else 1, bn_momentum=self.bn_momentum,
+                    conv_impl=self.conv_impl, name=f'layer{i + 1}_{j}')(x, use_running_average=ura, mask=mask)
+    x = jnp.mean(x, axis=(-3, -2))
+    return Dense(self.num_classes, torch_init=True, name='classifier')(x)
+
+
 class ResNet(nn.Module):
   """A GroupNorm ResNet of BasicBlocks. See the module docstring for the two configurations."""
   stage_sizes: Sequence[int]
@@ -168,3 +234,9 @@ def _resnet18_gn(num_classes, input_shape, conv_impl='auto', stem='cifar', gn_gr
 def _resnet20_gn(num_classes, input_shape, conv_impl='auto', gn_groups=2, shortcut='A'):
   module = resnet20(num_classes, gn_groups=gn_groups, shortcut=shortcut, conv_impl=conv_impl)
   return from_flax(module, 'resnet20_gn', num_classes, input_shape)
+
+
+@register('resnet18_bn', head=(('classifier',),), batch_stats=lambda kw: True)
+def _resnet18_bn(num_classes, input_shape, conv_impl='auto', stem='cifar', bn_momentum=0.9):
+  module = ResNetBN(num_classes=num_classes, stem=stem, bn_momentum=float(bn_momentum), conv_impl=conv_impl)
+  return from_flax(module, 'resnet18_bn', num_classes, input_shape, batch_stats=True)

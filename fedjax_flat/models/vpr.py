@@ -29,11 +29,10 @@ import jax.numpy as jnp
 
 from fedjax_flat.models.base import from_flax
 from fedjax_flat.models.registry import register
-from fedjax_flat.models.resnet import BasicBlock, _act, conv, group_norm
+from fedjax_flat.models.resnet import BN_EPSILON, BasicBlock, BNBlock, _act, conv, group_norm
 from fedjax_flat.models import pretrained
 
 GEM_EPS = 1e-6
-BN_EPSILON = 1e-5
 NORMS = ('gn', 'bn')
 
 
@@ -44,27 +43,6 @@ def gem(x, p, eps: float = GEM_EPS):
 
 def l2_normalize(v, eps: float = 1e-12):
   return v / jnp.maximum(jnp.sqrt(jnp.sum(jnp.square(v), -1, keepdims=True)), eps)
-
-
-class BNBlock(nn.Module):
-  """BasicBlock with BatchNorm: conv3x3 (stride s), BN, ReLU, conv3x3, BN, + projection shortcut, ReLU."""
-  features: int
-  strides: int = 1
-  bn_momentum: float = 0.9
-  conv_impl: str = 'auto'
-
-  @nn.compact
-  def __call__(self, x, *, use_running_average: bool, mask=None):
-    f, s = self.features, self.strides
-    bn = lambda name: nn.BatchNorm(momentum=self.bn_momentum, epsilon=BN_EPSILON, name=name)  # noqa: E731
-    y = conv(x, f, 3, strides=s, conv_impl=self.conv_impl, name='conv1')
-    y = _act(self, bn('bn1')(y, use_running_average=use_running_average, mask=mask))
-    y = conv(y, f, 3, conv_impl=self.conv_impl, name='conv2')
-    y = bn('bn2')(y, use_running_average=use_running_average, mask=mask)
-    if s != 1 or x.shape[-1] != f:
-      x = conv(x, f, 1, strides=s, conv_impl=self.conv_impl, name='shortcut_conv')
-      x = bn('shortcut_bn')(x, use_running_average=use_running_average, mask=mask)
-    return _act(self, y + x)
 
 
 class VprResNet(nn.Module):

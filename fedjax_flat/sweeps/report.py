@@ -3,8 +3,9 @@
 Per group of runs (seeds of one cell, or runs sharing the values of user-named config keys):
   last-K accuracy of the reported model (summary.json `mean_last_<K>_test_accuracy`) and final accuracy,
   mean +- std over the runs (population std, ddof = 0, as the earlier checked-in tables); rounds to a target
-  accuracy (first evaluation of the reported model at or above it, metrics.jsonl); lambda_max when
-  experiments/hessian.py ran (WORKDIR/hessian/hessian_<model>.json); communication (summary.json
+  accuracy (first evaluation of the reported model at or above it, metrics.jsonl) and the bits sent up to that
+  evaluation (its cumulative `comm_bytes` x 8: thesis Table 4.19's "bits to reach FedAvg's accuracy");
+  lambda_max when experiments/hessian.py ran (WORKDIR/hessian/hessian_<model>.json); communication (summary.json
   comm_total_bytes); config.json's `published` (paper number, percent) and the sweep cell's `reference` (an
   earlier measurement, percent) beside the measured number with the difference.
 
@@ -183,6 +184,15 @@ def rounds_to_target(records: List[Dict], key: str, target: float) -> Optional[i
   return None
 
 
+def bits_to_target(records: List[Dict], key: str, target: float) -> Optional[float]:
+  """Bits exchanged (down + up, cumulative `comm_bytes` x 8 of metrics.jsonl) up to the first record whose `key`
+  is a finite value >= target; None when the target is never reached or that record has no finite comm_bytes."""
+  for rec in records:
+    if _finite(rec.get(key)) and rec[key] >= target:
+      return 8.0 * rec['comm_bytes'] if _finite(rec.get('comm_bytes')) else None
+  return None
+
+
 def _accuracies(r: Dict) -> Tuple[Optional[float], Optional[float]]:
   """(last-K, final) test accuracy of a finished run in percent (None: absent; NaN / inf kept as such)."""
   s = r['summary']
@@ -277,6 +287,9 @@ def aggregate(runs: List[Dict], group_by: Sequence[str], target: Optional[float]
       row['target'] = target
       row['rounds_to_target_mean'] = float(np.mean(reached)) if reached else None
       row['reached_target'] = f'{len(reached)}/{len(done)}'
+      bits = [b for b in (bits_to_target(r['records'], r['acc_key'], target) for r in done) if b is not None]
+      row['bits_to_target_mean'] = float(np.mean(bits)) if bits else None
+      row['bits_to_target_runs'] = len(bits)
     # rounds to X% of the centralized accuracy (training/centralized.py), mean over the runs that got there
     for key in sorted({k for r in done for k in r['summary'] if k.startswith('rounds_to_') and
                        k.endswith('pct_centralized')}):
@@ -316,6 +329,7 @@ def _first(xs):
 
 CSV_FIELDS = ['differs', 'acc_lastk_mean', 'acc_lastk_std', 'acc_final_mean', 'acc_final_std', 'last_k', 'model',
               'runs', 'finished', 'seeds', 'target', 'rounds_to_target_mean', 'reached_target',
+              'bits_to_target_mean', 'bits_to_target_runs',
               'rounds_to_70pct_centralized_mean', 'reached_70pct_centralized', 'rounds_to_90pct_centralized_mean',
               'reached_90pct_centralized', 'lambda_max_mean',
               'lambda_max_std', 'lambda_max_runs', 'comm_mb_mean', 'wall_s_mean', 'published_acc',
@@ -347,7 +361,7 @@ def markdown_table(rows: List[Dict], group_by: Sequence[str], target: Optional[f
   split = any(r.get('differs') for r in rows)
   head = list(group_by) + (['differs in'] if split else []) + ['model', 'last-K acc (%)', 'final acc (%)', 'seeds']
   if target is not None:
-    head.append(f'rounds to {target:g}')
+    head += [f'rounds to {target:g}', f'bits to {target:g}']
   if any(r['lambda_max_runs'] for r in rows):
     head.append('lambda_max')
   head += ['comm (MB)']
@@ -364,6 +378,8 @@ def markdown_table(rows: List[Dict], group_by: Sequence[str], target: Optional[f
       cells.append('' if r['rounds_to_target_mean'] is None and r['finished'] == 0 else
                    (f"{r['rounds_to_target_mean']:.1f} ({r['reached_target']})" if r['rounds_to_target_mean']
                     is not None else f"not reached (0/{r['finished']})"))
+      cells.append('' if r.get('bits_to_target_mean') is None else
+                   f"{r['bits_to_target_mean']:.3g} ({r['bits_to_target_runs']}/{r['finished']})")
     if any(x['lambda_max_runs'] for x in rows):
       cells.append(_pm(r['lambda_max_mean'], r['lambda_max_std']))
     cells.append('' if r['comm_mb_mean'] is None else f"{r['comm_mb_mean']:.0f}")

@@ -580,8 +580,10 @@ def run_local(runs: List[Run], sweep_dir: str, info: Dict[str, Any], *, parallel
         if rc == 0 and run_status(run) == 'finished':
           durations.append(wall)
           states[key] = {'status': 'done', 'returncode': 0, 'wall_s': round(wall, 1)}
-        elif rc == 0 and stop['sig'] is not None:
-          states[key] = {'status': 'stopped', 'returncode': 0, 'wall_s': round(wall, 1)}
+        elif stop['sig'] is not None and rc in (0, -signal.SIGTERM):
+          # stopped by the driver's forwarded SIGTERM: checkpointed (0), or ended by it before train.py had
+          # installed its handler (still starting): nothing to report as a failure, the rerun resumes it
+          states[key] = {'status': 'stopped', 'returncode': rc, 'wall_s': round(wall, 1)}
         else:
           states[key] = {'status': 'failed', 'returncode': rc, 'wall_s': round(wall, 1),
                          'error': _last_error(log_path, rc), 'log': log_path}

@@ -43,6 +43,7 @@ from fedjax_flat.data.sampling import sample_clients
 from fedjax_flat.data import attacks
 from fedjax_flat.data import batching
 from fedjax_flat.data import registry as data_registry
+from fedjax_flat.data import virtual_clients
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.models import registry as model_registry
 from fedjax_flat.models.base import num_params
@@ -52,6 +53,8 @@ from fedjax_flat.training import writers
 from fedjax_flat.evaluation.evaluator import ClientEvaluator
 from fedjax_flat.training import centralized
 from fedjax_flat.evaluation.corruption import evaluate_corruptions
+from fedjax_flat.data.sources import cifar_c
+from fedjax_flat.errors import ConfigError
 from fedjax_flat.grouping import style_clusters
 from fedjax_flat.training import seg_figures
 
@@ -64,6 +67,18 @@ def _finite_tree(tree):
   return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)]))
 
 
+def _check_corruption_files(config) -> None:
+  """config.corruption_eval's files exist (one bad-input line naming the field and the download command):
+  they are read at the end of training, so a missing directory must not cost the whole run."""
+  ce = config.get('corruption_eval')
+  if ce is None or not ce.name:
+    return
+  try:
+    cifar_c.locate(ce.data_dir, ce.name)
+  except FileNotFoundError as e:
+    raise ConfigError('corruption_eval.data_dir', ce.data_dir, str(e).replace('\n', ' ')) from None
+
+
 class Trainer:
   """Builds everything from a config; `train()` runs the rounds. Usable from tests and notebooks."""
 
@@ -74,7 +89,10 @@ class Trainer:
     self.config = config
     self.workdir = workdir
     self.data = data if data is not None else data_registry.get_dataset(config.dataset, **config.data.to_dict())
+    if config.get('fedvc') is not None and config.fedvc.virtual_size:     # FedVC: equal-size virtual clients
+      self.data = virtual_clients.virtual_clients(self.data, config.fedvc.virtual_size, seed=config.seed)
     validate.validate_against_data(config, self.data)
+    _check_corruption_files(config)   # the CIFAR-C test set is read after training: find it before training
     self.model = model_registry.get_model(config.model, self.data.num_classes, self.data.input_shape,
                                           **config.model_kwargs.to_dict())
     self.task = tasks_lib.from_config(tasks_lib.task_of(self.data), config)  # loss and metrics (tasks/base.py)

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.personalization import global_params, personal_params, personalizer_name
 from fedjax_flat.evaluation.personalized import (eval_sets_from_data, evaluate_protocols, finetune_and_evaluate,
                                                  make_predict_fn)
@@ -46,6 +47,7 @@ def evaluate_trainer(trainer) -> dict:
         predict, trainer.model, client_params, server_params, sets, train_sets, epochs=int(pc.finetune_epochs),
         client_cfg=c.client, lr=float(pc.finetune_lr or c.client.lr),
         batch_size=int(pc.finetune_batch_size or c.client.batch_size), seed=c.seed,
-        man_zeta=float(c.man.zeta), augment_fn=trainer.train_transform, auc_scores=pc.auc_scores)
+        man_zeta=local_lib.man_coefficient(c.man.zeta, c.man.get('convention', 'paper')),
+        augment_fn=trainer.train_transform, auc_scores=pc.auc_scores)
     res['finetune'] = curve
   return res

@@ -86,12 +86,14 @@ def test_fedrep_matches_hand_computed_rounds(head_epochs):
     assert not np.allclose(heads[0]['kernel'], heads[1]['kernel'])
 
 
+# --- Through the Trainer with the personalized evaluation (the digits, a one-hidden-layer MLP). ---
+
+@pytest.fixture(scope='module')
 def digits():
   return load_digits_feature_shift(4, seed=0)
 
 
-# --- Through the Trainer with the personalized evaluation (the digits, a one-hidden-layer MLP). ---
-
+@pytest.mark.slow   # the Trainer with the personalized evaluation (CI time budget); the rounds are checked above
 def test_fedrep_end_to_end(digits):
   rep = trainers.make_trainer(fs_config('fedrep', **{'rounds': 2, 'algo.head_epochs': 1,
                                                      'personalized.enabled': True}), data=digits)

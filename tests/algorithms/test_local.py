@@ -8,8 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
-from fedjax_flat.algorithms.local import LocalState, local_step, make_loss, masked_step
+from fedjax_flat.algorithms.local import LocalState, local_step, make_loss, man_coefficient, masked_step
 from fedjax_flat.config.default_config import default_config
 from fedjax_flat.optimizers.client import make_client_tx
 from fedjax_flat.models.registry import get_model
@@ -60,6 +61,20 @@ def test_man_loss_and_gradient_equal_hand_computation():
   # zeta = 0 is the plain cross-entropy; the regularizer is positive.
   np.testing.assert_allclose(plain, want_ce, rtol=1e-6)
   assert float(got) > float(plain)
+
+
+def test_zeta_conventions():
+  """config.man.convention: 'paper' applies zeta as Eq. 15's coefficient, 'code' as the release's mu_mean / 2;
+  the loss with the code's mu_mean = 2 zeta equals the paper's with zeta."""
+  assert man_coefficient(0.15) == 0.15 and man_coefficient(0.15, 'paper') == 0.15
+  assert man_coefficient(0.15, 'code') == 0.075 and man_coefficient(0.2, 'code') == 0.1
+  model, params, batch = setup()
+  paper = make_loss(model, man_zeta=man_coefficient(ZETA, 'paper'))(params, batch)[0]
+  code = make_loss(model, man_zeta=man_coefficient(2 * ZETA, 'code'))(params, batch)[0]
+  np.testing.assert_allclose(float(code), float(paper), rtol=1e-7)
+  np.testing.assert_allclose(float(paper), float(hand_loss(params, batch, ZETA)), rtol=1e-5)
+  with pytest.raises(ValueError, match="'paper', 'code'"):
+    man_coefficient(0.1, 'half')
 
 
 def test_logits_are_not_regularized():

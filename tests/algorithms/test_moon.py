@@ -79,3 +79,7 @@ def test_moon_hparams_are_checked():
   cfg = config('moon', tau=0.0)
   with pytest.raises(ConfigError, match='algo.tau'):
     validate.validate_config(cfg)
+  cfg = config('moon')
+  cfg.man.zeta = 0.1
+  with pytest.raises(ConfigError, match='man.zeta'):
+    validate.validate_config(cfg)

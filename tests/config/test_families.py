@@ -18,8 +18,9 @@ from tests.fixtures.paths import REPO
 
 CONFIGS = os.path.join(REPO, 'configs')
 # Families whose cells reproduce a paper table (each cell must carry a published number or say it diverged).
-PAPER_FAMILIES = ('fedsam_cifar', 'fedsam_pam', 'fedsam_landmarks', 'fedgloss_cifar', 'wima', 'man_cifar100',
-                  'baselines_cifar_cnn', 'fedseq', 'fedcg', 'fedsoup_table1')
+PAPER_FAMILIES = ('fedsam_cifar', 'fedsam_pam', 'fedsam_landmarks', 'fedgloss_cifar', 'fedgloss_sota', 'wima',
+                  'man_cifar100',
+                  'baselines_cifar_cnn', 'fedseq', 'fedcg', 'fedsoup_table1', 'fedvpr')
 # digits stand-ins: no paper number applies
 STAND_INS = ('baselines_digits', 'fedsoup_digits', 'fedseq_digits', 'fedcg_digits')
 SEG_FAMILIES = ('feddrive', 'ladd')   # mIoU instead of accuracy: tests/config/test_{feddrive,ladd}_configs.py
@@ -53,7 +54,7 @@ def test_every_cell_builds_validates_and_documents(name):
   for cell in mod.CELLS:
     c = mod.get_config(cell)
     validate_config(c)
-    if c.swa.enabled:
+    if c.swa.enabled and 'start=' not in cell:      # start=: Table 4.12's SWA start rounds
       assert swa_start_round(c) == int(0.75 * c.rounds)
     pub = c.published.to_dict()
     if name in PAPER_FAMILIES:
@@ -74,6 +75,18 @@ def test_every_cell_builds_validates_and_documents(name):
     ('fedsam_cifar.py:cifar10,fedasam,swa', 'Table 4.3', 76.44, {}),
     ('fedsam_cifar.py:cifar100,fedsam,alpha=0.5,clients=20', 'Table 4.3', 46.05, {}),
     ('fedsam_cifar.py:cifar100,fedavg,alpha=1000,clients=10,epochs=2', 'E=2', 48.64, {}),
+    ('fedsam_cifar.py:cifar100,fedasam,swa,alpha=0,table=4.1', 'Table 4.1', 42.01,
+     {'lambda_max': 24.57, 'lambda_ratio_1_5': 1.51, 'centralized_accuracy': 55.96}),
+    ('fedsam_cifar.py:cifar100,fedavg,alpha=1000,epochs=2,table=4.1', 'Table 4.1', 48.72,
+     {'lambda_max': 118.35, 'lambda_ratio_1_5': 1.30}),
+    ('fedsam_cifar.py:cifar100,fedavg,mixup,alpha=0', 'Table 4.7', 29.91, {'centralized_accuracy': 58.01}),
+    ('fedsam_cifar.py:cifar100,fedsam,swa,mixup,alpha=1000', 'Table 4.7', 52.9, {}),
+    ('fedsam_cifar.py:cifar10,fedasam,swa,cutout,alpha=0.05,clients=20', 'Table 4.7', 71.09, {}),
+    ('fedsam_cifar.py:cifar10,fedavg,swa,noavg', 'Table 4.11', 61.41, {}),
+    ('fedsam_cifar.py:cifar100,fedasam,swa,cycle=1,alpha=0.5,clients=20', 'Table 4.11', 47.95, {}),
+    ('fedsam_cifar.py:cifar100,fedavg,swa,start=1000', 'Table 4.12', 24.53, {}),
+    ('fedsam_cifar.py:cifar10,fedavg,swa,start=2500,alpha=100', 'Table 4.12', 81.49, {}),
+    ('fedsam_cifar.py:cifar10,fedasam,swa,alpha=0,clients=20,cifarc', 'Fig. 4.13', 76.36, {}),
     ('fedsam_pam.py:fedsam,swa,clients=20', 'Table 4.4', 54.67, {}),
     ('fedsam_pam.py:fedasam,epochs=2', 'Table 4.4', 49.33, {}),
     ('fedsam_landmarks.py:fedasam,swa', 'Table 4.9', 67.17, {}),
@@ -81,13 +94,34 @@ def test_every_cell_builds_validates_and_documents(name):
      {'accuracy_std': 0.5, 'lambda_max': 107.35, 'lambda_max_std': 7.5}),
     ('fedgloss_cifar.py:cifar10,naive_fedgloss,alpha=0.05', 'Table 4.20', 84.4, {'lambda_max': 2.75}),
     ('fedgloss_cifar.py:cifar100,alpha=1000,noadmm', 'Table 4.17', 55.8, {'lambda_max': 13.9}),
+    ('fedgloss_cifar.py:cifar10,sgd,alpha=0.05', 'Table 4.19', 75.5,
+     {'rounds_to_target': 3800, 'bits_to_target_B': 0.4, 'target_accuracy': 65.7}),
+    ('fedgloss_sota.py:cifar100,fedgloss,sam', 'Table 4.16', 47.2,
+     {'accuracy_std': 0.2, 'rounds_to_target': 1900, 'bits_to_target_B': 0.2, 'target_accuracy': 37.4}),
+    ('fedgloss_sota.py:cifar10,fedsmoo,sam', 'Table 4.16', 75.3, {'rounds_to_target': 2400, 'bits_to_target_B': 0.5}),
+    ('fedgloss_sota.py:cifar10,fedavg', 'Table 4.16', 72.6, {'rounds_to_target': 10000, 'bits_to_target_B': 1}),
+    ('fedgloss_sota.py:landmarks,fedgloss,sam', 'Table 4.18', 59.7,
+     {'accuracy_std': 1.2, 'rounds_to_target': 200, 'bits_to_target_B': 0.2, 'target_accuracy': 56.3}),
+    ('fedgloss_sota.py:landmarks,fedprox', 'never reached', 55.0, {'target_accuracy': 56.3}),
+    ('baselines_cifar_cnn.py:dataset=cifar10,algo=fedsmoo,client=sam,table=4.15', 'Table 4.19', 81.3,
+     {'rounds_to_target': 1900, 'bits_to_target_B': 0.4, 'target_accuracy': 59.9}),
+    ('baselines_cifar_cnn.py:dataset=cifar100,algo=fedavg,client=sam,table=4.15', 'Table 4.13', 28.7,
+     {'lambda_local_1': 0.1, 'lambda_global_1': 238.5, 'lambda_local_5': 15.3, 'lambda_global_5': 142.6}),
+    ('fedgloss_cifar.py:cifar10', 'Table 4.13', 83.9, {'lambda_local_4': 207.8, 'lambda_global_4': 4.0}),
     ('wima.py:cifar10', 'Table 4.22', 69.95, {}),
     ('wima.py:cifar100,scaffold,nowima,alpha=0.5', 'Table 4.22', 50.93, {}),
+    ('wima.py:cifar100,mime_sgd,alpha=0.5', 'Table 4.22', 40.37, {}),
+    ('wima.py:cifar10,fedavgm,nowima', 'Table 4.22', 73.32, {}),
+    ('wima.py:cifar100,feddyn', 'Table 4.22', 8.48, {}),
     ('wima.py:landmarks,scaffold', 'Table 4.23', 68.30, {}),
     ('wima.py:cifar100,window=10', 'Table 4.24', 25.70, {}),
     ('wima.py:cifar10,alpha=0.05,subset=classifier,batch=20', 'Table 4.25', 71.01, {}),
     ('man_cifar100.py:fedspeed,man,iid', 'MAN', 55.89, {'accuracy_std': 0.41}),
-    ('man_cifar100.py:fedavg,dir0.6', 'MAN', 40.39, {'accuracy_std': 0.59}),
+    ('man_cifar100.py:fedavg,dir0.6', 'MAN', 40.39, {'accuracy_std': 0.59, 'target_accuracy': 50.0}),
+    ('man_cifar100.py:fedsam,man,dir0.6', 'Tables 1-2', 52.62,
+     {'rounds_to_target': 281, 'lambda_max': 30.05, 'hessian_trace': 2918}),
+    ('man_cifar100.py:tiny_imagenet,feddc,man,dir0.3', 'Table 1', 35.70,
+     {'rounds_to_target': 73, 'target_accuracy': 28.0}),
     ('man_cifar100.py:feddc,man,iid', 'MAN', 56.77, {'accuracy_std': 0.31}),
     ('man_cifar100.py:tiny_imagenet,feddc,man,iid', 'Tiny-ImageNet', 36.53, {'accuracy_std': 0.03}),
     ('man_cifar100.py:tiny_imagenet,fedavg,dir0.6', 'Tiny-ImageNet', 24.41, {'accuracy_std': 0.41}),
@@ -109,8 +143,87 @@ def test_published_numbers(spec, source, acc, extra):
     assert pub[k] == v
 
 
+def test_fedsam_cifar_ablation_cells_set_their_knobs():
+  """Tables 4.7 / 4.11 / 4.12 and Fig. 4.13 change exactly their knob of the Table 4.3 setting."""
+  base = cfg('fedsam_cifar.py:cifar100,fedsam,swa').to_dict()
+
+  def diff(spec):
+    c = cfg(spec).to_dict()
+    return {k for k in c if k != 'published' and c[k] != base[k]}
+  assert diff('fedsam_cifar.py:cifar100,fedsam,swa,mixup') == {'augment'}
+  assert cfg('fedsam_cifar.py:cifar100,fedsam,swa,mixup').augment == 'cifar_mixup'
+  assert cfg('fedsam_cifar.py:cifar10,fedavg,cutout').augment == 'cifar_cutout'
+  c = cfg('fedsam_cifar.py:cifar100,fedsam,swa,noavg')
+  assert diff('fedsam_cifar.py:cifar100,fedsam,swa,noavg') == {'swa'} and not c.swa.average and c.swa.cyclic_lr
+  c = cfg('fedsam_cifar.py:cifar100,fedsam,swa,cycle=1')
+  assert (c.swa.cycle, c.swa.average, c.swa.start_fraction) == (1, True, 0.75)
+  c = cfg('fedsam_cifar.py:cifar100,fedavg,swa,start=5000')
+  assert swa_start_round(c) == 5000 and c.swa.cycle == 20 and c.rounds == 20000
+  c = cfg('fedsam_cifar.py:cifar10,fedsam,swa,clients=20,cifarc')
+  assert (c.corruption_eval.name, tuple(c.corruption_eval.severities)) == ('cifar10_c', (5,))
+  assert cfg('fedsam_cifar.py:cifar100,fedsam,clients=20,cifarc').corruption_eval.name == 'cifar100_c'
+  for bad, needle in (('cifar10,noavg', 'need swa'), ('cifar10,fedsam,swa,start=500', 'method'),
+                      ('cifar10,fedavg,swa,start=1000', 'start=1000'), ('cifar10,fedavg,swa,cycle=5', 'cycle=5'),
+                      ('cifar10,fedavg,swa,mixup,noavg', 'no table combines'),
+                      ('cifar10,fedavg,table=4.1', 'dataset'), ('cifar10,fedavg,cifarc', 'clients=5'),
+                      ('cifar100,fedavg,alpha=0.5,table=4.1', 'alpha=0.5')):
+    with pytest.raises(ConfigError, match=needle):
+      cfg('fedsam_cifar.py:' + bad)
+
+
+def test_wima_table_4_22_rows_map_to_their_algorithms():
+  c = cfg('wima.py:cifar10,fedavgm')
+  assert (c.algorithm, c.server.momentum, c.server.lr, c.wima.enabled) == ('fedavg', 0.9, 1.0, True)
+  sgd, sgdm = cfg('wima.py:cifar10,mime_sgd'), cfg('wima.py:cifar10,mime_sgdm')
+  assert (sgd.algorithm, sgd.algo.beta, sgdm.algorithm, sgdm.algo.beta) == ('mime', 0.0, 'mime', 0.9)
+  c = cfg('wima.py:cifar100,adabest,nowima,alpha=0.5')
+  assert (c.algorithm, c.algo.mu, c.algo.beta, c.model, c.client.lr) == ('adabest', 0.02, 0.9, 'resnet20_gn', 0.1)
+  assert cfg('wima.py:cifar10,feddyn').published.to_dict() == {}       # N/A in the table
+  with pytest.raises(ConfigError, match='landmarks'):
+    cfg('wima.py:landmarks,fedcm')
+
+
+def test_man_zeta_convention_and_cifar10():
+  assert 'rounds_to_target' not in cfg('man_cifar100.py:fedavg,dir0.6').published      # "500+"
+  assert 'lambda_max' not in cfg('man_cifar100.py:fedsam,man,iid').published          # Table 2: no iid column
+  paper, code = cfg('man_cifar100.py:feddc,man'), cfg('man_cifar100.py:feddc,man,zeta=code')
+  assert (paper.man.zeta, paper.man.convention, code.man.zeta, code.man.convention) == \
+      (0.15, 'paper', 0.15, 'code')
+  c = cfg('man_cifar100.py:cifar10,fedavg,man')
+  validate_config(c)
+  assert (c.dataset, c.model, c.normalize, c.rounds, c.man.zeta) == ('cifar10', 'cifar_cnn', 'cifar10', 500, 0.15)
+  assert c.published.to_dict() == {}          # supplementary Sec. 5.2: not in the seeds
+
+
+def test_table_4_13_only_on_its_rows():
+  assert 'lambda_local_1' not in cfg('baselines_cifar_cnn.py:dataset=cifar10,algo=fedprox,table=4.15').published
+  assert 'lambda_local_1' not in cfg('baselines_cifar_cnn.py:dataset=cifar10,algo=fedsmoo,client=sam,alpha=0.05,'
+                                     'table=4.15').published
+  assert 'lambda_local_1' not in cfg('fedgloss_cifar.py:cifar10,sgd').published
+  assert cfg('baselines_cifar_cnn.py:dataset=cifar10,algo=feddyn,client=sam,table=4.15').published.lambda_local_3 \
+      == 200.2
+
+
+def test_fedgloss_sota_settings():
+  c = cfg('fedgloss_sota.py:cifar100,fedgloss,sam')
+  assert (c.model, c.data.alpha, c.rounds, c.clients_per_round, c.client.lr, c.client.momentum) == \
+      ('resnet18_gn', 0.5, 10000, 10, 0.01, 0.7)
+  assert (c.client.weight_decay, c.client.optimizer, c.client.rho, c.client.rho_warmup_rounds) == \
+      (1e-5, 'sam', 0.01, 0)
+  assert (c.algo.rho_server, c.algo.rho_server_schedule, c.algo.dual_variant) == (0.01, 'constant', 'release')
+  c = cfg('fedgloss_sota.py:landmarks,fedsmoo,sam')
+  assert (c.model, c.rounds, c.clients_per_round, c.client.local_epochs, c.client.rho, c.algo.beta) == \
+      ('mobilenet_v2_gn', 1300, 50, 5, 0.1, 50.0)
+  assert cfg('fedgloss_sota.py:cifar10,fedavg,sam').client.optimizer == 'sam'
+  assert cfg('fedgloss_sota.py:landmarks,fedspeed,sam').published.to_dict() == {}    # Table 4.19 only
+  with pytest.raises(ConfigError, match='client=sgd'):
+    cfg('fedgloss_sota.py:cifar10,fedgamma,sgd')
+
+
 def test_diverged_and_unpublished_cells():
   pub = cfg('baselines_cifar_cnn.py:cifar100,feddyn,table=4.15').published
+  assert 'diverged' in pub.source and 'accuracy' not in pub and 'Table 4.19: did not converge' in pub.source
+  pub = cfg('fedgloss_sota.py:landmarks,scaffold').published
   assert 'diverged' in pub.source and 'accuracy' not in pub
   # A combination no table has builds, with nothing published.
   assert cfg('fedgloss_cifar.py:cifar10,naive_fedgloss,sgd').published.to_dict() == {}
@@ -200,7 +313,8 @@ def test_man_cells_follow_the_digest():
     ('wima.py:cifar10,cifar100', "dataset is already set by 'cifar10'"),
     ('fedgloss_cifar.py:fedgloss,sgd,adam', "'adam' is invalid: unknown token; allowed:"),
     ('man_cifar100.py:fedprox',
-     "allowed: dataset = cifar100 | tiny_imagenet; method = fedavg | fedsam | fedasam | feddyn | feddc | fedspeed"),
+     "allowed: dataset = cifar100 | tiny_imagenet | cifar10; method = fedavg | fedsam | fedasam | feddyn | feddc | "
+     "fedspeed"),
     ('fedsoup_digits.py:leave_out=7', 'allowed leave_out: -1 | 0 | 1 | 2 | 3 | 4'),
     ('baselines_digits.py:algo=fedfoo', 'algo must be one of fedavg | fedavgm'),
     ('baselines_cifar_cnn.py:algorithm=fedprox', "unknown key 'algorithm'"),
@@ -230,7 +344,8 @@ def test_binary_bad_string_exits_2_with_one_line(tmp_path):
   lines = [line for line in res.stderr.splitlines() if line.strip()]
   assert lines == ["error: configs/fedsam_cifar.py:'fedasm' is invalid: unknown token; allowed: dataset = "
                    "cifar10 | cifar100; method = fedavg | fedsam | fedasam; swa (flag); alpha=<float>; "
-                   "clients=<int>; epochs=<int>"], res.stderr
+                   "clients=<int>; epochs=<int>; aug = none | mixup | cutout; cycle=<int>; noavg (flag); "
+                   "start=<int>; table = 4.3 | 4.1; cifarc (flag)"], res.stderr
 
 
 @pytest.mark.slow
@@ -253,7 +368,7 @@ def test_paper_table_sweep_covers_a_family():
   assert len(runs) == len(load('fedsam_landmarks').CELLS) * 3
   assert {r.config for r in runs} == {f'configs/fedsam_landmarks.py:{c}' for c in load('fedsam_landmarks').CELLS}
   c10 = sweep_lib.load_sweep_file(path + ':fedsam_cifar,only=cifar10')['grid']
-  assert len(c10) == 63 and all(',' in g['config'] and 'cifar100' not in g['config'] for g in c10)
+  assert len(c10) == 252 and all(',' in g['config'] and 'cifar100' not in g['config'] for g in c10)
   t415 = sweep_lib.load_sweep_file(path + ':baselines_cifar_cnn,only=4.15')['grid']
   assert len(t415) == 36
   with pytest.raises(ValueError, match='families: .*fedsam_cifar'):

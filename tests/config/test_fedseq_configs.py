@@ -100,3 +100,30 @@ def test_chain_algorithms_do_not_check_clients_per_round_against_the_population(
   validate.validate_against_data(small_config(algorithm='fedseq', clients_per_round=10), data)
   with pytest.raises(ConfigError, match='population of 4'):
     validate.validate_against_data(small_config(clients_per_round=10), data)
+
+
+@pytest.mark.parametrize('cell,acc,algo,hp,clip,k', [
+    ('cifar10,fedprox,alpha=0', 71.52, 'fedprox', {'mu': 0.01}, 0.0, 100),
+    ('cifar100,feddyn,alpha=0.5', 54.32, 'feddyn', {'alpha': 0.1}, 30.0, 100),
+    ('cifar10,scaffold,alpha=0.2', 78.02, 'scaffold', {}, 0.0, 100),
+    ('femnist,feddyn,split=iid', 82.00, 'feddyn', {'alpha': 1e-3}, 30.0, 350),
+    ('shakespeare,fedprox', 48.73, 'fedprox', {'mu': 1e-3}, 0.0, 10),
+    ('stackoverflow,scaffold', 26.10, 'scaffold', {}, 0.0, 4000)])
+def test_table_5_1_sota_rows_are_fedavgs_setting_with_their_algorithm(cell, acc, algo, hp, clip, k):
+  """FedProx / SCAFFOLD / FedDyn (Appendix A.4.2): FedAvg's cell with the algorithm and its hyperparameters."""
+  c = cfg(cell)
+  validate_config(c)
+  ds = cell.split(',')[0]
+  base = cfg(cell.replace(algo, 'fedavg'))
+  assert (c.algorithm, c.clients_per_round, c.client.grad_clip) == (algo, k, clip or base.client.grad_clip)
+  assert all(c.algo[name] == v for name, v in hp.items())
+  assert c.published.accuracy == acc and 'Table 5.1' in c.published.source
+  assert (c.dataset, c.rounds, c.client.lr, c.data.to_dict()) == (ds, base.rounds, base.client.lr,
+                                                                    base.data.to_dict())
+  with pytest.raises(ConfigError, match='5.1'):
+    cfg(cell + ',table=5.3')
+
+
+def test_table_5_1_sota_rows_without_stated_hyperparameters_are_refused():
+  with pytest.raises(ConfigError, match='not stated'):
+    cfg('stackoverflow,fedprox')

@@ -34,6 +34,7 @@ CASES = [
     ('wima.window', 0, '>= 1'),
     ('wima.subset', 'head', 'allowed values'),
     ('man.zeta', -1.0, '>= 0'),
+    ('man.convention', 'half', "allowed values: ['paper', 'code']"),
     ('augment', 'randaugment', 'allowed values'),
     ('eval_every', 0, '>= 1'),
 ]
@@ -233,3 +234,13 @@ def test_every_config_declares_the_command_line_data_fields():
     missing = sorted(set(OPTIONAL_FIELDS) - set(c.data.keys()))
     assert not missing, (path, missing)
     c.data.split_json = '/some/split.json'                 # typed str, settable on a locked config
+
+
+@pytest.mark.parametrize('field,value', [('retrieval.margin', -0.1), ('retrieval.num_negatives', 0),
+                                         ('retrieval.threshold', float('nan')), ('fedvc.virtual_size', -1)])
+def test_retrieval_and_fedvc_fields_are_checked(field, value):
+  c = default_config()
+  section, name = field.split('.')
+  c[section][name] = value
+  with pytest.raises(validate.ConfigError, match=field.replace('.', r'\.')):
+    validate.validate_config(c)

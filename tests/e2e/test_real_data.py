@@ -169,10 +169,12 @@ def test_fedseq_shakespeare_cell_on_leaf_json(tmp_path):
 
 
 @pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
-@pytest.mark.parametrize('cell', ['celeba,fedcg', 'celeba,table=5.9,residual,H', 'celeba,fedavg'])
+@pytest.mark.parametrize('cell', ['celeba,fedcg', 'celeba,table=5.9,residual,H', 'celeba,fedavg',
+                                  'celeba,table=5.10,all,eye,kmeans,D=2,soft=0'])
 def test_fedcg_celeba_cells_on_leaf_layout(tmp_path, cell):
   """configs/fedcg.py on CelebA in LEAF's layout (JSON + official JPEGs and attribute file): discovered domains,
-  the 32 oracle attribute domains with the Hamming adjacency, and the FedAvg baseline; images shrunk to 16."""
+  the 32 oracle attribute domains with the Hamming adjacency, the FedAvg baseline, and k-means client domains
+  (the trainer's pre-training pass, one epoch here); images shrunk to 16."""
   from tests.fixtures.data_files import make_celeba_leaf
   make_celeba_leaf(str(tmp_path / 'data' / 'celeba' / 'data'), celebs=(6, 5, 7, 8))
   c = _config(f'fedcg.py:{cell}')
@@ -180,4 +182,5 @@ def test_fedcg_celeba_cells_on_leaf_layout(tmp_path, cell):
   c.data.image_size = 16
   c.model_kwargs.channels = (4, 4)
   c.model_kwargs.gcn_bottleneck = 4
+  c.grouping.pretrain_epochs = 1
   _run(c, tmp_path, 'celeba', clients_per_round=2, batch_size=4)

@@ -2,10 +2,12 @@
 import csv
 
 import numpy as np
+import pytest
 
 from fedjax_flat.data.sources.builtin import synthetic
 from fedjax_flat.training import trainers
 from fedjax_flat.config.default_config import default_config
+from fedjax_flat.errors import ConfigError
 
 
 def _write_cifar_c(root, n=6, corruptions=('fog', 'snow')):
@@ -55,3 +57,15 @@ def test_progress_rate_and_eta():
   assert out.getvalue().splitlines()[-1] == line
   t[0] += 4000.0
   assert p.update('glass_blur', 5, 10000, 0.1).endswith('ETA 1h07m10s')   # 4030 s / 4 done x 4 left = 4030 s
+
+
+def test_missing_corruption_files_are_bad_input_before_training(tmp_path):
+  """The CIFAR-C files are read after training: a wrong data_dir is one ConfigError when the trainer is built."""
+  c = default_config()
+  c.dataset, c.model, c.rounds, c.clients_per_round, c.eval_every = 'synthetic', 'mlp', 2, 2, 2
+  c.corruption_eval.name = 'cifar10_c'
+  c.corruption_eval.data_dir = str(tmp_path / 'nowhere')
+  data = synthetic(3, 4, input_shape=(32, 32, 3), num_classes=3, seed=0)
+  with pytest.raises(ConfigError, match=r'corruption_eval.data_dir=.*CIFAR-10-C not found.*download.py '
+                                        r'--dataset=cifar10_c'):
+    trainers.make_trainer(c, str(tmp_path / 'run'), data=data)

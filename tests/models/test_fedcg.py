@@ -22,6 +22,10 @@ def test_gcn_equals_formula():
   np.testing.assert_allclose(fedcg.gcn(a, v, w, relu=True), want, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(fedcg.gcn(a, v, w, relu=False), a @ v @ w, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(fedcg.gcn(a, v, None, relu=False), a @ v, rtol=1e-5, atol=1e-6)
+  # the bottleneck W = I + W1 W2, given as the pair (W1, W2): the same values as the formed matrix
+  w1, w2 = np.asarray(_rand(4, (5, 2))), np.asarray(_rand(5, (2, 5)))
+  np.testing.assert_allclose(fedcg.gcn(a, v, (w1, w2), relu=True),
+                             np.maximum(a @ v @ (np.eye(5) + w1 @ w2), 0.0), rtol=1e-5, atol=1e-5)
 
 
 def _model(**kw):

@@ -25,10 +25,17 @@ def test_mlp_head_is_its_last_dense_and_z_is_the_hidden_layer():
   np.testing.assert_allclose(z, want_z, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(logits, z @ p['Dense_1']['kernel'] + p['Dense_1']['bias'], rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(logits, m.apply(p, x), rtol=1e-6)
+  # frozen(): the head's gradient is exactly 0, the body's is not; merge() picks leaves by the mask
+  g = jax.grad(lambda q: jnp.sum(m.apply(partition.frozen(mask, q), x) ** 2))(p)
+  assert float(jnp.abs(g['Dense_1']['kernel']).max()) == 0.0 and float(jnp.abs(g['Dense_0']['kernel']).max()) > 0
+  merged = partition.merge(mask, jax.tree_util.tree_map(jnp.zeros_like, p), p)
+  assert float(jnp.abs(merged['Dense_1']['kernel']).max()) == 0.0
+  np.testing.assert_array_equal(merged['Dense_0']['kernel'], p['Dense_0']['kernel'])
   # the declaration follows the model's kwargs: two hidden layers -> Dense_2
   assert declared_head('mlp', {'hidden': (4, 4)}) == (('Dense_2',),)
 
 
+@pytest.mark.slow   # a CNN's compile (CI time budget); the MLP case above checks the same at a tiny size
 def test_digits_cnn_split_and_representation_under_jit_and_grad():
   m, p = _model('digits_cnn', (8, 8, 1), gn_groups=2)
   mask = partition.head_mask(m, p)
@@ -48,6 +55,7 @@ def test_digits_cnn_split_and_representation_under_jit_and_grad():
   np.testing.assert_array_equal(merged['Conv_0']['kernel'], p['Conv_0']['kernel'])
 
 
+@pytest.mark.slow   # a ResNet's compile (CI time budget); the MLP and CNN cases above are the fast ones
 def test_resnet_head_and_local_masks_reuse_the_same_predicate():
   m, p = _model('resnet20_gn', (8, 8, 3))
   select = partition.is_head_path(m.head)

@@ -77,6 +77,28 @@ def test_aggregate_exact_values(sweep_dir):
   assert report_lib.rounds_to_target([{'round': 3, 'x': 0.5}, {'round': 6, 'x': 0.9}], 'x', 0.9) == 6
 
 
+def test_bits_to_target_from_cumulative_comm_bytes(tmp_path):
+  """Table 4.19's column: bits (8 x cumulative comm_bytes) up to the first evaluation at or above --target."""
+  recs0 = [{'round': 2, 'test_accuracy': 0.5, 'comm_bytes': 100.0}, {'round': 4, 'test_accuracy': 0.7,
+                                                                       'comm_bytes': 200.0},
+           {'round': 6, 'test_accuracy': 0.9, 'comm_bytes': 300.0}]
+  recs1 = [{'round': 2, 'test_accuracy': 0.75, 'comm_bytes': 400.0}, {'round': 4, 'test_accuracy': 0.6,
+                                                                        'comm_bytes': 800.0}]
+  recs2 = [{'round': 2, 'test_accuracy': 0.1, 'comm_bytes': 10.0}]                  # never reaches 0.7
+  for s, recs in enumerate((recs0, recs1, recs2)):
+    _run(str(tmp_path / f'X/seed={s}'), s, 'sgd', summary=_summary(0.8, 0.8), records=recs)
+  assert report_lib.bits_to_target(recs0, 'test_accuracy', 0.7) == 1600.0          # round 4: 200 bytes
+  assert report_lib.bits_to_target(recs0, 'test_accuracy', 0.95) is None
+  assert report_lib.bits_to_target([{'round': 1, 'test_accuracy': 0.9}], 'test_accuracy', 0.5) is None
+  assert report_lib.bits_to_target([{'round': 1, 'test_accuracy': float('nan'), 'comm_bytes': 1.0}],
+                                   'test_accuracy', 0.5) is None
+  (row,) = report_lib.aggregate(report_lib.collect(workdirs=[str(tmp_path / 'X/seed=*')]), ['cell'], target=0.7)
+  assert row['bits_to_target_mean'] == pytest.approx((1600.0 + 3200.0) / 2) and row['bits_to_target_runs'] == 2
+  assert row['rounds_to_target_mean'] == 3.0 and row['reached_target'] == '2/3'
+  md = '\n'.join(report_lib.markdown_table([row], ['cell'], 0.7))
+  assert '| rounds to 0.7 | bits to 0.7 |' in md and '| 3.0 (2/3) | 2.4e+03 (2/3) |' in md
+
+
 def test_binary_writes_markdown_csv_plots(sweep_dir, tmp_path):
   out = tmp_path / 'rep'
   p = subprocess.run([sys.executable, REPORT, f'--sweep_dir={sweep_dir}', f'--out_dir={out}', '--target=0.8',
@@ -84,10 +106,13 @@ def test_binary_writes_markdown_csv_plots(sweep_dir, tmp_path):
   assert p.returncode == 1 and '2 rows from 4 runs (1 unfinished, 0 non-finite, 0 torn metrics lines)' in p.stdout, \
       p.stdout + p.stderr
   md = (out / 'report.md').read_text()
-  assert ('| cell | model | last-K acc (%) | final acc (%) | seeds | rounds to 0.8 | lambda_max | comm (MB) | '
+  assert ('| cell | model | last-K acc (%) | final acc (%) | seeds | rounds to 0.8 | bits to 0.8 | lambda_max | '
+          'comm (MB) | '
           'published (%) | diff | reference (%) | diff |') in md
-  assert '| A | global | 85.00 ± 5.00 | 85.00 ± 3.00 | 2/2 | 7.5 (2/2) | 5.00 ± 1.00 | 2 | 80.00 | +5.00 |  |  |' in md
-  assert '| B | swa | 60.00 ± 0.00 | 65.00 ± 0.00 | 1/2 | not reached (0/1) |  | 2 |  |  | 55.00 ± 1.00 | +5.00 |' in md
+  assert ('| A | global | 85.00 ± 5.00 | 85.00 ± 3.00 | 2/2 | 7.5 (2/2) |  | 5.00 ± 1.00 | 2 | 80.00 | +5.00 '
+          '|  |  |') in md
+  assert ('| B | swa | 60.00 ± 0.00 | 65.00 ± 0.00 | 1/2 | not reached (0/1) |  |  | 2 |  |  | 55.00 ± 1.00 '
+          '| +5.00 |') in md
   assert 'Unfinished or failed runs (not averaged): B/seed=1' in md
   with open(out / 'report.csv') as f:
     rows = list(csv.DictReader(f))

@@ -459,3 +459,14 @@ def test_disk_full_mid_sweep_runs_go_on_and_the_end_is_one_error(tmp_path, monke
   warnings = [ln for ln in stream.getvalue().splitlines() if ln.startswith('warning:')]
   assert len(warnings) == 1 and 'No space left on device' in warnings[0]
   assert not [f for f in os.listdir(tmp_path / 's') if f.startswith('sweep.json')]
+
+
+def test_a_child_ended_by_the_forwarded_sigterm_while_starting_is_stopped_not_failed(tmp_path):
+  """Ctrl-C / SIGTERM to the driver is forwarded to its runs; one still starting (no handler yet) ends with
+  -SIGTERM: stopped (the rerun resumes it), not FAILED 'killed by SIGTERM'."""
+  import threading
+  runs = sweep_lib.expand(dict(config=QS, grid={'client.lr': [0.1]}), str(tmp_path / 's'))
+  threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+  st = sweep_lib.run_local(runs, str(tmp_path / 's'), {}, python=_fake_python(tmp_path, 'slow', 'exec sleep 30'),
+                           poll_s=0.05, stream=open(os.devnull, 'w'), env=dict(os.environ))[runs[0].key]
+  assert st['status'] == 'stopped' and st['returncode'] == -signal.SIGTERM

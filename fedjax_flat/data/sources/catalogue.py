@@ -37,7 +37,7 @@ RESOURCES: Dict[str, List[Resource]] = {
     'camelyon17': [Resource(
         'camelyon17_v1.0.tar.gz',
         'https://worksheets.codalab.org/rest/bundles/0xe45e15f39fb54e9d9e919556af67aabe/contents/blob/',
-        note='WILDS camelyon17 v1.0 (about 10.7 GB; WILDS publishes no checksum), extracted into '
+        note='WILDS camelyon17 v1.0 (about 10.7 GB; no published checksum), extracted into '
              'camelyon17_v1.0/ as WILDS does (metadata.csv + patches/; data/sources/camelyon17.py)')],
     'tiny_imagenet': [Resource('tiny-imagenet-200.zip', 'http://cs231n.stanford.edu/tiny-imagenet-200.zip',
                                248100043, md5='90528d7ca1a48142e341f4ef8d21d0de',

@@ -1,7 +1,9 @@
 """Camelyon17 in the WILDS layout (data/sources/camelyon17.py) on generated files: metadata.csv + PNG patches
 whose pixels encode (patient, tumor, node), so the split can be checked image by image."""
 import csv
+import io
 import os
+import tarfile
 
 import numpy as np
 import pytest
@@ -10,8 +12,10 @@ from PIL import Image
 from fedjax_flat.config import validate
 from fedjax_flat.config.default_config import default_config
 from fedjax_flat.data.registry import get_dataset
-from fedjax_flat.data.sources import camelyon17
+from fedjax_flat.data import download as dl
+from fedjax_flat.data.sources import camelyon17, catalogue
 from fedjax_flat.errors import ConfigError, DataFormatError
+from tests.fixtures.http_server import loopback_opener
 
 
 def write_wilds_camelyon17(data_dir, *, patients_per_center=4, patches=6, size=96):
@@ -100,3 +104,21 @@ def test_bad_files_and_fields_are_one_line_errors(files, tmp_path):
   cfg.data.client_by = 'hospital'
   with pytest.raises(ConfigError, match='client_by'):
     validate.validate_config(cfg)
+
+
+def test_download_extracts_the_wilds_archive_where_the_reader_looks(server, tmp_path, monkeypatch):
+  handler, base = server
+  src = tmp_path / 'src'
+  root = write_wilds_camelyon17(str(src), patients_per_center=2, patches=2, size=8)
+  buf = io.BytesIO()
+  with tarfile.open(fileobj=buf, mode='w:gz') as tar:      # WILDS' archive: metadata.csv + patches/ at its top
+    for name in sorted(os.listdir(root)):
+      tar.add(os.path.join(root, name), arcname=name)
+  handler.files['/blob/'] = buf.getvalue()
+  monkeypatch.setitem(catalogue.RESOURCES, 'camelyon17',
+                      [dl.Resource('camelyon17_v1.0.tar.gz', base + '/blob/', note='no published checksum')])
+  out = catalogue.download('camelyon17', str(tmp_path / 'data'), opener=loopback_opener())
+  assert out == [str(tmp_path / 'data' / camelyon17.DIRNAME)]
+  data = get_dataset('camelyon17', data_dir=str(tmp_path / 'data'), train_per_class=0, test_per_class=0,
+                     image_size=8)
+  assert data.num_clients == 5

@@ -59,3 +59,9 @@ def test_bad_input_is_one_config_error():
     registry.get_dataset('vpr_synthetic', **{**SMALL, 'split_radius': 0.5})
   with pytest.raises(ConfigError, match='city_size'):
     registry.get_dataset('vpr_synthetic', **{**SMALL, 'city_size': float('nan')})
+
+
+def test_single_split_is_one_client_with_every_query():
+  one = registry.get_dataset('vpr_synthetic', **SMALL, split='single')
+  prox = registry.get_dataset('vpr_synthetic', **SMALL)
+  assert one.num_clients == 1 and len(one.y) >= len(prox.y)

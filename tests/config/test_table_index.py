@@ -1,0 +1,31 @@
+"""configs/README.md (fedjax_flat/config/table_index.py): every family cell is listed under the tables its
+published source names; the source parser on hand-written sources."""
+import os
+
+from fedjax_flat.config import table_index
+from tests.fixtures.paths import REPO
+
+CONFIGS = os.path.join(REPO, 'configs')
+
+
+def test_tables_of_a_published_source():
+  assert table_index.tables_of('thesis Table 4.3 / Table 4.5 (FedSAM paper, CNN), C100 FedAvg') == \
+      [('thesis', '4.3'), ('thesis', '4.5')]
+  assert table_index.tables_of("thesis Table 4.15, C10 fedavg; Table 4.19: rounds / bits; Table 4.13: local") == \
+      [('thesis', '4.15'), ('thesis', '4.19'), ('thesis', '4.13')]
+  assert table_index.tables_of('MAN (WACV 2024) Tables 1-2, FedAvg') == [('MAN', '1'), ('MAN', '2')]
+  assert table_index.tables_of('FedSoup (MICCAI 2023) Table 1, retina fedbabu') == [('FedSoup', '1')]
+  assert table_index.tables_of('thesis Table 4.3 ..., on CIFAR-C (Fig. 4.13: a plot)') == \
+      [('thesis', '4.3'), ('thesis', 'Fig. 4.13')]
+  assert table_index.tables_of('') == []
+
+
+def test_readme_lists_every_cell_of_every_family():
+  """Regenerate with `python -m fedjax_flat.config.table_index > configs/README.md` when this fails."""
+  readme = open(os.path.join(CONFIGS, 'README.md')).read()
+  lines = set(readme.splitlines())
+  missing = [f'{fam}:{cell}' for fam, cells in table_index.family_cells(CONFIGS).items() for cell in cells
+             if f'{fam}:{cell}' not in lines]
+  assert not missing, f'{len(missing)} cells missing from configs/README.md, e.g. {missing[:3]}'
+  for key in table_index.NO_CELL:
+    assert table_index.NO_CELL[key] in readme
