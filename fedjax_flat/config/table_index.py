@@ -52,10 +52,11 @@ NO_CELL = {
     ('thesis', '6.1'): 'summary of the FedDrive settings: configs/feddrive.py docstring',
     ('thesis', '6.4'): 'FFREEDA federated splits (classes, clients, images): data/sources (cityscapes, crosscity, '
                        'mapillary readers)',
-    ('thesis', '6.5'): 'FedVPR datasets with FedAvg R@K: not a family (the datasets are not readable here); '
+    ('thesis', '6.5'): 'FedVPR splits with FedAvg R@1: configs/fedvpr.py (MSLS, a manual download); '
                        'configs/quickstart_vpr.py runs the proximity / random splits on the synthetic stand-in',
-    ('thesis', '6.6'): 'FedVPR hierarchical FL and server optimizers: missing (no hierarchical FL in fedjax_flat)',
-    ('thesis', '6.7'): "FedVPR clients' quantity heterogeneity: missing (its datasets are not readable here)",
+    ('thesis', '6.6'): 'FedVPR server optimizers, matched FedAvg budgets and H-FL (city / continent): '
+                       'configs/fedvpr.py',
+    ('thesis', '6.7'): "FedVPR clients' quantity heterogeneity (fixed local iterations, FedVC): configs/fedvpr.py",
     ('thesis', 'A.1'): 'training hyperparameters: fedjax_flat/config/paper_hparams.TRAINING, used by the families',
     ('thesis', 'A.2'): 'SAM / ASAM radii: paper_hparams.RHO',
     ('thesis', 'A.3'): 'SWA hyperparameters: paper_hparams.SWA',
