@@ -170,6 +170,21 @@ def test_registered_one_cluster_sync_every_round_is_fedavg_through_the_trainer()
   assert float(h.server_state['messages_bottom']) == 3 * 2 * 3 and float(h.server_state['messages_top']) == 3 * 2
 
 
+def test_registered_trainer_puts_each_city_in_its_client_state_and_samples_per_city():
+  """Fast (no round runs): the trainer's store holds every client's city, and each round's clients (host
+  sampler and the compiled block's sampler alike) are clients_per_group of every city."""
+  city = np.array([1, 0, 1, 1, 0, 0, 1, 0])
+  t = _hfl_trainer(_groups_data(city), {'algorithm': 'hfl', 'algo.clients_per_group': 2, 'clients_per_round': 4},
+                   device_data=False)
+  np.testing.assert_array_equal(np.asarray(t.store.gather(np.arange(len(city)))['cluster']), city)
+  dev = jax.jit(t.device_sampler())
+  for r in range(5):
+    ids = t.sample_round(r)
+    assert np.bincount(city[ids], minlength=2).tolist() == [2, 2]
+    np.testing.assert_array_equal(np.asarray(dev(t.key, r)), ids)
+
+
+@pytest.mark.slow   # two trainers, ~30 s on the shared CPU: the fast test above checks the same wiring unrun
 def test_registered_clusters_in_client_states_stratified_rounds_host_equals_device():
   """Two cities: every client's city is its initial client state, every round samples clients_per_group of
   each city, and the compiled multi-round block (on-device stratified sampling) equals the host rounds."""

@@ -2,6 +2,7 @@
 min(floor(N_k / B), cap) (client.full_batches, client.max_local_steps), masked inside one fixed step count S
 (no recompilation), on the host and the device paths alike."""
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -50,6 +51,26 @@ def _trainer(**over):
   return trainers.make_trainer(c, data=data)
 
 
+def test_trainer_batches_follow_the_thesis_rule_host_and_device_gather():
+  """Fast (no round runs): the trainer's S and each sampled client's host batches follow min(floor(N_k/4), 2),
+  and the device gather of the compiled block gives the same batches."""
+  t = _trainer(**{'client.full_batches': True, 'client.max_local_steps': 2, 'engine.device_data': False})
+  assert t.num_steps == 2 and t.batch_plan.full_batches and t.batch_plan.max_steps == 2
+  arrays = batching.device_data(t.data)
+  for r in range(3):
+    rb = t.prepare_round(r)
+    ids = sampling.sample_clients(len(SIZES), 3, seed=t.config.seed, round_idx=r)
+    for i, k in enumerate(ids):
+      assert rb.mask[i].sum() == 4 * min(SIZES[k] // 4, 2)
+    padded = np.full(rb.mask.shape[0], -1, np.int32)
+    padded[:len(ids)] = ids
+    dev, _ = jax.device_get(batching.gather_round_device(t.batch_plan, arrays, sampling.seed_key(t.config.seed),
+                                                         jnp.int32(r), jnp.asarray(padded)))
+    for key in ('x', 'y', 'mask'):
+      np.testing.assert_array_equal(dev[key], getattr(rb, key), err_msg=key)
+
+
+@pytest.mark.slow   # two trainers, ~30 s on the shared CPU: the fast test above checks the same batches unrun
 def test_trainer_runs_the_thesis_rule_in_one_program_host_equals_device():
   """client.full_batches + client.max_local_steps through the trainer: S = min(floor(12 / 4), 2) = 2, each
   sampled client's round batches hold min(floor(N_k / 4), 2) full batches, and the compiled multi-round block
