@@ -215,11 +215,14 @@ class _QuietClosedLoop:
 
   When orbax's restore fails on a corrupt file (which the fallback then handles), tensorstore's still
   pending reads finish on other threads and call back into the asyncio loop that orbax has already closed;
-  Python reports each as an unraisable 'Event loop is closed' traceback. Only that error is dropped.
+  Python reports each as an unraisable 'Event loop is closed' traceback. Only that error is dropped. Installed
+  while checkpoints are restored; after a failed restore it stays until the process ends (`keep`): the
+  orphaned reads can land after close(), e.g. while a binary exits with its one-line error.
   """
 
   def __init__(self):
     self.previous = None
+    self.keep = False
 
   def __call__(self, unraisable):
     e = unraisable.exc_value
@@ -233,6 +236,8 @@ class _QuietClosedLoop:
       sys.unraisablehook = self
 
   def uninstall(self):
+    if self.keep:        # a restore failed: its orphaned reads may still land after close(), even at exit
+      return
     if self.previous is not None and sys.unraisablehook is self:
       sys.unraisablehook = self.previous
     self.previous = None
@@ -404,6 +409,7 @@ class Checkpointer:
         server, clients = self._read_arrays(step, meta)
       except Exception as e:  # noqa: BLE001
         corrupt.append((step, e))
+        self._quiet.keep = True
         continue
       self._apply(trainer, meta, saved_cfg, server, clients)
       for bad, err in corrupt:
@@ -429,7 +435,11 @@ class Checkpointer:
     diffs = config_diffs(saved_cfg, config_dict(trainer.config))
     if diffs:
       raise CheckpointMismatchError(self.directory, step, diffs)
-    server, clients = self._read_arrays(step, meta)
+    try:
+      server, clients = self._read_arrays(step, meta)
+    except Exception:
+      self._quiet.keep = True
+      raise
     self._apply(trainer, meta, saved_cfg, server, clients)
     return step
 

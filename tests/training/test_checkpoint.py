@@ -259,3 +259,33 @@ def test_edited_metadata_is_corrupt_and_unhashed_checkpoints_still_restore(tmp_p
   _edit_meta(wd / 'checkpoints' / '4', strip)
   s = run_lib.run(tiny_config(rounds=5), str(wd), data=data)
   assert s['resumed_from_round'] == 4
+
+
+def test_after_a_failed_restore_the_closed_loop_filter_stays_until_exit(tmp_path):
+  """A corrupt checkpoint's orphaned tensorstore reads can call back into orbax's closed asyncio loop after the
+  Checkpointer is closed (even while the process exits: 'hessian corrupt checkpoint' once printed a traceback
+  under load): after a failed restore the filter stays installed; it drops only that error."""
+  import sys
+  import types
+  data = small_data()
+  wd = tmp_path / 'run'
+  run_lib.run(tiny_config(), str(wd), data=data)
+  _corrupt(wd / 'checkpoints' / '4', 'data_truncated')
+  saved = sys.unraisablehook
+  try:
+    ck = ckpt_lib.Checkpointer(str(wd / 'checkpoints'), read_only=True)
+    assert ck.restore_latest(trainers.make_trainer(tiny_config(), data=data)) == 3
+    ck.close()
+    hook = sys.unraisablehook
+    assert isinstance(hook, ckpt_lib._QuietClosedLoop) and hook.keep
+    seen = []
+    hook.previous = lambda u: seen.append(u.exc_value)
+    hook(types.SimpleNamespace(exc_value=RuntimeError('Event loop is closed')))
+    hook(types.SimpleNamespace(exc_value=ValueError('another error')))
+    assert [str(e) for e in seen] == ['another error']
+  finally:
+    sys.unraisablehook = saved
+  ok = ckpt_lib.Checkpointer(str(wd / 'checkpoints'), read_only=True)      # a clean restore leaves nothing
+  ok.restore_step(trainers.make_trainer(tiny_config(), data=data), 3)
+  ok.close()
+  assert sys.unraisablehook is saved
