@@ -27,12 +27,13 @@ NOTES = {
     ('thesis', '4.11'): "also Table 4.3's cells: its +SWA cells are the \"Avg, c = 20 | 10\" rows, its plain cells "
                         'the "no Avg, c = 1" rows',
     ('thesis', '4.12'): "the start 7500 (C10) / 15000 (C100) row is Table 4.3's fedavg,swa 5-client cells",
-    ('thesis', '4.13'): 'measured with experiments/hessian.py --per_client on the last round (it reports the local '
-                        'model on its own data and on the test set; the thesis\' global value is on the whole '
-                        'training set)',
+    ('thesis', '4.13'): 'measured with experiments/hessian.py --per_client --per_client_global=train on the last '
+                        'round: the local model on its own data and on the whole training set of all clients (the '
+                        "thesis' global value; =test: on the test set, =both: side by side)",
     ('thesis', '4.20'): "its FedGloSS rows are Table 4.15's configs/fedgloss_cifar.py cells",
-    ('thesis', '4.22'): "C10 FedDyn is N/A in the table; the PAM and FEMNIST columns are not cells (the WiMA runs' "
-                        'PAM model and FEMNIST CNN are not stated)',
+    ('thesis', '4.22'): 'C10 and FEMNIST FedDyn are N/A in the table; PAM / FEMNIST cells: the PAM model is not '
+                        'stated for WiMA (the FedSAM PAM ResNet18-GN used), "20% participation" read as 100 of 500 '
+                        'clients, FEMNIST W not stated (100 used); configs/wima.py says each choice',
     ('thesis', 'Fig. 4.13'): 'CIFAR-C at severity 5 (config.corruption_eval): a plot in the thesis, no number',
     ('thesis', '4.21'): "Table 4.15's cells: its FedSAM / FedDyn / FedAvg rows are configs/baselines_cifar_cnn.py "
                         "table=4.15 cells at alpha=0 (FedDyn+SAM: client=sam), its FedGloSS rows "
