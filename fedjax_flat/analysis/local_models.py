@@ -25,7 +25,6 @@ from fedjax_flat.analysis.data import make_fixed_batches
 from fedjax_flat.analysis.eigen import RESIDUAL_TOL, check_pairs, top_eigenpairs_power
 from fedjax_flat.analysis.hvp import make_hvp, param_dim
 from fedjax_flat.analysis.per_client import client_lambda_max_estimates
-from fedjax_flat.data.sampling import sample_clients
 
 
 def local_models(trainer, round_idx: int) -> Tuple[List[int], List]:
@@ -38,9 +37,8 @@ def local_models(trainer, round_idx: int) -> Tuple[List[int], List]:
   if hasattr(trainer, 'lane_shape'):    # training/chain_loop.ChainTrainer
     raise ValueError(f'{alg.name} trains its clients in chains: a client\'s model depends on its position in '
                      'its chain, so per-client local models from the broadcast model are not defined')
-  c = trainer.config
   r = int(round_idx)
-  ids = [int(k) for k in sample_clients(trainer.data.num_clients, c.clients_per_round, seed=c.seed, round_idx=r)]
+  ids = [int(k) for k in trainer.sample_round(r)]          # the round's clients (stratified for H-FL)
   rb = trainer._build_rows(r, ids, len(ids), as_dict=False)   # pylint: disable=protected-access
   id_arr = np.asarray(ids, np.int32)
   rngs = trainer._client_rngs(r, id_arr)                      # pylint: disable=protected-access
