@@ -21,8 +21,9 @@ from fedjax_flat.config import families
 # What a table's cells do not say themselves: rows that are another table's cells, columns that are missing.
 NOTES = {
     ('thesis', '4.5'): "federated columns: Table 4.3 / 4.7's C100 5-client cells; the centralized column is their "
-                       'config.published.centralized_accuracy (experiments/centralized.py: SGD / MixUp / Cutout; a '
-                       'centralized SAM / ASAM / SWA run is missing)',
+                       'config.published.centralized_accuracy, run by experiments/centralized.py on the same cell '
+                       '(SGD / MixUp / Cutout; SAM / ASAM with the cell\'s client optimizer; SWA over epochs: '
+                       'add --config.swa.cycle=1)',
     ('thesis', '4.6'): "the \"no momentum\" column is Table 4.3's 20-client cells (configs/fedsam_cifar.py)",
     ('thesis', '4.11'): "also Table 4.3's cells: its +SWA cells are the \"Avg, c = 20 | 10\" rows, its plain cells "
                         'the "no Avg, c = 1" rows',
