@@ -414,6 +414,11 @@ def test_registered_ladd_trains_each_client_from_its_cluster():
     assert any(not np.allclose(a[0], a[1]) for a in after)
     np.testing.assert_array_equal(np.asarray(t.store.gather(np.arange(4))['cluster']), labels)
     out[kind] = t.server_state
+    if kind == 'host':   # the trainer's evaluation routes each test image to its style's cluster model
+      ev = t.evaluate()
+      assert 0.0 <= ev['routed/test_miou'] <= 1.0 and 'cluster1/test_miou' in ev
+      cluster_of_style = {int(s): int(c) for s, c in zip(t.data.client_style, labels)}
+      np.testing.assert_array_equal(t.routed_evaluator.route_ids, [cluster_of_style[int(s)] for s in t.data.test_style])
   jax.tree_util.tree_map(np.testing.assert_array_equal, out['host'], out['device'])
 
 
