@@ -174,9 +174,10 @@ def main():
       row['miou'][name] = evaluate(lambda c: ladd_lib.cluster_params(state, c, flags), test_routes)
       row['miou'][name + '_global'] = evaluate(lambda c: state['params'], single)
       row['train_s'][name] = dt
-    for name, start in (('ftda', pre), ('oracle', params0)):
+    for name in ('ftda', 'oracle'):
       if name not in methods:
         continue
+      start = pre if name == 'ftda' else params0
       alg = fedavg_lib.fedavg(model, local_lib.make_loss(model, task=task), cfg, server_tx, name=name)
       state, dt = run_federated(alg, start, ds, **fed)
       row['miou'][name], row['train_s'][name] = evaluate(lambda c: state['params'], single), dt
