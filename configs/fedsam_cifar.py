@@ -65,9 +65,9 @@ Table 4.1 (C100, global model; table=4.1):   lambda_1 a0 / a1k     lambda_1/lamb
 Table 4.5 (C100, 5 clients/round): its federated columns are the Table 4.3 / 4.7 cells above (SAM = FedSAM, SWA =
 FedAvg+SWA, MixUp / Cutout = FedAvg with mixup / cutout); its centralized column goes in those cells'
 config.published.centralized_accuracy:  SGD 52.20, SAM 55.22, ASAM 55.66, SWA 52.72, SAM+SWA 55.75,
-ASAM+SWA 55.96, MixUp 58.01, Cutout 55.30. experiments/centralized.py trains the SGD / MixUp / Cutout
-references (--config.augment); a centralized SAM / ASAM / SWA run is not built (training/centralized.py trains
-SGD with momentum only).
+ASAM+SWA 55.96, MixUp 58.01, Cutout 55.30. experiments/centralized.py trains each of them on the cell itself
+(the client optimizer SGD / SAM / ASAM of the method, config.swa, --config.augment; SWA's cycle counts epochs
+there: --config.swa.cycle=1).
 
 Table 4.7 (strong augmentations; columns as Table 4.3):
   C100 FedAvg  MixUp         29.91 33.67 35.67       35.10 37.80 39.34       55.34 55.81 55.98

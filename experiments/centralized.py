@@ -3,9 +3,18 @@
   python experiments/centralized.py --config=configs/quickstart.py --workdir=runs/quickstart_central \
       [--config.centralized.epochs=20 --config.centralized.lr=0.05 ...]
 
-Uses the config's dataset, model, augmentation and task; SGD with momentum (config.centralized.momentum,
-0.9), cosine-annealed lr (config.centralized.lr, 0 = client.lr), weight decay and batch size (default the
-client's). Writes WORKDIR/centralized.json (final / best test accuracy, per-epoch metrics). A federated run
+Uses the config's dataset, model, augmentation and task; the clients' optimizer chain (client.optimizer
+'sgd' | 'sam' | 'asam' with client.rho) with momentum (config.centralized.momentum, 0.9), cosine-annealed lr
+(config.centralized.lr, 0 = client.lr), weight decay and batch size (default the client's); with
+config.swa.enabled, SWA over epochs (cyclic lr from swa.start_fraction, the end-of-cycle weights averaged; the
+SWA model is the reported one). Thesis Table 4.5's centralized column, e.g. its SAM+SWA cell:
+
+  python experiments/centralized.py --config=configs/fedsam_cifar.py:cifar100,fedsam,swa,alpha=0.5,clients=5 \
+      --workdir=runs/c100_central_sam_swa --config.swa.cycle=1
+
+(the fedsam / fedasam cells set client.optimizer=sam / asam, the swa cells swa.enabled; SWA's cycle counts
+epochs here, so the federated cycle of 20 rounds is overridden, or the run warns that it never averages).
+ Writes WORKDIR/centralized.json (final / best test accuracy, per-epoch metrics). A federated run
 given --config.centralized.path=WORKDIR reports rounds_to_70pct_centralized / rounds_to_90pct_centralized in
 its summary.json (training/centralized.py).
 

@@ -6,8 +6,10 @@ and loss landscapes, written as JSON + PNG plots.
       [--trace_probes=20]
       [--density_probes=3] [--surface_points=11] [--interpolate_with=runs/other]
   python experiments/hessian.py --workdir=runs/quickstart --per_client [--per_client_round=r] [--num_examples=500]
+      [--per_client_estimate=full_data|both]
       (thesis Table 4.13: per sampled client, lambda_max of its local model on its own data vs the global
-      model on the same data; local models recomputed from the checkpoint, analysis/local_models.py)
+      model on the same data; local models recomputed from the checkpoint, analysis/local_models.py; `both`
+      adds FedSoup Fig. 2a's median over batches beside the full-data estimate)
 
 The model and data come from the run: WORKDIR/config.json rebuilds the dataset and model, and the newest
 checkpoint in WORKDIR/checkpoints (written at the end of every run) gives the parameters. Outputs go to
@@ -82,6 +84,11 @@ _PER_CLIENT = flags.DEFINE_bool(
 _PC_ROUND = flags.DEFINE_integer(
     'per_client_round', -1, 'With --per_client: the checkpoint round r to start from (-1: the newest); the run must '
     'have kept it (config.keep_rounds, or checkpoint_every / keep_checkpoints).')
+_PC_EST = flags.DEFINE_enum(
+    'per_client_estimate', 'full_data', ['full_data', 'both'],
+    'With --per_client: full_data (lambda_max of the loss over the client\'s examples, Table 4.13 and the FedSoup '
+    'release) or both: also FedSoup\'s paper estimate, the median over batches of --batch_size of each batch\'s '
+    'lambda_max (lambda_<name>_batch_median, side by side).')
 
 
 def check_flags(argv) -> None:
@@ -100,6 +107,8 @@ def check_flags(argv) -> None:
     raise BadInputError('--surface_points=1 gives no surface: use 0 (skip) or >= 2 (e.g. 11)')
   if not (0 < _RES_TOL.value < 1):
     raise BadInputError(f'--residual_tol={_RES_TOL.value} must be in (0, 1), e.g. 1e-3')
+  if _PC_EST.value != 'full_data' and not _PER_CLIENT.value:
+    raise BadInputError(f'--per_client_estimate={_PC_EST.value} applies to --per_client only: add --per_client')
   if _PER_CLIENT.value and (_OTHER.value or _SURFACE.value or _DENSITY.value or _TRACE.value):
     raise BadInputError('--per_client computes per-client lambda_max only: leave out --interpolate_with, '
                         '--surface_points, --density_probes and --trace_probes')
@@ -120,7 +129,7 @@ def main(argv):
     from fedjax_flat.analysis.local_models import per_client_sharpness
     t0 = time.time()
     rep = per_client_sharpness(trainer, params, step, num_examples=_N.value, batch_size=_BATCH.value,
-                               num_iters=_ITERS.value, seed=_SEED.value)
+                               num_iters=_ITERS.value, seed=_SEED.value, estimate=_PC_EST.value)
     rep.update({'workdir': os.path.abspath(wd), 'model': _MODEL.value, 'seconds': time.time() - t0})
     path = os.path.join(out, f'per_client_{_MODEL.value}_round{step}.json')
     with open(path, 'w') as f:
@@ -132,7 +141,9 @@ def main(argv):
       print('warning: some power iterations did not converge (residual_* / converged_* in the report); '
             'more steps: --num_iters', file=sys.stderr)
     print(f"round {step}: mean lambda_max local/own {rep.get('mean_lambda_local_own', float('nan')):.4f}, "
-          f"global/own {rep.get('mean_lambda_global_own', float('nan')):.4f}; report: {path}")
+          f"global/own {rep.get('mean_lambda_global_own', float('nan')):.4f}"
+          + (f", local/own batch median {rep['mean_lambda_local_own_batch_median']:.4f}"
+             if 'mean_lambda_local_own_batch_median' in rep else '') + f'; report: {path}')
     return
   trainer, params, step = load_run(wd, _MODEL.value)
   # BatchNorm models: the Hessian over the trainable params, the running statistics held fixed.

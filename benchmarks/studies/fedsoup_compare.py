@@ -7,10 +7,17 @@ median lambda_max of the clients' personalized models (benchmarks/studies/README
   .venv/bin/python -m benchmarks.studies.fedsoup_compare --out=/tmp/fsb/results.jsonl --table   (prints the table)
 
 Each run is the Trainer on configs/fedsoup_digits.py:<algorithm> (fold -1 = no client left out; fold j =
-leave-one-client-out with hospital j as the unseen domain), then lambda_max (power iteration on full-data
-HVPs, fedjax_flat.analysis.client_lambda_max) of every client's personalized model on its own training data
-(the FedSoup paper's sharpness: a median over clients; [U] its batch-median vs full-data is unresolved).
-Runs already in --out are skipped (resumable).
+leave-one-client-out with hospital j as the unseen domain), then lambda_max (power iteration on HVPs) of every
+client's personalized model on its own training data, both estimates of FedSoup's Fig. 2a side by side
+(fedjax_flat.analysis.client_lambda_max_estimates): the paper's median over training batches (batches of
+client.batch_size; `lambda_max_batch_median_clients`) and the release's full-data estimate
+(`lambda_max_full_data_clients`); `lambda_max_median` / `lambda_max_median_batch_median` are their medians over
+clients (the former as before: full data). Runs already in --out are skipped (resumable).
+
+Fig. 2b (the fine-tuning trade-off): after the runs, and with --table, the study writes --plot (default
+<out>_fig2b.png) from the runs' `finetune` curves (config.personalized.finetune_epochs): local vs global accuracy
+after 1, 7 and 15 fine-tuning iterations per method (mean over seeds, no client left out). One "iteration" of
+the paper is one local epoch (the release: one client.train() call per fine-tuning iteration).
 """
 from __future__ import annotations
 
@@ -59,26 +66,82 @@ def run_one(algorithm, seed, fold, rounds, hessian_iters, num_clients=0, gn_grou
   if algorithm == 'fedsoup':
     states = personalized_eval.client_states_of(t.store)
     rec['soup_counts'] = [float(states[k]['count']) for k in sorted(states)]
-  try:
-    from fedjax_flat.analysis import client_lambda_max
-  except ImportError:
-    client_lambda_max = None
-  if client_lambda_max is not None and hessian_iters > 0:
+  if hessian_iters > 0:
+    from fedjax_flat.analysis import client_lambda_max_estimates
     states = personalized_eval.client_states_of(t.store)
-    gx, gy = t.data.test_examples()
-    gb = make_eval_batches(gx, gy, 256)
-    lams = []
+    full, per_batch = [], []
     for k in range(t.data.num_clients):
       params = jax.tree_util.tree_map(jax.numpy.asarray,
                                       personalization.personal_params(t.algorithm, t.server_state, states.get(k)))
       x, y = t.data.client_examples(k)
-      r = client_lambda_max(t.model, params, make_eval_batches(x, y, 256), gb, num_iters=hessian_iters,
-                            rng=jax.random.PRNGKey(seed))
-      lams.append(r['lambda_local'])
-    rec['lambda_max_clients'] = lams
-    rec['lambda_max_median'] = float(np.median(lams))
+      if len(y) == 0:
+        continue
+      r = client_lambda_max_estimates(t.model, params, make_eval_batches(x, y, int(c.client.batch_size)),
+                                      num_iters=hessian_iters, rng=jax.random.PRNGKey(seed))
+      full.append(r['lambda_full_data'])
+      per_batch.append(r['lambda_batch_median'])
+    rec.update(sharpness_fields(full, per_batch))
   rec['wall_s'] = time.time() - t0
   return rec
+
+
+def sharpness_fields(full_data, batch_median) -> dict:
+  """The record's Fig. 2a fields from each client's two lambda_max estimates (full data, median over batches)."""
+  return {'lambda_max_full_data_clients': list(map(float, full_data)),
+          'lambda_max_batch_median_clients': list(map(float, batch_median)),
+          'lambda_max_clients': list(map(float, full_data)),          # the earlier name (full data)
+          'lambda_max_median': float(np.median(full_data)),
+          'lambda_max_median_batch_median': float(np.median(batch_median))}
+
+
+FINETUNE_ITERATIONS = (1, 7, 15)     # FedSoup Fig. 2b
+
+
+def finetune_points(recs, iterations=FINETUNE_ITERATIONS) -> dict:
+  """{method: [(iteration, mean local acc, mean global acc)]} over the no-client-left-out runs' finetune curves."""
+  out = {}
+  for r in recs:
+    if r.get('fold', -1) != -1 or not r.get('finetune'):
+      continue
+    out.setdefault(r['algorithm'], []).append(r['finetune'])
+  pts = {}
+  for alg, curves in out.items():
+    row = []
+    for it in iterations:
+      at = [f for curve in curves for f in curve if f['epoch'] == it]
+      if at:
+        row.append((it, float(np.mean([f['local_acc_weighted'] for f in at])),
+                    float(np.mean([f['global_acc_client_mean'] for f in at]))))
+    if row:
+      pts[alg] = row
+  return pts
+
+
+def finetune_tradeoff_plot(recs, path, iterations=FINETUNE_ITERATIONS):
+  """FedSoup Fig. 2b as a PNG: global vs local accuracy (%) after each fine-tuning iteration, one line per method
+  (its points labelled by the iteration). Returns the path, or None when no run has a fine-tuning curve."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
+  pts = finetune_points(recs, iterations)
+  if not pts:
+    return None
+  fig = Figure(figsize=(5.5, 4.2))
+  FigureCanvasAgg(fig)
+  ax = fig.add_subplot(1, 1, 1)
+  colors = [f'C{i}' for i in range(10)]
+  for i, (alg, row) in enumerate(sorted(pts.items())):
+    its, loc, glo = zip(*row)
+    ax.plot([100 * v for v in loc], [100 * v for v in glo], '-o', color=colors[i % 10], label=alg)
+    for it, lv, gv in row:
+      ax.annotate(str(it), (100 * lv, 100 * gv), textcoords='offset points', xytext=(3, 3), fontsize=7)
+  ax.set_xlabel('local accuracy (%)')
+  ax.set_ylabel('global accuracy (%)')
+  ax.set_title(f'fine-tuning trade-off (iterations {", ".join(map(str, iterations))})')
+  ax.legend(fontsize=8)
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120, format='png')
+  return path
 
 
 def _fmt(vals, scale=100.0):
@@ -98,7 +161,7 @@ def table(path):
   if full:
     out.append(f'No client left out ({len({r["seed"] for r in full})} seeds; mean (std) over seeds, %):\n')
     out.append('| Method | Local Acc | Local AUC | Global Acc | Global AUC | Other-clients Acc | Server global Acc '
-               '| median lambda_max |')
+               '| median lambda_max (full data / batch median) |')
     out.append('|---|---|---|---|---|---|---|---|')
     for a in algs:
       rs = [r for r in full if r['algorithm'] == a]
@@ -107,14 +170,15 @@ def table(path):
                  f'| {_fmt([r["global_auc_client_mean"] for r in rs])} '
                  f'| {_fmt([r["ood_other_clients_acc_client_mean"] for r in rs])} '
                  f'| {_fmt([r["server_global_acc"] for r in rs])} '
-                 f'| {_fmt([r.get("lambda_max_median") for r in rs], 1.0)} |')
+                 f'| {_fmt([r.get("lambda_max_median") for r in rs], 1.0)} '
+                 f'/ {_fmt([r.get("lambda_max_median_batch_median") for r in rs], 1.0)} |')
   loo = [r for r in recs if r['fold'] >= 0]
   if loo:
     folds = sorted({r['fold'] for r in loo})
     out.append(f'\nLeave-one-client-out (folds {folds} x seeds {sorted({r["seed"] for r in loo})}; mean (std) over '
                'runs, %):\n')
     out.append('| Method | Local Acc | Local AUC | Global Acc | Global AUC | Unseen Acc | Unseen AUC '
-               '| median lambda_max |')
+               '| median lambda_max (full data / batch median) |')
     out.append('|---|---|---|---|---|---|---|---|')
     for a in algs:
       rs = [r for r in loo if r['algorithm'] == a]
@@ -123,7 +187,8 @@ def table(path):
                  f'| {_fmt([r["global_auc_client_mean"] for r in rs])} '
                  f'| {_fmt([r["unseen_acc_client_mean"] for r in rs])} '
                  f'| {_fmt([r["unseen_auc_client_mean"] for r in rs])} '
-                 f'| {_fmt([r.get("lambda_max_median") for r in rs], 1.0)} |')
+                 f'| {_fmt([r.get("lambda_max_median") for r in rs], 1.0)} '
+                 f'/ {_fmt([r.get("lambda_max_median_batch_median") for r in rs], 1.0)} |')
   if loo:
     out.append('\nUnseen-domain accuracy per left-out hospital (%; AUC in parentheses):\n')
     out.append('| Method | ' + ' | '.join(f'fold {f}' for f in folds) + ' |')
@@ -167,9 +232,12 @@ def main():
   ap.add_argument('--gn_groups', type=int, default=None,
                   help='digits_cnn GroupNorm groups for every method (default: each config; fedbn uses 4)')
   ap.add_argument('--table', action='store_true')
+  ap.add_argument('--plot', default='', help="Fig. 2b's PNG (default: <out>_fig2b.png)")
   a = ap.parse_args()
+  plot = a.plot or os.path.splitext(a.out)[0] + '_fig2b.png'
   if a.table:
     print(table(a.out))
+    _write_plot(a.out, plot)
     return
   done = set()
   if os.path.exists(a.out):
@@ -185,6 +253,12 @@ def main():
         print(f"{alg} seed={seed} fold={fold}: local {rec['local_acc_weighted']:.4f} global "
               f"{rec['global_acc_client_mean']:.4f} lambda_med {rec.get('lambda_max_median')} "
               f"({rec['wall_s']:.0f}s)", flush=True)
+  _write_plot(a.out, plot)
+
+
+def _write_plot(out, plot):
+  if os.path.exists(out) and finetune_tradeoff_plot([json.loads(l) for l in open(out)], plot):
+    print(f'fine-tuning trade-off (Fig. 2b): {plot}')
 
 
 if __name__ == '__main__':

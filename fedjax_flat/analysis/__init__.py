@@ -20,7 +20,7 @@ from fedjax_flat.analysis.hvp import (cross_entropy, dense_hessian, flatten_para
 from fedjax_flat.analysis.landscape import (Plane, evaluate_plane, evaluate_three_model_plane,
                                             filter_normalized_direction, filter_norms, interpolate_1d,
                                             plane_grid, plane_through_three, surface_2d)
-from fedjax_flat.analysis.per_client import client_lambda_max
+from fedjax_flat.analysis.per_client import client_lambda_max, client_lambda_max_estimates
 from fedjax_flat.analysis.report import analyze
 from fedjax_flat.analysis.trace import hutchinson_samples, hutchinson_trace
 from fedjax_flat.analysis import plots
@@ -31,6 +31,7 @@ __all__ = [
     'top_eigenpairs', 'top_eigenpairs_lanczos', 'top_eigenpairs_power', 'tridiagonal', 'cross_entropy',
     'dense_hessian', 'flatten_params', 'make_eval_fn', 'make_full_loss_fn', 'make_hvp', 'make_loss_fn', 'param_dim',
     'Plane', 'evaluate_plane', 'evaluate_three_model_plane', 'filter_normalized_direction', 'filter_norms',
-    'interpolate_1d', 'plane_grid', 'plane_through_three', 'surface_2d', 'client_lambda_max', 'analyze',
+    'interpolate_1d', 'plane_grid', 'plane_through_three', 'surface_2d', 'client_lambda_max',
+    'client_lambda_max_estimates', 'analyze',
     'hutchinson_samples', 'hutchinson_trace', 'plots'
 ]

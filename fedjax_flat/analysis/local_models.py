@@ -23,6 +23,7 @@ import numpy as np
 from fedjax_flat.analysis.data import make_fixed_batches
 from fedjax_flat.analysis.eigen import RESIDUAL_TOL, check_pairs, top_eigenpairs_power
 from fedjax_flat.analysis.hvp import make_hvp, param_dim
+from fedjax_flat.analysis.per_client import client_lambda_max_estimates
 from fedjax_flat.data.sampling import sample_clients
 
 
@@ -81,14 +82,22 @@ def _lambda(model, params, batches, *, num_iters, tol, rng, task=None) -> Tuple[
   return float(lams[0]), int(iters[0]), float(pairs.residuals[0]), bool(pairs.converged[0])
 
 
+ESTIMATES = ('full_data', 'both')
+
+
 def per_client_sharpness(trainer, global_params, round_idx: int, *, num_examples: int = 500, batch_size: int = 100,
-                         num_iters: int = 20, tol: float = 1e-4, seed: int = 0) -> Dict:
+                         num_iters: int = 20, tol: float = 1e-4, seed: int = 0, estimate: str = 'full_data') -> Dict:
   """Thesis Table 4.13 protocol for the clients sampled in round `round_idx`.
 
   Per client k: 'lambda_local_own' (local model on D_k, its training examples), 'lambda_global_own' (the
   global model on the same D_k), 'lambda_local_global' (local model on the global test set); first
-  `num_examples` examples of each set, eval preprocessing. One power-iteration start vector for all.
+  `num_examples` examples of each set, eval preprocessing. One power-iteration start vector for all. These are
+  full-data estimates (lambda_max of the loss over all the examples). estimate='both' adds, side by side,
+  FedSoup Fig. 2a's paper estimate 'lambda_<name>_batch_median': lambda_max of each batch of `batch_size`,
+  the median over the batches (per_client.client_lambda_max_estimates).
   """
+  if estimate not in ESTIMATES:
+    raise ValueError(f'estimate={estimate!r}; allowed: {", ".join(ESTIMATES)}')
   ids, locals_ = local_models(trainer, round_idx)
   model, tf = trainer.model, trainer.eval_transform
   tx, ty = trainer.data.test_examples()
@@ -107,13 +116,18 @@ def per_client_sharpness(trainer, global_params, round_idx: int, *, num_examples
       (row[f'lambda_{name}'], row[f'iters_{name}'], row[f'residual_{name}'],
        row[f'converged_{name}']) = _lambda(model, p, b, num_iters=num_iters, tol=tol,
                                                            rng=rng, task=trainer.task)
+      if estimate == 'both':
+        row[f'lambda_{name}_batch_median'] = client_lambda_max_estimates(
+            model, p, b, num_iters=num_iters, tol=tol, rng=rng, task=trainer.task)['lambda_batch_median']
     rows.append(row)
-  means = {f'mean_lambda_{n}': float(np.mean([r[f'lambda_{n}'] for r in rows]))
-           for n in ('local_own', 'global_own', 'local_global')} if rows else {}
+  names = ('local_own', 'global_own', 'local_global')
+  if estimate == 'both':
+    names += tuple(f'{n}_batch_median' for n in names)
+  means = {f'mean_lambda_{n}': float(np.mean([r[f'lambda_{n}'] for r in rows])) for n in names} if rows else {}
   bad = [(r['client'], n) for r in rows for n in ('local_own', 'global_own', 'local_global')
          if not r[f'converged_{n}']]
   if bad:
     logging.warning('per-client lambda_max: %d of %d power iterations did not converge (residual > %g * lambda; '
                     'more steps: --num_iters): %s', len(bad), 3 * len(rows), RESIDUAL_TOL, bad[:10])
   return {'round': int(round_idx), 'clients': rows, 'all_converged': not bad, 'residual_tol': RESIDUAL_TOL,
-          **means}
+          'estimate': estimate, **means}

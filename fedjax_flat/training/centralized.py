@@ -1,11 +1,24 @@
 """The centralized upper bound, and a federated run's rounds to reach a fraction of it.
 
 `train(config, workdir)` trains the config's model on the union of every training client's examples (one
-dataset, no federation): SGD with momentum and weight decay (PyTorch-style coupled, as the clients), a
-cosine-annealed learning rate over all steps (the FedSeq chapter's centralized runs: cosine annealing,
-momentum 0.9), the config's augmentation and the dataset's task (loss, metrics). Every epoch is one compiled
-program (a scan over its batches, gathered from the device copy of the data by a permutation keyed by
-(seed, epoch)); the test set is evaluated after every epoch. Writes WORKDIR/centralized.json:
+dataset, no federation) with the federated clients' optimizer chain (optimizers/client.py, every step
+algorithms/local.local_step): client.optimizer 'sgd' | 'sam' | 'asam' (client.rho, client.asam_eta), then
+weight decay (PyTorch-style coupled, at the unperturbed weights) and SGD with momentum, a cosine-annealed
+learning rate over all steps (the FedSeq chapter's centralized runs: cosine annealing, momentum 0.9), the
+config's augmentation and the dataset's task (loss, metrics). Thesis Table 4.5's centralized SAM / ASAM
+columns: --config.client.optimizer=sam|asam.
+
+SWA (config.swa.enabled; Table 4.5's SWA / SAM+SWA / ASAM+SWA): the federated protocol with epochs in place of
+rounds: from epoch s = floor(swa.start_fraction * epochs) the lr of epoch e is the cyclic
+gamma(e) = (1 - t) lr1 + t lr2, t = ((e mod c) + 1) / c (swa.cyclic_lr), and the weights at the end of every
+cycle's last epoch (e >= s, (e - s + 1) % c == 0, where gamma = lr2) are averaged (swa.average): the SWA
+model is their plain mean, evaluated after each epoch as swa/test_*, and it is the reported model
+(final_test_accuracy; the plain model's is final_test_accuracy_base). The thesis gives no centralized SWA
+schedule beyond the federated one; BatchNorm statistics are averaged like the weights (no recomputation pass).
+
+Every epoch is one compiled program (a scan over its batches, gathered from the device copy of the data by a
+permutation keyed by (seed, epoch); the per-step learning rates are an input); the test set is evaluated
+after every epoch. Writes WORKDIR/centralized.json:
   {"final_test_accuracy": ..., "best_test_accuracy": ..., "epochs": [...per-epoch metrics...], "hparams": ...}
 
 `rounds_to_centralized(records, config, model)`: for each fraction f of `config.centralized.fractions`
@@ -17,12 +30,14 @@ JSON or its workdir). The round resolution is `eval_every` (and every round of t
 
 Config fields (`config.centralized`, config/default_config.py):
   epochs, lr (0 = client.lr), momentum, weight_decay (-1 = client.weight_decay), batch_size (0 =
-  client.batch_size), schedule ('cosine' | 'constant'): the centralized run;
+  client.batch_size), schedule ('cosine' | 'constant'): the centralized run (client.optimizer / rho /
+  asam_eta and config.swa as above);
   accuracy, path, fractions, window: the federated run's reference and its rounds-to-X metric.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from typing import Dict, List, Optional
@@ -41,6 +56,8 @@ from fedjax_flat.data import registry as data_registry
 from fedjax_flat.models import registry as model_registry
 from fedjax_flat.data.transforms import pipeline as transforms
 from fedjax_flat.config import validate as validate_lib
+from fedjax_flat.optimizers.client import client_optimizer
+from fedjax_flat.optimizers.schedules import swa_cyclic_lr
 
 def reference_accuracy(config):
   """(accuracy, source) of the configured centralized reference, or (None, None)."""
@@ -99,39 +116,86 @@ def union(data):
 
 def hparams(config) -> Dict:
   c = config.centralized
-  return {'epochs': int(c.epochs), 'lr': float(c.lr or config.client.lr), 'momentum': float(c.momentum),
-          'weight_decay': float(config.client.weight_decay if c.weight_decay == -1 else c.weight_decay),
-          'batch_size': int(c.batch_size or config.client.batch_size), 'schedule': c.schedule}
+  hp = {'epochs': int(c.epochs), 'lr': float(c.lr or config.client.lr), 'momentum': float(c.momentum),
+        'weight_decay': float(config.client.weight_decay if c.weight_decay == -1 else c.weight_decay),
+        'batch_size': int(c.batch_size or config.client.batch_size), 'schedule': c.schedule,
+        'optimizer': config.client.optimizer}
+  if config.client.optimizer in ('sam', 'asam'):
+    hp['rho'] = float(config.client.rho)
+  if config.client.optimizer == 'asam':
+    hp['asam_eta'] = float(config.client.asam_eta)
+  if config.get('swa') is not None and config.swa.enabled:
+    s = config.swa
+    hp['swa'] = {'start_epoch': swa_start_epoch(hp['epochs'], s.start_fraction), 'cycle': int(s.cycle),
+                 'lr1': float(s.lr1), 'lr2': float(s.lr2), 'average': bool(s.average), 'cyclic_lr': bool(s.cyclic_lr)}
+  return hp
 
 
-def make_epoch_fn(model, task, hp, steps_per_epoch, augment_fn=None):
-  """epoch(params, opt_state, x, y, perm [S, B], valid [S, B], key) -> (params, opt_state, loss sum, units)."""
-  total = hp['epochs'] * steps_per_epoch
-  lr = (optax.cosine_decay_schedule(hp['lr'], total) if hp['schedule'] == 'cosine' else hp['lr'])
-  tx = optax.chain(optax.add_decayed_weights(hp['weight_decay']),
-                   optax.sgd(lr, momentum=hp['momentum'] or None))
+def swa_start_epoch(epochs: int, start_fraction: float) -> int:
+  """s = floor(start_fraction * epochs): the 0-based epoch from which the SWA lr applies."""
+  return int(math.floor(start_fraction * epochs + 1e-9))
+
+
+def swa_averaged_epochs(hp) -> List[int]:
+  """The 0-based epochs whose end-of-epoch weights the SWA model averages: the last epoch of every cycle from the
+  start epoch s on (e >= s, (e - s + 1) % c == 0), where the cyclic lr has fallen to lr2 (SWA's "average at the
+  end of each cycle"; torch.optim.swa_utils' update_parameters once per cycle)."""
+  s = hp.get('swa')
+  if not s or not s['average']:
+    return []
+  return [e for e in range(s['start_epoch'], hp['epochs']) if (e - s['start_epoch'] + 1) % s['cycle'] == 0]
+
+
+def epoch_lrs(hp, epoch: int, steps_per_epoch: int) -> np.ndarray:
+  """The learning rate of each step of `epoch` (0-based): the schedule over all steps (cosine / constant), or
+  from the SWA start epoch on SWA's cyclic lr of the epoch (optimizers/schedules.swa_cyclic_lr, one value per
+  epoch as the federated one is per round)."""
+  s = hp.get('swa')
+  if s and s['cyclic_lr'] and epoch >= s['start_epoch']:
+    return np.full(steps_per_epoch, float(swa_cyclic_lr(s['lr1'], s['lr2'], s['cycle'])(epoch)), np.float32)
+  steps = epoch * steps_per_epoch + np.arange(steps_per_epoch)
+  if hp['schedule'] == 'cosine':
+    total = hp['epochs'] * steps_per_epoch
+    return np.asarray(optax.cosine_decay_schedule(hp['lr'], total)(steps), np.float32)
+  return np.full(steps_per_epoch, hp['lr'], np.float32)
+
+
+def centralized_optimizer(config, hp) -> optax.GradientTransformationExtraArgs:
+  """The federated clients' optimizer chain (optimizers/client.py: [SAM | ASAM] -> weight decay -> SGD with
+  momentum), with the centralized run's momentum and weight decay; the lr of each step is passed in hparams."""
+  cc = config.client.copy_and_resolve_references()
+  cc.momentum, cc.weight_decay = hp['momentum'], hp['weight_decay']
+  cc.base_optimizer, cc.lr_schedule = 'sgd', 'constant'     # the centralized schedule is epoch_lrs'
+  return client_optimizer(cc)
+
+
+def make_epoch_fn(model, task, hp, tx, augment_fn=None):
+  """epoch(params, opt_state, x, y, perm [S, B], valid [S, B], lrs [S], key) -> (params, opt_state, loss sum,
+  units). Every step is the federated client's step (algorithms/local.local_step) with hparams {lr, rho}."""
   loss_fn = local_lib.make_loss(model, task=task)
+  rho = jnp.asarray(hp.get('rho', 0.0), jnp.float32)
 
-  def epoch(params, opt_state, x, y, perm, valid, key):
+  def epoch(params, opt_state, x, y, perm, valid, lrs, key):
     def body(carry, xs):
       params, opt_state = carry
-      idx, mask, step = xs
+      idx, mask, lr, step = xs
       rng = jax.random.fold_in(key, step)
       batch = {'x': x[idx], 'y': y[idx], 'mask': mask}
       if augment_fn is not None:
-        a = jax.random.fold_in(rng, 1)
-        batch = augment_fn(a, batch)
-      (_, (s, n)), g = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, rng)
-      updates, opt_state = tx.update(g, opt_state, params)
-      return (optax.apply_updates(params, updates), opt_state), (s, n)
+        batch = augment_fn(jax.random.fold_in(rng, 1), batch)
+      local, m = local_lib.local_step(local_lib.LocalState(params, opt_state, params), batch, rng, loss_fn=loss_fn,
+                                      tx=tx, hparams={'lr': lr, 'rho': rho})
+      return (local.params, local.opt_state), (m['loss_sum'], m['count'])
     (params, opt_state), (s, n) = jax.lax.scan(body, (params, opt_state),
-                                               (perm, valid, jnp.arange(perm.shape[0])))
+                                               (perm, valid, lrs, jnp.arange(perm.shape[0])))
     return params, opt_state, jnp.sum(s), jnp.sum(n)
-  return tx, jax.jit(epoch, donate_argnums=(0, 1))
+  return jax.jit(epoch, donate_argnums=(0, 1))
 
 
-def train(config, workdir: Optional[str] = None, *, data=None) -> Dict:
-  """Trains the centralized baseline; returns (and writes to WORKDIR/centralized.json) its result."""
+def train(config, workdir: Optional[str] = None, *, data=None, on_epoch=None) -> Dict:
+  """Trains the centralized baseline; returns (and writes to WORKDIR/centralized.json) its result.
+
+  on_epoch(epoch, params, swa_params or None): called after every epoch (1-based) with the end-of-epoch weights."""
   validate_lib.validate_config(config)
   data = data if data is not None else data_registry.get_dataset(config.dataset, **config.data.to_dict())
   model = model_registry.get_model(config.model, data.num_classes, data.input_shape, **config.model_kwargs.to_dict())
@@ -141,7 +205,13 @@ def train(config, workdir: Optional[str] = None, *, data=None) -> Dict:
   hp = hparams(config)
   n, b = len(y), hp['batch_size']
   steps = max(1, -(-n // b))
-  tx, epoch_fn = make_epoch_fn(model, task, hp, steps, train_tf)
+  tx = centralized_optimizer(config, hp)
+  epoch_fn = make_epoch_fn(model, task, hp, tx, train_tf)
+  averaged = set(swa_averaged_epochs(hp))
+  if hp.get('swa') and hp['swa']['average'] and not averaged:
+    logging.warning('centralized SWA never averages: start epoch %d + cycle %d > %d epochs; the result is the '
+                    'plain model (lower config.swa.start_fraction or swa.cycle, or train more epochs)',
+                    hp['swa']['start_epoch'], hp['swa']['cycle'], hp['epochs'])
   key = jax.random.key(config.seed)
   params = model.init(jax.random.fold_in(key, 0), jnp.zeros((1,) + tuple(data.input_shape), jnp.float32))
   opt_state = tx.init(params)
@@ -149,28 +219,46 @@ def train(config, workdir: Optional[str] = None, *, data=None) -> Dict:
   evaluator = Evaluator(model, tx_, ty_, config.eval_batch_size, preprocess=eval_tf, task=task)
   xd, yd = jax.device_put(x), jax.device_put(np.asarray(y))
   records, t0 = [], time.time()
-  logging.info('centralized: %d examples, %d epochs x %d steps of %d, lr %g (%s), momentum %g, wd %g',
-               n, hp['epochs'], steps, b, hp['lr'], hp['schedule'], hp['momentum'], hp['weight_decay'])
+  swa_params, swa_n = None, 0
+  logging.info('centralized: %d examples, %d epochs x %d steps of %d, %s, lr %g (%s), momentum %g, wd %g%s',
+               n, hp['epochs'], steps, b, hp['optimizer'], hp['lr'], hp['schedule'], hp['momentum'],
+               hp['weight_decay'], f", SWA {hp['swa']}" if hp.get('swa') else '')
   for e in range(hp['epochs']):
     order = np.random.default_rng([config.seed, e]).permutation(n)
     pad = steps * b - n
     perm = np.concatenate([order, np.zeros(pad, np.int64)]).reshape(steps, b).astype(np.int32)
     valid = np.concatenate([np.ones(n, np.float32), np.zeros(pad, np.float32)]).reshape(steps, b)
-    params, opt_state, s, cnt = epoch_fn(params, opt_state, xd, yd, perm, valid, jax.random.fold_in(key, 1000 + e))
+    params, opt_state, s, cnt = epoch_fn(params, opt_state, xd, yd, perm, valid, epoch_lrs(hp, e, steps),
+                                         jax.random.fold_in(key, 1000 + e))
+    if e in averaged:     # running mean of the recorded end-of-cycle weights
+      swa_params = jax.tree_util.tree_map(
+          lambda a, w: (a * swa_n + w) / (swa_n + 1), swa_params if swa_params is not None else params, params)
+      swa_n += 1
     res = evaluator(params)
     rec = {'epoch': e + 1, 'train_loss': float(s) / max(float(cnt), 1.0), 'wall_s': time.time() - t0,
            **{f'test_{k}': v for k, v in res.items()}}
+    if swa_params is not None:
+      rec.update({f'swa/test_{k}': v for k, v in evaluator(swa_params).items()})
     if not np.isfinite(rec['train_loss']):
       raise FloatingPointError(f'centralized training diverged at epoch {e + 1} (train loss {rec["train_loss"]}); '
                                'lower config.centralized.lr')
     records.append(rec)
-    logging.info('centralized epoch %d/%d: train loss %.4f, test accuracy %.4f (%.0f s)', e + 1, hp['epochs'],
-                 rec['train_loss'], rec['test_accuracy'], rec['wall_s'])
+    if on_epoch is not None:
+      on_epoch(e + 1, jax.tree_util.tree_map(jnp.copy, params), swa_params)   # copy: params are donated next epoch
+    logging.info('centralized epoch %d/%d: train loss %.4f, test accuracy %.4f%s (%.0f s)', e + 1, hp['epochs'],
+                 rec['train_loss'], rec['test_accuracy'],
+                 f", SWA {rec['swa/test_accuracy']:.4f}" if swa_params is not None else '', rec['wall_s'])
+  # The reported model: the SWA average when one was taken (as the federated SWA run evaluates w_swa).
+  final = 'swa/test_' if swa_params is not None else 'test_'
+  extra = {}
+  if hp.get('swa'):
+    extra = {'swa_averages': swa_n, 'final_test_accuracy_base': records[-1]['test_accuracy'],
+             'reported_model': 'swa' if swa_params is not None else 'base'}
   result = {'dataset': config.dataset, 'model': config.model, 'num_train_examples': int(n),
             'num_test_examples': int(len(ty_)), 'hparams': hp, 'seed': int(config.seed),
-            'final_test_accuracy': records[-1]['test_accuracy'], 'final_test_loss': records[-1]['test_loss'],
-            'best_test_accuracy': max(r['test_accuracy'] for r in records), 'wall_time_s': time.time() - t0,
-            'epochs': records}
+            'final_test_accuracy': records[-1][final + 'accuracy'], 'final_test_loss': records[-1][final + 'loss'],
+            'best_test_accuracy': max(r[final + 'accuracy'] for r in records if final + 'accuracy' in r),
+            'wall_time_s': time.time() - t0, **extra, 'epochs': records}
   if workdir:
     os.makedirs(workdir, exist_ok=True)
     tmp = os.path.join(workdir, RESULT_FILE + '.tmp')

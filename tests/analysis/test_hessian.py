@@ -3,6 +3,7 @@
 Reference: the dense Hessian of a small MLP (8 inputs, 6 hidden, 3 classes: 75 parameters) computed with
 `jax.hessian` on the concatenated valid examples, independently of the scan-over-batches code under test.
 """
+import dataclasses
 import json
 
 import jax
@@ -308,3 +309,33 @@ def test_analyze_reports_rayleigh_quotient_residual_and_convergence(problem, cap
                     num_iters=2, tol=0.0)
   json.dumps(rep)
   assert not rep['all_converged'] and rep['converged'].count(False) >= 1 and 'did not converge' in caplog.text
+
+
+@dataclasses.dataclass(frozen=True)
+class _SquaredLoss:
+  """0.5 (f(x) - y)^2 per example: a linear model's batch Hessian is X^T X / n in closed form."""
+
+  def eval_sums(self, pred, y, mask):
+    return {'loss_sum': jnp.sum(mask * 0.5 * (pred - y) ** 2), 'correct': jnp.zeros(())}
+
+  def unit_count(self, y, mask):
+    return jnp.sum(mask)
+
+
+class _Linear:
+  @staticmethod
+  def apply(params, x, train=False):
+    return x @ params['w']
+
+
+def test_client_lambda_max_estimates_batch_median_vs_full_data_on_a_quadratic():
+  # Batches of 2 examples; batch Hessians X_b^T X_b / 2: diag(2, 0.5), diag(0.5, 4.5), diag(1, 0) -> lambda_max
+  # 2, 4.5, 1 (median 2); the fourth batch is padding (skipped). Whole set: diag(7, 10) / 6 -> lambda_max 10/6.
+  x = np.array([[[2, 0], [0, 1]], [[0, 3], [1, 0]], [[1, 0], [1, 0]], [[5, 5], [5, 5]]], np.float32)
+  batches = {'x': x, 'y': np.ones((4, 2), np.float32),
+             'mask': np.array([[1, 1], [1, 1], [1, 1], [0, 0]], np.float32)}
+  params = {'w': np.array([0.3, -0.2], np.float32)}
+  out = A.client_lambda_max_estimates(_Linear, params, batches, num_iters=200, tol=1e-7, task=_SquaredLoss())
+  np.testing.assert_allclose(sorted(out['lambda_batches']), [1.0, 2.0, 4.5], rtol=1e-4)
+  np.testing.assert_allclose(out['lambda_batch_median'], 2.0, rtol=1e-4)
+  np.testing.assert_allclose(out['lambda_full_data'], 10 / 6, rtol=1e-4)

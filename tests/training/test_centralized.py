@@ -2,8 +2,14 @@
 import json
 import os
 
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
 import pytest
 
+from fedjax_flat.models.registry import get_model
 from fedjax_flat.training import centralized
 
 from fedjax_flat.config import validate
@@ -43,7 +49,7 @@ def test_centralized_beats_one_federated_round_and_feeds_rounds_to(tmp_path):
   data = registry.get_dataset(c.dataset, **c.data.to_dict())
   assert saved['num_train_examples'] == int(data.client_sizes().sum()) and len(saved['epochs']) == 4
   assert saved['hparams'] == {'epochs': 4, 'lr': 0.05, 'momentum': 0.9, 'weight_decay': 4e-4, 'batch_size': 32,
-                              'schedule': 'cosine'}
+                              'schedule': 'cosine', 'optimizer': 'sgd'}
   f = _config()
   f.rounds = 5
   f.centralized.path = str(tmp_path / 'central')        # the workdir (its centralized.json is read)
@@ -98,3 +104,102 @@ def test_binary_exits_2_on_a_bad_field(tmp_path):
                         f'--config={os.path.join(repo, "configs", "quickstart.py")}', f'--workdir={tmp_path}',
                         '--config.centralized.momentum=1.5'], capture_output=True, text=True, timeout=120)
   assert res.returncode == 2 and 'error: config.centralized.momentum' in res.stderr and 'Traceback' not in res.stderr
+
+
+# ----------------------------------------------------------------------------------------------------
+# The client optimizer chain (SAM / ASAM) and SWA in the centralized run (thesis Table 4.5), on a tiny MLP.
+
+class _TinyData:
+  """Two clients of 8-feature examples, 3 classes (the surface train() reads)."""
+  num_clients, num_classes, input_shape = 2, 3, (8,)
+
+  def __init__(self, n=24, seed=0):
+    rng = np.random.RandomState(seed)
+    self._x = rng.randn(n, 8).astype(np.float32)
+    self._y = rng.randint(0, 3, n).astype(np.int32)
+
+  def client_examples(self, k):
+    h = len(self._y) // 2
+    return self._x[k * h:(k + 1) * h], self._y[k * h:(k + 1) * h]
+
+  def test_examples(self):
+    return self._x, self._y
+
+
+def _tiny_config(optimizer='sgd', epochs=1, batch_size=24):
+  c = default_config()
+  c.model = 'mlp'
+  c.model_kwargs = ml_collections.ConfigDict({'hidden': (6,)})
+  c.client.optimizer, c.client.rho, c.client.lr = optimizer, 0.05, 0.1
+  c.centralized.epochs, c.centralized.batch_size, c.centralized.schedule = epochs, batch_size, 'constant'
+  c.centralized.momentum, c.centralized.weight_decay = 0.9, 0.01
+  return c
+
+
+def _recorded(c, data):
+  seen = []
+  res = centralized.train(c, data=data, on_epoch=lambda e, p, swa: seen.append((e, p, swa)))
+  return res, seen
+
+
+def test_one_centralized_sam_step_is_the_sam_formula():
+  data = _TinyData()
+  c = _tiny_config('sam')
+  res, seen = _recorded(c, data)
+  model = get_model('mlp', 3, (8,), hidden=(6,))
+  w0 = model.init(jax.random.fold_in(jax.random.key(c.seed), 0), jnp.zeros((1, 8), jnp.float32))
+  x, y = data.test_examples()        # one step over all 24 examples (the batch order does not change the mean)
+
+  def loss(p):
+    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(model.apply(p, x, train=True), y))
+  g = jax.grad(loss)(w0)
+  norm = jnp.sqrt(sum(jnp.sum(v ** 2) for v in jax.tree_util.tree_leaves(g)))
+  g2 = jax.grad(loss)(jax.tree_util.tree_map(lambda w, gi: w + 0.05 * gi / norm, w0, g))
+  # w1 = w0 - lr (g(w0 + e) + wd w0): SAM's gradient, coupled weight decay at w0, momentum's first step = 1x.
+  want = jax.tree_util.tree_map(lambda w, gi: w - 0.1 * (gi + 0.01 * w), w0, g2)
+  got = seen[0][1]
+  for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+  plain = jax.tree_util.tree_map(lambda w, gi: w - 0.1 * (gi + 0.01 * w), w0, g)
+  assert max(float(jnp.max(jnp.abs(a - b))) for a, b in
+             zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(plain))) > 1e-4   # SAM != SGD here
+  assert res['hparams']['optimizer'] == 'sam' and res['hparams']['rho'] == 0.05
+
+
+def test_centralized_asam_trains_with_its_own_step():
+  data = _TinyData()
+  sam = _recorded(_tiny_config('sam'), data)[1][0][1]
+  res, seen = _recorded(_tiny_config('asam'), data)
+  assert res['hparams']['optimizer'] == 'asam' and 'asam_eta' in res['hparams']
+  diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in
+             zip(jax.tree_util.tree_leaves(seen[0][1]), jax.tree_util.tree_leaves(sam)))
+  assert diff > 1e-6 and np.isfinite(res['final_test_accuracy'])
+
+
+def test_centralized_swa_lr_and_average_of_the_recorded_iterates():
+  data = _TinyData()
+  c = _tiny_config('sgd', epochs=6, batch_size=8)
+  c.swa.enabled, c.swa.start_fraction, c.swa.cycle, c.swa.lr1, c.swa.lr2 = True, 1 / 3, 2, 0.05, 0.01
+  hp = centralized.hparams(c)
+  # s = 2; cycles are epochs (2, 3), (4, 5); their last epochs (lr = lr2) are averaged.
+  assert hp['swa']['start_epoch'] == 2 and centralized.swa_averaged_epochs(hp) == [3, 5]
+  np.testing.assert_allclose(centralized.epoch_lrs(hp, 1, 3), [0.1] * 3)            # before s: the schedule
+  np.testing.assert_allclose(centralized.epoch_lrs(hp, 2, 3), [0.03] * 3, rtol=1e-6)  # t = 1/2: (lr1 + lr2) / 2
+  np.testing.assert_allclose(centralized.epoch_lrs(hp, 3, 3), [0.01] * 3, rtol=1e-6)  # t = 1: lr2
+  res, seen = _recorded(c, data)
+  assert [swa is None for _, _, swa in seen] == [True, True, True, False, False, False]
+  want = jax.tree_util.tree_map(lambda a, b: (a + b) / 2, seen[3][1], seen[5][1])      # epochs 4 and 6 (1-based)
+  for a, b in zip(jax.tree_util.tree_leaves(seen[5][2]), jax.tree_util.tree_leaves(want)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+  assert res['swa_averages'] == 2 and res['reported_model'] == 'swa'
+  assert res['final_test_accuracy'] == res['epochs'][-1]['swa/test_accuracy']
+  assert res['final_test_accuracy_base'] == res['epochs'][-1]['test_accuracy']
+
+
+def test_centralized_swa_that_never_averages_warns_and_reports_the_plain_model(caplog):
+  c = _tiny_config('sgd', epochs=2)
+  c.swa.enabled, c.swa.start_fraction, c.swa.cycle = True, 0.75, 5
+  res = centralized.train(c, data=_TinyData())
+  assert res['swa_averages'] == 0 and res['reported_model'] == 'base'
+  assert res['final_test_accuracy'] == res['epochs'][-1]['test_accuracy']
+  assert any('never averages' in r.getMessage() for r in caplog.records)
