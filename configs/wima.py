@@ -1,18 +1,21 @@
-r"""WiMA (server window model averaging) on CIFAR10/100 ResNet20-GN and Landmarks: thesis Tables 4.22-4.25.
+r"""WiMA (server window model averaging) on CIFAR10/100 ResNet20-GN, CIFAR100-PAM, FEMNIST and Landmarks: thesis
+Tables 4.22-4.25.
 
 One cell per command:
   .venv/bin/python experiments/train.py --workdir=runs/c10_scaffold_wima_a0.05 \
       --config=configs/wima.py:cifar10,scaffold,alpha=0.05
 
-Grammar (defaults cifar10,fedavg,alpha=0, WiMA on with W = 100 (CIFAR) / 370 (Landmarks), subset=all,
-batch=100):
-  cifar10 | cifar100 | landmarks;  fedavg | scaffold | fedavgm | mime_sgd | mime_sgdm | mimelite | fedcm | fedacg |
-  fedprox | feddyn | adabest (Table 4.22's rows; the ones after scaffold: CIFAR only);
+Grammar (defaults cifar10,fedavg,alpha=0, WiMA on with W = 100 (CIFAR, PAM, FEMNIST) / 370 (Landmarks),
+subset=all, batch=100 (CIFAR) / 20 (PAM) / 10 (FEMNIST) / 50 (Landmarks)):
+  cifar10 | cifar100 | pam | femnist | landmarks;
+  fedavg | scaffold | fedavgm | mime_sgd | mime_sgdm | mimelite | fedcm | fedacg | fedprox | feddyn | adabest
+  (Table 4.22's rows; the ones after scaffold: CIFAR, PAM and FEMNIST only; FedDyn on C10 and FEMNIST is N/A
+  in the table: it builds, without a number);
   nowima (the table's "without WiMA" column);
-  alpha=0 | 0.05 (CIFAR10), 0 | 0.5 (CIFAR100) (Landmarks: its user split, no alpha);
+  alpha=0 | 0.05 (CIFAR10), 0 | 0.5 (CIFAR100) (PAM, FEMNIST, Landmarks: their own splits, no alpha);
   window=5 | 10 | 50 | 100 | 200 (Table 4.24, CIFAR alpha=0);
   subset=all | classifier | features with batch=20 (Table 4.25: WiMA on part of the network, FedAvg)
-CELLS lists the 108 cells with a published number in config.published.
+CELLS lists the 150 cells with a published number in config.published.
 
 CIFAR setting (thesis A.3.1, Table 4.22): 100 clients x 500 images, Dirichlet alpha, 10 clients per round, 10k
 rounds; client SGD lr 0.1, no momentum, no weight decay, batch 100, 1 local epoch; server lr 1, no momentum;
@@ -20,6 +23,20 @@ ResNet20-GN [U: GN groups not given, 2 used]; augmentation not stated [U], CIFAR
 Evaluation every 100 rounds and every round of the last 100; reported number = mean over the last 100 rounds.
 With WiMA the WiMA model is the reported one (summary.json "reported_model": "wima"); the FedAvg chain is
 logged beside it.
+CIFAR100-PAM setting (A.3.1): 500 clients x 100 images (TFF Pachinko split), 10k rounds, "20% participation"
+[U: read as 20% of the 500 clients = 100 clients per round]; client SGD lr 0.05, weight decay 4e-4, batch 20;
+client momentum and local epochs not stated for WiMA [U: 0 and 1, as the CIFAR runs]. "Server momentum 0.9"
+[U: taken as FedAvgM's beta (the FedAvgM row), not as every row's server: otherwise the FedAvg and FedAvgM
+rows would be one run with two numbers]. The model is not stated for WiMA [U]: the FedSAM PAM model of
+configs/fedsam_pam.py, ResNet18-GN with 2 groups, CIFAR100 normalization, no augmentation. W = 100 [U: the
+table's W; not restated for PAM]. Data: 'cifar100_pam' (the TFF SQLite files; experiments/download.py).
+FEMNIST setting (A.3.1): LEAF FEMNIST, all writers (fraction 1, niid; per-writer 90/10 train/test split as
+configs/quickstart_femnist.py), 1,500 rounds, 10 clients per round, client SGD lr 0.1, no momentum, no weight
+decay, batch 10, 1 local epoch; model "2-layer CNN following McMahan et al." = mcmahan_cnn (conv5x5-32 SAME,
+pool, conv5x5-64 SAME, pool, fc512, fc62; 1,690,046 parameters). W is not stated for FEMNIST [U: W = 100, the
+table's, i.e. the last 1/15 of the run]. Point --config.data.data_dir at LEAF's data/femnist/data.
+PAM and FEMNIST are evaluated as the CIFAR runs (every 100 rounds and every round of the last 100, mean over
+the last 100) [U: not restated].
 Landmarks setting (Table 4.23): the FedSAM Landmarks setup (configs/fedsam_landmarks.py: SGD lr 0.1, weight
 decay 4e-5, 5 local epochs, 10 clients per round, ImageNet-pretrained MobileNetV2-GN: pass
 --config.init.pretrained=<file>) except batch 50 and 3k rounds; W = 370.
@@ -42,6 +59,13 @@ Table 4.22 (ResNet20-GN)   C10 a0           C10 a0.05        C100 a0          C1
   MIME SGD beta 0 / MIME SGDM beta 0.9, server lr 1; MimeLite beta 0.9, server lr 1; FedCM alpha 0.1 ({0.05,
   0.1, 0.5}); FedACG beta 0.01, lambda 0.85; FedProx mu 0.01; FedDyn alpha 0.01 ({0.01, 0.001}); AdaBest mu 0.02,
   beta 0.9. Override with --config.algo.<name>=... / --config.server.*.
+Table 4.22 (continued)     PAM              FEMNIST
+  FedAvg 47.41 -> 48.53   83.59 -> 85.06   SCAFFOLD 56.09 -> 57.64   85.87 -> 86.61
+  FedAvgM 55.96 -> 61.63  85.00 -> 85.26   MIME SGD 54.33 -> 57.44   85.37 -> 86.40
+  MIME SGDM 54.62 -> 57.28  86.67 -> 87.40   MimeLite 53.97 -> 60.34  86.82 -> 87.51
+  FedCM 53.16 -> 54.12    83.88 -> 84.90   FedACG 58.88 -> 61.38     85.73 -> 86.14
+  FedProx 55.91 -> 62.25  84.50 -> 85.21   FedDyn 57.42 -> 63.00     N/A
+  AdaBest 54.98 -> 57.57  84.95 -> 86.02
 Table 4.23 (Landmarks, W = 370):  FedAvg 58.17 -> 63.05   SCAFFOLD 62.32 -> 68.30
 Table 4.24 (FedAvg + WiMA, alpha=0; W = 5 / 10 / 50 / 100 / 200):
   CIFAR10   67.25 / 69.12 / 69.79 / 69.94 / 68.74      CIFAR100  22.71 / 25.70 / 22.75 / 27.91 / 27.72
@@ -50,24 +74,23 @@ Table 4.25 (FedAvg + WiMA, batch 20; classifier only / feature extractor only / 
   C10 a0 47.76 / 59.03 / 59.53   C10 a0.05 71.01 / 76.72 / 78.87
   C100 a0 25.13 / 27.10 / 27.91  C100 a0.5 36.12 / 36.29 / 37.88   ([U] C100 a0 "all" equals Table 4.22's
   value at batch 100)
-Not cells: Table 4.22's PAM / FEMNIST columns (the PAM model is not stated for the WiMA runs [U], nor which of
-the FEMNIST CNNs "following McMahan et al." is meant; numbers: PAM FedAvg 47.41 -> 48.53, ..., FEMNIST FedAvg
-83.59 -> 85.06, ..., digest Table 4.22) and its C10 FedDyn cells (N/A). Any registered algorithm runs under WiMA
+Not cells: Table 4.22's C10 and FEMNIST FedDyn cells (N/A). Any registered algorithm runs under WiMA
 with --config.algorithm=<name>, without a published number attached.
 """
 from fedjax_flat.algorithms import registry
 from fedjax_flat.config import families as config_strings, paper_hparams
+from fedjax_flat.config.default_config import data_section, default_config
 
 FAMILY = 'configs/wima.py'
 FIELDS = {
-    'dataset': ('cifar10', ('cifar10', 'cifar100', 'landmarks')),
+    'dataset': ('cifar10', ('cifar10', 'cifar100', 'pam', 'femnist', 'landmarks')),
     'algorithm': ('fedavg', ('fedavg', 'scaffold', 'fedavgm', 'mime_sgd', 'mime_sgdm', 'mimelite', 'fedcm', 'fedacg',
                              'fedprox', 'feddyn', 'adabest')),
     'nowima': (False, bool),
     'alpha': (0.0, float),
-    'window': (0, int),        # 0 = the table's default (100 CIFAR, 370 Landmarks)
+    'window': (0, int),        # 0 = the table's default (100 CIFAR / PAM / FEMNIST, 370 Landmarks)
     'subset': ('all', ('all', 'classifier', 'features')),
-    'batch': (0, int),         # 0 = the table's default (100 CIFAR, 50 Landmarks)
+    'batch': (0, int),         # 0 = the table's default (100 CIFAR, 20 PAM, 10 FEMNIST, 50 Landmarks)
 }
 HET = {'cifar10': 0.05, 'cifar100': 0.5}
 T422 = {  # (dataset, alpha, algorithm) -> (without, with WiMA)
@@ -101,6 +124,20 @@ ROWS = {
     'fedacg': ('fedacg', {'beta': 0.01, 'lam': 0.85}, {}), 'fedprox': ('fedprox', {'mu': 0.01}, {}),
     'feddyn': ('feddyn', {'alpha': 0.01}, {}), 'adabest': ('adabest', {'mu': 0.02, 'beta': 0.9}, {}),
 }
+# Table 4.22's PAM and FEMNIST columns: algorithm -> (PAM, FEMNIST) of (without, with); None = N/A.
+T422_OWN_SPLIT = {
+    'fedavg': ((47.41, 48.53), (83.59, 85.06)), 'scaffold': ((56.09, 57.64), (85.87, 86.61)),
+    'fedavgm': ((55.96, 61.63), (85.00, 85.26)), 'mime_sgd': ((54.33, 57.44), (85.37, 86.40)),
+    'mime_sgdm': ((54.62, 57.28), (86.67, 87.40)), 'mimelite': ((53.97, 60.34), (86.82, 87.51)),
+    'fedcm': ((53.16, 54.12), (83.88, 84.90)), 'fedacg': ((58.88, 61.38), (85.73, 86.14)),
+    'fedprox': ((55.91, 62.25), (84.50, 85.21)), 'feddyn': ((57.42, 63.00), None),
+    'adabest': ((54.98, 57.57), (84.95, 86.02)),
+}
+for _a, _vals in T422_OWN_SPLIT.items():
+  for _v, _ds in zip(_vals, ('pam', 'femnist')):
+    if _v is not None:
+      T422[(_ds, 0.0, _a)] = _v
+DEFAULT_BATCH = {'cifar10': 100, 'cifar100': 100, 'pam': 20, 'femnist': 10, 'landmarks': 50}
 T423 = {'fedavg': (58.17, 63.05), 'scaffold': (62.32, 68.30)}
 T424 = {'cifar10': {5: 67.25, 10: 69.12, 50: 69.79, 200: 68.74},
         'cifar100': {5: 22.71, 10: 25.70, 50: 22.75, 200: 27.72}}
@@ -110,7 +147,8 @@ T425 = {  # (dataset, alpha) -> classifier / features / all, batch 20
 }
 SUBSETS = ('classifier', 'features', 'all')
 
-CELLS = [f'{ds},{a}{",nowima" if no else ""},alpha={al:g}' for (ds, al, a) in T422 for no in (True, False)]
+CELLS = [f'{ds},{a}{",nowima" if no else ""}' + (f',alpha={al:g}' if ds in HET else '')
+         for (ds, al, a) in T422 for no in (True, False)]
 CELLS += [f'landmarks,{a}{",nowima" if no else ""}' for a in T423 for no in (True, False)]
 CELLS += [f'{ds},fedavg,alpha=0,window={w}' for ds in T424 for w in T424[ds]]
 CELLS += [f'{ds},fedavg,alpha={al:g},subset={s},batch=20' for (ds, al) in T425 for s in SUBSETS]
@@ -122,6 +160,11 @@ def _published(ds, alpha, algo, wima, window, subset, batch):
     if window == 370 and batch == 50 and subset == 'all':
       return f'thesis Table 4.23 (WiMA, Landmarks-User-160k), {algo}, {"w/" if wima else "w/o"} WiMA', \
           T423[algo][int(wima)]
+    return None, None
+  if ds in ('pam', 'femnist'):
+    if batch == DEFAULT_BATCH[ds] and subset == 'all' and (window == 100 or not wima) and (ds, 0.0, algo) in T422:
+      return f'thesis Table 4.22 (WiMA on SOTA), {algo}, {"w/" if wima else "w/o"} WiMA, ' \
+          f'{"CIFAR100-PAM" if ds == "pam" else "FEMNIST"}', T422[(ds, 0.0, algo)][int(wima)]
     return None, None
   name = f'{"C10" if ds == "cifar10" else "C100"} alpha={alpha:g}'
   if batch == 100 and subset == 'all' and (window == 100 or not wima) and (ds, alpha, algo) in T422:
@@ -135,6 +178,48 @@ def _published(ds, alpha, algo, wima, window, subset, batch):
   return None, None
 
 
+def _pam_config():
+  """A.3.1's CIFAR100-PAM WiMA setting (see the docstring's [U]s)."""
+  c = default_config()
+  c.dataset = 'cifar100_pam'
+  c.data = data_section(data_dir='', source='sqlite', seed=0)
+  c.model = 'resnet18_gn'                     # [U] the FedSAM PAM model (configs/fedsam_pam.py)
+  c.augment = 'none'
+  c.normalize = 'cifar100'
+  c.rounds = 10000
+  c.clients_per_round = 100                   # [U] "20% participation" of 500 clients
+  c.client.lr = 0.05
+  c.client.momentum = 0.0
+  c.client.weight_decay = 4e-4
+  c.client.local_epochs = 1
+  _eval_as_cifar(c)
+  return c
+
+
+def _femnist_config():
+  """A.3.1's FEMNIST WiMA setting: all LEAF writers, McMahan et al.'s 2-layer CNN."""
+  c = default_config()
+  c.dataset = 'femnist'
+  c.data = data_section(**{'data_dir': '', 'source': 'auto', 'split': 'niid', 'fraction': 1.0,
+                             'min_samples': 0, 'train_split': 'sample', 'train_fraction': 0.9, 'seed': 0,
+                             'shuffle': True})
+  c.model = 'mcmahan_cnn'
+  c.rounds = 1500
+  c.clients_per_round = 10
+  c.client.lr = 0.1
+  c.client.momentum = 0.0
+  c.client.weight_decay = 0.0
+  c.client.local_epochs = 1
+  _eval_as_cifar(c)
+  return c
+
+
+def _eval_as_cifar(c):
+  c.eval_every = 100            # as the CIFAR runs [U]: every 100 rounds, then every round of the last 100,
+  c.eval_every_last = 100       # the reported number is the mean over those 100
+  c.summary_last_k = 100
+
+
 def get_config(arg: str = ''):
   o = config_strings.parse(arg, FIELDS, family=FAMILY)
   ds, algo, wima, alpha = o['dataset'], o['algorithm'], not o['nowima'], o['alpha']
@@ -143,7 +228,15 @@ def get_config(arg: str = ''):
     config_strings.check(FAMILY, 'algorithm', algo, tuple(T423), context='for landmarks (Table 4.23)')
     c = paper_hparams.landmarks_config()
     c.rounds = 3000
-    window, batch = o['window'] or 370, o['batch'] or 50
+    window = o['window'] or 370
+  elif ds == 'pam':
+    config_strings.check(FAMILY, 'alpha', alpha, (0.0,), context='for pam (its Pachinko split has no alpha)')
+    c = _pam_config()
+    window = o['window'] or 100
+  elif ds == 'femnist':
+    config_strings.check(FAMILY, 'alpha', alpha, (0.0,), context='for femnist (its writer split has no alpha)')
+    c = _femnist_config()
+    window = o['window'] or 100
   else:
     config_strings.check(FAMILY, 'alpha', alpha, (0.0, HET[ds]), context=f'for {ds}')
     c = paper_hparams.cifar_cnn_config(ds, 'fedavg', alpha=alpha, clients_per_round=10)
@@ -152,7 +245,8 @@ def get_config(arg: str = ''):
     c.client.lr = 0.1
     c.client.momentum = 0.0
     c.client.weight_decay = 0.0
-    window, batch = o['window'] or 100, o['batch'] or 100
+    window = o['window'] or 100
+  batch = o['batch'] or DEFAULT_BATCH[ds]
   c.client.batch_size = batch
   name, hp, server = ROWS[algo]
   c.algorithm = name

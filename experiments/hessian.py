@@ -6,10 +6,12 @@ and loss landscapes, written as JSON + PNG plots.
       [--trace_probes=20]
       [--density_probes=3] [--surface_points=11] [--interpolate_with=runs/other]
   python experiments/hessian.py --workdir=runs/quickstart --per_client [--per_client_round=r] [--num_examples=500]
-      [--per_client_estimate=full_data|both]
+      [--per_client_estimate=full_data|both] [--per_client_global=test|train|both]
       (thesis Table 4.13: per sampled client, lambda_max of its local model on its own data vs the global
-      model on the same data; local models recomputed from the checkpoint, analysis/local_models.py; `both`
-      adds FedSoup Fig. 2a's median over batches beside the full-data estimate)
+      model on the same data, and of the local model on the global data: the test set (default) or, as the
+      thesis' "global" value, the whole training set of all clients (train), or both; local models recomputed
+      from the checkpoint, analysis/local_models.py; --per_client_estimate=both adds FedSoup Fig. 2a's median
+      over batches beside the full-data estimate)
 
 The model and data come from the run: WORKDIR/config.json rebuilds the dataset and model, and the newest
 checkpoint in WORKDIR/checkpoints (written at the end of every run) gives the parameters. Outputs go to
@@ -77,9 +79,10 @@ flags.mark_flag_as_required('workdir')
 _PER_CLIENT = flags.DEFINE_bool(
     'per_client', False, 'Instead of the global analysis: lambda_max of each client sampled at round r '
     '(--per_client_round, default the newest checkpoint; r rounds done) for its local model on its own data, the '
-    'global model on the same data, and the local model on the test set. Local models are recomputed from the '
-    'checkpointed server state with the same batches, rngs and client states as training (one client at a time '
-    'instead of vmapped: equal up to float reduction order); no local models are stored. '
+    'global model on the same data, and the local model on the global data (--per_client_global). Local models '
+    'are recomputed from the checkpointed server state with the same batches, rngs and client states as '
+    'training (one client at a time instead of vmapped: equal up to float reduction order); no local models are '
+    'stored. '
     'Writes per_client_<model>_round<r>.json.')
 _PC_ROUND = flags.DEFINE_integer(
     'per_client_round', -1, 'With --per_client: the checkpoint round r to start from (-1: the newest); the run must '
@@ -89,6 +92,11 @@ _PC_EST = flags.DEFINE_enum(
     'With --per_client: full_data (lambda_max of the loss over the client\'s examples, Table 4.13 and the FedSoup '
     'release) or both: also FedSoup\'s paper estimate, the median over batches of --batch_size of each batch\'s '
     'lambda_max (lambda_<name>_batch_median, side by side).')
+_PC_GLOBAL = flags.DEFINE_enum(
+    'per_client_global', 'test', ['test', 'train', 'both'],
+    'With --per_client: the global data the local model is also measured on: the test set (lambda_local_global), '
+    'the whole training set of all clients (lambda_local_train, the thesis\' Table 4.13 "global" value; '
+    '--num_examples of it drawn with --seed) or both side by side.')
 
 
 def check_flags(argv) -> None:
@@ -109,6 +117,8 @@ def check_flags(argv) -> None:
     raise BadInputError(f'--residual_tol={_RES_TOL.value} must be in (0, 1), e.g. 1e-3')
   if _PC_EST.value != 'full_data' and not _PER_CLIENT.value:
     raise BadInputError(f'--per_client_estimate={_PC_EST.value} applies to --per_client only: add --per_client')
+  if _PC_GLOBAL.value != 'test' and not _PER_CLIENT.value:
+    raise BadInputError(f'--per_client_global={_PC_GLOBAL.value} applies to --per_client only: add --per_client')
   if _PER_CLIENT.value and (_OTHER.value or _SURFACE.value or _DENSITY.value or _TRACE.value):
     raise BadInputError('--per_client computes per-client lambda_max only: leave out --interpolate_with, '
                         '--surface_points, --density_probes and --trace_probes')
@@ -129,14 +139,16 @@ def main(argv):
     from fedjax_flat.analysis.local_models import per_client_sharpness
     t0 = time.time()
     rep = per_client_sharpness(trainer, params, step, num_examples=_N.value, batch_size=_BATCH.value,
-                               num_iters=_ITERS.value, seed=_SEED.value, estimate=_PC_EST.value)
+                               num_iters=_ITERS.value, seed=_SEED.value, estimate=_PC_EST.value,
+                               global_set=_PC_GLOBAL.value)
     rep.update({'workdir': os.path.abspath(wd), 'model': _MODEL.value, 'seconds': time.time() - t0})
     path = os.path.join(out, f'per_client_{_MODEL.value}_round{step}.json')
     with open(path, 'w') as f:
       json.dump(rep, f, indent=2)
     for r in rep['clients']:
       print(f"client {r['client']:4d}: local/own {r['lambda_local_own']:.4f}  global/own {r['lambda_global_own']:.4f}"
-            f"  local/test {r['lambda_local_global']:.4f}")
+            + (f"  local/test {r['lambda_local_global']:.4f}" if 'lambda_local_global' in r else '')
+            + (f"  local/train {r['lambda_local_train']:.4f}" if 'lambda_local_train' in r else ''))
     if not rep['all_converged']:
       print('warning: some power iterations did not converge (residual_* / converged_* in the report); '
             'more steps: --num_iters', file=sys.stderr)

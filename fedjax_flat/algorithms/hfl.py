@@ -17,8 +17,13 @@ synchronisation). With one cluster and T_c = 1 every round is FedAvg's (tests/al
 Client identity, as in algorithms/ladd.py: the client state is {'cluster': int32} (`initial_client_states`);
 the G cluster models are stacked on a leading axis in the server state and the broadcast, each client takes
 its slice inside the compiled round, and uploads its update one-hot over G so that the engine's
-example-weighted mean gives every cluster's sum. Not registered: it needs each client's cluster in its state
-and the stratified sampling (benchmarks/studies/fedvpr_synthetic.py drives it).
+example-weighted mean gives every cluster's sum.
+
+Registered as 'hfl' (`experiments/train.py`, need 'client_groups'): the trainer reads every client's cluster
+from the dataset's per-client metadata, data.client_groups[algo.group_by] ('city' / 'continent': MSLS and
+vpr_synthetic set them), puts it in the client's initial state, and samples algo.clients_per_group clients
+of every cluster a round (data/sampling.stratified_ids, the host and the compiled multi-round block alike);
+config.clients_per_round must be that total, sum_g min(clients_per_group, |g|). algo.sync_every = T_c.
 """
 from __future__ import annotations
 
@@ -28,9 +33,12 @@ import numpy as np
 import optax
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import make_hparams_fn, tree_sub
+from fedjax_flat.algorithms.common import hparams, make_hparams_fn, tree_sub
+from fedjax_flat.algorithms.hparams import Choice, Integer
+from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.data import sampling
+from fedjax_flat.errors import ConfigError
 from fedjax_flat.optimizers.client import client_optimizer
 
 tmap = jax.tree_util.tree_map
@@ -42,16 +50,9 @@ def initial_client_states(cluster_of) -> dict:
 
 
 def stratified_sample(cluster_of, clients_per_cluster: int, *, seed: int, round_idx: int) -> np.ndarray:
-  """`clients_per_cluster` client ids of every cluster (all of a smaller cluster), each cluster's draw the
-  uniform sampler (data/sampling.py) over its members keyed by (seed, cluster, round)."""
-  cluster_of = np.asarray(cluster_of)
-  out = []
-  for g in np.unique(cluster_of):
-    members = np.flatnonzero(cluster_of == g)
-    n = min(int(clients_per_cluster), len(members))
-    pick = sampling.sample_clients(len(members), n, seed=int(seed) * 1009 + int(g), round_idx=round_idx)
-    out.append(members[pick])
-  return np.concatenate(out)
+  """`clients_per_cluster` client ids of every cluster (all of a smaller cluster): the trainer's stratified
+  sampler (data/sampling.sample_clients_stratified)."""
+  return sampling.sample_clients_stratified(cluster_of, clients_per_cluster, seed=seed, round_idx=round_idx)
 
 
 def hfl(model, loss_fn, client_cfg, server_tx: optax.GradientTransformation, *, num_clusters: int,
@@ -120,3 +121,59 @@ def hfl(model, loss_fn, client_cfg, server_tx: optax.GradientTransformation, *, 
 
   return FederatedAlgorithm(name, server_init, broadcast, client_init, client_step, client_final,
                             server_update, eval_models, client_state_init=lambda params: {'cluster': jnp.int32(0)})
+
+
+# ------------------------------------------------------------------------------------- registration
+
+GROUP_BY = ('city', 'continent')
+HPARAMS = {
+    'group_by': Choice('city', allowed=GROUP_BY, note=" (the clusters: data.client_groups[group_by])"),
+    'clients_per_group': Integer(5, lo=1, note=' (clients sampled from every cluster a round; the thesis: 5)'),
+    'sync_every': Integer(1, lo=1, note=' (T_c: rounds between top-server averages)'),
+}
+
+
+def _groups_of(data, hp):
+  groups = getattr(data, 'client_groups', None) or {}
+  if hp['group_by'] not in groups:
+    raise ConfigError('algo.group_by', hp['group_by'], f'the dataset {data.name!r} has client groups '
+                      f'{sorted(groups) or "none"}: pick one of them, or a dataset with per-client cities '
+                      '(msls, vpr_synthetic)')
+  g = np.asarray(groups[hp['group_by']])
+  if g.shape != (data.num_clients,) or not np.issubdtype(g.dtype, np.integer) or g.min() < 0:
+    raise ConfigError('algo.group_by', hp['group_by'], f'data.client_groups[{hp["group_by"]!r}] must be '
+                      f'{data.num_clients} non-negative int ids, one per client; got {g.dtype} {g.shape}')
+  return g
+
+
+def _check_data(cfg, hp, data):
+  g = _groups_of(data, hp)
+  total = sampling.stratified_total(g, hp['clients_per_group'])
+  if cfg.clients_per_round != total:
+    raise ConfigError('clients_per_round', cfg.clients_per_round,
+                      f'must be {total}: algo.clients_per_group={hp["clients_per_group"]} from each of the '
+                      f'{len(np.unique(g))} {hp["group_by"]} clusters (all of a smaller one)')
+
+
+def client_groups(data, hp) -> dict:
+  """What the trainer hands the builder (ctx.client_groups): {'labels': int [K] in 0..G-1, 'examples':
+  [G] examples per cluster (the top server's weights), 'per_group': clients sampled per cluster}."""
+  labels = np.unique(_groups_of(data, hp), return_inverse=True)[1].astype(np.int64)
+  sizes = np.asarray(data.client_sizes(), np.float64)
+  return {'labels': labels, 'examples': np.bincount(labels, weights=sizes), 'per_group': int(hp['clients_per_group'])}
+
+
+@register('hfl', hparams=HPARAMS, needs=('client_state', 'client_groups'), check_data=_check_data,
+          client_groups=client_groups)
+def hfl_algorithm(ctx) -> FederatedAlgorithm:
+  """H-FL from a config: the trainer's client groups (cities / continents), the client optimizer of
+  config.client, the server optimizer of config.server at every mid-tier server."""
+  hp = hparams(ctx, 'hfl')
+  groups = ctx.client_groups
+  if groups is None:
+    raise ConfigError('algorithm', 'hfl', "needs the clients' geographic clusters, which the trainer reads "
+                      '(training/loop.py); run it with experiments/train.py, not as a batched run')
+  labels = np.asarray(groups['labels'], np.int32)
+  alg = hfl(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, num_clusters=int(labels.max()) + 1,
+            cluster_sizes=groups['examples'], sync_every=int(hp['sync_every']), client_tx=ctx.client_tx)
+  return alg.replace(initial_client_states=lambda params: initial_client_states(labels))

@@ -23,6 +23,11 @@ The module is imported on the first lookup (fedjax_flat/registry.py walks the pa
                        'style_clusters'    the clients clustered by their FDA styles before it is built (LADD,
                                            grouping/style_clusters.cluster_clients, by the trainer from the
                                            algorithm's hparams k_min, k_max, force_k, fda_b): ctx.client_clusters
+                       'client_groups'     each client's group from the dataset's per-client metadata
+                                           (data.client_groups[algo.group_by], e.g. FedVPR's city / continent),
+                                           read by the trainer before the algorithm is built: ctx.client_groups;
+                                           the trainer samples algo.clients_per_group clients of every group a
+                                           round (data/sampling.stratified_ids; H-FL)
                        'client_ids'        each step's batch carries the client's id, batch['client'] (per-client
                                            slots on the server: FedFomo)
                        'client_domains'    with algo.domains='kmeans': each client's domain from k-means on
@@ -32,6 +37,8 @@ The module is imported on the first lookup (fedjax_flat/registry.py walks the pa
   check(cfg, hp)     static cross-field rules of this algorithm (hp = defaults over config.algo); raises
                      ConfigError, may log warnings; runs in config/validate.validate_config, before any data
   check_data(cfg, hp, data)  the same once the data are loaded (config/validate.validate_against_data)
+  client_groups(data, hp) -> {'labels': int [K], 'per_group': int, ...}   with need 'client_groups': the
+                     clients' groups from the dataset's metadata, read by the trainer (ctx.client_groups)
   round_log(cfg, hp) -> fn(t) -> {name: float}   optional: the algorithm's schedule values at 0-based round t
                      (FedGloSS's server radius), written with each evaluation record (metrics.jsonl, TensorBoard)
 
@@ -60,7 +67,7 @@ from fedjax_flat.registry import Registry
 ALGORITHMS = Registry('algorithm', package='fedjax_flat.algorithms')
 
 NEEDS = ('population', 'chains', 'client_state', 'validation', 'batch_stats', 'local_batch_stats', 'style_clusters',
-         'client_ids', 'client_domains')
+         'client_groups', 'client_ids', 'client_domains')
 CLIENT_OPTIMIZERS = ('sgd', 'sam', 'asam')
 
 
@@ -77,6 +84,7 @@ class BuildContext:
   task: Any = None           # the dataset's task (fedjax_flat/tasks/base.py); None = classification
   chain: Any = None          # chain algorithms (algorithms/fedseq.py): their plan from the chain trainer
   client_clusters: Any = None  # need 'style_clusters': the trainer's StyleClustering (grouping/style_clusters.py)
+  client_groups: Any = None    # need 'client_groups': int [K] group id of every client (the dataset's metadata)
 
   @property
   def algo(self):
@@ -94,6 +102,7 @@ class AlgorithmSpec:
   check: Optional[Callable] = None
   check_data: Optional[Callable] = None
   round_log: Optional[Callable] = None
+  client_groups: Optional[Callable] = None
 
   def defaults(self) -> Dict[str, Any]:
     return hparams_lib.defaults(self.hparams)
@@ -142,7 +151,7 @@ def check_population(cfg, data) -> None:
 def register(name: str, hparams: Optional[Mapping[str, hparams_lib.Rule]] = None, *,
              client_optimizers: Optional[Tuple[str, ...]] = None, needs: Tuple[str, ...] = (),
              check: Optional[Callable] = None, check_data: Optional[Callable] = None,
-             round_log: Optional[Callable] = None):
+             round_log: Optional[Callable] = None, client_groups: Optional[Callable] = None):
   """Registers `fn(ctx) -> FederatedAlgorithm` as algorithm `name` with its declarations."""
   rules = dict(hparams or {})
   for k, r in rules.items():
@@ -152,12 +161,14 @@ def register(name: str, hparams: Optional[Mapping[str, hparams_lib.Rule]] = None
   bad = set(needs) - set(NEEDS)
   if bad:
     raise ValueError(f'algorithm {name!r}: unknown needs {sorted(bad)}; known: {list(NEEDS)}')
+  if ('client_groups' in needs) != (client_groups is not None):
+    raise ValueError(f"algorithm {name!r}: need 'client_groups' and a client_groups(data, hp) go together")
   if client_optimizers is not None and not set(client_optimizers) <= set(CLIENT_OPTIMIZERS):
     raise ValueError(f'algorithm {name!r}: client_optimizers {client_optimizers} not in {CLIENT_OPTIMIZERS}')
 
   def deco(fn):
     spec = AlgorithmSpec(name, fn, rules, None if client_optimizers is None else tuple(client_optimizers),
-                         frozenset(needs), check, check_data, round_log)
+                         frozenset(needs), check, check_data, round_log, client_groups)
     ALGORITHMS.register(name, spec=spec)(fn)
     return fn
   return deco
@@ -175,6 +186,12 @@ def needs(name: str) -> FrozenSet[str]:
   """The declared needs of `name`; empty for a name that is not registered (e.g. '' or a typo: the
   validator reports those)."""
   return spec(name).needs if name in ALGORITHMS else frozenset()
+
+
+def client_groups(config, data):
+  """The clients' groups of an algorithm with need 'client_groups' (its registered client_groups(data, hp))."""
+  s = spec(config.algorithm)
+  return s.client_groups(data, s.hp(config))
 
 
 def with_need(need: str):
@@ -196,7 +213,7 @@ def default_hparams(name: str) -> dict:
 
 
 def build_algorithm(config, model, population: int = 0, task=None, chain=None,
-                    client_clusters=None) -> FederatedAlgorithm:
+                    client_clusters=None, client_groups=None) -> FederatedAlgorithm:
   name = config.algorithm
   if name not in ALGORITHMS:
     raise ValueError(f'algorithm={name!r} is unknown; allowed: {names()}')
@@ -208,7 +225,8 @@ def build_algorithm(config, model, population: int = 0, task=None, chain=None,
     server_tx = average_batch_stats(server_tx)
   ctx = BuildContext(model=model, loss_fn=loss_fn, client_cfg=config.client, server_tx=server_tx,
                      client_tx=client_optimizer(config.client), config=config,
-                     population=int(population), task=task, chain=chain, client_clusters=client_clusters)
+                     population=int(population), task=task, chain=chain, client_clusters=client_clusters,
+                     client_groups=client_groups)
   alg = spec(name).build(ctx)
   if config.swa.enabled:
     alg = swa.with_swa(alg, config)

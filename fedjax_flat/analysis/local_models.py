@@ -9,7 +9,8 @@ floating-point results can differ from the vmapped round in the last bits (other
 
 Per-client sharpness (thesis Table 4.13): `per_client_sharpness` gives, for each sampled client k,
 lambda_max of its local model on its own data, of the global model on the same data, and of the local model
-on the global test data.
+on the global data: the test set (global_set='test', the default), the whole training set of all clients
+(global_set='train', the thesis' lambda_{1,g} on D) or both side by side.
 """
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ from fedjax_flat.analysis.data import make_fixed_batches
 from fedjax_flat.analysis.eigen import RESIDUAL_TOL, check_pairs, top_eigenpairs_power
 from fedjax_flat.analysis.hvp import make_hvp, param_dim
 from fedjax_flat.analysis.per_client import client_lambda_max_estimates
-from fedjax_flat.data.sampling import sample_clients
 
 
 def local_models(trainer, round_idx: int) -> Tuple[List[int], List]:
@@ -37,9 +37,8 @@ def local_models(trainer, round_idx: int) -> Tuple[List[int], List]:
   if hasattr(trainer, 'lane_shape'):    # training/chain_loop.ChainTrainer
     raise ValueError(f'{alg.name} trains its clients in chains: a client\'s model depends on its position in '
                      'its chain, so per-client local models from the broadcast model are not defined')
-  c = trainer.config
   r = int(round_idx)
-  ids = [int(k) for k in sample_clients(trainer.data.num_clients, c.clients_per_round, seed=c.seed, round_idx=r)]
+  ids = [int(k) for k in trainer.sample_round(r)]          # the round's clients (stratified for H-FL)
   rb = trainer._build_rows(r, ids, len(ids), as_dict=False)   # pylint: disable=protected-access
   id_arr = np.asarray(ids, np.int32)
   rngs = trainer._client_rngs(r, id_arr)                      # pylint: disable=protected-access
@@ -83,26 +82,49 @@ def _lambda(model, params, batches, *, num_iters, tol, rng, task=None) -> Tuple[
 
 
 ESTIMATES = ('full_data', 'both')
+GLOBAL_SETS = ('test', 'train', 'both')
+
+
+def global_train_subset(data, num_examples: int, seed: int = 0) -> np.ndarray:
+  """Indices into data.x of `num_examples` examples of the whole training set D (every client's examples),
+  drawn uniformly without replacement with `seed`; all of D (sorted) when it has at most that many. The
+  training set is stored client after client, so its first examples would be the first clients' data only."""
+  held = np.unique(np.asarray(data.client_index))
+  if len(held) <= num_examples:
+    return held
+  return np.sort(np.random.default_rng(seed).choice(held, size=num_examples, replace=False))
 
 
 def per_client_sharpness(trainer, global_params, round_idx: int, *, num_examples: int = 500, batch_size: int = 100,
-                         num_iters: int = 20, tol: float = 1e-4, seed: int = 0, estimate: str = 'full_data') -> Dict:
+                         num_iters: int = 20, tol: float = 1e-4, seed: int = 0, estimate: str = 'full_data',
+                         global_set: str = 'test') -> Dict:
   """Thesis Table 4.13 protocol for the clients sampled in round `round_idx`.
 
   Per client k: 'lambda_local_own' (local model on D_k, its training examples), 'lambda_global_own' (the
-  global model on the same D_k), 'lambda_local_global' (local model on the global test set); first
-  `num_examples` examples of each set, eval preprocessing. One power-iteration start vector for all. These are
-  full-data estimates (lambda_max of the loss over all the examples). estimate='both' adds, side by side,
+  global model on the same D_k) and the local model on the global data: 'lambda_local_global' on the test set
+  (global_set='test' or 'both'), 'lambda_local_train' on the whole training set D of all clients, the thesis'
+  lambda_{1,g} (global_set='train' or 'both'; `num_examples` of D drawn with `seed`, global_train_subset).
+  First `num_examples` examples of the other sets, eval preprocessing. One power-iteration start vector for
+  all. These are full-data estimates (lambda_max of the loss over all the examples). estimate='both' adds, side by side,
   FedSoup Fig. 2a's paper estimate 'lambda_<name>_batch_median': lambda_max of each batch of `batch_size`,
   the median over the batches (per_client.client_lambda_max_estimates).
   """
   if estimate not in ESTIMATES:
     raise ValueError(f'estimate={estimate!r}; allowed: {", ".join(ESTIMATES)}')
+  if global_set not in GLOBAL_SETS:
+    raise ValueError(f'global_set={global_set!r}; allowed: {", ".join(GLOBAL_SETS)}')
   ids, locals_ = local_models(trainer, round_idx)
   model, tf = trainer.model, trainer.eval_transform
-  tx, ty = trainer.data.test_examples()
-  g_batches = make_fixed_batches(np.asarray(tf(np.asarray(tx[:num_examples]))), np.asarray(ty[:num_examples]),
-                                 batch_size)
+  on_global = []      # (name, batches) of the global sets the local model is measured on
+  if global_set in ('test', 'both'):
+    tx, ty = trainer.data.test_examples()
+    on_global.append(('local_global', make_fixed_batches(np.asarray(tf(np.asarray(tx[:num_examples]))),
+                                                         np.asarray(ty[:num_examples]), batch_size)))
+  if global_set in ('train', 'both'):
+    i = global_train_subset(trainer.data, num_examples, seed)
+    on_global.append(('local_train', make_fixed_batches(np.asarray(tf(np.asarray(trainer.data.x[i]))),
+                                                        np.asarray(trainer.data.y[i]), batch_size)))
+  measured = ('local_own', 'global_own') + tuple(n for n, _ in on_global)
   rng = jax.random.key(seed)
   rows = []
   for k, params_k in zip(ids, locals_):
@@ -112,7 +134,7 @@ def per_client_sharpness(trainer, global_params, round_idx: int, *, num_examples
     own = make_fixed_batches(np.asarray(tf(np.asarray(x[:num_examples]))), np.asarray(y[:num_examples]), batch_size)
     row = {'client': k, 'num_examples': int(min(len(y), num_examples))}
     for name, p, b in (('local_own', params_k, own), ('global_own', global_params, own),
-                       ('local_global', params_k, g_batches)):
+                       *((n, params_k, gb) for n, gb in on_global)):
       (row[f'lambda_{name}'], row[f'iters_{name}'], row[f'residual_{name}'],
        row[f'converged_{name}']) = _lambda(model, p, b, num_iters=num_iters, tol=tol,
                                                            rng=rng, task=trainer.task)
@@ -120,14 +142,13 @@ def per_client_sharpness(trainer, global_params, round_idx: int, *, num_examples
         row[f'lambda_{name}_batch_median'] = client_lambda_max_estimates(
             model, p, b, num_iters=num_iters, tol=tol, rng=rng, task=trainer.task)['lambda_batch_median']
     rows.append(row)
-  names = ('local_own', 'global_own', 'local_global')
+  names = measured
   if estimate == 'both':
     names += tuple(f'{n}_batch_median' for n in names)
   means = {f'mean_lambda_{n}': float(np.mean([r[f'lambda_{n}'] for r in rows])) for n in names} if rows else {}
-  bad = [(r['client'], n) for r in rows for n in ('local_own', 'global_own', 'local_global')
-         if not r[f'converged_{n}']]
+  bad = [(r['client'], n) for r in rows for n in measured if not r[f'converged_{n}']]
   if bad:
     logging.warning('per-client lambda_max: %d of %d power iterations did not converge (residual > %g * lambda; '
-                    'more steps: --num_iters): %s', len(bad), 3 * len(rows), RESIDUAL_TOL, bad[:10])
+                    'more steps: --num_iters): %s', len(bad), len(measured) * len(rows), RESIDUAL_TOL, bad[:10])
   return {'round': int(round_idx), 'clients': rows, 'all_converged': not bad, 'residual_tol': RESIDUAL_TOL,
-          'estimate': estimate, **means}
+          'estimate': estimate, 'global_set': global_set, **means}

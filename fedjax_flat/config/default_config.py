@@ -95,6 +95,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.client.batch_size = 64
   c.client.local_epochs = 1
   c.client.local_steps = 0            # > 0: a fixed number of local steps instead of epochs
+  c.client.full_batches = False       # epochs of floor(N_k / B) full batches (the remainder unused), not ceil
+  c.client.max_local_steps = 0        # > 0: at most this many local steps a round in the epochs mode (FedVPR's
+                                      # min(floor(N_k / B), 2500): full_batches=True, max_local_steps=2500)
   c.client.rho = 0.05                 # SAM/ASAM radius
   c.client.rho0 = 0.0                 # rho warm-up start (FedGloSS: 0.001)
   c.client.rho_warmup_rounds = 0      # T_s; 0 = no warm-up

@@ -21,18 +21,20 @@ from fedjax_flat.config import families
 # What a table's cells do not say themselves: rows that are another table's cells, columns that are missing.
 NOTES = {
     ('thesis', '4.5'): "federated columns: Table 4.3 / 4.7's C100 5-client cells; the centralized column is their "
-                       'config.published.centralized_accuracy (experiments/centralized.py: SGD / MixUp / Cutout; a '
-                       'centralized SAM / ASAM / SWA run is missing)',
+                       'config.published.centralized_accuracy, run by experiments/centralized.py on the same cell '
+                       '(SGD / MixUp / Cutout; SAM / ASAM with the cell\'s client optimizer; SWA over epochs: '
+                       'add --config.swa.cycle=1)',
     ('thesis', '4.6'): "the \"no momentum\" column is Table 4.3's 20-client cells (configs/fedsam_cifar.py)",
     ('thesis', '4.11'): "also Table 4.3's cells: its +SWA cells are the \"Avg, c = 20 | 10\" rows, its plain cells "
                         'the "no Avg, c = 1" rows',
     ('thesis', '4.12'): "the start 7500 (C10) / 15000 (C100) row is Table 4.3's fedavg,swa 5-client cells",
-    ('thesis', '4.13'): 'measured with experiments/hessian.py --per_client on the last round (it reports the local '
-                        'model on its own data and on the test set; the thesis\' global value is on the whole '
-                        'training set)',
+    ('thesis', '4.13'): 'measured with experiments/hessian.py --per_client --per_client_global=train on the last '
+                        'round: the local model on its own data and on the whole training set of all clients (the '
+                        "thesis' global value; =test: on the test set, =both: side by side)",
     ('thesis', '4.20'): "its FedGloSS rows are Table 4.15's configs/fedgloss_cifar.py cells",
-    ('thesis', '4.22'): "C10 FedDyn is N/A in the table; the PAM and FEMNIST columns are not cells (the WiMA runs' "
-                        'PAM model and FEMNIST CNN are not stated)',
+    ('thesis', '4.22'): 'C10 and FEMNIST FedDyn are N/A in the table; PAM / FEMNIST cells: the PAM model is not '
+                        'stated for WiMA (the FedSAM PAM ResNet18-GN used), "20% participation" read as 100 of 500 '
+                        'clients, FEMNIST W not stated (100 used); configs/wima.py says each choice',
     ('thesis', 'Fig. 4.13'): 'CIFAR-C at severity 5 (config.corruption_eval): a plot in the thesis, no number',
     ('thesis', '4.21'): "Table 4.15's cells: its FedSAM / FedDyn / FedAvg rows are configs/baselines_cifar_cnn.py "
                         "table=4.15 cells at alpha=0 (FedDyn+SAM: client=sam), its FedGloSS rows "
@@ -52,10 +54,11 @@ NO_CELL = {
     ('thesis', '6.1'): 'summary of the FedDrive settings: configs/feddrive.py docstring',
     ('thesis', '6.4'): 'FFREEDA federated splits (classes, clients, images): data/sources (cityscapes, crosscity, '
                        'mapillary readers)',
-    ('thesis', '6.5'): 'FedVPR datasets with FedAvg R@K: not a family (the datasets are not readable here); '
+    ('thesis', '6.5'): 'FedVPR splits with FedAvg R@1: configs/fedvpr.py (MSLS, a manual download); '
                        'configs/quickstart_vpr.py runs the proximity / random splits on the synthetic stand-in',
-    ('thesis', '6.6'): 'FedVPR hierarchical FL and server optimizers: missing (no hierarchical FL in fedjax_flat)',
-    ('thesis', '6.7'): "FedVPR clients' quantity heterogeneity: missing (its datasets are not readable here)",
+    ('thesis', '6.6'): 'FedVPR server optimizers, matched FedAvg budgets and H-FL (city / continent): '
+                       'configs/fedvpr.py',
+    ('thesis', '6.7'): "FedVPR clients' quantity heterogeneity (fixed local iterations, FedVC): configs/fedvpr.py",
     ('thesis', 'A.1'): 'training hyperparameters: fedjax_flat/config/paper_hparams.TRAINING, used by the families',
     ('thesis', 'A.2'): 'SAM / ASAM radii: paper_hparams.RHO',
     ('thesis', 'A.3'): 'SWA hyperparameters: paper_hparams.SWA',

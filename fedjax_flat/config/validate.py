@@ -126,6 +126,13 @@ def validate_config(cfg) -> None:
   _num(cfg, 'client.batch_size', lo=1, integer=True)
   _num(cfg, 'client.local_epochs', lo=1, integer=True)
   _num(cfg, 'client.local_steps', lo=0, integer=True)
+  _num(cfg, 'client.max_local_steps', lo=0, integer=True)
+  if cfg.client.get('full_batches', False) not in (True, False):
+    raise ConfigError('client.full_batches', cfg.client.full_batches, 'must be True or False')
+  if cfg.client.local_steps and (cfg.client.get('full_batches', False) or cfg.client.get('max_local_steps', 0)):
+    raise ConfigError('client.local_steps', cfg.client.local_steps,
+                      'is a fixed step count: set it to 0 to use client.full_batches / client.max_local_steps '
+                      '(the epochs mode), or unset those')
   _num(cfg, 'client.rho', lo=0)
   _num(cfg, 'client.rho0', lo=0)
   _num(cfg, 'client.rho_warmup_rounds', lo=0, integer=True)

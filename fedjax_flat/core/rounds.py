@@ -35,8 +35,11 @@ def _finite_tree(tree):
 
 def make_block_fn(round_fn, *, plan: batching.BatchPlan, num_clients: int, clients_per_round: int,
                   cohort: int, rounds_per_call: int, has_store: bool, donate: bool = True, mesh=None,
-                  jit: bool = True):
+                  jit: bool = True, sample_fn=None):
   """Jitted block(server_state, store_arrays, store_template, data, key, start_round, num_rounds).
+
+  sample_fn(key, r) -> int32 [clients_per_round] client ids (traceable); None: the uniform sampler
+  (data/sampling.sample_ids). H-FL's stratified sampler (data/sampling.stratified_ids) comes this way.
 
   jit=False: the plain function (core/runs.py vmaps it over a leading runs axis).
 
@@ -48,7 +51,10 @@ def make_block_fn(round_fn, *, plan: batching.BatchPlan, num_clients: int, clien
   """
 
   def one_round(server_state, store, template, data, key, r):
-    ids = sampling.sample_ids(key, r, num_clients, clients_per_round)
+    if sample_fn is None:
+      ids = sampling.sample_ids(key, r, num_clients, clients_per_round)
+    else:
+      ids = sample_fn(key, r)
     ids = jnp.concatenate([ids, jnp.full((cohort - clients_per_round,), -1, jnp.int32)])
     batches, weights = batching.gather_round_device(plan, data, key, r, ids)
     states = _gather_dev(store, template, ids) if has_store else None

@@ -29,8 +29,15 @@ import numpy as np
 from fedjax_flat.data import sampling
 
 
-def steps_for_size(n: int, batch_size: int, epochs: int) -> int:
-  return epochs * int(math.ceil(n / batch_size)) if n > 0 else 0
+def steps_for_size(n: int, batch_size: int, epochs: int, *, full_batches: bool = False, max_steps: int = 0) -> int:
+  """A client's local steps in epoch mode: epochs x ceil(n / B) (the last batch partial), or with
+  full_batches epochs x floor(n / B) (the remainder left out: the FedVPR thesis' rule), capped at max_steps
+  (0: no cap). The thesis' local iterations min(floor(|D_k| / B), 2500) = (1 epoch, full_batches, 2500)."""
+  if n <= 0:
+    return 0
+  per_epoch = n // batch_size if full_batches else int(math.ceil(n / batch_size))
+  steps = epochs * per_epoch
+  return min(steps, int(max_steps)) if max_steps else steps
 
 
 def bucket_steps(steps: int, policy: str = 'exact') -> int:
@@ -43,11 +50,12 @@ def bucket_steps(steps: int, policy: str = 'exact') -> int:
 
 
 def padded_num_steps(client_sizes: np.ndarray, batch_size: int, *, epochs: int = 1, local_steps: int = 0,
-                     bucketing: str = 'exact') -> int:
+                     bucketing: str = 'exact', full_batches: bool = False, max_steps: int = 0) -> int:
   """The run's fixed S: local_steps if set, else the step count of the population's largest client."""
   if local_steps:
     return int(local_steps)
-  return bucket_steps(steps_for_size(int(np.max(client_sizes)), batch_size, epochs), bucketing)
+  return bucket_steps(steps_for_size(int(np.max(client_sizes)), batch_size, epochs, full_batches=full_batches,
+                                     max_steps=max_steps), bucketing)
 
 
 @dataclasses.dataclass
@@ -127,10 +135,13 @@ class BatchPlan:
   max_size: int          # the population's largest client: permutation length
   num_perms: int         # permutations drawn per client (epochs; or enough for the local_steps stream)
   with_client: bool = False   # the batches carry 'client' [C, S] (the train transform asks: `needs_client`)
+  full_batches: bool = False  # epoch mode: floor(n / B) full batches per epoch, the remainder left out
+  max_steps: int = 0          # epoch mode: at most this many steps per client and round (0: no cap)
 
 
 def batch_plan(client_sizes, *, batch_size: int, num_steps: int, epochs: int = 1, local_steps: int = 0,
-               shuffle: bool = True, with_client: bool = False) -> BatchPlan:
+               shuffle: bool = True, with_client: bool = False, full_batches: bool = False,
+               max_steps: int = 0) -> BatchPlan:
   sizes = np.asarray(client_sizes, np.int64)
   max_size = max(int(sizes.max()) if sizes.size else 1, 1)
   if local_steps:
@@ -141,15 +152,19 @@ def batch_plan(client_sizes, *, batch_size: int, num_steps: int, epochs: int = 1
   else:
     num_perms = int(epochs)
   return BatchPlan(int(batch_size), int(num_steps), int(epochs), int(local_steps), bool(shuffle), max_size,
-                   max(num_perms, 1), bool(with_client))
+                   max(num_perms, 1), bool(with_client), bool(full_batches) and not local_steps,
+                   0 if local_steps else int(max_steps))
 
 
 def step_positions(plan: BatchPlan, key, n):
   """Positions (into the client's own examples) and mask, int32 / float32 [S, B], of an n-example client.
 
   Traceable (n may be traced). Epoch mode: each epoch a fresh permutation cut into ceil(n/B) batches, the last
-  one partial (masked); steps after epochs * ceil(n/B) are fully masked. local_steps mode: local_steps full
-  batches from a stream of reshuffled epochs. shuffle=False: stored order every epoch.
+  one partial (masked); steps after epochs * ceil(n/B) are fully masked. With plan.full_batches an epoch is
+  floor(n/B) full batches (the remainder unused; a client with n < B trains no step), and with plan.max_steps
+  the steps from max_steps on are masked: min(floor(n/B), 2500) local iterations in one compiled shape.
+  local_steps mode: local_steps full batches from a stream of reshuffled epochs. shuffle=False: stored order
+  every epoch.
   """
   s_steps, b = plan.num_steps, plan.batch_size
   if plan.shuffle:
@@ -166,9 +181,11 @@ def step_positions(plan: BatchPlan, key, n):
     e, i = t // safe_n, t % safe_n
     valid = (n > 0) & (s < plan.local_steps) & (t >= 0)
   else:
-    per_epoch = (safe_n + b - 1) // b
-    e, i = s // per_epoch, (s % per_epoch) * b + j
-    valid = (n > 0) & (e < plan.epochs) & (i < n)
+    per_epoch = safe_n // b if plan.full_batches else (safe_n + b - 1) // b
+    e, i = s // jnp.maximum(per_epoch, 1), (s % jnp.maximum(per_epoch, 1)) * b + j
+    valid = (n > 0) & (per_epoch > 0) & (e < plan.epochs) & (i < n)
+    if plan.max_steps:
+      valid = valid & (s < plan.max_steps)
   e = jnp.clip(e, 0, plan.num_perms - 1)
   i = jnp.clip(i, 0, plan.max_size - 1)
   pos = jnp.where(valid, perms[e, i], 0)
@@ -262,9 +279,9 @@ def make_round_batches(data, client_ids: Sequence[int], *, round_idx: int, seed:
         xs = xs.astype(cx.dtype)
       if i == 0 and ys.dtype != label_dtype(cy.dtype):   # a source that does not declare `label_dtype`
         ys = ys.astype(label_dtype(cy.dtype))
-    if epochs * int(math.ceil(n / batch_size)) > num_steps and not local_steps:
-      raise ValueError(f'client with {n} examples needs {steps_for_size(n, batch_size, epochs)} steps > '
-                       f'padded steps {num_steps}')
+    need = steps_for_size(n, batch_size, epochs, full_batches=plan.full_batches, max_steps=plan.max_steps)
+    if need > num_steps and not local_steps:
+      raise ValueError(f'client with {n} examples needs {need} steps > padded steps {num_steps}')
     pos, mask = all_pos[i], all_mask[i]
     valid = mask > 0
     nums[i] = n

@@ -67,3 +67,44 @@ def client_keys(key, round_idx, client_ids):
 
 
 client_keys_jit = jax.jit(client_keys)
+
+
+# Stratified sampling (H-FL, algorithms/hfl.py): a fixed number of clients from every group per round.
+
+def stratified_total(groups, per_group: int) -> int:
+  """The number of clients a stratified round samples: sum over groups of min(per_group, group size)."""
+  _, counts = np.unique(np.asarray(groups), return_counts=True)
+  return int(np.minimum(counts, int(per_group)).sum())
+
+
+def stratified_ids(key, round_idx, groups, per_group: int, total: int):
+  """Sorted int32 [total] client ids for round `round_idx`: `per_group` clients drawn uniformly without
+  replacement from every group (all of a smaller group), traceable (groups: int32 [K], total =
+  stratified_total(groups, per_group)). Same random keys as `sample_ids` (one 32-bit key per client from the
+  (seed, round) stream); within each group the clients with the smallest keys are taken (ties: lower id)."""
+  groups = jnp.asarray(groups, jnp.int32)
+  k = groups.shape[0]
+  key = jax.random.fold_in(jax.random.fold_in(key, SAMPLE_STREAM), round_idx)
+  bits = jax.random.bits(key, (k,), jnp.uint32)
+  order = jnp.lexsort((jnp.arange(k), bits, groups))          # by group, then key, then id
+  g_sorted = groups[order]
+  first = jnp.searchsorted(g_sorted, g_sorted, side='left')    # position of the group's first member
+  rank = jnp.zeros(k, jnp.int32).at[order].set(jnp.arange(k, dtype=jnp.int32) - first.astype(jnp.int32))
+  chosen = rank < per_group
+  return jnp.nonzero(chosen, size=total, fill_value=-1)[0].astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _stratified_jit(key, round_idx, groups, per_group, total):
+  return stratified_ids(key, round_idx, groups, per_group, total)
+
+
+def sample_clients_stratified(groups, per_group: int, *, seed, round_idx: int) -> np.ndarray:
+  """Host version of `stratified_ids` (the same function jitted)."""
+  groups = np.asarray(groups, np.int64)
+  if int(per_group) < 1 or groups.ndim != 1 or not len(groups) or groups.min() < 0:
+    raise ValueError(f'per_group={per_group} must be >= 1 and groups {groups.shape} non-negative ids, one per client')
+  total = stratified_total(groups, per_group)
+  ids = _stratified_jit(seed_key(seed), jnp.asarray(round_idx, jnp.int32), jnp.asarray(groups, jnp.int32),
+                        int(per_group), total)
+  return np.asarray(ids).astype(np.int64)

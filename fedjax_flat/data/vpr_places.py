@@ -7,6 +7,14 @@ sequences. What every place-recognition source (data/sources/vpr_synthetic.py, d
                     queries within `radius` of it and the unassigned database sequences whose centroid is within
                     `radius`; the group is a client when it holds >= 2 queries and >= 2 database sequences
                     (the validity rule), else its items are dropped. Repeat until no query is left.
+  clustering_split  Table 6.5's Clustering split, per city: k-means (k-means++ init, Lloyd) with k clusters over
+                    the visual features of the city's queries and database sequences (a sequence: the mean of
+                    its frames' features); cluster c's queries and sequences are a client under the same
+                    validity rule. k per city = that city's number of Proximity clients at 2000 m, so that the
+                    total matches the 2000 m split (713 on MSLS) before the validity rule drops clusters.
+                    Features: `image_statistic` (no model: the mean colour of every cell of a 4 x 4 grid), or
+                    any [n, d] descriptors given (e.g. a model's).
+  hold_out          `n` random clients of a split to the server's validation set (the thesis: 12).
   random_split      Table 6.5's Random split: queries of every city dealt at random to `num_clients`
                     clients, each with the database sequences holding its positives (duplicated where
                     clients share one) and a random share of the rest: a client's images span the cities,
@@ -78,6 +86,72 @@ def proximity_split(query_pos, seq_centroids, radius: float, seed: int,
     if len(qs) >= min_queries and len(ss) >= min_sequences:
       clients.append((qs, ss))
   return clients
+
+
+def image_statistic(images, grid: int = 4) -> np.ndarray:
+  """[n, 3 grid^2] float: the mean colour (in [0, 1]) of every cell of a grid x grid partition of each
+  [n, H, W, 3] uint8 image: the clustering split's visual feature when no model's descriptors are given."""
+  x = np.asarray(images, np.float64) / 255.0
+  n, h, w = x.shape[:3]
+  hs, ws = np.linspace(0, h, grid + 1).astype(int), np.linspace(0, w, grid + 1).astype(int)
+  cells = [x[:, hs[i]:max(hs[i + 1], hs[i] + 1), ws[j]:max(ws[j + 1], ws[j] + 1)].mean((1, 2))
+           for i in range(grid) for j in range(grid)]
+  return np.concatenate(cells, axis=1).reshape(n, -1)
+
+
+def kmeans_labels(x, k: int, seed: int, iters: int = 100) -> np.ndarray:
+  """Cluster labels [n] of points x [n, d]: k-means++ initialisation, then Lloyd's iterations until no label
+  changes (an emptied cluster takes the point farthest from its centre)."""
+  x = np.asarray(x, np.float64)
+  k = int(min(max(k, 1), len(x)))
+  rng = np.random.default_rng(seed)
+  centres = [x[rng.integers(len(x))]]
+  for _ in range(1, k):
+    d = np.min(distances_sq(x, np.stack(centres)), 1)
+    centres.append(x[rng.choice(len(x), p=d / d.sum())] if d.sum() > 0 else x[rng.integers(len(x))])
+  c = np.stack(centres)
+  labels = np.full(len(x), -1)
+  for _ in range(int(iters)):
+    d = distances_sq(x, c)
+    new = np.argmin(d, 1)
+    for j in range(k):
+      if not np.any(new == j):
+        far = int(np.argmax(d[np.arange(len(x)), new]))
+        new[far] = j
+    if np.array_equal(new, labels):
+      break
+    labels = new
+    c = np.stack([x[labels == j].mean(0) for j in range(k)])
+  return labels
+
+
+def distances_sq(a, b):
+  return np.maximum(np.sum(a * a, 1)[:, None] + np.sum(b * b, 1)[None, :] - 2 * a @ b.T, 0.0)
+
+
+def clustering_split(query_feats, seq_feats, k: int, seed: int, min_queries: int = MIN_QUERIES,
+                     min_sequences: int = MIN_SEQUENCES):
+  """Clients of one city as (query indices, sequence indices): k-means over the queries' and sequences'
+  features together (module docstring); clusters failing the validity rule are dropped."""
+  q = np.asarray(query_feats, np.float64).reshape(len(query_feats), -1)
+  sq = np.asarray(seq_feats, np.float64).reshape(len(seq_feats), -1)
+  if not len(q) or not len(sq) or k < 1:
+    return []
+  labels = kmeans_labels(np.concatenate([q, sq]), k, seed)
+  lq, ls = labels[:len(q)], labels[len(q):]
+  out = []
+  for c in range(int(labels.max()) + 1):
+    qs, ss = np.flatnonzero(lq == c), np.flatnonzero(ls == c)
+    if len(qs) >= min_queries and len(ss) >= min_sequences:
+      out.append((qs, ss))
+  return out
+
+
+def hold_out(groups, n: int, seed: int):
+  """(training groups, validation groups): `n` clients drawn at random (all but one at most) to validation."""
+  n = int(min(max(n, 0), max(len(groups) - 1, 0)))
+  pick = set(np.random.default_rng([seed, 12]).choice(len(groups), n, replace=False).tolist()) if n else set()
+  return ([g for i, g in enumerate(groups) if i not in pick], [g for i, g in enumerate(groups) if i in pick])
 
 
 def random_split(query_sequences: Sequence[np.ndarray], num_sequences: int, num_clients: int, seed: int):

@@ -1,5 +1,5 @@
-"""The FedSAM paper's CIFAR CNN ("LeNet5-like", Hsu et al. 2020), MAN's Tiny-ImageNet ConvNet, the FEMNIST and
-pfl-research CNNs, and a small CNN for 8x8 digits."""
+"""The FedSAM paper's CIFAR CNN ("LeNet5-like", Hsu et al. 2020), MAN's Tiny-ImageNet ConvNet, the FEMNIST CNNs
+(Reddi et al., McMahan et al.), the pfl-research CNN, and a small CNN for 8x8 digits."""
 from __future__ import annotations
 
 import flax.linen as nn
@@ -136,6 +136,27 @@ class FemnistCNN(nn.Module):
     return Dense(self.num_classes, torch_init=True)(x)
 
 
+class McMahanCNN(nn.Module):
+  """The "2-layer CNN" of McMahan et al. 2017 (FedAvg paper) for 28x28 (F)EMNIST, used by the thesis' WiMA
+  FEMNIST runs: conv5x5-32 SAME, ReLU, maxpool2, conv5x5-64 SAME, ReLU, maxpool2, fc512, ReLU, fc classes.
+
+  28 -> 14 -> 7, so fc512 sees 7*7*64 = 3,136 features: 832 + 51,264 + 1,606,144 + 31,806 = 1,690,046
+  parameters for 62 classes. Init [U: not stated]: PyTorch default, as the other thesis CNNs here.
+  """
+  num_classes: int = 62
+  conv_impl: str = 'auto'
+  pool_impl: str = 'auto'
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    for feats in (32, 64):
+      y = Conv(feats, (5, 5), padding='SAME', conv_impl=self.conv_impl, torch_init=True)(x)
+      x = max_pool(_act(self, y), (2, 2), pool_impl=self.pool_impl, conv_impl=self.conv_impl)
+    x = x.reshape(x.shape[:-3] + (-1,))
+    x = _act(self, Dense(512, torch_init=True)(x))
+    return Dense(self.num_classes, torch_init=True)(x)
+
+
 class PflCNN(nn.Module):
   """pfl-research's CIFAR10 benchmark CNN (`simple_cnn`, apple/pfl-research benchmarks/model/{tf2,pytorch}/cnn.py):
   conv3x3-32 VALID, ReLU, conv3x3-64 VALID, ReLU, maxpool2, dropout 0.25, fc128, ReLU, dropout 0.5, fc classes.
@@ -203,3 +224,9 @@ def _femnist_cnn(num_classes, input_shape, conv_impl='auto', pool_impl='auto', v
 def _pfl_cnn(num_classes, input_shape, conv_impl='auto', pool_impl='auto', dropout=True):
   return from_flax(PflCNN(num_classes, conv_impl=conv_impl, pool_impl=pool_impl, dropout=bool(dropout)),
                    'pfl_cnn', num_classes, input_shape)
+
+
+@register('mcmahan_cnn', head=(('Dense_1',),))
+def _mcmahan_cnn(num_classes, input_shape, conv_impl='auto', pool_impl='auto'):
+  return from_flax(McMahanCNN(num_classes, conv_impl=conv_impl, pool_impl=pool_impl), 'mcmahan_cnn', num_classes,
+                   input_shape)

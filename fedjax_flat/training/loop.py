@@ -97,6 +97,9 @@ class Trainer:
     self.model = model_registry.get_model(config.model, self.data.num_classes, self.data.input_shape,
                                           **config.model_kwargs.to_dict())
     self.task = tasks_lib.from_config(tasks_lib.task_of(self.data), config)  # loss and metrics (tasks/base.py)
+    # Need 'client_groups' (H-FL): every client's group from the dataset's metadata; the rounds then sample a
+    # fixed number of clients per group (data/sampling.stratified_ids) instead of the uniform sampler.
+    self.client_groups, self.clients_per_group = self.read_client_groups()
     self.algorithm = self.build_algorithm()
     self.train_transform, self.eval_transform = transforms.make_transforms(config, self.data.num_classes,
                                                                            data=self.data)
@@ -120,7 +123,9 @@ class Trainer:
       chunk = engine_lib.chunk_size(self.strategy, self.cohort, ec.clients_per_chunk)
     self.num_steps = batching.padded_num_steps(
         self.data.client_sizes(), config.client.batch_size, epochs=config.client.local_epochs,
-        local_steps=config.client.local_steps, bucketing=ec.step_bucketing)
+        local_steps=config.client.local_steps, bucketing=ec.step_bucketing,
+        full_batches=bool(config.client.get('full_batches', False)),
+        max_steps=int(config.client.get('max_local_steps', 0)))
     # Algorithms with a `val_source` hyperparameter (FedSoup) get each client's validation examples appended
     # to the round batches as flagged extra steps (evaluation/personalized.py).
     self.val_source = validation_steps.round_validation_source(config, alg_registry.default_hparams(config.algorithm))
@@ -137,7 +142,9 @@ class Trainer:
         epochs=config.client.local_epochs, local_steps=config.client.local_steps,
         shuffle=config.data.get('shuffle', True),
         with_client=(self.train_transform.needs_client       # style transfer's bank
-                     or 'client_ids' in alg_registry.needs(config.algorithm)))   # FedFomo's slots
+                     or 'client_ids' in alg_registry.needs(config.algorithm)),   # FedFomo's slots
+        full_batches=bool(config.client.get('full_batches', False)),
+        max_steps=int(config.client.get('max_local_steps', 0)))
     self.round_fn = self.build_round_fn(chunk)
 
     self.key = jax.random.key(config.seed)
@@ -224,7 +231,8 @@ class Trainer:
     self.block_fn = rounds_lib.make_block_fn(
         round_fn, plan=self.batch_plan, num_clients=self.data.num_clients,
         clients_per_round=self.config.clients_per_round, cohort=self.cohort,
-        rounds_per_call=self.rounds_per_call, has_store=self.store is not None, mesh=self.mesh)
+        rounds_per_call=self.rounds_per_call, has_store=self.store is not None, mesh=self.mesh,
+        sample_fn=self.device_sampler())
 
   def build_algorithm(self):
     """Extension point (training/chain_loop.py groups the clients first). A configured label-flipping attack
@@ -232,7 +240,34 @@ class Trainer:
     if attacks.enabled(self.config):
       self.poison_data(None)
     return alg_registry.build_algorithm(self.config, self.model, population=self.data.num_clients,
-                                        task=self.task, client_clusters=self.client_clusters())
+                                        task=self.task, client_clusters=self.client_clusters(),
+                                        client_groups=self.client_groups)
+
+  def read_client_groups(self):
+    """(groups, clients per group) for an algorithm that needs 'client_groups', else (None, 0): the groups
+    dict of the algorithm's `client_groups(data, hp)` ({'labels': int [K], ...}), read from the dataset's
+    per-client metadata (data.client_groups)."""
+    name = self.config.algorithm
+    if 'client_groups' not in alg_registry.needs(name):
+      return None, 0
+    groups = alg_registry.client_groups(self.config, self.data)
+    return groups, int(groups['per_group'])
+
+  def sample_round(self, r: int) -> np.ndarray:
+    """The client ids of round r: uniform (data/sampling.sample_clients) or stratified by client group."""
+    c = self.config
+    if self.client_groups is not None:
+      return sampling.sample_clients_stratified(self.client_groups['labels'], self.clients_per_group, seed=c.seed,
+                                                round_idx=r)
+    return sample_clients(self.data.num_clients, c.clients_per_round, seed=c.seed, round_idx=r)
+
+  def device_sampler(self):
+    """The traceable twin of `sample_round` for the compiled multi-round block (None: uniform)."""
+    if self.client_groups is None:
+      return None
+    groups = jnp.asarray(self.client_groups['labels'], jnp.int32)
+    per, total = self.clients_per_group, self.config.clients_per_round
+    return lambda key, r: sampling.stratified_ids(key, r, groups, per, total)
 
   def client_clusters(self):
     """An algorithm that needs 'style_clusters' (LADD): the clients clustered by their FDA styles (Algorithm 7,
@@ -264,8 +299,7 @@ class Trainer:
   def build_round_fn(self, chunk, jit: bool = True):
     ec = self.config.engine
     if self.stream:
-      ids = sample_clients(self.data.num_clients, self.config.clients_per_round, seed=self.config.seed,
-                           round_idx=0)[:chunk]
+      ids = self.sample_round(0)[:chunk]
       spec = streaming.batch_spec_of(self._build_rows(0, ids, chunk))
       return streaming.StreamedRoundFn(self.algorithm, chunk=chunk, cohort=self.cohort, batch_spec=spec,
                                        unroll=ec.unroll, augment_fn=self.train_transform)
@@ -290,7 +324,7 @@ class Trainer:
   # One round.
   def prepare_round(self, r: int):
     c = self.config
-    ids = sample_clients(self.data.num_clients, c.clients_per_round, seed=c.seed, round_idx=r)
+    ids = self.sample_round(r)
     if self.placement is not None and self.placement.partial:
       return self._prepare_local_rows(r, ids)
     if self.stream:

@@ -9,11 +9,17 @@ import optax
 import pytest
 
 from fedjax_flat.algorithms import hfl
+from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.fedavg import fedavg
 from fedjax_flat.config.default_config import default_config
 from fedjax_flat.core import engine
+from fedjax_flat.data import sampling
+from fedjax_flat.data.sources.builtin import synthetic
+from fedjax_flat.errors import ConfigError
 from fedjax_flat.models import base
+from fedjax_flat.training import trainers
+from tests.fixtures.configs import small_config
 
 SIZES = np.array([6.0, 3.0, 5.0, 2.0], np.float32)
 
@@ -123,3 +129,109 @@ def test_bad_arguments():
     hfl.hfl(MODEL, LOSS, _cfg(), optax.sgd(1.0), num_clusters=2, cluster_sizes=[1.0], sync_every=1)
   with pytest.raises(ValueError, match='sync_every'):
     hfl.hfl(MODEL, LOSS, _cfg(), optax.sgd(1.0), num_clusters=2, cluster_sizes=[1, 1], sync_every=0)
+
+
+# --------------------------------------------------------------------------------- registered: train.py's path
+
+GROUP_SIZES = [7, 3, 12, 2, 5, 9, 4, 10]
+
+
+def _groups_data(city):
+  data = synthetic(len(GROUP_SIZES), GROUP_SIZES, input_shape=(3, 3, 1), num_classes=4, seed=0)
+  data.client_groups = {'city': np.asarray(city, np.int64), 'continent': np.zeros(len(city), np.int64)}
+  return data
+
+
+def _hfl_trainer(data, over=None, **engine):
+  c = small_config(**(over or {}))
+  c.rounds, c.eval_every = 3, 3
+  c.data.num_clients = len(GROUP_SIZES)
+  for k, v in engine.items():
+    c.engine[k] = v
+  if c.algorithm == 'hfl':
+    c.algo.update({**alg_registry.default_hparams('hfl'), **c.algo.to_dict()})
+  return trainers.make_trainer(c, data=data)
+
+
+def test_registered_one_cluster_sync_every_round_is_fedavg_through_the_trainer():
+  """train.py's path: with every client in one cluster and T_c = 1 the stratified sampler draws the uniform
+  sampler's clients, and H-FL's evaluated model equals FedAvg's after 3 rounds (server SGD)."""
+  data = _groups_data(np.zeros(len(GROUP_SIZES)))
+  h = _hfl_trainer(data, {'algorithm': 'hfl', 'algo.clients_per_group': 3, 'algo.sync_every': 1},
+                   device_data=False)
+  f = _hfl_trainer(data, device_data=False)
+  for r in range(3):
+    np.testing.assert_array_equal(h.sample_round(r), f.sample_round(r))
+  h.train()
+  f.train()
+  got = h.algorithm.eval_models(h.server_state)['global'][0]
+  for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(f.server_state['params'])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+  assert float(h.server_state['messages_bottom']) == 3 * 2 * 3 and float(h.server_state['messages_top']) == 3 * 2
+
+
+def test_registered_trainer_puts_each_city_in_its_client_state_and_samples_per_city():
+  """Fast (no round runs): the trainer's store holds every client's city, and each round's clients (host
+  sampler and the compiled block's sampler alike) are clients_per_group of every city."""
+  city = np.array([1, 0, 1, 1, 0, 0, 1, 0])
+  t = _hfl_trainer(_groups_data(city), {'algorithm': 'hfl', 'algo.clients_per_group': 2, 'clients_per_round': 4},
+                   device_data=False)
+  np.testing.assert_array_equal(np.asarray(t.store.gather(np.arange(len(city)))['cluster']), city)
+  dev = jax.jit(t.device_sampler())
+  for r in range(5):
+    ids = t.sample_round(r)
+    assert np.bincount(city[ids], minlength=2).tolist() == [2, 2]
+    np.testing.assert_array_equal(np.asarray(dev(t.key, r)), ids)
+
+
+@pytest.mark.slow   # two trainers, ~30 s on the shared CPU: the fast test above checks the same wiring unrun
+def test_registered_clusters_in_client_states_stratified_rounds_host_equals_device():
+  """Two cities: every client's city is its initial client state, every round samples clients_per_group of
+  each city, and the compiled multi-round block (on-device stratified sampling) equals the host rounds."""
+  city = np.array([1, 0, 1, 1, 0, 0, 1, 0])
+  over = {'algorithm': 'hfl', 'algo.clients_per_group': 2, 'algo.sync_every': 2, 'clients_per_round': 4}
+  runs = {}
+  for name, eng in {'host': dict(device_data=False), 'device': dict(rounds_per_call=3)}.items():
+    t = _hfl_trainer(_groups_data(city), over, **eng)
+    assert t.device_rounds == (name == 'device')
+    np.testing.assert_array_equal(np.asarray(t.store.gather(np.arange(len(city)))['cluster']), city)
+    for r in range(3):
+      ids = t.sample_round(r)
+      assert np.bincount(city[ids], minlength=2).tolist() == [2, 2]
+    t.train()
+    runs[name] = t
+  for a, b in zip(jax.tree_util.tree_leaves(jax.device_get(runs['host'].server_state)),
+                  jax.tree_util.tree_leaves(jax.device_get(runs['device'].server_state))):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+  s = runs['host'].server_state
+  assert float(s['messages_bottom']) == 3 * 2 * 4 and float(s['messages_top']) == 1 * 2 * 2   # sync after round 1
+  assert any(not np.allclose(np.asarray(l)[0], np.asarray(l)[1]) for l in jax.tree_util.tree_leaves(s['params']))
+
+
+def test_registered_checks_name_the_fix():
+  data = _groups_data(np.array([1, 0, 1, 1, 0, 0, 1, 0]))
+  with pytest.raises(ConfigError, match='must be 4'):
+    _hfl_trainer(data, {'algorithm': 'hfl', 'algo.clients_per_group': 2, 'clients_per_round': 3})
+  plain = synthetic(len(GROUP_SIZES), GROUP_SIZES, input_shape=(3, 3, 1), num_classes=4, seed=0)
+  with pytest.raises(ConfigError, match='algo.group_by'):
+    _hfl_trainer(plain, {'algorithm': 'hfl', 'algo.clients_per_group': 1, 'clients_per_round': 1})
+  cfg = small_config(algorithm='hfl')
+  with pytest.raises(ConfigError, match='geographic clusters'):
+    alg_registry.build_algorithm(cfg, MODEL, population=4)
+
+
+def test_stratified_ids_traceable_equals_host_and_counts():
+  groups = np.array([2, 0, 0, 1, 2, 2, 0, 1, 1, 1, 0])
+  per = 2
+  total = sampling.stratified_total(groups, per)
+  assert total == 6
+  fn = jax.jit(lambda r: sampling.stratified_ids(sampling.seed_key(4), r, groups, per, total))
+  seen = np.zeros(len(groups))
+  for r in range(300):
+    ids = sampling.sample_clients_stratified(groups, per, seed=4, round_idx=r)
+    np.testing.assert_array_equal(np.asarray(fn(r)), ids)
+    assert list(ids) == sorted(set(ids.tolist())) and np.bincount(groups[ids], minlength=3).tolist() == [2, 2, 2]
+    seen[ids] += 1
+  # uniform within each group: a member of a group of n is drawn with probability per / n
+  want = np.array([per / np.sum(groups == g) for g in groups]) * 300
+  assert np.all(np.abs(seen / want - 1) < 0.2), (seen, want)

@@ -60,6 +60,13 @@ def _clusters(name, k=4):
   return StyleClustering(2, np.arange(k, dtype=np.int32) % 2, np.zeros((2, 27)), {}, 0.0)
 
 
+def _groups(name, k=4):
+  """What the trainer passes to an algorithm that needs 'client_groups' (two groups over k clients)."""
+  if 'client_groups' not in registry.needs(name):
+    return None
+  return {'labels': np.arange(k) % 2, 'examples': np.ones(2), 'per_group': 1}
+
+
 def test_every_algorithm_declares_rules_and_known_needs():
   names = registry.names()
   assert {'fedavg', 'fedprox', 'scaffold', 'fedgloss', 'fedseq', 'fedsoup', 'fednova'} <= set(names)
@@ -106,7 +113,8 @@ def test_client_state_need_matches_the_built_algorithms():
     if spec.client_optimizers is not None:
       cfg.client.optimizer = spec.client_optimizers[0]
     own = get_model(cfg.model, 3, (2, 1, 1)) if name in OWN_MODEL else model
-    alg = registry.build_algorithm(cfg, own, population=4, client_clusters=_clusters(name))
+    alg = registry.build_algorithm(cfg, own, population=4, client_clusters=_clusters(name),
+                                   client_groups=_groups(name))
     assert ('client_state' in spec.needs) == (alg.client_state_init is not None), name
 
 

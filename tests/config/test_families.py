@@ -114,6 +114,10 @@ def test_every_cell_builds_validates_and_documents(name):
     ('wima.py:cifar10,fedavgm,nowima', 'Table 4.22', 73.32, {}),
     ('wima.py:cifar100,feddyn', 'Table 4.22', 8.48, {}),
     ('wima.py:landmarks,scaffold', 'Table 4.23', 68.30, {}),
+    ('wima.py:pam,fedavgm', 'Table 4.22', 61.63, {}),
+    ('wima.py:pam,feddyn,nowima', 'Table 4.22', 57.42, {}),
+    ('wima.py:femnist', 'Table 4.22', 85.06, {}),
+    ('wima.py:femnist,mimelite,nowima', 'Table 4.22', 86.82, {}),
     ('wima.py:cifar100,window=10', 'Table 4.24', 25.70, {}),
     ('wima.py:cifar10,alpha=0.05,subset=classifier,batch=20', 'Table 4.25', 71.01, {}),
     ('man_cifar100.py:fedspeed,man,iid', 'MAN', 55.89, {'accuracy_std': 0.41}),
@@ -181,6 +185,27 @@ def test_wima_table_4_22_rows_map_to_their_algorithms():
   assert cfg('wima.py:cifar10,feddyn').published.to_dict() == {}       # N/A in the table
   with pytest.raises(ConfigError, match='landmarks'):
     cfg('wima.py:landmarks,fedcm')
+
+
+def test_wima_pam_and_femnist_settings():
+  """Table 4.22's PAM / FEMNIST columns: A.3.1's settings, the [U] choices the docstring names."""
+  c = cfg('wima.py:pam')
+  assert (c.dataset, c.model, c.model_kwargs.get('gn_groups', 2), c.rounds, c.clients_per_round) == \
+      ('cifar100_pam', 'resnet18_gn', 2, 10000, 100)      # resnet18_gn's default: 2 groups
+  assert (c.client.lr, c.client.weight_decay, c.client.batch_size, c.client.momentum, c.server.momentum) == \
+      (0.05, 4e-4, 20, 0.0, 0.0)
+  assert (c.wima.enabled, c.wima.window, c.augment, c.normalize) == (True, 100, 'none', 'cifar100')
+  assert cfg('wima.py:pam,fedavgm').server.momentum == 0.9
+  f = cfg('wima.py:femnist,scaffold')
+  assert (f.dataset, f.model, f.rounds, f.clients_per_round, f.algorithm, f.data.fraction) == \
+      ('femnist', 'mcmahan_cnn', 1500, 10, 'scaffold', 1.0)
+  assert (f.client.lr, f.client.momentum, f.client.weight_decay, f.client.batch_size, f.client.local_epochs) == \
+      (0.1, 0.0, 0.0, 10, 1)
+  assert (f.wima.window, f.published.accuracy) == (100, 86.61)
+  assert cfg('wima.py:femnist,feddyn').published.to_dict() == {}       # N/A in the table
+  assert cfg('wima.py:pam,batch=10').published.to_dict() == {}         # not the table's batch
+  with pytest.raises(ConfigError, match='pam'):
+    cfg('wima.py:pam,alpha=0.05')
 
 
 def test_man_zeta_convention_and_cifar10():

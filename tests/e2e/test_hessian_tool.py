@@ -81,12 +81,14 @@ def test_per_client_local_vs_global_sharpness(tmp_path):
   assert rep['all_converged'] == all(r[f'converged_{n}'] for r in rep['clients']
                                      for n in ('local_own', 'global_own', 'local_global'))
   res2 = _run(['experiments/hessian.py', f'--workdir={wd}', '--per_client', '--per_client_round=2',
-               '--num_examples=60', '--num_iters=8', '--batch_size=20', '--per_client_estimate=both'])
+               '--num_examples=60', '--num_iters=8', '--batch_size=20', '--per_client_estimate=both',
+               '--per_client_global=both'])
   rep2 = json.loads((wd / 'hessian' / 'per_client_global_round2.json').read_text())
   assert rep2['round'] == 2 and len(rep2['clients']) == 5 and rep2['estimate'] == 'both'
-  assert 'local/own batch median' in res2.stdout
+  assert 'local/own batch median' in res2.stdout and 'local/train' in res2.stdout and rep2['global_set'] == 'both'
   for r in rep2['clients']:     # FedSoup Fig. 2a's batch median beside each full-data estimate
-    assert all(np.isfinite(r[f'lambda_{n}_batch_median']) for n in ('local_own', 'global_own', 'local_global'))
+    assert all(np.isfinite(r[f'lambda_{n}_batch_median']) for n in ('local_own', 'global_own', 'local_global',
+                                                                    'local_train'))
   assert rep2['mean_lambda_local_own_batch_median'] == np.mean([r['lambda_local_own_batch_median']
                                                                 for r in rep2['clients']])
   # The local models: one more FedAvg round from the checkpoint equals the weighted mean of them.

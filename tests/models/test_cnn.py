@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from fedjax_flat.models.base import num_params
-from fedjax_flat.models.registry import get_model
+from fedjax_flat.models.registry import declared_head, get_model
 
 
 @pytest.mark.parametrize('classes,expected', [(10, 797_962), (100, 815_332)])
@@ -227,3 +227,44 @@ def test_man_convnet_matches_its_definition_and_torch():
     y = y @ t(d['kernel']) + t(d['bias'])
     y = f.relu(y) if i < 2 else y
   np.testing.assert_allclose(np.asarray(logits), y.numpy(), rtol=2e-4, atol=2e-4)
+
+
+def test_mcmahan_cnn_param_count_by_formula():
+  m = get_model('mcmahan_cnn', 62, (28, 28, 1))
+  shapes = jax.eval_shape(m.init, jax.random.key(0), jnp.zeros((1, 28, 28, 1)))
+  per_layer = {k: num_params(v) for k, v in shapes.items()}
+  # conv5x5 1->32, conv5x5 32->64, fc (7*7*64)->512, fc 512->62: weights + biases
+  assert per_layer == {'Conv_0': 5 * 5 * 1 * 32 + 32, 'Conv_1': 5 * 5 * 32 * 64 + 64,
+                       'Dense_0': 7 * 7 * 64 * 512 + 512, 'Dense_1': 512 * 62 + 62}
+  assert num_params(shapes) == 832 + 51_264 + 1_606_144 + 31_806 == 1_690_046
+
+
+def test_mcmahan_cnn_matches_its_definition():
+  """conv5x5-32 SAME, ReLU, pool2, conv5x5-64 SAME, ReLU, pool2, fc512, ReLU, fc, written with lax ops."""
+  m = get_model('mcmahan_cnn', 62, (28, 28, 1))
+  x = jax.random.normal(jax.random.key(1), (2, 28, 28, 1))
+  p = m.init(jax.random.key(0), x)
+
+  def conv(h, layer):
+    y = jax.lax.conv_general_dilated(h, layer['kernel'], (1, 1), 'SAME',
+                                     dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+    return y + layer['bias']
+
+  def pool(h):
+    return jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), 'VALID')
+
+  h = pool(jax.nn.relu(conv(x, p['Conv_0'])))
+  h = pool(jax.nn.relu(conv(h, p['Conv_1'])))
+  assert h.shape == (2, 7, 7, 64)
+  h = jax.nn.relu(h.reshape(2, -1) @ p['Dense_0']['kernel'] + p['Dense_0']['bias'])
+  want = h @ p['Dense_1']['kernel'] + p['Dense_1']['bias']
+  np.testing.assert_allclose(m.apply(p, x), want, rtol=1e-4, atol=1e-5)
+  logits, acts = m.apply(p, x, with_activations=True)
+  assert sorted(a.shape[1:] for a in acts) == sorted([(28, 28, 32), (14, 14, 64), (512,)])
+
+
+def test_mcmahan_cnn_head_is_last_dense():
+  m = get_model('mcmahan_cnn', 62, (28, 28, 1))
+  p = jax.eval_shape(m.init, jax.random.key(0), jnp.zeros((1, 28, 28, 1)))
+  (path,) = declared_head('mcmahan_cnn')
+  assert path == ('Dense_1',) and p[path[0]]['kernel'].shape == (512, 62)

@@ -13,9 +13,14 @@ are excluded. Positions are the UTM easting / northing of postprocessed.csv; eac
 Cities (the thesis, 6.3): validation Amsterdam and Manila (`VAL_CITIES`, left out of training), test San
 Francisco and Copenhagen (`TEST_CITIES`, kept on the server: their queries and database form the test set,
 y = (easting, northing, role)); every other city of train_val/ trains. Clients: Table 6.5's 'proximity' split
-(`split_radius` 1000 / 2000 / 4000 m, >= 2 queries and >= 2 database sequences per client) or 'random'
-(data/vpr_places.py). Training examples are each client's query tuples: positives within 10 m and negative
-candidates beyond 25 m from the client's own database (tasks/retrieval.py mines the hardest at every step).
+(`split_radius` 1000 / 2000 / 4000 m, >= 2 queries and >= 2 database sequences per client), 'clustering' (per
+city k-means on a visual feature, the 4 x 4-grid mean colour of the image read at 16 x 16 (no model's
+descriptors: `vpr_places.image_statistic`), k per city = its proximity clients at `split_radius`, so the total
+matches the 2000 m split) or 'random' (data/vpr_places.py). `val_clients` random clients of the split (the
+thesis: 12) leave training: data.val_x / val_y hold their queries and database frames (labelled as the test
+set), data.val_groups their (query, sequence) ids. Training examples are each client's query tuples: positives
+within 10 m and negative candidates beyond 25 m from the client's own database (tasks/retrieval.py mines the
+hardest at every step).
 
 Images are decoded with PIL (untrusted files: `errors.reading`) and resized to `image_size`; the whole
 federated set is held in memory, so `max_queries_per_city` / `max_sequences_per_city` bound it (0 = all; the
@@ -40,7 +45,20 @@ from fedjax_flat.data.sources.segmentation import _pil
 VAL_CITIES = ('amsterdam', 'manila')
 TEST_CITIES = ('sf', 'cph')
 CITY_SPACING = 10_000_000.0
-SPLITS = ('proximity', 'random')
+# H-FL's continent clusters (algorithms/hfl.py, data.client_groups['continent']). [U] The thesis has 4 continent
+# clusters (its FedAvg budget C = 20 = 4 x 5) but does not list them; the MSLS train_val cities span six
+# continents, grouped here into four: Europe, the Americas, Asia-Pacific (with Oceania), Africa. A city not listed
+# forms the last group, 'other'.
+CONTINENTS = ('europe', 'americas', 'asia_pacific', 'africa', 'other')
+CONTINENT_OF = {
+    **dict.fromkeys(('trondheim', 'london', 'amsterdam', 'helsinki', 'moscow', 'zurich', 'paris', 'budapest',
+                     'berlin', 'cph'), 'europe'),
+    **dict.fromkeys(('boston', 'toronto', 'austin', 'ottawa', 'phoenix', 'sf', 'saopaulo'), 'americas'),
+    **dict.fromkeys(('tokyo', 'bangkok', 'goa', 'amman', 'manila', 'melbourne'), 'asia_pacific'),
+    'nairobi': 'africa',
+}
+SPLITS = ('proximity', 'random', 'clustering')
+FEATURE_SIZE = 16      # clustering split: images read at 16 x 16 for their 4 x 4-grid colour statistic
 URL = 'https://www.mapillary.com/dataset/places'
 INSTRUCTIONS = (
     'MSLS needs a manual download with a licence: accept the terms and download the archives at '
@@ -133,7 +151,7 @@ def _city(root, city, index, max_queries, max_sequences, seed):
 
 
 def index(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, max_queries_per_city=0,
-          max_sequences_per_city=0, seed=0):
+          max_sequences_per_city=0, seed=0, val_clients=0):
   """The federated split from the CSVs alone (no image decoded): a dict with the training cities, the test
   cities, `groups` [(query ids, sequence ids)], `seq_frames` (image ids per sequence), `pos` [images, 2] and
   `files` [(folder, key)] of the training image store (each city's queries, then its database frames)."""
@@ -161,7 +179,15 @@ def index(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, ma
     frames = [d_ids[ds == s] for s in range(n_seq)]
     seq_frames_all += frames
     centroids = np.array([dp[ds == s].mean(0) for s in range(n_seq)]).reshape(-1, 2)
-    for gq, gs in vpr_places.proximity_split(qp, centroids, float(split_radius), seed=int(seed) * 7919 + i):
+    city_groups = vpr_places.proximity_split(qp, centroids, float(split_radius), seed=int(seed) * 7919 + i)
+    if split == 'clustering':     # k-means on visual features, k = the city's proximity clients (module doc)
+      qf = vpr_places.image_statistic(np.stack([load_image(os.path.join(base, 'query'), k, FEATURE_SIZE)
+                                                for k in qk]).reshape(len(qk), FEATURE_SIZE, FEATURE_SIZE, 3))
+      df = vpr_places.image_statistic(np.stack([load_image(os.path.join(base, 'database'), k, FEATURE_SIZE)
+                                                for k in dk]).reshape(len(dk), FEATURE_SIZE, FEATURE_SIZE, 3))
+      sf = np.array([df[ds == s_].mean(0) for s_ in range(n_seq)]).reshape(n_seq, -1)
+      city_groups = vpr_places.clustering_split(qf, sf, len(city_groups), seed=int(seed) * 7919 + i)
+    for gq, gs in city_groups:
       groups_all.append((q_ids[gq], seq_count + gs))
     clients_q.append((q_ids, qp))
     seq_count += n_seq
@@ -181,13 +207,16 @@ def index(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, ma
   if not groups_all:
     raise ConfigError('data.split_radius', split_radius, 'a larger radius: no group holds >= 2 queries and >= 2 '
                       'database sequences')
+  # The thesis' validation set: `val_clients` random clients (12) leave training for the server.
+  groups_all, val_groups = vpr_places.hold_out(groups_all, int(val_clients), int(seed))
   return {'train': train, 'test': test, 'groups': groups_all, 'seq_frames': seq_frames_all, 'pos': all_pos,
-          'files': folder_of, 'root': root}
+          'files': folder_of, 'root': root, 'val_groups': val_groups}
 
 
 def load(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, image_size=64, num_positives=2,
-         num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0):
-  ix = index(data_dir, split, split_radius, num_clients, max_queries_per_city, max_sequences_per_city, seed)
+         num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0, val_clients=0):
+  ix = index(data_dir, split, split_radius, num_clients, max_queries_per_city, max_sequences_per_city, seed,
+             val_clients)
   train, test, groups_all, seq_frames_all = ix['train'], ix['test'], ix['groups'], ix['seq_frames']
   all_pos, folder_of, root = ix['pos'], ix['files'], ix['root']
   tv = os.path.join(root, 'train_val')
@@ -219,6 +248,19 @@ def load(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, ima
                                   name=f'msls_{split}')
   data.split_stats = vpr_places.split_statistics(groups_all, [len(f) for f in seq_frames_all])
   data.train_cities, data.test_cities = tuple(train), tuple(test)
+  # Per-client metadata (H-FL's clusters): the training city of most of the client's queries (every query of a
+  # proximity client), and that city's continent (CONTINENT_OF).
+  city_of = np.array([np.bincount((all_pos[qs, 0] // CITY_SPACING).astype(np.int64)).argmax() if len(qs) else 0
+                      for qs, _ in groups_all], np.int64)
+  cont = np.array([CONTINENTS.index(CONTINENT_OF.get(c, 'other')) for c in train], np.int64)
+  data.client_groups = {'city': city_of, 'continent': cont[city_of]}
+  # The held-out validation clients (val_clients): their queries and database frames, labelled as the test set.
+  vq = [int(i) for qs, _ in ix['val_groups'] for i in qs]
+  vd = [int(i) for _, ss in ix['val_groups'] for s_ in ss for i in seq_frames_all[s_]]
+  data.val_x = (np.stack([load_image(*folder_of[i], size) for i in vq + vd]) if vq else
+                np.zeros((0, size, size, 3), np.uint8))
+  data.val_y = vpr_places.test_labels(all_pos[vq].reshape(-1, 2), all_pos[vd].reshape(-1, 2))
+  data.val_groups = ix['val_groups']
   data.tuple_index = np.concatenate(tuples)
   data.image_pos = all_pos[used]
   return data
@@ -227,7 +269,8 @@ def load(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, ima
 def split_table(data_dir='', radii=(1000.0, 2000.0, 4000.0), seed=0, max_queries_per_city=0,
                 max_sequences_per_city=0):
   """Table 6.5's statistics of the MSLS splits (CSV only): rows {split, radius, clients, sequences_per_client,
-  images_per_client} for the proximity radii and the random split (as many clients as the 2000 m split)."""
+  images_per_client} for the proximity radii, the random split (as many clients as the 2000 m split) and the
+  clustering split (k per city from the 2000 m split; reads the images at 16 x 16 for their features)."""
   rows = []
   for r in radii:
     ix = index(data_dir, 'proximity', r, 0, max_queries_per_city, max_sequences_per_city, seed)
@@ -236,11 +279,14 @@ def split_table(data_dir='', radii=(1000.0, 2000.0, 4000.0), seed=0, max_queries
   ix = index(data_dir, 'random', 2000.0, 0, max_queries_per_city, max_sequences_per_city, seed)
   rows.append({'split': 'random', 'radius': None,
                **vpr_places.split_statistics(ix['groups'], [len(f) for f in ix['seq_frames']])})
+  ix = index(data_dir, 'clustering', 2000.0, 0, max_queries_per_city, max_sequences_per_city, seed)
+  rows.append({'split': 'clustering', 'radius': None,
+               **vpr_places.split_statistics(ix['groups'], [len(f) for f in ix['seq_frames']])})
   return rows
 
 
 FIELDS = dict(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, image_size=64, num_positives=2,
-              num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0)
+              num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0, val_clients=0)
 
 
 def _check(d):
@@ -255,10 +301,13 @@ def _check(d):
 
 @register('msls', task='retrieval', fields=FIELDS, check=_check)
 def _msls(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, image_size=64, num_positives=2,
-          num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0, **unused):
+          num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0, val_clients=0, **unused):
   del unused
+  if int(val_clients) < 0:
+    raise ConfigError('data.val_clients', val_clients, 'an integer >= 0 (the thesis holds out 12 clients)')
   _check(dict(split=split, split_radius=split_radius, image_size=image_size, num_positives=num_positives,
               num_candidates=num_candidates))
   return load(data_dir=data_dir, split=split, split_radius=split_radius, num_clients=num_clients,
               image_size=image_size, num_positives=num_positives, num_candidates=num_candidates,
-              max_queries_per_city=max_queries_per_city, max_sequences_per_city=max_sequences_per_city, seed=seed)
+              max_queries_per_city=max_queries_per_city, max_sequences_per_city=max_sequences_per_city, seed=seed,
+              val_clients=val_clients)

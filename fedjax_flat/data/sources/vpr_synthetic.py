@@ -193,6 +193,11 @@ def load(num_cities=4, city_size=300.0, sequences_per_city=30, seq_len=8, frame_
   for k, (qs, ss) in enumerate(groups):
     for ids in [q_base + qs] + [seq_frames[s] for s in ss]:
       data.image_client[ids] = np.where(data.image_client[ids] == -1, k, -2)
+  # Per-client metadata (H-FL's clusters, algorithms/hfl.py): the city of most of the client's queries; the
+  # stand-in has no continents, its 'continent' pairs the cities (0-1, 2-3, ...).
+  city_of = np.array([np.bincount((q_pos[qs, 0] // CITY_SPACING).astype(np.int64)).argmax() if len(qs) else 0
+                   for qs, _ in groups], np.int64)
+  data.client_groups = {'city': city_of, 'continent': city_of // 2}
   return data
 
 

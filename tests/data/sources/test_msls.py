@@ -129,7 +129,7 @@ def test_catalogue_names_the_manual_download(tmp_path, tree):
 def test_split_table_has_table_6_5_columns(tree):
   data_dir, _ = tree
   rows = msls.split_table(data_dir, radii=(200.0, 400.0))
-  assert [r['split'] for r in rows] == ['proximity', 'proximity', 'random']
+  assert [r['split'] for r in rows] == ['proximity', 'proximity', 'random', 'clustering']
   assert rows[0]['clients'] >= rows[1]['clients'] >= 1
   assert all(len(r['images_per_client']) == 2 for r in rows)
   assert rows[2]['clients'] == len(msls.index(data_dir, 'proximity', 2000.0)['groups'])
@@ -143,3 +143,69 @@ def test_prepare_prints_the_split_statistics(tree):
   assert out.returncode == 0, out.stderr[-2000:]
   lines = [l for l in out.stdout.splitlines() if l.startswith('| proximity') or l.startswith('| random')]
   assert len(lines) == 4 and lines[1].startswith('| proximity | 2000 |')
+
+
+def test_client_groups_are_the_clients_city_and_continent(tree):
+  """H-FL's clusters (algorithms/hfl.py): a proximity client's 'city' is the training city of all its queries
+  (read from the positions, which are shifted by CITY_SPACING per city), its 'continent' that city's."""
+  data_dir, _ = tree
+  d = registry.get_dataset('msls', data_dir=data_dir, split_radius=400.0, image_size=8, num_candidates=4)
+  g = d.client_groups
+  assert g['city'].shape == g['continent'].shape == (d.num_clients,)
+  for k in range(d.num_clients):
+    q = d.image_pos[d.tuple_index[d.client_indices(k), 0]]
+    assert set((q[:, 0] // msls.CITY_SPACING).astype(int).tolist()) == {int(g['city'][k])}
+  assert sorted(set(g['city'].tolist())) == [0, 1]                       # boston, tokyo both have clients
+  want = {0: msls.CONTINENTS.index('americas'), 1: msls.CONTINENTS.index('asia_pacific')}
+  assert [want[c] for c in g['city'].tolist()] == g['continent'].tolist()
+
+
+def test_clustering_split_follows_k_per_city_and_the_validity_rule(tree):
+  """The Clustering split: k-means per city on the images' grid colours with k = the city's proximity clients
+  (at the same radius): at most that many clients, every one >= 2 queries and >= 2 sequences of ONE city, the
+  same groups on a second read (seeded), and the dataset built from them."""
+  data_dir, _ = tree
+  prox = msls.index(data_dir, 'proximity', 400.0)
+  clus = msls.index(data_dir, 'clustering', 400.0)
+  assert 1 <= len(clus['groups']) <= len(prox['groups'])
+  city_of = lambda ids: set((clus['pos'][ids, 0] // msls.CITY_SPACING).astype(int).tolist())  # noqa: E731
+  for qs, ss in clus['groups']:
+    assert len(qs) >= 2 and len(ss) >= 2
+    frames = np.concatenate([clus['seq_frames'][s] for s in ss])
+    assert len(city_of(qs) | city_of(frames)) == 1
+  again = msls.index(data_dir, 'clustering', 400.0)
+  assert [(q.tolist(), s.tolist()) for q, s in again['groups']] == [(q.tolist(), s.tolist()) for q, s in clus['groups']]
+  d = registry.get_dataset('msls', data_dir=data_dir, split='clustering', split_radius=400.0, image_size=8,
+                           num_candidates=4)
+  assert d.num_clients == len(clus['groups']) and d.split_stats['clients'] == d.num_clients
+
+
+def test_kmeans_and_image_statistic_on_known_answers():
+  from fedjax_flat.data import vpr_places
+  img = np.zeros((2, 8, 8, 3), np.uint8)
+  img[0, :4, :4] = 255          # top-left cell block white in image 0
+  f = vpr_places.image_statistic(img, grid=2)
+  np.testing.assert_allclose(f[0], [1, 1, 1] + [0] * 9)
+  np.testing.assert_allclose(f[1], np.zeros(12))
+  rng = np.random.default_rng(0)
+  x = np.concatenate([rng.normal(0, 0.1, (20, 2)), rng.normal(5, 0.1, (15, 2)), rng.normal([0, 9], 0.1, (10, 2))])
+  labels = vpr_places.kmeans_labels(x, 3, seed=1)
+  assert sorted(np.bincount(labels).tolist()) == [10, 15, 20]
+  assert len(set(labels[:20])) == len(set(labels[20:35])) == len(set(labels[35:])) == 1
+
+
+def test_validation_clients_leave_training(tree):
+  data_dir, _ = tree
+  full = registry.get_dataset('msls', data_dir=data_dir, split_radius=400.0, image_size=8, num_candidates=4)
+  held = registry.get_dataset('msls', data_dir=data_dir, split_radius=400.0, image_size=8, num_candidates=4,
+                              val_clients=1)
+  assert held.num_clients == full.num_clients - 1 and len(held.val_groups) == 1
+  qs, ss = held.val_groups[0]
+  n_db = sum(len(msls.index(data_dir, 'proximity', 400.0)['seq_frames'][s]) for s in ss)
+  assert held.val_x.shape == (len(qs) + n_db, 8, 8, 3) and held.val_y.shape == (len(qs) + n_db, 3)
+  assert int(np.sum(held.val_y[:, 2] == ret.QUERY_ROLE)) == len(qs)
+  train_q = {tuple(p) for p in held.image_pos[held.tuple_index[:, 0]].tolist()}
+  val_q = {tuple(p) for p in held.val_y[held.val_y[:, 2] == ret.QUERY_ROLE, :2].astype(np.float64).tolist()}
+  assert not train_q & val_q
+  with pytest.raises(Exception, match='data.val_clients'):
+    registry.get_dataset('msls', data_dir=data_dir, split_radius=400.0, image_size=8, val_clients=-1)

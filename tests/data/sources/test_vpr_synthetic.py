@@ -65,3 +65,13 @@ def test_single_split_is_one_client_with_every_query():
   one = registry.get_dataset('vpr_synthetic', **SMALL, split='single')
   prox = registry.get_dataset('vpr_synthetic', **SMALL)
   assert one.num_clients == 1 and len(one.y) >= len(prox.y)
+
+
+def test_client_groups_are_the_city_of_the_clients_queries():
+  """H-FL's clusters: a proximity client's 'city' is the city of all its queries; 'continent' pairs the cities."""
+  d = registry.get_dataset('vpr_synthetic', **SMALL)
+  g = d.client_groups
+  for k in range(d.num_clients):
+    q = d.image_pos[d.tuple_index[d.client_indices(k), 0]]
+    assert set((q[:, 0] // vpr_synthetic.CITY_SPACING).astype(int).tolist()) == {int(g['city'][k])}
+  np.testing.assert_array_equal(g['continent'], g['city'] // 2)

@@ -1,0 +1,107 @@
+r"""One FedVPR client round on this machine at MSLS resolution: compile time, XLA memory, round time, peak memory.
+
+The engine's round program (core/engine.py, one client, `--steps` local steps) running FedAvg with the thesis'
+client (Adam lr 1e-5) on `vpr_resnet18` (models/vpr.py: ResNet18 up to its third stage + GeM + L2, base width 64,
+GroupNorm: configs/fedvpr.py's model) and the retrieval task's triplet loss with in-batch hard-negative mining
+(tasks/retrieval.py: margin 0.1, the 5 hardest of `--candidates` negative candidates, the nearest of 2 positive
+candidates). A step sees `--batch` query tuples of 1 + 2 + candidates images of `--size` (H x W; MSLS: 480 x 640).
+Synthetic inputs (random images, every slot valid); a fresh init stands in for the ImageNet weights.
+
+  compile_s      lower + compile of the round program
+  xla_temp_gb    XLA's buffer assignment for the compiled program (activations kept for the backward pass,
+                 gradients, workspace)
+  round_s        wall time of one round after compilation, and per step
+  round_est_s    step_s x the thesis' local iterations of a client of `--client_tuples` tuples,
+                 min(floor(N_k / B), 2500)
+  peak_rss_gb    the process's peak resident memory (ru_maxrss) after the round
+
+A configuration whose XLA temporaries exceed --max_gb is compiled and reported but not run (shared machine).
+
+  PYTHONPATH=. .venv/bin/python -m benchmarks.speed.vpr_round --size=480x640 --batch=4 --candidates=10 --steps=1
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_flat.algorithms import local as local_lib
+from fedjax_flat.algorithms.fedavg import fedavg
+from fedjax_flat.config.default_config import default_config
+from fedjax_flat.core import engine
+from fedjax_flat.data import batching
+from fedjax_flat.models.registry import get_model
+from fedjax_flat.tasks import retrieval as ret
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument('--size', default='480x640')
+  ap.add_argument('--batch', type=int, default=4)
+  ap.add_argument('--candidates', type=int, default=10)
+  ap.add_argument('--positives', type=int, default=2)
+  ap.add_argument('--steps', type=int, default=1)
+  ap.add_argument('--client_tuples', type=int, default=400, help='N_k for round_est_s')
+  ap.add_argument('--max_gb', type=float, default=8.0)
+  ap.add_argument('--json', default='')
+  a = ap.parse_args()
+  h, w = (int(v) for v in a.size.split('x'))
+  t_slots = 1 + a.positives + a.candidates
+  model = get_model('vpr_resnet18', 1, (t_slots, h, w, 3), norm='gn', base_width=64, gn_groups=2,
+                    conv_impl='auto')
+  task = ret.Retrieval(margin=0.1, num_negatives=5)
+  cfg = default_config().client
+  cfg.base_optimizer, cfg.lr, cfg.momentum, cfg.weight_decay = 'adam', 1e-5, 0.0, 0.0
+  t0 = time.time()
+  params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, t_slots, h, w, 3)))
+  init_s = time.time() - t0
+  alg = fedavg(model, local_lib.make_loss(model, task=task), cfg, optax.sgd(1.0))
+  state = alg.server_init(params, jax.random.PRNGKey(1))
+  rng = np.random.default_rng(0)
+  kinds = np.array([ret.QUERY] + [ret.POSITIVE] * a.positives + [ret.NEGATIVE] * a.candidates, np.uint8)
+  batches = {'x': jnp.asarray(rng.integers(0, 256, (1, a.steps, a.batch, t_slots, h, w, 3), dtype=np.uint8)),
+             'y': jnp.asarray(np.broadcast_to(kinds, (1, a.steps, a.batch, t_slots))),
+             'mask': jnp.ones((1, a.steps, a.batch), jnp.float32)}
+  fn = engine.make_round_fn(alg, chunk=1, jit=True, donate=True)
+  args = (state, batches, None, jax.random.split(jax.random.PRNGKey(2), 1), jnp.ones((1,)), jnp.ones((1,), bool),
+          jnp.int32(0))
+  t0 = time.time()
+  compiled = fn.lower(*args).compile()
+  out = {'model': 'vpr_resnet18 (width 64, GroupNorm)', 'size': a.size, 'batch': a.batch,
+         'images_per_step': a.batch * t_slots, 'steps': a.steps, 'init_s': round(init_s, 1),
+         'compile_s': round(time.time() - t0, 1), 'backend': jax.default_backend(), 'cpus': os.cpu_count(),
+         'uptime': os.popen('uptime').read().strip(), 'measured_under_load': True}
+  try:
+    ma = compiled.memory_analysis()
+    out['xla_temp_gb'] = round(ma.temp_size_in_bytes / 2**30, 3)
+    out['xla_args_gb'] = round(ma.argument_size_in_bytes / 2**30, 3)
+  except Exception as e:  # noqa: BLE001 -- not every backend reports it
+    out['xla_memory_analysis'] = f'unavailable: {e}'
+  if out.get('xla_temp_gb', 0) > a.max_gb:
+    out['skipped'] = f'XLA temporaries {out["xla_temp_gb"]} GB > --max_gb {a.max_gb}'
+  else:
+    t0 = time.time()
+    res = compiled(*args)
+    jax.block_until_ready(res)
+    out['round_s'] = round(time.time() - t0, 2)
+    out['step_s'] = round(out['round_s'] / a.steps, 2)
+    out['finite'] = bool(np.all(np.asarray(res[2]['finite'])))
+    steps = batching.steps_for_size(a.client_tuples, a.batch, 1, full_batches=True, max_steps=2500)
+    out['round_est_s'] = {'client_tuples': a.client_tuples, 'local_iterations': steps,
+                          'seconds': round(out['step_s'] * steps, 1)}
+  out['peak_rss_gb'] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
+  print(json.dumps(out, indent=1))
+  if a.json:
+    with open(a.json, 'w') as f:
+      json.dump(out, f, indent=1)
+
+
+if __name__ == '__main__':
+  main()

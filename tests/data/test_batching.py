@@ -1,0 +1,99 @@
+"""Local iterations of the epochs mode (data/batching.py): ceil(N_k / B) per epoch, or the FedVPR thesis' rule
+min(floor(N_k / B), cap) (client.full_batches, client.max_local_steps), masked inside one fixed step count S
+(no recompilation), on the host and the device paths alike."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_flat.config import validate
+from fedjax_flat.data import batching, sampling
+from fedjax_flat.data.sources.builtin import synthetic
+from fedjax_flat.errors import ConfigError
+from fedjax_flat.training import trainers
+from tests.fixtures.configs import small_config
+
+SIZES = [7, 3, 12, 0, 5, 9, 1, 4, 10, 6]
+
+
+@pytest.mark.parametrize('n,b,epochs,full,cap,want', [
+    (10, 4, 1, False, 0, 3), (10, 4, 1, True, 0, 2), (10, 4, 2, True, 0, 4), (3, 4, 1, True, 0, 0),
+    (3, 4, 1, False, 0, 1), (12, 4, 1, True, 0, 3), (10000, 4, 1, True, 2500, 2500), (9999, 4, 1, True, 2500, 2499),
+    (0, 4, 1, True, 5, 0), (40, 4, 1, False, 3, 3)])
+def test_steps_for_size_is_the_formula(n, b, epochs, full, cap, want):
+  assert batching.steps_for_size(n, b, epochs, full_batches=full, max_steps=cap) == want
+
+
+@pytest.mark.parametrize('full,cap', [(True, 0), (True, 2), (False, 2), (False, 0)])
+def test_positions_mask_min_floor_cap_full_batches(full, cap):
+  """Every client of the population: exactly min(floor|ceil(n/B), cap) steps hold examples, each of them a full
+  batch under full_batches, no example twice within the epoch, in the run's single S."""
+  b = 4
+  s = batching.padded_num_steps(np.array(SIZES), b, full_batches=full, max_steps=cap)
+  assert s == max(1, max(batching.steps_for_size(n, b, 1, full_batches=full, max_steps=cap) for n in SIZES))
+  plan = batching.batch_plan(SIZES, batch_size=b, num_steps=s, full_batches=full, max_steps=cap)
+  pos, mask = batching.host_round_positions(plan, 3, 0, np.arange(len(SIZES)), SIZES)
+  assert pos.shape == (len(SIZES), s, b)
+  for k, n in enumerate(SIZES):
+    steps = batching.steps_for_size(n, b, 1, full_batches=full, max_steps=cap)
+    per_step = mask[k].sum(1)
+    assert np.count_nonzero(per_step) == steps and np.all(per_step[steps:] == 0)
+    if full:
+      assert np.all(per_step[:steps] == b)
+    used = pos[k][mask[k] > 0]
+    assert len(set(used.tolist())) == len(used) and np.all(used < max(n, 1))
+
+
+def _trainer(**over):
+  c = small_config(**{'data.num_clients': len(SIZES), 'client.batch_size': 4, 'rounds': 3, 'eval_every': 3,
+                      **over})
+  data = synthetic(len(SIZES), SIZES, input_shape=(3, 3, 1), num_classes=4, seed=0)
+  return trainers.make_trainer(c, data=data)
+
+
+def test_trainer_batches_follow_the_thesis_rule_host_and_device_gather():
+  """Fast (no round runs): the trainer's S and each sampled client's host batches follow min(floor(N_k/4), 2),
+  and the device gather of the compiled block gives the same batches."""
+  t = _trainer(**{'client.full_batches': True, 'client.max_local_steps': 2, 'engine.device_data': False})
+  assert t.num_steps == 2 and t.batch_plan.full_batches and t.batch_plan.max_steps == 2
+  arrays = batching.device_data(t.data)
+  for r in range(3):
+    rb = t.prepare_round(r)
+    ids = sampling.sample_clients(len(SIZES), 3, seed=t.config.seed, round_idx=r)
+    for i, k in enumerate(ids):
+      assert rb.mask[i].sum() == 4 * min(SIZES[k] // 4, 2)
+    padded = np.full(rb.mask.shape[0], -1, np.int32)
+    padded[:len(ids)] = ids
+    dev, _ = jax.device_get(batching.gather_round_device(t.batch_plan, arrays, sampling.seed_key(t.config.seed),
+                                                         jnp.int32(r), jnp.asarray(padded)))
+    for key in ('x', 'y', 'mask'):
+      np.testing.assert_array_equal(dev[key], getattr(rb, key), err_msg=key)
+
+
+@pytest.mark.slow   # two trainers, ~30 s on the shared CPU: the fast test above checks the same batches unrun
+def test_trainer_runs_the_thesis_rule_in_one_program_host_equals_device():
+  """client.full_batches + client.max_local_steps through the trainer: S = min(floor(12 / 4), 2) = 2, each
+  sampled client's round batches hold min(floor(N_k / 4), 2) full batches, and the compiled multi-round block
+  (one program) equals the host rounds."""
+  over = {'client.full_batches': True, 'client.max_local_steps': 2}
+  host = _trainer(**over, **{'engine.device_data': False})
+  assert host.num_steps == 2
+  for r in range(3):
+    rb = host.prepare_round(r)
+    ids = sampling.sample_clients(len(SIZES), 3, seed=host.config.seed, round_idx=r)
+    for i, k in enumerate(ids):
+      assert rb.mask[i].sum() == 4 * min(SIZES[k] // 4, 2)
+  dev = _trainer(**over, **{'engine.rounds_per_call': 3})
+  assert dev.device_rounds and not host.device_rounds
+  host.train()
+  dev.train()
+  assert dev.block_fn._cache_size() == 1
+  for a, b in zip(jax.tree_util.tree_leaves(host.server_state), jax.tree_util.tree_leaves(dev.server_state)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_bad_local_iteration_settings_are_config_errors():
+  with pytest.raises(ConfigError, match='client.local_steps'):
+    validate.validate_config(small_config(**{'client.local_steps': 5, 'client.max_local_steps': 10}))
+  with pytest.raises(ConfigError, match='client.max_local_steps'):
+    validate.validate_config(small_config(**{'client.max_local_steps': -1}))
