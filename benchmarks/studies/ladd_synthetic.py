@@ -17,6 +17,10 @@ pre-training, the client sampling and the batches):
          central_oracle  the target clients' images pooled with their labels, trained centrally from the random
                          init (the centralized oracle): the source pre-training's trainer without style transfer
                          (training/source_pretrain.py: same steps, batch, lr, loss), on the target data
+         central_oracle_fedbudget  the same with the federated oracle's budget: rounds x local steps SGD steps of
+                         --batch_size at the client --lr (poly decay). The federated oracle is far below the
+                         centralized one because of its budget (defaults: 30 x 2 = 60 steps at lr 0.01 from a
+                         random init vs 300 steps at lr 0.05), which this cell shows: README.ladd.md section 2
   4. target test mIoU (global test set, every planted style): single-model methods on every image; LADD with
      test-time routing (each image to its nearest style centroid's cluster model, evaluation/routed.py)
 
@@ -48,7 +52,9 @@ from fedjax_flat.models.registry import get_model
 from fedjax_flat.tasks.segmentation import Segmentation
 from fedjax_flat.training import source_pretrain
 
-METHODS = ('source_only', 'fda_pretrained', 'fedavg_st', 'ladd_cls', 'ladd_all', 'ftda', 'oracle', 'central_oracle')
+METHODS = ('source_only', 'fda_pretrained', 'fedavg_st', 'ladd_cls', 'ladd_all', 'ftda', 'oracle', 'central_oracle',
+           'central_oracle_fedbudget')
+NEEDS_PRETRAINED = ('fda_pretrained', 'fedavg_st', 'ladd_cls', 'ladd_all', 'ftda')
 
 
 def round_batches(ds, ids, round_idx, seed, batch_size, prep):
@@ -133,11 +139,13 @@ def main():
           f'silhouettes {found["scores"]}', flush=True)
     test_routes = routed.routes(ds.test_x, clus.centroids)
     params0 = model.init(jax.random.PRNGKey(seed), jnp.zeros((1,) + size + (3,)))
-    t0 = time.time()
-    src_only, _ = source_pretrain.pretrain_source(model, params0, ds.source_x, ds.source_y, steps=args.source_steps,
-                                                  lr=args.source_lr, seed=seed)
-    pre, _ = source_pretrain.pretrain_source(model, params0, ds.source_x, ds.source_y, steps=args.source_steps,
-                                             lr=args.source_lr, seed=seed, styles=styles)
+    t0 = time.time()     # (each pre-training only when a method asked for needs it: the oracles alone skip both)
+    if 'source_only' in methods:
+      src_only, _ = source_pretrain.pretrain_source(model, params0, ds.source_x, ds.source_y,
+                                                    steps=args.source_steps, lr=args.source_lr, seed=seed)
+    if any(m in methods for m in NEEDS_PRETRAINED):
+      pre, _ = source_pretrain.pretrain_source(model, params0, ds.source_x, ds.source_y, steps=args.source_steps,
+                                               lr=args.source_lr, seed=seed, styles=styles)
     t_pre = time.time() - t0
     single = np.zeros(len(ds.test_x), np.int32)
 
@@ -166,9 +174,10 @@ def main():
       row['miou'][name] = evaluate(lambda c: ladd_lib.cluster_params(state, c, flags), test_routes)
       row['miou'][name + '_global'] = evaluate(lambda c: state['params'], single)
       row['train_s'][name] = dt
-    for name, start in (('ftda', pre), ('oracle', params0)):
+    for name in ('ftda', 'oracle'):
       if name not in methods:
         continue
+      start = pre if name == 'ftda' else params0
       alg = fedavg_lib.fedavg(model, local_lib.make_loss(model, task=task), cfg, server_tx, name=name)
       state, dt = run_federated(alg, start, ds, **fed)
       row['miou'][name], row['train_s'][name] = evaluate(lambda c: state['params'], single), dt
@@ -178,6 +187,16 @@ def main():
                                                    lr=args.source_lr, seed=seed)
       row['miou']['central_oracle'], row['train_s']['central_oracle'] = evaluate(lambda c: central, single), \
           time.time() - t0
+    if 'central_oracle_fedbudget' in methods:
+      # The centralized oracle given the federated oracle's optimisation budget: as many SGD steps of the same
+      # batch and lr as one client takes over the run (rounds x local steps; FedAvg's mean of the clients'
+      # updates moves about as far as one client's). Separates the budget from federation itself.
+      steps = args.rounds * int(np.ceil(args.examples_per_client / args.batch_size))
+      t0 = time.time()
+      central, _ = source_pretrain.pretrain_source(model, params0, ds.x, ds.y, steps=steps, batch_size=args.batch_size,
+                                                   lr=args.lr, seed=seed)
+      row['miou']['central_oracle_fedbudget'] = evaluate(lambda c: central, single)
+      row['train_s']['central_oracle_fedbudget'] = time.time() - t0
     print(f'seed {seed}: ' + ', '.join(f'{k} {100 * v:.2f}' for k, v in row['miou'].items()), flush=True)
     results.append(row)
   summary = {}

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_flat.data.transforms import fda
+from fedjax_flat.evaluation.evaluator import host_add, host_metrics
 from fedjax_flat.grouping import style_clusters
 
 
@@ -58,3 +59,55 @@ def evaluate_routed(model, params_of: Callable[[int], object], x, y, task, route
   out = {k: np.asarray(v) for k, v in task.eval_metrics(total).items()}
   out['routes'] = route_ids
   return out
+
+
+def routed_batches(route_ids, batch_size: int):
+  """Host plan of a routed evaluation: (cluster id [NB], image indices [NB, B], mask [NB, B]); every batch holds
+  the images of one cluster, padded (index 0, mask 0) to batch_size, so one compiled shape serves every batch."""
+  route_ids = np.asarray(route_ids)
+  cids, idx, mask = [], [], []
+  for c in np.unique(route_ids):
+    sel = np.nonzero(route_ids == c)[0]
+    for lo in range(0, len(sel), batch_size):
+      part = sel[lo:lo + batch_size]
+      pad = batch_size - len(part)
+      cids.append(int(c))
+      idx.append(np.concatenate([part, np.zeros(pad, np.int64)]))
+      mask.append(np.concatenate([np.ones(len(part), np.float32), np.zeros(pad, np.float32)]))
+  return (np.asarray(cids, np.int32), np.stack(idx).astype(np.int64) if idx else np.zeros((0, batch_size), np.int64),
+          np.stack(mask) if mask else np.zeros((0, batch_size), np.float32))
+
+
+class RoutedEvaluator:
+  """The trainer's routed evaluation of a clustered run: `__call__(stacked)` with the G cluster models stacked on
+  a leading axis [G, ...] -> the task's metrics of every test image under its route's model, pooled over the
+  whole test set (one confusion matrix; = `evaluate_routed`).
+
+  One jitted program per batch shape: it picks the batch's cluster model from the stack (a gather inside jit,
+  so a new round's models never recompile) and returns the task's additive sums; the sums are added on the
+  host in int64 / float64 (evaluation/evaluator.host_add), exact however many batches. The test images stay on
+  the host and go to the device one batch at a time."""
+
+  def __init__(self, model, x, y, route_ids, *, task, preprocess=None, batch_size: int = 16):
+    self.x, self.y = x, y
+    self.route_ids = np.asarray(route_ids, np.int32)
+    if self.route_ids.shape != (len(x),):
+      raise ValueError(f'route_ids has shape {self.route_ids.shape}; expected one route per test image ({len(x)},)')
+    self.task = task
+    self.plan = routed_batches(self.route_ids, int(batch_size))
+
+    def sums(stacked, cid, xb, yb, mb):
+      params = jax.tree_util.tree_map(lambda t: t[cid], stacked)
+      xb = xb if preprocess is None else preprocess(xb)
+      return task.eval_sums(model.apply(params, xb, train=False), yb, mb)
+    self.sums_fn = jax.jit(sums)
+
+  def __call__(self, stacked) -> dict:
+    total = None
+    for cid, idx, mb in zip(*self.plan):
+      s = self.sums_fn(stacked, jnp.int32(cid), jnp.asarray(self.x[idx]), jnp.asarray(self.y[idx]), jnp.asarray(mb))
+      total = host_add(total, s)
+    out = {}
+    for k, v in jax.device_get(host_metrics(self.task, total)).items():
+      out[k] = float(v) if np.ndim(v) == 0 else np.asarray(v).tolist()
+    return out

@@ -56,6 +56,7 @@ from fedjax_flat.evaluation.corruption import evaluate_corruptions
 from fedjax_flat.data.sources import cifar_c
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.grouping import style_clusters
+from fedjax_flat.evaluation import routed
 from fedjax_flat.training import seg_figures
 
 
@@ -272,6 +273,7 @@ class Trainer:
     """An algorithm that needs 'style_clusters' (LADD): the clients clustered by their FDA styles (Algorithm 7,
     grouping/style_clusters.py) from its hparams k_min..k_max / force_k / fda_b, keyed by the seed; else None."""
     name = self.config.algorithm
+    self.style_clusters = None
     if 'style_clusters' not in alg_registry.needs(name):
       return None
     hp = alg_registry.spec(name).hp(self.config)
@@ -280,6 +282,8 @@ class Trainer:
                                               b=int(hp['fda_b']))
     logging.info('style clusters: k = %d, sizes %s, silhouettes %s', clusters.k, clusters.sizes().tolist(),
                  {k: round(v, 4) for k, v in clusters.scores.items()})
+    self.style_clusters = clusters
+    self.style_fda_b = int(hp['fda_b'])
     return clusters
 
   def poison_data(self, superclients):
@@ -448,6 +452,7 @@ class Trainer:
       for k, v in res.items():   # task-specific metrics (e.g. mIoU) beside loss and accuracy
         if k not in ('accuracy', 'loss', 'count'):
           out[f'{prefix}test_{k}'] = v
+    out.update(self.evaluate_routed())
     if self.config.eval_clients and getattr(self, 'last_clients', None) is not None:
       # The global model on each client sampled in the last round, on that client's own training data.
       if not hasattr(self, 'client_evaluator'):
@@ -456,6 +461,31 @@ class Trainer:
         self._eval_params = lambda: self.algorithm.eval_models(self.server_state)['global'][0]
       res = self.client_evaluator(self._eval_params(), self.last_clients)
       out.update({k: v for k, v in res.items() if k.startswith('clients_')})
+    return out
+
+  def evaluate_routed(self) -> dict:
+    """A run clustered by client styles (LADD, k > 1): every test image evaluated by the model of the cluster whose
+    style centroid is nearest to the image's own style (thesis §5.3; evaluation/routed.py), one pooled confusion
+    matrix over the test set: 'routed/test_<metric>'. The cluster models are the algorithm's eval models
+    'cluster0'..'cluster{k-1}'; routes are computed once. Running BatchNorm statistics, full-image forward (the
+    test-client groups / BN test policy / tiling of the global evaluator are not applied here)."""
+    clusters = getattr(self, 'style_clusters', None)
+    if clusters is None or int(clusters.k) < 2:
+      return {}
+    models = self.algorithm.eval_models(self.server_state)
+    names = [f'cluster{c}' for c in range(int(clusters.k))]
+    if not all(n in models for n in names):
+      return {}
+    if not hasattr(self, 'routed_evaluator'):
+      tx, ty = self.data.test_examples()
+      self.routed_evaluator = routed.RoutedEvaluator(
+          self.model, tx, ty, routed.routes(tx, clusters.centroids, b=self.style_fda_b), task=self.task,
+          preprocess=self.eval_transform, batch_size=self.config.eval_batch_size)
+    view = (lambda p: p) if self.placement is None else self.placement.local_view
+    stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *[view(models[n][0]) for n in names])
+    res = self.routed_evaluator(stacked)
+    out = {'routed/test_accuracy': res['accuracy'], 'routed/test_loss': res['loss']}
+    out.update({f'routed/test_{k}': v for k, v in res.items() if k not in ('accuracy', 'loss', 'count')})
     return out
 
   def train(self, num_rounds: Optional[int] = None, stop_requested=lambda: False) -> dict:

@@ -17,6 +17,7 @@ from fedjax_flat.config.default_config import default_config, segmentation_data
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.grouping import style_clusters
 from fedjax_flat.core import engine
+from fedjax_flat.evaluation import routed
 from fedjax_flat.core.client_state import store_for
 from fedjax_flat.models import base
 from fedjax_flat.models.registry import get_model
@@ -414,6 +415,14 @@ def test_registered_ladd_trains_each_client_from_its_cluster():
     assert any(not np.allclose(a[0], a[1]) for a in after)
     np.testing.assert_array_equal(np.asarray(t.store.gather(np.arange(4))['cluster']), labels)
     out[kind] = t.server_state
+    if kind == 'host':   # the trainer's evaluation routes each test image to its style's cluster model
+      ev, (tx, ty) = t.evaluate(), t.data.test_examples()
+      want = routed.routes(tx, t.style_clusters.centroids)
+      np.testing.assert_array_equal(t.routed_evaluator.route_ids, want)
+      models = t.algorithm.eval_models(t.server_state)
+      ref = routed.evaluate_routed(t.model, lambda c: models[f'cluster{c}'][0], tx, ty, t.task, want,
+                                   prep=t.eval_transform)
+      np.testing.assert_allclose(ev['routed/test_miou'], ref['miou'], rtol=1e-5)
   jax.tree_util.tree_map(np.testing.assert_array_equal, out['host'], out['device'])
 
 

@@ -4,11 +4,22 @@ import os
 import subprocess
 import sys
 
+import types
+
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
+from fedjax_flat.algorithms import ladd
+from fedjax_flat.config.default_config import default_config
 from fedjax_flat.data.sources.builtin import synthetic
+from fedjax_flat.evaluation import routed
+from fedjax_flat.grouping import style_clusters
+from fedjax_flat.models import base
+from fedjax_flat.tasks.segmentation import Segmentation
 from fedjax_flat.training import loop, trainers
 from tests.fixtures.configs import small_config
 from tests.fixtures.paths import REPO
@@ -136,3 +147,57 @@ def test_console_train_loss_is_the_recorded_train_loss(caplog):
   per_round = [res['train_loss'] for res in losses]          # the record: the mean of its three rounds
   assert len(per_round) == 6 and per_round[2] != pytest.approx(recorded[3])
   assert recorded[3] == pytest.approx(np.mean(per_round[:3])) and recorded[6] == pytest.approx(np.mean(per_round[3:]))
+
+
+class _Head(nn.Module):
+  @nn.compact
+  def __call__(self, x, train=False):
+    return nn.Conv(3, (1, 1), name='head')(nn.relu(nn.Conv(4, (1, 1), name='enc')(x)))
+
+
+def test_evaluate_routed_scores_each_test_image_under_its_style_clusters_model():
+  """Trainer.evaluate_routed on a tiny two-cluster LADD state (fast: the trainer's method on a stand-in holding
+  what it reads): images of two styles, routed to their style's centroid, each scored by its cluster's model
+  (LADD(all), two cluster models that differ); the reported 'routed/test_*' = the image-by-image confusion
+  matrix with the known routes, and differs from scoring every image under one cluster's model."""
+  model = base.from_flax(_Head(), 'head', 3, (8, 8, 3))
+  rng = np.random.default_rng(0)
+  dark = (rng.random((3, 8, 8, 3)) * 60).astype(np.uint8)
+  bright = (195 + rng.random((3, 8, 8, 3)) * 60).astype(np.uint8)
+  x = np.concatenate([dark[:1], bright, dark[1:]])
+  planted = np.array([1, 0, 0, 0, 1, 1])                   # cluster 0 = bright, cluster 1 = dark
+  y = rng.integers(0, 3, (6, 8, 8)).astype(np.uint8)
+  styles = routed.image_styles(x)
+  centroids = np.stack([styles[planted == c].mean(0) for c in (0, 1)])
+  clusters = style_clusters.StyleClustering(2, np.array([0, 1]), centroids, {}, 0.0)
+  params = [model.init(jax.random.PRNGKey(s), jnp.zeros((1, 8, 8, 3))) for s in (0, 1)]
+  alg = ladd.ladd(model, default_config().client, optax.sgd(1.0), num_clusters=2, cluster_layers='all')
+  state = alg.server_init(params[0], None)
+  state['cluster'] = [jnp.stack(a) for a in zip(*[jax.tree_util.tree_leaves(p) for p in params])]
+  prep = lambda a: jnp.asarray(a, jnp.float32) / 255.0  # noqa: E731
+  task = Segmentation(ignore_index=255)
+  fake = types.SimpleNamespace(
+      style_clusters=clusters, style_fda_b=1, algorithm=alg, server_state=state, model=model, task=task,
+      eval_transform=prep, placement=None, config=types.SimpleNamespace(eval_batch_size=4),
+      data=types.SimpleNamespace(test_examples=lambda: (x, y)))
+  got = loop.Trainer.evaluate_routed(fake)
+  np.testing.assert_array_equal(fake.routed_evaluator.route_ids, planted)
+
+  def confusion(route_ids):
+    conf = np.zeros((3, 3))
+    for i in range(6):
+      pred = np.asarray(jnp.argmax(model.apply(params[route_ids[i]], prep(x[i:i + 1])), -1))[0]
+      np.add.at(conf, (y[i].astype(int).ravel(), pred.ravel()), 1)
+    return conf
+  conf = confusion(planted)
+  iou = np.diag(conf) / (conf.sum(0) + conf.sum(1) - np.diag(conf))
+  np.testing.assert_allclose(got['routed/test_miou'], iou.mean(), rtol=1e-6)
+  np.testing.assert_allclose(got['routed/test_accuracy'], np.trace(conf) / conf.sum(), rtol=1e-6)
+  conf0 = confusion(np.zeros(6, int))
+  iou0 = np.diag(conf0) / (conf0.sum(0) + conf0.sum(1) - np.diag(conf0))
+  assert not np.isclose(got['routed/test_miou'], iou0.mean())
+  # One cluster (FedAvg + self-training) or no clusters: nothing routed to report.
+  fake.style_clusters = style_clusters.StyleClustering(1, np.array([0, 0]), centroids[:1], {}, 0.0)
+  assert loop.Trainer.evaluate_routed(fake) == {}
+  fake.style_clusters = None
+  assert loop.Trainer.evaluate_routed(fake) == {}
