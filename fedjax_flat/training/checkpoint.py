@@ -401,6 +401,7 @@ class Checkpointer:
         meta, saved_cfg = self._read_json(step)
       except Exception as e:  # noqa: BLE001
         corrupt.append((step, e))
+        self._quiet.keep = True
         continue
       diffs = config_diffs(saved_cfg, current)
       if diffs:

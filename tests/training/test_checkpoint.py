@@ -270,7 +270,9 @@ def test_after_a_failed_restore_the_closed_loop_filter_stays_until_exit(tmp_path
   data = small_data()
   wd = tmp_path / 'run'
   run_lib.run(tiny_config(), str(wd), data=data)
-  _corrupt(wd / 'checkpoints' / '4', 'data_truncated')
+  for f in (wd / 'checkpoints' / '4' / 'server').rglob('*'):
+    if f.is_file() and f.parent.name == 'd':          # array data only: the reads start, then fail
+      f.write_bytes(b'')
   saved = sys.unraisablehook
   sys.unraisablehook = sys.__unraisablehook__     # whatever an earlier test in this process left installed
   try:
