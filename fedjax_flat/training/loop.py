@@ -593,6 +593,11 @@ class Trainer:
         'comm_total_params': self.comm_total, 'comm_total_bytes': 4.0 * sum(self.comm_total.values()),
         'summary_last_k': c.summary_last_k})
     summary.update(centralized.rounds_to_centralized(self.records, c, reported))
+    if isinstance(self.server_state, dict):   # message counters an algorithm keeps in its server state (H-FL)
+      msgs = {k: float(np.asarray(jax.device_get(v))) for k, v in self.server_state.items()
+              if k.startswith('messages_') and np.ndim(v) == 0}
+      if msgs:
+        summary['messages'] = msgs
     swa_state = self.server_state.get('swa') if isinstance(self.server_state, dict) else None
     if c.swa.enabled and isinstance(swa_state, dict) and 'n' in swa_state:
       summary['swa_averages'] = int(np.asarray(jax.device_get(swa_state['n'])))

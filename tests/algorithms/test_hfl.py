@@ -162,12 +162,13 @@ def test_registered_one_cluster_sync_every_round_is_fedavg_through_the_trainer()
   f = _hfl_trainer(data, device_data=False)
   for r in range(3):
     np.testing.assert_array_equal(h.sample_round(r), f.sample_round(r))
-  h.train()
-  f.train()
+  summary = h.train()
+  assert 'messages' not in f.train()
   got = h.algorithm.eval_models(h.server_state)['global'][0]
   for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(f.server_state['params'])):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
   assert float(h.server_state['messages_bottom']) == 3 * 2 * 3 and float(h.server_state['messages_top']) == 3 * 2
+  assert summary['messages'] == {'messages_bottom': 18.0, 'messages_top': 6.0}     # both tiers in summary.json
 
 
 def test_registered_trainer_puts_each_city_in_its_client_state_and_samples_per_city():
