@@ -51,7 +51,8 @@ import optax
 from fedjax_flat.tasks import base as tasks_lib
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.config.centralized import RESULT_FILE, read_reference, reference_path  # noqa: F401 (re-exported)
-from fedjax_flat.evaluation.evaluator import Evaluator
+from fedjax_flat.evaluation.evaluator import Evaluator, RetrievalEvaluator
+from fedjax_flat.tasks import retrieval as ret_tasks
 from fedjax_flat.data import registry as data_registry
 from fedjax_flat.models import registry as model_registry
 from fedjax_flat.data.transforms import pipeline as transforms
@@ -216,7 +217,9 @@ def train(config, workdir: Optional[str] = None, *, data=None, on_epoch=None) ->
   params = model.init(jax.random.fold_in(key, 0), jnp.zeros((1,) + tuple(data.input_shape), jnp.float32))
   opt_state = tx.init(params)
   tx_, ty_ = data.test_examples()
-  evaluator = Evaluator(model, tx_, ty_, config.eval_batch_size, preprocess=eval_tf, task=task)
+  # retrieval (FedVPR, Table 6.5's centralized row): Recall@K of the test queries against the test database
+  make = RetrievalEvaluator if isinstance(task, ret_tasks.Retrieval) else Evaluator
+  evaluator = make(model, tx_, ty_, config.eval_batch_size, preprocess=eval_tf, task=task)
   xd, yd = jax.device_put(x), jax.device_put(np.asarray(y))
   records, t0 = [], time.time()
   swa_params, swa_n = None, 0
