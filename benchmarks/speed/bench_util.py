@@ -15,6 +15,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from benchmarks.paths import REPO
 from fedjax_flat import devices
@@ -263,3 +264,28 @@ def python_loop_variant(model, data, clients: int, *, batch: int = 64, lr: float
       jax.block_until_ready(step(params, o0, full))
     return (time.perf_counter() - t) / reps
   return loop_fn, single
+
+
+def compile_and_run_round(fn, args, steps: int, max_gb: float) -> dict:
+  """One client round program (core/engine.make_round_fn) compiled and, when XLA's temporaries fit in
+  `max_gb`, run once: compile_s, xla_temp_gb / xla_args_gb (memory_analysis), then round_s, step_s and
+  whether the round's outputs are finite, or `skipped` with why."""
+  t0 = time.time()
+  compiled = fn.lower(*args).compile()
+  out = {'compile_s': round(time.time() - t0, 1)}
+  try:
+    ma = compiled.memory_analysis()
+    out['xla_temp_gb'] = round(ma.temp_size_in_bytes / 2**30, 3)
+    out['xla_args_gb'] = round(ma.argument_size_in_bytes / 2**30, 3)
+  except Exception as e:  # noqa: BLE001 -- not every backend reports it
+    out['xla_memory_analysis'] = f'unavailable: {e}'
+  if out.get('xla_temp_gb', 0) > max_gb:
+    out['skipped'] = f'XLA temporaries {out["xla_temp_gb"]} GB > --max_gb {max_gb}'
+    return out
+  t0 = time.time()
+  res = compiled(*args)
+  jax.block_until_ready(res)
+  out['round_s'] = round(time.time() - t0, 2)
+  out['step_s'] = round(out['round_s'] / steps, 2)
+  out['finite'] = bool(np.all(np.asarray(res[2]['finite'])))
+  return out

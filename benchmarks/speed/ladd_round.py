@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from benchmarks.speed import bench_util
 from fedjax_flat.algorithms import ladd
 from fedjax_flat.config.default_config import default_config
 from fedjax_flat.core import engine
@@ -66,26 +67,9 @@ def main():
   fn = engine.make_round_fn(alg, chunk=1, jit=True, donate=True)
   args = (state, batches, ladd.initial_client_states(np.array([1])), jax.random.split(jax.random.PRNGKey(2), 1),
           jnp.ones((1,)), jnp.ones((1,), bool), jnp.int32(0))
-  t0 = time.time()
-  compiled = fn.lower(*args).compile()
   out = {'model': a.model, 'crop': a.crop, 'batch': a.batch, 'steps': a.steps, 'clusters': a.clusters,
-         'init_s': round(init_s, 1), 'compile_s': round(time.time() - t0, 1), 'backend': jax.default_backend(),
-         'cpus': os.cpu_count(), 'uptime': os.popen('uptime').read().strip()}
-  try:
-    ma = compiled.memory_analysis()
-    out['xla_temp_gb'] = round(ma.temp_size_in_bytes / 2**30, 3)
-    out['xla_args_gb'] = round(ma.argument_size_in_bytes / 2**30, 3)
-  except Exception as e:  # noqa: BLE001 -- not every backend reports it
-    out['xla_memory_analysis'] = f'unavailable: {e}'
-  if out.get('xla_temp_gb', 0) > a.max_gb:
-    out['skipped'] = f'XLA temporaries {out["xla_temp_gb"]} GB > --max_gb {a.max_gb}'
-  else:
-    t0 = time.time()
-    res = compiled(*args)
-    jax.block_until_ready(res)
-    out['round_s'] = round(time.time() - t0, 2)
-    out['step_s'] = round(out['round_s'] / a.steps, 2)
-    out['finite'] = bool(np.all(np.asarray(res[2]['finite'])))
+         'init_s': round(init_s, 1), **bench_util.compile_and_run_round(fn, args, a.steps, a.max_gb),
+         'backend': jax.default_backend(), 'cpus': os.cpu_count(), 'uptime': bench_util.uptime()}
   out['peak_rss_gb'] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
   print(json.dumps(out, indent=1))
   if a.json:

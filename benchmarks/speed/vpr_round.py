@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from benchmarks.speed import bench_util
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.fedavg import fedavg
 from fedjax_flat.config.default_config import default_config
@@ -72,27 +73,11 @@ def main():
   fn = engine.make_round_fn(alg, chunk=1, jit=True, donate=True)
   args = (state, batches, None, jax.random.split(jax.random.PRNGKey(2), 1), jnp.ones((1,)), jnp.ones((1,), bool),
           jnp.int32(0))
-  t0 = time.time()
-  compiled = fn.lower(*args).compile()
   out = {'model': 'vpr_resnet18 (width 64, GroupNorm)', 'size': a.size, 'batch': a.batch,
          'images_per_step': a.batch * t_slots, 'steps': a.steps, 'init_s': round(init_s, 1),
-         'compile_s': round(time.time() - t0, 1), 'backend': jax.default_backend(), 'cpus': os.cpu_count(),
-         'uptime': os.popen('uptime').read().strip(), 'measured_under_load': True}
-  try:
-    ma = compiled.memory_analysis()
-    out['xla_temp_gb'] = round(ma.temp_size_in_bytes / 2**30, 3)
-    out['xla_args_gb'] = round(ma.argument_size_in_bytes / 2**30, 3)
-  except Exception as e:  # noqa: BLE001 -- not every backend reports it
-    out['xla_memory_analysis'] = f'unavailable: {e}'
-  if out.get('xla_temp_gb', 0) > a.max_gb:
-    out['skipped'] = f'XLA temporaries {out["xla_temp_gb"]} GB > --max_gb {a.max_gb}'
-  else:
-    t0 = time.time()
-    res = compiled(*args)
-    jax.block_until_ready(res)
-    out['round_s'] = round(time.time() - t0, 2)
-    out['step_s'] = round(out['round_s'] / a.steps, 2)
-    out['finite'] = bool(np.all(np.asarray(res[2]['finite'])))
+         **bench_util.compile_and_run_round(fn, args, a.steps, a.max_gb), 'backend': jax.default_backend(),
+         'cpus': os.cpu_count(), 'uptime': bench_util.uptime(), 'measured_under_load': True}
+  if 'step_s' in out:
     steps = batching.steps_for_size(a.client_tuples, a.batch, 1, full_batches=True, max_steps=2500)
     out['round_est_s'] = {'client_tuples': a.client_tuples, 'local_iterations': steps,
                           'seconds': round(out['step_s'] * steps, 1)}
