@@ -6,18 +6,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_flat.algorithms import registry
 from fedjax_flat.algorithms.local import make_loss
 from fedjax_flat.algorithms.personalization import personal_params
 from fedjax_flat.config import validate
 from fedjax_flat.errors import ConfigError
-from fedjax_flat.core import engine
-from fedjax_flat.core.client_state import HostClientStateStore
 from fedjax_flat.models.registry import get_model
 from fedjax_flat.training import personalized_eval, trainers
 from fedjax_flat.data.sources.feature_shift import load_digits_feature_shift
 from tests.algorithms.test_fedsoup import fs_config
-from tests.fixtures.baselines import LR, SCHEDULE, SIZES, WD, assert_tree_close, client_batches, config, round_batches
+from tests.fixtures.baselines import (LR, SCHEDULE, SIZES, WD, assert_tree_close, client_batches, config,
+                                     run_engine)
 
 MODEL = get_model('mlp', 3, (2, 1, 1), hidden=(3,))
 PARAMS0 = MODEL.init(jax.random.key(0), jnp.zeros((1, 2, 1, 1)))
@@ -34,21 +32,6 @@ def _sgd(w, batch, part):
   """One torch-style SGD step (coupled weight decay) on the leaves of `part` ('Dense_0' body / 'Dense_1' head)."""
   g = _grad(w, batch)
   return {**w, part: tmap(lambda p, a: p - LR * (a + WD * p), w[part], g[part])}
-
-
-def _run(cfg, rounds=len(SCHEDULE)):
-  alg = registry.build_algorithm(cfg, MODEL)
-  fn = engine.make_round_fn(alg, chunk=3)
-  state = alg.server_init(tmap(jnp.copy, PARAMS0), jax.random.key(1))
-  store = HostClientStateStore(alg.client_state_init(PARAMS0)) if alg.client_state_init is not None else None
-  for r in range(rounds):
-    rb = round_batches(r)
-    cs = store.gather(rb.client_ids) if store is not None else None
-    rngs = jax.vmap(lambda k: jax.random.fold_in(jax.random.key(2), k))(jnp.arange(3))
-    state, new_cs, _ = fn(state, rb.as_dict(), cs, rngs, rb.num_examples, rb.client_ids >= 0, r)
-    if store is not None:
-      store.scatter(rb.client_ids, new_cs)
-  return state, store, alg
 
 
 def _reference(head_epochs, rounds=len(SCHEDULE)):
@@ -73,7 +56,7 @@ def _reference(head_epochs, rounds=len(SCHEDULE)):
 
 @pytest.mark.parametrize('head_epochs', [0, 1, 2])
 def test_fedrep_matches_hand_computed_rounds(head_epochs):
-  state, store, alg = _run(config('fedrep', head_epochs=head_epochs))
+  state, store, alg = run_engine(config('fedrep', head_epochs=head_epochs), model=MODEL, params0=PARAMS0)
   assert alg.num_phases == head_epochs + 1
   want, heads = _reference(head_epochs)
   assert_tree_close(state['params'], want)           # body aggregated; server head untouched (= init)
