@@ -1,7 +1,6 @@
 """configs/ladd.py (thesis Tables 5.6-5.8, Table A.7): every cell builds and validates with its published mIoU
 (shown in the docstring), the hyperparameters are Table A.7's (Mapillary: the release's), and the strings that
 name no published setting are one line."""
-import importlib.util
 import json
 import os
 
@@ -16,10 +15,7 @@ FAMILY = os.path.join(REPO, 'configs', 'ladd.py')
 
 
 def _mod():
-  spec = importlib.util.spec_from_file_location('family_ladd', FAMILY)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  return config_strings.load_module(FAMILY)
 
 
 def cfg(arg):
