@@ -34,6 +34,11 @@ def _sgd(w, batch, part):
   return {**w, part: tmap(lambda p, a: p - LR * (a + WD * p), w[part], g[part])}
 
 
+def _run(cfg, rounds=len(SCHEDULE)):
+  """The baselines' engine loop on this file's MLP (also used by the FedBABU and MOON tests)."""
+  return run_engine(cfg, rounds, model=MODEL, params0=PARAMS0)
+
+
 def _reference(head_epochs, rounds=len(SCHEDULE)):
   """FedRep by hand: per client, head_epochs passes on the head (body frozen), then one on the body."""
   w, heads = PARAMS0, {}
@@ -56,7 +61,7 @@ def _reference(head_epochs, rounds=len(SCHEDULE)):
 
 @pytest.mark.parametrize('head_epochs', [0, 1, 2])
 def test_fedrep_matches_hand_computed_rounds(head_epochs):
-  state, store, alg = run_engine(config('fedrep', head_epochs=head_epochs), model=MODEL, params0=PARAMS0)
+  state, store, alg = _run(config('fedrep', head_epochs=head_epochs))
   assert alg.num_phases == head_epochs + 1
   want, heads = _reference(head_epochs)
   assert_tree_close(state['params'], want)           # body aggregated; server head untouched (= init)
