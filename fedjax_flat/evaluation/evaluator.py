@@ -252,6 +252,23 @@ class HeldOutEvaluator:
     return res
 
 
+def make_validation_evaluator(config, model, data, task, preprocess=None):
+  """The validation clients' evaluator of a retrieval run (thesis 6.3: 12 clients held out), or None when the
+  data hold none: a `RetrievalEvaluator` over data.val_x / val_y grouped by data.val_client, so that every
+  validation client's queries are matched against its own database only (evaluation/retrieval.py)."""
+  if not isinstance(task, ret_tasks.Retrieval) or getattr(data, 'val_x', None) is None:
+    return None
+  vx, vy = np.asarray(data.val_x), np.asarray(data.val_y)
+  if not len(vy) or not np.any(vy[:, 2] == ret_tasks.QUERY_ROLE):     # no validation client (val_clients=0)
+    return None
+  groups = getattr(data, 'val_client', None)
+  if groups is None:
+    raise ValueError(f'dataset {data.name!r} has validation images (val_x) but no val_client (the validation '
+                     'client of each image)')
+  return RetrievalEvaluator(model, vx, vy, config.eval_batch_size, preprocess=preprocess, task=task,
+                            groups=groups)
+
+
 def make_evaluator(config, model, data, task, preprocess=None, algorithm: str = 'fedavg'):
   """The run's test-set evaluator: `Evaluator` (in-memory global test set), or for segmentation tasks and
   BatchNorm models a `HeldOutEvaluator` (test-client groups, streamed batches, the BN test-time policy and

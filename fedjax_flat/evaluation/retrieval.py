@@ -2,9 +2,17 @@
 blocks, Recall@K with the task's distance threshold (tasks/retrieval.py).
 
 The test set is one array of images with y [N, 3] = (easting, northing, role): role 1 = query, 0 = database
-(data/sources/vpr_synthetic.py, data/sources/msls.py). Two compiled programs per run: descriptors of a stack
-of image batches, and the recall counts of a stack of query blocks against the whole (padded) database. The
-counts are integers added on the host in int64; Recall@K = hits@K / queries.
+(data/sources/vpr_synthetic.py, data/sources/msls.py). One compiled program per evaluator: the descriptors of
+the query and database images (stacks of padded batches), then the recall counts of every query block
+against the (padded) database. The counts are integers added on the host in int64; Recall@K = hits@K /
+queries (pooled over every query).
+
+`groups` (optional, one id per image) splits the set into independent retrieval problems: each query is
+matched against the database images of its own group only. The validation clients (thesis 6.3: 12 clients
+held out, data.val_x / val_y / val_client) are such groups: each client's queries against its own database.
+The descriptors are computed once for the whole set; each group then gathers its queries (in blocks) and its
+database rows (padded to the largest group's, mask 0), so the nearest-neighbour scan of a group touches only
+its own database. Without `groups` the whole set is one group (the server's test cities).
 """
 from __future__ import annotations
 
@@ -37,19 +45,44 @@ def pad_blocks(x, pos, block: int):
   return {'x': shape(xp), 'y': shape(yp), 'mask': shape(mp)}
 
 
-class RetrievalEvaluator:
-  """Recall@K of any params on a fixed test set (the server's query and database images)."""
+def group_rows(group_ids, groups, block: int):
+  """(rows [G, n], valid [G, n]): for each group id in `groups`, the positions in `group_ids` of its members,
+  padded with row 0 (valid 0) to n = the largest group's size rounded up to a multiple of `block`."""
+  members = [np.flatnonzero(group_ids == g) for g in groups]
+  n = max(1, -(-max([len(m) for m in members] + [1]) // block)) * block
+  rows = np.zeros((len(groups), n), np.int32)
+  valid = np.zeros((len(groups), n), np.float32)
+  for i, m in enumerate(members):
+    rows[i, :len(m)], valid[i, :len(m)] = m, 1.0
+  return rows, valid
 
-  def __init__(self, model, x, y, batch_size: int = 256, preprocess=None, task=None):
+
+class RetrievalEvaluator:
+  """Recall@K of any params on a fixed set of query and database images (the server's test cities; with
+  `groups`, each group's queries against its own database: the validation clients)."""
+
+  def __init__(self, model, x, y, batch_size: int = 256, preprocess=None, task=None, groups=None):
     self.task = task if isinstance(task, ret_tasks.Retrieval) else ret_tasks.Retrieval()
-    qx, qpos, dbx, dbpos = split_roles(np.asarray(x), y)
+    x = np.asarray(x)
+    qx, qpos, dbx, dbpos = split_roles(x, y)
     if not len(qx) or not len(dbx):
       raise ValueError(f'the retrieval test set needs queries and database images; got {len(qx)} queries, '
                        f'{len(dbx)} database images')
-    self.block = int(batch_size)
+    gid = np.zeros(len(x), np.int64) if groups is None else np.asarray(groups, np.int64).reshape(-1)
+    if len(gid) != len(x):
+      raise ValueError(f'groups holds {len(gid)} ids for {len(x)} images: one group id per image')
+    is_q = np.asarray(y, np.float32)[:, 2] == ret_tasks.QUERY_ROLE
+    self.block = b = int(batch_size)
     # Images batched (padding rows: mask 0); positions ride along as the batches' labels.
-    self.q = jax.device_put(pad_blocks(qx, qpos, self.block))
-    self.db = jax.device_put(pad_blocks(dbx, dbpos, self.block))
+    self.q = jax.device_put(pad_blocks(qx, qpos, b))
+    self.db = jax.device_put(pad_blocks(dbx, dbpos, b))
+    # Each group with queries: its query rows in blocks [G, nq / b, b] and its database rows [G, nd].
+    self.num_groups = len(np.unique(gid[is_q]))
+    q_rows, q_ok = group_rows(gid[is_q], np.unique(gid[is_q]), b)
+    d_rows, d_ok = group_rows(gid[~is_q], np.unique(gid[is_q]), b)
+    g = len(q_rows)
+    self.rows = jax.device_put({'q': q_rows.reshape(g, -1, b), 'q_ok': q_ok.reshape(g, -1, b), 'd': d_rows,
+                                'd_ok': d_ok})
 
     def descriptors(params, batches):
       def one(b):
@@ -57,22 +90,24 @@ class RetrievalEvaluator:
         return model.apply(params, v, train=False).astype(jnp.float32)
       return jax.lax.map(one, batches)
 
-    def recall(params, q, db):
-      d = descriptors(params, db)
-      nb, b = db['mask'].shape
-      flat = lambda a: a.reshape((nb * b,) + a.shape[2:])  # noqa: E731
-      qd = descriptors(params, q)
+    def recall(params, q, db, rows):
+      flat = lambda a: a.reshape((-1,) + a.shape[2:])  # noqa: E731
+      qd, q_pos = flat(descriptors(params, q)), flat(q['y'])
+      dd, d_pos = flat(descriptors(params, db)), flat(db['y'])
 
-      def one(args):
-        desc, blk = args
-        return self.task.recall_sums(desc, blk['y'], blk['mask'], flat(d), flat(db['y']), flat(db['mask']),
-                                     block=b)
-      return jax.lax.map(one, (qd, q))
+      def group(r):     # one group: its query blocks against its own database rows
+        g_desc, g_pos = dd[r['d']], d_pos[r['d']]
+
+        def one(args):
+          i, ok = args
+          return self.task.recall_sums(qd[i], q_pos[i], ok, g_desc, g_pos, r['d_ok'], block=b)
+        return jax.lax.map(one, (r['q'], r['q_ok']))
+      return jax.lax.map(group, rows)
 
     self.fn = jax.jit(recall)
 
   def __call__(self, params):
-    per_block = jax.device_get(self.fn(params, self.q, self.db))
+    per_block = jax.device_get(self.fn(params, self.q, self.db, self.rows))
     sums = {k: np.sum(np.asarray(v), dtype=np.int64 if np.issubdtype(np.asarray(v).dtype, np.integer)
                       else np.float64) for k, v in per_block.items()}
     metrics = self.task.recall_metrics({k: np.float64(v) for k, v in sums.items()})

@@ -38,7 +38,7 @@ from fedjax_flat import devices
 from fedjax_flat.data import sampling
 from fedjax_flat.tasks import base as tasks_lib
 from fedjax_flat.tasks import segmentation as seg_tasks
-from fedjax_flat.evaluation.evaluator import Evaluator, make_evaluator  # noqa: F401
+from fedjax_flat.evaluation.evaluator import Evaluator, make_evaluator, make_validation_evaluator  # noqa: F401
 from fedjax_flat.data.sampling import sample_clients
 from fedjax_flat.data import attacks
 from fedjax_flat.data import batching
@@ -160,6 +160,8 @@ class Trainer:
     # The global test set (Evaluator), or test-client groups / BN test policy / resolution (segmentation).
     self.evaluator = make_evaluator(config, self.model, self.data, self.task, self.eval_transform,
                                     self.algorithm.name)
+    # Retrieval runs with validation clients (FedVPR's 12 held-out clients): 'val_<metric>' at every evaluation.
+    self.val_evaluator = make_validation_evaluator(config, self.model, self.data, self.task, self.eval_transform)
     self.round = 0                       # rounds completed
     self.is_writer = jax.process_index() == 0          # multi-host: only process 0 writes files
     self.writer = writers.MetricsWriter(workdir) if (workdir and write_files and self.is_writer) else None
@@ -452,6 +454,9 @@ class Trainer:
       for k, v in res.items():   # task-specific metrics (e.g. mIoU) beside loss and accuracy
         if k not in ('accuracy', 'loss', 'count'):
           out[f'{prefix}test_{k}'] = v
+      if self.val_evaluator is not None:    # the validation clients, each against its own database
+        res = self.val_evaluator(params if self.placement is None else self.placement.local_view(params))
+        out.update({f'{prefix}val_{k}': v for k, v in res.items() if k != 'count'})
     out.update(self.evaluate_routed())
     if self.config.eval_clients and getattr(self, 'last_clients', None) is not None:
       # The global model on each client sampled in the last round, on that client's own training data.
@@ -593,6 +598,9 @@ class Trainer:
         'comm_total_params': self.comm_total, 'comm_total_bytes': 4.0 * sum(self.comm_total.values()),
         'summary_last_k': c.summary_last_k})
     summary.update(centralized.rounds_to_centralized(self.records, c, reported))
+    selected = writers.select_by_validation(self.records, reported)   # the best validation round's test numbers
+    if selected:
+      summary['validation'] = selected
     if isinstance(self.server_state, dict):   # message counters an algorithm keeps in its server state (H-FL)
       msgs = {k: float(np.asarray(jax.device_get(v))) for k, v in self.server_state.items()
               if k.startswith('messages_') and np.ndim(v) == 0}

@@ -251,10 +251,10 @@ def summarize(records: List[Dict], last_k: int, extra: Dict) -> Dict:
         f'mean_last_{last_k}_test_loss': float(np.mean(losses[-last_k:])),
         'num_evaluations': len(accs), 'last_round': pts[-1]['round'],
     }
-    # Task metrics beyond accuracy/loss (mIoU, per test-client group): final and last-K mean; arrays (per-class
-    # IoU) final only.
-    extra_keys = sorted({k for r in pts for k in r if k.startswith(p + 'test_') and '/' not in k[len(p):]
-                    and k[len(p):] not in ('test_accuracy', 'test_loss', 'test_count')})
+    # Task metrics beyond accuracy/loss (mIoU, per test-client group) and the validation clients' metrics
+    # (val_*: retrieval): final and last-K mean; arrays (per-class IoU) final only.
+    extra_keys = sorted({k for r in pts for k in r if k.startswith((p + 'test_', p + 'val_'))
+                         and '/' not in k[len(p):] and k[len(p):] not in ('test_accuracy', 'test_loss', 'test_count')})
     for k in extra_keys:
       vals = [r[k] for r in pts if k in r]
       key = k[len(p):]
@@ -272,6 +272,26 @@ def summarize(records: List[Dict], last_k: int, extra: Dict) -> Dict:
     for key, v in m.items():   # the reported model's mIoU (pooled and per test-client group)
       if key.endswith('_miou'):
         out[key] = v
+  return out
+
+
+VALIDATION_METRIC = 'val_accuracy'      # what the best validation round is chosen by (retrieval: val R@1)
+
+
+def select_by_validation(records: List[Dict], model: str = 'global') -> Dict:
+  """Model selection on the validation clients: the first evaluation round with the highest validation metric
+  (`VALIDATION_METRIC`, R@1 for retrieval) of `model`, with that round's test metrics. {} when the run has no
+  validation metrics (no validation clients)."""
+  p = '' if model == 'global' else f'{model}/'
+  key = p + VALIDATION_METRIC
+  pts = [r for r in records if isinstance(r.get(key), (int, float)) and np.isfinite(r[key])]
+  if not pts:
+    return {}
+  best = max(pts, key=lambda r: (r[key], -r['round']))      # ties: the earliest round
+  out = {'model': model, 'selected_by': VALIDATION_METRIC, 'best_round': best['round']}
+  for k, v in best.items():
+    if k.startswith((p + 'val_', p + 'test_')) and '/' not in k[len(p):] and isinstance(v, (int, float)):
+      out[k[len(p):]] = v
   return out
 
 
@@ -303,6 +323,11 @@ def write_summary(workdir: str, summary: Dict) -> None:
           f"algorithm `{summary.get('algorithm')}`, dataset `{summary.get('dataset')}`, "
           f"{summary.get('rounds_completed')} rounds, {summary.get('wall_time_s', 0):.1f} s, "
           f"{summary.get('rounds_per_s', 0):.2f} rounds/s; reported model: `{summary.get('reported_model')}`", '']
+  v = summary.get('validation')
+  if v:   # retrieval with validation clients: the test numbers of the best validation round
+    lines += ['', f"model selection ({v['model']} model, by {v['selected_by']} on the validation clients): round "
+              f"{v['best_round']}, validation R@1 {v.get('val_accuracy', float('nan')):.4f}, test R@1 "
+              f"{v.get('test_accuracy', float('nan')):.4f}"]
   lines += personalized_markdown(summary.get('personalized'))
   atomic_write(os.path.join(workdir, 'summary.md'), lambda f: f.write('\n'.join(head + lines) + '\n'))
 

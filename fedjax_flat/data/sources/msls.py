@@ -18,9 +18,10 @@ city k-means on a visual feature, the 4 x 4-grid mean colour of the image read a
 descriptors: `vpr_places.image_statistic`), k per city = its proximity clients at `split_radius`, so the total
 matches the 2000 m split) or 'random' (data/vpr_places.py). `val_clients` random clients of the split (the
 thesis: 12) leave training: data.val_x / val_y hold their queries and database frames (labelled as the test
-set), data.val_groups their (query, sequence) ids. Training examples are each client's query tuples: positives
-within 10 m and negative candidates beyond 25 m from the client's own database (tasks/retrieval.py mines the
-hardest at every step).
+set), data.val_client the validation client of each of those images (the trainer evaluates each client's queries
+against its own database at every evaluation: val_recall@K), data.val_groups their (query, sequence) ids.
+Training examples are each client's query tuples: positives within 10 m and negative candidates beyond 25 m
+from the client's own database (tasks/retrieval.py mines the hardest at every step).
 
 Images are decoded with PIL (untrusted files: `errors.reading`) and resized to `image_size`; the whole
 federated set is held in memory, so `max_queries_per_city` / `max_sequences_per_city` bound it (0 = all; the
@@ -257,6 +258,10 @@ def load(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, ima
   # The held-out validation clients (val_clients): their queries and database frames, labelled as the test set.
   vq = [int(i) for qs, _ in ix['val_groups'] for i in qs]
   vd = [int(i) for _, ss in ix['val_groups'] for s_ in ss for i in seq_frames_all[s_]]
+  # The validation client of each of those images (the trainer matches a client's queries with its own database).
+  data.val_client = np.array([g for g, (qs, _) in enumerate(ix['val_groups']) for _ in qs]
+                             + [g for g, (_, ss) in enumerate(ix['val_groups']) for s_ in ss
+                                for _ in seq_frames_all[s_]], np.int64)
   data.val_x = (np.stack([load_image(*folder_of[i], size) for i in vq + vd]) if vq else
                 np.zeros((0, size, size, 3), np.uint8))
   data.val_y = vpr_places.test_labels(all_pos[vq].reshape(-1, 2), all_pos[vd].reshape(-1, 2))

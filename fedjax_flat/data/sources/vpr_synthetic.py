@@ -22,8 +22,17 @@ the whole database). Each client's training examples are
 its query tuples (positives and negative candidates from its own database: tasks/retrieval.py). The test set
 is a separate city on the server: its queries and database, y = (easting, northing, role).
 
+Validation clients (`val_clients`, the thesis' 12 held-out clients; 0 = none): drawn at random from the
+proximity clients (`vpr_places.hold_out`) BEFORE the split is made, and their queries and sequences removed
+from the training pool, so every split of the same data ('proximity', 'random', 'single') trains without them
+and is validated on the same clients (MSLS instead holds out clients of the split itself: data/sources/msls.py).
+data.val_x / val_y hold their queries, then their database frames (labelled as the test set), data.val_client
+the validation client of each image (the trainer matches each client's queries against its own database:
+evaluation/retrieval.py), data.val_groups their (query, sequence) ids.
+
 Extra attributes: split_stats (Table 6.5's columns), tuple_index [N, T] (the image ids of each tuple's slots),
-image_pos [images, 2], image_client (the client holding each image; -2 when several hold it).
+image_pos [images, 2], image_client (the client holding each image; -2 when several hold it), the validation
+clients' val_x / val_y / val_client / val_groups.
 
 Default size: 4 training cities of 300 m x 300 m, 30 sequences x 8 frames and 80 queries each, 32 x 32
 images; generated in a few seconds (3.6 s measured under load).
@@ -116,7 +125,7 @@ def city(seed: int, city_id: int, *, city_size: float, sequences: int, seq_len: 
 FIELDS = dict(num_cities=4, city_size=300.0, sequences_per_city=30, seq_len=8, frame_step=4.0,
               queries_per_city=80, query_offset=4.0, image_size=32, view_m=32.0, view_jitter=3.0, zoom=0.1,
               split='proximity', split_radius=100.0, num_clients=0, num_positives=2, num_candidates=10,
-              test_sequences=30, test_queries=80, seed=0)
+              test_sequences=30, test_queries=80, seed=0, val_clients=0)
 
 
 def _check(d):
@@ -129,17 +138,22 @@ def _check(d):
   for k in ('city_size', 'frame_step', 'view_m', 'split_radius'):
     if k in d and not (np.isfinite(float(d[k])) and float(d[k]) > 0):
       raise ConfigError(f'data.{k}', d[k], 'a finite number > 0 (metres)')
+  if 'val_clients' in d and (isinstance(d['val_clients'], bool) or int(d['val_clients']) != d['val_clients']
+                             or int(d['val_clients']) < 0):
+    raise ConfigError('data.val_clients', d['val_clients'], 'an integer >= 0 (validation clients held out; the '
+                      'thesis: 12)')
 
 
 def load(num_cities=4, city_size=300.0, sequences_per_city=30, seq_len=8, frame_step=4.0, queries_per_city=80,
          query_offset=4.0, image_size=32, view_m=32.0, view_jitter=3.0, zoom=0.1, split='proximity',
          split_radius=100.0, num_clients=0, num_positives=2, num_candidates=10, test_sequences=30,
-         test_queries=80, seed=0):
+         test_queries=80, seed=0, val_clients=0):
   """The federated stand-in (module docstring)."""
   _check(dict(split=split, num_cities=num_cities, sequences_per_city=sequences_per_city, seq_len=seq_len,
               queries_per_city=queries_per_city, image_size=image_size, num_positives=num_positives,
               num_candidates=num_candidates, test_sequences=test_sequences, test_queries=test_queries,
-              city_size=city_size, frame_step=frame_step, view_m=view_m, split_radius=split_radius))
+              city_size=city_size, frame_step=frame_step, view_m=view_m, split_radius=split_radius,
+              val_clients=val_clients))
   kw = dict(city_size=float(city_size), seq_len=int(seq_len), frame_step=float(frame_step),
             query_offset=float(query_offset), image_size=int(image_size), view_m=float(view_m),
             view_jitter=float(view_jitter), zoom=float(zoom))
@@ -165,12 +179,21 @@ def load(num_cities=4, city_size=300.0, sequences_per_city=30, seq_len=8, frame_
     ss = np.arange(seq_off[c], seq_off[c + 1])
     for gq, gs in vpr_places.proximity_split(q_pos[qs], centroids[ss], float(split_radius), seed=int(seed) * 7919 + c):
       groups.append((qs[gq], ss[gs]))
+  # Validation clients: proximity clients held out before the split (module docstring).
+  groups, val_groups = vpr_places.hold_out(groups, int(val_clients), int(seed))
+  q_keep, s_keep = np.ones(len(q_pos), bool), np.ones(len(seq_frames), bool)
+  for qs, ss in val_groups:
+    q_keep[qs], s_keep[ss] = False, False
+  kq, ks = np.flatnonzero(q_keep), np.flatnonzero(s_keep)
   if split == 'random':
     k = int(num_clients) or max(1, len(groups))
-    near = vpr_places.within(q_pos, db_pos, vpr_places.POS_RADIUS)
-    groups = vpr_places.random_split([np.unique(db_seq[row]) for row in near], len(seq_frames), k, seed=int(seed))
+    local = np.full(len(seq_frames), -1, np.int64)      # training sequences renumbered 0..len(ks)-1
+    local[ks] = np.arange(len(ks))
+    near = [local[db_seq[row]] for row in vpr_places.within(q_pos[kq], db_pos, vpr_places.POS_RADIUS)]
+    groups = [(kq[gq], ks[gs]) for gq, gs in vpr_places.random_split([np.unique(n[n >= 0]) for n in near], len(ks),
+                                                                     k, seed=int(seed))]
   elif split == 'single':          # the centralized reference: one client holding every query and sequence
-    groups = [(np.arange(len(q_pos)), np.arange(len(seq_frames)))]
+    groups = [(kq, ks)]
   elif int(num_clients):
     raise ConfigError('data.num_clients', num_clients, "0 with split='proximity' (the radius sets the clients)")
   if not groups:
@@ -198,6 +221,16 @@ def load(num_cities=4, city_size=300.0, sequences_per_city=30, seq_len=8, frame_
   city_of = np.array([np.bincount((q_pos[qs, 0] // CITY_SPACING).astype(np.int64)).argmax() if len(qs) else 0
                    for qs, _ in groups], np.int64)
   data.client_groups = {'city': city_of, 'continent': city_of // 2}
+  # The validation clients' queries, then their database frames; val_client: the client of each image.
+  vq = [q_base + qs for qs, _ in val_groups]
+  vd = [np.concatenate([seq_frames[s] for s in ss]) for _, ss in val_groups]
+  empty = [np.zeros((0,), np.int64)]
+  vq_ids, vd_ids = np.concatenate(vq + empty).astype(np.int64), np.concatenate(vd + empty).astype(np.int64)
+  data.val_x = images[np.concatenate([vq_ids, vd_ids])]
+  data.val_y = vpr_places.test_labels(q_pos[vq_ids - q_base], db_pos[vd_ids])
+  data.val_client = np.concatenate([np.full(len(a), i, np.int64) for i, a in enumerate(vq)]
+                                   + [np.full(len(a), i, np.int64) for i, a in enumerate(vd)] + empty)
+  data.val_groups = val_groups
   return data
 
 
@@ -205,10 +238,11 @@ def load(num_cities=4, city_size=300.0, sequences_per_city=30, seq_len=8, frame_
 def _vpr_synthetic(num_cities=4, city_size=300.0, sequences_per_city=30, seq_len=8, frame_step=4.0,
                    queries_per_city=80, query_offset=4.0, image_size=32, view_m=32.0, view_jitter=3.0, zoom=0.1,
                    split='proximity', split_radius=100.0, num_clients=0, num_positives=2, num_candidates=10,
-                   test_sequences=30, test_queries=80, seed=0, **unused):
+                   test_sequences=30, test_queries=80, seed=0, val_clients=0, **unused):
   del unused
   return load(num_cities=num_cities, city_size=city_size, sequences_per_city=sequences_per_city, seq_len=seq_len,
               frame_step=frame_step, queries_per_city=queries_per_city, query_offset=query_offset,
               image_size=image_size, view_m=view_m, view_jitter=view_jitter, zoom=zoom, split=split,
               split_radius=split_radius, num_clients=num_clients, num_positives=num_positives,
-              num_candidates=num_candidates, test_sequences=test_sequences, test_queries=test_queries, seed=seed)
+              num_candidates=num_candidates, test_sequences=test_sequences, test_queries=test_queries, seed=seed,
+              val_clients=val_clients)

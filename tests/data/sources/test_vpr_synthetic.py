@@ -75,3 +75,36 @@ def test_client_groups_are_the_city_of_the_clients_queries():
     q = d.image_pos[d.tuple_index[d.client_indices(k), 0]]
     assert set((q[:, 0] // vpr_synthetic.CITY_SPACING).astype(int).tolist()) == {int(g['city'][k])}
   np.testing.assert_array_equal(g['continent'], g['city'] // 2)
+
+
+@pytest.mark.parametrize('split', ['proximity', 'random', 'single'])
+def test_validation_clients_are_held_out_of_every_split(split):
+  """val_clients proximity clients leave training before the split: none of their queries or database frames is
+  in a training tuple, every split shares them, val_x / val_y / val_client hold each one's queries then its
+  database frames (positions as the test labels), and val_clients=0 leaves the split as it was."""
+  base = registry.get_dataset('vpr_synthetic', **SMALL, split=split)
+  d = registry.get_dataset('vpr_synthetic', **SMALL, split=split, val_clients=2)
+  prox = registry.get_dataset('vpr_synthetic', **SMALL, val_clients=2)
+  assert len(d.val_groups) == 2
+  assert [(q.tolist(), s.tolist()) for q, s in d.val_groups] == [(q.tolist(), s.tolist()) for q, s in prox.val_groups]
+  assert base.val_x.shape[0] == 0 and base.val_client.shape == (0,)
+  n_q = sum(len(q) for q, _ in d.val_groups)
+  assert len(d.val_x) == len(d.val_y) == len(d.val_client) and int(np.sum(d.val_y[:, 2] == ret.QUERY_ROLE)) == n_q
+  for g, (qs, ss) in enumerate(d.val_groups):
+    mine = d.val_client == g
+    assert int(np.sum(mine & (d.val_y[:, 2] == ret.QUERY_ROLE))) == len(qs)
+    assert int(np.sum(mine & (d.val_y[:, 2] == ret.DATABASE_ROLE))) == len(ss) * SMALL['seq_len']
+  # The held-out images: never a training slot (positions identify the images: no two share one here).
+  val_pos = {tuple(p) for p in d.val_y[:, :2].tolist()}
+  used = d.tuple_index[d.tuple_index >= 0]
+  train_pos = {tuple(p) for p in d.image_pos[used].astype(np.float32).tolist()}
+  assert not val_pos & train_pos
+  np.testing.assert_array_equal(d.val_x, prox.val_x)                   # one validation set for every split
+  np.testing.assert_array_equal(d.val_y, prox.val_y)
+  assert d.val_x.shape[1:] == (16, 16, 3) and d.val_x.dtype == np.uint8 and d.val_x.any()
+  if split == 'proximity':
+    assert d.num_clients == base.num_clients - 2
+  else:
+    assert len(d.y) < len(base.y)
+  with pytest.raises(ConfigError, match='data.val_clients'):
+    registry.get_dataset('vpr_synthetic', **SMALL, val_clients=-1)
