@@ -3,6 +3,8 @@
 reported per evaluation), the server / client optimizers compose, and a trained model beats an untrained one."""
 import math
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -26,17 +28,58 @@ def tiny_config(**over):
   return set_fields(c, over)
 
 
-def test_fedavg_trains_the_retrieval_task_with_one_program():
-  t = trainers.make_trainer(tiny_config())
+def _recall_by_client(desc, y, client, threshold, ks=(1, 5, 10)):
+  """Numpy Recall@K: each validation client's queries ranked against its own database, pooled over queries."""
+  hits, n = {k: 0 for k in ks}, 0
+  for g in np.unique(client):
+    q, d = (client == g) & (y[:, 2] == 1), (client == g) & (y[:, 2] == 0)
+    order = np.argsort(np.linalg.norm(desc[q][:, None] - desc[d][None], axis=-1), axis=1, kind='stable')
+    close = np.linalg.norm(y[q][:, None, :2] - y[d][None, :, :2], axis=-1) <= threshold
+    ranked = np.take_along_axis(close, order, axis=1)
+    n += int(q.sum())
+    for k in ks:
+      hits[k] += int(np.any(ranked[:, :k], axis=1).sum())
+  return {k: hits[k] / n for k in ks}
+
+
+def test_fedavg_trains_the_retrieval_task_with_one_program_and_validates():
+  """FedAvg through the trainer (one program although client sizes differ), Recall@K per evaluation; with
+  data.val_clients the server model on the held-out clients' queries vs their own databases at every
+  evaluation round (val_recall@K in the records that metrics.jsonl / csv and TensorBoard get), equal to
+  numpy's Recall@K from the same model's descriptors; the summary (summary.json) selects the best validation
+  round and gives that round's test numbers. (One run for both: compilation is most of this test's time.)"""
+  c = tiny_config(rounds=2, clients_per_round=2)
+  c.data.val_clients = 2
+  t = trainers.make_trainer(c)
   assert len(set(t.data.client_sizes().tolist())) > 1        # clients of different sizes: padded and masked
-  t.train()
-  rec = t.records[-1] if t.records else None
-  assert rec is not None
+  assert len(t.data.val_groups) == 2 and t.val_evaluator is not None
+  summary = t.train()
+  assert [r['round'] for r in t.records] == [1, 2]
+  rec = t.records[-1]
   for k in ('test_accuracy', 'test_recall@1', 'test_recall@5', 'test_recall@10', 'test_loss'):
     assert math.isfinite(rec[k])
   assert rec['test_recall@1'] <= rec['test_recall@5'] <= rec['test_recall@10'] <= 1.0
   fn = t.block_fn if t.device_rounds else t.round_fn
   assert fn._cache_size() == 1
+  params = t.algorithm.eval_models(t.server_state)['global'][0]
+  vx = t.eval_transform(jnp.asarray(t.data.val_x))
+  desc = np.asarray(jax.jit(lambda p, v: t.model.apply(p, v, train=False))(params, vx), np.float64)
+  want = _recall_by_client(desc, np.asarray(t.data.val_y, np.float64), t.data.val_client, c.retrieval.threshold)
+  for k in (1, 5, 10):
+    assert rec[f'val_recall@{k}'] == pytest.approx(want[k])
+  assert rec['val_accuracy'] == rec['val_recall@1'] and math.isfinite(rec['val_loss'])
+  sel = summary['validation']
+  best = max(t.records, key=lambda r: (r['val_accuracy'], -r['round']))
+  assert sel['best_round'] == best['round'] and sel['selected_by'] == 'val_accuracy'
+  assert sel['test_recall@1'] == pytest.approx(best['test_recall@1'])
+  assert sel['val_recall@1'] == pytest.approx(best['val_recall@1'])
+  assert summary['models']['global']['final_val_recall@1'] == pytest.approx(rec['val_recall@1'])
+
+
+def test_no_validation_clients_no_validation_metrics():
+  t = trainers.make_trainer(tiny_config(rounds=1))
+  assert t.val_evaluator is None
+  assert not [k for k in t.evaluate() if k.startswith('val_')]
 
 
 @pytest.mark.slow   # three more compilations (CI time budget): run with `pytest -m slow`
