@@ -1,23 +1,29 @@
 r"""FedVPR on the synthetic place-recognition stand-in (data/sources/vpr_synthetic.py): the thesis' findings in
 miniature, over seeds.
 
-Methods (every run: configs/quickstart_vpr.py's model, loss and client optimizer, `--rounds` rounds):
+Methods (every run: configs/quickstart_vpr.py's model, loss and client optimizer, `--rounds` rounds, through the
+trainer as `experiments/train.py` runs it):
   untrained      Recall@K of the initial model (no training)
-  centralized    one client holding every query and sequence (split 'single': mining over the whole
+  centralized    one client holding every training query and sequence (split 'single': mining over the whole
                  database), 1 client a round, `--central_steps` steps a round (40 = the 5 FedAvg clients'
                  padded steps): the reference
   proximity      FedAvg on Table 6.5's proximity split (100 m on 300 m cities), 5 clients a round
   random         FedAvg on the random split (queries of all cities per client): few hard negatives
-  proximity_c8   FedAvg on the proximity split with 8 clients a round (H-FL's budget)
-  hfl            H-FL (algorithms/hfl.py): the 4 cities as clusters, `--hfl_per_cluster` clients per cluster
-                 a round (2: 8 a round, FedAvg's proximity_c8 budget), cluster models averaged every
-                 `--sync_every` rounds
+  proximity_c8   FedAvg on the proximity split with 8 clients a round (H-FL's budget at 2 per city)
+  hfl            H-FL, the registered algorithm `hfl` with configs/fedvpr.py's H-FL cell settings scaled down:
+                 algo.group_by='city' (the 4 cities as clusters), algo.clients_per_group=`--hfl_per_cluster`,
+                 algo.sync_every=`--sync_every` (T_c), clients_per_round = clusters x clients_per_group
+Validation: `--val_clients` proximity clients are held out of every split (the same clients for every method:
+data.val_clients) and evaluated at every evaluation (`--eval_every` rounds) on their own databases
+(val_recall@K); `sel R@1` is the test R@1 at the round with the best validation R@1 (summary.json's
+`validation`: the model a VPR researcher would pick).
 The thesis' findings to compare with: random is worst (hard negatives missing, Table 6.5); H-FL below FedAvg
 at a matched client budget (Table 6.6). Seeds change the model initialisation, sampling and batch order; the
 data (data.seed 0) stay the same.
 
-  PYTHONPATH=. nice -n 10 .venv/bin/python -m benchmarks.studies.fedvpr_synthetic --seeds=0,1,2 --rounds=12 \
-      --json=benchmarks/studies/fedvpr_synthetic.json
+  PYTHONPATH=. nice -n 10 .venv/bin/python -m benchmarks.studies.fedvpr_synthetic --seeds=0,1,2 --rounds=8 \
+      --central_steps=16 --hfl_per_cluster=1 --sync_every=4 \
+      --methods=untrained,proximity,random,hfl,centralized --json=benchmarks/studies/fedvpr_synthetic.json
 """
 from __future__ import annotations
 
@@ -25,76 +31,43 @@ import argparse
 import json
 import time
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from configs import quickstart_vpr
-from fedjax_flat.algorithms import hfl as hfl_lib
-from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.core import engine
-from fedjax_flat.data import sampling
-from fedjax_flat.data.sources import vpr_synthetic
-from fedjax_flat.optimizers.server import make_server_tx
 from fedjax_flat.training import trainers
 
 METHODS = ('untrained', 'centralized', 'proximity', 'random', 'proximity_c8', 'hfl')
-METRICS = ('test_recall@1', 'test_recall@5', 'test_recall@10')
+METRICS = ('test_recall@1', 'test_recall@5', 'test_recall@10', 'val_recall@1', 'val_recall@5', 'val_recall@10')
 
 
-def config(split, seed, rounds, clients):
+def config(split, seed, rounds, clients, val_clients, eval_every):
   c = quickstart_vpr.get_config()
   c.data.split = split
+  c.data.val_clients = val_clients
   c.seed, c.rounds, c.clients_per_round = seed, rounds, clients
-  c.eval_every, c.progress_every_s = rounds, 1e9
+  c.eval_every, c.progress_every_s = eval_every, 1e9
   return c
 
 
-def fedavg_run(split, seed, rounds, clients, local_steps=0):
-  c = config(split, seed, rounds, clients)
-  c.client.local_steps = local_steps
+def hfl_config(seed, rounds, per_cluster, sync_every, val_clients, eval_every):
+  """configs/fedvpr.py's H-FL cell (hfl=city) on the stand-in: `hfl` with the cities as clusters."""
+  c = config('proximity', seed, rounds, 1, val_clients, eval_every)
+  c.algorithm = 'hfl'
+  c.algo = {'group_by': 'city', 'clients_per_group': per_cluster, 'sync_every': sync_every}
+  c.clients_per_round = per_cluster * c.data.num_cities       # every city holds >= per_cluster clients here
+  return c
+
+
+def run(c):
   t = trainers.make_trainer(c)
   t0 = time.time()
-  t.train()
-  return {k: t.records[-1][k] for k in METRICS}, time.time() - t0
-
-
-def hfl_run(seed, rounds, per_cluster, sync_every):
-  """H-FL driven by hand: stratified sampling over the cities, the trainer's data, model, loss and evaluator."""
-  t = trainers.make_trainer(config('proximity', seed, rounds, 5))
-  data, cfg = t.data, t.config
-  city = (data.image_pos[data.tuple_index[:, 0], 0] // vpr_synthetic.CITY_SPACING).astype(np.int64)
-  cluster_of = np.array([city[data.client_indices(k)[0]] for k in range(data.num_clients)])
-  sizes = data.client_sizes().astype(np.float64)
-  g = int(cluster_of.max()) + 1
-  loss = local_lib.make_loss(t.model, task=t.task)
-  alg = hfl_lib.hfl(t.model, loss, cfg.client, make_server_tx(cfg.server), num_clusters=g,
-                    cluster_sizes=[sizes[cluster_of == c].sum() for c in range(g)], sync_every=sync_every)
-  params0 = t.algorithm.eval_models(t.server_state)['global'][0]
-  state = alg.server_init(jax.tree_util.tree_map(jnp.copy, params0), None)
-  round_fn = engine.make_round_fn(alg, chunk=1)
-  b = cfg.client.batch_size
-  steps = int(-(-sizes.max() // b))
-  pre = t.eval_transform
-  t0 = time.time()
-  for r in range(rounds):
-    ids = hfl_lib.stratified_sample(cluster_of, per_cluster, seed=seed, round_idx=r)
-    c = len(ids)
-    x = np.zeros((c, steps * b) + data.x.shape[1:], np.uint8)
-    y = np.zeros((c, steps * b) + data.y.shape[1:], data.y.dtype)
-    m = np.zeros((c, steps * b), np.float32)
-    for i, k in enumerate(ids):
-      idx = data.client_indices(int(k))
-      idx = idx[np.random.default_rng([seed, r, int(k)]).permutation(len(idx))]
-      x[i, :len(idx)], y[i, :len(idx)], m[i, :len(idx)] = data.x[idx], data.y[idx], 1.0
-    shape = lambda a: a.reshape((c, steps, b) + a.shape[2:])  # noqa: E731
-    batches = {'x': pre(jnp.asarray(shape(x))), 'y': jnp.asarray(shape(y)), 'mask': jnp.asarray(shape(m))}
-    rngs = sampling.client_keys(jax.random.key(seed), r, jnp.asarray(ids, jnp.int32))
-    state, _, _ = round_fn(state, batches, hfl_lib.initial_client_states(cluster_of[ids]), rngs,
-                           jnp.asarray(sizes[ids], jnp.float32), jnp.ones(c, bool), jnp.int32(r))
-  res = t.evaluator(alg.eval_models(state)['global'][0])
-  out = {f'test_{k}': res[k] for k in ('recall@1', 'recall@5', 'recall@10')}
-  out['messages_bottom'], out['messages_top'] = float(state['messages_bottom']), float(state['messages_top'])
+  summary = t.train()
+  out = {k: t.records[-1][k] for k in METRICS if k in t.records[-1]}
+  sel = summary.get('validation') or {}
+  if sel:
+    out['selected_round'], out['selected_test_recall@1'] = sel['best_round'], sel['test_recall@1']
+  out.update({k: v for k, v in (summary.get('messages') or {}).items()})
+  out['clients'] = int(t.data.num_clients)
   return out, time.time() - t0
 
 
@@ -106,23 +79,28 @@ def main():
   ap.add_argument('--hfl_per_cluster', type=int, default=2)
   ap.add_argument('--central_steps', type=int, default=40, help='centralized local steps a round (5 FedAvg '
                   'clients x 8 padded steps on the proximity split = 40)')
+  ap.add_argument('--val_clients', type=int, default=3, help='proximity clients held out for validation')
+  ap.add_argument('--eval_every', type=int, default=2)
   ap.add_argument('--methods', default=','.join(METHODS))
   ap.add_argument('--json', default='')
   args = ap.parse_args()
   rows = []
   for seed in [int(s) for s in args.seeds.split(',')]:
     for m in args.methods.split(','):
+      v, e = args.val_clients, args.eval_every
       if m == 'untrained':
-        t = trainers.make_trainer(config('proximity', seed, args.rounds, 5))
-        res, wall = {k: v for k, v in t.evaluate().items() if k in METRICS}, 0.0
+        t = trainers.make_trainer(config('proximity', seed, args.rounds, 5, v, e))
+        res, wall = {k: x for k, x in t.evaluate().items() if k in METRICS}, 0.0
       elif m == 'centralized':
-        res, wall = fedavg_run('single', seed, args.rounds, 1, local_steps=args.central_steps)
+        c = config('single', seed, args.rounds, 1, v, e)
+        c.client.local_steps = args.central_steps
+        res, wall = run(c)
       elif m in ('proximity', 'random'):
-        res, wall = fedavg_run(m, seed, args.rounds, 5)
+        res, wall = run(config(m, seed, args.rounds, 5, v, e))
       elif m == 'proximity_c8':
-        res, wall = fedavg_run('proximity', seed, args.rounds, 8)
+        res, wall = run(config('proximity', seed, args.rounds, 8, v, e))
       elif m == 'hfl':
-        res, wall = hfl_run(seed, args.rounds, args.hfl_per_cluster, args.sync_every)
+        res, wall = run(hfl_config(seed, args.rounds, args.hfl_per_cluster, args.sync_every, v, e))
       else:
         raise SystemExit(f'unknown method {m!r}; allowed: {METHODS}')
       row = {'method': m, 'seed': seed, 'wall_s': round(wall, 1), **res}
@@ -133,9 +111,15 @@ def main():
           json.dump({'args': vars(args), 'runs': rows}, f, indent=1)
   summary = {}
   for m in dict.fromkeys(r['method'] for r in rows):
-    vals = np.array([r['test_recall@1'] for r in rows if r['method'] == m]) * 100
-    summary[m] = {'r1_mean': float(vals.mean()), 'r1_std': float(vals.std()), 'seeds': len(vals)}
-    print(f'{m:14s} R@1 {vals.mean():5.1f} +- {vals.std():4.1f}  ({len(vals)} seeds)')
+    summary[m] = {'seeds': sum(r['method'] == m for r in rows)}
+    for key, name in (('test_recall@1', 'r1'), ('test_recall@5', 'r5'), ('test_recall@10', 'r10'),
+                      ('val_recall@1', 'val_r1'), ('selected_test_recall@1', 'sel_r1')):
+      vals = np.array([r[key] for r in rows if r['method'] == m and key in r]) * 100
+      if len(vals):
+        summary[m][f'{name}_mean'], summary[m][f'{name}_std'] = float(vals.mean()), float(vals.std())
+    s_ = summary[m]
+    print(f"{m:14s} R@1 {s_['r1_mean']:5.1f} +- {s_['r1_std']:4.1f}  val R@1 {s_.get('val_r1_mean', np.nan):5.1f} "
+          f"+- {s_.get('val_r1_std', np.nan):4.1f}  ({s_['seeds']} seeds)")
   if args.json:
     with open(args.json, 'w') as f:
       json.dump({'args': vars(args), 'runs': rows, 'summary': summary}, f, indent=1)
