@@ -13,7 +13,7 @@ sequences. What every place-recognition source (data/sources/vpr_synthetic.py, d
                     validity rule. k per city = that city's number of Proximity clients at 2000 m, so that the
                     total matches the 2000 m split (713 on MSLS) before the validity rule drops clusters.
                     Features: `image_statistic` (no model: the mean colour of every cell of a 4 x 4 grid), or
-                    any [n, d] descriptors given (e.g. a model's).
+                    any [n, d] descriptors given (e.g. a model's, computed `in_blocks`).
   hold_out          `n` random clients of a split to the server's validation set (the thesis: 12).
   random_split      Table 6.5's Random split: queries of every city dealt at random to `num_clients`
                     clients, each with the database sequences holding its positives (duplicated where
@@ -97,6 +97,19 @@ def image_statistic(images, grid: int = 4) -> np.ndarray:
   cells = [x[:, hs[i]:max(hs[i + 1], hs[i] + 1), ws[j]:max(ws[j + 1], ws[j] + 1)].mean((1, 2))
            for i in range(grid) for j in range(grid)]
   return np.concatenate(cells, axis=1).reshape(n, -1)
+
+
+def in_blocks(fn, images, block: int) -> np.ndarray:
+  """[n, d] float64: `fn` (images [block, ...] -> [block, d], e.g. a jitted model) over `images` [n, ...] in
+  blocks of `block` rows, the last one zero-padded, so that a compiled `fn` sees one shape."""
+  images = np.asarray(images)
+  out = []
+  for i in range(0, len(images), block):
+    chunk = images[i:i + block]
+    padded = np.zeros((block,) + images.shape[1:], images.dtype)
+    padded[:len(chunk)] = chunk
+    out.append(np.asarray(fn(padded), np.float64).reshape(block, -1)[:len(chunk)])
+  return np.concatenate(out) if out else np.zeros((0, 0))
 
 
 def kmeans_labels(x, k: int, seed: int, iters: int = 100) -> np.ndarray:

@@ -26,6 +26,7 @@ from typing import Optional, Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
+import numpy as np
 
 from fedjax_flat.models.base import from_flax
 from fedjax_flat.models.registry import register
@@ -95,6 +96,18 @@ def backbone_params(resnet18_params, stages: int = 3):
   flat = pretrained.flatten(resnet18_params)
   keep = ('stem_',) + tuple(f'layer{s}_' for s in range(1, stages + 1))
   return pretrained.unflatten({k: v for k, v in flat.items() if k.startswith(keep)})
+
+
+def kwargs_for_params(params) -> dict:
+  """The `vpr_resnet18` arguments a params tree fits: norm 'bn' when it holds BatchNorm layers ('stem_bn'), else
+  'gn'; base_width = the stem convolution's output channels. (GroupNorm's group count is not in the params: the
+  builder's default.) {} when the tree holds no stem convolution."""
+  flat = pretrained.flatten(params)
+  stem = [v for k, v in flat.items() if k.endswith('stem_conv/kernel')]
+  if not stem:
+    return {}
+  norm = 'bn' if any('stem_bn' in k.split(pretrained.SEP) for k in flat) else 'gn'
+  return {'norm': norm, 'base_width': int(np.shape(stem[0])[-1])}
 
 
 # --- Registered builder: config.model name -> Model (models/registry.py). ---

@@ -93,3 +93,13 @@ def test_imagenet_resnet18_weights_load_through_init_pretrained(tmp_path):
   np.testing.assert_array_equal(got['stem_conv']['kernel'], src['stem_conv']['kernel'])
   assert got['gem'].tolist() == [3.0]
   assert 'layer4_0' not in got
+
+
+@pytest.mark.parametrize('norm, width', [('gn', 8), ('bn', 4)])
+def test_kwargs_for_params_reads_norm_and_width_from_the_tree(norm, width):
+  """What data.cluster_params' vpr_resnet18 is built with (data/sources/msls.py): the norm and base width of
+  the params tree, so that it fits the file; {} for a tree without the stem."""
+  m = registry.get_model('vpr_resnet18', 1, (16, 16, 3), norm=norm, base_width=width)
+  shapes = jax.eval_shape(m.init, jax.random.key(0), jnp.zeros((1, 16, 16, 3)))
+  assert vpr.kwargs_for_params(shapes) == {'norm': norm, 'base_width': width}
+  assert vpr.kwargs_for_params({'dense': {'kernel': np.zeros((2, 2))}}) == {}

@@ -14,12 +14,20 @@ Cities (the thesis, 6.3): validation Amsterdam and Manila (`VAL_CITIES`, left ou
 Francisco and Copenhagen (`TEST_CITIES`, kept on the server: their queries and database form the test set,
 y = (easting, northing, role)); every other city of train_val/ trains. Clients: Table 6.5's 'proximity' split
 (`split_radius` 1000 / 2000 / 4000 m, >= 2 queries and >= 2 database sequences per client), 'clustering' (per
-city k-means on a visual feature, the 4 x 4-grid mean colour of the image read at 16 x 16 (no model's
-descriptors: `vpr_places.image_statistic`), k per city = its proximity clients at `split_radius`, so the total
-matches the 2000 m split) or 'random' (data/vpr_places.py). `val_clients` random clients of the split (the
-thesis: 12) leave training: data.val_x / val_y hold their queries and database frames (labelled as the test
-set), data.val_client the validation client of each of those images (the trainer evaluates each client's queries
-against its own database at every evaluation: val_recall@K), data.val_groups their (query, sequence) ids.
+city k-means on visual features, k per city = its proximity clients at `split_radius`, so the total matches
+the 2000 m split) or 'random' (data/vpr_places.py). The clustering split's features (`cluster_features`; the
+thesis says "visual and environmental characteristics" and names no model):
+  'image'  [U] (default) the 4 x 4-grid mean colour of the image read at 16 x 16 (`vpr_places.image_statistic`)
+  'model'  the descriptors of a model: `cluster_model` (a registered model, default `vpr_resnet18`; its norm and
+           width read from the file) with the params file `cluster_params` (.npz or msgpack, shape-checked by
+           models/pretrained.py: e.g. ImageNet weights cut by `models/vpr.backbone_params`, or a trained run's
+           params), on the images read at `cluster_image_size` (0 = image_size) with ImageNet normalisation
+           (the FedVPR configs' `normalize='imagenet'`); a sequence's feature is the mean of its frames'.
+Either kind is computed city by city on blocks of `FEATURE_BLOCK` images (decoded, described, dropped).
+`val_clients` random clients of the split (the thesis: 12) leave training: data.val_x / val_y hold their
+queries and database frames (labelled as the test set), data.val_client the validation client of each of
+those images (the trainer evaluates each client's queries against its own database at every evaluation:
+val_recall@K), data.val_groups their (query, sequence) ids.
 Training examples are each client's query tuples: positives within 10 m and negative candidates beyond 25 m
 from the client's own database (tasks/retrieval.py mines the hardest at every step).
 
@@ -31,14 +39,21 @@ MSLS needs a manual download with a licence: `experiments/download.py --dataset=
 from __future__ import annotations
 
 import csv
+import numbers
 import os
 from typing import Dict, List
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fedjax_flat import errors
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.data import vpr_places
+from fedjax_flat.data.transforms import augment
+from fedjax_flat.models import pretrained
+from fedjax_flat.models import registry as model_registry
+from fedjax_flat.models import vpr as vpr_models
 from fedjax_flat.data.registry import register
 from fedjax_flat.data.download import default_data_dir
 from fedjax_flat.data.sources.segmentation import _pil
@@ -60,6 +75,8 @@ CONTINENT_OF = {
 }
 SPLITS = ('proximity', 'random', 'clustering')
 FEATURE_SIZE = 16      # clustering split: images read at 16 x 16 for their 4 x 4-grid colour statistic
+CLUSTER_FEATURES = ('image', 'model')
+FEATURE_BLOCK = 64     # images decoded and described at a time for the clustering features
 URL = 'https://www.mapillary.com/dataset/places'
 INSTRUCTIONS = (
     'MSLS needs a manual download with a licence: accept the terms and download the archives at '
@@ -131,6 +148,37 @@ def load_image(folder: str, key: str, size: int) -> np.ndarray:
     return np.asarray(im.convert('RGB').resize((size, size), Image.BILINEAR), np.uint8)
 
 
+def descriptor_features(model, params, image_size: int, block: int = FEATURE_BLOCK):
+  """(fn, image_size) for `index(features=...)`: fn maps uint8 images [n, s, s, 3] to `model`'s descriptors
+  [n, d] under `params`, on ImageNet-normalised inputs, jitted on blocks of `block` images."""
+  pre = augment.make_preprocess('cifar', dataset='imagenet')
+  apply = jax.jit(lambda x: model.apply(params, pre(x), train=False))
+  return (lambda images: vpr_places.in_blocks(apply, images, block)), int(image_size)
+
+
+def model_features(model_name: str, params_path: str, image_size: int, block: int = FEATURE_BLOCK):
+  """`descriptor_features` of the registered model `model_name` with the params of `params_path` (read and
+  shape-checked by models/pretrained.py; vpr_resnet18's norm and width follow the file)."""
+  tree = pretrained.read_params(params_path)
+  kwargs = vpr_models.kwargs_for_params(tree) if model_name == 'vpr_resnet18' else {}
+  s = int(image_size)
+  model = model_registry.get_model(model_name, 1, (s, s, 3), **kwargs)
+  shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, s, s, 3), jnp.float32))  # no init run
+  params = pretrained.fit_params(model, shapes, tree, source=params_path, reinit_classifier=False)
+  return descriptor_features(model, params, s, block)
+
+
+def _read_features(folder, keys, features):
+  """[len(keys), d]: the clustering features of a subset's images, decoded FEATURE_BLOCK at a time."""
+  fn, size = features
+  out = [fn(np.stack([load_image(folder, k, size) for k in keys[i:i + FEATURE_BLOCK]]))
+         for i in range(0, len(keys), FEATURE_BLOCK)]
+  return np.concatenate(out) if out else np.zeros((0, 1))
+
+
+IMAGE_FEATURES = (vpr_places.image_statistic, FEATURE_SIZE)      # cluster_features='image'
+
+
 def _city(root, city, index, max_queries, max_sequences, seed):
   """(query keys, query positions, database keys, database positions, sequence id per database frame)."""
   base = os.path.join(root, 'train_val', city)
@@ -152,10 +200,12 @@ def _city(root, city, index, max_queries, max_sequences, seed):
 
 
 def index(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, max_queries_per_city=0,
-          max_sequences_per_city=0, seed=0, val_clients=0):
-  """The federated split from the CSVs alone (no image decoded): a dict with the training cities, the test
-  cities, `groups` [(query ids, sequence ids)], `seq_frames` (image ids per sequence), `pos` [images, 2] and
-  `files` [(folder, key)] of the training image store (each city's queries, then its database frames)."""
+          max_sequences_per_city=0, seed=0, val_clients=0, features=None):
+  """The federated split from the CSVs alone (no image decoded but the clustering split's features): a dict
+  with the training cities, the test cities, `groups` [(query ids, sequence ids)], `seq_frames` (image ids per
+  sequence), `pos` [images, 2] and `files` [(folder, key)] of the training image store (each city's queries,
+  then its database frames). features: (fn images -> [n, d], image size) of the clustering split
+  (`model_features`); None = the image statistic (`IMAGE_FEATURES`)."""
   root = default_root(data_dir)
   tv = os.path.join(root, 'train_val')
   if not os.path.isdir(tv):
@@ -182,10 +232,8 @@ def index(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, ma
     centroids = np.array([dp[ds == s].mean(0) for s in range(n_seq)]).reshape(-1, 2)
     city_groups = vpr_places.proximity_split(qp, centroids, float(split_radius), seed=int(seed) * 7919 + i)
     if split == 'clustering':     # k-means on visual features, k = the city's proximity clients (module doc)
-      qf = vpr_places.image_statistic(np.stack([load_image(os.path.join(base, 'query'), k, FEATURE_SIZE)
-                                                for k in qk]).reshape(len(qk), FEATURE_SIZE, FEATURE_SIZE, 3))
-      df = vpr_places.image_statistic(np.stack([load_image(os.path.join(base, 'database'), k, FEATURE_SIZE)
-                                                for k in dk]).reshape(len(dk), FEATURE_SIZE, FEATURE_SIZE, 3))
+      qf = _read_features(os.path.join(base, 'query'), qk, features or IMAGE_FEATURES)
+      df = _read_features(os.path.join(base, 'database'), dk, features or IMAGE_FEATURES)
       sf = np.array([df[ds == s_].mean(0) for s_ in range(n_seq)]).reshape(n_seq, -1)
       city_groups = vpr_places.clustering_split(qf, sf, len(city_groups), seed=int(seed) * 7919 + i)
     for gq, gs in city_groups:
@@ -215,9 +263,9 @@ def index(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, ma
 
 
 def load(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, image_size=64, num_positives=2,
-         num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0, val_clients=0):
+         num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0, val_clients=0, features=None):
   ix = index(data_dir, split, split_radius, num_clients, max_queries_per_city, max_sequences_per_city, seed,
-             val_clients)
+             val_clients, features)
   train, test, groups_all, seq_frames_all = ix['train'], ix['test'], ix['groups'], ix['seq_frames']
   all_pos, folder_of, root = ix['pos'], ix['files'], ix['root']
   tv = os.path.join(root, 'train_val')
@@ -291,12 +339,44 @@ def split_table(data_dir='', radii=(1000.0, 2000.0, 4000.0), seed=0, max_queries
 
 
 FIELDS = dict(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, image_size=64, num_positives=2,
-              num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0, val_clients=0)
+              num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0, val_clients=0,
+              cluster_features='image', cluster_params='', cluster_model='vpr_resnet18', cluster_image_size=0)
+
+
+def _check_clustering(d):
+  """The clustering split's feature fields (module docstring), before anything is read."""
+  kind, path = d.get('cluster_features', 'image'), d.get('cluster_params', '')
+  name, size = d.get('cluster_model', 'vpr_resnet18'), d.get('cluster_image_size', 0)
+  if kind not in CLUSTER_FEATURES:
+    raise ConfigError('data.cluster_features', kind, f'one of {CLUSTER_FEATURES}')
+  if not isinstance(path, str):
+    raise ConfigError('data.cluster_params', path, 'a path (a params file: .npz or msgpack)')
+  if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 0:
+    raise ConfigError('data.cluster_image_size', size, 'an integer >= 0 (pixels; 0 = data.image_size)')
+  if kind == 'image':
+    if path:
+      raise ConfigError('data.cluster_params', path, "'' with cluster_features='image' (or set "
+                        "cluster_features='model' to cluster on that model's descriptors)")
+    return
+  if d.get('split', 'proximity') != 'clustering':
+    raise ConfigError('data.cluster_features', kind, f"'image' with split={d.get('split', 'proximity')!r} (only "
+                      "split='clustering' uses visual features)")
+  if not path:
+    raise ConfigError('data.cluster_params', path, "a params file of cluster_model (.npz or msgpack) with "
+                      "cluster_features='model'")
+  if not os.path.isfile(path):
+    raise ConfigError('data.cluster_params', path, 'an existing params file (.npz or msgpack): no such file')
+  if name not in model_registry.names():
+    raise ConfigError('data.cluster_model', name, f'a registered model: {sorted(model_registry.names())}')
 
 
 def _check(d):
   if d.get('split', 'proximity') not in SPLITS:
     raise ConfigError('data.split', d.get('split'), f'one of {SPLITS}')
+  _check_clustering(d)
+  v = d.get('val_clients', 0)
+  if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
+    raise ConfigError('data.val_clients', v, 'an integer >= 0 (the thesis holds out 12 clients)')
   for k in ('image_size', 'num_positives', 'num_candidates'):
     if k in d and int(d[k]) < 1:
       raise ConfigError(f'data.{k}', d[k], 'an integer >= 1')
@@ -306,13 +386,16 @@ def _check(d):
 
 @register('msls', task='retrieval', fields=FIELDS, check=_check)
 def _msls(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, image_size=64, num_positives=2,
-          num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0, val_clients=0, **unused):
+          num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0, val_clients=0,
+          cluster_features='image', cluster_params='', cluster_model='vpr_resnet18', cluster_image_size=0, **unused):
   del unused
-  if int(val_clients) < 0:
-    raise ConfigError('data.val_clients', val_clients, 'an integer >= 0 (the thesis holds out 12 clients)')
   _check(dict(split=split, split_radius=split_radius, image_size=image_size, num_positives=num_positives,
-              num_candidates=num_candidates))
+              num_candidates=num_candidates, val_clients=val_clients, cluster_features=cluster_features,
+              cluster_params=cluster_params, cluster_model=cluster_model, cluster_image_size=cluster_image_size))
+  features = None
+  if cluster_features == 'model':      # the params file is read and checked before any image is decoded
+    features = model_features(cluster_model, cluster_params, int(cluster_image_size) or int(image_size))
   return load(data_dir=data_dir, split=split, split_radius=split_radius, num_clients=num_clients,
               image_size=image_size, num_positives=num_positives, num_candidates=num_candidates,
               max_queries_per_city=max_queries_per_city, max_sequences_per_city=max_sequences_per_city, seed=seed,
-              val_clients=val_clients)
+              val_clients=val_clients, features=features)

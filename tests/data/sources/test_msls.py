@@ -209,3 +209,115 @@ def test_validation_clients_leave_training(tree):
   assert not train_q & val_q
   with pytest.raises(Exception, match='data.val_clients'):
     registry.get_dataset('msls', data_dir=data_dir, split_radius=400.0, image_size=8, val_clients=-1)
+
+
+@pytest.fixture
+def big_tree(tmp_path):
+  """Two training cities of 24 queries and 16 sequences each: at 150 m, several proximity clients per city, so
+  the clustering split's k-means has k > 1 (and drops clusters that fail the validity rule)."""
+  rng = np.random.default_rng(0)
+  for c in ('boston', 'tokyo'):
+    write_city(str(tmp_path / 'msls'), c, rng, n_seq=16, seq_len=3, n_q=24)
+  for c in ('sf', 'cph'):
+    write_city(str(tmp_path / 'msls'), c, rng)
+  return str(tmp_path)
+
+
+def _grid_model():
+  """A stand-in descriptor network whose output is a known function of the image: params['w'] x the mean of
+  every cell of a 2 x 2 grid of the (normalised) input, [n, 12]."""
+  import jax.numpy as jnp
+  from fedjax_flat.models.base import Model
+
+  def apply(params, x, train=False, rng=None, with_activations=False):
+    n, h, w, c = x.shape
+    return x.reshape(n, 2, h // 2, 2, w // 2, c).mean((2, 4)).reshape(n, 4 * c) * params['w']
+  return Model(name='grid', init=lambda rng, x: {'w': jnp.ones(())}, apply=apply, num_classes=1,
+               input_shape=(8, 8, 3))
+
+
+def test_clustering_on_a_models_descriptors_is_kmeans_on_those_descriptors(big_tree):
+  """cluster_features='model': each city's queries and sequences (the mean of their frames' descriptors) are
+  clustered by k-means on the model's descriptors, computed in padded blocks (3 images here) on ImageNet-
+  normalised inputs: the split equals vpr_places.clustering_split on the same function computed by numpy, and
+  differs from the image-statistic split; every client follows the validity rule."""
+  import jax.numpy as jnp
+  from fedjax_flat.data import vpr_places
+  data_dir = big_tree
+  features = msls.descriptor_features(_grid_model(), {'w': jnp.float32(2.0)}, 8, block=3)
+  got = msls.index(data_dir, 'clustering', 150.0, features=features)
+  prox = msls.index(data_dir, 'proximity', 150.0)
+  mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+
+  def known(folder, keys):
+    x = (np.stack([msls.load_image(folder, k, 8) for k in keys]) / 255.0 - mean) / std
+    return 2.0 * x.reshape(len(keys), 2, 4, 2, 4, 3).mean((2, 4)).reshape(len(keys), 12)
+  want, ks = [], []
+  for i, city in enumerate(got['train']):
+    base = os.path.join(data_dir, 'msls', 'train_val', city)
+    qk, _, dk, _, ds = msls._city(os.path.join(data_dir, 'msls'), city, i, 0, 0, 0)
+    qf, df = known(os.path.join(base, 'query'), qk), known(os.path.join(base, 'database'), dk)
+    np.testing.assert_allclose(features[0](np.stack([msls.load_image(os.path.join(base, 'query'), k, 8)
+                                                     for k in qk])), qf, rtol=1e-5, atol=1e-5)
+    sf = np.stack([df[ds == s].mean(0) for s in range(int(ds.max()) + 1)])
+    k = sum(1 for qs, _ in prox['groups'] if int(prox['pos'][qs[0], 0] // msls.CITY_SPACING) == i)
+    ks.append(k)
+    q_off = int(np.flatnonzero(got['pos'][:, 0] // msls.CITY_SPACING == i)[0])
+    s_off = sum(int(msls._city(os.path.join(data_dir, 'msls'), c, j, 0, 0, 0)[4].max()) + 1
+                for j, c in enumerate(got['train'][:i]))
+    want += [(q_off + qs, s_off + ss) for qs, ss in vpr_places.clustering_split(qf, sf, k, seed=i)]
+  assert [(q.tolist(), s.tolist()) for q, s in got['groups']] == [(q.tolist(), s.tolist()) for q, s in want]
+  assert all(len(q) >= 2 and len(s) >= 2 for q, s in got['groups']) and len(got['groups']) >= 2
+  assert any(k > 1 for k in ks)                                  # k-means with several clusters in a city
+  image = msls.index(data_dir, 'clustering', 150.0)
+  assert [(q.tolist(), s.tolist()) for q, s in image['groups']] != [(q.tolist(), s.tolist()) for q, s in want]
+
+
+def test_clustering_on_a_params_file_through_the_registry(big_tree, tmp_path, monkeypatch):
+  """The config path: data.cluster_features='model' with a vpr_resnet18 params file (its width and norm read
+  from the file) gives valid clients of one city each and a dataset built from them; the image statistic stays
+  the default. (The builder's descriptor function is kept and reused: one compilation.)"""
+  import jax
+  import jax.numpy as jnp
+  from fedjax_flat.models import pretrained, registry as models
+  data_dir = big_tree
+  m = models.get_model('vpr_resnet18', 1, (16, 16, 3), norm='bn', base_width=4)
+  shapes = pretrained.flatten(jax.eval_shape(m.init, jax.random.key(3), jnp.zeros((1, 16, 16, 3))))
+  rng = np.random.default_rng(3)     # random params (variances positive), without running the initialisers
+  params = {k: (rng.uniform(0.5, 1.5, v.shape) if k.endswith('/var') else rng.normal(0, 0.3, v.shape)).astype(v.dtype)
+            for k, v in shapes.items()}
+  path = str(tmp_path / 'vpr.npz')
+  pretrained.save_params(path, pretrained.unflatten(params))
+  built = []
+  real = msls.model_features
+  monkeypatch.setattr(msls, 'model_features', lambda *a, **k: built.append(real(*a, **k)) or built[-1])
+  kw = dict(data_dir=data_dir, split='clustering', split_radius=150.0, image_size=8, num_candidates=4)
+  d = registry.get_dataset('msls', **kw, cluster_features='model', cluster_params=path, cluster_image_size=16)
+  assert len(built) == 1 and built[0][1] == 16
+  ix = msls.index(data_dir, 'clustering', 150.0, features=built[0])
+  assert d.num_clients == len(ix['groups']) >= 1
+  for qs, ss in ix['groups']:
+    frames = np.concatenate([ix['seq_frames'][s] for s in ss])
+    assert len(qs) >= 2 and len(ss) >= 2
+    assert len(set((ix['pos'][np.r_[qs, frames], 0] // msls.CITY_SPACING).astype(int).tolist())) == 1
+  assert msls.FIELDS['cluster_features'] == 'image'
+
+
+@pytest.mark.parametrize('over, field', [
+    ({'cluster_features': 'resnet'}, 'data.cluster_features'),
+    ({'cluster_features': 'model'}, 'data.cluster_params'),                       # no params file
+    ({'cluster_features': 'model', 'cluster_params': '/no/such.npz'}, 'data.cluster_params'),
+    ({'cluster_params': 'FILE'}, 'data.cluster_params'),                          # a file with the image statistic
+    ({'cluster_features': 'model', 'cluster_params': 'FILE', 'split': 'proximity'}, 'data.cluster_features'),
+    ({'cluster_features': 'model', 'cluster_params': 'FILE', 'cluster_model': 'vgg'}, 'data.cluster_model'),
+    ({'cluster_image_size': -1}, 'data.cluster_image_size'),
+    ({'val_clients': -1}, 'data.val_clients'),
+])
+def test_bad_clustering_fields_are_one_config_error_before_loading(over, field, tmp_path):
+  from fedjax_flat.errors import ConfigError
+  f = tmp_path / 'p.npz'
+  f.write_bytes(b'')
+  over = {k: (str(f) if v == 'FILE' else v) for k, v in over.items()}
+  with pytest.raises(ConfigError, match=field) as e:     # the data directory does not even exist
+    registry.get_dataset('msls', data_dir=str(tmp_path / 'nowhere'), **{'split': 'clustering', **over})
+  assert '\n' not in str(e.value)
