@@ -6,7 +6,9 @@ Command (MSLS needs a manual download with a licence: experiments/download.py --
 
 Grammar (comma-separated tokens; defaults in brackets):
   split     proximity | random | clustering                 [proximity]  (Table 6.5; clustering: per-city
-            k-means on the images' 4 x 4-grid mean colours, k = the city's proximity clients at 2000 m)
+            k-means on the images' 4 x 4-grid mean colours [U], k = the city's proximity clients at 2000 m;
+            on a model's descriptors instead: --config.data.cluster_features=model
+            --config.data.cluster_params=<params file of vpr_resnet18> (data/sources/msls.py))
   radius    1000 | 2000 | 4000 metres, proximity only        [2000]
   server    sgd | sgdm | adam | adagrad                       [sgd]        (Table 6.6)
   T=, C=    rounds and clients per round: T=75,C=20 | T=15,C=105 (Table 6.6's matched FedAvg budgets) [300, 5]
@@ -46,7 +48,10 @@ Published R@1 (%, mean +- std over runs):
              1000   400     61.7 +- 2.4   66.8 +- 0.5
              2000   200     58.8 +- 1.8   65.2 +- 0.9
              4000   100     57.3 +- 2.5   60.6 +- 1.0
-12 random clients are held out for validation (data.val_clients; data.val_x / val_y). Not reproduced exactly:
+12 random clients are held out for validation (data.val_clients; data.val_x / val_y / val_client): the server
+model is evaluated on each one's queries against its own database at every evaluation (val_recall@1/5/10 in
+metrics.jsonl / csv and TensorBoard), and summary.json's `validation` gives the round with the best validation
+R@1 and that round's test Recall@K (model selection). Not reproduced exactly:
 the in-memory MSLS reader bounds
 the data with data.max_queries_per_city (see data/sources/msls.py).
 """
