@@ -51,7 +51,7 @@ import optax
 from fedjax_flat.tasks import base as tasks_lib
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.config.centralized import RESULT_FILE, read_reference, reference_path  # noqa: F401 (re-exported)
-from fedjax_flat.evaluation.evaluator import Evaluator, RetrievalEvaluator
+from fedjax_flat.evaluation.evaluator import Evaluator, RetrievalEvaluator, make_validation_evaluator
 from fedjax_flat.tasks import retrieval as ret_tasks
 from fedjax_flat.data import registry as data_registry
 from fedjax_flat.models import registry as model_registry
@@ -220,6 +220,8 @@ def train(config, workdir: Optional[str] = None, *, data=None, on_epoch=None) ->
   # retrieval (FedVPR, Table 6.5's centralized row): Recall@K of the test queries against the test database
   make = RetrievalEvaluator if isinstance(task, ret_tasks.Retrieval) else Evaluator
   evaluator = make(model, tx_, ty_, config.eval_batch_size, preprocess=eval_tf, task=task)
+  # the validation clients of a retrieval set (left out of the union), as the federated runs report them
+  val_evaluator = make_validation_evaluator(config, model, data, task, eval_tf)
   xd, yd = jax.device_put(x), jax.device_put(np.asarray(y))
   records, t0 = [], time.time()
   swa_params, swa_n = None, 0
@@ -240,6 +242,8 @@ def train(config, workdir: Optional[str] = None, *, data=None, on_epoch=None) ->
     res = evaluator(params)
     rec = {'epoch': e + 1, 'train_loss': float(s) / max(float(cnt), 1.0), 'wall_s': time.time() - t0,
            **{f'test_{k}': v for k, v in res.items()}}
+    if val_evaluator is not None:
+      rec.update({f'val_{k}': v for k, v in val_evaluator(params).items() if k != 'count'})
     if swa_params is not None:
       rec.update({f'swa/test_{k}': v for k, v in evaluator(swa_params).items()})
     if not np.isfinite(rec['train_loss']):

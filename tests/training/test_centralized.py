@@ -207,11 +207,12 @@ def test_centralized_swa_that_never_averages_warns_and_reports_the_plain_model(c
 
 def test_centralized_retrieval_reports_recall_at_k():
   """Table 6.5's centralized row: the retrieval task trains on the pooled query tuples (triplet loss) and is
-  evaluated by Recall@K on the server's test city, as the federated runs are."""
+  evaluated by Recall@K on the server's test city and on the validation clients (left out of the union), as
+  the federated runs are."""
   from configs import quickstart_vpr
   c = quickstart_vpr.get_config()
   c.data.update(num_cities=2, sequences_per_city=6, seq_len=4, queries_per_city=12, image_size=16,
-                test_sequences=6, test_queries=12)
+                test_sequences=6, test_queries=12, val_clients=1)
   c.model_kwargs.base_width = 8
   c.centralized.epochs = 1
   res = centralized.train(c)
@@ -219,3 +220,4 @@ def test_centralized_retrieval_reports_recall_at_k():
   assert {'test_accuracy', 'test_loss', 'test_recall@5', 'test_recall@10'} <= set(rec), sorted(rec)
   assert 0.0 <= rec['test_accuracy'] <= rec['test_recall@5'] <= rec['test_recall@10'] <= 1.0
   assert res['final_test_accuracy'] == rec['test_accuracy'] and np.isfinite(rec['train_loss'])
+  assert 0.0 <= rec['val_recall@1'] == rec['val_accuracy'] <= rec['val_recall@5'] <= rec['val_recall@10'] <= 1.0
