@@ -77,10 +77,10 @@ class RetrievalEvaluator:
     self.q = jax.device_put(pad_blocks(qx, qpos, b))
     self.db = jax.device_put(pad_blocks(dbx, dbpos, b))
     # Each group with queries: its query rows in blocks [G, nq / b, b] and its database rows [G, nd].
-    self.num_groups = len(np.unique(gid[is_q]))
-    q_rows, q_ok = group_rows(gid[is_q], np.unique(gid[is_q]), b)
-    d_rows, d_ok = group_rows(gid[~is_q], np.unique(gid[is_q]), b)
-    g = len(q_rows)
+    with_queries = np.unique(gid[is_q])
+    self.num_groups = g = len(with_queries)
+    q_rows, q_ok = group_rows(gid[is_q], with_queries, b)
+    d_rows, d_ok = group_rows(gid[~is_q], with_queries, b)
     self.rows = jax.device_put({'q': q_rows.reshape(g, -1, b), 'q_ok': q_ok.reshape(g, -1, b), 'd': d_rows,
                                 'd_ok': d_ok})
 
