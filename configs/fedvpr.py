@@ -50,10 +50,10 @@ Published R@1 (%, mean +- std over runs):
              4000   100     57.3 +- 2.5   60.6 +- 1.0
 12 random clients are held out for validation (data.val_clients; data.val_x / val_y / val_client): the server
 model is evaluated on each one's queries against its own database at every evaluation (val_recall@1/5/10 in
-metrics.jsonl / csv and TensorBoard), and summary.json's `validation` gives the round with the best validation
-R@1 and that round's test Recall@K (model selection). Not reproduced exactly:
-the in-memory MSLS reader bounds
-the data with data.max_queries_per_city (see data/sources/msls.py).
+metrics.jsonl / csv and TensorBoard), and summary.json's `validation` gives the first round with the best
+validation R@5 [U: the deep-visual-geo-localization benchmark's rule; the thesis does not say] and that round's
+test Recall@K (model selection). Not reproduced exactly: the in-memory MSLS reader bounds the data with
+data.max_queries_per_city (see data/sources/msls.py).
 """
 from fedjax_flat.config import families as config_strings
 from fedjax_flat.config.default_config import default_config, segmentation_data

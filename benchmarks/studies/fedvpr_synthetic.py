@@ -15,8 +15,9 @@ trainer as `experiments/train.py` runs it):
                  algo.sync_every=`--sync_every` (T_c), clients_per_round = clusters x clients_per_group
 Validation: `--val_clients` proximity clients are held out of every split (the same clients for every method:
 data.val_clients) and evaluated at every evaluation (`--eval_every` rounds) on their own databases
-(val_recall@K); `sel R@1` is the test R@1 at the round with the best validation R@1 (summary.json's
-`validation`: the model a VPR researcher would pick).
+(val_recall@K); `selected_test_recall@1` is the test R@1 at the first round with the best validation R@5
+(summary.json's `validation`: the model a VPR researcher would pick); every run's curve (round, test R@1,
+val R@1, val R@5 per evaluation) is kept in the JSON.
 The thesis' findings to compare with: random is worst (hard negatives missing, Table 6.5); H-FL below FedAvg
 at a matched client budget (Table 6.6). Seeds change the model initialisation, sampling and batch order; the
 data (data.seed 0) stay the same.
@@ -67,6 +68,7 @@ def run(c):
   if sel:
     out['selected_round'], out['selected_test_recall@1'] = sel['best_round'], sel['test_recall@1']
   out.update({k: v for k, v in (summary.get('messages') or {}).items()})
+  out['curve'] = [[r['round'], r['test_recall@1'], r.get('val_recall@1'), r.get('val_recall@5')] for r in t.records]
   out['clients'] = int(t.data.num_clients)
   return out, time.time() - t0
 

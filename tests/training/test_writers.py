@@ -1,4 +1,6 @@
 """training/writers.py: the run's final result line names its task's headline metric."""
+import pytest
+
 from fedjax_flat.training import writers
 
 
@@ -29,19 +31,21 @@ def test_personalized_plot_from_the_summary_section(tmp_path):
 
 
 def test_model_selection_by_validation_and_its_files(tmp_path):
-  """Retrieval runs with validation clients: the first round with the highest val_accuracy (val R@1) is selected
-  with that round's test numbers; the val_* metrics reach metrics.csv and the per-model summary; summary.md says
-  the selection; a run without val_* has no selection; another model's selection reads its prefixed keys."""
+  """Retrieval runs with validation clients: the first round with the highest val_recall@5 (the benchmark's
+  rule) is selected with that round's validation and test numbers (another metric on request); the val_*
+  metrics reach metrics.csv and the per-model summary; summary.md says the selection; a run without val_* has
+  no selection; another model's selection reads its prefixed keys."""
   import csv
   import json
   recs = [{'round': r, 'test_accuracy': t, 'test_loss': 0.5, 'test_recall@1': t, 'test_recall@5': t + 0.1,
-           'val_accuracy': v, 'val_recall@1': v, 'val_loss': 0.3, 'swa/test_accuracy': 0.9, 'swa/test_loss': 0.1,
-           'swa/val_accuracy': sv}
-          for r, t, v, sv in ((5, 0.40, 0.50, 0.1), (10, 0.45, 0.70, 0.3), (15, 0.60, 0.65, 0.2),
-                              (20, 0.55, 0.70, 0.3))]
+           'val_accuracy': v1, 'val_recall@1': v1, 'val_recall@5': v5, 'val_loss': 0.3, 'swa/test_accuracy': 0.9,
+           'swa/test_loss': 0.1, 'swa/val_recall@5': sv}
+          for r, t, v1, v5, sv in ((5, 0.40, 0.50, 0.80, 0.1), (10, 0.45, 0.70, 0.85, 0.3), (15, 0.60, 0.75, 0.80, 0.2),
+                                   (20, 0.55, 0.70, 0.85, 0.3))]
   sel = writers.select_by_validation(recs)
-  assert sel['best_round'] == 10 and sel['selected_by'] == 'val_accuracy' and sel['model'] == 'global'
+  assert sel['best_round'] == 10 and sel['selected_by'] == 'val_recall@5' and sel['model'] == 'global'
   assert sel['test_recall@1'] == 0.45 and sel['test_recall@5'] == 0.55 and sel['val_recall@1'] == 0.70
+  assert writers.select_by_validation(recs, metric='val_recall@1')['best_round'] == 15
   assert writers.select_by_validation(recs, 'swa')['best_round'] == 10
   assert writers.select_by_validation([{'round': 1, 'test_accuracy': 0.3, 'test_loss': 1.0}]) == {}
   w = writers.MetricsWriter(str(tmp_path), tensorboard=False)
@@ -49,11 +53,11 @@ def test_model_selection_by_validation_and_its_files(tmp_path):
     w.write(r)
   with open(tmp_path / 'metrics.csv') as f:
     rows = list(csv.DictReader(f))
-  assert [float(r['val_recall@1']) for r in rows] == [0.5, 0.7, 0.65, 0.7]
+  assert [float(r['val_recall@1']) for r in rows] == [0.5, 0.7, 0.75, 0.7]
   summary = writers.summarize(recs, 2, {'experiment': 'x', 'reported_model': 'global'})
   assert summary['models']['global']['final_val_recall@1'] == 0.70
-  assert summary['models']['global']['mean_last_2_val_recall@1'] == 0.675
+  assert summary['models']['global']['mean_last_2_val_recall@1'] == pytest.approx(0.725)
   summary['validation'] = sel
   writers.write_summary(str(tmp_path), summary)
   assert json.load(open(tmp_path / 'summary.json'))['validation']['best_round'] == 10
-  assert 'round 10, validation R@1 0.7000, test R@1 0.4500' in open(tmp_path / 'summary.md').read()
+  assert 'round 10, val_recall@5 0.8500, test R@1 0.4500' in open(tmp_path / 'summary.md').read()
