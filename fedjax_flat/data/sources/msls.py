@@ -18,9 +18,10 @@ city k-means on a visual feature, the 4 x 4-grid mean colour of the image read a
 descriptors: `vpr_places.image_statistic`), k per city = its proximity clients at `split_radius`, so the total
 matches the 2000 m split) or 'random' (data/vpr_places.py). `val_clients` random clients of the split (the
 thesis: 12) leave training: data.val_x / val_y hold their queries and database frames (labelled as the test
-set), data.val_groups their (query, sequence) ids. Training examples are each client's query tuples: positives
-within 10 m and negative candidates beyond 25 m from the client's own database (tasks/retrieval.py mines the
-hardest at every step).
+set), data.val_groups their (query, sequence) ids. Training examples are each client's query tuples over one
+image store: positives within 10 m and a pool of up to `neg_pool` negatives beyond 25 m from the client's own
+database, `num_candidates` of them drawn afresh each round (data/vpr_places.tuple_dataset; tasks/retrieval.py
+mines the hardest at every step).
 
 Images are decoded with PIL (untrusted files: `errors.reading`) and resized to `image_size`; the whole
 federated set is held in memory, so `max_queries_per_city` / `max_sequences_per_city` bound it (0 = all; the
@@ -214,7 +215,8 @@ def index(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, ma
 
 
 def load(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, image_size=64, num_positives=2,
-         num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0, val_clients=0):
+         num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0, val_clients=0,
+         neg_pool=vpr_places.NEG_POOL):
   ix = index(data_dir, split, split_radius, num_clients, max_queries_per_city, max_sequences_per_city, seed,
              val_clients)
   train, test, groups_all, seq_frames_all = ix['train'], ix['test'], ix['groups'], ix['seq_frames']
@@ -226,7 +228,7 @@ def load(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, ima
   for k, (qs, ss) in enumerate(groups_all):
     frames = np.concatenate([seq_frames_all[s] for s in ss]) if len(ss) else np.zeros((0,), np.int64)
     tuples.append(vpr_places.client_tuples(qs, all_pos[qs], frames, all_pos[frames], num_positives=int(num_positives),
-                                           num_candidates=int(num_candidates), seed=int(seed) * 104729 + k))
+                                           neg_pool=int(neg_pool), seed=int(seed) * 104729 + k))
   # Decode only the images some tuple uses; the store is re-indexed densely.
   used = np.unique(np.concatenate([t[t >= 0] for t in tuples] + [np.zeros((0,), np.int64)]))
   remap = np.full(max(offset, 1), -1, np.int64)
@@ -261,7 +263,7 @@ def load(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, ima
                 np.zeros((0, size, size, 3), np.uint8))
   data.val_y = vpr_places.test_labels(all_pos[vq].reshape(-1, 2), all_pos[vd].reshape(-1, 2))
   data.val_groups = ix['val_groups']
-  data.tuple_index = np.concatenate(tuples)
+  data.tuple_index = data.x
   data.image_pos = all_pos[used]
   return data
 
@@ -286,13 +288,14 @@ def split_table(data_dir='', radii=(1000.0, 2000.0, 4000.0), seed=0, max_queries
 
 
 FIELDS = dict(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, image_size=64, num_positives=2,
-              num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0, val_clients=0)
+              num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0, val_clients=0,
+              neg_pool=vpr_places.NEG_POOL)
 
 
 def _check(d):
   if d.get('split', 'proximity') not in SPLITS:
     raise ConfigError('data.split', d.get('split'), f'one of {SPLITS}')
-  for k in ('image_size', 'num_positives', 'num_candidates'):
+  for k in ('image_size', 'num_positives', 'num_candidates', 'neg_pool'):
     if k in d and int(d[k]) < 1:
       raise ConfigError(f'data.{k}', d[k], 'an integer >= 1')
   if 'split_radius' in d and not (np.isfinite(float(d['split_radius'])) and float(d['split_radius']) > 0):
@@ -301,13 +304,14 @@ def _check(d):
 
 @register('msls', task='retrieval', fields=FIELDS, check=_check)
 def _msls(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, image_size=64, num_positives=2,
-          num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0, val_clients=0, **unused):
+          num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0, val_clients=0,
+          neg_pool=vpr_places.NEG_POOL, **unused):
   del unused
   if int(val_clients) < 0:
     raise ConfigError('data.val_clients', val_clients, 'an integer >= 0 (the thesis holds out 12 clients)')
   _check(dict(split=split, split_radius=split_radius, image_size=image_size, num_positives=num_positives,
-              num_candidates=num_candidates))
+              num_candidates=num_candidates, neg_pool=neg_pool))
   return load(data_dir=data_dir, split=split, split_radius=split_radius, num_clients=num_clients,
               image_size=image_size, num_positives=num_positives, num_candidates=num_candidates,
               max_queries_per_city=max_queries_per_city, max_sequences_per_city=max_sequences_per_city, seed=seed,
-              val_clients=val_clients)
+              val_clients=val_clients, neg_pool=neg_pool)

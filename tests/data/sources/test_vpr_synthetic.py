@@ -17,7 +17,10 @@ def test_shapes_task_and_determinism():
   a = registry.get_dataset('vpr_synthetic', **SMALL)
   b = registry.get_dataset('vpr_synthetic', **SMALL)
   assert a.task == 'retrieval'
-  assert a.x.shape[1:] == (8, 16, 16, 3) and a.x.dtype == np.uint8 and a.y.shape[1:] == (8,)
+  # Index tuples over one image store: query, 2 positives, the negative pool; 5 candidates drawn per batch.
+  assert a.x.dtype == np.int32 and a.y.shape == a.x.shape and a.x.shape[1] >= 8
+  assert a.store.shape[1:] == (16, 16, 3) and a.store.dtype == np.uint8 and a.draw == (3, 5)
+  assert a.input_shape == (8, 16, 16, 3) and a.label_shape == (8,)
   assert a.test_x.shape == (10 + 30, 16, 16, 3) and a.test_y.shape == (40, 3)
   assert np.sum(a.test_y[:, 2] == ret.QUERY_ROLE) == 10
   np.testing.assert_array_equal(a.x, b.x)
@@ -35,12 +38,19 @@ def test_every_slot_is_valid_by_distance_and_from_the_clients_own_database(split
       assert kinds[0] == ret.QUERY
       for j in range(1, len(row)):
         if kinds[j] == ret.EMPTY:
-          assert row[j] < 0 and not d.x[n, j].any()
+          assert row[j] < 0
           continue
         dist = np.linalg.norm(d.image_pos[row[j]] - qp)
         assert dist <= 10.0 if kinds[j] == ret.POSITIVE else dist > 25.0
         assert d.image_client[row[j]] in (k, -2)                 # the client's own (or a duplicated) frame
       assert (kinds == ret.POSITIVE).any()
+    # The pool is every negative of the client's own database (fewer than neg_pool here).
+    frames = SMALL['num_cities'] * SMALL['sequences_per_city'] * SMALL['seq_len']    # database images first
+    only, maybe = (np.flatnonzero(np.isin(d.image_client[:frames], c)) for c in ((k,), (k, -2)))
+    for n in d.client_indices(k):
+      row, kinds = d.tuple_index[n], d.y[n]
+      far = lambda ids: set(ids[np.linalg.norm(d.image_pos[ids] - d.image_pos[row[0]], axis=1) > 25.0].tolist())  # noqa: E731
+      assert far(only) <= set(row[kinds == ret.NEGATIVE].tolist()) <= far(maybe)
   if split == 'proximity':
     assert d.split_stats['sequences_per_client'][0] >= 2
 
@@ -59,6 +69,18 @@ def test_bad_input_is_one_config_error():
     registry.get_dataset('vpr_synthetic', **{**SMALL, 'split_radius': 0.5})
   with pytest.raises(ConfigError, match='city_size'):
     registry.get_dataset('vpr_synthetic', **{**SMALL, 'city_size': float('nan')})
+
+
+def test_neg_pool_bounds_each_pool_to_a_random_subset():
+  small = registry.get_dataset('vpr_synthetic', **SMALL, neg_pool=7)
+  full = registry.get_dataset('vpr_synthetic', **SMALL)
+  assert small.x.shape[1] == 1 + 2 + 7
+  for n in range(len(small.y)):
+    pool, whole = small.x[n, 3:], full.x[n, 3:]
+    assert np.sum(pool >= 0) == min(7, np.sum(whole >= 0))
+    assert set(pool[pool >= 0].tolist()) <= set(whole[whole >= 0].tolist())
+  with pytest.raises(ConfigError, match='neg_pool'):
+    registry.get_dataset('vpr_synthetic', **SMALL, neg_pool=0)
 
 
 def test_single_split_is_one_client_with_every_query():
