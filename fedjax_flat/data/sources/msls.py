@@ -24,8 +24,9 @@ database, `num_candidates` of them drawn afresh each round (data/vpr_places.tupl
 mines the hardest at every step).
 
 Images are decoded with PIL (untrusted files: `errors.reading`) and resized to `image_size`; the whole
-federated set is held in memory, so `max_queries_per_city` / `max_sequences_per_city` bound it (0 = all; the
-full MSLS, 1.6M images, needs a streamed ClientDataSource, which this reader is not).
+federated set is held in memory (each image once, in the store the tuples index), so `max_queries_per_city` /
+`max_sequences_per_city` bound it (0 = all; the full MSLS, 1.6M images, needs a streamed ClientDataSource, which
+this reader is not).
 MSLS needs a manual download with a licence: `experiments/download.py --dataset=msls` prints the steps.
 """
 from __future__ import annotations
