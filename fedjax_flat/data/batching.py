@@ -327,7 +327,9 @@ def make_round_batches(data, client_ids: Sequence[int], *, round_idx: int, seed:
       if valid.any():
         flat = data.client_indices(k)[all_pos[i][valid]]
         rows[i][valid], rys[i][valid] = data.x[flat], data.y[flat]
-    if plan.draw is not None:
+    if plan.draw is None and getattr(data, 'draw', None) is not None:   # a plan built without the data's draw:
+      rows, rys = rows[..., :data.slots], rys[:, :, :, :data.slots]      # the first pool columns, as `take`
+    elif plan.draw is not None:
       rows, rys = (np.asarray(a) for a in _host_draw(
           plan.draw, num_steps, batch_size, sampling.seed_key(seed), jnp.asarray(round_idx, jnp.int32),
           jnp.asarray(np.asarray(ids, np.int32)), rows, rys))

@@ -177,6 +177,13 @@ def test_pool_draw_is_valid_fresh_each_round_and_the_same_on_host_and_device():
   # Keyed by (seed, round, client): the same batches again, whichever other clients share the round.
   again = batching.make_round_batches(d, [2, 3], round_idx=1, seed=0, batch_size=3, num_steps=3)
   np.testing.assert_array_equal(again.x, seen[1][2:])
+  # A plan built without the data's draw (a caller outside the rounds) reads the first pool columns, as `take`.
+  plain_plan = batching.batch_plan(d.client_sizes(), batch_size=3, num_steps=3)
+  plain = batching.make_round_batches(d, [2], round_idx=0, seed=0, batch_size=3, num_steps=3, plan=plain_plan)
+  pos, mask = batching.host_round_positions(plain_plan, 0, 0, [2], d.client_sizes()[[2]])
+  want = d.take(d.client_indices(2)[pos[0][mask[0] > 0]])
+  np.testing.assert_array_equal(plain.x[0][plain.mask[0] > 0], want[0])
+  np.testing.assert_array_equal(plain.y[0][plain.mask[0] > 0], want[1])
 
 
 def test_store_and_draw_bad_input():
