@@ -297,8 +297,9 @@ def make_round_batches(data, client_ids: Sequence[int], *, round_idx: int, seed:
   """Gathers the sampled clients' examples into padded arrays (host numpy).
 
   `data` is any object with `client_indices(k)` + `x`/`y` arrays (FederatedDataset), or the
-  `client_examples(k) -> (x, y)` protocol (out-of-memory sources). `plan` (from the population's sizes,
-  `batch_plan`) is derived from `data.client_sizes()` when not given.
+  `client_examples(k) -> (x, y)` protocol (out-of-memory sources), or a source of indexed examples
+  (`client_indexed(k) -> (rows, y, store)`, `draw`, `slots`, `input_dtype`: data/federated.py). `plan` (from
+  the population's sizes, `batch_plan`) is derived from `data.client_sizes()` when not given.
   """
   if plan is None:
     plan = batch_plan(data.client_sizes(), batch_size=batch_size, num_steps=num_steps, epochs=epochs,
@@ -306,9 +307,11 @@ def make_round_batches(data, client_ids: Sequence[int], *, round_idx: int, seed:
   ids = [int(c) for c in client_ids]
   c_total = max(len(ids), pad_clients_to or 0)
   in_memory = hasattr(data, 'client_indices') and hasattr(data, 'x')
-  store = getattr(data, 'store', None) if in_memory else None
+  # Examples that index an item store: a FederatedDataset's `store`, or a source's per-client stores
+  # (`client_indexed(k)`, data/federated.py).
+  indexed = getattr(data, 'store', None) is not None if in_memory else hasattr(data, 'client_indexed')
   input_shape = tuple(data.input_shape)
-  x_dtype = (data.x.dtype if store is None else store.dtype) if in_memory else np.float32
+  x_dtype = (data.input_dtype if indexed else data.x.dtype if in_memory else np.float32)
   xs = np.zeros((c_total, num_steps, batch_size) + input_shape, x_dtype)
   label_shape = tuple(data.label_shape) if in_memory else tuple(getattr(data, 'label_shape', ()))
   y_dtype = label_dtype(data.y.dtype if in_memory else getattr(data, 'label_dtype', np.int32))
@@ -319,14 +322,15 @@ def make_round_batches(data, client_ids: Sequence[int], *, round_idx: int, seed:
   sizes = np.asarray(data.client_sizes())
   if ids:
     all_pos, all_mask = host_round_positions(plan, seed, round_idx, ids, sizes[ids])
-  if ids and store is not None:       # index rows of every client, with the draw, then items (one definition)
-    rows = np.full((len(ids), num_steps, batch_size) + tuple(np.shape(data.x)[1:]), -1, np.int32)
-    rys = np.zeros((len(ids), num_steps, batch_size) + tuple(np.shape(data.y)[1:]), y_dtype)
-    for i, k in enumerate(ids):
+  if ids and indexed:       # index rows of every client, with the draw, then items (one definition)
+    parts = [(data.x[data.client_indices(k)], np.asarray(data.y)[data.client_indices(k)], data.store)
+             if in_memory else data.client_indexed(k) for k in ids]
+    rows = np.full((len(ids), num_steps, batch_size) + parts[0][0].shape[1:], -1, np.int32)
+    rys = np.zeros((len(ids), num_steps, batch_size) + parts[0][1].shape[1:], y_dtype)
+    for i, (cr, cy, _) in enumerate(parts):
       valid = all_mask[i] > 0
       if valid.any():
-        flat = data.client_indices(k)[all_pos[i][valid]]
-        rows[i][valid], rys[i][valid] = data.x[flat], data.y[flat]
+        rows[i][valid], rys[i][valid] = cr[all_pos[i][valid]], cy[all_pos[i][valid]]
     if plan.draw is None and getattr(data, 'draw', None) is not None:   # a plan built without the data's draw:
       rows, rys = rows[..., :data.slots], rys[:, :, :, :data.slots]      # the first pool columns, as `take`
     elif plan.draw is not None:
@@ -335,7 +339,9 @@ def make_round_batches(data, client_ids: Sequence[int], *, round_idx: int, seed:
           jnp.asarray(np.asarray(ids, np.int32)), rows, rys))
     rows = np.where(all_mask[..., None] > 0, rows, -1)
   for i, k in enumerate(ids):
-    if in_memory:
+    if indexed:
+      n = len(parts[i][1])
+    elif in_memory:
       idx = data.client_indices(k)
       n = len(idx)
     else:
@@ -354,8 +360,8 @@ def make_round_batches(data, client_ids: Sequence[int], *, round_idx: int, seed:
     out_ids[i] = k
     if n == 0:
       continue
-    if store is not None:
-      xs[i][valid] = lookup(store, rows[i][valid])
+    if indexed:
+      xs[i][valid] = lookup(parts[i][2], rows[i][valid])
       ys[i][valid] = rys[i][valid]
     elif in_memory:
       flat = idx[pos]

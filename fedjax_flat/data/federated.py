@@ -17,6 +17,10 @@ the round batches are built (data/batching.py: keyed by seed, round, client, ste
 follows the same columns. The batch gather maps the indices to items (`lookup`), so the data hold each item
 once, not once per example that uses it. Outside the rounds (`take`: client evaluation, the centralized
 run) an example uses its first `count` pool columns (a pool stored in random order: a random subset).
+A source of such examples too large for memory (data/sources/msls_stream.py) gives each client its own store:
+`client_indexed(k) -> (rows [n_k, K] int32 indices into the store, y [n_k, K], store [I_k, *item])`, with
+`draw`, `slots`, `input_dtype`, `input_shape` / `label_shape` of what the model sees; the round batches go
+through the same draw and `lookup`.
 """
 from __future__ import annotations
 

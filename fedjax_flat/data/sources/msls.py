@@ -215,21 +215,57 @@ def index(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, ma
           'files': folder_of, 'root': root, 'val_groups': val_groups}
 
 
+def training_tuples(ix, num_positives, neg_pool, seed):
+  """Every client's training tuples [n_k, 1 + P + pool] over the global image ids of `index` (vpr_places)."""
+  out = []
+  for k, (qs, ss) in enumerate(ix['groups']):
+    frames = np.concatenate([ix['seq_frames'][s] for s in ss]) if len(ss) else np.zeros((0,), np.int64)
+    out.append(vpr_places.client_tuples(qs, ix['pos'][qs], frames, ix['pos'][frames], num_positives=int(num_positives),
+                                        neg_pool=int(neg_pool), seed=int(seed) * 104729 + k))
+  return out
+
+
+def test_set(ix, size, seed):
+  """(test_x, test_y): the test cities' queries then database images, y = (easting, northing, role)."""
+  tq, tqp, tdb, tdp = [], [], [], []
+  for j, city in enumerate(ix['test']):
+    qk, qp, dk, dp, _ = _city(ix['root'], city, len(ix['train']) + j, 0, 0, int(seed))
+    base = os.path.join(ix['root'], 'train_val', city)
+    tq += [load_image(os.path.join(base, 'query'), k, size) for k in qk]
+    tdb += [load_image(os.path.join(base, 'database'), k, size) for k in dk]
+    tqp.append(qp.reshape(-1, 2))
+    tdp.append(dp.reshape(-1, 2))
+  return np.stack(tq + tdb), vpr_places.test_labels(np.concatenate(tqp), np.concatenate(tdp))
+
+
+def client_groups(ix):
+  """Per-client metadata (H-FL's clusters): the training city of most of the client's queries (every query of a
+  proximity client), and that city's continent (CONTINENT_OF)."""
+  city_of = np.array([np.bincount((ix['pos'][qs, 0] // CITY_SPACING).astype(np.int64)).argmax() if len(qs) else 0
+                      for qs, _ in ix['groups']], np.int64)
+  cont = np.array([CONTINENTS.index(CONTINENT_OF.get(c, 'other')) for c in ix['train']], np.int64)
+  return {'city': city_of, 'continent': cont[city_of]}
+
+
+def val_set(ix, size):
+  """(val_x, val_y): the held-out validation clients' queries and database frames, labelled as the test set."""
+  vq = [int(i) for qs, _ in ix['val_groups'] for i in qs]
+  vd = [int(i) for _, ss in ix['val_groups'] for s_ in ss for i in ix['seq_frames'][s_]]
+  x = (np.stack([load_image(*ix['files'][i], size) for i in vq + vd]) if vq else
+       np.zeros((0, size, size, 3), np.uint8))
+  return x, vpr_places.test_labels(ix['pos'][vq].reshape(-1, 2), ix['pos'][vd].reshape(-1, 2))
+
+
 def load(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, image_size=64, num_positives=2,
          num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0, val_clients=0,
          neg_pool=vpr_places.NEG_POOL):
   ix = index(data_dir, split, split_radius, num_clients, max_queries_per_city, max_sequences_per_city, seed,
              val_clients)
   train, test, groups_all, seq_frames_all = ix['train'], ix['test'], ix['groups'], ix['seq_frames']
-  all_pos, folder_of, root = ix['pos'], ix['files'], ix['root']
-  tv = os.path.join(root, 'train_val')
+  all_pos, folder_of = ix['pos'], ix['files']
   size = int(image_size)
   offset = len(all_pos)
-  tuples = []
-  for k, (qs, ss) in enumerate(groups_all):
-    frames = np.concatenate([seq_frames_all[s] for s in ss]) if len(ss) else np.zeros((0,), np.int64)
-    tuples.append(vpr_places.client_tuples(qs, all_pos[qs], frames, all_pos[frames], num_positives=int(num_positives),
-                                           neg_pool=int(neg_pool), seed=int(seed) * 104729 + k))
+  tuples = training_tuples(ix, num_positives, neg_pool, seed)
   # Decode only the images some tuple uses; the store is re-indexed densely.
   used = np.unique(np.concatenate([t[t >= 0] for t in tuples] + [np.zeros((0,), np.int64)]))
   remap = np.full(max(offset, 1), -1, np.int64)
@@ -237,32 +273,14 @@ def load(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, ima
   images = np.stack([load_image(*folder_of[i], size) for i in used]) if len(used) else np.zeros((0, size, size, 3),
                                                                                               np.uint8)
   tuples = [np.where(t >= 0, remap[np.maximum(t, 0)], -1) for t in tuples]
-  tq, tqp, tdb, tdp = [], [], [], []
-  for j, city in enumerate(test):
-    qk, qp, dk, dp, _ = _city(root, city, len(train) + j, 0, 0, int(seed))
-    base = os.path.join(tv, city)
-    tq += [load_image(os.path.join(base, 'query'), k, size) for k in qk]
-    tdb += [load_image(os.path.join(base, 'database'), k, size) for k in dk]
-    tqp.append(qp.reshape(-1, 2))
-    tdp.append(dp.reshape(-1, 2))
-  test_x = np.stack(tq + tdb)
-  test_y = vpr_places.test_labels(np.concatenate(tqp), np.concatenate(tdp))
+  test_x, test_y = test_set(ix, size, seed)
   data = vpr_places.tuple_dataset(images, tuples, int(num_positives), int(num_candidates), test_x, test_y,
                                   name=f'msls_{split}')
   data.split_stats = vpr_places.split_statistics(groups_all, [len(f) for f in seq_frames_all])
   data.train_cities, data.test_cities = tuple(train), tuple(test)
-  # Per-client metadata (H-FL's clusters): the training city of most of the client's queries (every query of a
-  # proximity client), and that city's continent (CONTINENT_OF).
-  city_of = np.array([np.bincount((all_pos[qs, 0] // CITY_SPACING).astype(np.int64)).argmax() if len(qs) else 0
-                      for qs, _ in groups_all], np.int64)
-  cont = np.array([CONTINENTS.index(CONTINENT_OF.get(c, 'other')) for c in train], np.int64)
-  data.client_groups = {'city': city_of, 'continent': cont[city_of]}
+  data.client_groups = client_groups(ix)
   # The held-out validation clients (val_clients): their queries and database frames, labelled as the test set.
-  vq = [int(i) for qs, _ in ix['val_groups'] for i in qs]
-  vd = [int(i) for _, ss in ix['val_groups'] for s_ in ss for i in seq_frames_all[s_]]
-  data.val_x = (np.stack([load_image(*folder_of[i], size) for i in vq + vd]) if vq else
-                np.zeros((0, size, size, 3), np.uint8))
-  data.val_y = vpr_places.test_labels(all_pos[vq].reshape(-1, 2), all_pos[vd].reshape(-1, 2))
+  data.val_x, data.val_y = val_set(ix, size)
   data.val_groups = ix['val_groups']
   data.tuple_index = data.x
   data.image_pos = all_pos[used]
