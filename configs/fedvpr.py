@@ -51,9 +51,10 @@ Published R@1 (%, mean +- std over runs):
              1000   400     61.7 +- 2.4   66.8 +- 0.5
              2000   200     58.8 +- 1.8   65.2 +- 0.9
              4000   100     57.3 +- 2.5   60.6 +- 1.0
-12 random clients are held out for validation (data.val_clients; data.val_x / val_y). Not reproduced exactly:
-the in-memory MSLS reader bounds
-the data with data.max_queries_per_city (see data/sources/msls.py).
+12 random clients are held out for validation (data.val_clients; data.val_x / val_y). The in-memory MSLS reader
+holds every image of the split (bounded by data.max_queries_per_city, see data/sources/msls.py); the whole of MSLS:
+`--config.dataset=msls_stream` (the same split and batches, each client's images decoded when its batches are
+built: data/sources/msls_stream.py).
 """
 from fedjax_flat.config import families as config_strings
 from fedjax_flat.config.default_config import default_config, segmentation_data

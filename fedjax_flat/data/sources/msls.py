@@ -25,8 +25,8 @@ mines the hardest at every step).
 
 Images are decoded with PIL (untrusted files: `errors.reading`) and resized to `image_size`; the whole
 federated set is held in memory (each image once, in the store the tuples index), so `max_queries_per_city` /
-`max_sequences_per_city` bound it (0 = all; the full MSLS, 1.6M images, needs a streamed ClientDataSource, which
-this reader is not).
+`max_sequences_per_city` bound it (0 = all; the full MSLS, 1.6M images: `msls_stream`, data/sources/msls_stream.py,
+the same split and batches with each client's images decoded when its batches are built).
 MSLS needs a manual download with a licence: `experiments/download.py --dataset=msls` prints the steps.
 """
 from __future__ import annotations
