@@ -211,3 +211,42 @@ def test_cache_pass_gives_the_one_pass_loss_and_gradient_of_vpr_resnet18():
   model = models.get_model('vpr_resnet18', 1, (7, 16, 16, 3), base_width=4, gn_groups=2)
   x = np.random.default_rng(0).uniform(0, 1, (3, 7, 16, 16, 3)).astype(np.float32)
   assert _one_and_two_pass(model, x, KINDS7, [1.0, 1.0, 0.0]) == 4.0
+
+
+class _TinyBNDescriptor(nn.Module):
+  """_TinyDescriptor with a BatchNorm layer (masked per tuple, as models/vpr.py's)."""
+  bn_momentum: float = 0.9
+
+  @nn.compact
+  def __call__(self, x, train: bool = False, *, use_running_average=None, mask=None):
+    lead = x.shape[:-3]
+    h = nn.Dense(16)(x.reshape((-1,) + (int(np.prod(x.shape[-3:])),)))
+    if mask is not None:
+      m = jnp.reshape(mask, (-1,))
+      mask = jnp.broadcast_to(m.reshape(m.shape[:1] + (1,) * (len(lead) - 1)), lead).reshape((-1, 1))
+    ura = (not train) if use_running_average is None else use_running_average
+    h = nn.BatchNorm(momentum=self.bn_momentum)(h, use_running_average=ura, mask=mask)
+    d = nn.Dense(6)(jnp.tanh(h))
+    return (d / jnp.sqrt(jnp.sum(d * d, -1, keepdims=True))).reshape(lead + (6,))
+
+
+def test_cache_pass_with_batch_norm_mines_with_running_statistics_and_trains_on_the_mined_slots():
+  """A BatchNorm model: the cache pass is in evaluation mode (running statistics, as the reference's cache under
+  model.eval()); the loss and the new running statistics are those of the training pass over the mined slots."""
+  model = from_flax(_TinyBNDescriptor(), 'tiny_bn', 1, (7, 4, 4, 3), batch_stats=True)
+  x = jnp.asarray(np.random.default_rng(1).uniform(0, 1, (3, 7, 4, 4, 3)).astype(np.float32))
+  kinds, mask = jnp.asarray(KINDS7), jnp.asarray([1.0, 1.0, 0.0])
+  params = model.init(jax.random.key(0), x[:1])
+  params['batch_stats'] = jax.tree_util.tree_map(lambda v: v + 0.3, params['batch_stats'])  # not the batch's
+  task = ret.Retrieval(num_negatives=2, margin=0.5)
+  total, (loss_sum, count, stats) = jax.jit(local.make_loss(model, task=task))(
+      params, {'x': x, 'y': kinds, 'mask': mask})
+  slots, k = task.select(model.apply(params, x, train=False), kinds)             # running statistics
+  xs = jnp.take_along_axis(x, slots[:, :, None, None, None], axis=1)
+  desc, want_stats = model.apply(params, xs, train=True, mask=mask, with_batch_stats=True)
+  want_sum, want_count = task.loss_sums(desc, k, mask)
+  assert float(count) == float(want_count) == 4.0 and float(loss_sum) > 0
+  np.testing.assert_allclose(float(loss_sum), float(want_sum), rtol=1e-5)
+  np.testing.assert_allclose(float(total), float(want_sum) / 4.0, rtol=1e-5)
+  for a, b in zip(jax.tree_util.tree_leaves(stats), jax.tree_util.tree_leaves(want_stats)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
