@@ -27,13 +27,15 @@ Either kind is computed city by city on blocks of `FEATURE_BLOCK` images (decode
 `val_clients` random clients of the split (the thesis: 12) leave training: data.val_x / val_y hold their
 queries and database frames (labelled as the test set), data.val_client the validation client of each of
 those images (the trainer evaluates each client's queries against its own database at every evaluation:
-val_recall@K), data.val_groups their (query, sequence) ids.
-Training examples are each client's query tuples: positives within 10 m and negative candidates beyond 25 m
-from the client's own database (tasks/retrieval.py mines the hardest at every step).
+val_recall@K), data.val_groups their (query, sequence) ids. Training examples are each client's query tuples over one
+image store: positives within 10 m and a pool of up to `neg_pool` negatives beyond 25 m from the client's own
+database, `num_candidates` of them drawn afresh each round (data/vpr_places.tuple_dataset; tasks/retrieval.py
+mines the hardest at every step).
 
 Images are decoded with PIL (untrusted files: `errors.reading`) and resized to `image_size`; the whole
-federated set is held in memory, so `max_queries_per_city` / `max_sequences_per_city` bound it (0 = all; the
-full MSLS, 1.6M images, needs a streamed ClientDataSource, which this reader is not).
+federated set is held in memory (each image once, in the store the tuples index), so `max_queries_per_city` /
+`max_sequences_per_city` bound it (0 = all; the full MSLS, 1.6M images: `msls_stream`, data/sources/msls_stream.py,
+the same split and batches with each client's images decoded when its batches are built).
 MSLS needs a manual download with a licence: `experiments/download.py --dataset=msls` prints the steps.
 """
 from __future__ import annotations
@@ -179,6 +181,15 @@ def _read_features(folder, keys, features):
 IMAGE_FEATURES = (vpr_places.image_statistic, FEATURE_SIZE)      # cluster_features='image'
 
 
+def cluster_features_of(cluster_features='image', cluster_params='', cluster_model='vpr_resnet18',
+                        cluster_image_size=0, image_size=64):
+  """The `features` argument of `index` for the config fields: None (the image statistic) or `model_features`
+  (the params file is read and checked here, before any image is decoded)."""
+  if cluster_features != 'model':
+    return None
+  return model_features(cluster_model, cluster_params, int(cluster_image_size) or int(image_size))
+
+
 def _city(root, city, index, max_queries, max_sequences, seed):
   """(query keys, query positions, database keys, database positions, sequence id per database frame)."""
   base = os.path.join(root, 'train_val', city)
@@ -201,11 +212,9 @@ def _city(root, city, index, max_queries, max_sequences, seed):
 
 def index(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, max_queries_per_city=0,
           max_sequences_per_city=0, seed=0, val_clients=0, features=None):
-  """The federated split from the CSVs alone (no image decoded but the clustering split's features): a dict
-  with the training cities, the test cities, `groups` [(query ids, sequence ids)], `seq_frames` (image ids per
-  sequence), `pos` [images, 2] and `files` [(folder, key)] of the training image store (each city's queries,
-  then its database frames). features: (fn images -> [n, d], image size) of the clustering split
-  (`model_features`); None = the image statistic (`IMAGE_FEATURES`)."""
+  """The federated split from the CSVs alone (no image decoded): a dict with the training cities, the test
+  cities, `groups` [(query ids, sequence ids)], `seq_frames` (image ids per sequence), `pos` [images, 2] and
+  `files` [(folder, key)] of the training image store (each city's queries, then its database frames)."""
   root = default_root(data_dir)
   tv = os.path.join(root, 'train_val')
   if not os.path.isdir(tv):
@@ -262,20 +271,65 @@ def index(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, ma
           'files': folder_of, 'root': root, 'val_groups': val_groups}
 
 
+def training_tuples(ix, num_positives, neg_pool, seed):
+  """Every client's training tuples [n_k, 1 + P + pool] over the global image ids of `index` (vpr_places)."""
+  out = []
+  for k, (qs, ss) in enumerate(ix['groups']):
+    frames = np.concatenate([ix['seq_frames'][s] for s in ss]) if len(ss) else np.zeros((0,), np.int64)
+    out.append(vpr_places.client_tuples(qs, ix['pos'][qs], frames, ix['pos'][frames], num_positives=int(num_positives),
+                                        neg_pool=int(neg_pool), seed=int(seed) * 104729 + k))
+  return out
+
+
+def test_set(ix, size, seed):
+  """(test_x, test_y): the test cities' queries then database images, y = (easting, northing, role)."""
+  tq, tqp, tdb, tdp = [], [], [], []
+  for j, city in enumerate(ix['test']):
+    qk, qp, dk, dp, _ = _city(ix['root'], city, len(ix['train']) + j, 0, 0, int(seed))
+    base = os.path.join(ix['root'], 'train_val', city)
+    tq += [load_image(os.path.join(base, 'query'), k, size) for k in qk]
+    tdb += [load_image(os.path.join(base, 'database'), k, size) for k in dk]
+    tqp.append(qp.reshape(-1, 2))
+    tdp.append(dp.reshape(-1, 2))
+  return np.stack(tq + tdb), vpr_places.test_labels(np.concatenate(tqp), np.concatenate(tdp))
+
+
+def client_groups(ix):
+  """Per-client metadata (H-FL's clusters): the training city of most of the client's queries (every query of a
+  proximity client), and that city's continent (CONTINENT_OF)."""
+  city_of = np.array([np.bincount((ix['pos'][qs, 0] // CITY_SPACING).astype(np.int64)).argmax() if len(qs) else 0
+                      for qs, _ in ix['groups']], np.int64)
+  cont = np.array([CONTINENTS.index(CONTINENT_OF.get(c, 'other')) for c in ix['train']], np.int64)
+  return {'city': city_of, 'continent': cont[city_of]}
+
+
+def val_set(ix, size):
+  """(val_x, val_y): the held-out validation clients' queries and database frames, labelled as the test set."""
+  vq = [int(i) for qs, _ in ix['val_groups'] for i in qs]
+  vd = [int(i) for _, ss in ix['val_groups'] for s_ in ss for i in ix['seq_frames'][s_]]
+  x = (np.stack([load_image(*ix['files'][i], size) for i in vq + vd]) if vq else
+       np.zeros((0, size, size, 3), np.uint8))
+  return x, vpr_places.test_labels(ix['pos'][vq].reshape(-1, 2), ix['pos'][vd].reshape(-1, 2))
+
+
+def val_client(ix):
+  """[len(val_x)]: the validation client of each image of `val_set` (its queries, then its database frames), so
+  that the trainer matches a client's queries with its own database only."""
+  return np.array([g for g, (qs, _) in enumerate(ix['val_groups']) for _ in qs]
+                  + [g for g, (_, ss) in enumerate(ix['val_groups']) for s_ in ss for _ in ix['seq_frames'][s_]],
+                  np.int64)
+
+
 def load(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, image_size=64, num_positives=2,
-         num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0, val_clients=0, features=None):
+         num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0, val_clients=0,
+         neg_pool=vpr_places.NEG_POOL, features=None):
   ix = index(data_dir, split, split_radius, num_clients, max_queries_per_city, max_sequences_per_city, seed,
              val_clients, features)
   train, test, groups_all, seq_frames_all = ix['train'], ix['test'], ix['groups'], ix['seq_frames']
-  all_pos, folder_of, root = ix['pos'], ix['files'], ix['root']
-  tv = os.path.join(root, 'train_val')
+  all_pos, folder_of = ix['pos'], ix['files']
   size = int(image_size)
   offset = len(all_pos)
-  tuples = []
-  for k, (qs, ss) in enumerate(groups_all):
-    frames = np.concatenate([seq_frames_all[s] for s in ss]) if len(ss) else np.zeros((0,), np.int64)
-    tuples.append(vpr_places.client_tuples(qs, all_pos[qs], frames, all_pos[frames], num_positives=int(num_positives),
-                                           num_candidates=int(num_candidates), seed=int(seed) * 104729 + k))
+  tuples = training_tuples(ix, num_positives, neg_pool, seed)
   # Decode only the images some tuple uses; the store is re-indexed densely.
   used = np.unique(np.concatenate([t[t >= 0] for t in tuples] + [np.zeros((0,), np.int64)]))
   remap = np.full(max(offset, 1), -1, np.int64)
@@ -283,38 +337,17 @@ def load(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, ima
   images = np.stack([load_image(*folder_of[i], size) for i in used]) if len(used) else np.zeros((0, size, size, 3),
                                                                                               np.uint8)
   tuples = [np.where(t >= 0, remap[np.maximum(t, 0)], -1) for t in tuples]
-  tq, tqp, tdb, tdp = [], [], [], []
-  for j, city in enumerate(test):
-    qk, qp, dk, dp, _ = _city(root, city, len(train) + j, 0, 0, int(seed))
-    base = os.path.join(tv, city)
-    tq += [load_image(os.path.join(base, 'query'), k, size) for k in qk]
-    tdb += [load_image(os.path.join(base, 'database'), k, size) for k in dk]
-    tqp.append(qp.reshape(-1, 2))
-    tdp.append(dp.reshape(-1, 2))
-  test_x = np.stack(tq + tdb)
-  test_y = vpr_places.test_labels(np.concatenate(tqp), np.concatenate(tdp))
+  test_x, test_y = test_set(ix, size, seed)
   data = vpr_places.tuple_dataset(images, tuples, int(num_positives), int(num_candidates), test_x, test_y,
                                   name=f'msls_{split}')
   data.split_stats = vpr_places.split_statistics(groups_all, [len(f) for f in seq_frames_all])
   data.train_cities, data.test_cities = tuple(train), tuple(test)
-  # Per-client metadata (H-FL's clusters): the training city of most of the client's queries (every query of a
-  # proximity client), and that city's continent (CONTINENT_OF).
-  city_of = np.array([np.bincount((all_pos[qs, 0] // CITY_SPACING).astype(np.int64)).argmax() if len(qs) else 0
-                      for qs, _ in groups_all], np.int64)
-  cont = np.array([CONTINENTS.index(CONTINENT_OF.get(c, 'other')) for c in train], np.int64)
-  data.client_groups = {'city': city_of, 'continent': cont[city_of]}
+  data.client_groups = client_groups(ix)
   # The held-out validation clients (val_clients): their queries and database frames, labelled as the test set.
-  vq = [int(i) for qs, _ in ix['val_groups'] for i in qs]
-  vd = [int(i) for _, ss in ix['val_groups'] for s_ in ss for i in seq_frames_all[s_]]
-  # The validation client of each of those images (the trainer matches a client's queries with its own database).
-  data.val_client = np.array([g for g, (qs, _) in enumerate(ix['val_groups']) for _ in qs]
-                             + [g for g, (_, ss) in enumerate(ix['val_groups']) for s_ in ss
-                                for _ in seq_frames_all[s_]], np.int64)
-  data.val_x = (np.stack([load_image(*folder_of[i], size) for i in vq + vd]) if vq else
-                np.zeros((0, size, size, 3), np.uint8))
-  data.val_y = vpr_places.test_labels(all_pos[vq].reshape(-1, 2), all_pos[vd].reshape(-1, 2))
+  data.val_x, data.val_y = val_set(ix, size)
+  data.val_client = val_client(ix)
   data.val_groups = ix['val_groups']
-  data.tuple_index = np.concatenate(tuples)
+  data.tuple_index = data.x
   data.image_pos = all_pos[used]
   return data
 
@@ -340,7 +373,9 @@ def split_table(data_dir='', radii=(1000.0, 2000.0, 4000.0), seed=0, max_queries
 
 FIELDS = dict(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, image_size=64, num_positives=2,
               num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0, val_clients=0,
-              cluster_features='image', cluster_params='', cluster_model='vpr_resnet18', cluster_image_size=0)
+              neg_pool=vpr_places.NEG_POOL, cluster_features='image', cluster_params='', cluster_model='vpr_resnet18',
+              cluster_image_size=0)
+CLUSTER_FIELDS = ('cluster_features', 'cluster_params', 'cluster_model', 'cluster_image_size')
 
 
 def _check_clustering(d):
@@ -377,7 +412,7 @@ def _check(d):
   v = d.get('val_clients', 0)
   if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
     raise ConfigError('data.val_clients', v, 'an integer >= 0 (the thesis holds out 12 clients)')
-  for k in ('image_size', 'num_positives', 'num_candidates'):
+  for k in ('image_size', 'num_positives', 'num_candidates', 'neg_pool'):
     if k in d and int(d[k]) < 1:
       raise ConfigError(f'data.{k}', d[k], 'an integer >= 1')
   if 'split_radius' in d and not (np.isfinite(float(d['split_radius'])) and float(d['split_radius']) > 0):
@@ -387,15 +422,15 @@ def _check(d):
 @register('msls', task='retrieval', fields=FIELDS, check=_check)
 def _msls(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, image_size=64, num_positives=2,
           num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0, val_clients=0,
-          cluster_features='image', cluster_params='', cluster_model='vpr_resnet18', cluster_image_size=0, **unused):
+          neg_pool=vpr_places.NEG_POOL, cluster_features='image', cluster_params='', cluster_model='vpr_resnet18',
+          cluster_image_size=0, **unused):
   del unused
+  cluster = dict(cluster_features=cluster_features, cluster_params=cluster_params, cluster_model=cluster_model,
+                 cluster_image_size=cluster_image_size)
   _check(dict(split=split, split_radius=split_radius, image_size=image_size, num_positives=num_positives,
-              num_candidates=num_candidates, val_clients=val_clients, cluster_features=cluster_features,
-              cluster_params=cluster_params, cluster_model=cluster_model, cluster_image_size=cluster_image_size))
-  features = None
-  if cluster_features == 'model':      # the params file is read and checked before any image is decoded
-    features = model_features(cluster_model, cluster_params, int(cluster_image_size) or int(image_size))
+              num_candidates=num_candidates, neg_pool=neg_pool, val_clients=val_clients, **cluster))
   return load(data_dir=data_dir, split=split, split_radius=split_radius, num_clients=num_clients,
               image_size=image_size, num_positives=num_positives, num_candidates=num_candidates,
               max_queries_per_city=max_queries_per_city, max_sequences_per_city=max_sequences_per_city, seed=seed,
-              val_clients=val_clients, features=features)
+              val_clients=val_clients, neg_pool=neg_pool,
+              features=cluster_features_of(**cluster, image_size=image_size))
