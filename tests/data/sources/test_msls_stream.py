@@ -36,6 +36,7 @@ def test_same_clients_batches_and_sets_as_the_in_memory_reader(data_dir):
   assert len(held[0].val_x) and held[0].num_clients == held[1].num_clients
   np.testing.assert_array_equal(held[0].val_x, held[1].val_x)
   np.testing.assert_array_equal(held[0].val_y, held[1].val_y)
+  np.testing.assert_array_equal(held[0].val_client, held[1].val_client)     # the trainer's validation groups
   for k in range(src.num_clients):
     for a, b in zip(src.client_examples(k), mem.client_examples(k)):
       np.testing.assert_array_equal(a, b)
@@ -55,6 +56,8 @@ def test_same_clients_batches_and_sets_as_the_in_memory_reader(data_dir):
 def test_bad_cache_size_is_one_config_error(data_dir):
   with pytest.raises(ConfigError, match='cache_clients'):
     registry.get_dataset('msls_stream', data_dir=data_dir, **{**KW, 'cache_clients': -1})
+  with pytest.raises(ConfigError, match='data.cluster_params'):     # msls's clustering-feature rules hold here too
+    registry.get_dataset('msls_stream', data_dir=data_dir, **{**KW, 'split': 'clustering', 'cluster_features': 'model'})
 
 
 @pytest.mark.slow   # a whole trainer (~80 s under load); the batches it trains on are checked by the first test
