@@ -205,6 +205,7 @@ def test_centralized_swa_that_never_averages_warns_and_reports_the_plain_model(c
   assert any('never averages' in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow   # over 30 s; fast: test_centralized_store_candidates_are_drawn_afresh_every_epoch_from_the_pool
 def test_centralized_retrieval_reports_recall_at_k():
   """Table 6.5's centralized row: the retrieval task trains on the pooled query tuples (triplet loss) and is
   evaluated by Recall@K on the server's test city, as the federated runs are."""
@@ -275,6 +276,9 @@ def test_centralized_store_candidates_are_drawn_afresh_every_epoch_from_the_pool
   res, params = _recorded(_store_config(), data)
   epochs, steps, b = 3, 3, 5
   assert len(seen) == epochs * steps and np.isfinite(res['final_test_accuracy'])
+  rec = res['epochs'][-1]         # retrieval: Recall@K of the test queries against the test database
+  assert 0.0 <= rec['test_accuracy'] <= rec['test_recall@5'] <= rec['test_recall@10'] <= 1.0
+  assert res['final_test_accuracy'] == rec['test_accuracy'] and np.isfinite(rec['train_loss'])
   assert len(fns) == 1 and fns[0]._cache_size() == 1          # one program for every epoch
   x, y = np.asarray(data.x), np.asarray(data.y)
   drawn = {}                                                   # (epoch, example) -> its candidates
