@@ -76,11 +76,13 @@ swa_teacher_start):
   evaluation/routed.py's; train.py evaluates the global model and every cluster model on the whole test set.
 """
 from fedjax_flat.config import families as config_strings
+from fedjax_flat.config import source_pretrain as source_section
 from fedjax_flat.config.default_config import default_config, segmentation_data
 
 FAMILY = 'configs/ladd.py'
 TARGETS = ('cityscapes', 'crosscity', 'mapillary', 'synthetic')
-METHODS = ('ladd_cls', 'ladd_all', 'fedavg_st', 'fed_oracle', 'ftda', 'central_oracle')
+METHODS = ('ladd_cls', 'ladd_all', 'fedavg_st', 'fed_oracle', 'ftda', 'central_oracle', 'source_only', 'source_fda',
+           'central_ftda')
 FIELDS = {'target': ('cityscapes', TARGETS), 'method': ('ladd_cls', METHODS)}
 
 # Table A.7 (Mapillary from the release): rounds, clients per round, client lr, lambda_KD, omega, t_start.
@@ -99,9 +101,17 @@ PUBLISHED = {
     ('mapillary', 'central_oracle'): (61.46, 0.21), ('mapillary', 'fed_oracle'): (49.91, 0.49),
     ('mapillary', 'fedavg_st'): (38.97, 0.21), ('mapillary', 'ladd_cls'): (40.16, 1.02),
     ('mapillary', 'ladd_all'): (38.78, 1.82),
+    ('cityscapes', 'source_only'): (24.05, 1.14), ('crosscity', 'source_only'): (26.49, 1.46),
+    ('mapillary', 'source_only'): (32.40, 0.71), ('cityscapes', 'central_ftda'): (65.74, 0.48),
 }
 CELLS = [f'{t},{m}' for t, m in PUBLISHED]
-ORACLES = ('fed_oracle', 'ftda', 'central_oracle')
+ORACLES = ('fed_oracle', 'ftda', 'central_oracle', 'central_ftda')
+PRETRAIN = ('source_only', 'source_fda')
+GTA5_SIZE = (1052, 1914)     # GTA5's image size (H, W); the few images of another size are resized at load
+# The release's source runs: configs/pretrain_<target>.txt (fda_inv: 10 source epochs, lr 5e-3, colour jitter) and
+# configs/cityscapes_centr_sourceonly.txt (100 source epochs, lr 0.05, no jitter); both poly 0.9, batch 16, hnm.
+SOURCE_RUN = {'source_fda': dict(style='fda', epochs=10, lr=5e-3, jitter=0.5),
+              'source_only': dict(style='none', epochs=100, lr=0.05, jitter=0.0)}
 
 
 def get_config(arg: str = ''):
@@ -110,8 +120,8 @@ def get_config(arg: str = ''):
   if method in ORACLES and target == 'crosscity':
     raise config_strings.ConfigStringError(FAMILY, f'crosscity,{method}', 'CrossCity has no target labels for '
                                            'training: its cells are ladd_cls, ladd_all, fedavg_st')
-  if method == 'ftda' and target not in ('cityscapes', 'synthetic'):
-    raise config_strings.ConfigStringError(FAMILY, f'{target},ftda', 'FTDA is published for Cityscapes only')
+  if method in ('ftda', 'central_ftda') and target not in ('cityscapes', 'synthetic'):
+    raise config_strings.ConfigStringError(FAMILY, f'{target},{method}', 'FTDA is published for Cityscapes only')
   oracle = method in ORACLES
   if target == 'synthetic':
     return _synthetic(method, oracle)
@@ -135,11 +145,21 @@ def get_config(arg: str = ''):
     c.rounds = 1500
     c.client.lr = ORACLE_LR[target]
     c.client.lr_schedule, c.client.lr_power, c.client.lr_poly_max = 'poly_round', 0.9, 1500
-    if method == 'ftda':
+    if method in ('ftda', 'central_ftda'):
       c.init.reinit_classifier = 'never'
     if method == 'central_oracle':
       c.centralized.epochs, c.centralized.lr, c.centralized.momentum = 100, ORACLE_LR[target], 0.9
       c.centralized.weight_decay, c.centralized.batch_size, c.centralized.schedule = 0.0, 16, 'cosine'
+    if method == 'central_ftda':      # the release's centralized FTDA phase 2 (configs/mapillary_centr_ftda.txt)
+      c.centralized.epochs, c.centralized.lr, c.centralized.momentum = 50, 5e-3, 0.9
+      c.centralized.weight_decay, c.centralized.batch_size, c.centralized.schedule = 0.0, 16, 'poly'
+  elif method in PRETRAIN:
+    c.algorithm = 'fedavg'           # not a federated run: experiments/pretrain_source.py reads source_pretrain
+    run = SOURCE_RUN[method]
+    c.source_pretrain = source_section.section(
+        dataset='gta5', style=run['style'], epochs=run['epochs'], lr=run['lr'], batch_size=16,
+        data=segmentation_data('gta5', target=target, image_size=GTA5_SIZE, crop=(512, 1024), scale=(0.7, 2.0),
+                               flip=False, jitter=run['jitter'], num_workers=8))
   else:
     c.algorithm = 'ladd'
     c.algo = {'cluster_layers': {'ladd_cls': 'decoder', 'ladd_all': 'all', 'fedavg_st': 'none'}[method],
@@ -169,10 +189,18 @@ def _synthetic(method, oracle):
   c.eval_every, c.eval_every_last, c.summary_last_k = 10, 10, 1
   if oracle:
     c.algorithm = 'fedavg'
-    if method == 'ftda':
+    if method in ('ftda', 'central_ftda'):
       c.init.reinit_classifier = 'never'
     if method == 'central_oracle':
       c.centralized.epochs, c.centralized.lr, c.centralized.batch_size = 50, 0.05, 16
+    if method == 'central_ftda':
+      c.centralized.epochs, c.centralized.lr, c.centralized.batch_size, c.centralized.schedule = 20, 0.01, 16, 'poly'
+  elif method in PRETRAIN:
+    c.algorithm = 'fedavg'
+    # benchmarks/studies/ladd_synthetic.py's pre-training: the in-memory source, 300 steps of 16, lr 0.05, a flip
+    c.source_pretrain = source_section.section(dataset='', style='fda' if method == 'source_fda' else 'none',
+                                               epochs=0, steps=300, lr=0.05, batch_size=16, checkpoint_every=100,
+                                               log_every=50, prefetch=2)
   else:
     c.algorithm = 'ladd'
     c.algo = {'cluster_layers': {'ladd_cls': 'cls', 'ladd_all': 'all', 'fedavg_st': 'none'}[method],

@@ -13,6 +13,9 @@ import os
 from fedjax_flat.errors import ConfigError
 
 RESULT_FILE = 'centralized.json'
+# cosine annealing; constant; poly: lr (1 - t / T) ** 0.9 (the LADD release's poly policy)
+SCHEDULES = ('cosine', 'constant', 'poly')
+POLY_POWER = 0.9
 
 
 def _finite(v) -> bool:
@@ -50,8 +53,8 @@ def validate(cfg) -> None:
   num('momentum', lambda v: 0 <= v < 1, 'a number in [0, 1)')
   num('weight_decay', lambda v: v >= 0 or v == -1, 'a number >= 0, or -1 (= client.weight_decay)')
   num('batch_size', lambda v: isinstance(v, numbers.Integral) and v >= 0, 'an integer >= 0 (0 = client.batch_size)')
-  if c.schedule not in ('cosine', 'constant'):
-    raise ConfigError('centralized.schedule', c.schedule, "allowed values: ['constant', 'cosine']")
+  if c.schedule not in SCHEDULES:
+    raise ConfigError('centralized.schedule', c.schedule, f'allowed values: {sorted(SCHEDULES)}')
   num('accuracy', lambda v: 0 <= v <= 1, 'a fraction in [0, 1] (summary.json accuracies are fractions; '
       '0 = no reference)')
   num('window', lambda v: isinstance(v, numbers.Integral) and v >= 1, 'an integer >= 1 (evaluations averaged)')

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import functools
+import glob
 import hashlib
 import io
 import json
@@ -256,7 +257,7 @@ def train(model, params, source, *, steps: int, batch_size: int = 16, lr: float 
       losses[:start] = done
       info['resumed_from_step'] = start
       log.info('source pre-training: resumed from step %d of %d (%s)', start, steps, checkpoint)
-  t0, last_log = time.time(), start
+  t0, t1, last_log = time.time(), None, start      # t1: after the first step (the rate leaves compilation out)
   pool = cf.ThreadPoolExecutor(max(1, int(prefetch)), thread_name_prefix='source-decode')
   load = lambda t: source.examples(batch_indices(seed, t, n, bs))     # noqa: E731
   try:
@@ -267,10 +268,13 @@ def train(model, params, source, *, steps: int, batch_size: int = 16, lr: float 
         raise FloatingPointError(f'source pre-training diverged at step {t + 1} (loss {losses[t]}); lower '
                                  'config.source_pretrain.lr')
       done = t + 1
+      if t1 is None:
+        t1 = time.time()
       if log_every and (done % log_every == 0 or done == steps):
-        rate = (done - start) / max(time.time() - t0, 1e-9)
+        rate = (done - start - 1) / max(time.time() - t1, 1e-9) if done - start > 1 else 0.0
         log.info('source pre-training step %d/%d: loss %.4f (mean of the last %d), %.2f steps/s, ETA %s', done,
-                 steps, float(losses[last_log:done].mean()), done - last_log, rate, _eta((steps - done) / rate))
+                 steps, float(losses[last_log:done].mean()), done - last_log, rate,
+                 _eta((steps - done) / rate) if rate > 0 else '?')
         last_log = done
       if checkpoint and checkpoint_every and done % checkpoint_every == 0 and done < steps:
         save_checkpoint(checkpoint, done, params, opt_state, losses, fp)
@@ -282,7 +286,8 @@ def train(model, params, source, *, steps: int, batch_size: int = 16, lr: float 
     save_checkpoint(checkpoint, steps, params, opt_state, losses, fp)
   wall = time.time() - t0
   info.update(wall_s=wall, steps_per_s=(steps - start) / max(wall, 1e-9), steps=steps, batch_size=bs,
-              num_examples=n)
+              num_examples=n, steps_per_s_after_first=(steps - start - 1) / max(time.time() - t1, 1e-9)
+              if t1 is not None and steps - start > 1 else None)
   return params, losses, info
 
 
@@ -333,7 +338,7 @@ def build_source(config, target):
                                "images (source_x / source_y): name the source dataset, e.g. 'gta5'")
     return ArraySource(target.source_x, target.source_y), None
   src = data_registry.get_dataset(s.dataset, **s.data.to_dict())
-  if tuple(src.class_names) != tuple(target.class_names):
+  if tuple(src.class_names) != tuple(getattr(target, 'class_names', ())):
     raise errors.ConfigError('source_pretrain.data.target', s.data.get('target'), f'the source is labelled with '
                              f'{len(src.class_names)} classes, the target {config.dataset!r} has '
                              f'{len(target.class_names)}: map the source onto the target\'s classes')
@@ -383,7 +388,10 @@ def run(config, workdir: str, *, fresh: bool = False, data=None, on_step: Option
   s = config.source_pretrain
   with workdir_lib.WorkdirLock(workdir):
     workdir = os.path.abspath(workdir)
-    workdir_lib.prepare(workdir)
+    workdir_lib.remove_interrupted_writes(workdir)
+    for pattern in (f'{CHECKPOINT}.*.tmp', f'{SOURCE_MODEL}.*.tmp'):     # this run's own half-written files
+      for p in glob.glob(os.path.join(glob.escape(workdir), pattern)):
+        os.remove(p)
     ckpt = os.path.join(workdir, CHECKPOINT)
     if fresh:
       for name in (CHECKPOINT, SOURCE_MODEL, 'metrics.jsonl', 'metrics.csv', 'summary.json', 'summary.md'):
@@ -423,6 +431,7 @@ def run(config, workdir: str, *, fresh: bool = False, data=None, on_step: Option
     _, eval_tf = transforms.make_transforms(config, target.num_classes)
     evaluate = evaluator_lib.make_evaluator(config, model, target, task, preprocess=eval_tf)
     res = evaluate(params)
+    class_names = list(getattr(target, 'class_names', None) or [str(i) for i in range(target.num_classes)])
     metrics.write({'round': steps, 'step': steps, **{f'test_{k}': v for k, v in res.items()}})
     metrics.close()
     summary = {'experiment': 'source pre-training', 'dataset': config.dataset, 'model': config.model,
@@ -431,15 +440,14 @@ def run(config, workdir: str, *, fresh: bool = False, data=None, on_step: Option
                'steps': steps, 'batch_size': info['batch_size'], 'seed': int(config.seed),
                'final_train_loss': float(losses[-max(1, int(s.log_every or 1)):].mean()),
                'final_test_miou': res['miou'], 'final_test_accuracy': res['accuracy'], 'final_test_loss': res['loss'],
-               'final_test_iou': res['iou'], 'class_names': list(target.class_names),
+               'final_test_iou': res['iou'], 'class_names': class_names,
                **{f'final_test_{k}': v for k, v in res.items() if k.endswith('_miou')},
                **_published(config, res['miou']),
                'source_model': model_path, 'resumed_from_step': info['resumed_from_step'],
                'wall_time_s': info['wall_s'], 'steps_per_s': info['steps_per_s']}
     writers.atomic_write(os.path.join(workdir, 'summary.json'),
                          lambda f: json.dump(summary, f, indent=2, default=float))
-    writers.atomic_write(os.path.join(workdir, 'summary.md'), lambda f: f.write(_summary_md(summary,
-                                                                                             target.class_names)))
+    writers.atomic_write(os.path.join(workdir, 'summary.md'), lambda f: f.write(_summary_md(summary, class_names)))
   return summary
 
 
