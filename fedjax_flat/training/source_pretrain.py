@@ -28,7 +28,8 @@ target's in-memory source), the target clients' styles (`fda.client_styles` over
 one client at a time: the bank the LADD trainer clusters), the streamed training with checkpoints every
 `checkpoint_every` steps (WORKDIR/pretrain_checkpoint.npz: params, optimizer state, step, losses, the run's
 fingerprint; atomic), then WORKDIR/source_model.npz and its evaluation on the target's test set (mIoU and
-per-class IoU, evaluation/evaluator.py) -> metrics.jsonl, summary.json / summary.md with config.published.
+per-class IoU, evaluation/evaluator.py) -> metrics.jsonl, summary.json / summary.md with config.published;
+the style bank is kept as WORKDIR/style_bank.npy.
 """
 from __future__ import annotations
 
@@ -69,11 +70,16 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT = 'pretrain_checkpoint.npz'
 SOURCE_MODEL = 'source_model.npz'
+STYLE_BANK = 'style_bank.npy'      # [K, 2b+1, 2b+1, 3] float32: the target clients' styles (source_fda)
 MEAN = STD = (0.5, 0.5, 0.5)      # the release's normalization of GTA5 and the targets
 
 
 class PretrainCheckpointError(errors.BadInputError):
   """The workdir's checkpoint belongs to another pre-training run (or is not one)."""
+
+
+class PretrainDivergedError(errors.OperationError):
+  """A non-finite source loss."""
 
 
 def normalize(x):
@@ -265,7 +271,7 @@ def train(model, params, source, *, steps: int, batch_size: int = 16, lr: float 
       params, opt_state, loss = step_fn(params, opt_state, x, y, jnp.int32(t))
       losses[t] = float(loss)
       if not np.isfinite(losses[t]):
-        raise FloatingPointError(f'source pre-training diverged at step {t + 1} (loss {losses[t]}); lower '
+        raise PretrainDivergedError(f'source pre-training diverged at step {t + 1} (loss {losses[t]}); lower '
                                  'config.source_pretrain.lr')
       done = t + 1
       if t1 is None:
@@ -389,12 +395,12 @@ def run(config, workdir: str, *, fresh: bool = False, data=None, on_step: Option
   with workdir_lib.WorkdirLock(workdir):
     workdir = os.path.abspath(workdir)
     workdir_lib.remove_interrupted_writes(workdir)
-    for pattern in (f'{CHECKPOINT}.*.tmp', f'{SOURCE_MODEL}.*.tmp'):     # this run's own half-written files
+    for pattern in (f'{CHECKPOINT}.*.tmp', f'{SOURCE_MODEL}.*.tmp', f'{STYLE_BANK}.*.tmp'):   # this run's own
       for p in glob.glob(os.path.join(glob.escape(workdir), pattern)):
         os.remove(p)
     ckpt = os.path.join(workdir, CHECKPOINT)
     if fresh:
-      for name in (CHECKPOINT, SOURCE_MODEL, 'metrics.jsonl', 'metrics.csv', 'summary.json', 'summary.md'):
+      for name in (CHECKPOINT, SOURCE_MODEL, STYLE_BANK, 'metrics.jsonl', 'metrics.csv', 'summary.json', 'summary.md'):
         if os.path.exists(os.path.join(workdir, name)):
           os.remove(os.path.join(workdir, name))
     writers.atomic_write(os.path.join(workdir, 'config.json'), lambda f: f.write(config.to_json_best_effort(indent=2)))
@@ -411,6 +417,7 @@ def run(config, workdir: str, *, fresh: bool = False, data=None, on_step: Option
       t0 = time.time()
       styles = fda.client_styles(target, int(s.fda_b), max_images=int(s.style_images))
       log.info('style bank: %d target clients, %s window, %.1f s', len(styles), styles.shape[1:], time.time() - t0)
+      writers.atomic_write(os.path.join(workdir, STYLE_BANK), lambda f: np.save(f, styles), mode='wb')
     task = tasks_lib.from_config(tasks_lib.task_of(target), config)
     steps = steps_of(config, source.num_examples)
     metrics = writers.MetricsWriter(workdir, tensorboard=False)
