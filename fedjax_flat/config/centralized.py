@@ -1,7 +1,7 @@
 """config.centralized: the centralized upper bound's fields and rules (the runner is training/centralized.py).
 
 `read_reference` reads a centralized run's `centralized.json` (or its workdir): the accuracy that summary.json's
-rounds_to_<X>pct_centralized are measured against.
+rounds_to_<X>pct_centralized are measured against (`rounds_to_centralized`, called by training/loop.py).
 """
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ import json
 import math
 import numbers
 import os
+from typing import Dict, List, Optional
+
+import numpy as np
 
 from fedjax_flat.errors import ConfigError
 
@@ -38,6 +41,49 @@ def read_reference(path: str) -> float:
   if not _finite(acc) or not 0 < acc <= 1:
     raise ValueError(f'{p} has no final_test_accuracy in (0, 1] (got {acc!r}); is it a centralized.json?')
   return float(acc)
+
+
+def reference_accuracy(config):
+  """(accuracy, source) of the configured centralized reference, or (None, None)."""
+  c = config.get('centralized')
+  if c is None:
+    return None, None
+  if c.path:
+    return read_reference(c.path), os.path.abspath(reference_path(c.path))
+  if c.accuracy:
+    return float(c.accuracy), 'config.centralized.accuracy'
+  return None, None
+
+
+def fraction_key(f: float) -> str:
+  return f'rounds_to_{100 * f:g}pct_centralized'
+
+
+def rounds_to(records: List[Dict], key: str, target: float, window: int = 1) -> Optional[int]:
+  """The first record's round where the mean of `key` over the last `window` records (fewer at the start)
+  reaches target."""
+  accs = []
+  for rec in records:
+    if rec.get(key) is None:
+      continue
+    accs.append(float(rec[key]))
+    if np.mean(accs[-window:]) >= target:
+      return int(rec['round'])
+  return None
+
+
+def rounds_to_centralized(records: List[Dict], config, model: str = 'global') -> Dict:
+  """summary.json fields: the centralized reference and the rounds to each fraction of it ({} if none)."""
+  acc, source = reference_accuracy(config)
+  if acc is None:
+    return {}
+  key = ('' if model == 'global' else f'{model}/') + 'test_accuracy'
+  c = config.centralized
+  out = {'centralized_accuracy': acc, 'centralized_source': source, 'rounds_to_centralized_window': int(c.window),
+         'rounds_to_centralized_model': model}
+  for f in c.fractions:
+    out[fraction_key(f)] = rounds_to(records, key, f * acc, int(c.window))
+  return out
 
 
 def validate(cfg) -> None:

@@ -55,7 +55,9 @@ import optax
 
 from fedjax_flat.tasks import base as tasks_lib
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.config.centralized import POLY_POWER, RESULT_FILE, read_reference, reference_path  # noqa: F401 (re-exported)
+# re-exported: the reference and rounds-to-X live with config.centralized (training/loop.py reads them there)
+from fedjax_flat.config.centralized import (POLY_POWER, RESULT_FILE, fraction_key, read_reference,  # noqa: F401
+                                            reference_accuracy, reference_path, rounds_to, rounds_to_centralized)
 from fedjax_flat.evaluation.evaluator import Evaluator, RetrievalEvaluator
 from fedjax_flat.tasks import retrieval as ret_tasks
 from fedjax_flat.data import registry as data_registry
@@ -65,48 +67,6 @@ from fedjax_flat.config import validate as validate_lib
 from fedjax_flat.optimizers.client import client_optimizer
 from fedjax_flat.optimizers.schedules import swa_cyclic_lr
 from fedjax_flat.training import init as init_lib
-
-def reference_accuracy(config):
-  """(accuracy, source) of the configured centralized reference, or (None, None)."""
-  c = config.get('centralized')
-  if c is None:
-    return None, None
-  if c.path:
-    return read_reference(c.path), os.path.abspath(reference_path(c.path))
-  if c.accuracy:
-    return float(c.accuracy), 'config.centralized.accuracy'
-  return None, None
-
-
-def fraction_key(f: float) -> str:
-  return f'rounds_to_{100 * f:g}pct_centralized'
-
-
-def rounds_to(records: List[Dict], key: str, target: float, window: int = 1) -> Optional[int]:
-  """The first record's round where the mean of `key` over the last `window` records (fewer at the start)
-  reaches target."""
-  accs = []
-  for rec in records:
-    if rec.get(key) is None:
-      continue
-    accs.append(float(rec[key]))
-    if np.mean(accs[-window:]) >= target:
-      return int(rec['round'])
-  return None
-
-
-def rounds_to_centralized(records: List[Dict], config, model: str = 'global') -> Dict:
-  """summary.json fields: the centralized reference and the rounds to each fraction of it ({} if none)."""
-  acc, source = reference_accuracy(config)
-  if acc is None:
-    return {}
-  key = ('' if model == 'global' else f'{model}/') + 'test_accuracy'
-  c = config.centralized
-  out = {'centralized_accuracy': acc, 'centralized_source': source, 'rounds_to_centralized_window': int(c.window),
-         'rounds_to_centralized_model': model}
-  for f in c.fractions:
-    out[fraction_key(f)] = rounds_to(records, key, f * acc, int(c.window))
-  return out
 
 
 # ----------------------------------------------------------------------------------------------------
