@@ -235,12 +235,13 @@ def train(model, params, source, *, steps: int, batch_size: int = 16, lr: float 
           momentum: float = 0.9, styles: Optional[np.ndarray] = None, style_size: Optional[Sequence[int]] = None,
           fda_b: int = fda.FDA_B, task=None, seed: int = 0, augment: Optional[Callable] = None,
           prep: Callable = normalize, checkpoint: Optional[str] = None, checkpoint_every: int = 0,
-          log_every: int = 0, prefetch: int = 2, on_step: Optional[Callable] = None, run_id: str = ''
-          ) -> Tuple[object, np.ndarray, Dict]:
+          log_every: int = 0, prefetch: int = 2, on_step: Optional[Callable] = None, run_id: str = '',
+          on_start: Optional[Callable] = None) -> Tuple[object, np.ndarray, Dict]:
   """Trains `params` for `steps` steps on `source` (`num_examples`, `examples(indices) -> (x, y)`); returns
   (params, losses [steps], info). With `checkpoint` (a path) the run resumes from it when present and writes it
   every `checkpoint_every` steps, refusing a checkpoint of another run (`run_id`: what else defines it, e.g. the
-  config). on_step(t, loss) is called after step t (1-based)."""
+  config). on_start(first step) is called once the checkpoint (if any) is accepted, on_step(t, loss) after step t
+  (1-based)."""
   if steps < 1 or batch_size < 1:
     raise ValueError(f'steps={steps} and batch_size={batch_size} must be >= 1')
   n = int(source.num_examples)
@@ -263,6 +264,8 @@ def train(model, params, source, *, steps: int, batch_size: int = 16, lr: float 
       losses[:start] = done
       info['resumed_from_step'] = start
       log.info('source pre-training: resumed from step %d of %d (%s)', start, steps, checkpoint)
+  if on_start is not None:
+    on_start(start)
   t0, t1, last_log = time.time(), None, start      # t1: after the first step (the rate leaves compilation out)
   pool = cf.ThreadPoolExecutor(max(1, int(prefetch)), thread_name_prefix='source-decode')
   load = lambda t: source.examples(batch_indices(seed, t, n, bs))     # noqa: E731
@@ -403,7 +406,6 @@ def run(config, workdir: str, *, fresh: bool = False, data=None, on_step: Option
       for name in (CHECKPOINT, SOURCE_MODEL, STYLE_BANK, 'metrics.jsonl', 'metrics.csv', 'summary.json', 'summary.md'):
         if os.path.exists(os.path.join(workdir, name)):
           os.remove(os.path.join(workdir, name))
-    writers.atomic_write(os.path.join(workdir, 'config.json'), lambda f: f.write(config.to_json_best_effort(indent=2)))
     target = data if data is not None else data_registry.get_dataset(config.dataset, **config.data.to_dict())
     source, aug = build_source(config, target)
     model = model_registry.get_model(config.model, target.num_classes, target.input_shape,
@@ -421,7 +423,12 @@ def run(config, workdir: str, *, fresh: bool = False, data=None, on_step: Option
     task = tasks_lib.from_config(tasks_lib.task_of(target), config)
     steps = steps_of(config, source.num_examples)
     metrics = writers.MetricsWriter(workdir, tensorboard=False)
-    metrics.load_existing(0 if fresh or not os.path.exists(ckpt) else _checkpoint_step(ckpt))
+
+    def start(first):       # the checkpoint (if any) is this run's: its config and training records are kept
+      writers.atomic_write(os.path.join(workdir, 'config.json'),
+                           lambda f: f.write(config.to_json_best_effort(indent=2)))
+      _drop_evaluations(metrics.jsonl_path)
+      metrics.load_existing(first)
 
     def record(t, loss):
       if s.log_every and (t % s.log_every == 0 or t == steps):
@@ -432,7 +439,7 @@ def run(config, workdir: str, *, fresh: bool = False, data=None, on_step: Option
         model, params, source, steps=steps, batch_size=int(s.batch_size), lr=float(s.lr), power=float(s.power),
         momentum=float(s.momentum), styles=styles, style_size=tuple(target.input_shape[:2]), fda_b=int(s.fda_b),
         task=task, seed=int(config.seed), augment=aug, checkpoint=ckpt, checkpoint_every=int(s.checkpoint_every),
-        log_every=int(s.log_every), prefetch=int(s.prefetch), on_step=record, run_id=_run_id(config))
+        log_every=int(s.log_every), prefetch=int(s.prefetch), on_step=record, run_id=_run_id(config), on_start=start)
     model_path = os.path.join(workdir, SOURCE_MODEL)
     save_source_model(model_path, params)
     _, eval_tf = transforms.make_transforms(config, target.num_classes)
@@ -472,10 +479,18 @@ def _run_id(config) -> str:
                     sort_keys=True, default=str)
 
 
-def _checkpoint_step(path: str) -> int:
-  """The step of a checkpoint file (0 when unreadable: the load reports it)."""
-  try:
-    with np.load(path, allow_pickle=False) as z:
-      return int(z['step'])
-  except Exception:  # noqa: BLE001 -- a malformed file is reported by load_checkpoint with its fix
-    return 0
+def _drop_evaluations(path: str) -> None:
+  """metrics.jsonl without the final evaluation of an earlier process (a resumed run evaluates again)."""
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    lines = [line for line in f if line.strip()]
+  keep = []
+  for line in lines:
+    try:
+      r = json.loads(line)
+    except json.JSONDecodeError:
+      break          # a torn last line
+    if not any(k.startswith('test_') for k in r):
+      keep.append(line if line.endswith('\n') else line + '\n')
+  writers.atomic_write(path, lambda f: f.writelines(keep))

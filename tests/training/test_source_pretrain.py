@@ -215,10 +215,17 @@ def test_run_writes_the_source_model_and_its_target_evaluation(tmp_path, trees):
   written = P.load_source_model(model, fresh, summary['source_model'])
   for u, v in zip(_leaves(loaded), _leaves(written)):
     np.testing.assert_array_equal(u, v)
-  # rerun: the finished checkpoint is found, nothing retrained, the same model
+  # rerun: the finished checkpoint is found, nothing retrained, the same model, one final evaluation record
   before = open(summary['source_model'], 'rb').read()
   again = P.run(c, wd)
   assert again['resumed_from_step'] == 3 and open(summary['source_model'], 'rb').read() == before
+  assert [json.loads(line)['step'] for line in open(os.path.join(wd, 'metrics.jsonl'))] == [1, 2, 3, 3]
+  # another setting in the same workdir: refused before anything of the earlier run is overwritten
+  config_json = open(os.path.join(wd, 'config.json')).read()
+  s.lr = 0.5
+  with pytest.raises(P.PretrainCheckpointError, match='another pre-training run'):
+    P.run(c, wd)
+  assert open(os.path.join(wd, 'config.json')).read() == config_json
 
 
 def test_published_source_only_number_is_compared():
