@@ -411,7 +411,8 @@ def run(config, workdir: str, *, fresh: bool = False, data=None, on_step: Option
     model = model_registry.get_model(config.model, target.num_classes, target.input_shape,
                                      **config.model_kwargs.to_dict())
     key = jax.random.PRNGKey(config.seed)
-    params = model.init(jax.random.fold_in(key, 0), jnp.zeros((1,) + tuple(target.input_shape), jnp.float32))
+    # jitted: one compiled init (cached), where the eager one dispatches every initializer op by op
+    params = jax.jit(model.init)(jax.random.fold_in(key, 0), jnp.zeros((1,) + tuple(target.input_shape), jnp.float32))
     if init_lib.requested(config):          # e.g. ImageNet MobileNetV2 weights (the release's backbone)
       params = jax.tree_util.tree_map(jnp.asarray, init_lib.initial_params(config, model, jax.device_get(params)))
     styles = None

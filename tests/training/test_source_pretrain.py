@@ -16,6 +16,8 @@ from fedjax_flat.data.sources import ladd_data as L
 from fedjax_flat.data.sources import seg_synthetic_da as D
 from fedjax_flat.data.transforms import fda
 from fedjax_flat.errors import ConfigError, DataFormatError
+from fedjax_flat.models import pretrained
+from fedjax_flat.models.base import fast_init
 from fedjax_flat.models.registry import get_model
 from fedjax_flat.training import init as init_lib
 from fedjax_flat.training import source_pretrain as P
@@ -96,19 +98,22 @@ def _leaves(t):
 
 
 @pytest.fixture(scope='module')
-def small():
+def small(trees):
+  """seg_cnn for GTA5's 16 x 24 images, and the settings both file tests share (one compiled step: the session's
+  compilation cache serves every train() call after the first)."""
   model = get_model('seg_cnn', num_classes=19, input_shape=(16, 24, 3), width=4, aux=False)
-  return model, model.init(jax.random.PRNGKey(0), jnp.zeros((1, 16, 24, 3)))
+  params0 = fast_init(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 16, 24, 3)))
+  x, _ = _gta5(trees[0]).examples(range(3))
+  styles = np.asarray(fda.extract_styles(fda.to_unit(x)))
+  return model, params0, dict(steps=4, batch_size=3, lr=0.05, seed=1, styles=styles)
 
 
 def test_streamed_from_files_equals_in_memory(trees, small):
   d, _, _, _ = trees
-  model, params0 = small
+  model, params0, kw = small
   src = _gta5(d)
   assert src.num_examples == 6
   x, y = src.examples(range(src.num_examples))          # the same images, decoded once, held in memory
-  styles = np.asarray(fda.extract_styles(fda.to_unit(x[:3])))
-  kw = dict(steps=4, batch_size=3, lr=0.05, seed=1, styles=styles)
   mem, lm = P.pretrain_source(model, params0, x, y, **kw)
   streamed, ls, info = P.train(model, params0, src, prefetch=2, **kw)
   assert info['num_examples'] == 6 and info['batch_size'] == 3
@@ -148,9 +153,8 @@ def test_style_bank_is_the_mean_style_of_each_target_client(trees):
 
 def test_a_killed_run_resumes_bit_identically(tmp_path, trees, small):
   d, _, _, _ = trees
-  model, params0 = small
+  model, params0, kw = small
   src = _gta5(d)
-  kw = dict(steps=6, batch_size=2, lr=0.05, seed=2)
   full, lf, _ = P.train(model, params0, src, **kw)
   ck = str(tmp_path / 'ck.npz')
 
@@ -158,14 +162,14 @@ def test_a_killed_run_resumes_bit_identically(tmp_path, trees, small):
     pass
 
   def kill(t, loss):
-    if t == 5:          # after the checkpoint of step 4, before the next
+    if t == 3:          # after the checkpoint of step 2, before the next
       raise Killed
   with pytest.raises(Killed):
     P.train(model, params0, src, checkpoint=ck, checkpoint_every=2, on_step=kill, **kw)
   with np.load(ck) as z:
-    assert int(z['step']) == 4
+    assert int(z['step']) == 2
   again, la, info = P.train(model, params0, src, checkpoint=ck, checkpoint_every=2, **kw)
-  assert info['resumed_from_step'] == 4
+  assert info['resumed_from_step'] == 2
   np.testing.assert_array_equal(lf, la)
   for u, v in zip(_leaves(full), _leaves(again)):
     np.testing.assert_array_equal(u, v)
@@ -186,6 +190,7 @@ def _ladd(spec, d, split, wd=None):
   return c
 
 
+@pytest.mark.slow   # ~20 s of CPU (four compiled programs); default suite: the tests above and below
 def test_run_writes_the_source_model_and_its_target_evaluation(tmp_path, trees):
   d, split, _, _ = trees
   c = _ladd('cityscapes,source_fda', d, split)
@@ -210,7 +215,7 @@ def test_run_writes_the_source_model_and_its_target_evaluation(tmp_path, trees):
   ladd = _ladd('cityscapes,fedavg_st', d, split)
   ladd.init.pretrained = summary['source_model']
   model = get_model('seg_cnn', num_classes=19, input_shape=(16, 32, 3), width=4, norm='bn', aux=False)
-  fresh = jax.device_get(model.init(jax.random.PRNGKey(5), jnp.zeros((1, 16, 32, 3))))
+  fresh = jax.tree_util.tree_map(np.zeros_like, pretrained.read_params(summary['source_model']))   # a stand-in init
   loaded = init_lib.initial_params(ladd, model, fresh)
   written = P.load_source_model(model, fresh, summary['source_model'])
   for u, v in zip(_leaves(loaded), _leaves(written)):
@@ -226,6 +231,40 @@ def test_run_writes_the_source_model_and_its_target_evaluation(tmp_path, trees):
   with pytest.raises(P.PretrainCheckpointError, match='another pre-training run'):
     P.run(c, wd)
   assert open(os.path.join(wd, 'config.json')).read() == config_json
+
+
+def test_run_pieces_source_steps_and_records(trees, tmp_path):
+  """What run() assembles, without training: the streamed source with the release's augmentation, the step count
+  of the epochs, the class check, and a resumed run's metrics keep only the training records."""
+  d, split, _, _ = trees
+  c = _ladd('cityscapes,source_only', d, split)
+  s = c.source_pretrain
+  s.data.data_dir, s.data.root, s.data.image_size, s.data.num_workers = d, os.path.join(d, 'gta5'), (16, 24), 1
+  s.data.crop = (8, 12)
+  target = L.target_source('cityscapes', d, split_dir=split, image_size=(16, 32), num_workers=1)
+  src, aug = P.build_source(c, target)
+  assert src.num_examples == 6 and aug is not None and not aug.needs_client
+  assert P.steps_of(c, src.num_examples) == 100 * 1      # 100 epochs of ceil(6 / 16) = 1 step
+  s.steps = 7
+  assert P.steps_of(c, 6) == 7
+  out = aug(jax.random.PRNGKey(0), {'x': jnp.zeros((2, 16, 24, 3)), 'y': jnp.zeros((2, 16, 24), jnp.uint8),
+                                    'mask': jnp.ones(2)})
+  assert out['x'].shape == (2, 8, 12, 3) and out['y'].dtype == jnp.int32      # the source section's crop
+  s.data.target = 'crosscity'                             # 13 GTA5 classes for a 19-class target
+  with pytest.raises(ConfigError, match='source_pretrain.data.target'):
+    P.build_source(c, target)
+  with pytest.raises(ConfigError, match='carries no source images'):
+    P.build_source(_no_source(c), target)
+  path = tmp_path / 'metrics.jsonl'
+  path.write_text('{"round": 1, "step": 1, "train_loss": 2.0}\n{"round": 2, "step": 2, "test_miou": 0.1}\n{"torn')
+  P._drop_evaluations(str(path))
+  assert path.read_text() == '{"round": 1, "step": 1, "train_loss": 2.0}\n'
+
+
+def _no_source(c):
+  c = c.copy_and_resolve_references()
+  c.source_pretrain.dataset = ''
+  return c
 
 
 def test_published_source_only_number_is_compared():
