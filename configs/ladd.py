@@ -187,9 +187,9 @@ def get_config(arg: str = ''):
     c.algorithm = 'fedavg'           # not a federated run: experiments/pretrain_source.py reads source_pretrain
     run = SOURCE_RUN[method]
     c.source_pretrain = source_section.section(
-        dataset='gta5', style=run['style'], epochs=run['epochs'], lr=run['lr'], batch_size=16,
+        dataset='gta5', style=run['style'], epochs=run['epochs'], lr=run['lr'], batch_size=16, prefetch=8,
         data=segmentation_data('gta5', target=target, image_size=GTA5_SIZE, crop=(512, 1024), scale=(0.7, 2.0),
-                               flip=False, jitter=run['jitter'], num_workers=8))
+                               flip=False, jitter=run['jitter']))
   else:
     c.algorithm = 'ladd'
     c.algo = {'cluster_layers': {'ladd_cls': 'decoder', 'ladd_all': 'all', 'fedavg_st': 'none'}[method],

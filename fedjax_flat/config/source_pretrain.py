@@ -14,7 +14,8 @@ The section exists only in the configs that pre-train (configs/ladd.py's source_
   batch_size, lr, power, momentum: SGD with momentum, lr_t = lr (1 - t / T) ** power
   checkpoint_every steps between checkpoints in the workdir (0 = none before the end)
   log_every        steps between progress lines and metrics.jsonl training records
-  prefetch         steps decoded ahead on the host's thread pool
+  prefetch         steps decoded ahead, each on its own thread of the host's pool (the source's images are read
+                   by `examples(indices)`; its data.num_workers pool is not used)
 
 `validate(cfg)` checks the scalar fields here (one ConfigError naming the field); config/validate.py checks the
 source's data section against its dataset's declared fields.

@@ -468,11 +468,12 @@ def run(config, workdir: str, *, fresh: bool = False, data=None, on_step: Option
 
 def _run_id(config) -> str:
   """What of the config defines the pre-training's bits (not its logging / checkpoint cadence or worker counts)."""
+  where = ('num_workers', 'cache_clients', 'data_dir', 'root')      # how and where, not what: data may move
   s = config.source_pretrain.to_dict()
   for k in ('checkpoint_every', 'log_every', 'prefetch'):
     s.pop(k, None)
-  s.get('data', {}).pop('num_workers', None)
-  data = {k: v for k, v in config.data.to_dict().items() if k not in ('num_workers', 'cache_clients')}
+  s['data'] = {k: v for k, v in s.get('data', {}).items() if k not in where}
+  data = {k: v for k, v in config.data.to_dict().items() if k not in where}
   return json.dumps({'source_pretrain': s, 'dataset': config.dataset, 'data': data, 'model': config.model,
                      'model_kwargs': config.model_kwargs.to_dict(), 'seed': config.seed,
                      'segmentation': config.get('segmentation', {}) and config.segmentation.to_dict(),
