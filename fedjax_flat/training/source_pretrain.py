@@ -268,14 +268,15 @@ def train(model, params, source, *, steps: int, batch_size: int = 16, lr: float 
     on_start(start)
   t0, t1, last_log = time.time(), None, start      # t1: after the first step (the rate leaves compilation out)
   pool = cf.ThreadPoolExecutor(max(1, int(prefetch)), thread_name_prefix='source-decode')
-  load = lambda t: source.examples(batch_indices(seed, t, n, bs))     # noqa: E731
+  # decoded and copied to the device on the pool's threads, ahead of the step that takes them
+  load = lambda t: jax.device_put(source.examples(batch_indices(seed, t, n, bs)))     # noqa: E731
   try:
     for t, (x, y) in prefetch_map(pool, load, range(start, steps), max(1, int(prefetch))):
       params, opt_state, loss = step_fn(params, opt_state, x, y, jnp.int32(t))
       losses[t] = float(loss)
       if not np.isfinite(losses[t]):
         raise PretrainDivergedError(f'source pre-training diverged at step {t + 1} (loss {losses[t]}); lower '
-                                 'config.source_pretrain.lr')
+                                    'config.source_pretrain.lr')
       done = t + 1
       if t1 is None:
         t1 = time.time()
