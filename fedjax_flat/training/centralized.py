@@ -16,6 +16,11 @@ model is their plain mean, evaluated after each epoch as swa/test_*, and it is t
 (final_test_accuracy; the plain model's is final_test_accuracy_base). The thesis gives no centralized SWA
 schedule beyond the federated one; BatchNorm statistics are averaged like the weights (no recomputation pass).
 
+Initial weights: the model's init, or `config.init` (training/init.py: a params file `init.pretrained`, another
+run's model `init.checkpoint`; `init.reinit_classifier='never'` keeps the loaded classifier), e.g. LADD's
+centralized FTDA from the source model of experiments/pretrain_source.py. The loss is the dataset's task with the
+config's settings (tasks/base.from_config: config.segmentation's OHEM).
+
 Every epoch is one compiled program (a scan over its batches, gathered from the device copy of the data by a
 permutation keyed by (seed, epoch); the per-step learning rates and the epoch are inputs, so every epoch runs the
 same program); the test set is evaluated after every epoch.
@@ -41,8 +46,8 @@ JSON or its workdir). The round resolution is `eval_every` (and every round of t
 
 Config fields (`config.centralized`, config/default_config.py):
   epochs, lr (0 = client.lr), momentum, weight_decay (-1 = client.weight_decay), batch_size (0 =
-  client.batch_size), schedule ('cosine' | 'constant'): the centralized run (client.optimizer / rho /
-  asam_eta and config.swa as above);
+  client.batch_size), schedule ('cosine' | 'constant' | 'poly': lr (1 - t / T) ** 0.9, the LADD release's): the
+  centralized run (client.optimizer / rho / asam_eta and config.swa as above);
   accuracy, path, fractions, window: the federated run's reference and its rounds-to-X metric.
 """
 from __future__ import annotations
@@ -61,7 +66,9 @@ import optax
 
 from fedjax_flat.tasks import base as tasks_lib
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.config.centralized import RESULT_FILE, read_reference, reference_path  # noqa: F401 (re-exported)
+# re-exported: the reference and rounds-to-X live with config.centralized (training/loop.py reads them there)
+from fedjax_flat.config.centralized import (POLY_POWER, RESULT_FILE, fraction_key, read_reference,  # noqa: F401
+                                            reference_accuracy, reference_path, rounds_to, rounds_to_centralized)
 from fedjax_flat.evaluation.evaluator import Evaluator, RetrievalEvaluator
 from fedjax_flat.tasks import retrieval as ret_tasks
 from fedjax_flat.data import batching
@@ -73,48 +80,7 @@ from fedjax_flat.data.transforms import pipeline as transforms
 from fedjax_flat.config import validate as validate_lib
 from fedjax_flat.optimizers.client import client_optimizer
 from fedjax_flat.optimizers.schedules import swa_cyclic_lr
-
-def reference_accuracy(config):
-  """(accuracy, source) of the configured centralized reference, or (None, None)."""
-  c = config.get('centralized')
-  if c is None:
-    return None, None
-  if c.path:
-    return read_reference(c.path), os.path.abspath(reference_path(c.path))
-  if c.accuracy:
-    return float(c.accuracy), 'config.centralized.accuracy'
-  return None, None
-
-
-def fraction_key(f: float) -> str:
-  return f'rounds_to_{100 * f:g}pct_centralized'
-
-
-def rounds_to(records: List[Dict], key: str, target: float, window: int = 1) -> Optional[int]:
-  """The first record's round where the mean of `key` over the last `window` records (fewer at the start)
-  reaches target."""
-  accs = []
-  for rec in records:
-    if rec.get(key) is None:
-      continue
-    accs.append(float(rec[key]))
-    if np.mean(accs[-window:]) >= target:
-      return int(rec['round'])
-  return None
-
-
-def rounds_to_centralized(records: List[Dict], config, model: str = 'global') -> Dict:
-  """summary.json fields: the centralized reference and the rounds to each fraction of it ({} if none)."""
-  acc, source = reference_accuracy(config)
-  if acc is None:
-    return {}
-  key = ('' if model == 'global' else f'{model}/') + 'test_accuracy'
-  c = config.centralized
-  out = {'centralized_accuracy': acc, 'centralized_source': source, 'rounds_to_centralized_window': int(c.window),
-         'rounds_to_centralized_model': model}
-  for f in c.fractions:
-    out[fraction_key(f)] = rounds_to(records, key, f * acc, int(c.window))
-  return out
+from fedjax_flat.training import init as init_lib
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -214,9 +180,11 @@ def epoch_lrs(hp, epoch: int, steps_per_epoch: int) -> np.ndarray:
   if s and s['cyclic_lr'] and epoch >= s['start_epoch']:
     return np.full(steps_per_epoch, float(swa_cyclic_lr(s['lr1'], s['lr2'], s['cycle'])(epoch)), np.float32)
   steps = epoch * steps_per_epoch + np.arange(steps_per_epoch)
+  total = hp['epochs'] * steps_per_epoch
   if hp['schedule'] == 'cosine':
-    total = hp['epochs'] * steps_per_epoch
     return np.asarray(optax.cosine_decay_schedule(hp['lr'], total)(steps), np.float32)
+  if hp['schedule'] == 'poly':
+    return np.asarray(optax.polynomial_schedule(hp['lr'], 0.0, POLY_POWER, total)(steps), np.float32)
   return np.full(steps_per_epoch, hp['lr'], np.float32)
 
 
@@ -262,14 +230,15 @@ def make_epoch_fn(model, task, hp, tx, augment_fn=None, *, indexed: bool = False
   return jax.jit(epoch, donate_argnums=(0, 1))
 
 
-def train(config, workdir: Optional[str] = None, *, data=None, on_epoch=None) -> Dict:
+def train(config, workdir: Optional[str] = None, *, data=None, on_epoch=None, on_init=None) -> Dict:
   """Trains the centralized baseline; returns (and writes to WORKDIR/centralized.json) its result.
 
-  on_epoch(epoch, params, swa_params or None): called after every epoch (1-based) with the end-of-epoch weights."""
+  on_epoch(epoch, params, swa_params or None): called after every epoch (1-based) with the end-of-epoch weights;
+  on_init(params): called once with the initial weights (config.init's when it names some)."""
   validate_lib.validate_config(config)
   data = data if data is not None else data_registry.get_dataset(config.dataset, **config.data.to_dict())
   model = model_registry.get_model(config.model, data.num_classes, data.input_shape, **config.model_kwargs.to_dict())
-  task = tasks_lib.task_of(data)
+  task = tasks_lib.from_config(tasks_lib.task_of(data), config)   # e.g. config.segmentation's OHEM
   train_tf, eval_tf = transforms.make_transforms(config, data.num_classes)
   indexed = union_indexed(data)
   if indexed is None:
@@ -293,6 +262,14 @@ def train(config, workdir: Optional[str] = None, *, data=None, on_epoch=None) ->
   key = jax.random.key(config.seed)
   draw_key = sampling.seed_key(config.seed)     # the rounds' base key of the pool draws (epoch_draw_keys)
   params = model.init(jax.random.fold_in(key, 0), jnp.zeros((1,) + tuple(data.input_shape), jnp.float32))
+  if init_lib.requested(config):      # config.init: a params file or another run's model (e.g. LADD's source model)
+    params = jax.tree_util.tree_map(jnp.asarray, init_lib.initial_params(config, model, jax.device_get(params)))
+    logging.info('centralized: initial params from %s', config.init.pretrained or config.init.checkpoint)
+  elif config.get('init') is not None and config.init.get('reinit_classifier') == 'never':
+    logging.warning('centralized: init.reinit_classifier=never but no init.pretrained / init.checkpoint: the run '
+                    'starts from the random init (FTDA cells need the source model: --config.init.pretrained=...)')
+  if on_init is not None:
+    on_init(jax.device_get(params))
   opt_state = tx.init(params)
   tx_, ty_ = data.test_examples()
   # retrieval (FedVPR, Table 6.5's centralized row): Recall@K of the test queries against the test database

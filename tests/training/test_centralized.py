@@ -401,3 +401,28 @@ def test_centralized_run_without_a_store_is_the_plain_epoch_program():
     assert res['epochs'][e]['train_loss'] == float(s) / float(n)
     for a, b in zip(jax.tree_util.tree_leaves(seen[e][1]), jax.tree_util.tree_leaves(params)):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+def test_centralized_starts_from_the_params_of_config_init(tmp_path):
+  """config.init.pretrained (e.g. LADD's source model for the centralized FTDA): the run starts at exactly the
+  file's params, classifier kept (init.reinit_classifier='never'); without it, at the model's init."""
+  from fedjax_flat.models import pretrained
+  c = _config()
+  c.model, c.centralized.epochs = 'mlp', 1
+  fresh = []
+  centralized.train(c, on_init=fresh.append)
+  shifted = jax.tree_util.tree_map(lambda a: np.asarray(a) + 0.5, fresh[0])
+  path = str(tmp_path / 'source_model.npz')
+  pretrained.save_params(path, shifted)
+  c.init.pretrained, c.init.reinit_classifier = path, 'never'
+  got, epochs = [], []
+  res = centralized.train(c, on_init=got.append, on_epoch=lambda e, p, s: epochs.append(p))
+  for u, v in zip(jax.tree_util.tree_leaves(shifted), jax.tree_util.tree_leaves(got[0])):
+    np.testing.assert_array_equal(u, v)
+  assert len(epochs) == 1 and np.isfinite(res['final_test_loss'])
+  assert not np.allclose(jax.tree_util.tree_leaves(epochs[0])[0], jax.tree_util.tree_leaves(shifted)[0])
+
+
+def test_centralized_poly_schedule_is_the_release_poly():
+  hp = {'epochs': 2, 'lr': 0.1, 'schedule': 'poly'}
+  lrs = np.concatenate([centralized.epoch_lrs(hp, e, 5) for e in range(2)])
+  np.testing.assert_allclose(lrs, 0.1 * (1 - np.arange(10) / 10) ** 0.9, rtol=1e-6)
