@@ -135,6 +135,10 @@ PUBLISHED = {
     ('mapillary', 'source_only'): (32.40, 0.71), ('cityscapes', 'central_ftda'): (65.74, 0.48),
 }
 CELLS = [f'{t},{m}' for t, m in PUBLISHED]
+# Cells another binary runs (experiments/sweep.py launches train.py: configs/sweeps/paper_table.py leaves these out and
+# names their commands).
+ENTRY_POINTS = {c: ('experiments/pretrain_source.py' if c.endswith('source_only') else 'experiments/centralized.py')
+                for c in CELLS if c.split(',')[1] in ('source_only', 'central_oracle', 'central_ftda')}
 ORACLES = ('fed_oracle', 'ftda', 'central_oracle', 'central_ftda')
 PRETRAIN = ('source_only', 'source_fda')
 GTA5_SIZE = (1052, 1914)     # GTA5's image size (H, W); the few images of another size are resized at load
