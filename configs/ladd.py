@@ -69,11 +69,14 @@ swa_teacher_start):
   starts from the source checkpoint (init.pretrained, its classifier kept: init.reinit_classifier='never');
   central_oracle: experiments/centralized.py, 100 epochs, batch 16, SGD momentum 0.9, lr 0.05 / 5e-3 (the
   release: poly 0.9 with Nesterov; the centralized runner has cosine / constant only: cosine here).
-  Not reproduced: the release's hard-negative mining inside the self-training loss (the LADD loss here is
-  algorithms/ladd.py's, over every kept pixel), its KD term multiplied by the target labels (reads the labels
-  FFREEDA forbids, see algorithms/ladd.py). Evaluation: mIoU on the target test set every 50 rounds and at the
-  end; reported: the last evaluation (summary_last_k 1). Routed (per-cluster) test-time evaluation is
-  evaluation/routed.py's; train.py evaluates the global model and every cluster model on the whole test set.
+  The LADD loss (algorithms/ladd.py) is the release's selftrain_div loss: the self-training CE averaged over all
+  pixels (the release's `hnm` flag, set in its LADD configs, does not reach it: its criterion takes an identity
+  reduction; hard-negative mining applies to the labelled losses only: the oracles' and the source
+  pre-training's top 25%). Not reproduced: its KD term multiplied by the batch's labels on Cityscapes and
+  Mapillary (reads the target labels FFREEDA forbids; on CrossCity no labels are loaded and its KD is ours).
+  Evaluation: mIoU on the target test set every 50 rounds and at the end; reported: the last evaluation
+  (summary_last_k 1). Routed (per-cluster) test-time evaluation is evaluation/routed.py's; train.py evaluates the
+  global model and every cluster model on the whole test set.
 """
 from fedjax_flat.config import families as config_strings
 from fedjax_flat.config.default_config import default_config, segmentation_data
