@@ -32,10 +32,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import time
 
 import jax
 import jax.numpy as jnp
+import jaxlib
 import numpy as np
 import optax
 
@@ -85,6 +87,14 @@ def digest(tree) -> str:
     h.update(f'{jax.tree_util.keystr(path)}|{a.dtype}|{a.shape}|'.encode())
     h.update(a.tobytes())
   return h.hexdigest()[:16]
+
+
+def machine() -> dict:
+  """What the bits depend on beyond the code and the seed: XLA:CPU's results change with the number of usable
+  cores (its intra-op thread pool splits the work; measured: README.ladd.md section 2), so a run records them."""
+  return {'usable_cores': len(os.sched_getaffinity(0)), 'cpu_count': os.cpu_count(),
+          'xla_flags': os.environ.get('XLA_FLAGS', ''), 'jax': jax.__version__, 'jaxlib': jaxlib.__version__,
+          'numpy': np.__version__, 'backend': jax.default_backend()}
 
 
 def run_federated(alg, params, ds, *, seed, rounds, clients_per_round, batch_size, prep, cluster_of=None):
@@ -238,7 +248,7 @@ def main(argv=None):
   print('mIoU % over seeds: ' + ', '.join(f'{k} {s["mean"]:.2f} +- {s["std"]}' for k, s in summary.items()))
   if args.json:
     with open(args.json, 'w') as f:
-      json.dump({'args': vars(args), 'runs': results, 'summary': summary,
+      json.dump({'args': vars(args), 'runs': results, 'summary': summary, 'machine': machine(),
                  'backend': jax.default_backend()}, f, indent=1)
 
 
