@@ -23,6 +23,9 @@ pre-training, the client sampling and the batches):
                          random init vs 300 steps at lr 0.05), which this cell shows: README.ladd.md section 2
   4. target test mIoU (global test set, every planted style): single-model methods on every image; LADD with
      test-time routing (each image to its nearest style centroid's cluster model, evaluation/routed.py)
+  Each method's final parameters are recorded as a digest (SHA-256) and the JSON records the machine (usable
+  cores, XLA_FLAGS, versions): the same seed gives the same bits on one machine, in one process or several;
+  XLA:CPU's bits change with the usable core count (README.ladd.md section 2).
 
   PYTHONPATH=. .venv/bin/python -m benchmarks.studies.ladd_synthetic --seeds=0,1,2 \
       --json=benchmarks/studies/ladd_synthetic.json
