@@ -23,8 +23,13 @@ Grammar (comma-separated tokens; defaults in brackets):
 Setting: ResNet18 truncated after its third stage + GeM + L2 (`vpr_resnet18`, GroupNorm [U: the thesis does not
 name the normalisation]), FedAvg, 5 clients a round, min(floor(|D_k| / B), 2500) local iterations, T = 300
 (thesis 6.3). Client training:
-triplet loss margin 0.1 with 5 hardest negatives out of 10 candidates from the client's own database, the
-nearest of 2 positive candidates (tasks/retrieval.py); Adam lr 1e-5, batch 4 query tuples, 224 x 224 images
+triplet loss margin 0.1 with the 5 hardest negatives and the nearest of 2 positive candidates (tasks/retrieval.py),
+"partial" mining restricted to the client's own database: each query keeps a pool of up to 1000 negatives beyond
+25 m (data.neg_pool: the reference's neg_samples_num), 10 candidates of it (data.num_candidates) are drawn afresh
+every time the round's batches are built (the mining cache refreshed every client round; data/vpr_places.py
+compares it with the reference's refresh every 1000 queries), their descriptors come from a gradient-free pass
+with the current model at every step, and only the mined query, positive and negatives go through the loss's
+backward pass (retrieval.cache_pass); Adam lr 1e-5, batch 4 query tuples, 224 x 224 images
 [U: taken from the deep-visual-geo-localization benchmark's defaults; the thesis does not state them]. The
 server keeps San Francisco and Copenhagen as the test cities; Recall@1/5/10 within 25 m, R@1 reported as
 test_accuracy (percent in config.published).
@@ -46,9 +51,10 @@ Published R@1 (%, mean +- std over runs):
              1000   400     61.7 +- 2.4   66.8 +- 0.5
              2000   200     58.8 +- 1.8   65.2 +- 0.9
              4000   100     57.3 +- 2.5   60.6 +- 1.0
-12 random clients are held out for validation (data.val_clients; data.val_x / val_y). Not reproduced exactly:
-the in-memory MSLS reader bounds
-the data with data.max_queries_per_city (see data/sources/msls.py).
+12 random clients are held out for validation (data.val_clients; data.val_x / val_y). The in-memory MSLS reader
+holds every image of the split (bounded by data.max_queries_per_city, see data/sources/msls.py); the whole of MSLS:
+`--config.dataset=msls_stream` (the same split and batches, each client's images decoded when its batches are
+built: data/sources/msls_stream.py).
 """
 from fedjax_flat.config import families as config_strings
 from fedjax_flat.config.default_config import default_config, segmentation_data
@@ -123,7 +129,7 @@ def get_config(arg: str = ''):
   c = default_config()
   c.dataset = 'msls'
   c.data = segmentation_data('msls', split=o['split'], split_radius=float(o['radius']), image_size=224,
-                             num_positives=2, num_candidates=10, seed=0, val_clients=VAL_CLIENTS)
+                             num_positives=2, num_candidates=10, neg_pool=1000, seed=0, val_clients=VAL_CLIENTS)
   c.augment, c.normalize = 'none', 'imagenet'
   c.model = 'vpr_resnet18'
   c.model_kwargs = {'norm': 'gn', 'base_width': 64, 'gn_groups': 2, 'conv_impl': 'auto'}

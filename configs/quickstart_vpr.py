@@ -11,8 +11,9 @@ The set (fedjax_flat/data/sources/vpr_synthetic.py): 4 training cities (30 datab
 queries each, 32 x 32 images of a textured map seen with viewpoint and illumination changes), a fifth city on the
 server for testing (80 queries, 240 database images). Model `vpr_resnet18` (models/vpr.py: ResNet18 up to its
 third stage + GeM + L2) at base width 16 (a 64-d descriptor), GroupNorm. Clients train on their query tuples:
-triplet loss, margin 0.1, the 3 hardest of 10 negative candidates and the nearest of 2 positive candidates
-mined at every step (tasks/retrieval.py). FedAvg, 5 clients per round, 1 local epoch of batch 4, client SGD
+triplet loss, margin 0.1, the 3 hardest of 10 negative candidates (drawn afresh each round from the query's pool
+of far frames of the client's database) and the nearest of 2 positive candidates, mined at every step from a
+gradient-free pass (tasks/retrieval.py). FedAvg, 5 clients per round, 1 local epoch of batch 4, client SGD
 lr 0.05 momentum 0.9. Reported: Recall@1/5/10 on the test city (test_accuracy = R@1, test_recall@5, ...).
 """
 from fedjax_flat.config import families as config_strings

@@ -33,7 +33,7 @@ from configs import quickstart_vpr
 from fedjax_flat.algorithms import hfl as hfl_lib
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.core import engine
-from fedjax_flat.data import sampling
+from fedjax_flat.data import batching, sampling
 from fedjax_flat.data.sources import vpr_synthetic
 from fedjax_flat.optimizers.server import make_server_tx
 from fedjax_flat.training import trainers
@@ -80,15 +80,10 @@ def hfl_run(seed, rounds, per_cluster, sync_every):
   for r in range(rounds):
     ids = hfl_lib.stratified_sample(cluster_of, per_cluster, seed=seed, round_idx=r)
     c = len(ids)
-    x = np.zeros((c, steps * b) + data.x.shape[1:], np.uint8)
-    y = np.zeros((c, steps * b) + data.y.shape[1:], data.y.dtype)
-    m = np.zeros((c, steps * b), np.float32)
-    for i, k in enumerate(ids):
-      idx = data.client_indices(int(k))
-      idx = idx[np.random.default_rng([seed, r, int(k)]).permutation(len(idx))]
-      x[i, :len(idx)], y[i, :len(idx)], m[i, :len(idx)] = data.x[idx], data.y[idx], 1.0
-    shape = lambda a: a.reshape((c, steps, b) + a.shape[2:])  # noqa: E731
-    batches = {'x': pre(jnp.asarray(shape(x))), 'y': jnp.asarray(shape(y)), 'mask': jnp.asarray(shape(m))}
+    # The engine's round batches (data/batching.py): the batch order and each tuple's negative candidates drawn
+    # afresh from its pool, keyed by (seed, round, client).
+    rb = batching.make_round_batches(data, ids, round_idx=r, seed=seed, batch_size=b, num_steps=steps)
+    batches = {'x': pre(jnp.asarray(rb.x)), 'y': jnp.asarray(rb.y), 'mask': jnp.asarray(rb.mask)}
     rngs = sampling.client_keys(jax.random.key(seed), r, jnp.asarray(ids, jnp.int32))
     state, _, _ = round_fn(state, batches, hfl_lib.initial_client_states(cluster_of[ids]), rngs,
                            jnp.asarray(sizes[ids], jnp.float32), jnp.ones(c, bool), jnp.int32(r))

@@ -77,16 +77,23 @@ def make_loss(model, *, man_zeta: float = 0.0, train: bool = True, task=None, mi
     # BatchNorm models: batch statistics over the valid examples; the updated running statistics come back
     # as a third aux entry, which local_step writes into params (models/base.py).
     kw = {'mask': mask, 'with_batch_stats': True} if bn else {}
-    out = model.apply(params, batch['x'], train=train, rng=rng, with_activations=bool(man_zeta), **kw)
+    x, y = task.training_inputs(_cache_forward(model, params), batch['x'], batch['y'], mask)
+    out = model.apply(params, x, train=train, rng=rng, with_activations=bool(man_zeta), **kw)
     out, stats = out if bn else (out, None)
     logits, acts = out if man_zeta else (out, None)
-    loss_sum, count = task.loss_sums(logits, batch['y'], mask)
+    loss_sum, count = task.loss_sums(logits, y, mask)
     total = loss_sum / jnp.maximum(count, 1.0)
     if man_zeta:
       # MAN's term is per example (activations of the whole input), over the valid examples.
       total = total + man_zeta * _man_sum(acts, mask) / jnp.maximum(jnp.sum(mask), 1.0)
     return total, ((loss_sum, count, stats) if bn else (loss_sum, count))
   return loss
+
+
+def _cache_forward(model, params):
+  """The model without gradient in evaluation mode (BatchNorm: running statistics), for a task that picks its
+  training inputs from a first pass (tasks/base.py `training_inputs`; retrieval's mining cache)."""
+  return lambda x: jax.lax.stop_gradient(model.apply(params, x, train=False))
 
 
 def _man_sum(acts, mask):
@@ -105,10 +112,11 @@ def _microbatched_loss(model, *, man_zeta, train, task, k):
     """Additive sums of one micro-batch: loss, count, MAN term, valid examples, BN moment sums."""
     mask = mb['mask'].astype(jnp.float32)
     kw = {'mask': mask, 'batch_moments': True} if bn else {}
-    out = model.apply(params, mb['x'], train=train, rng=rng, with_activations=bool(man_zeta), **kw)
+    x, y = task.training_inputs(_cache_forward(model, params), mb['x'], mb['y'], mask)
+    out = model.apply(params, x, train=train, rng=rng, with_activations=bool(man_zeta), **kw)
     out, moments = out if bn else (out, None)
     logits, acts = out if man_zeta else (out, None)
-    loss_sum, count = task.loss_sums(logits, mb['y'], mask)
+    loss_sum, count = task.loss_sums(logits, y, mask)
     n = jnp.sum(mask)
     sums = {'loss_sum': loss_sum, 'count': count, 'n': n,
             'man': _man_sum(acts, mask) if man_zeta else jnp.zeros((), jnp.float32)}

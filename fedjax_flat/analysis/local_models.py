@@ -122,8 +122,9 @@ def per_client_sharpness(trainer, global_params, round_idx: int, *, num_examples
                                                          np.asarray(ty[:num_examples]), batch_size)))
   if global_set in ('train', 'both'):
     i = global_train_subset(trainer.data, num_examples, seed)
-    on_global.append(('local_train', make_fixed_batches(np.asarray(tf(np.asarray(trainer.data.x[i]))),
-                                                        np.asarray(trainer.data.y[i]), batch_size)))
+    gx, gy = trainer.data.take(i)
+    on_global.append(('local_train', make_fixed_batches(np.asarray(tf(np.asarray(gx))), np.asarray(gy),
+                                                        batch_size)))
   measured = ('local_own', 'global_own') + tuple(n for n, _ in on_global)
   rng = jax.random.key(seed)
   rows = []

@@ -257,6 +257,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.retrieval.margin = 0.1              # triplet margin (the reference's TripletMarginLoss(margin=0.1, p=2))
   c.retrieval.num_negatives = 5         # hardest negative candidates per query tuple used in the loss
   c.retrieval.threshold = 25.0          # metres: a retrieved database image within it is a match (Recall@K)
+  c.retrieval.cache_pass = True         # mine from a gradient-free pass, train on the mined slots only
 
   # FedVC (data/virtual_clients.py): > 0 cuts every client into virtual clients of this many examples
   # (large clients split, small ones replicated); uniform sampling over them is sampling proportional to size.

@@ -227,6 +227,8 @@ def validate_config(cfg) -> None:
     _num(cfg, 'retrieval.margin', lo=0)
     _num(cfg, 'retrieval.num_negatives', lo=1, integer=True)
     _num(cfg, 'retrieval.threshold', lo=0, lo_open=True)
+    if not isinstance(cfg.retrieval.get('cache_pass', True), bool):
+      raise ConfigError('retrieval.cache_pass', cfg.retrieval.cache_pass, 'True or False')
   if 'bn' in cfg:
     _validate_bn(cfg, model_registry)
   if 'personalized' in cfg:                # end-of-training personalized evaluation (evaluation/personalized.py)

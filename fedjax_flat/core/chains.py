@@ -216,7 +216,8 @@ def gather_host(data, lanes: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
   """x, y [L, T, B, ...] gathered on the host (out-of-memory sources: `client_examples(k)`)."""
   client, pos, mask = lanes['client'], lanes['pos'], lanes['mask']
   L, T, B = pos.shape
-  in_memory = hasattr(data, 'client_indices') and hasattr(data, 'x')
+  # An item store (data/federated.py) is read through client_examples, which looks the items up.
+  in_memory = hasattr(data, 'client_indices') and hasattr(data, 'x') and getattr(data, 'store', None) is None
   x = y = None
   for k in np.unique(client[client >= 0]):
     sel = client == k

@@ -15,10 +15,17 @@ client's [S, B] positions and mask. The host (`make_round_batches`, numpy gather
 multi-round program (`gather_round_device`, core/rounds.py: data kept on the device) both call it, so the two
 paths cannot drift (tests/core/test_rounds.py). The stream changed with data/sampling.PROCEDURE 'jax-...-v1'
 (numpy's PCG64 before). `client_step_indices` (numpy) remains for the personalized validation steps.
+
+Data with an item store (data/federated.py: x holds indices into `data.store`): the gathered index rows pass
+through `draw_columns` when the dataset draws columns from a pool (`plan.draw`), then `federated.lookup` maps
+them to items, on the host and in the compiled round alike. The draw of the example at (step s, slot j) of a
+client's round is keyed by (seed, round, client, s, j) (`draw_keys`): a fresh sample of every example's pool
+at every visit, the same on both paths.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Optional, Sequence
 
@@ -27,6 +34,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_flat.data import sampling
+from fedjax_flat.data.federated import lookup
+
+DRAW_STREAM = 0xD7A3       # fold_in tag of the pool draws (batches of data with `draw`)
 
 
 def steps_for_size(n: int, batch_size: int, epochs: int, *, full_batches: bool = False, max_steps: int = 0) -> int:
@@ -137,11 +147,12 @@ class BatchPlan:
   with_client: bool = False   # the batches carry 'client' [C, S] (the train transform asks: `needs_client`)
   full_batches: bool = False  # epoch mode: floor(n / B) full batches per epoch, the remainder left out
   max_steps: int = 0          # epoch mode: at most this many steps per client and round (0: no cap)
+  draw: Optional[tuple] = None   # (fixed, count): the data's pool draw (data/federated.py), None: no draw
 
 
 def batch_plan(client_sizes, *, batch_size: int, num_steps: int, epochs: int = 1, local_steps: int = 0,
                shuffle: bool = True, with_client: bool = False, full_batches: bool = False,
-               max_steps: int = 0) -> BatchPlan:
+               max_steps: int = 0, draw=None) -> BatchPlan:
   sizes = np.asarray(client_sizes, np.int64)
   max_size = max(int(sizes.max()) if sizes.size else 1, 1)
   if local_steps:
@@ -153,7 +164,7 @@ def batch_plan(client_sizes, *, batch_size: int, num_steps: int, epochs: int = 1
     num_perms = int(epochs)
   return BatchPlan(int(batch_size), int(num_steps), int(epochs), int(local_steps), bool(shuffle), max_size,
                    max(num_perms, 1), bool(with_client), bool(full_batches) and not local_steps,
-                   0 if local_steps else int(max_steps))
+                   0 if local_steps else int(max_steps), None if draw is None else (int(draw[0]), int(draw[1])))
 
 
 def step_positions(plan: BatchPlan, key, n):
@@ -211,12 +222,47 @@ def host_round_positions(plan: BatchPlan, seed, round_idx: int, client_ids, size
   return np.asarray(pos).astype(np.int64), np.asarray(mask)
 
 
+def draw_keys(key, round_idx, client_ids, num_steps: int, batch_size: int):
+  """[C, S, B] keys of the pool draws: (seed, round, client, step, slot). Traceable."""
+  base = jax.random.fold_in(jax.random.fold_in(key, DRAW_STREAM), round_idx)
+  s = jnp.arange(num_steps * batch_size, dtype=jnp.int32)
+  return jax.vmap(lambda c: jax.vmap(lambda i: jax.random.fold_in(jax.random.fold_in(base, c), i))(s))(
+      jnp.maximum(client_ids, 0)).reshape(client_ids.shape[0], num_steps, batch_size)
+
+
+def draw_columns(draw, keys, x, y):
+  """x, y [..., K(, ...)] -> [..., fixed + count(, ...)]: the first `fixed` columns, then `count` columns drawn
+  uniformly without replacement from the pool x[..., fixed:] >= 0 (keys [...]: one per example). When the pool
+  holds fewer than `count` entries, every entry is used and the rest are empty (-1). Traceable.
+
+  The draw is the `count` smallest of one uniform number per pool entry (empty entries get 2, past every real
+  one): top_k, not a sort of the pool."""
+  fixed, count = draw
+  pool = x[..., fixed:]
+  u = jax.vmap(lambda k: jax.random.uniform(k, (pool.shape[-1],)))(keys.reshape(-1)).reshape(pool.shape)
+  _, sel = jax.lax.top_k(-jnp.where(pool >= 0, u, 2.0), count)
+  cols = jnp.concatenate([jnp.broadcast_to(jnp.arange(fixed, dtype=sel.dtype), sel.shape[:-1] + (fixed,)),
+                          fixed + sel], axis=-1)
+  ycols = cols.reshape(cols.shape + (1,) * (y.ndim - cols.ndim))
+  return jnp.take_along_axis(x, cols, axis=-1), jnp.take_along_axis(y, ycols, axis=cols.ndim - 1)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _host_draw(draw, num_steps, batch_size, key, round_idx, client_ids, x, y):
+  keys = draw_keys(key, round_idx, client_ids, num_steps, batch_size)
+  return draw_columns(draw, keys, x, y)
+
+
 def device_data(data):
   """An in-memory FederatedDataset's training arrays on the device, for `gather_round_device`."""
-  return {'x': jnp.asarray(data.x), 'y': jnp.asarray(np.asarray(data.y, label_dtype(data.y.dtype))),
-          'index': jnp.asarray(np.asarray(data.client_index, np.int32)),
-          'offsets': jnp.asarray(np.asarray(data.client_offsets[:-1], np.int32)),
-          'sizes': jnp.asarray(np.asarray(data.client_sizes(), np.int32))}
+  out = {'x': jnp.asarray(data.x), 'y': jnp.asarray(np.asarray(data.y, label_dtype(data.y.dtype))),
+         'index': jnp.asarray(np.asarray(data.client_index, np.int32)),
+         'offsets': jnp.asarray(np.asarray(data.client_offsets[:-1], np.int32)),
+         'sizes': jnp.asarray(np.asarray(data.client_sizes(), np.int32))}
+  if getattr(data, 'store', None) is not None:     # x holds int32 indices into the store
+    out['x'] = jnp.asarray(np.asarray(data.x, np.int32))
+    out['store'] = jnp.asarray(data.store)
+  return out
 
 
 def gather_round_device(plan: BatchPlan, arrays, key, round_idx, client_ids):
@@ -231,8 +277,12 @@ def gather_round_device(plan: BatchPlan, arrays, key, round_idx, client_ids):
   flat = arrays['index'][arrays['offsets'][safe][:, None, None] + pos]
   valid = mask > 0
   x = arrays['x'][flat]
-  x = jnp.where(valid.reshape(valid.shape + (1,) * (x.ndim - valid.ndim)), x, jnp.zeros((), x.dtype))
   y = arrays['y'][flat]
+  if 'store' in arrays:          # index rows -> (drawn columns) -> items; masked entries all empty (-1)
+    if plan.draw is not None:
+      x, y = draw_columns(plan.draw, draw_keys(key, round_idx, client_ids, plan.num_steps, plan.batch_size), x, y)
+    x = lookup(arrays['store'], jnp.where(valid[..., None], x, -1), jnp)
+  x = jnp.where(valid.reshape(valid.shape + (1,) * (x.ndim - valid.ndim)), x, jnp.zeros((), x.dtype))
   y = jnp.where(valid.reshape(valid.shape + (1,) * (y.ndim - valid.ndim)), y, jnp.zeros((), y.dtype))
   out = {'x': x, 'y': y, 'mask': mask}
   if plan.with_client:
@@ -247,19 +297,23 @@ def make_round_batches(data, client_ids: Sequence[int], *, round_idx: int, seed:
   """Gathers the sampled clients' examples into padded arrays (host numpy).
 
   `data` is any object with `client_indices(k)` + `x`/`y` arrays (FederatedDataset), or the
-  `client_examples(k) -> (x, y)` protocol (out-of-memory sources). `plan` (from the population's sizes,
-  `batch_plan`) is derived from `data.client_sizes()` when not given.
+  `client_examples(k) -> (x, y)` protocol (out-of-memory sources), or a source of indexed examples
+  (`client_indexed(k) -> (rows, y, store)`, `draw`, `slots`, `input_dtype`: data/federated.py). `plan` (from
+  the population's sizes, `batch_plan`) is derived from `data.client_sizes()` when not given.
   """
   if plan is None:
     plan = batch_plan(data.client_sizes(), batch_size=batch_size, num_steps=num_steps, epochs=epochs,
-                      local_steps=local_steps, shuffle=shuffle)
+                      local_steps=local_steps, shuffle=shuffle, draw=getattr(data, 'draw', None))
   ids = [int(c) for c in client_ids]
   c_total = max(len(ids), pad_clients_to or 0)
   in_memory = hasattr(data, 'client_indices') and hasattr(data, 'x')
+  # Examples that index an item store: a FederatedDataset's `store`, or a source's per-client stores
+  # (`client_indexed(k)`, data/federated.py).
+  indexed = getattr(data, 'store', None) is not None if in_memory else hasattr(data, 'client_indexed')
   input_shape = tuple(data.input_shape)
-  x_dtype = data.x.dtype if in_memory else np.float32
+  x_dtype = (data.input_dtype if indexed else data.x.dtype if in_memory else np.float32)
   xs = np.zeros((c_total, num_steps, batch_size) + input_shape, x_dtype)
-  label_shape = tuple(np.shape(data.y)[1:]) if in_memory else tuple(getattr(data, 'label_shape', ()))
+  label_shape = tuple(data.label_shape) if in_memory else tuple(getattr(data, 'label_shape', ()))
   y_dtype = label_dtype(data.y.dtype if in_memory else getattr(data, 'label_dtype', np.int32))
   ys = np.zeros((c_total, num_steps, batch_size) + label_shape, y_dtype)
   ms = np.zeros((c_total, num_steps, batch_size), np.float32)
@@ -268,8 +322,26 @@ def make_round_batches(data, client_ids: Sequence[int], *, round_idx: int, seed:
   sizes = np.asarray(data.client_sizes())
   if ids:
     all_pos, all_mask = host_round_positions(plan, seed, round_idx, ids, sizes[ids])
+  if ids and indexed:       # index rows of every client, with the draw, then items (one definition)
+    parts = [(data.x[data.client_indices(k)], np.asarray(data.y)[data.client_indices(k)], data.store)
+             if in_memory else data.client_indexed(k) for k in ids]
+    rows = np.full((len(ids), num_steps, batch_size) + parts[0][0].shape[1:], -1, np.int32)
+    rys = np.zeros((len(ids), num_steps, batch_size) + parts[0][1].shape[1:], y_dtype)
+    for i, (cr, cy, _) in enumerate(parts):
+      valid = all_mask[i] > 0
+      if valid.any():
+        rows[i][valid], rys[i][valid] = cr[all_pos[i][valid]], cy[all_pos[i][valid]]
+    if plan.draw is None and getattr(data, 'draw', None) is not None:   # a plan built without the data's draw:
+      rows, rys = rows[..., :data.slots], rys[:, :, :, :data.slots]      # the first pool columns, as `take`
+    elif plan.draw is not None:
+      rows, rys = (np.asarray(a) for a in _host_draw(
+          plan.draw, num_steps, batch_size, sampling.seed_key(seed), jnp.asarray(round_idx, jnp.int32),
+          jnp.asarray(np.asarray(ids, np.int32)), rows, rys))
+    rows = np.where(all_mask[..., None] > 0, rows, -1)
   for i, k in enumerate(ids):
-    if in_memory:
+    if indexed:
+      n = len(parts[i][1])
+    elif in_memory:
       idx = data.client_indices(k)
       n = len(idx)
     else:
@@ -288,7 +360,10 @@ def make_round_batches(data, client_ids: Sequence[int], *, round_idx: int, seed:
     out_ids[i] = k
     if n == 0:
       continue
-    if in_memory:
+    if indexed:
+      xs[i][valid] = lookup(parts[i][2], rows[i][valid])
+      ys[i][valid] = rys[i][valid]
+    elif in_memory:
       flat = idx[pos]
       xs[i][valid] = data.x[flat[valid]]
       ys[i][valid] = data.y[flat[valid]]

@@ -8,6 +8,19 @@ on the clients sampled that round (their examples are gathered by the round batc
 Datasets that do not fit in memory (Landmarks) implement the same small protocol, `ClientDataSource`:
 `num_clients`, `client_sizes()`, `client_examples(k) -> (x, y)`, `test_examples() -> (x, y)`; optionally
 `label_shape` (default (): one class per example) and `task` (fedjax_flat/tasks/base.py; default classification).
+
+Examples that share items (FedVPR's query tuples: one database image is a candidate of many queries) can keep
+each item once: `store` [I, *item_shape] holds the items and x holds int32 indices [N, K] into it (-1: an
+empty slot, read as zeros). With `draw = (fixed, count)` an example's first `fixed` columns are always used
+and `count` of its remaining K - fixed columns (a pool; -1 entries are not drawn) are drawn afresh whenever
+the round batches are built (data/batching.py: keyed by seed, round, client, step and example); y [N, K]
+follows the same columns. The batch gather maps the indices to items (`lookup`), so the data hold each item
+once, not once per example that uses it. Outside the rounds (`take`: client evaluation, the centralized
+run) an example uses its first `count` pool columns (a pool stored in random order: a random subset).
+A source of such examples too large for memory (data/sources/msls_stream.py) gives each client its own store:
+`client_indexed(k) -> (rows [n_k, K] int32 indices into the store, y [n_k, K], store [I_k, *item])`, with
+`draw`, `slots`, `input_dtype`, `input_shape` / `label_shape` of what the model sees; the round batches go
+through the same draw and `lookup`.
 """
 from __future__ import annotations
 
@@ -25,6 +38,14 @@ class ClientDataSource(Protocol):
   def client_sizes(self) -> np.ndarray: ...
   def client_examples(self, k: int) -> Tuple[np.ndarray, np.ndarray]: ...
   def test_examples(self) -> Tuple[np.ndarray, np.ndarray]: ...
+
+
+def lookup(store, idx, xp=np):
+  """The items of `store` [I, *item] at indices idx [...] (-1: zeros) -> [..., *item]: the one definition of
+  the store gather (numpy on the host, xp=jax.numpy inside the compiled round)."""
+  items = store[xp.maximum(idx, 0)]
+  keep = (idx >= 0).reshape(idx.shape + (1,) * (items.ndim - idx.ndim))
+  return xp.where(keep, items, xp.zeros((), store.dtype))
 
 
 def _csr(groups: Sequence[np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
@@ -63,6 +84,8 @@ class FederatedDataset:
   test_population_offsets: Optional[np.ndarray] = None
   test_client_names: Optional[Sequence[str]] = None
   task: Any = None   # what the labels mean (fedjax_flat/tasks/base.py: a name or an instance); None = classification
+  store: Optional[np.ndarray] = None         # shared items [I, *item_shape]; x then holds int32 indices [N, K]
+  draw: Optional[Tuple[int, int]] = None     # (fixed, count): columns kept, columns drawn from the rest per round
 
   def __post_init__(self):
     if len(self.x) != len(self.y):
@@ -71,6 +94,18 @@ class FederatedDataset:
       raise ValueError('client_offsets must start at 0 and end at len(client_index)')
     if len(self.client_index) and (self.client_index.min() < 0 or self.client_index.max() >= len(self.x)):
       raise ValueError('client_index points outside x')
+    if self.store is not None:
+      if np.asarray(self.x).ndim != 2 or not np.issubdtype(np.asarray(self.x).dtype, np.integer):
+        raise ValueError(f'with a store, x holds integer indices [N, K]; got {self.x.dtype} {self.x.shape}')
+      if self.x.size and (self.x.min() < -1 or self.x.max() >= len(self.store)):
+        raise ValueError(f'x indexes outside the store of {len(self.store)} items (-1 marks an empty slot)')
+    if self.draw is not None:
+      fixed, count = (int(v) for v in self.draw)
+      if self.store is None or fixed < 0 or count < 1 or fixed + count > self.x.shape[1]:
+        raise ValueError(f'draw={self.draw}: needs a store and 0 <= fixed, 1 <= count, fixed + count <= K = '
+                         f'{np.shape(self.x)[1:]} columns')
+      if tuple(np.shape(self.y)[:2]) != tuple(np.shape(self.x)[:2]):
+        raise ValueError(f'draw: y {np.shape(self.y)} must have the columns of x {np.shape(self.x)}')
     if self.client_test_offsets is not None and len(self.client_test_offsets) - 1 != self.num_clients:
       raise ValueError(f'{len(self.client_test_offsets) - 1} per-client test splits for {self.num_clients} '
                        'training clients: they must be one per training client; test clients that are a '
@@ -79,7 +114,8 @@ class FederatedDataset:
   @classmethod
   def from_client_indices(cls, x, y, client_indices: Sequence[np.ndarray], test_x, test_y, num_classes,
                           name='dataset', client_test_indices=None, client_names=None,
-                          test_population_indices=None, test_client_names=None, task=None):
+                          test_population_indices=None, test_client_names=None, task=None, store=None,
+                          draw=None):
     idx, off = _csr(client_indices)
     t_idx = t_off = p_idx = p_off = None
     if client_test_indices is not None:
@@ -90,20 +126,50 @@ class FederatedDataset:
                test_y=np.asarray(test_y), num_classes=int(num_classes), name=name,
                client_test_index=t_idx, client_test_offsets=t_off, client_names=client_names,
                test_population_index=p_idx, test_population_offsets=p_off, test_client_names=test_client_names,
-               task=task)
+               task=task, store=store, draw=None if draw is None else (int(draw[0]), int(draw[1])))
 
   @property
   def num_clients(self) -> int:
     return len(self.client_offsets) - 1
 
   @property
+  def slots(self) -> int:
+    """Columns of an example as the model sees it (with a store): fixed + count with a draw, else K."""
+    return int(sum(self.draw)) if self.draw is not None else int(np.shape(self.x)[1])
+
+  @property
   def input_shape(self) -> tuple:
+    if self.store is not None:
+      return (self.slots,) + tuple(self.store.shape[1:])
     return tuple(self.x.shape[1:])
+
+  @property
+  def input_dtype(self) -> np.dtype:
+    return (self.store if self.store is not None else self.x).dtype
 
   @property
   def label_shape(self) -> tuple:
     """() for one class per example; (T,) for token labels, (H, W) for label maps."""
+    if self.draw is not None:
+      return (self.slots,) + tuple(np.shape(self.y)[2:])
     return tuple(np.shape(self.y)[1:])
+
+  @property
+  def nbytes(self) -> int:
+    """Bytes of the training arrays (x, y, the store, the client index)."""
+    return int(self.x.nbytes + np.asarray(self.y).nbytes + self.client_index.nbytes
+               + (self.store.nbytes if self.store is not None else 0))
+
+  def take(self, idx) -> Tuple[np.ndarray, np.ndarray]:
+    """(x, y) of the training examples idx as the model sees them: items looked up in the store, with a draw
+    the first `count` pool columns (module docstring); without a store x[idx], y[idx]."""
+    idx = np.asarray(idx, np.int64)
+    x, y = self.x[idx], np.asarray(self.y)[idx]
+    if self.store is None:
+      return x, y
+    if self.draw is not None:
+      x, y = x[:, :self.slots], y[:, :self.slots]
+    return lookup(self.store, x), y
 
   def client_sizes(self) -> np.ndarray:
     return np.diff(self.client_offsets)
@@ -114,8 +180,7 @@ class FederatedDataset:
     return self.client_index[self.client_offsets[k]:self.client_offsets[k + 1]]
 
   def client_examples(self, k: int) -> Tuple[np.ndarray, np.ndarray]:
-    i = self.client_indices(k)
-    return self.x[i], self.y[i]
+    return self.take(self.client_indices(k))
 
   def client_labels(self, k: int) -> np.ndarray:
     return self.y[self.client_indices(k)]

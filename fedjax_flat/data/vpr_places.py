@@ -20,13 +20,29 @@ sequences. What every place-recognition source (data/sources/vpr_synthetic.py, d
                     clients share one) and a random share of the rest: a client's images span the cities,
                     so its negatives are mostly far away (few hard negatives).
   client_tuples     a client's training examples: per query, the positive candidates (its database frames
-                    within `pos_radius` = 10 m, up to `num_positives`) and negative candidates (frames beyond
-                    `neg_radius` = 25 m, `num_candidates` drawn at random), all from the client's own database;
-                    queries without a positive are dropped (the MSLS loader does the same). Indices are into
-                    the image array; -1 marks an empty slot. The slot kinds follow tasks/retrieval.py.
-  tuple_dataset     the FederatedDataset: x [N, T, H, W, 3] uint8 (the tuples' images), y [N, T] uint8 slot
-                    kinds, clients as index sets; test_x / test_y the server's query and database images with
-                    y = (easting, northing, role).
+                    within `pos_radius` = 10 m, up to `num_positives`, nearest first) and its pool of negatives
+                    (every frame of the client's database beyond `neg_radius` = 25 m, in random order; at most
+                    `neg_pool` of them, a random subset when there are more: the reference's neg_samples_num
+                    1000), all from the client's own database; queries without a positive are dropped (the MSLS
+                    loader does the same). Indices are into the image array; -1 marks an empty slot.
+  tuple_dataset     the FederatedDataset over an image store (data/federated.py): store [I, H, W, 3] uint8 holds
+                    each image once, x [N, 1 + P + pool] int32 the tuples' image ids, y the same columns' slot
+                    kinds (tasks/retrieval.py), draw = (1 + P, num_candidates): each time the round batches are
+                    built, `num_candidates` negative candidates of every tuple are drawn afresh from its pool
+                    (data/batching.draw_columns, keyed by seed, round, client, step and slot), so the batches
+                    are x [B, 1 + P + num_candidates, H, W, 3] images and y [B, 1 + P + num_candidates] kinds;
+                    test_x / test_y the server's query and database images with y = (easting, northing, role).
+
+Mining and the reference's cache. The deep-visual-geo-localization benchmark's "partial" mining (datasets_ws.py)
+refreshes a cache every `cache_refresh_rate` = 1000 queries: it samples 1000 queries and `neg_samples_num` = 1000
+database images, computes their descriptors once with the model in eval mode, and gives each query the
+`negs_num_per_query` hardest of the sampled images outside its 25 m soft positives, for the next 1000 queries'
+training. Here each visit of a tuple draws `num_candidates` fresh negatives from its pool (the client's database
+beyond 25 m, up to `neg_pool`), and tasks/retrieval.py computes their descriptors with the current model
+(without gradient) at that very step before picking the hardest: the candidates are never stale (the
+reference's are up to 1000 queries old, 1000 / B steps; a client round here is min(|D_k| / B, 2500) steps and
+visits every tuple once, with a new draw), but each query sees `num_candidates` candidates per visit, not the
+reference's ~1000, since every candidate costs a forward pass at every step.
 Everything is a function of the arguments and the seed (numpy Generators).
 """
 from __future__ import annotations
@@ -170,15 +186,19 @@ def random_split(query_sequences: Sequence[np.ndarray], num_sequences: int, num_
   return [(q, np.union1d(n, r)) for q, n, r in zip(qs, needed, rest)]
 
 
-def client_tuples(query_ids, query_pos, db_ids, db_pos, *, num_positives: int, num_candidates: int,
-                  seed: int, pos_radius: float = POS_RADIUS, neg_radius: float = NEG_RADIUS):
-  """[n, 1 + num_positives + num_candidates] image indices (-1 = empty) of one client's training tuples."""
+NEG_POOL = 1000        # negatives kept per query: the reference's neg_samples_num
+
+
+def client_tuples(query_ids, query_pos, db_ids, db_pos, *, num_positives: int, seed: int, neg_pool: int = NEG_POOL,
+                  pos_radius: float = POS_RADIUS, neg_radius: float = NEG_RADIUS):
+  """[n, 1 + num_positives + pool] image indices (-1 = empty) of one client's training tuples: the query, its
+  nearest positives, then its pool of negatives in random order (module docstring); pool = the most any of
+  its queries has, at most `neg_pool`."""
   query_ids = np.asarray(query_ids)
   db_ids = np.asarray(db_ids)
   rng = np.random.default_rng(seed)
-  t = 1 + num_positives + num_candidates
   if not len(query_ids) or not len(db_ids):
-    return np.zeros((0, t), np.int64)
+    return np.zeros((0, 1 + num_positives), np.int64)
   d = distances(query_pos, db_pos)
   rows = []
   for i, q in enumerate(query_ids):
@@ -187,16 +207,25 @@ def client_tuples(query_ids, query_pos, db_ids, db_pos, *, num_positives: int, n
       continue
     pos = pos[np.argsort(d[i, pos], kind='stable')][:num_positives]
     neg = np.flatnonzero(d[i] > neg_radius)
-    neg = rng.choice(neg, min(num_candidates, len(neg)), replace=False) if len(neg) else neg
-    row = np.full((t,), -1, np.int64)
+    neg = rng.permutation(neg)[:int(neg_pool)]
+    row = np.full((1 + num_positives + len(neg),), -1, np.int64)
     row[0] = q
     row[1:1 + len(pos)] = db_ids[pos]
-    row[1 + num_positives:1 + num_positives + len(neg)] = db_ids[neg]
+    row[1 + num_positives:] = db_ids[neg]
     rows.append(row)
-  return np.stack(rows) if rows else np.zeros((0, t), np.int64)
+  return pad_columns(rows, 1 + num_positives)
 
 
-def slot_kinds(num_positives: int, num_candidates: int, tuples):
+def pad_columns(rows, width: int = 0) -> np.ndarray:
+  """Rows of different lengths as one int64 [n, max(len, width)] array, padded with -1."""
+  k = max([width] + [len(r) for r in rows])
+  out = np.full((len(rows), k), -1, np.int64)
+  for i, r in enumerate(rows):
+    out[i, :len(r)] = r
+  return out
+
+
+def slot_kinds(num_positives: int, tuples):
   """[n, T] uint8 slot kinds of tuples (tasks/retrieval.py: QUERY, POSITIVE, NEGATIVE, EMPTY)."""
   kinds = np.zeros(tuples.shape, np.uint8)
   kinds[:, 0] = ret_tasks.QUERY
@@ -217,16 +246,17 @@ def test_labels(query_pos, db_pos):
 
 def tuple_dataset(images, client_tuple_lists: Sequence[np.ndarray], num_positives: int, num_candidates: int,
                   test_x, test_y, name: str, client_names=None) -> FederatedDataset:
-  """The FederatedDataset of training tuples (module docstring); empty slots hold zero images."""
-  tuples = (np.concatenate(client_tuple_lists, 0) if len(client_tuple_lists)
-            else np.zeros((0, 1 + num_positives + num_candidates), np.int64))
-  images = np.asarray(images)
-  x = np.where((tuples >= 0)[..., None, None, None], images[np.maximum(tuples, 0)], 0).astype(images.dtype)
-  y = slot_kinds(num_positives, num_candidates, tuples)
+  """The FederatedDataset of training tuples over the image store `images` (module docstring): every client's
+  pool padded to the widest (and to at least `num_candidates`) with empty slots, read as zero images."""
+  fixed = 1 + int(num_positives)
+  tuples = pad_columns([r for t in client_tuple_lists for r in t], fixed + int(num_candidates))
+  x = tuples.astype(np.int32)
+  y = slot_kinds(num_positives, tuples)
   offsets = np.cumsum([0] + [len(t) for t in client_tuple_lists])
   groups = [np.arange(offsets[k], offsets[k + 1]) for k in range(len(client_tuple_lists))]
   return FederatedDataset.from_client_indices(x, y, groups, test_x, test_y, num_classes=1, name=name,
-                                              client_names=client_names, task='retrieval')
+                                              client_names=client_names, task='retrieval',
+                                              store=np.asarray(images), draw=(fixed, int(num_candidates)))
 
 
 def split_statistics(clients: Sequence[Tuple[np.ndarray, np.ndarray]], seq_sizes) -> dict:

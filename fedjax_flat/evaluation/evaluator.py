@@ -107,8 +107,7 @@ class ClientEvaluator:
     self.fn = jax.jit(jax.vmap(make_eval_fn(model, preprocess, jit=False, task=task), in_axes=(None, 0)))
 
   def _client_batches(self, k):
-    x, y = (self.data.client_examples(k) if not hasattr(self.data, 'client_indices')
-            else (self.data.x[self.data.client_indices(k)], self.data.y[self.data.client_indices(k)]))
+    x, y = self.data.client_examples(k)
     b = make_eval_batches(np.asarray(x), np.asarray(y), self.batch_size)
     pad = self.nb - b['mask'].shape[0]
     return {key: np.concatenate([v, np.zeros((pad,) + v.shape[1:], v.dtype)]) for key, v in b.items()}

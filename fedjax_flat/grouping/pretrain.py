@@ -189,7 +189,9 @@ def params_fingerprint(params) -> str:
 def data_fingerprint(data) -> str:
   """In-memory data: every array; out-of-memory sources: client sizes, names and test labels."""
   if hasattr(data, 'x') and hasattr(data, 'client_index'):
-    return fingerprint(data.x, data.y, data.client_index, data.client_offsets, data.test_y)
+    store = getattr(data, 'store', None)           # items the examples index (data/federated.py)
+    return fingerprint(data.x, data.y, data.client_index, data.client_offsets, data.test_y,
+                       *(() if store is None else (store,)))
   names = json.dumps(list(getattr(data, 'client_names', None) or [])).encode()
   return fingerprint(np.asarray(data.client_sizes()), np.frombuffer(names, np.uint8),
                      np.asarray(data.test_examples()[1]))

@@ -15,6 +15,10 @@ turns model outputs `logits: [B, *label_shape, C]` into
   eval_metrics(sums) -> {'loss', 'accuracy', 'count', ...}
       the metrics from the summed statistics ('accuracy' is the task's headline metric's companion: the
       classification accuracy over valid units; tasks may add more, e.g. mIoU).
+  training_inputs(forward, x, y, mask) -> (x, y)
+      what the training pass runs on: the batch itself (default), or a part of it chosen from a
+      gradient-free forward pass `forward(x)` (retrieval: the mined slots of each tuple, tasks/retrieval.py);
+      training loss (algorithms/local.py) calls it before the model's pass with gradient.
 
 Tasks are small frozen dataclasses (hashable: they key jit caches) with the hyperparameters of the labels
 (ignore index), not of the model. Datasets name theirs (`FederatedDataset.task`, a `ClientDataSource`'s
@@ -56,6 +60,11 @@ class Classification:
 
   def unit_losses(self, logits, labels, mask):
     return cross_entropy(logits, labels), mask.astype(jnp.float32)
+
+  def training_inputs(self, forward, x, labels, mask):
+    """(x, labels) of the training pass (module docstring): the whole batch."""
+    del forward, mask
+    return x, labels
 
   def unit_count(self, labels, mask):
     """The number of units a batch's mean loss divides by (labels and mask only: no model needed)."""

@@ -7,11 +7,18 @@ Training example = one query and its candidates, all from the client's own datab
   x [B, T, H, W, 3]   slot 0 the query, then positive candidates, then negative candidates, then empty slots
   y [B, T] int        slot kinds: QUERY, POSITIVE (within 10 m of the query), NEGATIVE (beyond 25 m), EMPTY
   model output        descriptors [B, T, D]
+The negative candidates of a tuple are drawn afresh from its pool each time the round's batches are built
+(data/vpr_places.py: the client's database beyond 25 m; how this compares with the reference's cache refresh).
 Mining (the reference's "partial" mining, done at every step with the current model, as data): the positive
 is the candidate nearest to the query in descriptor space, the negatives are the `num_negatives` nearest
 negative candidates (the hardest); the choice is `argmin` / `top_k` under `stop_gradient`, so the indices
-are values inside the compiled step, never Python control flow. The loss over the selected triplets is
-PyTorch's `TripletMarginLoss(margin=0.1, p=2)`:
+are values inside the compiled step, never Python control flow.
+Two passes (`cache_pass=True`, the default; `training_inputs`): the descriptors of all T slots come from a
+forward pass without gradient in evaluation mode (the reference's cache, computed with model.eval()), the
+mined slots (query, positive, n negatives) are gathered from the batch's images, and only those 2 + n images
+go through the forward and backward pass of the loss: the same loss and gradient as mining inside one pass
+with gradient over all T slots (`cache_pass=False`) for a model without batch statistics, at (T - 2 - n) / T
+less backward work. The loss over the selected triplets is PyTorch's `TripletMarginLoss(margin=0.1, p=2)`:
   l(q, p, n) = max(||q - p||_2 - ||q - n||_2 + margin, 0)
 averaged over the valid triplets (a valid query with >= 1 positive candidate, times min(#negative
 candidates, num_negatives)): the reference's sum over the batch's triplets divided by their number.
@@ -59,6 +66,7 @@ class Retrieval(Classification):
   num_negatives: int = 5          # hardest negatives per query (the reference's negs_num_per_query)
   threshold: float = 25.0         # metres: a retrieved database image within it is a correct match
   recall_ks: Tuple[int, ...] = (1, 5, 10)
+  cache_pass: bool = True         # mine from a gradient-free pass; train on the mined slots only
 
   # -- training on tuples --------------------------------------------------------------------------------
 
@@ -72,6 +80,25 @@ class Retrieval(Classification):
     n = min(self.num_negatives, kinds.shape[1])
     neg_score, neg = jax.lax.top_k(jnp.where(kinds == NEGATIVE, -dist, -inf), n)
     return pos, neg, neg_score > -inf
+
+  def select(self, desc, kinds):
+    """(slots [B, 2 + n], their kinds): the query, the mined positive and the n mined negatives of every tuple
+    (an unmined slot's kind is EMPTY). The tuple of these slots mines the same triplets again."""
+    pos, neg, neg_ok = self.mine(desc, kinds)
+    has_pos = jnp.any(kinds == POSITIVE, axis=1)
+    slots = jnp.concatenate([jnp.zeros_like(pos)[:, None], pos[:, None], neg.astype(pos.dtype)], axis=1)
+    k = jnp.concatenate([jnp.full(pos.shape + (1,), QUERY), jnp.where(has_pos, POSITIVE, EMPTY)[:, None],
+                         jnp.where(neg_ok, NEGATIVE, EMPTY)], axis=1)
+    return slots, k.astype(kinds.dtype)
+
+  def training_inputs(self, forward, x, labels, mask):
+    """With cache_pass: the mined slots' images [B, 2 + n, ...] and kinds (module docstring), from the
+    descriptors of `forward` (gradient-free); else the whole tuples."""
+    del mask
+    if not self.cache_pass:
+      return x, labels
+    slots, kinds = self.select(forward(x), labels)
+    return jnp.take_along_axis(x, slots.reshape(slots.shape + (1,) * (x.ndim - 2)), axis=1), kinds
 
   def triplet_terms(self, desc, kinds, mask):
     """(per-triplet losses [B, n], weights [B, n]) after mining."""
@@ -177,4 +204,4 @@ class Retrieval(Classification):
     if rc is None:
       return self
     return dataclasses.replace(self, margin=float(rc.margin), num_negatives=int(rc.num_negatives),
-                               threshold=float(rc.threshold))
+                               threshold=float(rc.threshold), cache_pass=bool(rc.get('cache_pass', True)))

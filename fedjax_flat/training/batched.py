@@ -339,7 +339,7 @@ def _result(summary, trainer, ckpt, step, sig, wall) -> RunResult:
 
 def _lane_bytes(t: loop.Trainer) -> int:
   c = t.config
-  item = np.dtype(t.data.x.dtype).itemsize
+  item = np.dtype(getattr(t.data, 'input_dtype', t.data.x.dtype)).itemsize
   batch = t.cohort * t.num_steps * c.client.batch_size * (int(np.prod(t.data.input_shape)) * item + 8)
   data_run = sum(int(np.asarray(t.dev_data[k]).nbytes) for k in ('index', 'offsets', 'sizes'))
   return runs_lib.estimate_run_bytes(server_state=t.server_state,

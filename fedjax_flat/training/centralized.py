@@ -109,8 +109,8 @@ def rounds_to_centralized(records: List[Dict], config, model: str = 'global') ->
 
 def union(data):
   """All training clients' examples as one (x, y) (a FederatedDataset or a ClientDataSource)."""
-  if hasattr(data, 'client_index') and hasattr(data, 'x'):
-    return data.x[data.client_index], data.y[data.client_index]
+  if hasattr(data, 'client_index') and hasattr(data, 'take'):
+    return data.take(data.client_index)
   parts = [data.client_examples(k) for k in range(data.num_clients)]
   return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 

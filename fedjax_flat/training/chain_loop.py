@@ -235,7 +235,8 @@ class ChainTrainer(loop.Trainer):
     c = self.config
     data = self.data
     self.device_gather = False
-    if isinstance(data, FederatedDataset) and c.engine.get('device_data', 'auto') is not False:
+    if (isinstance(data, FederatedDataset) and data.store is None
+        and c.engine.get('device_data', 'auto') is not False):
       nbytes = data.x.nbytes + data.y.nbytes
       self.device_gather = nbytes <= c.engine.get('device_data_max_mb', 1024) * 2**20
     self.dev_arrays = ({'x': jnp.asarray(data.x), 'y': jnp.asarray(np.asarray(data.y, np.int32))}

@@ -144,7 +144,8 @@ class Trainer:
         with_client=(self.train_transform.needs_client       # style transfer's bank
                      or 'client_ids' in alg_registry.needs(config.algorithm)),   # FedFomo's slots
         full_batches=bool(config.client.get('full_batches', False)),
-        max_steps=int(config.client.get('max_local_steps', 0)))
+        max_steps=int(config.client.get('max_local_steps', 0)),
+        draw=getattr(self.data, 'draw', None))     # a dataset drawing columns from a pool (data/federated.py)
     self.round_fn = self.build_round_fn(chunk)
 
     self.key = jax.random.key(config.seed)
@@ -195,7 +196,7 @@ class Trainer:
     if self.store is not None and self.store.kind != 'device':
       return ('per-client states live in the host store (client_state_store=host, or the population is '
               'larger than client_state_device_max_mb)')
-    nbytes = self.data.x.nbytes + self.data.y.nbytes + self.data.client_index.nbytes
+    nbytes = self.data.nbytes
     limit = ec.get('device_data_max_mb', 1024) * 2**20
     if ec.get('device_data', 'auto') == 'auto' and nbytes > limit:
       return f'the training data ({nbytes / 2**20:.0f} MB) exceed engine.device_data_max_mb'

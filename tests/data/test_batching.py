@@ -1,6 +1,7 @@
 """Local iterations of the epochs mode (data/batching.py): ceil(N_k / B) per epoch, or the FedVPR thesis' rule
 min(floor(N_k / B), cap) (client.full_batches, client.max_local_steps), masked inside one fixed step count S
-(no recompilation), on the host and the device paths alike."""
+(no recompilation), on the host and the device paths alike; examples over an item store with a pool draw:
+the same batches as copied items, a valid fresh draw every round, identical on the host and device paths."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 
 from fedjax_flat.config import validate
 from fedjax_flat.data import batching, sampling
+from fedjax_flat.data.federated import FederatedDataset, lookup
 from fedjax_flat.data.sources.builtin import synthetic
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.training import trainers
@@ -97,3 +99,98 @@ def test_bad_local_iteration_settings_are_config_errors():
     validate.validate_config(small_config(**{'client.local_steps': 5, 'client.max_local_steps': 10}))
   with pytest.raises(ConfigError, match='client.max_local_steps'):
     validate.validate_config(small_config(**{'client.max_local_steps': -1}))
+
+
+# -- Examples over an item store, with a pool draw (data/federated.py `store`, `draw`). ------------------------
+
+STORE_SIZES = [5, 2, 7, 3]
+
+
+def _store_data(draw=(2, 3), ids=False, seed=0):
+  """Index rows [N, 6]: 2 fixed columns, a pool of 4 (some empty: -1) into 30 items; labels = column kind (1
+  fixed, 2 pool, 0 empty). ids=True: item i is the number i + 1 (0: empty), to read which items were drawn."""
+  rng = np.random.default_rng(seed)
+  n = sum(STORE_SIZES)
+  x = np.stack([rng.permutation(30)[:6] for _ in range(n)]).astype(np.int32)   # distinct items per row
+  x[rng.random((n, 6)) < 0.25] = -1
+  x[:, 0] = rng.integers(0, 30, n)
+  x[3, 2:] = [-1, 7, -1, -1]                              # a pool smaller than the draw
+  y = np.where(x < 0, 0, np.where(np.arange(6) < 2, 1, 2)).astype(np.uint8)
+  store = (np.arange(1, 31, dtype=np.int32)[:, None] if ids
+           else rng.integers(0, 255, (30, 2, 2, 3)).astype(np.uint8))
+  groups = np.split(np.arange(n), np.cumsum(STORE_SIZES)[:-1])
+  return FederatedDataset.from_client_indices(x, y, groups, store[:1], np.zeros(1), num_classes=1, store=store,
+                                              draw=draw)
+
+
+_gather_jit = jax.jit(batching.gather_round_device, static_argnums=0)
+
+
+def _host_and_device(data, r, ids, seed=0, s=3, b=3):
+  plan = batching.batch_plan(data.client_sizes(), batch_size=b, num_steps=s, draw=data.draw)
+  rb = batching.make_round_batches(data, ids, round_idx=r, seed=seed, batch_size=b, num_steps=s, plan=plan)
+  dev, _ = jax.device_get(_gather_jit(plan, batching.device_data(data), sampling.seed_key(seed),
+                                                       jnp.int32(r), jnp.asarray(np.asarray(ids, np.int32))))
+  return rb, dev
+
+
+def test_store_gather_equals_the_copied_items():
+  """Without a draw, the batches of index rows over a store equal those of the same data with the items copied
+  into every row, on the host and in the compiled gather."""
+  d = _store_data(draw=None)
+  copied = FederatedDataset.from_client_indices(lookup(d.store, d.x), d.y, [d.client_indices(k) for k in range(4)],
+                                                d.test_x, d.test_y, num_classes=1)
+  assert d.input_shape == copied.input_shape == (6, 2, 2, 3)
+  np.testing.assert_array_equal(d.take(np.arange(4))[0], copied.x[:4])
+  assert d.nbytes < copied.nbytes
+  for r in range(2):
+    rb, dev = _host_and_device(d, r, [0, 2, 3])
+    want, want_dev = _host_and_device(copied, r, [0, 2, 3])
+    for key in ('x', 'y', 'mask'):
+      np.testing.assert_array_equal(getattr(rb, key), getattr(want, key), err_msg=key)
+      np.testing.assert_array_equal(dev[key], want_dev[key], err_msg=key)
+    assert rb.x.dtype == np.uint8 and not rb.x[rb.mask == 0].any()
+
+
+def test_pool_draw_is_valid_fresh_each_round_and_the_same_on_host_and_device():
+  d = _store_data(ids=True)
+  assert d.input_shape == (5, 1) and d.label_shape == (5,)
+  seen = []
+  for r in range(3):
+    rb, dev = _host_and_device(d, r, [0, 1, 2, 3])
+    for key in ('x', 'y', 'mask'):
+      np.testing.assert_array_equal(dev[key], getattr(rb, key), err_msg=key)
+    plan = batching.batch_plan(d.client_sizes(), batch_size=3, num_steps=3, draw=d.draw)
+    pos, mask = batching.host_round_positions(plan, 0, r, [0, 1, 2, 3], d.client_sizes())
+    for k in range(4):
+      for s, j in zip(*np.nonzero(mask[k])):
+        row = d.x[d.client_indices(k)[pos[k, s, j]]]
+        got = rb.x[k, s, j, :, 0] - 1                           # item ids (-1: empty)
+        np.testing.assert_array_equal(got[:2], row[:2])         # the fixed columns, in place
+        pool = set(row[2:][row[2:] >= 0].tolist())
+        drawn = got[2:][got[2:] >= 0].tolist()
+        assert len(set(drawn)) == len(drawn) == min(3, len(pool)) and set(drawn) <= pool
+        np.testing.assert_array_equal(rb.y[k, s, j], np.where(got < 0, 0, np.where(np.arange(5) < 2, 1, 2)))
+    assert not rb.x[rb.mask == 0].any()
+    seen.append(rb.x)
+  assert not np.array_equal(seen[0], seen[1]) and not np.array_equal(seen[1], seen[2])
+  # Keyed by (seed, round, client): the same batches again, whichever other clients share the round.
+  again = batching.make_round_batches(d, [2, 3], round_idx=1, seed=0, batch_size=3, num_steps=3)
+  np.testing.assert_array_equal(again.x, seen[1][2:])
+  # A plan built without the data's draw (a caller outside the rounds) reads the first pool columns, as `take`.
+  plain_plan = batching.batch_plan(d.client_sizes(), batch_size=3, num_steps=3)
+  plain = batching.make_round_batches(d, [2], round_idx=0, seed=0, batch_size=3, num_steps=3, plan=plain_plan)
+  pos, mask = batching.host_round_positions(plain_plan, 0, 0, [2], d.client_sizes()[[2]])
+  want = d.take(d.client_indices(2)[pos[0][mask[0] > 0]])
+  np.testing.assert_array_equal(plain.x[0][plain.mask[0] > 0], want[0])
+  np.testing.assert_array_equal(plain.y[0][plain.mask[0] > 0], want[1])
+
+
+def test_store_and_draw_bad_input():
+  d = _store_data()
+  with pytest.raises(ValueError, match='outside the store'):
+    FederatedDataset.from_client_indices(d.x + 30, d.y, [np.arange(len(d.y))], d.test_x, d.test_y, 1,
+                                         store=d.store)
+  with pytest.raises(ValueError, match='draw'):
+    FederatedDataset.from_client_indices(d.x, d.y, [np.arange(len(d.y))], d.test_x, d.test_y, 1, store=d.store,
+                                         draw=(2, 5))

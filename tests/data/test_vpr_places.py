@@ -57,10 +57,10 @@ def test_client_tuples_mine_only_valid_positives_and_negatives_by_distance():
   db_ids = np.arange(100, 180)                    # image ids of the client's own database
   q_pos = db_pos[:12] + rng.normal(0, 3, (12, 2))
   q_ids = np.arange(500, 512)
-  t = vpr_places.client_tuples(q_ids, q_pos, db_ids, db_pos, num_positives=2, num_candidates=6, seed=0)
-  assert t.shape[1] == 9 and len(t) >= 10
+  t = vpr_places.client_tuples(q_ids, q_pos, db_ids, db_pos, num_positives=2, seed=0)
+  assert len(t) >= 10
   pos_of = dict(zip(db_ids.tolist(), db_pos))
-  kinds = vpr_places.slot_kinds(2, 6, t)
+  kinds = vpr_places.slot_kinds(2, t)
   for row, kind in zip(t, kinds):
     qp = q_pos[q_ids.tolist().index(row[0])]
     assert kind[0] == ret.QUERY
@@ -72,10 +72,16 @@ def test_client_tuples_mine_only_valid_positives_and_negatives_by_distance():
       d = np.linalg.norm(pos_of[img] - qp)
       assert (d <= 10.0) if kind[j] == ret.POSITIVE else (d > 25.0)
     assert np.sum(kind == ret.POSITIVE) >= 1
+    # The pool: every database frame beyond 25 m (no neg_pool bound reached), each once.
+    dq = np.linalg.norm(db_pos - qp, axis=1)
+    assert sorted(row[3:][row[3:] >= 0].tolist()) == db_ids[dq > 25.0].tolist()
+  assert t.shape[1] == 3 + max(int(np.sum(np.linalg.norm(db_pos - q_pos[q_ids.tolist().index(r[0])], axis=1) > 25))
+                               for r in t)
+  bounded = vpr_places.client_tuples(q_ids, q_pos, db_ids, db_pos, num_positives=2, seed=0, neg_pool=6)
+  assert bounded.shape[1] == 9 and np.all(bounded[:, 3:] >= 0)
   # Queries without a database frame within 10 m give no tuple.
-  far = vpr_places.client_tuples([7], np.array([[1e4, 1e4]]), db_ids, db_pos, num_positives=2,
-                                 num_candidates=6, seed=0)
-  assert far.shape == (0, 9)
+  far = vpr_places.client_tuples([7], np.array([[1e4, 1e4]]), db_ids, db_pos, num_positives=2, seed=0)
+  assert far.shape == (0, 3)
 
 
 def test_split_statistics_columns():

@@ -1,11 +1,16 @@
 """The retrieval task (tasks/retrieval.py): the triplet loss with in-step mining against its formula written in
 numpy, the valid-triplet count, the blocked exact nearest neighbours and Recall@K against a brute-force numpy
-computation, and the test loss (nearest true match vs nearest wrong one)."""
+computation, and the test loss (nearest true match vs nearest wrong one); the two-pass training (mining from a
+gradient-free pass, the loss on the mined slots) against the one-pass loss and gradient."""
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fedjax_flat.algorithms import local
+from fedjax_flat.models import registry as models
+from fedjax_flat.models.base import from_flax
 from fedjax_flat.tasks import base as tasks
 from fedjax_flat.tasks import retrieval as ret
 
@@ -143,3 +148,105 @@ def test_nearest_returns_the_exact_neighbours_in_order():
   np.testing.assert_allclose(np.asarray(dist), np.sort(ref, axis=1)[:, :7], atol=1e-5)
   with pytest.raises(ValueError, match='multiple of block'):
     ret.Retrieval().nearest(jnp.asarray(qd), jnp.asarray(dd), jnp.ones(24), 7, block=5)
+
+
+def test_select_picks_the_mined_slots_and_their_tuple_mines_them_again():
+  rng = np.random.default_rng(3)
+  desc = _unit(rng, (4, 7, 5))
+  kinds = np.array([[Q, P, P, N, N, N, N], [Q, P, E, N, N, E, E], [Q, E, E, N, N, N, N], [Q, P, P, N, E, E, E]])
+  task = ret.Retrieval(num_negatives=2)
+  slots, k = task.select(jnp.asarray(desc), jnp.asarray(kinds))
+  pos, neg, ok = task.mine(jnp.asarray(desc), jnp.asarray(kinds))
+  np.testing.assert_array_equal(np.asarray(slots), np.concatenate([np.zeros((4, 1)), pos[:, None], neg], 1))
+  np.testing.assert_array_equal(np.asarray(k), [[Q, P, N, N], [Q, P, N, N], [Q, E, N, N], [Q, P, N, E]])
+  small = np.take_along_axis(desc, np.asarray(slots)[..., None], axis=1)
+  mask = jnp.ones(4)
+  for a, b in zip(task.loss_sums(jnp.asarray(small), k, mask), task.loss_sums(jnp.asarray(desc), kinds, mask)):
+    np.testing.assert_allclose(float(a), float(b), rtol=1e-6)
+  assert float(task.unit_count(k, mask)) == float(task.unit_count(jnp.asarray(kinds), mask))
+
+
+class _TinyDescriptor(nn.Module):
+  """A descriptor network of any leading axes, small enough to compile at once: [..., H, W, 3] -> L2(Dense)."""
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    lead = x.shape[:-3]
+    d = nn.Dense(6)(jnp.tanh(nn.Dense(16)(x.reshape((-1,) + (int(np.prod(x.shape[-3:])),)))))
+    d = d / jnp.sqrt(jnp.sum(d * d, -1, keepdims=True))
+    return d.reshape(lead + (6,))
+
+
+def _one_and_two_pass(model, x, kinds, mask):
+  batch = {'x': jnp.asarray(x), 'y': jnp.asarray(kinds), 'mask': jnp.asarray(mask)}
+  params = model.init(jax.random.key(0), batch['x'][:1])
+  out = {}
+  for two in (True, False):
+    fn = local.make_loss(model, task=ret.Retrieval(num_negatives=2, margin=0.5, cache_pass=two))
+    out[two] = jax.jit(jax.value_and_grad(fn, has_aux=True))(params, batch)
+  (v2, aux2), g2 = out[True]
+  (v1, aux1), g1 = out[False]
+  assert float(v1) > 0 and float(aux2[1]) == float(aux1[1])
+  np.testing.assert_allclose(float(v2), float(v1), rtol=1e-5)
+  scale = max(float(np.max(np.abs(np.asarray(a)))) for a in jax.tree_util.tree_leaves(g1))
+  for a, b in zip(jax.tree_util.tree_leaves(g2), jax.tree_util.tree_leaves(g1)):
+    # float32 sums in another order: equal to 1e-4 of the largest gradient entry
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-3, atol=1e-4 * scale)
+  return float(aux1[1])
+
+
+KINDS7 = np.array([[Q, P, P, N, N, N, N], [Q, P, E, N, N, N, E], [Q, P, P, N, N, N, N]], np.uint8)
+
+
+def test_cache_pass_gives_the_one_pass_loss_and_gradient():
+  """Mining from a gradient-free pass, then the loss's pass on the 2 + n mined slots only, equals the loss and
+  gradient of mining inside one pass with gradient over all T slots (algorithms/local.make_loss)."""
+  model = from_flax(_TinyDescriptor(), 'tiny', 1, (7, 4, 4, 3))
+  x = np.random.default_rng(0).uniform(0, 1, (3, 7, 4, 4, 3)).astype(np.float32)
+  assert _one_and_two_pass(model, x, KINDS7, [1.0, 1.0, 0.0]) == 4.0
+
+
+@pytest.mark.slow   # two compilations of the ResNet gradient (~40 s under load); the test above: tiny size
+def test_cache_pass_gives_the_one_pass_loss_and_gradient_of_vpr_resnet18():
+  model = models.get_model('vpr_resnet18', 1, (7, 16, 16, 3), base_width=4, gn_groups=2)
+  x = np.random.default_rng(0).uniform(0, 1, (3, 7, 16, 16, 3)).astype(np.float32)
+  assert _one_and_two_pass(model, x, KINDS7, [1.0, 1.0, 0.0]) == 4.0
+
+
+class _TinyBNDescriptor(nn.Module):
+  """_TinyDescriptor with a BatchNorm layer (masked per tuple, as models/vpr.py's)."""
+  bn_momentum: float = 0.9
+
+  @nn.compact
+  def __call__(self, x, train: bool = False, *, use_running_average=None, mask=None):
+    lead = x.shape[:-3]
+    h = nn.Dense(16)(x.reshape((-1,) + (int(np.prod(x.shape[-3:])),)))
+    if mask is not None:
+      m = jnp.reshape(mask, (-1,))
+      mask = jnp.broadcast_to(m.reshape(m.shape[:1] + (1,) * (len(lead) - 1)), lead).reshape((-1, 1))
+    ura = (not train) if use_running_average is None else use_running_average
+    h = nn.BatchNorm(momentum=self.bn_momentum)(h, use_running_average=ura, mask=mask)
+    d = nn.Dense(6)(jnp.tanh(h))
+    return (d / jnp.sqrt(jnp.sum(d * d, -1, keepdims=True))).reshape(lead + (6,))
+
+
+def test_cache_pass_with_batch_norm_mines_with_running_statistics_and_trains_on_the_mined_slots():
+  """A BatchNorm model: the cache pass is in evaluation mode (running statistics, as the reference's cache under
+  model.eval()); the loss and the new running statistics are those of the training pass over the mined slots."""
+  model = from_flax(_TinyBNDescriptor(), 'tiny_bn', 1, (7, 4, 4, 3), batch_stats=True)
+  x = jnp.asarray(np.random.default_rng(1).uniform(0, 1, (3, 7, 4, 4, 3)).astype(np.float32))
+  kinds, mask = jnp.asarray(KINDS7), jnp.asarray([1.0, 1.0, 0.0])
+  params = model.init(jax.random.key(0), x[:1])
+  params['batch_stats'] = jax.tree_util.tree_map(lambda v: v + 0.3, params['batch_stats'])  # not the batch's
+  task = ret.Retrieval(num_negatives=2, margin=0.5)
+  total, (loss_sum, count, stats) = jax.jit(local.make_loss(model, task=task))(
+      params, {'x': x, 'y': kinds, 'mask': mask})
+  slots, k = task.select(model.apply(params, x, train=False), kinds)             # running statistics
+  xs = jnp.take_along_axis(x, slots[:, :, None, None, None], axis=1)
+  desc, want_stats = model.apply(params, xs, train=True, mask=mask, with_batch_stats=True)
+  want_sum, want_count = task.loss_sums(desc, k, mask)
+  assert float(count) == float(want_count) == 4.0 and float(loss_sum) > 0
+  np.testing.assert_allclose(float(loss_sum), float(want_sum), rtol=1e-5)
+  np.testing.assert_allclose(float(total), float(want_sum) / 4.0, rtol=1e-5)
+  for a, b in zip(jax.tree_util.tree_leaves(stats), jax.tree_util.tree_leaves(want_stats)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)

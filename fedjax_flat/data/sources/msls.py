@@ -18,13 +18,15 @@ city k-means on a visual feature, the 4 x 4-grid mean colour of the image read a
 descriptors: `vpr_places.image_statistic`), k per city = its proximity clients at `split_radius`, so the total
 matches the 2000 m split) or 'random' (data/vpr_places.py). `val_clients` random clients of the split (the
 thesis: 12) leave training: data.val_x / val_y hold their queries and database frames (labelled as the test
-set), data.val_groups their (query, sequence) ids. Training examples are each client's query tuples: positives
-within 10 m and negative candidates beyond 25 m from the client's own database (tasks/retrieval.py mines the
-hardest at every step).
+set), data.val_groups their (query, sequence) ids. Training examples are each client's query tuples over one
+image store: positives within 10 m and a pool of up to `neg_pool` negatives beyond 25 m from the client's own
+database, `num_candidates` of them drawn afresh each round (data/vpr_places.tuple_dataset; tasks/retrieval.py
+mines the hardest at every step).
 
 Images are decoded with PIL (untrusted files: `errors.reading`) and resized to `image_size`; the whole
-federated set is held in memory, so `max_queries_per_city` / `max_sequences_per_city` bound it (0 = all; the
-full MSLS, 1.6M images, needs a streamed ClientDataSource, which this reader is not).
+federated set is held in memory (each image once, in the store the tuples index), so `max_queries_per_city` /
+`max_sequences_per_city` bound it (0 = all; the full MSLS, 1.6M images: `msls_stream`, data/sources/msls_stream.py,
+the same split and batches with each client's images decoded when its batches are built).
 MSLS needs a manual download with a licence: `experiments/download.py --dataset=msls` prints the steps.
 """
 from __future__ import annotations
@@ -213,20 +215,57 @@ def index(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, ma
           'files': folder_of, 'root': root, 'val_groups': val_groups}
 
 
+def training_tuples(ix, num_positives, neg_pool, seed):
+  """Every client's training tuples [n_k, 1 + P + pool] over the global image ids of `index` (vpr_places)."""
+  out = []
+  for k, (qs, ss) in enumerate(ix['groups']):
+    frames = np.concatenate([ix['seq_frames'][s] for s in ss]) if len(ss) else np.zeros((0,), np.int64)
+    out.append(vpr_places.client_tuples(qs, ix['pos'][qs], frames, ix['pos'][frames], num_positives=int(num_positives),
+                                        neg_pool=int(neg_pool), seed=int(seed) * 104729 + k))
+  return out
+
+
+def test_set(ix, size, seed):
+  """(test_x, test_y): the test cities' queries then database images, y = (easting, northing, role)."""
+  tq, tqp, tdb, tdp = [], [], [], []
+  for j, city in enumerate(ix['test']):
+    qk, qp, dk, dp, _ = _city(ix['root'], city, len(ix['train']) + j, 0, 0, int(seed))
+    base = os.path.join(ix['root'], 'train_val', city)
+    tq += [load_image(os.path.join(base, 'query'), k, size) for k in qk]
+    tdb += [load_image(os.path.join(base, 'database'), k, size) for k in dk]
+    tqp.append(qp.reshape(-1, 2))
+    tdp.append(dp.reshape(-1, 2))
+  return np.stack(tq + tdb), vpr_places.test_labels(np.concatenate(tqp), np.concatenate(tdp))
+
+
+def client_groups(ix):
+  """Per-client metadata (H-FL's clusters): the training city of most of the client's queries (every query of a
+  proximity client), and that city's continent (CONTINENT_OF)."""
+  city_of = np.array([np.bincount((ix['pos'][qs, 0] // CITY_SPACING).astype(np.int64)).argmax() if len(qs) else 0
+                      for qs, _ in ix['groups']], np.int64)
+  cont = np.array([CONTINENTS.index(CONTINENT_OF.get(c, 'other')) for c in ix['train']], np.int64)
+  return {'city': city_of, 'continent': cont[city_of]}
+
+
+def val_set(ix, size):
+  """(val_x, val_y): the held-out validation clients' queries and database frames, labelled as the test set."""
+  vq = [int(i) for qs, _ in ix['val_groups'] for i in qs]
+  vd = [int(i) for _, ss in ix['val_groups'] for s_ in ss for i in ix['seq_frames'][s_]]
+  x = (np.stack([load_image(*ix['files'][i], size) for i in vq + vd]) if vq else
+       np.zeros((0, size, size, 3), np.uint8))
+  return x, vpr_places.test_labels(ix['pos'][vq].reshape(-1, 2), ix['pos'][vd].reshape(-1, 2))
+
+
 def load(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, image_size=64, num_positives=2,
-         num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0, val_clients=0):
+         num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0, val_clients=0,
+         neg_pool=vpr_places.NEG_POOL):
   ix = index(data_dir, split, split_radius, num_clients, max_queries_per_city, max_sequences_per_city, seed,
              val_clients)
   train, test, groups_all, seq_frames_all = ix['train'], ix['test'], ix['groups'], ix['seq_frames']
-  all_pos, folder_of, root = ix['pos'], ix['files'], ix['root']
-  tv = os.path.join(root, 'train_val')
+  all_pos, folder_of = ix['pos'], ix['files']
   size = int(image_size)
   offset = len(all_pos)
-  tuples = []
-  for k, (qs, ss) in enumerate(groups_all):
-    frames = np.concatenate([seq_frames_all[s] for s in ss]) if len(ss) else np.zeros((0,), np.int64)
-    tuples.append(vpr_places.client_tuples(qs, all_pos[qs], frames, all_pos[frames], num_positives=int(num_positives),
-                                           num_candidates=int(num_candidates), seed=int(seed) * 104729 + k))
+  tuples = training_tuples(ix, num_positives, neg_pool, seed)
   # Decode only the images some tuple uses; the store is re-indexed densely.
   used = np.unique(np.concatenate([t[t >= 0] for t in tuples] + [np.zeros((0,), np.int64)]))
   remap = np.full(max(offset, 1), -1, np.int64)
@@ -234,34 +273,16 @@ def load(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, ima
   images = np.stack([load_image(*folder_of[i], size) for i in used]) if len(used) else np.zeros((0, size, size, 3),
                                                                                               np.uint8)
   tuples = [np.where(t >= 0, remap[np.maximum(t, 0)], -1) for t in tuples]
-  tq, tqp, tdb, tdp = [], [], [], []
-  for j, city in enumerate(test):
-    qk, qp, dk, dp, _ = _city(root, city, len(train) + j, 0, 0, int(seed))
-    base = os.path.join(tv, city)
-    tq += [load_image(os.path.join(base, 'query'), k, size) for k in qk]
-    tdb += [load_image(os.path.join(base, 'database'), k, size) for k in dk]
-    tqp.append(qp.reshape(-1, 2))
-    tdp.append(dp.reshape(-1, 2))
-  test_x = np.stack(tq + tdb)
-  test_y = vpr_places.test_labels(np.concatenate(tqp), np.concatenate(tdp))
+  test_x, test_y = test_set(ix, size, seed)
   data = vpr_places.tuple_dataset(images, tuples, int(num_positives), int(num_candidates), test_x, test_y,
                                   name=f'msls_{split}')
   data.split_stats = vpr_places.split_statistics(groups_all, [len(f) for f in seq_frames_all])
   data.train_cities, data.test_cities = tuple(train), tuple(test)
-  # Per-client metadata (H-FL's clusters): the training city of most of the client's queries (every query of a
-  # proximity client), and that city's continent (CONTINENT_OF).
-  city_of = np.array([np.bincount((all_pos[qs, 0] // CITY_SPACING).astype(np.int64)).argmax() if len(qs) else 0
-                      for qs, _ in groups_all], np.int64)
-  cont = np.array([CONTINENTS.index(CONTINENT_OF.get(c, 'other')) for c in train], np.int64)
-  data.client_groups = {'city': city_of, 'continent': cont[city_of]}
+  data.client_groups = client_groups(ix)
   # The held-out validation clients (val_clients): their queries and database frames, labelled as the test set.
-  vq = [int(i) for qs, _ in ix['val_groups'] for i in qs]
-  vd = [int(i) for _, ss in ix['val_groups'] for s_ in ss for i in seq_frames_all[s_]]
-  data.val_x = (np.stack([load_image(*folder_of[i], size) for i in vq + vd]) if vq else
-                np.zeros((0, size, size, 3), np.uint8))
-  data.val_y = vpr_places.test_labels(all_pos[vq].reshape(-1, 2), all_pos[vd].reshape(-1, 2))
+  data.val_x, data.val_y = val_set(ix, size)
   data.val_groups = ix['val_groups']
-  data.tuple_index = np.concatenate(tuples)
+  data.tuple_index = data.x
   data.image_pos = all_pos[used]
   return data
 
@@ -286,13 +307,14 @@ def split_table(data_dir='', radii=(1000.0, 2000.0, 4000.0), seed=0, max_queries
 
 
 FIELDS = dict(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, image_size=64, num_positives=2,
-              num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0, val_clients=0)
+              num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0, val_clients=0,
+              neg_pool=vpr_places.NEG_POOL)
 
 
 def _check(d):
   if d.get('split', 'proximity') not in SPLITS:
     raise ConfigError('data.split', d.get('split'), f'one of {SPLITS}')
-  for k in ('image_size', 'num_positives', 'num_candidates'):
+  for k in ('image_size', 'num_positives', 'num_candidates', 'neg_pool'):
     if k in d and int(d[k]) < 1:
       raise ConfigError(f'data.{k}', d[k], 'an integer >= 1')
   if 'split_radius' in d and not (np.isfinite(float(d['split_radius'])) and float(d['split_radius']) > 0):
@@ -301,13 +323,14 @@ def _check(d):
 
 @register('msls', task='retrieval', fields=FIELDS, check=_check)
 def _msls(data_dir='', split='proximity', split_radius=2000.0, num_clients=0, image_size=64, num_positives=2,
-          num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0, val_clients=0, **unused):
+          num_candidates=10, max_queries_per_city=0, max_sequences_per_city=0, seed=0, val_clients=0,
+          neg_pool=vpr_places.NEG_POOL, **unused):
   del unused
   if int(val_clients) < 0:
     raise ConfigError('data.val_clients', val_clients, 'an integer >= 0 (the thesis holds out 12 clients)')
   _check(dict(split=split, split_radius=split_radius, image_size=image_size, num_positives=num_positives,
-              num_candidates=num_candidates))
+              num_candidates=num_candidates, neg_pool=neg_pool))
   return load(data_dir=data_dir, split=split, split_radius=split_radius, num_clients=num_clients,
               image_size=image_size, num_positives=num_positives, num_candidates=num_candidates,
               max_queries_per_city=max_queries_per_city, max_sequences_per_city=max_sequences_per_city, seed=seed,
-              val_clients=val_clients)
+              val_clients=val_clients, neg_pool=neg_pool)

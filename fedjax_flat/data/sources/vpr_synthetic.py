@@ -19,11 +19,14 @@ Training cities are split into clients (data/vpr_places.py): 'proximity' (Table 
 with the sequences of their positives, the other sequences dealt at random; 0 = as many clients as the
 proximity split gives), or 'single' (one client with everything: the centralized reference, mining over
 the whole database). Each client's training examples are
-its query tuples (positives and negative candidates from its own database: tasks/retrieval.py). The test set
-is a separate city on the server: its queries and database, y = (easting, northing, role).
+its query tuples over one image store (data/vpr_places.tuple_dataset: positives and a pool of up to `neg_pool`
+negatives from its own database, `num_candidates` of them drawn afresh whenever the round's batches are built;
+tasks/retrieval.py mines the hardest). The test set is a separate city on the server: its queries and database,
+y = (easting, northing, role).
 
-Extra attributes: split_stats (Table 6.5's columns), tuple_index [N, T] (the image ids of each tuple's slots),
-image_pos [images, 2], image_client (the client holding each image; -2 when several hold it).
+Extra attributes: split_stats (Table 6.5's columns), tuple_index [N, K] (= x: the image ids of each tuple's
+query, positives and negative pool), image_pos [images, 2], image_client (the client holding each image; -2
+when several hold it).
 
 Default size: 4 training cities of 300 m x 300 m, 30 sequences x 8 frames and 80 queries each, 32 x 32
 images; generated in a few seconds (3.6 s measured under load).
@@ -116,14 +119,14 @@ def city(seed: int, city_id: int, *, city_size: float, sequences: int, seq_len: 
 FIELDS = dict(num_cities=4, city_size=300.0, sequences_per_city=30, seq_len=8, frame_step=4.0,
               queries_per_city=80, query_offset=4.0, image_size=32, view_m=32.0, view_jitter=3.0, zoom=0.1,
               split='proximity', split_radius=100.0, num_clients=0, num_positives=2, num_candidates=10,
-              test_sequences=30, test_queries=80, seed=0)
+              neg_pool=vpr_places.NEG_POOL, test_sequences=30, test_queries=80, seed=0)
 
 
 def _check(d):
   if d.get('split', 'proximity') not in SPLITS:
     raise ConfigError('data.split', d.get('split'), f'one of {SPLITS}')
   for k in ('num_cities', 'sequences_per_city', 'seq_len', 'queries_per_city', 'image_size', 'num_positives',
-            'num_candidates', 'test_sequences', 'test_queries'):
+            'num_candidates', 'neg_pool', 'test_sequences', 'test_queries'):
     if k in d and int(d[k]) < 1:
       raise ConfigError(f'data.{k}', d[k], 'an integer >= 1')
   for k in ('city_size', 'frame_step', 'view_m', 'split_radius'):
@@ -134,12 +137,13 @@ def _check(d):
 def load(num_cities=4, city_size=300.0, sequences_per_city=30, seq_len=8, frame_step=4.0, queries_per_city=80,
          query_offset=4.0, image_size=32, view_m=32.0, view_jitter=3.0, zoom=0.1, split='proximity',
          split_radius=100.0, num_clients=0, num_positives=2, num_candidates=10, test_sequences=30,
-         test_queries=80, seed=0):
+         test_queries=80, seed=0, neg_pool=vpr_places.NEG_POOL):
   """The federated stand-in (module docstring)."""
   _check(dict(split=split, num_cities=num_cities, sequences_per_city=sequences_per_city, seq_len=seq_len,
               queries_per_city=queries_per_city, image_size=image_size, num_positives=num_positives,
-              num_candidates=num_candidates, test_sequences=test_sequences, test_queries=test_queries,
-              city_size=city_size, frame_step=frame_step, view_m=view_m, split_radius=split_radius))
+              num_candidates=num_candidates, neg_pool=neg_pool, test_sequences=test_sequences,
+              test_queries=test_queries, city_size=city_size, frame_step=frame_step, view_m=view_m,
+              split_radius=split_radius))
   kw = dict(city_size=float(city_size), seq_len=int(seq_len), frame_step=float(frame_step),
             query_offset=float(query_offset), image_size=int(image_size), view_m=float(view_m),
             view_jitter=float(view_jitter), zoom=float(zoom))
@@ -180,14 +184,14 @@ def load(num_cities=4, city_size=300.0, sequences_per_city=30, seq_len=8, frame_
   for k, (qs, ss) in enumerate(groups):
     frames = np.concatenate([seq_frames[s] for s in ss]) if len(ss) else np.zeros((0,), np.int64)
     tuples.append(vpr_places.client_tuples(q_base + qs, q_pos[qs], frames, db_pos[frames],
-                                           num_positives=int(num_positives), num_candidates=int(num_candidates),
+                                           num_positives=int(num_positives), neg_pool=int(neg_pool),
                                            seed=int(seed) * 104729 + k))
   test_x = np.concatenate([tq, tdb])
   test_y = vpr_places.test_labels(tq_pos, tdb_pos)
   data = vpr_places.tuple_dataset(images, tuples, int(num_positives), int(num_candidates), test_x, test_y,
                                   name=f'vpr_synthetic_{split}')
   data.split_stats = vpr_places.split_statistics(groups, [len(f) for f in seq_frames])
-  data.tuple_index = np.concatenate(tuples)                   # [N, T] image ids of x's slots (-1 empty)
+  data.tuple_index = data.x                                   # [N, K] image ids of the slots (-1 empty)
   data.image_pos = np.concatenate([db_pos, q_pos])            # [images, 2] metres
   data.image_client = np.full(len(images), -1, np.int64)      # the client holding an image (-1: none or several)
   for k, (qs, ss) in enumerate(groups):
@@ -205,10 +209,11 @@ def load(num_cities=4, city_size=300.0, sequences_per_city=30, seq_len=8, frame_
 def _vpr_synthetic(num_cities=4, city_size=300.0, sequences_per_city=30, seq_len=8, frame_step=4.0,
                    queries_per_city=80, query_offset=4.0, image_size=32, view_m=32.0, view_jitter=3.0, zoom=0.1,
                    split='proximity', split_radius=100.0, num_clients=0, num_positives=2, num_candidates=10,
-                   test_sequences=30, test_queries=80, seed=0, **unused):
+                   test_sequences=30, test_queries=80, seed=0, neg_pool=vpr_places.NEG_POOL, **unused):
   del unused
   return load(num_cities=num_cities, city_size=city_size, sequences_per_city=sequences_per_city, seq_len=seq_len,
               frame_step=frame_step, queries_per_city=queries_per_city, query_offset=query_offset,
               image_size=image_size, view_m=view_m, view_jitter=view_jitter, zoom=zoom, split=split,
               split_radius=split_radius, num_clients=num_clients, num_positives=num_positives,
-              num_candidates=num_candidates, test_sequences=test_sequences, test_queries=test_queries, seed=seed)
+              num_candidates=num_candidates, test_sequences=test_sequences, test_queries=test_queries, seed=seed,
+              neg_pool=neg_pool)

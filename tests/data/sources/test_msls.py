@@ -75,7 +75,7 @@ def test_reads_the_official_layout(tree):
   n_db = sum(len(info[c][0]) for c in ('sf', 'cph'))
   assert d.test_x.shape == (n_q + n_db, 8, 8, 3)
   assert int(np.sum(d.test_y[:, 2] == ret.QUERY_ROLE)) == n_q
-  assert d.x.shape[1:] == (7, 8, 8, 3) and d.num_clients >= 2
+  assert d.input_shape == (7, 8, 8, 3) and d.store.shape[1:] == (8, 8, 3) and d.num_clients >= 2
   # test cities far apart in the shifted UTM frame: no false match across cities
   qpos = d.test_y[d.test_y[:, 2] == 1, :2]
   assert np.ptp(qpos[:, 0]) > 1e6
