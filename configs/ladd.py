@@ -87,7 +87,7 @@ swa_teacher_start):
   release's fed_ftda config) / 5e-3 (Mapillary, its oracle config) with a poly 0.9 decay over the rounds; ftda
   starts from the source checkpoint (init.pretrained, its classifier kept: init.reinit_classifier='never');
   central_oracle: experiments/centralized.py, 100 epochs, batch 16, SGD momentum 0.9, lr 0.05 / 5e-3 (the
-  release: poly 0.9 with Nesterov; the centralized runner has cosine / constant only: cosine here).
+  release: poly 0.9 with Nesterov momentum; here poly 0.9 with plain momentum: no Nesterov option exists).
   Source runs (config.source_pretrain, training/source_pretrain.py; the release's configs/pretrain_<target>.txt
   and configs/cityscapes_centr_sourceonly.txt): GTA5's 23,905 training images loaded at 1052 x 1914 (the few of
   another size resized), labels mapped onto the target's classes, random scale 0.7-2 and a 512 x 1024 crop padded
@@ -99,11 +99,14 @@ swa_teacher_start):
   keyed by (seed, step). The release starts from ImageNet MobileNetV2 weights: pass them as init.pretrained.
   central_ftda: the release's centralized FTDA fine-tunes its source-only model on the labelled target (its
   mapillary_centr_ftda.txt: 50 epochs, lr 5e-3 poly 0.9; no Cityscapes file is released, the same used).
-  Not reproduced: the release's hard-negative mining inside the self-training loss (the LADD loss here is
-  algorithms/ladd.py's, over every kept pixel), its KD term multiplied by the target labels (reads the labels
-  FFREEDA forbids, see algorithms/ladd.py). Evaluation: mIoU on the target test set every 50 rounds and at the
-  end; reported: the last evaluation (summary_last_k 1). Routed (per-cluster) test-time evaluation is
-  evaluation/routed.py's; train.py evaluates the global model and every cluster model on the whole test set.
+  The LADD loss (algorithms/ladd.py) is the release's selftrain_div loss: the self-training CE averaged over all
+  pixels (the release's `hnm` flag, set in its LADD configs, does not reach it: its criterion takes an identity
+  reduction; hard-negative mining applies to the labelled losses only: the oracles' and the source
+  pre-training's top 25%). Not reproduced: its KD term multiplied by the batch's labels on Cityscapes and
+  Mapillary (reads the target labels FFREEDA forbids; on CrossCity no labels are loaded and its KD is ours).
+  Evaluation: mIoU on the target test set every 50 rounds and at the end; reported: the last evaluation
+  (summary_last_k 1). Routed (per-cluster) test-time evaluation is evaluation/routed.py's; train.py evaluates the
+  global model and every cluster model on the whole test set.
 """
 from fedjax_flat.config import families as config_strings
 from fedjax_flat.config import source_pretrain as source_section
@@ -183,7 +186,7 @@ def get_config(arg: str = ''):
       c.init.reinit_classifier = 'never'
     if method == 'central_oracle':
       c.centralized.epochs, c.centralized.lr, c.centralized.momentum = 100, ORACLE_LR[target], 0.9
-      c.centralized.weight_decay, c.centralized.batch_size, c.centralized.schedule = 0.0, 16, 'cosine'
+      c.centralized.weight_decay, c.centralized.batch_size, c.centralized.schedule = 0.0, 16, 'poly'
     if method == 'central_ftda':      # the release's centralized FTDA phase 2 (configs/mapillary_centr_ftda.txt)
       c.centralized.epochs, c.centralized.lr, c.centralized.momentum = 50, 5e-3, 0.9
       c.centralized.weight_decay, c.centralized.batch_size, c.centralized.schedule = 0.0, 16, 'poly'
