@@ -37,7 +37,8 @@ server keeps San Francisco and Copenhagen as the test cities; Recall@1/5/10 with
 test_accuracy (percent in config.published).
 
 Published R@1 (%, mean +- std over runs):
-  Table 6.5  Centralized 66.0 +- 0.4 (not a cell: experiments/centralized.py), Random 40.2 +- 0.0,
+  Table 6.5  Centralized 66.0 +- 0.4 (not a cell: experiments/centralized.py, on the union of the clients'
+             tuples, the candidates drawn afresh at every visit as in the rounds), Random 40.2 +- 0.0,
              Clustering 57.3 +- 1.2 [U: the thesis' visual features are not named; an image statistic here],
              Proximity 1000 m 51.7 +- 1.7, 2000 m 61.0 +- 0.6, 4000 m 66.1 +- 0.3
   Table 6.6  FedAvg SGD 61.0 +- 0.6 (= proximity 2000), SGDm 61.2 +- 1.4, Adam 61.1 +- 1.2, AdaGrad 61.6 +- 0.3,

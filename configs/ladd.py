@@ -2,49 +2,68 @@ r"""LADD / FFREEDA (thesis section 5.3; Shenaj et al., WACV 2023): thesis Tables
 (GTA5 -> CrossCity) and 5.8 (GTA5 -> Mapillary), hyperparameters of Table A.7 (facts of the release:
 ../shared/reference/ladd_fedcg_fedvpr_release_facts.md).
 
+The pipeline (data: GTA5's zips extracted into D/gta5, `python experiments/download.py --dataset=ladd_splits
+--data_dir=D` for the released splits, the target in D/<target>):
+
+  1. the FDA pre-trained source model (GTA5 streamed, every image restyled with a target client's style):
+  .venv/bin/python experiments/pretrain_source.py --workdir=runs/gta5_fda_cityscapes \
+      --config=configs/ladd.py:cityscapes,source_fda --config.data.data_dir=D --config.source_pretrain.data.data_dir=D
+  2. the federated runs start from it (w_0, the teachers' start and the KD target):
   .venv/bin/python experiments/train.py --workdir=runs/ladd_cityscapes_cls \
-      --config=configs/ladd.py:cityscapes,ladd_cls --config.data.data_dir=/path/to/data \
-      --config.init.pretrained=/path/to/gta5_fda_pretrained.npz
+      --config=configs/ladd.py:cityscapes,ladd_cls --config.data.data_dir=D \
+      --config.init.pretrained=runs/gta5_fda_cityscapes/source_model.npz
   .venv/bin/python experiments/train.py --workdir=runs/ladd_crosscity_fedavg_st \
-      --config=configs/ladd.py:crosscity,fedavg_st --config.init.pretrained=/path/to/gta5_fda_pretrained.npz
+      --config=configs/ladd.py:crosscity,fedavg_st --config.data.data_dir=D \
+      --config.init.pretrained=runs/gta5_fda_crosscity/source_model.npz
+  source only (its result is the evaluation pretrain_source.py writes, summary.json's final_test_miou), then the
+  centralized FTDA from it:
+  .venv/bin/python experiments/pretrain_source.py --workdir=runs/gta5_only_cityscapes \
+      --config=configs/ladd.py:cityscapes,source_only --config.data.data_dir=D --config.source_pretrain.data.data_dir=D
+  .venv/bin/python experiments/centralized.py --workdir=runs/ladd_cityscapes_central_ftda \
+      --config=configs/ladd.py:cityscapes,central_ftda --config.data.data_dir=D \
+      --config.init.pretrained=runs/gta5_only_cityscapes/source_model.npz
   .venv/bin/python experiments/centralized.py --workdir=runs/ladd_mapillary_central \
-      --config=configs/ladd.py:mapillary,central_oracle
-  .venv/bin/python experiments/train.py --workdir=runs/ladd_synthetic --config=configs/ladd.py:synthetic,ladd_all
+      --config=configs/ladd.py:mapillary,central_oracle --config.data.data_dir=D
+  .venv/bin/python experiments/pretrain_source.py --workdir=runs/synthetic_fda \
+      --config=configs/ladd.py:synthetic,source_fda
+  .venv/bin/python experiments/train.py --workdir=runs/ladd_synthetic --config=configs/ladd.py:synthetic,ladd_all \
+      --config.init.pretrained=runs/synthetic_fda/source_model.npz
 
 Grammar (comma-separated; defaults cityscapes,ladd_cls):
   cityscapes | crosscity | mapillary | synthetic;
-  ladd_cls | ladd_all | fedavg_st | fed_oracle | ftda | central_oracle
-CELLS lists every published cell (14). `synthetic` is the stand-in that runs in minutes here, not a cell (no
-published number): `seg_synthetic_da` (4 planted styles x 4 unlabelled clients x 12 images of 32 x 32; the target
-labels only for its oracles), `seg_cnn` width 8 (BatchNorm), 30 rounds of 4 clients, 1 epoch of batch 8, client
-SGD momentum 0.9 lr 0.01, lambda_KD 20, omega 1, no SWA teacher, k by the silhouette over 2..19 (the setting of
-benchmarks/studies/ladd_synthetic.py, which also runs the source pre-training; here w_0 is config.init's, a
-random init without it).
+  ladd_cls | ladd_all | fedavg_st | fed_oracle | ftda | central_oracle | source_only | source_fda | central_ftda
+CELLS lists every published cell (18). `source_fda` is the pre-training every LADD / FedAvg + ST / ftda cell
+starts from: a setting, not a cell (the thesis gives no number for it). `synthetic` is the stand-in that runs in
+minutes here, not a cell (no published number): `seg_synthetic_da` (4 planted styles x 4 unlabelled clients x 12
+images of 32 x 32; the target labels only for its oracles), `seg_cnn` width 8 (BatchNorm), 30 rounds of 4
+clients, 1 epoch of batch 8, client SGD momentum 0.9 lr 0.01, lambda_KD 20, omega 1, no SWA teacher, k by the
+silhouette over 2..19 (the setting of benchmarks/studies/ladd_synthetic.py); its source_fda / source_only
+pre-train on the set's in-memory source as the study does (300 steps of 16, lr 0.05, a random flip; its
+central_ftda: 20 epochs, lr 0.01 poly); w_0 is config.init's, a random init without it.
 
 Published mIoU % (mean +- std, the thesis' tables = the release's paper):
   Table 5.6, Cityscapes (heterogeneous):
     centralized oracle 66.64 +- 0.33        central_oracle  (experiments/centralized.py)
+    source only        24.05 +- 1.14        source_only     (experiments/pretrain_source.py)
+    centralized FTDA   65.74 +- 0.48        central_ftda    (experiments/centralized.py from source_only's model)
     federated oracle   58.16 +- 1.02        fed_oracle
     federated FTDA     59.35 +- 0.61        ftda
     FedAvg + ST        35.10 +- 0.73        fedavg_st
     LADD (cls)         36.49 +- 0.13        ladd_cls
     LADD (all)         36.49 +- 0.14        ladd_all
   Table 5.7, CrossCity (no target labels for training: no oracle, no FTDA):
+    source only        26.49 +- 1.46        source_only     (experiments/pretrain_source.py)
     FedAvg + ST        33.59 +- 1.25        fedavg_st
     LADD (cls)         39.87 +- 0.14        ladd_cls
     LADD (all)         40.09 +- 0.19        ladd_all
   Table 5.8, Mapillary:
     centralized oracle 61.46 +- 0.21        central_oracle  (experiments/centralized.py)
+    source only        32.40 +- 0.71        source_only     (experiments/pretrain_source.py)
     federated oracle   49.91 +- 0.49        fed_oracle
     FedAvg + ST        38.97 +- 0.21        fedavg_st
     LADD (cls)         40.16 +- 1.02        ladd_cls
     LADD (all)         38.78 +- 1.82        ladd_all
-  Not cells: source only (Cityscapes 24.05 +- 1.14, CrossCity 26.49 +- 1.46, Mapillary 32.40 +- 0.71) is the
-  source pre-training without style transfer (training/source_pretrain.py) evaluated on the target test set:
-  neither a federated nor a centralized run of a target dataset (no entry point trains on GTA5 and tests on a
-  target; benchmarks/studies/ladd_synthetic.py does it on the synthetic set); the centralized FTDA (Cityscapes
-  65.74 +- 0.48) needs a centralized run from the source checkpoint, which experiments/centralized.py does not
-  take (it starts from the model's init); MCD and DAFormer are not built.
+  Not cells: MCD and DAFormer (not built).
 
 Setting (Table A.7; T rounds, K' clients per round, eta client lr, lambda_KD, omega = teacher_step, t_start =
 swa_teacher_start):
@@ -68,19 +87,35 @@ swa_teacher_start):
   release's fed_ftda config) / 5e-3 (Mapillary, its oracle config) with a poly 0.9 decay over the rounds; ftda
   starts from the source checkpoint (init.pretrained, its classifier kept: init.reinit_classifier='never');
   central_oracle: experiments/centralized.py, 100 epochs, batch 16, SGD momentum 0.9, lr 0.05 / 5e-3 (the
-  release: poly 0.9 with Nesterov; the centralized runner has cosine / constant only: cosine here).
-  Not reproduced: the release's hard-negative mining inside the self-training loss (the LADD loss here is
-  algorithms/ladd.py's, over every kept pixel), its KD term multiplied by the target labels (reads the labels
-  FFREEDA forbids, see algorithms/ladd.py). Evaluation: mIoU on the target test set every 50 rounds and at the
-  end; reported: the last evaluation (summary_last_k 1). Routed (per-cluster) test-time evaluation is
-  evaluation/routed.py's; train.py evaluates the global model and every cluster model on the whole test set.
+  release: poly 0.9 with Nesterov momentum; here poly 0.9 with plain momentum: no Nesterov option exists).
+  Source runs (config.source_pretrain, training/source_pretrain.py; the release's configs/pretrain_<target>.txt
+  and configs/cityscapes_centr_sourceonly.txt): GTA5's 23,905 training images loaded at 1052 x 1914 (the few of
+  another size resized), labels mapped onto the target's classes, random scale 0.7-2 and a 512 x 1024 crop padded
+  with the ignore label, no flip (the release's GTA5 transform has none), mean = std = 0.5, batch 16, SGD momentum
+  0.9, no weight decay, poly 0.9, top-25% pixel CE. source_fda (fda_inv): 10 epochs at lr 5e-3, colour jitter 0.5,
+  every image restyled with a random target-client style (the clients' mean FDA styles over their images, b = 1,
+  the bank the LADD trainer clusters; the swap at the target's load size, the release's at 1024 x 512);
+  source_only: 100 epochs at lr 0.05, no jitter, no style. An epoch = ceil(N / 16) steps, each step's batch drawn
+  keyed by (seed, step). The release starts from ImageNet MobileNetV2 weights: pass them as init.pretrained.
+  central_ftda: the release's centralized FTDA fine-tunes its source-only model on the labelled target (its
+  mapillary_centr_ftda.txt: 50 epochs, lr 5e-3 poly 0.9; no Cityscapes file is released, the same used).
+  The LADD loss (algorithms/ladd.py) is the release's selftrain_div loss: the self-training CE averaged over all
+  pixels (the release's `hnm` flag, set in its LADD configs, does not reach it: its criterion takes an identity
+  reduction; hard-negative mining applies to the labelled losses only: the oracles' and the source
+  pre-training's top 25%). Not reproduced: its KD term multiplied by the batch's labels on Cityscapes and
+  Mapillary (reads the target labels FFREEDA forbids; on CrossCity no labels are loaded and its KD is ours).
+  Evaluation: mIoU on the target test set every 50 rounds and at the end; reported: the last evaluation
+  (summary_last_k 1). Routed (per-cluster) test-time evaluation is evaluation/routed.py's; train.py evaluates the
+  global model and every cluster model on the whole test set.
 """
 from fedjax_flat.config import families as config_strings
+from fedjax_flat.config import source_pretrain as source_section
 from fedjax_flat.config.default_config import default_config, segmentation_data
 
 FAMILY = 'configs/ladd.py'
 TARGETS = ('cityscapes', 'crosscity', 'mapillary', 'synthetic')
-METHODS = ('ladd_cls', 'ladd_all', 'fedavg_st', 'fed_oracle', 'ftda', 'central_oracle')
+METHODS = ('ladd_cls', 'ladd_all', 'fedavg_st', 'fed_oracle', 'ftda', 'central_oracle', 'source_only', 'source_fda',
+           'central_ftda')
 FIELDS = {'target': ('cityscapes', TARGETS), 'method': ('ladd_cls', METHODS)}
 
 # Table A.7 (Mapillary from the release): rounds, clients per round, client lr, lambda_KD, omega, t_start.
@@ -99,9 +134,21 @@ PUBLISHED = {
     ('mapillary', 'central_oracle'): (61.46, 0.21), ('mapillary', 'fed_oracle'): (49.91, 0.49),
     ('mapillary', 'fedavg_st'): (38.97, 0.21), ('mapillary', 'ladd_cls'): (40.16, 1.02),
     ('mapillary', 'ladd_all'): (38.78, 1.82),
+    ('cityscapes', 'source_only'): (24.05, 1.14), ('crosscity', 'source_only'): (26.49, 1.46),
+    ('mapillary', 'source_only'): (32.40, 0.71), ('cityscapes', 'central_ftda'): (65.74, 0.48),
 }
 CELLS = [f'{t},{m}' for t, m in PUBLISHED]
-ORACLES = ('fed_oracle', 'ftda', 'central_oracle')
+# Cells another binary runs (experiments/sweep.py launches train.py: configs/sweeps/paper_table.py leaves these out and
+# names their commands).
+ENTRY_POINTS = {c: ('experiments/pretrain_source.py' if c.endswith('source_only') else 'experiments/centralized.py')
+                for c in CELLS if c.split(',')[1] in ('source_only', 'central_oracle', 'central_ftda')}
+ORACLES = ('fed_oracle', 'ftda', 'central_oracle', 'central_ftda')
+PRETRAIN = ('source_only', 'source_fda')
+GTA5_SIZE = (1052, 1914)     # GTA5's image size (H, W); the few images of another size are resized at load
+# The release's source runs: configs/pretrain_<target>.txt (fda_inv: 10 source epochs, lr 5e-3, colour jitter) and
+# configs/cityscapes_centr_sourceonly.txt (100 source epochs, lr 0.05, no jitter); both poly 0.9, batch 16, hnm.
+SOURCE_RUN = {'source_fda': dict(style='fda', epochs=10, lr=5e-3, jitter=0.5),
+              'source_only': dict(style='none', epochs=100, lr=0.05, jitter=0.0)}
 
 
 def get_config(arg: str = ''):
@@ -110,8 +157,8 @@ def get_config(arg: str = ''):
   if method in ORACLES and target == 'crosscity':
     raise config_strings.ConfigStringError(FAMILY, f'crosscity,{method}', 'CrossCity has no target labels for '
                                            'training: its cells are ladd_cls, ladd_all, fedavg_st')
-  if method == 'ftda' and target not in ('cityscapes', 'synthetic'):
-    raise config_strings.ConfigStringError(FAMILY, f'{target},ftda', 'FTDA is published for Cityscapes only')
+  if method in ('ftda', 'central_ftda') and target not in ('cityscapes', 'synthetic'):
+    raise config_strings.ConfigStringError(FAMILY, f'{target},{method}', 'FTDA is published for Cityscapes only')
   oracle = method in ORACLES
   if target == 'synthetic':
     return _synthetic(method, oracle)
@@ -135,11 +182,21 @@ def get_config(arg: str = ''):
     c.rounds = 1500
     c.client.lr = ORACLE_LR[target]
     c.client.lr_schedule, c.client.lr_power, c.client.lr_poly_max = 'poly_round', 0.9, 1500
-    if method == 'ftda':
+    if method in ('ftda', 'central_ftda'):
       c.init.reinit_classifier = 'never'
     if method == 'central_oracle':
       c.centralized.epochs, c.centralized.lr, c.centralized.momentum = 100, ORACLE_LR[target], 0.9
-      c.centralized.weight_decay, c.centralized.batch_size, c.centralized.schedule = 0.0, 16, 'cosine'
+      c.centralized.weight_decay, c.centralized.batch_size, c.centralized.schedule = 0.0, 16, 'poly'
+    if method == 'central_ftda':      # the release's centralized FTDA phase 2 (configs/mapillary_centr_ftda.txt)
+      c.centralized.epochs, c.centralized.lr, c.centralized.momentum = 50, 5e-3, 0.9
+      c.centralized.weight_decay, c.centralized.batch_size, c.centralized.schedule = 0.0, 16, 'poly'
+  elif method in PRETRAIN:
+    c.algorithm = 'fedavg'           # not a federated run: experiments/pretrain_source.py reads source_pretrain
+    run = SOURCE_RUN[method]
+    c.source_pretrain = source_section.section(
+        dataset='gta5', style=run['style'], epochs=run['epochs'], lr=run['lr'], batch_size=16, prefetch=8,
+        data=segmentation_data('gta5', target=target, image_size=GTA5_SIZE, crop=(512, 1024), scale=(0.7, 2.0),
+                               flip=False, jitter=run['jitter']))
   else:
     c.algorithm = 'ladd'
     c.algo = {'cluster_layers': {'ladd_cls': 'decoder', 'ladd_all': 'all', 'fedavg_st': 'none'}[method],
@@ -169,10 +226,18 @@ def _synthetic(method, oracle):
   c.eval_every, c.eval_every_last, c.summary_last_k = 10, 10, 1
   if oracle:
     c.algorithm = 'fedavg'
-    if method == 'ftda':
+    if method in ('ftda', 'central_ftda'):
       c.init.reinit_classifier = 'never'
     if method == 'central_oracle':
       c.centralized.epochs, c.centralized.lr, c.centralized.batch_size = 50, 0.05, 16
+    if method == 'central_ftda':
+      c.centralized.epochs, c.centralized.lr, c.centralized.batch_size, c.centralized.schedule = 20, 0.01, 16, 'poly'
+  elif method in PRETRAIN:
+    c.algorithm = 'fedavg'
+    # benchmarks/studies/ladd_synthetic.py's pre-training: the in-memory source, 300 steps of 16, lr 0.05, a flip
+    c.source_pretrain = source_section.section(dataset='', style='fda' if method == 'source_fda' else 'none',
+                                               epochs=0, steps=300, lr=0.05, batch_size=16, checkpoint_every=100,
+                                               log_every=50, prefetch=2)
   else:
     c.algorithm = 'ladd'
     c.algo = {'cluster_layers': {'ladd_cls': 'cls', 'ladd_all': 'all', 'fedavg_st': 'none'}[method],

@@ -46,6 +46,9 @@ def main(argv):
     raise BadInputError(f'unexpected arguments {argv[1:]}; config overrides are --config.<field>=<value>')
   if not _WORKDIR.value.strip():
     raise BadInputError("--workdir='' is empty: give the directory for centralized.json")
+  if _CONFIG.value.get('source_pretrain') is not None:     # a source pre-training cell (configs/ladd.py source_*)
+    raise BadInputError('this config pre-trains on the source (config.source_pretrain): run it with '
+                        'experiments/pretrain_source.py')
   res = centralized.train(_CONFIG.value, _WORKDIR.value)
   wd = os.path.abspath(_WORKDIR.value)
   print(f"done: {res['hparams']['epochs']} epochs on {res['num_train_examples']} examples, final test accuracy "

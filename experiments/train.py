@@ -88,6 +88,10 @@ def main(argv):
   from fedjax_flat.config import algo_flags
   # Errors: one line and the exit status of their class (cli.run_main below)
   config = algo_flags.apply(_CONFIG.value, _ALGO_OVERRIDES)
+  if config.get('source_pretrain') is not None:     # a source pre-training cell (configs/ladd.py source_*)
+    from fedjax_flat.errors import ConfigError
+    raise ConfigError('source_pretrain', '<section>', 'this config pre-trains on the source: run it with '
+                      'experiments/pretrain_source.py (train.py takes its source_model.npz as config.init.pretrained)')
   summary = run_lib.run(config, _WORKDIR.value, fresh=_FRESH.value, handle_signals=True)
   signal.signal(signal.SIGTERM, signal.SIG_IGN)   # done: a late SIGTERM (e.g. a job ending) is not a failure
   if jax.process_index() != 0:

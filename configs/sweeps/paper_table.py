@@ -9,6 +9,8 @@ Argument: the family (a configs/<family>.py with CELLS: fedsam_cifar, fedsam_pam
 fedgloss_cifar, fedgloss_sota, wima, man_cifar100, baselines_cifar_cnn, baselines_digits, fedsoup_digits, fedseq,
 fedseq_digits, ...), then
 optionally only=<token> to keep the cells with that token or key value (e.g. only=cifar100, only=swa, only=4.15).
+Cells a family runs with another binary (its ENTRY_POINTS, e.g. configs/ladd.py's centralized and source-only
+cells) are left out of the grid and named in the sweep's description with their binary.
 """
 import importlib.util
 import os
@@ -34,9 +36,18 @@ def get_sweep(arg: str = ''):
   cells = [c for c in mod.CELLS if not only or any(only in (t, t.partition('=')[2]) for t in c.split(','))]
   if not cells:
     raise ValueError(f'no cell of configs/{family}.py contains {only!r}')
+  # Cells that another binary runs (a family's ENTRY_POINTS: cell -> binary) are not train.py runs: named, not swept.
+  others = getattr(mod, 'ENTRY_POINTS', {})
+  elsewhere = [c for c in cells if c in others]
+  cells = [c for c in cells if c not in others]
+  if not cells:
+    raise ValueError(f'every selected cell of configs/{family}.py is run by another binary: '
+                     + '; '.join(f'{c}: {others[c]}' for c in elsewhere))
+  note = ('; not swept (another binary runs them): ' + '; '.join(f'{c}: {others[c]}' for c in elsewhere)
+          if elsewhere else '')
   return dict(
       name=family + (f'_{only}' if only else ''),
-      description=f'every cell of configs/{family}.py' + (f' containing {only!r}' if only else ''),
+      description=f'every cell of configs/{family}.py' + (f' containing {only!r}' if only else '') + note,
       grid=[{'config': f'configs/{family}.py:{c}'} for c in cells],
       seeds=[0, 1, 2],
   )

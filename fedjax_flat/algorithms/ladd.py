@@ -35,8 +35,15 @@ Client loss (the release's `SelfTrainingLoss` + `KnowledgeDistillationLoss`, `fd
                   alpha = 0.5 and m_p = 1 on the pixels the pre-trained model's own pseudo-labels keep (same rule)
   Pixels of padding examples count nowhere. The student's main head only (auxiliary heads are not trained by
   the target loss: the release's DeepLabV3 has none).
-  Release detail not reproduced: its KD call passes the target LABELS as `pred_labels` and multiplies the KD
-  loss by them (class ids), which reads the target annotations that FFREEDA forbids; we leave it out.
+  No hard-negative mining, as the release: its LADD configs set `hnm`, but src/clients/fda_client.py gives the
+  `selftrain_div` criterion (SelfTrainingLoss, whose class attribute requires_reduction = False) an identity
+  reduction, and SelfTrainingLoss.forward already returns the mean over all pixels; `HardNegativeMining` (each
+  image's top 25% pixel losses) reaches only the labelled losses: the source pre-training's CE
+  (training/source_pretrain.py) and the test loss.
+  Release detail left out: its KD call passes the batch's labels as `pred_labels` and multiplies the per-pixel KD
+  loss by them (class ids: 0 for the first class, 255 for void). For Cityscapes and Mapillary (ds_type
+  'supervised': the training loader returns the target label maps) that reads the annotations FFREEDA forbids;
+  for CrossCity (ds_type 'unsupervised': no labels loaded, pred_labels=None) the release's KD is the one here.
   The target labels `batch['y']` are never read.
 
 Registered as 'ladd' (`experiments/train.py`): the trainer clusters the clients' FDA styles before building it

@@ -223,7 +223,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.centralized.momentum = 0.9
   c.centralized.weight_decay = -1.0     # -1 = client.weight_decay
   c.centralized.batch_size = 0          # 0 = client.batch_size
-  c.centralized.schedule = 'cosine'     # 'cosine' | 'constant'
+  c.centralized.schedule = 'cosine'     # 'cosine' | 'constant' | 'poly' (power 0.9)
   # Federated runs: the centralized accuracy (a fraction) or a centralized run's centralized.json / workdir;
   # summary.json then holds rounds_to_<100 f>pct_centralized for f in fractions (mean of the last `window` evals).
   c.centralized.accuracy = 0.0          # 0 = none

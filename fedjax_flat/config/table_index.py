@@ -39,6 +39,14 @@ NOTES = {
     ('thesis', '4.21'): "Table 4.15's cells: its FedSAM / FedDyn / FedAvg rows are configs/baselines_cifar_cnn.py "
                         "table=4.15 cells at alpha=0 (FedDyn+SAM: client=sam), its FedGloSS rows "
                         "configs/fedgloss_cifar.py:cifar10|cifar100,fedgloss,sam|sgd,alpha=0",
+    ('thesis', '5.6'): 'source_only: experiments/pretrain_source.py (its summary.json final_test_miou); '
+                       'central_oracle / central_ftda: experiments/centralized.py (central_ftda from the source_only '
+                       'model: --config.init.pretrained=WORKDIR/source_model.npz); LADD, FedAvg + ST and ftda: '
+                       'experiments/train.py from the source_fda model (configs/ladd.py docstring)',
+    ('thesis', '5.7'): 'source_only: experiments/pretrain_source.py; the others experiments/train.py from the '
+                       'source_fda model (configs/ladd.py docstring)',
+    ('thesis', '5.8'): 'source_only: experiments/pretrain_source.py; central_oracle: experiments/centralized.py; the '
+                       'others experiments/train.py from the source_fda model (configs/ladd.py docstring)',
     ('MAN', '1'): 'CIFAR-10 (supplementary Sec. 5.2) is not in the seeds: configs/man_cifar100.py:cifar10,... '
                   'builds the setting without a number',
 }

@@ -10,11 +10,13 @@ import numbers
 import os
 
 from absl import logging
+import ml_collections
 
 from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.algorithms.wrappers import swa as swa_lib
 from fedjax_flat.algorithms.local import MAN_CONVENTIONS
 from fedjax_flat.config import centralized
+from fedjax_flat.config import source_pretrain
 from fedjax_flat.config.run_dir import is_run_dir
 from fedjax_flat.core.contract import WEIGHTINGS
 from fedjax_flat.data import registry as data_registry
@@ -221,6 +223,8 @@ def validate_config(cfg) -> None:
     centralized.validate(cfg)
   if 'segmentation' in cfg:
     _validate_segmentation(cfg)
+  if 'source_pretrain' in cfg:             # the server's source pre-training (training/source_pretrain.py)
+    _validate_source_pretrain(cfg)
   if 'fedvc' in cfg:                       # FedVC's virtual clients (data/virtual_clients.py)
     _num(cfg, 'fedvc.virtual_size', lo=0, integer=True)
   if 'retrieval' in cfg:                   # FedVPR's triplet loss and Recall@K (tasks/retrieval.py)
@@ -411,6 +415,26 @@ def validate_against_data(cfg, data) -> None:
     validation_steps.check_validation_data(data, src)
   # the algorithm's own data rules (its population N) and its warnings (algorithms/registry.py)
   alg_registry.spec(cfg.algorithm).validate_data(cfg, data)
+
+
+def _validate_source_pretrain(cfg) -> None:
+  """config.source_pretrain: its scalar fields (config/source_pretrain.py), then its source's data section against
+  the source dataset's declared fields (the same rules as config.data), errors named source_pretrain.data.<k>."""
+  source_pretrain.validate(cfg)
+  s = cfg.source_pretrain
+  if not s.dataset:
+    if len(s.data):
+      raise ConfigError('source_pretrain.data', s.data.to_dict(), "must be empty when source_pretrain.dataset='' "
+                        '(the target dataset carries its source)')
+    return
+  if s.dataset not in data_registry.declaring_datasets():
+    raise ConfigError('source_pretrain.dataset', s.dataset, 'must be a segmentation dataset declaring its fields: '
+                      f'{data_registry.declaring_datasets()}')
+  view = ml_collections.ConfigDict({'dataset': s.dataset, 'data': s.data.to_dict(), 'augment': 'segmentation'})
+  try:
+    _validate_segmentation_data(view)
+  except ConfigError as e:
+    raise ConfigError(f'source_pretrain.{e.field}', e.value, e.allowed) from None
 
 
 def _validate_segmentation_data(cfg) -> None:

@@ -15,8 +15,9 @@ empty slot, read as zeros). With `draw = (fixed, count)` an example's first `fix
 and `count` of its remaining K - fixed columns (a pool; -1 entries are not drawn) are drawn afresh whenever
 the round batches are built (data/batching.py: keyed by seed, round, client, step and example); y [N, K]
 follows the same columns. The batch gather maps the indices to items (`lookup`), so the data hold each item
-once, not once per example that uses it. Outside the rounds (`take`: client evaluation, the centralized
-run) an example uses its first `count` pool columns (a pool stored in random order: a random subset).
+once, not once per example that uses it. Outside the rounds (`take`: client evaluation) an example uses its
+first `count` pool columns (a pool stored in random order: a random subset, the same at every use); the
+centralized run draws afresh at every visit through the rounds' draw (training/centralized.py).
 A source of such examples too large for memory (data/sources/msls_stream.py) gives each client its own store:
 `client_indexed(k) -> (rows [n_k, K] int32 indices into the store, y [n_k, K], store [I_k, *item])`, with
 `draw`, `slots`, `input_dtype`, `input_shape` / `label_shape` of what the model sees; the round batches go

@@ -97,6 +97,11 @@ class ClientEvaluator:
 
   Every client is padded to the population's largest client, so the shape never changes across rounds.
   Returns per-client accuracy/loss and their example-weighted and plain means.
+
+  The examples are `client_examples(k)`: for data over an item store with a pool draw (FedVPR's tuples) the
+  first `count` pool columns of every tuple (FederatedDataset.take), a fixed candidate subset, deliberately not
+  redrawn: a monitoring metric over the same examples at every evaluation of a client, so its change across
+  rounds is the model's, not the draw's (training redraws: data/batching.py, training/centralized.py).
   """
 
   def __init__(self, model, data, batch_size: int = 256, preprocess=None, task=None):

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from fedjax_flat.models.base import from_flax
 from fedjax_flat.models.layers import torch_bias_init, torch_kernel_init
-from fedjax_flat.models.mobilenet_v2 import INVERTED_RESIDUAL_SETTING, make_divisible
+from fedjax_flat.models.mobilenet_v2 import INVERTED_RESIDUAL_SETTING, InvertedResidualBase, make_divisible
 from fedjax_flat.models.registry import register
 from fedjax_flat.models.resnet import conv
 
@@ -70,24 +70,14 @@ class ConvBNAct(nn.Module):
     return x
 
 
-class InvertedResidualBN(nn.Module):
-  features: int
-  strides: int
-  expand_ratio: int
+class InvertedResidualBN(InvertedResidualBase):
+  """models/mobilenet_v2.py's block with BatchNorm units: ConvBNAct submodules 'expand', 'dw', 'project'."""
   bn_momentum: float = 0.9
   conv_impl: str = 'auto'
 
-  @nn.compact
-  def __call__(self, x, use_running_average: bool, mask=None):
-    cin = x.shape[-1]
-    hidden = int(round(cin * self.expand_ratio))
-    kw = dict(bn_momentum=self.bn_momentum, conv_impl=self.conv_impl)
-    y = x
-    if self.expand_ratio != 1:
-      y = ConvBNAct(hidden, 1, name='expand', **kw)(y, use_running_average, mask)
-    y = ConvBNAct(hidden, 3, strides=self.strides, groups=hidden, name='dw', **kw)(y, use_running_average, mask)
-    y = ConvBNAct(self.features, 1, act=None, name='project', **kw)(y, use_running_average, mask)
-    return x + y if self.strides == 1 and cin == self.features else y
+  def unit(self, y, features, kernel, strides, groups, act, name, use_running_average, mask=None):
+    return ConvBNAct(features, kernel, strides=strides, groups=groups, act='relu6' if act else None,
+                     bn_momentum=self.bn_momentum, conv_impl=self.conv_impl, name=name)(y, use_running_average, mask)
 
 
 class DeepLabV3MobileNetV2(nn.Module):

@@ -78,28 +78,42 @@ class ConvGNAct(nn.Module):
     return _act6(self, group_norm(x, self.gn_groups, name='gn'))
 
 
-class InvertedResidual(nn.Module):
+class InvertedResidualBase(nn.Module):
+  """The inverted residual block (Sandler et al. 2018): [conv1x1 expand to t * cin, norm, ReLU6] (absent when
+  t = 1), depthwise conv3x3 stride s, norm, ReLU6, conv1x1 linear projection to c, norm; + x when s = 1 and
+  cin = c. The structure only: a subclass's `unit(y, features, kernel, strides, groups, act, name, *norm_args)`
+  is one convolution + normalization (+ ReLU6 when act) and names its parameters, so that each model keeps its
+  own parameter tree (this module's GroupNorm block: flat 'expand_conv' / 'expand_gn' ...; models/deeplabv3.py's
+  BatchNorm block: 'expand' / {'conv', 'bn'} ... as its ConvBNAct submodules). __call__(x, *norm_args) passes
+  norm_args (BatchNorm: use_running_average, mask) to every unit."""
   features: int
   strides: int
   expand_ratio: int
-  gn_groups: int = 8
-  conv_impl: str = 'auto'
+
+  def unit(self, y, features: int, kernel: int, strides: int, groups: int, act: bool, name: str, *norm_args):
+    raise NotImplementedError
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, *norm_args):
     cin = x.shape[-1]
     hidden = int(round(cin * self.expand_ratio))
     y = x
     if self.expand_ratio != 1:
-      y = conv(y, hidden, 1, conv_impl=self.conv_impl, name='expand_conv')
-      y = _act6(self, group_norm(y, self.gn_groups, name='expand_gn'))
-    y = conv(y, hidden, 3, strides=self.strides, groups=hidden, conv_impl=self.conv_impl, name='dw_conv')
-    y = _act6(self, group_norm(y, self.gn_groups, name='dw_gn'))
-    y = conv(y, self.features, 1, conv_impl=self.conv_impl, name='project_conv')
-    y = group_norm(y, self.gn_groups, name='project_gn')
-    if self.strides == 1 and cin == self.features:
-      y = x + y
-    return y
+      y = self.unit(y, hidden, 1, 1, 1, True, 'expand', *norm_args)
+    y = self.unit(y, hidden, 3, self.strides, hidden, True, 'dw', *norm_args)
+    y = self.unit(y, self.features, 1, 1, 1, False, 'project', *norm_args)
+    return x + y if self.strides == 1 and cin == self.features else y
+
+
+class InvertedResidual(InvertedResidualBase):
+  """The GroupNorm block: parameters '<unit>_conv' and '<unit>_gn' of the block itself, ReLU6 outputs sown here."""
+  gn_groups: int = 8
+  conv_impl: str = 'auto'
+
+  def unit(self, y, features, kernel, strides, groups, act, name):
+    y = conv(y, features, kernel, strides=strides, groups=groups, conv_impl=self.conv_impl, name=f'{name}_conv')
+    y = group_norm(y, self.gn_groups, name=f'{name}_gn')
+    return _act6(self, y) if act else y
 
 
 class MobileNetV2(nn.Module):

@@ -16,9 +16,25 @@ model is their plain mean, evaluated after each epoch as swa/test_*, and it is t
 (final_test_accuracy; the plain model's is final_test_accuracy_base). The thesis gives no centralized SWA
 schedule beyond the federated one; BatchNorm statistics are averaged like the weights (no recomputation pass).
 
+Initial weights: the model's init, or `config.init` (training/init.py: a params file `init.pretrained`, another
+run's model `init.checkpoint`; `init.reinit_classifier='never'` keeps the loaded classifier), e.g. LADD's
+centralized FTDA from the source model of experiments/pretrain_source.py. The loss is the dataset's task with the
+config's settings (tasks/base.from_config: config.segmentation's OHEM).
+
 Every epoch is one compiled program (a scan over its batches, gathered from the device copy of the data by a
-permutation keyed by (seed, epoch); the per-step learning rates are an input); the test set is evaluated
-after every epoch. Writes WORKDIR/centralized.json:
+permutation keyed by (seed, epoch); the per-step learning rates and the epoch are inputs, so every epoch runs the
+same program); the test set is evaluated after every epoch.
+
+Data over an item store (FedVPR's query tuples, data/federated.py: a FederatedDataset's `store`, or a source's
+per-client `client_indexed` stores, concatenated) keep their index rows and the store on the device, and every
+step looks its batch's items up (federated.lookup) as the rounds do. With a pool `draw` = (fixed, count) the
+`count` negative candidates of every example are drawn afresh at every visit, through the rounds' definition
+(data/batching.draw_keys / draw_columns): the union is client 0 of "round" `epoch`, so the draw of the example at
+(step s, slot j) of epoch e is keyed by (seed, e, s, j): deterministic, and the same in a rerun. The federated
+runs redraw every round, so Table 6.5's centralized row sees as many candidate sets as they do (not `take`'s
+fixed first `count` pool columns). Data without a store run exactly as before (x[perm], y[perm]).
+
+Writes WORKDIR/centralized.json:
   {"final_test_accuracy": ..., "best_test_accuracy": ..., "epochs": [...per-epoch metrics...], "hparams": ...}
 
 `rounds_to_centralized(records, config, model)`: for each fraction f of `config.centralized.fractions`
@@ -30,8 +46,8 @@ JSON or its workdir). The round resolution is `eval_every` (and every round of t
 
 Config fields (`config.centralized`, config/default_config.py):
   epochs, lr (0 = client.lr), momentum, weight_decay (-1 = client.weight_decay), batch_size (0 =
-  client.batch_size), schedule ('cosine' | 'constant'): the centralized run (client.optimizer / rho /
-  asam_eta and config.swa as above);
+  client.batch_size), schedule ('cosine' | 'constant' | 'poly': lr (1 - t / T) ** 0.9, the LADD release's): the
+  centralized run (client.optimizer / rho / asam_eta and config.swa as above);
   accuracy, path, fractions, window: the federated run's reference and its rounds-to-X metric.
 """
 from __future__ import annotations
@@ -50,65 +66,74 @@ import optax
 
 from fedjax_flat.tasks import base as tasks_lib
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.config.centralized import RESULT_FILE, read_reference, reference_path  # noqa: F401 (re-exported)
+# re-exported: the reference and rounds-to-X live with config.centralized (training/loop.py reads them there)
+from fedjax_flat.config.centralized import (POLY_POWER, RESULT_FILE, fraction_key, read_reference,  # noqa: F401
+                                            reference_accuracy, reference_path, rounds_to, rounds_to_centralized)
 from fedjax_flat.evaluation.evaluator import Evaluator, RetrievalEvaluator, make_validation_evaluator
 from fedjax_flat.tasks import retrieval as ret_tasks
+from fedjax_flat.data import batching
 from fedjax_flat.data import registry as data_registry
+from fedjax_flat.data import sampling
+from fedjax_flat.data.federated import lookup
 from fedjax_flat.models import registry as model_registry
 from fedjax_flat.data.transforms import pipeline as transforms
 from fedjax_flat.config import validate as validate_lib
 from fedjax_flat.optimizers.client import client_optimizer
 from fedjax_flat.optimizers.schedules import swa_cyclic_lr
-
-def reference_accuracy(config):
-  """(accuracy, source) of the configured centralized reference, or (None, None)."""
-  c = config.get('centralized')
-  if c is None:
-    return None, None
-  if c.path:
-    return read_reference(c.path), os.path.abspath(reference_path(c.path))
-  if c.accuracy:
-    return float(c.accuracy), 'config.centralized.accuracy'
-  return None, None
-
-
-def fraction_key(f: float) -> str:
-  return f'rounds_to_{100 * f:g}pct_centralized'
-
-
-def rounds_to(records: List[Dict], key: str, target: float, window: int = 1) -> Optional[int]:
-  """The first record's round where the mean of `key` over the last `window` records (fewer at the start)
-  reaches target."""
-  accs = []
-  for rec in records:
-    if rec.get(key) is None:
-      continue
-    accs.append(float(rec[key]))
-    if np.mean(accs[-window:]) >= target:
-      return int(rec['round'])
-  return None
-
-
-def rounds_to_centralized(records: List[Dict], config, model: str = 'global') -> Dict:
-  """summary.json fields: the centralized reference and the rounds to each fraction of it ({} if none)."""
-  acc, source = reference_accuracy(config)
-  if acc is None:
-    return {}
-  key = ('' if model == 'global' else f'{model}/') + 'test_accuracy'
-  c = config.centralized
-  out = {'centralized_accuracy': acc, 'centralized_source': source, 'rounds_to_centralized_window': int(c.window),
-         'rounds_to_centralized_model': model}
-  for f in c.fractions:
-    out[fraction_key(f)] = rounds_to(records, key, f * acc, int(c.window))
-  return out
+from fedjax_flat.training import init as init_lib
 
 
 # ----------------------------------------------------------------------------------------------------
 # The centralized run.
 
 
+def union_indexed(data):
+  """Every training client's examples as index rows into one item store, or None for data without a store:
+  (rows [N, K] int32 (-1: empty), y [N, K, ...], store [I, *item], draw (fixed, count) or None).
+
+  A FederatedDataset's rows index its `store`; a source's per-client stores (`client_indexed(k)`,
+  data/sources/msls_stream.py) are concatenated and each client's rows shifted by its store's offset."""
+  if getattr(data, 'store', None) is not None and hasattr(data, 'client_index'):
+    return (np.asarray(data.x[data.client_index], np.int32), np.asarray(data.y)[data.client_index], data.store,
+            data.draw)
+  if not hasattr(data, 'client_indexed'):
+    return None
+  parts = [data.client_indexed(k) for k in range(data.num_clients)]
+  offsets = np.cumsum([0] + [len(store) for _, _, store in parts[:-1]])
+  rows = np.concatenate([np.where(r >= 0, r + o, -1) for (r, _, _), o in zip(parts, offsets)]).astype(np.int32)
+  return rows, np.concatenate([y for _, y, _ in parts]), np.concatenate([st for _, _, st in parts]), data.draw
+
+
+def epoch_draw_keys(seed, epoch, num_steps: int, batch_size: int):
+  """[S, B] keys of an epoch's pool draws: the rounds' draw_keys with the union as client 0 and the epoch as the
+  round, i.e. keyed by (seed, epoch, step, slot). seed: an int or the run's key (sampling.seed_key); traceable
+  (epoch may be traced)."""
+  return batching.draw_keys(sampling.seed_key(seed), epoch, jnp.zeros((1,), jnp.int32), num_steps, batch_size)[0]
+
+
+def store_rows(arrays, idx, mask, keys, draw):
+  """(rows [B, slots], y) of positions idx [B] (mask [B]) of index rows over a store (arrays: 'x' rows [N, K],
+  'y' [N, K, ...]): with `draw` the first `fixed` columns and `count` drawn from the pool with keys [B]
+  (batching.draw_columns, the rounds' draw), else all K; masked examples' rows empty (-1), y 0. Traceable."""
+  rows, y = arrays['x'][idx], arrays['y'][idx]
+  if draw is not None:
+    rows, y = batching.draw_columns(draw, keys, rows, y)
+  valid = mask > 0
+  rows = jnp.where(valid[:, None], rows, -1)
+  y = jnp.where(valid.reshape(valid.shape + (1,) * (y.ndim - 1)), y, jnp.zeros((), y.dtype))
+  return rows, y
+
+
+def store_batch(arrays, idx, mask, keys, draw):
+  """The batch {x, y, mask} of `store_rows` with the items looked up in arrays['store'] (federated.lookup; empty
+  slots and masked examples are zeros, as in the round batches). Traceable."""
+  rows, y = store_rows(arrays, idx, mask, keys, draw)
+  return {'x': lookup(arrays['store'], rows, jnp), 'y': y, 'mask': mask}
+
+
 def union(data):
-  """All training clients' examples as one (x, y) (a FederatedDataset or a ClientDataSource)."""
+  """All training clients' examples as one (x, y) (a FederatedDataset or a ClientDataSource); data over an item
+  store: the first `count` pool columns (`take`; train() uses `union_indexed` and fresh draws instead)."""
   if hasattr(data, 'client_index') and hasattr(data, 'take'):
     return data.take(data.client_index)
   parts = [data.client_examples(k) for k in range(data.num_clients)]
@@ -155,9 +180,11 @@ def epoch_lrs(hp, epoch: int, steps_per_epoch: int) -> np.ndarray:
   if s and s['cyclic_lr'] and epoch >= s['start_epoch']:
     return np.full(steps_per_epoch, float(swa_cyclic_lr(s['lr1'], s['lr2'], s['cycle'])(epoch)), np.float32)
   steps = epoch * steps_per_epoch + np.arange(steps_per_epoch)
+  total = hp['epochs'] * steps_per_epoch
   if hp['schedule'] == 'cosine':
-    total = hp['epochs'] * steps_per_epoch
     return np.asarray(optax.cosine_decay_schedule(hp['lr'], total)(steps), np.float32)
+  if hp['schedule'] == 'poly':
+    return np.asarray(optax.polynomial_schedule(hp['lr'], 0.0, POLY_POWER, total)(steps), np.float32)
   return np.full(steps_per_epoch, hp['lr'], np.float32)
 
 
@@ -170,18 +197,28 @@ def centralized_optimizer(config, hp) -> optax.GradientTransformationExtraArgs:
   return client_optimizer(cc)
 
 
-def make_epoch_fn(model, task, hp, tx, augment_fn=None):
-  """epoch(params, opt_state, x, y, perm [S, B], valid [S, B], lrs [S], key) -> (params, opt_state, loss sum,
-  units). Every step is the federated client's step (algorithms/local.local_step) with hparams {lr, rho}."""
+def make_epoch_fn(model, task, hp, tx, augment_fn=None, *, indexed: bool = False, draw=None):
+  """epoch(params, opt_state, arrays, perm [S, B], valid [S, B], lrs [S], key, seed_key, epoch) -> (params,
+  opt_state, loss sum, units). arrays: {'x', 'y'} (batch = x[idx], y[idx]), or with `indexed` {'x' rows, 'y',
+  'store'} (batch = store_batch, the pool drawn with epoch_draw_keys(seed_key, epoch) when `draw`); seed_key (the
+  run's sampling.seed_key) and epoch (int32) are traced inputs (no recompilation per epoch), read only by
+  indexed data. Every step is the federated client's step (algorithms/local.local_step) with hparams {lr, rho}."""
   loss_fn = local_lib.make_loss(model, task=task)
   rho = jnp.asarray(hp.get('rho', 0.0), jnp.float32)
 
-  def epoch(params, opt_state, x, y, perm, valid, lrs, key):
+  def epoch(params, opt_state, arrays, perm, valid, lrs, key, seed_key, epoch_idx):
+    x, y = arrays['x'], arrays['y']
+    if indexed:
+      draw_keys = epoch_draw_keys(seed_key, epoch_idx, perm.shape[0], perm.shape[1])
+
     def body(carry, xs):
       params, opt_state = carry
       idx, mask, lr, step = xs
       rng = jax.random.fold_in(key, step)
-      batch = {'x': x[idx], 'y': y[idx], 'mask': mask}
+      if indexed:
+        batch = store_batch(arrays, idx, mask, draw_keys[step], draw)
+      else:
+        batch = {'x': x[idx], 'y': y[idx], 'mask': mask}
       if augment_fn is not None:
         batch = augment_fn(jax.random.fold_in(rng, 1), batch)
       local, m = local_lib.local_step(local_lib.LocalState(params, opt_state, params), batch, rng, loss_fn=loss_fn,
@@ -193,28 +230,46 @@ def make_epoch_fn(model, task, hp, tx, augment_fn=None):
   return jax.jit(epoch, donate_argnums=(0, 1))
 
 
-def train(config, workdir: Optional[str] = None, *, data=None, on_epoch=None) -> Dict:
+def train(config, workdir: Optional[str] = None, *, data=None, on_epoch=None, on_init=None) -> Dict:
   """Trains the centralized baseline; returns (and writes to WORKDIR/centralized.json) its result.
 
-  on_epoch(epoch, params, swa_params or None): called after every epoch (1-based) with the end-of-epoch weights."""
+  on_epoch(epoch, params, swa_params or None): called after every epoch (1-based) with the end-of-epoch weights;
+  on_init(params): called once with the initial weights (config.init's when it names some)."""
   validate_lib.validate_config(config)
   data = data if data is not None else data_registry.get_dataset(config.dataset, **config.data.to_dict())
   model = model_registry.get_model(config.model, data.num_classes, data.input_shape, **config.model_kwargs.to_dict())
-  task = tasks_lib.task_of(data)
+  task = tasks_lib.from_config(tasks_lib.task_of(data), config)   # e.g. config.segmentation's OHEM
   train_tf, eval_tf = transforms.make_transforms(config, data.num_classes)
-  x, y = union(data)
+  indexed = union_indexed(data)
+  if indexed is None:
+    x, y = union(data)
+    arrays = {'x': jax.device_put(x), 'y': jax.device_put(np.asarray(y))}
+  else:       # index rows + the store on the device; candidates drawn afresh at every visit (module docstring)
+    rows, y, store, draw = indexed
+    arrays = {'x': jax.device_put(rows), 'y': jax.device_put(np.asarray(y, batching.label_dtype(y.dtype))),
+              'store': jax.device_put(store)}
   hp = hparams(config)
   n, b = len(y), hp['batch_size']
   steps = max(1, -(-n // b))
   tx = centralized_optimizer(config, hp)
-  epoch_fn = make_epoch_fn(model, task, hp, tx, train_tf)
+  epoch_fn = make_epoch_fn(model, task, hp, tx, train_tf, indexed=indexed is not None,
+                           draw=None if indexed is None else draw)
   averaged = set(swa_averaged_epochs(hp))
   if hp.get('swa') and hp['swa']['average'] and not averaged:
     logging.warning('centralized SWA never averages: start epoch %d + cycle %d > %d epochs; the result is the '
                     'plain model (lower config.swa.start_fraction or swa.cycle, or train more epochs)',
                     hp['swa']['start_epoch'], hp['swa']['cycle'], hp['epochs'])
   key = jax.random.key(config.seed)
+  draw_key = sampling.seed_key(config.seed)     # the rounds' base key of the pool draws (epoch_draw_keys)
   params = model.init(jax.random.fold_in(key, 0), jnp.zeros((1,) + tuple(data.input_shape), jnp.float32))
+  if init_lib.requested(config):      # config.init: a params file or another run's model (e.g. LADD's source model)
+    params = jax.tree_util.tree_map(jnp.asarray, init_lib.initial_params(config, model, jax.device_get(params)))
+    logging.info('centralized: initial params from %s', config.init.pretrained or config.init.checkpoint)
+  elif config.get('init') is not None and config.init.get('reinit_classifier') == 'never':
+    logging.warning('centralized: init.reinit_classifier=never but no init.pretrained / init.checkpoint: the run '
+                    'starts from the random init (FTDA cells need the source model: --config.init.pretrained=...)')
+  if on_init is not None:
+    on_init(jax.device_get(params))
   opt_state = tx.init(params)
   tx_, ty_ = data.test_examples()
   # retrieval (FedVPR, Table 6.5's centralized row): Recall@K of the test queries against the test database
@@ -222,7 +277,6 @@ def train(config, workdir: Optional[str] = None, *, data=None, on_epoch=None) ->
   evaluator = make(model, tx_, ty_, config.eval_batch_size, preprocess=eval_tf, task=task)
   # the validation clients of a retrieval set (left out of the union), as the federated runs report them
   val_evaluator = make_validation_evaluator(config, model, data, task, eval_tf)
-  xd, yd = jax.device_put(x), jax.device_put(np.asarray(y))
   records, t0 = [], time.time()
   swa_params, swa_n = None, 0
   logging.info('centralized: %d examples, %d epochs x %d steps of %d, %s, lr %g (%s), momentum %g, wd %g%s',
@@ -233,8 +287,8 @@ def train(config, workdir: Optional[str] = None, *, data=None, on_epoch=None) ->
     pad = steps * b - n
     perm = np.concatenate([order, np.zeros(pad, np.int64)]).reshape(steps, b).astype(np.int32)
     valid = np.concatenate([np.ones(n, np.float32), np.zeros(pad, np.float32)]).reshape(steps, b)
-    params, opt_state, s, cnt = epoch_fn(params, opt_state, xd, yd, perm, valid, epoch_lrs(hp, e, steps),
-                                         jax.random.fold_in(key, 1000 + e))
+    params, opt_state, s, cnt = epoch_fn(params, opt_state, arrays, perm, valid, epoch_lrs(hp, e, steps),
+                                         jax.random.fold_in(key, 1000 + e), draw_key, np.int32(e))
     if e in averaged:     # running mean of the recorded end-of-cycle weights
       swa_params = jax.tree_util.tree_map(
           lambda a, w: (a * swa_n + w) / (swa_n + 1), swa_params if swa_params is not None else params, params)

@@ -51,7 +51,7 @@ from fedjax_flat.data.transforms import pipeline as transforms
 from fedjax_flat.config import validate
 from fedjax_flat.training import writers
 from fedjax_flat.evaluation.evaluator import ClientEvaluator
-from fedjax_flat.training import centralized
+from fedjax_flat.config import centralized
 from fedjax_flat.evaluation.corruption import evaluate_corruptions
 from fedjax_flat.data.sources import cifar_c
 from fedjax_flat.errors import ConfigError

@@ -111,6 +111,84 @@ def test_self_training_sums_formula():
   np.testing.assert_allclose(float(got), want, rtol=1e-4)
 
 
+def _hand_problem():
+  """Two images of 1 x 4 pixels, 2 classes, and a padding image; probabilities chosen so that every kept pixel
+  and every loss term can be read off by hand (the docstring of test_self_training_loss_hand_checked_pixels)."""
+  p_teacher = np.array([[[.95, .05], [.60, .40], [.55, .45], [.30, .70]],
+                        [[.20, .80], [.25, .75], [.97, .03], [.40, .60]],
+                        [[.99, .01], [.99, .01], [.99, .01], [.99, .01]]], np.float64)
+  p_student = np.array([[[.5, .5], [.5, .5], [.5, .5], [.5, .5]],
+                        [[.75, .25], [.5, .5], [.8, .2], [.5, .5]],
+                        [[.1, .9], [.1, .9], [.1, .9], [.1, .9]]], np.float64)
+  p_pre = np.array([[[16 / 17, 1 / 17], [16 / 17, 1 / 17], [.5, .5], [.5, .5]],
+                    [[.30, .70], [.40, .60], [.45, .55], [.35, .65]],
+                    [[.99, .01], [.99, .01], [.99, .01], [.99, .01]]], np.float64)
+  logits = lambda p: jnp.asarray(np.log(p)[:, None].astype(np.float32))  # noqa: E731  [B, 1, 4, C]
+  return logits(p_student), logits(p_teacher), logits(p_pre), jnp.array([1.0, 1.0, 0.0])
+
+
+def test_self_training_loss_hand_checked_pixels():
+  """The release's selftrain_div client loss (src/utils/loss.py SelfTrainingLoss + KnowledgeDistillationLoss as
+  src/clients/fda_client.py combines them), pixel by pixel:
+    teacher, image 0: class 0 at .95 .60 .55 (k = int(3 * .66) = 1: the .95 pixel, also > .9), class 1 at .70
+      (k = int(.66) = 0): kept {0}.  Image 1: class 1 at .80 .75 .60 (k = 1: the .80 pixel), class 0 at .97
+      (> .9): kept {0, 2}.  Image 2 is padding: counts nowhere.
+    L_pseudo = [CE(.5 .5 | 0) + CE(.75 .25 | 1) + CE(.8 .2 | 0)] / 8 = [ln 2 + ln 4 - ln .8] / 8: the mean over
+      ALL 8 pixels (ignored pixels are zeros in the mean), no hard-negative mining (the release's `hnm` flag gives
+      this criterion an identity reduction: requires_reduction = False).
+    pre-trained, image 0: .941 .941 .5 .5 of class 0 (.941 > .9; k = int(4 * .66) = 2 keeps the same two): mask
+      {0, 1}; image 1: class 1 at .70 .60 .55 .65 (none > .9; k = 2: .70 and .65): mask {0, 3}.
+    L_kd = sum over masked pixels of -(1/2) sum_c log s_c q_c / 8, q = softmax(0.5 z_pre) = sqrt(p_pre)
+      normalised; image 0's q = (.8, .2) against s = (.5, .5): ln 2 / 2 per pixel."""
+  s, t, p, mask = _hand_problem()
+  lab, keep = L.pseudo_labels(jax.nn.softmax(t[0, 0], -1), 0.9, 0.66)
+  np.testing.assert_array_equal(np.asarray(lab), [0, 0, 0, 1])
+  np.testing.assert_array_equal(np.asarray(keep), [True, False, False, False])
+  lab, keep = L.pseudo_labels(jax.nn.softmax(t[1, 0], -1), 0.9, 0.66)
+  np.testing.assert_array_equal(np.asarray(lab), [1, 1, 0, 1])
+  np.testing.assert_array_equal(np.asarray(keep), [True, False, True, False])
+  _, keep_pre = L.pseudo_labels(jax.nn.softmax(p[0, 0], -1), 0.9, 0.66)
+  np.testing.assert_array_equal(np.asarray(keep_pre), [True, True, False, False])
+  _, keep_pre = L.pseudo_labels(jax.nn.softmax(p[1, 0], -1), 0.9, 0.66)
+  np.testing.assert_array_equal(np.asarray(keep_pre), [True, False, False, True])
+
+  st = np.log(2) + np.log(4) - np.log(.8)
+  q10 = np.sqrt([.30, .70]) / np.sqrt([.30, .70]).sum()
+  kd = 2 * np.log(2) / 2 + (-(q10[0] * np.log(.75) + q10[1] * np.log(.25)) / 2) + np.log(2) / 2
+  lam = 20.0
+  got, n = L.self_training_sums(s, t, p, mask, lambda_kd=lam, alpha_kd=0.5)
+  assert float(n) == 8.0
+  np.testing.assert_allclose(float(got), st + lam * kd, rtol=1e-5)
+  np.testing.assert_allclose(float(got) / float(n), (st + lam * kd) / 8, rtol=1e-5)
+  got_st, _ = L.self_training_sums(s, t, None, mask, lambda_kd=0.0)
+  np.testing.assert_allclose(float(got_st), st, rtol=1e-5)
+  # Hard-negative mining (each image's top int(.25 * 4) = 1 pixel loss, mean over the batch) would give
+  # (ln 4 + ln 2) / 2 for L_pseudo: not the release's self-training loss.
+  assert abs(float(got_st) / 8 - (np.log(4) + np.log(2)) / 2) > 0.1
+
+
+def test_self_training_loss_matches_torch_reductions():
+  """The same problem through torch's own reductions, as the release computes it: cross_entropy with
+  ignore_index=255, reduction='none', then .mean() (ignored pixels in the denominator); KD = -mean over pixels of
+  mean over classes of log_softmax(student) * softmax(alpha * pre) times the pre-trained model's mask."""
+  torch = pytest.importorskip('torch')
+  s, t, p, mask = _hand_problem()
+  nchw = lambda a: torch.from_numpy(np.asarray(a[:2, 0])[:, None].transpose(0, 3, 1, 2).copy())  # noqa: E731
+  ts, tt, tp = nchw(s), nchw(t), nchw(p)
+  sel = jax.vmap(lambda q: L.pseudo_labels(q, 0.9, 0.66))
+  lab, keep = sel(jax.nn.softmax(t[:2], -1))
+  lab_torch = torch.softmax(tt, 1).max(1)[1].numpy()          # the release's pseudo-label: teacher argmax
+  np.testing.assert_array_equal(lab_torch, np.asarray(lab))
+  pseudo = torch.from_numpy(np.where(np.asarray(keep), lab_torch, 255).astype(np.int64))
+  st = torch.nn.functional.cross_entropy(ts, pseudo, ignore_index=255, reduction='none').mean()
+  _, keep_pre = sel(jax.nn.softmax(p[:2], -1))
+  kd_px = (torch.log_softmax(ts, 1) * torch.softmax(0.5 * tp, 1)).mean(1) * torch.from_numpy(
+      np.asarray(keep_pre, np.float32))
+  want = st + 20.0 * -kd_px.mean()
+  got, n = L.self_training_sums(s, t, p, mask, lambda_kd=20.0, alpha_kd=0.5)
+  np.testing.assert_allclose(float(got) / float(n), float(want), rtol=1e-5)
+
+
 def test_one_client_step_is_sgd_on_the_formula_loss():
   pre, teacher, w = _params(0), _params(1), _params(2)
   x = jax.random.uniform(jax.random.PRNGKey(3), (2, 4, 4, 3))

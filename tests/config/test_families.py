@@ -398,3 +398,18 @@ def test_paper_table_sweep_covers_a_family():
   assert len(t415) == 36
   with pytest.raises(ValueError, match='families: .*fedsam_cifar'):
     sweep_lib.load_sweep_file(path + ':nope')
+
+
+def test_paper_table_sweep_leaves_out_the_cells_another_binary_runs():
+  from fedjax_flat.sweeps import sweep as sweep_lib
+  path = os.path.join(CONFIGS, 'sweeps', 'paper_table.py')
+  ladd = load('ladd')
+  sweep = sweep_lib.load_sweep_file(path + ':ladd')
+  swept = {g['config'] for g in sweep['grid']}
+  assert swept == {f'configs/ladd.py:{c}' for c in ladd.CELLS if c not in ladd.ENTRY_POINTS}
+  assert set(ladd.ENTRY_POINTS) == {c for c in ladd.CELLS if c.split(',')[1] in
+                                    ('source_only', 'central_oracle', 'central_ftda')}
+  assert 'cityscapes,source_only: experiments/pretrain_source.py' in sweep['description']
+  assert 'mapillary,central_oracle: experiments/centralized.py' in sweep['description']
+  with pytest.raises(ValueError, match='run by another binary'):
+    sweep_lib.load_sweep_file(path + ':ladd,only=source_only')

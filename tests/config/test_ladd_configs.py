@@ -24,7 +24,7 @@ def cfg(arg):
 
 def test_every_cell_builds_validates_and_carries_its_published_miou():
   mod = _mod()
-  assert len(mod.CELLS) == len(set(mod.CELLS)) == 6 + 3 + 5
+  assert len(mod.CELLS) == len(set(mod.CELLS)) == 8 + 4 + 6
   assert 'configs/ladd.py' in mod.__doc__
   doc = mod.__doc__.replace('+-', ' ')
   seen = set()
@@ -66,8 +66,47 @@ def test_methods():
   assert cfg('mapillary,central_oracle').published.miou == 61.46
 
 
+def test_source_cells():
+  """The release's source runs: fda_inv (configs/pretrain_<target>.txt) and the centralized source only
+  (configs/cityscapes_centr_sourceonly.txt); GTA5 mapped onto the target's classes, no flip, mean = std = 0.5."""
+  for target in ('cityscapes', 'crosscity', 'mapillary'):
+    fda_cell, only = cfg(f'{target},source_fda'), cfg(f'{target},source_only')
+    for c in (fda_cell, only):
+      validate_config(c)
+      s = c.source_pretrain
+      assert s.dataset == 'gta5' and s.data.target == target and not s.data.flip
+      assert (tuple(s.data.crop), tuple(s.data.scale), s.batch_size, s.power, s.momentum) == (
+          (512, 1024), (0.7, 2.0), 16, 0.9, 0.9)
+      assert c.model == 'deeplabv3_mobilenetv2' and c.segmentation.ohem == 'topk'
+      assert c.dataset == f'{target}_ladd' and not c.data.labelled_train
+    assert (fda_cell.source_pretrain.style, fda_cell.source_pretrain.epochs, fda_cell.source_pretrain.lr) == (
+        'fda', 10, 5e-3) and fda_cell.source_pretrain.data.jitter == 0.5
+    assert (only.source_pretrain.style, only.source_pretrain.epochs, only.source_pretrain.lr) == ('none', 100, 0.05)
+    assert fda_cell.published.to_dict() == {}      # the thesis gives no number for the pre-training alone
+  assert cfg('crosscity,source_only').published.miou == 26.49
+  ftda = cfg('cityscapes,central_ftda')
+  assert ftda.data.labelled_train and ftda.init.reinit_classifier == 'never' and ftda.published.miou == 65.74
+  assert (ftda.centralized.epochs, ftda.centralized.lr, ftda.centralized.schedule) == (50, 5e-3, 'poly')
+
+
+@pytest.mark.parametrize('field,value,match', [('style', 'cfsi', 'source_pretrain.style'),
+                                               ('lr', float('nan'), 'source_pretrain.lr'),
+                                               ('batch_size', 0, 'source_pretrain.batch_size')])
+def test_source_section_is_validated(field, value, match):
+  c = cfg('cityscapes,source_fda')
+  c.source_pretrain[field] = value
+  with pytest.raises(ConfigError, match=match):
+    validate_config(c)
+  c = cfg('cityscapes,source_fda')
+  c.source_pretrain.data.target = 'idda'
+  with pytest.raises(ConfigError, match=r'source_pretrain\.data\.target'):
+    validate_config(c)
+
+
 @pytest.mark.parametrize('spec,match', [('crosscity,fed_oracle', 'no target labels'),
                                         ('mapillary,ftda', 'Cityscapes only'),
+                                        ('crosscity,central_ftda', 'no target labels'),
+                                        ('mapillary,central_ftda', 'Cityscapes only'),
                                         ('gta5,ladd_cls', 'invalid'), ('cityscapes,mcd', 'invalid')])
 def test_bad_strings(spec, match):
   with pytest.raises(ConfigError, match=match) as e:
@@ -75,9 +114,13 @@ def test_bad_strings(spec, match):
   assert '\n' not in str(e.value)
 
 
-@pytest.mark.parametrize('method', ['ladd_cls', 'ladd_all', 'fedavg_st', 'fed_oracle', 'ftda', 'central_oracle'])
+@pytest.mark.parametrize('method', ['ladd_cls', 'ladd_all', 'fedavg_st', 'fed_oracle', 'ftda', 'central_oracle',
+                                    'source_only', 'source_fda', 'central_ftda'])
 def test_synthetic_stand_in_validates_and_publishes_nothing(method):
   c = cfg(f'synthetic,{method}')
   validate_config(c)
   assert c.dataset == 'seg_synthetic_da' and c.published.to_dict() == {}
-  assert c.algorithm == ('fedavg' if method in ('fed_oracle', 'ftda', 'central_oracle') else 'ladd')
+  assert c.algorithm == ('ladd' if method in ('ladd_cls', 'ladd_all', 'fedavg_st') else 'fedavg')
+  if method.startswith('source_'):     # the in-memory source of seg_synthetic_da, as the synthetic study
+    assert c.source_pretrain.dataset == '' and c.source_pretrain.steps == 300
+    assert c.source_pretrain.style == ('fda' if method == 'source_fda' else 'none')

@@ -205,6 +205,7 @@ def test_centralized_swa_that_never_averages_warns_and_reports_the_plain_model(c
   assert any('never averages' in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow   # over 30 s; fast: test_centralized_store_candidates_are_drawn_afresh_every_epoch_from_the_pool
 def test_centralized_retrieval_reports_recall_at_k():
   """Table 6.5's centralized row: the retrieval task trains on the pooled query tuples (triplet loss) and is
   evaluated by Recall@K on the server's test city and on the validation clients (left out of the union), as
@@ -221,3 +222,209 @@ def test_centralized_retrieval_reports_recall_at_k():
   assert 0.0 <= rec['test_accuracy'] <= rec['test_recall@5'] <= rec['test_recall@10'] <= 1.0
   assert res['final_test_accuracy'] == rec['test_accuracy'] and np.isfinite(rec['train_loss'])
   assert 0.0 <= rec['val_recall@1'] == rec['val_accuracy'] <= rec['val_recall@5'] <= rec['val_recall@10'] <= 1.0
+
+
+# ----------------------------------------------------------------------------------------------------
+# Data over an item store (FedVPR's tuples): fresh candidates every epoch through the rounds' draw definition.
+
+def _store_data(seed=0):
+  """12 query tuples of 2 clients over a store of 30 items (2 x 2 x 1): slot 0 the query, slot 1 its positive,
+  then a pool of 5 negatives (rows 3 and 7: only 1 and 2 pool entries, the rest empty); draw = (2, 2). The
+  server's test set: 4 database items, 2 queries (retrieval's (easting, northing, role) labels)."""
+  from fedjax_flat.data import vpr_places
+  from fedjax_flat.data.federated import FederatedDataset
+  rng = np.random.RandomState(seed)
+  store = rng.randn(30, 2, 2, 1).astype(np.float32)
+  rows = np.stack([rng.choice(30, 7, replace=False) for _ in range(12)]).astype(np.int64)
+  rows[3, 3:] = -1
+  rows[7, 4:] = -1
+  test_x = rng.randn(6, 2, 2, 1).astype(np.float32)
+  test_y = np.array([[0, 0, 0], [50, 0, 0], [0, 50, 0], [50, 50, 0], [1, 1, 1], [49, 1, 1]], np.float32)
+  return FederatedDataset.from_client_indices(
+      rows.astype(np.int32), vpr_places.slot_kinds(1, rows), [np.arange(6), np.arange(6, 12)], test_x, test_y,
+      num_classes=1, name='tiny_store', task='retrieval', store=store, draw=(2, 2))
+
+
+def _store_config(seed=0, epochs=3):
+  c = _tiny_config('sgd', epochs=epochs, batch_size=5)     # 12 examples: 3 steps of 5, the last one 2 valid
+  c.model_kwargs = ml_collections.ConfigDict({'hidden': (4,)})
+  c.retrieval.num_negatives = 1
+  c.seed = seed
+  return c
+
+
+def _record_store_rows(monkeypatch):
+  """Records (idx, mask, drawn rows) of every step of train()'s compiled epochs, and the epoch programs."""
+  seen, fns = [], []
+  inner, make = centralized.store_rows, centralized.make_epoch_fn
+
+  def rows(arrays, idx, mask, keys, draw):
+    out = inner(arrays, idx, mask, keys, draw)
+    jax.debug.callback(lambda *a: seen.append(tuple(np.asarray(v) for v in a)), idx, mask, out[0], ordered=True)
+    return out
+
+  def make_fn(*a, **k):
+    fns.append(make(*a, **k))
+    return fns[-1]
+  monkeypatch.setattr(centralized, 'store_rows', rows)
+  monkeypatch.setattr(centralized, 'make_epoch_fn', make_fn)
+  return seen, fns
+
+
+def test_centralized_store_candidates_are_drawn_afresh_every_epoch_from_the_pool(monkeypatch):
+  from fedjax_flat.data import batching
+  data = _store_data()
+  seen, fns = _record_store_rows(monkeypatch)
+  res, params = _recorded(_store_config(), data)
+  epochs, steps, b = 3, 3, 5
+  assert len(seen) == epochs * steps and np.isfinite(res['final_test_accuracy'])
+  rec = res['epochs'][-1]         # retrieval: Recall@K of the test queries against the test database
+  assert 0.0 <= rec['test_accuracy'] <= rec['test_recall@5'] <= rec['test_recall@10'] <= 1.0
+  assert res['final_test_accuracy'] == rec['test_accuracy'] and np.isfinite(rec['train_loss'])
+  assert len(fns) == 1 and fns[0]._cache_size() == 1          # one program for every epoch
+  x, y = np.asarray(data.x), np.asarray(data.y)
+  drawn = {}                                                   # (epoch, example) -> its candidates
+  for t, (idx, mask, rows) in enumerate(seen):
+    e, s = divmod(t, steps)
+    # the rounds' draw definition, keyed by (seed, epoch, step, slot): the union is client 0 of round e
+    keys = batching.draw_keys(jax.random.key(0), e, jnp.zeros((1,), jnp.int32), steps, b)[0, s]
+    want, _ = batching.draw_columns((2, 2), keys, jnp.asarray(x[idx]), jnp.asarray(y[idx]))
+    for j in range(b):
+      if mask[j] == 0:
+        assert (rows[j] == -1).all()                           # padding: empty, as in the round batches
+        continue
+      i = int(idx[j])
+      np.testing.assert_array_equal(rows[j], np.asarray(want)[j])
+      np.testing.assert_array_equal(rows[j, :2], x[i, :2])     # the query and its positive: always kept
+      pool = set(x[i, 2:][x[i, 2:] >= 0].tolist())
+      cand = [c for c in rows[j, 2:].tolist() if c >= 0]
+      assert set(cand) <= pool and len(set(cand)) == len(cand) == min(2, len(pool))
+      drawn[e, i] = frozenset(cand)
+  assert sorted(i for _, i in drawn) == sorted(list(range(12)) * epochs)     # every example once an epoch
+  for e in (1, 2):       # fresh draws: most examples with a pool of 5 get other candidates in the next epoch
+    assert sum(drawn[e, i] != drawn[e - 1, i] for i in range(12) if i not in (3, 7)) >= 6
+  assert drawn[0, 3] == drawn[1, 3] == frozenset(x[3, 2:3].tolist())       # a pool of 1: always all of it
+
+
+
+def test_centralized_store_run_is_the_same_for_the_same_seed(monkeypatch):
+  """The same seed: the same candidates and the same model (a rerun, or a resumed run, sees the same draws);
+  another seed draws other candidates."""
+  data = _store_data()
+  seen, _ = _record_store_rows(monkeypatch)
+  res, params = _recorded(_store_config(epochs=2), data)
+  first = [r.copy() for _, _, r in seen]
+  seen.clear()
+  res2, params2 = _recorded(_store_config(epochs=2), data)
+  assert len(first) == len(seen) == 6 and all((a == r).all() for a, (_, _, r) in zip(first, seen))
+  assert [{**r, 'wall_s': 0} for r in res['epochs']] == [{**r, 'wall_s': 0} for r in res2['epochs']]
+  for a, b in zip(jax.tree_util.tree_leaves(params[-1][1]), jax.tree_util.tree_leaves(params2[-1][1])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  arrays = {'x': jnp.asarray(data.x), 'y': jnp.asarray(data.y)}
+  idx, mask = jnp.arange(10).reshape(2, 5), jnp.ones((2, 5))
+  other = [centralized.store_rows(arrays, idx[s], mask[s], centralized.epoch_draw_keys(1, 0, 2, 5)[s], (2, 2))[0]
+           for s in range(2)]
+  same = [centralized.store_rows(arrays, idx[s], mask[s], centralized.epoch_draw_keys(0, 0, 2, 5)[s], (2, 2))[0]
+          for s in range(2)]
+  assert any((np.asarray(a) != np.asarray(b)).any() for a, b in zip(same, other))
+
+
+def test_store_batch_looks_up_the_drawn_rows():
+  data = _store_data()
+  arrays = {'x': jnp.asarray(data.x), 'y': jnp.asarray(data.y), 'store': jnp.asarray(data.store)}
+  idx, mask = jnp.array([3, 0, 5, 0]), jnp.array([1.0, 1.0, 1.0, 0.0])
+  keys = centralized.epoch_draw_keys(0, 2, 1, 4)[0]
+  rows, kinds = centralized.store_rows(arrays, idx, mask, keys, (2, 2))
+  batch = centralized.store_batch(arrays, idx, mask, keys, (2, 2))
+  rows = np.asarray(rows)
+  assert rows.shape == (4, 4) and rows[0, 3] == -1 and (rows[3] == -1).all()   # a pool of 1; padding
+  want = np.where((rows >= 0)[..., None, None, None], data.store[np.maximum(rows, 0)], 0.0)
+  np.testing.assert_array_equal(np.asarray(batch['x']), want)
+  np.testing.assert_array_equal(np.asarray(batch['y'])[:3], np.asarray(kinds)[:3])
+  assert (np.asarray(batch['y'])[3] == 0).all() and list(np.asarray(kinds)[0]) == [1, 2, 3, 0]
+
+
+def test_union_indexed_of_per_client_stores_indexes_the_same_items():
+  data = _store_data()
+
+  class Source:      # the indexed-source protocol (data/sources/msls_stream.py): one store per client
+    num_clients, draw = 2, (2, 2)
+
+    def client_indexed(self, k):
+      r = np.asarray(data.x[data.client_indices(k)])
+      ids = np.unique(r[r >= 0])
+      return (np.where(r >= 0, np.searchsorted(ids, np.maximum(r, 0)), -1).astype(np.int32),
+              np.asarray(data.y)[data.client_indices(k)], data.store[ids])
+  rows, y, store, draw = centralized.union_indexed(Source())
+  rows0, y0, store0, draw0 = centralized.union_indexed(data)
+  assert draw == draw0 == (2, 2) and rows.dtype == np.int32
+  np.testing.assert_array_equal(rows < 0, rows0 < 0)
+  np.testing.assert_array_equal(store[np.maximum(rows, 0)], store0[np.maximum(rows0, 0)])
+  np.testing.assert_array_equal(y, y0)
+  assert centralized.union_indexed(_TinyData()) is None
+
+
+def test_centralized_run_without_a_store_is_the_plain_epoch_program():
+  """Data without a store keep their path: the epoch program before store data existed (x[perm], y[perm] closed
+  over; the reference below), bit for bit, SAM with a partial last batch over 3 epochs."""
+  from fedjax_flat.algorithms import local as local_lib
+  data = _TinyData(n=30)
+  c = _tiny_config('sam', epochs=3, batch_size=7)
+  res, seen = _recorded(c, data)
+  hp = centralized.hparams(c)
+  model = get_model('mlp', 3, (8,), hidden=(6,))
+  tx = centralized.centralized_optimizer(c, hp)
+  loss_fn = local_lib.make_loss(model, task=None)
+
+  def epoch(params, opt_state, x, y, perm, valid, lrs, key):
+    def body(carry, xs):
+      params, opt_state = carry
+      idx, mask, lr, step = xs
+      rng = jax.random.fold_in(key, step)
+      local, m = local_lib.local_step(local_lib.LocalState(params, opt_state, params),
+                                      {'x': x[idx], 'y': y[idx], 'mask': mask}, rng, loss_fn=loss_fn, tx=tx,
+                                      hparams={'lr': lr, 'rho': jnp.asarray(0.05, jnp.float32)})
+      return (local.params, local.opt_state), (m['loss_sum'], m['count'])
+    (params, opt_state), (s, n) = jax.lax.scan(body, (params, opt_state),
+                                               (perm, valid, lrs, jnp.arange(perm.shape[0])))
+    return params, opt_state, jnp.sum(s), jnp.sum(n)
+  epoch = jax.jit(epoch, donate_argnums=(0, 1))
+  key = jax.random.key(c.seed)
+  params = model.init(jax.random.fold_in(key, 0), jnp.zeros((1, 8), jnp.float32))
+  opt_state = tx.init(params)
+  x, y = centralized.union(data)
+  xd, yd = jax.device_put(x), jax.device_put(y)
+  for e in range(3):
+    order = np.random.default_rng([c.seed, e]).permutation(30)
+    perm = np.concatenate([order, np.zeros(5, np.int64)]).reshape(5, 7).astype(np.int32)
+    valid = np.concatenate([np.ones(30, np.float32), np.zeros(5, np.float32)]).reshape(5, 7)
+    params, opt_state, s, n = epoch(params, opt_state, xd, yd, perm, valid, centralized.epoch_lrs(hp, e, 5),
+                                    jax.random.fold_in(key, 1000 + e))
+    assert res['epochs'][e]['train_loss'] == float(s) / float(n)
+    for a, b in zip(jax.tree_util.tree_leaves(seen[e][1]), jax.tree_util.tree_leaves(params)):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+def test_centralized_starts_from_the_params_of_config_init(tmp_path):
+  """config.init.pretrained (e.g. LADD's source model for the centralized FTDA): the run starts at exactly the
+  file's params, classifier kept (init.reinit_classifier='never'); without it, at the model's init."""
+  from fedjax_flat.models import pretrained
+  c = _config()
+  c.model, c.centralized.epochs = 'mlp', 1
+  fresh = []
+  centralized.train(c, on_init=fresh.append)
+  shifted = jax.tree_util.tree_map(lambda a: np.asarray(a) + 0.5, fresh[0])
+  path = str(tmp_path / 'source_model.npz')
+  pretrained.save_params(path, shifted)
+  c.init.pretrained, c.init.reinit_classifier = path, 'never'
+  got, epochs = [], []
+  res = centralized.train(c, on_init=got.append, on_epoch=lambda e, p, s: epochs.append(p))
+  for u, v in zip(jax.tree_util.tree_leaves(shifted), jax.tree_util.tree_leaves(got[0])):
+    np.testing.assert_array_equal(u, v)
+  assert len(epochs) == 1 and np.isfinite(res['final_test_loss'])
+  assert not np.allclose(jax.tree_util.tree_leaves(epochs[0])[0], jax.tree_util.tree_leaves(shifted)[0])
+
+
+def test_centralized_poly_schedule_is_the_release_poly():
+  hp = {'epochs': 2, 'lr': 0.1, 'schedule': 'poly'}
+  lrs = np.concatenate([centralized.epoch_lrs(hp, e, 5) for e in range(2)])
+  np.testing.assert_allclose(lrs, 0.1 * (1 - np.arange(10) / 10) ** 0.9, rtol=1e-6)

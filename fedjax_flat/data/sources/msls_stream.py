@@ -9,8 +9,9 @@ once, no image decoded at construction), served through the indexed-source proto
       clients (0: none). K is the widest pool of the whole split, so the rows and the draws of the round batches
       (data/batching.py: `draw` = (1 + P, num_candidates), keyed by seed, round, client, step and slot) are those
       of `msls` exactly: the same batches, image for image.
-  client_examples(k) -> the tuples' images with the first `num_candidates` pool columns (client evaluation,
-      the centralized run), as FederatedDataset.take.
+  client_examples(k) -> the tuples' images with the first `num_candidates` pool columns (client evaluation),
+      as FederatedDataset.take (the centralized run concatenates the clients' `client_indexed` stores and
+      draws afresh every epoch: training/centralized.union_indexed).
   test_examples() -> the test cities' queries and database (decoded on first use, then kept); val_x / val_y
       the held-out validation clients' (msls.val_set, decoded at construction: a few clients), val_client the
       validation client of each of those images (msls.val_client).

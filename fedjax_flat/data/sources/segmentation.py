@@ -10,6 +10,8 @@ client of Cityscapes; the seen-domain and unseen-domain clients of IDDA):
   test_batches(b, client) -> decoded test batches, so a full-resolution test set never sits in memory
   prefetch_clients(ids)   -> (k, client_examples(k)) in order, decoded ahead on a thread pool (PIL releases
                              the GIL): a round's decoding overlaps the previous round's training
+  examples(indices)       -> training examples by position over all clients (num_examples of them): a server
+                             streaming the whole split (LADD's source pre-training, training/source_pretrain.py)
 
 Unlabelled examples (label path '': FFREEDA's target clients, e.g. CrossCity's training images) decode to an
 all-255 label map.
@@ -223,6 +225,23 @@ class SegmentationSource(DecodePool):
     if not parts:
       return (np.zeros((0,) + self.input_shape, np.uint8), np.zeros((0,) + self.label_shape, np.uint8))
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+  # -- examples by index (a server streaming the whole split: LADD's source pre-training) --------------
+  @property
+  def num_examples(self) -> int:
+    """Training examples over every client (clients concatenated in order; `double` not applied)."""
+    return sum(len(c.images) for c in self.clients)
+
+  def examples(self, indices: Sequence[int]) -> Tuple[np.ndarray, np.ndarray]:
+    """The training examples at `indices` (positions in the clients' concatenation), decoded now, in that order."""
+    if not hasattr(self, '_flat'):
+      self._flat = [(c.images[i], c.labels[i]) for c in self.clients for i in range(len(c.images))]
+    n = len(self._flat)
+    bad = [int(i) for i in indices if not 0 <= int(i) < n]
+    if bad:
+      raise IndexError(f'examples {bad[:3]} out of range [0, {n})')
+    picked = [self._flat[int(i)] for i in indices]
+    return self._decode(SegClient('examples', [p[0] for p in picked], [p[1] for p in picked]))
 
   # -- test clients --------------------------------------------------------------------------------
   @property

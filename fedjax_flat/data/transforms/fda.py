@@ -59,11 +59,16 @@ def client_styles(data, b: int = FDA_B, max_images: int = 1000, batch_size: int 
 
   `data`: anything with `num_clients` and `client_examples(k) -> (x, y)` (FederatedDataset, ClientDataSource);
   y is never read (the clients are unlabelled). The images are taken in stored order, as the release's loader
-  (`n_images_per_style`)."""
+  (`n_images_per_style`); one client in memory at a time (the next ones decoding ahead when the data have
+  `prefetch_clients`)."""
   fn = jax.jit(lambda x: extract_styles(to_unit(x), b))
   out = []
-  for k in range(int(data.num_clients)):
-    x = np.asarray(data.client_examples(k)[0])[:max_images]
+  ids = range(int(data.num_clients))
+  # files (SegmentationSource): the next clients decode on its thread pool while this one's styles are computed
+  clients = data.prefetch_clients(ids) if hasattr(data, 'prefetch_clients') else (
+      (k, data.client_examples(k)) for k in ids)
+  for k, (x, _) in clients:
+    x = np.asarray(x)[:max_images]
     if len(x) == 0:
       raise ValueError(f'client {k} has no images: it has no style')
     parts = []
