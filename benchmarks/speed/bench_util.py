@@ -6,7 +6,9 @@ fp32 GEMM rate measured in the same run (`machine_info`, `gemm_gflops`).
 """
 from __future__ import annotations
 
+import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -288,4 +290,15 @@ def compile_and_run_round(fn, args, steps: int, max_gb: float) -> dict:
   out['round_s'] = round(time.time() - t0, 2)
   out['step_s'] = round(out['round_s'] / steps, 2)
   out['finite'] = bool(np.all(np.asarray(res[2]['finite'])))
+  return out
+
+
+def finish_round_report(out: dict, json_path: str = '') -> dict:
+  """A round benchmark's report: the process's peak resident memory added (peak_rss_gb), printed as JSON and
+  written to json_path when given."""
+  out['peak_rss_gb'] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
+  print(json.dumps(out, indent=1))
+  if json_path:
+    with open(json_path, 'w') as f:
+      json.dump(out, f, indent=1)
   return out

@@ -20,9 +20,7 @@ A configuration whose XLA temporaries exceed --max_gb is compiled and reported b
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import resource
 import time
 
 import jax
@@ -70,11 +68,7 @@ def main():
   out = {'model': a.model, 'crop': a.crop, 'batch': a.batch, 'steps': a.steps, 'clusters': a.clusters,
          'init_s': round(init_s, 1), **bench_util.compile_and_run_round(fn, args, a.steps, a.max_gb),
          'backend': jax.default_backend(), 'cpus': os.cpu_count(), 'uptime': bench_util.uptime()}
-  out['peak_rss_gb'] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
-  print(json.dumps(out, indent=1))
-  if a.json:
-    with open(a.json, 'w') as f:
-      json.dump(out, f, indent=1)
+  bench_util.finish_round_report(out, a.json)
 
 
 if __name__ == '__main__':

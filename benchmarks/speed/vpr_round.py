@@ -28,9 +28,7 @@ A configuration whose XLA temporaries exceed --max_gb is compiled and reported b
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import resource
 import time
 
 import jax
@@ -98,11 +96,7 @@ def main():
     for key in ('step_s', 'xla_temp_gb'):
       if c.get(key) and o.get(key):
         out[f'{key}_one_over_cache'] = round(o[key] / c[key], 2)
-  out['peak_rss_gb'] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
-  print(json.dumps(out, indent=1))
-  if a.json:
-    with open(a.json, 'w') as f:
-      json.dump(out, f, indent=1)
+  bench_util.finish_round_report(out, a.json)
 
 
 if __name__ == '__main__':

@@ -247,6 +247,17 @@ def draw_columns(draw, keys, x, y):
   return jnp.take_along_axis(x, cols, axis=-1), jnp.take_along_axis(y, ycols, axis=cols.ndim - 1)
 
 
+def drawn_rows(draw, keys, rows, y, valid):
+  """Index rows [..., K] and their labels as a batch uses them: with `draw` the pool drawn (`draw_columns`, keys
+  [...]), then the rows of masked examples (valid [...] False) empty (-1) and their labels 0. Traceable: the one
+  definition of the rounds' device gather and the centralized runner's store batches."""
+  if draw is not None:
+    rows, y = draw_columns(draw, keys, rows, y)
+  rows = jnp.where(valid[..., None], rows, -1)
+  y = jnp.where(valid.reshape(valid.shape + (1,) * (y.ndim - valid.ndim)), y, jnp.zeros((), y.dtype))
+  return rows, y
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
 def _host_draw(draw, num_steps, batch_size, key, round_idx, client_ids, x, y):
   keys = draw_keys(key, round_idx, client_ids, num_steps, batch_size)
@@ -279,9 +290,10 @@ def gather_round_device(plan: BatchPlan, arrays, key, round_idx, client_ids):
   x = arrays['x'][flat]
   y = arrays['y'][flat]
   if 'store' in arrays:          # index rows -> (drawn columns) -> items; masked entries all empty (-1)
-    if plan.draw is not None:
-      x, y = draw_columns(plan.draw, draw_keys(key, round_idx, client_ids, plan.num_steps, plan.batch_size), x, y)
-    x = lookup(arrays['store'], jnp.where(valid[..., None], x, -1), jnp)
+    keys = (None if plan.draw is None
+            else draw_keys(key, round_idx, client_ids, plan.num_steps, plan.batch_size))
+    x, y = drawn_rows(plan.draw, keys, x, y, valid)
+    x = lookup(arrays['store'], x, jnp)
   x = jnp.where(valid.reshape(valid.shape + (1,) * (x.ndim - valid.ndim)), x, jnp.zeros((), x.dtype))
   y = jnp.where(valid.reshape(valid.shape + (1,) * (y.ndim - valid.ndim)), y, jnp.zeros((), y.dtype))
   out = {'x': x, 'y': y, 'mask': mask}

@@ -115,13 +115,7 @@ def store_rows(arrays, idx, mask, keys, draw):
   """(rows [B, slots], y) of positions idx [B] (mask [B]) of index rows over a store (arrays: 'x' rows [N, K],
   'y' [N, K, ...]): with `draw` the first `fixed` columns and `count` drawn from the pool with keys [B]
   (batching.draw_columns, the rounds' draw), else all K; masked examples' rows empty (-1), y 0. Traceable."""
-  rows, y = arrays['x'][idx], arrays['y'][idx]
-  if draw is not None:
-    rows, y = batching.draw_columns(draw, keys, rows, y)
-  valid = mask > 0
-  rows = jnp.where(valid[:, None], rows, -1)
-  y = jnp.where(valid.reshape(valid.shape + (1,) * (y.ndim - 1)), y, jnp.zeros((), y.dtype))
-  return rows, y
+  return batching.drawn_rows(draw, keys, arrays['x'][idx], arrays['y'][idx], mask > 0)
 
 
 def store_batch(arrays, idx, mask, keys, draw):
