@@ -216,29 +216,26 @@ def gather_host(data, lanes: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
   """x, y [L, T, B, ...] gathered on the host (out-of-memory sources: `client_examples(k)`)."""
   client, pos, mask = lanes['client'], lanes['pos'], lanes['mask']
   L, T, B = pos.shape
-  # An item store (data/federated.py) is read through client_examples, which looks the items up.
-  in_memory = hasattr(data, 'client_indices') and hasattr(data, 'x') and getattr(data, 'store', None) is None
   x = y = None
   for k in np.unique(client[client >= 0]):
     sel = client == k
     valid = mask[sel] > 0                                      # [n_steps, B]
-    if in_memory:
-      idx = data.client_indices(int(k))
-      cx, cy = data.x, data.y
-      flat = idx[pos[sel][valid]]
-    else:
+    at = pos[sel][valid]
+    if data.indexed:     # an item store (data/federated.py): client_examples looks the items up
       cx, cy = data.client_examples(int(k))
-      flat = pos[sel][valid]
+      cx, cy = cx[at], cy[at]
+    else:                # the batcher's protocol (data/federated.ClientDataSource.rows)
+      cx, cy = data.rows(int(k), at)
     if x is None:
       x = np.zeros((L, T, B) + tuple(cx.shape[1:]), cx.dtype)
       y = np.zeros((L, T, B) + tuple(np.shape(cy)[1:]), np.int32)       # per-position labels keep their shape
     xs, ys = x[sel], y[sel]
-    xs[valid] = cx[flat]
-    ys[valid] = cy[flat]
+    xs[valid] = cx
+    ys[valid] = cy
     x[sel], y[sel] = xs, ys
   if x is None:
     x = np.zeros((L, T, B) + tuple(data.input_shape), np.float32)
-    y = np.zeros((L, T, B) + tuple(getattr(data, 'label_shape', ())), np.int32)
+    y = np.zeros((L, T, B) + tuple(data.label_shape), np.int32)
   return {'x': x, 'y': y}
 
 

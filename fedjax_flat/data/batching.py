@@ -270,7 +270,7 @@ def device_data(data):
          'index': jnp.asarray(np.asarray(data.client_index, np.int32)),
          'offsets': jnp.asarray(np.asarray(data.client_offsets[:-1], np.int32)),
          'sizes': jnp.asarray(np.asarray(data.client_sizes(), np.int32))}
-  if getattr(data, 'store', None) is not None:     # x holds int32 indices into the store
+  if data.indexed:     # x holds int32 indices into the store
     out['x'] = jnp.asarray(np.asarray(data.x, np.int32))
     out['store'] = jnp.asarray(data.store)
   return out
@@ -308,26 +308,21 @@ def make_round_batches(data, client_ids: Sequence[int], *, round_idx: int, seed:
                        plan: Optional[BatchPlan] = None) -> RoundBatches:
   """Gathers the sampled clients' examples into padded arrays (host numpy).
 
-  `data` is any object with `client_indices(k)` + `x`/`y` arrays (FederatedDataset), or the
-  `client_examples(k) -> (x, y)` protocol (out-of-memory sources), or a source of indexed examples
-  (`client_indexed(k) -> (rows, y, store)`, `draw`, `slots`, `input_dtype`: data/federated.py). `plan` (from
-  the population's sizes, `batch_plan`) is derived from `data.client_sizes()` when not given.
+  `data` is a `ClientDataSource` (data/federated.py: a FederatedDataset, an out-of-memory source, or a source of
+  index rows into an item store: `indexed`, `item_store(k)`, `draw`, `slots`): the batcher reads client k's
+  examples at the drawn positions through `data.rows(k, positions)`. `plan` (from the population's sizes,
+  `batch_plan`) is derived from `data.client_sizes()` when not given.
   """
   if plan is None:
     plan = batch_plan(data.client_sizes(), batch_size=batch_size, num_steps=num_steps, epochs=epochs,
-                      local_steps=local_steps, shuffle=shuffle, draw=getattr(data, 'draw', None))
+                      local_steps=local_steps, shuffle=shuffle, draw=data.draw)
   ids = [int(c) for c in client_ids]
   c_total = max(len(ids), pad_clients_to or 0)
-  in_memory = hasattr(data, 'client_indices') and hasattr(data, 'x')
-  # Examples that index an item store: a FederatedDataset's `store`, or a source's per-client stores
-  # (`client_indexed(k)`, data/federated.py).
-  indexed = getattr(data, 'store', None) is not None if in_memory else hasattr(data, 'client_indexed')
+  indexed = data.indexed         # examples are index rows into an item store (data/federated.py)
   input_shape = tuple(data.input_shape)
-  x_dtype = (data.input_dtype if indexed else data.x.dtype if in_memory else np.float32)
-  xs = np.zeros((c_total, num_steps, batch_size) + input_shape, x_dtype)
-  label_shape = tuple(data.label_shape) if in_memory else tuple(getattr(data, 'label_shape', ()))
-  y_dtype = label_dtype(data.y.dtype if in_memory else getattr(data, 'label_dtype', np.int32))
-  ys = np.zeros((c_total, num_steps, batch_size) + label_shape, y_dtype)
+  xs = np.zeros((c_total, num_steps, batch_size) + input_shape, data.input_dtype)
+  y_dtype = label_dtype(data.label_dtype)
+  ys = np.zeros((c_total, num_steps, batch_size) + tuple(data.label_shape), y_dtype)
   ms = np.zeros((c_total, num_steps, batch_size), np.float32)
   nums = np.zeros((c_total,), np.float32)
   out_ids = np.full((c_total,), -1, np.int32)
@@ -335,15 +330,14 @@ def make_round_batches(data, client_ids: Sequence[int], *, round_idx: int, seed:
   if ids:
     all_pos, all_mask = host_round_positions(plan, seed, round_idx, ids, sizes[ids])
   if ids and indexed:       # index rows of every client, with the draw, then items (one definition)
-    parts = [(data.x[data.client_indices(k)], np.asarray(data.y)[data.client_indices(k)], data.store)
-             if in_memory else data.client_indexed(k) for k in ids]
+    parts = [data.rows(k, all_pos[i][all_mask[i] > 0]) for i, k in enumerate(ids)]
     rows = np.full((len(ids), num_steps, batch_size) + parts[0][0].shape[1:], -1, np.int32)
     rys = np.zeros((len(ids), num_steps, batch_size) + parts[0][1].shape[1:], y_dtype)
-    for i, (cr, cy, _) in enumerate(parts):
+    for i, (cr, cy) in enumerate(parts):
       valid = all_mask[i] > 0
       if valid.any():
-        rows[i][valid], rys[i][valid] = cr[all_pos[i][valid]], cy[all_pos[i][valid]]
-    if plan.draw is None and getattr(data, 'draw', None) is not None:   # a plan built without the data's draw:
+        rows[i][valid], rys[i][valid] = cr, cy
+    if plan.draw is None and data.draw is not None:   # a plan built without the data's draw:
       rows, rys = rows[..., :data.slots], rys[:, :, :, :data.slots]      # the first pool columns, as `take`
     elif plan.draw is not None:
       rows, rys = (np.asarray(a) for a in _host_draw(
@@ -351,18 +345,7 @@ def make_round_batches(data, client_ids: Sequence[int], *, round_idx: int, seed:
           jnp.asarray(np.asarray(ids, np.int32)), rows, rys))
     rows = np.where(all_mask[..., None] > 0, rows, -1)
   for i, k in enumerate(ids):
-    if indexed:
-      n = len(parts[i][1])
-    elif in_memory:
-      idx = data.client_indices(k)
-      n = len(idx)
-    else:
-      cx, cy = data.client_examples(k)
-      n = len(cy)
-      if i == 0 and xs.dtype != cx.dtype:
-        xs = xs.astype(cx.dtype)
-      if i == 0 and ys.dtype != label_dtype(cy.dtype):   # a source that does not declare `label_dtype`
-        ys = ys.astype(label_dtype(cy.dtype))
+    n = int(sizes[k])
     need = steps_for_size(n, batch_size, epochs, full_batches=plan.full_batches, max_steps=plan.max_steps)
     if need > num_steps and not local_steps:
       raise ValueError(f'client with {n} examples needs {need} steps > padded steps {num_steps}')
@@ -373,15 +356,10 @@ def make_round_batches(data, client_ids: Sequence[int], *, round_idx: int, seed:
     if n == 0:
       continue
     if indexed:
-      xs[i][valid] = lookup(parts[i][2], rows[i][valid])
+      xs[i][valid] = lookup(data.item_store(k), rows[i][valid])
       ys[i][valid] = rys[i][valid]
-    elif in_memory:
-      flat = idx[pos]
-      xs[i][valid] = data.x[flat[valid]]
-      ys[i][valid] = data.y[flat[valid]]
     else:
-      xs[i][valid] = cx[pos[valid]]
-      ys[i][valid] = cy[pos[valid]]
+      xs[i][valid], ys[i][valid] = data.rows(k, pos[valid])
     ms[i] = mask
   client = client_steps(out_ids, num_steps) if plan.with_client else None
   return RoundBatches(xs, ys, ms, nums, out_ids, client=client)

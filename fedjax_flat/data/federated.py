@@ -5,9 +5,10 @@ array (CSR layout: `client_offsets[k]:client_offsets[k+1]` of `client_index`). N
 population of 100,000 clients costs one int64 per example plus one per client. Memory per round depends only
 on the clients sampled that round (their examples are gathered by the round batcher).
 
-Datasets that do not fit in memory (Landmarks) implement the same small protocol, `ClientDataSource`:
-`num_clients`, `client_sizes()`, `client_examples(k) -> (x, y)`, `test_examples() -> (x, y)`; optionally
-`label_shape` (default (): one class per example) and `task` (fedjax_flat/tasks/base.py; default classification).
+Every training data source, in memory or not (Landmarks), subclasses `ClientDataSource`, the protocol the round
+batcher calls: `num_clients`, `client_sizes()`, `client_examples(k) -> (x, y)`, `test_examples() -> (x, y)`,
+`rows(k, positions)`, with declared defaults (`label_shape` () = one class per example, `input_dtype`,
+`label_dtype`, `indexed`, `draw`); optionally `task` (fedjax_flat/tasks/base.py; default classification).
 
 Examples that share items (FedVPR's query tuples: one database image is a candidate of many queries) can keep
 each item once: `store` [I, *item_shape] holds the items and x holds int32 indices [N, K] into it (-1: an
@@ -19,26 +20,57 @@ once, not once per example that uses it. Outside the rounds (`take`: client eval
 first `count` pool columns (a pool stored in random order: a random subset, the same at every use); the
 centralized run draws afresh at every visit through the rounds' draw (training/centralized.py).
 A source of such examples too large for memory (data/sources/msls_stream.py) gives each client its own store:
-`client_indexed(k) -> (rows [n_k, K] int32 indices into the store, y [n_k, K], store [I_k, *item])`, with
-`draw`, `slots`, `input_dtype`, `input_shape` / `label_shape` of what the model sees; the round batches go
-through the same draw and `lookup`.
+`client_indexed(k) -> (rows [n_k, K] int32 indices into the store, y [n_k, K], store [I_k, *item])` (the batcher's
+`rows` and `item_store(k)`), with `indexed`, `draw`, `slots`, `input_dtype`, `input_shape` / `label_shape` of what
+the model sees; the round batches go through the same draw and `lookup`.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Sequence, Tuple, Protocol
+from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
 
-class ClientDataSource(Protocol):
+class ClientDataSource:
+  """What the round batcher (data/batching.make_round_batches) calls on any training data: the one declared
+  protocol, a base class whose defaults are an out-of-memory source's (every source subclasses it, so nothing
+  probes for attributes).
+
+  A source gives `num_clients`, `num_classes`, `input_shape`, `client_sizes()`, `client_examples(k) -> (x, y)`
+  and `test_examples()`. Declared with defaults: `label_shape` (() = one class per example), `input_dtype` /
+  `label_dtype` (of the batches: uint8 images stay uint8), `rows(k, positions)` (client k's examples at those
+  positions; default: indexed out of `client_examples(k)`, read once per round). Sources of index rows into an
+  item store (module docstring) set `indexed`, return index rows from `rows` and give the items through
+  `item_store(k)`; with `draw = (fixed, count)` the batcher draws the pool columns, `slots` = fixed + count.
+  """
   num_clients: int
   num_classes: int
   input_shape: tuple
+  label_shape: tuple = ()
+  input_dtype = np.dtype(np.float32)
+  label_dtype = np.dtype(np.int32)
+  indexed: bool = False                        # rows() gives int32 index rows into item_store(k)
+  draw: Optional[Tuple[int, int]] = None       # (fixed, count): the pool draw of indexed examples
+  slots: int = 0                               # columns the model sees of an indexed example (with a draw)
 
-  def client_sizes(self) -> np.ndarray: ...
-  def client_examples(self, k: int) -> Tuple[np.ndarray, np.ndarray]: ...
-  def test_examples(self) -> Tuple[np.ndarray, np.ndarray]: ...
+  def client_sizes(self) -> np.ndarray:
+    raise NotImplementedError
+
+  def client_examples(self, k: int) -> Tuple[np.ndarray, np.ndarray]:
+    raise NotImplementedError
+
+  def test_examples(self) -> Tuple[np.ndarray, np.ndarray]:
+    raise NotImplementedError
+
+  def rows(self, k: int, positions: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """(x, y) of client k's examples at `positions` (index rows and labels for an indexed source)."""
+    x, y = self.client_examples(k)
+    return x[positions], y[positions]
+
+  def item_store(self, k: int) -> np.ndarray:
+    """The items [I, *item] client k's index rows point into (indexed sources only)."""
+    raise NotImplementedError(f'{type(self).__name__} is not an indexed source')
 
 
 def lookup(store, idx, xp=np):
@@ -58,7 +90,7 @@ def _csr(groups: Sequence[np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
 
 
 @dataclasses.dataclass
-class FederatedDataset:
+class FederatedDataset(ClientDataSource):
   """In-memory federated data.
 
   x, y: all training examples ([N, *input_shape], [N] int labels).
@@ -149,6 +181,14 @@ class FederatedDataset:
     return (self.store if self.store is not None else self.x).dtype
 
   @property
+  def label_dtype(self) -> np.dtype:
+    return np.asarray(self.y).dtype
+
+  @property
+  def indexed(self) -> bool:
+    return self.store is not None
+
+  @property
   def label_shape(self) -> tuple:
     """() for one class per example; (T,) for token labels, (H, W) for label maps."""
     if self.draw is not None:
@@ -182,6 +222,15 @@ class FederatedDataset:
 
   def client_examples(self, k: int) -> Tuple[np.ndarray, np.ndarray]:
     return self.take(self.client_indices(k))
+
+  def rows(self, k: int, positions: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """x, y rows of client k at positions: examples, or index rows into the store (the batcher draws and
+    looks up)."""
+    flat = self.client_indices(k)[positions]
+    return self.x[flat], np.asarray(self.y)[flat]
+
+  def item_store(self, k: int) -> np.ndarray:
+    return self.store
 
   def client_labels(self, k: int) -> np.ndarray:
     return self.y[self.client_indices(k)]

@@ -145,7 +145,7 @@ class Trainer:
                      or 'client_ids' in alg_registry.needs(config.algorithm)),   # FedFomo's slots
         full_batches=bool(config.client.get('full_batches', False)),
         max_steps=int(config.client.get('max_local_steps', 0)),
-        draw=getattr(self.data, 'draw', None))     # a dataset drawing columns from a pool (data/federated.py)
+        draw=self.data.draw)     # a dataset drawing columns from a pool (data/federated.py)
     self.round_fn = self.build_round_fn(chunk)
 
     self.key = jax.random.key(config.seed)

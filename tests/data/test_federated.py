@@ -208,3 +208,35 @@ def test_trainer_honours_data_shuffle():
   c.data = ml_collections.ConfigDict({**c.data.to_dict(), 'shuffle': 'no'})   # a config replacing c.data
   with pytest.raises(ConfigError, match='data.shuffle'):
     validate_config(c)
+
+
+def test_a_source_with_only_the_base_protocol_batches_like_the_in_memory_dataset():
+  """ClientDataSource's declared defaults (rows from client_examples, float32 / int32 batches) give the round
+  batches of the same clients held in memory, bit for bit; every registered source declares the protocol."""
+  from fedjax_flat.data.federated import ClientDataSource
+  d = synthetic(3, [5, 9, 2], input_shape=(2, 2, 1), num_classes=3, seed=0)
+  calls = []
+
+  class Source(ClientDataSource):
+    num_clients, num_classes, input_shape = 3, 3, (2, 2, 1)
+
+    def client_sizes(self):
+      return d.client_sizes()
+
+    def client_examples(self, k):
+      calls.append(k)
+      return d.client_examples(k)
+  s = batching.padded_num_steps(d.client_sizes(), 4, epochs=2)
+  kw = dict(round_idx=2, seed=1, batch_size=4, num_steps=s, epochs=2, pad_clients_to=4)
+  a = batching.make_round_batches(Source(), [2, 0, 1], **kw)
+  b = batching.make_round_batches(d, [2, 0, 1], **kw)
+  for f in ('x', 'y', 'mask', 'num_examples', 'client_ids'):
+    np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+    assert getattr(a, f).dtype == getattr(b, f).dtype
+  assert calls == [2, 0, 1]               # each client read once a round
+  assert not Source.indexed and Source.draw is None and Source.label_shape == ()
+  assert issubclass(FederatedDataset, ClientDataSource)
+  from fedjax_flat.data.sources import landmarks, msls_stream, segmentation
+  for cls in (landmarks.LandmarksSource, msls_stream.MslsSource, segmentation.SegmentationSource):
+    assert issubclass(cls, ClientDataSource)
+  assert msls_stream.MslsSource.indexed

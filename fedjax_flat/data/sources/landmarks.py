@@ -38,6 +38,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from fedjax_flat.data.federated import ClientDataSource
 from fedjax_flat.data.prefetch import DecodePool
 from fedjax_flat.errors import DataFormatError, reading
 from fedjax_flat.data.registry import register
@@ -326,9 +327,10 @@ def decode_transform(blob: bytes, image_size: int, rng: Optional[np.random.Gener
     return np.asarray(out, np.uint8)
 
 
-class LandmarksSource(DecodePool):
+class LandmarksSource(ClientDataSource, DecodePool):
   """Out-of-memory federated Landmarks (ClientDataSource protocol) over prepared shards."""
   _pool_prefix = 'landmarks'
+  input_dtype = np.dtype(np.uint8)                       # decoded JPEGs (batches keep uint8)
 
   def __init__(self, shards_dir: str, *, image_size: int = 224, seed: int = 0, train_augment: bool = True,
                num_workers: int = 2):

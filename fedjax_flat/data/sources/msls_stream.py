@@ -27,17 +27,18 @@ from typing import Tuple
 import numpy as np
 
 from fedjax_flat.data import vpr_places
-from fedjax_flat.data.federated import lookup
+from fedjax_flat.data.federated import ClientDataSource, lookup
 from fedjax_flat.data.prefetch import DecodePool, prefetch_map
 from fedjax_flat.data.registry import register
 from fedjax_flat.data.sources import msls
 from fedjax_flat.errors import ConfigError
 
 
-class MslsSource(DecodePool):
+class MslsSource(ClientDataSource, DecodePool):
   """The streamed MSLS training clients (module docstring)."""
   task = 'retrieval'
   num_classes = 1
+  indexed = True                     # rows() are index rows into item_store(k)
   input_dtype = np.dtype(np.uint8)
   label_dtype = np.dtype(np.uint8)
   _pool_prefix = 'msls'
@@ -97,6 +98,12 @@ class MslsSource(DecodePool):
 
   def client_indexed(self, k: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     return self._rows[k], self._kinds[k], self.client_store(k)
+
+  def rows(self, k: int, positions: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    return self._rows[k][positions], self._kinds[k][positions]
+
+  def item_store(self, k: int) -> np.ndarray:
+    return self.client_store(k)
 
   def client_examples(self, k: int) -> Tuple[np.ndarray, np.ndarray]:
     rows, kinds, store = self.client_indexed(k)

@@ -40,6 +40,7 @@ import numpy as np
 
 from fedjax_flat.tasks import segmentation as seg_tasks
 from fedjax_flat.errors import DataFormatError, reading
+from fedjax_flat.data.federated import ClientDataSource
 from fedjax_flat.data.prefetch import DecodePool, prefetch_map
 
 IGNORE = 255
@@ -153,9 +154,10 @@ def decode_image(image_path: str, size: Optional[Tuple[int, int]] = None, resamp
   return x, np.full(x.shape[:2], IGNORE, np.uint8)
 
 
-class SegmentationSource(DecodePool):
+class SegmentationSource(ClientDataSource, DecodePool):
   """A federated segmentation split over image/label files (ClientDataSource protocol, see module doc)."""
   _pool_prefix = 'segmentation-decode'
+  input_dtype = np.dtype(np.uint8)                       # decoded images (batches keep uint8)
 
   def __init__(self, *, name: str, image_root: str, label_root: str, clients: Sequence[SegClient],
                test_clients: Sequence[SegClient], lut: np.ndarray, class_names: Sequence[str],
