@@ -45,7 +45,7 @@ from fedjax_flat.data import sampling
 from fedjax_flat.data import attacks
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.grouping import superclients as superclients_lib
-from fedjax_flat.training import loop, writers
+from fedjax_flat.training import loop
 from fedjax_flat.config import validate
 from fedjax_flat.core import sharding as sharding_lib
 
@@ -370,9 +370,5 @@ class ChainTrainer(loop.Trainer):
       sec['merge_every'] = self._merge_every()
     return sec
 
-  def finish(self, wall, rounds_run):
-    summary = super().finish(wall, rounds_run)
-    summary['fedseq'] = self.summary_section()
-    if self.workdir and self.is_writer:
-      writers.write_summary(self.workdir, summary)
-    return summary
+  def summary_sections(self) -> dict:
+    return {'fedseq': self.summary_section()}

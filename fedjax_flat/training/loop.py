@@ -32,12 +32,10 @@ from fedjax_flat.core import sharding as sharding_lib
 from fedjax_flat.core import streaming
 from fedjax_flat.core.client_state import store_for
 from fedjax_flat.data import validation_steps
-from fedjax_flat.training import personalized_eval
 from fedjax_flat.core import rounds as rounds_lib
 from fedjax_flat import devices
 from fedjax_flat.data import sampling
 from fedjax_flat.tasks import base as tasks_lib
-from fedjax_flat.tasks import segmentation as seg_tasks
 from fedjax_flat.evaluation.evaluator import Evaluator, make_evaluator, make_validation_evaluator  # noqa: F401
 from fedjax_flat.data.sampling import sample_clients
 from fedjax_flat.data import attacks
@@ -50,14 +48,11 @@ from fedjax_flat.models.base import num_params
 from fedjax_flat.data.transforms import pipeline as transforms
 from fedjax_flat.config import validate
 from fedjax_flat.training import writers
-from fedjax_flat.evaluation.evaluator import ClientEvaluator
-from fedjax_flat.config import centralized
-from fedjax_flat.evaluation.corruption import evaluate_corruptions
+from fedjax_flat.training.evals import registry as evals
+from fedjax_flat.training.evals import routed as evals_routed
 from fedjax_flat.data.sources import cifar_c
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.grouping import style_clusters
-from fedjax_flat.evaluation import routed
-from fedjax_flat.training import seg_figures
 
 
 class DivergenceError(errors.OperationError):
@@ -458,41 +453,20 @@ class Trainer:
       if self.val_evaluator is not None:    # the validation clients, each against its own database
         res = self.val_evaluator(params if self.placement is None else self.placement.local_view(params))
         out.update({f'{prefix}val_{k}': v for k, v in res.items() if k != 'count'})
-    out.update(self.evaluate_routed())
-    if self.config.eval_clients and getattr(self, 'last_clients', None) is not None:
-      # The global model on each client sampled in the last round, on that client's own training data.
-      if not hasattr(self, 'client_evaluator'):
-        self.client_evaluator = ClientEvaluator(self.model, self.data, self.config.eval_batch_size,
-                                                preprocess=self.eval_transform, task=self.task)
-        self._eval_params = lambda: self.algorithm.eval_models(self.server_state)['global'][0]
-      res = self.client_evaluator(self._eval_params(), self.last_clients)
-      out.update({k: v for k, v in res.items() if k.startswith('clients_')})
+    for ev in self.evaluations():       # the run's periodic plug-ins (training/evals/: routed, clients)
+      if ev.periodic is not None:
+        out.update(ev.periodic(self))
     return out
 
+  def evaluations(self) -> list:
+    """The evaluation plug-ins this run selects (training/evals/), once."""
+    if getattr(self, '_evaluations', None) is None:
+      self._evaluations = evals.selected(self)
+    return self._evaluations
+
   def evaluate_routed(self) -> dict:
-    """A run clustered by client styles (LADD, k > 1): every test image evaluated by the model of the cluster whose
-    style centroid is nearest to the image's own style (thesis §5.3; evaluation/routed.py), one pooled confusion
-    matrix over the test set: 'routed/test_<metric>'. The cluster models are the algorithm's eval models
-    'cluster0'..'cluster{k-1}'; routes are computed once. Running BatchNorm statistics, full-image forward (the
-    test-client groups / BN test policy / tiling of the global evaluator are not applied here)."""
-    clusters = getattr(self, 'style_clusters', None)
-    if clusters is None or int(clusters.k) < 2:
-      return {}
-    models = self.algorithm.eval_models(self.server_state)
-    names = [f'cluster{c}' for c in range(int(clusters.k))]
-    if not all(n in models for n in names):
-      return {}
-    if not hasattr(self, 'routed_evaluator'):
-      tx, ty = self.data.test_examples()
-      self.routed_evaluator = routed.RoutedEvaluator(
-          self.model, tx, ty, routed.routes(tx, clusters.centroids, b=self.style_fda_b), task=self.task,
-          preprocess=self.eval_transform, batch_size=self.config.eval_batch_size)
-    view = (lambda p: p) if self.placement is None else self.placement.local_view
-    stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *[view(models[n][0]) for n in names])
-    res = self.routed_evaluator(stacked)
-    out = {'routed/test_accuracy': res['accuracy'], 'routed/test_loss': res['loss']}
-    out.update({f'routed/test_{k}': v for k, v in res.items() if k not in ('accuracy', 'loss', 'count')})
-    return out
+    """'routed/test_<metric>' of a style-clustered run (training/evals/routed.py)."""
+    return evals_routed.evaluate(self)
 
   def train(self, num_rounds: Optional[int] = None, stop_requested=lambda: False) -> dict:
     end = self.begin_training(num_rounds)
@@ -579,14 +553,17 @@ class Trainer:
   def after_round(self):
     pass
 
+  def summary_sections(self) -> dict:
+    """Entries a trainer adds to summary.json beside the plug-ins' (training/chain_loop.py: 'fedseq')."""
+    return {}
+
   def finish(self, wall, rounds_run):
-    """wall / rounds_run: this process only (a resumed run reports its own speed, not rounds since 0)."""
+    """wall / rounds_run: this process only (a resumed run reports its own speed, not rounds since 0). What a
+    run reports beyond its records comes from its evaluation plug-ins (training/evals/), each declared by the
+    config and the algorithm's eval models."""
     c = self.config
-    reported = 'global'
-    if c.swa.enabled and any('swa/test_accuracy' in r for r in self.records):
-      reported = 'swa'
-    if c.wima.enabled and any('wima/test_accuracy' in r for r in self.records):
-      reported = 'wima'
+    plugins = self.evaluations()
+    reported = evals.reported_model(plugins, self.records)
     summary = writers.summarize(self.records, c.summary_last_k, {
         'experiment': os.path.basename(self.workdir.rstrip('/')) if self.workdir else 'run',
         'algorithm': self.algorithm.name, 'dataset': c.dataset, 'model': c.model,
@@ -598,43 +575,14 @@ class Trainer:
         'sampling_procedure': sampling.PROCEDURE,
         'comm_total_params': self.comm_total, 'comm_total_bytes': 4.0 * sum(self.comm_total.values()),
         'summary_last_k': c.summary_last_k})
-    summary.update(centralized.rounds_to_centralized(self.records, c, reported))
-    selected = writers.select_by_validation(self.records, reported)   # the best validation round's test numbers
-    if selected:
-      summary['validation'] = selected
-    if isinstance(self.server_state, dict):   # message counters an algorithm keeps in its server state (H-FL)
-      msgs = {k: float(np.asarray(jax.device_get(v))) for k, v in self.server_state.items()
-              if k.startswith('messages_') and np.ndim(v) == 0}
-      if msgs:
-        summary['messages'] = msgs
-    swa_state = self.server_state.get('swa') if isinstance(self.server_state, dict) else None
-    if c.swa.enabled and isinstance(swa_state, dict) and 'n' in swa_state:
-      summary['swa_averages'] = int(np.asarray(jax.device_get(swa_state['n'])))
-      if summary['swa_averages'] == 0 and self.round >= c.rounds:   # said before the run too (validate.py)
-        logging.warning('swa: the SWA model was never averaged in %d rounds (summary.json swa_averages=0); its '
-                        'numbers are those of a single earlier model', self.round)
-    if c.get('personalized') is not None and c.personalized.enabled:
-      summary['personalized'] = personalized_eval.evaluate_trainer(self)   # evaluation/personalized.py
-    if c.get('corruption_eval') is not None and c.corruption_eval.name:
-      params = self.algorithm.eval_models(self.server_state)[reported][0]
-      summary['corruptions'] = evaluate_corruptions(
-          self.model, params, c.corruption_eval, self.eval_transform, c.eval_batch_size,
-          self.workdir if (self.workdir and self.writer) else None)
-      summary['corruptions']['model'] = reported
-    attacks.summarize(c, summary, getattr(self, 'attack_report', None))
-    if self.workdir and self.writer and isinstance(self.task, seg_tasks.Segmentation) \
-        and c.segmentation.predictions and hasattr(self.evaluator, 'predictions'):   # images, true / predicted masks
-      params = self.algorithm.eval_models(self.server_state)[reported][0]
-      seg_figures.write_predictions(os.path.join(self.workdir, 'predictions.png'),
-                                    self.evaluator.predictions(params, c.segmentation.predictions),
-                                    self.data.num_classes, title=f'{self.algorithm.name} ({reported} model)')
+    for ev in plugins:
+      if ev.final is not None:
+        ev.final(self, summary, reported)
+    summary.update(self.summary_sections())
     if self.workdir and self.writer:
       writers.write_summary(self.workdir, summary)
       writers.plot_metrics(self.records, os.path.join(self.workdir, 'metrics.png'),
                            title=f'{self.algorithm.name} on {c.dataset}')
-      if isinstance(summary.get('personalized'), dict):
-        writers.plot_personalized(summary['personalized'], os.path.join(self.workdir, 'personalized.png'),
-                                  title=f'{self.algorithm.name} on {c.dataset}')
       self.writer.close()
     return summary
 

@@ -1,0 +1,47 @@
+"""The evaluation plug-in registry (like FedJAX's `periodic_eval_fn_map` and big_vision's `config.evals`).
+
+A plug-in is an `Evaluation`: `applies(trainer)` (declared by the config and the algorithm's eval models),
+`periodic(trainer) -> metrics` added to every evaluation record, `final(trainer, summary, reported)` adding its
+entries (and figures) to summary.json, `reports`: the eval model it makes the reported one once evaluated
+(SWA, WiMA). Each lives in its own module of this package; `selected(trainer)` lists those a run uses, in
+`order` (the order of their summary entries; a later `reports` wins).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, List, Optional
+
+from fedjax_flat.registry import Registry
+
+EVALUATIONS = Registry('evaluation', package='fedjax_flat.training.evals', skip=('registry',))
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+  name: str
+  order: int                                              # position among the selected plug-ins
+  applies: Callable[[Any], bool]                          # (trainer) -> whether this run uses it
+  periodic: Optional[Callable[[Any], dict]] = None        # (trainer) -> metrics of an evaluation round
+  final: Optional[Callable[[Any, dict, str], None]] = None  # (trainer, summary, reported model) -> summary entries
+  reports: Optional[str] = None                           # eval model reported instead of 'global' once evaluated
+  models: tuple = ()                                      # the algorithm's eval models it is about (documentation)
+
+
+def register(evaluation: Evaluation) -> Evaluation:
+  EVALUATIONS.register(evaluation.name)(evaluation)
+  return evaluation
+
+
+def selected(trainer) -> List[Evaluation]:
+  """The plug-ins this run uses, in order."""
+  evs = [EVALUATIONS.get(n) for n in EVALUATIONS.names()]
+  return [e for e in sorted(evs, key=lambda e: (e.order, e.name)) if e.applies(trainer)]
+
+
+def reported_model(evaluations, records) -> str:
+  """'global', or the eval model of the last selected plug-in declaring `reports` whose test numbers exist."""
+  reported = 'global'
+  for e in evaluations:
+    if e.reports and any(f'{e.reports}/test_accuracy' in r for r in records):
+      reported = e.reports
+  return reported

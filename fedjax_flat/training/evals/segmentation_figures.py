@@ -1,0 +1,26 @@
+"""config.segmentation.predictions: predictions.png (test images, true and predicted masks of the reported
+model; training/seg_figures.py) for a segmentation run whose evaluator gives predictions."""
+import os
+
+from fedjax_flat.tasks import segmentation as seg_tasks
+from fedjax_flat.training import seg_figures
+from fedjax_flat.training.evals.registry import Evaluation, register
+
+
+def _applies(trainer) -> bool:
+  return (isinstance(trainer.task, seg_tasks.Segmentation) and bool(trainer.config.segmentation.predictions)
+          and hasattr(trainer.evaluator, 'predictions'))
+
+
+def _final(trainer, summary, reported):
+  del summary
+  if not (trainer.workdir and trainer.writer):
+    return
+  c = trainer.config
+  params = trainer.algorithm.eval_models(trainer.server_state)[reported][0]
+  seg_figures.write_predictions(os.path.join(trainer.workdir, 'predictions.png'),
+                                trainer.evaluator.predictions(params, c.segmentation.predictions),
+                                trainer.data.num_classes, title=f'{trainer.algorithm.name} ({reported} model)')
+
+
+register(Evaluation('segmentation_figures', order=90, applies=_applies, final=_final))

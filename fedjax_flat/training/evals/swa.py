@@ -1,0 +1,24 @@
+"""SWA (algorithms/wrappers/swa.py): its model 'swa' is the reported one once evaluated; summary.json
+`swa_averages` says how many models it averaged (0: a run too short, warned)."""
+from __future__ import annotations
+
+from absl import logging
+import jax
+import numpy as np
+
+from fedjax_flat.training.evals.registry import Evaluation, register
+
+
+def _final(trainer, summary, reported):
+  del reported
+  state = trainer.server_state
+  swa_state = state.get('swa') if isinstance(state, dict) else None
+  if isinstance(swa_state, dict) and 'n' in swa_state:
+    summary['swa_averages'] = int(np.asarray(jax.device_get(swa_state['n'])))
+    if summary['swa_averages'] == 0 and trainer.round >= trainer.config.rounds:   # said before the run (validate)
+      logging.warning('swa: the SWA model was never averaged in %d rounds (summary.json swa_averages=0); its '
+                      'numbers are those of a single earlier model', trainer.round)
+
+
+register(Evaluation('swa', order=40, applies=lambda t: bool(t.config.swa.enabled), final=_final, reports='swa',
+                    models=('swa',)))
