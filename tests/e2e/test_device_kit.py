@@ -122,3 +122,25 @@ def test_device_kit_smoke_every_group(tmp_path):
     assert rows[p['id']]['status'] in ('ok', 'unavailable'), rows[p['id']]
   assert rows['pfl/trainer/float32/sgd']['examples_per_s'] == pytest.approx(
       4 * 20 / rows['pfl/trainer/float32/sgd']['s_per_round'])
+
+
+def test_device_kit_ratios_formula():
+  """The target ratios from rows with known times: best float32 SGD strategy / torch; R runs vs one alone."""
+  plans = {g: kit.plan(g, False) for g in kit.GROUPS}
+  ok = lambda s, **kw: {'status': 'ok', 's_per_round': s, 'rounds_per_s': 1 / s, 'compile_s': 0.0, **kw}  # noqa: E731
+  rows = [{'id': 'paper100/vmap/float32/sgd', **ok(0.2)}, {'id': 'paper100/sequential/float32/sgd', **ok(0.5)},
+          {'id': 'paper100/vmap/bfloat16/sgd', **ok(0.1)}, {'id': 'paper100/torch/float32/sgd', **ok(2.0)},
+          {'id': 'paper100/vmap/float32/sam', **ok(0.01)},                   # SAM: not the SGD target's row
+          {'id': 'pfl/trainer/float32/sgd', **ok(0.4)},                      # pfl: no torch row -> not measured
+          {'id': 'runs/one', **ok(0.1, compile_s=10.0)}, {'id': 'runs/R32', **ok(0.8, compile_s=30.0)},
+          {'id': 'runs/R8', 'status': 'skipped', 'reason': 'x'}]
+  r = {x['group']: x for x in kit.ratios(plans, rows)}
+  assert r['paper100']['ours'] == 'paper100/vmap/float32/sgd' and r['paper100']['ratio'] == pytest.approx(10.0)
+  assert r['paper100']['ours_any_dtype'] == 'paper100/vmap/bfloat16/sgd'
+  assert r['paper100']['ratio_any_dtype'] == pytest.approx(20.0)
+  assert r['pfl']['ratio'] is None and r['pfl']['ours'] == 'pfl/trainer/float32/sgd'
+  # one alone: 1000 rounds x 0.1 s a run; R=32: 1000 x 0.8 / 32 = 25 s a run -> 4x; with compilation:
+  # (10 + 100) / ((30 + 800) / 32) = 110 / 25.9375.
+  assert r['runs']['R'] == 32 and r['runs']['ratio'] == pytest.approx(4.0)
+  assert r['runs']['ratio_with_compile'] == pytest.approx(110 / 25.9375)
+  assert r['runs']['ours_runs_per_hour'] == pytest.approx(3600 / 25.0)

@@ -53,7 +53,8 @@ def device_record() -> dict:
   rec = {'kind': 'device', 'backend': jax.default_backend(), 'device_kind': d.device_kind,
          'devices': [str(x) for x in jax.devices()], 'jax': jax.__version__, 'python': sys.version.split()[0],
          'cpu': bench_util.cpu_model(), 'cpus': os.cpu_count(),
-         'xla_python_client_preallocate': os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE', '')}
+         'xla_python_client_preallocate': os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE', ''),
+         'compilation_cache': os.environ.get('JAX_COMPILATION_CACHE_DIR', '')}
   rec['jaxlib'] = getattr(jaxlib, '__version__', '')
   return rec
 
