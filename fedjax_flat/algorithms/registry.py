@@ -90,6 +90,11 @@ class BuildContext:
   def algo(self):
     return self.config.algo
 
+  @property
+  def hparams(self) -> Dict[str, Any]:
+    """The algorithm's hyperparameters: config.algo over the defaults it declared when registered."""
+    return spec(self.config.algorithm).hp(self.config)
+
 
 @dataclasses.dataclass(frozen=True)
 class AlgorithmSpec:
