@@ -55,12 +55,13 @@ def algorithm_name(algorithm: Union[str, Callable]) -> str:
 
 
 def train(algorithm: Union[str, Callable], config, workdir: Optional[str] = None, *, fresh: bool = False,
-          data=None) -> TrainResult:
+          data=None, handle_signals: bool = False) -> TrainResult:
   """Trains `algorithm` (a registered name or a builder function) with `config` (config.algorithm is set to its
   name; config.algo holds its hyperparameters over the declared defaults). The config is validated before any
   data are loaded; errors are the binaries' (errors.ConfigError: one line naming the field). `workdir`: write
   and resume as experiments/train.py does (`fresh=True` starts over); None: in memory, no files. `data`: a
-  FederatedDataset to use instead of config.dataset's."""
+  FederatedDataset to use instead of config.dataset's. `handle_signals` (with a workdir; experiments/train.py):
+  SIGTERM / SIGINT finish the round, checkpoint and return (training/run.py)."""
   config = config.copy_and_resolve_references()
   with config.unlocked():
     config.algorithm = algorithm_name(algorithm)
@@ -68,7 +69,7 @@ def train(algorithm: Union[str, Callable], config, workdir: Optional[str] = None
     trainer = trainers.make_trainer(config, None, data=data)
     summary = trainer.train()
   else:
-    summary, trainer = run_lib.execute(config, workdir, fresh=fresh, data=data)
+    summary, trainer = run_lib.execute(config, workdir, fresh=fresh, data=data, handle_signals=handle_signals)
   models = trainer.algorithm.eval_models(trainer.server_state)
   reported = summary.get('reported_model', 'global')
   params = models.get(reported, models['global'])[0]
