@@ -298,3 +298,9 @@ def test_entry_points_never_edit_sys_path():
   assert not bad, ('sys.path edited (run from the repository root: scripts as `python experiments/x.py`, '
                    'benchmarks and helpers as `python -m benchmarks.kind.name`; the package is installed):\n'
                    + '\n'.join(bad))
+
+
+def test_package_readmes_are_generated_from_the_current_docstrings():
+  p = subprocess.run([sys.executable, 'experiments/package_readmes.py', '--check'], cwd=REPO, capture_output=True,
+                     text=True)
+  assert p.returncode == 0, p.stderr
