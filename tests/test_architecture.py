@@ -15,6 +15,7 @@ import ast
 import importlib
 import inspect
 import os
+import re
 import subprocess
 import sys
 
@@ -304,3 +305,11 @@ def test_package_readmes_are_generated_from_the_current_docstrings():
   p = subprocess.run([sys.executable, 'experiments/package_readmes.py', '--check'], cwd=REPO, capture_output=True,
                      text=True)
   assert p.returncode == 0, p.stderr
+
+
+def test_workspace_is_a_map_with_short_lines_and_links_that_resolve():
+  text = open(os.path.join(REPO, 'WORKSPACE.md')).read()
+  long_lines = [i + 1 for i, line in enumerate(text.splitlines()) if len(line) > 200]
+  assert not long_lines, f'WORKSPACE.md lines over 200 characters: {long_lines}'
+  missing = [t for t in re.findall(r'\]\(([^)#]+)\)', text) if not os.path.exists(os.path.join(REPO, t))]
+  assert not missing, f'WORKSPACE.md links to missing files: {missing}'
