@@ -34,11 +34,12 @@ import traceback
 from absl import logging
 import jax
 import jaxlib
+import numpy as np
 
 from benchmarks.speed import bench_util
 from benchmarks.speed import pfl_cifar10
 from benchmarks.speed.peers import protocol
-from fedjax_flat.data.sources.builtin import synthetic
+from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.training import batched
 from fedjax_flat.training import loop
 from fedjax_flat.training import trainers
@@ -84,10 +85,17 @@ _DATA = {}
 
 
 def paper_data(row):
-  key = ('paper', row['model'], row['pool'], row['examples'], tuple(row['input_shape']))
+  """pool x examples random float32 images and labels (throughput does not depend on the values): drawn as one
+  float32 array, 10x faster than the learnable `synthetic` source at 100 x 500 (33 s of a group's budget)."""
+  key = ('paper', row['pool'], row['examples'], tuple(row['input_shape']))
   if key not in _DATA:
-    _DATA[key] = synthetic(row['pool'], row['examples'], input_shape=tuple(row['input_shape']),
-                           num_classes=NUM_CLASSES, test_size=1)
+    rng = np.random.default_rng(0)
+    n = row['pool'] * row['examples']
+    x = rng.standard_normal((n + 1,) + tuple(row['input_shape']), dtype=np.float32)
+    y = rng.integers(0, NUM_CLASSES, n + 1).astype(np.int32)
+    users = np.split(np.arange(n), row['pool'])
+    _DATA[key] = FederatedDataset.from_client_indices(x[:n], y[:n], users, x[n:], y[n:], num_classes=NUM_CLASSES,
+                                                      name='random float32 images')
   return _DATA[key]
 
 
