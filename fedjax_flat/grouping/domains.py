@@ -76,7 +76,8 @@ def kmeans_from_config(config, data=None, workdir: Optional[str] = None):
   if data is None:
     data = data_registry.get_dataset(config.dataset, **config.data.to_dict())
   kw = {**config.model_kwargs.to_dict(), 'domain_layers': 'none'}
-  plain = model_registry.get_model(config.model, data.num_classes, data.input_shape, **kw)
+  plain = model_registry.get_model(config.model, data.num_classes, data.input_shape,
+                                   compute_dtype=model_registry.compute_dtype(config), **kw)
   params0 = fresh_params(config, plain, data)
   key = 'net/' + find_classifier_key(params0['net'], data.num_classes)
   return kmeans_domains(config, plain, data, int(kw.get('num_domains', 4)), key, workdir)

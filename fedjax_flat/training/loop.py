@@ -95,6 +95,7 @@ class Trainer:
     validate.validate_against_data(config, self.data)
     _check_corruption_files(config)   # the CIFAR-C test set is read after training: find it before training
     self.model = model_registry.get_model(config.model, self.data.num_classes, self.data.input_shape,
+                                          compute_dtype=model_registry.compute_dtype(config),
                                           **config.model_kwargs.to_dict())
     self.task = tasks_lib.from_config(tasks_lib.task_of(self.data), config)  # loss and metrics (tasks/base.py)
     # Need 'client_groups' (H-FL): every client's group from the dataset's metadata; the rounds then sample a
