@@ -2,9 +2,9 @@
 
 A plug-in is an `Evaluation`: `applies(trainer)` (declared by the config and the algorithm's eval models),
 `periodic(trainer) -> metrics` added to every evaluation record, `final(trainer, summary, reported)` adding its
-entries (and figures) to summary.json, `reports`: the eval model it makes the reported one once evaluated
-(SWA, WiMA). Each lives in its own module of this package; `selected(trainer)` lists those a run uses, in
-`order` (the order of their summary entries; a later `reports` wins).
+entries (and figures) to summary.json; `models`: the algorithm's eval models it is about. Each lives in its own
+module of this package; `selected(trainer)` lists those a run uses, in `order` (the order of their summary
+entries). Which model is reported is the algorithm's declaration (`FederatedAlgorithm.reported_models`).
 """
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ class Evaluation:
   applies: Callable[[Any], bool]                          # (trainer) -> whether this run uses it
   periodic: Optional[Callable[[Any], dict]] = None        # (trainer) -> metrics of an evaluation round
   final: Optional[Callable[[Any, dict, str], None]] = None  # (trainer, summary, reported model) -> summary entries
-  reports: Optional[str] = None                           # eval model reported instead of 'global' once evaluated
   models: tuple = ()                                      # the algorithm's eval models it is about (documentation)
 
 
@@ -38,10 +37,6 @@ def selected(trainer) -> List[Evaluation]:
   return [e for e in sorted(evs, key=lambda e: (e.order, e.name)) if e.applies(trainer)]
 
 
-def reported_model(evaluations, records) -> str:
-  """'global', or the eval model of the last selected plug-in declaring `reports` whose test numbers exist."""
-  reported = 'global'
-  for e in evaluations:
-    if e.reports and any(f'{e.reports}/test_accuracy' in r for r in records):
-      reported = e.reports
-  return reported
+def reported_model(models, records) -> str:
+  """The first of `models` (the algorithm's reported_models, preferred first) with test numbers, else 'global'."""
+  return next((m for m in models if any(f'{m}/test_accuracy' in r for r in records)), 'global')

@@ -20,7 +20,7 @@ def _final(trainer, summary, reported):
   params = trainer.algorithm.eval_models(trainer.server_state)[reported][0]
   seg_figures.write_predictions(os.path.join(trainer.workdir, 'predictions.png'),
                                 trainer.evaluator.predictions(params, c.segmentation.predictions),
-                                trainer.data.num_classes, title=f'{trainer.algorithm.name} ({reported} model)')
+                                trainer.data.num_classes, title=f'{trainer.algorithm.label} ({reported} model)')
 
 
 register(Evaluation('segmentation_figures', order=90, applies=_applies, final=_final))

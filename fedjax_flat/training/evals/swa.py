@@ -1,5 +1,5 @@
-"""SWA (algorithms/wrappers/swa.py): its model 'swa' is the reported one once evaluated; summary.json
-`swa_averages` says how many models it averaged (0: a run too short, warned)."""
+"""SWA (algorithms/wrappers/swa.py): summary.json `swa_averages` says how many models it averaged (0: a run too
+short, warned)."""
 from __future__ import annotations
 
 from absl import logging
@@ -20,5 +20,4 @@ def _final(trainer, summary, reported):
                       'numbers are those of a single earlier model', trainer.round)
 
 
-register(Evaluation('swa', order=40, applies=lambda t: bool(t.config.swa.enabled), final=_final, reports='swa',
-                    models=('swa',)))
+register(Evaluation('swa', order=40, applies=lambda t: bool(t.config.swa.enabled), final=_final, models=('swa',)))
