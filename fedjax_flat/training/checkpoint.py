@@ -132,7 +132,8 @@ def _implicit_defaults(current: Dict) -> Dict[str, Any]:
   """The value a field has when a config does not set it: default_config's, and for algo.* the algorithm's
   registered default. A checkpoint written before a field existed computed with exactly that value."""
   out = _flatten_dict(config_dict(default_config()))
-  for k, v in registry.default_hparams(current.get('algorithm', '')).items():
+  declared = registry.declared(current.get('algorithm', '') or '')
+  for k, v in (declared.defaults() if declared is not None else {}).items():
     out[f'algo.{k}'] = _jsonable(v)
   return out
 
@@ -329,7 +330,7 @@ class Checkpointer:
         'pending_train_losses': [float(x) for x in getattr(trainer, 'pending_train_losses', [])],
         'comm_total': _jsonable(trainer.comm_total), 'elapsed_s': float(trainer.elapsed_s()),
         'num_client_states': num_states, 'server_leaves': [_describe(a) for a in server.values()],
-        'algorithm': trainer.algorithm.name, 'num_devices': jax.device_count(),
+        'algorithm': trainer.algorithm.label, 'num_devices': jax.device_count(),
         'num_processes': jax.process_count(), 'jax_version': jax.__version__, 'time': time.time(),
         'sampling': _sampling_procedure(),
         'server_sha256': _digests(list(server.values())), 'clients_sha256': client_hashes,
