@@ -83,7 +83,7 @@ def main(argv):
   import jax
   if HOST_DEVICES is not None and jax.process_index() == 0:   # the run's header: how many devices and why
     print(f'{HOST_DEVICES.line()}; jax sees {jax.device_count()} {jax.default_backend()} device(s)', flush=True)
-  from fedjax_flat.training import run as run_lib
+  from fedjax_flat.training import api
   from fedjax_flat.training import writers
   from fedjax_flat.config import algo_flags
   # Errors: one line and the exit status of their class (cli.run_main below)
@@ -92,7 +92,9 @@ def main(argv):
     from fedjax_flat.errors import ConfigError
     raise ConfigError('source_pretrain', '<section>', 'this config pre-trains on the source: run it with '
                       'experiments/pretrain_source.py (train.py takes its source_model.npz as config.init.pretrained)')
-  summary = run_lib.run(config, _WORKDIR.value, fresh=_FRESH.value, handle_signals=True)
+  # The library's entry (fedjax_flat.train): the algorithm named by the config (registered by its module, or by
+  # the config file itself: docs/tutorial_custom_algorithm.py).
+  summary = api.train(config.algorithm, config, _WORKDIR.value, fresh=_FRESH.value, handle_signals=True).summary
   signal.signal(signal.SIGTERM, signal.SIG_IGN)   # done: a late SIGTERM (e.g. a job ending) is not a failure
   if jax.process_index() != 0:
     return

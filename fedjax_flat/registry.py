@@ -10,11 +10,19 @@ register themselves where they are defined:
 
 and every module of `package` is imported on the first lookup, so adding one is writing its module: no
 central list to edit. Lookups of an unknown name raise `ConfigError`-style `KeyError`s listing the names.
+
+A name is taken once: registering another definition under a taken name raises `DuplicateName` (two modules
+silently overwriting each other is a bug that changes results), unless `replace=True` says it is on purpose.
+Running the same definition again (a notebook cell re-run, a config file loaded twice: the same qualified name
+in the same source file) replaces it quietly. An entry defined outside `package` (a user's own algorithm) first
+loads the package, so that it meets the built-in names whichever is imported first.
 """
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
+import os
 import pkgutil
 from typing import Any, Callable, Dict, Iterable, Optional
 
@@ -35,6 +43,17 @@ class UnknownName(KeyError):
     return self.args[0]
 
 
+class DuplicateName(ValueError):
+  """A second, different definition registered under a taken name without replace=True."""
+
+
+def _origin(fn) -> tuple:
+  """(source file, qualified name) of a function or class: the same definition loaded twice has one origin."""
+  code = getattr(fn, '__code__', None)
+  path = code.co_filename if code is not None else getattr(inspect.getmodule(fn), '__file__', None)
+  return (os.path.realpath(path) if path else None, getattr(fn, '__qualname__', repr(fn)))
+
+
 class Registry:
   """name -> Entry; `package`: the package whose modules register entries on import (loaded lazily)."""
 
@@ -43,8 +62,16 @@ class Registry:
     self._entries: Dict[str, Entry] = {}
     self._loaded = package is None
 
-  def register(self, name: str, **meta) -> Callable:
+  def register(self, name: str, *, replace: bool = False, **meta) -> Callable:
+    """Registers `fn` as `name` with `meta`; see the module docstring for a name that is taken."""
     def deco(fn):
+      if self.package and not str(getattr(fn, '__module__', '')).startswith(self.package):
+        self._load()                       # a user's entry meets the built-in names now, not at the first lookup
+      old = self._entries.get(name)
+      if old is not None and not replace and _origin(old.fn) != _origin(fn):
+        where = getattr(old.fn, '__module__', '?')
+        raise DuplicateName(f'{self.kind} {name!r} is already registered (by {where}); choose another name, or '
+                            f'pass replace=True to replace it on purpose')
       self._entries[name] = Entry(name, fn, dict(meta))
       return fn
     return deco

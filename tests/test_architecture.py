@@ -12,7 +12,12 @@
 Each failure lists every offending import as `file:line -> target`.
 """
 import ast
+import importlib
+import inspect
 import os
+import re
+import subprocess
+import sys
 
 from tests.fixtures.paths import REPO
 
@@ -208,7 +213,7 @@ def _face_problems(rel):
 def test_package_inits_hold_only_a_docstring():
   bad = []
   for module, rel in MODULES.items():
-    if not rel.endswith('__init__.py'):
+    if not rel.endswith('__init__.py') or rel == TOP_FACE:
       continue
     if rel in FACES:
       bad += _face_problems(rel)
@@ -222,6 +227,45 @@ def test_package_inits_hold_only_a_docstring():
         bad.append(f'{rel}:{node.lineno}: {what}')
   assert not bad, ('package __init__.py files must hold only a docstring (import the module that defines a '
                    'name, not its package):\n' + '\n'.join(bad))
+
+
+# The package's front door (fedjax_flat/__init__.py): `import fedjax_flat as ff; ff.train(...)`. It names each
+# public object's defining module and resolves it on first use, so importing the package starts no jax.
+TOP_FACE = f'{PACKAGE}/__init__.py'
+
+
+def test_the_front_door_lists_documented_public_names_that_resolve():
+  ff = importlib.import_module(PACKAGE)
+  assert ff.__all__ == sorted(ff._EXPORTS) and len(ff.__all__) >= 10
+  undocumented, misplaced = [], []
+  for name in ff.__all__:
+    obj = getattr(ff, name)
+    if not (inspect.getdoc(obj) or '').strip():
+      undocumented.append(name)
+    where = obj.__name__ if inspect.ismodule(obj) else getattr(obj, '__module__', '')
+    if where != ff._EXPORTS[name]:
+      misplaced.append(f'{name}: defined in {where}, listed under {ff._EXPORTS[name]}')
+  assert not undocumented, f'public names without a docstring: {undocumented}'
+  assert not misplaced, '\n'.join(misplaced)
+  body = ast.parse(open(os.path.join(REPO, TOP_FACE)).read()).body
+  imports = [ast.unparse(n) for n in body if isinstance(n, (ast.Import, ast.ImportFrom))]
+  assert imports == ['import importlib'], f'{TOP_FACE} imports nothing of the package at import time: {imports}'
+
+
+def test_no_module_of_the_package_imports_the_front_door():
+  bad = []
+  for module, rel in MODULES.items():
+    for node in ast.walk(ast.parse(open(os.path.join(REPO, rel)).read(), rel)):
+      if isinstance(node, ast.Import) and any(a.name == PACKAGE for a in node.names):
+        bad.append(f'{rel}:{node.lineno}')
+      if isinstance(node, ast.ImportFrom) and node.module == PACKAGE and not node.level:
+        bad += [f'{rel}:{node.lineno} ({a.name})' for a in node.names if f'{PACKAGE}.{a.name}' not in MODULES]
+  assert not bad, 'package modules import the front door (import the defining module instead): ' + ', '.join(bad)
+
+
+def test_importing_the_package_starts_no_jax():
+  code = 'import sys, fedjax_flat, fedjax_flat.devices; assert "jax" not in sys.modules, sorted(sys.modules)'
+  assert subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True).returncode == 0
 
 
 def _sys_path_edits(path):
@@ -255,3 +299,17 @@ def test_entry_points_never_edit_sys_path():
   assert not bad, ('sys.path edited (run from the repository root: scripts as `python experiments/x.py`, '
                    'benchmarks and helpers as `python -m benchmarks.kind.name`; the package is installed):\n'
                    + '\n'.join(bad))
+
+
+def test_package_readmes_are_generated_from_the_current_docstrings():
+  p = subprocess.run([sys.executable, 'experiments/package_readmes.py', '--check'], cwd=REPO, capture_output=True,
+                     text=True)
+  assert p.returncode == 0, p.stderr
+
+
+def test_workspace_is_a_map_with_short_lines_and_links_that_resolve():
+  text = open(os.path.join(REPO, 'WORKSPACE.md')).read()
+  long_lines = [i + 1 for i, line in enumerate(text.splitlines()) if len(line) > 200]
+  assert not long_lines, f'WORKSPACE.md lines over 200 characters: {long_lines}'
+  missing = [t for t in re.findall(r'\]\(([^)#]+)\)', text) if not os.path.exists(os.path.join(REPO, t))]
+  assert not missing, f'WORKSPACE.md links to missing files: {missing}'

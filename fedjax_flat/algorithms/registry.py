@@ -90,6 +90,11 @@ class BuildContext:
   def algo(self):
     return self.config.algo
 
+  @property
+  def hparams(self) -> Dict[str, Any]:
+    """The algorithm's hyperparameters: config.algo over the defaults it declared when registered."""
+    return spec(self.config.algorithm).hp(self.config)
+
 
 @dataclasses.dataclass(frozen=True)
 class AlgorithmSpec:
@@ -151,8 +156,10 @@ def check_population(cfg, data) -> None:
 def register(name: str, hparams: Optional[Mapping[str, hparams_lib.Rule]] = None, *,
              client_optimizers: Optional[Tuple[str, ...]] = None, needs: Tuple[str, ...] = (),
              check: Optional[Callable] = None, check_data: Optional[Callable] = None,
-             round_log: Optional[Callable] = None, client_groups: Optional[Callable] = None):
-  """Registers `fn(ctx) -> FederatedAlgorithm` as algorithm `name` with its declarations."""
+             round_log: Optional[Callable] = None, client_groups: Optional[Callable] = None,
+             replace: bool = False):
+  """Registers `fn(ctx) -> FederatedAlgorithm` as algorithm `name` with its declarations. A name that is taken by
+  another definition is refused (registry.DuplicateName) unless `replace=True`."""
   rules = dict(hparams or {})
   for k, r in rules.items():
     if not isinstance(r, hparams_lib.Rule):
@@ -169,7 +176,7 @@ def register(name: str, hparams: Optional[Mapping[str, hparams_lib.Rule]] = None
   def deco(fn):
     spec = AlgorithmSpec(name, fn, rules, None if client_optimizers is None else tuple(client_optimizers),
                          frozenset(needs), check, check_data, round_log, client_groups)
-    ALGORITHMS.register(name, spec=spec)(fn)
+    ALGORITHMS.register(name, spec=spec, replace=replace)(fn)
     return fn
   return deco
 
@@ -180,6 +187,11 @@ def names():
 
 def spec(name: str) -> AlgorithmSpec:
   return ALGORITHMS.meta(name, 'spec')
+
+
+def name_of(builder: Callable) -> Optional[str]:
+  """The name a builder function is registered under (None: not registered)."""
+  return next((n for n in names() if ALGORITHMS.get(n) is builder), None)
 
 
 def needs(name: str) -> FrozenSet[str]:

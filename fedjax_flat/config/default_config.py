@@ -70,7 +70,8 @@ WHOLE_SECTIONS = tagged(schema.SCHEMA, WHOLE)
 
 
 def default_config() -> ml_collections.ConfigDict:
-  """Every field with its default, built from the sections' declarations (config/schema.py)."""
+  """Every field of a run with its default: FedAvg on the embedded digits (configs/*.py start from it), built
+  from the sections' declarations (config/schema.py)."""
   return schema.build()
 
 

@@ -70,6 +70,14 @@ def check_workdir(workdir: str) -> None:
 
 def run(config, workdir: str, *, fresh: bool = False, handle_signals: bool = False, data=None,
         stop_requested=None) -> dict:
+  """summary.json's dict of the run (see `execute`)."""
+  return execute(config, workdir, fresh=fresh, handle_signals=handle_signals, data=data,
+                 stop_requested=stop_requested)[0]
+
+
+def execute(config, workdir: str, *, fresh: bool = False, handle_signals: bool = False, data=None,
+            stop_requested=None):
+  """(summary, trainer) of the run in `workdir`: the trainer holds the final server state."""
   validate.validate_config(config)          # before any data loading or compilation
   lock = workdir_lib.WorkdirLock(workdir).acquire() if jax.process_index() == 0 else None
   try:
@@ -126,7 +134,7 @@ def close_summary(summary: dict, trainer, checkpointer, step, signal_name: Optio
   return summary
 
 
-def _run_locked(config, workdir, *, fresh, handle_signals, data, stop_requested) -> dict:
+def _run_locked(config, workdir, *, fresh, handle_signals, data, stop_requested):
   trainer, checkpointer, step = open_run(config, workdir, fresh=fresh, data=data)
   stopper = None
   try:
@@ -135,7 +143,7 @@ def _run_locked(config, workdir, *, fresh, handle_signals, data, stop_requested)
     polls = [p for p in (stopper, stop_requested) if p is not None]
     summary = trainer.train(stop_requested=lambda: any(p() for p in polls))
     return close_summary(summary, trainer, checkpointer, step,
-                         stopper.signal_name if (stopper and stopper()) else None)
+                         stopper.signal_name if (stopper and stopper()) else None), trainer
   finally:
     checkpointer.close()
     if stopper is not None:

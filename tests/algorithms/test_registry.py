@@ -7,10 +7,11 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_flat.algorithms import fedseq, hparams, registry
+from fedjax_flat.algorithms import fedavg as fedavg_lib, fedseq, hparams, registry
 from fedjax_flat.algorithms.local import make_loss
 from fedjax_flat.config.default_config import default_config, segmentation_data
 from fedjax_flat.errors import ConfigError
+from fedjax_flat.registry import DuplicateName
 from fedjax_flat.grouping.style_clusters import StyleClustering
 from fedjax_flat.models.registry import get_model
 from fedjax_flat.optimizers import client as client_lib
@@ -180,3 +181,24 @@ def test_client_optimizer_built_once_is_bit_identical(kw):
   assert jax.tree_util.tree_structure(u) == jax.tree_util.tree_structure(params)
   with pytest.raises(ValueError, match="needs the round's hyperparameters"):
     once.update(g, once.init(params), params, grad_fn=lambda q: g)
+
+
+def test_a_taken_name_is_refused_unless_replaced_on_purpose():
+  def mine(ctx):
+    return fedavg_lib.fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx)
+  with pytest.raises(DuplicateName, match="algorithm 'fedavg' is already registered .*replace=True"):
+    registry.register('fedavg')(mine)
+  assert registry.ALGORITHMS.get('fedavg') is not mine
+  try:
+    registry.register('_test_mine')(mine)
+    registry.register('_test_mine')(mine)           # the same definition again (a re-run cell): quietly kept
+    assert registry.name_of(mine) == '_test_mine'
+
+    def mine2(ctx):
+      return mine(ctx)
+    with pytest.raises(DuplicateName):
+      registry.register('_test_mine')(mine2)
+    registry.register('_test_mine', replace=True)(mine2)
+    assert registry.ALGORITHMS.get('_test_mine') is mine2 and registry.name_of(mine) is None
+  finally:
+    registry.ALGORITHMS._entries.pop('_test_mine', None)

@@ -1,0 +1,160 @@
+# %% [markdown]
+r"""# Tutorial: your own federated algorithm in a few dozen lines
+
+We write FedAvg with clipped client updates (each client's model delta projected onto an L2 ball of radius C
+before the server averages it: the first half of DP-FedAvg), train it on the embedded handwritten digits, give
+it sharpness-aware (SAM) clients by changing one config field, sweep the SAM radius over two runs that share
+one compiled program (`--batch_runs=2`), and compare the Hessian's top eigenvalues of the two models, the
+measure of flatness this library is built around.
+
+Run it whole (about two minutes on 2 CPU cores; the test suite runs it with --rounds=3):
+
+    .venv/bin/python docs/tutorial_custom_algorithm.py --out=runs/tutorial [--rounds=30]
+
+Each `# %%` cell also runs in a notebook (Jupyter, VS Code) in order. This file is at the same time a config
+file (`get_config`) and a sweep file (`get_sweep`), so the binaries find the algorithm it registers:
+
+    .venv/bin/python experiments/train.py --config=docs/tutorial_custom_algorithm.py:sam --workdir=runs/tut
+    .venv/bin/python experiments/sweep.py --sweep=docs/tutorial_custom_algorithm.py --batch_runs=2 \
+        --sweep_dir=runs/tut_sweep
+"""
+# %%
+import argparse
+import os
+import subprocess
+import sys
+
+import fedjax_flat as ff
+
+# %% [markdown]
+# ## 1. The algorithm
+#
+# A builder gets a `BuildContext` (the model, the task's loss, the client optimizer built once, the server
+# optimizer, the config) and returns a `FederatedAlgorithm`: a bundle of pure functions the round engine
+# compiles into one program (server_init, broadcast, client_init, client_step, client_final, server_update,
+# eval_models). We start from FedAvg's bundle and change only what a client uploads: `map_upload` passes every
+# client's upload through our function inside the round program. The hyperparameter `clip` is declared with a
+# typed rule, so `--config.algo.clip=-1` is refused with one line before anything compiles.
+
+
+@ff.register('clipped_fedavg', hparams={'clip': ff.Number(0.5, lo=0, lo_open=True)})
+def clipped_fedavg(ctx):
+  """FedAvg whose client deltas are clipped to L2 norm `algo.clip` before the example-weighted average."""
+  base = ff.fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, client_tx=ctx.client_tx)
+  clip = ctx.hparams['clip']
+
+  def clip_upload(bcast, upload):
+    del bcast
+    # upload['weighted'] = {'delta': w^t - w_k}: FedAvg's pseudo-gradient, averaged with weights N_k.
+    return {**upload, 'weighted': ff.clip_by_global_norm(upload['weighted'], clip)}
+
+  return ff.map_upload(base, clip_upload)
+
+
+# %% [markdown]
+# ## 2. Its config
+#
+# `ff.default_config()` is FedAvg on the embedded digits (scikit-learn's 1,797 8x8 images), which we split over
+# 20 clients with Dirichlet alpha = 0.5 and train 5 clients a round. `get_config` makes this file a config file
+# for the binaries; the arg after ':' picks the client optimizer.
+
+
+def get_config(arg: str = ''):
+  c = ff.default_config()
+  c.algorithm = 'clipped_fedavg'
+  c.algo.clip = 0.5          # the digits CNN's client deltas have norms of about 0.3-0.7 here
+  c.data.num_clients, c.data.alpha = 20, 0.5
+  c.model = 'digits_cnn'
+  c.rounds, c.clients_per_round, c.eval_every, c.summary_last_k = 30, 5, 5, 3
+  c.client.lr, c.client.batch_size, c.client.weight_decay = 0.05, 16, 4e-4
+  if arg == 'sam':            # FedSAM: the same algorithm with sharpness-aware clients
+    c.client.optimizer, c.client.rho = 'sam', 0.1
+  elif arg:
+    raise ValueError(f'config arg {arg!r}: "" (SGD clients) or "sam"')
+  return c
+
+
+def get_sweep(arg: str = ''):
+  """Two SAM radii x one seed: runs that differ only in values share one compiled program (--batch_runs)."""
+  fixed = {'rounds': int(arg)} if arg else {}
+  return {'config': f'{os.path.relpath(__file__)}:sam', 'fixed': fixed, 'grid': {'client.rho': [0.05, 0.1]},
+          'seeds': [0]}
+
+
+# %% [markdown]
+# ## 3. Train it, from Python
+#
+# `ff.train` takes the builder itself (or a registered name), validates the config before loading data, and
+# returns the summary, the final params, every evaluation record and the model. With a workdir it is
+# `experiments/train.py`'s run: checkpoints, resume, metrics.jsonl, summary.md, TensorBoard.
+
+
+def train_both(rounds: int, out: str):
+  results = {}
+  for arg in ('', 'sam'):
+    config = get_config(arg)
+    config.rounds = rounds
+    config.eval_every = min(config.eval_every, rounds)
+    results[arg or 'sgd'] = ff.train(clipped_fedavg, config, workdir=os.path.join(out, arg or 'sgd'), fresh=True)
+  for name, r in results.items():
+    print(f"clipped FedAvg, {name} clients: test accuracy {r.summary['final_test_accuracy']:.4f} after "
+          f"{r.summary['rounds_completed']} rounds")
+  return results
+
+
+# %% [markdown]
+# ## 4. Sweep it: two runs, one compiled program
+#
+# `experiments/sweep.py` reads `get_sweep` above; `--batch_runs=2` trains both radii as lanes of one program
+# (the runs axis), each writing its own workdir exactly as a run alone would. `experiments/report.py` then
+# tabulates the sweep (Markdown, CSV, plots).
+
+
+def sweep(rounds: int, out: str):
+  here = os.path.relpath(__file__)
+  sweep_dir, report_dir = os.path.join(out, 'sweep'), os.path.join(out, 'report')
+  for cmd in ([sys.executable, 'experiments/sweep.py', f'--sweep={here}:{rounds}', '--batch_runs=2',
+               f'--sweep_dir={sweep_dir}', '--fresh'],
+              [sys.executable, 'experiments/report.py', f'--sweep_dir={sweep_dir}', f'--out_dir={report_dir}',
+               '--name=tutorial']):
+    print('$ ' + ' '.join(cmd[1:]), flush=True)
+    subprocess.run(cmd, check=True)
+  with open(os.path.join(report_dir, 'tutorial.md')) as f:
+    print(f.read())
+
+
+# %% [markdown]
+# ## 5. How flat? The Hessian's top eigenvalues
+#
+# `ff.analysis` computes Hessian-vector products of the exact test loss (jit-compiled, float32), the top
+# eigenpairs by Lanczos (each checked against H) and Hutchinson's trace estimate. SAM clients are meant to
+# find flatter minima: a smaller lambda_max.
+
+
+def spectrum(results):
+  out = {}
+  for name, r in results.items():
+    batches = ff.analysis.make_fixed_batches(r.data.test_x, r.data.test_y, batch_size=128)
+    hvp = ff.analysis.make_hvp(r.model, r.params, batches)
+    dim = ff.analysis.param_dim(r.params)
+    pairs = ff.analysis.top_eigenpairs(hvp, dim, k=2, num_steps=30)
+    trace, stderr = ff.analysis.hutchinson_trace(hvp, dim, num_probes=10)
+    out[name] = [float(v) for v in pairs.eigenvalues]
+    print(f'{name} clients: top eigenvalues {[round(v, 3) for v in out[name]]}, trace {trace:.1f} +- {stderr:.1f}')
+  # Measured with the defaults (30 rounds, 2 CPU cores): lambda_max 47.7 with SGD clients, 16.9 with SAM clients.
+  return out
+
+
+# %%
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--rounds', type=int, default=30)
+  parser.add_argument('--out', default='runs/tutorial')
+  args = parser.parse_args(argv)
+  results = train_both(args.rounds, args.out)
+  sweep(args.rounds, args.out)
+  spectrum(results)
+
+
+if __name__ == '__main__':
+  main()

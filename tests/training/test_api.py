@@ -1,0 +1,86 @@
+"""The front door: `fedjax_flat.train(algorithm object or name, config)` and the composition helpers."""
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fedjax_flat as ff
+from fedjax_flat.algorithms import registry
+from fedjax_flat.errors import ConfigError
+from fedjax_flat.registry import DuplicateName
+from tests.fixtures.configs import small_config
+
+
+def _bits(tree):
+  return [np.asarray(x).tobytes() for x in jax.tree_util.tree_leaves(tree)]
+
+
+def plain_fedavg(ctx):
+  """FedAvg written as a user would, through the public face only."""
+  return ff.fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, client_tx=ctx.client_tx)
+
+
+@pytest.fixture(scope='module')
+def by_name():
+  return ff.train('fedavg', small_config())
+
+
+def test_an_unregistered_builder_runs_as_the_registered_algorithm_it_equals(by_name):
+  try:
+    mine = ff.train(plain_fedavg, small_config())
+    assert registry.name_of(plain_fedavg) == 'plain_fedavg'        # registered under its function name
+    assert mine.trainer.config.algorithm == 'plain_fedavg'
+    assert _bits(mine.params) == _bits(by_name.params)              # the same rounds, bit for bit
+    assert mine.summary['final_test_accuracy'] == by_name.summary['final_test_accuracy']
+    assert [r['round'] for r in mine.records] == [2, 4]
+    assert mine.model is mine.trainer.model and mine.data.num_clients == by_name.data.num_clients
+  finally:
+    registry.ALGORITHMS._entries.pop('plain_fedavg', None)
+
+
+def test_a_builder_whose_name_is_taken_by_another_definition_is_refused():
+  def fedprox(ctx):       # shadows the built-in name
+    return plain_fedavg(ctx)
+  with pytest.raises(DuplicateName, match="'fedprox' is already registered"):
+    ff.train(fedprox, small_config())
+
+
+def test_bad_config_is_one_config_error_before_any_data():
+  with pytest.raises(ConfigError, match='clients_per_round'):
+    ff.train('fedavg', small_config(clients_per_round=0))
+
+
+def test_with_a_workdir_it_is_the_binarys_run(tmp_path, by_name):
+  r = ff.train('fedavg', small_config(), workdir=str(tmp_path))
+  assert _bits(r.params) == _bits(by_name.params)
+  with open(tmp_path / 'summary.json') as f:
+    assert json.load(f)['final_test_accuracy'] == r.summary['final_test_accuracy']
+  assert os.path.isdir(tmp_path / 'checkpoints')
+
+
+def test_clip_by_global_norm_is_the_projection_onto_the_ball():
+  t = {'a': jnp.array([3.0, 0.0]), 'b': jnp.array([[4.0]])}        # norm 5
+  out = ff.clip_by_global_norm(t, 2.5)
+  np.testing.assert_allclose(out['a'], [1.5, 0.0], rtol=1e-6)
+  np.testing.assert_allclose(out['b'], [[2.0]], rtol=1e-6)
+  np.testing.assert_array_equal(ff.clip_by_global_norm(t, 10.0)['a'], t['a'])     # inside the ball: unchanged
+  zero = ff.clip_by_global_norm({'a': jnp.zeros(3)}, 1.0)['a']
+  assert np.all(np.isfinite(zero)) and not np.any(zero)
+
+
+def test_map_upload_changes_only_the_upload():
+  def builder(ctx):
+    base = plain_fedavg(ctx)
+    return ff.map_upload(base, lambda bcast, out: {**out, 'weighted': jax.tree_util.tree_map(jnp.zeros_like,
+                                                                                               out['weighted'])})
+  try:
+    r = ff.train(builder, small_config(rounds=2, eval_every=2))
+    init = r.trainer.model.init(jax.random.fold_in(jax.random.key(0), 0),
+                                jnp.zeros((1,) + tuple(r.data.input_shape), jnp.float32))
+    # zero uploads: the server's pseudo-gradient is zero, so the model never leaves its initial point
+    assert _bits(r.params) == _bits(init)
+  finally:
+    registry.ALGORITHMS._entries.pop('builder', None)
