@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_flat.schema import RESULT, TRUTH, VALUE, Choice, Field, Num, Section
+from fedjax_flat.schema import RESULT, TRUTH, VALUE, Choice, Field, Flag, Num, Section
 
 SERVER_OPTIMIZERS = ('sgd', 'adam', 'adagrad', 'yogi')
 ADAPTIVE_FORMS = ('reddi', 'torch')
@@ -52,6 +52,7 @@ SECTION = Section('server', (
           "a client's weight in the mean of the updates: 'examples' (N_k) | 'uniform'"),
     Field('momentum', Num(0.0, lo=0, hi=1, hi_open=True), 'server momentum (FedAvgM; FedAdagrad b1)',
           {VALUE, TRUTH}),
+    Field('nesterov', Flag(False), "Nesterov momentum of server.optimizer='sgd' (FedAvgM)"),
     Field('b1', Num(0.9, lo=0, hi=1, hi_open=True), 'adaptive optimizers: first-moment decay'),
     Field('b2', Num(0.99, lo=0, hi=1, hi_open=True), 'adaptive optimizers: second-moment decay'),
     Field('eps', Num(1e-3, lo=0, lo_open=True), 'adaptive optimizers: tau (reddi) / eps (torch)'),
