@@ -23,7 +23,8 @@ Fields (validated by `config/validate.py` before anything is compiled):
                        shard_clients ('auto'|True|False: clients over every device of every host, docs/scaling.md),
                        stream_batches (host batches built one chunk at a time: memory O(chunk), not O(cohort)),
                        rounds_per_call ('auto'|R: rounds per compiled call), device_data ('auto'|True|False),
-                       device_data_max_mb
+                       device_data_max_mb, compute_dtype ('float32'|'bfloat16': mixed precision, models/base.py;
+                       it changes the result: a checkpoint must match it)
   eval_every, eval_every_last, eval_batch_size, eval_clients, summary_last_k
   checkpoint_every, keep_checkpoints   orbax checkpoints in WORKDIR/checkpoints every N rounds (0 = only at
                        the end or on SIGTERM/SIGINT), keeping the last K; resume is automatic (docs/scaling.md)

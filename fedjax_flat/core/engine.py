@@ -29,7 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_flat.core.contract import WEIGHTINGS, FederatedAlgorithm
-from fedjax_flat.schema import EXECUTION, RESUME, SAME_BITS, Choice, Field, Flag, Int, Num, Section, Test, is_number
+from fedjax_flat.models.base import COMPUTE_DTYPES
+from fedjax_flat.schema import (EXECUTION, RESULT, RESUME, SAME_BITS, Choice, Field, Flag, Int, Num, Section, Test,
+                                is_number)
 
 STRATEGIES = ('vmap', 'chunked', 'sequential')
 
@@ -66,6 +68,10 @@ SECTION = Section('engine', (
           'device_data_max_mb) | True | False', {SAME_BITS}, ref=True),
     Field('device_data_max_mb', Num(1024, lo=0), "'auto' device_data: the largest data kept on the device (MB)",
           {SAME_BITS}),
+    Field('compute_dtype', Choice('float32', COMPUTE_DTYPES, sort=True),
+          "'bfloat16': mixed precision (models/base.with_compute_dtype: params, optimizer state and aggregation in "
+          'float32, activations and matmuls in bfloat16); changes the result: a checkpoint must match it',
+          {RESULT}),
 ), tags={RESUME, EXECUTION}, doc='how the rounds are executed (same computation; SAME_BITS fields: same bits)')
 
 

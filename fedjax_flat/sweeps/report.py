@@ -28,7 +28,7 @@ import numpy as np
 from fedjax_flat.config import data_fields
 from fedjax_flat.config import schema as config_schema
 from fedjax_flat.errors import BadInputError
-from fedjax_flat.schema import EXECUTION, tagged
+from fedjax_flat.schema import EXECUTION, RESULT, tagged
 
 
 class ReportError(BadInputError):
@@ -218,6 +218,10 @@ def _run_name(r: Dict) -> str:
 # config.json by the binary, not a config field): runs that differ only in these (and in the grouping keys) are
 # seeds of one experiment. Every other key splits a group (see `split_group`).
 EXECUTION_KEYS = ('seed', 'host_devices') + tagged(config_schema.SCHEMA, EXECUTION) + data_fields.tagged(EXECUTION)
+# Keys under EXECUTION_KEYS that change the result (tag RESULT), with the value a config.json written before the
+# key existed ran with (its default): runs differing in them are never pooled as seeds.
+RESULT_KEYS = {s.path(f): f.rule.default for s in config_schema.SCHEMA for f in s.fields
+               if RESULT in f.tags and any(s.path(f).startswith(k + '.') for k in EXECUTION_KEYS)}
 
 
 def _flatten(d: Dict, prefix: str = '') -> Dict[str, str]:
@@ -242,7 +246,8 @@ def split_group(rs: List[Dict], group_by: Sequence[str]) -> List[Tuple[str, List
   values ('' when the group is one experiment). Runs without a readable config.json (a failed start) stay
   with the first sub-group, where they are counted as unfinished."""
   flat = [None if r['config'] is None else
-          {k: v for k, v in _flatten(r['config']).items() if not _under(k, EXECUTION_KEYS)
+          {k: v for k, v in {**{k: json.dumps(d) for k, d in RESULT_KEYS.items()}, **_flatten(r['config'])}.items()
+           if (not _under(k, EXECUTION_KEYS) or _under(k, RESULT_KEYS))
            and not _under(k, [g for g in group_by if g != 'cell'])} for r in rs]
   known = [f for f in flat if f is not None]
   keys = sorted({k for f in known for k in f})
