@@ -38,8 +38,16 @@ from fedjax_flat.config import validate
 from fedjax_flat.training import workdir as workdir_lib
 
 
-# --batch_runs=auto: runs per program (measured: benchmarks/speed/runs_axis.py, benchmarks/speed/README.runs.md).
+# --batch_runs=auto: runs per program, by measurement. CPU: 4 (benchmarks/speed/runs_axis.py,
+# benchmarks/speed/README.runs.md: the lanes keep both cores busy). GPU: 1, i.e. the runs one after another in one
+# process (each program structure compiled once): on an H100 one paper-CNN run of 10 clients x 500 already runs at
+# 215k examples/s and R = 8 / 32 lanes gave 0.88x / 0.79x its run-rounds/s (benchmarks/speed/device/kit_h100*.md).
 AUTO_BATCH_RUNS = 4
+AUTO_BATCH_RUNS_ACCELERATOR = 1
+
+
+def auto_batch_runs() -> int:
+  return AUTO_BATCH_RUNS if jax.default_backend() == 'cpu' else AUTO_BATCH_RUNS_ACCELERATOR
 
 
 @dataclasses.dataclass

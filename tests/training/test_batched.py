@@ -199,3 +199,9 @@ def test_a_workdir_held_by_a_live_process_is_busy_not_failed(tmp_path):
     res = batched.run_batch([spec])
   assert res[0].status == 'busy' and 'in use by process' in res[0].error
   assert not os.path.exists(tmp_path / 'r0' / 'config.json')       # nothing of it touched
+
+
+def test_auto_runs_per_program_follow_the_backend_measurements(monkeypatch):
+  assert batched.auto_batch_runs() == batched.AUTO_BATCH_RUNS == 4        # CPU: lanes keep the cores busy
+  monkeypatch.setattr(batched.jax, 'default_backend', lambda: 'gpu')
+  assert batched.auto_batch_runs() == 1                                  # H100: R = 8 / 32 gave 0.88x / 0.79x
