@@ -3,8 +3,13 @@
 # setup.cfg + pyproject.toml makes a second call a no-op until the dependencies change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# PYTHON picks the interpreter of a new .venv: on Python 3.11 setup.cfg's ranges resolve to jax 0.10.2, on 3.12 to
+# the newest jax (0.11 and newer need 3.12). It is run, not just looked up: a pyenv shim may exist and not run.
 PY="${PYTHON:-python3.11}"
-command -v "$PY" >/dev/null 2>&1 || PY=python3
+if ! "$PY" --version >/dev/null 2>&1; then
+  if [ -n "${PYTHON:-}" ]; then echo "[setup] PYTHON=$PYTHON does not run" >&2; exit 2; fi
+  PY=python3
+fi
 if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv with $($PY --version 2>&1)" >&2
   "$PY" -m venv .venv
@@ -14,6 +19,7 @@ want="$(cat setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "[setup] installing fedjax_flat and its dependencies into .venv (about a minute)" >&2
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+  # An installed jax/flax/... inside setup.cfg's ranges is kept (no --upgrade); one outside them is replaced.
   .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
   echo "$want" > "$stamp"
 fi

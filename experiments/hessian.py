@@ -24,6 +24,8 @@ Eigenvalues: Lanczos by default (largest algebraic; the Krylov space grows until
 <= --residual_tol * max|lambda|); --method=power is the thesis protocol (20 deflated power steps, largest
 |lambda|), whose pairs on a clustered spectrum are often no eigenpairs: every pair failing the residual test
 is printed as a warning and marked converged=false in the JSON (all_converged=false).
+The model is always the float32 one (a run trained with engine.compute_dtype='bfloat16' included: the same
+float32 parameters, analysed without bfloat16 rounding; analysis/hvp.py).
 On CPU, models use the im2col convolution (an HVP inside an XLA loop is ~40x slower with native convs).
 
 Exit status (fedjax_flat/training/cli.py), each error one `error: ...` line without a traceback: 0 done; 1 the
@@ -160,19 +162,21 @@ def main(argv):
   trainer, params, step = load_run(wd, _MODEL.value)
   # BatchNorm models: the Hessian over the trainable params, the running statistics held fixed.
   from fedjax_flat.core.batch_stats import trainable_view
+  from fedjax_flat.models.base import float32_model
   other = None
   if _OTHER.value:
     # The other run with its own config (training/reload), refused before any work when its model differs.
     from fedjax_flat.training.reload import check_same_model
     other_trainer, other, _ = load_run(_OTHER.value, _MODEL.value)
     check_same_model(wd, trainer.config, params, _OTHER.value, other_trainer.config, other)
-    _, other = trainable_view(other_trainer.model, other)     # its statistics are not interpolated: ours are used
+    # its statistics are not interpolated: ours are used
+    _, other = trainable_view(float32_model(other_trainer.model), other)
     del other_trainer
   os.makedirs(out, exist_ok=True)
   x, y = trainer.data.test_examples() if _SPLIT.value == 'test' else (trainer.data.x, trainer.data.y)
   x = np.asarray(trainer.eval_transform(np.asarray(x[:_N.value])))
   y = np.asarray(y[:_N.value])
-  model, params = trainable_view(trainer.model, params)
+  model, params = trainable_view(float32_model(trainer.model), params)   # float32 whatever the config
   logging.info('run %s, round %d, model %r, %d %s examples', wd, step, _MODEL.value, len(y), _SPLIT.value)
   t0 = time.time()
   report = analysis.analyze(model, params, x, y, batch_size=_BATCH.value, top_k=_TOPK.value, method=_METHOD.value,

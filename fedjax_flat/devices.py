@@ -1,4 +1,5 @@
-"""Host CPU devices, decided before jax starts: one XLA CPU device per usable core.
+"""Host CPU devices and the XLA compilation cache, decided before jax starts: one XLA CPU device per usable
+core; compiled programs kept on disk (`--compilation_cache=DIR|off`) so that a later run loads them.
 
 XLA fixes its number of host (CPU) devices when its CPU client starts, from
 `--xla_force_host_platform_device_count` in XLA_FLAGS. Its default, one device, spreads the ops of a

@@ -191,10 +191,10 @@ def engine_round_variant(config, data, num_classes: int, *, compiled_memory: boo
   from fedjax_flat.algorithms import registry
   from fedjax_flat.core import engine
   from fedjax_flat.data import batching
-  from fedjax_flat.models.registry import get_model
+  from fedjax_flat.models.registry import compute_dtype, get_model
   c = config
   shape = tuple(data.input_shape)
-  model = get_model(c.model, num_classes, shape, **c.model_kwargs.to_dict())
+  model = get_model(c.model, num_classes, shape, compute_dtype=compute_dtype(c), **c.model_kwargs.to_dict())
   alg = registry.build_algorithm(c, model)
   params = model.init(jax.random.key(0), jnp.zeros((1,) + shape))
   n, strategy, chunk = c.clients_per_round, c.engine.strategy, c.engine.clients_per_chunk

@@ -13,6 +13,10 @@ HVP weighted by its valid count; the total is divided by the number of valid exa
 therefore contribute exactly zero, and unequal batches are weighted correctly (unlike a mean of per-batch
 HVPs, as in pytorch-hessian-eigenthings / google spectral-density with a mean loss).
 
+Always float32: every function here takes `models.base.float32_model(model)`, so a run trained with
+engine.compute_dtype='bfloat16' is analysed with its float32 model (the same float32 parameters; eigenvalues of
+a bfloat16 forward pass would measure its rounding as curvature).
+
 `make_hvp` and `make_eval_fn` return `jax.tree_util.Partial` objects: the data and parameters are pytree
 leaves, so they are passed as device buffers to the jitted eigen / trace / landscape routines (no large
 constants baked into XLA programs), and the compiled program is shared across parameter values and data
@@ -30,6 +34,7 @@ from jax import lax
 from jax.flatten_util import ravel_pytree
 from jax.tree_util import Partial
 
+from fedjax_flat.models.base import float32_model
 from fedjax_flat.tasks import base as tasks_lib
 from fedjax_flat.tasks.base import cross_entropy  # noqa: F401  (re-exported)
 
@@ -74,7 +79,7 @@ def _unroll_key(unroll):
 
 def make_loss_fn(model, *, task=None) -> Callable:
   """loss(params, batch) -> masked mean loss over one [B, ...] batch (0 if the batch is all padding)."""
-  apply, task = model.apply, tasks_lib.get_task(task)
+  apply, task = float32_model(model).apply, tasks_lib.get_task(task)
 
   def loss(params, batch):
     s, _ = _masked_sums(apply, task, params, batch)
@@ -95,7 +100,7 @@ def _full_loss_impl(apply: Callable, unroll, task) -> Callable:
 
 def make_full_loss_fn(model, *, unroll=1, task=None) -> Callable:
   """full_loss(params, batches) -> exact weighted mean loss over stacked [nb, B, ...] batches."""
-  return _full_loss_impl(model.apply, _unroll_key(unroll), tasks_lib.get_task(task))
+  return _full_loss_impl(float32_model(model).apply, _unroll_key(unroll), tasks_lib.get_task(task))
 
 
 @functools.lru_cache(maxsize=None)
@@ -117,7 +122,7 @@ def make_eval_fn(model, batches: Batch, *, unroll=1, task=None) -> Partial:
   inside their own jitted grids.
   """
   batches = jax.tree_util.tree_map(jnp.asarray, dict(batches))
-  return Partial(_eval_impl(model.apply, _unroll_key(unroll), tasks_lib.get_task(task)), batches)
+  return Partial(_eval_impl(float32_model(model).apply, _unroll_key(unroll), tasks_lib.get_task(task)), batches)
 
 
 @functools.lru_cache(maxsize=None)
@@ -159,7 +164,8 @@ def make_hvp(model, params, batches: Batch, *, unroll=1, task=None) -> Partial:
   """
   params = jax.tree_util.tree_map(jnp.asarray, params)
   batches = jax.tree_util.tree_map(jnp.asarray, dict(batches))
-  return Partial(_hvp_impl(model.apply, _unroll_key(unroll), tasks_lib.get_task(task)), params, batches)
+  return Partial(_hvp_impl(float32_model(model).apply, _unroll_key(unroll), tasks_lib.get_task(task)), params,
+                 batches)
 
 
 def flatten_params(params) -> tuple[jax.Array, Callable]:
@@ -185,4 +191,4 @@ def _dense_hessian_impl(apply: Callable, task) -> Callable:
 def dense_hessian(model, params, batches: Batch, *, task=None) -> jax.Array:
   """The full [dim, dim] Hessian of the exact weighted mean loss (`jax.hessian`; small models only)."""
   batches = jax.tree_util.tree_map(jnp.asarray, dict(batches))
-  return _dense_hessian_impl(model.apply, tasks_lib.get_task(task))(params, batches)
+  return _dense_hessian_impl(float32_model(model).apply, tasks_lib.get_task(task))(params, batches)

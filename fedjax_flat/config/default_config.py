@@ -20,7 +20,8 @@ Fields (validated by `config/validate.py` before anything is compiled):
                        shard_clients ('auto'|True|False: clients over every device of every host, docs/scaling.md),
                        stream_batches (host batches built one chunk at a time: memory O(chunk), not O(cohort)),
                        rounds_per_call ('auto'|R: rounds per compiled call), device_data ('auto'|True|False),
-                       device_data_max_mb
+                       device_data_max_mb, compute_dtype ('float32'|'bfloat16': mixed precision, models/base.py;
+                       it changes the result: a checkpoint must match it)
   eval_every, eval_every_last, eval_batch_size, eval_clients, summary_last_k
   checkpoint_every, keep_checkpoints   orbax checkpoints in WORKDIR/checkpoints every N rounds (0 = only at
                        the end or on SIGTERM/SIGINT), keeping the last K; resume is automatic (docs/scaling.md)
@@ -157,6 +158,10 @@ def default_config() -> ml_collections.ConfigDict:
   # data take <= device_data_max_mb) | True | False (host batches, one round per call).
   c.engine.device_data = ml_collections.FieldReference('auto', field_type=object)
   c.engine.device_data_max_mb = 1024
+  # 'bfloat16': mixed precision (models/base.with_compute_dtype): params, optimizer state and aggregation in
+  # float32, activations and matmuls in bfloat16, losses and metrics reduced in float32. Changes the result:
+  # a checkpoint must match it (training/checkpoint.COMPUTATION_FIELDS), sweeps never pool the two.
+  c.engine.compute_dtype = 'float32'
 
   # Initial params (training/init.py; applied before round 0, never on resume): another run's checkpoint or
   # a params file (models/pretrained.py formats). One of the two at most.

@@ -31,6 +31,7 @@ from fedjax_flat.grouping import distances, estimators, groupers
 from fedjax_flat.optimizers.schedules import LR_SCHEDULES
 from fedjax_flat.tasks.segmentation import OHEM_MODES
 from fedjax_flat.models.tiling import EVAL_MODES
+from fedjax_flat.models.base import COMPUTE_DTYPES
 from fedjax_flat.core import batch_stats
 from fedjax_flat.data import attacks
 from fedjax_flat.data import validation_steps
@@ -198,6 +199,8 @@ def validate_config(cfg) -> None:
     raise ConfigError('engine.device_data', dd, "allowed values: 'auto', True, False")
   if 'device_data_max_mb' in cfg.engine:
     _num(cfg, 'engine.device_data_max_mb', lo=0)
+  if 'compute_dtype' in cfg.engine:
+    _choice(cfg, 'engine.compute_dtype', COMPUTE_DTYPES)
 
   if cfg.get('init') is not None:           # training/init.py
     _validate_init(cfg.init)

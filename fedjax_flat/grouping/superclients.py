@@ -69,6 +69,7 @@ class GroupingContext:
     if data is None:
       data = data_registry.get_dataset(config.dataset, **config.data.to_dict())
     model = model_registry.get_model(config.model, data.num_classes, data.input_shape,
+                                     compute_dtype=model_registry.compute_dtype(config),
                                      **config.model_kwargs.to_dict())
     return cls(model, data, config, **kw)
 
@@ -212,6 +213,7 @@ def probe_network(config, data, params0=None, load_run=None) -> Tuple[Any, Any, 
   g = config.grouping
   name = g.probe_model or config.model
   kwargs = g.probe_model_kwargs.to_dict() if g.probe_model else config.model_kwargs.to_dict()
+  # float32 whatever engine.compute_dtype: the Fisher is a curvature estimate, as the Hessian tools (analysis/hvp.py)
   model = model_registry.get_model(name, data.num_classes, data.input_shape, **kwargs)
   fresh = model.init(jax.random.fold_in(jax.random.key(grouping_seed(config)), PROBE_KEY),
                      jnp.zeros((1,) + tuple(data.input_shape), jnp.float32))

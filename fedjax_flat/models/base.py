@@ -27,11 +27,21 @@ mean/var}. So every algorithm, server optimizer, SWA/WiMA buffer and checkpoint 
                         mean <- m * mean + (1 - m) * batch_mean (Flax's biased batch variance).
 Which leaves are statistics, how the server averages them and the BN policies (FedAvg / SiloBN / FedBN):
 core/batch_stats.py.
+
+Mixed precision (`with_compute_dtype(model, 'bfloat16')`, config.engine.compute_dtype; registry.get_model applies
+it): parameters stay float32 and every consumer (optimizers, aggregation, checkpoints) sees float32; each apply
+function casts the trainable parameters and a floating input to bfloat16, so every matmul / convolution /
+activation runs in bfloat16 (what Flax's `dtype=bfloat16, param_dtype=float32` does, for every layer of every
+model at once, Flax's and ours: layers.Conv / Dense follow their input's dtype), and its floating outputs
+(logits, sown activations) come back float32: the tasks' losses and metrics are reduced in float32. The gradient
+of the float32 parameters is float32 (a cast's transpose). Flax's normalization layers compute their statistics
+in float32 from bfloat16 inputs; BatchNorm running statistics ('batch_stats') are never cast. `float32_model`
+undoes it (the Hessian tools). 'float32' is the model unchanged: bit-identical to a model built without it.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +60,11 @@ class Model:
   batch_stats: bool = False   # params = {'params', 'batch_stats'} (BatchNorm running statistics)
   bn_momentum: float = 0.9    # BatchNorm models: running = m * running + (1 - m) * batch statistic
   head: tuple = ()            # module paths of the classifier head, e.g. (('Dense_1',),): models/partition.py
+  compute_dtype: str = 'float32'   # 'bfloat16': mixed precision (with_compute_dtype)
+
+  # The fields holding apply-like functions fn(params, x, ...) that mixed precision wraps (subclasses with
+  # more entry points, e.g. models/fedcg.DomainModel, list theirs).
+  APPLY_FIELDS: ClassVar[tuple] = ('apply',)
 
 
 def _collect_acts(intermediates) -> list:
@@ -135,6 +150,69 @@ def _from_flax_bn(module: nn.Module, name: str, num_classes: int, input_shape: t
 
   return Model(name=name, init=init, apply=apply, num_classes=num_classes, input_shape=tuple(input_shape),
                batch_stats=True, bn_momentum=float(getattr(module, 'bn_momentum', 0.9)))
+
+
+COMPUTE_DTYPES = ('float32', 'bfloat16')
+
+
+def _floating(a) -> bool:
+  return hasattr(a, 'dtype') and jnp.issubdtype(a.dtype, jnp.floating)
+
+
+def _cast(tree, dtype):
+  return jax.tree_util.tree_map(lambda a: a.astype(dtype) if _floating(a) else a, tree)
+
+
+def _at_least_float32(tree):
+  return jax.tree_util.tree_map(
+      lambda a: a.astype(jnp.float32) if _floating(a) and jnp.finfo(a.dtype).bits < 32 else a, tree)
+
+
+def _mixed(fn: Callable, dtype, *, cast_inputs: bool, batch_stats: bool) -> Callable:
+  """fn(params, x, ...) computed in `dtype`: trainable params and a floating x cast, floating outputs float32."""
+
+  def mixed(params, x, *args, **kwargs):
+    if batch_stats and isinstance(params, dict) and 'batch_stats' in params:
+      low = {**params, 'params': _cast(params['params'], dtype)}     # running statistics stay float32
+    else:
+      low = _cast(params, dtype)
+    return _at_least_float32(fn(low, _cast(x, dtype) if cast_inputs else x, *args, **kwargs))
+
+  mixed.float32_fn = fn
+  return mixed
+
+
+def with_compute_dtype(model: Model, compute_dtype: str, *, cast_inputs: bool = True) -> Model:
+  """The model computing in `compute_dtype` with float32 parameters (module docstring); 'float32': unchanged.
+
+  cast_inputs=False: the input is not cast (token ids held in a float array: bfloat16 holds integers exactly
+  only up to 256); the model's first layer (an embedding) then produces the compute dtype.
+  """
+  if compute_dtype not in COMPUTE_DTYPES:
+    raise ValueError(f'compute_dtype={compute_dtype!r}; allowed: {list(COMPUTE_DTYPES)}')
+  model = float32_model(model)
+  if compute_dtype == 'float32':
+    return model
+  dtype = jnp.dtype(compute_dtype)
+  fns = {f: _mixed(getattr(model, f), dtype, cast_inputs=cast_inputs, batch_stats=model.batch_stats)
+         for f in model.APPLY_FIELDS if getattr(model, f) is not None}
+  return dataclasses.replace(model, compute_dtype=compute_dtype, **fns)
+
+
+def float32_model(model: Model) -> Model:
+  """The float32 model of a mixed-precision one (the same model, or any object with an `apply`, when it is
+  float32 already)."""
+  if getattr(model, 'compute_dtype', 'float32') == 'float32':
+    return model
+  fns = {}
+  for f in model.APPLY_FIELDS:
+    fn = getattr(model, f)
+    if fn is not None:
+      if not hasattr(fn, 'float32_fn'):
+        raise ValueError(f'model {model.name!r}: its {f} was replaced after mixed precision was applied; take '
+                         'float32_model(model) before wrapping it')
+      fns[f] = fn.float32_fn
+  return dataclasses.replace(model, compute_dtype='float32', **fns)
 
 
 def num_params(params: Params) -> int:

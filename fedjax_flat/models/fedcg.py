@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Sequence, Tuple
+from typing import Callable, ClassVar, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -138,10 +138,14 @@ class DomainClassifier(nn.Module):
 
   @nn.compact
   def __call__(self, x):
+    # Standardised in float32 whatever the compute dtype (a mixed-precision model's input is bfloat16), then
+    # computed in that dtype.
+    dtype = x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else jnp.float32
     x = x.astype(jnp.float32)
     if self.standardize:
       axes = tuple(range(1, x.ndim))
       x = (x - jnp.mean(x, axis=axes, keepdims=True)) / (jnp.std(x, axis=axes, keepdims=True) + 1e-6)
+    x = x.astype(dtype)
     for c in self.channels:
       x = nn.Dense(c, name=None)(im2col_same(x))
       x = max_pool(nn.relu(x), (2, 2)) if min(x.shape[1:3]) >= 2 else nn.relu(x)
@@ -223,6 +227,8 @@ class DomainModel(base.Model):
     nodes(params) -> {layer: V [D, q]}                            the GCN nodes of each domain-specific layer
     refined(params) -> {layer: V_hat [D, q]}                      what the layer uses: sigma(A V W)
   """
+  APPLY_FIELDS: ClassVar[tuple] = ('apply', 'apply_train', 'classifier_apply')   # mixed precision wraps these
+
   num_domains: int = 0
   layer_names: Tuple[str, ...] = ()
   apply_train: Callable = None

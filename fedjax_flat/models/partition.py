@@ -103,5 +103,5 @@ def representation(model, params, x, **apply_kw):
     logits = model.apply(params, x, **apply_kw)
   if not captured:
     raise ValueError(f'model {model.name!r}: its declared head {head} was never called in the forward pass')
-  z = captured[0]
-  return logits, jnp.reshape(z, (z.shape[0], -1))
+  z = captured[0]      # in the compute dtype: float32 for the losses over it (MOON's similarities)
+  return logits, jnp.reshape(z, (z.shape[0], -1)).astype(jnp.promote_types(z.dtype, jnp.float32))

@@ -57,11 +57,14 @@ class LSTM(nn.Module):
       h, c = carry
       i, f, g, o = jnp.split(x_t @ w_ih + h @ w_hh + b, 4, axis=-1)
       c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
-      h = jax.nn.sigmoid(o) * jnp.tanh(c)
+      h = (jax.nn.sigmoid(o) * jnp.tanh(c)).astype(x.dtype)
       return (h, c), h
 
-    zeros = jnp.zeros((x.shape[0], self.hidden), x.dtype)
-    _, hs = jax.lax.scan(step, (zeros, zeros), jnp.swapaxes(x, 0, 1))
+    # The cell state, a running sum over the sequence, is carried in at least float32 (bfloat16 compute:
+    # models/base.py's mixed precision); h, the matmuls' input, in the compute dtype.
+    h0 = jnp.zeros((x.shape[0], self.hidden), x.dtype)
+    c0 = jnp.zeros((x.shape[0], self.hidden), jnp.promote_types(x.dtype, jnp.float32))
+    _, hs = jax.lax.scan(step, (h0, c0), jnp.swapaxes(x, 0, 1))
     return jnp.swapaxes(hs, 0, 1)
 
 
@@ -111,7 +114,7 @@ class WordLSTM(nn.Module):
 
 # --- Registered builders: config.model name -> Model (models/registry.py). ---
 
-@register('char_lstm')
+@register('char_lstm', token_ids=True)
 def _char_lstm(num_classes, input_shape, conv_impl='auto', embed=8, hidden=100, num_layers=2, biases=2,
                readout='sequence'):
   del conv_impl   # num_classes = the extended vocabulary (inputs and outputs share it)
@@ -119,7 +122,7 @@ def _char_lstm(num_classes, input_shape, conv_impl='auto', embed=8, hidden=100, 
                                       biases=biases, readout=readout), 'char_lstm', num_classes, input_shape)
 
 
-@register('word_lstm')
+@register('word_lstm', token_ids=True)
 def _word_lstm(num_classes, input_shape, conv_impl='auto', embed=96, hidden=670, biases=1, readout='sequence'):
   del conv_impl
   return from_flax(WordLSTM(num_classes, embed=embed, hidden=hidden, biases=biases, readout=readout),

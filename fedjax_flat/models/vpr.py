@@ -86,7 +86,7 @@ class VprResNet(nn.Module):
           x = BNBlock(w * 2 ** i, strides=strides, bn_momentum=self.bn_momentum, conv_impl=self.conv_impl,
                       name=name)(x, use_running_average=ura, mask=mask)
     p = self.param('gem', lambda _: jnp.full((1,), self.gem_p, jnp.float32))
-    d = l2_normalize(gem(x.astype(jnp.float32), p[0]))
+    d = l2_normalize(gem(x.astype(jnp.float32), p[0].astype(jnp.float32)))   # pooling, norm: float32
     return d.reshape(lead + d.shape[-1:])
 
 

@@ -98,8 +98,10 @@ def _sharpness_aware(rho: ScalarOrSchedule, eps: float, scale_fn: Optional[Scale
     else:
       scale = scale_fn(params)
       scaled_g = jax.tree.map(lambda t, g: t * g, scale, updates)
-    # ONE global L2 norm over all leaves, plus eps: a zero gradient gives e = 0, not NaN.
-    denom = optax.tree.norm(scaled_g) + eps
+    # ONE global L2 norm over all leaves, plus eps: a zero gradient gives e = 0, not NaN. Computed in at least
+    # float32 whatever the gradient's dtype (mixed precision: the ascent radius must not carry bfloat16 rounding;
+    # the gradients of float32 params are float32 already, so this is a no-op there).
+    denom = optax.tree.norm(jax.tree.map(lambda g: g.astype(jnp.promote_types(g.dtype, jnp.float32)), scaled_g)) + eps
     factor = rho_t / denom
     if scale_fn is None:
       perturbation = jax.tree.map(lambda g: factor * g, scaled_g)

@@ -215,6 +215,9 @@ def _run_name(r: Dict) -> str:
 EXECUTION_KEYS = ('seed', 'host_devices', 'published', 'progress_every_s', 'checkpoint_every', 'keep_checkpoints',
                   'keep_rounds', 'eval_batch_size', 'engine', 'client_state_store', 'client_state_device_max_mb',
                   'data.data_dir')
+# Keys under EXECUTION_KEYS that change the result, with the value a config.json written before the key existed
+# ran with: runs differing in them are never pooled as seeds.
+RESULT_KEYS = {'engine.compute_dtype': 'float32'}
 
 
 def _flatten(d: Dict, prefix: str = '') -> Dict[str, str]:
@@ -239,7 +242,8 @@ def split_group(rs: List[Dict], group_by: Sequence[str]) -> List[Tuple[str, List
   values ('' when the group is one experiment). Runs without a readable config.json (a failed start) stay
   with the first sub-group, where they are counted as unfinished."""
   flat = [None if r['config'] is None else
-          {k: v for k, v in _flatten(r['config']).items() if not _under(k, EXECUTION_KEYS)
+          {k: v for k, v in {**{k: json.dumps(d) for k, d in RESULT_KEYS.items()}, **_flatten(r['config'])}.items()
+           if (not _under(k, EXECUTION_KEYS) or _under(k, RESULT_KEYS))
            and not _under(k, [g for g in group_by if g != 'cell'])} for r in rs]
   known = [f for f in flat if f is not None]
   keys = sorted({k for f in known for k in f})

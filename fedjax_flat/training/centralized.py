@@ -231,7 +231,8 @@ def train(config, workdir: Optional[str] = None, *, data=None, on_epoch=None, on
   on_init(params): called once with the initial weights (config.init's when it names some)."""
   validate_lib.validate_config(config)
   data = data if data is not None else data_registry.get_dataset(config.dataset, **config.data.to_dict())
-  model = model_registry.get_model(config.model, data.num_classes, data.input_shape, **config.model_kwargs.to_dict())
+  model = model_registry.get_model(config.model, data.num_classes, data.input_shape,
+                                   compute_dtype=model_registry.compute_dtype(config), **config.model_kwargs.to_dict())
   task = tasks_lib.from_config(tasks_lib.task_of(data), config)   # e.g. config.segmentation's OHEM
   train_tf, eval_tf = transforms.make_transforms(config, data.num_classes)
   indexed = union_indexed(data)

@@ -65,8 +65,11 @@ FORMAT_VERSION = 2          # 2: content hashes in meta (format 1 restores unver
 # Config fields that change what is computed: a checkpoint written with other values is refused.
 # Not here on purpose: `published` (the paper's number, documentation only), so correcting a transcribed
 # number never blocks a resume; evaluation / output fields likewise do not change the computation.
+# A dotted entry names one field of a section whose other fields are not here (engine.compute_dtype: mixed
+# precision computes other numbers; the rest of `engine` only reorders float reductions, WARN_FIELDS).
 COMPUTATION_FIELDS = ('seed', 'dataset', 'data', 'model', 'model_kwargs', 'augment', 'normalize', 'algorithm',
-                      'algo', 'clients_per_round', 'client', 'server', 'swa', 'wima', 'man', 'attack')
+                      'algo', 'clients_per_round', 'client', 'server', 'swa', 'wima', 'man', 'attack',
+                      'engine.compute_dtype')
 # Fields that may change on resume with a warning (the run is then no longer identical to an uninterrupted
 # run with either value): the round budget (SWA's start round depends on it) and the engine (same
 # computation, other floating-point reduction order).
@@ -129,7 +132,8 @@ def _implicit_defaults(current: Dict) -> Dict[str, Any]:
   """The value a field has when a config does not set it: default_config's, and for algo.* the algorithm's
   registered default. A checkpoint written before a field existed computed with exactly that value."""
   out = _flatten_dict(config_dict(default_config()))
-  for k, v in registry.default_hparams(current.get('algorithm', '')).items():
+  declared = registry.declared(current.get('algorithm', '') or '')
+  for k, v in (declared.defaults() if declared is not None else {}).items():
     out[f'algo.{k}'] = _jsonable(v)
   return out
 
@@ -142,8 +146,7 @@ def config_diffs(saved: Dict, current: Dict, fields=COMPUTATION_FIELDS) -> List[
   """
   diffs, defaults = [], None
   for f in fields:
-    a = _flatten_dict(saved.get(f), f + '.') if isinstance(saved.get(f), dict) else {f: saved.get(f)}
-    b = _flatten_dict(current.get(f), f + '.') if isinstance(current.get(f), dict) else {f: current.get(f)}
+    a, b = _field_leaves(saved, f), _field_leaves(current, f)
     for k in sorted(set(a) | set(b)):
       if a.get(k, '<absent>') != b.get(k, '<absent>'):
         if (k in a) != (k in b):
@@ -152,6 +155,17 @@ def config_diffs(saved: Dict, current: Dict, fields=COMPUTATION_FIELDS) -> List[
             continue
         diffs.append((k, a.get(k, '<absent>'), b.get(k, '<absent>')))
   return diffs
+
+
+def _field_leaves(config: Dict, field: str) -> Dict[str, Any]:
+  """{dotted name: value} of the leaves under `field` (a dotted `field` absent from the config: {})."""
+  head, *rest = field.split('.')
+  v = config.get(head)
+  for k in rest:
+    if not isinstance(v, dict) or k not in v:
+      return {}
+    v = v[k]
+  return _flatten_dict(v, field + '.') if isinstance(v, dict) else {field: v}
 
 
 def _is_key(a) -> bool:
@@ -316,7 +330,7 @@ class Checkpointer:
         'pending_train_losses': [float(x) for x in getattr(trainer, 'pending_train_losses', [])],
         'comm_total': _jsonable(trainer.comm_total), 'elapsed_s': float(trainer.elapsed_s()),
         'num_client_states': num_states, 'server_leaves': [_describe(a) for a in server.values()],
-        'algorithm': trainer.algorithm.name, 'num_devices': jax.device_count(),
+        'algorithm': trainer.algorithm.label, 'num_devices': jax.device_count(),
         'num_processes': jax.process_count(), 'jax_version': jax.__version__, 'time': time.time(),
         'sampling': _sampling_procedure(),
         'server_sha256': _digests(list(server.values())), 'clients_sha256': client_hashes,

@@ -410,6 +410,7 @@ def run(config, workdir: str, *, fresh: bool = False, data=None, on_step: Option
     target = data if data is not None else data_registry.get_dataset(config.dataset, **config.data.to_dict())
     source, aug = build_source(config, target)
     model = model_registry.get_model(config.model, target.num_classes, target.input_shape,
+                                     compute_dtype=model_registry.compute_dtype(config),
                                      **config.model_kwargs.to_dict())
     key = jax.random.PRNGKey(config.seed)
     # jitted: one compiled init (cached), where the eager one dispatches every initializer op by op

@@ -29,6 +29,7 @@ CASES = [
     ('clients_per_round', 0, '>= 1'),
     ('engine.strategy', 'pmap', 'allowed values'),
     ('engine.unroll', 0, 'integer >= 1'),
+    ('engine.compute_dtype', 'float16', "allowed values: ['bfloat16', 'float32']"),
     ('swa.start_fraction', 1.5, '< 1'),
     ('swa.cycle', 0, '>= 1'),
     ('wima.window', 0, '>= 1'),

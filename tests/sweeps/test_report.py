@@ -171,6 +171,21 @@ def test_runs_of_different_experiments_are_not_pooled_as_seeds(tmp_path):
   assert '| sgd | server.momentum=0.0 | global | 60.00 ± 0.00 |' in md and '| sgd | server.momentum=0.9 |' in md
 
 
+def test_compute_dtype_splits_runs_other_engine_fields_do_not(tmp_path):
+  """engine.compute_dtype changes the result: bfloat16 and float32 runs are two rows; a config.json without the
+  field (written before it existed) ran float32; engine.strategy stays an execution detail."""
+  d = tmp_path / 'w'
+  for name, seed, engine in (('f0', 0, {'strategy': 'vmap'}), ('f1', 1, {'compute_dtype': 'float32'}),
+                             ('b0', 0, {'compute_dtype': 'bfloat16'})):
+    _run(str(d / name), seed, 'sgd', summary=_summary(0.7 if engine.get('compute_dtype') == 'bfloat16' else 0.6, 0.8))
+    cfg = json.loads((d / name / 'config.json').read_text())
+    cfg['engine'] = engine
+    _write(str(d / name / 'config.json'), cfg)
+  rows = report_lib.aggregate(report_lib.collect(workdirs=[str(d / '*')]), ['client.optimizer'])
+  assert [(r['differs'], r['finished'], round(r['acc_lastk_mean'], 6)) for r in rows] == \
+      [('engine.compute_dtype=bfloat16', 1, 70.0), ('engine.compute_dtype=float32', 2, 60.0)]
+
+
 def test_rounds_to_centralized_averaged_over_seeds(tmp_path):
   runs = []
   for seed, (r70, r90) in enumerate(((4, 9), (6, None), (8, 12))):

@@ -190,6 +190,21 @@ def test_fields_added_since_the_checkpoint_count_as_their_defaults():
                                                    ('client.base_optimizer', '<absent>', 'adam')]
 
 
+def test_compute_dtype_must_match_and_an_older_checkpoint_ran_float32():
+  """engine.compute_dtype changes the numbers (the only engine field that does): a checkpoint of the other
+  dtype is a difference; a checkpoint written before the field existed computed in float32."""
+  current = ckpt_lib.config_dict(tiny_config())
+  saved = json.loads(json.dumps(current))
+  del saved['engine']['compute_dtype']
+  assert ckpt_lib.config_diffs(saved, current) == []
+  current['engine']['compute_dtype'] = 'bfloat16'
+  assert ckpt_lib.config_diffs(saved, current) == [('engine.compute_dtype', '<absent>', 'bfloat16')]
+  saved['engine']['compute_dtype'] = 'float32'
+  assert ckpt_lib.config_diffs(saved, current) == [('engine.compute_dtype', 'float32', 'bfloat16')]
+  current['engine'].update(compute_dtype='float32', strategy='sequential', unroll=2)   # warned, not refused
+  assert ckpt_lib.config_diffs(saved, current) == []
+
+
 def _largest_array_file(item_dir):
   files = [p for p in item_dir.rglob('*') if p.is_file() and p.parent.name == 'd']
   return max(files, key=lambda p: p.stat().st_size)

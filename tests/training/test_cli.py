@@ -53,6 +53,8 @@ def _assert_one_line(res, code, *needles):
     (['--config.clent.lr=0.1'], ["no field 'clent'", "did you mean 'client'"]),
     (['--config.client.lrr=0.1'], ["config.client has no field 'lrr'", "did you mean 'lr'"]),
     (['--config.data.alpha=-1'], ['config.data.alpha=-1.0', 'must be >= 0']),
+    (['--config.engine.compute_dtype=fp16'], ["config.engine.compute_dtype='fp16'",
+                                              "allowed values: ['bfloat16', 'float32']"]),
     (['--config.data.num_clients=0'], ['config.data.num_clients=0', 'must be >= 1']),
     (['--config.data.alpha=nan'], ['config.data.alpha=nan', 'finite']),
     (['--config.client.lr=nan'], ['config.client.lr=nan', 'finite']),

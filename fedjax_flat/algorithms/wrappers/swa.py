@@ -113,5 +113,6 @@ def with_swa(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
       models[KEY] = (swa['params'], swa['active'])
     return models
 
-  return alg.replace(name=f'{alg.name}+swa', server_init=server_init, broadcast=broadcast,
-                     server_update=server_update, eval_models=eval_models)
+  return alg.replace(wrappers=alg.wrappers + (KEY,), server_init=server_init, broadcast=broadcast,
+                     server_update=server_update, eval_models=eval_models,
+                     reported_models=((KEY,) if average else ()) + alg.reported_models)

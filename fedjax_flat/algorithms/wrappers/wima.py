@@ -134,5 +134,5 @@ def with_wima(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
   def broadcast(state, round_idx, phase=0):
     return alg.broadcast(_split(state)[0], round_idx, phase)
 
-  return alg.replace(name=f'{alg.name}+wima', server_init=server_init, broadcast=broadcast,
-                     server_update=server_update, eval_models=eval_models)
+  return alg.replace(wrappers=alg.wrappers + (KEY,), server_init=server_init, broadcast=broadcast,
+                     server_update=server_update, eval_models=eval_models, reported_models=(KEY,) + alg.reported_models)

@@ -1,0 +1,166 @@
+"""Mixed precision (models/base.with_compute_dtype, config.engine.compute_dtype='bfloat16'): every registered
+model initialises float32 parameters, runs its forward and backward in bfloat16 with float32 gradients, and its
+outputs are float32, finite and close to the float32 model's.
+
+Tolerances (bfloat16 keeps 8 significant bits, a relative rounding of 2^-8 = 0.4% per operation): the outputs'
+relative L2 error against the float32 model's <= 5% and the cosine of the two gradients >= 0.98 (measured on
+these inputs: 0.25-0.9% and >= 0.995, e.g. cifar_cnn 0.34% / 0.9997, seg_cnn 0.94% / 0.995).
+"""
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_flat.config.default_config import default_config
+from fedjax_flat.models import base, registry
+
+OUT_RTOL, GRAD_COS = 0.05, 0.98
+
+# name -> (num_classes, per-example input shape, model kwargs): the smallest configuration of each model. FAST:
+# one model of each kind of layer (im2col convolution + GroupNorm + the reshape pool, dense, embedding + LSTM over
+# float-held token ids, FedCG's GCN layers and extra entry points), in the default suite; the others compile for
+# 10-60 s each on the shared 2-core machine (measured under load: 25 s cifar_cnn, 99 s seg_cnn), so slow.
+FAST = {
+    'digits_cnn': (10, (8, 8, 1), {'gn_groups': 4}),
+    'mlp': (10, (4, 4, 1), {'hidden': (16,)}),
+    'char_lstm': (90, (12,), {}),
+    'fedcg_net': (10, (8, 8, 1), {'num_domains': 3, 'channels': (4,), 'hidden': (16,)}),
+}
+SLOW = {
+    'cifar_cnn': (10, (32, 32, 3), {}),
+    'femnist_cnn': (62, (28, 28, 1), {}),
+    'pfl_cnn': (10, (32, 32, 3), {}),
+    'mcmahan_cnn': (62, (28, 28, 1), {}),
+    'man_convnet': (20, (16, 16, 3), {}),
+    'word_lstm': (300, (6,), {'embed': 8, 'hidden': 16}),
+    'seg_cnn': (4, (16, 16, 3), {'width': 8}),
+    'resnet20_gn': (10, (16, 16, 3), {}),
+    'resnet18_gn': (10, (16, 16, 3), {}),
+    'resnet18_bn': (10, (16, 16, 3), {}),
+    'mobilenet_v2_gn': (10, (32, 32, 3), {'width_mult': 0.25}),
+    'deeplabv3_mobilenetv2': (4, (32, 32, 3), {'width_mult': 0.25}),
+    'vpr_resnet18': (1, (3, 32, 32, 3), {'base_width': 8}),
+    'bisenetv2': (4, (32, 32, 3), {}),
+}
+
+
+def test_every_registered_model_is_covered():
+  assert set(FAST) | set(SLOW) == set(registry.names())
+
+
+def _inputs(name, nc, shape):
+  key = jax.random.key(0)
+  if name.endswith('_lstm'):      # token ids in a float array, as the engine's sample_x
+    return jax.random.randint(key, (4,) + shape, 0, nc).astype(jnp.float32)
+  return jax.random.normal(key, (4,) + shape)
+
+
+def _check(name):
+  nc, shape, kw = {**FAST, **SLOW}[name]
+  m32 = registry.get_model(name, nc, shape, **kw)
+  m16 = registry.get_model(name, nc, shape, compute_dtype='bfloat16', **kw)
+  assert (m32.compute_dtype, m16.compute_dtype) == ('float32', 'bfloat16')
+  x = _inputs(name, nc, shape)
+  p = m16.init(jax.random.key(1), x)
+  assert {a.dtype for a in jax.tree.leaves(p)} == {jnp.dtype(jnp.float32)}
+
+  def value_and_grad(m):
+    def f(q):
+      out = jax.tree.leaves(m.apply(q, x, train=True, rng=jax.random.key(2)))[0]   # logits (main head)
+      return jnp.mean(out ** 2), out
+    return jax.jit(jax.value_and_grad(f, has_aux=True))(p)
+
+  (_, o32), g32 = value_and_grad(m32)
+  (_, o16), g16 = value_and_grad(m16)
+  assert o16.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(o16)))
+  assert {a.dtype for a in jax.tree.leaves(g16)} == {jnp.dtype(jnp.float32)}
+  rel = float(jnp.linalg.norm(o16 - o32) / jnp.linalg.norm(o32))
+  assert 0 < rel <= OUT_RTOL, rel          # > 0: the bfloat16 model did compute in another precision
+  a, b = (jnp.concatenate([v.ravel() for v in jax.tree.leaves(g)]) for g in (g16, g32))
+  cos = float(a @ b / (jnp.linalg.norm(a) * jnp.linalg.norm(b)))
+  assert cos >= GRAD_COS, cos
+
+
+@pytest.mark.parametrize('name', sorted(FAST))
+def test_bf16_forward_backward(name):
+  _check(name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', sorted(SLOW))
+def test_bf16_forward_backward_deep_networks(name):
+  _check(name)
+
+
+def test_float32_is_the_model_unchanged_and_float32_model_undoes_bf16():
+  m = registry.get_model('digits_cnn', 10, (8, 8, 1))
+  assert registry.get_model('digits_cnn', 10, (8, 8, 1), compute_dtype='float32').apply is not None
+  assert base.with_compute_dtype(m, 'float32') is m
+  m16 = base.with_compute_dtype(m, 'bfloat16')
+  back = base.float32_model(m16)
+  assert back.compute_dtype == 'float32' and back.apply is m.apply and back == m
+  x = jax.random.normal(jax.random.key(0), (2, 8, 8, 1))
+  p = m.init(jax.random.key(1), x)
+  np.testing.assert_array_equal(back.apply(p, x), m.apply(p, x))
+  # A model whose apply was replaced after mixed precision cannot be silently taken back to float32.
+  wrapped = dataclasses.replace(m16, apply=lambda q, a, **k: m16.apply(q, a, **k))
+  with pytest.raises(ValueError, match='replaced after mixed precision'):
+    base.float32_model(wrapped)
+  with pytest.raises(ValueError, match="allowed: \\['float32', 'bfloat16'\\]"):
+    base.with_compute_dtype(m, 'float16')
+
+
+def test_activations_in_bf16_and_returned_float32():
+  """The hidden activations (MAN) are computed in bfloat16 and handed back float32."""
+  m16 = registry.get_model('digits_cnn', 10, (8, 8, 1), compute_dtype='bfloat16')
+  x = jax.random.normal(jax.random.key(0), (2, 8, 8, 1))
+  p = m16.init(jax.random.key(1), x)
+  inner = jax.make_jaxpr(lambda q: m16.apply(q, x))(p)
+  assert 'bf16' in str(inner)                  # the matmuls run in bfloat16
+  logits, acts = m16.apply(p, x, with_activations=True)
+  assert logits.dtype == jnp.float32 and acts and all(a.dtype == jnp.float32 for a in acts)
+
+
+def test_token_ids_are_not_cast():
+  """Ids above 256 (bfloat16's exact integers) reach the embedding unchanged: same argmax rows as float32."""
+  m32 = registry.get_model('word_lstm', 1000, (3,), embed=8, hidden=8)
+  m16 = registry.get_model('word_lstm', 1000, (3,), embed=8, hidden=8, compute_dtype='bfloat16')
+  x = jnp.array([[257.0, 999.0, 513.0]])       # bfloat16 would round these to 256, 1000, 512
+  p = m32.init(jax.random.key(0), x)
+  emb = p['Embed_0']['embedding']
+  tamper = {**p, 'Embed_0': {'embedding': emb.at[jnp.array([256, 1000, 512])].set(1e3)}}
+  np.testing.assert_allclose(m16.apply(tamper, x), m32.apply(tamper, x), rtol=0.05, atol=0.05)
+
+
+class _TinyBN(nn.Module):
+  bn_momentum: float = 0.9
+
+  @nn.compact
+  def __call__(self, x, train=False, *, use_running_average=True, mask=None):
+    h = nn.BatchNorm(momentum=self.bn_momentum)(nn.Dense(4)(x), use_running_average=use_running_average, mask=mask)
+    return nn.Dense(3)(nn.relu(h))
+
+
+def test_batch_norm_statistics_stay_float32():
+  """BatchNorm: the trainable params are cast, the running statistics never; the updated ones come back float32
+  and equal to the float32 model's up to bfloat16 rounding (Flax computes the moments in float32)."""
+  m32 = base.from_flax(_TinyBN(), 'tiny_bn', 3, (5,), batch_stats=True)
+  m16 = base.with_compute_dtype(m32, 'bfloat16')
+  x = jax.random.normal(jax.random.key(0), (6, 5))
+  p = m16.init(jax.random.key(1), x)
+  (out, stats), (out32, stats32) = (m.apply(p, x, train=True, with_batch_stats=True) for m in (m16, m32))
+  assert out.dtype == jnp.float32
+  assert {a.dtype for a in jax.tree.leaves(stats)} == {jnp.dtype(jnp.float32)}
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0.02, atol=0.02), stats, stats32)
+  np.testing.assert_allclose(out, out32, rtol=0.05, atol=0.05)
+
+
+def test_get_model_passes_the_config_dtype():
+  c = default_config()
+  assert registry.compute_dtype(c) == 'float32'
+  c.engine.compute_dtype = 'bfloat16'
+  assert registry.compute_dtype(c) == 'bfloat16'
+  assert registry.compute_dtype({}) == 'float32'
