@@ -30,16 +30,17 @@ into WORKDIR/config.json (`host_devices`).
 XLA's persistent compilation cache (`configure_compilation_cache`, also called by `configure_or_exit`): a
 resumed run, another seed of the same config or a sweep's next cell loads its compiled programs from disk
 instead of compiling them again (the same executable: results are bit-identical with and without it). Where
-it lives (the first that applies): `--compilation_cache=DIR|off` on the command line (taken out of argv, and
-passed on to child processes through the environment), FEDJAX_FLAT_COMPILATION_CACHE=DIR|off, the user's own
+it lives (the first that applies): `--compilation_cache=DIR|off` on the command line (taken out of argv),
+FEDJAX_FLAT_COMPILATION_CACHE=DIR|off (where the choice is passed on to child processes), the user's own
 JAX_COMPILATION_CACHE_DIR (kept as is), else `$XDG_CACHE_HOME/fedjax_flat/xla` (`~/.cache/fedjax_flat/xla`).
 Only programs that take at least MIN_COMPILE_SECS to compile are written (a user's
-JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS is kept): the round programs, not the hundreds of tiny
+JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS is kept): the round and evaluation programs, not the dozens of
 per-op programs a run also compiles (benchmarks/speed/README.compile_cache.md measured the choice). A
 directory that cannot be created or written is one warning line and a run without the cache. Concurrent
-writers (a sweep's parallel children): jax writes each entry under its own content-addressed name and reads
-it back through a decompression that fails on a torn (half-written) entry; a failed read is a warning and a
-normal compilation, never a wrong program (tests/test_devices.py runs two processes on one cold cache).
+writers (a sweep's parallel children): jax writes each entry under its own content-addressed name, without a
+lock, and reads it back through a decompression that fails on a torn (half-written) entry; a failed read is
+a warning and a normal compilation, never a wrong program (tests/test_compilation_cache.py runs two
+processes on one cold cache and a run on torn entries).
 """
 from __future__ import annotations
 
@@ -272,8 +273,8 @@ def configure_compilation_cache(argv: Optional[List[str]] = None, env: MutableMa
   """Chooses XLA's persistent compilation cache directory (or none) and writes it into env for jax.
 
   Call before jax is imported (jax reads JAX_COMPILATION_CACHE_DIR and friends when it starts). argv (default
-  sys.argv) loses its --compilation_cache flag; a flag value is also put into env[CACHE_ENV], so the binaries
-  this process starts (a sweep's runs) make the same choice. A directory that cannot be used prints one
+  sys.argv) loses its --compilation_cache flag; the choice is also put into env[CACHE_ENV], so the binaries
+  this process starts (a sweep's runs) make the same one. A directory that cannot be used prints one
   warning line and the run goes on without the cache. Raises HostDevicesError for an empty value.
   """
   argv = sys.argv if argv is None else argv
@@ -302,8 +303,7 @@ def configure_compilation_cache(argv: Optional[List[str]] = None, env: MutableMa
   if jax_started:
     why += ' (jax was already imported: its cache settings were fixed earlier, nothing was changed)'
   else:
-    if source == 'flag' or warning:   # the children follow the choice (and do not repeat the warning)
-      env[CACHE_ENV] = path or 'off'
+    env[CACHE_ENV] = path or 'off'    # the children (a sweep's runs) follow it and do not repeat a warning
     if path:
       env[JAX_CACHE_ENV] = path
       env.pop(ENABLE_ENV, None)

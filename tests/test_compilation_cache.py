@@ -33,8 +33,10 @@ def test_default_is_under_the_user_cache(tmp_path, monkeypatch):
   want = str(tmp_path / 'xdg' / 'fedjax_flat' / 'xla')
   assert (rec.dir, rec.source, rec.label, rec.warning) == (want, 'default', want, '')
   assert os.path.isdir(want) and os.listdir(want) == []        # created; the write probe is gone
-  assert env == {'XDG_CACHE_HOME': str(tmp_path / 'xdg'), devices.JAX_CACHE_ENV: want,
+  assert env == {'XDG_CACHE_HOME': str(tmp_path / 'xdg'), devices.JAX_CACHE_ENV: want, devices.CACHE_ENV: want,
                  devices.MIN_COMPILE_ENV: devices.MIN_COMPILE_SECS, devices.MIN_ENTRY_ENV: devices.MIN_ENTRY_BYTES}
+  child, _ = _configure(env=dict(env))                          # a sweep's run: the same directory, and why
+  assert (child.dir, child.source, child.why) == (want, 'env', f'{devices.CACHE_ENV}={want}')
   monkeypatch.setenv('HOME', str(tmp_path / 'home'))            # no XDG_CACHE_HOME: ~/.cache
   rec, _ = _configure()
   assert rec.dir == str(tmp_path / 'home' / '.cache' / 'fedjax_flat' / 'xla')
@@ -45,7 +47,7 @@ def test_users_jax_settings_are_kept(tmp_path):
   rec, env = _configure(env={devices.JAX_CACHE_ENV: own, devices.MIN_COMPILE_ENV: '0'})
   assert (rec.dir, rec.source) == (own, 'user')
   assert env[devices.JAX_CACHE_ENV] == own and env[devices.MIN_COMPILE_ENV] == '0'
-  assert devices.CACHE_ENV not in env                           # nothing for children: they find the same
+  assert env[devices.CACHE_ENV] == own                          # the children: the same directory
   rec, env = _configure(env={devices.ENABLE_ENV: 'false', devices.JAX_CACHE_ENV: own})
   assert (rec.label, rec.source) == ('off', 'user') and devices.JAX_CACHE_ENV not in env
 
