@@ -9,7 +9,9 @@ Each run is `--fresh` in its own workdir, `--config.progress_every_s=0 --config.
 (a progress line on stderr as each round ends) and `--config.eval_every=<rounds>` (one evaluation, at the
 end; default 3 rounds). Reported, from the process's start (just before the spawn): when round 1 ends (its
 `round 1/R` line), when it starts (that minus one round's time, measured as the time between the lines of
-rounds 1 and 2: round 2 runs the same, already loaded program), and the process's wall time.
+rounds 1 and 2: round 2 runs the same, already loaded program), the CPU seconds the process used before
+round 1 started (/proc/<pid>/stat at those lines: less swayed by other jobs than wall time), and the
+process's wall time.
 The metrics of the three kinds are compared number for number (the cache must not change a bit;
 `elapsed_s` / `rounds_per_s` excluded).
 
@@ -58,6 +60,17 @@ def make_cifar10(root: str) -> str:
   return d
 
 
+def cpu_seconds(pid: int) -> float:
+  """CPU seconds (user + system, every thread) a live process has used so far (Linux /proc): less swayed by
+  other jobs on the machine than wall time."""
+  try:
+    with open(f'/proc/{pid}/stat') as f:
+      fields = f.read().rsplit(')', 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
+  except (OSError, IndexError, ValueError):
+    return float('nan')
+
+
 def run_once(name: str, args: list, cache: str, workdir: str, rounds: int, env: dict) -> dict:
   """One train.py process: seconds to its progress lines `round 1/R` and `round 2/R` (one round per call, each
   logged as it ends) and to its exit, its header line and its metrics."""
@@ -66,13 +79,14 @@ def run_once(name: str, args: list, cache: str, workdir: str, rounds: int, env: 
          '--config.engine.rounds_per_call=1', f'--compilation_cache={cache}']
   t0 = time.perf_counter()
   proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  seen, err_lines = {}, []
+  seen, cpu, err_lines = {}, {}, []
 
   def read_stderr():
     for line in proc.stderr:
       m = PROGRESS.search(line)
-      if m:
-        seen.setdefault(int(m.group(1)), time.perf_counter() - t0)
+      if m and int(m.group(1)) not in seen:
+        seen[int(m.group(1))] = time.perf_counter() - t0
+        cpu[int(m.group(1))] = cpu_seconds(proc.pid)
       err_lines.append(line)
 
   reader = threading.Thread(target=read_stderr, daemon=True)
@@ -86,7 +100,9 @@ def run_once(name: str, args: list, cache: str, workdir: str, rounds: int, env: 
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     rows = [json.loads(line) for line in f if line.strip()]
   round_s = seen[2] - seen[1]          # round 2: the same program, already loaded (no evaluation before it)
-  return {'to_round1_s': seen[1], 'round_s': round_s, 'round1_starts_s': seen[1] - round_s, 'total_s': total,
+  cpu_round = cpu[2] - cpu[1]
+  return {'cpu_round1_starts_s': cpu[1] - cpu_round, 'cpu_round_s': cpu_round,
+          'to_round1_s': seen[1], 'round_s': round_s, 'round1_starts_s': seen[1] - round_s, 'total_s': total,
           'header': out.splitlines()[0] if out else '',
           'metrics': [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]}
 
@@ -125,7 +141,8 @@ def main(argv=None) -> dict:
           wd = os.path.join(root, f'{name}_{kind}_{rep}')
           r = run_once(name, CONFIGS[name] + extra[name], 'off' if kind == 'off' else cache, wd, a.rounds, env)
           runs[kind].append(r)
-          print(f'{name} rep {rep} {kind:4s}: round 1 starts at ~{r["round1_starts_s"]:6.2f} s, done at '
+          print(f'{name} rep {rep} {kind:4s}: round 1 starts after {r["cpu_round1_starts_s"]:6.2f} CPU s, at '
+                f'~{r["round1_starts_s"]:6.2f} s, done at '
                 f'{r["to_round1_s"]:6.2f} s (a round {r["round_s"]:.2f} s), exit at {r["total_s"]:6.2f} s', flush=True)
           shutil.rmtree(wd, ignore_errors=True)
           if kind == 'cold':
@@ -135,17 +152,23 @@ def main(argv=None) -> dict:
       identical = all(r['metrics'] == ref for k in runs for r in runs[k])
       med = {k: sorted(r['to_round1_s'] for r in v)[len(v) // 2] for k, v in runs.items()}
       starts = {k: sorted(r['round1_starts_s'] for r in v)[len(v) // 2] for k, v in runs.items()}
+      cpu_starts = {k: sorted(r['cpu_round1_starts_s'] for r in v)[len(v) // 2] for k, v in runs.items()}
       record['configs'][name] = {
           'round1_starts_s': {k: [round(r['round1_starts_s'], 2) for r in v] for k, v in runs.items()},
           'round_s': {k: [round(r['round_s'], 2) for r in v] for k, v in runs.items()},
           'median_round1_starts_s': {k: round(v, 2) for k, v in starts.items()},
           'starts_cold_over_warm': round(starts['cold'] / starts['warm'], 2),
+          'cpu_round1_starts_s': {k: [round(r['cpu_round1_starts_s'], 2) for r in v] for k, v in runs.items()},
+          'median_cpu_round1_starts_s': {k: round(v, 2) for k, v in cpu_starts.items()},
+          'cpu_starts_cold_over_warm': round(cpu_starts['cold'] / cpu_starts['warm'], 2),
           'to_round1_s': {k: [round(r['to_round1_s'], 2) for r in v] for k, v in runs.items()},
           'total_s': {k: [round(r['total_s'], 2) for r in v] for k, v in runs.items()},
           'median_to_round1_s': {k: round(v, 2) for k, v in med.items()},
           'cold_over_warm': round(med['cold'] / med['warm'], 2), 'off_over_warm': round(med['off'] / med['warm'], 2),
           'cache': cache_entries, 'metrics_identical': identical, 'header_warm': runs['warm'][0]['header'],
           'metrics_off': ref}
+      print(f'{name}: median CPU s before round 1: cold {cpu_starts["cold"]:.2f}, warm {cpu_starts["warm"]:.2f}, '
+            f'off {cpu_starts["off"]:.2f} -> cold/warm {cpu_starts["cold"] / cpu_starts["warm"]:.2f}x', flush=True)
       print(f'{name}: median round 1 start: cold {starts["cold"]:.2f} s, warm {starts["warm"]:.2f} s, off '
             f'{starts["off"]:.2f} s -> cold/warm {starts["cold"] / starts["warm"]:.2f}x', flush=True)
       print(f'{name}: median to round 1: cold {med["cold"]:.2f} s, warm {med["warm"]:.2f} s, off {med["off"]:.2f} s '
