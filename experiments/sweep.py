@@ -69,8 +69,9 @@ _FRESH = flags.DEFINE_bool('fresh', False, 'Start unfinished or mismatching runs
                            'finished runs with matching configs are still skipped.')
 _DRY = flags.DEFINE_bool('dry_run', False, 'Print each run\'s status and command; run nothing.')
 _BATCH = flags.DEFINE_string('batch_runs', '0', 'Runs per batched program in this process (an integer >= 1, '
-                             f'or auto = {batched.AUTO_BATCH_RUNS}); 0 = one train.py process per run '
-                             '(--parallel at a time).')
+                             f'or auto = {batched.AUTO_BATCH_RUNS} on a CPU, '
+                             f'{batched.AUTO_BATCH_RUNS_ACCELERATOR} on an accelerator, both measured); '
+                             '0 = one train.py process per run (--parallel at a time).')
 _PYTHON = flags.DEFINE_string('python', sys.executable, 'Python interpreter for the runs.')
 flags.mark_flag_as_required('sweep_dir')
 
@@ -166,7 +167,7 @@ def main(argv):
 def _batch_runs() -> int:
   text = _BATCH.value.strip()
   if text == 'auto':
-    return batched.AUTO_BATCH_RUNS
+    return batched.auto_batch_runs()
   try:
     n = int(text)
   except ValueError:

@@ -7,7 +7,10 @@
   (c) a package `__init__.py` holds a docstring and nothing else, except a declared public face (FACES): it
       only re-exports names of its own package and none of that package's modules imports it;
   (d) the entry points (experiments/, benchmarks/, configs/, tests/) never edit `sys.path`: they run from the
-      repository root against the installed package.
+      repository root against the installed package;
+  (e) the algorithm is resolved once: outside algorithms/, the algorithm registry is read only through
+      `declared` (the static declarations, before the algorithm is built) and `build_algorithm` (which returns
+      the FederatedAlgorithm carrying what the run needs), except by config validation (config/).
 
 Each failure lists every offending import as `file:line -> target`.
 """
@@ -23,7 +26,7 @@ from tests.fixtures.paths import REPO
 
 # Lowest layer first. A module may import its own layer and the layers below it, never one above.
 LAYERS = [
-    ['errors', 'registry', 'devices'],
+    ['errors', 'registry', 'devices', 'schema'],
     ['tasks', 'models', 'optimizers'],
     ['data'],
     ['core'],
@@ -299,6 +302,40 @@ def test_entry_points_never_edit_sys_path():
   assert not bad, ('sys.path edited (run from the repository root: scripts as `python experiments/x.py`, '
                    'benchmarks and helpers as `python -m benchmarks.kind.name`; the package is installed):\n'
                    + '\n'.join(bad))
+
+
+# (e) What the modules outside algorithms/ may read of the algorithm registry (config/ validates the declarations).
+REGISTRY_MODULE = 'fedjax_flat.algorithms.registry'
+# `register` / `name_of` (training/api.py: an algorithm object run by its registration) look nothing up by name
+REGISTRY_DOORS = {'declared', 'build_algorithm', 'register', 'name_of'}
+REGISTRY_FREE = ('fedjax_flat.algorithms', 'fedjax_flat.config')
+
+
+def _registry_reads(module):
+  """[(line, name)] of what `module` takes from the algorithm registry: `from ..registry import name` and
+  `alias.name` of every alias bound to the registry module."""
+  tree = ast.parse(open(os.path.join(REPO, MODULES[module])).read(), MODULES[module])
+  aliases, found = set(), []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and node.module == REGISTRY_MODULE:
+      found += [(node.lineno, a.name) for a in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module == 'fedjax_flat.algorithms':
+      aliases |= {a.asname or a.name for a in node.names if a.name == 'registry'}
+    elif isinstance(node, ast.Import):
+      aliases |= {a.asname for a in node.names if a.name == REGISTRY_MODULE and a.asname}
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+      found.append((node.lineno, node.attr))
+  return found
+
+
+def test_no_module_outside_algorithms_reads_the_algorithm_registry_by_name():
+  bad = [f'{MODULES[m]}:{line} -> registry.{name}' for m in sorted(MODULES)
+         if not m.startswith(REGISTRY_FREE) for line, name in _registry_reads(m) if name not in REGISTRY_DOORS]
+  assert not bad, ('outside algorithms/, read the built FederatedAlgorithm (needs, hparams, personalizer, ...) or '
+                   'the static declarations through registry.declared(config):\n' + '\n'.join(bad))
+  # the check sees what it must: the trainer builds through the registry
+  assert (any(name == 'build_algorithm' for _, name in _registry_reads('fedjax_flat.training.loop')))
 
 
 def test_package_readmes_are_generated_from_the_current_docstrings():

@@ -16,6 +16,7 @@ import ml_collections
 import optax
 
 from fedjax_flat.algorithms.registry import default_hparams
+from fedjax_flat.core.runs import RunValue
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.models import registry as model_registry
 from fedjax_flat.optimizers.schedules import client_round_hparams
@@ -24,6 +25,13 @@ tmap = jax.tree_util.tree_map
 
 # The round's client hyperparameters: the schedules live in optimizers/schedules.py.
 make_hparams_fn = client_round_hparams
+
+
+def run_value(x):
+  """A config number as a builder keeps it: a Python float, or in a batched program (core/runs.py) the run's own
+  traced value, kept traced: float() of it would freeze one run's value into the program every run shares (the
+  contract's rule for per-run values, core/contract.py)."""
+  return x if isinstance(x, RunValue) else float(x)
 
 
 def tree_sub(a, b):

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.common import hparams, make_hparams_fn, population, tmap
 from fedjax_flat.algorithms.hparams import Choice, Integer, Number, Population
-from fedjax_flat.algorithms.personalization import global_params, register_personalizer
+from fedjax_flat.algorithms.personalization import Personalizer, global_params
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.data import validation_steps
@@ -167,7 +167,7 @@ def fedfomo(model, loss_fn, task, client_cfg, client_tx, *, num_clients: int, nu
 
   return FederatedAlgorithm(name, server_init, broadcast, client_init, client_step, client_final, server_update,
                             eval_models, client_state_init=client_state_init, num_phases=2,
-                            comm_down=m / 2.0, comm_up=0.5)
+                            comm_down=m / 2.0, comm_up=0.5, personalizer=Personalizer('fedfomo', _personalizer))
 
 
 def _personalizer(algorithm, server_state, client_state):
@@ -175,8 +175,6 @@ def _personalizer(algorithm, server_state, client_state):
     return global_params(algorithm, server_state)
   return client_state['personal']
 
-
-register_personalizer('fedfomo', _personalizer)
 
 
 @register('fedfomo', hparams=HPARAMS, needs=('population', 'client_state', 'validation', 'client_ids'))

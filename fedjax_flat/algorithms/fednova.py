@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import hparams, make_hparams_fn, tmap, tree_sub
+from fedjax_flat.algorithms.common import hparams, make_hparams_fn, run_value, tmap, tree_sub
 from fedjax_flat.algorithms.hparams import Number
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm
@@ -58,7 +58,7 @@ def check(cfg, hp) -> None:
 def fednova(ctx) -> FederatedAlgorithm:
   mu = float(hparams(ctx, 'fednova')['mu'])
   client_cfg, loss_fn, server_tx, tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx, ctx.client_tx
-  rho = float(client_cfg.momentum or 0.0)
+  rho = run_value(client_cfg.momentum or 0.0)     # a batched run's momentum stays its own traced value
   hparams_fn = make_hparams_fn(client_cfg)
   f32 = lambda v: jnp.asarray(v, jnp.float32)  # noqa: E731
 

@@ -41,11 +41,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_flat.algorithms import registry
 from fedjax_flat.algorithms.fedavg import fedavg
 from fedjax_flat.algorithms.hparams import Choice, Flag, Integer, Number
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.core.contract import ChainSpec, FederatedAlgorithm
 from fedjax_flat.errors import ConfigError
 
 GROWTH = ('linear', 'log', 'exp')
@@ -62,6 +61,12 @@ _FLAGS = {'shuffle_chain': Flag(True),            # re-draw the chain order ever
           'reset_opt_state': Flag(True)}
 
 
+CHAINS = {'fedseq': ChainSpec(),
+          'fedseq2par': ChainSpec(regroup=True, auto_lanes='one'),
+          'fedcyclic': ChainSpec(over='clients'),             # one chain of sampled clients, no server step
+          'fedasyncseq': ChainSpec(slots=True)}
+
+
 def check(cfg, hp) -> None:
   """What a chain cannot do (the chain trainer lays out the chains on the host, one round per call)."""
   del hp
@@ -69,7 +74,7 @@ def check(cfg, hp) -> None:
   if cfg.server.get('weighting', 'examples') != 'examples':
     raise ConfigError('server.weighting', cfg.server.weighting, f'{algo} weights each chain by its data '
                       "(|D_S|, algorithms/fedseq.py): use 'examples'")
-  if algo == 'fedcyclic' and (cfg.server.optimizer != 'sgd' or cfg.server.lr != 1 or cfg.server.momentum):
+  if CHAINS[algo].over == 'clients' and (cfg.server.optimizer != 'sgd' or cfg.server.lr != 1 or cfg.server.momentum):
     raise ConfigError('server.optimizer', cfg.server.optimizer, 'FedCyclic has no server step (the chain\'s '
                       'model is the next global model): use server.optimizer=sgd, lr=1, momentum=0')
   if cfg.engine.get('stream_batches', False):
@@ -79,10 +84,11 @@ def check(cfg, hp) -> None:
     raise ConfigError('engine.rounds_per_call', rpc, f"{algo} runs one round per call: use 'auto' or 1")
 
 
-def _register(name, extra_counts=None, extra=None):
-  """The chain algorithms' declarations: rules in the order they are checked."""
+def _register(name, chain, extra_counts=None, extra=None):
+  """The chain algorithms' declarations: rules in the order they are checked, and the chain layout the chain
+  trainer reads (core/contract.ChainSpec)."""
   return register(name, hparams={**_FRACTION, **_PASSES, **(extra_counts or {}), **_FLAGS, **(extra or {})},
-                  needs=('chains',), check=check)
+                  needs=('chains',), check=check, chain=chain)
 
 
 def growth(kind: str, alpha: float, beta: float, t: int, cap: int = 0) -> int:
@@ -106,39 +112,34 @@ def num_sampled(fraction: float, n: int) -> int:
   return max(1, int(math.floor(float(fraction) * int(n) + 1e-9)))
 
 
-def is_chain(name: str) -> bool:
-  """Whether algorithm `name` declares the need 'chains' (False for unknown names)."""
-  return 'chains' in registry.needs(name)
+def _fedavg_of(ctx):
+  return fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, client_tx=ctx.client_tx)
 
 
-def _fedavg_of(ctx, name):
-  return fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, client_tx=ctx.client_tx, name=name)
-
-
-@_register('fedseq')
+@_register('fedseq', CHAINS['fedseq'])
 def _fedseq(ctx):
-  return _fedavg_of(ctx, 'fedseq')
+  return _fedavg_of(ctx)
 
 
-@_register('fedseq2par', {'growth_beta': Integer(5, lo=1)},
+@_register('fedseq2par', CHAINS['fedseq2par'], {'growth_beta': Integer(5, lo=1)},
            {'growth': Choice('exp', ('exp', 'linear', 'log')),
             'growth_alpha': Number(4.6e-4, lo=0, bound=True, finite=True)})
 def _fedseq2par(ctx):
-  return _fedavg_of(ctx, 'fedseq2par')
+  return _fedavg_of(ctx)
 
 
-@_register('fedcyclic')
+@_register('fedcyclic', CHAINS['fedcyclic'])
 def _fedcyclic(ctx):
-  return _fedavg_of(ctx, 'fedcyclic')
+  return _fedavg_of(ctx)
 
 
-@_register('fedasyncseq', {'merge_every': Integer(0, lo=0)})
+@_register('fedasyncseq', CHAINS['fedasyncseq'], {'merge_every': Integer(0, lo=0)})
 def _fedasyncseq(ctx):
   chain = getattr(ctx, 'chain', None)
   if not chain:
     raise ValueError('fedasyncseq needs its chain plan (number of slots, merge period): it is built by the '
                      'chain trainer (training/chain_loop.py), which knows the superclients')
-  return fedasyncseq(_fedavg_of(ctx, 'fedasyncseq'), ctx.server_tx, num_slots=chain['num_slots'],
+  return fedasyncseq(_fedavg_of(ctx), ctx.server_tx, num_slots=chain['num_slots'],
                      merge_every=chain['merge_every'])
 
 

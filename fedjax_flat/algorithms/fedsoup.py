@@ -176,7 +176,8 @@ def fedsoup(model, loss_fn, client_cfg, server_tx, *, client_tx=None, start: int
     return {'global': (state['params'], jnp.bool_(True))}
 
   return FederatedAlgorithm(name, server_init, broadcast, client_init, client_step, client_final,
-                            server_update, eval_models, client_state_init=client_state_init)
+                            server_update, eval_models, client_state_init=client_state_init,
+                            personalizer=personalization.Personalizer('fedsoup', _fedsoup_personalizer))
 
 
 def _fedsoup_personalizer(algorithm, server_state, client_state):
@@ -184,8 +185,6 @@ def _fedsoup_personalizer(algorithm, server_state, client_state):
     return personalization.global_params(algorithm, server_state)
   return client_state['personal']
 
-
-personalization.register_personalizer('fedsoup', _fedsoup_personalizer)
 
 
 @register('fedsoup', hparams=HPARAMS, needs=('client_state', 'validation'))

@@ -119,8 +119,12 @@ def hfl(model, loss_fn, client_cfg, server_tx: optax.GradientTransformation, *, 
   def eval_models(state):
     return {'global': (top_average(state['params']), jnp.bool_(True))}
 
+  def counters(state):     # messages at both tiers (summary.json 'messages')
+    return {k: state[k] for k in ('messages_bottom', 'messages_top')}
+
   return FederatedAlgorithm(name, server_init, broadcast, client_init, client_step, client_final,
-                            server_update, eval_models, client_state_init=lambda params: {'cluster': jnp.int32(0)})
+                            server_update, eval_models, client_state_init=lambda params: {'cluster': jnp.int32(0)},
+                            counters=counters)
 
 
 # ------------------------------------------------------------------------------------- registration

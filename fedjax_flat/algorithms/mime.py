@@ -33,7 +33,7 @@ import optax
 from absl import logging
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import hparams, make_hparams_fn, tmap
+from fedjax_flat.algorithms.common import hparams, make_hparams_fn, run_value, tmap
 from fedjax_flat.algorithms.hparams import Number
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm
@@ -85,7 +85,7 @@ def _grad_sum(loss_fn, w, batch, rng):
 def _mime(ctx, name: str, lite: bool) -> FederatedAlgorithm:
   beta = _check(ctx, name)
   client_cfg, loss_fn, server_tx, tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx, ctx.client_tx
-  wd = float(client_cfg.weight_decay)
+  wd = run_value(client_cfg.weight_decay)        # a batched run's weight decay stays its own traced value
   hparams_fn = make_hparams_fn(client_cfg)
   zeros = lambda t: tmap(jnp.zeros_like, t)
 

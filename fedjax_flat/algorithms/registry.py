@@ -42,6 +42,12 @@ The module is imported on the first lookup (fedjax_flat/registry.py walks the pa
   round_log(cfg, hp) -> fn(t) -> {name: float}   optional: the algorithm's schedule values at 0-based round t
                      (FedGloSS's server radius), written with each evaluation record (metrics.jsonl, TensorBoard)
 
+declared(config) -> Declared: the static declarations (spec, hp = config.algo over the defaults) of the configured
+algorithm: the ONE lookup by name the layers above make before the algorithm is built (config validation, the
+choice of trainer, the chain trainer's plan, a saved config's implicit defaults); once built, everything the run
+needs is read from the FederatedAlgorithm itself (core/contract.py: needs, hparams, round log, personalizer,
+counters, validation source, client groups, style clusters, chain spec), which the wrappers pass through.
+
 build_algorithm(config, model):
   loss    = the task's loss (+ MAN when config.man.zeta > 0)                algorithms/local.py, tasks/base.py
   client  = SGD | SAM | ASAM optimizer chain, built once; hparams per step   optimizers/client.py
@@ -58,7 +64,8 @@ from fedjax_flat.algorithms import hparams as hparams_lib
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.wrappers import swa, wima
 from fedjax_flat.core.batch_stats import average_batch_stats
-from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.core.contract import ChainSpec, FederatedAlgorithm
+from fedjax_flat.data import validation_steps
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.optimizers.client import client_optimizer
 from fedjax_flat.optimizers.server import make_server_tx
@@ -108,6 +115,7 @@ class AlgorithmSpec:
   check_data: Optional[Callable] = None
   round_log: Optional[Callable] = None
   client_groups: Optional[Callable] = None
+  chain: Optional[ChainSpec] = None
 
   def defaults(self) -> Dict[str, Any]:
     return hparams_lib.defaults(self.hparams)
@@ -157,7 +165,7 @@ def register(name: str, hparams: Optional[Mapping[str, hparams_lib.Rule]] = None
              client_optimizers: Optional[Tuple[str, ...]] = None, needs: Tuple[str, ...] = (),
              check: Optional[Callable] = None, check_data: Optional[Callable] = None,
              round_log: Optional[Callable] = None, client_groups: Optional[Callable] = None,
-             replace: bool = False):
+             chain: Optional[ChainSpec] = None, replace: bool = False):
   """Registers `fn(ctx) -> FederatedAlgorithm` as algorithm `name` with its declarations. A name that is taken by
   another definition is refused (registry.DuplicateName) unless `replace=True`."""
   rules = dict(hparams or {})
@@ -170,15 +178,49 @@ def register(name: str, hparams: Optional[Mapping[str, hparams_lib.Rule]] = None
     raise ValueError(f'algorithm {name!r}: unknown needs {sorted(bad)}; known: {list(NEEDS)}')
   if ('client_groups' in needs) != (client_groups is not None):
     raise ValueError(f"algorithm {name!r}: need 'client_groups' and a client_groups(data, hp) go together")
+  if ('chains' in needs) != (chain is not None):
+    raise ValueError(f"algorithm {name!r}: need 'chains' and a chain=ChainSpec(...) go together")
   if client_optimizers is not None and not set(client_optimizers) <= set(CLIENT_OPTIMIZERS):
     raise ValueError(f'algorithm {name!r}: client_optimizers {client_optimizers} not in {CLIENT_OPTIMIZERS}')
 
   def deco(fn):
     spec = AlgorithmSpec(name, fn, rules, None if client_optimizers is None else tuple(client_optimizers),
-                         frozenset(needs), check, check_data, round_log, client_groups)
+                         frozenset(needs), check, check_data, round_log, client_groups, chain)
     ALGORITHMS.register(name, spec=spec, replace=replace)(fn)
     return fn
   return deco
+
+
+@dataclasses.dataclass(frozen=True)
+class Declared:
+  """The configured algorithm's static declarations, resolved once from the config (`declared`)."""
+  spec: AlgorithmSpec
+  hp: Mapping[str, Any]        # config.algo over the declared defaults
+
+  @property
+  def name(self) -> str:
+    return self.spec.name
+
+  @property
+  def needs(self) -> FrozenSet[str]:
+    return self.spec.needs
+
+  @property
+  def chain(self) -> Optional[ChainSpec]:
+    return self.spec.chain
+
+  def defaults(self) -> Dict[str, Any]:
+    return self.spec.defaults()
+
+
+def declared(config) -> Optional[Declared]:
+  """The declarations of config.algorithm (a config, or a name: the defaults alone); None for a name that is not
+  registered ('' or a typo: config validation reports those)."""
+  name = config if isinstance(config, str) else config.get('algorithm', '')
+  if name not in ALGORITHMS:
+    return None
+  s = spec(name)
+  return Declared(s, s.defaults() if isinstance(config, str) else s.hp(config))
 
 
 def names():
@@ -225,10 +267,25 @@ def default_hparams(name: str) -> dict:
 
 
 def build_algorithm(config, model, population: int = 0, task=None, chain=None,
-                    client_clusters=None, client_groups=None) -> FederatedAlgorithm:
+                    client_clusters=None, client_groups=None, data=None, cluster_styles=None) -> FederatedAlgorithm:
+  """The configured algorithm, built once, carrying what the run needs (core/contract.py).
+
+  data: the training data, from which an algorithm with need 'client_groups' reads its clients' groups (unless
+  `client_groups` is given). cluster_styles(ks=, force_k=, b=) -> StyleClustering: the clustering of the data's
+  FDA styles (grouping/style_clusters.cluster_clients, bound by the trainer to the data and the seed) that an
+  algorithm with need 'style_clusters' is built with, from its hparams k_min..k_max, force_k, fda_b (unless
+  `client_clusters` is given).
+  """
   name = config.algorithm
   if name not in ALGORITHMS:
     raise ValueError(f'algorithm={name!r} is unknown; allowed: {names()}')
+  s = spec(name)
+  hp = s.hp(config)
+  if 'client_groups' in s.needs and client_groups is None and data is not None:
+    client_groups = s.client_groups(data, hp)
+  if 'style_clusters' in s.needs and client_clusters is None and cluster_styles is not None:
+    client_clusters = cluster_styles(ks=range(int(hp['k_min']), int(hp['k_max']) + 1), force_k=int(hp['force_k']),
+                                     b=int(hp['fda_b']))
   man = local_lib.man_coefficient(config.man.zeta, config.man.get('convention', 'paper'))   # config.man
   loss_fn = local_lib.make_loss(model, man_zeta=man, task=task,
                                 microbatches=int(config.client.get('microbatches', 1)))
@@ -239,7 +296,11 @@ def build_algorithm(config, model, population: int = 0, task=None, chain=None,
                      client_tx=client_optimizer(config.client), config=config,
                      population=int(population), task=task, chain=chain, client_clusters=client_clusters,
                      client_groups=client_groups)
-  alg = spec(name).build(ctx)
+  alg = s.build(ctx)
+  alg = alg.replace(name=name, needs=s.needs, hparams=hp, chain=s.chain, client_groups=client_groups,
+                    style_clusters=client_clusters, local_batch_stats='local_batch_stats' in s.needs,
+                    round_log=None if s.round_log is None else s.round_log(config, hp),
+                    val_source=validation_steps.round_validation_source(config, s.defaults()))
   if config.swa.enabled:
     alg = swa.with_swa(alg, config)
   if config.wima.enabled:

@@ -32,10 +32,10 @@ def local_models(trainer, round_idx: int) -> Tuple[List[int], List]:
   state after `round_idx` rounds, e.g. restored from checkpoint `round_idx`)."""
   alg = trainer.algorithm
   if alg.num_phases != 1:
-    raise ValueError(f'{alg.name} has {alg.num_phases} phases per round: local models are defined per phase; '
+    raise ValueError(f'{alg.label} has {alg.num_phases} phases per round: local models are defined per phase; '
                      'only single-phase algorithms are supported')
-  if hasattr(trainer, 'lane_shape'):    # training/chain_loop.ChainTrainer
-    raise ValueError(f'{alg.name} trains its clients in chains: a client\'s model depends on its position in '
+  if alg.chain is not None:             # a chain algorithm (training/chain_loop.ChainTrainer)
+    raise ValueError(f'{alg.label} trains its clients in chains: a client\'s model depends on its position in '
                      'its chain, so per-client local models from the broadcast model are not defined')
   r = int(round_idx)
   ids = [int(k) for k in trainer.sample_round(r)]          # the round's clients (stratified for H-FL)

@@ -45,7 +45,6 @@ tmap = jax.tree_util.tree_map
 # average of the statistics; algorithms/registry.py). Others (control variates, duals, their own gradient
 # loops) would treat statistics as parameters: refused by config/validate.py.
 TEST_POLICIES = ('auto', 'running', 'batch', 'client')
-LOCAL_STATS_ALGORITHMS = ('fedbn', 'silobn')
 
 
 def average_batch_stats(inner: optax.GradientTransformation) -> optax.GradientTransformation:
@@ -63,10 +62,11 @@ def average_batch_stats(inner: optax.GradientTransformation) -> optax.GradientTr
   return optax.GradientTransformation(init, update)
 
 
-def resolve_test_policy(policy: str, algorithm: str) -> str:
-  base = algorithm.split('+')[0]
+def resolve_test_policy(policy: str, local_stats: bool) -> str:
+  """'auto': 'batch' when the algorithm keeps the statistics on the clients (its need 'local_batch_stats':
+  FedBN, SiloBN; FederatedAlgorithm.local_batch_stats), else 'running'."""
   if policy == 'auto':
-    return 'batch' if base in LOCAL_STATS_ALGORITHMS else 'running'
+    return 'batch' if local_stats else 'running'
   return policy
 
 

@@ -32,17 +32,59 @@ schedules (see WORKSPACE.md for the data flow):
   client_weighting: the weight of a client in the 'weighted' mean: 'examples' (N_k, FedAvg) or 'uniform'
                     (1 per sampled client: pfl-research's weight_by_samples=False); config.server.weighting.
 
+What the run needs to know about the algorithm travels with it (set by algorithms/registry.build_algorithm
+from the declarations, passed through by the wrappers), so no layer above asks the registry by name:
+  name            the registered name; `wrappers` the server / client wrappers applied in order ('swa', 'wima',
+                  'localnorm'); `label` = 'name+wrapper+...' (summaries, plot titles)
+  needs, hparams  the declared needs and the algorithm's own hyperparameters (config.algo over the defaults)
+  round_log       fn(t) -> {name: float}: schedule values written with each evaluation record (FedGloSS), or None
+  reported_models the models reported instead of 'global' once evaluated, first preferred (('wima', 'swa'))
+  personalizer    Personalizer(name, fn(algorithm, server_state, client_state) -> params): a client's personal
+                  model (FedSoup, local normalization); None = the global model (algorithms/personalization.py)
+  counters        fn(server_state) -> {name: scalar}: message counters kept in the server state (H-FL), or None
+  val_source      'val' | 'local_test': each client's validation examples appended to the round batches (FedSoup)
+  client_groups   {'labels': int [K], 'per_group': int, ...}: the rounds sample per_group clients of every group
+  style_clusters  the clients' FDA style clusters the algorithm was built with (LADD; routed evaluation)
+  chain           ChainSpec: a chain algorithm (FedSeq family) run by training/chain_loop.py
+  local_batch_stats  BatchNorm statistics stay on the clients (FedBN, SiloBN: test-time 'batch' policy)
+
+Per-run values (batched runs, core/runs.py): a builder reads its numbers from the config, and in a batched
+program the config's VALUE_FIELDS (client lr / rho / momentum / weight decay / ASAM eta, server lr / momentum,
+SWA lrs) are traced per-run values (`RunValue`). A builder uses them as values (arithmetic, jnp, optax) and
+never turns them into Python numbers (float(), int(), comparisons: algorithms/common.run_value keeps a value
+as it is); only the zero / non-zero truth of STATIC_TRUTH fields may choose the program's structure. A builder
+that breaks the rule, or needs what a batched program does not give it (H-FL's client groups, LADD's style
+clusters), is refused in one line before compiling (training/batched.BatchRefused); tests/training/
+test_batched_every_algorithm.py holds every registered algorithm to it.
+
 Padded steps are handled by the engine (a step whose batch is all padding leaves `local` unchanged), so
 algorithms never see masks beyond the per-example mask inside the batch.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional
+from typing import Any, Callable, FrozenSet, Mapping, Optional, Tuple
+
+from fedjax_flat.optimizers.server import WEIGHTINGS  # noqa: F401  (client_weighting: config.server.weighting)
 
 Params = Any
 
-WEIGHTINGS = ('examples', 'uniform')   # FederatedAlgorithm.client_weighting (config.server.weighting)
+
+@dataclasses.dataclass(frozen=True)
+class ChainSpec:
+  """How a chain algorithm (FedSeq family, algorithms/fedseq.py) lays out its chains; declared with the algorithm
+  (`register(..., chain=ChainSpec(...))`) and read by training/chain_loop.py instead of names."""
+  over: str = 'superclients'   # 'superclients': chains of sampled superclients; 'clients': one chain of sampled clients
+  regroup: bool = False        # regroup on the growth schedule f_gr(t) (FedSeq2Par)
+  slots: bool = False          # a persistent model slot per lane, one chain per lane (FedAsyncSeq)
+  auto_lanes: str = 'sampled'  # algo.lanes=0: 'sampled' = C N_S lanes, 'one' = a single lane (FedSeq2Par)
+
+
+@dataclasses.dataclass(frozen=True)
+class Personalizer:
+  """A client's personal model: fn(algorithm, server_state, client_state or None) -> params; `name` is reported."""
+  name: str
+  fn: Callable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +103,24 @@ class FederatedAlgorithm:
   comm_down: float = 1.0
   comm_up: float = 1.0
   client_weighting: str = 'examples'
+  # What the run needs (see the module docstring); defaults: a plain stateless algorithm.
+  wrappers: Tuple[str, ...] = ()
+  needs: FrozenSet[str] = frozenset()
+  hparams: Optional[Mapping[str, Any]] = None
+  round_log: Optional[Callable] = None
+  reported_models: Tuple[str, ...] = ()
+  personalizer: Optional[Personalizer] = None
+  counters: Optional[Callable] = None
+  val_source: Optional[str] = None
+  client_groups: Any = None
+  style_clusters: Any = None
+  chain: Optional[ChainSpec] = None
+  local_batch_stats: bool = False
+
+  @property
+  def label(self) -> str:
+    """'name+wrapper+...': how summaries and plots name the run's algorithm."""
+    return '+'.join((self.name,) + tuple(self.wrappers))
 
   def replace(self, **kw) -> 'FederatedAlgorithm':
     return dataclasses.replace(self, **kw)

@@ -273,11 +273,12 @@ def make_validation_evaluator(config, model, data, task, preprocess=None):
                             groups=groups)
 
 
-def make_evaluator(config, model, data, task, preprocess=None, algorithm: str = 'fedavg'):
+def make_evaluator(config, model, data, task, preprocess=None, local_batch_stats: bool = False):
   """The run's test-set evaluator: `Evaluator` (in-memory global test set), or for segmentation tasks and
   BatchNorm models a `HeldOutEvaluator` (test-client groups, streamed batches, the BN test-time policy and
   the evaluation resolution of config.segmentation / config.bn); for retrieval tasks a `RetrievalEvaluator`
-  (Recall@K of the test queries against the test database)."""
+  (Recall@K of the test queries against the test database). local_batch_stats: the algorithm keeps BatchNorm
+  statistics on the clients (FederatedAlgorithm.local_batch_stats: the 'auto' test policy is then 'batch')."""
   if isinstance(task, ret_tasks.Retrieval):
     tx, ty = data.test_examples()
     return RetrievalEvaluator(model, tx, ty, config.eval_batch_size, preprocess=preprocess, task=task)
@@ -290,7 +291,7 @@ def make_evaluator(config, model, data, task, preprocess=None, algorithm: str = 
     model = tiling.for_evaluation(model, sc.eval_mode, scale=sc.eval_scale, tile=tuple(sc.eval_tile),
                                   overlap=sc.eval_overlap)
   bn = config.get('bn')
-  policy = batch_stats.resolve_test_policy(bn.test_policy if bn is not None else 'auto', algorithm)
+  policy = batch_stats.resolve_test_policy(bn.test_policy if bn is not None else 'auto', local_batch_stats)
   return HeldOutEvaluator(model, data, task=task, batch_size=config.eval_batch_size, preprocess=preprocess,
                              bn_policy=policy, bn_batch_size=bn.test_batch_size if bn is not None else 8,
                              by_client=bool(sc.by_test_client) if (seg and sc is not None) else False)

@@ -17,7 +17,8 @@ each client"; configs use the plain body, fedcg_net with domain_layers='none'); 
 layer's path ('net/layer_<n>' for fedcg_net).
 
 The config value: algo.domains='kmeans' of an algorithm declaring the need 'client_domains' (FedCG).
-`requested(config)` says so; `kmeans_from_config(config, data, workdir)` runs the pass for that config (the
+`requested(declared)` says so (declared: the algorithm's static declarations, algorithms/registry.declared);
+`kmeans_from_config(config, data, workdir)` runs the pass for that config (the
 representation model = config.model with model_kwargs.domain_layers='none', k = model_kwargs.num_domains);
 training/trainers.make_trainer calls it before building the trainer, so experiments/train.py, sweeps and batched
 runs get k-means domains from the config alone (the pass is cached in WORKDIR/grouping/ and resumes with it).
@@ -30,7 +31,6 @@ from typing import Dict, Optional, Tuple
 import ml_collections
 import numpy as np
 
-from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.data import registry as data_registry
 from fedjax_flat.grouping import groupers
 from fedjax_flat.grouping.superclients import GroupingContext, fresh_params, grouping_seed, representations
@@ -61,12 +61,10 @@ def kmeans_domains(config, model, data, num_domains: int, classifier_key: str,
   return client_domain_labels(data, labels), labels, info
 
 
-def requested(config) -> bool:
-  """True when the config asks for k-means client domains (algo.domains='kmeans', need 'client_domains')."""
-  name = config.get('algorithm', '')
-  if 'client_domains' not in alg_registry.needs(name):
-    return False
-  return alg_registry.spec(name).hp(config).get('domains') == 'kmeans'
+def requested(declared) -> bool:
+  """True when the configured algorithm (its declarations: algorithms/registry.declared(config); None for no
+  algorithm) asks for k-means client domains (need 'client_domains' and algo.domains='kmeans')."""
+  return declared is not None and 'client_domains' in declared.needs and declared.hp.get('domains') == 'kmeans'
 
 
 def kmeans_from_config(config, data=None, workdir: Optional[str] = None):

@@ -200,8 +200,9 @@ def with_compute_dtype(model: Model, compute_dtype: str, *, cast_inputs: bool = 
 
 
 def float32_model(model: Model) -> Model:
-  """The float32 model of a mixed-precision one (the same model when it is float32 already)."""
-  if model.compute_dtype == 'float32':
+  """The float32 model of a mixed-precision one (the same model, or any object with an `apply`, when it is
+  float32 already)."""
+  if getattr(model, 'compute_dtype', 'float32') == 'float32':
     return model
   fns = {}
   for f in model.APPLY_FIELDS:

@@ -24,6 +24,7 @@ from absl import logging
 import jax
 import numpy as np
 
+from fedjax_flat import errors
 from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.core import engine as engine_lib
 from fedjax_flat.core import runs as runs_lib
@@ -37,8 +38,16 @@ from fedjax_flat.config import validate
 from fedjax_flat.training import workdir as workdir_lib
 
 
-# --batch_runs=auto: runs per program (measured: benchmarks/speed/runs_axis.py, benchmarks/speed/README.runs.md).
+# --batch_runs=auto: runs per program, by measurement. CPU: 4 (benchmarks/speed/runs_axis.py,
+# benchmarks/speed/README.runs.md: the lanes keep both cores busy). GPU: 1, i.e. the runs one after another in one
+# process (each program structure compiled once): on an H100 one paper-CNN run of 10 clients x 500 already runs at
+# 215k examples/s and R = 8 / 32 lanes gave 0.88x / 0.79x its run-rounds/s (benchmarks/speed/device/kit_h100*.md).
 AUTO_BATCH_RUNS = 4
+AUTO_BATCH_RUNS_ACCELERATOR = 1
+
+
+def auto_batch_runs() -> int:
+  return AUTO_BATCH_RUNS if jax.default_backend() == 'cpu' else AUTO_BATCH_RUNS_ACCELERATOR
 
 
 @dataclasses.dataclass
@@ -77,6 +86,10 @@ def _signature(t: loop.Trainer):
 
 
 _PROGRAMS: Dict[tuple, Callable] = {}     # compiled runs programs of this process (see BatchedTrainer)
+
+
+class BatchRefused(errors.BadInputError):
+  """A pack's algorithm cannot share one program between runs (one line, before compiling; bad input: exit 2)."""
 
 
 class BatchedTrainer:
@@ -143,8 +156,24 @@ class BatchedTrainer:
           clients_per_round=base.clients_per_round, cohort=t0.cohort, rounds_per_call=t0.rounds_per_call,
           has_store=self.has_store, mesh=self.mesh)
     self.fn = _PROGRAMS[program_key]
+    self._preflight()
     self.failed: Dict[int, BaseException] = {}
     self.compile_s = None
+
+  def _preflight(self):
+    """Traces the program once before anything compiles or trains: an algorithm whose builder
+    would freeze a per-run value (core/runs.RunValueError: float() of a traced lr) or that needs what a batched
+    program does not give it (a ConfigError of its builder) is refused in one line (`BatchRefused`)."""
+    lanes = self._lane_runs()
+    states = runs_lib.stack([self.trainers[i].server_state for i in lanes])
+    stores = runs_lib.stack([self.trainers[i].store.arrays for i in lanes]) if self.has_store else None
+    try:
+      jax.eval_shape(self.fn, self.values, states, stores, self.templates, self.data_runs, self.data_shared,
+                     self.keys, np.int32(0), np.int32(1))
+    except (runs_lib.RunValueError, errors.ConfigError) as e:
+      t0 = self.trainers[0]
+      raise BatchRefused(f'{t0.algorithm.label} cannot run in a batched program: '
+                         f'{str(e).splitlines()[0]}; run it alone (--batch_runs=1)') from None
 
   def _lane_runs(self) -> List[int]:
     """The run each lane computes: runs in order, then copies of run 0 (dropped outputs)."""
@@ -312,7 +341,13 @@ def run_batch(specs: Sequence[RunSpec], *, fresh: bool = False, stop_requested=l
                         '%d programs', len(items), per / 2**20, budget / 2**20, len(chunks))
       for chunk in chunks:
         t0 = time.time()
-        bt = BatchedTrainer([it[1] for it in chunk], lanes=use_lanes)
+        try:
+          bt = BatchedTrainer([it[1] for it in chunk], lanes=use_lanes)
+        except BatchRefused as e:        # refused before compiling: every run of the pack, one line each
+          for i, *_ in chunk:
+            results[i] = RunResult('failed', error=f'{type(e).__name__}: {e}')
+            on_result(i, results[i])
+          continue
         summaries = bt.train(stop_requested=stop_requested)
         wall = time.time() - t0 + (t0 - t_open) / max(len(opened), 1) * len(chunk)
         for k, (i, t, ckpt, step, _) in enumerate(chunk):

@@ -55,7 +55,9 @@ Groups = List[np.ndarray]
 
 
 def is_chain_config(config) -> bool:
-  return fedseq_lib.is_chain(config.get('algorithm', ''))
+  """Whether the configured algorithm declares a chain layout (core/contract.ChainSpec: the FedSeq family)."""
+  declared = alg_registry.declared(config)
+  return declared is not None and declared.chain is not None
 
 
 @dataclasses.dataclass
@@ -107,8 +109,8 @@ class ChainTrainer(loop.Trainer):
   # Setup (hooks of loop.Trainer.__init__).
   def build_algorithm(self):
     c = self.config
-    self.name = c.algorithm
-    self.hp = {**alg_registry.default_hparams(self.name), **c.algo.to_dict()}
+    declared = alg_registry.declared(c)      # the static declarations: the chain layout and the hparams
+    self.name, self.chain, self.hp = declared.name, declared.chain, dict(declared.hp)
     if c.engine.get('stream_batches', False):
       raise validate.ConfigError('engine.stream_batches', True, 'is not available for chain algorithms')
     self.sizes = np.asarray(self.data.client_sizes(), np.int64)
@@ -117,7 +119,7 @@ class ChainTrainer(loop.Trainer):
     self.passes = int(self.hp['chain_passes'])
     self.groupings = self._plan_groupings()
     if attacks.enabled(c):     # attackers inside the superclients of the first grouping (FedCyclic: clients)
-      self.poison_data(None if self.name == 'fedcyclic' else self.groupings[0].groups)
+      self.poison_data(None if self.chain.over == 'clients' else self.groupings[0].groups)
     self._write_groupings()
     self.lane_shape, self.one_per_lane = self._lane_shape()
     self.strategy = engine_lib.resolve_strategy(c.engine.strategy)
@@ -163,9 +165,9 @@ class ChainTrainer(loop.Trainer):
 
   def _plan_groupings(self) -> List[Grouping]:
     """FedSeq / FedAsyncSeq: one grouping; FedSeq2Par: every regrouping of the run (Algorithm 6, lines 6-8)."""
-    if self.name == 'fedcyclic':
+    if self.chain.over == 'clients':
       return []
-    if self.name != 'fedseq2par':
+    if not self.chain.regroup:
       return [Grouping(0, 0, self._group(None))]
     hp, K = self.hp, self.data.num_clients
     f = lambda t: fedseq_lib.growth(hp['growth'], hp['growth_alpha'], hp['growth_beta'], t, cap=K)
@@ -205,18 +207,18 @@ class ChainTrainer(loop.Trainer):
     hp = self.hp
     frac, E = float(hp['fraction']), self.passes
     want_lanes, want_steps = int(hp['lanes']), int(hp['lane_steps'])
-    if self.name == 'fedcyclic':
+    if self.chain.over == 'clients':
       m = fedseq_lib.num_sampled(frac, self.data.num_clients)
       lanes, need = max(want_lanes, 1), E * int(np.sort(self.steps)[::-1][:m].sum())
       one_per_lane, per_lane = False, 1
     else:
       ms = [fedseq_lib.num_sampled(frac, len(g.groups)) for g in self.groupings]
-      auto = 1 if self.name == 'fedseq2par' else max(ms)
+      auto = 1 if self.chain.auto_lanes == 'one' else max(ms)
       lanes = want_lanes or auto
-      if self.name == 'fedasyncseq' and lanes < max(ms):
-        raise validate.ConfigError('algo.lanes', want_lanes, f'fedasyncseq runs one chain slot per lane: '
+      if self.chain.slots and lanes < max(ms):
+        raise validate.ConfigError('algo.lanes', want_lanes, f'{self.name} runs one chain slot per lane: '
                                    f'needs >= {max(ms)} lanes (C N_S), or 0 (auto)')
-      one_per_lane = self.name == 'fedasyncseq'
+      one_per_lane = self.chain.slots
       need, per_lane = 1, 1
       for g, m in zip(self.groupings, ms):
         totals = np.sort([E * int(self.steps[x].sum()) for x in g.groups])[::-1][:m]
@@ -247,7 +249,7 @@ class ChainTrainer(loop.Trainer):
         self.dev_arrays = self.placement.replicate(jax.device_get(self.dev_arrays))
     return chains_lib.make_chain_round_fn(
         self.algorithm, chunk=self.lane_chunk, reset_opt_state=bool(self.hp['reset_opt_state']),
-        per_lane_params=self.name == 'fedasyncseq', augment_fn=self.train_transform, jit=jit, mesh=self.mesh)
+        per_lane_params=self.chain.slots, augment_fn=self.train_transform, jit=jit, mesh=self.mesh)
 
   # Rounds.
   def grouping_at(self, r: int) -> Optional[Grouping]:
@@ -261,7 +263,7 @@ class ChainTrainer(loop.Trainer):
     """Round r's chains: sampled superclients (random order = slot order), each in a fresh random order."""
     c, hp = self.config, self.hp
     shuffle = bool(hp['shuffle_chain'])
-    if self.name == 'fedcyclic':     # one chain of a fraction C of the clients (FedAvg's sample of that size)
+    if self.chain.over == 'clients':     # one chain of a fraction C of the clients (FedAvg's sample of that size)
       m = fedseq_lib.num_sampled(hp['fraction'], self.data.num_clients)
       ids = sampling.sample_clients(self.data.num_clients, m, seed=c.seed, round_idx=r)
       members = chains_lib.order_members(ids, seed=c.seed, round_idx=r, superclient=-1, passes=self.passes,
@@ -366,7 +368,7 @@ class ChainTrainer(loop.Trainer):
                              'total': 2 * tot['chains'] + tot['c2c']},
            'comm_messages_per_round': {'s2c': tot['chains'] / n, 'c2s': tot['chains'] / n,
                                        'c2c': tot['c2c'] / n}}
-    if self.name == 'fedasyncseq':
+    if self.chain.slots:
       sec['merge_every'] = self._merge_every()
     return sec
 

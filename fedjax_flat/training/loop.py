@@ -98,10 +98,15 @@ class Trainer:
                                           compute_dtype=model_registry.compute_dtype(config),
                                           **config.model_kwargs.to_dict())
     self.task = tasks_lib.from_config(tasks_lib.task_of(self.data), config)  # loss and metrics (tasks/base.py)
-    # Need 'client_groups' (H-FL): every client's group from the dataset's metadata; the rounds then sample a
-    # fixed number of clients per group (data/sampling.stratified_ids) instead of the uniform sampler.
-    self.client_groups, self.clients_per_group = self.read_client_groups()
+    self.style_clusters = None           # need 'style_clusters' (LADD): the clustering it was built with
     self.algorithm = self.build_algorithm()
+    # Need 'client_groups' (H-FL): every client's group from the dataset's metadata, read when the algorithm is
+    # built; the rounds then sample a fixed number of clients per group (data/sampling.stratified_ids).
+    self.client_groups = self.algorithm.client_groups
+    self.clients_per_group = int(self.client_groups['per_group']) if self.client_groups is not None else 0
+    if self.algorithm.style_clusters is not None:
+      self.style_clusters = self.algorithm.style_clusters
+      self.style_fda_b = int(self.algorithm.hparams['fda_b'])
     self.train_transform, self.eval_transform = transforms.make_transforms(config, self.data.num_classes,
                                                                            data=self.data)
 
@@ -129,7 +134,7 @@ class Trainer:
         max_steps=int(config.client.get('max_local_steps', 0)))
     # Algorithms with a `val_source` hyperparameter (FedSoup) get each client's validation examples appended
     # to the round batches as flagged extra steps (evaluation/personalized.py).
-    self.val_source = validation_steps.round_validation_source(config, alg_registry.default_hparams(config.algorithm))
+    self.val_source = self.algorithm.val_source
     self.val_steps = (validation_steps.validation_num_steps(self.data, self.val_source, config.client.batch_size)
                       if self.val_source else 0)
     self.stream = bool(ec.get('stream_batches', False))   # host batches one chunk at a time (core/streaming.py)
@@ -143,7 +148,7 @@ class Trainer:
         epochs=config.client.local_epochs, local_steps=config.client.local_steps,
         shuffle=config.data.get('shuffle', True),
         with_client=(self.train_transform.needs_client       # style transfer's bank
-                     or 'client_ids' in alg_registry.needs(config.algorithm)),   # FedFomo's slots
+                     or 'client_ids' in self.algorithm.needs),   # FedFomo's slots
         full_batches=bool(config.client.get('full_batches', False)),
         max_steps=int(config.client.get('max_local_steps', 0)),
         draw=getattr(self.data, 'draw', None))     # a dataset drawing columns from a pool (data/federated.py)
@@ -161,7 +166,7 @@ class Trainer:
                            config.get('client_state_device_max_mb', 256) * 2**20)
     # The global test set (Evaluator), or test-client groups / BN test policy / resolution (segmentation).
     self.evaluator = make_evaluator(config, self.model, self.data, self.task, self.eval_transform,
-                                    self.algorithm.name)
+                                    local_batch_stats=self.algorithm.local_batch_stats)
     # Retrieval runs with validation clients (FedVPR's 12 held-out clients): 'val_<metric>' at every evaluation.
     self.val_evaluator = make_validation_evaluator(config, self.model, self.data, self.task, self.eval_transform)
     self.round = 0                       # rounds completed
@@ -172,7 +177,7 @@ class Trainer:
     self.comm_total = {'down_params': 0.0, 'up_params': 0.0}
     # Run state beyond the server state and the store, saved in checkpoints (training/checkpoint.py).
     self.pending_train_losses = []       # train losses of the rounds since the last evaluation
-    self.round_log = alg_registry.round_logger(config)   # the algorithm's schedule values per round, or None
+    self.round_log = self.algorithm.round_log   # the algorithm's schedule values per round, or None
     self.elapsed_offset = 0.0            # wall time of the run before this process (resume)
     self.checkpointer = None             # a checkpoint.Checkpointer saves every checkpoint_every rounds
     self.stopped_early = False
@@ -244,18 +249,7 @@ class Trainer:
     if attacks.enabled(self.config):
       self.poison_data(None)
     return alg_registry.build_algorithm(self.config, self.model, population=self.data.num_clients,
-                                        task=self.task, client_clusters=self.client_clusters(),
-                                        client_groups=self.client_groups)
-
-  def read_client_groups(self):
-    """(groups, clients per group) for an algorithm that needs 'client_groups', else (None, 0): the groups
-    dict of the algorithm's `client_groups(data, hp)` ({'labels': int [K], ...}), read from the dataset's
-    per-client metadata (data.client_groups)."""
-    name = self.config.algorithm
-    if 'client_groups' not in alg_registry.needs(name):
-      return None, 0
-    groups = alg_registry.client_groups(self.config, self.data)
-    return groups, int(groups['per_group'])
+                                        task=self.task, data=self.data, cluster_styles=self.cluster_styles)
 
   def sample_round(self, r: int) -> np.ndarray:
     """The client ids of round r: uniform (data/sampling.sample_clients) or stratified by client group."""
@@ -273,21 +267,12 @@ class Trainer:
     per, total = self.clients_per_group, self.config.clients_per_round
     return lambda key, r: sampling.stratified_ids(key, r, groups, per, total)
 
-  def client_clusters(self):
-    """An algorithm that needs 'style_clusters' (LADD): the clients clustered by their FDA styles (Algorithm 7,
-    grouping/style_clusters.py) from its hparams k_min..k_max / force_k / fda_b, keyed by the seed; else None."""
-    name = self.config.algorithm
-    self.style_clusters = None
-    if 'style_clusters' not in alg_registry.needs(name):
-      return None
-    hp = alg_registry.spec(name).hp(self.config)
-    clusters = style_clusters.cluster_clients(self.data, ks=range(int(hp['k_min']), int(hp['k_max']) + 1),
-                                              force_k=int(hp['force_k']), seed=int(self.config.seed),
-                                              b=int(hp['fda_b']))
+  def cluster_styles(self, ks, force_k: int, b: int):
+    """What an algorithm that needs 'style_clusters' (LADD) is built with: the clients clustered by their FDA
+    styles (Algorithm 7, grouping/style_clusters.py) over k in `ks` (or `force_k`), keyed by the seed."""
+    clusters = style_clusters.cluster_clients(self.data, ks=ks, force_k=force_k, seed=int(self.config.seed), b=b)
     logging.info('style clusters: k = %d, sizes %s, silhouettes %s', clusters.k, clusters.sizes().tolist(),
                  {k: round(v, 4) for k, v in clusters.scores.items()})
-    self.style_clusters = clusters
-    self.style_fda_b = int(hp['fda_b'])
     return clusters
 
   def poison_data(self, superclients):
@@ -583,14 +568,12 @@ class Trainer:
   def finish(self, wall, rounds_run):
     """wall / rounds_run: this process only (a resumed run reports its own speed, not rounds since 0)."""
     c = self.config
-    reported = 'global'
-    if c.swa.enabled and any('swa/test_accuracy' in r for r in self.records):
-      reported = 'swa'
-    if c.wima.enabled and any('wima/test_accuracy' in r for r in self.records):
-      reported = 'wima'
+    # the first of the algorithm's reported models (WiMA, then SWA) that was evaluated, else the global one
+    reported = next((m for m in self.algorithm.reported_models
+                     if any(f'{m}/test_accuracy' in r for r in self.records)), 'global')
     summary = writers.summarize(self.records, c.summary_last_k, {
         'experiment': os.path.basename(self.workdir.rstrip('/')) if self.workdir else 'run',
-        'algorithm': self.algorithm.name, 'dataset': c.dataset, 'model': c.model,
+        'algorithm': self.algorithm.label, 'dataset': c.dataset, 'model': c.model,
         'rounds_completed': self.round, 'rounds_planned': c.rounds, 'wall_time_s': wall,
         'rounds_this_process': rounds_run, 'wall_time_total_s': self.elapsed_offset + wall,
         'rounds_per_s': (rounds_run / wall) if wall > 0 else 0.0, 'num_params': self.num_params,
@@ -603,11 +586,9 @@ class Trainer:
     selected = writers.select_by_validation(self.records, reported)   # the best validation round's test numbers
     if selected:
       summary['validation'] = selected
-    if isinstance(self.server_state, dict):   # message counters an algorithm keeps in its server state (H-FL)
-      msgs = {k: float(np.asarray(jax.device_get(v))) for k, v in self.server_state.items()
-              if k.startswith('messages_') and np.ndim(v) == 0}
-      if msgs:
-        summary['messages'] = msgs
+    if self.algorithm.counters is not None:   # message counters an algorithm keeps in its server state (H-FL)
+      summary['messages'] = {k: float(np.asarray(jax.device_get(v)))
+                             for k, v in self.algorithm.counters(self.server_state).items()}
     swa_state = self.server_state.get('swa') if isinstance(self.server_state, dict) else None
     if c.swa.enabled and isinstance(swa_state, dict) and 'n' in swa_state:
       summary['swa_averages'] = int(np.asarray(jax.device_get(swa_state['n'])))
@@ -628,14 +609,14 @@ class Trainer:
       params = self.algorithm.eval_models(self.server_state)[reported][0]
       seg_figures.write_predictions(os.path.join(self.workdir, 'predictions.png'),
                                     self.evaluator.predictions(params, c.segmentation.predictions),
-                                    self.data.num_classes, title=f'{self.algorithm.name} ({reported} model)')
+                                    self.data.num_classes, title=f'{self.algorithm.label} ({reported} model)')
     if self.workdir and self.writer:
       writers.write_summary(self.workdir, summary)
       writers.plot_metrics(self.records, os.path.join(self.workdir, 'metrics.png'),
-                           title=f'{self.algorithm.name} on {c.dataset}')
+                           title=f'{self.algorithm.label} on {c.dataset}')
       if isinstance(summary.get('personalized'), dict):
         writers.plot_personalized(summary['personalized'], os.path.join(self.workdir, 'personalized.png'),
-                                  title=f'{self.algorithm.name} on {c.dataset}')
+                                  title=f'{self.algorithm.label} on {c.dataset}')
       self.writer.close()
     return summary
 

@@ -39,7 +39,7 @@ def evaluate_trainer(trainer) -> dict:
   sets = eval_sets_from_data(data)
   res = evaluate_protocols(predict, client_params, server_params, sets, auc_scores=pc.auc_scores,
                            per_client=bool(pc.per_client))
-  res['personal_model'] = personalizer_name(alg.name) or 'global'
+  res['personal_model'] = personalizer_name(alg) or 'global'
   res['clients_with_state'] = len(store_states)
   if pc.finetune_epochs > 0:
     train_sets = [data.client_examples(k) for k in range(data.num_clients)]

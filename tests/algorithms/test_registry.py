@@ -97,8 +97,13 @@ def test_register_refuses_untyped_defaults_and_unknown_needs():
 
 def test_chains_need_is_what_the_chain_trainer_reads():
   assert registry.with_need('chains') == ['fedasyncseq', 'fedcyclic', 'fedseq', 'fedseq2par']
-  assert all(fedseq.is_chain(n) == ('chains' in registry.needs(n)) for n in registry.names())
-  assert not fedseq.is_chain('')
+  assert all((registry.spec(n).chain is not None) == ('chains' in registry.needs(n)) for n in registry.names())
+  assert registry.declared('') is None
+  chains = {n: registry.spec(n).chain for n in registry.with_need('chains')}
+  assert chains['fedcyclic'].over == 'clients' and chains['fedseq2par'].regroup and chains['fedasyncseq'].slots
+  assert chains['fedseq'] == fedseq.CHAINS['fedseq'] and chains['fedseq2par'].auto_lanes == 'one'
+  with pytest.raises(ValueError, match='go together'):
+    registry.register('_chainless', needs=('chains',))
 
 
 def test_client_state_need_matches_the_built_algorithms():

@@ -212,8 +212,9 @@ def test_test_time_policies():
   x, y = data.test_client_examples(0)
   s = task.eval_sums(m.apply(p, jnp.asarray(x)), jnp.asarray(y), jnp.ones(len(y)))
   assert res['seen_miou'] == pytest.approx(float(task.eval_metrics(s)['miou']), abs=1e-5)
-  assert batch_stats.resolve_test_policy('auto', 'silobn+swa') == 'batch'
-  assert batch_stats.resolve_test_policy('auto', 'fedavg') == 'running'
+  assert batch_stats.resolve_test_policy('auto', True) == 'batch'      # statistics kept on the clients
+  assert batch_stats.resolve_test_policy('auto', False) == 'running'
+  assert batch_stats.resolve_test_policy('client', True) == 'client'
 
 
 @pytest.mark.parametrize('field,value', [

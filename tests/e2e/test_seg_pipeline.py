@@ -136,7 +136,7 @@ def test_file_source_is_evaluated_from_streamed_test_batches(tmp_path, monkeypat
   c.data = segmentation_data('cityscapes', data_dir=str(tmp_path), clients_per_city=2, double=False)
   c.eval_batch_size = 2
   m = model_registry.get_model('_test_seg', src.num_classes, src.input_shape, norm='bn')
-  ev = evaluation.make_evaluator(c, m, src, tasks.from_config(src.task, c), algorithm='fedavg')
+  ev = evaluation.make_evaluator(c, m, src, tasks.from_config(src.task, c))
   assert isinstance(ev, evaluation.HeldOutEvaluator)      # the Trainer's choice for a Segmentation task
   calls = []
   real = src.test_batches

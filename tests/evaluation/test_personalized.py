@@ -12,6 +12,8 @@ from sklearn.preprocessing import label_binarize
 from fedjax_flat.algorithms import personalization
 
 from fedjax_flat.algorithms.wrappers import local_norm
+from fedjax_flat.algorithms.wrappers import swa as swa_lib
+from fedjax_flat.core.contract import FederatedAlgorithm
 
 from fedjax_flat.data import validation_steps
 
@@ -96,11 +98,27 @@ def test_protocols_known_answers():
 def test_default_personalizer_is_the_global_model():
   class Alg:
     name = 'fedprox'
+    personalizer = None
     eval_models = staticmethod(lambda s: {'global': (s['params'], True)})
   assert personalization.personal_params(Alg, {'params': M0}, {'anything': 1}) is M0
-  import fedjax_flat.algorithms.fedsoup  # noqa: F401  registers the 'fedsoup' personalizer
-  assert personalization.personalizer_name('fedsoup+swa') == 'fedsoup'     # server wrappers keep the client state
-  assert personalization.personalizer_name('fedavg') is None and personalization.personalizer_name('fedavg+swa') is None
+  assert personalization.personalizer_name(Alg) is None
+
+
+def test_server_wrappers_pass_the_personalizer_through():
+  """The built algorithm carries its personal model: SWA / WiMA leave the client state alone and keep it, local
+  normalization wraps it (its name then says so); no lookup by name."""
+  soup = personalization.Personalizer('fedsoup', lambda alg, s, cs: cs['personal'])
+  alg = FederatedAlgorithm('fedsoup', lambda p, r: {'params': p}, *([None] * 5),
+                           lambda s: {'global': (s['params'], jnp.bool_(True))}, personalizer=soup)
+  cfg = default_config()
+  cfg.swa.enabled, cfg.rounds = True, 10
+  wrapped = swa_lib.with_swa(alg, cfg)
+  assert wrapped.name == 'fedsoup' and wrapped.wrappers == ('swa',) and wrapped.label == 'fedsoup+swa'
+  assert personalization.personalizer_name(wrapped) == 'fedsoup' and wrapped.reported_models == ('swa',)
+  assert personalization.personal_params(wrapped, {'params': M0}, {'personal': 7}) == 7
+  ln = local_norm.with_local_norm(alg)
+  assert ln.label == 'fedsoup+localnorm' and personalization.personalizer_name(ln) == 'fedsoup+localnorm'
+  assert personalization.personalizer_name(local_norm.with_local_norm(alg, name='fedbn')) == 'fedbn'
 
 
 def test_validation_steps_appended_last():
@@ -204,7 +222,7 @@ def test_fedsoup_with_local_norm_one_round():
   t = trainers.make_trainer(c)
   init = jax.tree_util.tree_map(np.array, t.server_state['params'])
   t.train()
-  assert t.algorithm.name == 'fedsoup+localnorm'
+  assert t.algorithm.label == 'fedsoup+localnorm' and t.algorithm.wrappers == ('localnorm',)
   np.testing.assert_array_equal(t.server_state['params']['gn']['scale'], init['gn']['scale'])
   st = personalized_eval.client_states_of(t.store)[1]
   assert set(st) == {'norm', 'seen', 'inner'} and float(st['inner']['count']) in (0.0, 1.0)

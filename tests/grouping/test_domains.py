@@ -2,6 +2,7 @@
 domains with one domain per client the clusters of locally trained models are measured against the planted ones."""
 import numpy as np
 
+from fedjax_flat.algorithms import registry
 from fedjax_flat.algorithms.fedcg import purity
 from fedjax_flat.config.default_config import default_config
 from fedjax_flat.data.sources.planted_domains import load_digits_domains
@@ -49,12 +50,13 @@ def _kmeans_config(domains='kmeans'):
 
 
 def test_requested_reads_the_config_value():
-  assert domains.requested(_kmeans_config())
-  assert not domains.requested(_kmeans_config('oracle'))
-  assert not domains.requested(_kmeans_config('discovered'))
+  assert domains.requested(registry.declared(_kmeans_config()))
+  assert not domains.requested(registry.declared(_kmeans_config('oracle')))
+  assert not domains.requested(registry.declared(_kmeans_config('discovered')))
   c = default_config()                    # an algorithm without the need 'client_domains'
   c.algorithm = 'fedavg'
-  assert not domains.requested(c)
+  assert not domains.requested(registry.declared(c))
+  assert not domains.requested(None)
 
 
 def test_kmeans_from_config_is_the_pass_on_the_plain_body():

@@ -30,6 +30,9 @@ CASES = {
     'fedsam': {'client.optimizer': 'sam', 'client.rho': 0.05},
     'scaffold': {'algorithm': 'scaffold'},
     'swa': {'swa.enabled': True, 'swa.start_fraction': 0.3, 'swa.cycle': 2, 'swa.lr1': 0.1, 'swa.lr2': 0.01},
+    # builders that once froze a per-run value with float(): FedNova's momentum, Mime's weight decay
+    'fednova': {'algorithm': 'fednova'},
+    'mime': {'algorithm': 'mime'},
 }
 # Per-run values of the three runs of a case: seeds and every traced field the case uses.
 VALUES = [{'seed': 0, 'client.lr': 0.1, 'client.momentum': 0.9, 'client.weight_decay': 1e-3, 'server.lr': 1.0},
@@ -37,7 +40,8 @@ VALUES = [{'seed': 0, 'client.lr': 0.1, 'client.momentum': 0.9, 'client.weight_d
           {'seed': 2, 'client.lr': 0.2, 'client.momentum': 0.8, 'client.weight_decay': 1e-2, 'server.lr': 1.2}]
 EXTRA = {'fedsam': [{'client.rho': 0.02}, {'client.rho': 0.05}, {'client.rho': 0.1}],
          'swa': [{'swa.lr1': 0.1, 'swa.lr2': 0.01}, {'swa.lr1': 0.2, 'swa.lr2': 0.02}, {'swa.lr1': 0.05,
-                                                                                        'swa.lr2': 0.001}]}
+                                                                                        'swa.lr2': 0.001}],
+         'mime': [{'client.momentum': 0.0}] * 3}     # Mime's base-optimizer momentum is algo.beta
 
 
 def _config(case, i, **over):
@@ -95,6 +99,25 @@ def test_batched_run_equals_run_alone(case, tmp_path, monkeypatch):
     np.testing.assert_allclose(sa['final_test_accuracy'], sb['final_test_accuracy'], atol=1e-6)
   # the runs really differ (the values are per run, not the first run's)
   assert not np.allclose(_ckpt(str(tmp_path / 'batched0'))[0], _ckpt(str(tmp_path / 'batched1'))[0])
+
+
+def test_a_builder_freezing_a_per_run_value_is_refused_in_one_line_before_compiling(tmp_path, monkeypatch):
+  """The contract's rule for per-run values (core/contract.py): a builder that turns a traced per-run value
+  into a Python number (here FedNova's momentum, as it did before algorithms/common.run_value) is refused with
+  one line naming the algorithm and the field, before anything compiles or trains."""
+  from fedjax_flat.algorithms import fednova
+  monkeypatch.setattr(fednova, 'run_value', float)
+  data = _data()
+  monkeypatch.setattr(batched.data_registry, 'get_dataset', lambda *a, **k: data)
+  compiled = []
+  monkeypatch.setattr(batched.BatchedTrainer, 'train', lambda self, **kw: compiled.append(1))
+  specs = [batched.RunSpec(f'r{i}', _config('fednova', i), str(tmp_path / f'b{i}')) for i in range(2)]
+  res = batched.run_batch(specs, lanes=2)
+  assert [res[i].status for i in range(2)] == ['failed'] * 2 and not compiled
+  err = res[0].error
+  assert '\n' not in err and err.startswith('BatchRefused: fednova cannot run in a batched program')
+  assert 'client.momentum' in err and '--batch_runs=1' in err
+  assert not os.path.getsize(tmp_path / 'b0' / 'metrics.jsonl')     # no round was trained or written
 
 
 def test_stopped_batched_program_resumes_bit_identical(tmp_path, monkeypatch):
@@ -176,3 +199,9 @@ def test_a_workdir_held_by_a_live_process_is_busy_not_failed(tmp_path):
     res = batched.run_batch([spec])
   assert res[0].status == 'busy' and 'in use by process' in res[0].error
   assert not os.path.exists(tmp_path / 'r0' / 'config.json')       # nothing of it touched
+
+
+def test_auto_runs_per_program_follow_the_backend_measurements(monkeypatch):
+  assert batched.auto_batch_runs() == batched.AUTO_BATCH_RUNS == 4        # CPU: lanes keep the cores busy
+  monkeypatch.setattr(batched.jax, 'default_backend', lambda: 'gpu')
+  assert batched.auto_batch_runs() == 1                                  # H100: R = 8 / 32 gave 0.88x / 0.79x

@@ -287,6 +287,8 @@ def _args(argv):
   ap.add_argument('--budget_s', type=float, default=None,
                   help='hard wall budget of the kit, seconds (default 450; smoke 300, a cap)')
   ap.add_argument('--groups', default=','.join(GROUPS), help=f'comma list of {",".join(GROUPS)} (run in this order)')
+  ap.add_argument('--rows', default='', help='comma list of substrings: keep only the rows whose id holds one '
+                  '(e.g. /sam,runs/R8 for a rerun of the rows a first run skipped)')
   ap.add_argument('--repeats', type=int, default=None, help='timed calls per row, median (default 3; smoke 1)')
   ap.add_argument('--smoke', action='store_true', help='tiny sizes: a check of the kit on a CPU')
   a = ap.parse_args(argv)
@@ -312,6 +314,8 @@ def main(argv=None):
   if os.path.exists(os.path.join(a.out, 'rows.jsonl')):
     os.remove(os.path.join(a.out, 'rows.jsonl'))
   plans = {g: plan(g, a.smoke) for g in GROUPS}     # every group: those not asked for are listed as skipped
+  if a.rows:   # a rerun of what a first run skipped: only the rows whose id holds one of these strings
+    plans = {g: [r for r in rows if any(k in r['id'] for k in a.rows.split(','))] for g, rows in plans.items()}
   doc = {'command': 'bash benchmarks/speed/device/run.sh ' + ' '.join(sys.argv[1:] if argv is None else argv),
          'smoke': a.smoke, 'budget_s': a.budget_s, 'repeats': a.repeats, 'groups': list(GROUPS),
          'started': time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(start)), 'plans': plans, 'group_wall_s': {}}

@@ -2,7 +2,7 @@
 
 Normalization params (GroupNorm / LayerNorm / BatchNorm 'scale', 'bias', and BatchNorm running statistics)
 stay on the client and are never aggregated; the client's personal model is the inner algorithm's with its
-own normalization leaves (registered as a personalizer: algorithms/personalization.py).
+own normalization leaves (its personalizer: algorithms/personalization.py).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_flat.algorithms.personalization import personal_params, register_personalizer
+from fedjax_flat.algorithms.personalization import Personalizer, personal_params
 from fedjax_flat.models.partition import key_name as _key_name  # one definition (ladd.py imports it here)
 
 tmap = jax.tree_util.tree_map
@@ -76,7 +76,9 @@ def with_local_norm(alg, name: Optional[str] = None, select=is_norm_path):
   A model without normalization layers makes this a no-op (no leaves).
   """
   inner_has_state = alg.client_state_init is not None
-  name = name or f'{alg.name}+localnorm'
+  # `name`: the algorithm this makes (FedBN, SiloBN, FedRep); without one it is the inner algorithm wrapped
+  wrappers = alg.wrappers if name else alg.wrappers + ('localnorm',)
+  personal_name = name or f'{alg.label}+localnorm'
 
   def client_state_init(params):
     s = {'norm': [jnp.zeros_like(x) for x in norm_leaves(params, select)], 'seen': jnp.zeros((), jnp.float32)}
@@ -121,15 +123,15 @@ def with_local_norm(alg, name: Optional[str] = None, select=is_norm_path):
       new_cs['inner'] = inner_cs
     return {**out, 'weighted': weighted}, new_cs
 
-  inner_name = alg.name
+  inner_personalizer = alg.personalizer
 
   def personalizer(algorithm, server_state, cs):
     inner_cs = None if cs is None else cs.get('inner')
-    base = personal_params(dataclasses.replace(algorithm, name=inner_name), server_state, inner_cs)
+    base = personal_params(dataclasses.replace(algorithm, personalizer=inner_personalizer), server_state, inner_cs)
     if cs is None or not float(np.asarray(cs['seen'])) > 0:
       return base
     return with_norm_leaves(base, [jnp.asarray(x) for x in cs['norm']], select)
 
-  register_personalizer(name, personalizer)
-  return alg.replace(name=name, client_state_init=client_state_init, initial_client_states=initial_client_states,
+  return alg.replace(name=name or alg.name, wrappers=wrappers, personalizer=Personalizer(personal_name, personalizer),
+                     client_state_init=client_state_init, initial_client_states=initial_client_states,
                      client_init=client_init, client_step=client_step, client_final=client_final)

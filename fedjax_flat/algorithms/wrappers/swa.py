@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.optimizers.schedules import SWA_SECTION as SECTION  # noqa: F401  (config.swa, declared with its lr)
 from fedjax_flat.optimizers.schedules import swa_cyclic_lr
 
 KEY = 'swa'
@@ -113,5 +114,6 @@ def with_swa(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
       models[KEY] = (swa['params'], swa['active'])
     return models
 
-  return alg.replace(name=f'{alg.name}+swa', server_init=server_init, broadcast=broadcast,
-                     server_update=server_update, eval_models=eval_models)
+  return alg.replace(wrappers=alg.wrappers + (KEY,), server_init=server_init, broadcast=broadcast,
+                     server_update=server_update, eval_models=eval_models,
+                     reported_models=((KEY,) if average else ()) + alg.reported_models)

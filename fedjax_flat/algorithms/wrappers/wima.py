@@ -35,6 +35,17 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.schema import RESULT, Choice, Field, Flag, Int, Section, String
+
+# config.wima: window averaging of the server models (with_wima).
+SECTION = Section('wima', (
+    Field('enabled', Flag(False), 'window model averaging (WiMA)'),
+    Field('window', Int(100, lo=1), 'W: the last W server models averaged'),
+    Field('subset', Choice('all', ('all', 'classifier', 'features'), sort=True),
+          "the parameters averaged: 'all' | 'classifier' | 'features'"),
+    Field('classifier', String('', message="must be a string ('' = auto)"),
+          "top-level module of the classifier for wima.subset; '' = auto"),
+), tags={RESULT}, doc='window averaging of the server models (WiMA)')
 
 KEY = 'wima'
 SEP = '/'
@@ -134,5 +145,5 @@ def with_wima(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
   def broadcast(state, round_idx, phase=0):
     return alg.broadcast(_split(state)[0], round_idx, phase)
 
-  return alg.replace(name=f'{alg.name}+wima', server_init=server_init, broadcast=broadcast,
-                     server_update=server_update, eval_models=eval_models)
+  return alg.replace(wrappers=alg.wrappers + (KEY,), server_init=server_init, broadcast=broadcast,
+                     server_update=server_update, eval_models=eval_models, reported_models=(KEY,) + alg.reported_models)
