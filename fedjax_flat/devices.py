@@ -1,4 +1,5 @@
-"""Host CPU devices, decided before jax starts: one XLA CPU device per usable core.
+"""Host CPU devices and the XLA compilation cache, decided before jax starts: one XLA CPU device per usable
+core; compiled programs kept on disk (`--compilation_cache=DIR|off`) so that a later run loads them.
 
 XLA fixes its number of host (CPU) devices when its CPU client starts, from
 `--xla_force_host_platform_device_count` in XLA_FLAGS. Its default, one device, spreads the ops of a
@@ -25,6 +26,21 @@ without it), so per-device thread flags would only risk the single-device work (
 
 The returned `HostDevices` record (devices, threads, why, flags) is printed in the run's header and written
 into WORKDIR/config.json (`host_devices`).
+
+XLA's persistent compilation cache (`configure_compilation_cache`, also called by `configure_or_exit`): a
+resumed run, another seed of the same config or a sweep's next cell loads its compiled programs from disk
+instead of compiling them again (the same executable: results are bit-identical with and without it). Where
+it lives (the first that applies): `--compilation_cache=DIR|off` on the command line (taken out of argv),
+FEDJAX_FLAT_COMPILATION_CACHE=DIR|off (where the choice is passed on to child processes), the user's own
+JAX_COMPILATION_CACHE_DIR (kept as is), else `$XDG_CACHE_HOME/fedjax_flat/xla` (`~/.cache/fedjax_flat/xla`).
+Only programs that take at least MIN_COMPILE_SECS to compile are written (a user's
+JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS is kept): the round and evaluation programs, not the dozens of
+per-op programs a run also compiles (benchmarks/speed/README.compile_cache.md measured the choice). A
+directory that cannot be created or written is one warning line and a run without the cache. Concurrent
+writers (a sweep's parallel children): jax writes each entry under its own content-addressed name, without a
+lock, and reads it back through a decompression that fails on a torn (half-written) entry; a failed read is
+a warning and a normal compilation, never a wrong program (tests/test_compilation_cache.py runs two
+processes on one cold cache and a run on torn entries).
 """
 from __future__ import annotations
 
@@ -32,6 +48,7 @@ import dataclasses
 import os
 import re
 import sys
+import tempfile
 from typing import List, Mapping, MutableMapping, Optional
 
 ENV = 'FEDJAX_FLAT_HOST_DEVICES'
@@ -58,14 +75,16 @@ class HostDevices:
   why: str                     # where the count came from
   source: str                  # 'user' (XLA_FLAGS / JAX_NUM_CPU_DEVICES), 'flag', 'env' or 'auto'
   xla_flags: str               # what this module added to XLA_FLAGS ('' when nothing)
+  compilation_cache: str = ''  # XLA's persistent compilation cache: its directory or 'off' ('' = not configured)
 
   def as_dict(self) -> dict:
     return dataclasses.asdict(self)
 
   def line(self) -> str:
     threads = {'shared': "XLA's pool, shared by the devices", '1': 'one per device'}.get(self.threads, self.threads)
+    cache = f'; compilation cache: {self.compilation_cache}' if self.compilation_cache else ''
     return (f'host devices: {self.devices} CPU device(s) on {self.cores} usable core(s), intra-op threads: '
-            f'{threads} ({self.why})')
+            f'{threads} ({self.why}){cache}')
 
 
 def usable_cores() -> int:
@@ -86,17 +105,17 @@ def _parse_count(value: str, source: str) -> Optional[int]:
                          f'no client sharding) or auto (one per usable core)')
 
 
-def _take_flag(argv: List[str]) -> Optional[str]:
-  """Removes --host_devices=V / --host_devices V from argv (in place); returns V (the last one) or None."""
+def _take_flag(argv: List[str], flag: str = FLAG, usage: str = f'{FLAG}=N or {FLAG}=auto') -> Optional[str]:
+  """Removes --flag=V / --flag V from argv (in place); returns V (the last one) or None."""
   value, i = None, 0
   while i < len(argv):
     a = argv[i]
-    if a.startswith(FLAG + '='):
+    if a.startswith(flag + '='):
       value = a.split('=', 1)[1]
       del argv[i]
-    elif a == FLAG:
+    elif a == flag:
       if i + 1 >= len(argv):
-        raise HostDevicesError(f'{FLAG} needs a value: {FLAG}=N or {FLAG}=auto')
+        raise HostDevicesError(f'{flag} needs a value: {usage}')
       value = argv[i + 1]
       del argv[i:i + 2]
     else:
@@ -180,9 +199,10 @@ def describe(env: Mapping[str, str] = os.environ) -> dict:
   if _CONFIGURED is not None:
     return _CONFIGURED.as_dict()
   m = _COUNT_RE.findall(env.get('XLA_FLAGS', ''))
+  enabled = env.get(ENABLE_ENV, '').strip().lower() not in _FALSE
   return {'devices': int(m[-1]) if m else 1, 'threads': 'shared', 'cores': usable_cores(),
           'why': 'not configured by a binary (library use): XLA_FLAGS as found', 'source': 'library',
-          'xla_flags': ''}
+          'xla_flags': '', 'compilation_cache': (env.get(JAX_CACHE_ENV) or 'off') if enabled else 'off'}
 
 
 def child_env(parallel: int, env: Mapping[str, str] = os.environ) -> dict:
@@ -202,10 +222,120 @@ def child_env(parallel: int, env: Mapping[str, str] = os.environ) -> dict:
   return out
 
 
-def configure_or_exit(argv: Optional[List[str]] = None) -> HostDevices:
-  """configure_host_devices for a binary's first lines: a bad value is one `error:` line and exit 2."""
+# ---- XLA's persistent compilation cache ----
+
+CACHE_ENV = 'FEDJAX_FLAT_COMPILATION_CACHE'
+CACHE_FLAG = '--compilation_cache'
+JAX_CACHE_ENV = 'JAX_COMPILATION_CACHE_DIR'
+ENABLE_ENV = 'JAX_ENABLE_COMPILATION_CACHE'
+MIN_COMPILE_ENV = 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'
+MIN_ENTRY_ENV = 'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES'
+# Programs compiling faster than this are not written: measured on the quickstart (README.compile_cache.md),
+# the round and evaluation programs take seconds, the per-op programs milliseconds.
+MIN_COMPILE_SECS = '0.5'
+# No size floor of its own (jax's default, 0): the compile-time floor already keeps the tiny programs out.
+MIN_ENTRY_BYTES = '0'
+_FALSE = ('0', 'false', 'no', 'off')
+
+
+@dataclasses.dataclass(frozen=True)
+class CompilationCache:
+  dir: str          # the cache directory, '' when off
+  why: str          # where the choice came from
+  source: str       # 'flag', 'env', 'user' (JAX_COMPILATION_CACHE_DIR / JAX_ENABLE_COMPILATION_CACHE), 'default'
+  warning: str = ''  # why a chosen directory is not used ('' when it is, or when the cache is off by choice)
+
+  @property
+  def label(self) -> str:
+    return self.dir or 'off'
+
+
+def default_cache_dir(env: Mapping[str, str] = os.environ) -> str:
+  """$XDG_CACHE_HOME/fedjax_flat/xla, else ~/.cache/fedjax_flat/xla."""
+  base = env.get('XDG_CACHE_HOME', '').strip() or os.path.join(os.path.expanduser('~'), '.cache')
+  return os.path.join(base, 'fedjax_flat', 'xla')
+
+
+def _unusable(path: str) -> str:
+  """'' when `path` is (or can be made) a writable directory; else the reason."""
   try:
-    return configure_host_devices(argv)
+    os.makedirs(path, exist_ok=True)
+    fd, probe = tempfile.mkstemp(prefix='.probe-', dir=path)
+    os.close(fd)
+    os.remove(probe)
+    return ''
+  except OSError as e:
+    return f'{type(e).__name__}: {e.strerror or e}'
+
+
+def configure_compilation_cache(argv: Optional[List[str]] = None, env: MutableMapping[str, str] = os.environ, *,
+                                jax_started: Optional[bool] = None) -> CompilationCache:
+  """Chooses XLA's persistent compilation cache directory (or none) and writes it into env for jax.
+
+  Call before jax is imported (jax reads JAX_COMPILATION_CACHE_DIR and friends when it starts). argv (default
+  sys.argv) loses its --compilation_cache flag; the choice is also put into env[CACHE_ENV], so the binaries
+  this process starts (a sweep's runs) make the same one. A directory that cannot be used prints one
+  warning line and the run goes on without the cache. Raises HostDevicesError for an empty value.
+  """
+  argv = sys.argv if argv is None else argv
+  jax_started = ('jax' in sys.modules) if jax_started is None else jax_started
+  usage = f'{CACHE_FLAG}=DIR or {CACHE_FLAG}=off'
+  value = _take_flag(argv, CACHE_FLAG, usage)
+  if value is not None:
+    source, why = 'flag', f'{CACHE_FLAG}={value}'
+  elif env.get(CACHE_ENV, '').strip():
+    value, source, why = env[CACHE_ENV], 'env', f'{CACHE_ENV}={env[CACHE_ENV]}'
+  elif env.get(ENABLE_ENV, '').strip().lower() in _FALSE:
+    value, source, why = 'off', 'user', f'{ENABLE_ENV}={env[ENABLE_ENV]} set by the user'
+  elif env.get(JAX_CACHE_ENV, '').strip():
+    value, source, why = env[JAX_CACHE_ENV], 'user', f'{JAX_CACHE_ENV} set by the user'
+  else:
+    value, source, why = default_cache_dir(env), 'default', 'the default under the user cache'
+  if not value.strip():
+    raise HostDevicesError(f'{why}: empty; use {usage}')
+  off = value.strip().lower() == 'off'
+  path = '' if off else os.path.abspath(os.path.expanduser(value.strip()))
+  warning = _unusable(path) if path else ''
+  if warning:
+    print(f'warning: compilation cache {path} is not usable ({warning}); running without it '
+          f'(choose another with {CACHE_FLAG}=DIR, or {CACHE_FLAG}=off)', file=sys.stderr, flush=True)
+    why, path = f'{why}: not usable, off', ''
+  if jax_started:
+    why += ' (jax was already imported: its cache settings were fixed earlier, nothing was changed)'
+  else:
+    env[CACHE_ENV] = path or 'off'    # the children (a sweep's runs) follow it and do not repeat a warning
+    if path:
+      env[JAX_CACHE_ENV] = path
+      env.pop(ENABLE_ENV, None)
+      env.setdefault(MIN_COMPILE_ENV, MIN_COMPILE_SECS)
+      env.setdefault(MIN_ENTRY_ENV, MIN_ENTRY_BYTES)
+    else:
+      env.pop(JAX_CACHE_ENV, None)
+      env[ENABLE_ENV] = 'false'
+  rec = CompilationCache(dir=path, why=why, source=source, warning=warning)
+  global _CACHE
+  _CACHE = rec
+  return rec
+
+
+_CACHE: Optional[CompilationCache] = None
+
+
+def compilation_cache() -> Optional[CompilationCache]:
+  """The record of this process's `configure_compilation_cache` call (None when it was not called)."""
+  return _CACHE
+
+
+def configure_or_exit(argv: Optional[List[str]] = None) -> HostDevices:
+  """The host devices and the compilation cache, for a binary's first lines: a bad value is one `error:` line
+  and exit 2. The returned record (the run's header line, config.json's `host_devices`) names the cache."""
+  try:
+    rec = configure_host_devices(argv)
+    cache = configure_compilation_cache(argv)
   except HostDevicesError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
+  rec = dataclasses.replace(rec, compilation_cache=cache.label)
+  global _CONFIGURED
+  _CONFIGURED = rec
+  return rec

@@ -34,6 +34,7 @@ capped at the population K as there:
 """
 from __future__ import annotations
 
+import functools
 import math
 import sys
 
@@ -61,20 +62,14 @@ _FLAGS = {'shuffle_chain': Flag(True),            # re-draw the chain order ever
           'reset_opt_state': Flag(True)}
 
 
-CHAINS = {'fedseq': ChainSpec(),
-          'fedseq2par': ChainSpec(regroup=True, auto_lanes='one'),
-          'fedcyclic': ChainSpec(over='clients'),             # one chain of sampled clients, no server step
-          'fedasyncseq': ChainSpec(slots=True)}
-
-
-def check(cfg, hp) -> None:
+def check(cfg, hp, chain: ChainSpec = ChainSpec()) -> None:
   """What a chain cannot do (the chain trainer lays out the chains on the host, one round per call)."""
   del hp
   algo = cfg.algorithm
   if cfg.server.get('weighting', 'examples') != 'examples':
     raise ConfigError('server.weighting', cfg.server.weighting, f'{algo} weights each chain by its data '
                       "(|D_S|, algorithms/fedseq.py): use 'examples'")
-  if CHAINS[algo].over == 'clients' and (cfg.server.optimizer != 'sgd' or cfg.server.lr != 1 or cfg.server.momentum):
+  if chain.over == 'clients' and (cfg.server.optimizer != 'sgd' or cfg.server.lr != 1 or cfg.server.momentum):
     raise ConfigError('server.optimizer', cfg.server.optimizer, 'FedCyclic has no server step (the chain\'s '
                       'model is the next global model): use server.optimizer=sgd, lr=1, momentum=0')
   if cfg.engine.get('stream_batches', False):
@@ -88,7 +83,7 @@ def _register(name, chain, extra_counts=None, extra=None):
   """The chain algorithms' declarations: rules in the order they are checked, and the chain layout the chain
   trainer reads (core/contract.ChainSpec)."""
   return register(name, hparams={**_FRACTION, **_PASSES, **(extra_counts or {}), **_FLAGS, **(extra or {})},
-                  needs=('chains',), check=check, chain=chain)
+                  needs=('chains',), check=functools.partial(check, chain=chain), chain=chain)
 
 
 def growth(kind: str, alpha: float, beta: float, t: int, cap: int = 0) -> int:
@@ -116,24 +111,24 @@ def _fedavg_of(ctx):
   return fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, client_tx=ctx.client_tx)
 
 
-@_register('fedseq', CHAINS['fedseq'])
+@_register('fedseq', ChainSpec())
 def _fedseq(ctx):
   return _fedavg_of(ctx)
 
 
-@_register('fedseq2par', CHAINS['fedseq2par'], {'growth_beta': Integer(5, lo=1)},
+@_register('fedseq2par', ChainSpec(regroup=True, auto_lanes='one'), {'growth_beta': Integer(5, lo=1)},
            {'growth': Choice('exp', ('exp', 'linear', 'log')),
             'growth_alpha': Number(4.6e-4, lo=0, bound=True, finite=True)})
 def _fedseq2par(ctx):
   return _fedavg_of(ctx)
 
 
-@_register('fedcyclic', CHAINS['fedcyclic'])
+@_register('fedcyclic', ChainSpec(over='clients'))     # one chain of sampled clients, no server step
 def _fedcyclic(ctx):
   return _fedavg_of(ctx)
 
 
-@_register('fedasyncseq', CHAINS['fedasyncseq'], {'merge_every': Integer(0, lo=0)})
+@_register('fedasyncseq', ChainSpec(slots=True), {'merge_every': Integer(0, lo=0)})
 def _fedasyncseq(ctx):
   chain = getattr(ctx, 'chain', None)
   if not chain:
@@ -188,5 +183,5 @@ def fedasyncseq(base: FederatedAlgorithm, server_tx: optax.GradientTransformatio
   def eval_models(state):
     return {'global': (state['params'], jnp.bool_(True))}
 
-  return base.replace(name='fedasyncseq', server_init=server_init, broadcast=broadcast,
+  return base.replace(server_init=server_init, broadcast=broadcast,
                       server_update=server_update, eval_models=eval_models)

@@ -14,6 +14,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from fedjax_flat.errors import ConfigError
+from fedjax_flat.schema import Choice, Field, Section, String, Test
 
 RESULT_FILE = 'centralized.json'
 # cosine annealing; constant; poly: lr (1 - t / T) ** 0.9 (the LADD release's poly policy)
@@ -86,30 +87,13 @@ def rounds_to_centralized(records: List[Dict], config, model: str = 'global') ->
   return out
 
 
-def validate(cfg) -> None:
-  """config.centralized: ConfigError naming the field (called from config/validate.py)."""
-  c = cfg.centralized
+def _fractions(fr) -> bool:
+  return (isinstance(fr, (tuple, list)) and bool(fr) and all(_finite(f) and 0 < f <= 1 for f in fr)
+          and len(set(fr)) == len(fr))
 
-  def num(name, ok, allowed):
-    v = c[name]
-    if not _finite(v) or not ok(v):
-      raise ConfigError(f'centralized.{name}', v, allowed)
-  num('epochs', lambda v: isinstance(v, numbers.Integral) and v >= 1, 'an integer >= 1')
-  num('lr', lambda v: v >= 0, 'a number >= 0 (0 = client.lr)')
-  num('momentum', lambda v: 0 <= v < 1, 'a number in [0, 1)')
-  num('weight_decay', lambda v: v >= 0 or v == -1, 'a number >= 0, or -1 (= client.weight_decay)')
-  num('batch_size', lambda v: isinstance(v, numbers.Integral) and v >= 0, 'an integer >= 0 (0 = client.batch_size)')
-  if c.schedule not in SCHEDULES:
-    raise ConfigError('centralized.schedule', c.schedule, f'allowed values: {sorted(SCHEDULES)}')
-  num('accuracy', lambda v: 0 <= v <= 1, 'a fraction in [0, 1] (summary.json accuracies are fractions; '
-      '0 = no reference)')
-  num('window', lambda v: isinstance(v, numbers.Integral) and v >= 1, 'an integer >= 1 (evaluations averaged)')
-  fr = c.fractions
-  if (not isinstance(fr, (tuple, list)) or not fr or not all(_finite(f) and 0 < f <= 1 for f in fr)
-      or len(set(fr)) != len(fr)):
-    raise ConfigError('centralized.fractions', fr, 'distinct numbers in (0, 1], e.g. (0.7, 0.9)')
-  if not isinstance(c.path, str):
-    raise ConfigError('centralized.path', c.path, "a path to a centralized run's centralized.json or workdir")
+
+def _path_check(cfg) -> None:
+  c = cfg.centralized
   if c.path:
     if c.accuracy:
       raise ConfigError('centralized.path', c.path, f'centralized.accuracy={c.accuracy} is set too: use one of the two')
@@ -117,3 +101,39 @@ def validate(cfg) -> None:
       read_reference(c.path)
     except ValueError as e:
       raise ConfigError('centralized.path', c.path, str(e)) from None
+
+
+def _rule(default, ok, allowed, what):
+  """A finite number that `ok` accepts, else the message `allowed`."""
+  return Test(default, ok=lambda v: _finite(v) and ok(v), message=allowed, what=what)
+
+
+# config.centralized: how experiments/centralized.py trains the upper bound and, for federated runs, its
+# accuracy (or the path of its centralized.json) for summary.json's rounds_to_<70|90>pct_centralized.
+SECTION = Section('centralized', (
+    Field('epochs', _rule(10, lambda v: isinstance(v, numbers.Integral) and v >= 1, 'an integer >= 1',
+                          'integer >= 1'), 'epochs of the centralized run'),
+    Field('lr', _rule(0.0, lambda v: v >= 0, 'a number >= 0 (0 = client.lr)', 'number >= 0'),
+          '0 = client.lr; annealed over all steps (schedule)'),
+    Field('momentum', _rule(0.9, lambda v: 0 <= v < 1, 'a number in [0, 1)', 'number in [0, 1)'), 'SGD momentum'),
+    Field('weight_decay', _rule(-1.0, lambda v: v >= 0 or v == -1, 'a number >= 0, or -1 (= client.weight_decay)',
+                                'number >= 0 | -1'), '-1 = client.weight_decay'),
+    Field('batch_size', _rule(0, lambda v: isinstance(v, numbers.Integral) and v >= 0,
+                              'an integer >= 0 (0 = client.batch_size)', 'integer >= 0'), '0 = client.batch_size'),
+    Field('schedule', Choice('cosine', SCHEDULES, sort=True), "'cosine' | 'constant' | 'poly' (power 0.9)"),
+    Field('accuracy', _rule(0.0, lambda v: 0 <= v <= 1, 'a fraction in [0, 1] (summary.json accuracies are '
+                            'fractions; 0 = no reference)', 'fraction in [0, 1]'),
+          'federated runs: the centralized accuracy (a fraction); 0 = none'),
+    Field('path', String('', "a path to a centralized run's centralized.json or workdir"),
+          "or a centralized run's centralized.json / workdir"),
+    Field('fractions', Test((0.7, 0.9), ok=_fractions, message='distinct numbers in (0, 1], e.g. (0.7, 0.9)',
+                            what='distinct numbers in (0, 1]'), 'rounds_to_<100 f>pct_centralized for f in these'),
+    Field('window', _rule(1, lambda v: isinstance(v, numbers.Integral) and v >= 1,
+                          'an integer >= 1 (evaluations averaged)', 'integer >= 1'),
+          'evaluations averaged (the FedSeq release: 5)'),
+), check=_path_check, doc='the centralized upper bound (training/centralized.py) and the rounds to reach it')
+
+
+def validate(cfg) -> None:
+  """config.centralized: ConfigError naming the field (called from config/validate.py)."""
+  SECTION.validate(cfg)

@@ -16,88 +16,81 @@ from __future__ import annotations
 
 import difflib
 import math
-import numbers
 import os
 
 from fedjax_flat.config.default_config import default_config
 from fedjax_flat.data import registry as data_registry
 from fedjax_flat.data.transforms.pipeline import SEG_AUGMENT_FIELDS
 from fedjax_flat.errors import ConfigError
+from fedjax_flat.schema import EXECUTION, INPUT, DataValue, Field, Section
+from fedjax_flat.schema import tagged as schema_tagged
 
 # Fields that are not builder arguments (data/batching.py reads them).
 NOT_BUILDER_ARGS = ('shuffle',)
 
-# name -> (kind, lo, lo_open, hi, hi_open, what). Kinds: int, number, bool, str, shape, sizes (an int or a
-# list of per-client ints). Bounds None = unbounded; `inf` accepted only where `what` says what it means.
-RULES = {
-    'num_clients': ('int', 1, False, None, False, 'the number of training clients'),
-    'alpha': ('number', 0, False, math.inf, False,
-              'Dirichlet label concentration; 0 = one class per client, inf = every client gets the global '
-              'label proportions (IID)'),
-    'beta': ('number', 0, True, math.inf, False, 'PAM: concentration of the fine labels within a coarse label'),
-    'examples_per_client': ('sizes', 1, False, None, False, 'examples of each client'),
-    'quantity_skew': ('number', 0, False, None, False, 'log-normal sigma of the client sizes; 0 = equal sizes'),
-    'seed': ('int', 0, False, None, False, 'seed of the split'),
-    'test_fraction': ('number', 0, True, 1, True, 'held-out share of the examples'),
-    'val_fraction': ('number', 0, False, 1, True, 'validation share of each client'),
-    'global_fraction': ('number', 0, False, 1, True, 'global test share of each source; 0 = paper-sized'),
-    'leave_out': ('int', -1, False, None, False, 'the left-out client, -1 = none'),
-    'num_classes': ('int', 1, False, None, False, 'the number of classes'),
-    'test_size': ('int', 1, False, None, False, 'test examples'),
-    'num_test_clients': ('int', 0, False, None, False, 'unseen test clients'),
-    'input_shape': ('shape', 1, False, None, False, 'the input shape'),
-    'short_side': ('int', 1, False, None, False, 'pixels of the short side of the stored images'),
-    'image_size': ('int', 1, False, None, False, 'pixels of the model input'),
-    'num_workers': ('int', 0, False, None, False, 'decoding threads'),
-    'shuffle': ('bool',) + (None,) * 4 + ('reshuffle client examples every epoch',),
-    'train_augment': ('bool',) + (None,) * 4 + ('augment in the loader',),
-    'check_official_sizes': ('bool',) + (None,) * 4 + ('require the official example counts',),
-    'data_dir': ('str',) + (None,) * 4 + ('the directory of the dataset files',),
-    'shards_dir': ('str',) + (None,) * 4 + ('the directory of the prepared shards',),
-    'split_dir': ('str',) + (None,) * 4 + ('where generated splits are saved',),
-    'split_json': ('str',) + (None,) * 4 + ('a FedSAM/LEAF split JSON file',),
-    'source': ('str',) + (None,) * 4 + ('where the clients come from',),
-    'partition': ('str',) + (None,) * 4 + ('how the training set is split into clients',),
-    'max_samples': ('int', 0, False, None, False, "a user's first samples kept (LEAF); 0 = all"),
-}
+
+def _field(name, kind, lo=None, lo_open=False, hi=None, hi_open=False, what='', tags=()):
+  return Field(name, DataValue(None, kind, lo, lo_open, hi, hi_open, what), what, tags)
+
+
+# The common rule of every builder argument name (a dataset whose field means something else declares its own:
+# data/registry.py `rules=`, the same (kind, lo, lo_open, hi, hi_open, what) as DataValue). Kinds: int, number,
+# bool, str, shape, sizes (an int or a list of per-client ints); `inf` accepted only where `what` says what it means.
+# Tags: the seed and partition are a batched program's per-run inputs (core/runs.INPUT_FIELDS); where the files are
+# says how a run was executed, not what (sweeps/report.EXECUTION_KEYS).
+FIELDS = (
+    _field('num_clients', 'int', 1, what='the number of training clients'),
+    _field('alpha', 'number', 0, hi=math.inf, what='Dirichlet label concentration; 0 = one class per client, inf = '
+           'every client gets the global label proportions (IID)', tags={INPUT}),
+    _field('beta', 'number', 0, True, math.inf, what='PAM: concentration of the fine labels within a coarse label'),
+    _field('examples_per_client', 'sizes', 1, what='examples of each client'),
+    _field('quantity_skew', 'number', 0, what='log-normal sigma of the client sizes; 0 = equal sizes'),
+    _field('seed', 'int', 0, what='seed of the split', tags={INPUT}),
+    _field('test_fraction', 'number', 0, True, 1, True, what='held-out share of the examples'),
+    _field('val_fraction', 'number', 0, False, 1, True, what='validation share of each client'),
+    _field('global_fraction', 'number', 0, False, 1, True, what='global test share of each source; 0 = paper-sized'),
+    _field('leave_out', 'int', -1, what='the left-out client, -1 = none'),
+    _field('num_classes', 'int', 1, what='the number of classes'),
+    _field('test_size', 'int', 1, what='test examples'),
+    _field('num_test_clients', 'int', 0, what='unseen test clients'),
+    _field('input_shape', 'shape', 1, what='the input shape'),
+    _field('short_side', 'int', 1, what='pixels of the short side of the stored images'),
+    _field('image_size', 'int', 1, what='pixels of the model input'),
+    _field('num_workers', 'int', 0, what='decoding threads'),
+    _field('shuffle', 'bool', what='reshuffle client examples every epoch'),
+    _field('train_augment', 'bool', what='augment in the loader'),
+    _field('check_official_sizes', 'bool', what='require the official example counts'),
+    _field('data_dir', 'str', what='the directory of the dataset files', tags={EXECUTION}),
+    _field('shards_dir', 'str', what='the directory of the prepared shards'),
+    _field('split_dir', 'str', what='where generated splits are saved'),
+    _field('split_json', 'str', what='a FedSAM/LEAF split JSON file'),
+    _field('source', 'str', what='where the clients come from'),
+    _field('partition', 'str', what='how the training set is split into clients'),
+    _field('max_samples', 'int', 0, what="a user's first samples kept (LEAF); 0 = all"),
+)
+RULES = {f.name: f.rule for f in FIELDS}
+
+
+def tagged(tag: str):
+  """'data.<field>' of the common data fields carrying `tag` (the kind tables: fedjax_flat/schema.py)."""
+  return schema_tagged((Section('data', FIELDS),), tag)
+
 
 def _bad(name, value, allowed):
   return ConfigError(f'data.{name}', value, allowed)
 
 
-def _is_int(v):
-  return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+def _rule(rule) -> DataValue:
+  """A dataset's own rule (data/registry.py `rules=`): a DataValue or its (kind, lo, lo_open, hi, hi_open, what)."""
+  return rule if isinstance(rule, DataValue) else DataValue(None, *rule)
 
 
 def _check(name, v, rule):
-  kind, lo, lo_open, hi, hi_open, what = rule
-  if kind == 'bool':
-    if not isinstance(v, bool):
-      raise _bad(name, v, f'must be True or False ({what})')
-    return
-  if kind == 'str':
-    if not isinstance(v, str):
-      raise _bad(name, v, f'must be a string ({what})')
-    if name == 'split_json' and v and not os.path.isfile(v):
-      raise _bad(name, v, 'no such file (a FedSAM/LEAF split JSON: users, num_samples, user_data)')
-    return
-  if kind == 'shape':
-    if not (isinstance(v, (tuple, list)) and v and all(_is_int(d) and d >= 1 for d in v)):
-      raise _bad(name, v, f'must be a tuple of positive integers ({what})')
-    return
-  if kind == 'sizes' and isinstance(v, (tuple, list)):
-    if not (v and all(_is_int(d) and d >= 0 for d in v)):
-      raise _bad(name, v, f'must be an integer >= 1 or a list of per-client integers >= 0 ({what})')
-    return
-  integer = kind in ('int', 'sizes')
-  if (integer and not _is_int(v)) or isinstance(v, bool) or not isinstance(v, numbers.Real):
-    raise _bad(name, v, f'must be {"an integer" if integer else "a number"} ({what})')
-  if math.isnan(v) or (math.isinf(v) and hi != math.inf):
-    raise _bad(name, v, f'must be finite ({what})')
-  if lo is not None and (v <= lo if lo_open else v < lo):
-    raise _bad(name, v, f'must be {">" if lo_open else ">="} {lo} ({what})')
-  if hi is not None and hi != math.inf and (v >= hi if hi_open else v > hi):
-    raise _bad(name, v, f'must be {"<" if hi_open else "<="} {hi} ({what})')
+  why = _rule(rule).why_not(v)
+  if why:
+    raise _bad(name, v, why)
+  if name == 'split_json' and v and not os.path.isfile(v):
+    raise _bad(name, v, 'no such file (a FedSAM/LEAF split JSON: users, num_samples, user_data)')
 
 
 def validate(cfg) -> None:

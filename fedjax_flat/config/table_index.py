@@ -6,7 +6,9 @@ themselves: every `configs/<family>.py` with `CELLS` is loaded, every cell built
 1-2", "FedSoup ... Table 1", "Fig. 4.13") list the cell's `family:cell` string. Tables without a cell are listed
 with why (NO_CELL), notes on rows that are other tables' cells (NOTES), and the FedSAM paper's tables (seeds
 000 / 002) with the thesis table they reprint.
-tests/config/test_table_index.py checks that configs/README.md lists every cell of every family.
+It ends with the field reference of every config field, generated from the sections' declarations
+(config/schema.py). tests/config/test_table_index.py checks that configs/README.md lists every cell of every family;
+tests/config/test_schema.py that its field reference is the schema's.
 """
 from __future__ import annotations
 
@@ -16,7 +18,10 @@ import re
 import sys
 from typing import Dict, List, Tuple
 
+from fedjax_flat.config import data_fields
 from fedjax_flat.config import families
+from fedjax_flat.config import schema
+from fedjax_flat.schema import Section
 
 # What a table's cells do not say themselves: rows that are another table's cells, columns that are missing.
 NOTES = {
@@ -167,6 +172,16 @@ def markdown(configs_dir: str) -> str:
     lines += tables[k]
     lines += ['```', '']
   lines += ['## Stand-ins (digits-scale, no published number)', '', '```'] + unpublished + ['```', '']
+  lines += ['## Field reference', '', 'Every config field (`--config.<field>=...`) as its section declares it '
+            '(fedjax_flat/config/schema.py collects the sections; tags: fedjax_flat/schema.py). `config.data` '
+            "is the dataset's (config/data_fields.py, data/registry.py).", '']
+  lines += schema.field_reference()
+  lines += ['', '### config.data', '', 'The common rule of each dataset builder argument (a dataset whose field means '
+            "something else declares its own: data/registry.py `rules=`; the segmentation datasets declare their "
+            'whole section: `fields=`).', '']
+  lines += schema.field_reference([Section('data', data_fields.FIELDS)])
+  lines += ['', '### config.algo', '', "Each algorithm's hyperparameters (its module's `hparams=` rules).", '']
+  lines += schema.algo_reference() + ['']
   return '\n'.join(lines)
 
 

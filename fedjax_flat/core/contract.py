@@ -65,9 +65,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, FrozenSet, Mapping, Optional, Tuple
 
-Params = Any
+from fedjax_flat.optimizers.server import WEIGHTINGS  # noqa: F401  (client_weighting: config.server.weighting)
 
-WEIGHTINGS = ('examples', 'uniform')   # FederatedAlgorithm.client_weighting (config.server.weighting)
+Params = Any
 
 
 @dataclasses.dataclass(frozen=True)

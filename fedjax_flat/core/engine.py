@@ -29,8 +29,50 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_flat.core.contract import WEIGHTINGS, FederatedAlgorithm
+from fedjax_flat.models.base import COMPUTE_DTYPES
+from fedjax_flat.schema import (EXECUTION, RESULT, RESUME, SAME_BITS, Choice, Field, Flag, Int, Num, Section, Test,
+                                is_number)
 
 STRATEGIES = ('vmap', 'chunked', 'sequential')
+
+
+def _auto_or_flag(v) -> bool:
+  return v == 'auto' or isinstance(v, bool)
+
+
+# config.engine: how the rounds are executed. The same computation whatever the values (a resume may change
+# them, with a warning: another floating-point reduction order), bit-identical for the SAME_BITS fields
+# (tests/core/test_rounds.py).
+SECTION = Section('engine', (
+    Field('strategy', Choice('auto', ('auto',) + STRATEGIES, sort=True),
+          "clients of a round: 'auto' | 'vmap' | 'chunked' | 'sequential'"),
+    Field('clients_per_chunk', Int(0, lo=0), "'chunked': clients per chunk (0 = auto)"),
+    Field('unroll', Test(1, ok=lambda v: v is True or (is_number(v, integer=True) and v >= 1),
+                         message='must be an integer >= 1 or True (full unroll)', what='integer >= 1 | True'),
+          'unroll of the scan over local steps'),
+    Field('step_bucketing', Choice('exact', ('exact', 'pow2'), sort=True),
+          "padded local steps: 'exact' | 'pow2' (fewer compiled shapes)"),
+    Field('shard_clients', Test('auto', ok=_auto_or_flag, message="allowed values: 'auto', True, False",
+                                what="'auto' | True | False"),
+          "clients over every device of every host: 'auto' (if > 1 device) | True | False (docs/scaling.md)",
+          ref=True),
+    Field('stream_batches', Flag(False), "build / copy the round's batches one chunk at a time "
+          '(core/streaming.py: memory O(chunk), not O(cohort))'),
+    Field('rounds_per_call', Test('auto', ok=lambda v: v == 'auto' or (is_number(v, integer=True) and v >= 1),
+                                  message="must be 'auto' or an integer >= 1", what="'auto' | integer >= 1"),
+          "rounds per compiled call (core/rounds.py): 'auto' (blocks of up to 32, cut at every evaluation / "
+          'checkpoint round) or R >= 1 (R > 1 needs the training data on the device)', {SAME_BITS}, ref=True),
+    Field('device_data', Test('auto', ok=_auto_or_flag, message="allowed values: 'auto', True, False",
+                              what="'auto' | True | False"),
+          "training data on the device, sampled and batched inside the program: 'auto' (when possible and within "
+          'device_data_max_mb) | True | False', {SAME_BITS}, ref=True),
+    Field('device_data_max_mb', Num(1024, lo=0), "'auto' device_data: the largest data kept on the device (MB)",
+          {SAME_BITS}),
+    Field('compute_dtype', Choice('float32', COMPUTE_DTYPES, sort=True),
+          "'bfloat16': mixed precision (models/base.with_compute_dtype: params, optimizer state and aggregation in "
+          'float32, activations and matmuls in bfloat16); changes the result: a checkpoint must match it',
+          {RESULT}),
+), tags={RESUME, EXECUTION}, doc='how the rounds are executed (same computation; SAME_BITS fields: same bits)')
 
 
 def resolve_strategy(strategy: str) -> str:

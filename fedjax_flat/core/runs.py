@@ -39,16 +39,23 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedjax_flat.core import rounds as rounds_lib
+from fedjax_flat.optimizers import client as client_opt
+from fedjax_flat.optimizers import schedules
+from fedjax_flat.optimizers import server as server_opt
+from fedjax_flat.schema import TRUTH, VALUE, tagged
 
-# Fields that may differ between the runs of one program: per-run traced values. 'seed' and the data
-# partition ('data.alpha', 'data.seed') never reach the round builder as values: they select the run's key
-# and its client index arrays, which are per-run inputs of the program.
-VALUE_FIELDS = ('client.lr', 'client.rho', 'client.rho0', 'client.momentum', 'client.weight_decay',
-                'client.asam_eta', 'server.lr', 'server.momentum', 'swa.lr1', 'swa.lr2')
+# The fields a batched program treats specially, from the tags of the sections that declare them (fedjax_flat/
+# schema.py): per-run traced values (VALUE) and the fields whose truth (zero or not) changes the program's
+# structure, so that the truth stays in the compatibility key (TRUTH). The client / server optimizers and SWA's
+# cyclic lr declare theirs in optimizers/.
+_SECTIONS = (client_opt.SECTION, server_opt.SECTION, schedules.SWA_SECTION)
+VALUE_FIELDS = tagged(_SECTIONS, VALUE)
+STATIC_TRUTH = tagged(_SECTIONS, TRUTH)
+# 'seed' and the data partition ('data.alpha', 'data.seed') never reach the round builder as values: they select
+# the run's key and its client index arrays, which are per-run inputs of the program (INPUT). Fields that do not
+# change the computation nor the blocks of rounds (LOG: how often the host logs). Both are declared above this
+# layer (config/schema.py, config/data_fields.py): tests/config/test_schema.py checks these equal their tags.
 INPUT_FIELDS = ('seed', 'data.alpha', 'data.seed')
-# Fields whose truth (zero or not) changes the program's structure: the truth stays in the compatibility key.
-STATIC_TRUTH = ('client.momentum', 'client.weight_decay', 'server.momentum')
-# Fields that do not change the computation (where results go, how often the host logs).
 IGNORED_FIELDS = ('progress_every_s',)
 AXIS = 'runs'
 

@@ -29,9 +29,81 @@ from typing import Any, Callable, NamedTuple
 import jax
 import optax
 
+from fedjax_flat.errors import ConfigError
 from fedjax_flat.optimizers.asam import asam
 from fedjax_flat.optimizers.sam import sam
-from fedjax_flat.optimizers.schedules import client_step_lr
+from fedjax_flat.optimizers.schedules import LR_SCHEDULES, client_step_lr
+from fedjax_flat.schema import RESULT, TRUTH, VALUE, Choice, Field, Int, Num, Section, Test
+
+
+def _adam_momentum(cfg) -> None:
+  if cfg.client.momentum:
+    raise ConfigError('client.momentum', cfg.client.momentum,
+                      'must be 0 with client.base_optimizer=adam (Adam\'s first moment is client.adam_b1)')
+
+
+def _steps_or_epochs(cfg) -> None:
+  c = cfg.client
+  if c.local_steps and (c.get('full_batches', False) or c.get('max_local_steps', 0)):
+    raise ConfigError('client.local_steps', c.local_steps,
+                      'is a fixed step count: set it to 0 to use client.full_batches / client.max_local_steps '
+                      '(the epochs mode), or unset those')
+
+
+def _poly_max(cfg) -> None:
+  sched, t = cfg.client.get('lr_schedule', 'constant'), cfg.client.lr_poly_max
+  if sched != 'constant' and t < 1:
+    raise ConfigError('client.lr_poly_max', t,
+                      f'client.lr_schedule={sched} needs T >= 1 ({"local steps" if sched == "poly_step" else "rounds"}'
+                      f'; FedDrive: poly_step with 10000 x local epochs x steps per epoch)')
+
+
+def _microbatches(cfg) -> None:
+  k = cfg.client.microbatches
+  if cfg.client.batch_size % k:
+    raise ConfigError('client.microbatches', k, f'must divide client.batch_size={cfg.client.batch_size}')
+
+
+def _adam(cfg) -> bool:
+  return cfg.client.get('base_optimizer') == 'adam'
+
+
+# config.client: local training (read here, by optimizers/schedules.py and algorithms/local.py).
+SECTION = Section('client', (
+    Field('optimizer', Choice('sgd', ('sgd', 'sam', 'asam'), sort=True),
+          "the gradient: 'sgd' (plain) | 'sam' | 'asam' (sharpness-aware)"),
+    Field('base_optimizer', Choice('sgd', ('sgd', 'adam'), sort=True),
+          "'sgd' (lr, momentum) | 'adam' (lr, adam_b1, adam_b2, adam_eps)"),
+    Field('adam_b1', Num(0.9, lo=0, hi=1, hi_open=True), 'Adam beta1', when=_adam),
+    Field('adam_b2', Num(0.999, lo=0, hi=1, hi_open=True), "Adam beta2 (torch default; FedSoup's paper: 0.99)",
+          when=_adam),
+    Field('adam_eps', Num(1e-8, lo=0, lo_open=True), 'Adam epsilon', when=_adam, after=_adam_momentum),
+    Field('lr', Num(0.01, lo=0, lo_open=True), 'client learning rate', {VALUE}),
+    Field('momentum', Num(0.0, lo=0, hi=1, hi_open=True), 'SGD momentum', {VALUE, TRUTH}),
+    Field('weight_decay', Num(4e-4, lo=0), 'coupled (PyTorch-style) weight decay', {VALUE, TRUTH}),
+    Field('batch_size', Int(64, lo=1), 'local batch size'),
+    Field('local_epochs', Int(1, lo=1), 'local epochs a round'),
+    Field('local_steps', Int(0, lo=0), '> 0: a fixed number of local steps instead of epochs'),
+    Field('full_batches', Test(False, ok=lambda v: v in (True, False), message='must be True or False',
+                               what='True | False'),
+          'epochs of floor(N_k / B) full batches (the remainder unused), not ceil'),
+    Field('max_local_steps', Int(0, lo=0),
+          "> 0: at most this many local steps a round in the epochs mode (FedVPR's min(floor(N_k / B), 2500))",
+          after=_steps_or_epochs),
+    Field('rho', Num(0.05, lo=0), 'SAM / ASAM radius', {VALUE}),
+    Field('rho0', Num(0.0, lo=0), 'rho warm-up start (FedGloSS: 0.001)', {VALUE}),
+    Field('rho_warmup_rounds', Int(0, lo=0), 'T_s of the rho warm-up; 0 = none'),
+    Field('asam_eta', Num(0.0, lo=0), 'ASAM eta', {VALUE}),
+    Field('grad_clip', Num(0.0, lo=0), 'clip_by_global_norm (FedDyn: 30); 0 = off'),
+    Field('lr_schedule', Choice('constant', LR_SCHEDULES, sort=True),
+          "'constant' | 'poly_step' (over each round's local steps, FedDrive) | 'poly_round' (over rounds): "
+          'lr * (1 - t / lr_poly_max) ** lr_power'),
+    Field('lr_power', Num(0.9, lo=0, lo_open=True), 'power of the poly schedules'),
+    Field('lr_poly_max', Int(0, lo=0), 'T: local steps (poly_step) or rounds (poly_round); > 0 for poly_*',
+          after=_poly_max),
+    Field('microbatches', Int(1, lo=1), 'k > 1: each batch as k micro-batches (gradient accumulation; memory / k)',
+          after=_microbatches),
+), tags={RESULT}, doc='local training: the client optimizer, its schedule, batches and steps')
 
 
 class _Empty(NamedTuple):

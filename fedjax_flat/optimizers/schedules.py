@@ -22,6 +22,9 @@ from typing import Callable, Dict, Union
 import jax
 import jax.numpy as jnp
 
+from fedjax_flat.errors import ConfigError
+from fedjax_flat.schema import RESULT, VALUE, Field, Flag, Int, Num, Section
+
 Scalar = Union[int, float, jax.Array]
 
 
@@ -121,6 +124,27 @@ def swa_cyclic_lr(gamma1: float, gamma2: float, cycle: int) -> Callable[[Scalar]
     return (1.0 - t) * gamma1 + t * gamma2
 
   return schedule
+
+
+def _swa_check(cfg) -> None:
+  s = cfg.swa
+  if s.enabled and not (s.average or s.cyclic_lr):
+    raise ConfigError('swa.average', s.average, 'swa.average and swa.cyclic_lr cannot both be False '
+                      'when swa.enabled (disable SWA instead)')
+
+
+# config.swa: server-side SWA. Declared here, beside its cyclic lr (the lowest code that reads it, and the layer
+# of the batched runs whose per-run values include lr1 / lr2); algorithms/wrappers/swa.py averages the models,
+# training/centralized.py runs SWA over epochs.
+SWA_SECTION = Section('swa', (
+    Field('enabled', Flag(False), 'server-side SWA (algorithms/wrappers/swa.py)'),
+    Field('start_fraction', Num(0.75, lo=0, hi=1, hi_open=True), 'SWA starts at round floor(start_fraction * rounds)'),
+    Field('cycle', Int(10, lo=1), 'c: rounds of one cyclic-lr cycle and between two averages'),
+    Field('lr1', Num(1e-2, lo=0, lo_open=True), 'the cyclic client lr at the start of a cycle', {VALUE}),
+    Field('lr2', Num(1e-4, lo=0, lo_open=True), 'the cyclic client lr at the end of a cycle', {VALUE}),
+    Field('average', Flag(True), 'False: the "cyclic learning rate only" ablation'),
+    Field('cyclic_lr', Flag(True), 'False: the "weight averaging only" ablation'),
+), check=_swa_check, tags={RESULT}, doc='server-side SWA (FedSAM): cyclic client lr and averaged server models')
 
 
 LR_SCHEDULES = ('constant', 'poly_step', 'poly_round')

@@ -36,8 +36,29 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_flat.schema import RESULT, TRUTH, VALUE, Choice, Field, Flag, Num, Section
+
 SERVER_OPTIMIZERS = ('sgd', 'adam', 'adagrad', 'yogi')
 ADAPTIVE_FORMS = ('reddi', 'torch')
+# A client's weight in the mean of the updates (FederatedAlgorithm.client_weighting, core/engine.py).
+WEIGHTINGS = ('examples', 'uniform')
+
+# config.server: the server optimizer over the pseudo-gradient (make_server_tx) and the clients' weighting.
+SECTION = Section('server', (
+    Field('optimizer', Choice('sgd', SERVER_OPTIMIZERS, sort=True), "'sgd' (FedAvg, FedAvgM) | 'adam' | 'adagrad' | "
+          "'yogi' (FedOpt)"),
+    Field('lr', Num(1.0, lo=0, lo_open=True), 'server learning rate', {VALUE}),
+    Field('weighting', Choice('examples', WEIGHTINGS, sort=True),
+          "a client's weight in the mean of the updates: 'examples' (N_k) | 'uniform'"),
+    Field('momentum', Num(0.0, lo=0, hi=1, hi_open=True), 'server momentum (FedAvgM; FedAdagrad b1)',
+          {VALUE, TRUTH}),
+    Field('nesterov', Flag(False), "Nesterov momentum of server.optimizer='sgd' (FedAvgM)"),
+    Field('b1', Num(0.9, lo=0, hi=1, hi_open=True), 'adaptive optimizers: first-moment decay'),
+    Field('b2', Num(0.99, lo=0, hi=1, hi_open=True), 'adaptive optimizers: second-moment decay'),
+    Field('eps', Num(1e-3, lo=0, lo_open=True), 'adaptive optimizers: tau (reddi) / eps (torch)'),
+    Field('adaptive_form', Choice('reddi', ADAPTIVE_FORMS, sort=True),
+          "adam / adagrad / yogi: 'reddi' (Alg. 2) | 'torch' (the release code)"),
+), tags={RESULT}, doc='the server optimizer over the pseudo-gradient (FedOpt) and the clients\' weighting')
 
 
 class FedOptState(NamedTuple):

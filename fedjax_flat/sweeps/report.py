@@ -25,7 +25,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from fedjax_flat.config import data_fields
+from fedjax_flat.config import schema as config_schema
 from fedjax_flat.errors import BadInputError
+from fedjax_flat.schema import EXECUTION, RESULT, tagged
 
 
 class ReportError(BadInputError):
@@ -210,14 +213,15 @@ def _run_name(r: Dict) -> str:
   return f"{r['cell']}/seed={r['seed']}"
 
 
-# Config keys that say how a run was executed or recorded, not what was run: runs that differ only in these
-# (and in the grouping keys) are seeds of one experiment. Every other key splits a group (see `split_group`).
-EXECUTION_KEYS = ('seed', 'host_devices', 'published', 'progress_every_s', 'checkpoint_every', 'keep_checkpoints',
-                  'keep_rounds', 'eval_batch_size', 'engine', 'client_state_store', 'client_state_device_max_mb',
-                  'data.data_dir')
-# Keys under EXECUTION_KEYS that change the result, with the value a config.json written before the key existed
-# ran with: runs differing in them are never pooled as seeds.
-RESULT_KEYS = {'engine.compute_dtype': 'float32'}
+# Config keys that say how a run was executed or recorded, not what was run (the sections' tag EXECUTION, and
+# the data fields': config/data_fields.py), plus the seed (the replicate axis) and `host_devices` (recorded in
+# config.json by the binary, not a config field): runs that differ only in these (and in the grouping keys) are
+# seeds of one experiment. Every other key splits a group (see `split_group`).
+EXECUTION_KEYS = ('seed', 'host_devices') + tagged(config_schema.SCHEMA, EXECUTION) + data_fields.tagged(EXECUTION)
+# Keys under EXECUTION_KEYS that change the result (tag RESULT), with the value a config.json written before the
+# key existed ran with (its default): runs differing in them are never pooled as seeds.
+RESULT_KEYS = {s.path(f): f.rule.default for s in config_schema.SCHEMA for f in s.fields
+               if RESULT in f.tags and any(s.path(f).startswith(k + '.') for k in EXECUTION_KEYS)}
 
 
 def _flatten(d: Dict, prefix: str = '') -> Dict[str, str]:

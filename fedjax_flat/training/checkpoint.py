@@ -54,28 +54,29 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_flat import errors
+from fedjax_flat.config import schema as config_schema
 from fedjax_flat.config import validate
 from fedjax_flat.data import sampling
 from fedjax_flat.algorithms import registry
 from fedjax_flat.config.default_config import default_config
 from fedjax_flat.core.sharding import ClientPlacement
+from fedjax_flat.schema import RESULT, RESUME, SAME_BITS, tagged
 
 FORMAT_VERSION = 2          # 2: content hashes in meta (format 1 restores unverified)
 
-# Config fields that change what is computed: a checkpoint written with other values is refused.
-# Not here on purpose: `published` (the paper's number, documentation only), so correcting a transcribed
-# number never blocks a resume; evaluation / output fields likewise do not change the computation.
-# A dotted entry names one field of a section whose other fields are not here (engine.compute_dtype: mixed
-# precision computes other numbers; the rest of `engine` only reorders float reductions, WARN_FIELDS).
-COMPUTATION_FIELDS = ('seed', 'dataset', 'data', 'model', 'model_kwargs', 'augment', 'normalize', 'algorithm',
-                      'algo', 'clients_per_round', 'client', 'server', 'swa', 'wima', 'man', 'attack',
-                      'engine.compute_dtype')
-# Fields that may change on resume with a warning (the run is then no longer identical to an uninterrupted
-# run with either value): the round budget (SWA's start round depends on it) and the engine (same
+# The kinds of config field a resume compares, from the sections' tags (fedjax_flat/schema.py, config/schema.py).
+# Fields that change what is computed (RESULT): a checkpoint written with other values is refused. Not RESULT on
+# purpose: `published` (the paper's number, documentation only), so correcting a transcribed number never blocks
+# a resume; evaluation / output fields likewise do not change the computation. A section tagged RESULT is named
+# whole; a dotted entry names one field of a section whose other fields are not RESULT (engine.compute_dtype:
+# mixed precision computes other numbers; the rest of `engine` only reorders float reductions, WARN_FIELDS).
+COMPUTATION_FIELDS = tagged(config_schema.SCHEMA, RESULT)
+# Fields that may change on resume with a warning (RESUME; the run is then no longer identical to an
+# uninterrupted run with either value): the round budget (SWA's start round depends on it) and the engine (same
 # computation, other floating-point reduction order).
-WARN_FIELDS = ('rounds', 'engine')
-# Engine fields that give bit-identical results (tests/core/test_rounds.py): no warning when they change on resume.
-SAME_RESULT_FIELDS = ('engine.rounds_per_call', 'engine.device_data', 'engine.device_data_max_mb')
+WARN_FIELDS = tagged(config_schema.SCHEMA, RESUME, top=True)
+# Engine fields that give bit-identical results (SAME_BITS; tests/core/test_rounds.py): no warning when they change.
+SAME_RESULT_FIELDS = tagged(config_schema.SCHEMA, SAME_BITS)
 
 
 def _sampling_procedure() -> str:

@@ -1,12 +1,15 @@
 """Server optimizers: hand-computed FedAvg/FedAvgM/FedAdam/FedAdagrad/FedYogi updates (Reddi et al., Alg. 2, and
 the torch release-code form), and optax where the two coincide."""
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 import pytest
 
 from fedjax_flat.optimizers.server import fedopt_adaptive, make_server_tx
 from fedjax_flat.config.default_config import default_config
+from fedjax_flat.config.validate import validate_config
+from fedjax_flat.errors import ConfigError
 
 # Three rounds of pseudo-gradients for a 4-parameter "model" (two leaves).
 DELTAS = [np.array([0.5, -0.2, 0.0, 3.0], np.float32), np.array([-0.1, -0.4, 0.2, 2.0], np.float32),
@@ -98,6 +101,29 @@ def test_fedavgm_hand_computed_and_optax():
     want.append(w)
   _close(got, want)
   _close(got, _run(optax.sgd(lr, momentum=beta)))
+
+
+def test_fedavgm_nesterov_hand_computed():
+  # server.nesterov (declared in optimizers/server.SECTION): w <- w - lr (d + beta v), v <- beta v + d
+  beta, lr = 0.9, 0.5
+  got = _run(_server(optimizer='sgd', lr=lr, momentum=beta, nesterov=True))
+  w, v, want = W0.astype(np.float64), np.zeros(4), []
+  for d in DELTAS:
+    v = beta * v + d
+    w = w - lr * (d + beta * v)
+    want.append(w)
+  _close(got, want)
+  assert default_config().server.nesterov is False
+
+
+def test_server_nesterov_is_a_validated_field():
+  c = default_config()
+  c.server.nesterov = True
+  validate_config(c)
+  d = default_config().to_dict()
+  d['server']['nesterov'] = 'yes'
+  with pytest.raises(ConfigError, match=r"server\.nesterov='yes' is invalid: must be True or False"):
+    validate_config(ml_collections.ConfigDict(d))
 
 
 @pytest.mark.parametrize('kind,lr,b1,b2,tau', [('adam', 0.1, 0.9, 0.99, 1e-3), ('adam', 1.0, 0.9, 0.99, 0.1),

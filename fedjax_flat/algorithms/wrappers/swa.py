@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.optimizers.schedules import SWA_SECTION as SECTION  # noqa: F401  (config.swa, declared with its lr)
 from fedjax_flat.optimizers.schedules import swa_cyclic_lr
 
 KEY = 'swa'

@@ -35,6 +35,17 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.schema import RESULT, Choice, Field, Flag, Int, Section, String
+
+# config.wima: window averaging of the server models (with_wima).
+SECTION = Section('wima', (
+    Field('enabled', Flag(False), 'window model averaging (WiMA)'),
+    Field('window', Int(100, lo=1), 'W: the last W server models averaged'),
+    Field('subset', Choice('all', ('all', 'classifier', 'features'), sort=True),
+          "the parameters averaged: 'all' | 'classifier' | 'features'"),
+    Field('classifier', String('', message="must be a string ('' = auto)"),
+          "top-level module of the classifier for wima.subset; '' = auto"),
+), tags={RESULT}, doc='window averaging of the server models (WiMA)')
 
 KEY = 'wima'
 SEP = '/'
