@@ -48,7 +48,9 @@ SLOW = {
 
 
 def test_every_registered_model_is_covered():
-  assert set(FAST) | set(SLOW) == set(registry.names())
+  # the package's own models (tests register stand-ins of their own in the same process)
+  ours = {n for n in registry.names() if registry.MODELS.get(n).__module__.startswith('fedjax_flat.models')}
+  assert set(FAST) | set(SLOW) == ours
 
 
 def _inputs(name, nc, shape):
