@@ -26,13 +26,14 @@ the model sees; the round batches go through the same draw and `lookup`.
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
 
-class ClientDataSource:
+class ClientDataSource(abc.ABC):
   """What the round batcher (data/batching.make_round_batches) calls on any training data: the one declared
   protocol, a base class whose defaults are an out-of-memory source's (every source subclasses it, so nothing
   probes for attributes).
@@ -54,14 +55,17 @@ class ClientDataSource:
   draw: Optional[Tuple[int, int]] = None       # (fixed, count): the pool draw of indexed examples
   slots: int = 0                               # columns the model sees of an indexed example (with a draw)
 
+  @abc.abstractmethod
   def client_sizes(self) -> np.ndarray:
-    raise NotImplementedError
+    """Required of every source."""
 
+  @abc.abstractmethod
   def client_examples(self, k: int) -> Tuple[np.ndarray, np.ndarray]:
-    raise NotImplementedError
+    """Required of every source."""
 
+  @abc.abstractmethod
   def test_examples(self) -> Tuple[np.ndarray, np.ndarray]:
-    raise NotImplementedError
+    """Required of every source."""
 
   def rows(self, k: int, positions: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """(x, y) of client k's examples at `positions` (index rows and labels for an indexed source)."""

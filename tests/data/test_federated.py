@@ -226,6 +226,9 @@ def test_a_source_with_only_the_base_protocol_batches_like_the_in_memory_dataset
     def client_examples(self, k):
       calls.append(k)
       return d.client_examples(k)
+
+    def test_examples(self):
+      return d.test_x, d.test_y
   s = batching.padded_num_steps(d.client_sizes(), 4, epochs=2)
   kw = dict(round_idx=2, seed=1, batch_size=4, num_steps=s, epochs=2, pad_clients_to=4)
   a = batching.make_round_batches(Source(), [2, 0, 1], **kw)
