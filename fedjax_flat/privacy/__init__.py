@@ -1,0 +1,1 @@
+"""Differential-privacy pieces that need nothing from the engine: privacy accounting."""
