@@ -332,6 +332,9 @@ def write_summary(workdir: str, summary: Dict) -> None:
               f"{v['best_round']}, {v['selected_by']} {v.get(v['selected_by'], float('nan')):.4f}, test R@1 "
               f"{v.get('test_accuracy', float('nan')):.4f}"]
   lines += personalized_markdown(summary.get('personalized'))
+  facts = summary.get('facts')
+  if facts:   # what the run did that its numbers depend on (the evaluation plug-ins' one-line facts)
+    lines += ['', '## What the run did', ''] + [f'- {v}' for v in facts.values()]
   atomic_write(os.path.join(workdir, 'summary.md'), lambda f: f.write('\n'.join(head + lines) + '\n'))
 
 

@@ -18,6 +18,8 @@ def _final(trainer, summary, reported):
     if summary['swa_averages'] == 0 and trainer.round >= trainer.config.rounds:   # said before the run (validate)
       logging.warning('swa: the SWA model was never averaged in %d rounds (summary.json swa_averages=0); its '
                       'numbers are those of a single earlier model', trainer.round)
+      summary.setdefault('facts', {})['swa'] = (f'SWA never averaged a model in {trainer.round} rounds (it starts '
+                                                'later): its numbers are those of a single earlier model')
 
 
 register(Evaluation('swa', order=40, applies=lambda t: bool(t.config.swa.enabled), final=_final, models=('swa',)))
