@@ -82,3 +82,20 @@ def test_what_the_run_did_is_in_summary_json_and_summary_md(tmp_path):
   assert '## What the run did' in md
   assert 'k = 2 clusters of sizes [2, 3]; purity against the 2 planted styles 0.800' in md
   assert 'cut into 6 virtual clients of 4 examples' in md and 'SWA never averaged a model in 3 rounds' in md
+
+
+def test_a_never_averaged_swa_model_is_not_reported():
+  from fedjax_flat.training import writers
+  t = _stand_in(**{'swa.enabled': True, 'summary_last_k': 1})
+  t.round, t.config.rounds = 3, 3
+  t.server_state = {'swa': {'n': np.int32(0)}}
+  rec = [{'round': 3, 'test_accuracy': 0.6267, 'test_loss': 1.0, 'swa/test_accuracy': 0.5543, 'swa/test_loss': 2.0}]
+  summary = writers.summarize(rec, 1, {'reported_model': 'swa'})
+  assert summary['final_test_accuracy'] == 0.5543
+  swa._final(t, summary, 'swa')
+  assert summary['reported_model'] == 'global' and summary['final_test_accuracy'] == 0.6267
+  assert summary['mean_last_1_test_accuracy'] == 0.6267 and 'never averaged' in summary['reported_model_reason']
+  t.server_state = {'swa': {'n': np.int32(2)}}     # averaged: SWA stays the result
+  summary = writers.summarize(rec, 1, {'reported_model': 'swa'})
+  swa._final(t, summary, 'swa')
+  assert summary['reported_model'] == 'swa' and summary['final_test_accuracy'] == 0.5543
