@@ -8,7 +8,8 @@ of every image is known, so that the discovered domains can be scored (purity). 
   .venv/bin/python experiments/train.py --workdir=runs/fcg_disc --config=configs/fedcg_digits.py:fedcg,discovered
   .venv/bin/python experiments/train.py --workdir=runs/fcg_kmeans --config=configs/fedcg_digits.py:fedcg,kmeans
   .venv/bin/python experiments/train.py --workdir=runs/fcg_wide --config=configs/fedcg_digits.py:fedavg,width=267
-  .venv/bin/python -m benchmarks.studies.fedcg_digits        # 3 seeds, the ablations, purity -> README.fedcg.md
+  .venv/bin/python -m benchmarks.studies.fedcg_digits        # 3 seeds, the ablations, purity -> runs/fedcg_digits/
+  .venv/bin/python -m benchmarks.studies.fedcg_digits --table   # their table (README.fedcg.md)
 
 Grammar (comma-separated; default fedcg,discovered):
   fedavg | fedcg;  oracle | discovered | kmeans (the domains FedCG trains with: the planted ones, the teacher /

@@ -17,8 +17,9 @@ five-fold leave-one-client-out with 3 seeds per fold [P]; the retina set has 4 i
 Data: `camelyon17` (data/sources/camelyon17.py: WILDS layout, hospitals = WILDS' `center`; the release's
 tiny class-balanced subset, 320 + 320 training and 140 + 140 test patches per client, patient-level split, 96 x
 96) and `retina_fundus` (the release's preprocessed files, 128 x 128). data.client_by='node' groups Camelyon17
-as the release's generation script does; dataset='camelyon17_release' reads the release's own preprocessed
-tiny Camelyon17 (--config.dataset=camelyon17_release).
+as the release's generation script does; the cell option `camelyon17_release` (e.g.
+`--config=configs/fedsoup_table1.py:camelyon17_release,fedsoup,leave_out=0`) reads the release's own preprocessed
+tiny Camelyon17 (dataset 'camelyon17_release', its own split) and is compared with the same Camelyon17 numbers.
 
 Setting (digest A6): Adam lr 1e-3 (torch betas 0.9 / 0.999), batch 16, 1 local epoch, 1,000 rounds, every
 client every round, FedAvg server, evaluation every 100 rounds; personalized evaluation at the end with the
@@ -36,7 +37,8 @@ head of FedRep / FedBABU / MOON's representation is the model's declared head ('
 
 Published numbers (Table 1 [P], mean (std) over folds x seeds; in config.published: accuracy = Global Acc,
 the personalized models on the held-out global test set (for FedAvg / FedProx / MOON the global model, so
-summary.json's accuracy); local_acc, local_auc, global_auc with their stds):
+summary.json's accuracy); local_acc, local_auc, global_auc with their stds; published.model = 'personalized' makes
+experiments/report.py compare them with summary.json's `personalized` protocol results):
                  Pathology (Camelyon17)                         Retina
                  Local Acc    Local AUC    Glob Acc     Glob AUC     Local Acc    Local AUC    Glob Acc     Glob AUC
   FedAvg         82.41 (0.61) 90.44 (0.42) 70.18 (1.25) 78.74 (1.31) 89.81 (1.17) 95.24 (0.73) 73.27 (3.97) 81.02 (4.57)
@@ -55,9 +57,10 @@ from fedjax_flat.config.default_config import data_section, default_config
 
 FAMILY = 'configs/fedsoup_table1.py'
 DATASETS = ('camelyon17', 'retina')
+RELEASE = 'camelyon17_release'      # Camelyon17 as the release preprocessed it (not a cell: the same table)
 METHODS = ('fedavg', 'fedprox', 'moon', 'fedbn', 'fedfomo', 'fedrep', 'fedbabu', 'fedsoup')
 CLIENTS = {'camelyon17': 5, 'retina': 4}
-FIELDS = {'dataset': ('camelyon17', DATASETS), 'method': ('fedsoup', METHODS), 'leave_out': (0, int)}
+FIELDS = {'dataset': ('camelyon17', DATASETS + (RELEASE,)), 'method': ('fedsoup', METHODS), 'leave_out': (0, int)}
 CELLS = [f'{d},{m},leave_out={f}' for d in DATASETS for m in METHODS for f in range(CLIENTS[d])]
 
 # Table 1 [P]: method -> dataset -> (local acc, std, local auc, std, global acc, std, global auc, std)
@@ -84,10 +87,16 @@ PUBLISHED = {
 def get_config(arg: str = ''):
   o = config_strings.parse(arg, FIELDS, family=FAMILY)
   dataset, method, leave_out = o['dataset'], o['method'], o['leave_out']
+  release = dataset == RELEASE
+  dataset = 'camelyon17' if release else dataset
   k = CLIENTS[dataset]
   config_strings.check(FAMILY, 'leave_out', leave_out, tuple(range(-1, k)))
   c = default_config()
-  if dataset == 'camelyon17':
+  if release:
+    c.dataset = RELEASE
+    c.data = data_section(num_clients=k, dataset_dir='tiny_camelyon17', seed=0, val_fraction=0.0,
+                          global_fraction=0.0, leave_out=leave_out)
+  elif dataset == 'camelyon17':
     c.dataset = 'camelyon17'
     c.data = data_section(num_clients=k, client_by='center', seed=0, test_patient_fraction=0.5, train_per_class=320,
                           test_per_class=140, image_size=96, val_fraction=0.0, global_fraction=0.0,
@@ -137,4 +146,6 @@ def get_config(arg: str = ''):
   config_strings.set_published(c, f'FedSoup (MICCAI 2023), Table 1, {dataset} {method}', ga, gas, local_acc=la,
                                local_acc_std=las, local_auc=lu, local_auc_std=lus, global_auc=gu,
                                global_auc_std=gus)
+  if c.published.get('accuracy') is not None:   # experiments/report.py: compare with the personal models' numbers
+    c.published.model = 'personalized'
   return c

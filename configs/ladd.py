@@ -8,7 +8,8 @@ The pipeline (data: GTA5's zips extracted into D/gta5, `python experiments/downl
   1. the FDA pre-trained source model (GTA5 streamed, every image restyled with a target client's style):
   .venv/bin/python experiments/pretrain_source.py --workdir=runs/gta5_fda_cityscapes \
       --config=configs/ladd.py:cityscapes,source_fda --config.data.data_dir=D --config.source_pretrain.data.data_dir=D
-  2. the federated runs start from it (w_0, the teachers' start and the KD target):
+  2. the federated runs start from it (w_0, the teachers' start and the KD target; a LADD cell without
+     --config.init.pretrained stops with one line naming step 1, unless --config.algo.random_init=True):
   .venv/bin/python experiments/train.py --workdir=runs/ladd_cityscapes_cls \
       --config=configs/ladd.py:cityscapes,ladd_cls --config.data.data_dir=D \
       --config.init.pretrained=runs/gta5_fda_cityscapes/source_model.npz

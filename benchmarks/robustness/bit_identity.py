@@ -76,6 +76,7 @@ def _configs():
   fs.rounds, fs.eval_every = 2, 2
   ld = ladd.get_config('synthetic,ladd_all')
   ld.rounds, ld.eval_every = 1, 1
+  ld.algo.random_init = True      # one round from random weights (the flag only lets it pass validation)
   vp = quickstart_vpr.get_config()
   vp.rounds, vp.eval_every = 1, 1
   b1, b2 = quickstart.get_config(), quickstart.get_config()

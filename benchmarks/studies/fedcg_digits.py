@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 
 import jax
@@ -90,6 +91,9 @@ def _fmt(vals, scale=100.0):
   return f'{np.mean(v) * scale:.2f} ({np.std(v) * scale:.2f})' if len(v) > 1 else f'{np.mean(v) * scale:.2f}'
 
 
+DEFAULT_OUT = os.path.join('runs', 'fedcg_digits', 'study.jsonl')
+
+
 def table(path):
   recs = [json.loads(line) for line in open(path)]
   order = {c: i for i, c in enumerate(DEFAULT_CELLS)}
@@ -112,15 +116,20 @@ def table(path):
 
 def main():
   ap = argparse.ArgumentParser()
-  ap.add_argument('--out', required=True)
+  ap.add_argument('--out', default=DEFAULT_OUT, help='JSONL of the runs (appended; finished runs are skipped)')
   ap.add_argument('--cells', default=';'.join(DEFAULT_CELLS), help='configs/fedcg_digits.py cells, ";"-separated')
   ap.add_argument('--seeds', default='0,1,2')
   ap.add_argument('--rounds', type=int, default=0, help='0 = the config (100)')
   ap.add_argument('--table', action='store_true')
   a = ap.parse_args()
   if a.table:
+    if not os.path.isfile(a.out):
+      print(f'error: --out={a.out} does not exist: run the study first (without --table) to write it',
+            file=sys.stderr)
+      sys.exit(2)
     print(table(a.out))
     return
+  os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
   done = set()
   if os.path.exists(a.out):
     done = {(r['cell'], r['seed']) for r in map(json.loads, open(a.out))}

@@ -73,7 +73,7 @@ import optax
 
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.common import hparams, make_hparams_fn
-from fedjax_flat.algorithms.hparams import Choice, Integer, Number
+from fedjax_flat.algorithms.hparams import Choice, Flag, Integer, Number
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.algorithms.wrappers.local_norm import _key_name, is_norm_path
 from fedjax_flat.core.contract import FederatedAlgorithm
@@ -324,10 +324,17 @@ HPARAMS = {
     'alpha_kd': Number(0.5, lo=0),
     'teacher_step': Integer(1, lo=1, note=' (omega: rounds between teacher refreshes)'),
     'swa_teacher_start': Integer(-1, lo=-1, note=' (t_start of the SWA teacher; -1: none)'),
+    # LADD adapts a source model (w_0, thesis 5.3); from random weights only when asked for (a test, an ablation)
+    'random_init': Flag(False),
 }
 
 
 def _check(cfg, hp):
+  if not (cfg.init.pretrained or cfg.init.checkpoint or hp['random_init']):
+    raise ConfigError('init.pretrained', cfg.init.pretrained, 'LADD adapts a source model: pre-train it with '
+                      'experiments/pretrain_source.py (configs/ladd.py:<target>,source_fda) and pass '
+                      '--config.init.pretrained=<its workdir>/source_model.npz, or set --config.algo.random_init=True '
+                      'to train from random weights')
   if hp['k_min'] > hp['k_max']:
     raise ConfigError('algo.k_min', hp['k_min'], f'must be <= algo.k_max={hp["k_max"]}')
   task = task_name(cfg.dataset, cfg.data)

@@ -34,7 +34,7 @@ def _field(name, kind, lo=None, lo_open=False, hi=None, hi_open=False, what='', 
 
 
 # The common rule of every builder argument name (a dataset whose field means something else declares its own:
-# data/registry.py `rules=`, the same (kind, lo, lo_open, hi, hi_open, what) as DataValue). Kinds: int, number,
+# data/registry.py `rules=`, a schema rule such as DataValue). Kinds: int, number,
 # bool, str, shape, sizes (an int or a list of per-client ints); `inf` accepted only where `what` says what it means.
 # Tags: the seed and partition are a batched program's per-run inputs (core/runs.INPUT_FIELDS); where the files are
 # says how a run was executed, not what (sweeps/report.EXECUTION_KEYS).
@@ -80,13 +80,8 @@ def _bad(name, value, allowed):
   return ConfigError(f'data.{name}', value, allowed)
 
 
-def _rule(rule) -> DataValue:
-  """A dataset's own rule (data/registry.py `rules=`): a DataValue or its (kind, lo, lo_open, hi, hi_open, what)."""
-  return rule if isinstance(rule, DataValue) else DataValue(None, *rule)
-
-
 def _check(name, v, rule):
-  why = _rule(rule).why_not(v)
+  why = rule.why_not(v)
   if why:
     raise _bad(name, v, why)
   if name == 'split_json' and v and not os.path.isfile(v):
@@ -118,15 +113,9 @@ def validate(cfg) -> None:
   for field, rule in own_rules.items():
     if data.get(field) is not None:
       _check(field, data[field], rule)
-  for field, limit in entry.meta.get('limits', {}).items():
-    v = data.get(field)
-    if v is None:
-      continue
-    if isinstance(limit[0], str):
-      if v not in limit:
-        raise _bad(field, v, f'dataset {name!r} allows {list(limit)}')
-    elif not limit[0] <= v <= limit[1]:
-      raise _bad(field, v, f'dataset {name!r} needs {limit[0]} <= {field} <= {limit[1]} ({limit[2]})')
+  for field, limit in entry.meta.get('limits', {}).items():   # schema rules (data/registry.py `limits=`)
+    if data.get(field) is not None:
+      _check(field, data[field], limit)
   leave_out = data.get('leave_out')
   if leave_out is not None and data.get('num_clients') is not None and leave_out >= data['num_clients']:
     raise _bad('leave_out', leave_out, f'must be -1 or a client in [0, {data["num_clients"]})')

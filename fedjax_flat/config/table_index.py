@@ -110,16 +110,30 @@ def tables_of(source: str) -> List[Tuple[str, str]]:
   return list(dict.fromkeys(out))
 
 
+def _family_modules(configs_dir: str):
+  for fn in sorted(os.listdir(configs_dir)):
+    if fn.endswith('.py'):
+      mod = families.load_module(os.path.join(configs_dir, fn))
+      if hasattr(mod, 'CELLS'):
+        yield fn[:-3], mod
+
+
 def family_cells(configs_dir: str) -> Dict[str, List[str]]:
   """{family: CELLS} of every configs/<family>.py that declares CELLS."""
-  out = {}
-  for fn in sorted(os.listdir(configs_dir)):
-    if not fn.endswith('.py'):
-      continue
-    mod = families.load_module(os.path.join(configs_dir, fn))
-    if hasattr(mod, 'CELLS'):
-      out[fn[:-3]] = list(mod.CELLS)
-  return out
+  return {fam: list(mod.CELLS) for fam, mod in _family_modules(configs_dir)}
+
+
+def _first_sentence(doc: str) -> str:
+  text = ' '.join((doc or '').strip().split('\n\n')[0].split())
+  m = re.search(r'\.(\s+(?=[A-Z])|$)', text)      # 'Fig. 4.13', 'ch. 5.2' do not end it
+  return (text[:m.start()] if m else text).replace('|', '/')
+
+
+def family_table(configs_dir: str) -> List[str]:
+  """README.md's table of the families: file, the first sentence of its docstring, its number of cells."""
+  lines = ['| family | what it reproduces | cells |', '|---|---|---|']
+  return lines + [f'| `{fam}.py` | {_first_sentence(mod.__doc__)} | {len(mod.CELLS)} |'
+                  for fam, mod in _family_modules(configs_dir)]
 
 
 def index(configs_dir: str):

@@ -23,7 +23,7 @@ from fedjax_flat.data import validation_steps
 from fedjax_flat.data.registry import OPTIONAL_FIELDS
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.models import registry as model_registry
-from fedjax_flat.schema import Choice, Flag, Number, Pair, String
+from fedjax_flat.data.transforms.pipeline import SEG_AUGMENT_RULES, number
 
 AUGMENTS, NORMALIZE = schema.AUGMENTS, schema.NORMALIZE
 
@@ -187,69 +187,20 @@ def _validate_segmentation_data(cfg) -> None:
     if why:
       raise ConfigError(f'data.{k}', get(k), why)
 
-  def num(k, lo=None, hi=None, lo_open=False, integer=False):
-    check(k, Number(None, lo=lo, hi=hi, lo_open=lo_open, integer=integer, steps=True,
-                    kind_message=f'must be a finite {"integer" if integer else "number"}'))
-
-  def pair(k, allow_empty, integer):
-    what = 'positive integers (h, w)' if integer else 'positive numbers (lo, hi)'
-    check(k, Pair(None, integer=integer, allow_empty=allow_empty,
-                  message=f'must be two {what}' + (' or () for none' if allow_empty else '')))
-
-  def choice(k, allowed):
-    check(k, Choice(None, allowed, sort=True))
-
-  def flag(k):
-    check(k, Flag(None))
-
+  entry = data_registry.DATASETS.entry(cfg.dataset)
+  own_check = entry.meta.get('check')
   if 'crop' not in declared:   # declared whole without the image + label-map augmentation (vpr_synthetic)
-    own = data_registry.DATASETS.entry(cfg.dataset).meta.get('check')
-    if own is not None:
-      own({k: get(k) for k in declared})
+    if own_check is not None:
+      own_check({k: get(k) for k in declared})
     return
-  pair('crop', True, True)
-  pair('scale', False, False)
-  lo, hi = get('scale')
-  if lo > hi:
+  for k, rule in SEG_AUGMENT_RULES.items():   # the augmentation fields (data/transforms/pipeline.py)
+    check(k, rule)
+  if get('scale')[0] > get('scale')[1]:
     raise ConfigError('data.scale', get('scale'), 'must be (lo, hi) with lo <= hi')
-  choice('scale_mode', ('scale_crop', 'resized_crop'))
-  flag('flip')
-  num('jitter', lo=0, hi=1)
-  choice('style', ('none', 'cfsi', 'lab'))
   if get('style') != 'none' and cfg.augment != 'segmentation':
     raise ConfigError('data.style', get('style'), "style transfer runs in augment='segmentation'")
-  num('style_fraction', lo=0, hi=1)
-  num('cfsi_window', lo=0, hi=0.5, lo_open=True)
-  num('style_max_per_client', lo=0, integer=True)
-  flag('shuffle')
-  num('seed', lo=0, integer=True)
-  own_check = data_registry.DATASETS.entry(cfg.dataset).meta.get('check')
-  if own_check is not None:     # a segmentation dataset that checks its own fields (data/registry.py `check`)
+  check('seed', number(0, integer=True))
+  for k, rule in entry.meta.get('rules', {}).items():   # the dataset's own fields (its module declares them)
+    check(k, rule)
+  if own_check is not None:     # what spans the dataset's fields (data/registry.py `check`)
     own_check({k: get(k) for k in declared})
-    return
-  if cfg.dataset == 'seg_synthetic':
-    pair('image_size', False, True)
-    if min(get('image_size')) < 8:
-      raise ConfigError('data.image_size', get('image_size'), 'must be at least (8, 8)')
-    num('num_domains', lo=2, integer=True)
-    num('unseen_domains', lo=1, hi=get('num_domains') - 1, integer=True)
-    for k in ('clients_per_domain', 'examples_per_client', 'client_test_examples', 'unseen_test_per_domain',
-              'max_shapes'):
-      num(k, lo=1, integer=True)
-    num('class_alpha', lo=0, lo_open=True)
-    num('client_jitter', lo=0)
-    flag('ignore_border')
-    return
-  for k in ('data_dir', 'root', 'split_dir'):
-    check(k, String(None, 'must be a string (a path; empty = default)'))
-  choice('distribution', ('uniform', 'heterogeneous'))
-  choice('split_source', ('generate', 'released'))
-  pair('image_size', True, True)
-  flag('double')
-  num('num_workers', lo=1, integer=True)
-  num('cache_clients', lo=0, integer=True)
-  if cfg.dataset == 'cityscapes':
-    num('uniform_clients', lo=1, integer=True)
-    num('clients_per_city', lo=1, integer=True)
-  else:
-    choice('setting', ('country', 'rainy', 'bus'))

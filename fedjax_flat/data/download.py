@@ -22,7 +22,7 @@ import time
 import urllib.error
 import urllib.request
 import zipfile
-from typing import Callable, Optional
+from typing import Callable, List, Optional, Sequence
 
 from fedjax_flat import errors
 
@@ -167,6 +167,41 @@ def fetch(resource: Resource, data_dir: str, *, opener=None, timeout: float = 60
     raise ChecksumError(f'{e}\nThe partial file was deleted; run again to re-download.') from None
   os.replace(part, dest)
   return dest
+
+
+def fetch_all(resources: Sequence[Resource], data_dir: str, *, opener=None, progress=None,
+              then: Optional[Callable[[Resource, str], None]] = None, done: Optional[Callable[[Resource], bool]] = None,
+              **kwargs) -> List[str]:
+  """fetch() of every resource of a multi-file set; those that fail do not stop the others, and one
+  DownloadError at the end lists every file still missing, each with its URL and where to place it by hand (an
+  offline user fetches the whole list at once instead of one file per attempt). `then(resource, path)` runs after
+  each file arrives (extraction); `done(resource)` skips a file already handled (its marker exists)."""
+  paths, missing = [], []
+  for r in resources:
+    if done is not None and done(r):
+      continue
+    try:
+      path = fetch(r, data_dir, opener=opener, progress=progress, **kwargs)
+    except ChecksumError:
+      raise
+    except DownloadError as e:
+      missing.append((r, str(e).split('\n')[0]))
+      continue
+    if then is not None:
+      then(r, path)
+    paths.append(path)
+  if missing:
+    lines = [f'{len(missing)} of {len(resources)} files could not be downloaded (this machine may be offline). '
+             f'Download them on a machine with internet access and place each at its path, then re-run the same '
+             f'command (each file is verified; the ones already here are kept):']
+    for r, why in missing:
+      algo, want = r.checksum()
+      check = f'{algo} {want}' if algo else 'no published checksum'
+      lines.append(f'  {os.path.join(data_dir, r.filename)}  <-  {r.url}  ({f"{r.size} bytes, " if r.size else ""}'
+                   f'{check})')
+    lines.append(f'first error: {missing[0][1]}')
+    raise DownloadError('\n'.join(lines))
+  return paths
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -7,10 +7,12 @@ with what it declares about its `config.data` fields:
   @register('name', rules={field: rule}, limits={field: (lo, hi, why) | (allowed, ...)}, check=fn(data) -> None,
             fields={field: default, ...})
 
-  rules    a field whose meaning differs from the common rule of config/data_fields.RULES
-  limits   dataset-specific bounds, checked before loading
+  rules    fedjax_flat/schema.py rules (e.g. `DataValue`): a field whose meaning differs from the common rule of
+           config/data_fields.RULES; for a dataset declared whole (`fields`), the rule of each of its own fields
+  limits   dataset-specific bounds on top of the common rule, checked before loading (stored as schema rules)
   check    a cross-field rule on the `config.data` dict (raise ConfigError); a segmentation dataset (`fields=`)
-           with a check gets the shared augmentation checks of config/validate.py, then only its own
+           gets the shared augmentation rules (data/transforms/pipeline.SEG_AUGMENT_RULES), then its `rules`,
+           then its check
   task     the task name the dataset's labels have (tasks/), or fn(config.data) -> name; default classification
   fields   every field with its default, for datasets whose config.data is declared whole (segmentation:
            config/default_config.segmentation_data builds it; the augmentation fields come from
@@ -26,9 +28,32 @@ from typing import Optional
 
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.registry import Registry
+from fedjax_flat.schema import Rule, Test
 
 DATASETS = Registry('dataset', package='fedjax_flat.data.sources')
-register = DATASETS.register
+
+
+def _limit(name: str, field: str, limit) -> Rule:
+  """`limits=` entry -> a schema rule: (lo, hi, why) bounds, or the allowed values (strings)."""
+  if isinstance(limit[0], str):
+    allowed = tuple(limit)
+    return Test(None, ok=lambda v: v in allowed, message=f'dataset {name!r} allows {list(allowed)}',
+                what=' | '.join(repr(a) for a in allowed))
+  lo, hi, why = limit
+  return Test(None, ok=lambda v: lo <= v <= hi, message=f'dataset {name!r} needs {lo} <= {field} <= {hi} ({why})',
+              what=f'[{lo}, {hi}]')
+
+
+def register(name: str, *, rules=None, limits=None, replace: bool = False, **meta):
+  """Registers a dataset builder with its declarations (module docstring); every rule is a schema rule."""
+  for field, rule in (rules or {}).items():
+    if not isinstance(rule, Rule):
+      raise TypeError(f'dataset {name!r}: rules[{field!r}] must be a fedjax_flat.schema rule, got {rule!r}')
+  if rules:
+    meta['rules'] = dict(rules)
+  if limits:
+    meta['limits'] = {field: _limit(name, field, limit) for field, limit in limits.items()}
+  return DATASETS.register(name, replace=replace, **meta)
 
 # config.data fields that every config declares (config/default_config.data_section), so that they can be set on
 # the command line; None = unset, the builder's own default applies.
@@ -74,6 +99,14 @@ def task_name(name: str, data_cfg=None) -> str:
   """The task a dataset declares for a `config.data` (known before loading): 'classification' by default."""
   task = DATASETS.meta(name, 'task', 'classification') if name in DATASETS else 'classification'
   return task(dict(data_cfg or {})) if callable(task) else task
+
+
+def check_rules(d, rules) -> None:
+  """Each `config.data` field of `d` against its schema rule: ConfigError naming config.data.<field>."""
+  for field, rule in rules.items():
+    why = rule.why_not(d[field])
+    if why:
+      raise ConfigError(f'data.{field}', d[field], why)
 
 
 def check_arg(field, value, ok, allowed):

@@ -8,6 +8,10 @@ Per group of runs (seeds of one cell, or runs sharing the values of user-named c
   lambda_max when experiments/hessian.py ran (WORKDIR/hessian/hessian_<model>.json); communication (summary.json
   comm_total_bytes); config.json's `published` (paper number, percent) and the sweep cell's `reference` (an
   earlier measurement, percent) beside the measured number with the difference.
+Each task's headline metrics beyond accuracy (`METRICS`: mIoU pooled / seen / unseen, Recall@5 / @10, the
+personalized models' local accuracy and AUCs) get their own columns whenever a run reports them, each beside the
+published field of the same name; `published.model = 'personalized'` says that the published accuracy is the
+personal models' (FedSoup's "Global Acc"), compared with summary.json's `personalized` protocol results.
 
 Nothing is dropped or invented silently: an unreadable (torn) line of a metrics.jsonl is skipped and reported
 (run, count, line numbers) while the lines after it are read; a run whose accuracy is NaN / inf is shown as
@@ -164,6 +168,43 @@ def collect(sweep_dirs: Sequence[str] = (), workdirs: Sequence[str] = ()) -> Lis
   return runs
 
 
+# config.published.<field> (percent) -> the run's number it is compared with (a fraction in summary.json): the
+# reported model's last-K mean of a task metric ('model', metric), or a personalized protocol's client mean
+# ('personalized', protocol, statistic: evaluation/personalized.py). Label as the paper's tables write it.
+METRICS = (
+    ('miou', 'mIoU', ('model', 'test_miou')),
+    ('miou_seen', 'mIoU seen', ('model', 'test_seen_miou')),
+    ('miou_unseen', 'mIoU unseen', ('model', 'test_unseen_miou')),
+    ('recall@5', 'R@5', ('model', 'test_recall@5')),
+    ('recall@10', 'R@10', ('model', 'test_recall@10')),
+    ('local_acc', 'local acc', ('personalized', 'local', 'acc_client_mean')),
+    ('local_auc', 'local AUC', ('personalized', 'local', 'auc_client_mean')),
+    ('global_auc', 'global AUC', ('personalized', 'global', 'auc_client_mean')),
+)
+PERSONAL_ACCURACY = ('personalized', 'global', 'acc_client_mean')   # FedSoup Table 1's "Global Acc"
+
+
+def metric_value(r: Dict, where: Tuple[str, ...]) -> Optional[float]:
+  """A finished run's metric in percent (None when the run does not report it; NaN / inf kept as such)."""
+  s = r['summary'] or {}
+  if where[0] == 'model':
+    m = _get(s, f"models.{r['model']}") or {}
+    v = _num(m.get(f"mean_last_{s.get('summary_last_k')}_{where[1]}"))
+  else:
+    v = _num(_get(s.get(where[0]), '.'.join(where[1:])))
+  return None if v is None else 100 * v
+
+
+def accuracy_label(runs: List[Dict]) -> str:
+  """What the reported accuracy is, by task: Recall@1 for retrieval, pixel accuracy for segmentation."""
+  models = [_get(r['summary'], f"models.{r['model']}") or {} for r in runs if r['summary']]
+  if models and all('final_test_recall@1' in m for m in models):
+    return 'R@1'
+  if models and all('final_test_miou' in m for m in models):
+    return 'pixel acc'
+  return 'acc'
+
+
 def _group_value(run: Dict, key: str) -> str:
   if key == 'cell':
     return run['cell']
@@ -312,14 +353,28 @@ def aggregate(runs: List[Dict], group_by: Sequence[str], target: Optional[float]
                                          for r in done])
     wall = [_num(r['summary'].get('wall_time_total_s', r['summary'].get('wall_time_s'))) for r in done]
     row['wall_s_mean'], _ = _mean_std(wall)
-    for name, given in (('published', [_get(r['config'], 'published') for r in rs]),
-                        ('reference', [r['reference'] for r in rs])):
-      d = _first([x for x in given if isinstance(x, dict)]) or {}
+    published = _first([x for x in (_get(r['config'], 'published') for r in rs) if isinstance(x, dict)]) or {}
+    row['published_model'] = 'personalized' if published.get('model') == 'personalized' else ''
+    if row['published_model']:     # the published accuracy is the personal models': compare with theirs
+      row['acc_personal_mean'], row['acc_personal_std'] = _mean_std([metric_value(r, PERSONAL_ACCURACY)
+                                                                     for r in done])
+    for name, d in (('published', published),
+                    ('reference', _first([x for x in (r['reference'] for r in rs) if isinstance(x, dict)]) or {})):
       row[f'{name}_source'] = str(d.get('source') or '')
       row[f'{name}_acc'] = a = _num(d.get('accuracy')) if _finite(d.get('accuracy')) else None
       row[f'{name}_std'] = _num(d.get('accuracy_std')) if _finite(d.get('accuracy_std')) else None
-      m = row['acc_lastk_mean']
+      m = row['acc_personal_mean'] if name == 'published' and row['published_model'] else row['acc_lastk_mean']
       row[f'diff_{name}'] = None if a is None or m is None else m - a
+    for field, _, where in METRICS:    # each task metric the runs report, beside its published number
+      vals = [metric_value(r, where) for r in done]
+      p = _num(published.get(field)) if _finite(published.get(field)) else None
+      if all(v is None for v in vals) and p is None:
+        continue
+      row[f'{field}_mean'], row[f'{field}_std'] = _mean_std(vals)
+      row[f'published_{field}'] = p
+      row[f'published_{field}_std'] = (_num(published.get(f'{field}_std'))
+                                       if _finite(published.get(f'{field}_std')) else None)
+      row[f'diff_{field}'] = None if p is None or row[f'{field}_mean'] is None else row[f'{field}_mean'] - p
     row['failed'] = ' '.join(_run_name(r) for r in rs if not r['finished'])
     row['_runs'] = done
     rows.append(row)
@@ -343,6 +398,10 @@ CSV_FIELDS = ['differs', 'acc_lastk_mean', 'acc_lastk_std', 'acc_final_mean', 'a
               'lambda_max_std', 'lambda_max_runs', 'comm_mb_mean', 'wall_s_mean', 'published_acc',
               'published_std', 'diff_published', 'published_source', 'reference_acc', 'reference_std',
               'diff_reference', 'reference_source', 'failed', 'nonfinite', 'nonfinite_runs', 'torn_lines', 'torn']
+CSV_FIELDS[CSV_FIELDS.index('published_acc'):CSV_FIELDS.index('published_acc')] = [
+    'published_model', 'acc_personal_mean', 'acc_personal_std']
+for _field, _, _ in METRICS:
+  CSV_FIELDS += [f'{_field}_mean', f'{_field}_std', f'published_{_field}', f'published_{_field}_std', f'diff_{_field}']
 
 
 def _r(v, nd=2):
@@ -364,19 +423,31 @@ def _pm(m, s, nd=2):
   return f'{m:.{nd}f}' + (f' ± {s:.{nd}f}' if s is not None else '')
 
 
+def _diff(d) -> str:
+  return '' if d is None else f'{0.0 if abs(d) < 0.005 else d:+.2f}'   # no "-0.00"
+
+
 def markdown_table(rows: List[Dict], group_by: Sequence[str], target: Optional[float]) -> List[str]:
   has = lambda k: any(r.get(k) is not None and r.get(k) != '' for r in rows)   # noqa: E731
   split = any(r.get('differs') for r in rows)
-  head = list(group_by) + (['differs in'] if split else []) + ['model', 'last-K acc (%)', 'final acc (%)', 'seeds']
+  acc = accuracy_label([run for r in rows for run in r.get('_runs', [])])
+  head = list(group_by) + (['differs in'] if split else []) + ['model', f'last-K {acc} (%)', f'final {acc} (%)',
+                                                                'seeds']
   if target is not None:
     head += [f'rounds to {target:g}', f'bits to {target:g}']
   if any(r['lambda_max_runs'] for r in rows):
     head.append('lambda_max')
   head += ['comm (MB)']
+  personal = has('acc_personal_mean')
+  if personal:
+    head += ['personal models acc (%)']
   if has('published_acc'):
     head += ['published (%)', 'diff']
   if has('reference_acc'):
     head += ['reference (%)', 'diff']
+  metrics = [(f, label) for f, label, _ in METRICS if any(f'{f}_mean' in r for r in rows)]
+  for f, label in metrics:
+    head += [f'last-K {label} (%)'] + ([f'published {label} (%)', 'diff'] if has(f'published_{f}') else [])
   lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
   for r in rows:
     cells = [str(r[k]) for k in group_by] + ([r.get('differs', '')] if split else []) + [
@@ -391,12 +462,18 @@ def markdown_table(rows: List[Dict], group_by: Sequence[str], target: Optional[f
     if any(x['lambda_max_runs'] for x in rows):
       cells.append(_pm(r['lambda_max_mean'], r['lambda_max_std']))
     cells.append('' if r['comm_mb_mean'] is None else f"{r['comm_mb_mean']:.0f}")
+    if personal:
+      cells.append(_pm(r.get('acc_personal_mean'), r.get('acc_personal_std')))
     for name in ('published', 'reference'):
       if has(f'{name}_acc'):
         a = r[f'{name}_acc']
         cells.append('' if a is None else _pm(float(a), r[f'{name}_std']))
-        d = r[f'diff_{name}']
-        cells.append('' if d is None else f'{0.0 if abs(d) < 0.005 else d:+.2f}')   # no "-0.00"
+        cells.append(_diff(r[f'diff_{name}']))
+    for f, _ in metrics:
+      cells.append(_pm(r.get(f'{f}_mean'), r.get(f'{f}_std')))
+      if has(f'published_{f}'):
+        p = r.get(f'published_{f}')
+        cells += ['' if p is None else _pm(p, r.get(f'published_{f}_std')), _diff(r.get(f'diff_{f}'))]
     lines.append('| ' + ' | '.join(cells) + ' |')
   return lines
 

@@ -322,23 +322,28 @@ def expand(spec: Dict[str, Any], sweep_dir: str) -> List[Run]:
 def run_config(run: Run):
   """The run's ConfigDict exactly as experiments/train.py builds it from the same command line (absl's
   config flag, --config.algo.* over the registry defaults), validated. SweepError: train.py's one line."""
-  argv = [a for a in run.argv('python') if not a.startswith('--workdir=') and a != '--fresh']
+  return config_from_argv(run.argv('python')[1:], run.key)
+
+
+def config_from_argv(argv: List[str], where: str = 'command'):
+  """The ConfigDict a binary's command line (argv[0] the program; --config=... and --config.* overrides, other
+  flags ignored) builds, exactly as experiments/train.py builds it, validated. SweepError naming `where`."""
+  argv = [argv[0]] + [a for a in argv[1:] if a.startswith('--config')]
   try:
     argv, algo = algo_flags.split_argv(argv)
   except validate.ConfigError as e:
-    raise SweepError(f'{run.key}: {e}') from None
+    raise SweepError(f'{where}: {e}') from None
   bad = cli.preflight(argv)
   if bad:
-    raise SweepError(f'{run.key}: {bad}')
+    raise SweepError(f'{where}: {bad}')
   fv = flags.FlagValues()
-  config_flags.DEFINE_config_file('config', None, 'run config', flag_values=fv, lock_config=True,
-                                 sys_argv=argv[1:])
+  config_flags.DEFINE_config_file('config', None, 'run config', flag_values=fv, lock_config=True, sys_argv=argv)
   try:
-    fv(argv[1:])
+    fv(argv)
     config = algo_flags.apply(fv['config'].value, algo)
     validate.validate_config(config)
   except (flags.Error, validate.ConfigError, ValueError) as e:
-    raise SweepError(f'{run.key}: {e}') from None
+    raise SweepError(f'{where}: {e}') from None
   return config
 
 

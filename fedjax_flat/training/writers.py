@@ -264,15 +264,26 @@ def summarize(records: List[Dict], last_k: int, extra: Dict) -> Dict:
       models[name][f'final_{key}'] = vals[-1]
       models[name][f'mean_last_{last_k}_{key}'] = float(np.mean(vals[-last_k:]))
   out['models'] = models
-  out['reported_model'] = extra.get('reported_model', 'global')
-  if out['reported_model'] in models:
-    m = models[out['reported_model']]
-    out['final_test_accuracy'] = m['final_test_accuracy']
-    out[f'mean_last_{last_k}_test_accuracy'] = m[f'mean_last_{last_k}_test_accuracy']
-    for key, v in m.items():   # the reported model's mIoU (pooled and per test-client group)
-      if key.endswith('_miou'):
-        out[key] = v
+  report(out, extra.get('reported_model', 'global'), last_k)
   return out
+
+
+def report(summary: Dict, model: str, last_k: int, reason: str = '') -> None:
+  """Makes `model` the summary's reported model: its final and last-K accuracy (and mIoU, pooled and per
+  test-client group) become the summary's top-level numbers; `reason` says why when it is not the declared one."""
+  summary['reported_model'] = model
+  if reason:
+    summary['reported_model_reason'] = reason
+  m = summary['models'].get(model)
+  if m is None:
+    return
+  summary['final_test_accuracy'] = m['final_test_accuracy']
+  summary[f'mean_last_{last_k}_test_accuracy'] = m[f'mean_last_{last_k}_test_accuracy']
+  for key in [k for k in summary if k.endswith('_miou')]:
+    del summary[key]
+  for key, v in m.items():
+    if key.endswith('_miou'):
+      summary[key] = v
 
 
 # What the best validation round is chosen by: validation Recall@5. [U] The thesis does not say; the
@@ -332,6 +343,9 @@ def write_summary(workdir: str, summary: Dict) -> None:
               f"{v['best_round']}, {v['selected_by']} {v.get(v['selected_by'], float('nan')):.4f}, test R@1 "
               f"{v.get('test_accuracy', float('nan')):.4f}"]
   lines += personalized_markdown(summary.get('personalized'))
+  facts = summary.get('facts')
+  if facts:   # what the run did that its numbers depend on (the evaluation plug-ins' one-line facts)
+    lines += ['', '## What the run did', ''] + [f'- {v}' for v in facts.values()]
   atomic_write(os.path.join(workdir, 'summary.md'), lambda f: f.write('\n'.join(head + lines) + '\n'))
 
 

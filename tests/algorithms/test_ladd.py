@@ -435,7 +435,7 @@ def _train_config(**over):
   c.model = 'seg_cnn'
   c.model_kwargs = {'norm': 'bn', 'width': 4, 'aux': False, 'conv_impl': 'auto'}
   c.algorithm = 'ladd'
-  c.algo = {'force_k': 2, 'cluster_layers': 'all', 'lambda_kd': 1.0}
+  c.algo = {'force_k': 2, 'cluster_layers': 'all', 'lambda_kd': 1.0, 'random_init': True}
   c.rounds, c.clients_per_round, c.eval_every = 1, 4, 100
   c.client.batch_size, c.client.lr, c.client.momentum, c.client.weight_decay = 2, 0.05, 0.0, 0.0
   c.progress_every_s = 1e9
@@ -505,6 +505,10 @@ def test_registered_ladd_trains_each_client_from_its_cluster():
 
 
 def test_registered_ladd_checks():
+  # no source model and no random init asked for: one line naming the pre-training binary and both fixes
+  with pytest.raises(ConfigError, match=r"init\.pretrained=''.*experiments/pretrain_source\.py.*"
+                                        r"--config\.init\.pretrained=.*--config\.algo\.random_init=True"):
+    validate.validate_config(_train_config(**{'algo.random_init': False}))
   with pytest.raises(ConfigError, match='algo.k_min'):
     validate.validate_config(_train_config(**{'algo.k_min': 5, 'algo.k_max': 4}))
   c = _train_config()

@@ -51,6 +51,8 @@ OWN_DATA = {'ladd': 'seg_synthetic_da'}
 def _own_data(cfg, name):
   if name in OWN_DATA:
     cfg.dataset, cfg.data = OWN_DATA[name], segmentation_data(OWN_DATA[name])
+  if name == 'ladd':        # LADD adapts a source model (the file is the pre-training's; not read here)
+    cfg.init.pretrained = 'source_model.npz'
   return cfg
 
 

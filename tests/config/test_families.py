@@ -139,6 +139,8 @@ def test_every_cell_builds_validates_and_documents(name):
     ('fedsoup_table1.py:retina,fedfomo,leave_out=0', 'Table 1, retina fedfomo', 59.9,
      {'local_acc': 89.70, 'local_acc_std': 0.0, 'global_auc': 63.82, 'global_auc_std': 1.14}),
     ('fedsoup_table1.py:retina,fedbabu,leave_out=-1', 'Table 1, retina fedbabu', 77.65, {'local_auc': 95.10}),
+    ('fedsoup_table1.py:camelyon17_release,fedsoup,leave_out=0', 'Table 1, camelyon17 fedsoup', 72.87,
+     {'local_acc': 85.71, 'model': 'personalized'}),
 ])
 def test_published_numbers(spec, source, acc, extra):
   pub = cfg(spec).published
@@ -413,3 +415,19 @@ def test_paper_table_sweep_leaves_out_the_cells_another_binary_runs():
   assert 'mapillary,central_oracle: experiments/centralized.py' in sweep['description']
   with pytest.raises(ValueError, match='run by another binary'):
     sweep_lib.load_sweep_file(path + ':ladd,only=source_only')
+
+
+def test_fedsoup_release_switch_reads_the_release_files_and_validates():
+  # the release's preprocessed Camelyon17 (its own dataset, no client_by) as a cell option, same published row
+  c = cfg('fedsoup_table1.py:camelyon17_release,fedsoup,leave_out=0')
+  validate_config(c)
+  assert c.dataset == 'camelyon17_release' and c.data.dataset_dir == 'tiny_camelyon17' and 'client_by' not in c.data
+  assert c.clients_per_round == 4 and c.published.model == 'personalized'
+
+
+@pytest.mark.parametrize('algo', ['mime', 'mimelite'])
+def test_mime_cells_carry_the_lr_that_trains(algo):
+  # at the quickstart's lr 0.05 Mime / MimeLite's server momentum diverges (chance accuracy, README.baselines.md);
+  # the family's own cell trains at the sweep's working lr
+  assert cfg(f'baselines_digits.py:algo={algo}').client.lr == 0.005
+  assert cfg('baselines_digits.py:algo=fedavg').client.lr == 0.05

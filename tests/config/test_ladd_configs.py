@@ -22,7 +22,14 @@ def cfg(arg):
   return config_strings.load_config(f'{FAMILY}:{arg}')
 
 
-def test_every_cell_builds_validates_and_carries_its_published_miou():
+def _source_model(tmp_path):
+  """A stand-in for the source model experiments/pretrain_source.py writes (validation checks that it exists)."""
+  path = tmp_path / 'source_model.npz'
+  path.write_bytes(b'')
+  return str(path)
+
+
+def test_every_cell_builds_validates_and_carries_its_published_miou(tmp_path):
   mod = _mod()
   assert len(mod.CELLS) == len(set(mod.CELLS)) == 8 + 4 + 6
   assert 'configs/ladd.py' in mod.__doc__
@@ -30,6 +37,8 @@ def test_every_cell_builds_validates_and_carries_its_published_miou():
   seen = set()
   for cell in mod.CELLS:
     c = mod.get_config(cell)
+    if c.algorithm == 'ladd':      # without a source model LADD stops (tests/algorithms/test_ladd.py)
+      c.init.pretrained = _source_model(tmp_path)
     validate_config(c)
     pub = c.published.to_dict()
     assert pub.get('source') and 0 < pub['miou'] < 100 and f"{pub['miou']:.2f}" in doc, cell
@@ -116,8 +125,12 @@ def test_bad_strings(spec, match):
 
 @pytest.mark.parametrize('method', ['ladd_cls', 'ladd_all', 'fedavg_st', 'fed_oracle', 'ftda', 'central_oracle',
                                     'source_only', 'source_fda', 'central_ftda'])
-def test_synthetic_stand_in_validates_and_publishes_nothing(method):
+def test_synthetic_stand_in_validates_and_publishes_nothing(method, tmp_path):
   c = cfg(f'synthetic,{method}')
+  if c.algorithm == 'ladd':
+    with pytest.raises(ConfigError, match=r'init\.pretrained.*pretrain_source\.py'):
+      validate_config(c)
+    c.init.pretrained = _source_model(tmp_path)
   validate_config(c)
   assert c.dataset == 'seg_synthetic_da' and c.published.to_dict() == {}
   assert c.algorithm == ('ladd' if method in ('ladd_cls', 'ladd_all', 'fedavg_st') else 'fedavg')

@@ -29,3 +29,24 @@ def test_readme_lists_every_cell_of_every_family():
   assert not missing, f'{len(missing)} cells missing from configs/README.md, e.g. {missing[:3]}'
   for key in table_index.NO_CELL:
     assert table_index.NO_CELL[key] in readme
+
+
+def test_readme_family_table_is_generated_from_the_families():
+  """Regenerate with `python experiments/family_table.py` when this fails (a family or a cell was added)."""
+  import importlib.util
+  spec = importlib.util.spec_from_file_location('family_table', os.path.join(REPO, 'experiments', 'family_table.py'))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  assert mod.main(['--check']) == 0
+  table = mod.table()
+  for fam, cells in table_index.family_cells(CONFIGS).items():
+    assert f'| `{fam}.py` |' in table and table.split(f'| `{fam}.py` |')[1].split('\n')[0].endswith(
+        f'| {len(cells)} |'), fam
+
+
+def test_readme_names_every_registered_algorithm():
+  import re
+  from fedjax_flat.algorithms import registry
+  text = re.sub(r'[^a-z0-9]', '', open(os.path.join(REPO, 'README.md')).read().lower())
+  missing = [n for n in registry.names() if re.sub(r'[^a-z0-9]', '', n) not in text]
+  assert not missing, f'README.md does not mention {missing}'

@@ -273,3 +273,51 @@ def test_binary_reports_torn_and_non_finite_in_one_run(tmp_path):
   md = (tmp_path / 'r' / 'report.md').read_text()
   assert '| 1/2 (1 non-finite, not averaged) | 10.0 (1/1) |' in md
   assert 'Runs with a non-finite (NaN / inf) accuracy (shown here, not averaged): A/seed=1' in md
+
+
+def test_task_metrics_and_personalized_accuracy_beside_their_published_numbers(tmp_path):
+  # Segmentation: mIoU (pooled, seen, unseen) from the reported model's summary beside published.miou*; the
+  # accuracy columns say pixel accuracy. Personalized (FedSoup Table 1): published.model='personalized' compares
+  # the published accuracy with the personal models' global-test accuracy, not the server model's.
+  d = str(tmp_path)
+  seg_model = {'final_test_accuracy': 0.9, 'final_test_miou': 0.4, 'mean_last_2_test_miou': 0.40,
+               'mean_last_2_test_seen_miou': 0.5, 'mean_last_2_test_unseen_miou': 0.3}
+  for seed, shift in ((0, 0.0), (1, 0.02)):
+    m = {k: (v + shift if k.startswith('mean_last') else v) for k, v in seg_model.items()}
+    _run(f'{d}/seg/seed={seed}', seed, 'sgd', summary={**_summary(0.9, 0.9), 'models': {'global': m}},
+         published={'source': 'FedDrive Table 6.3', 'miou_seen': 45.0, 'miou_unseen': 35.0, 'miou_seen_std': 1.0})
+  personal = {'local': {'acc_client_mean': 0.7, 'auc_client_mean': 0.8},
+              'global': {'acc_client_mean': 0.6, 'auc_client_mean': 0.75}}
+  _run(f'{d}/soup/seed=0', 0, 'sgd', summary={**_summary(0.83, 0.83), 'models': {'global': {}},
+                                               'personalized': personal},
+       published={'source': 'FedSoup Table 1', 'model': 'personalized', 'accuracy': 65.0, 'local_acc': 72.0,
+                  'local_auc': 80.0, 'global_auc': 70.0})
+  rows = report_lib.aggregate(report_lib.collect(workdirs=[f'{d}/seg/seed=*']), ['cell'])
+  (seg,) = rows
+  assert seg['miou_mean'] == pytest.approx(41.0) and seg['miou_std'] == pytest.approx(1.0)
+  assert seg['miou_seen_mean'] == pytest.approx(51.0) and seg['diff_miou_seen'] == pytest.approx(6.0)
+  assert seg['miou_unseen_mean'] == pytest.approx(31.0) and seg['diff_miou_unseen'] == pytest.approx(-4.0)
+  assert seg['published_miou_seen_std'] == 1.0 and seg['published_miou'] is None
+  md = '\n'.join(report_lib.markdown_table(rows, ['cell'], None))
+  assert 'last-K pixel acc (%)' in md and 'last-K mIoU (%)' in md
+  assert '| 41.00 ± 1.00 |' in md and '| 51.00 ± 1.00 | 45.00 ± 1.00 | +6.00 |' in md
+  (soup,) = report_lib.aggregate(report_lib.collect(workdirs=[f'{d}/soup/seed=0']), ['cell'])
+  assert soup['acc_lastk_mean'] == pytest.approx(83.0)          # the server model, shown as measured
+  assert soup['acc_personal_mean'] == pytest.approx(60.0) and soup['diff_published'] == pytest.approx(-5.0)
+  assert soup['local_acc_mean'] == pytest.approx(70.0) and soup['diff_local_acc'] == pytest.approx(-2.0)
+  assert soup['local_auc_mean'] == pytest.approx(80.0) and soup['diff_local_auc'] == pytest.approx(0.0)
+  assert soup['global_auc_mean'] == pytest.approx(75.0) and soup['diff_global_auc'] == pytest.approx(5.0)
+  md = '\n'.join(report_lib.markdown_table([soup], ['cell'], None))
+  assert 'personal models acc (%)' in md and 'published local AUC (%)' in md
+  assert '| 60.00 ± 0.00 | 65.00 | -5.00 |' in md
+
+
+def test_retrieval_accuracy_is_labelled_recall_at_1(tmp_path):
+  m = {'final_test_accuracy': 0.5, 'final_test_recall@1': 0.5, 'mean_last_2_test_recall@5': 0.7,
+       'mean_last_2_test_recall@10': 0.8}
+  _run(str(tmp_path / 'vpr'), 0, 'sgd', summary={**_summary(0.5, 0.5), 'models': {'global': m}},
+       published={'source': 'thesis Table 6.6', 'accuracy': 46.9})
+  rows = report_lib.aggregate(report_lib.collect(workdirs=[str(tmp_path / 'vpr')]), ['cell'])
+  md = '\n'.join(report_lib.markdown_table(rows, ['cell'], None))
+  assert 'last-K R@1 (%)' in md and 'last-K R@5 (%)' in md and 'last-K R@10 (%)' in md
+  assert rows[0]['recall@5_mean'] == pytest.approx(70.0) and rows[0]['diff_published'] == pytest.approx(3.1)

@@ -36,6 +36,7 @@ import numpy as np
 from fedjax_flat import errors
 from fedjax_flat.data.download import default_data_dir
 from fedjax_flat.data.registry import register
+from fedjax_flat.schema import DataValue
 from fedjax_flat.data.sources.feature_shift import assemble_silos
 from fedjax_flat.data.sources.pfl_npz import read_release
 
@@ -137,9 +138,10 @@ def load_camelyon17(data_dir=None, *, client_by: str = 'center', seed: int = 0, 
 
 
 @register('camelyon17', limits={'client_by': CLIENT_BY, 'num_clients': (5, 5, 'the five hospitals')},
-          rules={'test_patient_fraction': ('number', 0, True, 1, True, 'test share of each client\'s patients'),
-                 'train_per_class': ('int', 0, False, None, False, 'training patches per class; 0 = all'),
-                 'test_per_class': ('int', 0, False, None, False, 'test patches per class; 0 = all')})
+          rules={'test_patient_fraction': DataValue(None, 'number', lo=0, lo_open=True, hi=1, hi_open=True,
+                                                    what='test share of each client\'s patients'),
+                 'train_per_class': DataValue(None, 'int', lo=0, what='training patches per class; 0 = all'),
+                 'test_per_class': DataValue(None, 'int', lo=0, what='test patches per class; 0 = all')})
 def _camelyon17(data_dir=None, num_clients=5, client_by='center', seed=0, test_patient_fraction=0.5,
                 train_per_class=320, test_per_class=140, image_size=96, val_fraction=0.0, global_fraction=0.0,
                 leave_out=-1, **unused):
@@ -156,7 +158,7 @@ RELEASE_URL = 'https://drive.google.com/file/d/1vFMEkm_l6_8KiPOayndbPEDgrek-_eZS
 
 
 @register('camelyon17_release', limits={'num_clients': (5, 5, 'the five clients of the release')},
-          rules={'dataset_dir': ('str',) + (None,) * 4 + ('the folder of the release files under data_dir',)})
+          rules={'dataset_dir': DataValue(None, 'str', what='the folder of the release files under data_dir')})
 def _camelyon17_release(data_dir=None, num_clients=5, dataset_dir='tiny_camelyon17', seed=0, val_fraction=0.0,
                         global_fraction=0.0, leave_out=-1, **unused):
   """Registry builder (config.data): the release's preprocessed tiny Camelyon17 (its own split)."""

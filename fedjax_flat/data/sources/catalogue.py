@@ -15,7 +15,7 @@ import os
 from typing import Dict, List, Sequence
 
 from fedjax_flat.data.download import (ChecksumError, DownloadError, ManualDownloadRequired, Resource,  # noqa: F401
-                                       fetch, lzma_decompress, safe_extract_tar, safe_extract_zip)
+                                       fetch, fetch_all, lzma_decompress, safe_extract_tar, safe_extract_zip)
 from fedjax_flat.data.sources import (camelyon17, cityscapes, feddrive_splits as fds, idda, ladd_data, msls, pam,
                                       retina_fundus, stackoverflow)
 from fedjax_flat.data.sources.celeba import celeba_instructions
@@ -181,9 +181,8 @@ def download_gldv2_images(data_dir: str, shards: Sequence[int], *, opener=None, 
 
 def download_feddrive_splits(data_dir: str, *, opener=None) -> List[str]:
   """FedDrive's released split JSONs (sha256-pinned) into <data_dir>/feddrive_splits/<dataset>/..."""
-  paths = [fetch(Resource(os.path.join('feddrive_splits', *path.split('/')), fds.release_url(path), size,
-                          sha256=sha), data_dir, opener=opener)
-           for path, size, sha in fds.RELEASED_FILES]
+  paths = fetch_all([Resource(os.path.join('feddrive_splits', *path.split('/')), fds.release_url(path), size,
+                              sha256=sha) for path, size, sha in fds.RELEASED_FILES], data_dir, opener=opener)
   return sorted({os.path.dirname(os.path.dirname(p)) for p in paths})
 
 
@@ -221,15 +220,16 @@ def download_gta5(data_dir: str, *, opener=None, progress=None) -> List[str]:
   """GTA5 (LADD's source): the 10 image and 10 label zips of the official site (no published checksums),
   extracted into <data_dir>/gta5/{images,labels}; the split lines are in 'ladd_splits'."""
   root = ladd_data.default_root(data_dir, 'gta5')
-  for r in ladd_data.GTA5_RESOURCES:
+  marker = lambda r: os.path.join(root, f'.{os.path.basename(r.filename)}.done')   # noqa: E731
+
+  def extract(r, path):
     kind = 'images' if '_images' in r.filename else 'labels'
-    marker = os.path.join(root, f'.{os.path.basename(r.filename)}.done')
-    if os.path.isfile(marker):
-      continue
-    safe_extract_zip(fetch(r, data_dir, opener=opener, progress=progress), root)
+    safe_extract_zip(path, root)
     if not os.path.isdir(os.path.join(root, kind)):
       raise DownloadError(f'{r.filename} did not extract into {root}/{kind}/')
-    open(marker, 'w').close()
+    open(marker(r), 'w').close()
+  fetch_all(ladd_data.GTA5_RESOURCES, data_dir, opener=opener, progress=progress, then=extract,
+            done=lambda r: os.path.isfile(marker(r)))
   return [root]
 
 

@@ -32,6 +32,7 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 
 from fedjax_flat.data.registry import check_arg, register
+from fedjax_flat.schema import DataValue
 from fedjax_flat.data.sources import leaf
 from fedjax_flat.data.download import default_data_dir
 from fedjax_flat.errors import DataFormatError
@@ -159,7 +160,7 @@ def _attribute_list(v) -> Tuple[str, ...]:
 
 
 @register('celeba', task='domain_labelled',
-          rules={'num_clients': ('int', 0, False, None, False, 'users drawn at random; 0 = every user')})
+          rules={'num_clients': DataValue(None, 'int', lo=0, what='users drawn at random; 0 = every user')})
 def _celeba(data_dir=None, source='auto', split='', fraction=1.0, iid_user_fraction=1.0, iid_sizes='leaf',
             min_samples=0, train_split='sample', train_fraction=0.9, seed=0, cache=True, num_clients=0,
             max_samples=0, image_size=84, domain_attributes=','.join(ORACLE_ATTRIBUTES), **unused):

@@ -25,8 +25,8 @@ from typing import List, Optional, Sequence, Tuple
 
 from fedjax_flat.data.sources import feddrive_splits as fds
 from fedjax_flat.data.registry import register
-from fedjax_flat.data.sources.segmentation import SegClient, SegmentationSource, lookup_table
-from fedjax_flat.data.transforms.pipeline import SEG_AUGMENT
+from fedjax_flat.data.sources.segmentation import RELEASE_RULES, SegClient, SegmentationSource, lookup_table
+from fedjax_flat.data.transforms.pipeline import SEG_AUGMENT, number
 from fedjax_flat.data.download import default_data_dir
 
 # labelId -> trainId of the 19 evaluated classes (cityscapesScripts helpers/labels.py).
@@ -132,7 +132,10 @@ FIELDS = dict(SEG_AUGMENT, jitter=0.4, flip=False, data_dir='', root='', distrib
               double=True, num_workers=2, cache_clients=0)
 
 
-@register('cityscapes', task='segmentation', fields=FIELDS)
+RULES = dict(RELEASE_RULES, uniform_clients=number(1, integer=True), clients_per_city=number(1, integer=True))
+
+
+@register('cityscapes', task='segmentation', fields=FIELDS, rules=RULES)
 def _cityscapes(data_dir='', root='', distribution='heterogeneous', split_source='generate', split_dir='', seed=0,
                 image_size=(), uniform_clients=146, clients_per_city=fds.CITYSCAPES_CLIENTS_PER_CITY, double=True,
                 num_workers=2, cache_clients=0, **unused):

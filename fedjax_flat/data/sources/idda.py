@@ -33,9 +33,10 @@ from typing import List, Optional, Sequence, Tuple
 
 from fedjax_flat.data.sources import feddrive_splits as fds
 from fedjax_flat.data.registry import register
-from fedjax_flat.data.sources.segmentation import SegClient, SegmentationSource, lookup_table
+from fedjax_flat.data.sources.segmentation import RELEASE_RULES, SegClient, SegmentationSource, lookup_table
 from fedjax_flat.data.transforms.pipeline import SEG_AUGMENT
 from fedjax_flat.data.download import default_data_dir
+from fedjax_flat.schema import Choice
 
 RAW_TO_TRAIN = {1: 2, 2: 4, 4: 11, 5: 5, 6: 0, 7: 0, 8: 1, 9: 8, 10: 13, 11: 3, 12: 7, 13: 6, 16: 15, 17: 14,
                 18: 12, 19: 9, 20: 10}
@@ -133,7 +134,10 @@ FIELDS = dict(SEG_AUGMENT, crop=(512, 928), scale=(0.5, 2.0), scale_mode='resize
               image_size=(1024, 1856), double=False, num_workers=2, cache_clients=0)
 
 
-@register('idda', task='segmentation', fields=FIELDS)
+RULES = dict(RELEASE_RULES, setting=Choice(None, ('country', 'rainy', 'bus'), sort=True))
+
+
+@register('idda', task='segmentation', fields=FIELDS, rules=RULES)
 def _idda(data_dir='', root='', setting='country', distribution='heterogeneous', split_source='generate',
           split_dir='', seed=0, image_size=DEFAULT_IMAGE_SIZE, double=False, num_workers=2, cache_clients=0,
           **unused):

@@ -37,7 +37,7 @@ import json
 import os
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
-from fedjax_flat.data.download import Resource, default_data_dir, fetch
+from fedjax_flat.data.download import Resource, default_data_dir, fetch_all
 from fedjax_flat.data.registry import check_arg, register
 from fedjax_flat.data.sources import cityscapes
 from fedjax_flat.data.sources.feddrive_splits import split_json_files
@@ -183,8 +183,8 @@ def download_hint(data_dir: str) -> str:
 
 def download_released(data_dir: str, *, opener=None) -> List[str]:
   """Every released split file (sha256- and size-pinned) into <data_dir>/ladd_splits/<path>."""
-  return [fetch(Resource(os.path.join('ladd_splits', *path.split('/')), release_url(path), size, sha256=sha),
-                data_dir, opener=opener) for path, size, sha in RELEASED_FILES]
+  return fetch_all([Resource(os.path.join('ladd_splits', *path.split('/')), release_url(path), size, sha256=sha)
+                    for path, size, sha in RELEASED_FILES], data_dir, opener=opener)
 
 
 def gta5_manual_steps(data_dir: str) -> str:

@@ -61,6 +61,7 @@ import numpy as np
 
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.data.registry import check_arg, register
+from fedjax_flat.schema import DataValue
 from fedjax_flat.errors import ConfigError, DataFormatError, reading
 from fedjax_flat.data.download import default_data_dir
 from fedjax_flat.tasks import next_token as text_tasks
@@ -452,7 +453,7 @@ def to_dataset(train: List[User], test: List[User], population: bool, *, num_cla
   return ds
 
 
-@register('femnist', rules={'num_clients': ('int', 0, False, None, False, 'users drawn at random; 0 = every user')})
+@register('femnist', rules={'num_clients': DataValue(None, 'int', lo=0, what='users drawn at random; 0 = every user')})
 def _femnist(data_dir=None, source='auto', split='', fraction=1.0, iid_user_fraction=1.0, iid_sizes='leaf',
              min_samples=0, train_split='sample', train_fraction=0.9, seed=0, cache=True, num_clients=0,
              max_samples=0, **unused):
@@ -472,7 +473,7 @@ def shakespeare_task():
 
 @register('shakespeare',
           task=lambda d: 'next_token' if (d.get('target') or 'sequence') == 'sequence' else 'classification',
-          rules={'num_clients': ('int', 0, False, None, False, 'users drawn at random; 0 = every user')})
+          rules={'num_clients': DataValue(None, 'int', lo=0, what='users drawn at random; 0 = every user')})
 def _shakespeare(data_dir=None, source='auto', split='', fraction=1.0, iid_user_fraction=1.0, iid_sizes='leaf',
                  min_samples=0, train_split='sample', train_fraction=0.9, seed=0, target='sequence', cache=True,
                  num_clients=0, max_samples=0, **unused):

@@ -23,6 +23,7 @@ import numpy as np
 
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.data.registry import check_arg, register
+from fedjax_flat.schema import DataValue
 
 
 def _rot(k: int) -> Callable[[np.ndarray], np.ndarray]:
@@ -94,8 +95,10 @@ def _check(data: dict) -> None:
 
 
 @register('digits_domains', task='domain_labelled', check=_check,
-          rules={'num_domains': ('int', 1, False, MAX_DOMAINS, False, 'planted domains (transforms of the digits)'),
-                 'domains_per_client': ('int', 1, False, MAX_DOMAINS, False, 'domains held by each client')},
+          rules={'num_domains': DataValue(None, 'int', lo=1, hi=MAX_DOMAINS,
+                                          what='planted domains (transforms of the digits)'),
+                 'domains_per_client': DataValue(None, 'int', lo=1, hi=MAX_DOMAINS,
+                                                 what='domains held by each client')},
           limits={'num_domains': (1, MAX_DOMAINS, 'one distinct transform per domain')})
 def _digits_domains(num_clients=20, num_domains=4, domains_per_client=1, test_fraction=0.2, seed=0, **unused):
   del unused

@@ -17,6 +17,7 @@ import os
 
 from fedjax_flat.data.download import default_data_dir
 from fedjax_flat.data.registry import register
+from fedjax_flat.schema import DataValue
 from fedjax_flat.data.sources.feature_shift import assemble_silos
 from fedjax_flat.data.sources.pfl_npz import read_release
 
@@ -42,7 +43,7 @@ def load_retina_fundus(data_dir=None, *, dataset_dir: str = 'retina', seed: int 
 
 
 @register('retina_fundus', limits={'num_clients': (NUM_CLIENTS, NUM_CLIENTS, 'the four institutions')},
-          rules={'dataset_dir': ('str',) + (None,) * 4 + ('the folder of the release files under data_dir',)})
+          rules={'dataset_dir': DataValue(None, 'str', what='the folder of the release files under data_dir')})
 def _retina_fundus(data_dir=None, num_clients=NUM_CLIENTS, dataset_dir='retina', seed=0, val_fraction=0.0,
                    global_fraction=0.0, leave_out=-1, **unused):
   """Registry builder (config.data)."""

@@ -34,8 +34,10 @@ import numpy as np
 
 from fedjax_flat.tasks import segmentation as seg_tasks
 from fedjax_flat.data.federated import FederatedDataset
-from fedjax_flat.data.registry import register
-from fedjax_flat.data.transforms.pipeline import SEG_AUGMENT
+from fedjax_flat.data.registry import check_rules, register
+from fedjax_flat.data.transforms.pipeline import SEG_AUGMENT, number, pair
+from fedjax_flat.errors import ConfigError
+from fedjax_flat.schema import Flag
 
 CLASS_NAMES = ('background', 'rectangle', 'disc', 'triangle')
 IGNORE = 255
@@ -196,7 +198,20 @@ FIELDS = dict(SEG_AUGMENT, crop=(64, 64), scale=(0.75, 1.5), num_domains=6, unse
               max_shapes=3, class_alpha=2.0, client_jitter=0.05, ignore_border=True, seed=0)
 
 
-@register('seg_synthetic', task='segmentation', fields=FIELDS)
+_COUNT = number(1, integer=True)
+RULES = dict(image_size=pair(), num_domains=number(2, integer=True), unseen_domains=_COUNT, clients_per_domain=_COUNT,
+             examples_per_client=_COUNT, client_test_examples=_COUNT, unseen_test_per_domain=_COUNT, max_shapes=_COUNT,
+             class_alpha=number(0, lo_open=True), client_jitter=number(0), ignore_border=Flag(None))
+
+
+def check_fields(d) -> None:
+  """What spans fields (after RULES): images of at least 8 x 8; at least one domain seen in training."""
+  if min(d['image_size']) < 8:
+    raise ConfigError('data.image_size', d['image_size'], 'must be at least (8, 8)')
+  check_rules(d, {'unseen_domains': number(hi=d['num_domains'] - 1, integer=True)})
+
+
+@register('seg_synthetic', task='segmentation', fields=FIELDS, rules=RULES, check=check_fields)
 def _seg_synthetic(num_domains=6, unseen_domains=2, clients_per_domain=3, examples_per_client=24,
                    client_test_examples=6, unseen_test_per_domain=24, image_size=(64, 64), max_shapes=3,
                    class_alpha=2.0, client_jitter=0.05, ignore_border=True, seed=0, **unused):

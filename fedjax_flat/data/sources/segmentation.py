@@ -42,9 +42,21 @@ from fedjax_flat.tasks import segmentation as seg_tasks
 from fedjax_flat.errors import DataFormatError, reading
 from fedjax_flat.data.federated import ClientDataSource
 from fedjax_flat.data.prefetch import DecodePool, prefetch_map
+from fedjax_flat.data.transforms.pipeline import number, pair
+from fedjax_flat.schema import Choice, Flag, String
 
 IGNORE = 255
 RESAMPLE = ('bilinear', 'bicubic', 'nearest')
+
+# The rules of the `config.data` fields the FedDrive release loaders (Cityscapes, IDDA) share; each adds its own
+# (data/registry.py `rules=`).
+_PATH = String(None, 'must be a string (a path; empty = default)')
+RELEASE_RULES = dict(
+    data_dir=_PATH, root=_PATH, split_dir=_PATH,
+    distribution=Choice(None, ('uniform', 'heterogeneous'), sort=True),
+    split_source=Choice(None, ('generate', 'released'), sort=True),
+    image_size=pair(allow_empty=True), double=Flag(None), num_workers=number(1, integer=True),
+    cache_clients=number(0, integer=True))
 
 
 def _pil():

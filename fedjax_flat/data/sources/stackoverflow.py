@@ -45,6 +45,7 @@ from fedjax_flat import errors
 from fedjax_flat.data.sources import pam
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.data.registry import check_arg
+from fedjax_flat.schema import DataValue
 from fedjax_flat.data.registry import register
 from fedjax_flat.data.download import default_data_dir
 from fedjax_flat.tasks import next_token as text_tasks
@@ -363,8 +364,9 @@ def _tokenize_all(src, vocab_path, *, num_clients, vocab_size, sequence_length, 
           'test_x': tx, 'test_y': ty, 'client_ids': np.array(ids, dtype=str)}
 
 
-@register('stackoverflow', task='next_token', rules={'num_clients': ('int', 0, False, None, False,
-                                                  'users sampled as clients; 0 = every user of the training split')})
+@register('stackoverflow', task='next_token',
+          rules={'num_clients': DataValue(None, 'int', lo=0,
+                                          what='users sampled as clients; 0 = every user of the training split')})
 def _stackoverflow(data_dir=None, format='auto', num_clients=0, vocab_size=10000, sequence_length=20,  # noqa: A002
                    max_sentences_per_client=1000, test_examples=10000, seed=0, cache=True, **unused):
   del unused

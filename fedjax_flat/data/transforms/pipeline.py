@@ -18,6 +18,7 @@ from fedjax_flat.data import registry as data_registry
 from fedjax_flat.data.transforms import augment as aug
 from fedjax_flat.data.transforms.transform import Transform, on_inputs
 from fedjax_flat.data.transforms import style_transfer
+from fedjax_flat.schema import Choice, Flag, Number, Pair
 
 # config.data fields of the segmentation augmentation (augment='segmentation': make_seg_augment, style transfer),
 # with their defaults; each segmentation dataset declares them with its own defaults (data/registry.py `fields`).
@@ -34,6 +35,34 @@ SEG_AUGMENT = dict(
     shuffle=True,              # data/batching.py: reshuffle every epoch
 )
 SEG_AUGMENT_FIELDS = tuple(SEG_AUGMENT)   # read here, not by the dataset builders
+
+
+def number(lo=None, hi=None, lo_open=False, integer=False) -> Number:
+  """A `config.data` number of the segmentation datasets (one message per check: type and finiteness, each bound)."""
+  return Number(None, lo=lo, hi=hi, lo_open=lo_open, integer=integer, steps=True,
+                kind_message=f'must be a finite {"integer" if integer else "number"}')
+
+
+def pair(allow_empty: bool = False, integer: bool = True) -> Pair:
+  """Two positive integers (h, w) (or numbers (lo, hi)); () too when `allow_empty`."""
+  what = 'positive integers (h, w)' if integer else 'positive numbers (lo, hi)'
+  return Pair(None, integer=integer, allow_empty=allow_empty,
+              message=f'must be two {what}' + (' or () for none' if allow_empty else ''))
+
+
+# The rule of each augmentation field (config/validate.py checks them, then each dataset's own `rules=`).
+SEG_AUGMENT_RULES = dict(
+    crop=pair(allow_empty=True),
+    scale=pair(integer=False),
+    scale_mode=Choice(None, ('scale_crop', 'resized_crop'), sort=True),
+    flip=Flag(None),
+    jitter=number(0, 1),
+    style=Choice(None, ('none', 'cfsi', 'lab'), sort=True),
+    style_fraction=number(0, 1),
+    cfsi_window=number(0, 0.5, lo_open=True),
+    style_max_per_client=number(0, integer=True),
+    shuffle=Flag(None),
+)
 
 
 def _mixup_valid(rng, batch, num_classes, alpha=1.0):

@@ -76,3 +76,32 @@ def test_idda_manual_step(tmp_path):
   F.make_idda(root, ['T01_CN_A'], per_domain=1)
   assert catalogue.download('idda', str(tmp_path)) == [root]
   assert {'feddrive_splits', 'cityscapes', 'idda'} <= set(catalogue.DATASETS)
+
+
+def test_offline_multi_file_sets_list_every_missing_file_at_once(server, tmp_path, monkeypatch):
+  # 3 released files, 2 of them unreachable: the one that is there arrives, and one error lists both others with
+  # their URLs and the paths to place them at (not one file per attempt)
+  handler, base = server
+  data_dir = str(tmp_path / 'data')
+  bodies = {f'cityscapes/uniform/train/all_data_{i}.json': f'{{"users": [{i}]}}'.encode() for i in range(3)}
+  table = tuple((rel, len(b), hashlib.sha256(b).hexdigest()) for rel, b in bodies.items())
+  first = next(iter(bodies))
+  handler.files[f'/{fds.RELEASE_COMMIT}/data/' + first.replace('cityscapes/', 'cityscapes/data/', 1)] = bodies[first]
+  monkeypatch.setattr(fds, 'RELEASED_FILES', table)
+  monkeypatch.setattr(fds, 'RELEASE_URL', base + '/{commit}/data/{dataset}/data/{rest}')
+  with pytest.raises(dl.DownloadError) as e:
+    catalogue.download('feddrive_splits', data_dir, opener=_opener())
+  msg = str(e.value)
+  assert msg.startswith('2 of 3 files could not be downloaded')
+  for rel in list(bodies)[1:]:
+    assert os.path.join(data_dir, 'feddrive_splits', *rel.split('/')) in msg
+    assert fds.release_url(rel) in msg
+  assert os.path.isfile(os.path.join(data_dir, 'feddrive_splits', *first.split('/')))
+  # placed by hand (as the message says), the same command completes
+  for rel, b in list(bodies.items())[1:]:
+    path = os.path.join(data_dir, 'feddrive_splits', *rel.split('/'))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, 'wb') as f:
+      f.write(b)
+  assert catalogue.download('feddrive_splits', data_dir, opener=_opener()) == [
+      os.path.join(data_dir, 'feddrive_splits', 'cityscapes', 'uniform')]

@@ -132,3 +132,27 @@ def test_transforms_build_the_style_bank_and_run():
   np.testing.assert_allclose(np.asarray(pre(x[:1])), x[:1] / 127.5 - 1.0, atol=1e-6)
   train_plain, _ = transforms.make_transforms(_seg_config(**SMALL), ds.num_classes)
   assert train_plain.style_bank is None
+
+
+@pytest.mark.parametrize('name', ['cityscapes', 'idda', 'seg_synthetic'])
+def test_every_declared_field_has_its_modules_rule(name):
+  # A segmentation dataset's fields are checked by rules its module declares (data/registry.py `rules=`), the
+  # shared augmentation rules (data/transforms/pipeline.py) and the split seed: none is left unchecked.
+  from fedjax_flat.data.transforms.pipeline import SEG_AUGMENT_RULES
+  own = data_registry.DATASETS.meta(name, 'rules')
+  unchecked = set(data_registry.declared_fields(name)) - set(own) - set(SEG_AUGMENT_RULES) - {'seed'}
+  assert not unchecked, unchecked
+  for k, rule in own.items():   # the declared default passes its own rule
+    assert rule.why_not(data_registry.declared_fields(name)[k]) is None, (name, k)
+
+
+def test_dataset_rules_must_be_schema_rules():
+  with pytest.raises(TypeError, match=r"rules\['n'\] must be a fedjax_flat.schema rule"):
+    data_registry.register('tuple_rules_refused', rules={'n': ('int', 0, False, None, False, 'n')})(lambda: None)
+  assert 'tuple_rules_refused' not in data_registry.names()
+
+
+def test_limits_are_stored_as_schema_rules():
+  limit = data_registry.DATASETS.meta('camelyon17', 'limits')['num_clients']
+  assert limit.why_not(5) is None
+  assert limit.why_not(4) == "dataset 'camelyon17' needs 5 <= num_clients <= 5 (the five hospitals)"

@@ -55,3 +55,47 @@ def test_final_entries_of_swa_and_messages():
   assert summary == {}
   t.algorithm = types.SimpleNamespace(counters=None)   # an algorithm without counters: no plug-in
   assert 'messages' not in [e.name for e in registry.selected(t)]
+
+
+def test_what_the_run_did_is_in_summary_json_and_summary_md(tmp_path):
+  # LADD's clusters (client -> cluster, sizes, silhouettes, purity against the planted styles), FedVC's virtual
+  # clients and an SWA model never averaged: fields of summary.json and lines of summary.md
+  from fedjax_flat.grouping.style_clusters import StyleClustering
+  from fedjax_flat.training import writers
+  from fedjax_flat.training.evals import style_clusters, virtual_clients
+  t = _stand_in(**{'swa.enabled': True, 'fedvc.virtual_size': 4})
+  t.style_clusters = StyleClustering(2, np.array([0, 0, 1, 1, 1]), np.zeros((2, 3)), {2: 0.61, 3: 0.42}, 0.0)
+  t.data = types.SimpleNamespace(client_style=np.array([1, 1, 0, 0, 1]), virtual_of=np.array([0, 0, 0, 1, 2, 2]))
+  t.round, t.config.rounds = 3, 3
+  t.server_state = {'swa': {'n': np.int32(0)}}
+  assert {'style_clusters', 'virtual_clients', 'swa'} <= {e.name for e in registry.selected(t)}
+  summary = {'rounds_completed': 3, 'models': {}}
+  for plugin in (style_clusters, virtual_clients, swa):
+    plugin._final(t, summary, 'global')
+  assert summary['style_clusters'] == {'k': 2, 'client_cluster': [0, 0, 1, 1, 1], 'sizes': [2, 3],
+                                       'silhouette': {'2': 0.61, '3': 0.42}, 'planted_purity': 0.8}
+  assert summary['virtual_clients'] == {'virtual_size': 4, 'virtual_clients': 6, 'real_clients': 3,
+                                        'per_real_client': [3, 1, 2]}
+  assert summary['swa_averages'] == 0
+  writers.write_summary(str(tmp_path), summary)
+  md = (tmp_path / 'summary.md').read_text()
+  assert '## What the run did' in md
+  assert 'k = 2 clusters of sizes [2, 3]; purity against the 2 planted styles 0.800' in md
+  assert 'cut into 6 virtual clients of 4 examples' in md and 'SWA never averaged a model in 3 rounds' in md
+
+
+def test_a_never_averaged_swa_model_is_not_reported():
+  from fedjax_flat.training import writers
+  t = _stand_in(**{'swa.enabled': True, 'summary_last_k': 1})
+  t.round, t.config.rounds = 3, 3
+  t.server_state = {'swa': {'n': np.int32(0)}}
+  rec = [{'round': 3, 'test_accuracy': 0.6267, 'test_loss': 1.0, 'swa/test_accuracy': 0.5543, 'swa/test_loss': 2.0}]
+  summary = writers.summarize(rec, 1, {'reported_model': 'swa'})
+  assert summary['final_test_accuracy'] == 0.5543
+  swa._final(t, summary, 'swa')
+  assert summary['reported_model'] == 'global' and summary['final_test_accuracy'] == 0.6267
+  assert summary['mean_last_1_test_accuracy'] == 0.6267 and 'never averaged' in summary['reported_model_reason']
+  t.server_state = {'swa': {'n': np.int32(2)}}     # averaged: SWA stays the result
+  summary = writers.summarize(rec, 1, {'reported_model': 'swa'})
+  swa._final(t, summary, 'swa')
+  assert summary['reported_model'] == 'swa' and summary['final_test_accuracy'] == 0.5543
