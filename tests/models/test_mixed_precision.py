@@ -4,7 +4,25 @@ outputs are float32, finite and close to the float32 model's.
 
 Tolerances (bfloat16 keeps 8 significant bits, a relative rounding of 2^-8 = 0.4% per operation): the outputs'
 relative L2 error against the float32 model's <= 5% and the cosine of the two gradients >= 0.98 (measured on
-these inputs: 0.25-0.9% and >= 0.995, e.g. cifar_cnn 0.34% / 0.9997, seg_cnn 0.94% / 0.995).
+these inputs: 0.25-0.9% and >= 0.995, e.g. cifar_cnn 0.34% / 0.9997, seg_cnn 0.94% / 0.995), or, for a network
+whose float32 computation is itself that sensitive, within FLOOR_FACTOR of its floor: the error of the float32
+model given only its parameters and input rounded to bfloat16 (no bfloat16 arithmetic at all). No precision policy
+can beat the floor, so the test bounds what the policy adds to it.
+
+Why deep networks need the floor: at random init in train mode they are chaotic (batch / group statistics over a
+few values per channel); any perturbation grows geometrically with depth. deeplabv3_mobilenetv2 at 32x32 x 4, the
+relative error of the sown activations block by block: rounded input 0.2% (first block), 1.3%, 3.7%, 9.5%, 41%,
+87% (last); bfloat16 0.3%, 2.5%, 7.7%, 16%, 57%, 96%: about twice the floor at every layer, no layer (normalization,
+pooling, upsampling) jumping; the output error is 94% with the rounded input alone. It stays chaotic at 64x64 x 8
+(rounded input 31%, bfloat16 53%), so a larger input does not make the comparison fair, the floor does. Flax's
+normalization layers already compute statistics and the normalization in float32 (x - mean promotes to float32)
+and return the input's dtype. FLOOR_FACTOR 4: bfloat16 rounds every layer's input and output (about twice the
+floor, above) and the backward pass again; measured bfloat16 / floor at 16-32 px x 4: output error 1.6-2.3x,
+gradient (1 - cosine) 1.1-3.6x (bisenetv2 3.6x).
+
+The loss is a fixed random projection of the outputs, mean(out * r): its gradient is the model's Jacobian applied
+to r, never zero (mean(out^2) is constant for vpr_resnet18's L2-normalised descriptors: its float32 gradient is
+1e-8, and the cosine of two rounding noises said nothing).
 """
 import dataclasses
 
@@ -18,6 +36,7 @@ from fedjax_flat.config.default_config import default_config
 from fedjax_flat.models import base, registry
 
 OUT_RTOL, GRAD_COS = 0.05, 0.98
+FLOOR_FACTOR = 4.0
 
 # name -> (num_classes, per-example input shape, model kwargs): the smallest configuration of each model. FAST:
 # one model of each kind of layer (im2col convolution + GroupNorm + the reshape pool, dense, embedding + LSTM over
@@ -60,7 +79,20 @@ def _inputs(name, nc, shape):
   return jax.random.normal(key, (4,) + shape)
 
 
+def _round(tree):
+  """Each floating leaf rounded to bfloat16 and held as float32 again: the float32 model's own input error."""
+  return jax.tree.map(lambda a: a.astype(jnp.bfloat16).astype(jnp.float32) if base._floating(a) else a, tree)
+
+
+def _errors(out, grad, out_ref, grad_ref):
+  """(relative L2 error of the outputs, cosine of the flattened gradients) against the reference."""
+  rel = float(jnp.linalg.norm(out - out_ref) / jnp.linalg.norm(out_ref))
+  a, b = (jnp.concatenate([v.ravel() for v in jax.tree.leaves(g)]) for g in (grad, grad_ref))
+  return rel, float(a @ b / (jnp.linalg.norm(a) * jnp.linalg.norm(b)))
+
+
 def _check(name):
+  """Returns (rel, cos) of the bfloat16 model and (rel, cos) of the floor (module docstring)."""
   nc, shape, kw = {**FAST, **SLOW}[name]
   m32 = registry.get_model(name, nc, shape, **kw)
   m16 = registry.get_model(name, nc, shape, compute_dtype='bfloat16', **kw)
@@ -68,27 +100,34 @@ def _check(name):
   x = _inputs(name, nc, shape)
   p = m16.init(jax.random.key(1), x)
   assert {a.dtype for a in jax.tree.leaves(p)} == {jnp.dtype(jnp.float32)}
+  out_shape = jax.eval_shape(lambda: jax.tree.leaves(m32.apply(p, x, train=True, rng=jax.random.key(2)))[0]).shape
+  r = jax.random.normal(jax.random.key(3), out_shape)
 
-  def value_and_grad(m):
+  def value_and_grad(m, q, xx):
     def f(q):
-      out = jax.tree.leaves(m.apply(q, x, train=True, rng=jax.random.key(2)))[0]   # logits (main head)
-      return jnp.mean(out ** 2), out
-    return jax.jit(jax.value_and_grad(f, has_aux=True))(p)
+      out = jax.tree.leaves(m.apply(q, xx, train=True, rng=jax.random.key(2)))[0]   # logits (main head)
+      return jnp.mean(out * r), out
+    (_, out), g = jax.jit(jax.value_and_grad(f, has_aux=True))(q)
+    return out, g
 
-  (_, o32), g32 = value_and_grad(m32)
-  (_, o16), g16 = value_and_grad(m16)
+  o32, g32 = value_and_grad(m32, p, x)
+  o16, g16 = value_and_grad(m16, p, x)
   assert o16.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(o16)))
   assert {a.dtype for a in jax.tree.leaves(g16)} == {jnp.dtype(jnp.float32)}
-  rel = float(jnp.linalg.norm(o16 - o32) / jnp.linalg.norm(o32))
-  assert 0 < rel <= OUT_RTOL, rel          # > 0: the bfloat16 model did compute in another precision
-  a, b = (jnp.concatenate([v.ravel() for v in jax.tree.leaves(g)]) for g in (g16, g32))
-  cos = float(a @ b / (jnp.linalg.norm(a) * jnp.linalg.norm(b)))
-  assert cos >= GRAD_COS, cos
+  rel, cos = _errors(o16, g16, o32, g32)
+  assert rel > 0                 # the bfloat16 model did compute in another precision
+  # the floor: float32 arithmetic on rounded params (running statistics stay float32) and input (ids are exact)
+  p_low = {**p, 'params': _round(p['params'])} if m32.batch_stats else _round(p)
+  floor_rel, floor_cos = _errors(*value_and_grad(m32, p_low, x if name.endswith('_lstm') else _round(x)), o32, g32)
+  assert rel <= max(OUT_RTOL, FLOOR_FACTOR * floor_rel), (rel, floor_rel)
+  assert 1 - cos <= max(1 - GRAD_COS, FLOOR_FACTOR * (1 - floor_cos)), (cos, floor_cos)
+  return (rel, cos), (floor_rel, floor_cos)
 
 
 @pytest.mark.parametrize('name', sorted(FAST))
 def test_bf16_forward_backward(name):
-  _check(name)
+  (rel, cos), _ = _check(name)
+  assert rel <= OUT_RTOL and cos >= GRAD_COS, (rel, cos)     # the shallow models meet the plain tolerance
 
 
 @pytest.mark.slow
