@@ -44,7 +44,7 @@ def _recall_by_client(desc, y, client, threshold, ks=(1, 5, 10)):
 
 
 def test_fedavg_trains_the_retrieval_task_with_one_program():
-  t = trainers.make_trainer(tiny_config())
+  t = trainers.make_trainer(tiny_config(rounds=2))
   assert len(set(t.data.client_sizes().tolist())) > 1        # clients of different sizes: padded and masked
   t.train()
   rec = t.records[-1] if t.records else None
