@@ -13,7 +13,8 @@ TUTORIAL = 'docs/tutorial_custom_algorithm.py'
 
 def test_the_tutorial_runs_end_to_end(tmp_path):
   out = tmp_path / 'tut'
-  p = subprocess.run([sys.executable, TUTORIAL, '--rounds=2', '--lanczos_steps=8', '--probes=2', f'--out={out}'], cwd=REPO, capture_output=True,
+  p = subprocess.run([sys.executable, TUTORIAL, '--rounds=2', '--lanczos_steps=8', '--probes=2', f'--out={out}'],
+                     cwd=REPO, capture_output=True,
                      text=True, timeout=900)
   assert p.returncode == 0, p.stderr[-3000:]
   text = p.stdout + p.stderr
