@@ -86,8 +86,5 @@ def adabest(ctx) -> FederatedAlgorithm:
     return {**new, 'avg_prev': avg, 'n_sum': state['n_sum'] + agg['uniform']['n'] * agg['num_clients'],
             'n_cnt': state['n_cnt'] + agg['num_clients']}
 
-  def eval_models(state):
-    return {'global': (state['params'], jnp.bool_(True))}
-
   return FederatedAlgorithm('adabest', server_init, broadcast, client_init, client_step, client_final,
-                            server_update, eval_models, client_state_init=client_state_init)
+                            server_update, client_state_init=client_state_init)

@@ -58,8 +58,5 @@ def fedacg(ctx) -> FederatedAlgorithm:
     target = tmap(lambda w, mm: w + mm, state['params'], m)
     return {**server_step_to(server_tx, state, target), 'm': m}
 
-  def eval_models(state):
-    return {'global': (state['params'], jnp.bool_(True))}
-
   return FederatedAlgorithm('fedacg', server_init, broadcast, client_init, client_step, client_final,
-                            server_update, eval_models)
+                            server_update)

@@ -9,7 +9,6 @@ With client optimizer SAM / ASAM this is FedSAM / FedASAM (the server stays FedA
 """
 from __future__ import annotations
 
-import jax.numpy as jnp
 import optax
 
 from fedjax_flat.algorithms import local as local_lib
@@ -49,11 +48,8 @@ def fedavg(model, loss_fn, client_cfg, server_tx: optax.GradientTransformation, 
     updates, opt_state = server_tx.update(agg['weighted']['delta'], state['opt_state'], state['params'])
     return {**state, 'params': optax.apply_updates(state['params'], updates), 'opt_state': opt_state}
 
-  def eval_models(state):
-    return {'global': (state['params'], jnp.bool_(True))}
-
   return FederatedAlgorithm(name, server_init, broadcast, client_init, client_step, client_final,
-                            server_update, eval_models)
+                            server_update)
 
 
 @register('fedavg', needs=('batch_stats',))

@@ -64,8 +64,5 @@ def fedcm(ctx) -> FederatedAlgorithm:
     return {**state, 'params': optax.apply_updates(state['params'], updates), 'opt_state': opt_state,
             'd': agg['weighted']['d']}
 
-  def eval_models(state):
-    return {'global': (state['params'], jnp.bool_(True))}
-
   return FederatedAlgorithm('fedcm', server_init, broadcast, client_init, client_step, client_final,
-                            server_update, eval_models, comm_down=2.0, comm_up=1.0)
+                            server_update, comm_down=2.0, comm_up=1.0)

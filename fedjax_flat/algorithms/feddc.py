@@ -86,12 +86,9 @@ def feddc(ctx) -> FederatedAlgorithm:
     new = server_step_to(server_tx, state, target)
     return {**new, 'hbar': hbar, 'c': tmap(lambda c, dc: c + frac * dc, state['c'], mean_dc)}
 
-  def eval_models(state):
-    return {'global': (state['params'], jnp.bool_(True))}
-
   def client_state_init(params):
     return {'h': tmap(jnp.zeros_like, params), 'c': tmap(jnp.zeros_like, params)}
 
   return FederatedAlgorithm('feddc', server_init, broadcast, client_init, client_step, client_final,
-                            server_update, eval_models, client_state_init=client_state_init,
+                            server_update, client_state_init=client_state_init,
                             comm_down=2.0, comm_up=2.0)

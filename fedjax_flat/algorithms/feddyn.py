@@ -64,8 +64,5 @@ def feddyn(ctx) -> FederatedAlgorithm:
     target = tmap(lambda w, d, hh: w + d - hh / alpha, state['params'], drift, h)  # mean theta_k - h/alpha
     return {**server_step_to(server_tx, state, target), 'h': h}
 
-  def eval_models(state):
-    return {'global': (state['params'], jnp.bool_(True))}
-
   return FederatedAlgorithm('feddyn', server_init, broadcast, client_init, client_step, client_final,
-                            server_update, eval_models, client_state_init=lambda p: tmap(jnp.zeros_like, p))
+                            server_update, client_state_init=lambda p: tmap(jnp.zeros_like, p))

@@ -162,12 +162,9 @@ def fedfomo(model, loss_fn, task, client_cfg, client_tx, *, num_clients: int, nu
     return {**state, 'params': agg['weighted']['params'], 'models': models,
             'seen': jnp.maximum(state['seen'], filled.astype(jnp.float32))}
 
-  def eval_models(state):
-    return {'global': (state['params'], jnp.bool_(True))}
-
   return FederatedAlgorithm(name, server_init, broadcast, client_init, client_step, client_final, server_update,
-                            eval_models, client_state_init=client_state_init, num_phases=2,
-                            comm_down=m / 2.0, comm_up=0.5, personalizer=Personalizer('fedfomo', _personalizer))
+                            client_state_init=client_state_init, num_phases=2, comm_down=m / 2.0, comm_up=0.5,
+                            personalizer=Personalizer('fedfomo', _personalizer))
 
 
 def _personalizer(algorithm, server_state, client_state):

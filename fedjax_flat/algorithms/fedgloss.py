@@ -199,15 +199,12 @@ def fedgloss_builder(ctx) -> FederatedAlgorithm:
     new, delta = descent(state, agg, eps_of(state, round_idx))
     return {**new, 'delta_prev': delta, 'has_prev': jnp.bool_(True)}
 
-  def eval_models(state):
-    return {'global': (state['params'], jnp.bool_(True))}
-
   return FederatedAlgorithm(
       'fedgloss', server_init, broadcast,
       lambda bcast, cs, rng: client_init(bcast, cs),
       client_step,
       client_final,
-      server_update, eval_models, client_state_init=client_state_init)
+      server_update, client_state_init=client_state_init)
 
 
 @register('naive_fedgloss', hparams=HPARAMS, needs=('client_state',), check_data=check_data,
@@ -248,9 +245,6 @@ def naive_fedgloss_builder(ctx) -> FederatedAlgorithm:
     new, _ = descent(state, agg, eps)
     return new
 
-  def eval_models(state):
-    return {'global': (state['params'], jnp.bool_(True))}
-
   return FederatedAlgorithm('naive_fedgloss', server_init, broadcast, n_client_init, n_client_step,
-                            n_client_final, server_update, eval_models, client_state_init=client_state_init,
+                            n_client_final, server_update, client_state_init=client_state_init,
                             num_phases=2, comm_down=1.0, comm_up=1.0)

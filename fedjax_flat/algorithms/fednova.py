@@ -96,8 +96,5 @@ def fednova(ctx) -> FederatedAlgorithm:
     updates, opt_state = server_tx.update(delta, state['opt_state'], state['params'])
     return {**state, 'params': optax.apply_updates(state['params'], updates), 'opt_state': opt_state}
 
-  def eval_models(state):
-    return {'global': (state['params'], jnp.bool_(True))}
-
   return FederatedAlgorithm('fednova', server_init, broadcast, client_init, client_step, client_final,
-                            server_update, eval_models)
+                            server_update)

@@ -18,7 +18,6 @@ head_epochs = 0 is FedAvg on the body with every client keeping its (untrained) 
 """
 from __future__ import annotations
 
-import jax.numpy as jnp
 import optax
 
 from fedjax_flat.algorithms import local as local_lib
@@ -72,11 +71,8 @@ def fedrep(model, loss_fn, client_cfg, server_tx: optax.GradientTransformation, 
     updates, opt_state = server_tx.update(agg['weighted']['delta'], state['opt_state'], state['params'])
     return {**state, 'params': optax.apply_updates(state['params'], updates), 'opt_state': opt_state}
 
-  def eval_models(state):
-    return {'global': (state['params'], jnp.bool_(True))}
-
   inner = FederatedAlgorithm(name + '.inner', server_init, broadcast, client_init, client_step, client_final,
-                             server_update, eval_models, num_phases=num_phases,
+                             server_update, num_phases=num_phases,
                              comm_down=1.0 / num_phases, comm_up=1.0 / num_phases)
   return local_norm.with_local_norm(inner, name=name, select=partition.is_head_path(partition.require_head(model)))
 

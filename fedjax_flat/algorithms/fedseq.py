@@ -180,8 +180,5 @@ def fedasyncseq(base: FederatedAlgorithm, server_tx: optax.GradientTransformatio
               'p': p}
     return {**state, **jax.lax.cond(merge, do_merge, keep, None)}
 
-  def eval_models(state):
-    return {'global': (state['params'], jnp.bool_(True))}
-
   return base.replace(server_init=server_init, broadcast=broadcast,
-                      server_update=server_update, eval_models=eval_models)
+                      server_update=server_update)

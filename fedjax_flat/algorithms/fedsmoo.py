@@ -88,10 +88,7 @@ def fedsmoo(ctx) -> FederatedAlgorithm:
     s = tmap(lambda m: (rho / (global_norm(mu_bar) + 1e-12)) * m, mu_bar)
     return {**server_step_to(server_tx, state, target), 'h': h, 's': s}
 
-  def eval_models(state):
-    return {'global': (state['params'], jnp.bool_(True))}
-
   return FederatedAlgorithm('fedsmoo', server_init, broadcast, client_init, client_step, client_final,
-                            server_update, eval_models,
+                            server_update,
                             client_state_init=lambda p: {'sigma': zeros(p), 'mu': zeros(p)},
                             comm_down=2.0, comm_up=2.0)

@@ -172,11 +172,8 @@ def fedsoup(model, loss_fn, client_cfg, server_tx, *, client_tx=None, start: int
     return {**state, 'params': optax.apply_updates(state['params'], updates), 'opt_state': opt_state,
             'soup_accept_rate': agg['uniform']['accepted'], 'soup_mean_size': agg['uniform']['soup_size']}
 
-  def eval_models(state):
-    return {'global': (state['params'], jnp.bool_(True))}
-
   return FederatedAlgorithm(name, server_init, broadcast, client_init, client_step, client_final,
-                            server_update, eval_models, client_state_init=client_state_init,
+                            server_update, client_state_init=client_state_init,
                             personalizer=personalization.Personalizer('fedsoup', _fedsoup_personalizer))
 
 

@@ -133,8 +133,5 @@ def fedspeed(ctx) -> FederatedAlgorithm:
     target = tmap(lambda x, s: x - lam * s / n_pop, agg['uniform']['x'], g_sum)
     return {**server_step_to(server_tx, state, target), 'g_sum': g_sum}
 
-  def eval_models(state):
-    return {'global': (state['params'], jnp.bool_(True))}
-
   return FederatedAlgorithm('fedspeed', server_init, broadcast, client_init, client_step, client_final,
-                            server_update, eval_models, client_state_init=lambda p: tmap(jnp.zeros_like, p))
+                            server_update, client_state_init=lambda p: tmap(jnp.zeros_like, p))

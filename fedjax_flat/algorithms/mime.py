@@ -129,9 +129,6 @@ def _mime(ctx, name: str, lite: bool) -> FederatedAlgorithm:
       out['grad'] = tmap(lambda s: s / jnp.maximum(local.extra['n'], 1.0), local.extra['gsum'])
     return {'weighted': out, 'uniform': {}}
 
-  def eval_models(state):
-    return {'global': (state['params'], jnp.bool_(True))}
-
   if lite:
     def client_init(bcast, cs, rng):
       del cs, rng
@@ -146,7 +143,7 @@ def _mime(ctx, name: str, lite: bool) -> FederatedAlgorithm:
       return server_step(state, agg['weighted']['delta'], agg['weighted']['grad'])
 
     return FederatedAlgorithm(name, server_init, broadcast, client_init, train_step, client_final,
-                              server_update, eval_models, comm_down=2.0 if beta else 1.0, comm_up=2.0)
+                              server_update, comm_down=2.0 if beta else 1.0, comm_up=2.0)
 
   # -- Mime: phase 0 = full-batch gradient at x, phase 1 = training
   def client_init(bcast, cs, rng, *, phase):
@@ -177,7 +174,7 @@ def _mime(ctx, name: str, lite: bool) -> FederatedAlgorithm:
     return server_step(state, agg['weighted']['delta'], state['c'])
 
   return FederatedAlgorithm(name, server_init, broadcast, client_init, client_step, client_final,
-                            server_update, eval_models, num_phases=2,
+                            server_update, num_phases=2,
                             comm_down=(3.0 if beta else 2.0) / 2, comm_up=1.0)
 
 

@@ -69,11 +69,8 @@ def scaffold_algorithm(ctx, hp, name: str) -> FederatedAlgorithm:
     new['c'] = tmap(lambda c, dc: c + frac * dc, state['c'], agg['uniform']['dc'])
     return new
 
-  def eval_models(state):
-    return {'global': (state['params'], jnp.bool_(True))}
-
   return FederatedAlgorithm(name, server_init, broadcast, client_init, client_step, client_final,
-                            server_update, eval_models, client_state_init=lambda p: tmap(jnp.zeros_like, p),
+                            server_update, client_state_init=lambda p: tmap(jnp.zeros_like, p),
                             comm_down=2.0, comm_up=2.0)
 
 

@@ -17,7 +17,8 @@ schedules (see WORKSPACE.md for the data flow):
   server_update(server_state, agg, round, phase) -> server_state
         agg = {'weighted': mean, 'uniform': mean, 'num_clients': |C^t|, 'total_weight': N}
   eval_models(server_state) -> {name: (params, active)}   the models to evaluate ('global', 'swa', ...);
-                                                           `active` is a bool array (static structure)
+                                                           `active` is a bool array (static structure);
+                                                           default (None): FedAvg's, {'global': state['params']}
   client_state_init(params) -> template of one client's persistent state (None: stateless). Never-seen
                                clients start from this template (lazy zero init).
   initial_client_states(params) -> every client's initial persistent state, stacked [K, ...] over the population
@@ -65,9 +66,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, FrozenSet, Mapping, Optional, Tuple
 
+import jax.numpy as jnp
+
 from fedjax_flat.optimizers.server import WEIGHTINGS  # noqa: F401  (client_weighting: config.server.weighting)
 
 Params = Any
+
+
+def global_model(state):
+  """FedAvg's eval_models: the server state's 'params', always active (the contract's default)."""
+  return {'global': (state['params'], jnp.bool_(True))}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +104,7 @@ class FederatedAlgorithm:
   client_step: Callable
   client_final: Callable
   server_update: Callable
-  eval_models: Callable
+  eval_models: Optional[Callable] = None   # None: FedAvg's, the global model `state['params']` (global_model)
   client_state_init: Optional[Callable] = None
   initial_client_states: Optional[Callable] = None
   num_phases: int = 1
@@ -116,6 +124,10 @@ class FederatedAlgorithm:
   style_clusters: Any = None
   chain: Optional[ChainSpec] = None
   local_batch_stats: bool = False
+
+  def __post_init__(self):
+    if self.eval_models is None:     # the contract's default: most algorithms evaluate only their global model
+      object.__setattr__(self, 'eval_models', global_model)
 
   @property
   def label(self) -> str:
