@@ -14,7 +14,7 @@ import optax
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.common import make_hparams_fn, tree_sub
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast, fedavg_server_init
 from fedjax_flat.optimizers.client import client_optimizer
 
 
@@ -24,13 +24,8 @@ def fedavg(model, loss_fn, client_cfg, server_tx: optax.GradientTransformation, 
   hparams_fn = make_hparams_fn(client_cfg)
   tx = client_optimizer(client_cfg) if client_tx is None else client_tx
 
-  def server_init(params, rng):
-    del rng
-    return {'params': params, 'opt_state': server_tx.init(params)}
-
-  def broadcast(state, round_idx, phase=0):
-    del phase
-    return {'params': state['params'], 'hparams': hparams_fn(round_idx)}
+  server_init = fedavg_server_init(server_tx)
+  broadcast = fedavg_broadcast(hparams_fn)
 
   def client_init(bcast, client_state, rng):
     del client_state, rng

@@ -21,7 +21,7 @@ from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.common import hparams, make_hparams_fn, population, server_step_to, tmap
 from fedjax_flat.algorithms.hparams import Number, Population
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast
 
 
 @register('feddyn', hparams={'alpha': Number(0.01, lo=0, lo_open=True), 'population': Population()},
@@ -36,9 +36,7 @@ def feddyn(ctx) -> FederatedAlgorithm:
     del rng
     return {'params': params, 'opt_state': server_tx.init(params), 'h': tmap(jnp.zeros_like, params)}
 
-  def broadcast(state, round_idx, phase=0):
-    del phase
-    return {'params': state['params'], 'hparams': hparams_fn(round_idx)}
+  broadcast = fedavg_broadcast(hparams_fn)
 
   def client_init(bcast, g_k, rng):
     del rng

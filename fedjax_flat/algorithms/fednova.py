@@ -30,7 +30,7 @@ from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.common import hparams, make_hparams_fn, run_value, tmap, tree_sub
 from fedjax_flat.algorithms.hparams import Number
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast, fedavg_server_init
 from fedjax_flat.errors import ConfigError
 
 
@@ -62,13 +62,8 @@ def fednova(ctx) -> FederatedAlgorithm:
   hparams_fn = make_hparams_fn(client_cfg)
   f32 = lambda v: jnp.asarray(v, jnp.float32)  # noqa: E731
 
-  def server_init(params, rng):
-    del rng
-    return {'params': params, 'opt_state': server_tx.init(params)}
-
-  def broadcast(state, round_idx, phase=0):
-    del phase
-    return {'params': state['params'], 'hparams': hparams_fn(round_idx)}
+  server_init = fedavg_server_init(server_tx)
+  broadcast = fedavg_broadcast(hparams_fn)
 
   def client_init(bcast, cs, rng):
     del cs, rng

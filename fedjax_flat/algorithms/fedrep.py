@@ -25,7 +25,7 @@ from fedjax_flat.algorithms.common import check_head, hparams, make_hparams_fn, 
 from fedjax_flat.algorithms.hparams import Integer
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.algorithms.wrappers import local_norm
-from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast, fedavg_server_init
 from fedjax_flat.models import partition
 
 HPARAMS = {'head_epochs': Integer(1, lo=0, note=' (head passes before the body pass, each a phase)')}
@@ -41,13 +41,8 @@ def fedrep(model, loss_fn, client_cfg, server_tx: optax.GradientTransformation, 
   def is_head_phase(phase):
     return phase < head_epochs
 
-  def server_init(params, rng):
-    del rng
-    return {'params': params, 'opt_state': server_tx.init(params)}
-
-  def broadcast(state, round_idx, phase=0):
-    del phase
-    return {'params': state['params'], 'hparams': hparams_fn(round_idx)}
+  server_init = fedavg_server_init(server_tx)
+  broadcast = fedavg_broadcast(hparams_fn)
 
   def client_init(bcast, client_state, rng, phase=0):
     del client_state, rng, phase

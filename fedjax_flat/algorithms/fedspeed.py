@@ -36,7 +36,7 @@ from fedjax_flat.algorithms.common import (global_norm, hparams, make_hparams_fn
                                            tmap, without_sharpness)
 from fedjax_flat.algorithms.hparams import Choice, Number, Population
 from fedjax_flat.algorithms.registry import check_population, register
-from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast
 from fedjax_flat.optimizers.client import client_optimizer
 
 
@@ -98,9 +98,7 @@ def fedspeed(ctx) -> FederatedAlgorithm:
       state['g_sum'] = tmap(jnp.zeros_like, params)               # sum over all N clients of g^_k
     return state
 
-  def broadcast(state, round_idx, phase=0):
-    del phase
-    return {'params': state['params'], 'hparams': hparams_fn(round_idx)}
+  broadcast = fedavg_broadcast(hparams_fn)
 
   def client_init(bcast, g_hat, rng):
     del rng

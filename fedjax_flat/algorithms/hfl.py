@@ -36,7 +36,7 @@ from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.common import hparams, make_hparams_fn, tree_sub
 from fedjax_flat.algorithms.hparams import Choice, Integer
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast
 from fedjax_flat.data import sampling
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.optimizers.client import client_optimizer
@@ -79,9 +79,7 @@ def hfl(model, loss_fn, client_cfg, server_tx: optax.GradientTransformation, *, 
     return {'params': stacked, 'opt_state': jax.vmap(server_tx.init)(stacked),
             'messages_bottom': jnp.zeros((), jnp.float32), 'messages_top': jnp.zeros((), jnp.float32)}
 
-  def broadcast(state, round_idx, phase=0):
-    del phase
-    return {'params': state['params'], 'hparams': hparams_fn(round_idx)}
+  broadcast = fedavg_broadcast(hparams_fn)
 
   def client_init(bcast, client_state, rng):
     del rng

@@ -19,6 +19,8 @@ schedules (see WORKSPACE.md for the data flow):
   eval_models(server_state) -> {name: (params, active)}   the models to evaluate ('global', 'swa', ...);
                                                            `active` is a bool array (static structure);
                                                            default (None): FedAvg's, {'global': state['params']}
+  FedAvg's server_init and broadcast are `fedavg_server_init(server_tx)` and `fedavg_broadcast(hparams_fn)`
+  (the per-round schedule of the client hyperparameters); its eval_models is the default.
   client_state_init(params) -> template of one client's persistent state (None: stateless). Never-seen
                                clients start from this template (lazy zero init).
   initial_client_states(params) -> every client's initial persistent state, stacked [K, ...] over the population
@@ -71,6 +73,22 @@ import jax.numpy as jnp
 from fedjax_flat.optimizers.server import WEIGHTINGS  # noqa: F401  (client_weighting: config.server.weighting)
 
 Params = Any
+
+
+def fedavg_server_init(server_tx) -> Callable:
+  """FedAvg's server_init: the params and the server optimizer's state (the contract's default server state)."""
+  def server_init(params, rng):
+    del rng
+    return {'params': params, 'opt_state': server_tx.init(params)}
+  return server_init
+
+
+def fedavg_broadcast(hparams_fn) -> Callable:
+  """FedAvg's broadcast: the global params and the round's client hyperparameters (the per-round schedule)."""
+  def broadcast(state, round_idx, phase=0):
+    del phase
+    return {'params': state['params'], 'hparams': hparams_fn(round_idx)}
+  return broadcast
 
 
 def global_model(state):
