@@ -61,6 +61,7 @@ def _check_common(doc, md):
   return rows
 
 
+@pytest.mark.slow   # ~30 s; the default suite runs run.sh end to end in the hard-budget and bad-groups tests
 def test_device_kit_smoke_two_groups(tmp_path):
   out = tmp_path / 'kit'
   doc, md, wall, stdout = _run(out, '--groups=paper100,runs', '--budget_s=170')

@@ -43,6 +43,7 @@ def _recall_by_client(desc, y, client, threshold, ks=(1, 5, 10)):
   return {k: hits[k] / n for k in ks}
 
 
+@pytest.mark.slow   # ~25 s; fast: the validation-clients trainer test below, tests/tasks/test_retrieval.py's trainer
 def test_fedavg_trains_the_retrieval_task_with_one_program():
   t = trainers.make_trainer(tiny_config(rounds=2))
   assert len(set(t.data.client_sizes().tolist())) > 1        # clients of different sizes: padded and masked

@@ -136,6 +136,22 @@ def test_bf16_forward_backward_deep_networks(name):
   _check(name)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize('name', sorted(SLOW))
+def test_bf16_evaluation_meets_the_plain_tolerance(name):
+  """Evaluation (train=False: running statistics, no statistics over a few values per channel) is not chaotic:
+  every deep network's bfloat16 outputs are within the plain tolerance of float32's, with no floor allowance."""
+  nc, shape, kw = SLOW[name]
+  m32 = registry.get_model(name, nc, shape, **kw)
+  m16 = registry.get_model(name, nc, shape, compute_dtype='bfloat16', **kw)
+  x = _inputs(name, nc, shape)
+  p = m16.init(jax.random.key(1), x)
+  o32, o16 = (jax.jit(lambda q, m=m: jax.tree.leaves(m.apply(q, x, train=False))[0])(p) for m in (m32, m16))
+  assert o16.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(o16)))
+  rel = float(jnp.linalg.norm(o16 - o32) / jnp.linalg.norm(o32))
+  assert 0 < rel <= OUT_RTOL, rel
+
+
 def test_float32_is_the_model_unchanged_and_float32_model_undoes_bf16():
   m = registry.get_model('digits_cnn', 10, (8, 8, 1))
   assert registry.get_model('digits_cnn', 10, (8, 8, 1), compute_dtype='float32').apply is not None
