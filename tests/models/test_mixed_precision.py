@@ -136,20 +136,33 @@ def test_bf16_forward_backward_deep_networks(name):
   _check(name)
 
 
+# GroupNorm normalizes each example over its own groups in evaluation too: at 0.25 width and 1x1 spatial maps
+# MobileNetV2-GN's last blocks normalize a handful of values, and evaluation is as chaotic as training (measured:
+# bf16 14.9%, float32 floor 8.0%, the train-mode numbers). It is held to its floor; the others to the plain bound.
+EVAL_FLOOR = ('mobilenet_v2_gn',)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('name', sorted(SLOW))
 def test_bf16_evaluation_meets_the_plain_tolerance(name):
-  """Evaluation (train=False: running statistics, no statistics over a few values per channel) is not chaotic:
-  every deep network's bfloat16 outputs are within the plain tolerance of float32's, with no floor allowance."""
+  """Evaluation (train=False: BatchNorm's running statistics, no statistics over a few values per channel) is not
+  chaotic: the deep networks' bfloat16 outputs are within the plain tolerance of float32's, with no floor allowance
+  (deeplabv3 0.16%, resnet18_bn 0.31% where train mode is 99.7% and 2.5%), except EVAL_FLOOR."""
   nc, shape, kw = SLOW[name]
   m32 = registry.get_model(name, nc, shape, **kw)
   m16 = registry.get_model(name, nc, shape, compute_dtype='bfloat16', **kw)
   x = _inputs(name, nc, shape)
   p = m16.init(jax.random.key(1), x)
-  o32, o16 = (jax.jit(lambda q, m=m: jax.tree.leaves(m.apply(q, x, train=False))[0])(p) for m in (m32, m16))
+  run = lambda m, q, xx: jax.jit(lambda q: jax.tree.leaves(m.apply(q, xx, train=False))[0])(q)   # noqa: E731
+  o32, o16 = run(m32, p, x), run(m16, p, x)
   assert o16.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(o16)))
   rel = float(jnp.linalg.norm(o16 - o32) / jnp.linalg.norm(o32))
-  assert 0 < rel <= OUT_RTOL, rel
+  bound = OUT_RTOL
+  if name in EVAL_FLOOR:
+    p_low = {**p, 'params': _round(p['params'])} if m32.batch_stats else _round(p)
+    o_floor = run(m32, p_low, _round(x))
+    bound = max(OUT_RTOL, FLOOR_FACTOR * float(jnp.linalg.norm(o_floor - o32) / jnp.linalg.norm(o32)))
+  assert 0 < rel <= bound, (rel, bound)
 
 
 def test_float32_is_the_model_unchanged_and_float32_model_undoes_bf16():
