@@ -66,6 +66,7 @@ from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.tasks.base import cross_entropy, get_task
+from fedjax_flat.tasks.domains import purity  # noqa: F401  (domain discovery's score; fedcg.purity for callers)
 
 DOMAINS = ('discovered', 'oracle', 'kmeans')
 GIVEN_DOMAINS = ('oracle', 'kmeans')   # the domain column of the labels: the data's own, or k-means clusters
@@ -132,18 +133,6 @@ def adjacency_of(node_sets, beta, scope):
     a = distance_adjacency(jnp.concatenate([node_sets[k] for k in sorted(node_sets)], axis=1), beta)
     return {k: a for k in node_sets}
   return {k: distance_adjacency(v, beta) for k, v in node_sets.items()}
-
-
-# --- Domain discovery: purity of an assignment against known domains. ---
-
-def purity(assigned, truth, num_assigned, num_true):
-  """sum over assigned clusters of the count of their majority true domain / N (numpy)."""
-  assigned, truth = np.asarray(assigned).reshape(-1), np.asarray(truth).reshape(-1)
-  if not len(assigned):
-    return 0.0
-  table = np.zeros((num_assigned, num_true), np.int64)
-  np.add.at(table, (assigned, truth), 1)
-  return float(table.max(axis=1).sum() / len(assigned))
 
 
 def fedcg_algorithm(ctx, hp, name='fedcg') -> FederatedAlgorithm:

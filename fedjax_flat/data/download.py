@@ -83,12 +83,16 @@ def verify(path: str, resource: Resource) -> None:
                           f'not the official one')
 
 
-def manual_hint(resource: Resource, dest: str) -> str:
+def _provenance(resource: Resource) -> str:
+  """'<size> bytes, <algo> <checksum>': what a hand-placed copy of the file must match."""
   algo, want = resource.checksum()
-  check = f'{algo} {want}' if algo else 'no published checksum'
-  size = f'{resource.size} bytes, ' if resource.size else ''
+  return (f'{resource.size} bytes, ' if resource.size else '') + (f'{algo} {want}' if algo else 'no published checksum')
+
+
+def manual_hint(resource: Resource, dest: str) -> str:
   return (f'Download it on a machine with internet access and place it at\n  {dest}\n'
-          f'(from {resource.url}; {size}{check}). Then re-run the same command: the file is verified and used.')
+          f'(from {resource.url}; {_provenance(resource)}). Then re-run the same command: the file is verified and '
+          'used.')
 
 
 def _default_opener():
@@ -194,11 +198,8 @@ def fetch_all(resources: Sequence[Resource], data_dir: str, *, opener=None, prog
     lines = [f'{len(missing)} of {len(resources)} files could not be downloaded (this machine may be offline). '
              f'Download them on a machine with internet access and place each at its path, then re-run the same '
              f'command (each file is verified; the ones already here are kept):']
-    for r, why in missing:
-      algo, want = r.checksum()
-      check = f'{algo} {want}' if algo else 'no published checksum'
-      lines.append(f'  {os.path.join(data_dir, r.filename)}  <-  {r.url}  ({f"{r.size} bytes, " if r.size else ""}'
-                   f'{check})')
+    for r, _ in missing:
+      lines.append(f'  {os.path.join(data_dir, r.filename)}  <-  {r.url}  ({_provenance(r)})')
     lines.append(f'first error: {missing[0][1]}')
     raise DownloadError('\n'.join(lines))
   return paths

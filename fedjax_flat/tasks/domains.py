@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
+import numpy as np
 
 from fedjax_flat.tasks.base import Classification, register
 
@@ -35,3 +36,14 @@ class DomainLabelled(Classification):
 
   def eval_sums(self, logits, labels, mask):
     return super().eval_sums(logits, classes(labels), mask)
+
+
+def purity(assigned, truth, num_assigned, num_true):
+  """Purity of an assignment against known domains (FedCG's discovered domains, LADD's style clusters): the sum over
+  assigned groups of the count of their majority true domain / N (numpy)."""
+  assigned, truth = np.asarray(assigned).reshape(-1), np.asarray(truth).reshape(-1)
+  if not len(assigned):
+    return 0.0
+  table = np.zeros((num_assigned, num_true), np.int64)
+  np.add.at(table, (assigned, truth), 1)
+  return float(table.max(axis=1).sum() / len(assigned))

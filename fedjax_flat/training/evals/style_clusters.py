@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedjax_flat.algorithms.fedcg import purity
+from fedjax_flat.tasks.domains import purity
 from fedjax_flat.training.evals.registry import Evaluation, register
 
 
