@@ -174,7 +174,7 @@ def main(argv):
     del other_trainer
   os.makedirs(out, exist_ok=True)
   x, y = trainer.data.test_examples() if _SPLIT.value == 'test' else (trainer.data.x, trainer.data.y)
-  x = np.asarray(trainer.eval_transform(np.asarray(x[:_N.value])))
+  x = np.asarray(trainer.plan.eval_transform(np.asarray(x[:_N.value])))
   y = np.asarray(y[:_N.value])
   model, params = trainable_view(float32_model(trainer.model), params)   # float32 whatever the config
   logging.info('run %s, round %d, model %r, %d %s examples', wd, step, _MODEL.value, len(y), _SPLIT.value)

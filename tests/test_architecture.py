@@ -334,8 +334,8 @@ def test_no_module_outside_algorithms_reads_the_algorithm_registry_by_name():
          if not m.startswith(REGISTRY_FREE) for line, name in _registry_reads(m) if name not in REGISTRY_DOORS]
   assert not bad, ('outside algorithms/, read the built FederatedAlgorithm (needs, hparams, personalizer, ...) or '
                    'the static declarations through registry.declared(config):\n' + '\n'.join(bad))
-  # the check sees what it must: the trainer builds through the registry
-  assert (any(name == 'build_algorithm' for _, name in _registry_reads('fedjax_flat.training.loop')))
+  # the check sees what it must: the run plan builds through the registry
+  assert (any(name == 'build_algorithm' for _, name in _registry_reads('fedjax_flat.training.plan')))
 
 
 def test_package_readmes_are_generated_from_the_current_docstrings():

@@ -161,9 +161,9 @@ def _train(name):
     out.update({f'c{i}': np.asarray(a) for i, a in enumerate(jax.tree_util.tree_leaves(sd['states']))})
     out['ids'] = np.asarray(sd['ids'])
   out['devices'] = np.asarray(jax.device_count())
-  out['sharded'] = np.asarray(t.mesh is not None)
-  out['device_rounds'] = np.asarray(bool(t.device_rounds))
-  out['block_cache'] = np.asarray(t.block_fn._cache_size() if t.device_rounds else 0)
+  out['sharded'] = np.asarray(t.plan.mesh is not None)
+  out['device_rounds'] = np.asarray(bool(t.plan.device_rounds))
+  out['block_cache'] = np.asarray(t.driver.block_fn._cache_size() if t.plan.device_rounds else 0)
   out['test_accuracy'] = np.asarray([r['test_accuracy'] for r in t.records])
   return out
 

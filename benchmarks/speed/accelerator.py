@@ -189,7 +189,7 @@ def run_pfl_group(a, peer_set):
         row.update(mem)
       elif v == 'trainer':
         fn, prob = pfl_cifar10.trainer_variant('trainer', opts, data)
-        row['note'] = f'strategy {prob.t.strategy}, rounds_per_call {prob.t.rounds_per_call}'
+        row['note'] = f'strategy {prob.t.plan.strategy}, rounds_per_call {prob.t.plan.rounds_per_call}'
       else:
         path = os.path.join(peer_set.tmp.name, 'pfl.npz')
         protocol = bench_util.protocol

@@ -62,7 +62,7 @@ def bench(name, make, repeats, loop_rounds):
   config.rounds = 1000
   t = trainers.make_trainer(config, data=data)
   for r in range(2):                                  # compile + warm up
-    t.run_round(r, t.prepare_round(r))
+    t.server_state, _ = t.driver.run_round(t.server_state, t.store, r, t.driver.prepare_round(r))
     t.round = r + 1
   jax.block_until_ready(t.server_state)
   rounds, saves, durable = [], [], []
@@ -70,9 +70,9 @@ def bench(name, make, repeats, loop_rounds):
   ck = ckpt_lib.Checkpointer(os.path.join(tmp, 'checkpoints'), keep=2)
   for i in range(repeats):
     r = t.round
-    rb = t.prepare_round(r)
+    rb = t.driver.prepare_round(r)
     t0 = time.perf_counter()
-    t.run_round(r, rb)
+    t.server_state, _ = t.driver.run_round(t.server_state, t.store, r, rb)
     jax.block_until_ready(t.server_state)
     rounds.append(time.perf_counter() - t0)
     t.round = r + 1
@@ -96,7 +96,8 @@ def bench(name, make, repeats, loop_rounds):
   loop_s, loop_cpu = {}, {}
   for every in (0, 10, 1, 0):
     d = tempfile.mkdtemp(prefix='ckpt_loop_', dir=tmp)
-    t.checkpointer = ckpt_lib.Checkpointer(os.path.join(d, 'checkpoints'), keep=2, every=every) if every else None
+    t.recorder.checkpointer = (ckpt_lib.Checkpointer(os.path.join(d, 'checkpoints'), keep=2, every=every) if every
+                               else None)
     n = loop_rounds
     t0, c0 = time.perf_counter(), time.process_time()
     t.train(num_rounds=n)
@@ -105,11 +106,11 @@ def bench(name, make, repeats, loop_rounds):
     if every == 0 and every in loop_s:                    # 'no checkpoint' measured before and after
       wall, cpu = (wall + loop_s[0]) / 2, (cpu + loop_cpu[0]) / 2
     loop_s[every], loop_cpu[every] = wall, cpu
-    if t.checkpointer is not None:
-      t.checkpointer.close()
+    if t.recorder.checkpointer is not None:
+      t.recorder.checkpointer.close()
   shutil.rmtree(tmp, ignore_errors=True)
   med = lambda xs: float(np.median(xs))
-  return {'setup': name, 'num_params': t.num_params, 'round_s': med(rounds), 'save_blocking_s': med(saves),
+  return {'setup': name, 'num_params': t.plan.num_params, 'round_s': med(rounds), 'save_blocking_s': med(saves),
           'save_durable_s': med(durable), 'restore_s': restore, 'checkpoint_mb': size / 2 ** 20,
           'blocking_over_round': med(saves) / med(rounds), 'repeats': repeats,
           'loop_round_s': {str(k): v for k, v in loop_s.items()},

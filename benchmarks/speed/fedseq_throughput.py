@@ -80,21 +80,22 @@ def block(tree):
 def program_timer(t, rounds):
   """Returns run() timing `rounds` compiled round programs on device-resident inputs."""
   if isinstance(t, loop.Trainer) and hasattr(t, 'lane_shape'):
-    inputs = [jax.device_put(t.prepare_round(r).inputs) for r in range(rounds)]
+    inputs = [jax.device_put(t.driver.prepare_round(r).inputs) for r in range(rounds)]
 
     def run():
       for r in range(rounds):
-        t.server_state, m = t.round_fn(t.server_state, inputs[r], t.dev_arrays, t.key, jnp.asarray(r, jnp.int32))
+        t.server_state, m = t.driver.round_fn(t.server_state, inputs[r], t.driver.dev_arrays, t.plan.key,
+                                              jnp.asarray(r, jnp.int32))
       block(t.server_state)
-    steps = np.mean([t.chain_stats(r)['local_steps'] for r in range(rounds)])
+    steps = np.mean([t.plan.chain_stats(r)['local_steps'] for r in range(rounds)])
   else:
-    rbs = [t.prepare_round(r) for r in range(rounds)]
-    inputs = [jax.device_put((rb.as_dict(), None, t._client_rngs(r, rb.client_ids), rb.num_examples,
+    rbs = [t.driver.prepare_round(r) for r in range(rounds)]
+    inputs = [jax.device_put((rb.as_dict(), None, t.plan.client_keys(r, rb.client_ids), rb.num_examples,
                               rb.client_ids >= 0)) for r, rb in enumerate(rbs)]
 
     def run():
       for r in range(rounds):
-        t.server_state, _, m = t.round_fn(t.server_state, *inputs[r], jnp.asarray(r, jnp.int32))
+        t.server_state, _, m = t.driver.round_fn(t.server_state, *inputs[r], jnp.asarray(r, jnp.int32))
       block(t.server_state)
     steps = np.mean([rb.mask.any(axis=-1).sum() for rb in rbs])
   return run, float(steps)

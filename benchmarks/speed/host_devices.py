@@ -104,8 +104,8 @@ def _setup(name, spec):
   t.train(num_rounds=spec['rounds'])
   jax.block_until_ready(t.server_state)
   return {'first_round_s': first, 'warmup_s': time.perf_counter() - t0, 'devices': jax.device_count(),
-          'sharded': t.mesh is not None, 'device_rounds': bool(t.device_rounds),
-          'rounds_per_call': t.rounds_per_call, 'host_devices': devices.describe()}
+          'sharded': t.plan.mesh is not None, 'device_rounds': bool(t.plan.device_rounds),
+          'rounds_per_call': t.plan.rounds_per_call, 'host_devices': devices.describe()}
 
 
 def _run(name, rounds):

@@ -71,16 +71,17 @@ def worker(strategy: str, cohort: int, chunk: int, population: int, rounds: int)
   host_bytes = 0
   for r in range(rounds):
     t0 = time.perf_counter()
-    rb = t.prepare_round(r)
-    batches = rb.chunk_batches(0) if t.stream else rb.as_dict()   # streamed: only one chunk at a time
+    rb = t.driver.prepare_round(r)
+    batches = rb.chunk_batches(0) if t.plan.stream else rb.as_dict()   # streamed: only one chunk at a time
     host_bytes = sum(a.nbytes for a in batches.values())
     del batches
-    t.run_round(r, rb)
+    t.server_state, _ = t.driver.run_round(t.server_state, t.store, r, rb)
     jax.block_until_ready(t.server_state)
     times.append(time.perf_counter() - t0)
     del rb
   peak = _rss_mb()
-  return {'strategy': strategy, 'cohort': cohort, 'padded_cohort': t.cohort, 'chunk': t.chunk, 'setup_mb': setup,
+  return {'strategy': strategy, 'cohort': cohort, 'padded_cohort': t.plan.cohort, 'chunk': t.plan.chunk,
+          'setup_mb': setup,
           'peak_mb': peak, 'round_delta_mb': peak - setup,
           'host_batches_mb': host_bytes / 2 ** 20, 'first_round_s': times[0], 'last_round_s': times[-1],
           'backend': jax.default_backend(), 'devices': jax.device_count()}

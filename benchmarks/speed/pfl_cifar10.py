@@ -300,7 +300,7 @@ def main(argv=None):
         if v in TRAINER_KNOBS:
           fn, prob = trainer_variant(v, a, data)
           extra[v] = prob
-          row['note'] = (f'strategy {prob.t.strategy}, rounds_per_call {prob.t.rounds_per_call}, '
+          row['note'] = (f'strategy {prob.t.plan.strategy}, rounds_per_call {prob.t.plan.rounds_per_call}, '
                          f'{jax.device_count()} device(s)')
         elif v in ENGINE:
           fn, _ = engine_variant(v, a, data)

@@ -112,15 +112,15 @@ class TrainerVariant:
   def program_time(self):
     """Seconds per round of the compiled block program alone (device path), rounds back to back."""
     t = self.t
-    if not t.device_rounds:
+    if not t.plan.device_rounds:
       return None
     r, n_left = t.round, self.rounds
     t0 = time.perf_counter()
     while n_left > 0:
-      n = min(t.rounds_per_call, n_left)
+      n = min(t.plan.rounds_per_call, n_left)
       store = t.store.arrays if t.store is not None else None
       template = t.store.template if t.store is not None else None
-      t.server_state, store, m = t.block_fn(t.server_state, store, template, t.dev_data, t.key,
+      t.server_state, store, m = t.driver.block_fn(t.server_state, store, template, t.driver.dev_data, t.plan.key,
                                             jnp.asarray(r, jnp.int32), jnp.asarray(n, jnp.int32))
       if t.store is not None:
         t.store.arrays = store
@@ -259,7 +259,7 @@ def _main(peer_set, peers):
       for peer in peers:
         res[k][f'vs_{peer}'] = res[k]['rounds_per_s'] / res[peer]['rounds_per_s']
     out['problems'][problem] = {'timed_rounds': rounds, 'variants': res,
-                                'auto_rounds_per_call': variants['auto'].t.rounds_per_call}
+                                'auto_rounds_per_call': variants['auto'].t.plan.rounds_per_call}
     print(f'\n{problem} ({rounds} rounds x {_REPEATS.value}, median)')
     print(f'{"variant":10s} {"rounds/s":>10s} {"vs loop_jit":>12s} {"vs host_R1":>11s}'
           + ''.join(f' {"vs " + p:>10s}' for p in peers) + f' {"host ovh %":>11s}')

@@ -38,13 +38,13 @@ def local_models(trainer, round_idx: int) -> Tuple[List[int], List]:
     raise ValueError(f'{alg.label} trains its clients in chains: a client\'s model depends on its position in '
                      'its chain, so per-client local models from the broadcast model are not defined')
   r = int(round_idx)
-  ids = [int(k) for k in trainer.sample_round(r)]          # the round's clients (stratified for H-FL)
-  rb = trainer._build_rows(r, ids, len(ids), as_dict=False)   # pylint: disable=protected-access
+  ids = [int(k) for k in trainer.plan.sample_round(r)]          # the round's clients (stratified for H-FL)
+  rb = trainer.plan.round_batches(r, ids, len(ids))
   id_arr = np.asarray(ids, np.int32)
-  rngs = trainer._client_rngs(r, id_arr)                      # pylint: disable=protected-access
+  rngs = trainer.plan.client_keys(r, id_arr)
   states = trainer.store.gather(id_arr) if trainer.store is not None else None
   bcast = alg.broadcast(trainer.server_state, jnp.asarray(r, jnp.int32))
-  augment_fn = trainer.train_transform
+  augment_fn = trainer.plan.train_transform
 
   @jax.jit
   def run(batches, client_state, rng):
@@ -114,7 +114,7 @@ def per_client_sharpness(trainer, global_params, round_idx: int, *, num_examples
   if global_set not in GLOBAL_SETS:
     raise ValueError(f'global_set={global_set!r}; allowed: {", ".join(GLOBAL_SETS)}')
   ids, locals_ = local_models(trainer, round_idx)
-  model, tf = trainer.model, trainer.eval_transform
+  model, tf = trainer.model, trainer.plan.eval_transform
   on_global = []      # (name, batches) of the global sets the local model is measured on
   if global_set in ('test', 'both'):
     tx, ty = trainer.data.test_examples()

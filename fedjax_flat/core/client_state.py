@@ -178,6 +178,11 @@ class DeviceClientStateStore:
   def scatter(self, client_ids: Sequence[int], stacked):
     ids = np.asarray(client_ids, np.int64)
     self.arrays = self._scatter(self.arrays, self._ids(ids), stacked)
+    self.mark_seen(ids)
+
+  def mark_seen(self, client_ids):
+    """Clients whose rows were written (by `scatter`, or inside a block program: core/rounds.py)."""
+    ids = np.asarray(client_ids, np.int64)
     self._seen[ids[ids >= 0]] = True
 
   def nbytes(self) -> int:
@@ -202,7 +207,7 @@ def make_client_state_store(template: Any, population: int, kind: str = 'auto',
   if kind not in STORE_KINDS:
     raise ValueError(f'client_state_store={kind!r}; allowed: {STORE_KINDS}')
   if kind == 'auto':
-    kind = 'device' if population * bytes_per_client(template) <= device_max_bytes else 'host'
+    kind = _auto_kind(template, population, device_max_bytes)
   if kind == 'device':
     return DeviceClientStateStore(template, population, initial)
   if initial is not None:
@@ -211,6 +216,20 @@ def make_client_state_store(template: Any, population: int, kind: str = 'auto',
       raise ValueError(f'initial client states hold {jax.tree_util.tree_leaves(initial)[0].shape[0]} rows for a '
                        f'population of {population}')
   return HostClientStateStore(template, initial)
+
+
+def _auto_kind(template, population: int, device_max_bytes: float) -> str:
+  return 'device' if population * bytes_per_client(template) <= device_max_bytes else 'host'
+
+
+def store_kind(algorithm, params, population: int, kind: str = 'auto', device_max_bytes: float = 256 * 2**20):
+  """Where `store_for` keeps the client states ('device' | 'host'; None when stateless), from shapes alone:
+  `params` may be abstract (jax.eval_shape), so a run's path is decided before anything is allocated."""
+  if algorithm.client_state_init is None:
+    return None
+  if kind != 'auto':
+    return kind
+  return _auto_kind(jax.eval_shape(algorithm.client_state_init, params), population, device_max_bytes)
 
 
 def store_for(algorithm, params, population: int, kind: str = 'auto', device_max_bytes: float = 256 * 2**20):

@@ -6,7 +6,7 @@ batch plan and data shapes, same resumed round), and drives each group with a `B
 
   every block:  stack the runs' server states / client stores -> one call of the runs program (vmapped over
                 R lanes, sharded over the local devices) -> unstack -> per run: divergence check, train loss,
-                evaluation, metrics.jsonl / TensorBoard, checkpoint (Trainer.block_results / record_block)
+                evaluation, metrics.jsonl / TensorBoard, checkpoint (each run's driver.block_results / recorder.record)
   at the end:   per run: summary.json / .md, metrics.png (Trainer.end_training)
 
 Lanes: a program always has `lanes` lanes (runs rounded up to the device count); missing lanes are copies
@@ -32,6 +32,7 @@ from fedjax_flat.evaluation.evaluator import Evaluator
 from fedjax_flat.data import attacks
 from fedjax_flat.data import registry as data_registry
 from fedjax_flat.training import chain_loop
+from fedjax_flat.training import driver as driver_lib
 from fedjax_flat.training import loop
 from fedjax_flat.training import run as run_lib
 from fedjax_flat.config import validate
@@ -71,9 +72,9 @@ def batch_blocker(config) -> Optional[str]:
 
 
 def _trainer_blocker(t: loop.Trainer) -> Optional[str]:
-  if not t.device_rounds:
-    return t.device_rounds_blocker() or 'the run keeps its data on the host'
-  if t.mesh is not None:
+  if not t.plan.device_rounds:
+    return t.plan.device_rounds_blocker() or 'the run keeps its data on the host'
+  if t.plan.mesh is not None:
     return 'clients are sharded over devices (engine.shard_clients)'
   return None
 
@@ -81,8 +82,8 @@ def _trainer_blocker(t: loop.Trainer) -> Optional[str]:
 def _signature(t: loop.Trainer):
   """What must be equal for two opened runs to share a program, beyond the compatibility key."""
   shapes = lambda tree: tuple((tuple(a.shape), str(a.dtype)) for a in jax.tree_util.tree_leaves(tree))
-  return (t.batch_plan, t.cohort, t.chunk, t.rounds_per_call, shapes(t.server_state),
-          shapes(t.store.arrays) if t.store is not None else None, shapes(t.dev_data), t.round)
+  return (t.plan.batch_plan, t.plan.cohort, t.plan.chunk, t.plan.rounds_per_call, shapes(t.server_state),
+          shapes(t.store.arrays) if t.store is not None else None, shapes(t.driver.dev_data), t.round)
 
 
 _PROGRAMS: Dict[tuple, Callable] = {}     # compiled runs programs of this process (see BatchedTrainer)
@@ -116,18 +117,18 @@ class BatchedTrainer:
     self.has_store = t0.store is not None
     # The test set is the same for every run of the pack (same data config up to the partition): one
     # evaluator, so its program is compiled once, not once per run.
-    if type(t0.evaluator) is Evaluator:
+    if type(t0.plan.evaluator) is Evaluator:
       for t in self.trainers[1:]:
-        if type(t.evaluator) is Evaluator and _same_test_set(t.data, t0.data):
-          t.evaluator = t0.evaluator
+        if type(t.plan.evaluator) is Evaluator and _same_test_set(t.data, t0.data):
+          t.plan.evaluator = t0.plan.evaluator
     # Device data: arrays equal in every run are passed once; the others (a run's partition) per lane.
     shared, per_run = {}, {}
-    for k, v in t0.dev_data.items():
-      if all(t.dev_data[k] is v or np.array_equal(np.asarray(t.dev_data[k]), np.asarray(v))
+    for k, v in t0.driver.dev_data.items():
+      if all(t.driver.dev_data[k] is v or np.array_equal(np.asarray(t.driver.dev_data[k]), np.asarray(v))
              for t in self.trainers[1:]):
         shared[k] = v
       else:
-        per_run[k] = [t.dev_data[k] for t in self.trainers]
+        per_run[k] = [t.driver.dev_data[k] for t in self.trainers]
     self.data_shared = runs_lib.replicate(shared, self.mesh)
     self.per_run_keys = sorted(per_run)
     self.data_runs = runs_lib.place(runs_lib.stack([{k: per_run[k][i] for k in self.per_run_keys}
@@ -135,7 +136,7 @@ class BatchedTrainer:
     self.values = runs_lib.place(runs_lib.stack([
         {f: np.float32(v) for f, v in runs_lib.run_values(self.trainers[i].config, self.fields).items()}
         for i in self._lane_runs()]), self.mesh)
-    self.keys = runs_lib.place(runs_lib.stack([self.trainers[i].key for i in self._lane_runs()]), self.mesh)
+    self.keys = runs_lib.place(runs_lib.stack([self.trainers[i].plan.key for i in self._lane_runs()]), self.mesh)
     self.templates = (runs_lib.place(runs_lib.stack([self.trainers[i].store.template for i in self._lane_runs()]),
                                      self.mesh) if self.has_store else None)
     base = t0.config
@@ -143,8 +144,8 @@ class BatchedTrainer:
     def build_round_fn(values):
       cfg = runs_lib.traced_config(base, values)
       alg = alg_registry.build_algorithm(cfg, t0.model, population=t0.data.num_clients, task=t0.task)
-      return engine_lib.make_round_fn(alg, chunk=t0.chunk, unroll=base.engine.unroll,
-                                      augment_fn=t0.train_transform, jit=False)
+      return engine_lib.make_round_fn(alg, chunk=t0.plan.chunk, unroll=base.engine.unroll,
+                                      augment_fn=t0.plan.train_transform, jit=False)
 
     # Packs of one compatibility group (a grid split into several packs, a resumed remainder) reuse the
     # compiled program: same key, same shapes, same lanes -> same program, compiled once per process.
@@ -152,8 +153,8 @@ class BatchedTrainer:
                    tuple(self.per_run_keys), tuple(str(d) for d in devices))
     if program_key not in _PROGRAMS:
       _PROGRAMS[program_key] = runs_lib.make_runs_block_fn(
-          build_round_fn, plan=t0.batch_plan, num_clients=t0.data.num_clients,
-          clients_per_round=base.clients_per_round, cohort=t0.cohort, rounds_per_call=t0.rounds_per_call,
+          build_round_fn, plan=t0.plan.batch_plan, num_clients=t0.data.num_clients,
+          clients_per_round=base.clients_per_round, cohort=t0.plan.cohort, rounds_per_call=t0.plan.rounds_per_call,
           has_store=self.has_store, mesh=self.mesh)
     self.fn = _PROGRAMS[program_key]
     self._preflight()
@@ -232,16 +233,16 @@ class BatchedTrainer:
         t = self.trainers[i]
         t.server_state = runs_lib.unstack(states, i)
         if r > start:
-          t._round_s = wall / max(n, 1)      # pylint: disable=protected-access
+          t.driver.round_s = wall / max(n, 1)      # pylint: disable=protected-access
         try:
-          block = t.block_results(r, n, runs_lib.unstack(m, i),
-                                  runs_lib.unstack(stores, i) if self.has_store else None)
-        except loop.DivergenceError as e:
+          block = t.driver.block_results(t.store, r, n, runs_lib.unstack(m, i),
+                                         runs_lib.unstack(stores, i) if self.has_store else None)
+        except driver_lib.DivergenceError as e:
           logging.error('%s: %s', t.workdir, e)
           self.failed[i] = e
           active.remove(i)
           continue
-        t.record_block(block, end, lambda: stop)
+        t.recorder.record(t, block, end, lambda: stop)
       if stop or not active:
         pending = None               # dispatched ahead: its outputs are dropped
     return {i: self.trainers[i].end_training() for i in active}
@@ -375,8 +376,8 @@ def _result(summary, trainer, ckpt, step, sig, wall) -> RunResult:
 def _lane_bytes(t: loop.Trainer) -> int:
   c = t.config
   item = np.dtype(getattr(t.data, 'input_dtype', t.data.x.dtype)).itemsize
-  batch = t.cohort * t.num_steps * c.client.batch_size * (int(np.prod(t.data.input_shape)) * item + 8)
-  data_run = sum(int(np.asarray(t.dev_data[k]).nbytes) for k in ('index', 'offsets', 'sizes'))
+  batch = t.plan.cohort * t.plan.num_steps * c.client.batch_size * (int(np.prod(t.data.input_shape)) * item + 8)
+  data_run = sum(int(np.asarray(t.driver.dev_data[k]).nbytes) for k in ('index', 'offsets', 'sizes'))
   return runs_lib.estimate_run_bytes(server_state=t.server_state,
                                      store_arrays=t.store.arrays if t.store is not None else None,
                                      batch_bytes=batch, data_run_bytes=data_run)

@@ -1,17 +1,18 @@
 """The trainer of the chain algorithms (FedSeq family: algorithms/fedseq.py): superclients, chains, lanes.
 
-`training/trainers.make_trainer(config, ...)` returns a `ChainTrainer` when config.algorithm is a chain algorithm; it
-differs
-from the client trainer only in the hooks the latter offers:
+`training/trainers.make_trainer(config, ...)` returns a `ChainTrainer` when config.algorithm is a chain algorithm: the
+run trainer (training/loop.py) with the chain plan and the chain driver in place of the client ones; its recorder
+is the same, and the chain statistics reach the records and summary.json through the 'fedseq' evaluation plug-in
+(training/evals/fedseq.py).
 
-  build_algorithm   builds the superclients (grouping/superclients.build_superclients, or the lists / the
-                    function given as `superclients=`), plans FedSeq2Par's regroupings for the whole run (the
-                    growth schedule is known: each new N_S is built once, memoized by the N_S asked for),
-                    applies the label-flipping attack inside the superclients (data/attacks.py), fixes the
-                    lane shape for the run, builds the algorithm
-  prepare_round     samples round r's superclients (FedCyclic: its clients), orders each chain, lays the
-                    chains into lanes (core/chains.py); a pure function of (seed, r), prefetched on a thread
-  run_round         the compiled chain round (one program for every round), divergence check, bookkeeping
+  ChainPlan     builds the superclients (grouping/superclients.build_superclients, or the lists / the function
+                given as `superclients=`), plans FedSeq2Par's regroupings for the whole run (the growth schedule is
+                known: each new N_S is built once, memoized by the N_S asked for), applies the label-flipping
+                attack inside the superclients (data/attacks.py), fixes the lane shape for the run, builds the
+                algorithm; `round_chains(r)`: round r's sampled superclients (FedCyclic: its clients), each chain
+                ordered; a pure function of (seed, r)
+  ChainDriver   lays round r's chains into lanes (core/chains.py; prefetched on a thread), runs the compiled
+                chain round (one program for every round), checks divergence, counts messages
 
 Communication per round (thesis Table 5.2, in messages of one model): S2C = C2S = the number of chains run
 (1 for FedCyclic), C2C = sum over chains of (E_S K_S - 1) (a ring of E_S passes). In metrics.jsonl:
@@ -27,6 +28,7 @@ are part of the server state, hence of every checkpoint.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -45,7 +47,9 @@ from fedjax_flat.data import sampling
 from fedjax_flat.data import attacks
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.grouping import superclients as superclients_lib
+from fedjax_flat.training import driver as driver_lib
 from fedjax_flat.training import loop
+from fedjax_flat.training.plan import RunPlan
 from fedjax_flat.config import validate
 from fedjax_flat.core import sharding as sharding_lib
 
@@ -92,21 +96,20 @@ def check_groups(groups, num_clients: int) -> Groups:
   return out
 
 
-class ChainTrainer(loop.Trainer):
-  """`superclients`: None (the grouping toolkit), a list of client-id arrays (FedSeq / FedAsyncSeq) or a
-  function num_superclients (None = the grouper's choice) -> list (any chain algorithm, FedSeq2Par too)."""
+class ChainPlan(RunPlan):
+  """The run plan of a chain algorithm. `superclients`: None (the grouping toolkit), a list of client-id arrays
+  (FedSeq / FedAsyncSeq) or a function num_superclients (None = the grouper's choice) -> list (any chain
+  algorithm, FedSeq2Par too). `grouping_context`: (config, data, model) -> GroupingContext with w_0 as the run
+  starts (config.init) and the run loader of grouping.probe_checkpoint (training/init.grouping_context; run.py
+  passes it); None = a fresh w_0 only."""
 
-  def __init__(self, config, workdir: Optional[str] = None, *, data=None, write_files: bool = True,
+  def __init__(self, config, workdir: Optional[str] = None, *, data=None,
                superclients: Union[None, Sequence, Callable] = None, grouping_context: Optional[Callable] = None):
     self._superclients = superclients
-    # (config, data, model) -> GroupingContext with w_0 as the run starts (config.init) and the run loader of
-    # grouping.probe_checkpoint: training/init.grouping_context (run.py passes it); None = a fresh w_0 only.
     self._grouping_context = grouping_context
     self._ctx = None
-    self._totals = None
-    super().__init__(config, workdir, data=data, write_files=write_files)
+    super().__init__(config, workdir, data=data)
 
-  # Setup (hooks of loop.Trainer.__init__).
   def build_algorithm(self):
     c = self.config
     declared = alg_registry.declared(c)      # the static declarations: the chain layout and the hparams
@@ -122,19 +125,28 @@ class ChainTrainer(loop.Trainer):
       self.poison_data(None if self.chain.over == 'clients' else self.groupings[0].groups)
     self._write_groupings()
     self.lane_shape, self.one_per_lane = self._lane_shape()
-    self.strategy = engine_lib.resolve_strategy(c.engine.strategy)
+    strategy = engine_lib.resolve_strategy(c.engine.strategy)
     if self.mesh_requested():     # lanes sharded over every device (core/sharding.py): D blocks of lanes
-      self.num_lanes, self.lane_chunk = sharding_lib.plan_cohort(self.strategy, self.lane_shape.lanes,
+      self.num_lanes, self.lane_chunk = sharding_lib.plan_cohort(strategy, self.lane_shape.lanes,
                                                                  c.engine.clients_per_chunk, jax.device_count())
     else:
-      self.lane_chunk = engine_lib.chunk_size(self.strategy, self.lane_shape.lanes, c.engine.clients_per_chunk)
-      self.num_lanes = engine_lib.padded_cohort(self.strategy, self.lane_shape.lanes, c.engine.clients_per_chunk)
+      self.lane_chunk = engine_lib.chunk_size(strategy, self.lane_shape.lanes, c.engine.clients_per_chunk)
+      self.num_lanes = engine_lib.padded_cohort(strategy, self.lane_shape.lanes, c.engine.clients_per_chunk)
     plan = {'num_slots': self.num_lanes, 'merge_every': self._merge_every()}
     return alg_registry.build_algorithm(c, self.model, population=self.data.num_clients, chain=plan,
                                         task=self.task)
 
+  def place_clients(self, shard_clients):
+    """Lanes, not a client cohort, are what the devices share: the placement is of the lanes."""
+    super().place_clients(shard_clients)
+    if self.mesh is not None:
+      self.placement = sharding_lib.ClientPlacement(self.mesh, self.num_lanes)
+
   def mesh_requested(self) -> bool:
     return sharding_lib.resolve_shard_clients(self.config.engine.get('shard_clients', 'auto'))
+
+  def device_rounds_blocker(self):
+    return 'chain algorithms lay out each round on the host (training/chain_loop.py)'
 
   def _merge_every(self) -> int:
     """FedAsyncSeq's R: algo.merge_every, 0 = N_S (the thesis' choice)."""
@@ -229,29 +241,7 @@ class ChainTrainer(loop.Trainer):
                                  f'local steps (with {lanes} lanes): use >= {need} or 0 (auto)')
     return chains_lib.LaneShape(lanes, max(want_steps or need, 1), per_lane), one_per_lane
 
-  def device_rounds_blocker(self):
-    return 'chain algorithms lay out each round on the host (training/chain_loop.py)'
-
-  def build_round_fn(self, chunk, jit: bool = True):
-    del chunk
-    c = self.config
-    data = self.data
-    self.device_gather = False
-    if (isinstance(data, FederatedDataset) and data.store is None
-        and c.engine.get('device_data', 'auto') is not False):
-      nbytes = data.x.nbytes + data.y.nbytes
-      self.device_gather = nbytes <= c.engine.get('device_data_max_mb', 1024) * 2**20
-    self.dev_arrays = ({'x': jnp.asarray(data.x), 'y': jnp.asarray(np.asarray(data.y, np.int32))}
-                       if self.device_gather else None)
-    if self.mesh is not None:      # the placement of the lanes (not of a client cohort)
-      self.placement = sharding_lib.ClientPlacement(self.mesh, self.num_lanes)
-      if self.dev_arrays is not None:
-        self.dev_arrays = self.placement.replicate(jax.device_get(self.dev_arrays))
-    return chains_lib.make_chain_round_fn(
-        self.algorithm, chunk=self.lane_chunk, reset_opt_state=bool(self.hp['reset_opt_state']),
-        per_lane_params=self.chain.slots, augment_fn=self.train_transform, jit=jit, mesh=self.mesh)
-
-  # Rounds.
+  # Rounds (pure functions of (seed, r)).
   def grouping_at(self, r: int) -> Optional[Grouping]:
     g = None
     for cand in self.groupings:
@@ -278,34 +268,6 @@ class ChainTrainer(loop.Trainer):
                              float(self.sizes[groups[i]].sum()), slot=j)
             for j, i in enumerate(picks)]
 
-  def prepare_round(self, r: int) -> ChainBatch:
-    chains = self.round_chains(r)
-    shape = dataclasses.replace(self.lane_shape, lanes=self.num_lanes)
-    lanes = chains_lib.build_lanes(chains, shape, steps=self.steps, sizes=self.sizes, plan=self.batch_plan,
-                                   seed=self.config.seed, round_idx=r, one_per_lane=self.one_per_lane)
-    if self.device_gather:
-      inputs = chains_lib.program_inputs(lanes, index=chains_lib.flat_index(self.data, lanes))
-    else:
-      inputs = chains_lib.program_inputs(lanes, chains_lib.gather_host(self.data, lanes))
-    return ChainBatch(r, chains, inputs)
-
-  def run_round(self, r: int, rb: ChainBatch) -> dict:
-    inputs, key, round_idx = rb.inputs, self.key, jnp.asarray(r, jnp.int32)
-    if self.placement is not None:   # every host built the whole layout: each device takes its lanes
-      inputs = self.placement.shard_rows(inputs)
-      key, round_idx = self.placement.replicate(key), np.int32(r)
-    self.server_state, m = self.round_fn(self.server_state, inputs, self.dev_arrays, key, round_idx)
-    m = jax.device_get(m) if self.placement is None else self.placement.to_host(m)
-    server_finite = bool(self._finite(self.server_state))
-    bad = [ch for ch in rb.chains if ch.lane >= 0 and not m['finite'][ch.lane]]
-    if bad or not server_finite:
-      members = sorted({int(k) for ch in bad for k in np.unique(ch.members)})
-      raise loop.DivergenceError(
-          f'divergence (NaN/inf) at round {r + 1}: the chains of superclients '
-          f'{[ch.superclient for ch in bad] or "none"} (clients {members or "none"}) produced non-finite loss '
-          f'or updates; server state finite={server_finite}. Lower client.lr / rho, or enable client.grad_clip.')
-    return self._round_result(rb.chains, m)
-
   def chain_stats(self, r: int, chains=None) -> dict:
     """Round r's counts: chains (S2C = C2S), C2C messages, clients trained, local steps, N_S."""
     chains = self.round_chains(r) if chains is None else chains
@@ -316,48 +278,13 @@ class ChainTrainer(loop.Trainer):
             'local_steps': sum(int(self.steps[mb].sum()) for mb in members),
             'num_superclients': len(g.groups) if g is not None else 1}
 
-  def totals(self) -> dict:
-    """Cumulative chain statistics of rounds [0, self.round) (recomputed once after a resume)."""
-    if self._totals is None or self._totals['rounds'] != self.round:
-      tot = {'rounds': 0, 'chains': 0, 'c2c': 0, 'clients': 0, 'local_steps': 0, 'num_superclients': 0}
-      for r in range(self.round):
-        for k, v in self.chain_stats(r).items():
-          tot[k] += v
-      self._totals = tot
-    return self._totals
-
-  def _round_result(self, chains, m) -> dict:
-    tot = self.totals()
-    s = self.chain_stats(self.round, chains)
-    for k, v in s.items():
-      tot[k] += v
-    p = self.num_params
-    self.comm_total['down_params'] += s['chains'] * p                   # S2C
-    self.comm_total['up_params'] += (s['chains'] + s['c2c']) * p       # C2S + C2C
-    ids = np.unique(np.concatenate([ch.members.reshape(-1) for ch in chains]))
-    self.last_clients = ids
-    count = float(np.sum(m['count']))
-    return {'train_loss': float(np.sum(m['loss_sum']) / max(count, 1.0)), 'clients': ids}
-
-  def train(self, num_rounds=None, stop_requested=lambda: False):
-    self.totals()           # before the first round: counts of the rounds a resumed run already did
-    return super().train(num_rounds, stop_requested)
-
-  def evaluate(self) -> dict:
-    out = super().evaluate()
-    tot = self._totals or self.totals()
-    out.update({'comm_s2c': tot['chains'], 'comm_c2s': tot['chains'], 'comm_c2c': tot['c2c'],
-                'num_superclients': self.chain_stats(max(self.round - 1, 0))['num_superclients'],
-                'mean_chains_per_round': tot['chains'] / max(tot['rounds'], 1)})
-    return out
-
-  def summary_section(self) -> dict:
-    tot = self.totals()
+  def summary_section(self, tot: dict, device_gather: bool) -> dict:
+    """summary.json's `fedseq` section from the totals of the rounds run (ChainDriver.totals)."""
     n = max(tot['rounds'], 1)
     sec = {'variant': self.name, 'fraction': float(self.hp['fraction']), 'chain_passes': self.passes,
            'lanes': self.lane_shape.lanes, 'lane_steps': self.lane_shape.steps,
            'chains_per_lane': self.lane_shape.chains, 'lane_chunk': self.lane_chunk,
-           'device_gather': self.device_gather,
+           'device_gather': device_gather,
            'num_superclients_initial': len(self.groupings[0].groups) if self.groupings else 1,
            'num_superclients_final': len(self.groupings[-1].groups) if self.groupings else 1,
            'regroupings': max(len(self.groupings) - 1, 0),
@@ -372,5 +299,100 @@ class ChainTrainer(loop.Trainer):
       sec['merge_every'] = self._merge_every()
     return sec
 
-  def summary_sections(self) -> dict:
-    return {'fedseq': self.summary_section()}
+
+class ChainDriver:
+  """The chain round program, one round per call; round r+1's lanes are laid out on a thread while round r runs.
+  It keeps the running chain statistics (`totals(n)`: rounds [0, n), recomputed once after a resume, since every
+  per-round statistic is a function of (seed, round, groupings))."""
+
+  def __init__(self, plan: ChainPlan):
+    self.plan = plan
+    c, data = plan.config, plan.data
+    self.device_gather = False
+    if (isinstance(data, FederatedDataset) and data.store is None
+        and c.engine.get('device_data', 'auto') is not False):
+      nbytes = data.x.nbytes + data.y.nbytes
+      self.device_gather = nbytes <= c.engine.get('device_data_max_mb', 1024) * 2**20
+    self.dev_arrays = ({'x': jnp.asarray(data.x), 'y': jnp.asarray(np.asarray(data.y, np.int32))}
+                       if self.device_gather else None)
+    if plan.placement is not None and self.dev_arrays is not None:
+      self.dev_arrays = plan.placement.replicate(jax.device_get(self.dev_arrays))
+    self.round_fn = chains_lib.make_chain_round_fn(
+        plan.algorithm, chunk=plan.lane_chunk, reset_opt_state=bool(plan.hp['reset_opt_state']),
+        per_lane_params=plan.chain.slots, augment_fn=plan.train_transform, mesh=plan.mesh)
+    self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    self._next = None
+    self._totals = None
+
+  def begin(self, r: int):
+    self._next = None
+    self.totals(r)           # before the first round: counts of the rounds a resumed run already did
+
+  def block_length(self, r: int, boundary: int) -> int:
+    del r, boundary
+    return 1
+
+  def prepare_round(self, r: int) -> ChainBatch:
+    p = self.plan
+    chains = p.round_chains(r)
+    shape = dataclasses.replace(p.lane_shape, lanes=p.num_lanes)
+    lanes = chains_lib.build_lanes(chains, shape, steps=p.steps, sizes=p.sizes, plan=p.batch_plan,
+                                   seed=p.config.seed, round_idx=r, one_per_lane=p.one_per_lane)
+    if self.device_gather:
+      inputs = chains_lib.program_inputs(lanes, index=chains_lib.flat_index(p.data, lanes))
+    else:
+      inputs = chains_lib.program_inputs(lanes, chains_lib.gather_host(p.data, lanes))
+    return ChainBatch(r, chains, inputs)
+
+  def run_round(self, state, r: int, rb: ChainBatch):
+    """(new server state, round result) of round r's laid-out chains."""
+    p = self.plan
+    inputs, key, round_idx = rb.inputs, p.key, jnp.asarray(r, jnp.int32)
+    if p.placement is not None:   # every host built the whole layout: each device takes its lanes
+      inputs = p.placement.shard_rows(inputs)
+      key, round_idx = p.placement.replicate(key), np.int32(r)
+    state, m = self.round_fn(state, inputs, self.dev_arrays, key, round_idx)
+    m = jax.device_get(m) if p.placement is None else p.placement.to_host(m)
+    server_finite = bool(driver_lib.finite(state))
+    bad = [ch for ch in rb.chains if ch.lane >= 0 and not m['finite'][ch.lane]]
+    if bad or not server_finite:
+      members = sorted({int(k) for ch in bad for k in np.unique(ch.members)})
+      raise driver_lib.DivergenceError(
+          f'divergence (NaN/inf) at round {r + 1}: the chains of superclients '
+          f'{[ch.superclient for ch in bad] or "none"} (clients {members or "none"}) produced non-finite loss '
+          f'or updates; server state finite={server_finite}. Lower client.lr / rho, or enable client.grad_clip.')
+    s = p.chain_stats(r, rb.chains)
+    tot = self.totals(r)
+    for k, v in s.items():
+      tot[k] += v
+    ids = np.unique(np.concatenate([ch.members.reshape(-1) for ch in rb.chains]))
+    count = float(np.sum(m['count']))
+    return state, {'train_loss': float(np.sum(m['loss_sum']) / max(count, 1.0)), 'clients': ids,
+                   'messages': {'down_params': s['chains'] * p.num_params,                  # S2C
+                                'up_params': (s['chains'] + s['c2c']) * p.num_params}}     # C2S + C2C
+
+  def step(self, state, store, r: int, n: int, end: int):
+    del store, n
+    rb = self._next[1].result() if (self._next is not None and self._next[0] == r) else self.prepare_round(r)
+    self._next = (r + 1, self._pool.submit(self.prepare_round, r + 1)) if r + 1 < end else None
+    state, res = self.run_round(state, r, rb)
+    return state, [res]
+
+  def totals(self, n: int) -> dict:
+    """Cumulative chain statistics of rounds [0, n)."""
+    if self._totals is None or self._totals['rounds'] != n:
+      tot = {'rounds': 0, 'chains': 0, 'c2c': 0, 'clients': 0, 'local_steps': 0, 'num_superclients': 0}
+      for r in range(n):
+        for k, v in self.plan.chain_stats(r).items():
+          tot[k] += v
+      self._totals = tot
+    return self._totals
+
+
+class ChainTrainer(loop.Trainer):
+  """The run trainer with a ChainPlan and a ChainDriver (arguments: ChainPlan's)."""
+
+  def __init__(self, config, workdir: Optional[str] = None, *, data=None, write_files: bool = True,
+               superclients: Union[None, Sequence, Callable] = None, grouping_context: Optional[Callable] = None):
+    plan = ChainPlan(config, workdir, data=data, superclients=superclients, grouping_context=grouping_context)
+    super().__init__(config, workdir, write_files=write_files, plan=plan, driver=ChainDriver(plan))

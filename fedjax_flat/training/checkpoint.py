@@ -327,9 +327,8 @@ class Checkpointer:
       client_hashes = _digests([ids] + leaves)
     config = config_dict(trainer.config)
     meta = {
-        'format': FORMAT_VERSION, 'round': r, 'records': _jsonable(trainer.records),
-        'pending_train_losses': [float(x) for x in getattr(trainer, 'pending_train_losses', [])],
-        'comm_total': _jsonable(trainer.comm_total), 'elapsed_s': float(trainer.elapsed_s()),
+        'format': FORMAT_VERSION, 'round': r,
+        **_jsonable(trainer.recorder.state_dict()),   # records, pending_train_losses, comm_total, elapsed_s
         'num_client_states': num_states, 'server_leaves': [_describe(a) for a in server.values()],
         'algorithm': trainer.algorithm.label, 'num_devices': jax.device_count(),
         'num_processes': jax.process_count(), 'jax_version': jax.__version__, 'time': time.time(),
@@ -481,8 +480,8 @@ class Checkpointer:
     leaves = [jax.random.wrap_key_data(a, impl=jax.random.key_impl(t)) if _is_key(t) else a
               for t, a in zip(template, server)]
     state = jax.tree_util.tree_unflatten(treedef, leaves)
-    if trainer.placement is not None:
-      trainer.server_state = trainer.placement.replicate(state)
+    if trainer.plan.placement is not None:
+      trainer.server_state = trainer.plan.placement.replicate(state)
     else:
       trainer.server_state = jax.tree_util.tree_map(jnp.asarray, state)
     if trainer.store is not None:
@@ -495,10 +494,7 @@ class Checkpointer:
     elif clients is not None:
       raise CheckpointError('checkpoint has client states but this algorithm keeps none')
     trainer.round = int(meta['round'])
-    trainer.records = list(meta['records'])
-    trainer.pending_train_losses = list(meta.get('pending_train_losses', []))
-    trainer.comm_total = dict(meta['comm_total'])
-    trainer.elapsed_offset = float(meta.get('elapsed_s', 0.0))
+    trainer.recorder.load_state_dict(meta)
     self.last_saved = trainer.round
     for field, old, new in config_diffs(saved_cfg, config_dict(trainer.config), WARN_FIELDS):
       if field not in SAME_RESULT_FIELDS:
@@ -513,8 +509,8 @@ class Checkpointer:
       logging.warning('checkpoint written by a version that sampled clients and batch orders with %r; this one '
                       'uses %r: the resumed rounds differ from an uninterrupted run of either version',
                       meta.get('sampling', 'numpy-pcg64'), sampling.PROCEDURE)
-    if trainer.writer is not None:
-      _reconcile_metrics(trainer.writer, trainer.round, trainer.records)
+    if trainer.recorder.writer is not None:
+      _reconcile_metrics(trainer.recorder.writer, trainer.round, trainer.records)
 
   def _set_aside(self, steps: List[int]) -> None:
     """Moves corrupt checkpoints out of the way (kept for inspection) so new saves can use their rounds."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 import jax
 
 from fedjax_flat.config.run_dir import run_dir_of
-from fedjax_flat.core.client_state import store_for
 from fedjax_flat.grouping.superclients import GroupingContext, fresh_params
 from fedjax_flat.models import pretrained
 from fedjax_flat.training.reload import load_run
@@ -44,16 +43,11 @@ def initial_params(config, model, params_init):
 
 
 def apply(trainer, config) -> None:
-  """Replaces the trainer's round-0 server state (and client-state store) by ones built from `initial_params`.
-  Mirrors Trainer.__init__ (training/loop.py): server_init with the same key, replicated when placed."""
-  alg = trainer.algorithm
-  fresh = jax.device_get(alg.eval_models(trainer.server_state)['global'][0])
+  """Replaces the trainer's round-0 server state (and client-state store) by those of `initial_params`
+  (training/plan.RunPlan.initial_state: server_init with the run's key, replicated when placed)."""
+  fresh = jax.device_get(trainer.algorithm.eval_models(trainer.server_state)['global'][0])
   params = jax.tree_util.tree_map(jax.numpy.asarray, initial_params(config, trainer.model, fresh))
-  state = alg.server_init(params, jax.random.fold_in(trainer.key, 1))
-  trainer.server_state = trainer.placement.replicate(state) if trainer.placement is not None else state
-  if trainer.store is not None:
-    trainer.store = store_for(alg, params, trainer.data.num_clients, config.get('client_state_store', 'auto'),
-                              config.get('client_state_device_max_mb', 256) * 2**20)
+  trainer.server_state, trainer.store = trainer.plan.initial_state(params)
 
 
 def load_params(path: str):

@@ -35,7 +35,7 @@ def evaluate_trainer(trainer) -> dict:
                    for k in range(data.num_clients)]
   client_params = [tmap(jnp.asarray, p) for p in client_params]
   server_params = global_params(alg, trainer.server_state)
-  predict = make_predict_fn(trainer.model, trainer.eval_transform, c.eval_batch_size)
+  predict = make_predict_fn(trainer.model, trainer.plan.eval_transform, c.eval_batch_size)
   sets = eval_sets_from_data(data)
   res = evaluate_protocols(predict, client_params, server_params, sets, auc_scores=pc.auc_scores,
                            per_client=bool(pc.per_client))
@@ -48,6 +48,6 @@ def evaluate_trainer(trainer) -> dict:
         client_cfg=c.client, lr=float(pc.finetune_lr or c.client.lr),
         batch_size=int(pc.finetune_batch_size or c.client.batch_size), seed=c.seed,
         man_zeta=local_lib.man_coefficient(c.man.zeta, c.man.get('convention', 'paper')),
-        augment_fn=trainer.train_transform, auc_scores=pc.auc_scores)
+        augment_fn=trainer.plan.train_transform, auc_scores=pc.auc_scores)
     res['finetune'] = curve
   return res

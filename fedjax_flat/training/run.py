@@ -105,12 +105,12 @@ def open_run(config, workdir, *, fresh: bool = False, data=None, trainer_kwargs=
     # loads the data and validates the config against them
     trainer = trainers.make_trainer(config, workdir, data=data, grouping_context=init_lib.grouping_context,
                                     **(trainer_kwargs or {}))
-    trainer.checkpointer = checkpointer
+    trainer.recorder.checkpointer = checkpointer
     if fresh:
       checkpointer.clear()                  # only now: a config rejected above deleted nothing
     step = None if fresh else checkpointer.restore_latest(trainer)
-    if step is None and trainer.writer is not None:
-      trainer.writer.load_existing(0)       # no checkpoint: metrics from an earlier attempt are dropped
+    if step is None and trainer.recorder.writer is not None:
+      trainer.recorder.writer.load_existing(0)       # no checkpoint: metrics from an earlier attempt are dropped
     if step is None and init_lib.requested(config):   # a fresh run only: a resumed one has its own params
       init_lib.apply(trainer, config)
       logging.info('initial params from %s', config.init.checkpoint or config.init.pretrained)

@@ -141,7 +141,7 @@ def digits():
 def test_fedfomo_end_to_end_fills_the_slots_of_the_clients_it_trained(digits):
   c = fs_config('fedfomo', **{'rounds': 2, 'clients_per_round': 2, 'algo.models': 3, 'personalized.enabled': True})
   t = trainers.make_trainer(c, data=digits)
-  rb = t.prepare_round(0)
+  rb = t.driver.prepare_round(0)
   assert rb.client is not None and (rb.client == rb.client_ids[:, None]).all()
   s = t.train()
   states = personalized_eval.client_states_of(t.store)

@@ -17,9 +17,10 @@ from fedjax_flat.algorithms import fedseq as fedseq_lib
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.core import chains as chains_lib
 from fedjax_flat.data import batching
+from fedjax_flat.data import sampling
 from fedjax_flat.data.sources import builtin
 from fedjax_flat.training import checkpoint as ckpt_lib
-from fedjax_flat.training import chain_loop, loop, trainers
+from fedjax_flat.training import chain_loop, trainers
 from fedjax_flat.config.validate import validate_config
 from fedjax_flat.errors import ConfigError
 
@@ -70,11 +71,11 @@ def hand_chain(trainer, params, order, r, *, reset=True):
   buf = jax.tree_util.tree_map(jnp.zeros_like, params)
   for k in order:
     rb = batching.make_round_batches(trainer.data, [int(k)], round_idx=r, seed=c.seed,
-                                     batch_size=c.client.batch_size, num_steps=trainer.num_steps,
-                                     epochs=c.client.local_epochs, plan=trainer.batch_plan)
+                                     batch_size=c.client.batch_size, num_steps=trainer.plan.num_steps,
+                                     epochs=c.client.local_epochs, plan=trainer.plan.batch_plan)
     if reset:
       buf = jax.tree_util.tree_map(jnp.zeros_like, params)
-    for s in range(trainer.num_steps):
+    for s in range(trainer.plan.num_steps):
       if rb.mask[0, s].sum() == 0:
         continue
       params, buf = step(params, buf, {'x': rb.x[0, s], 'y': rb.y[0, s], 'mask': rb.mask[0, s]}, *hp)
@@ -88,14 +89,14 @@ def test_one_superclient_of_three_clients_is_a_sequential_loop(data, reset):
   assert isinstance(t, chain_loop.ChainTrainer)
   w = t.server_state['params']
   for r in range(2):
-    order = t.round_chains(r)[0].members[0]
+    order = t.plan.round_chains(r)[0].members[0]
     assert sorted(order.tolist()) == [0, 4, 7]
     w = hand_chain(t, w, order, r, reset=reset)
     t.train(num_rounds=1)
     assert_trees_close(t.server_state['params'], w)
   # The order is re-drawn every round from (seed, round, superclient), reproducibly.
-  orders = [tuple(t.round_chains(r)[0].members[0]) for r in range(12)]
-  assert len(set(orders)) > 1 and orders == [tuple(t.round_chains(r)[0].members[0]) for r in range(12)]
+  orders = [tuple(t.plan.round_chains(r)[0].members[0]) for r in range(12)]
+  assert len(set(orders)) > 1 and orders == [tuple(t.plan.round_chains(r)[0].members[0]) for r in range(12)]
 
 
 def test_fedseq_weighted_average_of_chains(data):
@@ -105,7 +106,7 @@ def test_fedseq_weighted_average_of_chains(data):
   t = trainers.make_trainer(c, data=data, superclients=groups)
   w0 = t.server_state['params']
   finals, weights = [], []
-  for ch in t.round_chains(0):
+  for ch in t.plan.round_chains(0):
     finals.append(hand_chain(t, w0, ch.members[0], 0))
     weights.append(sum(SIZES[k] for k in groups[ch.superclient]))
   t.train()
@@ -118,10 +119,10 @@ def test_fedcyclic_is_sgd_over_the_concatenated_clients(data):
   t = trainers.make_trainer(c, data=data)
   w = t.server_state['params']
   for r in range(2):
-    (ch,) = t.round_chains(r)
+    (ch,) = t.plan.round_chains(r)
     assert ch.members.shape == (1, 6)          # floor(0.5 * 12) clients, FedAvg's sample of that size
     np.testing.assert_array_equal(np.sort(ch.members[0]),
-                                  np.sort(loop.sample_clients(12, 6, seed=c.seed, round_idx=r)))
+                                  np.sort(sampling.sample_clients(12, 6, seed=c.seed, round_idx=r)))
     w = hand_chain(t, w, ch.members[0], r)     # momentum 0: one SGD run over the concatenation
     t.train(num_rounds=1)
     assert_trees_close(t.server_state['params'], w, rtol=5e-5, atol=5e-6)
@@ -159,7 +160,7 @@ def _layout_runs(data, variants):
 def test_padding_and_lanes_change_nothing(data):
   """More padded steps per lane and the chains packed into one lane: the same rounds."""
   runs = _layout_runs(data, {'auto': {}, 'padded_one_lane': {'algo.lane_steps': 40, 'algo.lanes': 1}})
-  assert runs['auto'][0].lane_shape.lanes == 3 and runs['padded_one_lane'][0].lane_shape == (
+  assert runs['auto'][0].plan.lane_shape.lanes == 3 and runs['padded_one_lane'][0].plan.lane_shape == (
       chains_lib.LaneShape(1, 40, 3))
 
 
@@ -169,7 +170,7 @@ def test_lane_strategies_change_nothing(data):
   lanes one at a time; test_padding_and_lanes_change_nothing covers the layout in the default suite)."""
   runs = _layout_runs(data, {'auto': {}, 'vmap': {'engine.strategy': 'vmap'},
                              'chunked': {'engine.strategy': 'chunked', 'engine.clients_per_chunk': 2}})
-  assert runs['chunked'][0].num_lanes == 4          # 3 lanes padded to chunks of 2: an empty lane
+  assert runs['chunked'][0].plan.num_lanes == 4          # 3 lanes padded to chunks of 2: an empty lane
 
 
 def test_one_compiled_program_across_rounds_and_regroupings(data):
@@ -178,10 +179,10 @@ def test_one_compiled_program_across_rounds_and_regroupings(data):
                                       'algo.growth_beta': 2})
   split = lambda n: np.array_split(np.random.default_rng(n).permutation(12), n)
   t = trainers.make_trainer(c, data=data, superclients=split)
-  assert [len(g.groups) for g in t.groupings] == [2, 4, 6, 8]
-  assert [g.start_round for g in t.groupings] == [0, 2, 4, 6]
+  assert [len(g.groups) for g in t.plan.groupings] == [2, 4, 6, 8]
+  assert [g.start_round for g in t.plan.groupings] == [0, 2, 4, 6]
   s = t.train()
-  assert t.round_fn._cache_size() == 1
+  assert t.driver.round_fn._cache_size() == 1
   assert s['fedseq']['regroupings'] == 3
   # N_S per round 2 2 4 4 6 6 8; chains max(1, floor(0.5 N_S)).
   assert s['fedseq']['mean_num_superclients'] == pytest.approx((2 + 2 + 4 + 4 + 6 + 6 + 8) / 7)
@@ -242,11 +243,11 @@ def test_fedasyncseq_slots_train_from_their_own_models(data):
   """Each slot continues from its own model (not the global one) until the merge every R = N_S rounds."""
   c = cfg('fedasyncseq', rounds=4, **{'algo.fraction': 0.5})
   t = trainers.make_trainer(c, data=data, superclients=GROUPS)
-  assert t.num_lanes == 2 and t._merge_every() == 4
+  assert t.plan.num_lanes == 2 and t.plan._merge_every() == 4
   slots = [t.server_state['params']] * 2
   p = np.zeros(2)
   for r in range(4):
-    chains = t.round_chains(r)
+    chains = t.plan.round_chains(r)
     for ch in chains:
       slots[ch.slot] = hand_chain(t, slots[ch.slot], ch.members[0], r)
       p[ch.slot] += ch.weight
@@ -261,13 +262,13 @@ def test_fedasyncseq_resume_is_bit_identical(data, tmp_path):
   bit-identical to the same trainer going on uninterrupted (2 trainers: each compiles its program)."""
   c = cfg('fedasyncseq', rounds=6, eval_every=6, **{'algo.fraction': 0.5, 'algo.merge_every': 4})
   a = trainers.make_trainer(c, str(tmp_path), data=data, superclients=GROUPS, write_files=False)   # no metrics / plots
-  a.checkpointer = ckpt_lib.Checkpointer(str(tmp_path / 'checkpoints'), keep=2, every=3, asynchronous=False)
+  a.recorder.checkpointer = ckpt_lib.Checkpointer(str(tmp_path / 'checkpoints'), keep=2, every=3, asynchronous=False)
   a.train(num_rounds=3)                      # checkpoint at round 3: slots mid-period (merge at 4)
   assert float(np.sum(a.server_state['p'])) > 0
-  a.checkpointer.close()
-  a.checkpointer = None
+  a.recorder.checkpointer.close()
+  a.recorder.checkpointer = None
   b = trainers.make_trainer(c, str(tmp_path), data=data, superclients=GROUPS, write_files=False)
-  b.checkpointer = ckpt = ckpt_lib.Checkpointer(str(tmp_path / 'checkpoints'), keep=2, every=3,
+  b.recorder.checkpointer = ckpt = ckpt_lib.Checkpointer(str(tmp_path / 'checkpoints'), keep=2, every=3,
                                                 asynchronous=False)
   assert ckpt.restore_latest(b) == 3
   s = b.train()
@@ -275,7 +276,8 @@ def test_fedasyncseq_resume_is_bit_identical(data, tmp_path):
   a.train()                                  # rounds 4-6 without the interruption
   for x, y in zip(leaves(a.server_state), leaves(b.server_state)):
     np.testing.assert_array_equal(x, y)
-  assert s['fedseq']['comm_messages'] == a.summary_section()['comm_messages']
+  sec = a.plan.summary_section(a.driver.totals(a.round), a.driver.device_gather)
+  assert s['fedseq']['comm_messages'] == sec['comm_messages']
 
 
 def test_communication_split_matches_table_5_2(data):
@@ -284,16 +286,17 @@ def test_communication_split_matches_table_5_2(data):
   s = t.train()
   s2c = c2c = 0
   for r in range(3):
-    chains = t.round_chains(r)
+    chains = t.plan.round_chains(r)
     s2c += len(chains)
     c2c += sum(2 * len(GROUPS[ch.superclient]) - 1 for ch in chains)     # E_S K_S - 1 (a ring of 2 passes)
   msg = s['fedseq']['comm_messages']
   assert msg == {'s2c': s2c, 'c2s': s2c, 'c2c': c2c, 'total': 2 * s2c + c2c}
-  assert s['comm_total_params'] == {'down_params': s2c * t.num_params, 'up_params': (s2c + c2c) * t.num_params}
+  p = t.plan.num_params
+  assert s['comm_total_params'] == {'down_params': s2c * p, 'up_params': (s2c + c2c) * p}
   assert t.records[-1]['comm_c2c'] == c2c
   # E_S = 2: each member trains again in a re-drawn order; the steps double.
   assert s['fedseq']['mean_local_steps_per_round'] == pytest.approx(
-      np.mean([2 * sum(t.steps[g].sum() for g in [GROUPS[ch.superclient] for ch in t.round_chains(r)])
+      np.mean([2 * sum(t.plan.steps[g].sum() for g in [GROUPS[ch.superclient] for ch in t.plan.round_chains(r)])
                for r in range(3)]))
 
 
@@ -310,7 +313,7 @@ def test_lane_packing_and_capacity():
 def test_layout_flags(data):
   c = cfg(**{'algo.fraction': 1.0, 'algo.lanes': 1})
   t = trainers.make_trainer(c, data=data, superclients=[np.array([0, 3]), np.array([9])])
-  rb = t.prepare_round(0)
+  rb = t.driver.prepare_round(0)
   x = rb.inputs
   steps = {0: 2, 3: 1, 9: 1}                               # ceil(n / 4): 5 -> 2, 4 -> 1, 3 -> 1
   n = sum(steps.values())
@@ -330,7 +333,8 @@ def test_per_position_labels_keep_their_shape_in_both_gathers(data):
   seq = FederatedDataset.from_client_indices(data.x, y, [data.client_indices(k) for k in range(len(SIZES))],
                                              data.test_x, np.ones((len(data.test_x), 3), np.int32), 8)
   t = trainers.make_trainer(cfg(**{'algo.fraction': 1.0}), data=seq, superclients=GROUPS)
-  lanes = chains_lib.build_lanes(t.round_chains(0), t.lane_shape, steps=t.steps, sizes=t.sizes, plan=t.batch_plan,
+  p = t.plan
+  lanes = chains_lib.build_lanes(p.round_chains(0), p.lane_shape, steps=p.steps, sizes=p.sizes, plan=p.batch_plan,
                                  seed=0, round_idx=0)
   host = chains_lib.gather_host(seq, lanes)['y']
   valid = lanes['mask'] > 0
@@ -398,4 +402,4 @@ def test_grouping_toolkit_is_called_with_each_new_num_superclients(data, monkeyp
   t = trainers.make_trainer(cfg('fedseq2par', rounds=9, **{'algo.growth': 'linear', 'algo.growth_alpha': 0.5,
                                                    'algo.growth_beta': 3}), str(tmp_path), data=data)
   assert [n for *_, n in calls] == [3, 6, 9, 12]                # f = 3 floor(0.5 (t - 1) + 1), capped at K
-  assert [g.start_round for g in t.groupings] == [0, 2, 4, 6]
+  assert [g.start_round for g in t.plan.groupings] == [0, 2, 4, 6]

@@ -180,9 +180,9 @@ def test_fedsoup_end_to_end_with_personalized_evaluation(fs_data):
   c = fs_config(**{'rounds': 3, 'algo.start_fraction': 0.34, 'personalized.enabled': True,
                    'personalized.finetune_epochs': 1, 'algo.persist_opt_state': True, 'client.momentum': 0.5})
   t = trainers.make_trainer(c, data=fs_data)
-  assert t.val_source == 'val' and t.val_steps == 1
-  rb = t.prepare_round(0)
-  assert rb.x.shape[1] == t.num_steps + 1 and rb.split[:, -1].all() and not rb.split[:, :-1].any()
+  assert t.plan.val_source == 'val' and t.plan.val_steps == 1
+  rb = t.driver.prepare_round(0)
+  assert rb.x.shape[1] == t.plan.num_steps + 1 and rb.split[:, -1].all() and not rb.split[:, :-1].any()
   s = t.train()
   states = personalized_eval.client_states_of(t.store)
   assert sorted(states) == [0, 1, 2, 3]
@@ -208,7 +208,7 @@ def test_fedsoup_local_test_source_and_strict(fs_data):
   c = fs_config(**{'algo.val_source': 'local_test', 'algo.strict': True, 'algo.start_round': 1, 'rounds': 2})
   t = trainers.make_trainer(c, data=fs_data)
   local = max(len(fs_data.client_test_examples(k)[1]) for k in range(4))
-  assert t.val_steps == -(-local // 64)
+  assert t.plan.val_steps == -(-local // 64)
   t.train()
   assert all(float(st['count']) <= 1 for st in personalized_eval.client_states_of(t.store).values())
 

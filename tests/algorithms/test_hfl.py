@@ -161,7 +161,7 @@ def test_registered_one_cluster_sync_every_round_is_fedavg_through_the_trainer()
                    device_data=False)
   f = _hfl_trainer(data, device_data=False)
   for r in range(3):
-    np.testing.assert_array_equal(h.sample_round(r), f.sample_round(r))
+    np.testing.assert_array_equal(h.plan.sample_round(r), f.plan.sample_round(r))
   summary = h.train()
   assert 'messages' not in f.train()
   got = h.algorithm.eval_models(h.server_state)['global'][0]
@@ -178,11 +178,11 @@ def test_registered_trainer_puts_each_city_in_its_client_state_and_samples_per_c
   t = _hfl_trainer(_groups_data(city), {'algorithm': 'hfl', 'algo.clients_per_group': 2, 'clients_per_round': 4},
                    device_data=False)
   np.testing.assert_array_equal(np.asarray(t.store.gather(np.arange(len(city)))['cluster']), city)
-  dev = jax.jit(t.device_sampler())
+  dev = jax.jit(t.plan.device_sampler())
   for r in range(5):
-    ids = t.sample_round(r)
+    ids = t.plan.sample_round(r)
     assert np.bincount(city[ids], minlength=2).tolist() == [2, 2]
-    np.testing.assert_array_equal(np.asarray(dev(t.key, r)), ids)
+    np.testing.assert_array_equal(np.asarray(dev(t.plan.key, r)), ids)
 
 
 @pytest.mark.slow   # two trainers, ~30 s on the shared CPU: the fast test above checks the same wiring unrun
@@ -194,10 +194,10 @@ def test_registered_clusters_in_client_states_stratified_rounds_host_equals_devi
   runs = {}
   for name, eng in {'host': dict(device_data=False), 'device': dict(rounds_per_call=3)}.items():
     t = _hfl_trainer(_groups_data(city), over, **eng)
-    assert t.device_rounds == (name == 'device')
+    assert t.plan.device_rounds == (name == 'device')
     np.testing.assert_array_equal(np.asarray(t.store.gather(np.arange(len(city)))['cluster']), city)
     for r in range(3):
-      ids = t.sample_round(r)
+      ids = t.plan.sample_round(r)
       assert np.bincount(city[ids], minlength=2).tolist() == [2, 2]
     t.train()
     runs[name] = t

@@ -30,7 +30,8 @@ def _trainer():
                        client_offsets=np.asarray([0, 2, 4]), test_x=np.full((4, 1, 1, 1), 0.5, np.float32),
                        test_y=np.asarray([0, 1, 0, 1], np.int32), num_classes=C)
   model = get_model('mlp', C, (1, 1, 1), hidden=())
-  return types.SimpleNamespace(model=model, eval_transform=lambda a: a, task=None, data=data)
+  return types.SimpleNamespace(model=model, plan=types.SimpleNamespace(eval_transform=lambda a: a), task=None,
+                               data=data)
 
 
 @pytest.fixture

@@ -259,9 +259,9 @@ def test_trainer_rounds_on_a_segmentation_fixture(tmp_path, algorithm, optimizer
   tr = trainers.make_trainer(c, str(tmp_path), data=seg_data())
   tr.train()
   if not device:     # one compiled round program although client sizes (2..5 examples) differ
-    assert tr.round_fn._cache_size() == 1
+    assert tr.driver.round_fn._cache_size() == 1
   else:
-    assert tr.block_fn._cache_size() <= 2     # the first block and the rest (eval boundaries cut blocks)
+    assert tr.driver.block_fn._cache_size() <= 2     # the first block and the rest (eval boundaries cut blocks)
   rec = tr.records[-1]
   for k in ('test_miou', 'test_seen_miou', 'test_unseen_miou', 'test_accuracy'):
     assert 0.0 <= rec[k] <= 1.0, k

@@ -40,8 +40,8 @@ def train(name, shard):
   t = chain_loop.ChainTrainer(c, data=data, superclients=groups)
   t.train()
   out = {f's{i}': np.asarray(a) for i, a in enumerate(jax.tree_util.tree_leaves(jax.device_get(t.server_state)))}
-  out.update(sharded=np.asarray(t.mesh is not None), devices=np.asarray(jax.device_count()),
-             lanes=np.asarray(t.num_lanes), cache_size=np.asarray(t.round_fn._cache_size()),
+  out.update(sharded=np.asarray(t.plan.mesh is not None), devices=np.asarray(jax.device_count()),
+             lanes=np.asarray(t.plan.num_lanes), cache_size=np.asarray(t.driver.round_fn._cache_size()),
              loss=np.asarray([r.get('train_loss', np.nan) for r in t.records], np.float64))
   return out
 

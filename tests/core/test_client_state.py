@@ -127,6 +127,7 @@ def test_store_for_an_algorithm():
 # ---- in training -----------------------------------------------------------------------------------------
 from fedjax_flat.data.sources.builtin import synthetic                      # noqa: E402
 from fedjax_flat.data.federated import FederatedDataset            # noqa: E402
+from fedjax_flat.training import driver as driver_lib  # noqa: E402
 from fedjax_flat.training import trainers  # noqa: E402
 from fedjax_flat.config.default_config import default_config    # noqa: E402
 from tests.fixtures.configs import set_fields  # noqa: E402
@@ -147,8 +148,9 @@ def test_device_and_host_stores_train_identically():
   out = {}
   for kind in ('host', 'device'):
     t = trainers.make_trainer(_config(client_state_store=kind, **{'data.num_clients': 40}), data=data)
+    host = driver_lib.HostDriver(t.plan)        # the same host-built rounds over either store
     for r in range(3):
-      t.run_round(r, t.prepare_round(r))
+      t.server_state, _ = host.run_round(t.server_state, t.store, r, host.prepare_round(r))
     assert t.store.kind == kind and len(t.store) > 10
     out[kind] = (t.server_state['params'], t.store.state_dict())
   jax.tree_util.tree_map(np.testing.assert_array_equal, out['host'][0], out['device'][0])
@@ -170,11 +172,12 @@ def test_scaffold_with_100k_clients_memory_grows_with_clients_seen():
   t = trainers.make_trainer(cfg, data=data)
   per_client = (8 * 8 * 10 + 10) * 4                               # one c_k: 2,600 bytes
   assert t.store.kind == 'host'                                    # auto: 100k * 2.6 KB = 260 MB > 64 MiB
-  seen = set()
+  seen, messages = set(), {'down_params': 0.0, 'up_params': 0.0}
   for r in range(cfg.rounds):
-    rb = t.prepare_round(r)
-    t.run_round(r, rb)
+    rb = t.driver.prepare_round(r)
+    t.server_state, res = t.driver.run_round(t.server_state, t.store, r, rb)
     t.round = r + 1
+    messages = {k: v + res['messages'][k] for k, v in messages.items()}
     seen |= set(int(c) for c in rb.client_ids if c >= 0)
     assert len(t.store) == len(seen)
     assert t.store.nbytes() == len(seen) * per_client              # grows with clients seen, not population
@@ -187,4 +190,4 @@ def test_scaffold_with_100k_clients_memory_grows_with_clients_seen():
   assert any(np.abs(a[0]).sum() > 0 for a in leaves) and all(np.abs(a[1]).sum() == 0 for a in leaves)
   # communication: SCAFFOLD sends 2 models each way per client per round
   num_params = 8 * 8 * 10 + 10
-  assert t.comm_total == {'down_params': 2.0 * 30 * num_params, 'up_params': 2.0 * 30 * num_params}
+  assert messages == {'down_params': 2.0 * 30 * num_params, 'up_params': 2.0 * 30 * num_params}

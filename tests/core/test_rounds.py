@@ -11,7 +11,8 @@ import pytest
 from fedjax_flat.data import sampling
 from fedjax_flat.data import batching
 from fedjax_flat.data.sources.builtin import synthetic
-from fedjax_flat.training import loop, trainers
+from fedjax_flat.training import driver as driver_lib
+from fedjax_flat.training import trainers
 from fedjax_flat.config import validate
 from fedjax_flat.training import run as run_lib
 
@@ -101,11 +102,11 @@ def test_rounds_per_call_bit_identical(case):
                        'R2': dict(rounds_per_call=2), 'R4': dict(rounds_per_call=4),
                        'auto': {}}.items():
     t = _trainer(CASES[case], data, **engine)
-    assert t.device_rounds == (name != 'host_R1')
+    assert t.plan.device_rounds == (name != 'host_R1')
     t.train()
-    runs[name] = (_leaves(t), t.records, t.comm_total)
+    runs[name] = (_leaves(t), t.records, t.recorder.comm_total)
     if name == 'R4':     # 9 rounds, eval at 4, 8, 8..9 (eval_every_last): blocks 4, 4, 1 -> one program
-      assert t.block_fn._cache_size() == 1
+      assert t.driver.block_fn._cache_size() == 1
   ref_leaves, ref_records, ref_comm = runs['host_R1']
   assert [r['round'] for r in ref_records] == [4, 8, 9]
   for name, (leaves, records, comm) in runs.items():
@@ -130,10 +131,10 @@ def test_block_ends_at_every_boundary_and_train_loss_per_round():
 
     def wait(self):
       pass
-  t.checkpointer = Ckpt()
+  t.recorder.checkpointer = Ckpt()
   blocks = []
-  run_block = t.run_block
-  t.run_block = lambda r, n: blocks.append((r, n)) or run_block(r, n)
+  step = t.driver.step
+  t.driver.step = lambda state, store, r, n, end: blocks.append((r, n)) or step(state, store, r, n, end)
   t.train()
   assert blocks == [(0, 3), (3, 1), (4, 2), (6, 2), (8, 1)]     # eval 4, 8, 9; checkpoint 3, 6, 9
   assert Ckpt.seen == [3, 4, 6, 8, 9]
@@ -147,7 +148,7 @@ def test_unsupported_rounds_per_call_is_a_config_error():
   with pytest.raises(validate.ConfigError, match='rounds_per_call'):
     _trainer({'algorithm': 'scaffold', 'client_state_store': 'host'}, data, rounds_per_call=4)
   t = _trainer({'algorithm': 'scaffold', 'client_state_store': 'host'}, data)   # auto: the host path
-  assert not t.device_rounds and t.rounds_per_call == 1
+  assert not t.plan.device_rounds and t.plan.rounds_per_call == 1
   with pytest.raises(validate.ConfigError, match='rounds_per_call'):
     validate.validate_config(small_config(**{'engine.rounds_per_call': 0}))
   with pytest.raises(validate.ConfigError, match='device_data'):
@@ -156,7 +157,7 @@ def test_unsupported_rounds_per_call_is_a_config_error():
 
 def test_divergence_in_a_block_names_round_and_clients():
   t = _trainer({'client.lr': 1e30}, _data(), rounds_per_call=4)
-  with pytest.raises(loop.DivergenceError, match=r'at round 1: clients \[\d'):
+  with pytest.raises(driver_lib.DivergenceError, match=r'at round 1: clients \[\d'):
     t.train()
 
 

@@ -128,8 +128,9 @@ def test_streamed_batches_bit_identical_to_chunked(algorithm):
     c.engine.stream_batches = stream
     t = trainers.make_trainer(c, data=scale_worker.small_data())
     t.train()
-    assert (t.block_fn if t.device_rounds else t.round_fn)._cache_size() == 1   # device path unless streaming
-    assert t.device_rounds == (not stream)
+    fn = t.driver.block_fn if t.plan.device_rounds else t.driver.round_fn     # device path unless streaming
+    assert fn._cache_size() == 1
+    assert t.plan.device_rounds == (not stream)
     out[stream] = jax.tree_util.tree_leaves(jax.device_get(t.server_state))
     if t.store is not None:
       out[stream] += jax.tree_util.tree_leaves(t.store.state_dict())

@@ -128,9 +128,9 @@ def test_trainer_attacks_and_reports_the_drop(tmp_path):
                                                      'attack.attackers': 0.5,
                                                      'attack.clean_workdir': str(tmp_path / 'clean')})
   t = trainers.make_trainer(c, str(tmp_path / 'att'), data=data, write_files=False)    # attack.json only (no plots)
-  assert int((t.data.y != data.y).sum()) == t.attack_report['flipped_examples'] > 0
+  assert int((t.data.y != data.y).sum()) == t.plan.attack_report['flipped_examples'] > 0
   s = t.train()
-  assert s['attack']['num_attackers'] == t.attack_report['num_attackers']
+  assert s['attack']['num_attackers'] == t.plan.attack_report['num_attackers']
   assert s['attack']['clean_accuracy'] == 0.25
   assert s['attack']['drop'] == pytest.approx(s['mean_last_10_test_accuracy'] - 0.25)
   assert json.load(open(os.path.join(tmp_path, 'att', 'attack.json')))['attackers']
@@ -141,8 +141,8 @@ def test_chain_trainer_attacks_inside_malicious_superclients():
   c = small_config(algorithm='fedseq', rounds=1, **{'attack.kind': 'label_flip', 'attack.malicious_superclients': 0.25,
                                                     'attack.attackers': 1.0, 'algo.fraction': 0.5})
   t = trainers.make_trainer(c, data=data, superclients=SUPER)
-  (mal,) = t.attack_report['malicious_superclients']
+  (mal,) = t.plan.attack_report['malicious_superclients']
   suitable = [k for k in SUPER[mal] if np.isin(data.client_labels(k), [0, 2]).any()]
-  assert sorted(r['client'] for r in t.attack_report['attackers']) == sorted(suitable)
+  assert sorted(r['client'] for r in t.plan.attack_report['attackers']) == sorted(suitable)
   s = t.train()
   assert s['fedseq']['num_superclients_initial'] == 4 and s['attack']['num_attackers'] == len(suitable)

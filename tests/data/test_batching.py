@@ -57,16 +57,16 @@ def test_trainer_batches_follow_the_thesis_rule_host_and_device_gather():
   """Fast (no round runs): the trainer's S and each sampled client's host batches follow min(floor(N_k/4), 2),
   and the device gather of the compiled block gives the same batches."""
   t = _trainer(**{'client.full_batches': True, 'client.max_local_steps': 2, 'engine.device_data': False})
-  assert t.num_steps == 2 and t.batch_plan.full_batches and t.batch_plan.max_steps == 2
+  assert t.plan.num_steps == 2 and t.plan.batch_plan.full_batches and t.plan.batch_plan.max_steps == 2
   arrays = batching.device_data(t.data)
   for r in range(3):
-    rb = t.prepare_round(r)
+    rb = t.driver.prepare_round(r)
     ids = sampling.sample_clients(len(SIZES), 3, seed=t.config.seed, round_idx=r)
     for i, k in enumerate(ids):
       assert rb.mask[i].sum() == 4 * min(SIZES[k] // 4, 2)
     padded = np.full(rb.mask.shape[0], -1, np.int32)
     padded[:len(ids)] = ids
-    dev, _ = jax.device_get(batching.gather_round_device(t.batch_plan, arrays, sampling.seed_key(t.config.seed),
+    dev, _ = jax.device_get(batching.gather_round_device(t.plan.batch_plan, arrays, sampling.seed_key(t.config.seed),
                                                          jnp.int32(r), jnp.asarray(padded)))
     for key in ('x', 'y', 'mask'):
       np.testing.assert_array_equal(dev[key], getattr(rb, key), err_msg=key)

@@ -199,7 +199,7 @@ def test_trainer_honours_data_shuffle():
     c = small_config(**{'data.shuffle': shuffle, 'clients_per_round': 2})
     validate_config(c)
     t = trainers.make_trainer(c, data=d)
-    rb = t.prepare_round(3)
+    rb = t.plan.cohort_batches(3)
     ids = [int(k) for k in rb.client_ids if k >= 0]
     stored = [np.array_equal(rb.y[i][rb.mask[i] > 0], d.y[d.client_indices(k)]) for i, k in enumerate(ids)]
     assert all(stored) == (not shuffle), (shuffle, stored)

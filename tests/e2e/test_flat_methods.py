@@ -76,7 +76,7 @@ def test_method_runs_and_improves(case):
     assert all('swa/test_accuracy' not in r for r in t.records[:3])
     assert all('swa/test_accuracy' in r for r in t.records[3:])
   if case.startswith('naive'):
-    n = ROUNDS * 3 * t.num_params
+    n = ROUNDS * 3 * t.plan.num_params
     assert summary['comm_total_params'] == {'down_params': 2 * n, 'up_params': 2 * n}
   if case.startswith('fedgloss'):
     assert len(t.store) > 0   # per-client duals are kept

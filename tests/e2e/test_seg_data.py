@@ -45,7 +45,7 @@ def _config(device_data):
 def test_trains_on_label_maps():
   data = data_registry.get_dataset('seg_synthetic', **_config(True).data.to_dict())
   t = trainers.make_trainer(_config(True), data=data)
-  assert t.train_transform.style_bank.kind == 'lab' and t.task.ignore_index == 255
+  assert t.plan.train_transform.style_bank.kind == 'lab' and t.task.ignore_index == 255
   t.train()
   rec = t.records[-1]
   assert rec['round'] == 3 and np.isfinite(rec['test_loss']) and 0 <= rec['test_accuracy'] <= 1
@@ -58,7 +58,7 @@ def test_host_and_device_paths_agree():
   results = []
   for device_data in (False, True):
     t = trainers.make_trainer(_config(device_data), data=data)
-    assert t.train_transform.style_bank.kind == 'lab'
+    assert t.plan.train_transform.style_bank.kind == 'lab'
     t.train()
     results.append((t.records[-1], jax.tree_util.tree_map(np.asarray, t.server_state)))
   (r_host, s_host), (r_dev, s_dev) = results

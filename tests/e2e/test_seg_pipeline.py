@@ -115,9 +115,9 @@ def _synthetic_config(style='lab', device=True):
 def test_trainer_feeds_client_ids_to_the_style_transform(device):
   c = _synthetic_config(device=device)
   t = trainers.make_trainer(c)
-  assert t.batch_plan.with_client and t.train_transform.needs_client
+  assert t.plan.batch_plan.with_client and t.plan.train_transform.needs_client
   if not device:
-    rb = t.prepare_round(0)
+    rb = t.driver.prepare_round(0)
     np.testing.assert_array_equal(rb.as_dict()['client'][:, 0], rb.client_ids)
   t.train()                                     # microbatches split the batch: 'client' must be gone by then
   rec = t.records[-1]

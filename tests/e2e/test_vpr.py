@@ -53,7 +53,7 @@ def test_fedavg_trains_the_retrieval_task_with_one_program():
   for k in ('test_accuracy', 'test_recall@1', 'test_recall@5', 'test_recall@10', 'test_loss'):
     assert math.isfinite(rec[k])
   assert rec['test_recall@1'] <= rec['test_recall@5'] <= rec['test_recall@10'] <= 1.0
-  fn = t.block_fn if t.device_rounds else t.round_fn
+  fn = t.driver.block_fn if t.plan.device_rounds else t.driver.round_fn
   assert fn._cache_size() == 1
 
 
@@ -66,12 +66,12 @@ def test_validation_clients_are_evaluated_at_every_evaluation():
   c = tiny_config(rounds=2, clients_per_round=2)
   c.data.val_clients = 2
   t = trainers.make_trainer(c)
-  assert len(t.data.val_groups) == 2 and t.val_evaluator is not None
+  assert len(t.data.val_groups) == 2 and t.plan.val_evaluator is not None
   summary = t.train()
   assert [r['round'] for r in t.records] == [1, 2]
   rec = t.records[-1]
   params = t.algorithm.eval_models(t.server_state)['global'][0]
-  vx = t.eval_transform(jnp.asarray(t.data.val_x))
+  vx = t.plan.eval_transform(jnp.asarray(t.data.val_x))
   desc = np.asarray(jax.jit(lambda p, v: t.model.apply(p, v, train=False))(params, vx), np.float64)
   want = _recall_by_client(desc, np.asarray(t.data.val_y, np.float64), t.data.val_client, c.retrieval.threshold)
   for k in (1, 5, 10):
@@ -93,12 +93,12 @@ def test_trainer_evaluates_the_validation_clients_without_training():
   t = trainers.make_trainer(c)
   rec = t.evaluate()
   params = t.algorithm.eval_models(t.server_state)['global'][0]
-  desc = np.asarray(t.model.apply(params, t.eval_transform(jnp.asarray(t.data.val_x)), train=False), np.float64)
+  desc = np.asarray(t.model.apply(params, t.plan.eval_transform(jnp.asarray(t.data.val_x)), train=False), np.float64)
   want = _recall_by_client(desc, np.asarray(t.data.val_y, np.float64), t.data.val_client, c.retrieval.threshold)
   for k in (1, 5, 10):
     assert rec[f'val_recall@{k}'] == pytest.approx(want[k])
   t = trainers.make_trainer(tiny_config(rounds=1))
-  assert t.val_evaluator is None
+  assert t.plan.val_evaluator is None
   assert not [k for k in t.evaluate() if k.startswith('val_')]
 
 

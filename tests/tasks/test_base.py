@@ -156,15 +156,15 @@ def test_trainer_runs_a_dense_task_and_matches_a_python_loop():
   model = tr.model
   task = tasks.task_of(data)
   params = p0
-  plan = batching.batch_plan(data.client_sizes(), batch_size=4, num_steps=tr.num_steps, epochs=1)
+  plan = batching.batch_plan(data.client_sizes(), batch_size=4, num_steps=tr.plan.num_steps, epochs=1)
   for r in range(2):
     ids = np.asarray(tr_sampled(tr, r))
     rb = batching.make_round_batches(data, ids, round_idx=r, seed=c.seed, batch_size=4,
-                                     num_steps=tr.num_steps, plan=plan)
+                                     num_steps=tr.plan.num_steps, plan=plan)
     new, weights = [], []
     for i in range(len(ids)):
       p = params
-      for s in range(tr.num_steps):
+      for s in range(tr.plan.num_steps):
         b = {'x': rb.x[i, s], 'y': rb.y[i, s], 'mask': rb.mask[i, s]}
         if b['mask'].sum() == 0:
           continue

@@ -52,7 +52,8 @@ def test_round_trip_server_optimizer_and_client_states(tmp_path):
   assert len(a['ids']) > 0
   assert_trees_equal(a['states'], b['states'])
   assert fresh.round == 3 and fresh.records == json.loads(json.dumps(t.records))
-  assert fresh.comm_total == t.comm_total and fresh.pending_train_losses == t.pending_train_losses
+  assert fresh.recorder.comm_total == t.recorder.comm_total
+  assert fresh.recorder.pending_train_losses == t.recorder.pending_train_losses
   # ... and the restored run continues exactly like the original one.
   t.train()
   fresh.train()

@@ -181,7 +181,7 @@ def test_sigterm_after_done_exits_0_and_the_log_is_quiet(tmp_path):
   assert proc.returncode == 0, err[-3000:]
   # Quiet by default: INFO lines of fedjax_flat only (progress), none of jax / orbax / matplotlib.
   info = [ln for ln in err.splitlines() if ln.startswith('I')]
-  assert info and all(' loop.py:' in ln for ln in info) and len(err.splitlines()) <= 4, err
+  assert info and all(' recorder.py:' in ln for ln in info) and len(err.splitlines()) <= 4, err
 
 
 def test_second_ctrl_c_aborts_even_during_a_checkpoint_write(tmp_path):
@@ -216,7 +216,7 @@ def test_quiet_log_filter():
   def rec(level, path):
     return logging.LogRecord('x', level, path, 1, 'msg', None, None)
   f = cli.QuietLogs()
-  assert f.filter(rec(logging.INFO, f'{REPO}/fedjax_flat/training/loop.py'))
+  assert f.filter(rec(logging.INFO, f'{REPO}/fedjax_flat/training/recorder.py'))
   assert not f.filter(rec(logging.INFO, '/venv/site-packages/jax/_src/xla_bridge.py'))
   assert not f.filter(rec(logging.INFO, '/venv/site-packages/orbax/checkpoint/checkpoint_manager.py'))
   assert f.filter(rec(logging.WARNING, '/venv/site-packages/orbax/checkpoint/checkpoint_manager.py'))

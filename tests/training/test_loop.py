@@ -20,7 +20,9 @@ from fedjax_flat.evaluation import routed
 from fedjax_flat.grouping import style_clusters
 from fedjax_flat.models import base
 from fedjax_flat.tasks.segmentation import Segmentation
-from fedjax_flat.training import loop, trainers
+from fedjax_flat.training import driver as driver_lib
+from fedjax_flat.training import trainers
+from fedjax_flat.training.evals import routed as evals_routed
 from tests.fixtures.configs import small_config
 from tests.fixtures.paths import REPO
 
@@ -48,19 +50,20 @@ def test_same_seed_same_params_other_seed_other_params():
 def test_no_recompilation_across_rounds_with_different_client_sizes():
   data = quantity_skew_data()
   t = trainers.make_trainer(small_config(rounds=6), data=data)
+  host = driver_lib.HostDriver(t.plan)        # host-built rounds: one call of the round program each
   sizes = set()
   for r in range(6):
-    rb = t.prepare_round(r)
+    rb = host.prepare_round(r)
     sizes.add(tuple(rb.num_examples.astype(int)))
-    t.run_round(r, rb)
+    t.server_state, _ = host.run_round(t.server_state, t.store, r, rb)
   assert len(sizes) > 1, 'test needs rounds with different client sizes'
-  assert t.round_fn._cache_size() == 1
+  assert host.round_fn._cache_size() == 1
 
 
 def test_divergence_names_round_and_clients():
   data = quantity_skew_data()
   t = trainers.make_trainer(small_config(**{'client.lr': 1e30}), data=data)
-  with pytest.raises(loop.DivergenceError, match=r'round \d+: clients \[\d'):
+  with pytest.raises(driver_lib.DivergenceError, match=r'round \d+: clients \[\d'):
     t.train()
 
 
@@ -107,7 +110,7 @@ def test_eval_clients_reports_accuracy_on_sampled_clients():
   import jax.numpy as jnp
   params = t.server_state['params']
   accs = []
-  for k in t.last_clients:
+  for k in t.recorder.last_clients:
     x, y = data.client_examples(int(k))
     accs.append(float(jnp.mean(jnp.argmax(t.model.apply(params, x), -1) == y)))
   np.testing.assert_allclose(rec['clients_mean_accuracy'], np.mean(accs), rtol=1e-6)
@@ -132,10 +135,10 @@ def test_console_train_loss_is_the_recorded_train_loss(caplog):
   import logging
   import re
   t = trainers.make_trainer(small_config(rounds=6, eval_every=3, progress_every_s=0.0), data=quantity_skew_data())
-  assert t.device_rounds      # blocks of rounds in one program: each block returns its rounds' results
+  assert t.plan.device_rounds      # blocks of rounds in one program: each block returns its rounds' results
   losses = []
-  run_block = t.run_block
-  t.run_block = lambda r, n: losses.extend(run_block(r, n)) or losses[-n:]
+  step = t.driver.step
+  t.driver.step = lambda *a: (lambda out: losses.extend(out[1]) or out)(step(*a))
   with caplog.at_level(logging.INFO, logger='absl'):
     t.train()
   printed = {int(m.group(1)): float(m.group(2)) for m in
@@ -156,8 +159,8 @@ class _Head(nn.Module):
 
 
 def test_evaluate_routed_scores_each_test_image_under_its_style_clusters_model():
-  """Trainer.evaluate_routed on a tiny two-cluster LADD state (fast: the trainer's method on a stand-in holding
-  what it reads): images of two styles, routed to their style's centroid, each scored by its cluster's model
+  """The routed evaluation plug-in (training/evals/routed.py) on a tiny two-cluster LADD state (fast: a stand-in
+  holding   what it reads): images of two styles, routed to their style's centroid, each scored by its cluster's model
   (LADD(all), two cluster models that differ); the reported 'routed/test_*' = the image-by-image confusion
   matrix with the known routes, and differs from scoring every image under one cluster's model."""
   model = base.from_flax(_Head(), 'head', 3, (8, 8, 3))
@@ -177,11 +180,11 @@ def test_evaluate_routed_scores_each_test_image_under_its_style_clusters_model()
   prep = lambda a: jnp.asarray(a, jnp.float32) / 255.0  # noqa: E731
   task = Segmentation(ignore_index=255)
   fake = types.SimpleNamespace(
-      style_clusters=clusters, style_fda_b=1, algorithm=alg, server_state=state, model=model, task=task,
-      eval_transform=prep, placement=None, config=types.SimpleNamespace(eval_batch_size=4),
-      data=types.SimpleNamespace(test_examples=lambda: (x, y)))
-  got = loop.Trainer.evaluate_routed(fake)
-  np.testing.assert_array_equal(fake.routed_evaluator.route_ids, planted)
+      plan=types.SimpleNamespace(style_clusters=clusters, style_fda_b=1, eval_transform=prep, placement=None),
+      recorder=types.SimpleNamespace(plugin_state={}), algorithm=alg, server_state=state, model=model, task=task,
+      config=types.SimpleNamespace(eval_batch_size=4), data=types.SimpleNamespace(test_examples=lambda: (x, y)))
+  got = evals_routed.evaluate(fake)
+  np.testing.assert_array_equal(fake.recorder.plugin_state['routed'].route_ids, planted)
 
   def confusion(route_ids):
     conf = np.zeros((3, 3))
@@ -197,7 +200,7 @@ def test_evaluate_routed_scores_each_test_image_under_its_style_clusters_model()
   iou0 = np.diag(conf0) / (conf0.sum(0) + conf0.sum(1) - np.diag(conf0))
   assert not np.isclose(got['routed/test_miou'], iou0.mean())
   # One cluster (FedAvg + self-training) or no clusters: nothing routed to report.
-  fake.style_clusters = style_clusters.StyleClustering(1, np.array([0, 0]), centroids[:1], {}, 0.0)
-  assert loop.Trainer.evaluate_routed(fake) == {}
-  fake.style_clusters = None
-  assert loop.Trainer.evaluate_routed(fake) == {}
+  fake.plan.style_clusters = style_clusters.StyleClustering(1, np.array([0, 0]), centroids[:1], {}, 0.0)
+  assert evals_routed.evaluate(fake) == {}
+  fake.plan.style_clusters = None
+  assert evals_routed.evaluate(fake) == {}

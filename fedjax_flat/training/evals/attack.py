@@ -6,7 +6,7 @@ from fedjax_flat.training.evals.registry import Evaluation, register
 
 def _final(trainer, summary, reported):
   del reported
-  attacks.summarize(trainer.config, summary, getattr(trainer, 'attack_report', None))
+  attacks.summarize(trainer.config, summary, trainer.plan.attack_report)
 
 
-register(Evaluation('attack', order=80, applies=lambda t: attacks.enabled(t.config), final=_final))
+register(Evaluation('attack', order=80, applies=lambda p: attacks.enabled(p.config), final=_final))

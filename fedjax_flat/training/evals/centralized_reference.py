@@ -7,4 +7,4 @@ def _final(trainer, summary, reported):
   summary.update(centralized.rounds_to_centralized(trainer.records, trainer.config, reported))
 
 
-register(Evaluation('centralized_reference', order=10, applies=lambda t: True, final=_final))
+register(Evaluation('centralized_reference', order=10, applies=lambda p: True, final=_final))

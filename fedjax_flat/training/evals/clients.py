@@ -5,15 +5,16 @@ from fedjax_flat.training.evals.registry import Evaluation, register
 
 
 def _periodic(trainer) -> dict:
-  if getattr(trainer, 'last_clients', None) is None:
+  rec, p = trainer.recorder, trainer.plan
+  if rec.last_clients is None:
     return {}
-  if getattr(trainer, 'client_evaluator', None) is None:
-    trainer.client_evaluator = ClientEvaluator(trainer.model, trainer.data, trainer.config.eval_batch_size,
-                                               preprocess=trainer.eval_transform, task=trainer.task)
-  params = trainer.algorithm.eval_models(trainer.server_state)['global'][0]
-  res = trainer.client_evaluator(params, trainer.last_clients)
+  if 'clients' not in rec.plugin_state:        # built once per run
+    rec.plugin_state['clients'] = ClientEvaluator(p.model, p.data, p.config.eval_batch_size,
+                                                  preprocess=p.eval_transform, task=p.task)
+  params = p.algorithm.eval_models(trainer.server_state)['global'][0]
+  res = rec.plugin_state['clients'](params, rec.last_clients)
   return {k: v for k, v in res.items() if k.startswith('clients_')}
 
 
-register(Evaluation('clients', order=20, applies=lambda t: bool(t.config.eval_clients), periodic=_periodic,
+register(Evaluation('clients', order=20, applies=lambda p: bool(p.config.eval_clients), periodic=_periodic,
                     models=('global',)))

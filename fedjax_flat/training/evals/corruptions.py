@@ -4,8 +4,8 @@ from fedjax_flat.evaluation.corruption import evaluate_corruptions
 from fedjax_flat.training.evals.registry import Evaluation, register
 
 
-def _applies(trainer) -> bool:
-  ce = trainer.config.get('corruption_eval')
+def _applies(plan) -> bool:
+  ce = plan.config.get('corruption_eval')
   return ce is not None and bool(ce.name)
 
 
@@ -13,8 +13,8 @@ def _final(trainer, summary, reported):
   c = trainer.config
   params = trainer.algorithm.eval_models(trainer.server_state)[reported][0]
   summary['corruptions'] = evaluate_corruptions(
-      trainer.model, params, c.corruption_eval, trainer.eval_transform, c.eval_batch_size,
-      trainer.workdir if (trainer.workdir and trainer.writer) else None)
+      trainer.model, params, c.corruption_eval, trainer.plan.eval_transform, c.eval_batch_size,
+      trainer.workdir if (trainer.workdir and trainer.recorder.writer) else None)
   summary['corruptions']['model'] = reported
 
 

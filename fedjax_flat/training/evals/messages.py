@@ -12,4 +12,4 @@ def _final(trainer, summary, reported):
                          for k, v in trainer.algorithm.counters(trainer.server_state).items()}
 
 
-register(Evaluation('messages', order=30, applies=lambda t: t.algorithm.counters is not None, final=_final))
+register(Evaluation('messages', order=30, applies=lambda p: p.algorithm.counters is not None, final=_final))

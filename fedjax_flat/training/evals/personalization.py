@@ -6,15 +6,15 @@ from fedjax_flat.training import personalized_eval, writers
 from fedjax_flat.training.evals.registry import Evaluation, register
 
 
-def _applies(trainer) -> bool:
-  pc = trainer.config.get('personalized')
+def _applies(plan) -> bool:
+  pc = plan.config.get('personalized')
   return pc is not None and bool(pc.enabled)
 
 
 def _final(trainer, summary, reported):
   del reported
   summary['personalized'] = res = personalized_eval.evaluate_trainer(trainer)
-  if trainer.workdir and trainer.writer and isinstance(res, dict):
+  if trainer.workdir and trainer.recorder.writer and isinstance(res, dict):
     writers.plot_personalized(res, os.path.join(trainer.workdir, 'personalized.png'),
                               title=f'{trainer.algorithm.label} on {trainer.config.dataset}')
 

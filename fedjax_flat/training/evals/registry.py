@@ -1,9 +1,9 @@
 """The evaluation plug-in registry (like FedJAX's `periodic_eval_fn_map` and big_vision's `config.evals`).
 
-A plug-in is an `Evaluation`: `applies(trainer)` (declared by the config and the algorithm's eval models),
+A plug-in is an `Evaluation`: `applies(plan)` (declared by the config and the algorithm's eval models),
 `periodic(trainer) -> metrics` added to every evaluation record, `final(trainer, summary, reported)` adding its
 entries (and figures) to summary.json; `models`: the algorithm's eval models it is about. Each lives in its own
-module of this package; `selected(trainer)` lists those a run uses, in `order` (the order of their summary
+module of this package; `selected(plan)` lists those a run uses, in `order` (the order of their summary
 entries). Which model is reported is the algorithm's declaration (`FederatedAlgorithm.reported_models`).
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ EVALUATIONS = Registry('evaluation', package='fedjax_flat.training.evals', skip=
 class Evaluation:
   name: str
   order: int                                              # position among the selected plug-ins
-  applies: Callable[[Any], bool]                          # (trainer) -> whether this run uses it
+  applies: Callable[[Any], bool]                          # (run plan) -> whether this run uses it
   periodic: Optional[Callable[[Any], dict]] = None        # (trainer) -> metrics of an evaluation round
   final: Optional[Callable[[Any, dict, str], None]] = None  # (trainer, summary, reported model) -> summary entries
   models: tuple = ()                                      # the algorithm's eval models it is about (documentation)
@@ -31,10 +31,10 @@ def register(evaluation: Evaluation) -> Evaluation:
   return evaluation
 
 
-def selected(trainer) -> List[Evaluation]:
-  """The plug-ins this run uses, in order."""
+def selected(plan) -> List[Evaluation]:
+  """The plug-ins the run of this plan (training/plan.RunPlan) uses, in order."""
   evs = [EVALUATIONS.get(n) for n in EVALUATIONS.names()]
-  return [e for e in sorted(evs, key=lambda e: (e.order, e.name)) if e.applies(trainer)]
+  return [e for e in sorted(evs, key=lambda e: (e.order, e.name)) if e.applies(plan)]
 
 
 def reported_model(models, records) -> str:

@@ -11,25 +11,26 @@ from fedjax_flat.training.evals.registry import Evaluation, register
 
 
 def evaluate(trainer) -> dict:
-  clusters = getattr(trainer, 'style_clusters', None)
+  clusters = trainer.plan.style_clusters
   if clusters is None or int(clusters.k) < 2:
     return {}
   models = trainer.algorithm.eval_models(trainer.server_state)
   names = [f'cluster{c}' for c in range(int(clusters.k))]
   if not all(n in models for n in names):
     return {}
-  if getattr(trainer, 'routed_evaluator', None) is None:
+  state = trainer.recorder.plugin_state
+  if 'routed' not in state:        # routes computed once per run
     tx, ty = trainer.data.test_examples()
-    trainer.routed_evaluator = routed.RoutedEvaluator(
-        trainer.model, tx, ty, routed.routes(tx, clusters.centroids, b=trainer.style_fda_b), task=trainer.task,
-        preprocess=trainer.eval_transform, batch_size=trainer.config.eval_batch_size)
-  view = (lambda p: p) if trainer.placement is None else trainer.placement.local_view
+    state['routed'] = routed.RoutedEvaluator(
+        trainer.model, tx, ty, routed.routes(tx, clusters.centroids, b=trainer.plan.style_fda_b), task=trainer.task,
+        preprocess=trainer.plan.eval_transform, batch_size=trainer.config.eval_batch_size)
+  view = (lambda p: p) if trainer.plan.placement is None else trainer.plan.placement.local_view
   stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *[view(models[n][0]) for n in names])
-  res = trainer.routed_evaluator(stacked)
+  res = state['routed'](stacked)
   out = {'routed/test_accuracy': res['accuracy'], 'routed/test_loss': res['loss']}
   out.update({f'routed/test_{k}': v for k, v in res.items() if k not in ('accuracy', 'loss', 'count')})
   return out
 
 
-register(Evaluation('routed', order=10, applies=lambda t: getattr(t, 'style_clusters', None) is not None,
+register(Evaluation('routed', order=10, applies=lambda p: p.style_clusters is not None,
                     periodic=evaluate, models=('cluster0', 'cluster1', '...')))

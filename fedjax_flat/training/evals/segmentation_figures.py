@@ -7,19 +7,19 @@ from fedjax_flat.training import seg_figures
 from fedjax_flat.training.evals.registry import Evaluation, register
 
 
-def _applies(trainer) -> bool:
-  return (isinstance(trainer.task, seg_tasks.Segmentation) and bool(trainer.config.segmentation.predictions)
-          and hasattr(trainer.evaluator, 'predictions'))
+def _applies(plan) -> bool:
+  return (isinstance(plan.task, seg_tasks.Segmentation) and bool(plan.config.segmentation.predictions)
+          and hasattr(plan.evaluator, 'predictions'))
 
 
 def _final(trainer, summary, reported):
   del summary
-  if not (trainer.workdir and trainer.writer):
+  if not (trainer.workdir and trainer.recorder.writer):
     return
   c = trainer.config
   params = trainer.algorithm.eval_models(trainer.server_state)[reported][0]
   seg_figures.write_predictions(os.path.join(trainer.workdir, 'predictions.png'),
-                                trainer.evaluator.predictions(params, c.segmentation.predictions),
+                                trainer.plan.evaluator.predictions(params, c.segmentation.predictions),
                                 trainer.data.num_classes, title=f'{trainer.algorithm.label} ({reported} model)')
 
 

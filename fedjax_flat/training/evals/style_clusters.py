@@ -12,7 +12,7 @@ from fedjax_flat.training.evals.registry import Evaluation, register
 
 def _final(trainer, summary, reported):
   del reported
-  c = trainer.style_clusters
+  c = trainer.plan.style_clusters
   labels = np.asarray(c.labels, np.int64)
   out = {'k': int(c.k), 'client_cluster': labels.tolist(), 'sizes': c.sizes().tolist(),
          'silhouette': {str(k): float(v) for k, v in c.scores.items()}}
@@ -26,5 +26,5 @@ def _final(trainer, summary, reported):
   summary.setdefault('facts', {})['style_clusters'] = fact
 
 
-register(Evaluation('style_clusters', order=15, applies=lambda t: getattr(t, 'style_clusters', None) is not None,
+register(Evaluation('style_clusters', order=15, applies=lambda p: p.style_clusters is not None,
                     final=_final))

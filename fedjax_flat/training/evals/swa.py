@@ -27,4 +27,4 @@ def _final(trainer, summary, reported):
         summary['facts']['swa'] += '; the global model is reported instead'
 
 
-register(Evaluation('swa', order=40, applies=lambda t: bool(t.config.swa.enabled), final=_final, models=('swa',)))
+register(Evaluation('swa', order=40, applies=lambda p: bool(p.config.swa.enabled), final=_final, models=('swa',)))

@@ -10,4 +10,4 @@ def _final(trainer, summary, reported):
     summary['validation'] = selected
 
 
-register(Evaluation('validation', order=20, applies=lambda t: True, final=_final))
+register(Evaluation('validation', order=20, applies=lambda p: True, final=_final))

@@ -8,9 +8,9 @@ import numpy as np
 from fedjax_flat.training.evals.registry import Evaluation, register
 
 
-def _applies(trainer) -> bool:
-  fc = trainer.config.get('fedvc')
-  data = getattr(trainer, 'data', None)
+def _applies(plan) -> bool:
+  fc = plan.config.get('fedvc')
+  data = plan.data
   return fc is not None and bool(fc.virtual_size) and getattr(data, 'virtual_of', None) is not None
 
 

@@ -2,4 +2,4 @@
 over SWA's, once evaluated); nothing beyond its records."""
 from fedjax_flat.training.evals.registry import Evaluation, register
 
-register(Evaluation('wima', order=50, applies=lambda t: bool(t.config.wima.enabled), models=('wima',)))
+register(Evaluation('wima', order=50, applies=lambda p: bool(p.config.wima.enabled), models=('wima',)))

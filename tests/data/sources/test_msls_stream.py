@@ -70,7 +70,7 @@ def test_trainer_runs_the_streamed_source_on_the_host_path_with_one_program(data
   c.client.batch_size = 2
   c.retrieval.num_negatives = 2
   t = trainers.make_trainer(c)
-  assert not t.device_rounds
+  assert not t.plan.device_rounds
   t.train()
   assert math.isfinite(t.records[-1]['test_recall@1'])
-  assert t.round_fn._cache_size() == 1
+  assert t.driver.round_fn._cache_size() == 1

@@ -15,8 +15,10 @@ def _stand_in(**over):
     for h in head:
       node = node[h]
     node[last] = v
-  return types.SimpleNamespace(config=c, task=None, evaluator=None, style_clusters=None,
-                               algorithm=types.SimpleNamespace(counters=None))
+  t = types.SimpleNamespace(config=c, task=None, evaluator=None, style_clusters=None, data=None,
+                            algorithm=types.SimpleNamespace(counters=None, chain=None))
+  t.plan = t        # one stand-in for the run plan (what `applies` reads) and the trainer (what `final` reads)
+  return t
 
 
 def test_a_plain_run_selects_only_the_plugins_every_run_has():
@@ -44,7 +46,7 @@ def test_final_entries_of_swa_and_messages():
   t = _stand_in(**{'swa.enabled': True})
   t.round, t.config.rounds = 3, 3
   t.server_state = {'swa': {'n': np.int32(2)}, 'messages_up': np.float32(7.0)}
-  t.algorithm = types.SimpleNamespace(counters=lambda s: {'messages_up': s['messages_up']})
+  t.algorithm = types.SimpleNamespace(counters=lambda s: {'messages_up': s['messages_up']}, chain=None)
   summary = {}
   swa._final(t, summary, 'swa')
   messages._final(t, summary, 'swa')
@@ -53,7 +55,7 @@ def test_final_entries_of_swa_and_messages():
   t.server_state = {'params': np.zeros(2)}          # no SWA buffer: nothing written
   swa._final(t, summary, 'global')
   assert summary == {}
-  t.algorithm = types.SimpleNamespace(counters=None)   # an algorithm without counters: no plug-in
+  t.algorithm = types.SimpleNamespace(counters=None, chain=None)   # an algorithm without counters: no plug-in
   assert 'messages' not in [e.name for e in registry.selected(t)]
 
 

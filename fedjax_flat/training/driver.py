@@ -1,0 +1,217 @@
+"""Round drivers: how a planned run's rounds execute. One way to build each program, one interface.
+
+  HostDriver     the host samples and batches each round (prefetched one round ahead on a thread) and calls the
+                 one-round program: single-device (core/engine.py), streamed chunk by chunk (core/streaming.py)
+                 or sharded over the devices and hosts of a mesh (core/sharding.py)
+  DeviceDriver   blocks of rounds in one program (core/rounds.py): sampling, batches from the device copy of the
+                 data, client keys and the device store inside it; sharded over the mesh when there is one
+
+`step(state, store, r, n, end) -> (state, results)` runs rounds r .. r+n-1 (`block_length` says how many the
+driver takes before the recorder's next boundary), updates the client-state store in place, checks divergence
+(naming the round and the client ids) and returns one result per round: the mean client train loss, the real
+client ids and the model-sized messages sent. The chain algorithms have their own driver
+(training/chain_loop.ChainDriver) with the same interface.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import time
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_flat import errors
+from fedjax_flat.core import engine as engine_lib
+from fedjax_flat.core import rounds as rounds_lib
+from fedjax_flat.core import sharding as sharding_lib
+from fedjax_flat.core import streaming
+from fedjax_flat.data import batching
+
+AUTO_BLOCK_TARGET_S = 2.0      # 'auto' sizes blocks to about this wall time (signals, progress lines)
+
+
+class DivergenceError(errors.OperationError):
+  pass
+
+
+def _finite_tree(tree):
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)]))
+
+
+finite = jax.jit(_finite_tree)
+
+
+def check_divergence(r, client_ids, finite_clients, server_finite):
+  bad = (client_ids >= 0) & ~np.asarray(finite_clients)
+  if bad.any() or not server_finite:
+    raise DivergenceError(
+        f'divergence (NaN/inf) at round {r + 1}: clients {client_ids[bad].tolist() or "none"} produced '
+        f'non-finite loss or updates; server state finite={server_finite}. '
+        f'Lower client.lr / rho, or enable client.grad_clip.')
+
+
+def round_result(plan, client_ids, m) -> dict:
+  """What the recorder keeps of a round: the mean client train loss, the real clients, the messages."""
+  real = client_ids >= 0
+  count = float(np.sum(m['count'][real]))
+  return {'train_loss': float(np.sum(m['loss_sum'][real]) / max(count, 1.0)), 'clients': client_ids[real],
+          'messages': plan.round_messages(int(real.sum()))}
+
+
+def round_program(plan, jit: bool = True):
+  """The one-round program of the plan's client placement: streamed, sharded or single-device."""
+  ec = plan.config.engine
+  if plan.stream:
+    ids = plan.sample_round(0)[:plan.chunk]
+    spec = streaming.batch_spec_of(plan.round_batches(0, ids, plan.chunk).as_dict())
+    return streaming.StreamedRoundFn(plan.algorithm, chunk=plan.chunk, cohort=plan.cohort, batch_spec=spec,
+                                     unroll=ec.unroll, augment_fn=plan.train_transform)
+  if plan.mesh is not None:
+    return sharding_lib.ShardedRoundFn(plan.algorithm, plan.mesh, chunk=plan.chunk, unroll=ec.unroll,
+                                       augment_fn=plan.train_transform)
+  return engine_lib.make_round_fn(plan.algorithm, chunk=plan.chunk, unroll=ec.unroll,
+                                  augment_fn=plan.train_transform, jit=jit)
+
+
+class HostDriver:
+  """One round per call; round r+1's batches are built on a thread while round r runs."""
+
+  def __init__(self, plan):
+    self.plan = plan
+    self.round_fn = round_program(plan)
+    self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    self._next = None            # (round, future of its batches)
+
+  def begin(self, r: int):
+    del r
+    self._next = None
+
+  def block_length(self, r: int, boundary: int) -> int:
+    del r, boundary
+    return 1
+
+  def prepare_round(self, r: int):
+    """Round r's inputs, built on the host: the whole padded cohort, this host's rows (multi-host), or a lazy
+    chunk-by-chunk source (streaming)."""
+    p = self.plan
+    ids = p.sample_round(r)
+    full_ids = np.full((p.cohort,), -1, np.int64)
+    full_ids[:len(ids)] = ids
+    if p.placement is not None and p.placement.partial:    # this host's rows; ids and weights of the whole cohort
+      mine = full_ids[p.placement.local_rows]
+      rb = p.round_batches(r, mine[mine >= 0], len(mine))
+      return dataclasses.replace(rb, num_examples=p.num_examples(full_ids), client_ids=full_ids.astype(np.int32))
+    if p.stream:
+      return streaming.LazyRoundBatches(r, full_ids.astype(np.int32), p.num_examples(full_ids), p.chunk,
+                                        lambda r_, ids_, pad: p.round_batches(r_, ids_, pad).as_dict())
+    return p.round_batches(r, ids, p.cohort)
+
+  def place_round_inputs(self, inputs):
+    p = self.plan
+    if p.placement is None:
+      return inputs
+    local = p.placement.partial and inputs[0]['mask'].shape[0] != p.cohort
+    return p.placement.place(inputs, batches_are_local=local)
+
+  def fetch_outputs(self, tree):
+    """Round outputs (per-client metrics, new client states) as host arrays, whole on every host."""
+    if self.plan.placement is None:
+      return jax.device_get(tree)
+    return self.plan.placement.to_host(tree)
+
+  def run_round(self, state, store, r: int, rb):
+    """(new server state, round result) of round r on the prepared inputs `rb`."""
+    states = store.gather(rb.client_ids) if store is not None else None
+    inputs = (rb.as_dict(), states, self.plan.client_keys(r, rb.client_ids), rb.num_examples, rb.client_ids >= 0)
+    state, new_states, m = self.round_fn(state, *self.place_round_inputs(inputs), jnp.asarray(r, jnp.int32))
+    m = self.fetch_outputs(m)
+    check_divergence(r, rb.client_ids, m['finite'], bool(finite(state)))
+    if store is not None:
+      store.scatter(rb.client_ids, new_states if self.plan.placement is None else self.fetch_outputs(new_states))
+    return state, round_result(self.plan, rb.client_ids, m)
+
+  def step(self, state, store, r: int, n: int, end: int):
+    del n
+    if self._next is not None and self._next[0] == r:
+      rb = self._next[1].result()
+    else:
+      rb = self.prepare_round(r)
+    self._next = (r + 1, self._pool.submit(self.prepare_round, r + 1)) if r + 1 < end else None
+    state, res = self.run_round(state, store, r, rb)
+    return state, [res]
+
+
+class DeviceDriver:
+  """Blocks of rounds in one compiled program on the device copy of the data (core/rounds.py)."""
+
+  def __init__(self, plan):
+    self.plan = plan
+    ec = plan.config.engine
+    self.round_s: Optional[float] = None      # measured wall per round ('auto' block sizing)
+    self.dev_data = batching.device_data(plan.data)
+    if plan.placement is not None:     # one copy of the data per device; each device gathers its clients' rows
+      self.dev_data = plan.placement.replicate(jax.device_get(self.dev_data))
+      round_fn = engine_lib.make_round_fn(
+          plan.algorithm, chunk=plan.chunk, unroll=ec.unroll, augment_fn=plan.train_transform, jit=False,
+          client_block=sharding_lib.make_sharded_block(plan.algorithm, plan.mesh, chunk=plan.chunk,
+                                                       unroll=ec.unroll, augment_fn=plan.train_transform))
+    else:
+      round_fn = round_program(plan, jit=False)
+    self.block_fn = rounds_lib.make_block_fn(
+        round_fn, plan=plan.batch_plan, num_clients=plan.data.num_clients,
+        clients_per_round=plan.config.clients_per_round, cohort=plan.cohort,
+        rounds_per_call=plan.rounds_per_call, has_store=plan.algorithm.client_state_init is not None,
+        mesh=plan.mesh, sample_fn=plan.device_sampler())
+    self._first = 0
+
+  def begin(self, r: int):
+    self._first = r                  # the first block of a train() call includes compilation: not timed
+
+  def block_length(self, r: int, boundary: int) -> int:
+    """Rounds of the block starting at r: up to the recorder's boundary, rounds_per_call, and ('auto') about
+    AUTO_BLOCK_TARGET_S of wall time."""
+    n = min(self.plan.rounds_per_call, boundary - r)
+    if self.plan.adaptive and self.round_s:
+      n = min(n, max(1, int(AUTO_BLOCK_TARGET_S / self.round_s)))
+    return max(n, 1)
+
+  def run_block(self, state, store, r: int, n: int):
+    """Rounds r .. r+n-1 in one call of the block program; (new server state, per-round results)."""
+    arrays = store.arrays if store is not None else None
+    template = store.template if store is not None else None
+    placement = self.plan.placement
+    if placement is not None:   # replicated on the mesh (a no-op after the first block or a restore)
+      arrays, template = placement.replicate_device(arrays), placement.replicate_device(template)
+      state = placement.replicate_device(state)
+    state, arrays, m = self.block_fn(state, arrays, template, self.dev_data, self.plan.key,
+                                     jnp.asarray(r, jnp.int32), jnp.asarray(n, jnp.int32))
+    return state, self.block_results(store, r, n, jax.device_get(m), arrays)
+
+  def block_results(self, store, r: int, n: int, m: dict, arrays=None) -> list:
+    """The host side of a block: the device store's new arrays, divergence checks, per-round results."""
+    if store is not None:
+      store.arrays = arrays
+      ran_ids = m['ids'][m['ran']]
+      store.mark_seen(ran_ids[ran_ids >= 0])
+    results = []
+    for i in range(n):
+      if not m['ran'][i]:          # skipped after a divergent round (raised below, at that round)
+        break
+      check_divergence(r + i, m['ids'][i], m['finite'][i], bool(m['server_finite'][i]))
+      results.append(round_result(self.plan, m['ids'][i], {k: v[i] for k, v in m.items()}))
+    return results
+
+  def step(self, state, store, r: int, n: int, end: int):
+    del end
+    t0 = time.time()
+    state, results = self.run_block(state, store, r, n)
+    if r > self._first:
+      self.round_s = (time.time() - t0) / max(n, 1)
+    return state, results
+
+
+def make_driver(plan):
+  return DeviceDriver(plan) if plan.device_rounds else HostDriver(plan)

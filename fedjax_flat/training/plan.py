@@ -1,0 +1,281 @@
+"""The plan of a run: what it is, decided once from the config and the algorithm's declarations.
+
+`RunPlan(config)` loads the data (FedVC's virtual clients, a configured label-flipping attack), builds the model,
+the task and the algorithm, the client transforms, where the clients run (strategy, the devices' mesh, the padded
+cohort and chunk), the batch plan, the round path and the evaluators of the global test set. It trains nothing and
+holds no run state; what it offers are pure functions of the round: `sample_round(r)` (the client ids),
+`round_batches(r, ids, pad_to)` (their padded, masked batches), `client_keys(r, ids)` and `initial_state(params)`
+(round 0's server state and client-state store).
+
+The round path: `device_rounds` when the training data are an in-memory FederatedDataset small enough for the
+device and nothing needs the host between rounds (`blocker` says why not), then blocks of up to
+`rounds_per_call` rounds run in one program (training/driver.DeviceDriver); otherwise the host builds each round
+(training/driver.HostDriver). The chain algorithms plan their lanes on top of this (training/chain_loop.ChainPlan).
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_flat.algorithms import registry as alg_registry
+from fedjax_flat.config import validate
+from fedjax_flat.core import engine as engine_lib
+from fedjax_flat.core import sharding as sharding_lib
+from fedjax_flat.core import client_state
+from fedjax_flat.data import attacks
+from fedjax_flat.data import batching
+from fedjax_flat.data import registry as data_registry
+from fedjax_flat.data import sampling
+from fedjax_flat.data import validation_steps
+from fedjax_flat.data import virtual_clients
+from fedjax_flat.data.federated import FederatedDataset
+from fedjax_flat.data.sources import cifar_c
+from fedjax_flat.data.transforms import pipeline as transforms
+from fedjax_flat.errors import ConfigError
+from fedjax_flat.evaluation.evaluator import make_evaluator, make_validation_evaluator
+from fedjax_flat.grouping import style_clusters
+from fedjax_flat.models import registry as model_registry
+from fedjax_flat.models.base import num_params
+from fedjax_flat.tasks import base as tasks_lib
+
+# Rounds per call (core/rounds.py).
+AUTO_ROUNDS_PER_CALL = 32      # the compiled block length of 'auto' (measured: benchmarks/speed/rounds_per_s.py)
+
+
+def check_corruption_files(config) -> None:
+  """config.corruption_eval's files exist (one bad-input line naming the field and the download command):
+  they are read at the end of training, so a missing directory must not cost the whole run."""
+  ce = config.get('corruption_eval')
+  if ce is None or not ce.name:
+    return
+  try:
+    cifar_c.locate(ce.data_dir, ce.name)
+  except FileNotFoundError as e:
+    raise ConfigError('corruption_eval.data_dir', ce.data_dir, str(e).replace('\n', ' ')) from None
+
+
+class RunPlan:
+  """Everything a run is built from (see the module docstring). `shard_clients` overrides
+  config.engine.shard_clients (training/batched.py: the devices take runs instead)."""
+
+  def __init__(self, config, workdir: Optional[str] = None, *, data=None, shard_clients: Optional[bool] = None):
+    validate.validate_config(config)
+    self.config, self.workdir = config, workdir
+    self.data = data if data is not None else data_registry.get_dataset(config.dataset, **config.data.to_dict())
+    if config.get('fedvc') is not None and config.fedvc.virtual_size:     # FedVC: equal-size virtual clients
+      self.data = virtual_clients.virtual_clients(self.data, config.fedvc.virtual_size, seed=config.seed)
+    validate.validate_against_data(config, self.data)
+    check_corruption_files(config)   # the CIFAR-C test set is read after training: find it before training
+    self.model = model_registry.get_model(config.model, self.data.num_classes, self.data.input_shape,
+                                          compute_dtype=model_registry.compute_dtype(config),
+                                          **config.model_kwargs.to_dict())
+    self.task = tasks_lib.from_config(tasks_lib.task_of(self.data), config)  # loss and metrics (tasks/base.py)
+    self.attack_report = None            # config.attack: what the label-flipping attack poisoned
+    self.algorithm = self.build_algorithm()
+    # Need 'client_groups' (H-FL): every client's group from the dataset's metadata, read when the algorithm is
+    # built; the rounds then sample a fixed number of clients per group (data/sampling.stratified_ids).
+    self.client_groups = self.algorithm.client_groups
+    self.clients_per_group = int(self.client_groups['per_group']) if self.client_groups is not None else 0
+    # Need 'style_clusters' (LADD): the clustering it was built with, and the FDA window that routes test images.
+    self.style_clusters = self.algorithm.style_clusters
+    self.style_fda_b = int(self.algorithm.hparams['fda_b']) if self.style_clusters is not None else 0
+    self.train_transform, self.eval_transform = transforms.make_transforms(config, self.data.num_classes,
+                                                                           data=self.data)
+    self.place_clients(shard_clients)
+    c, ec = config.client, config.engine
+    full_batches, max_steps = bool(c.get('full_batches', False)), int(c.get('max_local_steps', 0))
+    self.num_steps = batching.padded_num_steps(
+        self.data.client_sizes(), c.batch_size, epochs=c.local_epochs, local_steps=c.local_steps,
+        bucketing=ec.step_bucketing, full_batches=full_batches, max_steps=max_steps)
+    # Algorithms with a `val_source` hyperparameter (FedSoup) get each client's validation examples appended
+    # to the round batches as flagged extra steps (evaluation/personalized.py).
+    self.val_source = self.algorithm.val_source
+    self.val_steps = (validation_steps.validation_num_steps(self.data, self.val_source, c.batch_size)
+                      if self.val_source else 0)
+    self.stream = bool(ec.get('stream_batches', False))   # host batches one chunk at a time (core/streaming.py)
+    if self.stream and self.mesh is not None:
+      raise validate.ConfigError('engine.stream_batches', True, 'streams a single-device round; with several '
+                                 'devices set engine.shard_clients=False or stream_batches=False (sharding '
+                                 'already keeps each device to its own rows)')
+    self.batch_plan = batching.batch_plan(
+        self.data.client_sizes(), batch_size=c.batch_size, num_steps=self.num_steps, epochs=c.local_epochs,
+        local_steps=c.local_steps, shuffle=config.data.get('shuffle', True),
+        with_client=(self.train_transform.needs_client       # style transfer's bank
+                     or 'client_ids' in self.algorithm.needs),   # FedFomo's slots
+        full_batches=full_batches, max_steps=max_steps,
+        draw=self.data.draw)     # a dataset drawing columns from a pool (data/federated.py)
+    self.key = jax.random.key(config.seed)
+    # The global test set (Evaluator), or test-client groups / BN test policy / resolution (segmentation).
+    self.evaluator = make_evaluator(config, self.model, self.data, self.task, self.eval_transform,
+                                    local_batch_stats=self.algorithm.local_batch_stats)
+    # Retrieval runs with validation clients (FedVPR's 12 held-out clients): 'val_<metric>' at every evaluation.
+    self.val_evaluator = make_validation_evaluator(config, self.model, self.data, self.task, self.eval_transform)
+    self.choose_round_path()
+
+  # The algorithm (training/chain_loop.ChainPlan builds its superclients first).
+  def build_algorithm(self):
+    """A configured label-flipping attack poisons the attackers' data here, before anything trains."""
+    if attacks.enabled(self.config):
+      self.poison_data(None)
+    return alg_registry.build_algorithm(self.config, self.model, population=self.data.num_clients,
+                                        task=self.task, data=self.data, cluster_styles=self.cluster_styles)
+
+  def cluster_styles(self, ks, force_k: int, b: int):
+    """What an algorithm that needs 'style_clusters' (LADD) is built with: the clients clustered by their FDA
+    styles (Algorithm 7, grouping/style_clusters.py) over k in `ks` (or `force_k`), keyed by the seed."""
+    clusters = style_clusters.cluster_clients(self.data, ks=ks, force_k=force_k, seed=int(self.config.seed), b=b)
+    logging.info('style clusters: k = %d, sizes %s, silhouettes %s', clusters.k, clusters.sizes().tolist(),
+                 {k: round(v, 4) for k, v in clusters.scores.items()})
+    return clusters
+
+  def poison_data(self, superclients):
+    self.data, self.attack_report = attacks.apply(self.data, self.config.attack, self.config.seed, superclients)
+    if self.workdir and jax.process_index() == 0:
+      os.makedirs(self.workdir, exist_ok=True)
+      attacks.write_report(self.workdir, self.attack_report)
+
+  # Where the clients run.
+  def place_clients(self, shard_clients: Optional[bool]):
+    """strategy, mesh (None: one device), the cohort padded for it, the chunk of clients vmapped at once and the
+    placement of the cohort's rows over the mesh (core/sharding.py)."""
+    ec = self.config.engine
+    self.strategy = engine_lib.resolve_strategy(ec.strategy)
+    shard = (sharding_lib.resolve_shard_clients(ec.get('shard_clients', 'auto')) if shard_clients is None
+             else shard_clients)
+    self.mesh = sharding_lib.client_mesh() if shard else None
+    if self.mesh is not None:
+      self.cohort, self.chunk = sharding_lib.plan_cohort(self.strategy, self.config.clients_per_round,
+                                                         ec.clients_per_chunk, self.mesh.devices.size)
+      self.placement = sharding_lib.ClientPlacement(self.mesh, self.cohort)
+      logging.info('clients sharded over %s; cohort padded to %d (%d per device, chunk %d)',
+                   sharding_lib.describe(self.mesh), self.cohort, self.cohort // self.mesh.devices.size, self.chunk)
+    else:
+      self.placement = None
+      self.cohort = engine_lib.padded_cohort(self.strategy, self.config.clients_per_round, ec.clients_per_chunk)
+      self.chunk = engine_lib.chunk_size(self.strategy, self.cohort, ec.clients_per_chunk)
+
+  # The round path.
+  def device_rounds_blocker(self) -> Optional[str]:
+    """Why this run cannot keep data on the device and run rounds in one program (None: it can)."""
+    ec = self.config.engine
+    if not isinstance(self.data, FederatedDataset):
+      return 'the training data are not an in-memory FederatedDataset (out-of-memory source)'
+    if self.mesh is not None and jax.process_count() > 1:
+      return 'clients are sharded over several processes (each host builds the batches of its own clients)'
+    if self.stream:
+      return 'engine.stream_batches=True builds batches on the host chunk by chunk'
+    if self.val_source:
+      return "the algorithm appends host-built validation steps (FedSoup's val_source)"
+    if self.store_kind() not in (None, 'device'):
+      return ('per-client states live in the host store (client_state_store=host, or the population is '
+              'larger than client_state_device_max_mb)')
+    nbytes = self.data.nbytes
+    limit = ec.get('device_data_max_mb', 1024) * 2**20
+    if ec.get('device_data', 'auto') == 'auto' and nbytes > limit:
+      return f'the training data ({nbytes / 2**20:.0f} MB) exceed engine.device_data_max_mb'
+    return None
+
+  def choose_round_path(self):
+    """device_rounds / rounds_per_call / adaptive (whether 'auto' sizes blocks by measured time); blocker."""
+    ec = self.config.engine
+    want = ec.get('rounds_per_call', 'auto')
+    self.blocker = self.device_rounds_blocker()
+    use = ec.get('device_data', 'auto')
+    if use is True and self.blocker:
+      raise validate.ConfigError('engine.device_data', True, f'is not possible: {self.blocker}')
+    self.adaptive = False
+    if use is False or self.blocker:
+      if want != 'auto' and want > 1:
+        raise validate.ConfigError('engine.rounds_per_call', want,
+                                   f'needs the data on the device (engine.device_data), not possible here: '
+                                   f'{self.blocker or "engine.device_data=False"}; use 1 or auto')
+      self.device_rounds, self.rounds_per_call = False, 1
+      return
+    self.device_rounds = True
+    self.rounds_per_call = AUTO_ROUNDS_PER_CALL if want == 'auto' else int(want)
+    self.adaptive = want == 'auto'
+
+  # Round 0.
+  def fresh_params(self):
+    """The model's initial params from the run's root key (stream 0)."""
+    sample_x = jnp.zeros((1,) + tuple(self.data.input_shape), jnp.float32)
+    return self.model.init(jax.random.fold_in(self.key, 0), sample_x)
+
+  @property
+  def num_params(self) -> int:
+    if getattr(self, '_num_params', None) is None:
+      self._num_params = num_params(jax.eval_shape(self.fresh_params))
+    return self._num_params
+
+  def store_kind(self) -> Optional[str]:
+    """'device' | 'host' | None (stateless): where this run keeps its client states (core/client_state.py)."""
+    c = self.config
+    return client_state.store_kind(self.algorithm, jax.eval_shape(self.fresh_params), self.data.num_clients,
+                                   c.get('client_state_store', 'auto'),
+                                   c.get('client_state_device_max_mb', 256) * 2**20)
+
+  def new_store(self, params):
+    """An empty client-state store (host dict or device [K, ...] arrays), None when the algorithm is stateless."""
+    c = self.config
+    return client_state.store_for(self.algorithm, params, self.data.num_clients, c.get('client_state_store', 'auto'),
+                                  c.get('client_state_device_max_mb', 256) * 2**20)
+
+  def initial_state(self, params=None):
+    """(server state, client-state store) of round 0 from `params` (default: the fresh init); the server's key
+    is stream 1 of the root key, the state replicated over the mesh when the clients are sharded."""
+    params = self.fresh_params() if params is None else params
+    state = self.algorithm.server_init(params, jax.random.fold_in(self.key, 1))
+    if self.placement is not None:
+      state = self.placement.replicate(state)
+    return state, self.new_store(params)
+
+  # Pure functions of the round.
+  def sample_round(self, r: int) -> np.ndarray:
+    """The client ids of round r: uniform (data/sampling.sample_clients) or stratified by client group."""
+    c = self.config
+    if self.client_groups is not None:
+      return sampling.sample_clients_stratified(self.client_groups['labels'], self.clients_per_group, seed=c.seed,
+                                                round_idx=r)
+    return sampling.sample_clients(self.data.num_clients, c.clients_per_round, seed=c.seed, round_idx=r)
+
+  def device_sampler(self):
+    """The traceable twin of `sample_round` for the compiled multi-round block (None: uniform)."""
+    if self.client_groups is None:
+      return None
+    groups = jnp.asarray(self.client_groups['labels'], jnp.int32)
+    per, total = self.clients_per_group, self.config.clients_per_round
+    return lambda key, r: sampling.stratified_ids(key, r, groups, per, total)
+
+  def round_batches(self, r: int, ids, pad_to: int):
+    """Round r's batches of the real client ids `ids`, padded with empty clients to `pad_to` rows (plus
+    FedSoup's validation steps)."""
+    c = self.config
+    rb = batching.make_round_batches(self.data, ids, round_idx=r, seed=c.seed, batch_size=c.client.batch_size,
+                                     num_steps=self.num_steps, epochs=c.client.local_epochs,
+                                     local_steps=c.client.local_steps, pad_clients_to=pad_to,
+                                     shuffle=c.data.get('shuffle', True), plan=self.batch_plan)
+    if self.val_source:
+      rb = validation_steps.append_validation_steps(rb, self.data, self.val_source, self.val_steps)
+    return rb
+
+  def cohort_batches(self, r: int):
+    """Round r's batches of its sampled clients, padded to the cohort (what a host-built round trains on)."""
+    return self.round_batches(r, self.sample_round(r), self.cohort)
+
+  def num_examples(self, full_ids) -> np.ndarray:
+    sizes = np.asarray(self.data.client_sizes())
+    return np.where(full_ids >= 0, sizes[np.maximum(full_ids, 0)], 0).astype(np.float32)
+
+  def client_keys(self, r, client_ids):
+    return sampling.client_keys_jit(self.key, jnp.asarray(r, jnp.int32), jnp.asarray(client_ids, jnp.int32))
+
+  def round_messages(self, n_clients: int) -> dict:
+    """Model-sized messages of a round of n real clients (FederatedAlgorithm.comm_down / comm_up per phase)."""
+    alg, p = self.algorithm, self.num_params
+    return {'down_params': alg.comm_down * alg.num_phases * n_clients * p,
+            'up_params': alg.comm_up * alg.num_phases * n_clients * p}

@@ -1,0 +1,195 @@
+"""The recorder of a run: what a person reads and what a resume needs besides the server state.
+
+It keeps the evaluation records (metrics.jsonl, metrics.csv, TensorBoard: training/writers.py), the train losses
+since the last evaluation, the cumulative messages, the wall time across resumes; it prints progress (rounds/s,
+ETA, metrics), evaluates at the configured rounds (the algorithm's eval models on the global test set, then the
+run's evaluation plug-ins: training/evals/), asks the checkpointer to save (training/checkpoint.py), and at the
+end writes summary.json / summary.md / metrics.png with every plug-in's entries. `boundary_after(r, end)` is the
+next round whose end it must see, which bounds the driver's blocks.
+
+`state_dict()` / `load_state_dict(d)` are what a checkpoint stores of it, so a resumed run writes the same records.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Optional
+
+from absl import logging
+import jax
+import numpy as np
+
+from fedjax_flat.core import sharding as sharding_lib
+from fedjax_flat.data import sampling
+from fedjax_flat.training import writers
+from fedjax_flat.training.evals import registry as evals
+
+
+class Recorder:
+
+  def __init__(self, plan, *, write_files: bool = True):
+    self.plan = plan
+    self.config = plan.config
+    self.workdir = plan.workdir
+    self.is_writer = jax.process_index() == 0          # multi-host: only process 0 writes files
+    self.writer = (writers.MetricsWriter(plan.workdir) if (plan.workdir and write_files and self.is_writer)
+                   else None)
+    self.records = []
+    self.pending_train_losses = []       # train losses of the rounds since the last evaluation
+    self.comm_total = {'down_params': 0.0, 'up_params': 0.0}
+    self.last_clients = None             # the real clients of the last round (config.eval_clients)
+    self.round_log = plan.algorithm.round_log   # the algorithm's schedule values per round, or None
+    self.elapsed_offset = 0.0            # wall time of the run before this process (resume)
+    self.checkpointer = None             # a checkpoint.Checkpointer saves every checkpoint_every rounds
+    self.stopped_early = False
+    self.plugin_state = {}               # what evaluation plug-ins build once (their evaluators), by plug-in
+    self._evaluations = None
+    self._t0 = self._last_progress = time.time()
+    self._start_round = 0
+
+  # What a checkpoint keeps.
+  def state_dict(self) -> dict:
+    return {'records': list(self.records), 'pending_train_losses': [float(x) for x in self.pending_train_losses],
+            'comm_total': dict(self.comm_total), 'elapsed_s': float(self.elapsed_s())}
+
+  def load_state_dict(self, d: dict):
+    self.records = list(d['records'])
+    self.pending_train_losses = list(d.get('pending_train_losses', []))
+    self.comm_total = dict(d['comm_total'])
+    self.elapsed_offset = float(d.get('elapsed_s', 0.0))
+
+  def elapsed_s(self) -> float:
+    """Wall time of the whole run, across resumes."""
+    return self.elapsed_offset + (time.time() - self._t0)
+
+  # The run's schedule.
+  def begin(self, round_: int, num_rounds: Optional[int] = None) -> int:
+    """Starts this process's share of the run at round `round_`; returns the round to stop after."""
+    c = self.config
+    end = c.rounds if num_rounds is None else min(c.rounds, round_ + num_rounds)
+    self._t0 = self._last_progress = time.time()
+    self._start_round = round_
+    return end
+
+  def is_evaluation_round(self, block_end: int, end: int) -> bool:
+    c = self.config
+    return (block_end % c.eval_every == 0 or block_end == end
+            or block_end > c.rounds - c.get('eval_every_last', 0))
+
+  def boundary_after(self, r: int, end: int) -> int:
+    """The first round > r whose end must be seen by the host: evaluation, checkpoint, the last round."""
+    c = self.config
+    nxt = lambda every: (r // every + 1) * every if every > 0 else end
+    b = min(end, nxt(c.eval_every))
+    if end > c.rounds - c.get('eval_every_last', 0):
+      b = min(b, max(r + 1, c.rounds - c.get('eval_every_last', 0) + 1))
+    if self.checkpointer is not None:
+      kept = [k for k in getattr(self.checkpointer, 'keep_rounds', ()) if k > r]   # config.keep_rounds
+      b = min(b, nxt(self.checkpointer.every), *kept or [end])
+    return max(b, r + 1)
+
+  # After every block of rounds.
+  def record(self, trainer, block: list, end: int, stop_requested=lambda: False) -> bool:
+    """After a block of rounds (the driver's results): train losses, messages, evaluation and metrics at
+    evaluation rounds, progress, checkpoint. Advances trainer.round. Returns True when the run stops here."""
+    c = self.config
+    train_losses = self.pending_train_losses
+    for res in block:                  # every round's train loss, as with one round per call
+      train_losses.append(res['train_loss'])
+      for k, v in res['messages'].items():
+        self.comm_total[k] += v
+      self.last_clients = res['clients']
+    # `train_loss` (console, metrics.jsonl, TensorBoard alike): the mean client training loss of the rounds
+    # since the previous evaluation, so the console never shows one round's value under the same name.
+    window_loss = float(np.mean(train_losses))
+    trainer.round = block_end = trainer.round + len(block)
+    rps = (block_end - self._start_round) / max(time.time() - self._t0, 1e-9)
+    elapsed = self.elapsed_s()
+    if self.is_evaluation_round(block_end, end):
+      logged = self.round_log(block_end - 1) if self.round_log is not None else {}   # schedules (FedGloSS)
+      rec = {'round': block_end, **self.evaluate(trainer), 'train_loss': window_loss, **logged,
+             'elapsed_s': elapsed, 'rounds_per_s': rps,
+             'comm_down_params': self.comm_total['down_params'], 'comm_up_params': self.comm_total['up_params'],
+             'comm_bytes': 4.0 * (self.comm_total['down_params'] + self.comm_total['up_params'])}
+      train_losses.clear()
+      self.records.append(rec)
+      if self.writer:
+        self.writer.write(rec)
+    if time.time() - self._last_progress >= c.progress_every_s or block_end == end:
+      self._last_progress = time.time()
+      eta = (end - block_end) / max(rps, 1e-9)
+      latest = self.records[-1] if self.records else {}
+      logging.info('round %d/%d  %.2f rounds/s  ETA %.0fs  train_loss %.4f  test_acc %s', block_end, c.rounds,
+                   rps, eta, window_loss, f"{latest.get('test_accuracy', float('nan')):.4f}")
+    stop = bool(stop_requested())
+    placement = self.plan.placement
+    if placement is not None and placement.multi_process:
+      stop = sharding_lib.any_process(stop)   # every host stops after the same round
+    if self.checkpointer is not None:
+      self.checkpointer.maybe_save(trainer, final=stop or block_end == end)
+    if stop:
+      self.stopped_early = block_end < end
+    return stop
+
+  # Evaluation.
+  def evaluations(self) -> list:
+    """The evaluation plug-ins this run selects (training/evals/), once."""
+    if self._evaluations is None:
+      self._evaluations = evals.selected(self.plan)
+    return self._evaluations
+
+  def evaluate(self, trainer) -> dict:
+    """The algorithm's eval models on the global test set (and the validation clients), then the plug-ins."""
+    p, out = self.plan, {}
+    view = (lambda x: x) if p.placement is None else p.placement.local_view
+    for name, (params, active) in p.algorithm.eval_models(trainer.server_state).items():
+      if not bool(active):
+        continue
+      res = p.evaluator(view(params))
+      prefix = '' if name == 'global' else f'{name}/'
+      out[prefix + 'test_accuracy'] = res['accuracy']
+      out[prefix + 'test_loss'] = res['loss']
+      for k, v in res.items():   # task-specific metrics (e.g. mIoU) beside loss and accuracy
+        if k not in ('accuracy', 'loss', 'count'):
+          out[f'{prefix}test_{k}'] = v
+      if p.val_evaluator is not None:    # the validation clients, each against its own database
+        res = p.val_evaluator(view(params))
+        out.update({f'{prefix}val_{k}': v for k, v in res.items() if k != 'count'})
+    for ev in self.evaluations():       # the run's periodic plug-ins (training/evals/: routed, clients, ...)
+      if ev.periodic is not None:
+        out.update(ev.periodic(trainer))
+    return out
+
+  # The end.
+  def end(self, trainer) -> dict:
+    if self.checkpointer is not None:
+      self.checkpointer.wait()
+    return self.finish(trainer, time.time() - self._t0, trainer.round - self._start_round)
+
+  def finish(self, trainer, wall, rounds_run) -> dict:
+    """wall / rounds_run: this process only (a resumed run reports its own speed, not rounds since 0). What a
+    run reports beyond its records comes from its evaluation plug-ins (training/evals/), each declared by the
+    config and the algorithm's eval models."""
+    c, p = self.config, self.plan
+    # the first of the algorithm's reported models (WiMA, then SWA) that was evaluated, else the global one
+    reported = evals.reported_model(p.algorithm.reported_models, self.records)
+    summary = writers.summarize(self.records, c.summary_last_k, {
+        'experiment': os.path.basename(self.workdir.rstrip('/')) if self.workdir else 'run',
+        'algorithm': p.algorithm.label, 'dataset': c.dataset, 'model': c.model,
+        'rounds_completed': trainer.round, 'rounds_planned': c.rounds, 'wall_time_s': wall,
+        'rounds_this_process': rounds_run, 'wall_time_total_s': self.elapsed_offset + wall,
+        'rounds_per_s': (rounds_run / wall) if wall > 0 else 0.0, 'num_params': p.num_params,
+        'reported_model': reported, 'strategy': p.strategy, 'backend': jax.default_backend(),
+        'rounds_per_call': p.rounds_per_call, 'device_data': p.device_rounds,
+        'sampling_procedure': sampling.PROCEDURE,
+        'comm_total_params': self.comm_total, 'comm_total_bytes': 4.0 * sum(self.comm_total.values()),
+        'summary_last_k': c.summary_last_k})
+    for ev in self.evaluations():
+      if ev.final is not None:
+        ev.final(trainer, summary, reported)
+    if self.workdir and self.writer:
+      writers.write_summary(self.workdir, summary)
+      writers.plot_metrics(self.records, os.path.join(self.workdir, 'metrics.png'),
+                           title=f'{p.algorithm.label} on {c.dataset}')
+      self.writer.close()
+    return summary
