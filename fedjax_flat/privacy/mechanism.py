@@ -116,7 +116,7 @@ def value_multiplier(z, sigma_b, adaptive: bool):
   """z_v: the noise multiplier of the model query (z itself without adaptive clipping); z may be traced."""
   if not adaptive:
     return z
-  return (z ** -2 - (2.0 * sigma_b) ** -2) ** -0.5
+  return z * (1.0 - (z / (2.0 * sigma_b)) ** 2) ** -0.5    # = (z^-2 - (2 sigma_b)^-2)^-1/2, and 0 at z = 0
 
 
 # ---- the mechanisms (traced)

@@ -97,3 +97,4 @@ def test_value_multiplier_shares_z_between_the_two_queries():
   zv = mech.value_multiplier(z, sb, True)
   np.testing.assert_allclose((zv ** -2 + (2 * sb) ** -2) ** -0.5, z, rtol=1e-12)   # Andrew et al., Theorem 1
   assert mech.value_multiplier(z, sb, False) == z
+  assert mech.value_multiplier(0.0, sb, True) == 0.0     # no noise stays no noise
