@@ -59,17 +59,18 @@ def check(config, population: int = 0) -> None:
   if config.get('fedvc') is not None and config.fedvc.virtual_size:
     raise ConfigError('fedvc.virtual_size', config.fedvc.virtual_size, 'virtual clients split one user into '
                       'several uploads, which client-level DP does not bound: 0 with dp.mode on')
-  p = mech.population(config, population)
+  if d.accountant == 'pld' and d.mode == 'central':
+    raise ConfigError('dp.accountant', d.accountant, "the engine samples a fixed-size cohort, which PLD does not "
+                      "account: use 'rdp'")
+  n = int(population) or int(config.data.get('num_clients') or 0)   # the clients of the data
+  if n and float(d.delta) >= 1.0 / n:
+    raise ConfigError('dp.delta', d.delta, f'must be below 1 / population = {1.0 / n:.3g} ({n} clients), else '
+                      'releasing one client in the clear is (0, delta)-DP')
+  p = mech.population(config, population)                            # the population the accountant samples
   if not p:
     return                                  # checked again once the data are loaded
   if d.mode == 'central' and mech.noise_cohort(config) > p:
     raise ConfigError('dp.noise_cohort', d.noise_cohort, f'must be <= the population of {p} clients')
-  if float(d.delta) >= 1.0 / p:
-    raise ConfigError('dp.delta', d.delta, f'must be below 1 / population = {1.0 / p:.3g} ({p} clients), else '
-                      'releasing one client in the clear is (0, delta)-DP')
-  if d.accountant == 'pld' and d.mode == 'central':
-    raise ConfigError('dp.accountant', d.accountant, "the engine samples a fixed-size cohort, which PLD does not "
-                      "account: use 'rdp'")
   noise_multiplier(config, p)               # an unreachable target epsilon is refused here
 
 
