@@ -130,7 +130,12 @@ def present_value_fields(config) -> tuple:
 
 
 def run_values(config, fields: Sequence[str]) -> Dict[str, float]:
-  return {f: float(_get(config, f)) for f in fields}
+  out = {f: float(_get(config, f)) for f in fields}
+  if 'dp.noise_multiplier' in out and 'dp.target_epsilon' in out:
+    # A per-run target epsilon: the run's noise multiplier is calibrated here, on the host, from the run's own
+    # config (privacy/mechanism.noise_multiplier), and traced as its dp.noise_multiplier.
+    out['dp.noise_multiplier'] = float(dp_mechanism.noise_multiplier(config))
+  return out
 
 
 def traced_config(config, values: Dict[str, Any]):

@@ -20,13 +20,15 @@ Numbers may be per-run traced values of a batched program (core/runs.py): only j
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 
 from fedjax_flat.errors import ConfigError
-from fedjax_flat.schema import RESULT, VALUE, Choice, Field, Flag, Int, Num, Section
+from fedjax_flat.privacy import accounting as accounting_lib
+from fedjax_flat.schema import RESULT, TRUTH, VALUE, Choice, Field, Flag, Int, Num, Section
 
 MODES = ('off', 'central', 'local')
 ACCOUNTANTS = ('rdp', 'pld')
@@ -64,7 +66,7 @@ SECTION = Section('dp', (
     Field('per_layer', Flag(False), 'clip each of the L parameter arrays to C / sqrt(L) instead of the whole delta'),
     Field('noise_multiplier', Num(1.0, lo=0), 'z: Gaussian noise std z C (the accountant\'s multiplier)', {VALUE}),
     Field('target_epsilon', Num(0.0, lo=0), '> 0: calibrate z before training so that epsilon after `rounds` is at '
-          'most this (0: use dp.noise_multiplier)'),
+          'most this (0: use dp.noise_multiplier)', {VALUE, TRUTH}),
     Field('delta', Num(1e-5, lo=0, hi=1, lo_open=True, hi_open=True), 'delta of the (epsilon, delta) reported; '
           'below 1 / population'),
     Field('accountant', Choice('rdp', ACCOUNTANTS), "'rdp' | 'pld' (PLD has no fixed-size sampling: refused)"),
@@ -110,6 +112,24 @@ def accounting(cfg, data_population: int = 0) -> dict:
     return {'q': 1.0, 'sampling': 'poisson', 'num_clients': None, 'accountant': str(cfg.dp.accountant)}
   m = noise_cohort(cfg)
   return {'q': m / p if p else 0.0, 'sampling': SAMPLING, 'num_clients': p, 'accountant': str(cfg.dp.accountant)}
+
+
+@functools.lru_cache(maxsize=64)
+def _calibrate(target, q, rounds, delta, sampling, accountant, num_clients):
+  return accounting_lib.calibrate(target, q, rounds, delta, sampling, accountant, num_clients)
+
+
+def noise_multiplier(cfg, data_population: int = 0):
+  """z the accountant sees: dp.noise_multiplier, or the one calibrated to dp.target_epsilon over cfg.rounds (once
+  per distinct setting). In a batched program (core/runs.py) a per-run target is a traced value: the run's z was
+  calibrated on the host (core/runs.run_values) and travels as its dp.noise_multiplier."""
+  d = cfg.dp
+  target = d.target_epsilon
+  if not isinstance(target, (int, float)) or not target:
+    return d.noise_multiplier
+  a = accounting(cfg, data_population)
+  return _calibrate(float(target), a['q'], int(cfg.rounds), float(d.delta), a['sampling'], a['accountant'],
+                    a['num_clients'])
 
 
 def value_multiplier(z, sigma_b, adaptive: bool):

@@ -36,6 +36,8 @@ CASES = {
     'mime': {'algorithm': 'mime'},
     # central DP with adaptive clipping: clip and noise multiplier per run, each run its own noise and clip state
     'dp': {'dp.mode': 'central', 'dp.adaptive': True, 'dp.delta': 1e-3, 'server.weighting': 'uniform'},
+    # an epsilon grid: each run's noise multiplier calibrated on the host to its own target epsilon
+    'dp_eps': {'dp.mode': 'central', 'dp.delta': 1e-3, 'dp.clip': 0.5, 'server.weighting': 'uniform'},
 }
 # Per-run values of the three runs of a case: seeds and every traced field the case uses.
 VALUES = [{'seed': 0, 'client.lr': 0.1, 'client.momentum': 0.9, 'client.weight_decay': 1e-3, 'server.lr': 1.0},
@@ -44,9 +46,10 @@ VALUES = [{'seed': 0, 'client.lr': 0.1, 'client.momentum': 0.9, 'client.weight_d
 EXTRA = {'fedsam': [{'client.rho': 0.02}, {'client.rho': 0.05}, {'client.rho': 0.1}],
          'swa': [{'swa.lr1': 0.1, 'swa.lr2': 0.01}, {'swa.lr1': 0.2, 'swa.lr2': 0.02}, {'swa.lr1': 0.05,
                                                                                         'swa.lr2': 0.001}],
-         'mime': [{'client.momentum': 0.0}] * 3,
+         'mime': [{'client.momentum': 0.0}] * 3,     # Mime's base-optimizer momentum is algo.beta
          'dp': [{'dp.clip': 0.1, 'dp.noise_multiplier': 0.1}, {'dp.clip': 0.3, 'dp.noise_multiplier': 0.2},
-                {'dp.clip': 1.0, 'dp.noise_multiplier': 0.0}]}     # Mime's base-optimizer momentum is algo.beta
+                {'dp.clip': 1.0, 'dp.noise_multiplier': 0.0}],
+         'dp_eps': [{'dp.target_epsilon': 8.0}, {'dp.target_epsilon': 4.0}, {'dp.target_epsilon': 2.0}]}
 
 
 def _config(case, i, **over):
@@ -102,6 +105,9 @@ def test_batched_run_equals_run_alone(case, tmp_path, monkeypatch):
       np.testing.assert_allclose(x, y, rtol=2e-4, atol=2e-5, err_msg=f'{case} run {i} checkpoint')
     sa, sb = (json.load(open(os.path.join(d, 'summary.json'))) for d in (a, b))
     assert sa['rounds_completed'] == sb['rounds_completed'] == 7
+    if case == 'dp_eps':    # the run's own calibrated z and epsilon, batched or alone
+      assert sa['dp_noise_multiplier'] == sb['dp_noise_multiplier'] and sa['dp_epsilon'] == sb['dp_epsilon']
+      assert sa['dp_epsilon'] <= (8.0, 4.0, 2.0)[i]
     np.testing.assert_allclose(sa['final_test_accuracy'], sb['final_test_accuracy'], atol=1e-6)
   # the runs really differ (the values are per run, not the first run's)
   assert not np.allclose(_ckpt(str(tmp_path / 'batched0'))[0], _ckpt(str(tmp_path / 'batched1'))[0])

@@ -21,8 +21,6 @@ algorithm to keep the list true). Control variates (SCAFFOLD), dual variables (F
 """
 from __future__ import annotations
 
-import functools
-
 from absl import logging
 import jax
 import jax.numpy as jnp
@@ -74,20 +72,9 @@ def check(config, population: int = 0) -> None:
   noise_multiplier(config, p)               # an unreachable target epsilon is refused here
 
 
-@functools.lru_cache(maxsize=64)
-def _calibrate(target, q, rounds, delta, sampling, accountant, num_clients):
-  return accounting.calibrate(target, q, rounds, delta, sampling, accountant, num_clients)
-
-
 def noise_multiplier(config, population: int = 0):
-  """z the accountant sees: dp.noise_multiplier, or the one calibrated to dp.target_epsilon over config.rounds."""
-  d = config.dp
-  target = d.target_epsilon
-  if isinstance(target, (int, float)) and not target:
-    return d.noise_multiplier
-  a = mech.accounting(config, population)
-  return _calibrate(float(target), a['q'], int(config.rounds), float(d.delta), a['sampling'], a['accountant'],
-                    a['num_clients'])
+  """z the accountant sees: dp.noise_multiplier, or the one calibrated to dp.target_epsilon (privacy/mechanism.py)."""
+  return mech.noise_multiplier(config, population)
 
 
 def epsilon(config, rounds: int, population: int = 0) -> float:
@@ -115,7 +102,7 @@ def with_dp(alg: FederatedAlgorithm, config, population: int = 0) -> FederatedAl
   m = mech.cohort(config)
   big_m = mech.noise_cohort(config)
   z = noise_multiplier(config, population)
-  if d.target_epsilon:
+  if isinstance(z, float) and d.target_epsilon:   # (a batched program's runs were calibrated on the host)
     logging.info('dp: noise multiplier z=%.6g calibrated to epsilon %g at delta %g over %d rounds', z,
                  d.target_epsilon, d.delta, config.rounds)
   sigma_b = mech.count_noise(config)

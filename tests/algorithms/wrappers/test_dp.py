@@ -174,7 +174,7 @@ def test_calibrated_noise_multiplier_meets_the_target_and_is_computed_once():
   assert 0 < z < 10
   assert dp.epsilon(cfg, 20, 100) <= 8.0
   assert dp.epsilon(cfg, 20, 100) > 7.9     # the smallest such z (bisection tolerance 1e-4)
-  assert dp._calibrate.cache_info().hits >= 1
+  assert dp.mech._calibrate.cache_info().hits >= 1
 
 
 def _upload_structure(name):
