@@ -3,7 +3,7 @@ central with adaptive clipping and local, timed interleaved in one process (roun
 on two settings:
 
   digits   configs/quickstart.py's round: digits_cnn, 5 clients of the embedded digits (B=16, E=1)
-  cifar    the paper CIFAR round of benchmarks/speed/round_overhead.py: cnn, 10 clients x 500 synthetic
+  cifar    the paper CIFAR round of benchmarks/speed/round_overhead.py: cifar_cnn, 10 clients x 500 synthetic
            32x32x3 examples (B=64, E=1, lr 0.01, wd 4e-4)
 
 Ratio = median time(dp mode) / median time(off), in wall time and in this process's CPU time (steadier on a
@@ -37,7 +37,7 @@ def _setting(name):
     c = quickstart.get_config()
     data = data_registry.get_dataset(c.dataset, **c.data.to_dict())
     return c, data, int(data.num_classes)
-  c = bench_util.round_config('cnn')
+  c = bench_util.round_config('cifar_cnn')
   sizes = [500] * 10
   return c, synthetic(10, sizes, input_shape=(32, 32, 3), num_classes=10, seed=0), 10
 
@@ -68,7 +68,7 @@ def main():
   ap.add_argument('--settings', default='digits,cifar')
   ap.add_argument('--json', default='')
   a = ap.parse_args()
-  res = {'machine': bench_util.machine_info(), 'host_devices': HOST_DEVICES,
+  res = {'machine': bench_util.machine_info(), 'host_devices': HOST_DEVICES and HOST_DEVICES.as_dict(),
          'results': [measure(s, a.repeats) for s in a.settings.split(',')]}
   for r in res['results']:
     print(f"{r['setting']}: " + ', '.join(f"{k} {r['median_s'][k] * 1e3:.1f} ms (x{r['ratio_wall'][k]:.3f} wall, "
