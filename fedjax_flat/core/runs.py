@@ -131,7 +131,7 @@ def present_value_fields(config) -> tuple:
 
 def run_values(config, fields: Sequence[str]) -> Dict[str, float]:
   out = {f: float(_get(config, f)) for f in fields}
-  if 'dp.noise_multiplier' in out and 'dp.target_epsilon' in out:
+  if 'dp.noise_multiplier' in out and 'dp.target_epsilon' in out and config.dp.mode != 'off':
     # A per-run target epsilon: the run's noise multiplier is calibrated here, on the host, from the run's own
     # config (privacy/mechanism.noise_multiplier), and traced as its dp.noise_multiplier.
     out['dp.noise_multiplier'] = float(dp_mechanism.noise_multiplier(config))
