@@ -10,7 +10,9 @@ Grammar (comma-separated; default digits,fedavg, non-private):
   the server stays FedAvg: with DP these are DP-FedAvg, DP-FedSAM, DP-FedASAM);  eps=<float> (0 = non-private:
   config.dp.mode stays 'off'; > 0: dp.target_epsilon, the noise multiplier calibrated before training);
   local (each client noises its own upload instead of the server: local DP, no amplification by sampling);
-  adaptive (adaptive clipping from the clip below, Andrew et al.'s geometric update, TFF's quantile 0.5, lr 0.2)
+  adaptive (adaptive clipping from the clip below, Andrew et al.'s geometric update, TFF's quantile 0.5, lr 0.2);
+  cohort=<int> (central: the noise cohort M, accounted as M of a population of 100 M, so q = 0.01 and z stay the
+  digits' while the noise on the mean, z C / M, grows as M shrinks)
 CELLS: pfl_cifar10 and pfl_cifar10,eps=2; the digits' three methods x epsilon inf, 8, 2.
 
 pfl_cifar10 (apple/pfl-research benchmarks/image_classification, `--central_privacy_mechanism
@@ -43,6 +45,7 @@ FIELDS = {
     'eps': (0.0, float),
     'local': (False, bool),
     'adaptive': (False, bool),
+    'cohort': (0, int),        # > 0: the noise cohort M (accounted as M of a population of 100 M); 0: the setting's
 }
 CELLS = ['pfl_cifar10', 'pfl_cifar10,eps=2'] + [
     m + ('' if e == 0 else f',eps={e:g}') for m in ('fedavg', 'fedsam', 'fedasam') for e in (0.0, 8.0, 2.0)]
@@ -54,6 +57,8 @@ DP = {'pfl_cifar10': (0.4, 1e-6, 1000, 10 ** 6), 'digits': (0.5, 1e-5, 100, 10_0
 
 def get_config(arg: str = ''):
   o = config_strings.parse(arg, FIELDS, family=FAMILY)
+  if o['cohort'] < 0:
+    raise config_strings.ConfigStringError(FAMILY, f'cohort={o["cohort"]}', 'cohort must be >= 0')
   if o['eps'] < 0:
     raise config_strings.ConfigStringError(FAMILY, f'eps={o["eps"]:g}', 'eps must be >= 0 (0: non-private)')
   twin = 'pfl_cifar10.py' if o['setting'] == 'pfl_cifar10' else 'quickstart.py'
@@ -69,4 +74,6 @@ def get_config(arg: str = ''):
     c.dp.adaptive = o['adaptive']
     if not o['local']:
       c.dp.noise_cohort, c.dp.population = noise_cohort, population
+      if o['cohort']:
+        c.dp.noise_cohort, c.dp.population = o['cohort'], 100 * o['cohort']
   return c

@@ -69,14 +69,23 @@ def _fmt(vals, scale=1.0, digits=2):
 
 
 def _split(cell):
-  method, _, eps = cell.partition(',eps=')
-  return method, float(eps or 0.0)
+  """(method, epsilon) of a configs/dp.py cell ('fedsam,eps=2,cohort=25' -> ('fedsam', 2.0); 0 = inf)."""
+  tokens = cell.split(',')
+  eps = [float(t[len('eps='):]) for t in tokens if t.startswith('eps=')]
+  return tokens[0], (eps[0] if eps else 0.0)
+
+
+def _records(path):
+  """The runs of `path` (';'-separated paths: several studies in one table, e.g. the non-private cells)."""
+  return [json.loads(line) for p in path.split(';') for line in open(p)]
 
 
 def table(path):
-  recs = [json.loads(line) for line in open(path)]
+  recs = _records(path)
   order = {c: i for i, c in enumerate(DEFAULT_CELLS)}
-  cells = sorted(dict.fromkeys(r['cell'] for r in recs), key=lambda c: order.get(c, len(order)))
+  cells = sorted(dict.fromkeys(r['cell'] for r in recs), key=lambda c: (METHODS.index(_split(c)[0]),
+                                                                         EPSILONS.index(_split(c)[1]) if _split(c)[1]
+                                                                         in EPSILONS else 9, order.get(c, 0)))
   out = [f'Mean (std) over seeds {sorted({r["seed"] for r in recs})}; accuracy in %:\n',
          '| method | epsilon (target) | epsilon reached | z | final acc | mean last-5 acc | lambda_max | seeds |',
          '|---|---|---|---|---|---|---|---|']
@@ -96,7 +105,7 @@ def figure(path, out_png):
   import matplotlib   # the figure only (not a dependency of the study's runs)
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
-  recs = [json.loads(line) for line in open(path)]
+  recs = _records(path)
   fig, ax = plt.subplots(figsize=(4.5, 3.2))
   xs = {0.0: 2, 8.0: 1, 2.0: 0}      # epsilon 2, 8, inf left to right
   for method in METHODS:
@@ -118,7 +127,8 @@ def figure(path, out_png):
 
 def main():
   ap = argparse.ArgumentParser()
-  ap.add_argument('--out', default=DEFAULT_OUT, help='JSONL of the runs (appended; finished runs are skipped)')
+  ap.add_argument('--out', default=DEFAULT_OUT, help='JSONL of the runs (appended; finished runs are skipped); '
+                  "with --table: ';'-separated JSONL files, one table")
   ap.add_argument('--cells', default=';'.join(DEFAULT_CELLS), help='configs/dp.py cells, ";"-separated')
   ap.add_argument('--seeds', default='0,1,2')
   ap.add_argument('--rounds', type=int, default=0, help='0 = the config (100)')
@@ -126,7 +136,7 @@ def main():
   ap.add_argument('--figure', default='', help='with --table: also write the accuracy-vs-epsilon figure here')
   a = ap.parse_args()
   if a.table:
-    if not os.path.isfile(a.out):
+    if not all(os.path.isfile(p) for p in a.out.split(';')):
       print(f'error: --out={a.out} does not exist: run the study first (without --table) to write it',
             file=sys.stderr)
       sys.exit(2)
