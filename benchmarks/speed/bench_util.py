@@ -207,7 +207,7 @@ def engine_round_variant(config, data, num_classes: int, *, compiled_memory: boo
   args = (jax.device_put(rb.as_dict()), None,
           jax.vmap(lambda k: jax.random.fold_in(jax.random.key(1), k))(jnp.arange(cohort)),
           jnp.asarray(rb.num_examples), jnp.asarray(rb.client_ids >= 0), jnp.int32(0))
-  state = alg.server_init(params, None)
+  state = alg.server_init(params, jax.random.key(2))   # a run key (DP's noise key derives from it)
   mem = {}
   if compiled_memory:   # compile ahead of time (once) and run that executable
     fn = fn.lower(state, *args).compile()

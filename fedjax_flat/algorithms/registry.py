@@ -53,7 +53,7 @@ build_algorithm(config, model):
   client  = SGD | SAM | ASAM optimizer chain, built once; hparams per step   optimizers/client.py
   server  = optax transform on the pseudo-gradient                         optimizers/server.py
   base    = the registered builder (ctx)                                   one module per algorithm
-  then the server-side wrappers: SWA (config.swa), WiMA (config.wima)      algorithms/wrappers/swa.py, wima.py
+  then the server-side wrappers: DP (config.dp), SWA (config.swa), WiMA   algorithms/wrappers/dp.py, swa.py, wima.py
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 
 from fedjax_flat.algorithms import hparams as hparams_lib
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.wrappers import swa, wima
+from fedjax_flat.algorithms.wrappers import dp, swa, wima
 from fedjax_flat.core.batch_stats import average_batch_stats
 from fedjax_flat.core.contract import ChainSpec, FederatedAlgorithm
 from fedjax_flat.data import validation_steps
@@ -301,6 +301,8 @@ def build_algorithm(config, model, population: int = 0, task=None, chain=None,
                     style_clusters=client_clusters, local_batch_stats='local_batch_stats' in s.needs,
                     round_log=None if s.round_log is None else s.round_log(config, hp),
                     val_source=validation_steps.round_validation_source(config, s.defaults()))
+  if dp.enabled(config):    # first: the wrappers above it see the noisy aggregate as the algorithm's own
+    alg = dp.with_dp(alg, config, population)
   if config.swa.enabled:
     alg = swa.with_swa(alg, config)
   if config.wima.enabled:

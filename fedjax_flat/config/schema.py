@@ -5,6 +5,7 @@ and the sections, each declared next to the code that reads it (fedjax_flat/sche
 
   client   optimizers/client.py        server   optimizers/server.py        swa  optimizers/schedules.py
   wima     algorithms/wrappers/wima.py  engine   core/engine.py              centralized  config/centralized.py
+  dp       privacy/mechanism.py (applied by algorithms/wrappers/dp.py)
   the others (man, init, corruption_eval, personalized, grouping, attack, segmentation, retrieval, fedvc, bn) here.
 
 `config.algo` is the algorithm's `hparams=` (algorithms/registry.py) and `config.data` the dataset's fields
@@ -23,6 +24,7 @@ import ml_collections
 
 from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.algorithms.local import MAN_CONVENTIONS
+from fedjax_flat.algorithms.wrappers import dp as dp_wrapper
 from fedjax_flat.algorithms.wrappers import swa as swa_wrapper
 from fedjax_flat.algorithms.wrappers import wima as wima_wrapper
 from fedjax_flat.config import centralized
@@ -276,7 +278,8 @@ PUBLISHED = Section('', (
 
 # The config's layout, in order.
 SCHEMA: Tuple[Section, ...] = (
-    RUN, client_opt.SECTION, server_opt.SECTION, swa_wrapper.SECTION, wima_wrapper.SECTION, MAN, engine.SECTION,
+    RUN, client_opt.SECTION, server_opt.SECTION, swa_wrapper.SECTION, wima_wrapper.SECTION, dp_wrapper.SECTION, MAN,
+    engine.SECTION,
     INIT, CORRUPTION_EVAL, RUN_TAIL, PERSONALIZED, GROUPING, centralized.SECTION, ATTACK, SEGMENTATION, RETRIEVAL,
     FEDVC, BN, PUBLISHED)
 

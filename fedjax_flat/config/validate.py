@@ -13,6 +13,7 @@ from absl import logging
 import ml_collections
 
 from fedjax_flat.algorithms import registry as alg_registry
+from fedjax_flat.algorithms.wrappers import dp as dp_lib
 from fedjax_flat.algorithms.wrappers import swa as swa_lib
 from fedjax_flat.config import data_fields
 from fedjax_flat.config import schema
@@ -56,6 +57,7 @@ def validate_config(cfg) -> None:
   # rules (algorithms/registry.py)
   alg_registry.spec(cfg.algorithm).validate(cfg)
   _warn_swa(cfg)                         # swa x rounds
+  dp_lib.check(cfg)                      # dp x algorithm x server weighting (x population when the config says it)
   if 'bn' in cfg:
     _validate_bn(cfg, model_registry)    # bn x model x algorithm
   if 'grouping' in cfg:
@@ -139,6 +141,7 @@ def validate_against_data(cfg, data) -> None:
   src = validation_steps.round_validation_source(cfg, alg_registry.default_hparams(cfg.algorithm))
   if src:                                  # FedSoup's validation split must exist in the data
     validation_steps.check_validation_data(data, src)
+  dp_lib.check(cfg, data.num_clients)     # dp x the population: delta < 1 / N, the reachable target epsilon
   # the algorithm's own data rules (its population N) and its warnings (algorithms/registry.py)
   alg_registry.spec(cfg.algorithm).validate_data(cfg, data)
 

@@ -42,13 +42,14 @@ from fedjax_flat.core import rounds as rounds_lib
 from fedjax_flat.optimizers import client as client_opt
 from fedjax_flat.optimizers import schedules
 from fedjax_flat.optimizers import server as server_opt
+from fedjax_flat.privacy import mechanism as dp_mechanism
 from fedjax_flat.schema import TRUTH, VALUE, tagged
 
 # The fields a batched program treats specially, from the tags of the sections that declare them (fedjax_flat/
 # schema.py): per-run traced values (VALUE) and the fields whose truth (zero or not) changes the program's
 # structure, so that the truth stays in the compatibility key (TRUTH). The client / server optimizers and SWA's
-# cyclic lr declare theirs in optimizers/.
-_SECTIONS = (client_opt.SECTION, server_opt.SECTION, schedules.SWA_SECTION)
+# cyclic lr declare theirs in optimizers/, DP's clip and noise multiplier in privacy/mechanism.py.
+_SECTIONS = (client_opt.SECTION, server_opt.SECTION, schedules.SWA_SECTION, dp_mechanism.SECTION)
 VALUE_FIELDS = tagged(_SECTIONS, VALUE)
 STATIC_TRUTH = tagged(_SECTIONS, TRUTH)
 # 'seed' and the data partition ('data.alpha', 'data.seed') never reach the round builder as values: they select
@@ -129,7 +130,12 @@ def present_value_fields(config) -> tuple:
 
 
 def run_values(config, fields: Sequence[str]) -> Dict[str, float]:
-  return {f: float(_get(config, f)) for f in fields}
+  out = {f: float(_get(config, f)) for f in fields}
+  if 'dp.noise_multiplier' in out and 'dp.target_epsilon' in out and config.dp.mode != 'off':
+    # A per-run target epsilon: the run's noise multiplier is calibrated here, on the host, from the run's own
+    # config (privacy/mechanism.noise_multiplier), and traced as its dp.noise_multiplier.
+    out['dp.noise_multiplier'] = float(dp_mechanism.noise_multiplier(config))
+  return out
 
 
 def traced_config(config, values: Dict[str, Any]):

@@ -1,7 +1,8 @@
 """Many runs in one program (core/runs.py, training/batched.py): each run of a batched program equals the same
 run alone (fp32 tolerance: the vmapped program sums in another order) for FedAvg, FedSAM, SCAFFOLD (client
-states) and SWA; every run writes the workdir files a run alone writes; a stopped batched program resumes
-bit-identical to an uninterrupted one; compatibility keys, packing and the memory split."""
+states), SWA and central DP (per-run clip and noise multiplier, adaptive clip); every run writes the workdir
+files a run alone writes; a stopped batched program resumes bit-identical to an uninterrupted one;
+compatibility keys, packing and the memory split."""
 import json
 import os
 
@@ -33,6 +34,10 @@ CASES = {
     # builders that once froze a per-run value with float(): FedNova's momentum, Mime's weight decay
     'fednova': {'algorithm': 'fednova'},
     'mime': {'algorithm': 'mime'},
+    # central DP with adaptive clipping: clip and noise multiplier per run, each run its own noise and clip state
+    'dp': {'dp.mode': 'central', 'dp.adaptive': True, 'dp.delta': 1e-3, 'server.weighting': 'uniform'},
+    # an epsilon grid: each run's noise multiplier calibrated on the host to its own target epsilon
+    'dp_eps': {'dp.mode': 'central', 'dp.delta': 1e-3, 'dp.clip': 0.5, 'server.weighting': 'uniform'},
 }
 # Per-run values of the three runs of a case: seeds and every traced field the case uses.
 VALUES = [{'seed': 0, 'client.lr': 0.1, 'client.momentum': 0.9, 'client.weight_decay': 1e-3, 'server.lr': 1.0},
@@ -41,7 +46,10 @@ VALUES = [{'seed': 0, 'client.lr': 0.1, 'client.momentum': 0.9, 'client.weight_d
 EXTRA = {'fedsam': [{'client.rho': 0.02}, {'client.rho': 0.05}, {'client.rho': 0.1}],
          'swa': [{'swa.lr1': 0.1, 'swa.lr2': 0.01}, {'swa.lr1': 0.2, 'swa.lr2': 0.02}, {'swa.lr1': 0.05,
                                                                                         'swa.lr2': 0.001}],
-         'mime': [{'client.momentum': 0.0}] * 3}     # Mime's base-optimizer momentum is algo.beta
+         'mime': [{'client.momentum': 0.0}] * 3,     # Mime's base-optimizer momentum is algo.beta
+         'dp': [{'dp.clip': 0.1, 'dp.noise_multiplier': 0.1}, {'dp.clip': 0.3, 'dp.noise_multiplier': 0.2},
+                {'dp.clip': 1.0, 'dp.noise_multiplier': 0.0}],
+         'dp_eps': [{'dp.target_epsilon': 8.0}, {'dp.target_epsilon': 4.0}, {'dp.target_epsilon': 2.0}]}
 
 
 def _config(case, i, **over):
@@ -81,6 +89,7 @@ def test_batched_run_equals_run_alone(case, tmp_path, monkeypatch):
   specs = [batched.RunSpec(f'r{i}', _config(case, i), str(tmp_path / f'batched{i}')) for i in range(3)]
   res = batched.run_batch(specs, lanes=4)                # 3 runs + a padding lane
   assert [res[i].status for i in range(3)] == ['done'] * 3, [res[i].error for i in range(3)]
+  assert all(res[i].lanes == 4 for i in range(3)), 'one batched program, not runs alone'
   for i in range(3):
     a, b = str(tmp_path / f'alone{i}'), str(tmp_path / f'batched{i}')
     assert _files(a) == _files(b)
@@ -96,6 +105,9 @@ def test_batched_run_equals_run_alone(case, tmp_path, monkeypatch):
       np.testing.assert_allclose(x, y, rtol=2e-4, atol=2e-5, err_msg=f'{case} run {i} checkpoint')
     sa, sb = (json.load(open(os.path.join(d, 'summary.json'))) for d in (a, b))
     assert sa['rounds_completed'] == sb['rounds_completed'] == 7
+    if case == 'dp_eps':    # the run's own calibrated z and epsilon, batched or alone
+      assert sa['dp_noise_multiplier'] == sb['dp_noise_multiplier'] and sa['dp_epsilon'] == sb['dp_epsilon']
+      assert sa['dp_epsilon'] <= (8.0, 4.0, 2.0)[i]
     np.testing.assert_allclose(sa['final_test_accuracy'], sb['final_test_accuracy'], atol=1e-6)
   # the runs really differ (the values are per run, not the first run's)
   assert not np.allclose(_ckpt(str(tmp_path / 'batched0'))[0], _ckpt(str(tmp_path / 'batched1'))[0])

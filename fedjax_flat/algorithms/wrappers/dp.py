@@ -1,0 +1,186 @@
+"""Client-level differential privacy as a server-side wrapper of any algorithm whose upload is a model delta:
+`with_dp(alg, config, population)` (DP-FedAvg, McMahan et al. 2018; adaptive clipping, Andrew et al. 2021;
+the mechanisms and config.dp in privacy/mechanism.py).
+
+The wrapped client_final clips the algorithm's upload {'weighted': {'delta'}} and sends it as a uniform
+('uniform': every client counts once, so no client's weight exceeds 1 / m) together with its clipped-or-not bit;
+the wrapped server_update turns the engine's mean back into the sum over the round's clients, adds the Gaussian
+noise with a key derived from (run key, round), divides by the expected cohort m and hands the algorithm its
+usual {'weighted': {'delta': noisy mean}}. Local mode noises every upload inside client_final instead, with a key
+derived from the client's own key (seed, round, client). DP-FedSAM / DP-FedASAM are FedAvg with SAM / ASAM
+clients under either mode (configs/dp.py).
+
+The wrapped server state is the algorithm's state dict plus 'dp' = {'key': the run's DP key (from server_init's
+rng), 'clip': the current clip (adaptive clipping)}: checkpointed with it, so a resumed run draws the same noise
+and continues from the same clip.
+
+Which algorithms qualify: those whose client_final emits exactly {'weighted': {'delta': ...}, 'uniform': {}} (the
+model delta and nothing else, DELTA_UPLOADS; tests/algorithms/wrappers/test_dp.py traces every registered
+algorithm to keep the list true). Control variates (SCAFFOLD), dual variables (FedDyn), normalized directions
+(FedNova) or client slots are other uploads whose sensitivity the clip does not bound: refused in one line.
+"""
+from __future__ import annotations
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+
+from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.errors import ConfigError
+from fedjax_flat.privacy import accounting
+from fedjax_flat.privacy import mechanism as mech
+from fedjax_flat.privacy.mechanism import SECTION  # noqa: F401  (config.dp, declared with its mechanisms)
+
+KEY = 'dp'
+_KEY_TAG = 0x4450      # folds the DP keys out of the run's and the clients' keys (independent of their other uses)
+
+# The registered algorithms whose upload is exactly the model delta (see the module docstring).
+DELTA_UPLOADS = ('fedavg', 'fedbabu', 'fedbn', 'fedcg', 'fedprox', 'moon', 'silobn')
+
+
+def enabled(config) -> bool:
+  return config.get('dp') is not None and config.dp.mode != 'off'
+
+
+def check(config, population: int = 0) -> None:
+  """The rules of config.dp across sections, one ConfigError each, before anything is compiled. population: the
+  dataset's number of clients once loaded (0: config.dp.population / config.data.num_clients if given)."""
+  if not enabled(config):
+    return
+  d = config.dp
+  if config.algorithm not in DELTA_UPLOADS:
+    raise ConfigError('dp.mode', d.mode, f'algorithm {config.algorithm!r} uploads more than a model delta (control '
+                      f'variates, duals, slots), which the clip does not bound; DP runs with: {list(DELTA_UPLOADS)}')
+  if config.server.get('weighting', 'examples') != 'uniform':
+    raise ConfigError('server.weighting', config.server.get('weighting', 'examples'),
+                      "example weighting has no bound on a client's weight under DP: set server.weighting='uniform'")
+  if config.get('fedvc') is not None and config.fedvc.virtual_size:
+    raise ConfigError('fedvc.virtual_size', config.fedvc.virtual_size, 'virtual clients split one user into '
+                      'several uploads, which client-level DP does not bound: 0 with dp.mode on')
+  if d.accountant == 'pld' and d.mode == 'central':
+    raise ConfigError('dp.accountant', d.accountant, "the engine samples a fixed-size cohort, which PLD does not "
+                      "account: use 'rdp'")
+  n = int(population) or int(config.data.get('num_clients') or 0)   # the clients of the data
+  if n and float(d.delta) >= 1.0 / n:
+    raise ConfigError('dp.delta', d.delta, f'must be below 1 / population = {1.0 / n:.3g} ({n} clients), else '
+                      'releasing one client in the clear is (0, delta)-DP')
+  p = mech.population(config, population)                            # the population the accountant samples
+  if not p:
+    return                                  # checked again once the data are loaded
+  if d.mode == 'central' and mech.noise_cohort(config) > p:
+    raise ConfigError('dp.noise_cohort', d.noise_cohort, f'must be <= the population of {p} clients')
+  noise_multiplier(config, p)               # an unreachable target epsilon is refused here
+
+
+def noise_multiplier(config, population: int = 0):
+  """z the accountant sees: dp.noise_multiplier, or the one calibrated to dp.target_epsilon (privacy/mechanism.py)."""
+  return mech.noise_multiplier(config, population)
+
+
+def epsilon(config, rounds: int, population: int = 0) -> float:
+  """Epsilon at config.dp.delta after `rounds` rounds (a function of the round count only: a resumed run reports
+  what the uninterrupted one did)."""
+  a = mech.accounting(config, population)
+  return accounting.epsilon(a['q'], float(noise_multiplier(config, population)), int(rounds),
+                            float(config.dp.delta), a['sampling'], a['accountant'], a['num_clients'])
+
+
+def _is_delta_upload(out) -> bool:
+  return (isinstance(out, dict) and set(out) == {'weighted', 'uniform'} and not out['uniform'] and
+          isinstance(out['weighted'], dict) and set(out['weighted']) == {'delta'})
+
+
+def _raw(key):
+  return jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+
+
+def with_dp(alg: FederatedAlgorithm, config, population: int = 0) -> FederatedAlgorithm:
+  d = config.dp
+  mode = str(d.mode)
+  adaptive = bool(d.adaptive)
+  per_layer = bool(d.per_layer)
+  m = mech.cohort(config)
+  big_m = mech.noise_cohort(config)
+  z = noise_multiplier(config, population)
+  if isinstance(z, float) and d.target_epsilon:   # (a batched program's runs were calibrated on the host)
+    logging.info('dp: noise multiplier z=%.6g calibrated to epsilon %g at delta %g over %d rounds', z,
+                 d.target_epsilon, d.delta, config.rounds)
+  sigma_b = mech.count_noise(config)
+  z_v = mech.value_multiplier(z, sigma_b, adaptive)
+  clip0 = d.clip
+  if alg.num_phases != 1:
+    raise ConfigError('dp.mode', mode, f'{alg.name} exchanges {alg.num_phases} messages a round; DP wraps one')
+
+  def server_init(params, rng):
+    inner = alg.server_init(params, rng)
+    if not isinstance(inner, dict) or KEY in inner:
+      raise TypeError(f'with_dp needs a dict server state without a {KEY!r} key, got {type(inner)}')
+    s = {'key': _raw(jax.random.fold_in(rng, _KEY_TAG))}   # raw uint32 key data: checkpointed like any array
+    if adaptive:
+      s['clip'] = clip0 * jnp.ones((), jnp.float32)
+    return {**inner, KEY: s}
+
+  def current_clip(state):
+    return state[KEY]['clip'] if adaptive else clip0
+
+  def broadcast(state, round_idx, phase=0):
+    inner = {k: v for k, v in state.items() if k != KEY}
+    bcast = alg.broadcast(inner, round_idx, phase)
+    return {**bcast, KEY: {'clip': current_clip(state) * jnp.ones((), jnp.float32)}}
+
+  def _inner_bcast(bcast):
+    return {k: v for k, v in bcast.items() if k != KEY}
+
+  def client_init(bcast, client_state, rng):
+    local = alg.client_init(_inner_bcast(bcast), client_state, rng)
+    if mode != 'local':
+      return local
+    return {'inner': local, 'dp_key': jax.random.fold_in(rng, _KEY_TAG)}
+
+  def client_step(bcast, local, batch, rng):
+    if mode != 'local':
+      return alg.client_step(_inner_bcast(bcast), local, batch, rng)
+    inner, metrics = alg.client_step(_inner_bcast(bcast), local['inner'], batch, rng)
+    return {**local, 'inner': inner}, metrics
+
+  def client_final(bcast, local, client_state):
+    inner_local = local['inner'] if mode == 'local' else local
+    out, client_state = alg.client_final(_inner_bcast(bcast), inner_local, client_state)
+    if not _is_delta_upload(out):
+      raise ConfigError('dp.mode', mode, f'{alg.name} uploads {jax.tree_util.tree_structure(out)}, not a model '
+                        'delta alone: DP cannot bound it')
+    c = bcast[KEY]['clip']
+    delta, norm = mech.clip(out['weighted']['delta'], c, per_layer)
+    if mode == 'local':
+      delta = jax.tree_util.tree_map(jnp.add, delta, mech.gaussian(local['dp_key'], delta, z * c))
+    up = {'delta': delta}
+    if adaptive:
+      up['below'] = (norm <= c).astype(jnp.float32)
+    return {'weighted': {}, 'uniform': up}, client_state
+
+  def server_update(state, agg, round_idx, phase=0):
+    inner = {k: v for k, v in state.items() if k != KEY}
+    s = state[KEY]
+    n = agg['num_clients']
+    total = jax.tree_util.tree_map(lambda x: x * n.astype(x.dtype), agg['uniform']['delta'])
+    if mode == 'local':
+      mean = jax.tree_util.tree_map(lambda x: x / jnp.asarray(m, x.dtype), total)
+    else:
+      k_value, k_count = jax.random.split(jax.random.fold_in(jax.random.wrap_key_data(s['key']), round_idx))
+      c = current_clip(state)
+      mean = mech.noisy_mean(k_value, total, z_v * c * (m / big_m), m)
+      if adaptive:
+        new_clip, _ = mech.adaptive_clip(s['clip'], agg['uniform']['below'] * n, k_count, sigma_b * (m / big_m), m,
+                                         d.target_quantile, d.clip_lr)
+        s = {**s, 'clip': new_clip}
+    inner_agg = {**agg, 'weighted': {'delta': mean}, 'uniform': {}}
+    return {**alg.server_update(inner, inner_agg, round_idx, phase), KEY: s}
+
+  def eval_models(state):
+    return alg.eval_models({k: v for k, v in state.items() if k != KEY})
+
+  counters = None if alg.counters is None else (lambda state: alg.counters({k: v for k, v in state.items()
+                                                                            if k != KEY}))
+  return alg.replace(wrappers=alg.wrappers + (KEY,), server_init=server_init, broadcast=broadcast,
+                     client_init=client_init, client_step=client_step, client_final=client_final,
+                     server_update=server_update, eval_models=eval_models, counters=counters)

@@ -1,0 +1,176 @@
+"""Client-level DP mechanisms as pure functions over pytrees, and the `dp` config section.
+
+DP-FedAvg (McMahan et al. 2018), central mode, one round over an expected cohort of m clients:
+
+    Delta_k <- Delta_k * min(1, C / ||Delta_k||)                 flat clipping (per_layer: each of the L leaves to
+                                                                  C / sqrt(L), so the whole upload stays within C)
+    mean    = (sum_k Delta_k + N(0, (z_v C m / M)^2)) / m         uniform weights, fixed denominator m; M = the
+                                                                  noise cohort (pfl-research: the noise of a cohort
+                                                                  of M clients, std z_v C / M on the mean; M = m)
+
+Local mode: every client adds N(0, (z C)^2) to its own clipped upload; the server takes the plain mean over m.
+
+Adaptive clipping (Andrew et al. 2021, geometric update; TFF's defaults): each client also reports
+b_k = 1[||Delta_k|| <= C]; the server's noisy fraction b_bar = (sum_k b_k + N(0, (sigma_b m / M)^2)) / m moves
+the clip C <- C exp(-eta (b_bar - gamma)), gamma the target quantile. The noise multiplier z the accountant sees
+is shared between the two queries (their Theorem 1): z_v = (z^-2 - (2 sigma_b)^-2)^-1/2, with sigma_b the count
+noise on a cohort of M (default M / 20, the paper's choice), so 2 sigma_b > z is required.
+
+Numbers may be per-run traced values of a batched program (core/runs.py): only jnp arithmetic touches them.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_flat.errors import ConfigError
+from fedjax_flat.privacy import accounting as accounting_lib
+from fedjax_flat.schema import RESULT, TRUTH, VALUE, Choice, Field, Flag, Int, Num, Section
+
+MODES = ('off', 'central', 'local')
+ACCOUNTANTS = ('rdp', 'pld')
+# The engine samples a fixed-size cohort without replacement (data/sampling.py): the accountant's event.
+SAMPLING = 'fixed'
+COUNT_NOISE_PER_CLIENT = 1.0 / 20.0   # Andrew et al. 2021: sigma_b = expected clients / 20
+
+
+def _on(cfg) -> bool:
+  return cfg.get('dp') is not None and cfg.dp.mode != 'off'
+
+
+def _check(cfg) -> None:
+  """The dp section's own cross-field rules (the rules involving other sections: algorithms/wrappers/dp.py)."""
+  d = cfg.dp
+  if d.mode == 'off':
+    return
+  if d.adaptive and d.mode == 'local':
+    raise ConfigError('dp.adaptive', True, "adaptive clipping needs the server's noisy count: dp.mode='central' "
+                      'only')
+  if d.noise_cohort and d.mode == 'local':
+    raise ConfigError('dp.noise_cohort', d.noise_cohort, "sizes the central noise: 0 with dp.mode='local'")
+  if d.adaptive and not d.target_epsilon and float(d.noise_multiplier) > 0:
+    z, sb = float(d.noise_multiplier), count_noise(cfg)
+    if 2 * sb <= z:
+      raise ConfigError('dp.noise_multiplier', z, f'with adaptive clipping it must be below 2 x the count noise '
+                        f'{sb:g} (dp.count_noise, default noise cohort / 20); raise dp.count_noise or lower z')
+
+
+SECTION = Section('dp', (
+    Field('mode', Choice('off', MODES), "'off' | 'central' (noise on the sum, trusted server) | 'local' (each "
+          'client noises its own upload)'),
+    Field('clip', Num(0.1, lo=0, lo_open=True), "C: each client's model delta clipped to this L2 norm (adaptive: "
+          'the initial clip)', {VALUE}),
+    Field('per_layer', Flag(False), 'clip each of the L parameter arrays to C / sqrt(L) instead of the whole delta'),
+    Field('noise_multiplier', Num(1.0, lo=0), 'z: Gaussian noise std z C (the accountant\'s multiplier)', {VALUE}),
+    Field('target_epsilon', Num(0.0, lo=0), '> 0: calibrate z before training so that epsilon after `rounds` is at '
+          'most this (0: use dp.noise_multiplier)', {VALUE, TRUTH}),
+    Field('delta', Num(1e-5, lo=0, hi=1, lo_open=True, hi_open=True), 'delta of the (epsilon, delta) reported; '
+          'below 1 / population'),
+    Field('accountant', Choice('rdp', ACCOUNTANTS), "'rdp' | 'pld' (PLD has no fixed-size sampling: refused)"),
+    Field('population', Int(0, lo=0), 'the population the accountant samples from (0: the dataset\'s clients)'),
+    Field('noise_cohort', Int(0, lo=0), 'M: noise sized for a cohort of M clients (std z C / M on the mean; 0: '
+          'the simulated clients_per_round)'),
+    Field('adaptive', Flag(False), 'adaptive clipping: C tracks a quantile of the update norms (Andrew et al.)'),
+    Field('target_quantile', Num(0.5, lo=0, hi=1), 'gamma: the quantile of update norms the clip tracks'),
+    Field('clip_lr', Num(0.2, lo=0), 'eta: geometric clip update C <- C exp(-eta (b_bar - gamma))'),
+    Field('count_noise', Num(0.0, lo=0), 'sigma_b: noise std of the clipped-or-not count of a cohort of M (0: M '
+          '/ 20)'),
+), check=_check, tags={RESULT}, doc='client-level differential privacy (algorithms/wrappers/dp.py)')
+
+
+# ---- resolved numbers (host side, plain floats)
+
+def cohort(cfg) -> int:
+  """m: the expected (fixed) number of clients a round."""
+  return int(cfg.clients_per_round)
+
+
+def noise_cohort(cfg) -> int:
+  """M: the cohort the noise is sized for (dp.noise_cohort, else m)."""
+  return int(cfg.dp.noise_cohort) or cohort(cfg)
+
+
+def count_noise(cfg) -> float:
+  """sigma_b: the count noise std of a cohort of M."""
+  return float(cfg.dp.count_noise) or COUNT_NOISE_PER_CLIENT * noise_cohort(cfg)
+
+
+def population(cfg, data_population: int = 0) -> int:
+  """P: the population the accountant samples from."""
+  return int(cfg.dp.population) or int(data_population) or int(cfg.data.get('num_clients') or 0)
+
+
+def accounting(cfg, data_population: int = 0) -> dict:
+  """The accountant's arguments (accounting.epsilon): central mode samples M of P without replacement each round;
+  local mode releases every upload itself, so a client's epsilon composes over rounds without amplification
+  (q = 1, a bound for every client whatever its participation)."""
+  p = population(cfg, data_population)
+  if cfg.dp.mode == 'local':
+    return {'q': 1.0, 'sampling': 'poisson', 'num_clients': None, 'accountant': str(cfg.dp.accountant)}
+  m = noise_cohort(cfg)
+  return {'q': m / p if p else 0.0, 'sampling': SAMPLING, 'num_clients': p, 'accountant': str(cfg.dp.accountant)}
+
+
+@functools.lru_cache(maxsize=64)
+def _calibrate(target, q, rounds, delta, sampling, accountant, num_clients):
+  return accounting_lib.calibrate(target, q, rounds, delta, sampling, accountant, num_clients)
+
+
+def noise_multiplier(cfg, data_population: int = 0):
+  """z the accountant sees: dp.noise_multiplier, or the one calibrated to dp.target_epsilon over cfg.rounds (once
+  per distinct setting). In a batched program (core/runs.py) a per-run target is a traced value: the run's z was
+  calibrated on the host (core/runs.run_values) and travels as its dp.noise_multiplier."""
+  d = cfg.dp
+  target = d.target_epsilon
+  if not isinstance(target, (int, float)) or not target:
+    return d.noise_multiplier
+  a = accounting(cfg, data_population)
+  return _calibrate(float(target), a['q'], int(cfg.rounds), float(d.delta), a['sampling'], a['accountant'],
+                    a['num_clients'])
+
+
+def value_multiplier(z, sigma_b, adaptive: bool):
+  """z_v: the noise multiplier of the model query (z itself without adaptive clipping); z may be traced."""
+  if not adaptive:
+    return z
+  return z * (1.0 - (z / (2.0 * sigma_b)) ** 2) ** -0.5    # = (z^-2 - (2 sigma_b)^-2)^-1/2, and 0 at z = 0
+
+
+# ---- the mechanisms (traced)
+
+def clip(tree, c, per_layer: bool = False):
+  """(clipped tree, its norm before clipping ||Delta||): flat clipping to C, or each leaf to C / sqrt(L)."""
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  sq = [jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves]
+  norm = jnp.sqrt(sum(sq))
+  c = jnp.asarray(c, jnp.float32)
+  if per_layer:
+    c_leaf = c / math.sqrt(len(leaves))
+    scales = [jnp.minimum(1.0, c_leaf / jnp.maximum(jnp.sqrt(s), 1e-30)) for s in sq]
+  else:
+    scales = [jnp.minimum(1.0, c / jnp.maximum(norm, 1e-30))] * len(leaves)
+  return jax.tree_util.tree_unflatten(treedef, [x * s.astype(x.dtype) for x, s in zip(leaves, scales)]), norm
+
+
+def gaussian(key, tree, std):
+  """N(0, std^2) noise shaped like `tree`, one key per leaf (split from `key`)."""
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  keys = jax.random.split(key, len(leaves))
+  std = jnp.asarray(std, jnp.float32)
+  return jax.tree_util.tree_unflatten(treedef, [
+      (std * jax.random.normal(k, x.shape, jnp.float32)).astype(x.dtype) for k, x in zip(keys, leaves)])
+
+
+def noisy_mean(key, total, std_sum, m):
+  """(sum + N(0, std_sum^2)) / m, leafwise: the fixed-denominator DP estimate of the mean."""
+  noise = gaussian(key, total, std_sum)
+  return jax.tree_util.tree_map(lambda s, n: (s + n) / jnp.asarray(m, s.dtype), total, noise)
+
+
+def adaptive_clip(c, below_sum, key, count_std_sum, m, quantile, lr):
+  """Andrew et al.'s geometric update: C exp(-lr (b_bar - quantile)), b_bar = (sum_k b_k + noise) / m."""
+  b_bar = (below_sum + jnp.asarray(count_std_sum, jnp.float32) * jax.random.normal(key, (), jnp.float32)) / m
+  return c * jnp.exp(-jnp.asarray(lr, jnp.float32) * (b_bar - jnp.asarray(quantile, jnp.float32))), b_bar
