@@ -426,10 +426,12 @@ class Trainer:
 
   def evaluate(self) -> dict:
     out = {}
-    for name, (params, active) in self.algorithm.eval_models(self.server_state).items():
-      if not bool(active):
-        continue
-      res = self.evaluator(params if self.placement is None else self.placement.local_view(params))
+    view = (lambda p: p) if self.placement is None else self.placement.local_view
+    models = {n: view(p) for n, (p, active) in self.algorithm.eval_models(self.server_state).items() if bool(active)}
+    many = getattr(self.evaluator, 'evaluate_many', None)     # every model in one pass over the test set
+    results = many(models) if many is not None else {n: self.evaluator(p) for n, p in models.items()}
+    for name, params in models.items():
+      res = results[name]
       prefix = '' if name == 'global' else f'{name}/'
       out[prefix + 'test_accuracy'] = res['accuracy']
       out[prefix + 'test_loss'] = res['loss']
@@ -437,7 +439,7 @@ class Trainer:
         if k not in ('accuracy', 'loss', 'count'):
           out[f'{prefix}test_{k}'] = v
       if self.val_evaluator is not None:    # the validation clients, each against its own database
-        res = self.val_evaluator(params if self.placement is None else self.placement.local_view(params))
+        res = self.val_evaluator(params)
         out.update({f'{prefix}val_{k}': v for k, v in res.items() if k != 'count'})
     for ev in self.evaluations():       # the run's periodic plug-ins (training/evals/: routed, clients)
       if ev.periodic is not None:

@@ -1,6 +1,6 @@
 """config.eval_clients: at every evaluation, the global model on each client sampled in the last round, on that
 client's own training data ('clients_<metric>': evaluation/evaluator.ClientEvaluator)."""
-from fedjax_flat.evaluation.evaluator import ClientEvaluator
+from fedjax_flat.evaluation.evaluator import ClientEvaluator, fixed_batch_size
 from fedjax_flat.training.evals.registry import Evaluation, register
 
 
@@ -8,7 +8,8 @@ def _periodic(trainer) -> dict:
   if getattr(trainer, 'last_clients', None) is None:
     return {}
   if getattr(trainer, 'client_evaluator', None) is None:
-    trainer.client_evaluator = ClientEvaluator(trainer.model, trainer.data, trainer.config.eval_batch_size,
+    batch = fixed_batch_size(trainer.config.eval_batch_size)
+    trainer.client_evaluator = ClientEvaluator(trainer.model, trainer.data, batch,
                                                preprocess=trainer.eval_transform, task=trainer.task)
   params = trainer.algorithm.eval_models(trainer.server_state)['global'][0]
   res = trainer.client_evaluator(params, trainer.last_clients)
