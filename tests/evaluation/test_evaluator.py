@@ -94,7 +94,7 @@ def test_auto_batch_size_is_measured_once_and_recorded():
 
 def test_auto_choice_follows_the_clock():
   # A clock that makes each timed call last (B - 16)^2 + 1: 16 wins; the ascent stops after 32 (64 / 257 images
-  # per unit: under half the best rate), so 64 is never tried.
+  # per unit: under 0.8x the best rate), so 64 is never tried.
   x, y, params = _problem(n=64, models=1)
   state = {'t': 0.0, 'calls': 0, 'bs': 0}
   sizes = iter([8, 8, 16, 16, 32, 32])
