@@ -314,6 +314,11 @@ class ClientEvaluator:
             'clients_mean_loss': float(np.mean(res['loss']))}
 
 
+def per_count(tree) -> int:
+  """The leading (batch) length of a pytree of stacked per-batch arrays."""
+  return int(np.shape(jax.tree_util.tree_leaves(tree)[0])[0])
+
+
 def _pad_batch(x, y, batch_size: int):
   """One fixed-shape batch {'x', 'y', 'mask'} of up to batch_size examples (zero padding, mask 0)."""
   b = make_eval_batches(np.asarray(x), np.asarray(y), batch_size)
@@ -334,8 +339,9 @@ class HeldOutEvaluator:
   statistics pooled over all its images first: one extra pass per client and evaluation).
 
   Batches: a source with `test_batches(batch_size, client)` (out-of-memory test sets, decoded on the host)
-  is streamed at every evaluation; in-memory data are batched once. Every batch has one shape (the last one
-  padded), so each program compiles once per run.
+  is streamed at every evaluation; in-memory data are batched once, stacked on the device, and each test
+  client's batch sums come from one program (lax.map), added on the host in batch order. Every batch has one
+  shape (the last one padded), so each program compiles once per run.
   """
 
   def __init__(self, model, data, *, task=None, batch_size: int = 8, preprocess=None, bn_policy: str = 'running',
@@ -352,7 +358,7 @@ class HeldOutEvaluator:
         self.groups.append((str(name), [j for j in range(n_test) if names[j] == name]))
     else:
       self.groups.append((None, [None]))
-    self._cache = {}
+    self._stacked = {}    # in-memory test clients: their padded batches on the device, stacked
     bn = getattr(model, 'batch_stats', False)
     batch_norm = 'batch' if self.bn_policy == 'batch' else None
     task_ = self.task
@@ -362,22 +368,24 @@ class HeldOutEvaluator:
       kw = {'mask': batch['mask'], 'batch_norm': batch_norm} if bn else {}
       return task_.eval_sums(model.apply(params, x, train=False, **kw), batch['y'], batch['mask'])
     self.sums_fn = jax.jit(sums)
+    # In-memory batches: every batch's sums in one program (lax.map over the stacked batches, one transfer per
+    # test client), added on the host in batch order as before: the same int64 / float64 sums, no per-batch sync.
+    self.map_fn = jax.jit(lambda params, stacked: jax.lax.map(lambda b: sums(params, b), stacked))
     if self.bn_policy == 'client':
       self.moments_fn = jax.jit(batch_stats.make_raw_moments_fn(model, preprocess))
 
   def batches(self, client):
     """Fixed-shape padded batches of one test client (None: the global test set)."""
-    if client in self._cache:
-      return self._cache[client]
     if hasattr(self.data, 'test_batches'):
       def stream():
         for x, y in self.data.test_batches(self.batch_size, client):
           yield from _pad_batch(x, y, self.batch_size)
       return stream()
-    x, y = self.data.test_examples() if client is None else self.data.test_client_examples(client)
-    out = [jax.device_put(b) for b in _pad_batch(x, y, self.batch_size)]
-    self._cache[client] = out
-    return out
+    if client not in self._stacked:      # one device copy, stacked [nb, B, ...]; the batches are views of it
+      x, y = self.data.test_examples() if client is None else self.data.test_client_examples(client)
+      self._stacked[client] = jax.device_put(make_eval_batches(np.asarray(x), np.asarray(y), self.batch_size))
+    stacked = self._stacked[client]
+    return [jax.tree_util.tree_map(lambda a, i=i: a[i], stacked) for i in range(stacked['mask'].shape[0])]
 
   def __call__(self, params):
     add = host_add       # on the host, int64 counts: a confusion matrix exact over any number of batches
@@ -388,13 +396,23 @@ class HeldOutEvaluator:
         p = params
         if self.bn_policy == 'client':
           p = batch_stats.adapt_statistics(self.model, params, self.batches(j), moments_fn=self.moments_fn)
-        for b in self.batches(j):
-          group = add(group, self.sums_fn(p, b))
+        for b in self.batch_sums(p, j):
+          group = add(group, b)
       pooled = add(pooled, group)
       if name is not None:
         out.update({f'{name}_{k}': v for k, v in self._host(host_metrics(self.task, group)).items()})
     out.update(self._host(host_metrics(self.task, pooled)))
     return out
+
+  def batch_sums(self, params, client):
+    """The task's sums of each batch of one test client, in batch order: host arrays from one program for
+    in-memory data, one call per batch for streamed data."""
+    if hasattr(self.data, 'test_batches'):      # streamed
+      return (self.sums_fn(params, b) for b in self.batches(client))
+    if client not in self._stacked:
+      self.batches(client)
+    per = jax.device_get(self.map_fn(params, self._stacked[client]))
+    return [jax.tree_util.tree_map(lambda a, i=i: a[i], per) for i in range(per_count(per))]
 
   def predictions(self, params, n: int = 4):
     """[(group name, image, true labels, predicted labels)] for up to n test images, spread over the groups

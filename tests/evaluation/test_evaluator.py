@@ -118,6 +118,22 @@ def test_eval_batch_size_auto_is_a_valid_config():
   assert ev_lib.fixed_batch_size('auto') == ev_lib.DEFAULT_BATCH_SIZE and ev_lib.fixed_batch_size(64) == 64
 
 
+def test_held_out_evaluator_sums_every_batch_in_one_program_with_the_same_bits():
+  from fedjax_flat.data.federated import FederatedDataset
+  x, y, params = _problem(n=37, models=1)
+  data = FederatedDataset.from_client_indices(x, y, [np.arange(37)], x, y, num_classes=10)
+  ev = ev_lib.HeldOutEvaluator(MODEL, data, batch_size=8, preprocess=_prep)
+  got = ev(params[0])
+  ref = None                             # the per-batch path it replaced: one call per batch, host int64 / float64
+  for b in ev.batches(None):
+    ref = ev_lib.host_add(ref, ev.sums_fn(params[0], b))
+  assert got == ev._host(ev_lib.host_metrics(ev.task, ref))
+  assert got['count'] == 37.0
+  np.testing.assert_allclose(got['loss'], _formula(params[0], x, y)[0], rtol=1e-5)
+  ev(params[0])
+  assert ev.map_fn._cache_size() == 1 and len(ev.batches(None)) == 5
+
+
 _TWO_DEVICES = r'''
 import json, jax, jax.numpy as jnp, numpy as np
 from tests.evaluation import test_evaluator as t
