@@ -13,6 +13,7 @@ Per model, built and warmed up first, then timed interleaved (round-robin, --rep
   before      `LegacyEvaluator` at the config's batch size: the evaluation before this change (one device)
   same_batch  `Evaluator` at the config's batch size (sharded over the host devices, metrics on the device)
   auto        `Evaluator(batch_size='auto')`: the batch size measured once (the choice and its rates recorded)
+  auto_1dev   the same on the first device only (when there are several: what sharding brings)
   many3       `Evaluator.evaluate_many` of three models (global, SWA, WiMA-like) at the auto batch size:
               images/s counts the three models' images (3 x test images per call)
 
@@ -120,6 +121,8 @@ def variants(model: str, a) -> tuple:
   before = ev_lib.LegacyEvaluator(t.model, tx, ty, b, preprocess=t.eval_transform, task=t.task)
   same = ev_lib.Evaluator(t.model, tx, ty, b, preprocess=t.eval_transform, task=t.task)
   auto = ev_lib.Evaluator(t.model, tx, ty, 'auto', preprocess=t.eval_transform, task=t.task)
+  one = (ev_lib.Evaluator(t.model, tx, ty, 'auto', preprocess=t.eval_transform, task=t.task,
+                         devices=jax.local_devices()[:1]) if jax.local_device_count() > 1 else None)
   g = models['global']
   tm = time.perf_counter()
   auto(g)                      # the measurement (once per run) and the chosen program's compilation
@@ -127,6 +130,9 @@ def variants(model: str, a) -> tuple:
            'devices_eval': int(same.mesh.devices.size), 'devices_train': jax.device_count(),
            'train_examples_per_round': per_round, 'test_images': n, 'strategy': t.strategy,
            'rounds_per_call': t.rounds_per_call}
+  if one is not None:
+    one(g)
+    facts['auto_1dev_choice'] = one.batch_choice
   before_res, same_res, auto_res = before(g), same(g), auto(g)
   facts['same_bits'] = before_res == same_res     # the same batch size: the same per-batch sums and order
   facts['auto_max_rel_diff'] = max(abs(auto_res[k] - before_res[k]) / max(abs(before_res[k]), 1e-30)
@@ -134,6 +140,8 @@ def variants(model: str, a) -> tuple:
   fns = {'train': _timed(lambda: (prob.round(), prob.sync()), a.timed_rounds * per_round),
          'before': _timed(lambda: before(g), n), 'same_batch': _timed(lambda: same(g), n),
          'auto': _timed(lambda: auto(g), n), 'many3': _timed(lambda: auto.evaluate_many(models), 3 * n)}
+  if one is not None:
+    fns['auto_1dev'] = _timed(lambda: one(g), n)
   for name, fn in fns.items():  # compile + warm-up
     fn()
   return fns, facts
@@ -151,11 +159,15 @@ def _markdown(res):
     f = r['facts']
     for v, row in r['rows'].items():
       batch = {'before': f['eval_batch_size'], 'same_batch': f['eval_batch_size'],
-               'auto': f['auto_choice']['batch_size'], 'many3': f['auto_choice']['batch_size']}.get(v, '')
+               'auto': f['auto_choice']['batch_size'], 'many3': f['auto_choice']['batch_size'],
+               'auto_1dev': (f.get('auto_1dev_choice') or {}).get('batch_size', '')}.get(v, '')
       note = {'train': f"{f['train_examples_per_round']} examples/round, {f['devices_train']} device(s)",
               'before': 'LegacyEvaluator, one device', 'same_batch': f"{f['devices_eval']} device(s)",
               'auto': 'measured: ' + ', '.join(f'{k}: {v:.0f}' for k, v in f['auto_choice']['images_per_s'].items()),
-              'many3': '3 models in one pass, images of all three'}.get(v, '')
+              'many3': '3 models in one pass, images of all three',
+              'auto_1dev': 'one device, measured: ' + ', '.join(
+                  f'{k}: {v:.0f}' for k, v in (f.get('auto_1dev_choice') or {}).get('images_per_s', {}).items())
+              }.get(v, '')
       L.append(f"| {m} | {v} | {row['per_s']:.0f} | {row['x_train']:.2f} | {batch} | {note} |")
     L.append(f"| {m} | | | | | same_batch's metrics equal before's bit for bit: {f['same_bits']}; auto's "
              f"largest relative difference: {f['auto_max_rel_diff']:.1e} |")

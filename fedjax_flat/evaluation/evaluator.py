@@ -177,14 +177,36 @@ def choose_batch_size(model, x, y, preprocess=None, task=None, mesh: Mesh = None
   return {'batch_size': max(rates, key=rates.get), 'images_per_s': rates, 'sample': m}
 
 
+def choose_layout(model, x, y, preprocess=None, task=None, mesh: Mesh = None, params=None, **kw) -> dict:
+  """'auto': the batch size (choose_batch_size) on every device of the mesh and, on a CPU with several host
+  devices, on one device too (host devices share the cores and their caches: measured, one device evaluated the
+  paper CNN 1.6x faster than two at their best batch sizes, benchmarks/README.md "Issue 39"). The device count
+  does not change the metrics (make_sharded_eval_fn), so the fastest layout is taken. Returns choose_batch_size's
+  dict of the chosen layout plus 'devices' and 'by_devices' ({D: {B: images/s}})."""
+  mesh = eval_mesh() if mesh is None else mesh
+  layouts = [mesh]
+  if mesh.devices.size > 1 and mesh.devices.flat[0].platform == 'cpu':
+    layouts.append(eval_mesh(list(mesh.devices.flat)[:1]))
+  kw.setdefault('sample', min(len(y), 1024 * mesh.devices.size))     # the same images for every layout
+  best, by = None, {}
+  for m in layouts:
+    c = choose_batch_size(model, x, y, preprocess, task, m, params=params, **kw)
+    c['devices'] = int(m.devices.size)
+    by[c['devices']] = c['images_per_s']
+    if best is None or c['images_per_s'][c['batch_size']] > best['images_per_s'][best['batch_size']]:
+      best = c
+  return {**best, 'by_devices': by}
+
+
 class Evaluator:
   """Holds the fixed test batches on the device(s) once; evaluates any params with one compiled program.
 
   The batches are sharded over this process's devices along the batch count (`devices`: default every local
   device); the metrics are reduced on the devices and equal the single-device program's bit for bit
-  (make_sharded_eval_fn). batch_size='auto': chosen by measurement at the first evaluation (choose_batch_size,
-  with the params evaluated), recorded in `batch_choice`. `evaluate_many({name: params})` evaluates several
-  models (global, SWA, WiMA, ...) in one pass over the data: one program per number of models.
+  (make_sharded_eval_fn). batch_size='auto': chosen by measurement at the first evaluation (choose_layout: the
+  batch size, and on a CPU one device or all, with the params evaluated), recorded in `batch_choice`.
+  `evaluate_many({name: params})` evaluates several models (global, SWA, WiMA, ...) in one pass over the data:
+  one program per number of models.
   """
 
   def __init__(self, model, x, y, batch_size=DEFAULT_BATCH_SIZE, preprocess=None, task=None, devices=None):
@@ -222,9 +244,11 @@ class Evaluator:
 
   def _ready(self, params):
     if self.batch_size is None:    # 'auto': measured once, with the first params evaluated
-      self.batch_choice = choose_batch_size(self.model, self._x, self._y, self.preprocess, self.task, self.mesh,
-                                            params=params)
+      self.batch_choice = choose_layout(self.model, self._x, self._y, self.preprocess, self.task, self.mesh,
+                                        params=params)
       self.batch_size = self.batch_choice['batch_size']
+      if self.batch_choice['devices'] != self.mesh.devices.size:
+        self.mesh = eval_mesh(list(self.mesh.devices.flat)[:self.batch_choice['devices']])
       self._place()
     if self._integer is None:
       # A task with integer counts (a confusion matrix) keeps the host's int64 sums (make_eval_fn's exact path).

@@ -141,7 +141,12 @@ x, y, params = t._problem(n=37)          # 5 batches of 8 over 2 devices: one al
 two = t.ev_lib.Evaluator(t.MODEL, x, y, 8, preprocess=t._prep)
 one = t.ev_lib.LegacyEvaluator(t.MODEL, x, y, 8, preprocess=t._prep)
 many = two.evaluate_many(dict(zip('abc', params)))
+auto = t.ev_lib.Evaluator(t.MODEL, x[:20], y[:20], 'auto', preprocess=t._prep)     # few candidates: 8, 10 / 8, 16, 20
+got = auto(params[0])
+ref = t.ev_lib.LegacyEvaluator(t.MODEL, x[:20], y[:20], auto.batch_size, preprocess=t._prep)(params[0])
 print(json.dumps({'devices': int(two.mesh.devices.size), 'shards': len(two.batches['x'].sharding.device_set),
+                  'auto_same': got == ref, 'auto_layouts': sorted(auto.batch_choice['by_devices']),
+                  'auto_devices': [auto.batch_choice['devices'], int(auto.mesh.devices.size)],
                   'padded': int(two.batches['mask'].shape[0]),
                   'same': [two(p) == one(p) for p in params],
                   'many': [many[k] == one(p) for k, p in zip('abc', params)], 'cache': two._cache_size()}))
@@ -159,6 +164,9 @@ def test_two_host_devices_give_the_single_device_bits():
   assert res['same'] == [True] * 3
   assert res['many'] == [True] * 3, 'several models in one pass: each as alone (here bit for bit)'
   assert res['cache'] == 2
+  # 'auto' on 2 host devices times both layouts (all devices, one) and takes the faster: the same bits either way
+  assert res['auto_layouts'] == [1, 2] and res['auto_devices'][0] == res['auto_devices'][1] in (1, 2)
+  assert res['auto_same']
 
 
 if __name__ == '__main__':

@@ -10,7 +10,9 @@ def _final(trainer, summary, reported):
                            'devices': int(ev.mesh.devices.size) if hasattr(ev, 'mesh') else 1}
   if choice is not None:
     summary['evaluation'].update({'images_per_s': {str(b): float(r) for b, r in choice['images_per_s'].items()},
-                                  'sample': int(choice['sample'])})
+                                  'sample': int(choice['sample']),
+                                  'images_per_s_by_devices': {str(d): {str(b): float(r) for b, r in rates.items()}
+                                                              for d, rates in choice.get('by_devices', {}).items()}})
 
 
 register(Evaluation('eval_batch', order=90, applies=lambda t: t.config.eval_batch_size == 'auto', final=_final))
