@@ -102,7 +102,6 @@ def eval_mesh(devices=None) -> Mesh:
   return Mesh(np.array(list(jax.local_devices() if devices is None else devices), dtype=object), (EVAL_AXIS,))
 
 
-
 def make_sharded_eval_fn(model, preprocess, task, mesh: Mesh, num_batches: int):
   """evaluate(params tuple, batches [nb', B, ...] sharded over the mesh) -> a tuple of the task's metrics, one per
   model, in one jitted program: each device maps over its block of batches with every model per batch (the data
