@@ -2,12 +2,20 @@
 
 What the metrics are is the task's (fedjax_flat/tasks/base.py): each batch gives additive sums (loss, correct,
 count, or a confusion matrix), summed over the batches, then turned into metrics once.
+
+`Evaluator` (the in-memory global test set, issue 39): the batches are placed once, sharded over the local
+devices; one program per number of models evaluates every model of `evaluate_many` (global, SWA, WiMA) per batch
+and adds the per-batch sums in batch order on the device (the single-device bits); `eval_batch_size='auto'`
+times the candidates once (small batches on a CPU: benchmarks/speed/eval_rate.py).
 """
 from __future__ import annotations
+
+import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedjax_flat.tasks import base as tasks_lib
 from fedjax_flat.tasks import retrieval as ret_tasks
@@ -77,15 +85,216 @@ def host_add(a, b):
   return jax.tree_util.tree_map(one, a, b)
 
 
-class Evaluator:
-  """Holds the fixed test batches on device; evaluates any params with one compiled program."""
+# eval_batch_size='auto': the candidates timed once per run (evaluator.choose_batch_size). Small batches win on
+# a CPU (the im2col convolution's patches stay in cache: benchmarks/speed/eval_rate.py), large ones on a GPU.
+AUTO_BATCH_CANDIDATES = (8, 16, 32, 64, 128, 256, 512, 1024)
+EVAL_AXIS = 'batches'      # the evaluation mesh's axis: the test batches are split along it
+DEFAULT_BATCH_SIZE = 256     # what the other evaluators of an 'auto' run use (config.eval_batch_size's default)
 
-  def __init__(self, model, x, y, batch_size: int = 256, preprocess=None, task=None):
+
+def fixed_batch_size(value) -> int:
+  """config.eval_batch_size as an int for the evaluators that do not measure ('auto' -> DEFAULT_BATCH_SIZE)."""
+  return DEFAULT_BATCH_SIZE if value == 'auto' else int(value)
+
+
+def eval_mesh(devices=None) -> Mesh:
+  """A 1-D ('batches',) mesh over this process's devices (evaluation runs per host, on its local devices)."""
+  return Mesh(np.array(list(jax.local_devices() if devices is None else devices), dtype=object), (EVAL_AXIS,))
+
+
+def make_sharded_eval_fn(model, preprocess, task, mesh: Mesh, num_batches: int):
+  """evaluate(params tuple, batches [nb', B, ...] sharded over the mesh) -> a tuple of the task's metrics, one per
+  model, in one jitted program: each device maps over its block of batches with every model per batch (the data
+  are read once for all models); the per-batch sums are all-gathered and summed in batch order on every device,
+  which is exactly the single-device program's sum (`make_eval_fn`): the same bits on any device count.
+  num_batches: the real batches (the first ones); the rest (padding up to a multiple of the devices) are dropped
+  before the sum."""
+  sharded = mesh.devices.size > 1
+
+  def per_batch(params_tuple, batch):
+    x = batch['x'] if preprocess is None else preprocess(batch['x'])
+    return tuple(task.eval_sums(model.apply(p, x, train=False), batch['y'], batch['mask']) for p in params_tuple)
+
+  def local(params_tuple, batches):
+    sums = jax.lax.map(lambda b: per_batch(params_tuple, b), batches)
+    if sharded:
+      sums = jax.lax.all_gather(sums, EVAL_AXIS, tiled=True)
+    return jax.tree_util.tree_map(lambda a: jnp.sum(a[:num_batches], axis=0), sums)
+
+  def evaluate(params_tuple, batches):
+    if sharded:
+      sums = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(EVAL_AXIS)), out_specs=P(), check_vma=False)(
+          params_tuple, batches)
+    else:
+      sums = local(params_tuple, batches)
+    return tuple(task.eval_metrics(s) for s in sums)
+  rep = NamedSharding(mesh, P())
+  return jax.jit(evaluate, in_shardings=(rep, NamedSharding(mesh, P(EVAL_AXIS))), out_shardings=rep)
+
+
+def place_batches(x, y, batch_size: int, mesh: Mesh):
+  """The whole split as padded batches [nb', B, ...] on the mesh, sharded along the batch count (nb' = nb padded
+  with all-padding batches to a multiple of the devices); returns (batches, nb)."""
+  b = make_eval_batches(np.asarray(x), np.asarray(y), batch_size)
+  nb = b['mask'].shape[0]
+  pad = -nb % mesh.devices.size
+  if pad:
+    b = {k: np.concatenate([v, np.zeros((pad,) + v.shape[1:], v.dtype)]) for k, v in b.items()}
+  return jax.device_put(b, NamedSharding(mesh, P(EVAL_AXIS))), nb
+
+
+def choose_batch_size(model, x, y, preprocess=None, task=None, mesh: Mesh = None, params=None,
+                      candidates=AUTO_BATCH_CANDIDATES, sample: int = 0, clock=time.perf_counter) -> dict:
+  """The evaluation batch size with the most images/s, measured once: each candidate (at most the examples per
+  device) evaluates the same sample of the test set (`sample` examples; default 1024 per device) after one
+  warm-up call (the best of two timed calls); ascending, stopping once a candidate falls below 0.8x the best rate
+  (on a CPU the rate falls with the batch: a few candidates are timed). Returns {'batch_size', 'images_per_s':
+  {B: rate}, 'sample'}. params: the model's (default: init)."""
+  task = tasks_lib.get_task(task)
+  mesh = eval_mesh() if mesh is None else mesh
+  d = mesh.devices.size
+  n = len(y)
+  per_device = max(1, -(-n // d))
+  cands = sorted({min(int(c), per_device) for c in candidates})
+  m = min(n, sample or 1024 * d)
+  xs, ys = np.asarray(x)[:m], np.asarray(y)[:m]
+  if params is None:
+    params = model.init(jax.random.key(0), jnp.asarray(xs[:1]) if preprocess is None else preprocess(xs[:1]))
+  rates = {}
+  for bs in cands:
+    batches, nb = place_batches(xs, ys, bs, mesh)
+    fn = make_sharded_eval_fn(model, preprocess, task, mesh, nb)
+    jax.block_until_ready(fn((params,), batches))          # compilation, not timed
+    best = float('inf')
+    for _ in range(2):
+      t = clock()
+      jax.block_until_ready(fn((params,), batches))
+      best = min(best, clock() - t)
+    rates[bs] = m / max(best, 1e-9)
+    if rates[bs] < 0.8 * max(rates.values()):
+      break
+  return {'batch_size': max(rates, key=rates.get), 'images_per_s': rates, 'sample': m}
+
+
+def choose_layout(model, x, y, preprocess=None, task=None, mesh: Mesh = None, params=None, **kw) -> dict:
+  """'auto': the batch size (choose_batch_size) on every device of the mesh and, on a CPU with several host
+  devices, on one device too (host devices share the cores and their caches: measured, one device evaluated the
+  paper CNN 1.6x faster than two at their best batch sizes, benchmarks/README.md "Issue 39"). The device count
+  does not change the metrics (make_sharded_eval_fn), so the fastest layout is taken. Returns choose_batch_size's
+  dict of the chosen layout plus 'devices' and 'by_devices' ({D: {B: images/s}})."""
+  mesh = eval_mesh() if mesh is None else mesh
+  layouts = [mesh]
+  if mesh.devices.size > 1 and mesh.devices.flat[0].platform == 'cpu':
+    layouts.append(eval_mesh(list(mesh.devices.flat)[:1]))
+  kw.setdefault('sample', min(len(y), 1024 * mesh.devices.size))     # the same images for every layout
+  best, by = None, {}
+  for m in layouts:
+    c = choose_batch_size(model, x, y, preprocess, task, m, params=params, **kw)
+    c['devices'] = int(m.devices.size)
+    by[c['devices']] = c['images_per_s']
+    if best is None or c['images_per_s'][c['batch_size']] > best['images_per_s'][best['batch_size']]:
+      best = c
+  return {**best, 'by_devices': by}
+
+
+class Evaluator:
+  """Holds the fixed test batches on the device(s) once; evaluates any params with one compiled program.
+
+  The batches are sharded over this process's devices along the batch count (`devices`: default every local
+  device); the metrics are reduced on the devices and equal the single-device program's bit for bit
+  (make_sharded_eval_fn). batch_size='auto': chosen by measurement at the first evaluation (choose_layout: the
+  batch size, and on a CPU one device or all, with the params evaluated), recorded in `batch_choice`.
+  `evaluate_many({name: params})` evaluates several models (global, SWA, WiMA, ...) in one pass over the data:
+  one program per number of models.
+  """
+
+  def __init__(self, model, x, y, batch_size=DEFAULT_BATCH_SIZE, preprocess=None, task=None, devices=None):
+    self.model, self.preprocess, self.task = model, preprocess, tasks_lib.get_task(task)
+    self.mesh = eval_mesh(devices)
+    self._x, self._y = np.asarray(x), np.asarray(y)
+    self.batch_choice = None
+    self.batch_size = None if batch_size == 'auto' else int(batch_size)
+    self._fns = {}           # number of models -> the compiled evaluation
+    self._batches = None
+    self._integer = None
+    if self.batch_size is not None:
+      self._place()
+
+  def _place(self):
+    self._batches, self.num_batches = place_batches(self._x, self._y, self.batch_size, self.mesh)
+
+  @property
+  def batches(self):
+    """The placed test batches [nb', B, ...] (all-padding batches at the end up to a multiple of the devices)."""
+    return self._batches
+
+  @batches.setter
+  def batches(self, value):
+    """New data (make_eval_batches' layout; evaluation/corruption.py): the programs are kept when the number of
+    batches is the same."""
+    nb = int(value['mask'].shape[0])
+    pad = -nb % self.mesh.devices.size
+    if pad:
+      value = {k: np.concatenate([v, np.zeros((pad,) + v.shape[1:], v.dtype)]) for k, v in value.items()}
+    if nb != getattr(self, 'num_batches', nb):
+      self._fns = {}
+    self._batches = jax.device_put(value, NamedSharding(self.mesh, P(EVAL_AXIS)))
+    self.num_batches = nb
+
+  def _ready(self, params):
+    if self.batch_size is None:    # 'auto': measured once, with the first params evaluated
+      self.batch_choice = choose_layout(self.model, self._x, self._y, self.preprocess, self.task, self.mesh,
+                                        params=params)
+      self.batch_size = self.batch_choice['batch_size']
+      if self.batch_choice['devices'] != self.mesh.devices.size:
+        self.mesh = eval_mesh(list(self.mesh.devices.flat)[:self.batch_choice['devices']])
+      self._place()
+    if self._integer is None:
+      # A task with integer counts (a confusion matrix) keeps the host's int64 sums (make_eval_fn's exact path).
+      shapes = jax.eval_shape(lambda p, b: self.task.eval_sums(
+          self.model.apply(p, b['x'] if self.preprocess is None else self.preprocess(b['x']), train=False),
+          b['y'], b['mask']), params, jax.tree_util.tree_map(lambda a: a[0], self._batches))
+      self._integer = any(jnp.issubdtype(a.dtype, jnp.integer) for a in jax.tree_util.tree_leaves(shapes))
+
+  def evaluate_many(self, models: dict) -> dict:
+    """{name: params} -> {name: metrics}, every model over the same batches in one program (host values:
+    scalars as floats, arrays as lists); each model's metrics equal evaluating it alone."""
+    names = list(models)
+    if not names:
+      return {}
+    self._ready(models[names[0]])
+    if self._integer:
+      if 'exact' not in self._fns:
+        self._fns['exact'] = make_eval_fn(self.model, self.preprocess, task=self.task)
+      res = [self._fns['exact'](models[k], self._batches) for k in names]
+    else:
+      m = len(names)
+      if m not in self._fns:
+        self._fns[m] = make_sharded_eval_fn(self.model, self.preprocess, self.task, self.mesh, self.num_batches)
+      res = self._fns[m](tuple(models[k] for k in names), self._batches)
+    out = {}
+    for name, metrics in zip(names, jax.device_get(list(res))):
+      out[name] = {k: float(v) if np.ndim(v) == 0 else np.asarray(v).tolist() for k, v in metrics.items()}
+    return out
+
+  def __call__(self, params):
+    """Scalar metrics as floats; array-valued ones (per-class IoU, ...) as lists."""
+    return self.evaluate_many({'_': params})['_']
+
+  def _cache_size(self) -> int:
+    """Compiled evaluation programs so far (compile-counter tests)."""
+    return sum(f._cache_size() for f in self._fns.values() if hasattr(f, '_cache_size'))
+
+
+class LegacyEvaluator:
+  """The evaluation before the sharded path (one device, one model per call): kept callable as the reference of
+  the tests and the 'before' of benchmarks/speed/eval_rate.py."""
+
+  def __init__(self, model, x, y, batch_size: int = DEFAULT_BATCH_SIZE, preprocess=None, task=None):
     self.batches = jax.device_put(make_eval_batches(np.asarray(x), np.asarray(y), batch_size))
     self.fn = make_eval_fn(model, preprocess, task=task)
 
   def __call__(self, params):
-    """Scalar metrics as floats; array-valued ones (per-class IoU, ...) as lists."""
     out = {}
     for k, v in jax.device_get(self.fn(params, self.batches)).items():
       out[k] = float(v) if np.ndim(v) == 0 else np.asarray(v).tolist()
@@ -128,6 +337,11 @@ class ClientEvaluator:
             'clients_mean_loss': float(np.mean(res['loss']))}
 
 
+def per_count(tree) -> int:
+  """The leading (batch) length of a pytree of stacked per-batch arrays."""
+  return int(np.shape(jax.tree_util.tree_leaves(tree)[0])[0])
+
+
 def _pad_batch(x, y, batch_size: int):
   """One fixed-shape batch {'x', 'y', 'mask'} of up to batch_size examples (zero padding, mask 0)."""
   b = make_eval_batches(np.asarray(x), np.asarray(y), batch_size)
@@ -148,8 +362,9 @@ class HeldOutEvaluator:
   statistics pooled over all its images first: one extra pass per client and evaluation).
 
   Batches: a source with `test_batches(batch_size, client)` (out-of-memory test sets, decoded on the host)
-  is streamed at every evaluation; in-memory data are batched once. Every batch has one shape (the last one
-  padded), so each program compiles once per run.
+  is streamed at every evaluation; in-memory data are batched once, stacked on the device, and each test
+  client's batch sums come from one program (lax.map), added on the host in batch order. Every batch has one
+  shape (the last one padded), so each program compiles once per run.
   """
 
   def __init__(self, model, data, *, task=None, batch_size: int = 8, preprocess=None, bn_policy: str = 'running',
@@ -166,7 +381,7 @@ class HeldOutEvaluator:
         self.groups.append((str(name), [j for j in range(n_test) if names[j] == name]))
     else:
       self.groups.append((None, [None]))
-    self._cache = {}
+    self._stacked = {}    # in-memory test clients: their padded batches on the device, stacked
     bn = getattr(model, 'batch_stats', False)
     batch_norm = 'batch' if self.bn_policy == 'batch' else None
     task_ = self.task
@@ -176,22 +391,24 @@ class HeldOutEvaluator:
       kw = {'mask': batch['mask'], 'batch_norm': batch_norm} if bn else {}
       return task_.eval_sums(model.apply(params, x, train=False, **kw), batch['y'], batch['mask'])
     self.sums_fn = jax.jit(sums)
+    # In-memory batches: every batch's sums in one program (lax.map over the stacked batches, one transfer per
+    # test client), added on the host in batch order as before: the same int64 / float64 sums, no per-batch sync.
+    self.map_fn = jax.jit(lambda params, stacked: jax.lax.map(lambda b: sums(params, b), stacked))
     if self.bn_policy == 'client':
       self.moments_fn = jax.jit(batch_stats.make_raw_moments_fn(model, preprocess))
 
   def batches(self, client):
     """Fixed-shape padded batches of one test client (None: the global test set)."""
-    if client in self._cache:
-      return self._cache[client]
     if hasattr(self.data, 'test_batches'):
       def stream():
         for x, y in self.data.test_batches(self.batch_size, client):
           yield from _pad_batch(x, y, self.batch_size)
       return stream()
-    x, y = self.data.test_examples() if client is None else self.data.test_client_examples(client)
-    out = [jax.device_put(b) for b in _pad_batch(x, y, self.batch_size)]
-    self._cache[client] = out
-    return out
+    if client not in self._stacked:      # one device copy, stacked [nb, B, ...]; the batches are views of it
+      x, y = self.data.test_examples() if client is None else self.data.test_client_examples(client)
+      self._stacked[client] = jax.device_put(make_eval_batches(np.asarray(x), np.asarray(y), self.batch_size))
+    stacked = self._stacked[client]
+    return [jax.tree_util.tree_map(lambda a, i=i: a[i], stacked) for i in range(stacked['mask'].shape[0])]
 
   def __call__(self, params):
     add = host_add       # on the host, int64 counts: a confusion matrix exact over any number of batches
@@ -202,13 +419,23 @@ class HeldOutEvaluator:
         p = params
         if self.bn_policy == 'client':
           p = batch_stats.adapt_statistics(self.model, params, self.batches(j), moments_fn=self.moments_fn)
-        for b in self.batches(j):
-          group = add(group, self.sums_fn(p, b))
+        for b in self.batch_sums(p, j):
+          group = add(group, b)
       pooled = add(pooled, group)
       if name is not None:
         out.update({f'{name}_{k}': v for k, v in self._host(host_metrics(self.task, group)).items()})
     out.update(self._host(host_metrics(self.task, pooled)))
     return out
+
+  def batch_sums(self, params, client):
+    """The task's sums of each batch of one test client, in batch order: host arrays from one program for
+    in-memory data, one call per batch for streamed data."""
+    if hasattr(self.data, 'test_batches'):      # streamed
+      return (self.sums_fn(params, b) for b in self.batches(client))
+    if client not in self._stacked:
+      self.batches(client)
+    per = jax.device_get(self.map_fn(params, self._stacked[client]))
+    return [jax.tree_util.tree_map(lambda a, i=i: a[i], per) for i in range(per_count(per))]
 
   def predictions(self, params, n: int = 4):
     """[(group name, image, true labels, predicted labels)] for up to n test images, spread over the groups
@@ -269,7 +496,7 @@ def make_validation_evaluator(config, model, data, task, preprocess=None):
   if groups is None:
     raise ValueError(f'dataset {data.name!r} has validation images (val_x) but no val_client (the validation '
                      'client of each image)')
-  return RetrievalEvaluator(model, vx, vy, config.eval_batch_size, preprocess=preprocess, task=task,
+  return RetrievalEvaluator(model, vx, vy, fixed_batch_size(config.eval_batch_size), preprocess=preprocess, task=task,
                             groups=groups)
 
 
@@ -281,7 +508,7 @@ def make_evaluator(config, model, data, task, preprocess=None, local_batch_stats
   statistics on the clients (FederatedAlgorithm.local_batch_stats: the 'auto' test policy is then 'batch')."""
   if isinstance(task, ret_tasks.Retrieval):
     tx, ty = data.test_examples()
-    return RetrievalEvaluator(model, tx, ty, config.eval_batch_size, preprocess=preprocess, task=task)
+    return RetrievalEvaluator(model, tx, ty, fixed_batch_size(config.eval_batch_size), preprocess=preprocess, task=task)
   seg = isinstance(task, seg_tasks.Segmentation)
   if not (seg or getattr(model, 'batch_stats', False)):
     tx, ty = data.test_examples()
@@ -292,6 +519,7 @@ def make_evaluator(config, model, data, task, preprocess=None, local_batch_stats
                                   overlap=sc.eval_overlap)
   bn = config.get('bn')
   policy = batch_stats.resolve_test_policy(bn.test_policy if bn is not None else 'auto', local_batch_stats)
-  return HeldOutEvaluator(model, data, task=task, batch_size=config.eval_batch_size, preprocess=preprocess,
-                             bn_policy=policy, bn_batch_size=bn.test_batch_size if bn is not None else 8,
+  return HeldOutEvaluator(model, data, task=task, batch_size=fixed_batch_size(config.eval_batch_size),
+                             preprocess=preprocess, bn_policy=policy,
+                             bn_batch_size=bn.test_batch_size if bn is not None else 8,
                              by_client=bool(sc.by_test_client) if (seg and sc is not None) else False)

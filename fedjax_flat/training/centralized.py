@@ -69,7 +69,7 @@ from fedjax_flat.algorithms import local as local_lib
 # re-exported: the reference and rounds-to-X live with config.centralized (training/loop.py reads them there)
 from fedjax_flat.config.centralized import (POLY_POWER, RESULT_FILE, fraction_key, read_reference,  # noqa: F401
                                             reference_accuracy, reference_path, rounds_to, rounds_to_centralized)
-from fedjax_flat.evaluation.evaluator import Evaluator, RetrievalEvaluator, make_validation_evaluator
+from fedjax_flat.evaluation.evaluator import Evaluator, RetrievalEvaluator, fixed_batch_size, make_validation_evaluator
 from fedjax_flat.tasks import retrieval as ret_tasks
 from fedjax_flat.data import batching
 from fedjax_flat.data import registry as data_registry
@@ -269,7 +269,8 @@ def train(config, workdir: Optional[str] = None, *, data=None, on_epoch=None, on
   tx_, ty_ = data.test_examples()
   # retrieval (FedVPR, Table 6.5's centralized row): Recall@K of the test queries against the test database
   make = RetrievalEvaluator if isinstance(task, ret_tasks.Retrieval) else Evaluator
-  evaluator = make(model, tx_, ty_, config.eval_batch_size, preprocess=eval_tf, task=task)
+  batch = config.eval_batch_size if make is Evaluator else fixed_batch_size(config.eval_batch_size)   # 'auto': measured
+  evaluator = make(model, tx_, ty_, batch, preprocess=eval_tf, task=task)
   # the validation clients of a retrieval set (left out of the union), as the federated runs report them
   val_evaluator = make_validation_evaluator(config, model, data, task, eval_tf)
   records, t0 = [], time.time()

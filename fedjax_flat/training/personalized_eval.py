@@ -8,6 +8,7 @@ import numpy as np
 
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.personalization import global_params, personal_params, personalizer_name
+from fedjax_flat.evaluation.evaluator import fixed_batch_size
 from fedjax_flat.evaluation.personalized import (eval_sets_from_data, evaluate_protocols, finetune_and_evaluate,
                                                  make_predict_fn)
 
@@ -35,7 +36,7 @@ def evaluate_trainer(trainer) -> dict:
                    for k in range(data.num_clients)]
   client_params = [tmap(jnp.asarray, p) for p in client_params]
   server_params = global_params(alg, trainer.server_state)
-  predict = make_predict_fn(trainer.model, trainer.plan.eval_transform, c.eval_batch_size)
+  predict = make_predict_fn(trainer.model, trainer.plan.eval_transform, fixed_batch_size(c.eval_batch_size))
   sets = eval_sets_from_data(data)
   res = evaluate_protocols(predict, client_params, server_params, sets, auc_scores=pc.auc_scores,
                            per_client=bool(pc.per_client))

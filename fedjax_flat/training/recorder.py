@@ -142,10 +142,11 @@ class Recorder:
     """The algorithm's eval models on the global test set (and the validation clients), then the plug-ins."""
     p, out = self.plan, {}
     view = (lambda x: x) if p.placement is None else p.placement.local_view
-    for name, (params, active) in p.algorithm.eval_models(trainer.server_state).items():
-      if not bool(active):
-        continue
-      res = p.evaluator(view(params))
+    models = {n: view(x) for n, (x, active) in p.algorithm.eval_models(trainer.server_state).items() if bool(active)}
+    many = getattr(p.evaluator, 'evaluate_many', None)     # every model in one pass over the test set
+    results = many(models) if many is not None else {n: p.evaluator(x) for n, x in models.items()}
+    for name, params in models.items():
+      res = results[name]
       prefix = '' if name == 'global' else f'{name}/'
       out[prefix + 'test_accuracy'] = res['accuracy']
       out[prefix + 'test_loss'] = res['loss']
@@ -153,7 +154,7 @@ class Recorder:
         if k not in ('accuracy', 'loss', 'count'):
           out[f'{prefix}test_{k}'] = v
       if p.val_evaluator is not None:    # the validation clients, each against its own database
-        res = p.val_evaluator(view(params))
+        res = p.val_evaluator(params)
         out.update({f'{prefix}val_{k}': v for k, v in res.items() if k != 'count'})
     for ev in self.evaluations():       # the run's periodic plug-ins (training/evals/: routed, clients, ...)
       if ev.periodic is not None:

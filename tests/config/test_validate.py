@@ -20,6 +20,8 @@ CASES = [
     ('client.lr', 0.0, '> 0'),
     ('client.momentum', 1.0, '< 1'),
     ('client.weight_decay', -1e-4, '>= 0'),
+    ('eval_batch_size', 'fast', "'auto' or an integer >= 1"),
+    ('eval_batch_size', 0, "'auto' or an integer >= 1"),
     ('client.batch_size', 0, '>= 1'),
     ('client.optimizer', 'adamw', 'allowed values'),
     ('client.rho', -0.05, '>= 0'),

@@ -71,7 +71,7 @@ def test_train_binary_writes_all_files(tmp_path):
   wd = tmp_path / 'run'
   cmd = [sys.executable, os.path.join(REPO, 'experiments', 'train.py'),
          f'--config={os.path.join(REPO, "configs", "quickstart.py")}', f'--workdir={wd}',
-         '--config.rounds=4', '--config.eval_every=2', '--config.summary_last_k=2']
+         '--config.rounds=4', '--config.eval_every=2', '--config.summary_last_k=2', '--config.eval_batch_size=auto']
   res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
   assert res.returncode == 0, res.stderr[-3000:]
   for f in ('config.json', 'metrics.jsonl', 'metrics.csv', 'metrics.png', 'summary.json', 'summary.md'):
@@ -86,6 +86,8 @@ def test_train_binary_writes_all_files(tmp_path):
   assert summary['final_test_accuracy'] == recs[-1]['test_accuracy']
   np.testing.assert_allclose(summary['mean_last_2_test_accuracy'], np.mean([r['test_accuracy'] for r in recs]))
   assert 'results:' in res.stdout and 'plot:' in res.stdout
+  ev = summary['evaluation']           # eval_batch_size='auto': the measured choice is recorded
+  assert ev['auto'] and str(ev['batch_size']) in ev['images_per_s'] and ev['sample'] > 0
 
 
 def test_quickstart_learns():

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_flat.evaluation import routed
+from fedjax_flat.evaluation.evaluator import fixed_batch_size
 from fedjax_flat.training.evals.registry import Evaluation, register
 
 
@@ -23,7 +24,7 @@ def evaluate(trainer) -> dict:
     tx, ty = trainer.data.test_examples()
     state['routed'] = routed.RoutedEvaluator(
         trainer.model, tx, ty, routed.routes(tx, clusters.centroids, b=trainer.plan.style_fda_b), task=trainer.task,
-        preprocess=trainer.plan.eval_transform, batch_size=trainer.config.eval_batch_size)
+        preprocess=trainer.plan.eval_transform, batch_size=fixed_batch_size(trainer.config.eval_batch_size))
   view = (lambda p: p) if trainer.plan.placement is None else trainer.plan.placement.local_view
   stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *[view(models[n][0]) for n in names])
   res = state['routed'](stacked)
