@@ -87,7 +87,7 @@ def test_auto_batch_size_is_measured_once_and_recorded():
   ev(params[1])
   assert ev.batch_choice is choice        # measured once per run
   summary = {}
-  eval_batch._final(types.SimpleNamespace(evaluator=ev), summary, 'global')
+  eval_batch._final(types.SimpleNamespace(plan=types.SimpleNamespace(evaluator=ev)), summary, 'global')
   assert summary['evaluation']['batch_size'] == ev.batch_size and summary['evaluation']['auto']
   assert summary['evaluation']['images_per_s'][str(ev.batch_size)] == choice['images_per_s'][ev.batch_size]
 
