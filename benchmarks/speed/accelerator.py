@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import statistics
 import sys
@@ -272,15 +271,7 @@ def main(argv=None):
       res['peer_info'] = peer_set.info
       peer_set.close()
   res['uptime'].append(bench_util.uptime())
-  os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-  with open(a.out + '.json', 'w') as f:
-    json.dump(res, f, indent=2)
-  md = _markdown(res)
-  with open(a.out + '.md', 'w') as f:
-    f.write(md)
-  print(md)
-  print(f'wrote {a.out}.json and {a.out}.md')
-  return res
+  return bench_util.write_report(a.out, res, _markdown)
 
 
 if __name__ == '__main__':

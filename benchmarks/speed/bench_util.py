@@ -302,3 +302,16 @@ def finish_round_report(out: dict, json_path: str = '') -> dict:
     with open(json_path, 'w') as f:
       json.dump(out, f, indent=1)
   return out
+
+
+def write_report(out: str, res: dict, markdown) -> dict:
+  """OUT.json (the measurements) and OUT.md (`markdown(res)`, also printed): what a benchmark leaves to read."""
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  with open(out + '.json', 'w') as f:
+    json.dump(res, f, indent=2, default=str)
+  md = markdown(res)
+  with open(out + '.md', 'w') as f:
+    f.write(md)
+  print(md)
+  print(f'wrote {out}.json and {out}.md')
+  return res

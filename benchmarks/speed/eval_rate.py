@@ -37,7 +37,6 @@ from fedjax_flat import devices
 HOST_DEVICES = devices.configure_or_exit() if __name__ == '__main__' else None
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 
@@ -196,15 +195,7 @@ def main(argv=None):
     out[m] = {'rows': rows, 'facts': facts}
   res = {**info, 'smoke': a.smoke, 'repeats': a.repeats, 'uptime': up, 'gemm_gflops_2048': gemm, 'models': out,
          'command': 'python -m benchmarks.speed.eval_rate ' + ' '.join(argv if argv is not None else sys.argv[1:])}
-  os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-  with open(a.out + '.json', 'w') as f:
-    json.dump(res, f, indent=2, default=str)
-  md = _markdown(res)
-  with open(a.out + '.md', 'w') as f:
-    f.write(md)
-  print(md)
-  print(f'wrote {a.out}.json and {a.out}.md')
-  return res
+  return bench_util.write_report(a.out, res, _markdown)
 
 
 if __name__ == '__main__':

@@ -37,7 +37,6 @@ of the script end to end (not a measurement). `--serve` is the subprocess side o
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -360,15 +359,7 @@ def main(argv=None):
          'steps': -(-c0.data.examples_per_client // c0.client.batch_size), 'test_examples': len(data.test_y),
          'data': a.data_dir or 'random uint8 images, CIFAR10 layout', 'peer_info': peer_set.info, 'rows': rows,
          'command': 'python -m benchmarks.speed.pfl_cifar10 ' + ' '.join(argv if argv is not None else sys.argv[1:])}
-  os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-  with open(a.out + '.json', 'w') as f:
-    json.dump(res, f, indent=2)
-  md = _markdown(res)
-  with open(a.out + '.md', 'w') as f:
-    f.write(md)
-  print(md)
-  print(f'wrote {a.out}.json and {a.out}.md')
-  return res
+  return bench_util.write_report(a.out, res, _markdown)
 
 
 if __name__ == '__main__':

@@ -16,16 +16,12 @@ import argparse
 import json
 import math
 import os
-import sys
-import time
 
 import jax
 import numpy as np
 
-from benchmarks.paths import REPO
+from benchmarks.studies import study_util
 from fedjax_flat import analysis
-from fedjax_flat.config import families as config_strings
-from fedjax_flat.training import trainers
 
 METHODS = ('fedavg', 'fedsam', 'fedasam')
 EPSILONS = (0.0, 8.0, 2.0)       # 0 = non-private (epsilon inf)
@@ -42,16 +38,7 @@ def lambda_max(t, params) -> float:
 
 
 def run_one(cell, seed, rounds):
-  c = config_strings.load_config(os.path.join(REPO, 'configs', f'dp.py:{cell}'))
-  c.seed = seed
-  c.data.seed = seed
-  if rounds:
-    c.rounds = rounds
-  c.progress_every_s = 1e9
-  t0 = time.time()
-  t = trainers.make_trainer(c)
-  s = t.train()
-  wall = time.time() - t0
+  c, t, s, wall = study_util.train_cell('dp', cell, seed, rounds)
   params = t.algorithm.eval_models(t.server_state)['global'][0]
   return {'cell': cell, 'seed': seed, 'rounds': c.rounds, 'train_wall_s': wall,
           'final_test_accuracy': s['final_test_accuracy'],
@@ -136,26 +123,12 @@ def main():
   ap.add_argument('--figure', default='', help='with --table: also write the accuracy-vs-epsilon figure here')
   a = ap.parse_args()
   if a.table:
-    if not all(os.path.isfile(p) for p in a.out.split(';')):
-      print(f'error: --out={a.out} does not exist: run the study first (without --table) to write it',
-            file=sys.stderr)
-      sys.exit(2)
+    study_util.require_results(a.out)
     print(table(a.out))
     if a.figure:
       figure(a.out, a.figure)
     return
-  os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-  done = set()
-  if os.path.exists(a.out):
-    done = {(r['cell'], r['seed']) for r in map(json.loads, open(a.out))}
-  for seed in map(int, a.seeds.split(',')):
-    for cell in a.cells.split(';'):
-      if (cell, seed) in done:
-        continue
-      rec = run_one(cell, seed, a.rounds)
-      with open(a.out, 'a') as f:
-        f.write(json.dumps(rec) + '\n')
-      print(json.dumps(rec), flush=True)
+  study_util.run_cells(a.out, a.cells, a.seeds, lambda cell, seed: run_one(cell, seed, a.rounds))
 
 
 if __name__ == '__main__':

@@ -20,18 +20,15 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.paths import REPO
+from benchmarks.studies import study_util
 from fedjax_flat.algorithms import fedcg
-from fedjax_flat.config import families as config_strings
 from fedjax_flat.data import registry as data_registry
-from fedjax_flat.training import trainers
 
 DEFAULT_CELLS = ('fedavg', 'fedavg,width=267', 'fedcg,oracle', 'fedcg,discovered', 'fedcg,kmeans',
                  'fedcg,discovered,soft=0', 'fedcg,discovered,all', 'fedcg,discovered,D=2', 'fedcg,discovered,D=8',
@@ -47,16 +44,9 @@ def _per_domain_accuracy(model, params, x, y):
 
 def run_one(cell, seed, rounds):
   """A cell of configs/fedcg_digits.py ('kmeans': the trainer runs grouping/domains.py's pass first)."""
-  c = config_strings.load_config(os.path.join(REPO, 'configs', f'fedcg_digits.py:{cell}'))
-  c.seed = seed
-  c.data.seed = seed
-  if rounds:
-    c.rounds = rounds
-  c.progress_every_s = 1e9
-  t0 = time.time()
-  t = trainers.make_trainer(c)
-  s = t.train()
-  rec = {'cell': cell, 'seed': seed, 'rounds': c.rounds, 'train_wall_s': time.time() - t0,
+  c, t, s, wall = study_util.train_cell('fedcg_digits', cell, seed, rounds)
+  t0 = time.time() - wall             # wall_s: training and the analyses below
+  rec = {'cell': cell, 'seed': seed, 'rounds': c.rounds, 'train_wall_s': wall,
          'final_test_accuracy': s['final_test_accuracy'],
          'models': {k: v['final_test_accuracy'] for k, v in s['models'].items()},
          'num_params': s.get('num_params'), 'comm_down_params': s.get('comm_down_params'),
@@ -123,25 +113,12 @@ def main():
   ap.add_argument('--table', action='store_true')
   a = ap.parse_args()
   if a.table:
-    if not os.path.isfile(a.out):
-      print(f'error: --out={a.out} does not exist: run the study first (without --table) to write it',
-            file=sys.stderr)
-      sys.exit(2)
+    study_util.require_results(a.out)
     print(table(a.out))
     return
-  os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-  done = set()
-  if os.path.exists(a.out):
-    done = {(r['cell'], r['seed']) for r in map(json.loads, open(a.out))}
-  for seed in map(int, a.seeds.split(',')):
-    for cell in a.cells.split(';'):
-      if (cell, seed) in done:
-        continue
-      rec = run_one(cell, seed, a.rounds)
-      with open(a.out, 'a') as f:
-        f.write(json.dumps(rec, default=float) + '\n')
-      print(f"{cell} seed={seed}: acc {rec['final_test_accuracy']:.4f} purity {rec.get('purity_student')} "
-            f"({rec['wall_s']:.0f}s)", flush=True)
+  study_util.run_cells(a.out, a.cells, a.seeds, lambda cell, seed: run_one(cell, seed, a.rounds),
+                       lambda rec: (f"{rec['cell']} seed={rec['seed']}: acc {rec['final_test_accuracy']:.4f} purity "
+                                    f"{rec.get('purity_student')} ({rec['wall_s']:.0f}s)"))
 
 
 if __name__ == '__main__':

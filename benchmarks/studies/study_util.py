@@ -1,0 +1,53 @@
+"""What the cell x seed studies share: the resumable JSONL of their runs (one record per (cell, seed), appended as
+each finishes, finished runs skipped on a rerun) and the one-line refusal of a table of runs never made."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Callable
+
+from benchmarks.paths import REPO
+from fedjax_flat.config import families as config_strings
+from fedjax_flat.training import trainers
+
+
+def require_results(out: str) -> None:
+  """--table on ';'-separated JSONL files: every one must exist (else one line, exit 2)."""
+  if not all(os.path.isfile(p) for p in out.split(';')):
+    print(f'error: --out={out} does not exist: run the study first (without --table) to write it', file=sys.stderr)
+    sys.exit(2)
+
+
+def run_cells(out: str, cells: str, seeds: str, run_one: Callable[[str, int], dict],
+              show: Callable[[dict], str] = json.dumps) -> None:
+  """Runs every (cell, seed) of ';'-separated `cells` x ','-separated `seeds` not yet in `out`, appending each
+  record (`run_one(cell, seed)`) as it finishes and printing `show(record)`."""
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  done = set()
+  if os.path.exists(out):
+    done = {(r['cell'], r['seed']) for r in map(json.loads, open(out))}
+  for seed in map(int, seeds.split(',')):
+    for cell in cells.split(';'):
+      if (cell, seed) in done:
+        continue
+      rec = run_one(cell, seed)
+      with open(out, 'a') as f:
+        f.write(json.dumps(rec, default=float) + '\n')
+      print(show(rec), flush=True)
+
+
+def train_cell(family: str, cell: str, seed: int, rounds: int = 0):
+  """configs/<family>.py:<cell> trained with `seed` (the data's partition too; `rounds` > 0 overrides the config's):
+  (config, trainer, summary, training wall seconds)."""
+  c = config_strings.load_config(os.path.join(REPO, 'configs', f'{family}.py:{cell}'))
+  c.seed = seed
+  c.data.seed = seed
+  if rounds:
+    c.rounds = rounds
+  c.progress_every_s = 1e9
+  t0 = time.time()
+  t = trainers.make_trainer(c)
+  s = t.train()
+  return c, t, s, time.time() - t0
