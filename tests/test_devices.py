@@ -183,6 +183,7 @@ def _params(d):
   return [d[k] for k in sorted(k for k in d if k[0] in 'sc' and k[1:].isdigit())]
 
 
+@pytest.mark.slow   # ~24 s; two host devices stay in the default suite (core/test_sharding, the evaluator's test)
 def test_two_devices_rerun_bit_identical_and_close_to_one_device(tmp_path):
   names = list(WORKER_CONFIGS)
   two_a = _run_worker(tmp_path, 'two_a', 2, names)

@@ -149,8 +149,8 @@ def _hand_rounds(model, data, state0, schedule, steps, *, oracle, period, beta):
   return params, teacher
 
 
-@pytest.mark.parametrize('dataset,oracle', [('synthetic', False), ('digits_domains', True),
-                                            ('digits_domains', False)])
+@pytest.mark.parametrize('dataset,oracle', [pytest.param('synthetic', False, marks=pytest.mark.slow),   # ~15 s
+                                            ('digits_domains', True), ('digits_domains', False)])
 def test_rounds_match_hand_computed(dataset, oracle):
   data, model = _setup(dataset)
   cfg = _config(dataset, 3, domains='oracle' if oracle else 'discovered', teacher_period=2,

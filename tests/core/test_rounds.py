@@ -90,7 +90,7 @@ def _leaves(t):
 
 # fedavg_sam runs in the default suite; the stateful cases (client-state store + server optimizer state) in
 # `pytest -m slow` (each case trains 5 trainers).
-SLOW_CASES = ('feddyn', 'swa', 'scaffold_server_adam')
+SLOW_CASES = ('feddyn', 'swa', 'scaffold_server_adam', 'fedavg_sam')   # fedavg stays in the default suite
 
 
 @pytest.mark.parametrize('case', [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_CASES else c

@@ -40,6 +40,7 @@ def _run(c, tmp_path, dataset, *, clients_per_round, batch_size):
   assert os.path.exists(os.path.join(wd, 'summary.json'))
 
 
+@pytest.mark.slow   # ~25 s; the tarball reader runs in the default suite through the FedSeq family's cell below
 def test_cifar10_fedsam_config_on_official_tarball(tmp_path):
   make_cifar10(str(tmp_path / 'data'), per_batch=20, n_test=20)     # 100 train images, 20 test
   c = _config('fedsam_cifar.py:cifar10,fedsam')
