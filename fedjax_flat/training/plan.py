@@ -14,6 +14,7 @@ device and nothing needs the host between rounds (`blocker` says why not), then 
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import Optional
 
@@ -206,16 +207,19 @@ class RunPlan:
     sample_x = jnp.zeros((1,) + tuple(self.data.input_shape), jnp.float32)
     return self.model.init(jax.random.fold_in(self.key, 0), sample_x)
 
-  @property
+  @functools.cached_property
+  def param_shapes(self):
+    """The params' shapes and dtypes (the model's init traced once, nothing allocated)."""
+    return jax.eval_shape(self.fresh_params)
+
+  @functools.cached_property
   def num_params(self) -> int:
-    if getattr(self, '_num_params', None) is None:
-      self._num_params = num_params(jax.eval_shape(self.fresh_params))
-    return self._num_params
+    return num_params(self.param_shapes)
 
   def store_kind(self) -> Optional[str]:
     """'device' | 'host' | None (stateless): where this run keeps its client states (core/client_state.py)."""
     c = self.config
-    return client_state.store_kind(self.algorithm, jax.eval_shape(self.fresh_params), self.data.num_clients,
+    return client_state.store_kind(self.algorithm, self.param_shapes, self.data.num_clients,
                                    c.get('client_state_store', 'auto'),
                                    c.get('client_state_device_max_mb', 256) * 2**20)
 
