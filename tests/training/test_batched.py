@@ -242,8 +242,8 @@ def test_align_plans_gives_a_data_grid_one_signature(tmp_path):
 @pytest.mark.slow    # trains 2 runs alone and batched (~12 s quiet); the default suite: the two tests around it
 def test_a_dirichlet_alpha_grid_is_one_program_and_each_run_equals_its_run_alone(tmp_path, monkeypatch):
   """Runs that differ only in data (data.alpha, data.seed under a quantity skew: other client sizes, so other step
-  counts and largest client) share one program with the pack's largest batch plan (batched.align_plans); the padding is masked, so
-  each run's records and checkpoint equal the run alone."""
+  counts and largest client) share one program with the pack's largest batch plan (batched.align_plans); the
+  padding is masked, so each run's records and checkpoint equal the run alone."""
   cfg = _grid_config
   grid = [(0.1, 0), (100.0, 1)]
   alone_plans = []
