@@ -87,7 +87,8 @@ def _reference_rounds(rounds=3, momentum=0.0, wd=1e-3, server_lr=1.0, adam=False
 
 
 @pytest.mark.parametrize('momentum,server_lr,adam', [
-    (0.9, 0.5, False), pytest.param(0.0, 1.0, False, marks=pytest.mark.slow), (0.0, 1.0, True)])
+    (0.9, 0.5, False), pytest.param(0.0, 1.0, False, marks=pytest.mark.slow),
+    pytest.param(0.0, 1.0, True, marks=pytest.mark.slow)])   # adam clients: also tests/optimizers, FedOpt tests
 def test_vmap_engine_equals_python_loop(momentum, server_lr, adam):
   got, *_ = _engine_rounds('vmap', momentum=momentum, server_lr=server_lr, adam=adam)
   want = _reference_rounds(momentum=momentum, server_lr=server_lr, adam=adam)
