@@ -108,7 +108,7 @@ def num_sampled(fraction: float, n: int) -> int:
 
 
 def _fedavg_of(ctx):
-  return fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, client_tx=ctx.client_tx)
+  return fedavg(ctx.model, ctx.loss_fn, ctx.client_tx, ctx.hparams_fn, ctx.server_tx)
 
 
 @_register('fedseq', ChainSpec())
