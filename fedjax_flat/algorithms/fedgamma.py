@@ -27,7 +27,7 @@ from fedjax_flat.core.contract import FederatedAlgorithm
           client_optimizers=('sam', 'asam'), needs=('population', 'client_state'))
 def fedgamma(ctx) -> FederatedAlgorithm:
   if ctx.client_cfg.optimizer not in ('sam', 'asam'):
-    raise ValueError(f"fedgamma is SCAFFOLD with a sharpness-aware client: set client.optimizer to 'sam' or "
+    raise ValueError(f"{ctx.name} is SCAFFOLD with a sharpness-aware client: set client.optimizer to 'sam' or "
                      f"'asam'; got {ctx.client_cfg.optimizer!r}")
   make_loss = None
   if ctx.hp['perturb_corrected']:

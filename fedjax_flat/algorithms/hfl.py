@@ -172,8 +172,8 @@ def hfl_algorithm(ctx) -> FederatedAlgorithm:
   hp = ctx.hp
   groups = ctx.client_groups
   if groups is None:
-    raise ConfigError('algorithm', 'hfl', "needs the clients' geographic clusters, which the trainer reads "
-                      '(training/loop.py); run it with experiments/train.py, not as a batched run')
+    raise ConfigError('algorithm', ctx.name, "needs the clients' geographic clusters, which the trainer reads from "
+                      "the run's data (training/plan.py); a program shared by several runs is built without them")
   labels = np.asarray(groups['labels'], np.int32)
   alg = hfl(ctx.model, ctx.loss_fn, ctx.client_tx, ctx.hparams_fn, ctx.server_tx, num_clusters=int(labels.max()) + 1,
             cluster_sizes=groups['examples'], sync_every=int(hp['sync_every']))

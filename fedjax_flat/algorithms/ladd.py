@@ -357,8 +357,9 @@ def ladd_algorithm(ctx) -> FederatedAlgorithm:
   hp = ctx.hp
   clusters = ctx.client_clusters
   if clusters is None:
-    raise ConfigError('algorithm', 'ladd', "needs the clients' style clusters, which the trainer computes "
-                      '(training/loop.py); run it with experiments/train.py, not as a batched run')
+    raise ConfigError('algorithm', ctx.name, "needs the clients' style clusters, which the trainer computes from "
+                      "the run's data and seed (training/plan.py); a program shared by several runs is built without "
+                      'them')
   labels = np.asarray(clusters.labels, np.int32)
   alg = ladd(ctx.model, ctx.client_tx, ctx.hparams_fn, ctx.server_tx, num_clusters=int(clusters.k),
              cluster_layers=hp['cluster_layers'], conf_th=float(hp['conf_th']), fraction=float(hp['fraction']),

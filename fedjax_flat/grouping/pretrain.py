@@ -40,6 +40,7 @@ from fedjax_flat.data import batching
 from fedjax_flat.grouping import estimators
 from fedjax_flat.algorithms import fedavg as fedavg_lib
 from fedjax_flat.algorithms.common import client_parts
+from fedjax_flat.optimizers.schedules import client_hparams
 from fedjax_flat.models import pretrained
 
 PROCEDURE = 'grouping-v1'         # changes when a pass computes something else: old cache files are ignored
@@ -79,7 +80,8 @@ def probe_client_cfg(client_cfg, lr: float):
 
 
 def hparams(client_cfg):
-  return {'lr': jnp.asarray(client_cfg.lr, jnp.float32), 'rho': jnp.asarray(0.0, jnp.float32)}
+  """The broadcast client hparams of one-off local training: the client lr, no sharpness radius."""
+  return client_hparams(client_cfg.lr, 0.0)
 
 
 def training_algorithm(model, client_cfg, summarize: Callable, *, trainable: Optional[Sequence[str]] = None,
