@@ -192,7 +192,7 @@ def test_client_optimizer_built_once_is_bit_identical(kw):
 
 def test_a_taken_name_is_refused_unless_replaced_on_purpose():
   def mine(ctx):
-    return fedavg_lib.fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx)
+    return fedavg_lib.fedavg(ctx.model, ctx.loss_fn, ctx.client_tx, ctx.hparams_fn, ctx.server_tx)
   with pytest.raises(DuplicateName, match="algorithm 'fedavg' is already registered .*replace=True"):
     registry.register('fedavg')(mine)
   assert registry.ALGORITHMS.get('fedavg') is not mine
