@@ -32,6 +32,9 @@ schedules (see WORKSPACE.md for the data flow):
               When > 1, client_init/client_step/client_final also receive the static keyword `phase=`.
   comm_down / comm_up: models sent server->client / client->server per client per phase (communication
                        accounting; SCAFFOLD sends 2).
+  extra_passes: forward+backward passes of one local step beyond num_phases x the client optimizer's (SGD 1,
+                SAM / ASAM 2: optimizers/client.gradient_passes): the step's cost on the virtual clock
+                (systems/clock.py); Mime's gradient at the server model.
   client_weighting: the weight of a client in the 'weighted' mean: 'examples' (N_k, FedAvg) or 'uniform'
                     (1 per sampled client: pfl-research's weight_by_samples=False); config.server.weighting.
 
@@ -128,6 +131,7 @@ class FederatedAlgorithm:
   num_phases: int = 1
   comm_down: float = 1.0
   comm_up: float = 1.0
+  extra_passes: float = 0.0
   client_weighting: str = 'examples'
   # What the run needs (see the module docstring); defaults: a plain stateless algorithm.
   wrappers: Tuple[str, ...] = ()
