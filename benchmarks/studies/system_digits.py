@@ -1,5 +1,6 @@
 """FedAvg, FedProx, FedNova, FedSAM and FedASAM on the digits under a virtual clock (configs/system.py's cells:
-homogeneous devices, log-normal speeds with a deadline, diurnal availability), over seeds: accuracy at a fixed
+homogeneous devices, log-normal speeds with a deadline, diurnal availability; and log-normal speeds without a
+deadline, where synchronous FedAvg / FedSAM wait for stragglers and FedBuff does not), over seeds: accuracy at a fixed
 virtual time, final and last-5 accuracy, the virtual time and bytes the round budget took, the reporting clients
 and local steps a round, lambda_max of the final global model (the Hessian tool, as dp_digits.py), and one figure
 of accuracy against virtual time per setting (benchmarks/studies/README.system.md).
@@ -24,17 +25,21 @@ import numpy as np
 
 from benchmarks.studies import study_util
 from benchmarks.studies.dp_digits import lambda_max
+from configs import system as system_configs
 
-METHODS = ('fedavg', 'fedprox', 'fednova', 'fedsam', 'fedasam')
-SETTINGS = ('none', 'deadline', 'diurnal')
-DEFAULT_CELLS = tuple(f'{m},{s}' for s in SETTINGS for m in METHODS)
+METHODS = ('fedavg', 'fedprox', 'fednova', 'fedsam', 'fedasam', 'fedbuff', 'fedbuff_sam')
+SETTINGS = ('none', 'deadline', 'diurnal', 'speeds')
+DEFAULT_CELLS = tuple(system_configs.CELLS)
 DEFAULT_OUT = os.path.join('runs', 'system_digits', 'study.jsonl')
 
 
 def run_one(cell, seed, rounds):
   c, t, s, wall = study_util.train_cell('system', cell, seed, rounds)
   params = t.algorithm.eval_models(t.server_state)['global'][0]
-  steps = [int(t.plan.round_schedule(r, t.plan.sample_round(r)).fit.sum()) for r in range(c.rounds)]
+  if t.algorithm.asynchronous is None:
+    steps = [int(t.plan.round_schedule(r, t.plan.sample_round(r)).fit.sum()) for r in range(c.rounds)]
+  else:       # every arrival ran all its steps (each client: 5)
+    steps = [sum(len(t.plan.client_step_examples[k]) for k in st.ids) for st in t.driver.steps]
   return {'cell': cell, 'seed': seed, 'rounds': c.rounds, 'train_wall_s': wall,
           'final_test_accuracy': s['final_test_accuracy'],
           'mean_last_k': s.get(f'mean_last_{c.summary_last_k}_test_accuracy'),
@@ -134,7 +139,7 @@ def main():
                   "with --table: ';'-separated JSONL files, one table")
   ap.add_argument('--cells', default=';'.join(DEFAULT_CELLS), help='configs/system.py cells, ";"-separated')
   ap.add_argument('--seeds', default='0,1,2')
-  ap.add_argument('--rounds', type=int, default=0, help='0 = the config (50)')
+  ap.add_argument('--rounds', type=int, default=0, help='0 = the config (50; FedBuff 83 server steps)')
   ap.add_argument('--table', action='store_true')
   ap.add_argument('--figures', default='', help='with --table: also write <this>_<setting>.png')
   a = ap.parse_args()

@@ -52,6 +52,7 @@ from the declarations, passed through by the wrappers), so no layer above asks t
   client_groups   {'labels': int [K], 'per_group': int, ...}: the rounds sample per_group clients of every group
   style_clusters  the clients' FDA style clusters the algorithm was built with (LADD; routed evaluation)
   chain           ChainSpec: a chain algorithm (FedSeq family) run by training/chain_loop.py
+  asynchronous    AsyncSpec: server steps on client arrivals (FedBuff, FedAsync) run by training/driver.AsyncDriver
   local_batch_stats  BatchNorm statistics stay on the clients (FedBN, SiloBN: test-time 'batch' policy)
 
 Per-run values (batched runs, core/runs.py): a builder reads its numbers from the config, and in a batched
@@ -110,6 +111,19 @@ class ChainSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class AsyncSpec:
+  """An asynchronous algorithm (FedBuff, FedAsync; training/driver.AsyncDriver runs it on the event simulation of
+  systems/events.py): a server step every `buffer` arrivals, `concurrency` clients training at once (0: the
+  config's clients_per_round), arrivals staler than `max_staleness` discarded. `models_at(state, versions [K])`
+  -> the stacked models [K, ...] the arrivals started from (the server state's ring of the last max_staleness + 1
+  models). server_update(state, {'delta': [K, ...], 'staleness': [K], 'valid': [K]}, t) is the server step."""
+  buffer: int
+  concurrency: int
+  max_staleness: int
+  models_at: Callable
+
+
+@dataclasses.dataclass(frozen=True)
 class Personalizer:
   """A client's personal model: fn(algorithm, server_state, client_state or None) -> params; `name` is reported."""
   name: str
@@ -146,6 +160,7 @@ class FederatedAlgorithm:
   style_clusters: Any = None
   chain: Optional[ChainSpec] = None
   local_batch_stats: bool = False
+  asynchronous: Optional[AsyncSpec] = None   # FedBuff, FedAsync: server steps on arrivals (see AsyncSpec)
 
   def __post_init__(self):
     if self.eval_models is None:     # the contract's default: most algorithms evaluate only their global model

@@ -5,6 +5,8 @@
                  or sharded over the devices and hosts of a mesh (core/sharding.py)
   DeviceDriver   blocks of rounds in one program (core/rounds.py): sampling, batches from the device copy of the
                  data, client keys and the device store inside it; sharded over the mesh when there is one
+  AsyncDriver    asynchronous algorithms (FedBuff, FedAsync): a server step per arrival buffer, on the clock's
+                 event simulation (systems/events.py)
 
 `step(state, store, r, n, end) -> (state, results)` runs rounds r .. r+n-1 (`block_length` says how many the
 driver takes before the recorder's next boundary), updates the client-state store in place, checks divergence
@@ -237,5 +239,58 @@ class DeviceDriver:
     return state, results
 
 
+class AsyncDriver:
+  """Asynchronous algorithms (FedBuff, FedAsync; core/contract.AsyncSpec): one server step per call on the event
+  simulation of systems/events.py (plan.async_steps). One compiled program trains the step's K arrivals, each from
+  the model version it started from (the ring in the server state), one after another, and applies the server
+  step with their staleness; arrivals staler than max_staleness weigh 0."""
+
+  def __init__(self, plan):
+    self.plan = plan
+    alg, spec = plan.algorithm, plan.algorithm.asynchronous
+    self.steps = plan.async_steps()
+    runner = engine_lib.make_client_runner(alg, unroll=plan.config.engine.unroll, augment_fn=plan.train_transform)
+
+    def step_fn(state, batches, versions, valid, rngs, t):
+      hp = alg.broadcast(state, t)['hparams']
+      starts = spec.models_at(state, versions)
+
+      def one(xs):
+        params, b, rng = xs
+        out, _, m = runner({'params': params, 'hparams': hp}, b, None, rng)
+        return out['weighted']['delta'], m
+
+      deltas, m = jax.lax.map(one, (starts, batches, rngs))
+      agg = {'delta': deltas, 'staleness': t - versions, 'versions': versions, 'valid': valid}
+      return alg.server_update(state, agg, t), m
+
+    self.step_fn = jax.jit(step_fn)
+
+  def begin(self, r: int):
+    del r
+
+  def block_length(self, r: int, boundary: int) -> int:
+    del r, boundary
+    return 1
+
+  def step(self, state, store, r: int, n: int, end: int):
+    del store, n, end
+    p, st = self.plan, self.steps[r]
+    rb = p.round_batches(r, st.ids, len(st.ids))
+    valid = (r - st.versions) <= p.algorithm.asynchronous.max_staleness
+    state, m = self.step_fn(state, rb.as_dict(), jnp.asarray(st.versions, jnp.int32), jnp.asarray(valid),
+                            p.client_keys(r, rb.client_ids), jnp.asarray(r, jnp.int32))
+    m = jax.device_get(m)
+    check_divergence(r, rb.client_ids, m['finite'], bool(finite(state)))
+    system = None
+    if p.clock is not None:        # the clock: time between server steps, every dispatch down, valid arrivals up
+      prev = self.steps[r - 1].time_s if r else 0.0
+      system = {'duration_s': st.time_s - prev, 'bytes_down': len(st.ids) * p.clock.bytes_down,
+                'bytes_up': float(np.sum(valid)) * p.clock.bytes_up, 'reported': int(np.sum(valid))}
+    return state, [round_result(p, rb.client_ids, m, system)]
+
+
 def make_driver(plan):
+  if plan.algorithm.asynchronous is not None:
+    return AsyncDriver(plan)
   return DeviceDriver(plan) if plan.device_rounds else HostDriver(plan)

@@ -44,6 +44,7 @@ from fedjax_flat.models import registry as model_registry
 from fedjax_flat.models.base import num_params
 from fedjax_flat.optimizers import client as client_opt
 from fedjax_flat.systems import clock as clock_lib
+from fedjax_flat.systems import events as events_lib
 from fedjax_flat.tasks import base as tasks_lib
 
 # Rounds per call (core/rounds.py).
@@ -151,6 +152,8 @@ class RunPlan:
     self.strategy = engine_lib.resolve_strategy(ec.strategy)
     shard = (sharding_lib.resolve_shard_clients(ec.get('shard_clients', 'auto')) if shard_clients is None
              else shard_clients)
+    if self.algorithm.asynchronous is not None:     # one arrival buffer at a time, on one device
+      shard = False
     self.mesh = sharding_lib.client_mesh() if shard else None
     if self.mesh is not None:
       self.cohort, self.chunk = sharding_lib.plan_cohort(self.strategy, self.config.clients_per_round,
@@ -167,6 +170,8 @@ class RunPlan:
   def device_rounds_blocker(self) -> Optional[str]:
     """Why this run cannot keep data on the device and run rounds in one program (None: it can)."""
     ec = self.config.engine
+    if self.algorithm.asynchronous is not None:
+      return 'an asynchronous algorithm (FedBuff, FedAsync) takes server steps on arrivals (training/driver.py)'
     if not isinstance(self.data, FederatedDataset):
       return 'the training data are not an in-memory FederatedDataset (out-of-memory source)'
     if self.mesh is not None and jax.process_count() > 1:
@@ -215,6 +220,11 @@ class RunPlan:
       return 'clients sharded over several processes'
     if self.val_source:
       return "the algorithm appends validation steps (FedSoup's val_source) that a deadline would cut"
+    s = self.config.system
+    if self.algorithm.asynchronous is not None and (float(s.deadline_s) > 0 or s.availability != 'always'
+                                                    or float(s.dropout) > 0):
+      return ('an asynchronous algorithm reads the speeds and bandwidths only (no rounds to close: '
+              'system.deadline_s=0, availability=always, dropout=0)')
     return None
 
   def make_clock(self):
@@ -245,6 +255,22 @@ class RunPlan:
     totals = {'duration_s': sched.duration_s, 'bytes_down': sched.bytes_down, 'bytes_up': sched.bytes_up,
               'reported': int(np.sum(sched.reports))}
     return fit, reports, totals
+
+  def async_steps(self):
+    """An asynchronous algorithm's server steps (systems/events.simulate over config.rounds steps): who arrives
+    at each, from which version, when. A client's duration is its download + all its local steps + upload on the
+    clock (without config.system: 1 s each, arrivals in dispatch order)."""
+    spec, c = self.algorithm.asynchronous, self.config
+    conc = int(spec.concurrency) or int(c.clients_per_round)
+    if not (spec.buffer <= conc and conc + spec.buffer <= self.data.num_clients):
+      raise ConfigError('algo.concurrency', conc, f'needs algo.buffer={spec.buffer} <= concurrency and concurrency '
+                        f'+ buffer <= the population {self.data.num_clients} (0: clients_per_round)')
+    if self.clock is None:
+      duration = lambda k: 1.0     # noqa: E731
+    else:
+      duration = lambda k: float(clock_lib.transfer_s(self.clock, np.array([k]))[0] + np.sum(    # noqa: E731
+          self.client_step_examples[k]) * self.clock.passes / self.clock.devices.speed[k])
+    return events_lib.simulate(duration, self.data.num_clients, conc, spec.buffer, int(c.rounds), int(c.seed))
 
   # Round 0.
   def fresh_params(self):

@@ -188,16 +188,25 @@ def test_deadline_masks_partial_work_equal_to_the_same_steps_run_alone():
     assert cut, 'the deadline must cut some client in this round'
 
 
-@pytest.mark.slow   # 7 s (suite budget); the default suite keeps the mask test above and the hand schedules
-def test_varying_fit_steps_do_not_recompile_and_device_rounds_equal_host_rounds():
-  t = trainers.make_trainer(small_config(rounds=4, **CLOCK), data=data())
+def host_rounds(rounds):
+  t = trainers.make_trainer(small_config(rounds=rounds, **CLOCK), data=data())
   host = driver_lib.HostDriver(t.plan)
   fits = set()
-  for r in range(4):
+  for r in range(rounds):
     rb = host.prepare_round(r)
     fits.add(tuple((rb.mask.sum(axis=2) > 0).sum(axis=1)))
     t.server_state, _ = host.run_round(t.server_state, t.store, r, rb)
+  return t, host, fits
+
+
+def test_varying_fit_steps_do_not_recompile():
+  _, host, fits = host_rounds(3)
   assert len(fits) > 1 and host.round_fn._cache_size() == 1
+
+
+@pytest.mark.slow   # 7 s (suite budget); the default suite keeps the host rounds above
+def test_device_rounds_with_the_clock_equal_host_rounds():
+  t, _, _ = host_rounds(4)
   on_device = small_config(rounds=4, **CLOCK)
   on_device.engine.device_data = True
   d = trainers.make_trainer(on_device, data=data())

@@ -21,6 +21,7 @@ OWN_MODEL = {'fedcg': 'fedcg_net', 'fedrep': 'mlp', 'fedbabu': 'mlp'}
 
 EXPECTED = {
     'fedsoup': 'alone', 'fedfomo': 'alone',       # validation steps appended on the host (data/validation_steps.py)
+    'fedbuff': 'alone', 'fedasync': 'alone',      # server steps on arrivals (training/driver.AsyncDriver)
 }
 # H-FL (per-client cities) and LADD (a segmentation dataset) do not fit the synthetic harness: skipped, by name.
 
