@@ -5,9 +5,12 @@ z_k), or read from a trace file), download / upload bandwidths (Mbps) and an ava
 client k that is available downloads the model, runs its local steps and uploads:
 
     down_k    = bytes_down * 8 / (down_mbps_k 1e6)           up_k = bytes_up * 8 / (up_mbps_k 1e6)
-    step j    = examples_j * passes / v_k                      passes: forward+backward passes of one local step
-                                                              (the client optimizer's: SGD 1, SAM / ASAM 2; plus
-                                                              the algorithm's extra ones: Mime, FedSMOO, FedSpeed)
+    step j    = examples_j * passes / v_k                      passes: forward+backward passes of one local step:
+                                                              the client optimizer's (SGD 1, SAM / ASAM 2: so
+                                                              FedSAM, FedGloSS, FedSMOO, FedSpeed 2; MAN's term
+                                                              rides the same pass) x the algorithm's phases
+                                                              (NaiveFedGloSS, FedRep) + its extra_passes (Mime:
+                                                              the gradient at the server model)
     deadline D > 0: fit_k = the most leading steps with down_k + sum_{j < fit_k} step j + up_k <= D;
                     fewer than min_steps (and not all its work): the client is dropped (weight 0, no upload)
     dropout p: with probability p (per (seed, round, client)) the client drops mid-round, its upload discarded
