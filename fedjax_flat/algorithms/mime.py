@@ -38,6 +38,7 @@ from fedjax_flat.algorithms.hparams import Number
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.errors import ConfigError
+from fedjax_flat.optimizers import client as client_opt
 
 HPARAMS = {'beta': Number(0.9, lo=0, hi=1, hi_open=True)}
 
@@ -143,7 +144,8 @@ def _mime(ctx, lite: bool) -> FederatedAlgorithm:
       return server_step(state, agg['weighted']['delta'], agg['weighted']['grad'])
 
     return FederatedAlgorithm(ctx.name, server_init, broadcast, client_init, train_step, client_final,
-                              server_update, comm_down=2.0 if beta else 1.0, comm_up=2.0)
+                              server_update, comm_down=2.0 if beta else 1.0, comm_up=2.0,
+                              extra_passes=1.0)     # + the gradient at x on the same batch
 
   # -- Mime: phase 0 = full-batch gradient at x, phase 1 = training
   def client_init(bcast, cs, rng, *, phase):
@@ -175,7 +177,9 @@ def _mime(ctx, lite: bool) -> FederatedAlgorithm:
 
   return FederatedAlgorithm(ctx.name, server_init, broadcast, client_init, client_step, client_final,
                             server_update, num_phases=2,
-                            comm_down=(3.0 if beta else 2.0) / 2, comm_up=1.0)
+                            comm_down=(3.0 if beta else 2.0) / 2, comm_up=1.0,
+                            # a step: phase 0's one pass + phase 1's optimizer step and gradient at x
+                            extra_passes=2.0 - client_opt.gradient_passes(ctx.client_cfg))
 
 
 @register('mime', hparams=HPARAMS, check=check)

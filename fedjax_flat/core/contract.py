@@ -32,6 +32,9 @@ schedules (see WORKSPACE.md for the data flow):
               When > 1, client_init/client_step/client_final also receive the static keyword `phase=`.
   comm_down / comm_up: models sent server->client / client->server per client per phase (communication
                        accounting; SCAFFOLD sends 2).
+  extra_passes: forward+backward passes of one local step beyond num_phases x the client optimizer's (SGD 1,
+                SAM / ASAM 2: optimizers/client.gradient_passes): the step's cost on the virtual clock
+                (systems/clock.py); Mime's gradient at the server model.
   client_weighting: the weight of a client in the 'weighted' mean: 'examples' (N_k, FedAvg), 'uniform'
                     (1 per sampled client: pfl-research's weight_by_samples=False) or 'capped' (min(N_k,
                     weight_cap): McMahan et al. 2018's bounded weights); config.server.weighting / weight_cap.
@@ -50,6 +53,7 @@ from the declarations, passed through by the wrappers), so no layer above asks t
   client_groups   {'labels': int [K], 'per_group': int, ...}: the rounds sample per_group clients of every group
   style_clusters  the clients' FDA style clusters the algorithm was built with (LADD; routed evaluation)
   chain           ChainSpec: a chain algorithm (FedSeq family) run by training/chain_loop.py
+  asynchronous    AsyncSpec: server steps on client arrivals (FedBuff, FedAsync) run by training/driver.AsyncDriver
   local_batch_stats  BatchNorm statistics stay on the clients (FedBN, SiloBN: test-time 'batch' policy)
 
 Per-run values (batched runs, core/runs.py): a builder reads its numbers from the config, and in a batched
@@ -108,6 +112,19 @@ class ChainSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class AsyncSpec:
+  """An asynchronous algorithm (FedBuff, FedAsync; training/driver.AsyncDriver runs it on the event simulation of
+  systems/events.py): a server step every `buffer` arrivals, `concurrency` clients training at once (0: the
+  config's clients_per_round), arrivals staler than `max_staleness` discarded. `models_at(state, versions [K])`
+  -> the stacked models [K, ...] the arrivals started from (the server state's ring of the last max_staleness + 1
+  models). server_update(state, {'delta': [K, ...], 'staleness': [K], 'valid': [K]}, t) is the server step."""
+  buffer: int
+  concurrency: int
+  max_staleness: int
+  models_at: Callable
+
+
+@dataclasses.dataclass(frozen=True)
 class Personalizer:
   """A client's personal model: fn(algorithm, server_state, client_state or None) -> params; `name` is reported."""
   name: str
@@ -129,6 +146,7 @@ class FederatedAlgorithm:
   num_phases: int = 1
   comm_down: float = 1.0
   comm_up: float = 1.0
+  extra_passes: float = 0.0
   client_weighting: str = 'examples'
   weight_cap: float = 0.0
   # What the run needs (see the module docstring); defaults: a plain stateless algorithm.
@@ -144,6 +162,7 @@ class FederatedAlgorithm:
   style_clusters: Any = None
   chain: Optional[ChainSpec] = None
   local_batch_stats: bool = False
+  asynchronous: Optional[AsyncSpec] = None   # FedBuff, FedAsync: server steps on arrivals (see AsyncSpec)
 
   def __post_init__(self):
     if self.eval_models is None:     # the contract's default: most algorithms evaluate only their global model

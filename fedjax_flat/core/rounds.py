@@ -36,7 +36,10 @@ def _finite_tree(tree):
 def make_block_fn(round_fn, *, plan: batching.BatchPlan, num_clients: int, clients_per_round: int,
                   cohort: int, rounds_per_call: int, has_store: bool, donate: bool = True, mesh=None,
                   jit: bool = True, sample_fn=None):
-  """Jitted block(server_state, store_arrays, store_template, data, key, start_round, num_rounds).
+  """Jitted block(server_state, store_arrays, store_template, data, key, start_round, num_rounds, limits=None).
+
+  limits: the virtual clock's {'fit': int32 [rounds_per_call, cohort] local steps that fit, 'reports': bool
+  [rounds_per_call, cohort]} (systems/clock.py, computed on the host), or None (no clock: the program is unchanged).
 
   sample_fn(key, r) -> int32 [clients_per_round] client ids (traceable); None: the uniform sampler
   (data/sampling.sample_ids). H-FL's stratified sampler (data/sampling.stratified_ids) comes this way.
@@ -50,30 +53,37 @@ def make_block_fn(round_fn, *, plan: batching.BatchPlan, num_clients: int, clien
   'server_finite').
   """
 
-  def one_round(server_state, store, template, data, key, r):
+  def one_round(server_state, store, template, data, key, r, limit):
     if sample_fn is None:
       ids = sampling.sample_ids(key, r, num_clients, clients_per_round)
     else:
       ids = sample_fn(key, r)
     ids = jnp.concatenate([ids, jnp.full((cohort - clients_per_round,), -1, jnp.int32)])
     batches, weights = batching.gather_round_device(plan, data, key, r, ids)
+    valid, written = ids >= 0, ids
+    if limit is not None:        # the virtual clock: steps past those that fit masked, non-reporters weigh 0
+      batches = {**batches, 'mask': batching.step_limit(batches['mask'], limit['fit'])}
+      valid = valid & limit['reports']
+      weights = jnp.where(valid, weights, 0.0)
+      written = jnp.where(valid, ids, -1)       # a client that does not report keeps its state
     states = _gather_dev(store, template, ids) if has_store else None
     rngs = sampling.client_keys(key, r, ids)
-    server_state, new_states, m = round_fn(server_state, batches, states, rngs, weights, ids >= 0, r)
+    server_state, new_states, m = round_fn(server_state, batches, states, rngs, weights, valid, r)
     if has_store:
-      store = _scatter_dev(store, ids, new_states)
+      store = _scatter_dev(store, written, new_states)
     metrics = {'ids': ids, 'loss_sum': m['loss_sum'], 'count': m['count'], 'finite': m['finite'],
                'server_finite': _finite_tree(server_state), 'ran': jnp.array(True)}
     return server_state, store, metrics
 
-  def block(server_state, store, template, data, key, start_round, num_rounds):
+  def block(server_state, store, template, data, key, start_round, num_rounds, limits=None):
     def body(carry, i):
       server_state, store, ok = carry
       r = start_round + i
+      limit = None if limits is None else jax.tree_util.tree_map(lambda a: a[i], limits)
 
       def run(args):
         s, st = args
-        s, st, m = one_round(s, st, template, data, key, r)
+        s, st, m = one_round(s, st, template, data, key, r, limit)
         return (s, st), m
 
       def skip(args):

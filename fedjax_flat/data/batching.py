@@ -76,12 +76,37 @@ class RoundBatches:
   num_examples: np.ndarray  # [C] float32: the client's dataset size N_k (FedAvg weight); 0 for padding
   client_ids: np.ndarray   # [C] int32 (-1 for padding clients)
   client: Optional[np.ndarray] = None   # [C, S] int32 client id of every step (BatchPlan.with_client), or None
+  reports: Optional[np.ndarray] = None  # [C] bool: whose upload counts (the virtual clock), None: every real client
+  system: Optional[dict] = None         # the round's virtual-clock totals (seconds, bytes), None without a clock
 
   def as_dict(self):
     d = {'x': self.x, 'y': self.y, 'mask': self.mask}
     if self.client is not None:
       d['client'] = self.client
     return d
+
+
+def step_limit(mask, fit):
+  """mask [C, S, B] with each client's steps from fit[c] on emptied (numpy or jnp alike): partial local work is
+  a mask, never a new shape, so a deadline recompiles nothing."""
+  xp = np if isinstance(mask, np.ndarray) else jnp
+  keep = xp.arange(mask.shape[1])[None, :] < xp.asarray(fit)[:, None]
+  return mask * keep[:, :, None].astype(mask.dtype)
+
+
+def limit_steps(rb: 'RoundBatches', fit, reports, system=None) -> 'RoundBatches':
+  """The round's batches with each client's steps past fit[c] masked and `reports` / `system` attached."""
+  return dataclasses.replace(rb, mask=step_limit(rb.mask, fit), reports=np.asarray(reports, bool), system=system)
+
+
+def round_inputs_valid(rb: 'RoundBatches'):
+  """(weights N_k [C], valid [C] bool) the round program aggregates with: real clients, and with a virtual clock
+  only those that report (the others weigh 0 and are not counted)."""
+  valid = rb.client_ids >= 0
+  if rb.reports is None:
+    return rb.num_examples, valid
+  valid = valid & rb.reports
+  return np.where(valid, rb.num_examples, 0.0).astype(np.float32), valid
 
 
 def label_dtype(dtype) -> np.dtype:

@@ -31,6 +31,8 @@ from fedjax_flat.optimizers.sam import ScalarOrSchedule, _sharpness_aware
 Predicate = Callable[[Any, Any], bool]
 
 ADAPTIVE_LEAF_NAMES = ('kernel', 'scale')
+# Forward+backward passes of one ASAM step (as SAM's: the gradient at w, then at the adaptive ascent point).
+PASSES = 2
 
 
 def _key_name(key) -> Optional[str]:

@@ -30,6 +30,8 @@ import jax
 import optax
 
 from fedjax_flat.errors import ConfigError
+from fedjax_flat.optimizers import asam as asam_lib
+from fedjax_flat.optimizers import sam as sam_lib
 from fedjax_flat.optimizers.asam import asam
 from fedjax_flat.optimizers.sam import sam
 from fedjax_flat.optimizers.schedules import LR_SCHEDULES, client_step_lr
@@ -139,6 +141,15 @@ def _per_update(make: Callable[[Any], optax.GradientTransformation], name: str
     tx = optax.with_extra_args_support(make(hparams))
     return tx.update(updates, state, params, **extra)
   return optax.GradientTransformationExtraArgs(init, update)
+
+
+SGD_PASSES = 1     # one forward+backward pass a plain step
+
+
+def gradient_passes(client_cfg) -> int:
+  """Forward+backward passes of one local step of the client optimizer (each declared where it is defined):
+  what a step costs on the virtual clock (systems/clock.py)."""
+  return {'sgd': SGD_PASSES, 'sam': sam_lib.PASSES, 'asam': asam_lib.PASSES}[client_cfg.optimizer]
 
 
 def client_optimizer(client_cfg) -> optax.GradientTransformationExtraArgs:

@@ -52,6 +52,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+# Forward+backward passes of one SAM step (g at w, then g at w + e): the virtual clock's step cost (systems/).
+PASSES = 2
+
 Params = Any
 ScalarOrSchedule = Union[float, jax.Array, Callable[[jax.Array], jax.Array]]
 GradFn = Callable[[Params], Params]

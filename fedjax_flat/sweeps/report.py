@@ -478,9 +478,23 @@ def markdown_table(rows: List[Dict], group_by: Sequence[str], target: Optional[f
   return lines
 
 
+# The x axes of the accuracy curves: rounds, and with a virtual clock (config.system) its seconds and bytes.
+CURVE_AXES = (('round', 'round', '_curves.png', 1.0),
+              ('virtual_time_s', 'virtual time (h)', '_time.png', 1 / 3600.0),
+              ('bytes', 'MiB sent (down + up)', '_bytes.png', 1 / 2**20))
+
+
+def _x(rec: Dict, key: str) -> Optional[float]:
+  if key == 'bytes':
+    return (rec['bytes_down'] + rec['bytes_up']) if 'bytes_up' in rec else None
+  return rec.get(key)
+
+
 def plot(rows: List[Dict], group_by: Sequence[str], prefix: str) -> List[str]:
-  """<prefix>_curves.png (reported-model accuracy vs round, mean and min-max band over seeds) and
-  <prefix>_bars.png (last-K accuracy, mean +- std; reference / published markers)."""
+  """<prefix>_curves.png (reported-model accuracy vs round, mean and min-max band over seeds), with a virtual
+  clock also <prefix>_time.png and <prefix>_bytes.png (the same against virtual time and bytes sent, x the mean
+  over seeds at each evaluation round), and <prefix>_bars.png (last-K accuracy, mean +- std; reference /
+  published markers)."""
   import matplotlib
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
@@ -489,31 +503,37 @@ def plot(rows: List[Dict], group_by: Sequence[str], prefix: str) -> List[str]:
   if not rows:
     return []
   out = []
-  fig, ax = plt.subplots(figsize=(9, 5.5))
-  # tab20 pairs neighbouring hues (blue, light blue, ...); ten distinct colours x line styles stay apart.
-  colours, styles = plt.get_cmap('tab10'), ('-', '--', ':', '-.')
-  for i, r in enumerate(rows):
-    colour, style = colours(i % 10), styles[(i // 10) % len(styles)]
-    curves = {}
-    for run in r['_runs']:
-      for rec in run['records']:
-        if _finite(rec.get(run['acc_key'])):
-          curves.setdefault(rec['round'], []).append(100 * rec[run['acc_key']])
-    rounds = sorted(x for x, v in curves.items() if len(v) == len(r['_runs']))
-    if not rounds:
+  for key, xlabel, suffix, scale in CURVE_AXES:
+    if key != 'round' and not all(_x(rec, key) is not None for r in rows for run in r['_runs']
+                                  for rec in run['records'] if _finite(rec.get(run['acc_key']))):
       continue
-    ys = np.array([curves[x] for x in rounds])
-    ax.plot(rounds, ys.mean(1), color=colour, ls=style, label=label(r), lw=1.4)
-    ax.fill_between(rounds, ys.min(1), ys.max(1), color=colour, alpha=0.12, lw=0)
-  ax.set_xlabel('round')
-  ax.set_ylabel('test accuracy (%), reported model')
-  ax.set_title('mean over seeds; band = min..max')
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=7, ncol=2, loc='lower right')
-  fig.tight_layout()
-  out.append(prefix + '_curves.png')
-  fig.savefig(out[-1], dpi=110)
-  plt.close(fig)
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    # tab20 pairs neighbouring hues (blue, light blue, ...); ten distinct colours x line styles stay apart.
+    colours, styles = plt.get_cmap('tab10'), ('-', '--', ':', '-.')
+    for i, r in enumerate(rows):
+      colour, style = colours(i % 10), styles[(i // 10) % len(styles)]
+      curves, xs = {}, {}
+      for run in r['_runs']:
+        for rec in run['records']:
+          if _finite(rec.get(run['acc_key'])):
+            curves.setdefault(rec['round'], []).append(100 * rec[run['acc_key']])
+            xs.setdefault(rec['round'], []).append(rec['round'] if key == 'round' else scale * _x(rec, key))
+      rounds = sorted(x for x, v in curves.items() if len(v) == len(r['_runs']))
+      if not rounds:
+        continue
+      ys = np.array([curves[x] for x in rounds])
+      xv = [float(np.mean(xs[x])) for x in rounds]
+      ax.plot(xv, ys.mean(1), color=colour, ls=style, label=label(r), lw=1.4)
+      ax.fill_between(xv, ys.min(1), ys.max(1), color=colour, alpha=0.12, lw=0)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel('test accuracy (%), reported model')
+    ax.set_title('mean over seeds; band = min..max')
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2, loc='lower right')
+    fig.tight_layout()
+    out.append(prefix + suffix)
+    fig.savefig(out[-1], dpi=110)
+    plt.close(fig)
 
   fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(rows) + 2), 5))
   x = np.arange(len(rows))

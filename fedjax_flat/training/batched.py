@@ -35,6 +35,7 @@ from fedjax_flat.evaluation.evaluator import Evaluator
 from fedjax_flat.data import attacks
 from fedjax_flat.data import batching
 from fedjax_flat.data import registry as data_registry
+from fedjax_flat.systems import clock as clock_lib
 from fedjax_flat.training import chain_loop
 from fedjax_flat.training import driver as driver_lib
 from fedjax_flat.training import loop
@@ -68,6 +69,8 @@ def batch_blocker(config) -> Optional[str]:
     return 'chain algorithms (FedSeq family) have their own trainer'
   if attacks.enabled(config):
     return 'a label-flipping attack poisons each run\'s data'
+  if clock_lib.enabled(config):
+    return 'config.system: the virtual clock masks each run\'s rounds on the host (runs one by one)'
   if config.engine.get('device_data', 'auto') is False:
     return 'engine.device_data=False'
   if config.get('init') is not None and (config.init.get('checkpoint') or config.init.get('pretrained')):

@@ -5,6 +5,8 @@
                  or sharded over the devices and hosts of a mesh (core/sharding.py)
   DeviceDriver   blocks of rounds in one program (core/rounds.py): sampling, batches from the device copy of the
                  data, client keys and the device store inside it; sharded over the mesh when there is one
+  AsyncDriver    asynchronous algorithms (FedBuff, FedAsync): a server step per arrival buffer, on the clock's
+                 event simulation (systems/events.py)
 
 `step(state, store, r, n, end) -> (state, results)` runs rounds r .. r+n-1 (`block_length` says how many the
 driver takes before the recorder's next boundary), updates the client-state store in place, checks divergence
@@ -53,12 +55,16 @@ def check_divergence(r, client_ids, finite_clients, server_finite):
         f'Lower client.lr / rho, or enable client.grad_clip.')
 
 
-def round_result(plan, client_ids, m) -> dict:
-  """What the recorder keeps of a round: the mean client train loss, the real clients, the messages."""
+def round_result(plan, client_ids, m, system=None) -> dict:
+  """What the recorder keeps of a round: the mean client train loss, the real clients, the messages (and the
+  round's virtual-clock totals with config.system)."""
   real = client_ids >= 0
   count = float(np.sum(m['count'][real]))
-  return {'train_loss': float(np.sum(m['loss_sum'][real]) / max(count, 1.0)), 'clients': client_ids[real],
-          'messages': plan.round_messages(int(real.sum()))}
+  out = {'train_loss': float(np.sum(m['loss_sum'][real]) / max(count, 1.0)), 'clients': client_ids[real],
+         'messages': plan.round_messages(int(real.sum()))}
+  if system is not None:
+    out['system'] = system
+  return out
 
 
 def round_program(plan, jit: bool = True):
@@ -107,7 +113,7 @@ class HostDriver:
     if p.stream:
       return streaming.LazyRoundBatches(r, full_ids.astype(np.int32), p.num_examples(full_ids), p.chunk,
                                         lambda r_, ids_, pad: p.round_batches(r_, ids_, pad).as_dict())
-    return p.round_batches(r, ids, p.cohort)
+    return p.cohort_batches(r)
 
   def place_round_inputs(self, inputs):
     p = self.plan
@@ -125,13 +131,15 @@ class HostDriver:
   def run_round(self, state, store, r: int, rb):
     """(new server state, round result) of round r on the prepared inputs `rb`."""
     states = store.gather(rb.client_ids) if store is not None else None
-    inputs = (rb.as_dict(), states, self.plan.client_keys(r, rb.client_ids), rb.num_examples, rb.client_ids >= 0)
+    weights, valid = batching.round_inputs_valid(rb)
+    inputs = (rb.as_dict(), states, self.plan.client_keys(r, rb.client_ids), weights, valid)
     state, new_states, m = self.round_fn(state, *self.place_round_inputs(inputs), jnp.asarray(r, jnp.int32))
     m = self.fetch_outputs(m)
     check_divergence(r, rb.client_ids, m['finite'], bool(finite(state)))
-    if store is not None:
-      store.scatter(rb.client_ids, new_states if self.plan.placement is None else self.fetch_outputs(new_states))
-    return state, round_result(self.plan, rb.client_ids, m)
+    if store is not None:        # a client that does not report (virtual clock) keeps its state
+      written = rb.client_ids if rb.reports is None else np.where(valid, rb.client_ids, -1)
+      store.scatter(written, new_states if self.plan.placement is None else self.fetch_outputs(new_states))
+    return state, round_result(self.plan, rb.client_ids, m, rb.system)
 
   def step(self, state, store, r: int, n: int, end: int):
     del n
@@ -166,6 +174,7 @@ class DeviceDriver:
         rounds_per_call=plan.rounds_per_call, has_store=plan.algorithm.client_state_init is not None,
         mesh=plan.mesh, sample_fn=plan.device_sampler())
     self._first = 0
+    self._system = None      # the last block's virtual-clock totals per round (config.system)
 
   def begin(self, r: int):
     self._first = r                  # the first block of a train() call includes compilation: not timed
@@ -186,9 +195,25 @@ class DeviceDriver:
     if placement is not None:   # replicated on the mesh (a no-op after the first block or a restore)
       arrays, template = placement.replicate_device(arrays), placement.replicate_device(template)
       state = placement.replicate_device(state)
+    limits, self._system = self.block_limits(r, n)
     state, arrays, m = self.block_fn(state, arrays, template, self.dev_data, self.plan.key,
-                                     jnp.asarray(r, jnp.int32), jnp.asarray(n, jnp.int32))
+                                     jnp.asarray(r, jnp.int32), jnp.asarray(n, jnp.int32), limits)
     return state, self.block_results(store, r, n, jax.device_get(m), arrays)
+
+  def block_limits(self, r: int, n: int):
+    """The virtual clock's (fit steps, reports) of rounds r .. r+n-1 as [rounds_per_call, cohort] inputs of the
+    block (None without a clock), and each round's totals. The host's sampling is the device's (one definition,
+    tests/core/test_rounds.py), so the clock sees the clients the block trains."""
+    p = self.plan
+    if p.clock is None:
+      return None, None
+    fit = np.zeros((p.rounds_per_call, p.cohort), np.int32)
+    rep = np.zeros((p.rounds_per_call, p.cohort), bool)
+    totals = []
+    for i in range(n):
+      fit[i], rep[i], t = p.round_limits(r + i, p.sample_round(r + i))
+      totals.append(t)
+    return {'fit': jnp.asarray(fit), 'reports': jnp.asarray(rep)}, totals
 
   def block_results(self, store, r: int, n: int, m: dict, arrays=None) -> list:
     """The host side of a block: the device store's new arrays, divergence checks, per-round results."""
@@ -201,7 +226,8 @@ class DeviceDriver:
       if not m['ran'][i]:          # skipped after a divergent round (raised below, at that round)
         break
       check_divergence(r + i, m['ids'][i], m['finite'][i], bool(m['server_finite'][i]))
-      results.append(round_result(self.plan, m['ids'][i], {k: v[i] for k, v in m.items()}))
+      system = self._system[i] if getattr(self, '_system', None) else None
+      results.append(round_result(self.plan, m['ids'][i], {k: v[i] for k, v in m.items()}, system))
     return results
 
   def step(self, state, store, r: int, n: int, end: int):
@@ -213,5 +239,58 @@ class DeviceDriver:
     return state, results
 
 
+class AsyncDriver:
+  """Asynchronous algorithms (FedBuff, FedAsync; core/contract.AsyncSpec): one server step per call on the event
+  simulation of systems/events.py (plan.async_steps). One compiled program trains the step's K arrivals, each from
+  the model version it started from (the ring in the server state), one after another, and applies the server
+  step with their staleness; arrivals staler than max_staleness weigh 0."""
+
+  def __init__(self, plan):
+    self.plan = plan
+    alg, spec = plan.algorithm, plan.algorithm.asynchronous
+    self.steps = plan.async_steps()
+    runner = engine_lib.make_client_runner(alg, unroll=plan.config.engine.unroll, augment_fn=plan.train_transform)
+
+    def step_fn(state, batches, versions, valid, rngs, t):
+      hp = alg.broadcast(state, t)['hparams']
+      starts = spec.models_at(state, versions)
+
+      def one(xs):
+        params, b, rng = xs
+        out, _, m = runner({'params': params, 'hparams': hp}, b, None, rng)
+        return out['weighted']['delta'], m
+
+      deltas, m = jax.lax.map(one, (starts, batches, rngs))
+      agg = {'delta': deltas, 'staleness': t - versions, 'versions': versions, 'valid': valid}
+      return alg.server_update(state, agg, t), m
+
+    self.step_fn = jax.jit(step_fn)
+
+  def begin(self, r: int):
+    del r
+
+  def block_length(self, r: int, boundary: int) -> int:
+    del r, boundary
+    return 1
+
+  def step(self, state, store, r: int, n: int, end: int):
+    del store, n, end
+    p, st = self.plan, self.steps[r]
+    rb = p.round_batches(r, st.ids, len(st.ids))
+    valid = (r - st.versions) <= p.algorithm.asynchronous.max_staleness
+    state, m = self.step_fn(state, rb.as_dict(), jnp.asarray(st.versions, jnp.int32), jnp.asarray(valid),
+                            p.client_keys(r, rb.client_ids), jnp.asarray(r, jnp.int32))
+    m = jax.device_get(m)
+    check_divergence(r, rb.client_ids, m['finite'], bool(finite(state)))
+    system = None
+    if p.clock is not None:        # the clock: time between server steps, every dispatch down, valid arrivals up
+      prev = self.steps[r - 1].time_s if r else 0.0
+      system = {'duration_s': st.time_s - prev, 'bytes_down': len(st.ids) * p.clock.bytes_down,
+                'bytes_up': float(np.sum(valid)) * p.clock.bytes_up, 'reported': int(np.sum(valid))}
+    return state, [round_result(p, rb.client_ids, m, system)]
+
+
 def make_driver(plan):
+  if plan.algorithm.asynchronous is not None:
+    return AsyncDriver(plan)
   return DeviceDriver(plan) if plan.device_rounds else HostDriver(plan)

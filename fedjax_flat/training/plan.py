@@ -42,6 +42,9 @@ from fedjax_flat.evaluation.evaluator import make_evaluator, make_validation_eva
 from fedjax_flat.grouping import style_clusters
 from fedjax_flat.models import registry as model_registry
 from fedjax_flat.models.base import num_params
+from fedjax_flat.optimizers import client as client_opt
+from fedjax_flat.systems import clock as clock_lib
+from fedjax_flat.systems import events as events_lib
 from fedjax_flat.tasks import base as tasks_lib
 
 # Rounds per call (core/rounds.py).
@@ -111,6 +114,7 @@ class RunPlan:
         full_batches=full_batches, max_steps=max_steps,
         draw=self.data.draw)     # a dataset drawing columns from a pool (data/federated.py)
     self.key = jax.random.key(config.seed)
+    self.clock = self.make_clock() if clock_lib.enabled(config) else None   # config.system: the virtual clock
     # The global test set (Evaluator), or test-client groups / BN test policy / resolution (segmentation).
     self.evaluator = make_evaluator(config, self.model, self.data, self.task, self.eval_transform,
                                     local_batch_stats=self.algorithm.local_batch_stats)
@@ -148,6 +152,8 @@ class RunPlan:
     self.strategy = engine_lib.resolve_strategy(ec.strategy)
     shard = (sharding_lib.resolve_shard_clients(ec.get('shard_clients', 'auto')) if shard_clients is None
              else shard_clients)
+    if self.algorithm.asynchronous is not None:     # one arrival buffer at a time, on one device
+      shard = False
     self.mesh = sharding_lib.client_mesh() if shard else None
     if self.mesh is not None:
       self.cohort, self.chunk = sharding_lib.plan_cohort(self.strategy, self.config.clients_per_round,
@@ -169,6 +175,8 @@ class RunPlan:
   def device_rounds_blocker(self) -> Optional[str]:
     """Why this run cannot keep data on the device and run rounds in one program (None: it can)."""
     ec = self.config.engine
+    if self.algorithm.asynchronous is not None:
+      return 'an asynchronous algorithm (FedBuff, FedAsync) takes server steps on arrivals (training/driver.py)'
     if not isinstance(self.data, FederatedDataset):
       return 'the training data are not an in-memory FederatedDataset (out-of-memory source)'
     if self.mesh is not None and jax.process_count() > 1:
@@ -205,6 +213,69 @@ class RunPlan:
     self.device_rounds = True
     self.rounds_per_call = AUTO_ROUNDS_PER_CALL if want == 'auto' else int(want)
     self.adaptive = want == 'auto'
+
+  # The virtual clock (config.system).
+  def clock_blocker(self) -> Optional[str]:
+    """Why this run cannot have a virtual clock (None: it can)."""
+    if self.algorithm.chain is not None:
+      return 'a chain algorithm (FedSeq family: its lanes are planned by training/chain_loop.py)'
+    if self.stream:
+      return 'engine.stream_batches=True (the clock masks whole cohorts)'
+    if self.placement is not None and self.placement.partial:
+      return 'clients sharded over several processes'
+    if self.val_source:
+      return "the algorithm appends validation steps (FedSoup's val_source) that a deadline would cut"
+    s = self.config.system
+    if self.algorithm.asynchronous is not None and (float(s.deadline_s) > 0 or s.availability != 'always'
+                                                    or float(s.dropout) > 0):
+      return ('an asynchronous algorithm reads the speeds and bandwidths only (no rounds to close: '
+              'system.deadline_s=0, availability=always, dropout=0)')
+    return None
+
+  def make_clock(self):
+    """The run's clock: the population's devices, a local step's passes, the bytes of a round's messages."""
+    c, alg = self.config, self.algorithm
+    why = self.clock_blocker()
+    if why:
+      raise ConfigError('system', 'on', f'the virtual clock is not available here: {why}')
+    cc = c.client
+    self.client_step_examples = [
+        clock_lib.step_examples(int(n), cc.batch_size, epochs=cc.local_epochs, local_steps=cc.local_steps,
+                                full_batches=self.batch_plan.full_batches, max_steps=self.batch_plan.max_steps)
+        for n in np.asarray(self.data.client_sizes())]
+    passes = alg.num_phases * client_opt.gradient_passes(cc) + alg.extra_passes
+    model_bytes = clock_lib.BYTES_PER_PARAM * self.num_params * alg.num_phases
+    return clock_lib.make_clock(c, self.data.num_clients, passes=passes, bytes_down=alg.comm_down * model_bytes,
+                                bytes_up=alg.comm_up * model_bytes, full_steps=self.client_step_examples)
+
+  def round_schedule(self, r: int, ids) -> 'clock_lib.RoundSchedule':
+    """Round r of the real clients `ids` on the virtual clock (who answers, steps that fit, seconds, bytes)."""
+    ids = np.asarray(ids, np.int64)
+    return clock_lib.schedule(self.clock, r, ids, [self.client_step_examples[k] for k in ids])
+
+  def round_limits(self, r: int, ids):
+    """(fit steps [cohort] int32, reports [cohort] bool, totals) of round r: what the round program masks with."""
+    sched = self.round_schedule(r, ids)
+    fit, reports = clock_lib.padded(sched, self.cohort, self.num_steps)
+    totals = {'duration_s': sched.duration_s, 'bytes_down': sched.bytes_down, 'bytes_up': sched.bytes_up,
+              'reported': int(np.sum(sched.reports))}
+    return fit, reports, totals
+
+  def async_steps(self):
+    """An asynchronous algorithm's server steps (systems/events.simulate over config.rounds steps): who arrives
+    at each, from which version, when. A client's duration is its download + all its local steps + upload on the
+    clock (without config.system: 1 s each, arrivals in dispatch order)."""
+    spec, c = self.algorithm.asynchronous, self.config
+    conc = int(spec.concurrency) or int(c.clients_per_round)
+    if not (spec.buffer <= conc and conc + spec.buffer <= self.data.num_clients):
+      raise ConfigError('algo.concurrency', conc, f'needs algo.buffer={spec.buffer} <= concurrency and concurrency '
+                        f'+ buffer <= the population {self.data.num_clients} (0: clients_per_round)')
+    if self.clock is None:
+      duration = lambda k: 1.0     # noqa: E731
+    else:
+      duration = lambda k: float(clock_lib.transfer_s(self.clock, np.array([k]))[0] + np.sum(    # noqa: E731
+          self.client_step_examples[k]) * self.clock.passes / self.clock.devices.speed[k])
+    return events_lib.simulate(duration, self.data.num_clients, conc, spec.buffer, int(c.rounds), int(c.seed))
 
   # Round 0.
   def fresh_params(self):
@@ -273,8 +344,14 @@ class RunPlan:
     return rb
 
   def cohort_batches(self, r: int):
-    """Round r's batches of its sampled clients, padded to the cohort (what a host-built round trains on)."""
-    return self.round_batches(r, self.sample_round(r), self.cohort)
+    """Round r's batches of its sampled clients, padded to the cohort (what a host-built round trains on); with
+    the virtual clock, each client's steps past those that fit masked and who does not report flagged."""
+    ids = self.sample_round(r)
+    rb = self.round_batches(r, ids, self.cohort)
+    if self.clock is None:
+      return rb
+    fit, reports, totals = self.round_limits(r, ids)
+    return batching.limit_steps(rb, fit, reports, totals)
 
   def num_examples(self, full_ids) -> np.ndarray:
     sizes = np.asarray(self.data.client_sizes())

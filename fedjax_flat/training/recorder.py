@@ -37,6 +37,9 @@ class Recorder:
     self.records = []
     self.pending_train_losses = []       # train losses of the rounds since the last evaluation
     self.comm_total = {'down_params': 0.0, 'up_params': 0.0}
+    # The virtual clock's cumulative seconds and bytes (config.system; training/evals/system.py), None without.
+    self.system_total = ({'virtual_time_s': 0.0, 'bytes_down': 0.0, 'bytes_up': 0.0, 'reports': 0}
+                         if plan.clock is not None else None)
     self.last_clients = None             # the real clients of the last round (config.eval_clients)
     self.round_log = plan.algorithm.round_log   # the algorithm's schedule values per round, or None
     self.elapsed_offset = 0.0            # wall time of the run before this process (resume)
@@ -49,14 +52,19 @@ class Recorder:
 
   # What a checkpoint keeps.
   def state_dict(self) -> dict:
-    return {'records': list(self.records), 'pending_train_losses': [float(x) for x in self.pending_train_losses],
-            'comm_total': dict(self.comm_total), 'elapsed_s': float(self.elapsed_s())}
+    d = {'records': list(self.records), 'pending_train_losses': [float(x) for x in self.pending_train_losses],
+         'comm_total': dict(self.comm_total), 'elapsed_s': float(self.elapsed_s())}
+    if self.system_total is not None:
+      d['system_total'] = dict(self.system_total)
+    return d
 
   def load_state_dict(self, d: dict):
     self.records = list(d['records'])
     self.pending_train_losses = list(d.get('pending_train_losses', []))
     self.comm_total = dict(d['comm_total'])
     self.elapsed_offset = float(d.get('elapsed_s', 0.0))
+    if self.system_total is not None and 'system_total' in d:
+      self.system_total = dict(d['system_total'])
 
   def elapsed_s(self) -> float:
     """Wall time of the whole run, across resumes."""
@@ -98,6 +106,12 @@ class Recorder:
       train_losses.append(res['train_loss'])
       for k, v in res['messages'].items():
         self.comm_total[k] += v
+      if 'system' in res:              # the virtual clock: the round's seconds and the bytes really sent
+        t, sysr = self.system_total, res['system']
+        t['virtual_time_s'] += sysr['duration_s']
+        t['bytes_down'] += sysr['bytes_down']
+        t['bytes_up'] += sysr['bytes_up']
+        t['reports'] += sysr['reported']
       self.last_clients = res['clients']
     # `train_loss` (console, metrics.jsonl, TensorBoard alike): the mean client training loss of the rounds
     # since the previous evaluation, so the console never shows one round's value under the same name.

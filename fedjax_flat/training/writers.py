@@ -190,6 +190,28 @@ def plot_metrics(records: List[Dict], path: str, title: str = '') -> None:
   _save_figure(fig, path, title)
 
 
+def plot_system(records: List[Dict], path: str, title: str = '') -> None:
+  """system.png (config.system): test accuracy of every evaluated model against the virtual clock's seconds
+  and against the bytes sent (down + up), beside the round axis of metrics.png."""
+  import matplotlib
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+  recs = [r for r in records if 'virtual_time_s' in r]
+  if not recs:
+    return
+  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+  prefixes = sorted({k[:-len('test_accuracy')] for r in recs for k in r if k.endswith('test_accuracy')})
+  for p in prefixes:
+    pts = [(r['virtual_time_s'] / 3600.0, (r['bytes_down'] + r['bytes_up']) / 2**20, r[p + 'test_accuracy'])
+           for r in recs if p + 'test_accuracy' in r]
+    label = p.rstrip('/') or 'global'
+    ax1.plot([a for a, _, _ in pts], [c for _, _, c in pts], marker='.', label=label)
+    ax2.plot([b for _, b, _ in pts], [c for _, _, c in pts], marker='.', label=label)
+  ax1.set_xlabel('virtual time (h)'); ax1.set_ylabel('test accuracy'); ax1.grid(alpha=.3); ax1.legend()
+  ax2.set_xlabel('MiB sent (down + up)'); ax2.set_ylabel('test accuracy'); ax2.grid(alpha=.3); ax2.legend()
+  _save_figure(fig, path, title)
+
+
 def plot_personalized(res: Dict, path: str, title: str = '') -> bool:
   """personalized.png from summary.json's `personalized` (training/personalized_eval.py): per client, the
   personal model's accuracy on its own test split, the global test set and the other clients' splits, with

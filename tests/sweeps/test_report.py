@@ -321,3 +321,18 @@ def test_retrieval_accuracy_is_labelled_recall_at_1(tmp_path):
   md = '\n'.join(report_lib.markdown_table(rows, ['cell'], None))
   assert 'last-K R@1 (%)' in md and 'last-K R@5 (%)' in md and 'last-K R@10 (%)' in md
   assert rows[0]['recall@5_mean'] == pytest.approx(70.0) and rows[0]['diff_published'] == pytest.approx(3.1)
+
+
+def test_plot_draws_accuracy_against_virtual_time_and_bytes_when_the_records_have_them(tmp_path):
+  def run(shift):
+    return {'acc_key': 'test_accuracy', 'records': [
+        {'round': r, 'test_accuracy': 0.1 * r + shift, 'virtual_time_s': 3600.0 * r, 'bytes_down': 2.0**20 * r,
+         'bytes_up': 0.0} for r in (1, 2, 3)]}
+  rows = [{'cell': 'a', '_runs': [run(0.0), run(0.02)], 'acc_lastk_mean': 30.0, 'acc_lastk_std': 1.0}]
+  out = report_lib.plot(rows, ['cell'], str(tmp_path / 'r'))
+  assert [os.path.basename(p) for p in out] == ['r_curves.png', 'r_time.png', 'r_bytes.png', 'r_bars.png']
+  assert all(os.path.getsize(p) > 0 for p in out)
+  for rec in rows[0]['_runs'][0]['records']:       # a run without the clock: the round curves alone
+    del rec['virtual_time_s'], rec['bytes_down'], rec['bytes_up']
+  out = report_lib.plot(rows, ['cell'], str(tmp_path / 's'))
+  assert [os.path.basename(p) for p in out] == ['s_curves.png', 's_bars.png']

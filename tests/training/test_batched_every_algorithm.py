@@ -32,6 +32,7 @@ EXPECTED = {
            "clients' geographic clusters",
     'ladd': "BatchRefused: ladd cannot run in a batched program: config.algorithm='ladd' is invalid: needs the "
             "clients' style clusters",
+    'fedbuff': 'alone', 'fedasync': 'alone',      # server steps on arrivals (training/driver.AsyncDriver)
 }
 
 

@@ -1,0 +1,1 @@
+"""Systems realism: a virtual clock of heterogeneous devices (speeds, bandwidth, availability, deadlines)."""

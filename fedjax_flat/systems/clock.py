@@ -1,0 +1,361 @@
+"""A virtual clock of heterogeneous devices (`config.system`), as pure numpy functions of (config, round, clients).
+
+Each client k has a compute speed v_k (examples/s; drawn ONCE from (seed, k): log-normal v_k = median exp(sigma
+z_k), or read from a trace file), download / upload bandwidths (Mbps) and an availability. In round r a sampled
+client k that is available downloads the model, runs its local steps and uploads:
+
+    down_k    = bytes_down * 8 / (down_mbps_k 1e6)           up_k = bytes_up * 8 / (up_mbps_k 1e6)
+    step j    = examples_j * passes / v_k                      passes: forward+backward passes of one local step:
+                                                              the client optimizer's (SGD 1, SAM / ASAM 2: so
+                                                              FedSAM, FedGloSS, FedSMOO, FedSpeed 2; MAN's term
+                                                              rides the same pass) x the algorithm's phases
+                                                              (NaiveFedGloSS, FedRep) + its extra_passes (Mime:
+                                                              the gradient at the server model)
+    deadline D > 0: fit_k = the most leading steps with down_k + sum_{j < fit_k} step j + up_k <= D;
+                    fewer than min_steps (and not all its work): the client is dropped (weight 0, no upload)
+    dropout p: with probability p (per (seed, round, client)) the client drops mid-round, its upload discarded
+
+and the round lasts as long as the slowest *reporting* client's down + compute + up; with a deadline, D itself
+when an available client did not report (the server waited for it). Nobody reporting without a deadline: 0 s.
+Bytes down count every available sampled client, bytes up every reporting one.
+
+Availability of (seed, round, client): 'always'; 'bernoulli' (each round with probability `availability_rate`);
+'diurnal' (client k's time zone offset o_k drawn once from (seed, k), uniform in [0, 24) h; available while its
+local hour (r round_duration_s / 3600 + o_k) mod 24 lies in [window_start_h, window_start_h + window_h)); 'trace'
+(the trace's per-client `available_hours` on the same nominal clock). The nominal round spacing
+`round_duration_s` (not the simulated durations) drives the hours, so that availability stays a pure function of
+(seed, round, client) and a resumed run, a block of rounds and the host all agree; with these two availabilities
+a round lasts at least round_duration_s (the server starts one round per slot), so the virtual time and the hours
+agree unless a round overruns its slot.
+A sampled client that is unavailable does not respond: weight 0, nothing sent.
+
+Trace file (`system.trace`), CSV with a header or JSON; every client of the population once, ids 0 .. K-1:
+
+    client,examples_per_s,up_mbps,down_mbps,available_hours        (the last column optional: '0-6 22-24')
+    {"0": {"examples_per_s": 120, "up_mbps": 2, "down_mbps": 20, "available_hours": [[0, 6], [22, 24]]}, ...}
+
+`up_mbps` / `down_mbps` columns may be left out (JSON: keys), then system.up_mbps / down_mbps apply.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+from typing import Optional, Sequence
+
+import numpy as np
+
+from fedjax_flat.errors import ConfigError
+from fedjax_flat.schema import RESULT, Choice, Field, Int, Num, Section, String
+
+SPEEDS = ('none', 'lognormal', 'trace')
+AVAILABILITY = ('always', 'bernoulli', 'diurnal', 'trace')
+BYTES_PER_PARAM = 4           # float32 messages (today's comm_bytes: 4 x params)
+# Stream tags of the draws (numpy Generators seeded [seed, (round,) client, tag]).
+SPEED_STREAM, OFFSET_STREAM, AVAIL_STREAM, DROP_STREAM = 0x5BEED, 0x702E, 0xA7A1, 0xD209
+
+
+def enabled(cfg) -> bool:
+  """Whether the run has a clock: any system field away from its 'none' default."""
+  s = cfg.get('system')
+  return s is not None and (s.speed != 'none' or s.availability != 'always' or float(s.dropout) > 0
+                            or float(s.deadline_s) > 0)
+
+
+def _check(cfg) -> None:
+  """The system section's own cross-field rules, before any data are read (the population's: `build`)."""
+  s = cfg.system
+  if float(s.deadline_s) > 0 and s.speed == 'none':
+    raise ConfigError('system.deadline_s', s.deadline_s, "needs client speeds: set system.speed='lognormal' "
+                      "or 'trace'")
+  uses_trace = s.speed == 'trace' or s.availability == 'trace'
+  if uses_trace and not s.trace:
+    raise ConfigError('system.trace', s.trace, "a CSV / JSON trace file is needed by system.speed='trace' or "
+                      "system.availability='trace' (format: fedjax_flat/systems/clock.py)")
+  if uses_trace:
+    read_trace(s.trace)       # malformed: one line naming the file and the row
+  elif s.trace:
+    raise ConfigError('system.trace', s.trace, "is read only with system.speed='trace' or "
+                      "system.availability='trace'; set one or leave the trace empty")
+
+
+SECTION = Section('system', (
+    Field('speed', Choice('none', SPEEDS), "clients' compute speed (examples/s): 'none' (instant, as without a "
+          "clock) | 'lognormal' (median speed_median, log-std speed_sigma, per (seed, client)) | 'trace'"),
+    Field('speed_median', Num(100.0, lo=0, lo_open=True), "median examples/s of the log-normal speeds"),
+    Field('speed_sigma', Num(0.5, lo=0), 'log-std of the log-normal speeds (0: every client at the median)'),
+    Field('trace', String(''), 'CSV / JSON trace of client speeds, bandwidths and available hours (format: '
+          'systems/clock.py)'),
+    Field('deadline_s', Num(0.0, lo=0), '> 0: a round closes after this many virtual seconds; each client runs '
+          'the local steps that fit (0: none)'),
+    Field('min_steps', Int(1, lo=0), 'under a deadline, a client fitting fewer steps (and not all its work) is '
+          'dropped'),
+    Field('availability', Choice('always', AVAILABILITY), "'always' | 'bernoulli' (availability_rate a round) | "
+          "'diurnal' (a time-zone offset per client, available in a daily window) | 'trace'"),
+    Field('availability_rate', Num(1.0, lo=0, hi=1), "'bernoulli': probability a client is available a round"),
+    Field('window_start_h', Num(0.0, lo=0, hi=24, hi_open=True), "'diurnal': local hour the window opens"),
+    Field('window_h', Num(8.0, lo=0, hi=24, lo_open=True), "'diurnal': hours the window stays open"),
+    Field('round_duration_s', Num(3600.0, lo=0, lo_open=True), "nominal spacing of round starts for the hours "
+          "of 'diurnal' / 'trace' availability"),
+    Field('dropout', Num(0.0, lo=0, hi=1, hi_open=True), 'probability an available client drops mid-round (its '
+          'upload discarded)'),
+    Field('up_mbps', Num(1.0, lo=0, lo_open=True), 'upload bandwidth, Mbps (a trace may set it per client)'),
+    Field('down_mbps', Num(10.0, lo=0, lo_open=True), 'download bandwidth, Mbps (a trace may set it per client)'),
+), check=_check, tags={RESULT}, doc='a virtual clock of heterogeneous devices (systems/clock.py)')
+
+
+# ---- the trace file
+
+def _hours(text, where: str):
+  """'0-6 22-24' or [[0, 6], [22, 24]] -> ((0.0, 6.0), (22.0, 24.0))."""
+  if isinstance(text, str):
+    parts = [p.split('-') for p in text.split()]
+  else:
+    parts = list(text or ())
+  out = []
+  for p in parts:
+    try:
+      a, b = float(p[0]), float(p[1])
+    except (TypeError, ValueError, IndexError):
+      raise ConfigError('system.trace', where, f'available_hours {text!r}: ranges like "0-6 22-24" '
+                        '(JSON: [[0, 6], [22, 24]])') from None
+    if not (len(p) == 2 and 0 <= a < b <= 24):
+      raise ConfigError('system.trace', where, f'available_hours range {p}: needs 0 <= start < end <= 24')
+    out.append((a, b))
+  return tuple(out)
+
+
+def read_trace(path: str) -> dict:
+  """{client: {'examples_per_s', 'up_mbps' (or None), 'down_mbps' (or None), 'available_hours'}} of a trace."""
+  if not os.path.isfile(path):
+    raise ConfigError('system.trace', path, 'no such file')
+  rows = {}
+  with open(path) as f:
+    text = f.read()
+  if path.endswith('.json'):
+    try:
+      raw = json.loads(text)
+    except json.JSONDecodeError as e:
+      raise ConfigError('system.trace', path, f'is not JSON ({e.msg} at line {e.lineno})') from None
+    if not isinstance(raw, dict):
+      raise ConfigError('system.trace', path, 'must map client ids to {"examples_per_s": ..., ...}')
+    items = [(k, v, f'{path}: client {k}') for k, v in raw.items()]
+  else:
+    reader = csv.DictReader(text.splitlines())
+    if not reader.fieldnames or not {'client', 'examples_per_s'} <= set(reader.fieldnames):
+      raise ConfigError('system.trace', path, 'needs a header with client,examples_per_s[,up_mbps,down_mbps,'
+                        'available_hours]')
+    items = [(r['client'], r, f'{path}:{i + 2}') for i, r in enumerate(reader)]
+  for k, v, where in items:
+    if not isinstance(v, dict):
+      raise ConfigError('system.trace', where, 'must be an object with examples_per_s')
+    try:
+      client = int(k)
+      speed = float(v['examples_per_s'])
+      up = float(v['up_mbps']) if v.get('up_mbps') not in (None, '') else None
+      down = float(v['down_mbps']) if v.get('down_mbps') not in (None, '') else None
+    except (KeyError, TypeError, ValueError):
+      raise ConfigError('system.trace', where, 'needs an integer client and numbers examples_per_s / up_mbps / '
+                        'down_mbps') from None
+    if client < 0 or client in rows:
+      raise ConfigError('system.trace', where, f'client {client}: ids are 0 .. K-1, each once')
+    for name, x in (('examples_per_s', speed), ('up_mbps', up), ('down_mbps', down)):
+      if x is not None and not (math.isfinite(x) and x > 0):
+        raise ConfigError('system.trace', where, f'{name}={x}: must be a positive number')
+    rows[client] = {'examples_per_s': speed, 'up_mbps': up, 'down_mbps': down,
+                    'available_hours': _hours(v.get('available_hours'), where)}
+  if not rows:
+    raise ConfigError('system.trace', path, 'names no client')
+  return rows
+
+
+# ---- per-client constants (drawn once)
+
+def _uniform(seed: int, ids, *tags) -> np.ndarray:
+  return np.array([np.random.default_rng([int(seed), *[int(t) for t in tags], int(k)]).random() for k in ids])
+
+
+def _normal(seed: int, ids, tag) -> np.ndarray:
+  return np.array([np.random.default_rng([int(seed), int(tag), int(k)]).standard_normal() for k in ids])
+
+
+@dataclasses.dataclass(frozen=True)
+class Devices:
+  """The population's per-client constants: speeds (examples/s; inf: instant), bandwidths, time-zone offsets,
+  available hours (trace)."""
+  speed: np.ndarray          # [K]
+  up_mbps: np.ndarray        # [K]
+  down_mbps: np.ndarray      # [K]
+  offset_h: np.ndarray       # [K]  diurnal time-zone offsets
+  hours: tuple               # K tuples of (start, end) hours (trace availability), or ()
+
+
+def devices(cfg, population: int) -> Devices:
+  """Each client's constants, from (seed, client) or the trace; bad traces and impossible deadlines are one
+  ConfigError line."""
+  s, seed, ids = cfg.system, int(cfg.seed), np.arange(population)
+  up = np.full(population, float(s.up_mbps))
+  down = np.full(population, float(s.down_mbps))
+  hours = ()
+  if s.speed == 'lognormal':
+    speed = float(s.speed_median) * np.exp(float(s.speed_sigma) * _normal(seed, ids, SPEED_STREAM))
+  else:
+    speed = np.full(population, np.inf)
+  if s.speed == 'trace' or s.availability == 'trace':
+    rows = read_trace(s.trace)
+    unknown = sorted(k for k in rows if k >= population)
+    if unknown:
+      raise ConfigError('system.trace', s.trace, f'names clients {unknown[:5]} beyond the population of '
+                        f'{population} (ids 0 .. {population - 1})')
+    missing = [k for k in range(population) if k not in rows]
+    if missing:
+      raise ConfigError('system.trace', s.trace, f'misses clients {missing[:5]}{" ..." if len(missing) > 5 else ""}'
+                        f' of the population of {population}: every client needs a row')
+    if s.speed == 'trace':
+      speed = np.array([rows[k]['examples_per_s'] for k in range(population)])
+      up = np.array([rows[k]['up_mbps'] or float(s.up_mbps) for k in range(population)])
+      down = np.array([rows[k]['down_mbps'] or float(s.down_mbps) for k in range(population)])
+    if s.availability == 'trace':
+      hours = tuple(rows[k]['available_hours'] for k in range(population))
+  offset = 24.0 * _uniform(seed, ids, OFFSET_STREAM) if s.availability == 'diurnal' else np.zeros(population)
+  return Devices(speed, up, down, offset, hours)
+
+
+def step_examples(n: int, batch_size: int, *, epochs: int = 1, local_steps: int = 0, full_batches: bool = False,
+                  max_steps: int = 0) -> np.ndarray:
+  """Examples of each of a client's local steps, in order (data/batching.py's layout: each epoch's batches of B,
+  the last one partial unless full_batches; or local_steps full batches)."""
+  if n <= 0:
+    return np.zeros((0,), np.float64)
+  if local_steps:
+    return np.full(local_steps, float(batch_size))
+  per_epoch = n // batch_size if full_batches else -(-n // batch_size)
+  one = np.full(per_epoch, float(batch_size))
+  if not full_batches and per_epoch:
+    one[-1] = n - (per_epoch - 1) * batch_size
+  out = np.tile(one, epochs)
+  return out[:max_steps] if max_steps else out
+
+
+# ---- the clock of one round
+
+@dataclasses.dataclass(frozen=True)
+class Clock:
+  """What the round schedules are computed from: the population's devices and the run's constants."""
+  devices: Devices
+  passes: float               # forward+backward passes per local step
+  bytes_down: float           # per client and round (all phases)
+  bytes_up: float
+  deadline_s: float
+  min_steps: int
+  availability: str
+  rate: float
+  window: tuple               # (start hour, length in hours)
+  round_duration_s: float
+  dropout: float
+  seed: int
+
+
+def make_clock(cfg, population: int, *, passes: float, bytes_down: float, bytes_up: float,
+               full_steps: Optional[Sequence[np.ndarray]] = None) -> Clock:
+  """The run's clock; `full_steps` (every client's step_examples) checks that a deadline is reachable."""
+  s = cfg.system
+  clock = Clock(devices(cfg, population), float(passes), float(bytes_down), float(bytes_up), float(s.deadline_s),
+                int(s.min_steps), str(s.availability), float(s.availability_rate),
+                (float(s.window_start_h), float(s.window_h)), float(s.round_duration_s), float(s.dropout),
+                int(cfg.seed))
+  if clock.deadline_s > 0 and full_steps is not None:
+    fit = np.array([fit_steps(clock, k, full_steps[k]) for k in range(population)])
+    need = np.array([min(max(clock.min_steps, 1), len(full_steps[k])) for k in range(population)])
+    if not np.any((fit >= need) & (need > 0)):
+      d = clock.devices
+      best = float(np.min(transfer_s(clock, np.arange(population))))
+      raise ConfigError('system.deadline_s', s.deadline_s, f'no client can meet it: the fastest transfer alone '
+                        f'takes {best:.3g} s and the fastest speed is {float(np.max(d.speed)):.3g} examples/s '
+                        f'({clock.passes:g} passes a step); raise the deadline or lower system.min_steps')
+  return clock
+
+
+def transfer_s(clock: Clock, ids) -> np.ndarray:
+  """down + up seconds of the given clients."""
+  d = clock.devices
+  return (clock.bytes_down * 8 / (d.down_mbps[ids] * 1e6)) + (clock.bytes_up * 8 / (d.up_mbps[ids] * 1e6))
+
+
+def fit_steps(clock: Clock, k: int, steps: np.ndarray) -> int:
+  """The leading local steps of client k that fit the deadline (all of them without one)."""
+  if clock.deadline_s <= 0:
+    return len(steps)
+  budget = clock.deadline_s - float(transfer_s(clock, np.array([k]))[0])
+  cost = np.cumsum(steps * clock.passes / clock.devices.speed[k])
+  return int(np.searchsorted(cost, budget * (1 + 1e-12), side='right'))
+
+
+def available(clock: Clock, r: int, ids) -> np.ndarray:
+  """bool [C]: whether each client answers round r (pure in (seed, round, client))."""
+  ids = np.asarray(ids, np.int64)
+  if clock.availability == 'always':
+    return np.ones(len(ids), bool)
+  if clock.availability == 'bernoulli':
+    return _uniform(clock.seed, ids, AVAIL_STREAM, r) < clock.rate
+  utc = (r * clock.round_duration_s / 3600.0) % 24.0
+  if clock.availability == 'diurnal':
+    start, length = clock.window
+    local = (utc + clock.devices.offset_h[ids]) % 24.0
+    return ((local - start) % 24.0) < length
+  return np.array([any(a <= utc < b for a, b in clock.devices.hours[k]) for k in ids], bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundSchedule:
+  """One round on the clock, per sampled client [C] and in total."""
+  ids: np.ndarray
+  available: np.ndarray
+  dropped_out: np.ndarray
+  fit: np.ndarray             # local steps run (int)
+  reports: np.ndarray         # bool: its upload reaches the server
+  down_s: np.ndarray
+  compute_s: np.ndarray
+  up_s: np.ndarray
+  duration_s: float
+  bytes_down: float
+  bytes_up: float
+
+
+def schedule(clock: Clock, r: int, ids, steps: Sequence[np.ndarray]) -> RoundSchedule:
+  """Round r of clients `ids` (real ids), `steps[i]` the examples of client ids[i]'s local steps."""
+  ids = np.asarray(ids, np.int64)
+  d = clock.devices
+  avail = available(clock, r, ids)
+  drop = (_uniform(clock.seed, ids, DROP_STREAM, r) < clock.dropout) if clock.dropout > 0 else np.zeros(len(ids),
+                                                                                                        bool)
+  drop &= avail
+  fit = np.array([fit_steps(clock, int(k), st) for k, st in zip(ids, steps)], np.int64)
+  work = np.array([len(st) for st in steps], np.int64)
+  enough = (fit >= clock.min_steps) | (fit >= work)
+  fit = np.where(avail & ~drop & enough, fit, 0)
+  reports = avail & ~drop & enough & (work > 0)
+  down = np.where(avail, clock.bytes_down * 8 / (d.down_mbps[ids] * 1e6), 0.0)
+  up = np.where(reports, clock.bytes_up * 8 / (d.up_mbps[ids] * 1e6), 0.0)
+  compute = np.array([float(np.sum(st[:f])) * clock.passes / d.speed[k] if f else 0.0
+                      for k, st, f in zip(ids, steps, fit)])
+  total = down + compute + up
+  duration = float(np.max(total[reports])) if reports.any() else 0.0
+  if clock.deadline_s > 0 and np.any(avail & ~reports):
+    duration = clock.deadline_s
+  if clock.availability in ('diurnal', 'trace'):     # rounds start on the nominal clock the hours follow
+    duration = max(duration, clock.round_duration_s)
+  return RoundSchedule(ids, avail, drop, fit, reports, down, compute, up, duration,
+                       float(np.sum(avail)) * clock.bytes_down, float(np.sum(reports)) * clock.bytes_up)
+
+
+def padded(sched: RoundSchedule, cohort: int, num_steps: int):
+  """(fit [cohort] int32, reports [cohort] bool) padded with empty clients: what the round program masks with."""
+  fit = np.zeros((cohort,), np.int32)
+  rep = np.zeros((cohort,), bool)
+  n = len(sched.ids)
+  fit[:n] = np.minimum(sched.fit, num_steps)
+  rep[:n] = sched.reports
+  return fit, rep
