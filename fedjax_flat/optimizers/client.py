@@ -1,7 +1,7 @@
 """The client optimizer: built ONCE per algorithm from the config's `client` section; the per-round
 hyperparameters the server broadcasts (lr, rho; may be traced) are passed to every update.
 
-chain(  [sam(rho) | asam(rho, eta) | nothing]   replaces g by the gradient at the ascent point
+chain(  [sam(rho) | asam(rho, eta) | sam_every | looksam | nothing]   replaces g by the ascent-point gradient
         add_correction()                        + algorithm correction (FedProx, SCAFFOLD, FedDyn...)
         [clip_by_global_norm(c)]                (FedDyn's gradient clipping)
         add_decayed_weights(wd)                 PyTorch-style coupled weight decay, at the unperturbed w
@@ -31,9 +31,13 @@ import optax
 
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.optimizers import asam as asam_lib
+from fedjax_flat.optimizers import looksam as looksam_lib
 from fedjax_flat.optimizers import sam as sam_lib
+from fedjax_flat.optimizers import sam_every as sam_every_lib
 from fedjax_flat.optimizers.asam import asam
+from fedjax_flat.optimizers.looksam import looksam
 from fedjax_flat.optimizers.sam import sam
+from fedjax_flat.optimizers.sam_every import sam_every
 from fedjax_flat.optimizers.schedules import LR_SCHEDULES, client_step_lr
 from fedjax_flat.schema import RESULT, TRUTH, VALUE, Choice, Field, Int, Num, Section, Test
 
@@ -66,14 +70,19 @@ def _microbatches(cfg) -> None:
     raise ConfigError('client.microbatches', k, f'must divide client.batch_size={cfg.client.batch_size}')
 
 
+def _opt(name: str) -> Callable[[Any], bool]:
+  return lambda cfg: cfg.client.get('optimizer') == name
+
+
 def _adam(cfg) -> bool:
   return cfg.client.get('base_optimizer') == 'adam'
 
 
 # config.client: local training (read here, by optimizers/schedules.py and algorithms/local.py).
 SECTION = Section('client', (
-    Field('optimizer', Choice('sgd', ('sgd', 'sam', 'asam'), sort=True),
-          "the gradient: 'sgd' (plain) | 'sam' | 'asam' (sharpness-aware)"),
+    Field('optimizer', Choice('sgd', ('sgd', 'sam', 'asam', 'sam_every', 'looksam'), sort=True),
+          "the gradient: 'sgd' (plain) | 'sam' | 'asam' (sharpness-aware) | 'sam_every' (SAM on every "
+          "sam_every-th step) | 'looksam' (SAM every looksam_k-th step, its orthogonal part reused between)"),
     Field('base_optimizer', Choice('sgd', ('sgd', 'adam'), sort=True),
           "'sgd' (lr, momentum) | 'adam' (lr, adam_b1, adam_b2, adam_eps)"),
     Field('adam_b1', Num(0.9, lo=0, hi=1, hi_open=True), 'Adam beta1', when=_adam),
@@ -96,6 +105,11 @@ SECTION = Section('client', (
     Field('rho0', Num(0.0, lo=0), 'rho warm-up start (FedGloSS: 0.001)', {VALUE}),
     Field('rho_warmup_rounds', Int(0, lo=0), 'T_s of the rho warm-up; 0 = none'),
     Field('asam_eta', Num(0.0, lo=0), 'ASAM eta', {VALUE}),
+    Field('sam_every', Int(2, lo=1), "k of client.optimizer='sam_every': SAM's two passes on one step in k",
+          when=_opt('sam_every')),
+    Field('looksam_k', Int(5, lo=1), "k of client.optimizer='looksam' (Liu et al. 2022: 5)", when=_opt('looksam')),
+    Field('looksam_alpha', Num(0.7, lo=0), "alpha of client.optimizer='looksam' (Liu et al. 2022: 0.7)",
+          when=_opt('looksam')),
     Field('grad_clip', Num(0.0, lo=0), 'clip_by_global_norm (FedDyn: 30); 0 = off'),
     Field('lr_schedule', Choice('constant', LR_SCHEDULES, sort=True),
           "'constant' | 'poly_step' (over each round's local steps, FedDrive) | 'poly_round' (over rounds): "
@@ -146,10 +160,15 @@ def _per_update(make: Callable[[Any], optax.GradientTransformation], name: str
 SGD_PASSES = 1     # one forward+backward pass a plain step
 
 
-def gradient_passes(client_cfg) -> int:
+def gradient_passes(client_cfg) -> float:
   """Forward+backward passes of one local step of the client optimizer (each declared where it is defined):
-  what a step costs on the virtual clock (systems/clock.py)."""
-  return {'sgd': SGD_PASSES, 'sam': sam_lib.PASSES, 'asam': asam_lib.PASSES}[client_cfg.optimizer]
+  what a step costs on the virtual clock (systems/clock.py). The every-k methods declare their AVERAGE per step."""
+  kind = client_cfg.optimizer
+  if kind == 'sam_every':
+    return sam_every_lib.passes(client_cfg.sam_every)
+  if kind == 'looksam':
+    return looksam_lib.passes(client_cfg.looksam_k)
+  return {'sgd': SGD_PASSES, 'sam': sam_lib.PASSES, 'asam': asam_lib.PASSES}[kind]
 
 
 def client_optimizer(client_cfg) -> optax.GradientTransformationExtraArgs:
@@ -161,8 +180,14 @@ def client_optimizer(client_cfg) -> optax.GradientTransformationExtraArgs:
   elif kind == 'asam':
     eta = client_cfg.asam_eta
     parts.append(_per_update(lambda hp: asam(hp['rho'], eta), 'asam'))
+  elif kind == 'sam_every':
+    k = client_cfg.sam_every
+    parts.append(_per_update(lambda hp: sam_every(hp['rho'], k), 'sam_every'))
+  elif kind == 'looksam':
+    k, alpha = client_cfg.looksam_k, client_cfg.looksam_alpha
+    parts.append(_per_update(lambda hp: looksam(hp['rho'], k, alpha), 'looksam'))
   elif kind != 'sgd':
-    raise ValueError(f"client.optimizer={kind!r}; allowed: 'sgd', 'sam', 'asam'")
+    raise ValueError(f"client.optimizer={kind!r}; allowed: 'sgd', 'sam', 'asam', 'sam_every', 'looksam'")
   parts.append(add_correction())
   if client_cfg.get('grad_clip', 0.0):
     parts.append(optax.clip_by_global_norm(client_cfg.grad_clip))
