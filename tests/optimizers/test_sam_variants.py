@@ -6,7 +6,9 @@ import optax
 import pytest
 from ml_collections import ConfigDict
 
-from fedjax_flat.optimizers.client import client_optimizer, gradient_passes
+from fedjax_flat.config.default_config import default_config
+from fedjax_flat.errors import ConfigError
+from fedjax_flat.optimizers.client import SECTION, client_optimizer, gradient_passes
 from fedjax_flat.optimizers.looksam import looksam
 from fedjax_flat.optimizers.sam import sam
 from fedjax_flat.optimizers.sam_every import sam_every
@@ -152,3 +154,15 @@ def test_client_optimizer_chain_matches_formula():
   want = W0 - LR * sam_grad64(W0)
   want = want - LR * grad64(want)
   np.testing.assert_allclose(w, want, rtol=1e-5)
+
+
+@pytest.mark.parametrize('field,value,kind,lo', [('sam_every', 0, 'sam_every', 1), ('looksam_k', 0, 'looksam', 1),
+                                                 ('looksam_alpha', -0.5, 'looksam', 0)])
+def test_bad_config_values_are_one_line_config_errors(field, value, kind, lo):
+  cfg = default_config()
+  cfg.client.optimizer = kind
+  cfg.client[field] = value
+  with pytest.raises(ConfigError, match=rf'client\.{field}={value} is invalid: must be >= {lo}$'):
+    SECTION.validate(cfg)
+  cfg.client.optimizer = 'sgd'     # the field is only checked for its own optimizer
+  SECTION.validate(cfg)
