@@ -22,24 +22,15 @@ import math
 import os
 import time
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.studies import study_util
-from fedjax_flat.algorithms import fedcg
-from fedjax_flat.data import registry as data_registry
+from fedjax_flat.training.evals import domains as evals_domains
 
 DEFAULT_CELLS = ('fedavg', 'fedavg,width=267', 'fedcg,oracle', 'fedcg,discovered', 'fedcg,kmeans',
                  'fedcg,discovered,soft=0', 'fedcg,discovered,all', 'fedcg,discovered,D=2', 'fedcg,discovered,D=8',
                  'fedcg,discovered,rand', 'fedcg,oracle,W=0', 'fedcg,oracle,relu=0', 'fedcg,oracle,residual=0',
                  'fedcg,oracle,U,fixed', 'fedcg,oracle,H,fixed')
-
-
-def _per_domain_accuracy(model, params, x, y):
-  logits = jax.jit(lambda p, a: model.apply(p, a))(params, jnp.asarray(x))
-  correct = np.asarray(jnp.argmax(logits, -1)) == y[:, 0]
-  return [float(np.mean(correct[y[:, 1] == d])) for d in range(int(y[:, 1].max()) + 1)]
 
 
 def run_one(cell, seed, rounds):
@@ -53,23 +44,12 @@ def run_one(cell, seed, rounds):
          'comm_up_params': s.get('comm_up_params')}
   tx, ty = t.data.test_examples()
   params = t.algorithm.eval_models(t.server_state)['global'][0]
-  rec['per_domain_accuracy'] = _per_domain_accuracy(t.model, params, tx, ty)
-  if t.client_domains is not None:   # the clients' k-means domains against their (majority) planted domains
-    raw = data_registry.get_dataset(c.dataset, **c.data.to_dict())
-    planted_of = [int(np.bincount(raw.client_labels(k)[:, 1]).argmax()) for k in range(raw.num_clients)]
-    rec['purity_kmeans_clients'] = fedcg.purity(t.client_domains, planted_of, int(t.model.num_domains),
-                                                max(planted_of) + 1)
-  if c.algorithm == 'fedcg':
-    d = int(t.model.num_domains)
-    planted = int(ty[:, 1].max()) + 1
-    x = jnp.asarray(tx, jnp.float32)
-    student = np.asarray(jnp.argmax(t.model.classifier_apply(t.server_state['params']['net']['student'], x), -1))
-    teacher = np.asarray(jnp.argmax(t.model.classifier_apply(t.server_state['teacher'], x), -1))
-    rec['purity_student'] = fedcg.purity(student, ty[:, 1], d, planted)
-    rec['purity_teacher'] = fedcg.purity(teacher, ty[:, 1], d, planted)
-    rec['domains_used'] = int(len(np.unique(student)))
-    rec['student_vs_planted'] = np.histogram2d(student, ty[:, 1], bins=(d, planted),
-                                               range=((0, d), (0, planted)))[0].astype(int).tolist()
+  rec['per_domain_accuracy'] = evals_domains.per_domain_accuracy(t.model, params, tx, ty)
+  dom = s.get('domains')             # FedCG runs: what the run found (training/evals/domains.py)
+  if dom is not None:
+    for k in ('purity_kmeans_clients', 'purity_student', 'purity_teacher', 'domains_used', 'student_vs_planted'):
+      if k in dom:
+        rec[k] = dom[k]
   rec['wall_s'] = time.time() - t0
   return rec
 

@@ -264,3 +264,13 @@ def _check_data(cfg, hp, data):
 def fedcg(ctx) -> FederatedAlgorithm:
   """FedCG (thesis 5.4): domain-specific residual layers connected by a GCN, teacher/student domain discovery."""
   return fedcg_algorithm(ctx, hparams(ctx, 'fedcg'))
+
+
+def domain_assignments(model, state, x, batch: int = 1024) -> dict:
+  """The domains FedCG assigns to images x: 'student' (the server's domain classifier, what test-time weighting
+  reads) and 'teacher' (what clients trained with in the last round), each the argmax, numpy [N]."""
+  fn = jax.jit(lambda p, a: jnp.argmax(model.classifier_apply(p, a), axis=-1))
+  nets = {'student': state['params']['net']['student'], 'teacher': state['teacher']}
+  return {k: np.concatenate([np.asarray(fn(p, jnp.asarray(x[i:i + batch], jnp.float32)))
+                             for i in range(0, len(x), batch)]) if len(x) else np.zeros((0,), np.int64)
+          for k, p in nets.items()}

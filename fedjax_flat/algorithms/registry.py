@@ -302,10 +302,11 @@ def build_algorithm(config, model, population: int = 0, task=None, chain=None,
                     round_log=None if s.round_log is None else s.round_log(config, hp),
                     val_source=validation_steps.round_validation_source(config, s.defaults()))
   if dp.enabled(config):    # first: the wrappers above it see the noisy aggregate as the algorithm's own
-    alg = dp.with_dp(alg, config, population)
+    alg = dp.with_dp(alg, config, population, client_sizes=None if data is None else data.client_sizes())
   if config.swa.enabled:
     alg = swa.with_swa(alg, config)
   if config.wima.enabled:
     alg = wima.with_wima(alg, config)
   # Last, so that no wrapper drops it: the engine reads it when it builds the round program.
-  return alg.replace(client_weighting=config.server.get('weighting', 'examples'))
+  return alg.replace(client_weighting=config.server.get('weighting', 'examples'),
+                     weight_cap=float(config.server.get('weight_cap', 0.0)))

@@ -35,8 +35,9 @@ schedules (see WORKSPACE.md for the data flow):
   extra_passes: forward+backward passes of one local step beyond num_phases x the client optimizer's (SGD 1,
                 SAM / ASAM 2: optimizers/client.gradient_passes): the step's cost on the virtual clock
                 (systems/clock.py); Mime's gradient at the server model.
-  client_weighting: the weight of a client in the 'weighted' mean: 'examples' (N_k, FedAvg) or 'uniform'
-                    (1 per sampled client: pfl-research's weight_by_samples=False); config.server.weighting.
+  client_weighting: the weight of a client in the 'weighted' mean: 'examples' (N_k, FedAvg), 'uniform'
+                    (1 per sampled client: pfl-research's weight_by_samples=False) or 'capped' (min(N_k,
+                    weight_cap): McMahan et al. 2018's bounded weights); config.server.weighting / weight_cap.
 
 What the run needs to know about the algorithm travels with it (set by algorithms/registry.build_algorithm
 from the declarations, passed through by the wrappers), so no layer above asks the registry by name:
@@ -147,6 +148,7 @@ class FederatedAlgorithm:
   comm_up: float = 1.0
   extra_passes: float = 0.0
   client_weighting: str = 'examples'
+  weight_cap: float = 0.0
   # What the run needs (see the module docstring); defaults: a plain stateless algorithm.
   wrappers: Tuple[str, ...] = ()
   needs: FrozenSet[str] = frozenset()

@@ -7,7 +7,8 @@ Data flow of a round (all inside one XLA program):
       per client: local = client_init; lax.scan of client_step over the padded steps
                   (a step whose batch is all padding leaves `local` unchanged); client_final
       accumulate sum_k N_k * out_weighted, sum_k out_uniform, N, |C|      (streaming: O(chunk) memory)
-      (N_k = 1 for every sampled client when algorithm.client_weighting == 'uniform')
+      (N_k = 1 for every sampled client when algorithm.client_weighting == 'uniform', min(N_k, weight_cap)
+      when it is 'capped')
   agg = weighted / uniform means;  server_state = algorithm.server_update(server_state, agg, round, phase)
 
 Client strategies (config.engine.strategy): 'vmap' (all clients of the round in one vmap), 'chunked'
@@ -236,10 +237,15 @@ def make_round_fn(algorithm: FederatedAlgorithm, *, chunk: int, unroll=1, augmen
   if algorithm.client_weighting not in WEIGHTINGS:
     raise ValueError(f'client_weighting={algorithm.client_weighting!r}; allowed: {WEIGHTINGS}')
   uniform = algorithm.client_weighting == 'uniform'
+  capped = algorithm.client_weighting == 'capped'
+  if capped and not algorithm.weight_cap > 0:
+    raise ValueError(f"client_weighting='capped' needs weight_cap > 0, got {algorithm.weight_cap!r}")
 
   def round_fn(server_state, batches, client_states, rngs, weights, valid, round_idx):
     if uniform:   # every sampled client counts once in the 'weighted' mean; padding clients stay at 0
       weights = valid.astype(jnp.float32)
+    elif capped:  # a client's weight stops growing at the cap: no client dominates (or, under DP, is unbounded)
+      weights = jnp.minimum(weights, jnp.float32(algorithm.weight_cap)) * valid.astype(jnp.float32)
     metrics = None
     for phase in range(algorithm.num_phases):
       bcast = algorithm.broadcast(server_state, round_idx, phase)

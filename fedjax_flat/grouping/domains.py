@@ -58,6 +58,10 @@ def kmeans_domains(config, model, data, num_domains: int, classifier_key: str,
   ctx = GroupingContext(model, plain, cfg, params0=fresh_params(cfg, model, plain))
   reps, info = representations(cfg, ctx, workdir, 'clf')
   labels = groupers.kmeans_labels(reps, int(num_domains), np.random.default_rng(grouping_seed(cfg)))
+  # Each client's majority planted domain, before its column is overwritten: what the clusters are scored against.
+  y = np.asarray(data.y)
+  info = {**info, 'planted_of': [int(np.bincount(y[data.client_indices(k), 1]).argmax()) if
+                                 len(data.client_indices(k)) else -1 for k in range(data.num_clients)]}
   return client_domain_labels(data, labels), labels, info
 
 

@@ -168,9 +168,13 @@ class Conv(nn.Module):
   conv_impl: str = 'auto'
   torch_init: bool = False
   kernel_init: Any = None          # overrides the two defaults (e.g. BiSeNetV2's kaiming-normal fan-out)
+  dtype: Any = None                # Flax's convention: the computation dtype (None: the input's, as mixed
+  #                                  precision casts it; a dtype: the input cast here, Flax's native policy)
 
   @nn.compact
   def __call__(self, x):
+    if self.dtype is not None:
+      x = x.astype(self.dtype)
     kh, kw = self.kernel_size
     cin = x.shape[-1]
     groups = self.feature_group_count
@@ -235,9 +239,12 @@ class Dense(nn.Module):
   features: int
   torch_init: bool = False
   kernel_init: Any = None          # overrides the two defaults (e.g. the pfl CNN's Glorot-uniform)
+  dtype: Any = None                # the computation dtype, as Conv's
 
   @nn.compact
   def __call__(self, x):
+    if self.dtype is not None:
+      x = x.astype(self.dtype)
     fan_in = x.shape[-1]
     kinit = torch_kernel_init() if self.torch_init else nn.initializers.lecun_normal()
     kinit = self.kernel_init or kinit

@@ -36,12 +36,24 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_flat.errors import ConfigError
 from fedjax_flat.schema import RESULT, TRUTH, VALUE, Choice, Field, Flag, Num, Section
 
 SERVER_OPTIMIZERS = ('sgd', 'adam', 'adagrad', 'yogi')
 ADAPTIVE_FORMS = ('reddi', 'torch')
 # A client's weight in the mean of the updates (FederatedAlgorithm.client_weighting, core/engine.py).
-WEIGHTINGS = ('examples', 'uniform')
+WEIGHTINGS = ('examples', 'uniform', 'capped')
+
+
+def _check(cfg) -> None:
+  s = cfg.server
+  cap = float(s.get('weight_cap', 0.0))
+  if s.weighting == 'capped' and cap <= 0:
+    raise ConfigError('server.weight_cap', s.get('weight_cap', 0.0), "must be > 0 with server.weighting='capped' "
+                      '(the example count at which a client reaches full weight)')
+  if s.weighting != 'capped' and cap:
+    raise ConfigError('server.weight_cap', cap, f"is read with server.weighting='capped' only (it is "
+                      f'{s.weighting!r}): set it to 0 or the weighting to capped')
 
 # config.server: the server optimizer over the pseudo-gradient (make_server_tx) and the clients' weighting.
 SECTION = Section('server', (
@@ -49,7 +61,10 @@ SECTION = Section('server', (
           "'yogi' (FedOpt)"),
     Field('lr', Num(1.0, lo=0, lo_open=True), 'server learning rate', {VALUE}),
     Field('weighting', Choice('examples', WEIGHTINGS, sort=True),
-          "a client's weight in the mean of the updates: 'examples' (N_k) | 'uniform'"),
+          "a client's weight in the mean of the updates: 'examples' (N_k) | 'uniform' | 'capped' (min(N_k, "
+          'server.weight_cap): McMahan et al. 2018, the bounded weight client-level DP needs)'),
+    Field('weight_cap', Num(0.0, lo=0), "w_hat: the example count at which a client's 'capped' weight stops "
+          'growing (0 with the other weightings)'),
     Field('momentum', Num(0.0, lo=0, hi=1, hi_open=True), 'server momentum (FedAvgM; FedAdagrad b1)',
           {VALUE, TRUTH}),
     Field('nesterov', Flag(False), "Nesterov momentum of server.optimizer='sgd' (FedAvgM)"),
@@ -58,7 +73,8 @@ SECTION = Section('server', (
     Field('eps', Num(1e-3, lo=0, lo_open=True), 'adaptive optimizers: tau (reddi) / eps (torch)'),
     Field('adaptive_form', Choice('reddi', ADAPTIVE_FORMS, sort=True),
           "adam / adagrad / yogi: 'reddi' (Alg. 2) | 'torch' (the release code)"),
-), tags={RESULT}, doc='the server optimizer over the pseudo-gradient (FedOpt) and the clients\' weighting')
+), check=_check, tags={RESULT},
+    doc='the server optimizer over the pseudo-gradient (FedOpt) and the clients\' weighting')
 
 
 class FedOptState(NamedTuple):

@@ -2,7 +2,8 @@
 
 One round = one sampled Gaussian mechanism over clients: sampling rate q = clients_per_round / N, noise
 multiplier z (noise std / clip), composed over `rounds`. Pure functions: the same arguments give the same epsilon,
-so a resumed run recomputes the same value from its round count.
+so a resumed run recomputes the same value from its round count. `classic_epsilon` is the basic RDP conversion
+that Abadi et al. (2016) and TF Privacy published with: their numbers are reproduced in the tests.
 """
 import math
 
@@ -67,6 +68,28 @@ def epsilon(q, z, rounds, delta, sampling='poisson', accountant='rdp', num_clien
   acc = _accountant(accountant, sampling)
   acc.compose(_event(q, z, rounds, sampling, num_clients))
   return float(acc.get_epsilon(delta))
+
+
+# The RDP orders of TF Privacy's compute_dp_sgd_privacy (the MNIST DP-SGD tutorial's table of epsilons).
+CLASSIC_ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
+
+
+def classic_epsilon(q, z, rounds, delta, orders=CLASSIC_ORDERS):
+  """Epsilon of the Poisson-sampled Gaussian by the basic RDP conversion eps = min_a T rdp(a) + log(1/delta)/(a-1)
+  (Mironov 2017, Prop. 3).
+
+  Why a second conversion: it is the one of Abadi et al.'s moments accountant (2016) and of TF Privacy before
+  2020, so the epsilons published in that period are reproduced exactly (tests/privacy/test_accounting.py);
+  `epsilon` uses dp-accounting's tighter conversion (Balle et al. 2020), which is never larger.
+  """
+  _check(q, z, rounds, delta, 'poisson', 'rdp')
+  if rounds == 0:
+    return 0.0
+  if z == 0:
+    return math.inf
+  acc = rdp.RdpAccountant(orders=list(orders))
+  acc.compose(_event(q, z, rounds, 'poisson', None))
+  return float(min(r + math.log(1.0 / delta) / (a - 1) for a, r in zip(acc.orders, acc.rdp) if a > 1))
 
 
 def calibrate(target_epsilon, q, rounds, delta, sampling='poisson', accountant='rdp', num_clients=None,

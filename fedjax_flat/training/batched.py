@@ -2,7 +2,10 @@
 
 `run_batch(specs)` opens every run as training/run.py does (workdir lock, resume from its checkpoints or
 fresh, config.json), groups the runs that can share a program (`pack_groups`: same compatibility key, same
-batch plan and data shapes, same resumed round), and drives each group with a `BatchedTrainer`:
+batch plan and data shapes, same resumed round), and drives each group with a `BatchedTrainer`. Runs whose batch
+plans differ only in their shapes (another Dirichlet alpha or data seed gives other client sizes: more local
+steps, a larger client) first get the pack's common plan (`align_plans`: the largest of each shape), so a data
+grid is one program; the padding is masked and changes no run's numbers:
 
   every block:  stack the runs' server states / client stores -> one call of the runs program (vmapped over
                 R lanes, sharded over the local devices) -> unstack -> per run: divergence check, train loss,
@@ -30,6 +33,7 @@ from fedjax_flat.core import engine as engine_lib
 from fedjax_flat.core import runs as runs_lib
 from fedjax_flat.evaluation.evaluator import Evaluator
 from fedjax_flat.data import attacks
+from fedjax_flat.data import batching
 from fedjax_flat.data import registry as data_registry
 from fedjax_flat.systems import clock as clock_lib
 from fedjax_flat.training import chain_loop
@@ -87,6 +91,39 @@ def _signature(t: loop.Trainer):
   shapes = lambda tree: tuple((tuple(a.shape), str(a.dtype)) for a in jax.tree_util.tree_leaves(tree))
   return (t.plan.batch_plan, t.plan.cohort, t.plan.chunk, t.plan.rounds_per_call, shapes(t.server_state),
           shapes(t.store.arrays) if t.store is not None else None, shapes(t.driver.dev_data), t.round)
+
+
+# The BatchPlan fields that only size the program (data/batching.py): padding them changes no run's numbers.
+# Extra steps are all-masked (the engine skips them), a longer permutation keeps its first n entries (the random
+# bits of a shorter draw are a prefix of a longer one's, and padding sorts last), extra permutations go unread.
+PLAN_SHAPES = ('num_steps', 'max_size', 'num_perms')
+
+
+def common_plan(plans) -> Optional[batching.BatchPlan]:
+  """The one plan of runs whose plans differ only in PLAN_SHAPES (the largest of each), else None. Plans with a
+  pool draw (data/federated.py) are not padded: their draw keys are shaped by the step count."""
+  p0 = plans[0]
+  strip = lambda p: dataclasses.replace(p, **{f: 0 for f in PLAN_SHAPES})
+  if p0.draw is not None or any(strip(p) != strip(p0) for p in plans):
+    return None
+  return dataclasses.replace(p0, **{f: max(getattr(p, f) for p in plans) for f in PLAN_SHAPES})
+
+
+def align_plans(trainers: Sequence[loop.Trainer]) -> int:
+  """Gives runs that could share a program but for their plans' shapes the common plan (in place, before their
+  signatures are compared); returns how many plans changed."""
+  groups: Dict[tuple, list] = {}
+  for t in trainers:
+    if _trainer_blocker(t) is None:
+      groups.setdefault((runs_lib.compat_key(t.config),) + _signature(t)[1:], []).append(t)
+  changed = 0
+  for ts in groups.values():
+    plan = common_plan([t.plan.batch_plan for t in ts]) if len(ts) > 1 else None
+    for t in ts if plan is not None else ():
+      if t.plan.batch_plan != plan:
+        t.plan.pad_batch_plan(plan)
+        changed += 1
+  return changed
 
 
 _PROGRAMS: Dict[tuple, Callable] = {}     # compiled runs programs of this process (see BatchedTrainer)
@@ -318,6 +355,8 @@ def run_batch(specs: Sequence[RunSpec], *, fresh: bool = False, stop_requested=l
       results[i] = RunResult('failed', error=f'{type(e).__name__}: {e}')
       on_result(i, results[i])
   try:
+    if align_plans([item[1] for item in opened]):
+      logging.info('runs with other client sizes (data grid) share the largest batch plan of their pack')
     by_sig: Dict[object, list] = {}
     for item in opened:
       sig = _trainer_blocker(item[1]) or _signature(item[1])

@@ -43,6 +43,7 @@ class Trainer:
     self.driver = driver if driver is not None else make_driver(self.plan)
     self.recorder = Recorder(self.plan, write_files=write_files)
     self.client_domains = None          # k-means client domains [K] when the config asks (training/trainers.py)
+    self.client_planted_domains = None  # and each client's majority planted domain, before k-means relabelled it
 
   # What every part reads (the plan's and the recorder's).
   config = property(lambda self: self.plan.config)

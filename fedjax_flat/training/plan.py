@@ -166,6 +166,11 @@ class RunPlan:
       self.cohort = engine_lib.padded_cohort(self.strategy, self.config.clients_per_round, ec.clients_per_chunk)
       self.chunk = engine_lib.chunk_size(self.strategy, self.cohort, ec.clients_per_chunk)
 
+  def pad_batch_plan(self, plan):
+    """Runs this plan with a larger batch plan of the same kind (training/batched.align_plans: one program for runs
+    whose client sizes differ). The padding is masked; the run's numbers are those of its own plan."""
+    self.batch_plan, self.num_steps = plan, plan.num_steps
+
   # The round path.
   def device_rounds_blocker(self) -> Optional[str]:
     """Why this run cannot keep data on the device and run rounds in one program (None: it can)."""

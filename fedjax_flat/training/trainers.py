@@ -28,12 +28,13 @@ def make_trainer(config, workdir=None, *, grouping_context=None, **kwargs) -> lo
   cls = trainer_class(config)
   if cls is chain_loop.ChainTrainer:
     kwargs['grouping_context'] = grouping_context
-  client_domains = None
+  client_domains, info = None, {}
   if grouping_domains.requested(alg_registry.declared(config)):   # static declarations: before anything is built
     validate.validate_config(config)       # a bad config fails before the pre-training pass
-    kwargs['data'], client_domains, _ = grouping_domains.kmeans_from_config(config, kwargs.get('data'), workdir)
+    kwargs['data'], client_domains, info = grouping_domains.kmeans_from_config(config, kwargs.get('data'), workdir)
     logging.info('k-means client domains: %s clients per domain',
                  np.bincount(client_domains, minlength=int(config.model_kwargs.get('num_domains', 4))).tolist())
   trainer = cls(config, workdir, **kwargs)
   trainer.client_domains = client_domains
+  trainer.client_planted_domains = info.get('planted_of')    # the clients' majority planted domains (or None)
   return trainer

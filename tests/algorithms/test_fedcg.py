@@ -21,6 +21,8 @@ from fedjax_flat.errors import ConfigError
 from fedjax_flat.models.registry import get_model
 from fedjax_flat.tasks.base import cross_entropy
 from fedjax_flat.training import trainers
+from fedjax_flat.training.evals import domains as evals_domains
+from fedjax_flat.training.evals import registry as evals_registry
 from tests.fixtures.paths import REPO
 
 tmap = jax.tree_util.tree_map
@@ -243,3 +245,35 @@ def test_teacher_student_discovers_two_planted_domains():
                                                            jnp.asarray(tx)), -1))
   assert fedcg.purity(student, ty[:, 1], 2, 2) >= 0.7
   assert np.bincount(student, minlength=2).min() > 0           # both domains in use (no collapse)
+  s = t.end_training()
+  assert s['domains']['purity_student'] == fedcg.purity(student, ty[:, 1], 2, 2)
+  assert s['domains']['domains_used'] == 2
+
+
+def test_summary_records_the_domains_the_run_found():
+  """summary.json `domains` (training/evals/domains.py, selected for FedCG runs): the student's test assignment and
+  its purity, the teacher's, the reported model's accuracy per planted domain, each equal to its computation by
+  hand (on the initial server state: the plug-in reads whatever state the run ends with; the slow test above
+  checks it after training), and the summary.md fact saying what 'global' means."""
+  data, _ = _setup('digits_domains')                 # 40 planted-domain images of 2x2 pixels, 3 clients
+  c = _config('digits_domains', 3, domains='oracle')
+  c.clients_per_round, c.progress_every_s = 3, 1e9
+  t = trainers.make_trainer(c, data=data)
+  assert 'domains' in [e.name for e in evals_registry.selected(t.plan)]
+  s = {}
+  evals_domains.EVALUATION.final(t, s, 'global')
+  dom = s['domains']
+  tx, ty = t.data.test_examples()
+  state = t.server_state
+  student = np.asarray(jnp.argmax(t.model.classifier_apply(state['params']['net']['student'], jnp.asarray(tx)), -1))
+  teacher = np.asarray(jnp.argmax(t.model.classifier_apply(state['teacher'], jnp.asarray(tx)), -1))
+  assert dom['num_domains'] == D and dom['planted_domains'] == D and dom['soft'] is True
+  assert dom['student_counts'] == np.bincount(student, minlength=D).tolist()
+  assert dom['purity_student'] == fedcg.purity(student, ty[:, 1], D, D)
+  assert dom['purity_teacher'] == fedcg.purity(teacher, ty[:, 1], D, D)
+  assert np.asarray(dom['student_vs_planted']).sum() == len(ty)
+  params = t.algorithm.eval_models(state)[dom['per_domain_accuracy']['model']][0]
+  pred = np.asarray(jnp.argmax(t.model.apply(params, jnp.asarray(tx)), -1))
+  want = [float(np.mean((pred == ty[:, 0])[ty[:, 1] == d])) for d in range(D)]
+  np.testing.assert_allclose(dom['per_domain_accuracy']['accuracy'], want)
+  assert "'global' weighs the domain-specific layers by the student's soft probabilities" in s['facts']['domains']

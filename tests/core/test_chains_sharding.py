@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from tests.fixtures.paths import REPO
 
@@ -46,6 +47,8 @@ def train(name, shard):
   return out
 
 
+@pytest.mark.slow   # ~17 s, two host devices in a subprocess (CI time budget); fast: tests/core/test_sharding.py's
+#                    sharded rounds and the FedSeq chain tests on one device
 def test_sharded_lanes_equal_one_device(tmp_path):
   names = sorted(CASES)
   env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=4', 'JAX_PLATFORMS': 'cpu'}

@@ -87,7 +87,8 @@ def _reference_rounds(rounds=3, momentum=0.0, wd=1e-3, server_lr=1.0, adam=False
 
 
 @pytest.mark.parametrize('momentum,server_lr,adam', [
-    (0.9, 0.5, False), pytest.param(0.0, 1.0, False, marks=pytest.mark.slow), (0.0, 1.0, True)])
+    (0.9, 0.5, False), pytest.param(0.0, 1.0, False, marks=pytest.mark.slow),
+    pytest.param(0.0, 1.0, True, marks=pytest.mark.slow)])   # adam clients: also tests/optimizers, FedOpt tests
 def test_vmap_engine_equals_python_loop(momentum, server_lr, adam):
   got, *_ = _engine_rounds('vmap', momentum=momentum, server_lr=server_lr, adam=adam)
   want = _reference_rounds(momentum=momentum, server_lr=server_lr, adam=adam)
@@ -163,3 +164,28 @@ def test_padded_steps_are_skipped_one_client_at_a_time(strategy, chunk):
   else:   # vmap inside a chunk: every (padded) step of every chunk runs
     assert n_calls[1] > n_calls[0] >= valid_steps
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), *outs)
+
+
+def test_capped_weighting_is_examples_weighting_with_weights_min_n_and_the_cap():
+  """client_weighting='capped' (server.weighting): the engine weighs client k by min(N_k, weight_cap); a cap at or
+  above every N_k is example weighting itself; a cap of 0 is refused when the round program is built."""
+  cfg, data, model, alg, params = _setup()
+  ids = np.arange(len(SIZES))
+  s = batching.padded_num_steps(data.client_sizes(), 4, epochs=2)
+  rb = batching.make_round_batches(data, ids, round_idx=0, seed=0, batch_size=4, num_steps=s, epochs=2,
+                                   pad_clients_to=len(SIZES))
+  rngs = jax.vmap(lambda k: jax.random.fold_in(jax.random.key(2), k))(jnp.arange(len(SIZES)))
+  valid = rb.client_ids >= 0
+
+  def run(a, weights):
+    fn = engine.make_round_fn(a, chunk=len(SIZES), donate=False)
+    return fn(a.server_init(params, None), rb.as_dict(), None, rngs, weights, valid, 0)[0]['params']
+  capped = run(alg.replace(client_weighting='capped', weight_cap=8.0), rb.num_examples)
+  by_hand = run(alg, np.minimum(rb.num_examples, 8.0))
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_array_equal(a, b), capped, by_hand)
+  full = run(alg.replace(client_weighting='capped', weight_cap=float(max(SIZES))), rb.num_examples)
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_array_equal(a, b), full, run(alg, rb.num_examples))
+  differs = jax.tree_util.tree_map(lambda a, b: bool(np.any(a != b)), capped, full)
+  assert any(jax.tree_util.tree_leaves(differs))
+  with pytest.raises(ValueError, match='weight_cap > 0'):
+    engine.make_round_fn(alg.replace(client_weighting='capped'), chunk=1)

@@ -77,6 +77,7 @@ def test_landmarks_config_on_tff_csv_and_gldv2_jpegs(tmp_path):
   _run(c, tmp_path, 'gld23k', clients_per_round=2, batch_size=2)
 
 
+@pytest.mark.slow   # ~14 s (CI time budget); fast: tests/data/sources/test_leaf.py, the femnist CNN's model tests
 def test_femnist_quickstart_on_leaf_json(tmp_path):
   from tests.fixtures.data_files import make_femnist_leaf
   make_femnist_leaf(str(tmp_path / 'data'), ((6, 9, 5), (7, 8)))

@@ -18,14 +18,20 @@ def _head_params(cin, c, classes, rates=3):
   return convs + bns + c * classes + classes
 
 
-@pytest.fixture(scope='module')
-def model_and_params():
+def _model_and_params():
   model = get_model('deeplabv3_mobilenetv2', num_classes=19, input_shape=(64, 64, 3))
   return model, model.init(jax.random.PRNGKey(0), jnp.zeros((1, 64, 64, 3)))
 
 
-def test_parameter_count(model_and_params):
-  model, params = model_and_params
+@pytest.fixture(scope='module')
+def model_and_shapes():
+  """The parameters' shapes only (the init traced, nothing computed): what the counting and naming tests read."""
+  model = get_model('deeplabv3_mobilenetv2', num_classes=19, input_shape=(64, 64, 3))
+  return model, jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 64, 64, 3))))
+
+
+def test_parameter_count(model_and_shapes):
+  model, params = model_and_shapes
   assert model.batch_stats and uses_batch_stats('deeplabv3_mobilenetv2', {})
   backbone = sum(int(x.size) for k, v in params['params'].items() if k.startswith('features')
                  for x in jax.tree_util.tree_leaves(v))
@@ -36,8 +42,8 @@ def test_parameter_count(model_and_params):
 
 
 @pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
-def test_forward_shapes_statistics_and_dropout(model_and_params):
-  model, params = model_and_params
+def test_forward_shapes_statistics_and_dropout():
+  model, params = _model_and_params()
   x = jax.random.normal(jax.random.PRNGKey(1), (2, 64, 64, 3))
   logits = model.apply(params, x, train=False)
   assert logits.shape == (2, 64, 64, 19) and bool(jnp.all(jnp.isfinite(logits)))
@@ -53,8 +59,8 @@ def test_forward_shapes_statistics_and_dropout(model_and_params):
   assert all(v or "['expand']" in k for k, v in moved.items())
 
 
-def test_ladd_cluster_layers(model_and_params):
-  _, params = model_and_params
+def test_ladd_cluster_layers(model_and_shapes):
+  _, params = model_and_shapes
   paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
 
   def picked(which):

@@ -74,3 +74,26 @@ def test_bad_input_is_one_line_naming_the_field(call, field):
   with pytest.raises(ConfigError) as e:
     call()
   assert e.value.field == field and '\n' not in str(e.value)
+
+
+# Published epsilons (each source's own accountant: the Poisson-sampled Gaussian, the basic RDP conversion).
+PUBLISHED = [
+    # Abadi et al. 2016, section 3.1: q = 0.01, sigma = 4, delta = 1e-5, T = 10000 -> "epsilon ~ 1.26".
+    ('abadi2016', 0.01, 4.0, 10000, 1e-5, 1.26),
+    # TF Privacy's MNIST DP-SGD tutorial (N = 60000, batch 256, delta = 1e-5): its table's three private rows,
+    # T = ceil(epochs N / batch).
+    ('tfp_mnist_z1.1_60ep', 256 / 60000, 1.1, math.ceil(60 * 60000 / 256), 1e-5, 3.01),
+    ('tfp_mnist_z1.3_15ep', 256 / 60000, 1.3, math.ceil(15 * 60000 / 256), 1e-5, 1.19),
+    ('tfp_mnist_z0.7_45ep', 256 / 60000, 0.7, math.ceil(45 * 60000 / 256), 1e-5, 7.10),
+]
+
+
+@pytest.mark.parametrize('source,q,z,steps,delta,published', PUBLISHED, ids=[p[0] for p in PUBLISHED])
+def test_published_epsilons_are_reproduced_and_the_default_conversion_is_tighter(source, q, z, steps, delta,
+                                                                                 published):
+  got = accounting.classic_epsilon(q, z, steps, delta)
+  assert abs(got - published) <= 0.005, (source, got)      # the sources print two decimals
+  tight = accounting.epsilon(q, z, steps, delta)
+  assert tight <= got
+  # the default (tighter) conversion reports less, never more: 1.04 for Abadi's example
+  assert tight < published

@@ -217,3 +217,65 @@ def test_auto_runs_per_program_follow_the_backend_measurements(monkeypatch):
   assert batched.auto_batch_runs() == batched.AUTO_BATCH_RUNS == 4        # CPU: lanes keep the cores busy
   monkeypatch.setattr(batched.jax, 'default_backend', lambda: 'gpu')
   assert batched.auto_batch_runs() == 1                                  # H100: R = 8 / 32 gave 0.88x / 0.79x
+
+
+def _grid_config(alpha, data_seed):
+  c = small_config(**{'dataset': 'digits', 'data.alpha': alpha, 'data.seed': data_seed, 'rounds': 2,
+                      'eval_every': 2, 'engine.strategy': 'sequential', 'client.batch_size': 32})
+  c.data.num_clients, c.data.quantity_skew = 8, 1.0   # log-normal client sizes: each partition its own
+  return c
+
+
+def test_align_plans_gives_a_data_grid_one_signature(tmp_path):
+  opened = [run_lib.open_run(_grid_config(a, s), str(tmp_path / str(s))) for a, s in [(0.1, 0), (100.0, 1)]]
+  trainers = [t for t, *_ in opened]
+  before = [t.plan.batch_plan for t in trainers]
+  assert before[0] != before[1] and batched._signature(trainers[0]) != batched._signature(trainers[1])
+  assert batched.align_plans(trainers) == 1              # the smaller plan grows to the common one
+  assert batched._signature(trainers[0]) == batched._signature(trainers[1])
+  common = trainers[0].plan.batch_plan
+  assert common == batched.common_plan(before) and trainers[0].plan.num_steps == common.num_steps
+  for _, ckpt, _ in opened:
+    ckpt.close()
+
+
+@pytest.mark.slow    # trains 2 runs alone and batched (~12 s quiet); the default suite: the two tests around it
+def test_a_dirichlet_alpha_grid_is_one_program_and_each_run_equals_its_run_alone(tmp_path, monkeypatch):
+  """Runs that differ only in data (data.alpha, data.seed under a quantity skew: other client sizes, so other step
+  counts and largest client) share one program with the pack's largest batch plan (batched.align_plans); the
+  padding is masked, so each run's records and checkpoint equal the run alone."""
+  cfg = _grid_config
+  grid = [(0.1, 0), (100.0, 1)]
+  alone_plans = []
+  for i, (a, s) in enumerate(grid):
+    run_lib.run(cfg(a, s), str(tmp_path / f'alone{i}'))
+    t, ckpt, _ = run_lib.open_run(cfg(a, s), str(tmp_path / f'probe{i}'))
+    alone_plans.append(t.plan.batch_plan)
+    ckpt.close()
+  assert len({(p.num_steps, p.max_size) for p in alone_plans}) > 1, 'the grid must give other plan shapes'
+  built = []
+  real_init = batched.BatchedTrainer.__init__
+  monkeypatch.setattr(batched.BatchedTrainer, '__init__',
+                      lambda self, trainers, **kw: (built.append(len(trainers)), real_init(self, trainers, **kw))[1])
+  specs = [batched.RunSpec(f'r{i}', cfg(a, s), str(tmp_path / f'batched{i}')) for i, (a, s) in enumerate(grid)]
+  res = batched.run_batch(specs, lanes=2)
+  assert [res[i].status for i in range(2)] == ['done'] * 2, [res[i].error for i in range(2)]
+  assert built == [2], 'one program for the whole alpha grid'
+  for i in range(2):
+    a, b = str(tmp_path / f'alone{i}'), str(tmp_path / f'batched{i}')
+    assert len(_records(a)) == len(_records(b)) == 1
+    for x, y in zip(_records(a), _records(b), strict=True):
+      for k in x:
+        np.testing.assert_allclose(x[k], y[k], rtol=2e-4, atol=1e-5, err_msg=f'alpha run {i} {k}')
+    for x, y in zip(_ckpt(a), _ckpt(b), strict=True):
+      np.testing.assert_allclose(x, y, rtol=2e-4, atol=2e-5, err_msg=f'alpha run {i} checkpoint')
+
+
+def test_common_plan_pads_only_the_shapes():
+  from fedjax_flat.data import batching
+  p = batching.batch_plan([3, 9], batch_size=4, num_steps=3)
+  q = batching.batch_plan([20, 1], batch_size=4, num_steps=5)
+  c = batched.common_plan([p, q])
+  assert (c.num_steps, c.max_size, c.num_perms, c.batch_size) == (5, 20, 1, 4)
+  assert batched.common_plan([p, batching.batch_plan([3, 9], batch_size=8, num_steps=2)]) is None
+  assert batched.common_plan([p, batching.batch_plan([3, 9], batch_size=4, num_steps=3, epochs=2)]) is None

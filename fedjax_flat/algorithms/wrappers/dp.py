@@ -6,7 +6,11 @@ The wrapped client_final clips the algorithm's upload {'weighted': {'delta'}} an
 ('uniform': every client counts once, so no client's weight exceeds 1 / m) together with its clipped-or-not bit;
 the wrapped server_update turns the engine's mean back into the sum over the round's clients, adds the Gaussian
 noise with a key derived from (run key, round), divides by the expected cohort m and hands the algorithm its
-usual {'weighted': {'delta': noisy mean}}. Local mode noises every upload inside client_final instead, with a key
+usual {'weighted': {'delta': noisy mean}}. With server.weighting='capped' (McMahan et al. 2018's bounded
+weights w_k = min(N_k / w_hat, 1)) the clipped delta stays 'weighted', the engine weighs it by min(N_k, w_hat) =
+w_hat w_k, and the estimate is the paper's fixed-denominator f_f = (sum_k w_k Delta_k + N(0, (z C m / M)^2)) /
+(q W), q W = m w_bar with w_bar the mean capped weight over the population's clients (each w_k <= 1, so one
+client still moves the sum by at most C). Local mode noises every upload inside client_final instead, with a key
 derived from the client's own key (seed, round, client). DP-FedSAM / DP-FedASAM are FedAvg with SAM / ASAM
 clients under either mode (configs/dp.py).
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 from absl import logging
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.errors import ConfigError
@@ -51,9 +56,10 @@ def check(config, population: int = 0) -> None:
   if config.algorithm not in DELTA_UPLOADS:
     raise ConfigError('dp.mode', d.mode, f'algorithm {config.algorithm!r} uploads more than a model delta (control '
                       f'variates, duals, slots), which the clip does not bound; DP runs with: {list(DELTA_UPLOADS)}')
-  if config.server.get('weighting', 'examples') != 'uniform':
+  if config.server.get('weighting', 'examples') not in ('uniform', 'capped'):
     raise ConfigError('server.weighting', config.server.get('weighting', 'examples'),
-                      "example weighting has no bound on a client's weight under DP: set server.weighting='uniform'")
+                      "example weighting has no bound on a client's weight under DP: set server.weighting='uniform' "
+                      "or 'capped' (with server.weight_cap)")
   if config.get('fedvc') is not None and config.fedvc.virtual_size:
     raise ConfigError('fedvc.virtual_size', config.fedvc.virtual_size, 'virtual clients split one user into '
                       'several uploads, which client-level DP does not bound: 0 with dp.mode on')
@@ -94,7 +100,16 @@ def _raw(key):
   return jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
 
 
-def with_dp(alg: FederatedAlgorithm, config, population: int = 0) -> FederatedAlgorithm:
+def mean_capped_weight(client_sizes, cap: float) -> float:
+  """w_bar = (1 / P) sum_k min(N_k / w_hat, 1) over the population's clients: q W / m in McMahan et al. 2018."""
+  sizes = np.asarray(client_sizes, np.float64)
+  if sizes.size == 0:
+    raise ValueError('mean_capped_weight needs the population\'s client sizes')
+  return float(np.mean(np.minimum(sizes / float(cap), 1.0)))
+
+
+def with_dp(alg: FederatedAlgorithm, config, population: int = 0, client_sizes=None) -> FederatedAlgorithm:
+  """client_sizes: every client's example count (needed by server.weighting='capped': the fixed denominator)."""
   d = config.dp
   mode = str(d.mode)
   adaptive = bool(d.adaptive)
@@ -108,6 +123,16 @@ def with_dp(alg: FederatedAlgorithm, config, population: int = 0) -> FederatedAl
   sigma_b = mech.count_noise(config)
   z_v = mech.value_multiplier(z, sigma_b, adaptive)
   clip0 = d.clip
+  capped = config.server.get('weighting', 'examples') == 'capped'
+  if capped:
+    if client_sizes is None:
+      raise ConfigError('server.weighting', 'capped', "under DP needs the clients' example counts (build the "
+                        'algorithm with its data) for the fixed denominator q W')
+    cap = float(config.server.weight_cap)
+    w_bar = mean_capped_weight(client_sizes, cap)
+    denominator = m * cap * w_bar     # the engine's weights are w_hat w_k: the sum is w_hat sum_k w_k Delta_k
+  else:
+    cap, denominator = 1.0, m
   if alg.num_phases != 1:
     raise ConfigError('dp.mode', mode, f'{alg.name} exchanges {alg.num_phases} messages a round; DP wraps one')
 
@@ -153,22 +178,26 @@ def with_dp(alg: FederatedAlgorithm, config, population: int = 0) -> FederatedAl
     delta, norm = mech.clip(out['weighted']['delta'], c, per_layer)
     if mode == 'local':
       delta = jax.tree_util.tree_map(jnp.add, delta, mech.gaussian(local['dp_key'], delta, z * c))
-    up = {'delta': delta}
+    up = {} if capped else {'delta': delta}
     if adaptive:
       up['below'] = (norm <= c).astype(jnp.float32)
-    return {'weighted': {}, 'uniform': up}, client_state
+    return {'weighted': {'delta': delta} if capped else {}, 'uniform': up}, client_state
 
   def server_update(state, agg, round_idx, phase=0):
     inner = {k: v for k, v in state.items() if k != KEY}
     s = state[KEY]
     n = agg['num_clients']
-    total = jax.tree_util.tree_map(lambda x: x * n.astype(x.dtype), agg['uniform']['delta'])
+    if capped:    # back to the sum: sum_k w_hat w_k Delta_k = weighted mean x total weight
+      tw = agg['total_weight']
+      total = jax.tree_util.tree_map(lambda x: x * tw.astype(x.dtype), agg['weighted']['delta'])
+    else:
+      total = jax.tree_util.tree_map(lambda x: x * n.astype(x.dtype), agg['uniform']['delta'])
     if mode == 'local':
-      mean = jax.tree_util.tree_map(lambda x: x / jnp.asarray(m, x.dtype), total)
+      mean = jax.tree_util.tree_map(lambda x: x / jnp.asarray(denominator, x.dtype), total)
     else:
       k_value, k_count = jax.random.split(jax.random.fold_in(jax.random.wrap_key_data(s['key']), round_idx))
       c = current_clip(state)
-      mean = mech.noisy_mean(k_value, total, z_v * c * (m / big_m), m)
+      mean = mech.noisy_mean(k_value, total, z_v * c * cap * (m / big_m), denominator)
       if adaptive:
         new_clip, _ = mech.adaptive_clip(s['clip'], agg['uniform']['below'] * n, k_count, sigma_b * (m / big_m), m,
                                          d.target_quantile, d.clip_lr)

@@ -97,6 +97,40 @@ def test_central_round_without_noise_is_the_uniform_mean_of_clipped_deltas_ignor
     np.testing.assert_allclose(np.asarray(new['params'][k]), PARAMS[k] - sum(x[k] for x in clipped) / 3, rtol=1e-6)
 
 
+def capped_engine_round(alg, state, deltas, sizes, cap, round_idx):
+  """The engine with client_weighting='capped': 'weighted' averaged with weights min(N_k, cap)."""
+  bcast = alg.broadcast(state, round_idx)
+  outs = [alg.client_final(bcast, jax.tree_util.tree_map(jnp.asarray, d), None)[0] for d in deltas]
+  w = [min(float(n), cap) for n in sizes]
+  tw = sum(w)
+  wmean = jax.tree_util.tree_map(lambda *xs: sum(wk * x for wk, x in zip(w, xs)) / tw, *[o['weighted'] for o in outs])
+  agg = {'weighted': wmean, 'uniform': {}, 'num_clients': jnp.float32(len(deltas)), 'total_weight': jnp.float32(tw)}
+  return alg.server_update(state, agg, jnp.int32(round_idx)), outs
+
+
+@pytest.mark.parametrize('noise', [0.0, 0.8])
+def test_capped_weights_are_mcmahans_fixed_denominator_estimate(noise):
+  """f_f = (sum_k w_k clip(Delta_k) + N(0, (z C)^2)) / (q W), w_k = min(N_k / w_hat, 1), q W = m w_bar."""
+  sizes_population = [5, 20, 40, 10, 100, 3, 60, 30]       # w_hat = 20: capped weights .25 1 1 .5 1 .15 1 1
+  cap, m = 20.0, 4
+  cfg = dp_config(**{'server.weighting': 'capped', 'server.weight_cap': cap, 'dp.noise_multiplier': noise,
+                     'clients_per_round': m})
+  alg = dp.with_dp(toy_fedavg(), cfg, population=8, client_sizes=sizes_population)
+  rng = jax.random.key(3)
+  state = alg.server_init(jax.tree_util.tree_map(jnp.asarray, PARAMS), rng)
+  sizes = [5, 20, 40]                                       # this round's three clients
+  new, outs = capped_engine_round(alg, state, DELTAS, sizes, cap, 4)
+  assert all(o['uniform'] == {} for o in outs)              # the delta travels example-weighted, capped
+  w_bar = np.mean(np.minimum(np.asarray(sizes_population) / cap, 1.0))
+  np.testing.assert_allclose(dp.mean_capped_weight(sizes_population, cap), w_bar)
+  w = [min(n / cap, 1.0) for n in sizes]
+  total = {k: sum(wk * np_clip(d, 1.0)[0][k] for wk, d in zip(w, DELTAS)) for k in PARAMS}
+  noise_tree = noise_like(round_key(rng, 4)[0], total, noise * 1.0 * cap)   # drawn on the w_hat-scaled sum
+  for k in PARAMS:
+    want = PARAMS[k] - (total[k] + noise_tree[k] / cap) / (m * w_bar)
+    np.testing.assert_allclose(np.asarray(new['params'][k]), want, rtol=1e-5, atol=1e-6)
+
+
 def test_local_mode_each_client_noises_its_own_clipped_upload_with_its_own_key():
   cfg = dp_config(**{'dp.mode': 'local', 'clients_per_round': 3})
   alg = dp.with_dp(toy_fedavg(), cfg, population=100)
@@ -147,6 +181,8 @@ BAD = [
     ({'dp.clip': 0.0}, 'config.dp.clip=0.0 is invalid: must be > 0'),
     ({'dp.delta': 0.5}, 'config.dp.delta=0.5 is invalid: must be below 1 / population'),
     ({'server.weighting': 'examples'}, "config.server.weighting='examples' is invalid: example weighting"),
+    ({'server.weighting': 'capped'}, 'config.server.weight_cap=0.0 is invalid: must be > 0 with'),
+    ({'server.weight_cap': 5.0}, "config.server.weight_cap=5.0 is invalid: is read with server.weighting='capped'"),
     ({'algorithm': 'scaffold'}, "config.dp.mode='central' is invalid: algorithm 'scaffold' uploads more than"),
     ({'dp.accountant': 'pld'}, "config.dp.accountant='pld' is invalid: the engine samples a fixed-size cohort"),
     ({'dp.mode': 'local', 'dp.target_epsilon': 1e-4, 'rounds': 50},

@@ -62,3 +62,15 @@ def test_a_dp_run_stopped_and_resumed_is_bit_identical(uninterrupted, tmp_path):
   assert set(ref_recs) <= set(got_recs)
   for t, r in ref_recs.items():
     assert got_recs[t]['dp_epsilon'] == r['dp_epsilon'] and got_recs[t]['dp_clip'] == r['dp_clip']
+
+
+def test_a_capped_weight_dp_run_trains_with_the_datas_client_sizes_and_the_same_accounting(tmp_path):
+  """server.weighting='capped' under central DP end to end: the algorithm is built with the data's client sizes
+  (the fixed denominator), trains, and its epsilon is the uniform run's (w_k <= 1 leaves the sensitivity at C)."""
+  cfg = dp_run_config(2)
+  cfg.server.weighting, cfg.server.weight_cap = 'capped', 10.0
+  summary = run_lib.run(cfg, str(tmp_path))
+  assert np.isfinite(summary['final_test_accuracy'])
+  assert summary['dp_epsilon'] == accounting.epsilon(3 / N, 0.2, 2, 1e-3, sampling='fixed', accountant='rdp',
+                                                     num_clients=N)
+  assert json.loads((tmp_path / 'config.json').read_text())['server']['weighting'] == 'capped'
