@@ -40,8 +40,8 @@ import fedjax_flat as ff
 @ff.register('clipped_fedavg', hparams={'clip': ff.Number(0.5, lo=0, lo_open=True)})
 def clipped_fedavg(ctx):
   """FedAvg whose client deltas are clipped to L2 norm `algo.clip` before the example-weighted average."""
-  base = ff.fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, client_tx=ctx.client_tx)
-  clip = ctx.hparams['clip']
+  base = ff.fedavg(ctx.model, ctx.loss_fn, ctx.client_tx, ctx.hparams_fn, ctx.server_tx)
+  clip = ctx.hp['clip']
 
   def clip_upload(bcast, upload):
     del bcast

@@ -5,9 +5,9 @@ The public face: what a researcher imports to write, run, sweep and analyse an a
     import fedjax_flat as ff
 
     @ff.register('clipped_fedavg', hparams={'clip': ff.Number(1.0, lo=0, lo_open=True)})
-    def clipped_fedavg(ctx):                       # ctx: ff.BuildContext (model, loss, optimizers, config)
-      base = ff.fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, client_tx=ctx.client_tx)
-      clip = lambda bcast, out: {**out, 'weighted': ff.clip_by_global_norm(out['weighted'], ctx.hparams['clip'])}
+    def clipped_fedavg(ctx):    # ctx: ff.BuildContext (model, loss, optimizers, schedule, hp, config)
+      base = ff.fedavg(ctx.model, ctx.loss_fn, ctx.client_tx, ctx.hparams_fn, ctx.server_tx)
+      clip = lambda bcast, out: {**out, 'weighted': ff.clip_by_global_norm(out['weighted'], ctx.hp['clip'])}
       return ff.map_upload(base, clip)
 
     config = ff.default_config()                   # the embedded digits; any configs/*.py cell works too

@@ -30,6 +30,7 @@ import optax
 
 from benchmarks.speed import bench_util
 from fedjax_flat.algorithms import ladd
+from fedjax_flat.algorithms.common import client_parts
 from fedjax_flat.config.default_config import default_config
 from fedjax_flat.core import engine
 from fedjax_flat.core.batch_stats import average_batch_stats
@@ -55,7 +56,8 @@ def main():
   t0 = time.time()
   params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, h, w, 3)))
   init_s = time.time() - t0
-  alg = ladd.ladd(model, cfg, average_batch_stats(optax.sgd(1.0)) if model.batch_stats else optax.sgd(1.0),
+  server_tx = average_batch_stats(optax.sgd(1.0)) if model.batch_stats else optax.sgd(1.0)
+  alg = ladd.ladd(model, *client_parts(cfg), server_tx,
                   num_clusters=a.clusters, pretrained=params, cluster_layers='cls', lambda_kd=a.lambda_kd)
   state = alg.server_init(params, jax.random.PRNGKey(1))
   rng = np.random.default_rng(0)

@@ -38,6 +38,7 @@ import optax
 
 from benchmarks.speed import bench_util
 from fedjax_flat.algorithms import local as local_lib
+from fedjax_flat.algorithms.common import client_parts
 from fedjax_flat.algorithms.fedavg import fedavg
 from fedjax_flat.config.default_config import default_config
 from fedjax_flat.core import engine
@@ -77,7 +78,7 @@ def main():
          'measured_under_load': os.getloadavg()[0] > (os.cpu_count() or 1) + 0.5}
   for name in (('cache', 'one') if a.mining == 'both' else (a.mining,)):
     task = ret.Retrieval(margin=0.1, num_negatives=5, cache_pass=name == 'cache')
-    alg = fedavg(model, local_lib.make_loss(model, task=task), cfg, optax.sgd(1.0))
+    alg = fedavg(model, local_lib.make_loss(model, task=task), *client_parts(cfg), optax.sgd(1.0))
     state = alg.server_init(jax.tree_util.tree_map(jnp.copy, params), jax.random.PRNGKey(1))
     batches = {'x': jnp.asarray(x), 'y': jnp.asarray(np.broadcast_to(kinds, (1, a.steps, a.batch, t_slots))),
                'mask': jnp.ones((1, a.steps, a.batch), jnp.float32)}

@@ -47,6 +47,7 @@ import optax
 from fedjax_flat.algorithms import fedavg as fedavg_lib
 from fedjax_flat.algorithms import ladd as ladd_lib
 from fedjax_flat.algorithms import local as local_lib
+from fedjax_flat.algorithms.common import client_parts
 from fedjax_flat.config.default_config import default_config
 from fedjax_flat.core import engine
 from fedjax_flat.core.batch_stats import average_batch_stats
@@ -194,7 +195,7 @@ def run_seed(args, seed: int, env: dict) -> dict:
              prep=prep)
   st = dict(lambda_kd=args.lambda_kd, teacher_step=args.teacher_step, swa_teacher_start=args.swa_teacher_start)
   if 'fedavg_st' in methods:
-    alg = ladd_lib.ladd(model, cfg, server_tx, num_clusters=1, pretrained=pre, name='fedavg_st', **st)
+    alg = ladd_lib.ladd(model, *client_parts(cfg), server_tx, num_clusters=1, pretrained=pre, **st)
     state, dt = run_federated(alg, pre, ds, cluster_of=np.zeros(ds.num_clients, np.int32), **fed)
     row['miou']['fedavg_st'], row['train_s']['fedavg_st'] = evaluate(lambda c: state['params'], single), dt
     row['digest']['fedavg_st'] = digest(state['params'])
@@ -202,8 +203,8 @@ def run_seed(args, seed: int, env: dict) -> dict:
     name = f'ladd_{layers}'
     if name not in methods:
       continue
-    alg = ladd_lib.ladd(model, cfg, server_tx, num_clusters=clus.k, pretrained=pre, cluster_layers=layers,
-                        name=name, **st)
+    alg = ladd_lib.ladd(model, *client_parts(cfg), server_tx, num_clusters=clus.k, pretrained=pre,
+                        cluster_layers=layers, **st)
     state, dt = run_federated(alg, pre, ds, cluster_of=clus.labels, **fed)
     flags = ladd_lib.leaf_flags(pre, ladd_lib.cluster_layer_select(layers))
     row['miou'][name] = evaluate(lambda c: ladd_lib.cluster_params(state, c, flags), test_routes)
@@ -214,7 +215,7 @@ def run_seed(args, seed: int, env: dict) -> dict:
     if name not in methods:
       continue
     start = pre if name == 'ftda' else params0
-    alg = fedavg_lib.fedavg(model, local_lib.make_loss(model, task=task), cfg, server_tx, name=name)
+    alg = fedavg_lib.fedavg(model, local_lib.make_loss(model, task=task), *client_parts(cfg), server_tx)
     state, dt = run_federated(alg, start, ds, **fed)
     row['miou'][name], row['train_s'][name] = evaluate(lambda c: state['params'], single), dt
     row['digest'][name] = digest(state['params'])

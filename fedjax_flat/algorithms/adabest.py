@@ -22,7 +22,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import hparams, make_hparams_fn, server_step_to, tmap
+from fedjax_flat.algorithms.common import server_step_to, tmap
 from fedjax_flat.algorithms.hparams import Flag, Number
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm
@@ -32,11 +32,11 @@ from fedjax_flat.core.contract import FederatedAlgorithm
                              'adaptive_mu': Flag(True)},
           needs=('client_state',))
 def adabest(ctx) -> FederatedAlgorithm:
-  hp = hparams(ctx, 'adabest')
+  hp = ctx.hp
   mu, beta, adaptive = float(hp['mu']), float(hp['beta']), bool(hp['adaptive_mu'])
-  client_cfg, loss_fn, server_tx, tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx, ctx.client_tx
-  epochs = 1 if client_cfg.get('local_steps', 0) else int(client_cfg.local_epochs)
-  hparams_fn = make_hparams_fn(client_cfg)
+  loss_fn, server_tx, tx = ctx.loss_fn, ctx.server_tx, ctx.client_tx
+  epochs = 1 if ctx.client_cfg.get('local_steps', 0) else int(ctx.client_cfg.local_epochs)
+  hparams_fn = ctx.hparams_fn
   f32 = lambda v: jnp.asarray(v, jnp.float32)
 
   def client_state_init(params):
@@ -86,5 +86,5 @@ def adabest(ctx) -> FederatedAlgorithm:
     return {**new, 'avg_prev': avg, 'n_sum': state['n_sum'] + agg['uniform']['n'] * agg['num_clients'],
             'n_cnt': state['n_cnt'] + agg['num_clients']}
 
-  return FederatedAlgorithm('adabest', server_init, broadcast, client_init, client_step, client_final,
+  return FederatedAlgorithm(ctx.name, server_init, broadcast, client_init, client_step, client_final,
                             server_update, client_state_init=client_state_init)

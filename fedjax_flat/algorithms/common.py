@@ -1,12 +1,14 @@
 """Small helpers the algorithm modules share (one definition each).
 
-  hparams(ctx, name)          config.algo over the declared defaults of `name`
+  client_parts(client_cfg)    (client_tx, hparams_fn): the client optimizer and the round's schedule {'lr', 'rho'}
   population(ctx, hp)         N for |C|/N and 1/N factors
-  make_hparams_fn(client_cfg) round -> broadcast client hparams {'lr', 'rho'} (optimizers/schedules.py)
   server_step_to(tx, s, w*)   ServerOpt on the pseudo-gradient w - w* (server SGD lr 1: w' = w*)
   without_sharpness(cfg)      the client config with optimizer 'sgd' (methods with their own ascent step)
   global_norm, tree_sub, tmap pytree arithmetic
   check_head(cfg, hp)         a head/body algorithm needs a model that declares its head
+
+The algorithm's hyperparameters (ctx.hp) and the round's client schedule (ctx.hparams_fn: round -> {'lr', 'rho'})
+are resolved once, in registry.build_algorithm, and reach the builders on the BuildContext.
 """
 from __future__ import annotations
 
@@ -15,16 +17,13 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from fedjax_flat.algorithms.registry import default_hparams
 from fedjax_flat.core.runs import RunValue
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.models import registry as model_registry
-from fedjax_flat.optimizers.schedules import client_round_hparams
+from fedjax_flat.optimizers.client import client_optimizer
+from fedjax_flat.optimizers.schedules import client_round_hparams as make_hparams_fn
 
 tmap = jax.tree_util.tree_map
-
-# The round's client hyperparameters: the schedules live in optimizers/schedules.py.
-make_hparams_fn = client_round_hparams
 
 
 def run_value(x):
@@ -34,13 +33,15 @@ def run_value(x):
   return x if isinstance(x, RunValue) else float(x)
 
 
+def client_parts(client_cfg):
+  """(client_tx, hparams_fn) of a client config: the client optimizer (optimizers/client.py) and the round's
+  schedule, round -> the broadcast {'lr', 'rho'} (optimizers/schedules.py). Built once per algorithm, by
+  registry.build_algorithm (ctx.client_tx, ctx.hparams_fn); an inner builder called directly takes the pair."""
+  return client_optimizer(client_cfg), make_hparams_fn(client_cfg)
+
+
 def tree_sub(a, b):
   return tmap(lambda x, y: x - y, a, b)
-
-
-def hparams(ctx, name: str) -> dict:
-  """config.algo over the registered defaults of `name`."""
-  return {**default_hparams(name), **ctx.algo.to_dict()}
 
 
 def population(ctx, hp: dict) -> int:

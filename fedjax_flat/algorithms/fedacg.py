@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import hparams, make_hparams_fn, server_step_to, tmap
+from fedjax_flat.algorithms.common import server_step_to, tmap
 from fedjax_flat.algorithms.hparams import Number
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm
@@ -24,10 +24,10 @@ from fedjax_flat.core.contract import FederatedAlgorithm
 @register('fedacg', hparams={'beta': Number(0.01, lo=0),
                             'lam': Number(0.85, lo=0, hi=1, hi_open=True)})
 def fedacg(ctx) -> FederatedAlgorithm:
-  hp = hparams(ctx, 'fedacg')
+  hp = ctx.hp
   beta, lam = float(hp['beta']), float(hp['lam'])
-  client_cfg, loss_fn, server_tx, tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx, ctx.client_tx
-  hparams_fn = make_hparams_fn(client_cfg)
+  loss_fn, server_tx, tx = ctx.loss_fn, ctx.server_tx, ctx.client_tx
+  hparams_fn = ctx.hparams_fn
 
   def server_init(params, rng):
     del rng
@@ -58,5 +58,5 @@ def fedacg(ctx) -> FederatedAlgorithm:
     target = tmap(lambda w, mm: w + mm, state['params'], m)
     return {**server_step_to(server_tx, state, target), 'm': m}
 
-  return FederatedAlgorithm('fedacg', server_init, broadcast, client_init, client_step, client_final,
+  return FederatedAlgorithm(ctx.name, server_init, broadcast, client_init, client_step, client_final,
                             server_update)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from fedjax_flat.algorithms.common import hparams, tmap
+from fedjax_flat.algorithms.common import tmap
 from fedjax_flat.algorithms.fedavg import fedavg
 from fedjax_flat.algorithms.fedbuff import models_at, push, staleness_weight, with_ring
 from fedjax_flat.algorithms.hparams import Integer, Number
@@ -25,7 +25,7 @@ HPARAMS = {'alpha': Number(0.6, lo=0, hi=1, lo_open=True, note=' (the mixing wei
 
 
 def fedasync(base: FederatedAlgorithm, *, alpha: float, concurrency: int, max_staleness: int,
-             name: str = 'fedasync') -> FederatedAlgorithm:
+             name: str = '') -> FederatedAlgorithm:
   slots = max_staleness + 1
   at = models_at(slots)
 
@@ -37,13 +37,14 @@ def fedasync(base: FederatedAlgorithm, *, alpha: float, concurrency: int, max_st
     new = tmap(lambda w, c: ((1.0 - a) * w + a * c).astype(w.dtype), state['params'], w_k)
     return push(state, new, t, slots)
 
-  return base.replace(name=name, server_init=with_ring(base.server_init, slots), server_update=server_update,
+  return base.replace(name=name or base.name, server_init=with_ring(base.server_init, slots),
+                      server_update=server_update,
                       asynchronous=AsyncSpec(1, concurrency, max_staleness, at))
 
 
 @register('fedasync', hparams=HPARAMS)
 def fedasync_builder(ctx) -> FederatedAlgorithm:
-  hp = hparams(ctx, 'fedasync')
-  base = fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, client_tx=ctx.client_tx)
+  hp = ctx.hp
+  base = fedavg(ctx.model, ctx.loss_fn, ctx.client_tx, ctx.hparams_fn, ctx.server_tx)
   return fedasync(base, alpha=float(hp['alpha']), concurrency=int(hp['concurrency']),
-                  max_staleness=int(hp['max_staleness']))
+                  max_staleness=int(hp['max_staleness']), name=ctx.name)

@@ -12,17 +12,18 @@ from __future__ import annotations
 import optax
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import make_hparams_fn, tree_sub
+from fedjax_flat.algorithms.common import tree_sub
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast, fedavg_server_init
-from fedjax_flat.optimizers.client import client_optimizer
 
 
-def fedavg(model, loss_fn, client_cfg, server_tx: optax.GradientTransformation, *, client_tx=None,
-           name='fedavg') -> FederatedAlgorithm:
-  """client_tx: the client optimizer (built once; default: optimizers/client.client_optimizer(client_cfg))."""
-  hparams_fn = make_hparams_fn(client_cfg)
-  tx = client_optimizer(client_cfg) if client_tx is None else client_tx
+def fedavg(model, loss_fn, client_tx: optax.GradientTransformation, hparams_fn,
+           server_tx: optax.GradientTransformation) -> FederatedAlgorithm:
+  """client_tx: the client optimizer (optimizers/client.client_optimizer, built once); hparams_fn: round -> the
+  broadcast client hparams {'lr', 'rho'} (optimizers/schedules.client_round_hparams). The built algorithm's
+  name is the registered one (registry.build_algorithm)."""
+  del model   # FedAvg reads the model only through loss_fn
+  tx = client_tx
 
   server_init = fedavg_server_init(server_tx)
   broadcast = fedavg_broadcast(hparams_fn)
@@ -43,11 +44,11 @@ def fedavg(model, loss_fn, client_cfg, server_tx: optax.GradientTransformation, 
     updates, opt_state = server_tx.update(agg['weighted']['delta'], state['opt_state'], state['params'])
     return {**state, 'params': optax.apply_updates(state['params'], updates), 'opt_state': opt_state}
 
-  return FederatedAlgorithm(name, server_init, broadcast, client_init, client_step, client_final,
+  return FederatedAlgorithm('', server_init, broadcast, client_init, client_step, client_final,
                             server_update)
 
 
 @register('fedavg', needs=('batch_stats',))
 def _fedavg(ctx):
   """FedAvg, and FedOpt (FedAvgM, FedAdam, FedAdagrad, FedYogi) through config.server."""
-  return fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, client_tx=ctx.client_tx)
+  return fedavg(ctx.model, ctx.loss_fn, ctx.client_tx, ctx.hparams_fn, ctx.server_tx)

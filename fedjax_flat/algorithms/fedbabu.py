@@ -24,10 +24,10 @@ from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.models import partition
 
 
-def fedbabu(model, loss_fn, client_cfg, server_tx: optax.GradientTransformation, *, client_tx,
-            name: str = 'fedbabu') -> FederatedAlgorithm:
+def fedbabu(model, loss_fn, client_tx: optax.GradientTransformation, hparams_fn,
+            server_tx: optax.GradientTransformation) -> FederatedAlgorithm:
   tx = client_tx
-  base = fedavg(model, loss_fn, client_cfg, server_tx, client_tx=tx, name=name)
+  base = fedavg(model, loss_fn, tx, hparams_fn, server_tx)
   mask_of = lambda p: partition.head_mask(model, p)  # noqa: E731   (True = head)
 
   def client_step(bcast, local, batch, rng):
@@ -46,5 +46,5 @@ def fedbabu(model, loss_fn, client_cfg, server_tx: optax.GradientTransformation,
 @register('fedbabu', check=check_head)
 def _fedbabu_builder(ctx) -> FederatedAlgorithm:
   """FedBABU: body-only FL with a fixed random head; fine-tune with config.personalized.finetune_epochs."""
-  return fedbabu(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, client_tx=ctx.client_tx)
+  return fedbabu(ctx.model, ctx.loss_fn, ctx.client_tx, ctx.hparams_fn, ctx.server_tx)
 

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_flat.algorithms.common import hparams, tmap
+from fedjax_flat.algorithms.common import tmap
 from fedjax_flat.algorithms.fedavg import fedavg
 from fedjax_flat.algorithms.hparams import Integer
 from fedjax_flat.algorithms.registry import register
@@ -55,7 +55,7 @@ def push(state, params, t, slots: int):
 
 
 def fedbuff(base: FederatedAlgorithm, server_tx, *, buffer: int, concurrency: int, max_staleness: int,
-            name: str = 'fedbuff') -> FederatedAlgorithm:
+            name: str = '') -> FederatedAlgorithm:
   """`base`: FedAvg (its broadcast and client functions); the server step above."""
   slots = max_staleness + 1
 
@@ -66,13 +66,14 @@ def fedbuff(base: FederatedAlgorithm, server_tx, *, buffer: int, concurrency: in
     updates, opt_state = server_tx.update(delta, state['opt_state'], state['params'])
     return push({**state, 'opt_state': opt_state}, optax.apply_updates(state['params'], updates), t, slots)
 
-  return base.replace(name=name, server_init=with_ring(base.server_init, slots), server_update=server_update,
+  return base.replace(name=name or base.name, server_init=with_ring(base.server_init, slots),
+                      server_update=server_update,
                       asynchronous=AsyncSpec(buffer, concurrency, max_staleness, models_at(slots)))
 
 
 @register('fedbuff', hparams=HPARAMS)
 def fedbuff_builder(ctx) -> FederatedAlgorithm:
-  hp = hparams(ctx, 'fedbuff')
-  base = fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, client_tx=ctx.client_tx)
+  hp = ctx.hp
+  base = fedavg(ctx.model, ctx.loss_fn, ctx.client_tx, ctx.hparams_fn, ctx.server_tx)
   return fedbuff(base, ctx.server_tx, buffer=int(hp['buffer']), concurrency=int(hp['concurrency']),
-                 max_staleness=int(hp['max_staleness']))
+                 max_staleness=int(hp['max_staleness']), name=ctx.name)

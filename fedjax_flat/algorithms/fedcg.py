@@ -60,7 +60,7 @@ import numpy as np
 import optax
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import hparams, make_hparams_fn, tmap
+from fedjax_flat.algorithms.common import tmap
 from fedjax_flat.algorithms.hparams import Choice, Flag, Integer, Number
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm
@@ -135,12 +135,13 @@ def adjacency_of(node_sets, beta, scope):
   return {k: distance_adjacency(v, beta) for k, v in node_sets.items()}
 
 
-def fedcg_algorithm(ctx, hp, name='fedcg') -> FederatedAlgorithm:
+def fedcg_algorithm(ctx) -> FederatedAlgorithm:
+  hp = ctx.hp
   model = ctx.model
   d = int(model.num_domains)
   task = get_task(ctx.task)
   tx, server_tx = ctx.client_tx, ctx.server_tx
-  hparams_fn = make_hparams_fn(ctx.client_cfg)
+  hparams_fn = ctx.hparams_fn
   oracle = hp['domains'] in GIVEN_DOMAINS       # read from the labels' domain column
   beta, period = float(hp['beta']), int(hp['teacher_period'])
   dom_w = float(hp['domain_loss_weight'])
@@ -214,7 +215,7 @@ def fedcg_algorithm(ctx, hp, name='fedcg') -> FederatedAlgorithm:
   n_all = sum(int(np.prod(s.shape)) for s in jax.tree_util.tree_leaves(sizes))
   n_teacher = sum(int(np.prod(s.shape)) for s in jax.tree_util.tree_leaves(sizes['net']['student']))
   n_adj = sum(int(np.prod(s.shape)) for s in jax.tree_util.tree_leaves(sizes['adjacency']))
-  return FederatedAlgorithm(name, server_init, broadcast, client_init, client_step, client_final,
+  return FederatedAlgorithm(ctx.name, server_init, broadcast, client_init, client_step, client_final,
                             server_update, eval_models, comm_down=1.0 + n_teacher / n_all,
                             comm_up=1.0 - (n_adj + 1) / n_all)
 
@@ -263,7 +264,7 @@ def _check_data(cfg, hp, data):
 }, needs=('client_domains',), check=_check, check_data=_check_data)
 def fedcg(ctx) -> FederatedAlgorithm:
   """FedCG (thesis 5.4): domain-specific residual layers connected by a GCN, teacher/student domain discovery."""
-  return fedcg_algorithm(ctx, hparams(ctx, 'fedcg'))
+  return fedcg_algorithm(ctx)
 
 
 def domain_assignments(model, state, x, batch: int = 1024) -> dict:

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import hparams, make_hparams_fn, tmap
+from fedjax_flat.algorithms.common import tmap
 from fedjax_flat.algorithms.hparams import Number
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm
@@ -26,9 +26,9 @@ from fedjax_flat.core.contract import FederatedAlgorithm
 
 @register('fedcm', hparams={'alpha': Number(0.1, lo=0, lo_open=True, hi=1)})
 def fedcm(ctx) -> FederatedAlgorithm:
-  alpha = float(hparams(ctx, 'fedcm')['alpha'])
-  client_cfg, loss_fn, server_tx, tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx, ctx.client_tx
-  hparams_fn = make_hparams_fn(client_cfg)
+  alpha = float(ctx.hp['alpha'])
+  loss_fn, server_tx, tx = ctx.loss_fn, ctx.server_tx, ctx.client_tx
+  hparams_fn = ctx.hparams_fn
 
   def scaled_loss(p, batch, rng=None):
     loss, aux = loss_fn(p, batch, rng)
@@ -64,5 +64,5 @@ def fedcm(ctx) -> FederatedAlgorithm:
     return {**state, 'params': optax.apply_updates(state['params'], updates), 'opt_state': opt_state,
             'd': agg['weighted']['d']}
 
-  return FederatedAlgorithm('fedcm', server_init, broadcast, client_init, client_step, client_final,
+  return FederatedAlgorithm(ctx.name, server_init, broadcast, client_init, client_step, client_final,
                             server_update, comm_down=2.0, comm_up=1.0)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import hparams, make_hparams_fn, population, server_step_to, tmap
+from fedjax_flat.algorithms.common import population, server_step_to, tmap
 from fedjax_flat.algorithms.hparams import Choice, Number, Population
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm
@@ -40,10 +40,10 @@ from fedjax_flat.core.contract import FederatedAlgorithm
                             'control_lr': Choice('initial', ('initial', 'round'))},
           needs=('population', 'client_state'))
 def feddc(ctx) -> FederatedAlgorithm:
-  hp = hparams(ctx, 'feddc')
+  hp = ctx.hp
   alpha, n_pop, control_lr = float(hp['alpha']), population(ctx, hp), hp['control_lr']
-  client_cfg, loss_fn, server_tx, tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx, ctx.client_tx
-  hparams_fn = make_hparams_fn(client_cfg)
+  loss_fn, server_tx, tx = ctx.loss_fn, ctx.server_tx, ctx.client_tx
+  hparams_fn = ctx.hparams_fn
 
   def server_init(params, rng):
     del rng
@@ -89,6 +89,6 @@ def feddc(ctx) -> FederatedAlgorithm:
   def client_state_init(params):
     return {'h': tmap(jnp.zeros_like, params), 'c': tmap(jnp.zeros_like, params)}
 
-  return FederatedAlgorithm('feddc', server_init, broadcast, client_init, client_step, client_final,
+  return FederatedAlgorithm(ctx.name, server_init, broadcast, client_init, client_step, client_final,
                             server_update, client_state_init=client_state_init,
                             comm_down=2.0, comm_up=2.0)

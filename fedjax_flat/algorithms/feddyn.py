@@ -18,7 +18,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import hparams, make_hparams_fn, population, server_step_to, tmap
+from fedjax_flat.algorithms.common import population, server_step_to, tmap
 from fedjax_flat.algorithms.hparams import Number, Population
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast
@@ -27,10 +27,10 @@ from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast
 @register('feddyn', hparams={'alpha': Number(0.01, lo=0, lo_open=True), 'population': Population()},
           needs=('population', 'client_state'))
 def feddyn(ctx) -> FederatedAlgorithm:
-  hp = hparams(ctx, 'feddyn')
+  hp = ctx.hp
   alpha, n_pop = float(hp['alpha']), population(ctx, hp)
-  client_cfg, loss_fn, server_tx, tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx, ctx.client_tx
-  hparams_fn = make_hparams_fn(client_cfg)
+  loss_fn, server_tx, tx = ctx.loss_fn, ctx.server_tx, ctx.client_tx
+  hparams_fn = ctx.hparams_fn
 
   def server_init(params, rng):
     del rng
@@ -62,5 +62,5 @@ def feddyn(ctx) -> FederatedAlgorithm:
     target = tmap(lambda w, d, hh: w + d - hh / alpha, state['params'], drift, h)  # mean theta_k - h/alpha
     return {**server_step_to(server_tx, state, target), 'h': h}
 
-  return FederatedAlgorithm('feddyn', server_init, broadcast, client_init, client_step, client_final,
+  return FederatedAlgorithm(ctx.name, server_init, broadcast, client_init, client_step, client_final,
                             server_update, client_state_init=lambda p: tmap(jnp.zeros_like, p))

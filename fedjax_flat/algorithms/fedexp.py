@@ -17,7 +17,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import optax
 
-from fedjax_flat.algorithms.common import global_norm, hparams, tmap, tree_sub
+from fedjax_flat.algorithms.common import global_norm, tmap, tree_sub
 from fedjax_flat.algorithms.fedavg import fedavg
 from fedjax_flat.algorithms.hparams import Number
 from fedjax_flat.algorithms.registry import register
@@ -32,9 +32,9 @@ def server_step_size(mean_sq_norm, mean_delta, eps):
 @register('fedexp', hparams={'eps': Number(1e-3, lo=0)})
 def fedexp(ctx) -> FederatedAlgorithm:
   """FedAvg whose server extrapolates by eta_g from the clients' uniform mean update."""
-  eps = hparams(ctx, 'fedexp')['eps']
+  eps = ctx.hp['eps']
   server_tx = ctx.server_tx
-  base = fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, server_tx, client_tx=ctx.client_tx, name='fedexp')
+  base = fedavg(ctx.model, ctx.loss_fn, ctx.client_tx, ctx.hparams_fn, server_tx)
 
   def server_init(params, rng):
     return {**base.server_init(params, rng), 'previous': params, 'eta_g': jnp.float32(1.0)}

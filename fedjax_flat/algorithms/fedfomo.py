@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import hparams, make_hparams_fn, population, tmap
+from fedjax_flat.algorithms.common import population, tmap
 from fedjax_flat.algorithms.hparams import Choice, Integer, Number, Population
 from fedjax_flat.algorithms.personalization import Personalizer, global_params
 from fedjax_flat.algorithms.registry import register
@@ -52,10 +52,10 @@ def fomo_weights(loss_own, losses, dists, valid):
   return jnp.where(total > 0, w / jnp.where(total > 0, total, 1.0), 0.0)
 
 
-def fedfomo(model, loss_fn, task, client_cfg, client_tx, *, num_clients: int, num_models: int, epsilon: float,
-            epsilon_decay: float, seed: int = 0, name: str = 'fedfomo') -> FederatedAlgorithm:
+def fedfomo(model, loss_fn, task, client_tx, hparams_fn, *, num_clients: int, num_models: int, epsilon: float,
+            epsilon_decay: float, seed: int = 0, name: str) -> FederatedAlgorithm:
+  """name: the algorithm's (its personal model is reported under it)."""
   task = tasks_lib.get_task(task)
-  hparams_fn = make_hparams_fn(client_cfg)
   tx = client_tx
   n, m = int(num_clients), int(min(num_models, max(num_clients - 1, 1)))
 
@@ -164,7 +164,7 @@ def fedfomo(model, loss_fn, task, client_cfg, client_tx, *, num_clients: int, nu
 
   return FederatedAlgorithm(name, server_init, broadcast, client_init, client_step, client_final, server_update,
                             client_state_init=client_state_init, num_phases=2, comm_down=m / 2.0, comm_up=0.5,
-                            personalizer=Personalizer('fedfomo', _personalizer))
+                            personalizer=Personalizer(name, _personalizer))
 
 
 def _personalizer(algorithm, server_state, client_state):
@@ -177,8 +177,8 @@ def _personalizer(algorithm, server_state, client_state):
 @register('fedfomo', hparams=HPARAMS, needs=('population', 'client_state', 'validation', 'client_ids'))
 def _fedfomo_builder(ctx) -> FederatedAlgorithm:
   """FedFomo: clients federate the M downloaded models weighted by their validation-loss improvement."""
-  hp = hparams(ctx, 'fedfomo')
-  return fedfomo(ctx.model, ctx.loss_fn, ctx.task, ctx.client_cfg, ctx.client_tx, num_clients=population(ctx, hp),
+  hp = ctx.hp
+  return fedfomo(ctx.model, ctx.loss_fn, ctx.task, ctx.client_tx, ctx.hparams_fn, num_clients=population(ctx, hp),
                  num_models=int(hp['models']), epsilon=float(hp['epsilon']),
-                 epsilon_decay=float(hp['epsilon_decay']), seed=int(ctx.config.seed))
+                 epsilon_decay=float(hp['epsilon_decay']), seed=int(ctx.config.seed), name=ctx.name)
 

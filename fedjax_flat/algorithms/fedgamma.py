@@ -17,7 +17,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fedjax_flat.algorithms.common import hparams
 from fedjax_flat.algorithms.hparams import Flag, Population
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.algorithms.scaffold import scaffold_algorithm
@@ -28,10 +27,10 @@ from fedjax_flat.core.contract import FederatedAlgorithm
           client_optimizers=('sam', 'asam'), needs=('population', 'client_state'))
 def fedgamma(ctx) -> FederatedAlgorithm:
   if ctx.client_cfg.optimizer not in ('sam', 'asam'):
-    raise ValueError(f"fedgamma is SCAFFOLD with a sharpness-aware client: set client.optimizer to 'sam' or "
+    raise ValueError(f"{ctx.name} is SCAFFOLD with a sharpness-aware client: set client.optimizer to 'sam' or "
                      f"'asam'; got {ctx.client_cfg.optimizer!r}")
-  hp = hparams(ctx, 'fedgamma')
-  if hp['perturb_corrected']:
+  make_loss = None
+  if ctx.hp['perturb_corrected']:
     loss_fn = ctx.loss_fn
 
     def make_loss(corr):
@@ -41,5 +40,4 @@ def fedgamma(ctx) -> FederatedAlgorithm:
                                                           jax.tree_util.tree_leaves(p)))
         return value + lin, aux
       return loss
-    hp['make_loss'] = make_loss
-  return scaffold_algorithm(ctx, hp, 'fedgamma')
+  return scaffold_algorithm(ctx, make_loss)

@@ -40,7 +40,7 @@ import optax
 from absl import logging
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import global_norm, hparams, make_hparams_fn, population, tmap
+from fedjax_flat.algorithms.common import global_norm, population, tmap
 from fedjax_flat.algorithms.hparams import Choice, Flag, Number, Population
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm
@@ -90,8 +90,8 @@ def ascent(delta, rho, active):
   return tmap(lambda d: (scale * d).astype(d.dtype), delta)
 
 
-def _hp(ctx, name):
-  hp = hparams(ctx, name)
+def _hp(ctx):
+  hp = dict(ctx.hp)     # a copy: the schedule below joins it
   if hp['dual_variant'] not in DUAL_VARIANTS:
     raise ValueError(f"algo.dual_variant={hp['dual_variant']!r}; allowed: {DUAL_VARIANTS}")
   if not hp['beta'] > 0:
@@ -177,9 +177,9 @@ def round_log(cfg, hp):
 
 @register('fedgloss', hparams=HPARAMS, needs=('client_state',), check_data=check_data, round_log=round_log)
 def fedgloss_builder(ctx) -> FederatedAlgorithm:
-  hp = _hp(ctx, 'fedgloss')
+  hp = _hp(ctx)
   rho_fn = hp['rho_fn']
-  hparams_fn = make_hparams_fn(ctx.client_cfg)
+  hparams_fn = ctx.hparams_fn
   client_init, client_step, client_final, descent, init_state, client_state_init = _fedgloss_parts(ctx, hp)
 
   def eps_of(state, round_idx):
@@ -200,7 +200,7 @@ def fedgloss_builder(ctx) -> FederatedAlgorithm:
     return {**new, 'delta_prev': delta, 'has_prev': jnp.bool_(True)}
 
   return FederatedAlgorithm(
-      'fedgloss', server_init, broadcast,
+      ctx.name, server_init, broadcast,
       lambda bcast, cs, rng: client_init(bcast, cs),
       client_step,
       client_final,
@@ -210,10 +210,10 @@ def fedgloss_builder(ctx) -> FederatedAlgorithm:
 @register('naive_fedgloss', hparams=HPARAMS, needs=('client_state',), check_data=check_data,
           round_log=round_log)
 def naive_fedgloss_builder(ctx) -> FederatedAlgorithm:
-  hp = _hp(ctx, 'naive_fedgloss')
+  hp = _hp(ctx)
   rho_fn = hp['rho_fn']
   admm = bool(hp['admm'])
-  hparams_fn = make_hparams_fn(ctx.client_cfg)
+  hparams_fn = ctx.hparams_fn
   client_init, client_step, client_final, descent, init_state, client_state_init = _fedgloss_parts(ctx, hp)
 
   def server_init(params, rng):
@@ -245,6 +245,6 @@ def naive_fedgloss_builder(ctx) -> FederatedAlgorithm:
     new, _ = descent(state, agg, eps)
     return new
 
-  return FederatedAlgorithm('naive_fedgloss', server_init, broadcast, n_client_init, n_client_step,
+  return FederatedAlgorithm(ctx.name, server_init, broadcast, n_client_init, n_client_step,
                             n_client_final, server_update, client_state_init=client_state_init,
                             num_phases=2, comm_down=1.0, comm_up=1.0)

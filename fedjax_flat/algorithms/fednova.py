@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import hparams, make_hparams_fn, run_value, tmap, tree_sub
+from fedjax_flat.algorithms.common import run_value, tmap, tree_sub
 from fedjax_flat.algorithms.hparams import Number
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast, fedavg_server_init
@@ -56,10 +56,10 @@ def check(cfg, hp) -> None:
 
 @register('fednova', hparams={'mu': Number(0.0, lo=0)}, check=check)
 def fednova(ctx) -> FederatedAlgorithm:
-  mu = float(hparams(ctx, 'fednova')['mu'])
-  client_cfg, loss_fn, server_tx, tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx, ctx.client_tx
-  rho = run_value(client_cfg.momentum or 0.0)     # a batched run's momentum stays its own traced value
-  hparams_fn = make_hparams_fn(client_cfg)
+  mu = float(ctx.hp['mu'])
+  loss_fn, server_tx, tx = ctx.loss_fn, ctx.server_tx, ctx.client_tx
+  rho = run_value(ctx.client_cfg.momentum or 0.0)     # a batched run's momentum stays its own traced value
+  hparams_fn = ctx.hparams_fn
   f32 = lambda v: jnp.asarray(v, jnp.float32)  # noqa: E731
 
   server_init = fedavg_server_init(server_tx)
@@ -91,5 +91,5 @@ def fednova(ctx) -> FederatedAlgorithm:
     updates, opt_state = server_tx.update(delta, state['opt_state'], state['params'])
     return {**state, 'params': optax.apply_updates(state['params'], updates), 'opt_state': opt_state}
 
-  return FederatedAlgorithm('fednova', server_init, broadcast, client_init, client_step, client_final,
+  return FederatedAlgorithm(ctx.name, server_init, broadcast, client_init, client_step, client_final,
                             server_update)

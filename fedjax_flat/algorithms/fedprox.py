@@ -12,7 +12,7 @@ Table 4.8). Grids: mu in {0.1, 0.01, 0.001} (Ch. 4), {1e-4, 1e-3, 1e-2} (FedSeq)
 from __future__ import annotations
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import hparams, tmap
+from fedjax_flat.algorithms.common import tmap
 from fedjax_flat.algorithms.fedavg import fedavg
 from fedjax_flat.algorithms.hparams import Number
 from fedjax_flat.algorithms.registry import register
@@ -22,9 +22,9 @@ from fedjax_flat.core.contract import FederatedAlgorithm
 @register('fedprox', hparams={'mu': Number(0.01, lo=0)}, needs=('batch_stats',))
 def fedprox(ctx) -> FederatedAlgorithm:
   """FedAvg whose clients add the proximal gradient mu (w - w^t) (at the unperturbed weights)."""
-  mu = float(hparams(ctx, 'fedprox')['mu'])
+  mu = float(ctx.hp['mu'])
   loss_fn, tx = ctx.loss_fn, ctx.client_tx
-  base = fedavg(ctx.model, loss_fn, ctx.client_cfg, ctx.server_tx, client_tx=tx, name='fedprox')
+  base = fedavg(ctx.model, loss_fn, tx, ctx.hparams_fn, ctx.server_tx)
 
   def client_step(bcast, local, batch, rng):
     prox = tmap(lambda w, w0: mu * (w - w0), local.params, local.init_params)       # mu (w - w^t)

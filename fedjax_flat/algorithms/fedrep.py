@@ -21,7 +21,7 @@ from __future__ import annotations
 import optax
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import check_head, hparams, make_hparams_fn, tmap, tree_sub
+from fedjax_flat.algorithms.common import check_head, tmap, tree_sub
 from fedjax_flat.algorithms.hparams import Integer
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.algorithms.wrappers import local_norm
@@ -31,9 +31,9 @@ from fedjax_flat.models import partition
 HPARAMS = {'head_epochs': Integer(1, lo=0, note=' (head passes before the body pass, each a phase)')}
 
 
-def fedrep(model, loss_fn, client_cfg, server_tx: optax.GradientTransformation, *, client_tx,
-           head_epochs: int, name: str = 'fedrep') -> FederatedAlgorithm:
-  hparams_fn = make_hparams_fn(client_cfg)
+def fedrep(model, loss_fn, client_tx: optax.GradientTransformation, hparams_fn,
+           server_tx: optax.GradientTransformation, *, head_epochs: int, name: str) -> FederatedAlgorithm:
+  """name: the algorithm's (its personal model is reported under it)."""
   tx = client_tx
   num_phases = int(head_epochs) + 1
   mask_of = lambda p: partition.head_mask(model, p)  # noqa: E731   (True = head)
@@ -75,6 +75,5 @@ def fedrep(model, loss_fn, client_cfg, server_tx: optax.GradientTransformation, 
 @register('fedrep', hparams=HPARAMS, needs=('client_state',), check=check_head)
 def _fedrep_builder(ctx) -> FederatedAlgorithm:
   """FedRep: local heads trained head_epochs passes first, then the shared body (aggregated)."""
-  hp = hparams(ctx, 'fedrep')
-  return fedrep(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, client_tx=ctx.client_tx,
-                head_epochs=int(hp['head_epochs']))
+  return fedrep(ctx.model, ctx.loss_fn, ctx.client_tx, ctx.hparams_fn, ctx.server_tx,
+                head_epochs=int(ctx.hp['head_epochs']), name=ctx.name)

@@ -108,7 +108,7 @@ def num_sampled(fraction: float, n: int) -> int:
 
 
 def _fedavg_of(ctx):
-  return fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, client_tx=ctx.client_tx)
+  return fedavg(ctx.model, ctx.loss_fn, ctx.client_tx, ctx.hparams_fn, ctx.server_tx)
 
 
 @_register('fedseq', ChainSpec())
@@ -132,7 +132,7 @@ def _fedcyclic(ctx):
 def _fedasyncseq(ctx):
   chain = getattr(ctx, 'chain', None)
   if not chain:
-    raise ValueError('fedasyncseq needs its chain plan (number of slots, merge period): it is built by the '
+    raise ValueError(f'{ctx.name} needs its chain plan (number of slots, merge period): it is built by the '
                      'chain trainer (training/chain_loop.py), which knows the superclients')
   return fedasyncseq(_fedavg_of(ctx), ctx.server_tx, num_slots=chain['num_slots'],
                      merge_every=chain['merge_every'])

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import (global_norm, hparams, make_hparams_fn, population, server_step_to,
+from fedjax_flat.algorithms.common import (global_norm, population, server_step_to,
                                            tmap, without_sharpness)
 from fedjax_flat.algorithms.fedspeed import apply_gradient, ascent_point, require_sam
 from fedjax_flat.algorithms.hparams import Number, Population
@@ -38,12 +38,12 @@ from fedjax_flat.optimizers.client import client_optimizer
 @register('fedsmoo', hparams={'beta': Number(10.0, lo=0, lo_open=True), 'population': Population()},
           client_optimizers=('sam',), needs=('population', 'client_state'))
 def fedsmoo(ctx) -> FederatedAlgorithm:
-  require_sam(ctx, 'fedsmoo')
-  hp = hparams(ctx, 'fedsmoo')
+  require_sam(ctx)
+  hp = ctx.hp
   beta, n_pop = float(hp['beta']), population(ctx, hp)
   client_cfg, loss_fn, server_tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx
   tx = client_optimizer(without_sharpness(client_cfg))      # its own ascent step: the rest of the chain
-  hparams_fn = make_hparams_fn(client_cfg)
+  hparams_fn = ctx.hparams_fn
   zeros = lambda t: tmap(jnp.zeros_like, t)
 
   def server_init(params, rng):
@@ -88,7 +88,7 @@ def fedsmoo(ctx) -> FederatedAlgorithm:
     s = tmap(lambda m: (rho / (global_norm(mu_bar) + 1e-12)) * m, mu_bar)
     return {**server_step_to(server_tx, state, target), 'h': h, 's': s}
 
-  return FederatedAlgorithm('fedsmoo', server_init, broadcast, client_init, client_step, client_final,
+  return FederatedAlgorithm(ctx.name, server_init, broadcast, client_init, client_step, client_final,
                             server_update,
                             client_state_init=lambda p: {'sigma': zeros(p), 'mu': zeros(p)},
                             comm_down=2.0, comm_up=2.0)

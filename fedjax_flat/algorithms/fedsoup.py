@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import hparams, make_hparams_fn, tmap
+from fedjax_flat.algorithms.common import tmap
 from fedjax_flat.algorithms.fedavg import fedavg
 from fedjax_flat.algorithms.hparams import Choice, Flag, Integer, Number
 from fedjax_flat.algorithms.registry import register
@@ -45,7 +45,6 @@ from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.algorithms import personalization
 from fedjax_flat.algorithms.wrappers import local_norm
 from fedjax_flat.data import validation_steps
-from fedjax_flat.optimizers.client import client_optimizer
 
 HPARAMS = {'start_fraction': Number(0.75, lo=0, hi=1),
            'start_round': Integer(-1, lo=-1, note=' (-1 = from start_fraction)'),
@@ -83,8 +82,8 @@ def start_round(config, hp) -> int:
   return int(math.floor(float(hp['start_fraction']) * int(config.rounds) + 1e-9))
 
 
-def _hp(ctx, name):
-  hp = hparams(ctx, name)
+def _hp(ctx):
+  hp = ctx.hp
   if not 0.0 <= float(hp['start_fraction']) <= 1.0:
     raise ValueError(f"algo.start_fraction={hp['start_fraction']!r} must be in [0, 1]")
   if hp['val_source'] not in validation_steps.VAL_SOURCES:
@@ -92,11 +91,11 @@ def _hp(ctx, name):
   return hp
 
 
-def fedsoup(model, loss_fn, client_cfg, server_tx, *, client_tx=None, start: int, strict: bool = False,
-            persist_opt_state: bool = False, name: str = 'fedsoup') -> FederatedAlgorithm:
-  """client_tx: the client optimizer (built once; default: optimizers/client.client_optimizer(client_cfg))."""
-  hparams_fn = make_hparams_fn(client_cfg)
-  tx = client_optimizer(client_cfg) if client_tx is None else client_tx
+def fedsoup(model, loss_fn, client_tx, hparams_fn, server_tx, *, start: int, strict: bool = False,
+            persist_opt_state: bool = False, name: str) -> FederatedAlgorithm:
+  """client_tx: the client optimizer (built once); hparams_fn: round -> client hparams {'lr', 'rho'}; name: the
+  algorithm's (its personal model is reported under it)."""
+  tx = client_tx
 
   def correct(params, batch, vmask):
     logits = model.apply(params, batch['x'], train=False)
@@ -174,7 +173,7 @@ def fedsoup(model, loss_fn, client_cfg, server_tx, *, client_tx=None, start: int
 
   return FederatedAlgorithm(name, server_init, broadcast, client_init, client_step, client_final,
                             server_update, client_state_init=client_state_init,
-                            personalizer=personalization.Personalizer('fedsoup', _fedsoup_personalizer))
+                            personalizer=personalization.Personalizer(name, _fedsoup_personalizer))
 
 
 def _fedsoup_personalizer(algorithm, server_state, client_state):
@@ -186,10 +185,10 @@ def _fedsoup_personalizer(algorithm, server_state, client_state):
 
 @register('fedsoup', hparams=HPARAMS, needs=('client_state', 'validation'))
 def _fedsoup_builder(ctx) -> FederatedAlgorithm:
-  hp = _hp(ctx, 'fedsoup')
-  alg = fedsoup(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, client_tx=ctx.client_tx,
+  hp = _hp(ctx)
+  alg = fedsoup(ctx.model, ctx.loss_fn, ctx.client_tx, ctx.hparams_fn, ctx.server_tx,
                 start=start_round(ctx.config, hp), strict=bool(hp['strict']),
-                persist_opt_state=bool(hp['persist_opt_state']))
+                persist_opt_state=bool(hp['persist_opt_state']), name=ctx.name)
   if hp['local_norm']:
     alg = local_norm.with_local_norm(alg)
   return alg
@@ -198,5 +197,5 @@ def _fedsoup_builder(ctx) -> FederatedAlgorithm:
 @register('fedbn', needs=('client_state', 'batch_stats', 'local_batch_stats'))
 def _fedbn_builder(ctx) -> FederatedAlgorithm:
   """FedAvg with the normalization params kept local (FedBN, Li et al. 2021; GroupNorm models here)."""
-  base = fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, client_tx=ctx.client_tx)
-  return local_norm.with_local_norm(base, name='fedbn')
+  base = fedavg(ctx.model, ctx.loss_fn, ctx.client_tx, ctx.hparams_fn, ctx.server_tx)
+  return local_norm.with_local_norm(base, name=ctx.name)

@@ -32,7 +32,7 @@ import optax
 from absl import logging
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import (global_norm, hparams, make_hparams_fn, population, server_step_to,
+from fedjax_flat.algorithms.common import (global_norm, population, server_step_to,
                                            tmap, without_sharpness)
 from fedjax_flat.algorithms.hparams import Choice, Number, Population
 from fedjax_flat.algorithms.registry import check_population, register
@@ -40,9 +40,9 @@ from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast
 from fedjax_flat.optimizers.client import client_optimizer
 
 
-def require_sam(ctx, name):
+def require_sam(ctx):
   if ctx.client_cfg.optimizer != 'sam':
-    raise ValueError(f"{name} computes its own ascent step: set client.optimizer='sam' (its client.rho is "
+    raise ValueError(f"{ctx.name} computes its own ascent step: set client.optimizer='sam' (its client.rho is "
                      f"the method's rho); got {ctx.client_cfg.optimizer!r}")
 
 
@@ -80,8 +80,8 @@ def check_data(cfg, hp, data) -> None:
                                'dual_mean': Choice('population', DUAL_MEANS), 'population': Population()},
           client_optimizers=('sam',), needs=('client_state',), check_data=check_data)
 def fedspeed(ctx) -> FederatedAlgorithm:
-  require_sam(ctx, 'fedspeed')
-  hp = hparams(ctx, 'fedspeed')
+  require_sam(ctx)
+  hp = ctx.hp
   alpha, lam = float(hp['alpha']), float(hp['lam'])
   if hp['dual_mean'] not in DUAL_MEANS:
     raise ValueError(f"algo.dual_mean={hp['dual_mean']!r}; allowed: {DUAL_MEANS}")
@@ -89,7 +89,7 @@ def fedspeed(ctx) -> FederatedAlgorithm:
   n_pop = population(ctx, hp) if pop_mean else 0
   client_cfg, loss_fn, server_tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx
   tx = client_optimizer(without_sharpness(client_cfg))      # its own ascent step: the rest of the chain
-  hparams_fn = make_hparams_fn(client_cfg)
+  hparams_fn = ctx.hparams_fn
 
   def server_init(params, rng):
     del rng
@@ -131,5 +131,5 @@ def fedspeed(ctx) -> FederatedAlgorithm:
     target = tmap(lambda x, s: x - lam * s / n_pop, agg['uniform']['x'], g_sum)
     return {**server_step_to(server_tx, state, target), 'g_sum': g_sum}
 
-  return FederatedAlgorithm('fedspeed', server_init, broadcast, client_init, client_step, client_final,
+  return FederatedAlgorithm(ctx.name, server_init, broadcast, client_init, client_step, client_final,
                             server_update, client_state_init=lambda p: tmap(jnp.zeros_like, p))

@@ -33,13 +33,12 @@ import numpy as np
 import optax
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import hparams, make_hparams_fn, tree_sub
+from fedjax_flat.algorithms.common import tree_sub
 from fedjax_flat.algorithms.hparams import Choice, Integer
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast
 from fedjax_flat.data import sampling
 from fedjax_flat.errors import ConfigError
-from fedjax_flat.optimizers.client import client_optimizer
 
 tmap = jax.tree_util.tree_map
 
@@ -55,8 +54,9 @@ def stratified_sample(cluster_of, clients_per_cluster: int, *, seed: int, round_
   return sampling.sample_clients_stratified(cluster_of, clients_per_cluster, seed=seed, round_idx=round_idx)
 
 
-def hfl(model, loss_fn, client_cfg, server_tx: optax.GradientTransformation, *, num_clusters: int,
-        cluster_sizes, sync_every: int, client_tx=None, name: str = 'hfl') -> FederatedAlgorithm:
+def hfl(model, loss_fn, client_tx: optax.GradientTransformation, hparams_fn,
+        server_tx: optax.GradientTransformation, *, num_clusters: int, cluster_sizes,
+        sync_every: int) -> FederatedAlgorithm:
   """H-FL with G = num_clusters mid-tier servers; `cluster_sizes` [G] weights the top server's average;
   `sync_every` = T_c."""
   g = int(num_clusters)
@@ -67,8 +67,7 @@ def hfl(model, loss_fn, client_cfg, server_tx: optax.GradientTransformation, *, 
     raise ValueError(f'cluster_sizes={sizes.tolist()} must be {g} finite non-negative numbers, not all 0')
   top_w = jnp.asarray(sizes / sizes.sum(), jnp.float32)
   tc = int(sync_every)
-  hparams_fn = make_hparams_fn(client_cfg)
-  tx = client_optimizer(client_cfg) if client_tx is None else client_tx
+  tx = client_tx
 
   def top_average(stacked):
     return tmap(lambda x: jnp.tensordot(top_w, x.astype(jnp.float32), axes=1).astype(x.dtype), stacked)
@@ -120,7 +119,7 @@ def hfl(model, loss_fn, client_cfg, server_tx: optax.GradientTransformation, *, 
   def counters(state):     # messages at both tiers (summary.json 'messages')
     return {k: state[k] for k in ('messages_bottom', 'messages_top')}
 
-  return FederatedAlgorithm(name, server_init, broadcast, client_init, client_step, client_final,
+  return FederatedAlgorithm('', server_init, broadcast, client_init, client_step, client_final,
                             server_update, eval_models, client_state_init=lambda params: {'cluster': jnp.int32(0)},
                             counters=counters)
 
@@ -170,12 +169,12 @@ def client_groups(data, hp) -> dict:
 def hfl_algorithm(ctx) -> FederatedAlgorithm:
   """H-FL from a config: the trainer's client groups (cities / continents), the client optimizer of
   config.client, the server optimizer of config.server at every mid-tier server."""
-  hp = hparams(ctx, 'hfl')
+  hp = ctx.hp
   groups = ctx.client_groups
   if groups is None:
-    raise ConfigError('algorithm', 'hfl', "needs the clients' geographic clusters, which the trainer reads "
-                      '(training/loop.py); run it with experiments/train.py, not as a batched run')
+    raise ConfigError('algorithm', ctx.name, "needs the clients' geographic clusters, which the trainer reads from "
+                      "the run's data (training/plan.py); a program shared by several runs is built without them")
   labels = np.asarray(groups['labels'], np.int32)
-  alg = hfl(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, num_clusters=int(labels.max()) + 1,
-            cluster_sizes=groups['examples'], sync_every=int(hp['sync_every']), client_tx=ctx.client_tx)
+  alg = hfl(ctx.model, ctx.loss_fn, ctx.client_tx, ctx.hparams_fn, ctx.server_tx, num_clusters=int(labels.max()) + 1,
+            cluster_sizes=groups['examples'], sync_every=int(hp['sync_every']))
   return alg.replace(initial_client_states=lambda params: initial_client_states(labels))

@@ -72,14 +72,12 @@ import numpy as np
 import optax
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import hparams, make_hparams_fn
 from fedjax_flat.algorithms.hparams import Choice, Flag, Integer, Number
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.algorithms.wrappers.local_norm import _key_name, is_norm_path
 from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.data.registry import task_name
 from fedjax_flat.errors import ConfigError
-from fedjax_flat.optimizers.client import client_optimizer
 from fedjax_flat.tasks.base import _main_head, cross_entropy
 
 tmap = jax.tree_util.tree_map
@@ -197,10 +195,10 @@ def cluster_models(params, cluster_leaves, flags):
       treedef, [next(it) if f else jnp.broadcast_to(x, (g,) + x.shape) for x, f in zip(flat, flags)])
 
 
-def ladd(model, client_cfg, server_tx: optax.GradientTransformation, *, num_clusters: int, pretrained=None,
-         cluster_layers: str = 'cls', conf_th: float = 0.9, fraction: float = 0.66, lambda_kd: float = 0.0,
-         alpha_kd: float = 0.5, teacher_step: int = 1, swa_teacher_start: int = -1, client_tx=None,
-         name: str = 'ladd') -> FederatedAlgorithm:
+def ladd(model, client_tx: optax.GradientTransformation, hparams_fn, server_tx: optax.GradientTransformation, *,
+         num_clusters: int, pretrained=None, cluster_layers: str = 'cls', conf_th: float = 0.9, fraction: float = 0.66,
+         lambda_kd: float = 0.0, alpha_kd: float = 0.5, teacher_step: int = 1,
+         swa_teacher_start: int = -1) -> FederatedAlgorithm:
   """LADD with G = num_clusters clusters (G = 1: FedAvg + self-training). `pretrained`: the source model
   (teachers start from it; the KD target); None: the params the server starts from (server_init's: the run's
   w_0, i.e. config.init's source checkpoint). swa_teacher_start < 0: no SWA teacher."""
@@ -211,8 +209,7 @@ def ladd(model, client_cfg, server_tx: optax.GradientTransformation, *, num_clus
   g = int(num_clusters)
   select = cluster_layer_select(cluster_layers)      # validates the name; one cluster shares everything
   select = select if g > 1 else cluster_layer_select('none')
-  hparams_fn = make_hparams_fn(client_cfg)
-  tx = client_optimizer(client_cfg) if client_tx is None else client_tx
+  tx = client_tx
   loss = make_self_training_loss(model, conf_th=conf_th, fraction=fraction, lambda_kd=lambda_kd,
                                  alpha_kd=alpha_kd)
 
@@ -298,7 +295,7 @@ def ladd(model, client_cfg, server_tx: optax.GradientTransformation, *, num_clus
     del params
     return {'cluster': jnp.zeros((), jnp.int32)}
 
-  return FederatedAlgorithm(name, server_init, broadcast, client_init, client_step, client_final, server_update,
+  return FederatedAlgorithm('', server_init, broadcast, client_init, client_step, client_final, server_update,
                             eval_models, client_state_init=client_state_init,
                             comm_down=3.0 if lambda_kd else 2.0, comm_up=1.0)
 
@@ -357,14 +354,15 @@ def _check_data(cfg, hp, data):
 def ladd_algorithm(ctx) -> FederatedAlgorithm:
   """LADD from a config: the trainer's style clusters, w_0 as the pre-trained model, the client optimizer of
   config.client (SGD / SAM / ASAM)."""
-  hp = hparams(ctx, 'ladd')
+  hp = ctx.hp
   clusters = ctx.client_clusters
   if clusters is None:
-    raise ConfigError('algorithm', 'ladd', "needs the clients' style clusters, which the trainer computes "
-                      '(training/loop.py); run it with experiments/train.py, not as a batched run')
+    raise ConfigError('algorithm', ctx.name, "needs the clients' style clusters, which the trainer computes from "
+                      "the run's data and seed (training/plan.py); a program shared by several runs is built without "
+                      'them')
   labels = np.asarray(clusters.labels, np.int32)
-  alg = ladd(ctx.model, ctx.client_cfg, ctx.server_tx, num_clusters=int(clusters.k),
+  alg = ladd(ctx.model, ctx.client_tx, ctx.hparams_fn, ctx.server_tx, num_clusters=int(clusters.k),
              cluster_layers=hp['cluster_layers'], conf_th=float(hp['conf_th']), fraction=float(hp['fraction']),
              lambda_kd=float(hp['lambda_kd']), alpha_kd=float(hp['alpha_kd']), teacher_step=int(hp['teacher_step']),
-             swa_teacher_start=int(hp['swa_teacher_start']), client_tx=ctx.client_tx)
+             swa_teacher_start=int(hp['swa_teacher_start']))
   return alg.replace(initial_client_states=lambda params: initial_client_states(labels))

@@ -33,7 +33,7 @@ import optax
 from absl import logging
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import hparams, make_hparams_fn, run_value, tmap
+from fedjax_flat.algorithms.common import run_value, tmap
 from fedjax_flat.algorithms.hparams import Number
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm
@@ -71,10 +71,10 @@ def check(cfg, hp) -> None:
                       f'{algo} defines its own SGD-momentum base optimizer: use sgd')
 
 
-def _check(ctx, name):
+def _check(ctx):
   if ctx.client_cfg.momentum:
-    raise ValueError(f'{name}: client.momentum must be 0 (the base optimizer momentum is algo.beta)')
-  return float(hparams(ctx, name)['beta'])
+    raise ValueError(f'{ctx.name}: client.momentum must be 0 (the base optimizer momentum is algo.beta)')
+  return float(ctx.hp['beta'])
 
 
 def _grad_sum(loss_fn, w, batch, rng):
@@ -83,11 +83,11 @@ def _grad_sum(loss_fn, w, batch, rng):
   return loss_sum, count, tmap(lambda a: a * count, g)
 
 
-def _mime(ctx, name: str, lite: bool) -> FederatedAlgorithm:
-  beta = _check(ctx, name)
-  client_cfg, loss_fn, server_tx, tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx, ctx.client_tx
-  wd = run_value(client_cfg.weight_decay)        # a batched run's weight decay stays its own traced value
-  hparams_fn = make_hparams_fn(client_cfg)
+def _mime(ctx, lite: bool) -> FederatedAlgorithm:
+  beta = _check(ctx)
+  loss_fn, server_tx, tx = ctx.loss_fn, ctx.server_tx, ctx.client_tx
+  wd = run_value(ctx.client_cfg.weight_decay)        # a batched run's weight decay stays its own traced value
+  hparams_fn = ctx.hparams_fn
   zeros = lambda t: tmap(jnp.zeros_like, t)
 
   def server_init(params, rng):
@@ -143,7 +143,7 @@ def _mime(ctx, name: str, lite: bool) -> FederatedAlgorithm:
       del round_idx, phase
       return server_step(state, agg['weighted']['delta'], agg['weighted']['grad'])
 
-    return FederatedAlgorithm(name, server_init, broadcast, client_init, train_step, client_final,
+    return FederatedAlgorithm(ctx.name, server_init, broadcast, client_init, train_step, client_final,
                               server_update, comm_down=2.0 if beta else 1.0, comm_up=2.0,
                               extra_passes=1.0)     # + the gradient at x on the same batch
 
@@ -175,18 +175,18 @@ def _mime(ctx, name: str, lite: bool) -> FederatedAlgorithm:
       return {**state, 'c': agg['weighted']['grad']}
     return server_step(state, agg['weighted']['delta'], state['c'])
 
-  return FederatedAlgorithm(name, server_init, broadcast, client_init, client_step, client_final,
+  return FederatedAlgorithm(ctx.name, server_init, broadcast, client_init, client_step, client_final,
                             server_update, num_phases=2,
                             comm_down=(3.0 if beta else 2.0) / 2, comm_up=1.0,
                             # a step: phase 0's one pass + phase 1's optimizer step and gradient at x
-                            extra_passes=2.0 - client_opt.gradient_passes(client_cfg))
+                            extra_passes=2.0 - client_opt.gradient_passes(ctx.client_cfg))
 
 
 @register('mime', hparams=HPARAMS, check=check)
 def mime(ctx) -> FederatedAlgorithm:
-  return _mime(ctx, 'mime', lite=False)
+  return _mime(ctx, lite=False)
 
 
 @register('mimelite', hparams=HPARAMS, check=check)
 def mimelite(ctx) -> FederatedAlgorithm:
-  return _mime(ctx, 'mimelite', lite=True)
+  return _mime(ctx, lite=True)

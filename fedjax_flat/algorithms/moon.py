@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import check_head, hparams, tmap
+from fedjax_flat.algorithms.common import check_head, tmap
 from fedjax_flat.algorithms.fedavg import fedavg
 from fedjax_flat.algorithms.hparams import Number
 from fedjax_flat.algorithms.registry import register
@@ -52,11 +52,11 @@ def contrastive_terms(z, z_glob, z_prev, tau):
   return -jax.nn.log_softmax(logits, axis=-1)[..., 0]
 
 
-def moon(model, task, client_cfg, server_tx: optax.GradientTransformation, *, client_tx, mu: float, tau: float,
-         name: str = 'moon') -> FederatedAlgorithm:
+def moon(model, task, client_tx: optax.GradientTransformation, hparams_fn, server_tx: optax.GradientTransformation,
+         *, mu: float, tau: float) -> FederatedAlgorithm:
   tx = client_tx
   task = tasks_lib.get_task(task)
-  base = fedavg(model, None, client_cfg, server_tx, client_tx=tx, name=name)
+  base = fedavg(model, None, tx, hparams_fn, server_tx)
 
   def moon_loss(params, batch, rng, glob, prev):
     mask = batch['mask'].astype(jnp.float32)
@@ -98,7 +98,7 @@ def _check(cfg, hp):
 @register('moon', hparams=HPARAMS, needs=('client_state',), check=_check)
 def _moon_builder(ctx) -> FederatedAlgorithm:
   """MOON: FedAvg whose clients add mu * the model-contrastive loss (temperature tau)."""
-  hp = hparams(ctx, 'moon')
+  hp = ctx.hp
   partition.require_head(ctx.model)
-  return moon(ctx.model, ctx.task, ctx.client_cfg, ctx.server_tx, client_tx=ctx.client_tx,
+  return moon(ctx.model, ctx.task, ctx.client_tx, ctx.hparams_fn, ctx.server_tx,
               mu=float(hp['mu']), tau=float(hp['tau']))

@@ -58,16 +58,17 @@ build_algorithm(config, model):
 from __future__ import annotations
 
 import dataclasses
+import types
 from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 
 from fedjax_flat.algorithms import hparams as hparams_lib
+from fedjax_flat.algorithms.common import client_parts
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.wrappers import dp, swa, wima
 from fedjax_flat.core.batch_stats import average_batch_stats
 from fedjax_flat.core.contract import ChainSpec, FederatedAlgorithm
 from fedjax_flat.data import validation_steps
 from fedjax_flat.errors import ConfigError
-from fedjax_flat.optimizers.client import client_optimizer
 from fedjax_flat.optimizers.server import make_server_tx
 from fedjax_flat.registry import Registry
 
@@ -80,7 +81,9 @@ CLIENT_OPTIMIZERS = ('sgd', 'sam', 'asam')
 
 @dataclasses.dataclass(frozen=True)
 class BuildContext:
-  """What an algorithm builder gets: the model, the loss, the optimizers and the whole config."""
+  """What an algorithm builder gets: the model, the loss, the optimizers, the round's client hyperparameters and
+  the algorithm's own, each resolved once in build_algorithm, and the whole config (for what only this
+  algorithm reads). The registered builder is the one place that reads it: inner builders take values."""
   model: Any
   loss_fn: Callable
   client_cfg: Any
@@ -92,15 +95,18 @@ class BuildContext:
   chain: Any = None          # chain algorithms (algorithms/fedseq.py): their plan from the chain trainer
   client_clusters: Any = None  # need 'style_clusters': the trainer's StyleClustering (grouping/style_clusters.py)
   client_groups: Any = None    # need 'client_groups': int [K] group id of every client (the dataset's metadata)
+  name: str = ''               # the registered name: the built algorithm's label
+  hp: Mapping[str, Any] = dataclasses.field(default_factory=dict)   # config.algo over the declared defaults
+  hparams_fn: Optional[Callable] = None   # round -> the broadcast client hparams {'lr', 'rho'} (the schedule)
 
   @property
   def algo(self):
     return self.config.algo
 
   @property
-  def hparams(self) -> Dict[str, Any]:
-    """The algorithm's hyperparameters: config.algo over the defaults it declared when registered."""
-    return spec(self.config.algorithm).hp(self.config)
+  def hparams(self) -> Mapping[str, Any]:
+    """The algorithm's hyperparameters (the same as `hp`)."""
+    return self.hp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,10 +298,11 @@ def build_algorithm(config, model, population: int = 0, task=None, chain=None,
   server_tx = make_server_tx(config.server)
   if getattr(model, 'batch_stats', False):   # BatchNorm statistics: averaged, not optimized (core/batch_stats.py)
     server_tx = average_batch_stats(server_tx)
+  client_tx, hparams_fn = client_parts(config.client)     # the client optimizer and the round's schedule, once
   ctx = BuildContext(model=model, loss_fn=loss_fn, client_cfg=config.client, server_tx=server_tx,
-                     client_tx=client_optimizer(config.client), config=config,
+                     client_tx=client_tx, config=config,
                      population=int(population), task=task, chain=chain, client_clusters=client_clusters,
-                     client_groups=client_groups)
+                     client_groups=client_groups, name=name, hp=types.MappingProxyType(hp), hparams_fn=hparams_fn)
   alg = s.build(ctx)
   alg = alg.replace(name=name, needs=s.needs, hparams=hp, chain=s.chain, client_groups=client_groups,
                     style_clusters=client_clusters, local_batch_stats='local_batch_stats' in s.needs,

@@ -19,17 +19,17 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import hparams, make_hparams_fn, population, server_step_to, tmap
+from fedjax_flat.algorithms.common import population, server_step_to, tmap
 from fedjax_flat.algorithms.hparams import Population
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm
 
 
-def scaffold_algorithm(ctx, hp, name: str) -> FederatedAlgorithm:
-  n_pop = population(ctx, hp)
-  client_cfg, loss_fn, server_tx, tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx, ctx.client_tx
-  hparams_fn = make_hparams_fn(client_cfg)
-  make_loss = hp.get('make_loss')            # FedGamma's optional corrected-perturbation loss
+def scaffold_algorithm(ctx, make_loss=None) -> FederatedAlgorithm:
+  """make_loss(corr) -> loss: FedGamma's optional corrected-perturbation loss."""
+  n_pop = population(ctx, ctx.hp)
+  loss_fn, server_tx, tx = ctx.loss_fn, ctx.server_tx, ctx.client_tx
+  hparams_fn = ctx.hparams_fn
 
   def server_init(params, rng):
     del rng
@@ -69,11 +69,11 @@ def scaffold_algorithm(ctx, hp, name: str) -> FederatedAlgorithm:
     new['c'] = tmap(lambda c, dc: c + frac * dc, state['c'], agg['uniform']['dc'])
     return new
 
-  return FederatedAlgorithm(name, server_init, broadcast, client_init, client_step, client_final,
+  return FederatedAlgorithm(ctx.name, server_init, broadcast, client_init, client_step, client_final,
                             server_update, client_state_init=lambda p: tmap(jnp.zeros_like, p),
                             comm_down=2.0, comm_up=2.0)
 
 
 @register('scaffold', hparams={'population': Population()}, needs=('population', 'client_state'))
 def scaffold(ctx) -> FederatedAlgorithm:
-  return scaffold_algorithm(ctx, hparams(ctx, 'scaffold'), 'scaffold')
+  return scaffold_algorithm(ctx)

@@ -21,5 +21,5 @@ from fedjax_flat.algorithms.wrappers import local_norm
 
 @register('silobn', needs=('client_state', 'batch_stats', 'local_batch_stats'))
 def _silobn_builder(ctx) -> FederatedAlgorithm:
-  base = fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, client_tx=ctx.client_tx)
-  return local_norm.with_local_norm(base, name='silobn', select=local_norm.is_batch_stats_path)
+  base = fedavg(ctx.model, ctx.loss_fn, ctx.client_tx, ctx.hparams_fn, ctx.server_tx)
+  return local_norm.with_local_norm(base, name=ctx.name, select=local_norm.is_batch_stats_path)

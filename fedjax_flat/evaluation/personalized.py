@@ -31,6 +31,7 @@ from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.data import batching
 from fedjax_flat.evaluation.metrics import accuracy, auc
 from fedjax_flat.optimizers.client import make_client_tx
+from fedjax_flat.optimizers.schedules import client_hparams
 
 tmap = jax.tree_util.tree_map
 
@@ -164,7 +165,7 @@ def make_finetune_epoch(model, client_cfg, *, lr: float, man_zeta: float = 0.0, 
   """epoch(params, batches [S, B, ...], rng) -> params: one local epoch of the client optimizer (jitted;
   fresh optimizer state; all-padding steps leave params unchanged)."""
   loss_fn = local_lib.make_loss(model, man_zeta=man_zeta)
-  hparams = {'lr': jnp.asarray(lr, jnp.float32), 'rho': jnp.asarray(client_cfg.rho, jnp.float32)}
+  hparams = client_hparams(lr, client_cfg.rho)
 
   @jax.jit
   def epoch(params, batches, rng):

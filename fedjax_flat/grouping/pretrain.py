@@ -39,6 +39,8 @@ from fedjax_flat.data import sampling
 from fedjax_flat.data import batching
 from fedjax_flat.grouping import estimators
 from fedjax_flat.algorithms import fedavg as fedavg_lib
+from fedjax_flat.algorithms.common import client_parts
+from fedjax_flat.optimizers.schedules import client_hparams
 from fedjax_flat.models import pretrained
 
 PROCEDURE = 'grouping-v1'         # changes when a pass computes something else: old cache files are ignored
@@ -78,7 +80,8 @@ def probe_client_cfg(client_cfg, lr: float):
 
 
 def hparams(client_cfg):
-  return {'lr': jnp.asarray(client_cfg.lr, jnp.float32), 'rho': jnp.asarray(0.0, jnp.float32)}
+  """The broadcast client hparams of one-off local training: the client lr, no sharpness radius."""
+  return client_hparams(client_cfg.lr, 0.0)
 
 
 def training_algorithm(model, client_cfg, summarize: Callable, *, trainable: Optional[Sequence[str]] = None,
@@ -93,7 +96,7 @@ def training_algorithm(model, client_cfg, summarize: Callable, *, trainable: Opt
 
     def loss(p, batch, rng=None):     # gradients flow into the trainable leaves only
       return full_loss(estimators.merge(jax.lax.stop_gradient(p), estimators.subtree(p, trainable)), batch, rng)
-  base = fedavg_lib.fedavg(model, loss, client_cfg, optax.identity())
+  base = fedavg_lib.fedavg(model, loss, *client_parts(client_cfg), optax.identity())
 
   def client_step(bcast, local, batch, rng):
     new, m = base.client_step(bcast, local, batch, rng)

@@ -173,6 +173,12 @@ def poly_lr(base: Scalar, power: float, max_count: int) -> Callable[[Scalar], ja
   return schedule
 
 
+def client_hparams(lr: Scalar, rho: Scalar) -> Dict[str, jax.Array]:
+  """What one client step reads, {'lr', 'rho'} as float32 scalars: the round's broadcast (client_round_hparams)
+  and one-off local training alike (personalized fine-tuning, centralized epochs, grouping's pretraining)."""
+  return {'lr': jnp.asarray(lr, jnp.float32), 'rho': jnp.asarray(rho, jnp.float32)}
+
+
 def client_round_hparams(client_cfg) -> Callable[[Scalar], Dict[str, jax.Array]]:
   """Round -> the client hyperparameters the server broadcasts, {'lr', 'rho'} (float32 scalars).
 
@@ -185,8 +191,7 @@ def client_round_hparams(client_cfg) -> Callable[[Scalar], Dict[str, jax.Array]]
     lr_fn = poly_lr(client_cfg.lr, client_cfg.lr_power, int(client_cfg.lr_poly_max))
 
   def hparams(round_idx):
-    return {'lr': jnp.asarray(lr_fn(round_idx), jnp.float32),
-            'rho': jnp.asarray(rho_fn(round_idx), jnp.float32)}
+    return client_hparams(lr_fn(round_idx), rho_fn(round_idx))
   return hparams
 
 

@@ -79,7 +79,7 @@ from fedjax_flat.models import registry as model_registry
 from fedjax_flat.data.transforms import pipeline as transforms
 from fedjax_flat.config import validate as validate_lib
 from fedjax_flat.optimizers.client import client_optimizer
-from fedjax_flat.optimizers.schedules import swa_cyclic_lr
+from fedjax_flat.optimizers.schedules import client_hparams, swa_cyclic_lr
 from fedjax_flat.training import init as init_lib
 
 
@@ -216,7 +216,7 @@ def make_epoch_fn(model, task, hp, tx, augment_fn=None, *, indexed: bool = False
       if augment_fn is not None:
         batch = augment_fn(jax.random.fold_in(rng, 1), batch)
       local, m = local_lib.local_step(local_lib.LocalState(params, opt_state, params), batch, rng, loss_fn=loss_fn,
-                                      tx=tx, hparams={'lr': lr, 'rho': rho})
+                                      tx=tx, hparams=client_hparams(lr, rho))
       return (local.params, local.opt_state), (m['loss_sum'], m['count'])
     (params, opt_state), (s, n) = jax.lax.scan(body, (params, opt_state),
                                                (perm, valid, lrs, jnp.arange(perm.shape[0])))

@@ -17,7 +17,7 @@ from absl import logging
 from fedjax_flat.algorithms import registry
 from fedjax_flat.algorithms.fedgloss import fedgloss_builder, naive_fedgloss_builder
 from fedjax_flat.core import engine
-from fedjax_flat.optimizers.client import client_optimizer
+from fedjax_flat.algorithms.common import client_parts
 from fedjax_flat.config.default_config import default_config
 from fedjax_flat.config.validate import validate_config
 from fedjax_flat.errors import ConfigError
@@ -46,8 +46,10 @@ def build(naive=False, lr=0.5, steps=1, optimizer='sgd', rho_l=0.0, rho0=0.0, wa
   c.client.rho_warmup_rounds = warmup
   # The reference below defaults to Algorithm 5's dual; the registered default is 'release'.
   c.algo = ml_collections.ConfigDict({**registry.default_hparams(c.algorithm), 'dual_variant': 'thesis', **algo})
+  client_tx, hparams_fn = client_parts(c.client)
   ctx = registry.BuildContext(model=None, loss_fn=quad_loss, client_cfg=c.client, server_tx=optax.sgd(1.0),
-                              client_tx=client_optimizer(c.client), config=c)
+                              client_tx=client_tx, config=c, name=c.algorithm, hp=registry.spec(c.algorithm).hp(c),
+                              hparams_fn=hparams_fn)
   return (naive_fedgloss_builder if naive else fedgloss_builder)(ctx)
 
 

@@ -213,8 +213,9 @@ def test_fedasyncseq_merge_is_the_p_weighted_mean():
   """server_update with per-slot models: between merges the reported model is sum p_i w_i / p; at a merge
   round every slot restarts from it and p resets."""
   import optax
+  from fedjax_flat.algorithms.common import client_parts
   from fedjax_flat.algorithms.fedavg import fedavg
-  base = fedavg(None, None, small_config().client, optax.sgd(1.0))
+  base = fedavg(None, None, *client_parts(small_config().client), optax.sgd(1.0))
   alg = fedseq_lib.fedasyncseq(base, optax.sgd(1.0), num_slots=3, merge_every=2)
   w0 = {'a': jnp.zeros((2,)), 'b': jnp.ones(())}
   s = alg.server_init(w0, None)

@@ -8,6 +8,7 @@ import pytest
 
 from fedjax_flat.algorithms import fedsoup as fs
 from fedjax_flat.algorithms import local as local_lib
+from fedjax_flat.algorithms.common import client_parts
 from fedjax_flat.training import personalized_eval
 from fedjax_flat.models.base import Model
 from fedjax_flat.training import trainers
@@ -64,8 +65,8 @@ def _client_cfg():
 
 def _alg(strict=False, start=0):
   ccfg = _client_cfg()
-  return fs.fedsoup(LINEAR, local_lib.make_loss(LINEAR), ccfg, optax.sgd(1.0),
-                    start=start, strict=strict)
+  return fs.fedsoup(LINEAR, local_lib.make_loss(LINEAR), *client_parts(ccfg), optax.sgd(1.0),
+                    start=start, strict=strict, name='fedsoup')
 
 
 def _client_round(alg, theta_l, theta_g, state, round_idx=5):

@@ -9,6 +9,7 @@ import optax
 import pytest
 
 from fedjax_flat.algorithms import hfl
+from fedjax_flat.algorithms.common import client_parts
 from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.fedavg import fedavg
@@ -60,8 +61,8 @@ def _run(alg, states, rounds):
 
 @pytest.mark.parametrize('server_tx', [optax.sgd(1.0), optax.adam(0.05)], ids=['sgd', 'adam'])
 def test_one_cluster_and_sync_every_round_equals_fedavg(server_tx):
-  h = hfl.hfl(MODEL, LOSS, _cfg(), server_tx, num_clusters=1, cluster_sizes=[1.0], sync_every=1)
-  f = fedavg(MODEL, LOSS, _cfg(), server_tx)
+  h = hfl.hfl(MODEL, LOSS, *client_parts(_cfg()), server_tx, num_clusters=1, cluster_sizes=[1.0], sync_every=1)
+  f = fedavg(MODEL, LOSS, *client_parts(_cfg()), server_tx)
   sh = _run(h, hfl.initial_client_states(np.zeros(4)), 3)
   sf = _run(f, None, 3)
   got = h.eval_models(sh)['global'][0]
@@ -73,7 +74,7 @@ def test_one_cluster_and_sync_every_round_equals_fedavg(server_tx):
 def test_clusters_average_their_own_clients_and_meet_every_t_c_rounds():
   cluster = np.array([0, 1, 0, 1])
   sizes = [SIZES[cluster == 0].sum(), SIZES[cluster == 1].sum()]
-  h = hfl.hfl(MODEL, LOSS, _cfg(), optax.sgd(1.0), num_clusters=2, cluster_sizes=sizes, sync_every=2)
+  h = hfl.hfl(MODEL, LOSS, *client_parts(_cfg()), optax.sgd(1.0), num_clusters=2, cluster_sizes=sizes, sync_every=2)
   states = hfl.initial_client_states(cluster)
   s1 = _run(h, states, 1)
   # After round 0 (no sync): cluster g's model is the N_k-weighted mean of its own clients' models.
@@ -81,7 +82,7 @@ def test_clusters_average_their_own_clients_and_meet_every_t_c_rounds():
   b = _batches(0)
   trained = []
   for k in range(4):
-    one = fedavg(MODEL, LOSS, _cfg(), optax.sgd(1.0))
+    one = fedavg(MODEL, LOSS, *client_parts(_cfg()), optax.sgd(1.0))
     st = one.server_init(w0, None)
     bk = {key: v[k:k + 1] for key, v in b.items()}
     sizes_k = jnp.asarray(SIZES[k:k + 1])
@@ -106,7 +107,7 @@ def test_clusters_average_their_own_clients_and_meet_every_t_c_rounds():
 
 
 def test_cluster_without_sampled_client_keeps_its_model():
-  h = hfl.hfl(MODEL, LOSS, _cfg(), optax.sgd(1.0), num_clusters=3, cluster_sizes=[1, 1, 1], sync_every=5)
+  h = hfl.hfl(MODEL, LOSS, *client_parts(_cfg()), optax.sgd(1.0), num_clusters=3, cluster_sizes=[1, 1, 1], sync_every=5)
   s = _run(h, hfl.initial_client_states(np.array([0, 1, 0, 1])), 1)
   w0 = MODEL.init(jax.random.PRNGKey(0), jnp.zeros((1, 4)))
   for a, b in zip(jax.tree_util.tree_leaves(s['params']), jax.tree_util.tree_leaves(w0)):
@@ -126,9 +127,9 @@ def test_stratified_sampling_takes_clients_of_every_cluster():
 
 def test_bad_arguments():
   with pytest.raises(ValueError, match='cluster_sizes'):
-    hfl.hfl(MODEL, LOSS, _cfg(), optax.sgd(1.0), num_clusters=2, cluster_sizes=[1.0], sync_every=1)
+    hfl.hfl(MODEL, LOSS, *client_parts(_cfg()), optax.sgd(1.0), num_clusters=2, cluster_sizes=[1.0], sync_every=1)
   with pytest.raises(ValueError, match='sync_every'):
-    hfl.hfl(MODEL, LOSS, _cfg(), optax.sgd(1.0), num_clusters=2, cluster_sizes=[1, 1], sync_every=0)
+    hfl.hfl(MODEL, LOSS, *client_parts(_cfg()), optax.sgd(1.0), num_clusters=2, cluster_sizes=[1, 1], sync_every=0)
 
 
 # --------------------------------------------------------------------------------- registered: train.py's path

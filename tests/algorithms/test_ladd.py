@@ -10,6 +10,7 @@ import optax
 import pytest
 
 from fedjax_flat.algorithms import ladd as L
+from fedjax_flat.algorithms.common import client_parts
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.config import validate
@@ -234,7 +235,8 @@ def _round_inputs():
 
 
 def _alg(layers, g=2, **kw):
-  return L.ladd(MODEL, _client_cfg(), optax.sgd(1.0), num_clusters=g, pretrained=_params(0), cluster_layers=layers,
+  return L.ladd(MODEL, *client_parts(_client_cfg()), optax.sgd(1.0), num_clusters=g, pretrained=_params(0),
+                cluster_layers=layers,
                 lambda_kd=2.0, **kw)
 
 
@@ -380,7 +382,7 @@ def _sa_step(optimizer, rho, eta=0.0):
   """One LADD client step through the algorithm's own client functions with client.optimizer = optimizer."""
   cfg = _client_cfg(0.1)
   cfg.optimizer, cfg.rho, cfg.asam_eta = optimizer, rho, eta
-  alg = L.ladd(MODEL, cfg, optax.sgd(1.0), num_clusters=2, pretrained=_params(0), cluster_layers='cls',
+  alg = L.ladd(MODEL, *client_parts(cfg), optax.sgd(1.0), num_clusters=2, pretrained=_params(0), cluster_layers='cls',
                lambda_kd=2.0)
   state = alg.server_init(_params(5), None)
   state['cluster'] = [x.at[1].add(0.3) for x in state['cluster']]
@@ -460,7 +462,8 @@ def test_registered_ladd_starts_each_client_from_its_cluster():
   ids = np.array([2, 1, 0, 3])
   new, _, _ = engine.make_round_fn(alg, chunk=1, donate=False)(state, batches, store.gather(ids), rngs,
                                                               jnp.asarray(SIZES), jnp.ones(4, bool), 0)
-  direct = L.ladd(MODEL, cfg.client, alg_registry.make_server_tx(cfg.server), num_clusters=2, pretrained=w0,
+  direct = L.ladd(MODEL, *client_parts(cfg.client), alg_registry.make_server_tx(cfg.server), num_clusters=2,
+                  pretrained=w0,
                   cluster_layers='all', lambda_kd=2.0)
   want, _, _ = engine.make_round_fn(direct, chunk=1, donate=False)(
       direct.server_init(w0, None), batches, L.initial_client_states(labels[ids]), rngs, jnp.asarray(SIZES),

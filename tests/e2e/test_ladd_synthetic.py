@@ -18,6 +18,7 @@ import pytest
 
 from benchmarks.studies import ladd_synthetic as study
 from fedjax_flat.algorithms import ladd as ladd_lib
+from fedjax_flat.algorithms.common import client_parts
 from fedjax_flat.config.default_config import default_config
 from fedjax_flat.data.sources import seg_synthetic_da
 from fedjax_flat.data.transforms import fda
@@ -43,7 +44,8 @@ def _ladd_part(seed):
   pre = model.init(jax.random.PRNGKey(seed), jnp.zeros((1, 8, 8, 3)))
   cfg = default_config().client
   cfg.lr, cfg.momentum, cfg.weight_decay = 0.05, 0.9, 0.0
-  alg = ladd_lib.ladd(model, cfg, optax.sgd(1.0), num_clusters=clus.k, pretrained=pre, cluster_layers='cls',
+  alg = ladd_lib.ladd(model, *client_parts(cfg), optax.sgd(1.0), num_clusters=clus.k, pretrained=pre,
+                      cluster_layers='cls',
                       lambda_kd=20.0)
   state, _ = study.run_federated(alg, pre, ds, seed=seed, rounds=2, clients_per_round=2, batch_size=2,
                                  prep=source_pretrain.normalize, cluster_of=clus.labels)

@@ -4,7 +4,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_flat.optimizers.schedules import rho_warmup, swa_cyclic_lr
+import ml_collections
+
+from fedjax_flat.optimizers.schedules import client_hparams, client_round_hparams, rho_warmup, swa_cyclic_lr
 
 
 def test_rho_warmup_values():
@@ -15,6 +17,19 @@ def test_rho_warmup_values():
   assert float(f(100)) == np.float32(0.201)            # exactly rho at T_s
   assert float(f(101)) == np.float32(0.201)
   assert float(f(10_000)) == np.float32(0.201)
+
+
+def test_the_rounds_client_hparams_follow_both_schedules():
+  """lr 0.1 decayed over 10 rounds with power 1 (poly_round), rho warmed up 0 -> 0.2 over 4 rounds: by hand."""
+  cfg = ml_collections.ConfigDict({'lr': 0.1, 'rho': 0.2, 'rho0': 0.0, 'rho_warmup_rounds': 4,
+                                   'lr_schedule': 'poly_round', 'lr_power': 1.0, 'lr_poly_max': 10})
+  fn = client_round_hparams(cfg)
+  for r, lr, rho in ((0, 0.1, 0.0), (2, 0.08, 0.1), (4, 0.06, 0.2), (9, 0.01, 0.2)):
+    hp = fn(r)
+    assert set(hp) == {'lr', 'rho'} and all(v.dtype == jnp.float32 and v.shape == () for v in hp.values())
+    np.testing.assert_allclose([float(hp['lr']), float(hp['rho'])], [lr, rho], rtol=1e-6, atol=1e-8)
+  fixed = client_hparams(0.05, 0.0)     # one-off local training: the same two float32 scalars
+  assert float(fixed['lr']) == np.float32(0.05) and float(fixed['rho']) == 0.0 and fixed['lr'].dtype == jnp.float32
 
 
 def test_rho_warmup_traceable_and_constant():

@@ -13,7 +13,7 @@ import pytest
 
 from fedjax_flat.tasks import base as tasks
 from fedjax_flat.tasks import segmentation as seg_tasks
-from fedjax_flat.algorithms.fedavg import make_hparams_fn
+from fedjax_flat.optimizers.schedules import client_round_hparams
 from fedjax_flat.models import base as model_base
 from fedjax_flat.models import tiling
 from fedjax_flat.optimizers.client import make_client_tx
@@ -233,7 +233,7 @@ def test_poly_lr_values_and_client_schedules():
   np.testing.assert_allclose(steps, [0.1 * (1 - t / 4) ** 0.9 for t in range(5)], rtol=1e-6, atol=1e-9)
   cfg.lr_schedule = 'poly_round'
   cfg.lr_poly_max = 10
-  hp = make_hparams_fn(cfg)
+  hp = client_round_hparams(cfg)
   np.testing.assert_allclose(float(hp(5)['lr']), 0.1 * 0.5 ** 0.9, rtol=1e-6)
 
 

@@ -20,7 +20,7 @@ def _bits(tree):
 
 def plain_fedavg(ctx):
   """FedAvg written as a user would, through the public face only."""
-  return ff.fedavg(ctx.model, ctx.loss_fn, ctx.client_cfg, ctx.server_tx, client_tx=ctx.client_tx)
+  return ff.fedavg(ctx.model, ctx.loss_fn, ctx.client_tx, ctx.hparams_fn, ctx.server_tx)
 
 
 @pytest.fixture(scope='module')

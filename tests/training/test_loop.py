@@ -14,6 +14,7 @@ import optax
 import pytest
 
 from fedjax_flat.algorithms import ladd
+from fedjax_flat.algorithms.common import client_parts
 from fedjax_flat.config.default_config import default_config
 from fedjax_flat.data.sources.builtin import synthetic
 from fedjax_flat.evaluation import routed
@@ -176,7 +177,7 @@ def test_evaluate_routed_scores_each_test_image_under_its_style_clusters_model()
   centroids = np.stack([styles[planted == c].mean(0) for c in (0, 1)])
   clusters = style_clusters.StyleClustering(2, np.array([0, 1]), centroids, {}, 0.0)
   params = [model.init(jax.random.PRNGKey(s), jnp.zeros((1, 8, 8, 3))) for s in (0, 1)]
-  alg = ladd.ladd(model, default_config().client, optax.sgd(1.0), num_clusters=2, cluster_layers='all')
+  alg = ladd.ladd(model, *client_parts(default_config().client), optax.sgd(1.0), num_clusters=2, cluster_layers='all')
   state = alg.server_init(params[0], None)
   state['cluster'] = [jnp.stack(a) for a in zip(*[jax.tree_util.tree_leaves(p) for p in params])]
   prep = lambda a: jnp.asarray(a, jnp.float32) / 255.0  # noqa: E731
