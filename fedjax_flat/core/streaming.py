@@ -37,6 +37,8 @@ class LazyRoundBatches:
     self.num_examples = num_examples
     self.chunk = int(chunk)
     self._build = build
+    self.reports = None       # RoundBatches' virtual-clock fields: a streamed round has no clock (refused in
+    self.system = None        # training/plan.py), every real client reports
 
   def as_dict(self):
     return self

@@ -63,10 +63,23 @@ class RunSpec:
   workdir: str
 
 
+# Needs read from the run's own data (H-FL's cities; LADD's style clusters, also of its seed) before its algorithm
+# is built: the runs program builds one algorithm for every run without them, so such a run trains alone.
+RUN_DATA_NEEDS = {'client_groups': 'client groups', 'style_clusters': 'style clusters'}
+
+
+def _run_data_blocker(name: str, needs) -> Optional[str]:
+  what = [v for k, v in RUN_DATA_NEEDS.items() if k in needs]
+  return f"{name} is built from the run's own {' and '.join(what)}" if what else None
+
+
 def batch_blocker(config) -> Optional[str]:
   """Why a config cannot join a batched program before anything is loaded (None: it may)."""
   if chain_loop.is_chain_config(config):
     return 'chain algorithms (FedSeq family) have their own trainer'
+  declared = alg_registry.declared(config)
+  if declared is not None and _run_data_blocker(declared.name, declared.needs):
+    return _run_data_blocker(declared.name, declared.needs)
   if attacks.enabled(config):
     return 'a label-flipping attack poisons each run\'s data'
   if clock_lib.enabled(config):
@@ -79,6 +92,8 @@ def batch_blocker(config) -> Optional[str]:
 
 
 def _trainer_blocker(t: loop.Trainer) -> Optional[str]:
+  if _run_data_blocker(t.algorithm.label, t.algorithm.needs):
+    return _run_data_blocker(t.algorithm.label, t.algorithm.needs)
   if not t.plan.device_rounds:
     return t.plan.device_rounds_blocker() or 'the run keeps its data on the host'
   if t.plan.mesh is not None:

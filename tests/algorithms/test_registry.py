@@ -209,3 +209,34 @@ def test_a_taken_name_is_refused_unless_replaced_on_purpose():
     assert registry.ALGORITHMS.get('_test_mine') is mine2 and registry.name_of(mine) is None
   finally:
     registry.ALGORITHMS._entries.pop('_test_mine', None)
+
+
+def test_the_builder_gets_its_name_hyperparameters_and_schedule_resolved_once():
+  """build_algorithm resolves, once, what a builder reads: ctx.name (the built algorithm's label, whatever the inner
+  builder calls itself), ctx.hp (config.algo over the declared defaults; read-only, so a builder cannot change what
+  the built algorithm reports) and ctx.hparams_fn (the round's {lr, rho}: here lr 0.2 decayed over 10 rounds with
+  power 1, rho warmed up 0 -> 0.1 over 4 rounds), which FedAvg's broadcast sends as it is."""
+  seen = []
+
+  def mine(ctx):
+    seen.append(ctx)
+    return fedavg_lib.fedavg(ctx.model, ctx.loss_fn, ctx.client_tx, ctx.hparams_fn, ctx.server_tx)
+  try:
+    registry.register('_test_ctx', hparams={'mu': hparams.Number(0.5, lo=0), 'k': hparams.Integer(3, lo=1)})(mine)
+    c = default_config()
+    c.algorithm, c.algo = '_test_ctx', {'k': 7}
+    c.client.optimizer, c.client.lr, c.client.rho, c.client.rho0, c.client.rho_warmup_rounds = 'sam', 0.2, 0.1, 0.0, 4
+    c.client.lr_schedule, c.client.lr_power, c.client.lr_poly_max = 'poly_round', 1.0, 10
+    alg = registry.build_algorithm(c, get_model('mlp', 10, (8, 8, 1)))
+    (ctx,) = seen
+    assert ctx.name == '_test_ctx' and alg.name == '_test_ctx' and alg.label == '_test_ctx'
+    assert dict(ctx.hp) == {'mu': 0.5, 'k': 7} == dict(alg.hparams) and ctx.hparams is ctx.hp
+    with pytest.raises(TypeError):
+      ctx.hp['mu'] = 1.0
+    state = alg.server_init({'w': jnp.zeros(2)}, None)
+    for r, lr, rho in ((0, 0.2, 0.0), (2, 0.16, 0.05), (5, 0.1, 0.1)):
+      sent = alg.broadcast(state, r)['hparams']
+      np.testing.assert_allclose([float(sent['lr']), float(sent['rho'])], [lr, rho], rtol=1e-6, atol=1e-8)
+      assert all(float(sent[k]) == float(ctx.hparams_fn(r)[k]) for k in ('lr', 'rho'))
+  finally:
+    registry.ALGORITHMS._entries.pop('_test_ctx', None)
