@@ -5,8 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.fixtures.baselines import (PARAMS0, SCHEDULE, add, assert_tree_close, client_batches, config, grad, mean,
-                                      run_engine, sam_grad, scale, sgd, sub)
+from fedjax_flat.algorithms import registry
+from fedjax_flat.core import engine
+from tests.fixtures.baselines import (MODEL, PARAMS0, SCHEDULE, add, assert_tree_close, client_batches, config, grad,
+                                      mean, round_batches, run_engine, sam_grad, scale, sgd, sub)
 
 RHO = 0.1
 
@@ -46,3 +48,16 @@ def test_fedavg_round_matches_formula(kind):
       sizes.append(sum(len(b['y']) for b in batches))
     x = mean(models, sizes)
   assert_tree_close(state['params'], x)
+
+
+def test_one_compiled_round_program_across_rounds_and_steps():
+  cfg = config('fedavg', optimizer='looksam', rho=RHO)
+  cfg.client.looksam_k = 2
+  alg = registry.build_algorithm(cfg, MODEL)
+  fn = engine.make_round_fn(alg, chunk=3)
+  state = alg.server_init(jax.tree_util.tree_map(jnp.copy, PARAMS0), jax.random.key(1))
+  rngs = jax.vmap(lambda k: jax.random.fold_in(jax.random.key(2), k))(jnp.arange(3))
+  for r in range(len(SCHEDULE)):
+    rb = round_batches(r)
+    state, _, _ = fn(state, rb.as_dict(), None, rngs, rb.num_examples, rb.client_ids >= 0, r)
+  assert fn._cache_size() == 1
