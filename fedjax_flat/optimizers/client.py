@@ -79,6 +79,9 @@ def _adam(cfg) -> bool:
 
 
 # config.client: local training (read here, by optimizers/schedules.py and algorithms/local.py).
+# The client optimizers with an ascent step: they read client.rho (sharpness-aware, each declared in its module).
+ASCENT_OPTIMIZERS = ('sam', 'asam', 'sam_every', 'looksam')
+
 SECTION = Section('client', (
     Field('optimizer', Choice('sgd', ('sgd', 'sam', 'asam', 'sam_every', 'looksam'), sort=True),
           "the gradient: 'sgd' (plain) | 'sam' | 'asam' (sharpness-aware) | 'sam_every' (SAM on every "

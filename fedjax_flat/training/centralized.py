@@ -78,7 +78,7 @@ from fedjax_flat.data.federated import lookup
 from fedjax_flat.models import registry as model_registry
 from fedjax_flat.data.transforms import pipeline as transforms
 from fedjax_flat.config import validate as validate_lib
-from fedjax_flat.optimizers.client import client_optimizer
+from fedjax_flat.optimizers.client import ASCENT_OPTIMIZERS, client_optimizer
 from fedjax_flat.optimizers.schedules import client_hparams, swa_cyclic_lr
 from fedjax_flat.training import init as init_lib
 
@@ -140,7 +140,7 @@ def hparams(config) -> Dict:
         'weight_decay': float(config.client.weight_decay if c.weight_decay == -1 else c.weight_decay),
         'batch_size': int(c.batch_size or config.client.batch_size), 'schedule': c.schedule,
         'optimizer': config.client.optimizer}
-  if config.client.optimizer in ('sam', 'asam'):
+  if config.client.optimizer in ASCENT_OPTIMIZERS:
     hp['rho'] = float(config.client.rho)
   if config.client.optimizer == 'asam':
     hp['asam_eta'] = float(config.client.asam_eta)

@@ -11,6 +11,7 @@ import pytest
 
 from fedjax_flat.models.registry import get_model
 from fedjax_flat.training import centralized
+from tests.fixtures.configs import small_config
 
 from fedjax_flat.config import validate
 from fedjax_flat.training import run as run_lib
@@ -428,3 +429,11 @@ def test_centralized_poly_schedule_is_the_release_poly():
   hp = {'epochs': 2, 'lr': 0.1, 'schedule': 'poly'}
   lrs = np.concatenate([centralized.epoch_lrs(hp, e, 5) for e in range(2)])
   np.testing.assert_allclose(lrs, 0.1 * (1 - np.arange(10) / 10) ** 0.9, rtol=1e-6)
+
+
+@pytest.mark.parametrize('opt', ['sam', 'asam', 'sam_every', 'looksam'])
+def test_every_ascent_optimizer_gets_its_radius_in_a_centralized_run(opt):
+  """The centralized step reads rho from hparams (client_hparams(lr, rho)): every optimizer with an ascent
+  (optimizers/client.ASCENT_OPTIMIZERS) gets client.rho, SGD none."""
+  assert centralized.hparams(small_config(**{'client.optimizer': opt, 'client.rho': 0.07}))['rho'] == 0.07
+  assert 'rho' not in centralized.hparams(small_config())
