@@ -144,6 +144,15 @@ def spec_of(config, data_path: str, **extra) -> dict:
   return spec
 
 
+def medians_and_ratios(wall: dict, cpu: dict, base: str, cpu_per: float = 1.0):
+  """(median wall s, median CPU s / cpu_per, wall ratios, CPU ratios) of each interleaved variant, the ratios
+  to the `base` variant's: what an overhead benchmark reports (cpu_per: e.g. the rounds of a timed call)."""
+  med = {k: statistics.median(v) for k, v in wall.items()}
+  med_cpu = {k: statistics.median(v) / cpu_per for k, v in cpu.items()}
+  return (med, med_cpu, {k: v / med[base] for k, v in med.items()},
+          {k: v / med_cpu[base] for k, v in med_cpu.items()})
+
+
 def interleave(fns: dict, repeats: int, progress: bool = True, cpu_times: dict | None = None) -> dict:
   """fns: name -> callable returning seconds per unit. Round-robin `repeats` times; name -> list of seconds.
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 from fedjax_flat import devices
 
@@ -55,11 +54,9 @@ def measure(setting: str, repeats: int) -> dict:
     fns[mode] = run
   cpu = {}
   wall = bench_util.interleave(fns, repeats, cpu_times=cpu)
-  out = {'setting': setting, 'repeats': repeats, 'median_s': {k: statistics.median(v) for k, v in wall.items()},
-         'median_cpu_s': {k: statistics.median(v) for k, v in cpu.items()}}
-  out['ratio_wall'] = {k: out['median_s'][k] / out['median_s']['off'] for k in MODES}
-  out['ratio_cpu'] = {k: out['median_cpu_s'][k] / out['median_cpu_s']['off'] for k in MODES}
-  return out
+  med, med_cpu, ratio_wall, ratio_cpu = bench_util.medians_and_ratios(wall, cpu, 'off')
+  return {'setting': setting, 'repeats': repeats, 'median_s': med, 'median_cpu_s': med_cpu, 'ratio_wall': ratio_wall,
+          'ratio_cpu': ratio_cpu}
 
 
 def main():

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 from fedjax_flat import devices
@@ -66,12 +65,10 @@ def measure(path: str, repeats: int, rounds: int, block: int, data) -> dict:
     fns[v]()                            # compile
   cpu = {}
   wall = bench_util.interleave(fns, repeats, cpu_times=cpu)
-  out = {'path': path, 'repeats': repeats, 'rounds_per_call': rounds, 'block': block if device else 1,
-         'median_s_per_round': {k: statistics.median(v) for k, v in wall.items()},
-         'median_cpu_s_per_round': {k: statistics.median(v) / rounds for k, v in cpu.items()}}
-  out['ratio_wall'] = {k: out['median_s_per_round'][k] / out['median_s_per_round']['off'] for k in VARIANTS}
-  out['ratio_cpu'] = {k: out['median_cpu_s_per_round'][k] / out['median_cpu_s_per_round']['off'] for k in VARIANTS}
-  return out
+  med, med_cpu, ratio_wall, ratio_cpu = bench_util.medians_and_ratios(wall, cpu, 'off', cpu_per=rounds)
+  return {'path': path, 'repeats': repeats, 'rounds_per_call': rounds, 'block': block if device else 1,
+          'median_s_per_round': med, 'median_cpu_s_per_round': med_cpu, 'ratio_wall': ratio_wall,
+          'ratio_cpu': ratio_cpu}
 
 
 def main():

@@ -12,7 +12,6 @@ training and the DP noise all change with it). Runs already in --out are skipped
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -113,13 +112,7 @@ def figure(path, out_png):
 
 
 def main():
-  ap = argparse.ArgumentParser()
-  ap.add_argument('--out', default=DEFAULT_OUT, help='JSONL of the runs (appended; finished runs are skipped); '
-                  "with --table: ';'-separated JSONL files, one table")
-  ap.add_argument('--cells', default=';'.join(DEFAULT_CELLS), help='configs/dp.py cells, ";"-separated')
-  ap.add_argument('--seeds', default='0,1,2')
-  ap.add_argument('--rounds', type=int, default=0, help='0 = the config (100)')
-  ap.add_argument('--table', action='store_true')
+  ap = study_util.argument_parser('dp', DEFAULT_OUT, DEFAULT_CELLS, '0 = the config (100)')
   ap.add_argument('--figure', default='', help='with --table: also write the accuracy-vs-epsilon figure here')
   a = ap.parse_args()
   if a.table:

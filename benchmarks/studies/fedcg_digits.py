@@ -16,7 +16,6 @@ no information when the groups are as many as the planted domains. Runs already 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -85,12 +84,8 @@ def table(path):
 
 
 def main():
-  ap = argparse.ArgumentParser()
-  ap.add_argument('--out', default=DEFAULT_OUT, help='JSONL of the runs (appended; finished runs are skipped)')
-  ap.add_argument('--cells', default=';'.join(DEFAULT_CELLS), help='configs/fedcg_digits.py cells, ";"-separated')
-  ap.add_argument('--seeds', default='0,1,2')
-  ap.add_argument('--rounds', type=int, default=0, help='0 = the config (100)')
-  ap.add_argument('--table', action='store_true')
+  ap = study_util.argument_parser('fedcg_digits', DEFAULT_OUT, DEFAULT_CELLS, '0 = the config (100)',
+                                  table_files=False)
   a = ap.parse_args()
   if a.table:
     study_util.require_results(a.out)

@@ -2,6 +2,7 @@
 each finishes, finished runs skipped on a rerun) and the one-line refusal of a table of runs never made."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -11,6 +12,20 @@ from typing import Callable
 from benchmarks.paths import REPO
 from fedjax_flat.config import families as config_strings
 from fedjax_flat.training import trainers
+
+
+def argument_parser(family: str, default_out: str, cells, rounds_help: str,
+                    table_files: bool = True) -> argparse.ArgumentParser:
+  """The flags every cell x seed study takes: --out (the resumable JSONL), --cells (the family's cells),
+  --seeds, --rounds (0: the config's), --table (print the table of --out instead of training)."""
+  ap = argparse.ArgumentParser()
+  ap.add_argument('--out', default=default_out, help='JSONL of the runs (appended; finished runs are skipped)' + (
+      "; with --table: ';'-separated JSONL files, one table" if table_files else ''))
+  ap.add_argument('--cells', default=';'.join(cells), help=f'configs/{family}.py cells, ";"-separated')
+  ap.add_argument('--seeds', default='0,1,2')
+  ap.add_argument('--rounds', type=int, default=0, help=rounds_help)
+  ap.add_argument('--table', action='store_true')
+  return ap
 
 
 def require_results(out: str) -> None:

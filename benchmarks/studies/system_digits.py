@@ -17,7 +17,6 @@ that of its last evaluation at or before it.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 
@@ -134,13 +133,8 @@ def figures(path, stem):
 
 
 def main():
-  ap = argparse.ArgumentParser()
-  ap.add_argument('--out', default=DEFAULT_OUT, help='JSONL of the runs (appended; finished runs are skipped); '
-                  "with --table: ';'-separated JSONL files, one table")
-  ap.add_argument('--cells', default=';'.join(DEFAULT_CELLS), help='configs/system.py cells, ";"-separated')
-  ap.add_argument('--seeds', default='0,1,2')
-  ap.add_argument('--rounds', type=int, default=0, help='0 = the config (50; FedBuff 83 server steps)')
-  ap.add_argument('--table', action='store_true')
+  ap = study_util.argument_parser('system', DEFAULT_OUT, DEFAULT_CELLS,
+                                  '0 = the config (50; FedBuff 83 server steps)')
   ap.add_argument('--figures', default='', help='with --table: also write <this>_<setting>.png')
   a = ap.parse_args()
   if a.table:

@@ -9,8 +9,8 @@ from fedjax_flat.algorithms import registry
 from fedjax_flat.data.sources.builtin import synthetic
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.systems import events
-from fedjax_flat.training import checkpoint as ckpt_lib
 from fedjax_flat.training import trainers
+from tests.fixtures import resume
 from tests.fixtures.configs import small_config
 
 CLOCK = {'system.speed': 'lognormal', 'system.speed_median': 10.0, 'system.speed_sigma': 1.0}
@@ -120,18 +120,8 @@ def test_bad_concurrency_is_one_line():
 def test_resume_is_bit_identical(tmp_path):
   cfg = config('fedbuff', rounds=4, buffer=2, concurrency=3)
   cfg.eval_every = 1
-  t = trainers.make_trainer(cfg, data=data())
-  t.train(num_rounds=2)
-  ck = ckpt_lib.Checkpointer(str(tmp_path / 'ck'))
-  ck.save(t)
-  ck.wait()
-  fresh = trainers.make_trainer(cfg, data=data())
-  assert ckpt_lib.Checkpointer(str(tmp_path / 'ck')).restore_latest(fresh) == 2
+  t, fresh = resume.stopped_and_restored(cfg, data(), tmp_path / 'ck', 2)
   t.train()
   fresh.train()
-  for a, b in zip(jax.tree_util.tree_leaves(t.server_state), jax.tree_util.tree_leaves(fresh.server_state)):
-    np.testing.assert_array_equal(a, b)
-  wall = ('elapsed_s', 'rounds_per_s')
-  assert ([{k: v for k, v in r.items() if k not in wall} for r in t.records]
-          == [{k: v for k, v in r.items() if k not in wall} for r in fresh.records])
+  resume.assert_same_run(t, fresh)
   assert t.records[-1]['virtual_time_s'] == t.driver.steps[-1].time_s

@@ -13,9 +13,9 @@ from fedjax_flat.data.sources.builtin import synthetic
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.optimizers import client as client_opt
 from fedjax_flat.systems import clock as clock_lib
-from fedjax_flat.training import checkpoint as ckpt_lib
 from fedjax_flat.training import driver as driver_lib
 from fedjax_flat.training import trainers
+from tests.fixtures import resume
 from tests.fixtures.configs import small_config
 
 SIZES = [3, 17, 6, 9, 30, 1, 12, 5]
@@ -221,20 +221,10 @@ def test_records_carry_the_clock_and_a_resumed_run_continues_it_exactly(tmp_path
   cfg = small_config(algorithm='scaffold', rounds=4, eval_every=1, **CLOCK,
                      **{'data.num_clients': 8, 'system.availability': 'bernoulli', 'system.availability_rate': 0.7,
                         'system.dropout': 0.2})
-  t = trainers.make_trainer(cfg, data=data())
-  t.train(num_rounds=2)
-  ck = ckpt_lib.Checkpointer(str(tmp_path / 'ck'))
-  ck.save(t)
-  ck.wait()
-  fresh = trainers.make_trainer(cfg, data=data())
-  assert ckpt_lib.Checkpointer(str(tmp_path / 'ck')).restore_latest(fresh) == 2
+  t, fresh = resume.stopped_and_restored(cfg, data(), tmp_path / 'ck', 2)
   assert fresh.recorder.system_total == t.recorder.system_total
   s1, s2 = t.train(), fresh.train()
-  wall = ('elapsed_s', 'rounds_per_s')
-  assert ([{k: v for k, v in r.items() if k not in wall} for r in t.records]
-          == [{k: v for k, v in r.items() if k not in wall} for r in fresh.records])
-  for a, b in zip(jax.tree_util.tree_leaves(t.server_state), jax.tree_util.tree_leaves(fresh.server_state)):
-    np.testing.assert_array_equal(a, b)
+  resume.assert_same_run(t, fresh)
   times = [r['virtual_time_s'] for r in t.records]
   assert all(b > a for a, b in zip(times, times[1:])) and all('bytes_up' in r for r in t.records)
   for k in ('virtual_time_s', 'bytes_down', 'bytes_up'):
