@@ -12,28 +12,18 @@ training and the DP noise all change with it). Runs already in --out are skipped
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 
-import jax
 import numpy as np
 
 from benchmarks.studies import study_util
-from fedjax_flat import analysis
+from benchmarks.studies.study_util import mean_std as _fmt
 
 METHODS = ('fedavg', 'fedsam', 'fedasam')
 EPSILONS = (0.0, 8.0, 2.0)       # 0 = non-private (epsilon inf)
 DEFAULT_CELLS = tuple(m + ('' if e == 0 else f',eps={e:g}') for m in METHODS for e in EPSILONS)
 DEFAULT_OUT = os.path.join('runs', 'dp_digits', 'study.jsonl')
-
-
-def lambda_max(t, params) -> float:
-  x, y = t.data.test_examples()
-  batches = analysis.make_fixed_batches(x, y, batch_size=120)
-  hvp = analysis.make_hvp(t.model, params, batches)
-  pairs = analysis.top_eigenpairs(hvp, analysis.param_dim(params), k=1, rng=jax.random.PRNGKey(0))
-  return float(np.asarray(pairs.eigenvalues)[0])
 
 
 def run_one(cell, seed, rounds):
@@ -43,15 +33,7 @@ def run_one(cell, seed, rounds):
           'final_test_accuracy': s['final_test_accuracy'],
           'mean_last_k': s.get(f'mean_last_{c.summary_last_k}_test_accuracy'),
           'dp_epsilon': s.get('dp_epsilon', math.inf), 'dp_noise_multiplier': s.get('dp_noise_multiplier', 0.0),
-          'lambda_max': lambda_max(t, params)}
-
-
-def _fmt(vals, scale=1.0, digits=2):
-  v = [x for x in vals if x is not None]
-  if not v:
-    return '-'
-  m = np.mean(v) * scale
-  return f'{m:.{digits}f} ({np.std(v) * scale:.{digits}f})' if len(v) > 1 else f'{m:.{digits}f}'
+          'lambda_max': study_util.lambda_max(t, params)}
 
 
 def _split(cell):
@@ -61,13 +43,8 @@ def _split(cell):
   return tokens[0], (eps[0] if eps else 0.0)
 
 
-def _records(path):
-  """The runs of `path` (';'-separated paths: several studies in one table, e.g. the non-private cells)."""
-  return [json.loads(line) for p in path.split(';') for line in open(p)]
-
-
 def table(path):
-  recs = _records(path)
+  recs = study_util.records(path)
   order = {c: i for i, c in enumerate(DEFAULT_CELLS)}
   cells = sorted(dict.fromkeys(r['cell'] for r in recs), key=lambda c: (METHODS.index(_split(c)[0]),
                                                                          EPSILONS.index(_split(c)[1]) if _split(c)[1]
@@ -91,7 +68,7 @@ def figure(path, out_png):
   import matplotlib   # the figure only (not a dependency of the study's runs)
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
-  recs = _records(path)
+  recs = study_util.records(path)
   fig, ax = plt.subplots(figsize=(4.5, 3.2))
   xs = {0.0: 2, 8.0: 1, 2.0: 0}      # epsilon 2, 8, inf left to right
   for method in METHODS:

@@ -17,13 +17,13 @@ no information when the groups are as many as the planted domains. Runs already 
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 
 import numpy as np
 
 from benchmarks.studies import study_util
+from benchmarks.studies.study_util import mean_std as _fmt
 from fedjax_flat.training.evals import domains as evals_domains
 
 DEFAULT_CELLS = ('fedavg', 'fedavg,width=267', 'fedcg,oracle', 'fedcg,discovered', 'fedcg,kmeans',
@@ -53,13 +53,6 @@ def run_one(cell, seed, rounds):
   return rec
 
 
-def _fmt(vals, scale=100.0):
-  v = [x for x in vals if x is not None and not (isinstance(x, float) and math.isnan(x))]
-  if not v:
-    return '-'
-  return f'{np.mean(v) * scale:.2f} ({np.std(v) * scale:.2f})' if len(v) > 1 else f'{np.mean(v) * scale:.2f}'
-
-
 DEFAULT_OUT = os.path.join('runs', 'fedcg_digits', 'study.jsonl')
 
 
@@ -77,9 +70,10 @@ def table(path):
     used = [r['domains_used'] for r in rs if 'domains_used' in r]
     params = sorted({r.get('num_params') for r in rs if r.get('num_params')})
     out.append(f'| {cell} | {" ".join(f"{p:,}" for p in params) or "-"} '
-               f'| {_fmt([r["final_test_accuracy"] for r in rs])} | {_fmt(other)} '
-               f'| {" / ".join(f"{p:.1f}" for p in per)} | {_fmt([r.get("purity_student") for r in rs])} '
-               f'| {_fmt([r.get("purity_teacher") for r in rs])} | {" ".join(map(str, used)) or "-"} | {len(rs)} |')
+               f'| {_fmt([r["final_test_accuracy"] for r in rs], 100.0)} | {_fmt(other, 100.0)} '
+               f'| {" / ".join(f"{p:.1f}" for p in per)} | {_fmt([r.get("purity_student") for r in rs], 100.0)} '
+               f'| {_fmt([r.get("purity_teacher") for r in rs], 100.0)} | {" ".join(map(str, used)) or "-"} '
+               f'| {len(rs)} |')
   return '\n'.join(out)
 
 

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
 from typing import Callable
 
+import jax
+import numpy as np
+
 from benchmarks.paths import REPO
+from fedjax_flat import analysis
 from fedjax_flat.config import families as config_strings
 from fedjax_flat.training import trainers
 
@@ -66,3 +71,26 @@ def train_cell(family: str, cell: str, seed: int, rounds: int = 0):
   t = trainers.make_trainer(c)
   s = t.train()
   return c, t, s, time.time() - t0
+
+
+def records(path: str) -> list:
+  """The runs of `path` (';'-separated paths: several studies in one table, e.g. the non-private cells)."""
+  return [json.loads(line) for p in path.split(';') for line in open(p)]
+
+
+def mean_std(vals, scale: float = 1.0, digits: int = 2) -> str:
+  """'mean (std)' of the values that are numbers (None and NaN left out), times `scale`; '-' when none."""
+  v = [x for x in vals if x is not None and not (isinstance(x, float) and math.isnan(x))]
+  if not v:
+    return '-'
+  m = np.mean(v) * scale
+  return f'{m:.{digits}f} ({np.std(v) * scale:.{digits}f})' if len(v) > 1 else f'{m:.{digits}f}'
+
+
+def lambda_max(t, params) -> float:
+  """The top Hessian eigenvalue of `params` on the trainer's test set (Lanczos, fedjax_flat.analysis)."""
+  x, y = t.data.test_examples()
+  batches = analysis.make_fixed_batches(x, y, batch_size=120)
+  hvp = analysis.make_hvp(t.model, params, batches)
+  pairs = analysis.top_eigenpairs(hvp, analysis.param_dim(params), k=1, rng=jax.random.PRNGKey(0))
+  return float(np.asarray(pairs.eigenvalues)[0])

@@ -23,7 +23,7 @@ import os
 import numpy as np
 
 from benchmarks.studies import study_util
-from benchmarks.studies.dp_digits import lambda_max
+from benchmarks.studies.study_util import mean_std as _fmt
 from configs import system as system_configs
 
 METHODS = ('fedavg', 'fedprox', 'fednova', 'fedsam', 'fedasam', 'fedbuff', 'fedbuff_sam')
@@ -45,19 +45,7 @@ def run_one(cell, seed, rounds):
           'virtual_time_s': s['virtual_time_s'], 'bytes_down': s['bytes_down'], 'bytes_up': s['bytes_up'],
           'reports_per_round': s['system_reports_per_round'], 'local_steps_per_round': float(np.mean(steps)),
           'curve': [(r['round'], r['virtual_time_s'], r['test_accuracy']) for r in t.records],
-          'lambda_max': lambda_max(t, params)}
-
-
-def _fmt(vals, scale=1.0, digits=2):
-  v = [x for x in vals if x is not None]
-  if not v:
-    return '-'
-  m = np.mean(v) * scale
-  return f'{m:.{digits}f} ({np.std(v) * scale:.{digits}f})' if len(v) > 1 else f'{m:.{digits}f}'
-
-
-def _records(path):
-  return [json.loads(line) for p in path.split(';') for line in open(p)]
+          'lambda_max': study_util.lambda_max(t, params)}
 
 
 def accuracy_at(curve, t_s):
@@ -76,7 +64,7 @@ def fixed_times(recs):
 
 
 def table(path):
-  recs = _records(path)
+  recs = study_util.records(path)
   fixed = fixed_times(recs)
   out = [f'Mean (std) over seeds {sorted({r["seed"] for r in recs})}; accuracy in %, virtual time in hours:\n',
          '| setting | method | acc at T | T (h) | final acc | mean last-5 | time for the rounds (h) | MiB up | '
@@ -105,7 +93,7 @@ def figures(path, stem):
   import matplotlib   # the figures only (not a dependency of the study's runs)
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
-  recs = _records(path)
+  recs = study_util.records(path)
   fixed = fixed_times(recs)
   written = []
   for setting in SETTINGS:
