@@ -20,6 +20,11 @@ tau_k. Weight decay is part of the gradient (as in the authors' optimizer, JYWa/
 mu > 0 together the recursion above is the exact weight sum of the momentum-prox update; the authors' code
 adds the two corrections one after the other. The lr must be constant within a round (no
 client.lr_schedule='poly_step'), the base optimizer SGD.
+
+algo.tau_eff: 'paper' (default) tau_eff = sum_k p_k ||a_k||_1 as above; 'release' the authors' code (JYWa/FedNova),
+which with a proximal term (mu > 0) uses tau_eff = sum_k p_k tau_k, the local step counts, while the d_k stay
+normalized by ||a_k||_1 (without a proximal term the two are the same). For reproducing numbers published with
+that code.
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ import optax
 
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.common import run_value, tmap, tree_sub
-from fedjax_flat.algorithms.hparams import Number
+from fedjax_flat.algorithms.hparams import Choice, Number
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast, fedavg_server_init
 from fedjax_flat.errors import ConfigError
@@ -54,9 +59,13 @@ def check(cfg, hp) -> None:
                       "'constant' or 'poly_round'")
 
 
-@register('fednova', hparams={'mu': Number(0.0, lo=0)}, check=check)
+TAU_EFF = ('paper', 'release')
+
+
+@register('fednova', hparams={'mu': Number(0.0, lo=0), 'tau_eff': Choice('paper', TAU_EFF)}, check=check)
 def fednova(ctx) -> FederatedAlgorithm:
   mu = float(ctx.hp['mu'])
+  steps_eff = ctx.hp['tau_eff'] == 'release' and mu > 0      # the release's sum_k p_k tau_k (module docstring)
   loss_fn, server_tx, tx = ctx.loss_fn, ctx.server_tx, ctx.client_tx
   rho = run_value(ctx.client_cfg.momentum or 0.0)     # a batched run's momentum stays its own traced value
   hparams_fn = ctx.hparams_fn
@@ -68,25 +77,30 @@ def fednova(ctx) -> FederatedAlgorithm:
   def client_init(bcast, cs, rng):
     del cs, rng
     w0 = bcast['params']
-    return local_lib.LocalState(w0, tx.init(w0), w0, {'m': f32(0.0), 'a': f32(0.0)})
+    extra = {'m': f32(0.0), 'a': f32(0.0), **({'tau': f32(0.0)} if steps_eff else {})}
+    return local_lib.LocalState(w0, tx.init(w0), w0, extra)
 
   def client_step(bcast, local, batch, rng):
     hp = bcast['hparams']
     prox = tmap(lambda w, w0: mu * (w - w0), local.params, local.init_params) if mu else None
     new, met = local_lib.local_step(local, batch, rng, loss_fn=loss_fn, tx=tx, hparams=hp, correction=prox)
     m = rho * local.extra['m'] + 1.0 - hp['lr'] * mu * local.extra['a']      # the weight recursion
-    return new._replace(extra={'m': m, 'a': local.extra['a'] + m}), met
+    extra = {'m': m, 'a': local.extra['a'] + m}
+    if steps_eff:                # a step that ran (all-padding steps never reach client_step)
+      extra['tau'] = local.extra['tau'] + 1.0
+    return new._replace(extra=extra), met
 
   def client_final(bcast, local, cs):
     del bcast
     a = local.extra['a']
     inv = jnp.where(a > 0, 1.0 / jnp.where(a > 0, a, 1.0), 0.0)            # no step taken: d_k = 0
     d = tmap(lambda x: (x * inv).astype(x.dtype), tree_sub(local.init_params, local.params))
-    return {'weighted': {'d': d, 'a': a}, 'uniform': {}}, cs
+    up = {'d': d, 'a': a, **({'tau': local.extra['tau']} if steps_eff else {})}
+    return {'weighted': up, 'uniform': {}}, cs
 
   def server_update(state, agg, round_idx, phase=0):
     del round_idx, phase
-    tau_eff = agg['weighted']['a']
+    tau_eff = agg['weighted']['tau' if steps_eff else 'a']
     delta = tmap(lambda d: (tau_eff * d).astype(d.dtype), agg['weighted']['d'])
     updates, opt_state = server_tx.update(delta, state['opt_state'], state['params'])
     return {**state, 'params': optax.apply_updates(state['params'], updates), 'opt_state': opt_state}

@@ -28,7 +28,7 @@ def test_normalizer_closed_forms(tau):
   np.testing.assert_allclose(normalizer(tau, eta_mu=eta_mu), (1 - (1 - eta_mu) ** tau) / eta_mu, rtol=1e-12)
 
 
-def _reference(rho, mu, eta_g, a_of):
+def _reference(rho, mu, eta_g, a_of, release=False):
   """Rounds by hand: momentum SGD with coupled weight decay and the proximal term, then normalized averaging."""
   w = PARAMS0
   for r, ids in enumerate(SCHEDULE):
@@ -42,26 +42,31 @@ def _reference(rho, mu, eta_g, a_of):
         y = sub(y, scale(m, LR))
       a = a_of(len(steps))
       ds.append(scale(sub(w, y), 1.0 / a))
-      a_s.append(a)
+      a_s.append(len(steps) if release and mu else a)     # the release: sum_k p_k tau_k with a proximal term
     p = [SIZES[k] for k in ids]
     tau_eff = float(np.dot(np.asarray(p, np.float64) / sum(p), a_s))
     w = sub(w, scale(mean(ds, p), eta_g * tau_eff))
   return w
 
 
-@pytest.mark.parametrize('rho,mu', [(0.0, 0.0), (0.5, 0.0), (0.0, 0.4)])
-def test_fednova_matches_hand_computed_rounds(rho, mu):
+@pytest.mark.parametrize('rho,mu,release', [(0.0, 0.0, False), (0.5, 0.0, False), (0.0, 0.4, False),
+                                            (0.0, 0.4, True)])
+def test_fednova_matches_hand_computed_rounds(rho, mu, release):
   eta_g = 0.7
   if mu:        # FedProx's vector: sum_{j < tau} (1 - eta mu)^j
     a_of = lambda tau: (1 - (1 - LR * mu) ** tau) / (LR * mu)  # noqa: E731
   else:         # momentum: [tau - rho (1 - rho^tau) / (1 - rho)] / (1 - rho)
     a_of = lambda tau: (tau - rho * (1 - rho ** tau) / (1 - rho)) / (1 - rho)  # noqa: E731
-  cfg = config('fednova', mu=mu)
+  cfg = config('fednova', mu=mu, tau_eff='release' if release else 'paper')
   cfg.client.momentum = rho
   cfg.server.lr = eta_g
   state, _, _ = run_engine(cfg)
   assert [len(client_batches(0, k)) for k in SCHEDULE[0]] == [2, 6, 2]      # unequal tau_k
-  assert_tree_close(state['params'], _reference(rho, mu, eta_g, a_of))
+  assert_tree_close(state['params'], _reference(rho, mu, eta_g, a_of, release))
+  if release:       # the two rules differ with a proximal term: the switch is not a no-op
+    paper = _reference(rho, mu, eta_g, a_of)
+    assert not all(np.allclose(a, b) for a, b in zip(jax.tree_util.tree_leaves(state['params']),
+                                                      jax.tree_util.tree_leaves(paper)))
 
 
 def _run(cfg, schedule):
@@ -88,7 +93,7 @@ def test_equal_steps_without_momentum_is_fedavg():
 
 
 def test_declared_rules_and_checks():
-  assert registry.default_hparams('fednova') == {'mu': 0.0}
+  assert registry.default_hparams('fednova') == {'mu': 0.0, 'tau_eff': 'paper'}
   cfg = config('fednova', mu=-0.1)
   with pytest.raises(ConfigError, match=r'algo.mu.*must be a number in \[0, inf\)'):
     validate.validate_config(cfg)
