@@ -20,7 +20,9 @@ The personal model of client i is its last trained theta_i.
 
 Hyperparameters: models (M, 5: the release's CLI default), epsilon (0.3) and epsilon_decay (0.05 per round:
 the paper's schedule), val_source ('val' | 'local_test': the release evaluates on the local test split),
-population (N).
+population (N), affinity ('paper': P_i[n] += w_n, the clipped and normalised weights above; 'release': the
+authors' code, P_i[n] += (L_i(theta_i) - L_i(theta_n)) / ||theta_n - theta_i||, the raw gains, negatives
+included, which steers the greedy download away from models that hurt; the federation itself is the same).
 """
 from __future__ import annotations
 
@@ -40,23 +42,33 @@ HPARAMS = {'models': Integer(5, lo=1, note=' (M models downloaded per round)'),
            'epsilon': Number(0.3, lo=0, hi=1),
            'epsilon_decay': Number(0.05, lo=0, finite=True, bound=True),
            'val_source': Choice('val', validation_steps.VAL_SOURCES),
-           'population': Population()}
+           'population': Population(),
+           'affinity': Choice('paper', ('paper', 'release'))}
+
+
+def fomo_gains(loss_own, losses, dists, valid):
+  """(L(theta_i) - L(theta_n)) / ||theta_n - theta_i||; 0 for an invalid slot or a model at distance 0 (the
+  client's own, or an identical one)."""
+  ok = valid & (dists > 0)
+  return jnp.where(ok, (loss_own - losses) / jnp.where(ok, dists, 1.0), 0.0)
 
 
 def fomo_weights(loss_own, losses, dists, valid):
-  """w_n = max(0, (L(theta_i) - L(theta_n)) / ||theta_n - theta_i||), normalised to sum 1 when any is > 0;
-  0 for an invalid slot or a model at distance 0 (the client's own, or an identical one)."""
-  ok = valid & (dists > 0)
-  w = jnp.where(ok, jnp.maximum(0.0, (loss_own - losses) / jnp.where(ok, dists, 1.0)), 0.0)
+  """w_n = max(0, gain_n), normalised to sum 1 when any is > 0 (fomo_gains)."""
+  w = jnp.maximum(0.0, fomo_gains(loss_own, losses, dists, valid))
   total = jnp.sum(w)
   return jnp.where(total > 0, w / jnp.where(total > 0, total, 1.0), 0.0)
 
 
 def fedfomo(model, loss_fn, task, client_tx, hparams_fn, *, num_clients: int, num_models: int, epsilon: float,
-            epsilon_decay: float, seed: int = 0, name: str) -> FederatedAlgorithm:
-  """name: the algorithm's (its personal model is reported under it)."""
+            epsilon_decay: float, seed: int = 0, name: str, affinity: str = 'paper') -> FederatedAlgorithm:
+  """name: the algorithm's (its personal model is reported under it); affinity: 'paper' | 'release' (module
+  docstring)."""
   task = tasks_lib.get_task(task)
   tx = client_tx
+  affinity_rule = affinity
+  if affinity_rule not in ('paper', 'release'):
+    raise ValueError(f"affinity={affinity!r}; allowed: 'paper', 'release'")
   n, m = int(num_clients), int(min(num_models, max(num_clients - 1, 1)))
 
   def val_loss_sums(params, batch, vmask):
@@ -141,7 +153,8 @@ def fedfomo(model, loss_fn, task, client_tx, hparams_fn, *, num_clients: int, nu
       dists = jnp.sqrt(sum(jnp.sum(jnp.square(d).reshape(m, -1), axis=1) for d in jax.tree_util.tree_leaves(diffs)))
       w = fomo_weights(losses[0], losses[1:], dists, ex['valid'])
       federated = tmap(lambda t, d: t + jnp.tensordot(w, d, axes=1), theta, diffs)
-      affinity = cs['affinity'].at[ex['sel']].add(w)
+      gain = fomo_gains(losses[0], losses[1:], dists, ex['valid']) if affinity_rule == 'release' else w
+      affinity = cs['affinity'].at[ex['sel']].add(gain)
       new_cs = {'personal': federated, 'seen': jnp.ones((), jnp.float32), 'affinity': affinity}
       return {'weighted': {}, 'uniform': {'weight_sum': jnp.sum(w)}}, new_cs
     hit = jax.nn.one_hot(local.extra['cid'], n, dtype=jnp.float32)      # all zeros for a padding client (-1)
@@ -180,5 +193,6 @@ def _fedfomo_builder(ctx) -> FederatedAlgorithm:
   hp = ctx.hp
   return fedfomo(ctx.model, ctx.loss_fn, ctx.task, ctx.client_tx, ctx.hparams_fn, num_clients=population(ctx, hp),
                  num_models=int(hp['models']), epsilon=float(hp['epsilon']),
-                 epsilon_decay=float(hp['epsilon_decay']), seed=int(ctx.config.seed), name=ctx.name)
+                 epsilon_decay=float(hp['epsilon_decay']), seed=int(ctx.config.seed), name=ctx.name,
+                 affinity=hp['affinity'])
 

@@ -74,7 +74,7 @@ def _val_loss(w, k):
   return float(_LOSS(w, {'x': x, 'y': y, 'mask': np.ones(len(y), np.float32)})[0])
 
 
-def _reference():
+def _reference(release=False):
   grad = jax.jit(jax.grad(lambda p, b: _LOSS(p, b)[0]))
   w, models, seen, personal, aff = PARAMS0, {}, set(), {}, {k: np.zeros(3) for k in range(3)}
   for r, ids in enumerate(SCHEDULE):
@@ -82,15 +82,16 @@ def _reference():
       theta = personal.get(i, w)
       others = [j for j in sorted(seen) if j != i]
       own = _val_loss(theta, i)
-      raw = {}
+      raw, gains = {}, {}
       for j in others:
         d = np.sqrt(sum(float(jnp.sum((a - b) ** 2)) for a, b in zip(jax.tree_util.tree_leaves(models[j]),
                                                                         jax.tree_util.tree_leaves(theta))))
-        raw[j] = max(0.0, (own - _val_loss(models[j], i)) / d) if d > 0 else 0.0
+        gains[j] = (own - _val_loss(models[j], i)) / d if d > 0 else 0.0
+        raw[j] = max(0.0, gains[j])
       tot = sum(raw.values())
       ws = {j: (v / tot if tot > 0 else 0.0) for j, v in raw.items()}
-      for j, v in ws.items():
-        aff[i][j] += v
+      for j in ws:
+        aff[i][j] += gains[j] if release else ws[j]      # the release: the raw gains, negatives included
       personal[i] = tmap(lambda t, *ms: t + sum(ws[j] * (m - t) for j, m in zip(others, ms)),
                          theta, *[models[j] for j in others])
     trained = {}
@@ -109,10 +110,11 @@ def _reference():
   return w, models, personal, aff
 
 
-def test_fedfomo_matches_hand_computed_rounds():
-  state, store, alg = _run(config('fedfomo', models=2, epsilon=0.0, val_source='val'))
+@pytest.mark.parametrize('affinity', ['paper', 'release'])
+def test_fedfomo_matches_hand_computed_rounds(affinity):
+  state, store, alg = _run(config('fedfomo', models=2, epsilon=0.0, val_source='val', affinity=affinity))
   assert alg.num_phases == 2
-  w, models, personal, aff = _reference()
+  w, models, personal, aff = _reference(release=affinity == 'release')
   assert_tree_close(state['params'], w, rtol=5e-5, atol=5e-6)
   for k in range(3):
     assert_tree_close(tmap(lambda s: s[k], state['models']), models[k], rtol=5e-5, atol=5e-6)
@@ -120,6 +122,8 @@ def test_fedfomo_matches_hand_computed_rounds():
     assert_tree_close(personal_params(alg, state, cs), personal[k], rtol=5e-5, atol=5e-6)
     np.testing.assert_allclose(cs['affinity'], aff[k], rtol=1e-4, atol=1e-6)
   assert sum(float(np.sum(a)) for a in aff.values()) > 0          # some model was really federated
+  if affinity == 'release':     # the rules differ: some gain was negative (its weight was clipped to 0)
+    assert any(float(np.min(a)) < 0 for a in aff.values()), aff
 
 
 @pytest.mark.parametrize('models', [1, 2])
