@@ -268,3 +268,23 @@ def test_mcmahan_cnn_head_is_last_dense():
   p = jax.eval_shape(m.init, jax.random.key(0), jnp.zeros((1, 28, 28, 1)))
   (path,) = declared_head('mcmahan_cnn')
   assert path == ('Dense_1',) and p[path[0]]['kernel'].shape == (512, 62)
+
+
+def test_man_convnet_release_measures_block_3_after_its_pooling():
+  """model_kwargs.man_measure='release' (the MAN authors' code): the same network and logits, but block 3's sown
+  activation is its max-pooled output (8x8, not 16x16): MAN's regularizer reads a different tensor."""
+  x = jax.random.normal(jax.random.key(1), (2, 32, 32, 3))
+  paper, release = (get_model('man_convnet', 20, (32, 32, 3), man_measure=v) for v in ('paper', 'release'))
+  p = paper.init(jax.random.key(0), x)
+  lp, ap = paper.apply(p, x, with_activations=True)
+  lr, ar = release.apply(p, x, with_activations=True)
+  np.testing.assert_array_equal(np.asarray(lp), np.asarray(lr))
+  assert [a.shape[1:] for a in ap][:3] == [(32, 32, 64), (16, 16, 64), (8, 8, 64)]
+  assert [a.shape[1:] for a in ar][:3] == [(32, 32, 64), (16, 16, 64), (4, 4, 64)]
+  pooled = ap[2].reshape(2, 4, 2, 4, 2, 64).max(axis=(2, 4))          # max_pool 2x2 of the paper's block-3 act
+  np.testing.assert_allclose(np.asarray(ar[2]), np.asarray(pooled), rtol=1e-6)
+  for a, b in zip(ap[:2] + ap[3:], ar[:2] + ar[3:]):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  with pytest.raises(ValueError, match='man_measure'):
+    bad = get_model('man_convnet', 20, (32, 32, 3), man_measure='after')
+    bad.init(jax.random.key(0), x)
