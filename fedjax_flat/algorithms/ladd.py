@@ -9,7 +9,9 @@ clients hold unlabelled target images. Their styles (data/transforms/fda.py) wer
   client k       E local epochs of the client optimizer on   L = L_pseudo + lambda_kd * L_kd   (eq. 5.10)
   server         Phi     <- ServerOpt(Phi, sum_k N_k/N (Phi - Phi_k))              over every sampled client
                  theta_c <- sum_{k in c} N_k theta_k / sum_{k in c} N_k          within each sampled cluster
-                            (a cluster with no sampled client keeps its theta_c)
+                            (a cluster with no sampled client keeps its theta_c; algo.unsampled_clusters='global':
+                            the release's PartialClusterAvg, which overwrites it with the previous global model's
+                            leaves, the clusters' mean)
                  teachers, every omega rounds (Algorithm 8, eq. 5.9): g_c <- w_c before t_start, after it the
                  running mean g_c <- (n g_c + w_c) / (n + 1), n = number of SWA updates so far; g_c = w_pre
                  at round 0
@@ -195,13 +197,20 @@ def cluster_models(params, cluster_leaves, flags):
       treedef, [next(it) if f else jnp.broadcast_to(x, (g,) + x.shape) for x, f in zip(flat, flags)])
 
 
+# A cluster no sampled client updated: keeps its leaves, or takes the previous global model's (the release).
+UNSAMPLED = ('keep', 'global')
+
+
 def ladd(model, client_tx: optax.GradientTransformation, hparams_fn, server_tx: optax.GradientTransformation, *,
          num_clusters: int, pretrained=None, cluster_layers: str = 'cls', conf_th: float = 0.9, fraction: float = 0.66,
          lambda_kd: float = 0.0, alpha_kd: float = 0.5, teacher_step: int = 1,
-         swa_teacher_start: int = -1) -> FederatedAlgorithm:
+         swa_teacher_start: int = -1, unsampled_clusters: str = 'keep') -> FederatedAlgorithm:
   """LADD with G = num_clusters clusters (G = 1: FedAvg + self-training). `pretrained`: the source model
   (teachers start from it; the KD target); None: the params the server starts from (server_init's: the run's
-  w_0, i.e. config.init's source checkpoint). swa_teacher_start < 0: no SWA teacher."""
+  w_0, i.e. config.init's source checkpoint). swa_teacher_start < 0: no SWA teacher. unsampled_clusters: 'keep'
+  (default) | 'global' (the release, module docstring)."""
+  if unsampled_clusters not in UNSAMPLED:
+    raise ValueError(f'unsampled_clusters={unsampled_clusters!r}; allowed: {UNSAMPLED}')
   if num_clusters < 1:
     raise ValueError(f'num_clusters={num_clusters} must be >= 1')
   if teacher_step < 1:
@@ -268,9 +277,11 @@ def ladd(model, client_tx: optax.GradientTransformation, hparams_fn, server_tx: 
     params = optax.apply_updates(state['params'], updates)
     wc = wmean['cluster_w']
     cluster = []
-    for old, s in zip(state['cluster'], wmean['cluster_sum']):
+    previous_global = split(state['params'])       # the clusters' mean of the previous round (the release)
+    for old, s, prev in zip(state['cluster'], wmean['cluster_sum'], previous_global):
       wb = wc.reshape((g,) + (1,) * (old.ndim - 1)).astype(old.dtype)
-      cluster.append(jnp.where(wb > 0, s / jnp.maximum(wb, 1e-12), old))
+      unsampled = old if unsampled_clusters == 'keep' else jnp.broadcast_to(prev[None], old.shape)
+      cluster.append(jnp.where(wb > 0, s / jnp.maximum(wb, 1e-12), unsampled))
     # The 'global' model: Phi with the clusters' mean of every cluster leaf.
     params = merge(params, [jnp.mean(x, 0) for x in cluster])
     # Teachers for the next round r = round_idx + 1 (Algorithm 8).
@@ -311,6 +322,7 @@ def cluster_params(state, c: int, flags: Sequence[bool]):
 
 HPARAMS = {
     'cluster_layers': Choice('cls', allowed=CLUSTER_LAYERS),
+    'unsampled_clusters': Choice('keep', allowed=UNSAMPLED),
     'force_k': Integer(0, lo=0, note=' (0: k chosen by the silhouette over k_min..k_max; 1: FedAvg + self-training)'),
     'k_min': Integer(4, lo=2, note=' (the release: 4)'),
     'k_max': Integer(19, lo=2, note=' (the release: 19; capped at the number of clients - 1)'),
@@ -364,5 +376,5 @@ def ladd_algorithm(ctx) -> FederatedAlgorithm:
   alg = ladd(ctx.model, ctx.client_tx, ctx.hparams_fn, ctx.server_tx, num_clusters=int(clusters.k),
              cluster_layers=hp['cluster_layers'], conf_th=float(hp['conf_th']), fraction=float(hp['fraction']),
              lambda_kd=float(hp['lambda_kd']), alpha_kd=float(hp['alpha_kd']), teacher_step=int(hp['teacher_step']),
-             swa_teacher_start=int(hp['swa_teacher_start']))
+             swa_teacher_start=int(hp['swa_teacher_start']), unsampled_clusters=hp['unsampled_clusters'])
   return alg.replace(initial_client_states=lambda params: initial_client_states(labels))

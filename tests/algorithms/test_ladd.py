@@ -298,6 +298,17 @@ def test_unsampled_cluster_keeps_its_leaves_and_one_cluster_is_fedavg():
       state, batches, L.initial_client_states(CLUSTER), rngs, jnp.asarray(SIZES), jnp.ones(4, bool), 0)
   for old, nw in zip(state['cluster'], new['cluster']):
     np.testing.assert_array_equal(np.asarray(old[2]), np.asarray(nw[2]))        # cluster 2 had no client
+  # The release (algo.unsampled_clusters='global'): cluster 2 takes the previous global model's leaves, the
+  # sampled clusters are the same as above.
+  rel = _alg('cls', g=3, unsampled_clusters='global')
+  new_rel, _, _ = engine.make_round_fn(rel, chunk=1, jit=False)(
+      state, batches, L.initial_client_states(CLUSTER), rngs, jnp.asarray(SIZES), jnp.ones(4, bool), 0)
+  flags = L.leaf_flags(state['params'], L.cluster_layer_select('cls'))
+  prev = [x for x, f in zip(jax.tree_util.tree_leaves(state['params']), flags) if f]
+  for p, nw, kept in zip(prev, new_rel['cluster'], new['cluster']):
+    np.testing.assert_array_equal(np.asarray(nw[2]), np.asarray(p))
+    np.testing.assert_array_equal(np.asarray(nw[:2]), np.asarray(kept[:2]))
+    assert not np.array_equal(np.asarray(nw[2]), np.asarray(kept[2]))
   # One cluster (FedAvg + self-training): the new model is the weighted mean of every client's model.
   alg1 = _alg('cls', g=1)
   s1 = alg1.server_init(_params(5), None)
