@@ -40,6 +40,9 @@ def _args(line):
 def _defined_flags(script):
   with open(os.path.join(REPO, script)) as f:
     src = f.read()
+  if 'study_util.argument_parser(' in src:      # the studies' shared flags (benchmarks/studies/study_util.py)
+    with open(os.path.join(REPO, 'benchmarks', 'studies', 'study_util.py')) as f:
+      src += f.read()
   return set(re.findall(r"DEFINE_\w+\(\s*'(\w+)'", src)) | set(re.findall(r"add_argument\('--(\w+)'", src))
 
 
