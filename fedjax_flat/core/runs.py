@@ -43,13 +43,16 @@ from fedjax_flat.optimizers import client as client_opt
 from fedjax_flat.optimizers import schedules
 from fedjax_flat.optimizers import server as server_opt
 from fedjax_flat.privacy import mechanism as dp_mechanism
+from fedjax_flat.systems import compress
 from fedjax_flat.schema import TRUTH, VALUE, tagged
 
 # The fields a batched program treats specially, from the tags of the sections that declare them (fedjax_flat/
 # schema.py): per-run traced values (VALUE) and the fields whose truth (zero or not) changes the program's
 # structure, so that the truth stays in the compatibility key (TRUTH). The client / server optimizers and SWA's
-# cyclic lr declare theirs in optimizers/, DP's clip and noise multiplier in privacy/mechanism.py.
-_SECTIONS = (client_opt.SECTION, server_opt.SECTION, schedules.SWA_SECTION, dp_mechanism.SECTION)
+# cyclic lr declare theirs in optimizers/, DP's clip and noise multiplier in privacy/mechanism.py, the compressed
+# uploads' fraction and bits in systems/compress.py (k and s are traced: a mask over the full-size ranking).
+_SECTIONS = (client_opt.SECTION, server_opt.SECTION, schedules.SWA_SECTION, dp_mechanism.SECTION,
+             compress.SECTION)
 VALUE_FIELDS = tagged(_SECTIONS, VALUE)
 STATIC_TRUTH = tagged(_SECTIONS, TRUTH)
 # 'seed' and the data partition ('data.alpha', 'data.seed') never reach the round builder as values: they select

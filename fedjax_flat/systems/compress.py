@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_flat.errors import ConfigError
-from fedjax_flat.schema import RESULT, Choice, Field, Flag, Int, Num, Section
+from fedjax_flat.schema import RESULT, VALUE, Choice, Field, Flag, Int, Num, Section
 
 METHODS = ('none', 'topk', 'randk', 'qsgd')
 QSGD_BUCKET = 512          # Alistarh et al. 2017's bucket size in their experiments
@@ -58,8 +58,9 @@ SECTION = Section('upload', (
     Field('compress', Choice('none', METHODS), "the client's delta before it is sent: 'none' | 'topk' (the k "
           "largest |v_i|) | 'randk' (k random coordinates x d / k, unbiased) | 'qsgd' (stochastic quantization)"),
     Field('fraction', Num(0.01, lo=0, hi=1, lo_open=True), "topk / randk: k = max(1, round(fraction d)) of the d "
-          'coordinates kept'),
-    Field('bits', Int(2, lo=1), 'qsgd: bits a level, s = 2^bits - 1 levels of |v_i| / ||v_bucket|| (+ a sign bit)'),
+          'coordinates kept', {VALUE}),
+    Field('bits', Int(2, lo=1), 'qsgd: bits a level, s = 2^bits - 1 levels of |v_i| / ||v_bucket|| (+ a sign bit)',
+          {VALUE}),
     Field('error_feedback', Flag(False), 'keep each client\'s residual (what was not sent) and add it to its next '
           'delta (client state, checkpointed)'),
 ), check=_check, tags={RESULT}, doc='compressed uploads (systems/compress.py; algorithms/wrappers/compress.py)')
@@ -75,8 +76,8 @@ def num_kept(fraction, d: int):
 
 
 def levels(bits):
-  """s = 2^bits - 1."""
-  if isinstance(bits, int):
+  """s = 2^bits - 1 (jnp when bits is traced)."""
+  if isinstance(bits, int) and not isinstance(bits, bool):
     return 2 ** bits - 1
   return (2.0 ** jnp.asarray(bits, jnp.float32)) - 1.0
 
