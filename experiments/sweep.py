@@ -72,6 +72,8 @@ _BATCH = flags.DEFINE_string('batch_runs', '0', 'Runs per batched program in thi
                              f'or auto = {batched.AUTO_BATCH_RUNS} on a CPU, '
                              f'{batched.AUTO_BATCH_RUNS_ACCELERATOR} on an accelerator, both measured); '
                              '0 = one train.py process per run (--parallel at a time).')
+_AHEAD = flags.DEFINE_bool('compile_ahead', True, 'With --batch_runs: open the next program\'s runs and compile it '
+                           'on a thread while the current one trains (no effect on any number).')
 _PYTHON = flags.DEFINE_string('python', sys.executable, 'Python interpreter for the runs.')
 flags.mark_flag_as_required('sweep_dir')
 
@@ -144,7 +146,7 @@ def main(argv):
     try:
       states = sweep_lib.run_batched(runs, configs, _DIR.value, _info(spec, name), batch_runs=batch_runs,
                                      fresh=_FRESH.value, stop_requested=stopper,
-                                     signal_name=lambda: stopper.signal_name)
+                                     signal_name=lambda: stopper.signal_name, compile_ahead=_AHEAD.value)
     finally:
       stopper.uninstall()
   else:

@@ -611,11 +611,15 @@ def run_local(runs: List[Run], sweep_dir: str, info: Dict[str, Any], *, parallel
 
 def run_batched(runs: List[Run], configs: List[Any], sweep_dir: str, info: Dict[str, Any], *, batch_runs: int,
                 fresh: bool = False, stop_requested=lambda: False, signal_name=lambda: None,
-                stream=sys.stderr, poll_s: float = 2.0) -> Dict[str, Dict]:
+                stream=sys.stderr, poll_s: float = 2.0, compile_ahead: bool = True) -> Dict[str, Dict]:
   """Runs the unfinished runs in this process, packed into batched programs (training/batched.py): every run
   still writes its own workdir (and a line in its sweep.log). Returns {run key: state dict} as run_local. A run
   whose workdir is held by a live process is waited for (sweep.json: 'waiting'), never marked failed; a stop
-  request while waiting leaves it 'not started'."""
+  request while waiting leaves it 'not started'.
+
+  compile_ahead: while pack p trains, pack p+1 is opened and its program compiled on a thread (XLA compiles
+  outside the GIL), so a table of several program structures pays for one compilation in its wall time, not
+  for each. The packs' numbers do not depend on it (the same executable either way)."""
   states: Dict[str, Dict] = {}
   for r in runs:
     st = run_status(r)
@@ -628,19 +632,56 @@ def run_batched(runs: List[Run], configs: List[Any], sweep_dir: str, info: Dict[
   n_dev = len(jax.local_devices())
   write_manifest(sweep_dir, runs, info, states)
   t0 = time.time()
-  for p, pack in enumerate(packs):
-    lanes = runs_lib.lanes_for(len(pack), n_dev)    # the pack's program shape, kept on resume
-    todo = [i for i in pack if runs[i].key not in states]
-    while todo and not stop_requested():
-      # A workdir held by a live process (a run started by hand, a child of another driver) is waited for, as
-      # run_local does: it is not a failure. 'busy' results (taken between the check and the lock) go round again.
-      _wait_for_workdirs([runs[i] for i in todo], runs, sweep_dir, info, states, stop_requested, stream, poll_s)
-      if stop_requested():
-        break
-      todo = _run_pack(p, len(packs), pack, todo, lanes, runs, configs, sweep_dir, info, states, fresh,
-                       stop_requested, signal_name, stream, t0)
-      if todo:
-        time.sleep(poll_s)
+  data_cache: Dict[str, Any] = {}          # each dataset loaded once for the whole sweep
+  ahead: Dict[int, tuple] = {}             # pack index -> (its todo, batched.OpenedBatch), opened ahead
+
+  def open_ahead(q: int):
+    """Opens pack q (its runs not finished and not held elsewhere) and compiles its program on a thread."""
+    if not compile_ahead or q >= len(packs) or q in ahead or stop_requested():
+      return
+    todo_q = [i for i in packs[q] if runs[i].key not in states and workdir_holder(runs[i].workdir) is None]
+    if todo_q:
+      specs = [batched.RunSpec(runs[i].key, configs[i], runs[i].workdir) for i in todo_q]
+      try:
+        ob = batched.open_batch(specs, fresh=fresh, lanes=runs_lib.lanes_for(len(packs[q]), n_dev),
+                                data_cache=data_cache)
+      except Exception as e:  # noqa: BLE001 -- the pack is opened again in its turn, where its error is reported
+        stream.write(f'[sweep] program {q + 1}/{len(packs)} could not be opened ahead ({type(e).__name__}: '
+                     f'{str(e).splitlines()[0] if str(e) else ""}); it compiles in its turn\n')
+        return
+      ob.compile_ahead()
+      ahead[q] = (todo_q, ob)
+
+  try:
+    for p, pack in enumerate(packs):
+      lanes = runs_lib.lanes_for(len(pack), n_dev)    # the pack's program shape, kept on resume
+      todo = [i for i in pack if runs[i].key not in states]
+      prepared = ahead.pop(p, None)
+      while todo and not stop_requested():
+        # A workdir held by a live process (a run started by hand, a child of another driver) is waited for, as
+        # run_local does: it is not a failure. 'busy' results (taken between the check and the lock) go round
+        # again. Runs opened ahead are held by this process: nothing to wait for; the pack's other runs (held
+        # elsewhere when it was opened) go round again after them.
+        if prepared is not None:
+          now, rest = prepared[0], [i for i in todo if i not in prepared[0]]
+        else:
+          _wait_for_workdirs([runs[i] for i in todo], runs, sweep_dir, info, states, stop_requested, stream,
+                             poll_s)
+          if stop_requested():
+            break
+          now, rest = todo, []
+        busy = _run_pack(p, len(packs), pack, now, lanes, runs, configs, sweep_dir, info, states, fresh,
+                         stop_requested, signal_name, stream, t0, prepared=prepared and prepared[1],
+                         before_training=lambda: open_ahead(p + 1), data_cache=data_cache)
+        prepared = None
+        todo = busy + rest
+        if todo:
+          time.sleep(poll_s)
+      if prepared is not None:         # opened ahead, then a stop: release its runs untouched
+        prepared[1].close()
+  finally:
+    for _, ob in ahead.values():
+      ob.close()
   for r in runs:
     if states.get(r.key, {}).get('status') in (None, 'waiting'):
       states[r.key] = {'status': 'not started'}
@@ -671,9 +712,10 @@ def _wait_for_workdirs(todo: List[Run], runs, sweep_dir, info, states, stop_requ
 
 
 def _run_pack(p, n_packs, pack, todo, lanes, runs, configs, sweep_dir, info, states, fresh, stop_requested,
-              signal_name, stream, t0) -> List[int]:
-  """Trains the runs `todo` of pack p in one batched program (training/batched.run_batch); returns those found
-  busy (their workdir taken by a live process before the program could lock it), to be waited for."""
+              signal_name, stream, t0, prepared=None, before_training=lambda: None, data_cache=None) -> List[int]:
+  """Trains the runs `todo` of pack p in one batched program (training/batched.py); returns those found
+  busy (their workdir taken by a live process before the program could lock it), to be waited for.
+  prepared: the pack opened ahead (batched.OpenedBatch of exactly `todo`), its program compiled or compiling."""
   for i in todo:
     os.makedirs(runs[i].workdir, exist_ok=True)
     with open(os.path.join(runs[i].workdir, 'sweep.log'), 'a') as log:
@@ -682,11 +724,18 @@ def _run_pack(p, n_packs, pack, todo, lanes, runs, configs, sweep_dir, info, sta
     states[runs[i].key] = {'status': 'running', 'pid': os.getpid(), 'program': p}
   write_manifest(sweep_dir, runs, info, states)
   stream.write(f'[sweep] program {p + 1}/{n_packs}: {len(todo)} runs ({lanes} lanes), '
-               f'elapsed {_fmt_s(time.time() - t0)}\n')
+               f'elapsed {_fmt_s(time.time() - t0)}' + (', compiled ahead' if prepared is not None else '') + '\n')
   stream.flush()
-  specs = [batched.RunSpec(runs[i].key, configs[i], runs[i].workdir) for i in todo]
-  res = batched.run_batch(specs, fresh=fresh, stop_requested=stop_requested, signal_name=signal_name,
-                          lanes=lanes)
+  if prepared is None:
+    specs = [batched.RunSpec(runs[i].key, configs[i], runs[i].workdir) for i in todo]
+    res = batched.run_batch(specs, fresh=fresh, stop_requested=stop_requested, signal_name=signal_name,
+                            lanes=lanes, before_training=before_training, data_cache=data_cache)
+  else:
+    try:
+      before_training()
+      res = prepared.train(stop_requested=stop_requested, signal_name=signal_name)
+    finally:
+      prepared.close()
   busy = []
   for k, i in enumerate(todo):
     rr = res.get(k, batched.RunResult('failed', error='not run'))

@@ -20,6 +20,7 @@ run's numbers do not depend on which runs share its program (up to fp32 reductio
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -141,7 +142,8 @@ def align_plans(trainers: Sequence[loop.Trainer]) -> int:
   return changed
 
 
-_PROGRAMS: Dict[tuple, Callable] = {}     # compiled runs programs of this process (see BatchedTrainer)
+_PROGRAMS: Dict[tuple, Callable] = {}     # runs programs of this process (see BatchedTrainer)
+_COMPILED: Dict[tuple, Callable] = {}     # their executables, compiled ahead of time (BatchedTrainer.compile)
 
 
 class BatchRefused(errors.BadInputError):
@@ -212,6 +214,8 @@ class BatchedTrainer:
           clients_per_round=base.clients_per_round, cohort=t0.plan.cohort, rounds_per_call=t0.plan.rounds_per_call,
           has_store=self.has_store, mesh=self.mesh)
     self.fn = _PROGRAMS[program_key]
+    self.program_key = program_key
+    self.compiled = None
     self._preflight()
     self.failed: Dict[int, BaseException] = {}
     self.compile_s = None
@@ -220,16 +224,37 @@ class BatchedTrainer:
     """Traces the program once before anything compiles or trains: an algorithm whose builder
     would freeze a per-run value (core/runs.RunValueError: float() of a traced lr) or that needs what a batched
     program does not give it (a ConfigError of its builder) is refused in one line (`BatchRefused`)."""
-    lanes = self._lane_runs()
-    states = runs_lib.stack([self.trainers[i].server_state for i in lanes])
-    stores = runs_lib.stack([self.trainers[i].store.arrays for i in lanes]) if self.has_store else None
     try:
-      jax.eval_shape(self.fn, self.values, states, stores, self.templates, self.data_runs, self.data_shared,
-                     self.keys, np.int32(0), np.int32(1))
+      jax.eval_shape(self.fn, *self._args(0, 1, *self._initial(place=False)))
     except (runs_lib.RunValueError, errors.ConfigError) as e:
       t0 = self.trainers[0]
       raise BatchRefused(f'{t0.algorithm.label} cannot run in a batched program: '
                          f'{str(e).splitlines()[0]}; run it alone (--batch_runs=1)') from None
+
+  def _initial(self, place: bool = True):
+    """The lanes' stacked server states and client stores, as the first block reads them."""
+    lanes = self._lane_runs()
+    put = (lambda tree: runs_lib.place(tree, self.mesh)) if place else (lambda tree: tree)
+    states = put(runs_lib.stack([self.trainers[i].server_state for i in lanes]))
+    stores = put(runs_lib.stack([self.trainers[i].store.arrays for i in lanes])) if self.has_store else None
+    return states, stores
+
+  def _args(self, r: int, n: int, states, stores):
+    """The runs program's arguments for rounds r .. r+n-1 (r and n are traced: one program for every block)."""
+    return (self.values, states, stores, self.templates, self.data_runs, self.data_shared, self.keys,
+            np.int32(r), np.int32(n))
+
+  def compile(self) -> float:
+    """Compiles the runs program ahead of time (XLA works outside the GIL, so a sweep can call this on a thread
+    while another pack trains); returns the seconds it took (0: compiled before in this process). Every block
+    of `train` then calls this executable; it is the program the jitted function would compile."""
+    if self.compiled is None:
+      t = time.time()
+      if self.program_key not in _COMPILED:
+        _COMPILED[self.program_key] = self.fn.lower(*self._args(0, 1, *self._initial())).compile()
+      self.compiled = _COMPILED[self.program_key]
+      self.compile_s = time.time() - t
+    return self.compile_s
 
   def _lane_runs(self) -> List[int]:
     """The run each lane computes: runs in order, then copies of run 0 (dropped outputs)."""
@@ -245,12 +270,9 @@ class BatchedTrainer:
     """Starts rounds r .. r+n-1 of every lane (asynchronously) from the previous block's device outputs, or
     from the trainers' states; returns the device outputs (states, stores, metrics)."""
     if states is None:
-      lanes = self._lane_runs()
-      states = runs_lib.place(runs_lib.stack([self.trainers[i].server_state for i in lanes]), self.mesh)
-      stores = (runs_lib.place(runs_lib.stack([self.trainers[i].store.arrays for i in lanes]), self.mesh)
-                if self.has_store else None)
-    return self.fn(self.values, states, stores, self.templates, self.data_runs, self.data_shared, self.keys,
-                   np.int32(r), np.int32(n))
+      states, stores = self._initial()
+    self.compile()
+    return self.compiled(*self._args(r, n, states, stores))
 
   def train(self, stop_requested: Callable[[], bool] = lambda: False) -> Dict[int, dict]:
     """Trains every run to its end (or a stop); returns {run index: summary} of the runs that finished
@@ -279,8 +301,6 @@ class BatchedTrainer:
         pending = (r + n, n2, self.dispatch(r + n, n2, states_d, stores_d))
       m = jax.device_get(m_d)
       wall, ready_prev = time.time() - ready_prev, time.time()
-      if r == start:
-        self.compile_s = wall
       states = self._on_host(states_d)
       stores = self._on_host(stores_d) if self.has_store else None
       stop = bool(stop_requested())
@@ -336,17 +356,36 @@ class RunResult:
 
 def run_batch(specs: Sequence[RunSpec], *, fresh: bool = False, stop_requested=lambda: False,
               signal_name=lambda: None, lanes: Optional[int] = None, memory_bytes: Optional[int] = None,
-              on_result: Callable[[int, RunResult], None] = lambda i, res: None) -> Dict[int, RunResult]:
+              on_result: Callable[[int, RunResult], None] = lambda i, res: None,
+              before_training: Callable[[], None] = lambda: None,
+              data_cache: Optional[Dict[str, object]] = None) -> Dict[int, RunResult]:
   """Opens and trains `specs` (one compatible pack) in as few batched programs as memory allows.
 
   Runs that cannot be opened (bad config for the data) fail alone; the others go on. A run whose workdir is
   locked by a live process is 'busy' (nothing of it was touched): the caller waits and retries it.
   memory_bytes: the budget for the program's lanes (default: runs.device_memory_bytes() / 2).
+  before_training: called once the pack is opened and its program built, before it compiles and trains (a
+  sweep opens its next pack there and compiles that one's program on a thread meanwhile: `open_batch`).
   """
+  batch = open_batch(specs, fresh=fresh, lanes=lanes, memory_bytes=memory_bytes, on_result=on_result,
+                     data_cache=data_cache)
+  try:
+    before_training()
+    return batch.train(stop_requested=stop_requested, signal_name=signal_name)
+  finally:
+    batch.close()
+
+
+def open_batch(specs: Sequence[RunSpec], *, fresh: bool = False, lanes: Optional[int] = None,
+               memory_bytes: Optional[int] = None, on_result: Callable[[int, RunResult], None] = lambda i, res: None,
+               data_cache: Optional[Dict[str, object]] = None) -> 'OpenedBatch':
+  """Opens `specs` (workdir locks, resumed or fresh, as training/run.py does) and builds the pack's first
+  program, without compiling or training it: `OpenedBatch.compile_ahead`, `.train`, `.close`. data_cache:
+  {data config: dataset}, shared between the packs of a sweep so that each dataset is loaded once."""
   results: Dict[int, RunResult] = {}
   opened = []          # (spec index, trainer, checkpointer, step, lock)
   t_open = time.time()
-  data_cache = {}
+  data_cache = {} if data_cache is None else data_cache
   for i, spec in enumerate(specs):
     lock = None
     try:
@@ -369,15 +408,89 @@ def run_batch(specs: Sequence[RunSpec], *, fresh: bool = False, stop_requested=l
         lock.release()
       results[i] = RunResult('failed', error=f'{type(e).__name__}: {e}')
       on_result(i, results[i])
+  batch = OpenedBatch(results, opened, t_open, lanes=lanes, memory_bytes=memory_bytes, on_result=on_result)
   try:
+    batch.build_first()
+  except BaseException:
+    batch.close()
+    raise
+  return batch
+
+
+class OpenedBatch:
+  """One pack, opened: its runs grouped by program (`by_sig`), the first program built (`first`)."""
+
+  def __init__(self, results, opened, t_open, *, lanes, memory_bytes, on_result):
+    self.results: Dict[int, RunResult] = results
+    self.opened = opened
+    self.t_open = t_open
+    self.lanes = lanes
+    self.on_result = on_result
+    self.budget = memory_bytes if memory_bytes is not None else runs_lib.device_memory_bytes() // 2
+    self.first: Optional[BatchedTrainer] = None
+    self._thread: Optional[threading.Thread] = None
+    self._compile_error: Optional[BaseException] = None
+    self.ahead = False                   # compile_ahead was called
+    self._closed = False
     if align_plans([item[1] for item in opened]):
       logging.info('runs with other client sizes (data grid) share the largest batch plan of their pack')
-    by_sig: Dict[object, list] = {}
+    self.by_sig: Dict[object, list] = {}
     for item in opened:
       sig = _trainer_blocker(item[1]) or _signature(item[1])
-      by_sig.setdefault(sig, []).append(item)
-    budget = memory_bytes if memory_bytes is not None else runs_lib.device_memory_bytes() // 2
-    for sig, items in by_sig.items():
+      self.by_sig.setdefault(sig, []).append(item)
+
+  def _chunks(self, items):
+    """The items of one program split by the memory budget, and the lanes each chunk's program has."""
+    per = _lane_bytes(items[0][1])
+    cap = max(1, int(self.budget // max(per, 1)))
+    n_dev = len(jax.local_devices())
+    if cap >= n_dev:
+      cap -= cap % n_dev
+    chunks = [items[j:j + cap] for j in range(0, len(items), cap)]
+    use_lanes = self.lanes if (self.lanes and self.lanes >= len(items)) else None     # the pack's program shape
+    if len(chunks) > 1:
+      use_lanes = runs_lib.lanes_for(cap, n_dev) if cap >= n_dev else None
+      logging.warning('a batch of %d runs (%.1f MB per lane) exceeds the memory budget %.0f MB: split into '
+                      '%d programs', len(items), per / 2**20, self.budget / 2**20, len(chunks))
+    return chunks, use_lanes
+
+  def build_first(self):
+    """Builds (traces, does not compile) the program of the first group that batches, so that it can be
+    compiled ahead; a refusal is left for `train` to report."""
+    for sig, items in self.by_sig.items():
+      if not isinstance(sig, str):
+        chunks, use_lanes = self._chunks(items)
+        try:
+          self.first = BatchedTrainer([it[1] for it in chunks[0]], lanes=use_lanes)
+        except BatchRefused:
+          pass
+        return
+
+  def compile_ahead(self):
+    """Compiles the first program on a thread (returns at once); `train` waits for it."""
+    if self.first is not None and self._thread is None:
+      self.ahead = True
+
+      def work():
+        try:
+          self.first.compile()
+        except BaseException as e:  # noqa: BLE001 -- re-raised by train, in the caller's thread
+          self._compile_error = e
+      self._thread = threading.Thread(target=work, name='compile-ahead', daemon=True)
+      self._thread.start()
+
+  def _join(self):
+    if self._thread is not None:
+      self._thread.join()
+      self._thread = None
+      if self._compile_error is not None:
+        e, self._compile_error = self._compile_error, None
+        raise e
+
+  def train(self, stop_requested=lambda: False, signal_name=lambda: None) -> Dict[int, RunResult]:
+    self._join()
+    results, on_result = self.results, self.on_result
+    for sig, items in self.by_sig.items():
       if isinstance(sig, str):             # cannot batch: train each alone, as train.py would
         logging.warning('%d run(s) train alone: %s', len(items), sig)
         for i, t, ckpt, step, _ in items:
@@ -386,28 +499,21 @@ def run_batch(specs: Sequence[RunSpec], *, fresh: bool = False, stop_requested=l
           results[i] = _result(summary, t, ckpt, step, signal_name(), time.time() - t0)
           on_result(i, results[i])
         continue
-      per = _lane_bytes(items[0][1])
-      cap = max(1, int(budget // max(per, 1)))
-      n_dev = len(jax.local_devices())
-      if cap >= n_dev:
-        cap -= cap % n_dev
-      chunks = [items[j:j + cap] for j in range(0, len(items), cap)]
-      use_lanes = lanes if (lanes and lanes >= len(items)) else None     # the pack's program shape
-      if len(chunks) > 1:
-        use_lanes = runs_lib.lanes_for(cap, n_dev) if cap >= n_dev else None
-        logging.warning('a batch of %d runs (%.1f MB per lane) exceeds the memory budget %.0f MB: split into '
-                        '%d programs', len(items), per / 2**20, budget / 2**20, len(chunks))
-      for chunk in chunks:
+      chunks, use_lanes = self._chunks(items)
+      for c, chunk in enumerate(chunks):
         t0 = time.time()
         try:
-          bt = BatchedTrainer([it[1] for it in chunk], lanes=use_lanes)
+          if self.first is not None and c == 0 and self.first.trainers[0] is chunk[0][1]:
+            bt = self.first
+          else:
+            bt = BatchedTrainer([it[1] for it in chunk], lanes=use_lanes)
         except BatchRefused as e:        # refused before compiling: every run of the pack, one line each
           for i, *_ in chunk:
             results[i] = RunResult('failed', error=f'{type(e).__name__}: {e}')
             on_result(i, results[i])
           continue
         summaries = bt.train(stop_requested=stop_requested)
-        wall = time.time() - t0 + (t0 - t_open) / max(len(opened), 1) * len(chunk)
+        wall = time.time() - t0 + (t0 - self.t_open) / max(len(self.opened), 1) * len(chunk)
         for k, (i, t, ckpt, step, _) in enumerate(chunk):
           if k in bt.failed:
             results[i] = RunResult('failed', error=f'{type(bt.failed[k]).__name__}: {bt.failed[k]}',
@@ -416,13 +522,21 @@ def run_batch(specs: Sequence[RunSpec], *, fresh: bool = False, stop_requested=l
             results[i] = dataclasses.replace(_result(summaries[k], t, ckpt, step, signal_name(), wall / len(chunk)),
                                              lanes=bt.lanes)
           on_result(i, results[i])
-        logging.info('batched program of %d runs in %d lanes: %.1f s (first block, with compilation: %.1f s)',
-                     len(chunk), bt.lanes, time.time() - t0, bt.compile_s or 0.0)
-  finally:
-    for _, _, ckpt, _, lock in opened:
+        logging.info('batched program of %d runs in %d lanes: %.1f s (compilation: %.1f s%s)',
+                     len(chunk), bt.lanes, time.time() - t0, bt.compile_s or 0.0,
+                     ', on a thread while the previous pack trained' if bt is self.first and self.ahead else '')
+    return results
+
+  def close(self):
+    """Releases every opened run (checkpointers closed, workdir locks released); waits for a compile ahead."""
+    if self._closed:
+      return
+    self._closed = True
+    if self._thread is not None:
+      self._thread.join()
+    for _, _, ckpt, _, lock in self.opened:
       ckpt.close()
       lock.release()
-  return results
 
 
 def _result(summary, trainer, ckpt, step, sig, wall) -> RunResult:

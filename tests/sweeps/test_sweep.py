@@ -1,6 +1,7 @@
 """experiments/sweep.py: grid expansion and naming, local runs (run / skip / fail / resume after SIGKILL), SLURM."""
 import json
 import os
+import pathlib
 import shlex
 import signal
 import subprocess
@@ -470,3 +471,45 @@ def test_a_child_ended_by_the_forwarded_sigterm_while_starting_is_stopped_not_fa
   st = sweep_lib.run_local(runs, str(tmp_path / 's'), {}, python=_fake_python(tmp_path, 'slow', 'exec sleep 30'),
                            poll_s=0.05, stream=open(os.devnull, 'w'), env=dict(os.environ))[runs[0].key]
   assert st['status'] == 'stopped' and st['returncode'] == -signal.SIGTERM
+
+
+def test_batched_sweep_compiles_the_next_program_on_a_thread_while_one_trains(tmp_path, monkeypatch):
+  """Two program structures (SGD and SAM clients): while the first pack trains, the second is opened and its
+  program compiled on a thread; its runs then train from that executable. The numbers are those of the same
+  sweep without compiling ahead (the same program either way: bitwise)."""
+  import io
+  import threading
+  from configs import quickstart
+  from fedjax_flat.training import batched
+  where = []
+  real = batched.BatchedTrainer.compile
+  monkeypatch.setattr(batched.BatchedTrainer, 'compile',
+                      lambda self: (where.append((self.trainers[0].config.client.optimizer,
+                                                  threading.current_thread().name, self.compiled is None)),
+                                    real(self))[1])
+
+  def sweep(d, ahead):
+    runs = sweep_lib.expand(dict(config=QS, fixed={'rounds': 1, 'eval_every': 1, 'summary_last_k': 1},
+                                 grid={'client.optimizer': ['sgd', 'sam']}), str(d))
+    configs = []
+    for r in runs:
+      c = quickstart.get_config()
+      c.rounds, c.eval_every, c.summary_last_k = 1, 1, 1
+      c.client.optimizer = r.overrides['client.optimizer']
+      configs.append(c)
+    stream = io.StringIO()
+    states = sweep_lib.run_batched(runs, configs, str(d), {}, batch_runs=2, stream=stream, compile_ahead=ahead)
+    assert [states[r.key]['status'] for r in runs] == ['done', 'done'], states
+    return runs, stream.getvalue()
+
+  runs, log = sweep(tmp_path / 'ahead', True)
+  assert 'program 2/2: 1 runs (1 lanes), ' in log and log.count('compiled ahead') == 1, log
+  # SAM's program: compiled on the thread (it was not compiled before), then used as it is by the main thread.
+  sam = [w for w in where if w[0] == 'sam']
+  assert sam[0][1] == 'compile-ahead' and sam[0][2] and all(not w[2] for w in sam[1:]), where
+  runs_b, _ = sweep(tmp_path / 'plain', False)
+  read = lambda r: pathlib.Path(r.workdir, 'metrics.jsonl').read_text().splitlines()
+  for a, b in zip(runs, runs_b, strict=True):
+    ja, jb = [json.loads(x) for x in read(a)], [json.loads(x) for x in read(b)]
+    assert [{k: v for k, v in x.items() if not k.endswith('_s') and 'time' not in k} for x in ja] == \
+        [{k: v for k, v in x.items() if not k.endswith('_s') and 'time' not in k} for x in jb]

@@ -31,6 +31,8 @@ CASES = {
     'fedsam': {'client.optimizer': 'sam', 'client.rho': 0.05},
     'scaffold': {'algorithm': 'scaffold'},
     'swa': {'swa.enabled': True, 'swa.start_fraction': 0.3, 'swa.cycle': 2, 'swa.lr1': 0.1, 'swa.lr2': 0.01},
+    # a WiMA window grid in one program: the window per run, the buffer the largest window
+    'wima': {'wima.enabled': True, 'wima.buffer': 4},
     # builders that once froze a per-run value with float(): FedNova's momentum, Mime's weight decay
     'fednova': {'algorithm': 'fednova'},
     'mime': {'algorithm': 'mime'},
@@ -49,6 +51,7 @@ VALUES = [{'seed': 0, 'client.lr': 0.1, 'client.momentum': 0.9, 'client.weight_d
 EXTRA = {'fedsam': [{'client.rho': 0.02}, {'client.rho': 0.05}, {'client.rho': 0.1}],
          'swa': [{'swa.lr1': 0.1, 'swa.lr2': 0.01}, {'swa.lr1': 0.2, 'swa.lr2': 0.02}, {'swa.lr1': 0.05,
                                                                                         'swa.lr2': 0.001}],
+         'wima': [{'wima.window': 2}, {'wima.window': 3}, {'wima.window': 4}],
          'mime': [{'client.momentum': 0.0}] * 3,     # Mime's base-optimizer momentum is algo.beta
          'dp': [{'dp.clip': 0.1, 'dp.noise_multiplier': 0.1}, {'dp.clip': 0.3, 'dp.noise_multiplier': 0.2},
                 {'dp.clip': 1.0, 'dp.noise_multiplier': 0.0}],
