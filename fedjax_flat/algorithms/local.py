@@ -164,10 +164,20 @@ def local_step(local: LocalState, batch, rng, *, loss_fn, tx: optax.GradientTran
   def grad_fn(p):
     return jax.grad(lambda q: loss_fn(q, batch, rng)[0])(p)
 
+  # For a subset ascent (optimizers/ksam.py; traced only by an optimizer that calls them): each example's loss
+  # as the derivative of the batch's loss sum with respect to its mask entry, and the gradient of the loss over
+  # the examples a weight mask selects.
+  def example_losses_fn(p):
+    mask = batch['mask'].astype(jnp.float32)
+    return jax.grad(lambda m: loss_fn(p, {**batch, 'mask': m}, rng)[1][0])(mask), mask
+
+  def example_grad_fn(p, weights):
+    return jax.grad(lambda q: loss_fn(q, {**batch, 'mask': weights}, rng)[0])(p)
+
   (_, aux), grads = jax.value_and_grad(lambda p: loss_fn(p, batch, rng), has_aux=True)(params)
   loss_sum, count = aux[0], aux[1]
   updates, opt_state = tx.update(grads, local.opt_state, params, grad_fn=grad_fn, correction=correction,
-                                 **extra)
+                                 example_losses_fn=example_losses_fn, example_grad_fn=example_grad_fn, **extra)
   params = optax.apply_updates(params, updates)
   if len(aux) > 2:   # BatchNorm: the running statistics of this step's (unperturbed) forward pass
     params = {**params, 'batch_stats': aux[2]}

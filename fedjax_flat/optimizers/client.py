@@ -1,7 +1,7 @@
 """The client optimizer: built ONCE per algorithm from the config's `client` section; the per-round
 hyperparameters the server broadcasts (lr, rho; may be traced) are passed to every update.
 
-chain(  [sam(rho) | asam(rho, eta) | sam_every | looksam | nothing]   replaces g by the ascent-point gradient
+chain(  [sam(rho) | asam(rho, eta) | sam_every | looksam | ksam | nothing]   replaces g by the ascent-point gradient
         add_correction()                        + algorithm correction (FedProx, SCAFFOLD, FedDyn...)
         [clip_by_global_norm(c)]                (FedDyn's gradient clipping)
         add_decayed_weights(wd)                 PyTorch-style coupled weight decay, at the unperturbed w
@@ -31,10 +31,12 @@ import optax
 
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.optimizers import asam as asam_lib
+from fedjax_flat.optimizers import ksam as ksam_lib
 from fedjax_flat.optimizers import looksam as looksam_lib
 from fedjax_flat.optimizers import sam as sam_lib
 from fedjax_flat.optimizers import sam_every as sam_every_lib
 from fedjax_flat.optimizers.asam import asam
+from fedjax_flat.optimizers.ksam import ksam
 from fedjax_flat.optimizers.looksam import looksam
 from fedjax_flat.optimizers.sam import sam
 from fedjax_flat.optimizers.sam_every import sam_every
@@ -80,12 +82,13 @@ def _adam(cfg) -> bool:
 
 # config.client: local training (read here, by optimizers/schedules.py and algorithms/local.py).
 # The client optimizers with an ascent step: they read client.rho (sharpness-aware, each declared in its module).
-ASCENT_OPTIMIZERS = ('sam', 'asam', 'sam_every', 'looksam')
+ASCENT_OPTIMIZERS = ('sam', 'asam', 'sam_every', 'looksam', 'ksam')
 
 SECTION = Section('client', (
-    Field('optimizer', Choice('sgd', ('sgd', 'sam', 'asam', 'sam_every', 'looksam'), sort=True),
+    Field('optimizer', Choice('sgd', ('sgd', 'sam', 'asam', 'sam_every', 'looksam', 'ksam'), sort=True),
           "the gradient: 'sgd' (plain) | 'sam' | 'asam' (sharpness-aware) | 'sam_every' (SAM on every "
-          "sam_every-th step) | 'looksam' (SAM every looksam_k-th step, its orthogonal part reused between)"),
+          "sam_every-th step) | 'looksam' (SAM every looksam_k-th step, its orthogonal part reused between) | "
+          "'ksam' (SAM's ascent on the ascent_fraction highest-loss examples of the batch, K-SAM)"),
     Field('base_optimizer', Choice('sgd', ('sgd', 'adam'), sort=True),
           "'sgd' (lr, momentum) | 'adam' (lr, adam_b1, adam_b2, adam_eps)"),
     Field('adam_b1', Num(0.9, lo=0, hi=1, hi_open=True), 'Adam beta1', when=_adam),
@@ -113,6 +116,9 @@ SECTION = Section('client', (
     Field('looksam_k', Int(5, lo=1), "k of client.optimizer='looksam' (Liu et al. 2022: 5)", when=_opt('looksam')),
     Field('looksam_alpha', Num(0.7, lo=0), "alpha of client.optimizer='looksam' (Liu et al. 2022: 0.7)",
           when=_opt('looksam')),
+    Field('ascent_fraction', Num(0.5, lo=0, hi=1, lo_open=True),
+          "client.optimizer='ksam': the share of the batch's valid examples (highest loss first) the ascent uses",
+          when=_opt('ksam')),
     Field('grad_clip', Num(0.0, lo=0), 'clip_by_global_norm (FedDyn: 30); 0 = off'),
     Field('lr_schedule', Choice('constant', LR_SCHEDULES, sort=True),
           "'constant' | 'poly_step' (over each round's local steps, FedDrive) | 'poly_round' (over rounds): "
@@ -171,6 +177,8 @@ def gradient_passes(client_cfg) -> float:
     return sam_every_lib.passes(client_cfg.sam_every)
   if kind == 'looksam':
     return looksam_lib.passes(client_cfg.looksam_k)
+  if kind == 'ksam':
+    return ksam_lib.passes(client_cfg.ascent_fraction)
   return {'sgd': SGD_PASSES, 'sam': sam_lib.PASSES, 'asam': asam_lib.PASSES}[kind]
 
 
@@ -189,8 +197,11 @@ def client_optimizer(client_cfg) -> optax.GradientTransformationExtraArgs:
   elif kind == 'looksam':
     k, alpha = client_cfg.looksam_k, client_cfg.looksam_alpha
     parts.append(_per_update(lambda hp: looksam(hp['rho'], k, alpha), 'looksam'))
+  elif kind == 'ksam':
+    fraction = client_cfg.ascent_fraction
+    parts.append(_per_update(lambda hp: ksam(hp['rho'], fraction), 'ksam'))
   elif kind != 'sgd':
-    raise ValueError(f"client.optimizer={kind!r}; allowed: 'sgd', 'sam', 'asam', 'sam_every', 'looksam'")
+    raise ValueError(f"client.optimizer={kind!r}; allowed: 'sgd', 'sam', 'asam', 'sam_every', 'looksam', 'ksam'")
   parts.append(add_correction())
   if client_cfg.get('grad_clip', 0.0):
     parts.append(optax.clip_by_global_norm(client_cfg.grad_clip))

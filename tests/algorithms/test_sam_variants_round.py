@@ -1,4 +1,4 @@
-"""FedAvg with the cheaper sharpness-aware clients (sam_every, looksam) through the real round engine, against a
+"""FedAvg with the cheaper sharpness-aware clients (sam_every, looksam, ksam) through the real round engine, against a
 hand-run reference of their formulas on each client's valid steps."""
 import jax
 import jax.numpy as jnp
@@ -7,8 +7,8 @@ import pytest
 
 from fedjax_flat.algorithms import registry
 from fedjax_flat.core import engine
-from tests.fixtures.baselines import (MODEL, PARAMS0, SCHEDULE, add, assert_tree_close, client_batches, config, grad,
-                                      mean, round_batches, run_engine, sam_grad, scale, sgd, sub)
+from tests.fixtures.baselines import (_LOSS, MODEL, PARAMS0, SCHEDULE, add, assert_tree_close, client_batches, config,
+                                      grad, mean, round_batches, run_engine, sam_grad, scale, sgd, sub)
 
 RHO = 0.1
 
@@ -61,3 +61,32 @@ def test_one_compiled_round_program_across_rounds_and_steps():
     rb = round_batches(r)
     state, _, _ = fn(state, rb.as_dict(), None, rngs, rb.num_examples, rb.client_ids >= 0, r)
   assert fn._cache_size() == 1
+
+
+def _ksam_grad(w, b, rho, fraction):
+  """K-SAM's subset ascent by hand: the k = max(1, round(fraction n)) highest-loss examples (ties: lower index)
+  give the ascent direction, the whole batch the gradient at the ascent point."""
+  n = len(b['y'])
+  losses = [float(_LOSS(w, {k: v[i:i + 1] for k, v in b.items()})[0]) for i in range(n)]
+  keep = sorted(sorted(range(n), key=lambda i: -losses[i])[:max(1, int(round(fraction * n)))])
+  g_s = grad(w, {k: v[keep] for k, v in b.items()})
+  return grad(add(w, scale(g_s, rho / (_norm(g_s) + 1e-12))), b)
+
+
+def test_fedavg_round_with_the_subset_ascent_matches_formula():
+  fraction = 0.5
+  cfg = config('fedavg', optimizer='ksam', rho=RHO)
+  cfg.client.ascent_fraction = fraction
+  state, _, _ = run_engine(cfg)
+  x = PARAMS0
+  for r, ids in enumerate(SCHEDULE):
+    models, sizes = [], []
+    for c in ids:
+      y = x
+      batches = client_batches(r, c)
+      for b in batches:
+        y = sgd(y, _ksam_grad(y, b, RHO, fraction))
+      models.append(y)
+      sizes.append(sum(len(b['y']) for b in batches))
+    x = mean(models, sizes)
+  assert_tree_close(state['params'], x)

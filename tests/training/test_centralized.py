@@ -431,7 +431,7 @@ def test_centralized_poly_schedule_is_the_release_poly():
   np.testing.assert_allclose(lrs, 0.1 * (1 - np.arange(10) / 10) ** 0.9, rtol=1e-6)
 
 
-@pytest.mark.parametrize('opt', ['sam', 'asam', 'sam_every', 'looksam'])
+@pytest.mark.parametrize('opt', ['sam', 'asam', 'sam_every', 'looksam', 'ksam'])
 def test_every_ascent_optimizer_gets_its_radius_in_a_centralized_run(opt):
   """The centralized step reads rho from hparams (client_hparams(lr, rho)): every optimizer with an ascent
   (optimizers/client.ASCENT_OPTIMIZERS) gets client.rho, SGD none."""

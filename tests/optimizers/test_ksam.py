@@ -1,0 +1,100 @@
+"""K-SAM's subset ascent (optimizers/ksam.py) against its formula on a tiny least-squares problem, through
+algorithms/local.local_step (the per-example losses and the subset gradient it passes), and through the engine."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from ml_collections import ConfigDict
+
+from fedjax_flat.algorithms import local
+from fedjax_flat.config import validate
+from fedjax_flat.data.sources.builtin import synthetic
+from fedjax_flat.errors import ConfigError
+from fedjax_flat.optimizers.client import client_optimizer, gradient_passes
+from fedjax_flat.optimizers.ksam import top_loss_mask
+from fedjax_flat.training import driver as driver_lib
+from fedjax_flat.training import trainers
+from tests.fixtures.configs import small_config
+
+# l_i(w) = 0.5 (x_i . w - y_i)^2 over 4 valid examples and one padding row (whose huge loss must not be chosen)
+X = np.array([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0], [-1.0, 0.5], [10.0, 10.0]])
+Y = np.array([1.0, -1.0, 3.0, 0.5, -50.0])
+MASK = np.array([1.0, 1.0, 1.0, 1.0, 0.0])
+W0 = np.array([0.5, -0.2])
+RHO, LR = 0.3, 0.1
+
+
+def loss_fn(w, batch, rng=None):
+  del rng
+  m = batch['mask'].astype(jnp.float32)
+  r = batch['x'] @ w - batch['y']
+  loss_sum, count = jnp.sum(m * 0.5 * r ** 2), jnp.sum(m)
+  return loss_sum / jnp.maximum(count, 1.0), (loss_sum, count)
+
+
+def _client(**kw):
+  c = ConfigDict(dict(optimizer='ksam', ascent_fraction=0.5, weight_decay=0.0, momentum=0.0,
+                      lr_schedule='constant', asam_eta=0.0))
+  c.update(kw)
+  return c
+
+
+def step(client, w=W0):
+  tx = client_optimizer(client)
+  w = jnp.asarray(w, jnp.float32)
+  state = local.LocalState(params=w, opt_state=tx.init(w), init_params=w)
+  batch = {'x': jnp.asarray(X, jnp.float32), 'y': jnp.asarray(Y, jnp.float32), 'mask': jnp.asarray(MASK > 0)}
+  new, _ = jax.jit(lambda s: local.local_step(s, batch, None, loss_fn=loss_fn, tx=tx,
+                                              hparams={'lr': LR, 'rho': RHO}))(state)
+  return np.asarray(new.params)
+
+
+def hand(subset):
+  """w0 - lr grad L_B(w0 + e), e = rho g_S / ||g_S||, g_S the mean gradient over `subset` (float64)."""
+  r = X[subset] @ W0 - Y[subset]
+  g_s = (r[:, None] * X[subset]).mean(0)
+  w_e = W0 + RHO * g_s / np.linalg.norm(g_s)
+  valid = MASK > 0
+  g = ((X[valid] @ w_e - Y[valid])[:, None] * X[valid]).mean(0)
+  return W0 - LR * g
+
+
+def test_top_loss_mask_by_hand():
+  losses = jnp.array([3.0, 1.0, 5.0, 2.0, 9.0])
+  np.testing.assert_array_equal(top_loss_mask(losses, jnp.asarray(MASK), 0.5), [1, 0, 1, 0, 0])   # k = 2 of 4
+  np.testing.assert_array_equal(top_loss_mask(losses, jnp.asarray(MASK), 0.01), [0, 0, 1, 0, 0])  # k >= 1
+  np.testing.assert_array_equal(top_loss_mask(losses, jnp.asarray(MASK), 1.0), MASK)
+  np.testing.assert_array_equal(top_loss_mask(jnp.array([2.0, 2.0, 1.0]), jnp.ones(3), 0.34), [1, 0, 0])   # ties
+
+
+def test_step_equals_the_formula():
+  # losses at w0: 0.125, 0.18, 3.645, 0.605 (the padding row's 2e3 not counted) -> the top half is examples 2, 3
+  np.testing.assert_allclose(step(_client()), hand(np.array([2, 3])), rtol=1e-5)
+  np.testing.assert_allclose(step(_client(ascent_fraction=0.25)), hand(np.array([2])), rtol=1e-5)
+
+
+def test_whole_batch_is_sam():
+  np.testing.assert_allclose(step(_client(ascent_fraction=1.0)), step(_client(optimizer='sam')), rtol=1e-6)
+  np.testing.assert_allclose(step(_client(ascent_fraction=1.0)), hand(np.array([0, 1, 2, 3])), rtol=1e-5)
+
+
+def test_declared_passes_and_one_line_refusals():
+  assert gradient_passes(_client(ascent_fraction=0.25)) == 1.25
+  for bad in (0.0, 1.5):
+    with pytest.raises(ConfigError, match='client.ascent_fraction') as e:
+      validate.validate_config(small_config(**{'client.optimizer': 'ksam', 'client.ascent_fraction': bad}))
+    assert '\n' not in str(e.value)
+
+
+def test_a_fedavg_round_through_the_engine_is_one_program():
+  data = synthetic(8, [3, 17, 6, 9, 30, 1, 12, 5], input_shape=(4, 4, 1), num_classes=4, seed=3)
+  t = trainers.make_trainer(small_config(rounds=2, **{'client.optimizer': 'ksam', 'client.ascent_fraction': 0.3,
+                                                      'client.rho': 0.1}), data=data)
+  host = driver_lib.HostDriver(t.plan)
+  before = t.server_state['params']
+  for r in range(2):       # the clients' batches differ in their padding round to round
+    t.server_state, _ = host.run_round(t.server_state, t.store, r, host.prepare_round(r))
+  assert host.round_fn._cache_size() == 1
+  leaves = jax.tree_util.tree_leaves
+  assert all(np.all(np.isfinite(x)) for x in leaves(t.server_state['params']))
+  assert not all(np.array_equal(a, b) for a, b in zip(leaves(before), leaves(t.server_state['params'])))
