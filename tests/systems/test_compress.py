@@ -8,6 +8,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from fedjax_flat.algorithms import registry
 from fedjax_flat.algorithms.wrappers import compress as wrapper
 from fedjax_flat.config import validate
 from fedjax_flat.data.sources.builtin import synthetic
@@ -156,3 +157,20 @@ def test_the_clock_sends_the_compressed_bytes():
   assert plain.plan.clock.bytes_up == 4 * d
   assert packed.plan.clock.bytes_up == 4 * math.ceil(d / 512) + math.ceil(d * 4 / 8)
   assert packed.plan.clock.bytes_down == plain.plan.clock.bytes_down
+
+
+@pytest.mark.slow    # builds and trains every delta-upload algorithm for a round (about a minute)
+@pytest.mark.parametrize('name', wrapper.dp_lib.DELTA_UPLOADS)
+def test_every_delta_upload_algorithm_trains_compressed_with_error_feedback(name):
+  c = small_config(algorithm=name, rounds=2, model={'fedcg': 'fedcg_net'}.get(name, 'mlp'),
+                   **{'data.num_clients': 6, 'upload.compress': 'randk', 'upload.fraction': 0.3,
+                      'upload.error_feedback': True})
+  spec = registry.spec(name)
+  if spec.client_optimizers is not None:
+    c.client.optimizer = spec.client_optimizers[0]
+  c.algo.update({**registry.default_hparams(name), **c.algo.to_dict()})
+  validate.validate_config(c)
+  t = trainers.make_trainer(c, data=synthetic(6, [6, 3, 8, 5, 7, 4], input_shape=(3, 3, 1), num_classes=4, seed=0))
+  assert t.algorithm.wrappers[-1] == 'compress' and t.store is not None
+  summary = t.train()
+  assert 0 < summary['compress_error_mean'] < 10 and math.isfinite(summary['final_test_accuracy'])

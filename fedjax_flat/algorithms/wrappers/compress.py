@@ -8,8 +8,8 @@ its relative compression error ||C(p) - p|| / ||p|| (a 'uniform' entry the wrapp
 before the algorithm sees the aggregate). The server state gains 'compress' = {'err': the round's mean relative
 error, 'err_sum': its sum over rounds, 'rounds'} (checkpointed with it; training/evals/compress.py reports it).
 
-With error feedback the client state is {'ef': residual shaped like the params} (+ the algorithm's own under
-'inner'): the client-state store the stateful algorithms use keeps it and checkpoints it; a client that does not
+With error feedback the client state is {'ef': a residual shaped like the algorithm's delta} (+ the algorithm's own
+under 'inner'): the client-state store the stateful algorithms use keeps it and checkpoints it; a client that does not
 report keeps its residual. Which algorithms qualify: the same list as DP (`dp.DELTA_UPLOADS`): their upload is
 the model delta alone; control variates, duals, normalized directions or slots are refused in one line.
 Combined with DP it is refused too: a compressed (rand-k: scaled by d / k) delta is no longer within the clip.
@@ -87,9 +87,19 @@ def with_compression(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
 
   client_state_init = alg.client_state_init
   initial_client_states = alg.initial_client_states
+  def zero_residual(params):
+    """Zeros shaped like the algorithm's delta (FedCG's is its network's alone), from its upload traced once
+    abstractly (jax.eval_shape: nothing is computed)."""
+    def upload(p):
+      key = jax.random.PRNGKey(0)
+      bcast = alg.broadcast(alg.server_init(p, key), 0)
+      cs = alg.client_state_init(p) if inner_has_state else None
+      return alg.client_final(bcast, alg.client_init(bcast, cs, key), cs)[0]['weighted']['delta']
+    return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(upload, params))
+
   if ef:
     def client_state_init(params):
-      s = {'ef': jax.tree_util.tree_map(jnp.zeros_like, params)}
+      s = {'ef': zero_residual(params)}
       if inner_has_state:
         s['inner'] = alg.client_state_init(params)
       return s
@@ -122,8 +132,8 @@ def with_compression(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
     if ef:
       residual = client_state['ef']
       if jax.tree_util.tree_structure(residual) != jax.tree_util.tree_structure(delta):
-        raise ConfigError('upload.error_feedback', True, f'{alg.name} uploads a delta shaped unlike the params: '
-                          'no residual to keep; set upload.error_feedback=False')
+        raise ValueError(f'{alg.name}: the error-feedback residual {jax.tree_util.tree_structure(residual)} is '
+                         f'not shaped like its delta {jax.tree_util.tree_structure(delta)}')
     sent, new_residual, err = compress_upload(kind, delta, residual, local['key'], fraction, bits)
     if ef:
       cs = {'ef': new_residual}
