@@ -118,7 +118,7 @@ SECTION = Section('client', (
           when=_opt('looksam')),
     Field('ascent_fraction', Num(0.5, lo=0, hi=1, lo_open=True),
           "client.optimizer='ksam': the share of the batch's valid examples (highest loss first) the ascent uses",
-          when=_opt('ksam')),
+          {VALUE}, when=_opt('ksam')),
     Field('grad_clip', Num(0.0, lo=0), 'clip_by_global_norm (FedDyn: 30); 0 = off'),
     Field('lr_schedule', Choice('constant', LR_SCHEDULES, sort=True),
           "'constant' | 'poly_step' (over each round's local steps, FedDrive) | 'poly_round' (over rounds): "

@@ -43,6 +43,8 @@ CASES = {
     # compressed uploads: top-k's fraction and QSGD's bits are per-run values (k, s traced), with error feedback
     'topk': {'upload.compress': 'topk', 'upload.error_feedback': True},
     'qsgd': {'upload.compress': 'qsgd'},
+    # K-SAM's subset ascent: the fraction of each batch is a per-run value (a mask over the fixed batch)
+    'ksam': {'client.optimizer': 'ksam'},
 }
 # Per-run values of the three runs of a case: seeds and every traced field the case uses.
 VALUES = [{'seed': 0, 'client.lr': 0.1, 'client.momentum': 0.9, 'client.weight_decay': 1e-3, 'server.lr': 1.0},
@@ -57,7 +59,8 @@ EXTRA = {'fedsam': [{'client.rho': 0.02}, {'client.rho': 0.05}, {'client.rho': 0
                 {'dp.clip': 1.0, 'dp.noise_multiplier': 0.0}],
          'dp_eps': [{'dp.target_epsilon': 8.0}, {'dp.target_epsilon': 4.0}, {'dp.target_epsilon': 2.0}],
          'topk': [{'upload.fraction': 0.05}, {'upload.fraction': 0.2}, {'upload.fraction': 1.0}],
-         'qsgd': [{'upload.bits': 1}, {'upload.bits': 2}, {'upload.bits': 4}]}
+         'qsgd': [{'upload.bits': 1}, {'upload.bits': 2}, {'upload.bits': 4}],
+         'ksam': [{'client.ascent_fraction': 0.25}, {'client.ascent_fraction': 0.5}, {'client.ascent_fraction': 1.0}]}
 
 
 def _config(case, i, **over):
