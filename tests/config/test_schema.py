@@ -52,7 +52,8 @@ def test_kind_tables_follow_the_tags():
   assert set(WHOLE_SECTIONS) == {'data', 'model_kwargs', 'algo', 'published', 'grouping.probe_model_kwargs'}
   assert set(runs.VALUE_FIELDS) == {'client.lr', 'client.rho', 'client.rho0', 'client.momentum',
                                     'client.weight_decay', 'client.asam_eta', 'server.lr', 'server.momentum',
-                                    'swa.lr1', 'swa.lr2', 'wima.window', 'dp.clip', 'dp.noise_multiplier', 'dp.target_epsilon'}
+                                    'swa.lr1', 'swa.lr2', 'wima.window', 'dp.clip', 'dp.noise_multiplier',
+                                    'dp.target_epsilon'}
   assert runs.STATIC_TRUTH == ('client.momentum', 'client.weight_decay', 'server.momentum', 'dp.target_epsilon')
   assert report.RESULT_KEYS == {'engine.compute_dtype': 'float32'}
   assert set(report.EXECUTION_KEYS) == {
