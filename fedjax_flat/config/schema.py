@@ -6,6 +6,7 @@ and the sections, each declared next to the code that reads it (fedjax_flat/sche
   client   optimizers/client.py        server   optimizers/server.py        swa  optimizers/schedules.py
   wima     algorithms/wrappers/wima.py  engine   core/engine.py              centralized  config/centralized.py
   dp       privacy/mechanism.py (applied by algorithms/wrappers/dp.py)   system  systems/clock.py (training/plan.py)
+  upload   systems/compress.py (applied by algorithms/wrappers/compress.py)
   the others (man, init, corruption_eval, personalized, grouping, attack, segmentation, retrieval, fedvc, bn) here.
 
 `config.algo` is the algorithm's `hparams=` (algorithms/registry.py) and `config.data` the dataset's fields
@@ -42,6 +43,7 @@ from fedjax_flat.models.tiling import EVAL_MODES
 from fedjax_flat.optimizers import client as client_opt
 from fedjax_flat.optimizers import server as server_opt
 from fedjax_flat.systems import clock as system_clock
+from fedjax_flat.systems import compress as system_compress
 from fedjax_flat.schema import (EXECUTION, INPUT, LOG, RESULT, RESUME, WHOLE, Choice, Field, Flag, Int, Num, Pair,
                                 Section, String, Test, is_number)
 from fedjax_flat.tasks.segmentation import OHEM_MODES
@@ -283,7 +285,7 @@ PUBLISHED = Section('', (
 # The config's layout, in order.
 SCHEMA: Tuple[Section, ...] = (
     RUN, client_opt.SECTION, server_opt.SECTION, swa_wrapper.SECTION, wima_wrapper.SECTION, dp_wrapper.SECTION, MAN,
-    engine.SECTION, system_clock.SECTION,
+    engine.SECTION, system_clock.SECTION, system_compress.SECTION,
     INIT, CORRUPTION_EVAL, RUN_TAIL, PERSONALIZED, GROUPING, centralized.SECTION, ATTACK, SEGMENTATION, RETRIEVAL,
     FEDVC, BN, PUBLISHED)
 

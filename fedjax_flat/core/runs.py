@@ -48,15 +48,17 @@ from fedjax_flat.optimizers import server as server_opt
 from fedjax_flat.privacy import mechanism as dp_mechanism
 from fedjax_flat.schema import INPUT, TRUTH, VALUE, tagged
 from fedjax_flat.systems import clock as clock_lib
+from fedjax_flat.systems import compress
 
 # The fields a batched program treats specially, from the tags of the sections that declare them (fedjax_flat/
 # schema.py): per-run traced values (VALUE) and the fields whose truth (zero or not) changes the program's
 # structure, so that the truth stays in the compatibility key (TRUTH). The client / server optimizers and SWA's
 # cyclic lr declare theirs in optimizers/, DP's clip and noise multiplier in privacy/mechanism.py, WiMA's window
-# in core/window_average.py. A value that sizes an array unless another field does (window_average.SIZED_BY:
+# in core/window_average.py, the compressed uploads' fraction and bits in systems/compress.py (k and s are traced:
+# a mask over the full-size ranking). A value that sizes an array unless another field does (window_average.SIZED_BY:
 # the window, unless wima.buffer is set) stays static and in the key when that field is 0.
 _SECTIONS = (client_opt.SECTION, server_opt.SECTION, schedules.SWA_SECTION, window_average.SECTION,
-             dp_mechanism.SECTION)
+             dp_mechanism.SECTION, compress.SECTION)
 VALUE_FIELDS = tagged(_SECTIONS, VALUE)
 STATIC_TRUTH = tagged(_SECTIONS, TRUTH)
 # 'seed' and the data partition ('data.alpha', 'data.seed') never reach the round builder as values: they select
