@@ -139,8 +139,8 @@ RUN_TAIL = Section('', (
     Field('eval_every_last', Int(0, lo=0), 'also evaluate every round of the last N rounds (papers: 100)'),
     Field('eval_batch_size', Test(256, ok=lambda v: v == 'auto' or (is_number(v, integer=True) and v >= 1),
                                   message="must be 'auto' or an integer >= 1", what="'auto' | integer >= 1"),
-          "evaluation batch size; 'auto': the fastest measured once per run (evaluation/evaluator.py, "
-          "summary.json 'evaluation')", {EXECUTION}, ref=True),
+          "evaluation batch size; 'auto': the fastest, measured once per machine, model and test set (kept "
+          "beside the compilation cache; evaluation/evaluator.py, summary.json 'evaluation')", {EXECUTION}, ref=True),
     Field('eval_clients', Flag(False), "also evaluate on each sampled client's training data"),
     Field('summary_last_k', Int(10, lo=1), 'summary.json averages the last K evaluations'),
     Field('checkpoint_every', Int(0, lo=0), 'orbax checkpoint every N rounds; 0 = only at the end', {EXECUTION}),
