@@ -17,7 +17,9 @@ Contract: like `sam`, first in the chain, `update(g, state, params, grad_fn=, ex
 example_grad_fn=)`; algorithms/local.local_step passes example_losses_fn(p) -> (l [B], mask [B]) (the gradient
 of the batch's loss sum with respect to the example mask: each example's loss, one cheap backward through the
 sum) and example_grad_fn(p, weights [B]) -> the gradient of the batch's mean loss over the examples weighted by
-`weights` (the loss with the mask replaced). `g` itself is not used (XLA drops its backward pass).
+`weights` (the loss with the mask replaced). `g` itself is not used (XLA drops its backward pass). With a
+BatchNorm model the mask also weighs the batch statistics, so that derivative adds each example's effect on them
+to its loss (the ranking is then approximate).
 
 Cost (systems/clock.py): 1 + fraction forward+backward passes a step (the descent's full pass and the ascent's
 pass over a fraction of the batch), the declared cost of the method; the selection forward at w is the one the

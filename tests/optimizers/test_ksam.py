@@ -80,6 +80,9 @@ def test_whole_batch_is_sam():
 
 def test_declared_passes_and_one_line_refusals():
   assert gradient_passes(_client(ascent_fraction=0.25)) == 1.25
+  clock = {'system.speed': 'lognormal', 'client.optimizer': 'ksam', 'client.ascent_fraction': 0.25}
+  data = synthetic(8, [3, 17, 6, 9, 30, 1, 12, 5], input_shape=(4, 4, 1), num_classes=4, seed=3)
+  assert trainers.make_trainer(small_config(**clock), data=data).plan.clock.passes == 1.25    # a step's cost
   for bad in (0.0, 1.5):
     with pytest.raises(ConfigError, match='client.ascent_fraction') as e:
       validate.validate_config(small_config(**{'client.optimizer': 'ksam', 'client.ascent_fraction': bad}))
