@@ -89,6 +89,8 @@ def test_declared_passes_and_one_line_refusals():
     assert '\n' not in str(e.value)
 
 
+@pytest.mark.slow   # a synthetic run of 2 rounds (about 10 s); the default suite keeps
+# tests/algorithms/test_sam_variants_round.py's FedAvg round against the formula
 def test_a_fedavg_round_through_the_engine_is_one_program():
   data = synthetic(8, [3, 17, 6, 9, 30, 1, 12, 5], input_shape=(4, 4, 1), num_classes=4, seed=3)
   t = trainers.make_trainer(small_config(rounds=2, **{'client.optimizer': 'ksam', 'client.ascent_fraction': 0.3,

@@ -117,6 +117,7 @@ def test_bad_input_is_one_line_before_compiling():
   validate.validate_config(small_config(**{'upload.compress': 'qsgd', 'upload.error_feedback': True}))
 
 
+@pytest.mark.slow   # two runs (about 10 s)
 def test_topk_of_everything_equals_the_uncompressed_run():
   plain = trainers.make_trainer(small_config(rounds=2), data=data())
   full = trainers.make_trainer(small_config(rounds=2, **{'upload.compress': 'topk', 'upload.fraction': 1.0}),
