@@ -409,14 +409,28 @@ def test_paper_table_sweep_leaves_out_the_cells_another_binary_runs():
   path = os.path.join(CONFIGS, 'sweeps', 'paper_table.py')
   ladd = load('ladd')
   sweep = sweep_lib.load_sweep_file(path + ':ladd')
-  swept = {g['config'] for g in sweep['grid']}
-  assert swept == {f'configs/ladd.py:{c}' for c in ladd.CELLS if c not in ladd.ENTRY_POINTS}
   assert set(ladd.ENTRY_POINTS) == {c for c in ladd.CELLS if c.split(',')[1] in
                                     ('source_only', 'central_oracle', 'central_ftda')}
-  assert 'cityscapes,source_only: experiments/pretrain_source.py' in sweep['description']
+  # LADD's table is a pipeline: its source pre-training (the source_fda models and the source_only cells), then
+  # the federated cells from their target's source_fda model; the centralized cells are named, not swept
+  source, fed = sweep['stages']
+  assert source['binary'] == 'experiments/pretrain_source.py' and 'binary' not in fed
+  assert {g['config'] for g in source['grid']} == {f'configs/ladd.py:{t},{m}' for t in ('cityscapes', 'crosscity',
+                                                                                         'mapillary')
+                                                   for m in ('source_fda', 'source_only')}
+  assert {g['config'] for g in fed['grid']} == {f'configs/ladd.py:{c}' for c in ladd.CELLS
+                                                if c not in ladd.ENTRY_POINTS}
+  for g in fed['grid']:
+    target, method = g['config'].split(':')[1].split(',')
+    assert g.get('init.pretrained') == ({'output_of': f'source/{target},source_fda', 'file': 'source_model.npz'}
+                                        if method in ('ladd_cls', 'ladd_all', 'fedavg_st', 'ftda') else None)
+  assert 'cityscapes,source_only' not in sweep['description']
   assert 'mapillary,central_oracle: experiments/centralized.py' in sweep['description']
+  runs = sweep_lib.expand(sweep, 'D')
+  assert len(runs) == 3 * (6 + len(fed['grid']))
+  sweep_lib.run_configs(runs)        # every run validated, the federated ones before their source model exists
   with pytest.raises(ValueError, match='run by another binary'):
-    sweep_lib.load_sweep_file(path + ':ladd,only=source_only')
+    sweep_lib.load_sweep_file(path + ':ladd,only=central_oracle')
 
 
 def test_fedsoup_release_switch_reads_the_release_files_and_validates():
