@@ -86,6 +86,9 @@ swa_teacher_start):
   1024 (Cityscapes / CrossCity 512 x 1024; Mapillary 768 x 1024: its aspect varies, 4:3 assumed); styles from a
   3 x 3 window (fda_b 1), k by the silhouette over k = 4..19 (k_max capped at K - 1), pseudo-labels kept at max
   prob > 0.9 or in the top 66% of their class per image, KD alpha 0.5.
+  The LADD / FedAvg + ST cells use the release's rules where it departs from the thesis (algorithms/ladd.py; the
+  published numbers come from it): algo.unsampled_clusters='global', teacher_sharing='release',
+  swa_teacher_model='release' (the synthetic stand-in keeps the thesis' rules).
   LADD(cls) is the release's cluster_layers=decoder (every convolution of DeepLabV3's head, not its BatchNorms);
   LADD(all) everything; FedAvg + ST is LADD with one cluster (force_k=1). The LADD cells start from the FDA
   pre-trained source model: pass it as init.pretrained (a training/source_pretrain.save_source_model file); w_0
@@ -232,7 +235,10 @@ def get_config(arg: str = ''):
     c.algo = {'cluster_layers': {'ladd_cls': 'decoder', 'ladd_all': 'all', 'fedavg_st': 'none'}[method],
               'force_k': 1 if method == 'fedavg_st' else 0, 'k_min': 4, 'k_max': 19, 'fda_b': 1,
               'conf_th': 0.9, 'fraction': 0.66, 'lambda_kd': lambda_kd, 'alpha_kd': 0.5,
-              'teacher_step': omega, 'swa_teacher_start': t_start}
+              'teacher_step': omega, 'swa_teacher_start': t_start,
+              # the release's rules, as the published runs (algorithms/ladd.py): an unsampled cluster takes the
+              # previous global leaves, one teacher for every client, the SWA teacher of the global model
+              'unsampled_clusters': 'global', 'teacher_sharing': 'release', 'swa_teacher_model': 'release'}
   mean, std = PUBLISHED.get((target, method), (None, None))
   if mean is not None:
     c.published.source = f'thesis Table {TABLE[target]} (GTA5 -> {target}, mIoU, mean +- std), {method}'
