@@ -19,7 +19,7 @@ A new field is one line in its section.
 from __future__ import annotations
 
 import os
-from typing import List, Tuple
+from typing import Collection, List, Tuple
 
 import ml_collections
 
@@ -109,7 +109,13 @@ def _init_check(cfg) -> None:
     raise ConfigError('init.pretrained', pre, f'init.checkpoint={ckpt!r} is set too: use one of the two')
   if ckpt and not is_run_dir(ckpt):
     raise ConfigError('init.checkpoint', ckpt, 'must be a fedjax_flat run directory (config.json + checkpoints/)')
-  if pre and not os.path.isfile(pre):
+
+
+def check_init_files(cfg, pending: Collection[str] = ()) -> None:
+  """init.pretrained exists, unless an earlier stage of the sweep declared it as its output (`pending`: a pipeline's
+  run is validated before that stage has run; sweeps/sweep.py checks the file when the run's stage starts)."""
+  pre = cfg.init.get('pretrained', '') if 'init' in cfg else ''
+  if pre and pre not in pending and not os.path.isfile(pre):
     raise ConfigError('init.pretrained', pre, 'no such file (a .npz or msgpack params file)')
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import Collection
 
 from absl import logging
 import ml_collections
@@ -47,11 +48,13 @@ def _check_finite(node, prefix='') -> None:
       _check_finite(v, path)
 
 
-def validate_config(cfg) -> None:
-  """Static checks (no data loaded). `validate_against_data` checks the population-dependent fields."""
+def validate_config(cfg, pending_files: Collection[str] = ()) -> None:
+  """Static checks (no data loaded). `validate_against_data` checks the population-dependent fields.
+  pending_files: paths an earlier stage of a sweep will write (sweeps/sweep.py): not required to exist yet."""
   _check_finite(cfg.to_dict())
   for section in schema.SCHEMA:          # every section's own rules and cross-field checks
     section.validate(cfg)
+  schema.check_init_files(cfg, pending_files)
   # the rules that span sections
   _validate_data(cfg)                    # dataset x data x augment x normalize
   # the algorithm's declared rules: hyperparameter names and values, client optimizer, its own cross-field
