@@ -248,7 +248,7 @@ class RunPlan:
     model_bytes = clock_lib.BYTES_PER_PARAM * self.num_params * alg.num_phases
     bytes_up = alg.comm_up * model_bytes
     if compress_lib.enabled(c):     # what a compressed delta really sends (systems/compress.upload_bytes)
-      bytes_up = compress_lib.upload_bytes(c.upload, self.num_params)
+      bytes_up = self.compressed_upload_bytes()
     return clock_lib.make_clock(c, self.data.num_clients, passes=passes, bytes_down=alg.comm_down * model_bytes,
                                 bytes_up=bytes_up, full_steps=self.client_step_examples)
 
@@ -364,8 +364,20 @@ class RunPlan:
   def client_keys(self, r, client_ids):
     return sampling.client_keys_jit(self.key, jnp.asarray(r, jnp.int32), jnp.asarray(client_ids, jnp.int32))
 
+  def compressed_upload_bytes(self):
+    """Bytes of one client's compressed upload (config.upload; systems/compress.upload_bytes, the clock's too), or
+    None when uploads are not compressed."""
+    c = self.config
+    return compress_lib.upload_bytes(c.upload, self.num_params) if compress_lib.enabled(c) else None
+
   def round_messages(self, n_clients: int) -> dict:
-    """Model-sized messages of a round of n real clients (FederatedAlgorithm.comm_down / comm_up per phase)."""
+    """Model-sized messages of a round of n real clients (FederatedAlgorithm.comm_down / comm_up per phase); with
+    compressed uploads also 'up_bytes', the bytes those uploads really send (the recorder's comm_bytes count them
+    instead of 4 x up_params)."""
     alg, p = self.algorithm, self.num_params
-    return {'down_params': alg.comm_down * alg.num_phases * n_clients * p,
-            'up_params': alg.comm_up * alg.num_phases * n_clients * p}
+    out = {'down_params': alg.comm_down * alg.num_phases * n_clients * p,
+           'up_params': alg.comm_up * alg.num_phases * n_clients * p}
+    each = self.compressed_upload_bytes()
+    if each is not None:
+      out['up_bytes'] = alg.num_phases * n_clients * each
+    return out

@@ -37,6 +37,10 @@ class Recorder:
     self.records = []
     self.pending_train_losses = []       # train losses of the rounds since the last evaluation
     self.comm_total = {'down_params': 0.0, 'up_params': 0.0}
+    # Compressed uploads (config.upload): the bytes they really send, counted in comm_bytes instead of 4 x up_params.
+    self.compressed = plan.compressed_upload_bytes() is not None
+    if self.compressed:
+      self.comm_total['up_bytes'] = 0.0
     # The virtual clock's cumulative seconds and bytes (config.system; training/evals/system.py), None without.
     self.system_total = ({'virtual_time_s': 0.0, 'bytes_down': 0.0, 'bytes_up': 0.0, 'reports': 0}
                          if plan.clock is not None else None)
@@ -62,6 +66,9 @@ class Recorder:
     self.records = list(d['records'])
     self.pending_train_losses = list(d.get('pending_train_losses', []))
     self.comm_total = dict(d['comm_total'])
+    if self.compressed and 'up_bytes' not in self.comm_total:   # a checkpoint from before up_bytes was counted
+      self.comm_total['up_bytes'] = (self.comm_total['up_params'] / max(self.plan.num_params, 1)
+                                     * self.plan.compressed_upload_bytes())
     self.elapsed_offset = float(d.get('elapsed_s', 0.0))
     if self.system_total is not None and 'system_total' in d:
       self.system_total = dict(d['system_total'])
@@ -124,7 +131,7 @@ class Recorder:
       rec = {'round': block_end, **self.evaluate(trainer), 'train_loss': window_loss, **logged,
              'elapsed_s': elapsed, 'rounds_per_s': rps,
              'comm_down_params': self.comm_total['down_params'], 'comm_up_params': self.comm_total['up_params'],
-             'comm_bytes': 4.0 * (self.comm_total['down_params'] + self.comm_total['up_params'])}
+             **self.comm_bytes()}
       train_losses.clear()
       self.records.append(rec)
       if self.writer:
@@ -144,6 +151,15 @@ class Recorder:
     if stop:
       self.stopped_early = block_end < end
     return stop
+
+  def comm_bytes(self) -> dict:
+    """`comm_bytes`: bytes exchanged so far (float32 messages; compressed uploads at the bytes they send, with
+    `comm_up_bytes` and its float32 equivalent `comm_up_bytes_uncompressed` beside it)."""
+    t = self.comm_total
+    if not self.compressed:
+      return {'comm_bytes': 4.0 * (t['down_params'] + t['up_params'])}
+    return {'comm_bytes': 4.0 * t['down_params'] + t['up_bytes'], 'comm_up_bytes': t['up_bytes'],
+            'comm_up_bytes_uncompressed': 4.0 * t['up_params']}
 
   # Evaluation.
   def evaluations(self) -> list:
@@ -181,6 +197,16 @@ class Recorder:
       self.checkpointer.wait()
     return self.finish(trainer, time.time() - self._t0, trainer.round - self._start_round)
 
+  def comm_summary(self) -> dict:
+    """summary.json's totals: messages in params, bytes (compressed uploads at what they send, plus the float32
+    equivalent comm_total_bytes_uncompressed)."""
+    t = self.comm_total
+    if not self.compressed:
+      return {'comm_total_params': t, 'comm_total_bytes': 4.0 * sum(t.values())}
+    params = {'down_params': t['down_params'], 'up_params': t['up_params']}
+    return {'comm_total_params': params, 'comm_total_bytes': 4.0 * t['down_params'] + t['up_bytes'],
+            'comm_total_bytes_uncompressed': 4.0 * sum(params.values())}
+
   def finish(self, trainer, wall, rounds_run) -> dict:
     """wall / rounds_run: this process only (a resumed run reports its own speed, not rounds since 0). What a
     run reports beyond its records comes from its evaluation plug-ins (training/evals/), each declared by the
@@ -197,7 +223,7 @@ class Recorder:
         'reported_model': reported, 'strategy': p.strategy, 'backend': jax.default_backend(),
         'rounds_per_call': p.rounds_per_call, 'device_data': p.device_rounds,
         'sampling_procedure': sampling.PROCEDURE,
-        'comm_total_params': self.comm_total, 'comm_total_bytes': 4.0 * sum(self.comm_total.values()),
+        **self.comm_summary(),
         'summary_last_k': c.summary_last_k})
     for ev in self.evaluations():
       if ev.final is not None:

@@ -175,3 +175,32 @@ def test_every_delta_upload_algorithm_trains_compressed_with_error_feedback(name
   assert t.algorithm.wrappers[-1] == 'compress' and t.store is not None
   summary = t.train()
   assert 0 < summary['compress_error_mean'] < 10 and math.isfinite(summary['final_test_accuracy'])
+
+
+# one compressed case in the default suite (a 2-round run, ~8 s), the others in `pytest -m slow`
+@pytest.mark.parametrize('kind', [pytest.param('none', marks=pytest.mark.slow), 'qsgd',
+                                  pytest.param('topk', marks=pytest.mark.slow)])
+def test_comm_bytes_count_the_compressed_uploads(kind):
+  """comm_bytes / comm_total_bytes / compress_mb_up: clients x (the float32 download + the upload's bytes by hand);
+  without compression the float32 count of before, and no new fields."""
+  cfg = small_config(rounds=2, eval_every=1, **{'upload.compress': kind, 'upload.fraction': 0.1, 'upload.bits': 2})
+  t = trainers.make_trainer(cfg, data=data())
+  summary = t.train()
+  d, n = t.plan.num_params, cfg.clients_per_round
+  k = round(0.1 * d)      # top-k: k values + where they are (k int32 indices or a d-bit map, the smaller)
+  up = {'none': 4 * d, 'topk': 4 * k + min(4 * k, math.ceil(d / 8)),
+        'qsgd': 4 * math.ceil(d / 512) + math.ceil(d * 3 / 8)}[kind]     # a norm per bucket + d x (bits + 1) bits
+  assert comp.upload_bytes(cfg.upload, d) == up
+  assert [r['comm_bytes'] for r in t.records] == [r * n * (4 * d + up) for r in (1, 2)]
+  assert summary['comm_total_bytes'] == 2 * n * (4 * d + up)
+  assert summary['comm_total_params'] == {'down_params': 2 * n * d, 'up_params': 2 * n * d}
+  if kind == 'none':
+    assert not any(k.startswith(('comm_up_bytes', 'compress')) for r in t.records for k in r)
+    assert 'comm_total_bytes_uncompressed' not in summary
+    return
+  for r in t.records:
+    assert r['comm_up_bytes'] == r['compress_mb_up'] * 2**20 == r['round'] * n * up
+    assert r['comm_up_bytes_uncompressed'] == 4 * r['comm_up_params'] == r['round'] * n * 4 * d
+  assert summary['comm_total_bytes_uncompressed'] == 2 * n * 8 * d
+  assert summary['comm_total_ratio'] == (4 * d + up) / (8 * d)
+  assert f"{100 * summary['comm_total_ratio']:.3g}% of float32" in summary['facts']['compress']

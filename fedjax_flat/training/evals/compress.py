@@ -1,10 +1,12 @@
 """Compressed uploads (config.upload, algorithms/wrappers/compress.py): in every evaluation record
 `compress_error` (the last round's mean relative compression error ||C(p) - p|| / ||p|| over its clients) and
-`compress_mb_up` (MiB the clients' compressed uploads sent so far: uploads x systems/compress.upload_bytes);
-summary.json adds the mean relative error over all rounds, the bytes of one upload and its ratio to the
-uncompressed float32 delta (so a study can ask whose updates compress better). The error sums live in the server
-state (checkpointed), the upload count in the recorder's comm_total: a resumed run reports what the uninterrupted
-one did. With the virtual clock, `bytes_up` (training/evals/system.py) counts the same compressed bytes."""
+`compress_mb_up` (MiB the clients' compressed uploads sent so far: uploads x systems/compress.upload_bytes, the
+recorder's comm_total['up_bytes'], which `comm_bytes` / `comm_total_bytes` count too); summary.json adds the mean
+relative error over all rounds, the bytes of one upload and its ratio to the uncompressed float32 delta (so a study
+can ask whose updates compress better), and summary.md the whole communication's ratio to float32's. The error
+sums live in the server state (checkpointed), the bytes in the recorder's comm_total: a resumed run reports what
+the uninterrupted one did. With the virtual clock, `bytes_up` (training/evals/system.py) counts the same compressed
+bytes of the clients that report."""
 from __future__ import annotations
 
 import jax
@@ -26,8 +28,8 @@ def _upload_bytes(trainer) -> float:
 
 def _numbers(trainer) -> dict:
   s = _state(trainer)
-  uploads = trainer.recorder.comm_total['up_params'] / max(trainer.plan.num_params, 1)
-  return {'compress_error': s.get('err', float('nan')), 'compress_mb_up': uploads * _upload_bytes(trainer) / 2**20}
+  return {'compress_error': s.get('err', float('nan')),
+          'compress_mb_up': trainer.recorder.comm_total['up_bytes'] / 2**20}
 
 
 def _final(trainer, summary, reported):
@@ -42,10 +44,14 @@ def _final(trainer, summary, reported):
   summary.update(out)
   what = {'topk': f'top-k, fraction {u.fraction:g}', 'randk': f'rand-k, fraction {u.fraction:g}',
           'qsgd': f'QSGD, {u.bits} bits'}[u.compress]
+  # the whole communication (down + up) against the same messages at float32 (the recorder's comm totals)
+  total, total32 = summary['comm_total_bytes'], summary['comm_total_bytes_uncompressed']
+  summary['comm_total_ratio'] = total / total32 if total32 else float('nan')
   summary.setdefault('facts', {})['compress'] = (
       f"uploads compressed ({what}{', error feedback' if u.error_feedback else ''}): {one:.0f} bytes each "
       f"({100 * one / full:.3g}% of float32), {out['compress_mb_up']:.4g} MiB up, mean relative error "
-      f"{out['compress_error_mean']:.3g}")
+      f"{out['compress_error_mean']:.3g}; communication {total / 2**20:.4g} MiB down + up, "
+      f"{100 * summary['comm_total_ratio']:.3g}% of float32's {total32 / 2**20:.4g} MiB")
 
 
 register(Evaluation('compress', order=7, applies=lambda plan: comp.enabled(plan.config), periodic=_numbers,
