@@ -1,8 +1,10 @@
 """The runs axis carries the virtual clock's numbers (config.system; training/batched.py, core/runs.py): runs that
 differ only in the deadline, the speeds' spread, the availability rate, dropout or bandwidths share one runs program,
 each lane on its own clock (its own step limits, reporting clients, virtual time and bytes, checkpointed); the
-clock's kinds and trace split packs; a batched clock grid equals each run alone and resumes bit-identically."""
+clock's kinds and trace split packs; a batched clock grid equals each run alone (with compressed uploads too) and
+resumes bit-identically."""
 import json
+import math
 import os
 
 import numpy as np
@@ -48,15 +50,16 @@ def _ckpt(wd):
   return ckpt_lib.read_checkpoint(os.path.join(wd, 'checkpoints'))
 
 
-def _batched(tmp_path, monkeypatch, name, **kw):
-  """Trains the grid batched; returns (results, trainers built per BatchedTrainer, programs compiled)."""
+def _batched(tmp_path, monkeypatch, name, over=lambda i: {}, **kw):
+  """Trains the grid batched (lane i's config: _config(i, **over(i))); returns (results, trainers built per
+  BatchedTrainer, programs compiled)."""
   data = _data()
   monkeypatch.setattr(batched.data_registry, 'get_dataset', lambda *a, **k: data)
   built, n_compiled = [], len(batched._COMPILED)
   real_init = batched.BatchedTrainer.__init__
   monkeypatch.setattr(batched.BatchedTrainer, '__init__',
                       lambda self, trainers, **k: (built.append(list(trainers)), real_init(self, trainers, **k))[1])
-  specs = [batched.RunSpec(f'r{i}', _config(i), str(tmp_path / name / str(i))) for i in range(len(GRID))]
+  specs = [batched.RunSpec(f'r{i}', _config(i, **over(i)), str(tmp_path / name / str(i))) for i in range(len(GRID))]
   res = batched.run_batch(specs, lanes=len(GRID), **kw)
   return res, built, len(batched._COMPILED) - n_compiled
 
@@ -153,3 +156,42 @@ def test_a_stopped_batched_clock_grid_resumes_bit_identical(tmp_path, monkeypatc
     for x, y in zip(ca['server_leaves'], cb['server_leaves'], strict=True):
       np.testing.assert_array_equal(x, y)
     assert _records(a) == _records(b)
+
+
+# Compressed uploads on the clock: top-k with error feedback, a fraction per lane (the clock's bytes up per lane too).
+COMPRESS = [{'upload.compress': 'topk', 'upload.error_feedback': True, 'upload.fraction': f} for f in (0.05, 0.3, 1.0)]
+
+
+@pytest.mark.slow    # trains the grid alone and batched (~35 s on 2 busy cores)
+def test_a_batched_clock_grid_with_compressed_uploads_equals_each_run_alone(tmp_path, monkeypatch):
+  data = _data()
+  for i in range(len(GRID)):
+    run_lib.run(_config(i, **COMPRESS[i]), str(tmp_path / 'alone' / str(i)), data=data)
+  res, built, compiled = _batched(tmp_path, monkeypatch, 'b', over=lambda i: COMPRESS[i])
+  assert [res[i].status for i in range(3)] == ['done'] * 3, [res[i].error for i in range(3)]
+  assert [len(b) for b in built] == [3] and compiled == 1, 'one BatchedTrainer, one compiled program'
+  ups = set()
+  for i, t in enumerate(built[0]):
+    a, b = str(tmp_path / 'alone' / str(i)), str(tmp_path / 'b' / str(i))
+    d, k = t.plan.num_params, max(1, round(COMPRESS[i]['upload.fraction'] * t.plan.num_params))
+    up = 4 * k + min(4 * k, math.ceil(d / 8))          # k values + their indices or a d-bit map, the smaller
+    assert t.plan.clock.bytes_up == t.plan.compressed_upload_bytes() == up
+    ups.add(up)
+    ra, rb = _records(a), _records(b)
+    assert [r['round'] for r in ra] == [r['round'] for r in rb] == [2, 4]
+    for x, y in zip(ra, rb, strict=True):
+      assert x.keys() == y.keys() and {'virtual_time_s', 'compress_error', 'comm_up_bytes'} <= x.keys()
+      for k in ('virtual_time_s', 'bytes_up', 'bytes_down', 'comm_bytes', 'comm_up_bytes', 'compress_mb_up'):
+        assert x[k] == y[k], (i, k)           # host arithmetic of the same schedule and counts: exact
+      assert x['comm_up_bytes'] == x['round'] * 3 * up    # 3 clients a round, each its compressed upload
+      for k in x:
+        np.testing.assert_allclose(x[k], y[k], rtol=2e-4, atol=1e-5, err_msg=f'lane {i} {k}')
+    ca, cb = _ckpt(a), _ckpt(b)
+    assert ca['meta']['system_total'] == cb['meta']['system_total']
+    for x, y in zip(ca['server_leaves'] + list(ca['client_leaves'] or []),
+                    cb['server_leaves'] + list(cb['client_leaves'] or []), strict=True):   # residuals too
+      np.testing.assert_allclose(x, y, rtol=2e-4, atol=2e-5, err_msg=f'lane {i} checkpoint')
+    sa, sb = (json.load(open(os.path.join(d, 'summary.json'))) for d in (a, b))
+    for k in ('virtual_time_s', 'bytes_up', 'bytes_down', 'comm_total_bytes', 'compress_upload_bytes'):
+      assert sa[k] == sb[k], (i, k)
+  assert len(ups) == 3, 'each lane sends its own fraction'
