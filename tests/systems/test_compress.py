@@ -204,3 +204,6 @@ def test_comm_bytes_count_the_compressed_uploads(kind):
   assert summary['comm_total_bytes_uncompressed'] == 2 * n * 8 * d
   assert summary['comm_total_ratio'] == (4 * d + up) / (8 * d)
   assert f"{100 * summary['comm_total_ratio']:.3g}% of float32" in summary['facts']['compress']
+  # a checkpoint written before the bytes were counted resumes with uploads x the upload's bytes
+  t.recorder.load_state_dict({'records': [], 'comm_total': {'down_params': 5.0 * d, 'up_params': 5.0 * d}})
+  assert t.recorder.comm_total['up_bytes'] == 5 * up and t.recorder.comm_bytes()['comm_bytes'] == 5 * (4 * d + up)
