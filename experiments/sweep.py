@@ -16,8 +16,9 @@ Progress (done / running / failed, ETA) goes to stderr; failures are listed at t
 Ctrl-C / SIGTERM: running trainings checkpoint and stop; rerun the same command to continue.
 
 Many runs in one program (`--batch_runs=R` or `auto`): instead of one process per run, this process packs
-compatible runs (same config once seeds, learning rates, momentum, weight decay, rho, SWA's lrs and the data
-partition are set aside: fedjax_flat/core/runs.py) into batched programs of up to R runs, vmapped over the
+compatible runs (same config once seeds, learning rates, momentum, weight decay, rho, SWA's lrs, the data
+partition and the virtual clock's numbers (config.system: deadline, speeds' spread, availability rate, dropout,
+bandwidths) are set aside: fedjax_flat/core/runs.py) into batched programs of up to R runs, vmapped over the
 runs and sharded over one host device per core on CPU; each run still writes its own workdir exactly as
 alone, so experiments/report.py and resuming work unchanged (training/batched.py; measured:
 benchmarks/speed/README.runs.md). Every run's config is validated before anything launches.

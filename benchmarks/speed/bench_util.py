@@ -25,6 +25,14 @@ from benchmarks.speed.peers import protocol
 
 SPEED = os.path.dirname(os.path.abspath(__file__))     # the default place of the speed benchmarks' results
 FEDJAX_PYTHON = os.path.join(REPO, '.venv-fedjax', 'bin', 'python')
+# The torch peer's own venv (benchmarks/speed/peers/make_torch_venv.sh): torch beside our stack would slow ours
+# (tensorboardX imports torch when it is installed: 1.7 s at every start) and run the torch tests in the suite.
+TORCH_PYTHON = os.path.join(REPO, '.venv-torch', 'bin', 'python')
+
+
+def torch_python() -> str:
+  """The interpreter of the torch peer: .venv-torch's, else this one (torch installed here)."""
+  return TORCH_PYTHON if os.path.exists(TORCH_PYTHON) else sys.executable
 PEERS = ('torch', 'fedjax')
 
 
@@ -62,7 +70,7 @@ def available_peers() -> list:
   out = []
   try:
     import importlib.util
-    if importlib.util.find_spec('torch') is not None:
+    if os.path.exists(TORCH_PYTHON) or importlib.util.find_spec('torch') is not None:
       out.append('torch')
   except (ImportError, ValueError):
     pass
@@ -88,7 +96,7 @@ def resolve_peers(arg: str) -> list:
 
 def start_peer(name: str) -> protocol.Peer:
   if name == 'torch':
-    return protocol.Peer(sys.executable, 'benchmarks.speed.peers.torch_peer', cwd=REPO)
+    return protocol.Peer(torch_python(), 'benchmarks.speed.peers.torch_peer', cwd=REPO)
   return protocol.Peer(FEDJAX_PYTHON, 'benchmarks.speed.peers.fedjax_peer', cwd=REPO)
 
 

@@ -1,10 +1,12 @@
 """Many runs in one compiled program: the existing block of rounds (core/rounds.py) vmapped over a runs axis.
 
 R runs whose programs have the same structure and differ only in values (the seed, client / server learning
-rates, momentum, weight decay, SAM / ASAM radius, SWA's learning rates, the data partition) execute as
+rates, momentum, weight decay, SAM / ASAM radius, SWA's learning rates, WiMA's window when `wima.buffer` holds
+the largest, DP's clip and noise, the data partition and client sizes, the virtual clock's numbers: each lane's
+step limits) execute as
 
   runs_block(values [R], server_states [R], stores [R], templates [R], data_runs [R], data_shared, keys [R],
-             start_round, num_rounds) -> (server_states', stores', per-run per-round metrics [R, n, ...])
+             start_round, num_rounds[, limits [R]]) -> (server_states', stores', per-run per-round metrics [R, n, ...])
 
 one `jax.vmap` of `rounds.make_block_fn(jit=False)` over R, sharded over the local devices along R when there
 are several (`shard_map`: each device runs its R / D lanes; on CPU one host device per core keeps both cores
@@ -39,24 +41,34 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedjax_flat.core import rounds as rounds_lib
+from fedjax_flat.core import window_average
 from fedjax_flat.optimizers import client as client_opt
 from fedjax_flat.optimizers import schedules
 from fedjax_flat.optimizers import server as server_opt
 from fedjax_flat.privacy import mechanism as dp_mechanism
-from fedjax_flat.schema import TRUTH, VALUE, tagged
+from fedjax_flat.schema import INPUT, TRUTH, VALUE, tagged
+from fedjax_flat.systems import clock as clock_lib
+from fedjax_flat.systems import compress
 
 # The fields a batched program treats specially, from the tags of the sections that declare them (fedjax_flat/
 # schema.py): per-run traced values (VALUE) and the fields whose truth (zero or not) changes the program's
 # structure, so that the truth stays in the compatibility key (TRUTH). The client / server optimizers and SWA's
-# cyclic lr declare theirs in optimizers/, DP's clip and noise multiplier in privacy/mechanism.py.
-_SECTIONS = (client_opt.SECTION, server_opt.SECTION, schedules.SWA_SECTION, dp_mechanism.SECTION)
+# cyclic lr declare theirs in optimizers/, DP's clip and noise multiplier in privacy/mechanism.py, WiMA's window
+# in core/window_average.py, the compressed uploads' fraction and bits in systems/compress.py (k and s are traced:
+# a mask over the full-size ranking). A value that sizes an array unless another field does (window_average.SIZED_BY:
+# the window, unless wima.buffer is set) stays static and in the key when that field is 0.
+_SECTIONS = (client_opt.SECTION, server_opt.SECTION, schedules.SWA_SECTION, window_average.SECTION,
+             dp_mechanism.SECTION, compress.SECTION)
 VALUE_FIELDS = tagged(_SECTIONS, VALUE)
 STATIC_TRUTH = tagged(_SECTIONS, TRUTH)
 # 'seed' and the data partition ('data.alpha', 'data.seed') never reach the round builder as values: they select
-# the run's key and its client index arrays, which are per-run inputs of the program (INPUT). Fields that do not
-# change the computation nor the blocks of rounds (LOG: how often the host logs). Both are declared above this
-# layer (config/schema.py, config/data_fields.py): tests/config/test_schema.py checks these equal their tags.
-INPUT_FIELDS = ('seed', 'data.alpha', 'data.seed')
+# the run's key and its client index arrays, which are per-run inputs of the program (INPUT); so do the virtual
+# clock's numbers (deadline, speeds' spread, availability rate, dropout, bandwidths: systems/clock.py tags them):
+# the host computes each run's schedule from them and the program takes its step limits per lane. Fields that do
+# not change the computation nor the blocks of rounds (LOG: how often the host logs). The seed's and the
+# partition's are declared above this layer (config/schema.py, config/data_fields.py): tests/config/test_schema.py
+# checks these equal their tags.
+INPUT_FIELDS = ('seed',) + tagged((clock_lib.SECTION,), INPUT) + ('data.alpha', 'data.seed')
 IGNORED_FIELDS = ('progress_every_s',)
 AXIS = 'runs'
 
@@ -123,10 +135,15 @@ def _get(cfg, dotted: str):
   return cfg
 
 
+def _sizes_array(config, f: str) -> bool:
+  """True when the value of field f is an array's size in this config (window_average.SIZED_BY)."""
+  return f in window_average.SIZED_BY and not _get(config, window_average.SIZED_BY[f])
+
+
 def present_value_fields(config) -> tuple:
-  """The VALUE_FIELDS this config has (numbers)."""
+  """The VALUE_FIELDS this config has (numbers) and traces (not those sizing an array: `_sizes_array`)."""
   return tuple(f for f in VALUE_FIELDS if isinstance(_get(config, f), (int, float)) and
-               not isinstance(_get(config, f), bool))
+               not isinstance(_get(config, f), bool) and not _sizes_array(config, f))
 
 
 def run_values(config, fields: Sequence[str]) -> Dict[str, float]:
@@ -163,9 +180,14 @@ def _jsonable(x):
 
 
 def compat_key(config) -> str:
-  """The config with the per-run fields removed (their static truth kept): equal keys -> one program."""
+  """The config with the per-run fields removed (their static truth kept): equal keys -> one program. Whether
+  the run has a virtual clock stays in the key (its program takes per-lane step limits; one without does not)."""
   d = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
+  if isinstance(d.get('system'), dict):
+    d['system'] = {**d['system'], 'clock?': clock_lib.enabled(d)}
   for f in VALUE_FIELDS + INPUT_FIELDS + IGNORED_FIELDS:
+    if _sizes_array(config, f):
+      continue
     node, parts = d, f.split('.')
     for p in parts[:-1]:
       node = node.get(p) if isinstance(node, dict) else None
@@ -192,25 +214,30 @@ def lanes_for(num_runs: int, num_devices: int) -> int:
 
 def make_runs_block_fn(build_round_fn: Callable[[Dict[str, Any]], Callable], *, plan, num_clients: int,
                        clients_per_round: int, cohort: int, rounds_per_call: int, has_store: bool,
-                       mesh: Optional[Mesh] = None):
-  """Jitted runs_block(values, server_states, stores, templates, data_runs, data_shared, keys, start, n).
+                       mesh: Optional[Mesh] = None, has_limits: bool = False):
+  """Jitted runs_block(values, server_states, stores, templates, data_runs, data_shared, keys, start, n[, limits]).
 
   build_round_fn(values) -> the un-jitted one-round program (engine.make_round_fn(jit=False)) of a run whose
   VALUE_FIELDS are `values` (dotted name -> traced scalar). Leaves of every argument but data_shared, start
-  and n carry the leading runs axis. Returns (server_states, stores, metrics) with metrics leaves
-  [R, rounds_per_call, ...] as rounds.make_block_fn's with a leading R.
+  and n carry the leading runs axis. has_limits: the runs have a virtual clock; `limits` is each lane's
+  {'fit': [R, rounds_per_call, cohort], 'reports': ...} (rounds.make_block_fn's, per lane). Returns
+  (server_states, stores, metrics) with metrics leaves [R, rounds_per_call, ...] as rounds.make_block_fn's with a
+  leading R.
   """
-  def one_run(values, server_state, store, template, data_runs, data_shared, key, start_round, num_rounds):
+  def one_run(values, server_state, store, template, data_runs, data_shared, key, start_round, num_rounds,
+              limits=None):
     block = rounds_lib.make_block_fn(build_round_fn(values), plan=plan, num_clients=num_clients,
                                      clients_per_round=clients_per_round, cohort=cohort,
                                      rounds_per_call=rounds_per_call, has_store=has_store, jit=False)
-    return block(server_state, store, template, {**data_shared, **data_runs}, key, start_round, num_rounds)
+    return block(server_state, store, template, {**data_shared, **data_runs}, key, start_round, num_rounds,
+                 limits)
 
-  batched = jax.vmap(one_run, in_axes=(0, 0, 0, 0, 0, None, 0, None, None))
+  extra = (0,) if has_limits else ()
+  batched = jax.vmap(one_run, in_axes=(0, 0, 0, 0, 0, None, 0, None, None) + extra)
   if mesh is not None:
     r, s = P(AXIS), P()
-    batched = jax.shard_map(batched, mesh=mesh, in_specs=(r, r, r, r, r, s, r, s, s), out_specs=(r, r, r),
-                            check_vma=False)
+    batched = jax.shard_map(batched, mesh=mesh, in_specs=(r, r, r, r, r, s, r, s, s) + (r,) * len(extra),
+                            out_specs=(r, r, r), check_vma=False)
   # No donation: the trainer dispatches the next block from these outputs while it still reads them
   # (training/batched.py pipelines the host's evaluation and writes with the next block).
   return jax.jit(batched)

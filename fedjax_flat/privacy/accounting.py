@@ -5,12 +5,29 @@ multiplier z (noise std / clip), composed over `rounds`. Pure functions: the sam
 so a resumed run recomputes the same value from its round count. `classic_epsilon` is the basic RDP conversion
 that Abadi et al. (2016) and TF Privacy published with: their numbers are reproduced in the tests.
 """
+import importlib.util
 import math
-
-import dp_accounting
-from dp_accounting import pld, rdp
+import sys
 
 from fedjax_flat.errors import ConfigError
+
+
+def _lazy(name: str):
+  """`name` imported on its first attribute access (importlib's LazyLoader): dp-accounting brings scipy.stats and
+  scipy.signal (about a second), which every run would pay at its start while only DP runs use them."""
+  if name in sys.modules:
+    return sys.modules[name]
+  spec = importlib.util.find_spec(name)
+  if spec is None:
+    raise ImportError(f'{name} is not installed (pip install dp-accounting)')
+  spec.loader = importlib.util.LazyLoader(spec.loader)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module
+  spec.loader.exec_module(module)
+  return module
+
+
+dp_accounting = _lazy('dp_accounting')
 
 SAMPLINGS = ('poisson', 'fixed')
 ACCOUNTANTS = ('rdp', 'pld')
@@ -34,10 +51,10 @@ def _accountant(accountant, sampling):
     # Sampling without replacement is only analysed under replace-one adjacency (Wang et al. 2019).
     relation = (dp_accounting.NeighboringRelation.REPLACE_ONE if sampling == 'fixed'
                 else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
-    return rdp.RdpAccountant(neighboring_relation=relation)
+    return dp_accounting.rdp.RdpAccountant(neighboring_relation=relation)
   if sampling == 'fixed':
     raise ConfigError('dp.accountant', accountant, "the PLD accountant has no fixed-size sampling: use 'rdp'")
-  return pld.PLDAccountant()
+  return dp_accounting.pld.PLDAccountant()
 
 
 def _check(q, z, rounds, delta, sampling, accountant):
@@ -87,7 +104,7 @@ def classic_epsilon(q, z, rounds, delta, orders=CLASSIC_ORDERS):
     return 0.0
   if z == 0:
     return math.inf
-  acc = rdp.RdpAccountant(orders=list(orders))
+  acc = dp_accounting.rdp.RdpAccountant(orders=list(orders))
   acc.compose(_event(q, z, rounds, 'poisson', None))
   return float(min(r + math.log(1.0 / delta) / (a - 1) for a, r in zip(acc.orders, acc.rdp) if a > 1))
 

@@ -48,7 +48,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from fedjax_flat.errors import ConfigError
-from fedjax_flat.schema import RESULT, Choice, Field, Int, Num, Section, String
+from fedjax_flat.schema import INPUT, RESULT, Choice, Field, Int, Num, Section, String
 
 SPEEDS = ('none', 'lognormal', 'trace')
 AVAILABILITY = ('always', 'bernoulli', 'diurnal', 'trace')
@@ -58,10 +58,10 @@ SPEED_STREAM, OFFSET_STREAM, AVAIL_STREAM, DROP_STREAM = 0x5BEED, 0x702E, 0xA7A1
 
 
 def enabled(cfg) -> bool:
-  """Whether the run has a clock: any system field away from its 'none' default."""
+  """Whether the run has a clock: any system field away from its 'none' default (a config or its dict)."""
   s = cfg.get('system')
-  return s is not None and (s.speed != 'none' or s.availability != 'always' or float(s.dropout) > 0
-                            or float(s.deadline_s) > 0)
+  return s is not None and (s['speed'] != 'none' or s['availability'] != 'always' or float(s['dropout']) > 0
+                            or float(s['deadline_s']) > 0)
 
 
 def _check(cfg) -> None:
@@ -81,28 +81,33 @@ def _check(cfg) -> None:
                       "system.availability='trace'; set one or leave the trace empty")
 
 
+# The numbers (tagged INPUT) are per-run inputs of a batched program (core/runs.py): each lane's step limits come
+# from its own schedule on the host; the kinds and the trace file are structure (runs with other kinds split packs).
+_IN = frozenset({INPUT})
 SECTION = Section('system', (
     Field('speed', Choice('none', SPEEDS), "clients' compute speed (examples/s): 'none' (instant, as without a "
           "clock) | 'lognormal' (median speed_median, log-std speed_sigma, per (seed, client)) | 'trace'"),
-    Field('speed_median', Num(100.0, lo=0, lo_open=True), "median examples/s of the log-normal speeds"),
-    Field('speed_sigma', Num(0.5, lo=0), 'log-std of the log-normal speeds (0: every client at the median)'),
+    Field('speed_median', Num(100.0, lo=0, lo_open=True), "median examples/s of the log-normal speeds", _IN),
+    Field('speed_sigma', Num(0.5, lo=0), 'log-std of the log-normal speeds (0: every client at the median)', _IN),
     Field('trace', String(''), 'CSV / JSON trace of client speeds, bandwidths and available hours (format: '
           'systems/clock.py)'),
     Field('deadline_s', Num(0.0, lo=0), '> 0: a round closes after this many virtual seconds; each client runs '
-          'the local steps that fit (0: none)'),
+          'the local steps that fit (0: none)', _IN),
     Field('min_steps', Int(1, lo=0), 'under a deadline, a client fitting fewer steps (and not all its work) is '
-          'dropped'),
+          'dropped', _IN),
     Field('availability', Choice('always', AVAILABILITY), "'always' | 'bernoulli' (availability_rate a round) | "
           "'diurnal' (a time-zone offset per client, available in a daily window) | 'trace'"),
-    Field('availability_rate', Num(1.0, lo=0, hi=1), "'bernoulli': probability a client is available a round"),
-    Field('window_start_h', Num(0.0, lo=0, hi=24, hi_open=True), "'diurnal': local hour the window opens"),
-    Field('window_h', Num(8.0, lo=0, hi=24, lo_open=True), "'diurnal': hours the window stays open"),
+    Field('availability_rate', Num(1.0, lo=0, hi=1), "'bernoulli': probability a client is available a round",
+          _IN),
+    Field('window_start_h', Num(0.0, lo=0, hi=24, hi_open=True), "'diurnal': local hour the window opens", _IN),
+    Field('window_h', Num(8.0, lo=0, hi=24, lo_open=True), "'diurnal': hours the window stays open", _IN),
     Field('round_duration_s', Num(3600.0, lo=0, lo_open=True), "nominal spacing of round starts for the hours "
-          "of 'diurnal' / 'trace' availability"),
+          "of 'diurnal' / 'trace' availability", _IN),
     Field('dropout', Num(0.0, lo=0, hi=1, hi_open=True), 'probability an available client drops mid-round (its '
-          'upload discarded)'),
-    Field('up_mbps', Num(1.0, lo=0, lo_open=True), 'upload bandwidth, Mbps (a trace may set it per client)'),
-    Field('down_mbps', Num(10.0, lo=0, lo_open=True), 'download bandwidth, Mbps (a trace may set it per client)'),
+          'upload discarded)', _IN),
+    Field('up_mbps', Num(1.0, lo=0, lo_open=True), 'upload bandwidth, Mbps (a trace may set it per client)', _IN),
+    Field('down_mbps', Num(10.0, lo=0, lo_open=True), 'download bandwidth, Mbps (a trace may set it per client)',
+          _IN),
 ), check=_check, tags={RESULT}, doc='a virtual clock of heterogeneous devices (systems/clock.py)')
 
 

@@ -12,6 +12,10 @@ grid is one program; the padding is masked and changes no run's numbers:
                 evaluation, metrics.jsonl / TensorBoard, checkpoint (each run's driver.block_results / recorder.record)
   at the end:   per run: summary.json / .md, metrics.png (Trainer.end_training)
 
+Virtual clock (config.system): its numbers are per-run inputs (core/runs.INPUT_FIELDS), so a deadline or speed
+grid is one program; each block, every lane's step limits come from its own run's schedule on the host
+(DeviceDriver.block_limits) and each run records its own virtual time and bytes.
+
 Lanes: a program always has `lanes` lanes (runs rounded up to the device count); missing lanes are copies
 of the first run whose outputs are dropped, so a pack that lost finished members, or resumes with fewer,
 reuses the same program shape. Everything random is a function of each run's (seed, round, client), so a
@@ -36,7 +40,6 @@ from fedjax_flat.evaluation.evaluator import Evaluator
 from fedjax_flat.data import attacks
 from fedjax_flat.data import batching
 from fedjax_flat.data import registry as data_registry
-from fedjax_flat.systems import clock as clock_lib
 from fedjax_flat.training import chain_loop
 from fedjax_flat.training import driver as driver_lib
 from fedjax_flat.training import loop
@@ -83,8 +86,6 @@ def batch_blocker(config) -> Optional[str]:
     return _run_data_blocker(declared.name, declared.needs)
   if attacks.enabled(config):
     return 'a label-flipping attack poisons each run\'s data'
-  if clock_lib.enabled(config):
-    return 'config.system: the virtual clock masks each run\'s rounds on the host (runs one by one)'
   if config.engine.get('device_data', 'auto') is False:
     return 'engine.device_data=False'
   if config.get('init') is not None and (config.init.get('checkpoint') or config.init.get('pretrained')):
@@ -172,6 +173,10 @@ class BatchedTrainer:
     self.mesh = runs_lib.runs_mesh(self.lanes, devices)
     self.fields = runs_lib.present_value_fields(t0.config)
     self.has_store = t0.store is not None
+    # The virtual clock (config.system): each lane's schedule is computed on the host from its own run's clock
+    # (DeviceDriver.block_limits) and enters the program as that lane's step limits (core/runs.py).
+    self.has_clock = t0.plan.clock is not None
+    self._system: Dict[int, list] = {}     # block start round -> each run's per-round clock totals
     # The test set is the same for every run of the pack (same data config up to the partition): one
     # evaluator, so its program is compiled once, not once per run.
     if type(t0.plan.evaluator) is Evaluator:
@@ -207,12 +212,12 @@ class BatchedTrainer:
     # Packs of one compatibility group (a grid split into several packs, a resumed remainder) reuse the
     # compiled program: same key, same shapes, same lanes -> same program, compiled once per process.
     program_key = (runs_lib.compat_key(base), _signature(t0)[:-1], self.lanes, self.fields,
-                   tuple(self.per_run_keys), tuple(str(d) for d in devices))
+                   tuple(self.per_run_keys), tuple(str(d) for d in devices), self.has_clock)
     if program_key not in _PROGRAMS:
       _PROGRAMS[program_key] = runs_lib.make_runs_block_fn(
           build_round_fn, plan=t0.plan.batch_plan, num_clients=t0.data.num_clients,
           clients_per_round=base.clients_per_round, cohort=t0.plan.cohort, rounds_per_call=t0.plan.rounds_per_call,
-          has_store=self.has_store, mesh=self.mesh)
+          has_store=self.has_store, mesh=self.mesh, has_limits=self.has_clock)
     self.fn = _PROGRAMS[program_key]
     self.program_key = program_key
     self.compiled = None
@@ -239,10 +244,27 @@ class BatchedTrainer:
     stores = put(runs_lib.stack([self.trainers[i].store.arrays for i in lanes])) if self.has_store else None
     return states, stores
 
-  def _args(self, r: int, n: int, states, stores):
-    """The runs program's arguments for rounds r .. r+n-1 (r and n are traced: one program for every block)."""
-    return (self.values, states, stores, self.templates, self.data_runs, self.data_shared, self.keys,
+  def _args(self, r: int, n: int, states, stores, limits=None):
+    """The runs program's arguments for rounds r .. r+n-1 (r and n are traced: one program for every block);
+    with a clock, each lane's step limits (`_limits`; None: all zero, for tracing and compiling)."""
+    args = (self.values, states, stores, self.templates, self.data_runs, self.data_shared, self.keys,
             np.int32(r), np.int32(n))
+    if not self.has_clock:
+      return args
+    if limits is None:
+      shape = (self.lanes, self.trainers[0].plan.rounds_per_call, self.trainers[0].plan.cohort)
+      limits = runs_lib.place({'fit': np.zeros(shape, np.int32), 'reports': np.zeros(shape, bool)}, self.mesh)
+    return args + (limits,)
+
+  def _limits(self, r: int, n: int):
+    """Each lane's virtual-clock step limits of rounds r .. r+n-1, stacked [lanes, rounds_per_call, cohort] (its
+    own run's schedule: deadline, speeds, availability, dropout); each run's per-round totals are kept for its
+    records (`train`). None without a clock."""
+    if not self.has_clock:
+      return None
+    per_run = [t.driver.block_limits(r, n) for t in self.trainers]
+    self._system[r] = [totals for _, totals in per_run]
+    return runs_lib.place(runs_lib.stack([jax.device_get(per_run[i][0]) for i in self._lane_runs()]), self.mesh)
 
   def compile(self) -> float:
     """Compiles the runs program ahead of time (XLA works outside the GIL, so a sweep can call this on a thread
@@ -272,7 +294,7 @@ class BatchedTrainer:
     if states is None:
       states, stores = self._initial()
     self.compile()
-    return self.compiled(*self._args(r, n, states, stores))
+    return self.compiled(*self._args(r, n, states, stores, self._limits(r, n)))
 
   def train(self, stop_requested: Callable[[], bool] = lambda: False) -> Dict[int, dict]:
     """Trains every run to its end (or a stop); returns {run index: summary} of the runs that finished
@@ -311,13 +333,15 @@ class BatchedTrainer:
           t.driver.round_s = wall / max(n, 1)      # pylint: disable=protected-access
         try:
           block = t.driver.block_results(t.store, r, n, runs_lib.unstack(m, i),
-                                         runs_lib.unstack(stores, i) if self.has_store else None)
+                                         runs_lib.unstack(stores, i) if self.has_store else None,
+                                         system=self._system[r][i] if self.has_clock else None)
         except driver_lib.DivergenceError as e:
           logging.error('%s: %s', t.workdir, e)
           self.failed[i] = e
           active.remove(i)
           continue
         t.recorder.record(t, block, end, lambda: stop)
+      self._system.pop(r, None)
       if stop or not active:
         pending = None               # dispatched ahead: its outputs are dropped
     return {i: self.trainers[i].end_training() for i in active}

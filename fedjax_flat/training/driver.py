@@ -215,8 +215,10 @@ class DeviceDriver:
       totals.append(t)
     return {'fit': jnp.asarray(fit), 'reports': jnp.asarray(rep)}, totals
 
-  def block_results(self, store, r: int, n: int, m: dict, arrays=None) -> list:
-    """The host side of a block: the device store's new arrays, divergence checks, per-round results."""
+  def block_results(self, store, r: int, n: int, m: dict, arrays=None, system=None) -> list:
+    """The host side of a block: the device store's new arrays, divergence checks, per-round results. system:
+    the block's per-round clock totals (default: those of this driver's last `run_block`; a batched program
+    computes each lane's itself, training/batched.py)."""
     if store is not None:
       store.arrays = arrays
       ran_ids = m['ids'][m['ran']]
@@ -226,8 +228,9 @@ class DeviceDriver:
       if not m['ran'][i]:          # skipped after a divergent round (raised below, at that round)
         break
       check_divergence(r + i, m['ids'][i], m['finite'][i], bool(m['server_finite'][i]))
-      system = self._system[i] if getattr(self, '_system', None) else None
-      results.append(round_result(self.plan, m['ids'][i], {k: v[i] for k, v in m.items()}, system))
+      totals = system if system is not None else getattr(self, '_system', None)
+      system_i = totals[i] if totals else None
+      results.append(round_result(self.plan, m['ids'][i], {k: v[i] for k, v in m.items()}, system_i))
     return results
 
   def step(self, state, store, r: int, n: int, end: int):

@@ -90,8 +90,12 @@ class FedAvgProblem:
         _forward(spec['model'], int(spec['num_classes']), tuple(spec.get('hidden', (32,))),
                  dropout=bool(spec.get('dropout', True))), sample,
         lambda batch, preds: fedjax.metrics.unreduced_cross_entropy_loss(batch['y'], preds),
+        eval_metrics={'accuracy': fedjax.metrics.Accuracy(), 'loss': fedjax.metrics.CrossEntropyLoss()},
         train_kwargs={'is_train': True}, eval_kwargs={'is_train': False})
+    self.model = model
     grad_fn = fedjax.model_grad(model)
+    if spec['optimizer'] == 'asam':
+      raise protocol.PeerError('fedjax peer: no ASAM (FedJAX has none; only the torch peer writes it)')
     if spec['optimizer'] == 'sam':
       grad_fn = _sam_grad(grad_fn, float(spec['rho']))
     client_opt = fedjax.optimizers.create_optimizer_from_optax(
@@ -122,6 +126,15 @@ class FedAvgProblem:
   def sync(self):
     jax.block_until_ready(self.state.params)
 
+  def evaluate(self, x, y, batch_size: int):
+    """(accuracy, loss) of the server model as a FedJAX user evaluates: `fedjax.evaluate_model` over the test
+    set's `ClientDataset.batch`."""
+    if getattr(self, '_test', None) is None or self._test[0] is not x:
+      self._test = (x, fedjax.ClientDataset({'x': x, 'y': y}))
+    m = fedjax.evaluate_model(self.model, self.state.params,
+                              self._test[1].batch(fedjax.BatchHParams(batch_size=batch_size)))
+    return float(m['accuracy']), float(m['loss'])
+
   def peak_mem(self):
     stats = jax.devices()[0].memory_stats() if jax.default_backend() != 'cpu' else None
     return (stats or {}).get('peak_bytes_in_use', protocol.peak_rss_bytes())
@@ -136,7 +149,9 @@ def _info():
 if __name__ == '__main__':
   _imports()
   server = protocol.ProblemServer(FedAvgProblem, _info)
-  if '--serve' in sys.argv:
+  if protocol.whole_run_arg(sys.argv):
+    protocol.whole_run(FedAvgProblem, protocol.whole_run_arg(sys.argv))
+  elif '--serve' in sys.argv:
     server.serve()
   elif '--check' in sys.argv:
     server.check(('cifar_cnn', 'digits_cnn', 'mlp', 'pfl_cnn'))

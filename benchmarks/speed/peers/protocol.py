@@ -11,6 +11,10 @@ Messages (one JSON object per line; every reply has "ok"):
                                                   "peak_mem_bytes": the peer's peak (device) memory}
   {"cmd": "info"}                              -> versions, threads
   {"cmd": "quit"}
+A whole run as its user runs it (benchmarks/speed/end_to_end.py): `python -m <peer> --whole_run=SPEC.json` builds
+the problem, trains spec['rounds'] rounds, evaluates the server model on spec['test'] (a `write_problem` file of
+one client) every spec['eval_every'] rounds with batches of spec['eval_batch'], and prints one JSON line (timings
+and the evaluations' accuracies): `whole_run`; the driver side is `run_whole`.
 A spec names the model ('cifar_cnn' | 'digits_cnn' | 'mlp' | 'resnet18_gn' | 'pfl_cnn'), num_classes, hidden
 (mlp), the data file (`write_problem`), clients_per_round, batch_size, epochs, lr, weight_decay, optimizer
 ('sgd' | 'sam'), rho, seed; optionally weighting ('examples' | 'uniform': a client's weight in the server's
@@ -64,8 +68,8 @@ def check_spec(spec: dict) -> dict:
   missing = [k for k in SPEC_KEYS if k not in spec]
   if missing:
     raise PeerError(f'spec lacks {missing}')
-  if spec['optimizer'] not in ('sgd', 'sam'):
-    raise PeerError(f"spec optimizer={spec['optimizer']!r}; allowed: 'sgd', 'sam'")
+  if spec['optimizer'] not in ('sgd', 'sam', 'asam'):
+    raise PeerError(f"spec optimizer={spec['optimizer']!r}; allowed: 'sgd', 'sam', 'asam'")
   return spec
 
 
@@ -198,3 +202,48 @@ class ProblemServer:
                       lr=0.01, weight_decay=4e-4, optimizer=opt, rho=0.05, seed=0)
           print(model, opt, self.setup(model + opt, spec), self.run(model + opt, 1))
     print(self.info())
+
+
+def whole_run(make_problem, spec_path: str) -> dict:
+  """The peer side of a whole run (module docstring): the problem is built, trained and evaluated as a user's
+  script would, each phase timed; returns (and prints as one JSON line on stdout) the record."""
+  t0 = time.perf_counter()
+  with open(spec_path) as f:
+    spec = json.load(f)
+  (tx, ty), = read_problem(spec['test'])
+  p = make_problem(check_spec(spec))
+  rec = {'setup_s': time.perf_counter() - t0, 'rounds': int(spec['rounds']), 'round_s': [], 'evals': []}
+  every = int(spec.get('eval_every', 0))
+  for r in range(1, int(spec['rounds']) + 1):
+    t = time.perf_counter()
+    p.round()
+    p.sync()
+    rec['round_s'].append(time.perf_counter() - t)
+    if every and (r % every == 0 or r == int(spec['rounds'])):
+      t = time.perf_counter()
+      acc, loss = p.evaluate(tx, ty, int(spec.get('eval_batch', 1000)))
+      rec['evals'].append({'round': r, 's': time.perf_counter() - t, 'accuracy': float(acc), 'loss': float(loss)})
+  rec['total_s'] = time.perf_counter() - t0
+  print(json.dumps(rec), flush=True)
+  return rec
+
+
+def run_whole(python: str, module: str, spec: dict, spec_path: str, env=None, cwd=None) -> dict:
+  """The driver side: one fresh `python -m module --whole_run=spec_path` process; its record plus 'wall_s' (from
+  the spawn to the exit: the interpreter's start and the imports included)."""
+  with open(spec_path, 'w') as f:
+    json.dump(spec, f)
+  t = time.perf_counter()
+  proc = subprocess.run([python, '-m', module, f'--whole_run={spec_path}'], capture_output=True, text=True,
+                        env={**os.environ, **(env or {})}, cwd=cwd)
+  wall = time.perf_counter() - t
+  if proc.returncode != 0:
+    raise PeerError(f'{module} --whole_run exited {proc.returncode}: {proc.stderr.strip()[-500:]}')
+  rec = json.loads(proc.stdout.strip().splitlines()[-1])
+  rec['wall_s'] = wall
+  return rec
+
+
+def whole_run_arg(argv) -> str:
+  """The SPEC.json of a `--whole_run=SPEC.json` argument ('' when absent)."""
+  return next((a.split('=', 1)[1] for a in argv if a.startswith('--whole_run=')), '')

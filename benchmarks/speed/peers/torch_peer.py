@@ -140,15 +140,23 @@ def build_net(model: str, num_classes: int, input_shape, hidden=(32,), dropout: 
   raise protocol.PeerError(f'torch peer: unknown model {model!r}')
 
 
-def local_step(net, opt, x, y, rho: float = 0.0):
-  """One client step: SGD (weight decay in `opt`), or SAM as the FedSAM reference minimizer when rho > 0."""
+def local_step(net, opt, x, y, rho: float = 0.0, asam_eta: float = -1.0):
+  """One client step: SGD (weight decay in `opt`), or SAM as the FedSAM reference minimizer when rho > 0, or
+  ASAM (asam_eta >= 0: e = rho T^2 g / ||T g||, T = |w| + eta on the 'weight' tensors, 1 on the biases; the
+  FedSAM reference's ASAM minimizer)."""
   opt.zero_grad()
   F.cross_entropy(net(x), y).backward()
-  if rho > 0:   # ascent to w + e, e = rho g / ||g||; the gradient there; back to w; the SGD step with it
-    params = [p for p in net.parameters() if p.grad is not None]
+  if rho > 0:   # ascent to w + e; the gradient there; back to w; the SGD step with it
+    named = [(n, p) for n, p in net.named_parameters() if p.grad is not None]
+    params = [p for _, p in named]
     with torch.no_grad():
-      norm = torch.norm(torch.stack([p.grad.norm(2) for p in params]), 2)
-      eps = [p.grad * (rho / (norm + 1e-12)) for p in params]
+      if asam_eta >= 0:
+        t = [(torch.abs(p) + asam_eta) if n.endswith('weight') else torch.ones_like(p) for n, p in named]
+        norm = torch.norm(torch.stack([(ti * p.grad).norm(2) for ti, p in zip(t, params)]), 2)
+        eps = [ti * ti * p.grad * (rho / (norm + 1e-12)) for ti, p in zip(t, params)]
+      else:
+        norm = torch.norm(torch.stack([p.grad.norm(2) for p in params]), 2)
+        eps = [p.grad * (rho / (norm + 1e-12)) for p in params]
       for p, e in zip(params, eps):
         p.add_(e)
     opt.zero_grad()
@@ -188,7 +196,8 @@ class FedAvgRound:
     ids = (range(k) if m == k else
            np.random.default_rng([int(s['seed']), self.round_idx]).choice(k, m, replace=False))
     total, acc = 0.0, None
-    rho = float(s['rho']) if s['optimizer'] == 'sam' else 0.0
+    rho = float(s['rho']) if s['optimizer'] in ('sam', 'asam') else 0.0
+    eta = float(s.get('asam_eta', 0.01)) if s['optimizer'] == 'asam' else -1.0
     for cid in ids:
       x, y = self.clients[cid]
       self.net.load_state_dict(self.server)
@@ -198,7 +207,7 @@ class FedAvgRound:
         order = torch.randperm(len(y), generator=self.gen).to(self.device)
         for i in range(0, len(y), b):
           sel = order[i:i + b]
-          local_step(self.net, opt, x[sel], y[sel], rho)
+          local_step(self.net, opt, x[sel], y[sel], rho, eta)
       n = float(len(y)) if s.get('weighting', 'examples') == 'examples' else 1.0   # uniform: per user
       with torch.no_grad():
         sd = self.net.state_dict()
@@ -210,6 +219,26 @@ class FedAvgRound:
       total += n
     self.server = {q: v / total for q, v in acc.items()}
     self.round_idx += 1
+
+  def evaluate(self, x, y, batch_size: int):
+    """(accuracy, mean loss) of the server model on x [N, ...] (NHWC numpy) / y, in batches, as a torch user
+    evaluates: eval mode, no_grad; the test tensors made once."""
+    if getattr(self, '_test', None) is None or self._test[0] is not x:
+      shape = self.clients[0][0].shape[1:]           # C, H, W
+      xt = torch.from_numpy(np.ascontiguousarray(x.reshape((len(x),) + (shape[1], shape[2], shape[0]))
+                                                 .transpose(0, 3, 1, 2))).to(self.device)
+      self._test = (x, xt, torch.from_numpy(y.astype(np.int64)).to(self.device))
+    _, xt, yt = self._test
+    self.net.load_state_dict(self.server)
+    self.net.eval()
+    correct, loss = 0, 0.0
+    with torch.no_grad():
+      for i in range(0, len(yt), batch_size):
+        out = self.net(xt[i:i + batch_size])
+        correct += int((out.argmax(1) == yt[i:i + batch_size]).sum())
+        loss += float(F.cross_entropy(out, yt[i:i + batch_size], reduction='sum'))
+    self.net.train()
+    return correct / len(yt), loss / len(yt)
 
   def sync(self):
     if self.device.type == 'cuda':
@@ -252,7 +281,9 @@ def _info():
 
 if __name__ == '__main__':
   server = protocol.ProblemServer(_make_problem, _info)
-  if '--serve' in sys.argv:
+  if protocol.whole_run_arg(sys.argv):
+    protocol.whole_run(_make_problem, protocol.whole_run_arg(sys.argv))
+  elif '--serve' in sys.argv:
     server.serve()
   elif '--check' in sys.argv:
     server.check(('cifar_cnn', 'digits_cnn', 'mlp', 'resnet18_gn', 'pfl_cnn'))

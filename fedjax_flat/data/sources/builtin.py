@@ -1,6 +1,8 @@
 """Datasets that need no download: scikit-learn's handwritten digits and a synthetic image dataset."""
 from __future__ import annotations
 
+import importlib.util
+import os
 from typing import Optional
 
 import numpy as np
@@ -20,6 +22,17 @@ def _stratified_holdout(y, test_fraction, rng):
   return train, test
 
 
+def digits_arrays():
+  """scikit-learn's digits file read as `sklearn.datasets.load_digits` reads it (64 pixel columns, then the
+  label), without importing scikit-learn: its import costs about a second at every start of the quickstart."""
+  spec = importlib.util.find_spec('sklearn')
+  if spec is None or not spec.submodule_search_locations:
+    raise ImportError('the embedded digits come with scikit-learn: pip install scikit-learn')
+  path = os.path.join(list(spec.submodule_search_locations)[0], 'datasets', 'data', 'digits.csv.gz')
+  data = np.loadtxt(path, delimiter=',')
+  return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int)
+
+
 def load_digits(num_clients: int = 20, alpha: float = 0.0, *, test_fraction: float = 0.2,
                 examples_per_client: Optional[int] = None, quantity_skew: Optional[float] = None,
                 seed: int = 0) -> FederatedDataset:
@@ -28,10 +41,9 @@ def load_digits(num_clients: int = 20, alpha: float = 0.0, *, test_fraction: flo
   Pixels are scaled to [0, 1] as [N, 8, 8, 1] float32. A stratified `test_fraction` is held out as the
   global test split; the rest is split across `num_clients` with `dirichlet_split(alpha)`.
   """
-  from sklearn import datasets as skd  # imported lazily: only this loader needs scikit-learn
-  d = skd.load_digits()
-  x = (d.images.astype(np.float32) / 16.0)[..., None]
-  y = d.target.astype(np.int32)
+  images, target = digits_arrays()
+  x = (images.astype(np.float32) / 16.0)[..., None]
+  y = target.astype(np.int32)
   rng = np.random.default_rng(seed)
   train, test = _stratified_holdout(y, test_fraction, rng)
   splits = dirichlet_split(y[train], num_clients, alpha, examples_per_client=examples_per_client,

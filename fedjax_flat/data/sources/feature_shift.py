@@ -28,6 +28,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from fedjax_flat.data.federated import FederatedDataset, _csr
+from fedjax_flat.data.sources import builtin
 from fedjax_flat.data.registry import register
 from fedjax_flat.errors import ConfigError
 
@@ -148,10 +149,9 @@ def load_digits_feature_shift(num_clients: int = 5, *, seed: int = 0, val_fracti
   if not (0 <= val_fraction and 0 < test_fraction and 0 < g_frac and val_fraction + test_fraction + g_frac < 0.8):
     raise ValueError(f'digits_feature_shift: val_fraction={val_fraction}, test_fraction={test_fraction} leave '
                      f'too little training data')
-  from sklearn import datasets as skd
-  d = skd.load_digits()
-  x_all = (d.images.astype(np.float32) / 16.0)[..., None]
-  y_all = d.target.astype(np.int32)
+  images, target = builtin.digits_arrays()
+  x_all = (images.astype(np.float32) / 16.0)[..., None]
+  y_all = target.astype(np.int32)
   rng = np.random.default_rng([int(seed), 0x5F7])
   # Equal-size, class-stratified sources: deal each class's shuffled examples round-robin.
   source = np.empty(len(y_all), np.int64)

@@ -22,6 +22,7 @@ from typing import Callable, List, Tuple
 import numpy as np
 
 from fedjax_flat.data.federated import FederatedDataset
+from fedjax_flat.data.sources import builtin
 from fedjax_flat.data.registry import check_arg, register
 from fedjax_flat.schema import DataValue
 
@@ -78,10 +79,9 @@ def planted_domains(images: np.ndarray, labels: np.ndarray, *, num_clients: int,
 
 def load_digits_domains(num_clients: int = 20, num_domains: int = 4, domains_per_client: int = 1, *,
                         test_fraction: float = 0.2, seed: int = 0) -> FederatedDataset:
-  from sklearn import datasets as skd  # the embedded digits (data/sources/builtin.py reads them the same way)
-  d = skd.load_digits()
-  images = (d.images.astype(np.float32) / 16.0)[..., None]
-  return planted_domains(images, d.target.astype(np.int32), num_clients=num_clients, num_domains=num_domains,
+  raw, target = builtin.digits_arrays()         # the embedded digits, read as data/sources/builtin.py reads them
+  images = (raw.astype(np.float32) / 16.0)[..., None]
+  return planted_domains(images, target.astype(np.int32), num_clients=num_clients, num_domains=num_domains,
                          domains_per_client=domains_per_client, test_fraction=test_fraction, seed=seed)
 
 
