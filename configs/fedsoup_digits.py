@@ -85,6 +85,7 @@ def get_config(arg: str = ''):
     c.algo.epsilon = 0.3
     c.algo.epsilon_decay = 0.05
     c.algo.val_source = 'val'
+    c.algo.population = NUM_CLIENTS - (leave_out >= 0)     # N: the training clients (the held-out one never trains)
   elif method == 'fedrep':
     c.algo.head_epochs = 1
   c.rounds = 100

@@ -121,6 +121,7 @@ def get_config(arg: str = ''):
     c.algo.epsilon_decay = 0.05
     c.algo.val_source = 'local_test'
     c.algo.affinity = 'release'     # the published run's code adds the raw loss gains (algorithms/fedfomo.py)
+    c.algo.population = k - (leave_out >= 0)     # N: the training clients (the held-out one never trains)
   elif method == 'fedrep':
     c.algo.head_epochs = 1
   elif method == 'fedsoup':

@@ -8,7 +8,8 @@ its config.published number.
 Argument: the family (a configs/<family>.py with CELLS: fedsam_cifar, fedsam_pam, fedsam_landmarks,
 fedgloss_cifar, fedgloss_sota, wima, man_cifar100, baselines_cifar_cnn, baselines_digits, fedsoup_digits, fedseq,
 fedseq_digits, ...), then
-optionally only=<token> to keep the cells with that token or key value (e.g. only=cifar100, only=swa, only=4.15).
+optionally only=<token> to keep the cells with that token or key value (e.g. only=cifar100, only=swa, only=4.15;
+only=a+b: the cells with every one of the tokens, e.g. only=cifar10+fedavg+clients=5).
 Cells a family runs with another binary (its ENTRY_POINTS, e.g. configs/ladd.py's centralized cells) are left out
 and named in the sweep's description with their binary. A family with a pipeline (`pipeline(cells)` -> stages, e.g.
 configs/ladd.py: the source pre-training of each target, then the federated cells from its source_model.npz) is one
@@ -43,7 +44,9 @@ def get_sweep(arg: str = ''):
   if not hasattr(mod, 'CELLS'):
     raise ValueError(f'configs/{family}.py declares no CELLS (not a config family)')
   # A whole token or a key=value token's value: only=cifar10 must not keep the cifar100 cells.
-  cells = [c for c in mod.CELLS if not only or any(only in (t, t.partition('=')[2]) for t in c.split(','))]
+  # only=a+b: the cells holding every one of the tokens (e.g. only=cifar10+fedavg+clients=5).
+  cells = [c for c in mod.CELLS if not only or all(any(o in (t, t.partition('=')[2]) for t in c.split(','))
+                                                  for o in only.split('+'))]
   if not cells:
     raise ValueError(f'no cell of configs/{family}.py contains {only!r}')
   # Cells that another binary runs (a family's ENTRY_POINTS: cell -> binary) are not train.py runs: named, not swept,

@@ -26,6 +26,7 @@ from fedjax_flat.data import validation_steps
 from fedjax_flat.data.registry import OPTIONAL_FIELDS
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.models import registry as model_registry
+from fedjax_flat.models.cnn import MAN_MEASURES
 from fedjax_flat.data.transforms.pipeline import SEG_AUGMENT_RULES, number
 
 AUGMENTS, NORMALIZE = schema.AUGMENTS, schema.NORMALIZE
@@ -63,6 +64,7 @@ def validate_config(cfg, pending_files: Collection[str] = ()) -> None:
   _warn_swa(cfg)                         # swa x rounds
   dp_lib.check(cfg)                      # dp x algorithm x server weighting (x population when the config says it)
   compress_lib.check(cfg)                # upload x algorithm x dp
+  _validate_man_measure(cfg)             # model x model_kwargs.man_measure, before the model is built
   if 'bn' in cfg:
     _validate_bn(cfg, model_registry)    # bn x model x algorithm
   if 'grouping' in cfg:
@@ -122,6 +124,18 @@ def _validate_bn(cfg, model_registry) -> None:
     raise ConfigError('bn.test_policy', policy,
                       f'{cfg.algorithm} keeps the statistics on the clients, the server never holds any: use '
                       "'batch' (FedDrive) or 'client'")
+
+
+def _validate_man_measure(cfg) -> None:
+  m = cfg.model_kwargs.get('man_measure') if 'model_kwargs' in cfg else None
+  if m is None:
+    return
+  if cfg.model != 'man_convnet':
+    raise ConfigError('model_kwargs.man_measure', m, f"is man_convnet's (MAN's ConvNet), not model={cfg.model!r}'s: "
+                      'remove it')
+  if m not in MAN_MEASURES:
+    raise ConfigError('model_kwargs.man_measure', m, f"must be one of {', '.join(MAN_MEASURES)} ('paper': Eq. 17, "
+                      "block 3 before its pool; 'release': after it)")
 
 
 def validate_against_data(cfg, data) -> None:

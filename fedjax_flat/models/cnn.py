@@ -73,6 +73,9 @@ class DigitsCNN(nn.Module):
     return Dense(self.num_classes)(x)
 
 
+MAN_MEASURES = ('paper', 'release')     # model_kwargs.man_measure of man_convnet (validated in config/validate.py)
+
+
 class ManConvNet(nn.Module):
   """MAN's Tiny-ImageNet "ConvNet" (seed 003, digest B5): three blocks of conv3x3-64 (pad 1), GroupNorm(4),
   ReLU, maxpool2, then fc 512, ReLU, fc 384, ReLU, fc classes. 2,447,688 parameters for 200 classes at
@@ -91,8 +94,8 @@ class ManConvNet(nn.Module):
 
   @nn.compact
   def __call__(self, x, train: bool = False):
-    if self.man_measure not in ('paper', 'release'):
-      raise ValueError(f"man_measure={self.man_measure!r}; allowed: 'paper', 'release'")
+    if self.man_measure not in MAN_MEASURES:
+      raise ValueError(f'man_measure={self.man_measure!r}; allowed: {MAN_MEASURES}')
     for i in range(3):
       y = Conv(64, (3, 3), padding='SAME', conv_impl=self.conv_impl, torch_init=True)(x)
       y = group_norm(y, self.gn_groups, name=f'GroupNorm_{i}')

@@ -25,6 +25,13 @@ from fedjax_flat.training import writers
 from fedjax_flat.training.evals import registry as evals
 
 
+def plot_title(label: str, config) -> str:
+  """metrics.png's title: the algorithm, its client optimizer (FedAvg with SGD and with SAM clients are different
+  runs) and the dataset."""
+  opt = config.client.get('optimizer') if 'client' in config else None
+  return f'{label}' + (f' ({opt} clients)' if opt else '') + f' on {config.dataset}'
+
+
 class Recorder:
 
   def __init__(self, plan, *, write_files: bool = True):
@@ -231,6 +238,6 @@ class Recorder:
     if self.workdir and self.writer:
       writers.write_summary(self.workdir, summary)
       writers.plot_metrics(self.records, os.path.join(self.workdir, 'metrics.png'),
-                           title=f'{p.algorithm.label} on {c.dataset}')
+                           title=plot_title(p.algorithm.label, c))
       self.writer.close()
     return summary

@@ -475,3 +475,19 @@ def test_cells_reproducing_published_numbers_select_the_release_rules_their_runs
     for c in getattr(mod, 'CELLS', []):
       config = mod.get_config(c)
       assert not (config.algorithm == 'fednova' and float(config.algo.get('mu', 0)) > 0), (family, c)
+
+
+def test_fedsoup_digits_cells_validate_against_their_data():
+  """Every method's leave_out cell passes the data-level checks train.py runs (FedFomo's population N is the
+  training clients: the held-out one never trains), on the embedded digits."""
+  from fedjax_flat.algorithms import registry as alg_registry
+  from fedjax_flat.data import registry as data_registry
+  from fedjax_flat.config.validate import validate_against_data
+  for leave_out in (-1, 0):
+    data = None
+    for m in load('fedsoup_digits').METHODS:
+      c = cfg(f'fedsoup_digits.py:{m},leave_out={leave_out}')
+      data = data or data_registry.get_dataset(c.dataset, **c.data.to_dict())
+      validate_against_data(c, data)
+      alg_registry.spec(c.algorithm).validate_data(c, data)
+    assert data.num_clients == 5 - (leave_out >= 0)

@@ -257,3 +257,17 @@ def test_retrieval_and_fedvc_fields_are_checked(field, value):
   c[section][name] = value
   with pytest.raises(validate.ConfigError, match=field.replace('.', r'\.')):
     validate.validate_config(c)
+
+
+def test_man_measure_is_validated_before_the_model_is_built():
+  from fedjax_flat.config.default_config import default_config
+  from fedjax_flat.errors import ConfigError
+  c = default_config()
+  c.model = 'man_convnet'
+  c.model_kwargs = {'man_measure': 'after'}
+  with pytest.raises(ConfigError, match=r"model_kwargs.man_measure.*'after'.*paper, release"):
+    validate.validate_config(c)
+  c.model_kwargs = {'man_measure': 'release'}
+  c.model = 'cifar_cnn'
+  with pytest.raises(ConfigError, match="man_convnet's"):
+    validate.validate_config(c)

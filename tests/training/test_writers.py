@@ -61,3 +61,13 @@ def test_model_selection_by_validation_and_its_files(tmp_path):
   writers.write_summary(str(tmp_path), summary)
   assert json.load(open(tmp_path / 'summary.json'))['validation']['best_round'] == 10
   assert 'round 10, val_recall@5 0.8500, test R@1 0.4500' in open(tmp_path / 'summary.md').read()
+
+
+def test_metrics_png_title_names_the_client_optimizer():
+  from fedjax_flat.config.default_config import default_config
+  from fedjax_flat.training.recorder import plot_title
+  c = default_config()
+  c.dataset, c.client.optimizer = 'digits', 'sam'
+  assert plot_title('fedavg', c) == 'fedavg (sam clients) on digits'
+  c.client.optimizer = 'sgd'
+  assert plot_title('fedgloss', c) == 'fedgloss (sgd clients) on digits'
