@@ -3,15 +3,15 @@
 The fast cases use the MLP (every variant, the torch peer when torch is installed) and pfl-research's CIFAR10
 protocol at smoke sizes; the slow one the real models of the table (paper CNN, ResNet18-GN) and the protocol.
 """
-import importlib.util
 import json
 import subprocess
 import sys
 
 import pytest
+from benchmarks.speed import bench_util
 from tests.fixtures.paths import REPO
 
-HAS_TORCH = importlib.util.find_spec('torch') is not None
+HAS_TORCH = 'torch' in bench_util.available_peers()     # the peer's own venv (.venv-torch) or torch here
 
 
 def _run(tmp_path, *extra):
