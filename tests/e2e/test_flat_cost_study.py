@@ -49,7 +49,7 @@ def test_cells_and_uploads():
     assert fc_configs.get_config('fedsam,none,topk').upload.compress == 'topk'
 
 
-@pytest.mark.slow    # trains 4 runs of 2 rounds in two runs programs, Hessians included (~2 min on 2 busy cores)
+@pytest.mark.slow    # trains 4 runs of 2 rounds in two runs programs, Hessians included (~3 min on 2 busy cores)
 def test_a_tiny_study_packs_its_runs_and_writes_its_table(tmp_path, capsys):
   out = str(tmp_path / 's.jsonl')
   flat_cost.run_study(out, flat_cost.cells_for('fedavg,none;fedavg,deadline;looksam,none', 'fp32'), '0', 2,
