@@ -44,6 +44,8 @@ from configs import flat_cost as fc_configs  # noqa: E402
 from fedjax_flat.core import engine as engine_lib  # noqa: E402
 from fedjax_flat.data import batching  # noqa: E402
 from fedjax_flat.training import batched  # noqa: E402
+from fedjax_flat.training import checkpoint as ckpt_lib  # noqa: E402
+from fedjax_flat.training import trainers  # noqa: E402
 
 DEFAULT_OUT = os.path.join('runs', 'flat_cost', 'study.jsonl')
 DEFAULT_WORKDIR = os.path.join('runs', 'flat_cost', 'work')
@@ -166,6 +168,53 @@ def run_study(out, cells, seeds, rounds, workdir, batch_runs):
       batch.close()
 
 
+def common_study(out, seeds, workdir):
+  """The compressibility of each method's client deltas from ONE model: FedAvg's final model of the same seed and
+  setting (its workdir's last checkpoint), so that only the client optimizer differs (the main study measures each
+  method at its own final model). One record per (method, setting, seed)."""
+  done = set()
+  if os.path.exists(out):
+    done = {(r['cell'], r['seed']) for r in map(json.loads, open(out))}
+  for seed in map(int, seeds.split(',')):
+    for setting in fc_configs.SETTINGS:
+      base = os.path.join(workdir, f'fedavg_{setting}_s{seed}', 'checkpoints')
+      if not os.path.isdir(base):
+        print(json.dumps({'setting': setting, 'seed': seed, 'status': f'no FedAvg run in {base}: skipped'}))
+        continue
+      got = ckpt_lib.read_checkpoint(base)
+      for method in fc_configs.METHODS:
+        cell = f'{method},{setting}'
+        if (cell, seed) in done:
+          continue
+        t = trainers.make_trainer(config_of(cell, seed, int(got['step'])))
+        leaves, treedef = jax.tree_util.tree_flatten(t.server_state)
+        assert len(leaves) == len(got['server_leaves']), cell
+        t.server_state = jax.tree_util.tree_unflatten(treedef, [np.asarray(x) for x in got['server_leaves']])
+        t.round = int(got['step'])
+        rec = {'cell': cell, 'seed': seed, 'from': f'fedavg,{setting} round {t.round}', **update_stats(t)}
+        with open(out, 'a') as f:
+          f.write(json.dumps(rec, default=float) + '\n')
+        print(json.dumps(rec, default=float), flush=True)
+
+
+def common_table(path):
+  recs = study_util.records(path)
+  q = f'qsgd_err@{QSGD_LEVELS}'
+  seeds = sorted({r['seed'] for r in recs})
+  out = [f"From FedAvg's final model (same seed and setting); mean (std) over seeds {seeds}:\n",
+         '| setting | method | top-1 % err | top-10 % err | QSGD err | l1 ratio | norm of Delta | seeds |',
+         '|' + '---|' * 8]
+  for setting in fc_configs.SETTINGS:
+    for method in fc_configs.METHODS:
+      rs = [r for r in recs if r['cell'] == f'{method},{setting}']
+      if rs:
+        out.append(f'| {setting} | {method} | {_fmt([r["topk_err@0.01"] for r in rs], 1, 3)} | '
+                   f'{_fmt([r["topk_err@0.1"] for r in rs], 1, 3)} | {_fmt([r[q] for r in rs], 1, 3)} | '
+                   f'{_fmt([r["l1_ratio"] for r in rs], 1, 3)} | {_fmt([r["delta_norm"] for r in rs], 1, 3)} | '
+                   f'{len(rs)} |')
+  return '\n'.join(out)
+
+
 # ---- the table and the figures
 
 def _parts(cell):
@@ -265,7 +314,16 @@ def main():
   ap.add_argument('--batch_runs', type=int, default=6, help='runs per batched program (1: each run alone)')
   ap.add_argument('--workdir', default=DEFAULT_WORKDIR, help='the runs\' workdirs (checkpoints: a rerun resumes)')
   ap.add_argument('--figures', default='', help='with --table: also write <this>_<setting>_{time,mb}.png')
+  ap.add_argument('--common', default='', help='JSONL: measure every method\'s client deltas from FedAvg\'s final '
+                  'model of each seed and setting (the FedAvg runs of --workdir); with --table: print its table')
   a = ap.parse_args()
+  if a.common:
+    if a.table:
+      study_util.require_results(a.common)
+      print(common_table(a.common))
+    else:
+      common_study(a.common, a.seeds, a.workdir)
+    return
   if a.table:
     study_util.require_results(a.out)
     print(table(a.out))
