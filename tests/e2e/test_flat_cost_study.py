@@ -49,7 +49,7 @@ def test_cells_and_uploads():
     assert fc_configs.get_config('fedsam,none,topk').upload.compress == 'topk'
 
 
-@pytest.mark.slow    # trains 4 runs of 2 rounds in two runs programs, Hessians included (~3 min on 2 busy cores)
+@pytest.mark.slow    # 3 runs of 2 rounds in two runs programs, Hessians, the common-model measures (~3 min, busy cores)
 def test_a_tiny_study_packs_its_runs_and_writes_its_table(tmp_path, capsys):
   out = str(tmp_path / 's.jsonl')
   flat_cost.run_study(out, flat_cost.cells_for('fedavg,none;fedavg,deadline;looksam,none', 'fp32'), '0', 2,
@@ -68,3 +68,14 @@ def test_a_tiny_study_packs_its_runs_and_writes_its_table(tmp_path, capsys):
   assert len(written) == 4
   flat_cost.run_study(out, ['fedavg,none'], '0', 2, str(tmp_path / 'w'), 4)     # done: skipped
   assert len(open(out).readlines()) == 3
+  # every method's deltas from FedAvg's final model: FedAvg's own measurement is the study's, bit for bit
+  common = str(tmp_path / 'c.jsonl')
+  flat_cost.common_study(common, '0', str(tmp_path / 'w'))
+  got = {r['cell']: r for r in map(json.loads, open(common))}
+  assert sorted(got) == sorted(f'{m},{s}' for m in fc_configs.METHODS for s in fc_configs.SETTINGS)
+  by_cell = {r['cell']: r for r in recs}
+  for cell in ('fedavg,none', 'fedavg,deadline'):
+    assert {k: got[cell][k] for k in ('topk_err@0.1', 'qsgd_err@7', 'delta_norm')} == {
+        k: by_cell[cell][k] for k in ('topk_err@0.1', 'qsgd_err@7', 'delta_norm')}
+  assert got['fedsam,none']['delta_norm'] != got['fedavg,none']['delta_norm']
+  assert flat_cost.common_table(common).count('\n| ') == 11
