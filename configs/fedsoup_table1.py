@@ -29,7 +29,8 @@ brackets where they differ): FedProx mu 0.01 [0, which is FedAvg]; MOON mu 1, ta
 FedFomo M = 5 (capped at the other clients), epsilon 0.3 decaying by 0.05 per round; FedRep 1 head epoch
 (PFLlib's plocal_epochs); FedSoup from 75% of training, `>=`. Validation-based selection (FedSoup, FedFomo) uses
 each client's local test split, as the release does (algo.val_source='local_test'; 'val' with data.val_fraction
-> 0 for a leak-free variant).
+> 0 for a leak-free variant). FedFomo's affinities follow the release (its clientfomo.py adds each received model's
+raw loss gain, negatives included: algo.affinity='release'; 'paper' the clipped, normalised weights).
 
 Differences from the paper: ResNet-18 with GroupNorm (resnet18_gn, ImageNet stem: conv7x7/2 + maxpool as
 torchvision's) instead of torchvision's BatchNorm ResNet-18: FedBN keeps the GroupNorm affine params local. The
@@ -119,6 +120,7 @@ def get_config(arg: str = ''):
     c.algo.epsilon = 0.3
     c.algo.epsilon_decay = 0.05
     c.algo.val_source = 'local_test'
+    c.algo.affinity = 'release'     # the published run's code adds the raw loss gains (algorithms/fedfomo.py)
   elif method == 'fedrep':
     c.algo.head_epochs = 1
   elif method == 'fedsoup':

@@ -30,6 +30,13 @@ The pipeline (data: GTA5's zips extracted into D/gta5, `python experiments/downl
   .venv/bin/python experiments/train.py --workdir=runs/ladd_synthetic --config=configs/ladd.py:synthetic,ladd_all \
       --config.init.pretrained=runs/synthetic_fda/source_model.npz
 
+The whole table as one sweep (stage 'source': every target's source_fda model and the source_only cells;
+stage 'federated': the cells from their target's source_fda/seed=<s>/source_model.npz; a rerun skips what finished;
+the centralized cells are named, not swept), then its report:
+  .venv/bin/python experiments/sweep.py --sweep=configs/sweeps/paper_table.py:ladd,only=cityscapes,data_dir=D \
+      --sweep_dir=runs/t56
+  .venv/bin/python experiments/report.py --sweep_dir=runs/t56 --out_dir=runs/t56/report
+
 Grammar (comma-separated; defaults cityscapes,ladd_cls):
   cityscapes | crosscity | mapillary | synthetic;
   ladd_cls | ladd_all | fedavg_st | fed_oracle | ftda | central_oracle | source_only | source_fda | central_ftda
@@ -79,6 +86,9 @@ swa_teacher_start):
   1024 (Cityscapes / CrossCity 512 x 1024; Mapillary 768 x 1024: its aspect varies, 4:3 assumed); styles from a
   3 x 3 window (fda_b 1), k by the silhouette over k = 4..19 (k_max capped at K - 1), pseudo-labels kept at max
   prob > 0.9 or in the top 66% of their class per image, KD alpha 0.5.
+  The LADD / FedAvg + ST cells use the release's rules where it departs from the thesis (algorithms/ladd.py; the
+  published numbers come from it): algo.unsampled_clusters='global', teacher_sharing='release',
+  swa_teacher_model='release' (the synthetic stand-in keeps the thesis' rules).
   LADD(cls) is the release's cluster_layers=decoder (every convolution of DeepLabV3's head, not its BatchNorms);
   LADD(all) everything; FedAvg + ST is LADD with one cluster (force_k=1). The LADD cells start from the FDA
   pre-trained source model: pass it as init.pretrained (a training/source_pretrain.save_source_model file); w_0
@@ -144,12 +154,34 @@ CELLS = [f'{t},{m}' for t, m in PUBLISHED]
 ENTRY_POINTS = {c: ('experiments/pretrain_source.py' if c.endswith('source_only') else 'experiments/centralized.py')
                 for c in CELLS if c.split(',')[1] in ('source_only', 'central_oracle', 'central_ftda')}
 ORACLES = ('fed_oracle', 'ftda', 'central_oracle', 'central_ftda')
+FROM_SOURCE_FDA = ('ladd_cls', 'ladd_all', 'fedavg_st', 'ftda')     # cells that start from the source_fda model
 PRETRAIN = ('source_only', 'source_fda')
 GTA5_SIZE = (1052, 1914)     # GTA5's image size (H, W); the few images of another size are resized at load
 # The release's source runs: configs/pretrain_<target>.txt (fda_inv: 10 source epochs, lr 5e-3, colour jitter) and
 # configs/cityscapes_centr_sourceonly.txt (100 source epochs, lr 0.05, no jitter); both poly 0.9, batch 16, hnm.
 SOURCE_RUN = {'source_fda': dict(style='fda', epochs=10, lr=5e-3, jitter=0.5),
               'source_only': dict(style='none', epochs=100, lr=0.05, jitter=0.0)}
+
+
+def pipeline(cells):
+  """The cells as one sweep's stages (configs/sweeps/paper_table.py; fedjax_flat/sweeps/sweep.py): 'source' runs
+  experiments/pretrain_source.py for the source_fda model of every target a cell starts from and for the
+  source_only cells; 'federated' runs the train.py cells, LADD / FedAvg + ST / ftda with init.pretrained = their
+  target's source_fda/seed=<s>/source_model.npz. The centralized cells (experiments/centralized.py) are no stage."""
+  fed = [c for c in cells if c not in ENTRY_POINTS and not c.endswith(PRETRAIN)]
+  method = {c: c.split(',')[1] for c in cells}
+  sources = list(dict.fromkeys(f"{c.split(',')[0]},source_fda" for c in fed if method[c] in FROM_SOURCE_FDA))
+  sources += [c for c in cells if method[c] in PRETRAIN and c not in sources]
+  stages = []
+  if sources:
+    stages.append(dict(name='source', binary='experiments/pretrain_source.py',
+                       grid=[{'config': f'{FAMILY}:{c}', 'name': c} for c in sources]))
+  if fed:
+    stages.append(dict(name='federated', grid=[
+        {'config': f'{FAMILY}:{c}', 'name': c,
+         **({'init.pretrained': {'output_of': f"source/{c.split(',')[0]},source_fda", 'file': 'source_model.npz'}}
+            if method[c] in FROM_SOURCE_FDA else {})} for c in fed]))
+  return stages
 
 
 def get_config(arg: str = ''):
@@ -203,7 +235,10 @@ def get_config(arg: str = ''):
     c.algo = {'cluster_layers': {'ladd_cls': 'decoder', 'ladd_all': 'all', 'fedavg_st': 'none'}[method],
               'force_k': 1 if method == 'fedavg_st' else 0, 'k_min': 4, 'k_max': 19, 'fda_b': 1,
               'conf_th': 0.9, 'fraction': 0.66, 'lambda_kd': lambda_kd, 'alpha_kd': 0.5,
-              'teacher_step': omega, 'swa_teacher_start': t_start}
+              'teacher_step': omega, 'swa_teacher_start': t_start,
+              # the release's rules, as the published runs (algorithms/ladd.py): an unsampled cluster takes the
+              # previous global leaves, one teacher for every client, the SWA teacher of the global model
+              'unsampled_clusters': 'global', 'teacher_sharing': 'release', 'swa_teacher_model': 'release'}
   mean, std = PUBLISHED.get((target, method), (None, None))
   if mean is not None:
     c.published.source = f'thesis Table {TABLE[target]} (GTA5 -> {target}, mIoU, mean +- std), {method}'

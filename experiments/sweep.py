@@ -23,6 +23,10 @@ runs and sharded over one host device per core on CPU; each run still writes its
 alone, so experiments/report.py and resuming work unchanged (training/batched.py; measured:
 benchmarks/speed/README.runs.md). Every run's config is validated before anything launches.
 
+A sweep file's `stages` (configs/sweeps/paper_table.py:ladd: the source pre-training, then the federated cells
+from its source_model.npz) run in order, each a set of runs as above; --dry_run lists them, stage by stage, with
+the files each run needs from an earlier stage.
+
 Every grid point and seed is validated as train.py validates it (sweeps/sweep.run_config) before anything
 launches. One driver per sweep directory (a second is refused while the first runs); the runs of a local sweep
 end with their driver (SIGTERM from the kernel, however the driver ends: they checkpoint and stop), and a rerun
@@ -123,10 +127,18 @@ def main(argv):
   spec, runs = build_runs()
   name = spec.get('name') or os.path.basename(os.path.abspath(_DIR.value))
   configs = sweep_lib.run_configs(runs)      # every run's config, before anything launches (SweepError: exit 2)
+  staged = any(r.stage for r in runs)
   if _DRY.value:
-    for r in runs:
-      print(f'{sweep_lib.run_status(r):9s} {r.key}\n          {" ".join(r.argv(_PYTHON.value))}')
+    for stage, idx in sweep_lib.stages_of(runs):
+      if staged:
+        print(f'stage {stage}: {len(idx)} runs of {os.path.relpath(runs[idx[0]].binary)}')
+      for r in (runs[i] for i in idx):
+        needs = ''.join(f'\n          needs {p} (from {k})' for p, k in r.inputs.items())
+        print(f'{sweep_lib.run_status(r):9s} {r.key}\n          {" ".join(r.argv(_PYTHON.value))}{needs}')
     return
+  if staged and _LAUNCHER.value == 'slurm':
+    _fail('a sweep with stages runs them in order here (--launcher=local); run each stage\'s commands from '
+          '--dry_run as SLURM jobs with dependencies')
   # One driver per sweep directory (sweep.json has one writer): the lock is held until this process ends.
   sweep_lib.lock_sweep_dir(_DIR.value)
   if _LAUNCHER.value == 'slurm':
@@ -141,7 +153,19 @@ def main(argv):
     else:
       print(f'{n} of {len(runs)} runs in {cmds}\nsubmit: sbatch {script}')
     return
-  if batch_runs:
+  if staged:
+    cli.configure_logging(verbosity_given=flags.FLAGS['verbosity'].present > 0)
+    stopper = run_lib.StopSignal().install() if batch_runs else None
+    try:
+      states = sweep_lib.run_stages(runs, configs, _DIR.value, _info(spec, name), batch_runs=batch_runs,
+                                    parallel=_PARALLEL.value, fresh=_FRESH.value, python=_PYTHON.value,
+                                    stop_requested=stopper or (lambda: False),
+                                    signal_name=(lambda: stopper.signal_name) if stopper else (lambda: None),
+                                    compile_ahead=_AHEAD.value)
+    finally:
+      if stopper:
+        stopper.uninstall()
+  elif batch_runs:
     cli.configure_logging(verbosity_given=flags.FLAGS['verbosity'].present > 0)   # as train.py's
     stopper = run_lib.StopSignal().install()
     try:

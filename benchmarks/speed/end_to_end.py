@@ -9,6 +9,7 @@ One invocation, three parts (each a set of fresh processes timed from spawn to e
                ours_auto  the same with eval_batch_size='auto' (measured once per run: evaluation/evaluator.py)
                torch      benchmarks/speed/peers/torch_peer.py --whole_run (the reference pattern: sequential
                           users; evaluation in eval mode under no_grad, batches of 1000)
+               torch_1t   the same with one torch thread (x torch: against the faster torch row)
                fedjax     benchmarks/speed/peers/fedjax_peer.py --whole_run (fed_avg; fedjax.evaluate_model)
              Each stack runs K1 and K2 rounds (--pfl_rounds, multiples of 10: the same share of evaluations);
              wall = a + b K fits start-up a (interpreter, imports, data, compilation) and b (a round plus a
@@ -21,7 +22,8 @@ One invocation, three parts (each a set of fresh processes timed from spawn to e
                parallel2  experiments/sweep.py --parallel=2 (one train.py process per run, two at a time)
                           + report.py
                torch      the reference pattern: one torch process per run, one after another (the FedSAM
-                          reference code's way: a `main.py` per run), same clients, rounds and evaluations
+                          reference code's way: a `main.py` per run), same clients, rounds and evaluations;
+                          torch_1t the same with one torch thread ("x torch" is against the faster)
              Both sweeps start from an empty compilation cache of their own.
   (c) again  the same train.py run twice with one cache directory (configs/pfl_cifar10.py, 3 rounds; and the
              quickstart): when round 1 starts in the first and in the second invocation
@@ -31,7 +33,7 @@ Targets (issue 39): (a) >= 1.5x torch's whole run and >= 3x FedJAX's; (b) >= 3x 
 reference pattern and >= 2.5x --parallel=2; (c) the second invocation's round 1 starts >= 5x sooner.
 
   .venv/bin/python -m benchmarks.speed.end_to_end [--parts=pfl,table,again] [--pfl_rounds=10,30]
-      [--table_rounds=100] [--stacks=ours,ours_auto,torch,fedjax] [--out=benchmarks/speed/end_to_end_cpu]
+      [--table_rounds=100] [--stacks=ours,ours_auto,torch,torch_1t,fedjax] [--out=benchmarks/speed/end_to_end_cpu]
       [--smoke]
 
 --smoke: tiny sizes (2 users' worth of rounds, 2 table rounds, one cell): a check of the script, not a
@@ -67,7 +69,11 @@ from fedjax_flat.sweeps import sweep as sweep_lib  # noqa: E402
 PY = sys.executable
 FEDJAX_PY = bench_util.FEDJAX_PYTHON
 PEER_MODULES = {'torch': (bench_util.torch_python(), 'benchmarks.speed.peers.torch_peer'),
+                'torch_1t': (bench_util.torch_python(), 'benchmarks.speed.peers.torch_peer'),
                 'fedjax': (FEDJAX_PY, 'benchmarks.speed.peers.fedjax_peer')}
+# torch_1t: the torch peer with one thread. On a loaded 2-core machine torch's two OpenMP threads spin-wait
+# (pfl_cifar10.py measured 10x slower than one thread there); "x torch" is against the faster torch row.
+THREADS = {'torch_1t': 1}
 TABLE_SWEEP = 'configs/sweeps/flat_minima_digits.py'
 TABLE_CELLS = 'fedavg+fedsam+fedasam'
 
@@ -99,9 +105,10 @@ def pfl_part(a, root) -> dict:
   data = data_registry.get_dataset('cifar10', **{**c.data.to_dict(), 'data_dir': cifar})
   ks = [int(x) for x in a.pfl_rounds.split(',')]
   stacks = [s for s in a.stacks.split(',') if s]
-  for peer in ('torch', 'fedjax'):
-    if peer in stacks and peer not in bench_util.available_peers():
-      print(f'{peer}: not installed (bash benchmarks/speed/peers/make_{peer}_venv.sh); left out', flush=True)
+  for peer in ('torch', 'torch_1t', 'fedjax'):
+    if peer in stacks and peer.split('_')[0] not in bench_util.available_peers():
+      print(f'{peer}: not installed (bash benchmarks/speed/peers/make_{peer.split("_")[0]}_venv.sh); left out',
+            flush=True)
       stacks.remove(peer)
   problem = test = None
   if any(s in PEER_MODULES for s in stacks):
@@ -137,7 +144,7 @@ def pfl_part(a, root) -> dict:
       else:
         py, mod = PEER_MODULES[s]
         spec = dict(pfl_cifar10.peer_spec(c, problem), rounds=k, eval_every=c.eval_every, test=test,
-                    eval_batch=int(c.eval_batch_size))
+                    eval_batch=int(c.eval_batch_size), threads=THREADS.get(s, 0))
         r = protocol.run_whole(py, mod, spec, os.path.join(root, f'spec_{s}_{k}.json'), env={'PYTHONPATH': REPO},
                                cwd=REPO)
         rec = {'rounds': k, 'wall_s': r['wall_s'], 'setup_s': r['setup_s'],
@@ -151,10 +158,12 @@ def pfl_part(a, root) -> dict:
     a0, b0 = fit([(r['rounds'], r['wall_s']) for r in recs])
     out['stacks'][s] = {'runs': recs, 'startup_s': a0, 'per_round_s': b0, 'whole_run_min': (a0 + total * b0) / 60}
   ref = out['stacks']
+  best = {'torch': min((ref[t]['whole_run_min'] for t in ('torch', 'torch_1t') if t in ref), default=None),
+          'fedjax': ref['fedjax']['whole_run_min'] if 'fedjax' in ref else None}
   for s, v in ref.items():
-    for peer in ('torch', 'fedjax'):
-      if peer in ref and s not in PEER_MODULES:
-        v[f'x_{peer}'] = ref[peer]['whole_run_min'] / v['whole_run_min']
+    for peer, minutes in best.items():
+      if minutes is not None and s not in PEER_MODULES:
+        v[f'x_{peer}'] = minutes / v['whole_run_min']
   return out
 
 
@@ -165,8 +174,9 @@ def _table_runs(rounds: int, cells: str):
   return [(r, sweep_lib.run_config(r)) for r in sweep_lib.expand(spec, '/nonexistent')]
 
 
-def torch_per_run(rounds: int, cells: str, root: str) -> dict:
-  """The reference pattern: one torch process per run of the table, one after another."""
+def torch_per_run(rounds: int, cells: str, root: str, threads: int = 0) -> dict:
+  """The reference pattern: one torch process per run of the table, one after another (threads: torch's, 0 =
+  its default)."""
   walls, accs = [], {}
   py, mod = PEER_MODULES['torch']
   for r, c in _table_runs(rounds, cells):
@@ -180,7 +190,7 @@ def torch_per_run(rounds: int, cells: str, root: str) -> dict:
                 batch_size=c.client.batch_size, epochs=c.client.local_epochs, lr=c.client.lr,
                 weight_decay=c.client.weight_decay, optimizer=c.client.optimizer, rho=c.client.rho,
                 asam_eta=c.client.asam_eta, seed=c.seed, rounds=rounds, eval_every=c.eval_every, test=test,
-                eval_batch=256)
+                eval_batch=256, threads=threads)
     rec = protocol.run_whole(py, mod, spec, os.path.join(root, 'spec_table.json'), env={'PYTHONPATH': REPO},
                              cwd=REPO)
     walls.append(rec['wall_s'])
@@ -192,15 +202,15 @@ def table_part(a, root) -> dict:
   rounds = a.table_rounds
   cells = 'fedavg' if a.smoke else TABLE_CELLS
   modes = {}
-  kinds = ['batched', 'parallel2'] + (['torch'] if 'torch' in a.stacks.split(',') else [])
-  if 'torch' in kinds and 'torch' not in bench_util.available_peers():
+  kinds = ['batched', 'parallel2'] + [t for t in ('torch', 'torch_1t') if t in a.stacks.split(',')]
+  if 'torch' not in bench_util.available_peers() and len(kinds) > 2:
     print('(b) torch: no torch here (bash benchmarks/speed/peers/make_torch_venv.sh); left out', flush=True)
-    kinds.remove('torch')
+    kinds = kinds[:2]
   for mode in kinds:
     print(f'(b) {mode}: the table at {rounds} rounds ... ({bench_util.uptime()})', flush=True)
     load0 = bench_util.uptime()
-    if mode == 'torch':
-      rec = torch_per_run(rounds, cells, root)
+    if mode.startswith('torch'):
+      rec = torch_per_run(rounds, cells, root, THREADS.get(mode, 0))
       rec.update(sweep_s=rec['wall_s'], report_s=0.0)
     else:
       d = os.path.join(root, f'table_{mode}')
@@ -218,8 +228,9 @@ def table_part(a, root) -> dict:
     rec.update(uptime_before=load0, uptime_after=bench_util.uptime(), runs=len(rec['final_accuracy']))
     modes[mode] = rec
     print(f"    {mode}: {rec['wall_s']:.1f} s for {rec['runs']} runs", flush=True)
+  torch_s = min((modes[t]['wall_s'] for t in ('torch', 'torch_1t') if t in modes), default=float('nan'))
   for m in modes.values():
-    m['x_torch'] = modes['torch']['wall_s'] / m['wall_s'] if 'torch' in modes else float('nan')
+    m['x_torch'] = torch_s / m['wall_s']
     m['x_parallel2'] = modes['parallel2']['wall_s'] / m['wall_s']
   return {'rounds': rounds, 'cells': cells, 'seeds': [0, 1, 2], 'modes': modes}
 
@@ -303,7 +314,7 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   ap.add_argument('--parts', default='pfl,table,again')
   ap.add_argument('--pfl_rounds', default='10,30')
-  ap.add_argument('--stacks', default='ours,ours_auto,torch,fedjax')
+  ap.add_argument('--stacks', default='ours,ours_auto,torch,torch_1t,fedjax')
   ap.add_argument('--table_rounds', type=int, default=100)
   ap.add_argument('--again_configs', default='quickstart,pfl_cifar10')
   ap.add_argument('--out', default=os.path.join(REPO, 'benchmarks', 'speed', 'end_to_end_cpu'))

@@ -15,6 +15,15 @@ clients hold unlabelled target images. Their styles (data/transforms/fda.py) wer
                  teachers, every omega rounds (Algorithm 8, eq. 5.9): g_c <- w_c before t_start, after it the
                  running mean g_c <- (n g_c + w_c) / (n + 1), n = number of SWA updates so far; g_c = w_pre
                  at round 0
+  Two teacher behaviours of the release (src/federated/trainers/ladd_trainer.py, set_client_teacher), switches
+  with the paper's rule as the default:
+    algo.teacher_sharing='release'   every client gets the same teacher: the release loads each client's cluster
+                                     model into ONE teacher object that every client's loss keeps a reference to,
+                                     so after its loop all of them hold the last training client's cluster model
+                                     (here: the cluster of client K-1); 'paper': client k's own cluster's g_c(k)
+    algo.swa_teacher_model='release' the SWA teacher averages the GLOBAL model w (Phi with the clusters' mean):
+                                     g_c <- (n g_c + w) / (n + 1) for every c (the release updates each cluster's
+                                     SWA teacher with the round's global model); 'paper': each cluster's w_c
 
 Which leaves are cluster-specific (`cluster_layers`, the release's `cluster_layers` of `PartialClusterAvg`):
   'cls'      the classifier: the leaves of the modules named head / aux / classifier themselves (seg_cnn's and
@@ -199,16 +208,24 @@ def cluster_models(params, cluster_leaves, flags):
 
 # A cluster no sampled client updated: keeps its leaves, or takes the previous global model's (the release).
 UNSAMPLED = ('keep', 'global')
+TEACHER_RULES = ('paper', 'release')
 
 
 def ladd(model, client_tx: optax.GradientTransformation, hparams_fn, server_tx: optax.GradientTransformation, *,
          num_clusters: int, pretrained=None, cluster_layers: str = 'cls', conf_th: float = 0.9, fraction: float = 0.66,
          lambda_kd: float = 0.0, alpha_kd: float = 0.5, teacher_step: int = 1,
-         swa_teacher_start: int = -1, unsampled_clusters: str = 'keep') -> FederatedAlgorithm:
+         swa_teacher_start: int = -1, unsampled_clusters: str = 'keep', shared_teacher=None,
+         swa_teacher_model: str = 'paper') -> FederatedAlgorithm:
   """LADD with G = num_clusters clusters (G = 1: FedAvg + self-training). `pretrained`: the source model
   (teachers start from it; the KD target); None: the params the server starts from (server_init's: the run's
   w_0, i.e. config.init's source checkpoint). swa_teacher_start < 0: no SWA teacher. unsampled_clusters: 'keep'
-  (default) | 'global' (the release, module docstring)."""
+  (default) | 'global' (the release, module docstring). shared_teacher: None (each client its cluster's teacher) or
+  the cluster whose teacher every client uses (the release). swa_teacher_model: 'paper' (the SWA teacher of cluster
+  c averages w_c) | 'release' (it averages the global model)."""
+  if swa_teacher_model not in TEACHER_RULES:
+    raise ValueError(f'swa_teacher_model={swa_teacher_model!r}; allowed: {TEACHER_RULES}')
+  if shared_teacher is not None and not 0 <= int(shared_teacher) < num_clusters:
+    raise ValueError(f'shared_teacher={shared_teacher} is not a cluster of 0..{num_clusters - 1}')
   if unsampled_clusters not in UNSAMPLED:
     raise ValueError(f'unsampled_clusters={unsampled_clusters!r}; allowed: {UNSAMPLED}')
   if num_clusters < 1:
@@ -251,7 +268,8 @@ def ladd(model, client_tx: optax.GradientTransformation, hparams_fn, server_tx: 
     del rng
     c = cs['cluster']
     p = merge(bcast['params'], [x[c] for x in bcast['cluster']])
-    teacher = tmap(lambda t: t[c], bcast['teacher'])
+    tc = c if shared_teacher is None else int(shared_teacher)
+    teacher = tmap(lambda t: t[tc], bcast['teacher'])
     return local_lib.LocalState(p, tx.init(p), p, teacher)
 
   def client_step(bcast, local, batch, rng):
@@ -289,9 +307,10 @@ def ladd(model, client_tx: optax.GradientTransformation, hparams_fn, server_tx: 
     due = (r % teacher_step) == 0
     swa = (swa_teacher_start >= 0) & (r >= swa_teacher_start)
     models = cluster_models(params, cluster, leaf_flags(params, select))
+    averaged = models if swa_teacher_model == 'paper' else tmap(lambda x: jnp.broadcast_to(x, (g,) + x.shape), params)
     n = state['swa_n']
-    teacher = tmap(lambda t, w: jnp.where(due, jnp.where(swa, (t * n + w) / (n + 1.0), w), t),
-                   state['teacher'], models)
+    teacher = tmap(lambda t, w, a: jnp.where(due, jnp.where(swa, (t * n + a) / (n + 1.0), w), t),
+                   state['teacher'], models, averaged)
     return {**state, 'params': params, 'opt_state': opt_state, 'cluster': cluster, 'teacher': teacher,
             'swa_n': n + jnp.where(due & swa, 1.0, 0.0)}
 
@@ -323,6 +342,9 @@ def cluster_params(state, c: int, flags: Sequence[bool]):
 HPARAMS = {
     'cluster_layers': Choice('cls', allowed=CLUSTER_LAYERS),
     'unsampled_clusters': Choice('keep', allowed=UNSAMPLED),
+    # the release's teachers (module docstring): one teacher for every client; the SWA teacher of the global model
+    'teacher_sharing': Choice('paper', allowed=TEACHER_RULES),
+    'swa_teacher_model': Choice('paper', allowed=TEACHER_RULES),
     'force_k': Integer(0, lo=0, note=' (0: k chosen by the silhouette over k_min..k_max; 1: FedAvg + self-training)'),
     'k_min': Integer(4, lo=2, note=' (the release: 4)'),
     'k_max': Integer(19, lo=2, note=' (the release: 19; capped at the number of clients - 1)'),
@@ -376,5 +398,7 @@ def ladd_algorithm(ctx) -> FederatedAlgorithm:
   alg = ladd(ctx.model, ctx.client_tx, ctx.hparams_fn, ctx.server_tx, num_clusters=int(clusters.k),
              cluster_layers=hp['cluster_layers'], conf_th=float(hp['conf_th']), fraction=float(hp['fraction']),
              lambda_kd=float(hp['lambda_kd']), alpha_kd=float(hp['alpha_kd']), teacher_step=int(hp['teacher_step']),
-             swa_teacher_start=int(hp['swa_teacher_start']), unsampled_clusters=hp['unsampled_clusters'])
+             swa_teacher_start=int(hp['swa_teacher_start']), unsampled_clusters=hp['unsampled_clusters'],
+             shared_teacher=int(labels[-1]) if hp['teacher_sharing'] == 'release' else None,
+             swa_teacher_model=hp['swa_teacher_model'])
   return alg.replace(initial_client_states=lambda params: initial_client_states(labels))

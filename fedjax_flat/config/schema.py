@@ -6,6 +6,7 @@ and the sections, each declared next to the code that reads it (fedjax_flat/sche
   client   optimizers/client.py        server   optimizers/server.py        swa  optimizers/schedules.py
   wima     algorithms/wrappers/wima.py  engine   core/engine.py              centralized  config/centralized.py
   dp       privacy/mechanism.py (applied by algorithms/wrappers/dp.py)   system  systems/clock.py (training/plan.py)
+  upload   systems/compress.py (applied by algorithms/wrappers/compress.py)
   the others (man, init, corruption_eval, personalized, grouping, attack, segmentation, retrieval, fedvc, bn) here.
 
 `config.algo` is the algorithm's `hparams=` (algorithms/registry.py) and `config.data` the dataset's fields
@@ -18,7 +19,7 @@ A new field is one line in its section.
 from __future__ import annotations
 
 import os
-from typing import List, Tuple
+from typing import Collection, List, Tuple
 
 import ml_collections
 
@@ -42,6 +43,7 @@ from fedjax_flat.models.tiling import EVAL_MODES
 from fedjax_flat.optimizers import client as client_opt
 from fedjax_flat.optimizers import server as server_opt
 from fedjax_flat.systems import clock as system_clock
+from fedjax_flat.systems import compress as system_compress
 from fedjax_flat.schema import (EXECUTION, INPUT, LOG, RESULT, RESUME, WHOLE, Choice, Field, Flag, Int, Num, Pair,
                                 Section, String, Test, is_number)
 from fedjax_flat.tasks.segmentation import OHEM_MODES
@@ -107,7 +109,13 @@ def _init_check(cfg) -> None:
     raise ConfigError('init.pretrained', pre, f'init.checkpoint={ckpt!r} is set too: use one of the two')
   if ckpt and not is_run_dir(ckpt):
     raise ConfigError('init.checkpoint', ckpt, 'must be a fedjax_flat run directory (config.json + checkpoints/)')
-  if pre and not os.path.isfile(pre):
+
+
+def check_init_files(cfg, pending: Collection[str] = ()) -> None:
+  """init.pretrained exists, unless an earlier stage of the sweep declared it as its output (`pending`: a pipeline's
+  run is validated before that stage has run; sweeps/sweep.py checks the file when the run's stage starts)."""
+  pre = cfg.init.get('pretrained', '') if 'init' in cfg else ''
+  if pre and pre not in pending and not os.path.isfile(pre):
     raise ConfigError('init.pretrained', pre, 'no such file (a .npz or msgpack params file)')
 
 
@@ -137,8 +145,8 @@ RUN_TAIL = Section('', (
     Field('eval_every_last', Int(0, lo=0), 'also evaluate every round of the last N rounds (papers: 100)'),
     Field('eval_batch_size', Test(256, ok=lambda v: v == 'auto' or (is_number(v, integer=True) and v >= 1),
                                   message="must be 'auto' or an integer >= 1", what="'auto' | integer >= 1"),
-          "evaluation batch size; 'auto': the fastest measured once per run (evaluation/evaluator.py, "
-          "summary.json 'evaluation')", {EXECUTION}, ref=True),
+          "evaluation batch size; 'auto': the fastest, measured once per machine, model and test set (kept "
+          "beside the compilation cache; evaluation/evaluator.py, summary.json 'evaluation')", {EXECUTION}, ref=True),
     Field('eval_clients', Flag(False), "also evaluate on each sampled client's training data"),
     Field('summary_last_k', Int(10, lo=1), 'summary.json averages the last K evaluations'),
     Field('checkpoint_every', Int(0, lo=0), 'orbax checkpoint every N rounds; 0 = only at the end', {EXECUTION}),
@@ -283,7 +291,7 @@ PUBLISHED = Section('', (
 # The config's layout, in order.
 SCHEMA: Tuple[Section, ...] = (
     RUN, client_opt.SECTION, server_opt.SECTION, swa_wrapper.SECTION, wima_wrapper.SECTION, dp_wrapper.SECTION, MAN,
-    engine.SECTION, system_clock.SECTION,
+    engine.SECTION, system_clock.SECTION, system_compress.SECTION,
     INIT, CORRUPTION_EVAL, RUN_TAIL, PERSONALIZED, GROUPING, centralized.SECTION, ATTACK, SEGMENTATION, RETRIEVAL,
     FEDVC, BN, PUBLISHED)
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import Collection
 
 from absl import logging
 import ml_collections
 
 from fedjax_flat.algorithms import registry as alg_registry
+from fedjax_flat.algorithms.wrappers import compress as compress_lib
 from fedjax_flat.algorithms.wrappers import dp as dp_lib
 from fedjax_flat.algorithms.wrappers import swa as swa_lib
 from fedjax_flat.config import data_fields
@@ -46,11 +48,13 @@ def _check_finite(node, prefix='') -> None:
       _check_finite(v, path)
 
 
-def validate_config(cfg) -> None:
-  """Static checks (no data loaded). `validate_against_data` checks the population-dependent fields."""
+def validate_config(cfg, pending_files: Collection[str] = ()) -> None:
+  """Static checks (no data loaded). `validate_against_data` checks the population-dependent fields.
+  pending_files: paths an earlier stage of a sweep will write (sweeps/sweep.py): not required to exist yet."""
   _check_finite(cfg.to_dict())
   for section in schema.SCHEMA:          # every section's own rules and cross-field checks
     section.validate(cfg)
+  schema.check_init_files(cfg, pending_files)
   # the rules that span sections
   _validate_data(cfg)                    # dataset x data x augment x normalize
   # the algorithm's declared rules: hyperparameter names and values, client optimizer, its own cross-field
@@ -58,6 +62,7 @@ def validate_config(cfg) -> None:
   alg_registry.spec(cfg.algorithm).validate(cfg)
   _warn_swa(cfg)                         # swa x rounds
   dp_lib.check(cfg)                      # dp x algorithm x server weighting (x population when the config says it)
+  compress_lib.check(cfg)                # upload x algorithm x dp
   if 'bn' in cfg:
     _validate_bn(cfg, model_registry)    # bn x model x algorithm
   if 'grouping' in cfg:

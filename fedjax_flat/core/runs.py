@@ -1,8 +1,9 @@
 """Many runs in one compiled program: the existing block of rounds (core/rounds.py) vmapped over a runs axis.
 
 R runs whose programs have the same structure and differ only in values (the seed, client / server learning
-rates, momentum, weight decay, SAM / ASAM radius, SWA's learning rates, the data partition, the virtual clock's
-numbers: each lane's step limits) execute as
+rates, momentum, weight decay, SAM / ASAM radius, SWA's learning rates, WiMA's window when `wima.buffer` holds
+the largest, DP's clip and noise, the data partition and client sizes, the virtual clock's numbers: each lane's
+step limits) execute as
 
   runs_block(values [R], server_states [R], stores [R], templates [R], data_runs [R], data_shared, keys [R],
              start_round, num_rounds[, limits [R]]) -> (server_states', stores', per-run per-round metrics [R, n, ...])
@@ -40,18 +41,24 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedjax_flat.core import rounds as rounds_lib
+from fedjax_flat.core import window_average
 from fedjax_flat.optimizers import client as client_opt
 from fedjax_flat.optimizers import schedules
 from fedjax_flat.optimizers import server as server_opt
 from fedjax_flat.privacy import mechanism as dp_mechanism
 from fedjax_flat.schema import INPUT, TRUTH, VALUE, tagged
 from fedjax_flat.systems import clock as clock_lib
+from fedjax_flat.systems import compress
 
 # The fields a batched program treats specially, from the tags of the sections that declare them (fedjax_flat/
 # schema.py): per-run traced values (VALUE) and the fields whose truth (zero or not) changes the program's
 # structure, so that the truth stays in the compatibility key (TRUTH). The client / server optimizers and SWA's
-# cyclic lr declare theirs in optimizers/, DP's clip and noise multiplier in privacy/mechanism.py.
-_SECTIONS = (client_opt.SECTION, server_opt.SECTION, schedules.SWA_SECTION, dp_mechanism.SECTION)
+# cyclic lr declare theirs in optimizers/, DP's clip and noise multiplier in privacy/mechanism.py, WiMA's window
+# in core/window_average.py, the compressed uploads' fraction and bits in systems/compress.py (k and s are traced:
+# a mask over the full-size ranking). A value that sizes an array unless another field does (window_average.SIZED_BY:
+# the window, unless wima.buffer is set) stays static and in the key when that field is 0.
+_SECTIONS = (client_opt.SECTION, server_opt.SECTION, schedules.SWA_SECTION, window_average.SECTION,
+             dp_mechanism.SECTION, compress.SECTION)
 VALUE_FIELDS = tagged(_SECTIONS, VALUE)
 STATIC_TRUTH = tagged(_SECTIONS, TRUTH)
 # 'seed' and the data partition ('data.alpha', 'data.seed') never reach the round builder as values: they select
@@ -128,10 +135,15 @@ def _get(cfg, dotted: str):
   return cfg
 
 
+def _sizes_array(config, f: str) -> bool:
+  """True when the value of field f is an array's size in this config (window_average.SIZED_BY)."""
+  return f in window_average.SIZED_BY and not _get(config, window_average.SIZED_BY[f])
+
+
 def present_value_fields(config) -> tuple:
-  """The VALUE_FIELDS this config has (numbers)."""
+  """The VALUE_FIELDS this config has (numbers) and traces (not those sizing an array: `_sizes_array`)."""
   return tuple(f for f in VALUE_FIELDS if isinstance(_get(config, f), (int, float)) and
-               not isinstance(_get(config, f), bool))
+               not isinstance(_get(config, f), bool) and not _sizes_array(config, f))
 
 
 def run_values(config, fields: Sequence[str]) -> Dict[str, float]:
@@ -174,6 +186,8 @@ def compat_key(config) -> str:
   if isinstance(d.get('system'), dict):
     d['system'] = {**d['system'], 'clock?': clock_lib.enabled(d)}
   for f in VALUE_FIELDS + INPUT_FIELDS + IGNORED_FIELDS:
+    if _sizes_array(config, f):
+      continue
     node, parts = d, f.split('.')
     for p in parts[:-1]:
       node = node.get(p) if isinstance(node, dict) else None

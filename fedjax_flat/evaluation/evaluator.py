@@ -10,6 +10,10 @@ times the candidates once (small batches on a CPU: benchmarks/speed/eval_rate.py
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import tempfile
 import time
 
 import jax
@@ -17,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from fedjax_flat import devices as devices_lib
 from fedjax_flat.tasks import base as tasks_lib
 from fedjax_flat.tasks import retrieval as ret_tasks
 from fedjax_flat.tasks import segmentation as seg_tasks
@@ -197,6 +202,55 @@ def choose_layout(model, x, y, preprocess=None, task=None, mesh: Mesh = None, pa
   return {**best, 'by_devices': by}
 
 
+# 'auto' choices measured on this machine, kept beside XLA's persistent cache (one JSON file, written atomically):
+# a run of the same model, test set and devices reads its choice instead of measuring again (seconds to a
+# minute: every candidate compiles). Another process racing a write loses at most its own entry.
+CHOICES_FILE = 'fedjax_flat_eval_batch.json'
+
+
+def choice_key(model, params, x, y, task, mesh) -> str:
+  """What an 'auto' choice depends on: the model and its parameter shapes, the test set's shapes, the task,
+  the devices and the candidates (and jax's version)."""
+  shapes = [(tuple(a.shape), str(a.dtype)) for a in jax.tree_util.tree_leaves(params)]
+  dev = [(d.platform, getattr(d, 'device_kind', ''), ) for d in mesh.devices.flat]
+  text = repr((getattr(model, 'name', ''), shapes, x.shape, str(x.dtype), y.shape, str(y.dtype), type(task).__name__,
+               dev, AUTO_BATCH_CANDIDATES, jax.__version__))
+  return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _choices_path() -> str:
+  cache = devices_lib.compilation_cache()
+  return os.path.join(cache.dir, CHOICES_FILE) if cache is not None and cache.dir else ''
+
+
+def read_choice(path: str, key: str):
+  """The stored choice for key (None: none, or an unreadable file: measured again)."""
+  try:
+    with open(path) as f:
+      got = json.load(f).get(key)
+  except (OSError, ValueError, AttributeError):
+    return None
+  return got if isinstance(got, dict) and isinstance(got.get('batch_size'), int) else None
+
+
+def write_choice(path: str, key: str, choice: dict) -> None:
+  """Adds key -> choice to the file (a temporary file renamed over it: a reader never sees half a file)."""
+  try:
+    with open(path) as f:
+      table = json.load(f)
+    table = table if isinstance(table, dict) else {}
+  except (OSError, ValueError):
+    table = {}
+  table[key] = {k: v for k, v in choice.items() if k != 'source'}
+  try:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix='.eval_batch_')
+    with os.fdopen(fd, 'w') as f:
+      json.dump(table, f)
+    os.replace(tmp, path)
+  except OSError:       # a read-only cache: the choice is measured again next time
+    pass
+
+
 class Evaluator:
   """Holds the fixed test batches on the device(s) once; evaluates any params with one compiled program.
 
@@ -242,9 +296,17 @@ class Evaluator:
     self.num_batches = nb
 
   def _ready(self, params):
-    if self.batch_size is None:    # 'auto': measured once, with the first params evaluated
-      self.batch_choice = choose_layout(self.model, self._x, self._y, self.preprocess, self.task, self.mesh,
-                                        params=params)
+    if self.batch_size is None:    # 'auto': measured once, with the first params evaluated (or read: CHOICES_FILE)
+      path = _choices_path()
+      key = choice_key(self.model, params, self._x, self._y, self.task, self.mesh)
+      stored = read_choice(path, key) if path else None
+      if stored is not None and stored.get('devices', 0) <= self.mesh.devices.size:
+        self.batch_choice = {**stored, 'source': f'read from {path}'}
+      else:
+        self.batch_choice = {**choose_layout(self.model, self._x, self._y, self.preprocess, self.task, self.mesh,
+                                             params=params), 'source': 'measured'}
+        if path:
+          write_choice(path, key, self.batch_choice)
       self.batch_size = self.batch_choice['batch_size']
       if self.batch_choice['devices'] != self.mesh.devices.size:
         self.mesh = eval_mesh(list(self.mesh.devices.flat)[:self.batch_choice['devices']])

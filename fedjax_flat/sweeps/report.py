@@ -124,6 +124,19 @@ def _default_cell(workdir: str) -> str:
   return os.path.basename(os.path.dirname(os.path.normpath(workdir))) if base.startswith('seed=') else base
 
 
+def as_round_summary(s: Optional[Dict]) -> Optional[Dict]:
+  """A source pre-training's summary.json (training/source_pretrain.py, a pipeline's first stage: its source_only
+  runs are published cells) read as a federated run's: one evaluation of the model it saved, at the end
+  (last-K = 1), so its mIoU / pixel accuracy fill the same columns. Any other summary unchanged."""
+  if not isinstance(s, dict) or s.get('experiment') != 'source pre-training':
+    return s
+  final = {k[len('final_'):]: v for k, v in s.items() if k.startswith('final_test_') and _finite(v)}
+  return {**s, 'summary_last_k': 1, 'reported_model': 'global',
+          **{f'mean_last_1_{k}': v for k, v in final.items()},
+          'models': {'global': {**{f'mean_last_1_{k}': v for k, v in final.items()},
+                                **{f'final_{k}': v for k, v in final.items()}}}}
+
+
 def collect(sweep_dirs: Sequence[str] = (), workdirs: Sequence[str] = ()) -> List[Dict[str, Any]]:
   """One dict per run: workdir, cell, seed, sweep, reference, config, summary, records, hessian."""
   runs = []
@@ -147,7 +160,7 @@ def collect(sweep_dirs: Sequence[str] = (), workdirs: Sequence[str] = ()) -> Lis
   for r in runs:
     wd = r['workdir']
     r['config'] = _load_json(os.path.join(wd, 'config.json'))
-    r['summary'] = _load_json(os.path.join(wd, 'summary.json'))
+    r['summary'] = as_round_summary(_load_json(os.path.join(wd, 'summary.json')))
     r['records'], r['torn_lines'] = read_records(os.path.join(wd, 'metrics.jsonl'))
     if r['seed'] is None:
       r['seed'] = _get(r['config'], 'seed')
@@ -155,6 +168,8 @@ def collect(sweep_dirs: Sequence[str] = (), workdirs: Sequence[str] = ()) -> Lis
     done, planned = _num((s or {}).get('rounds_completed')), _num(c.get('rounds'))
     r['finished'] = bool(s) and done is not None and planned is not None and done >= planned and \
         not s.get('stopped_by_signal')
+    if s and s.get('experiment') == 'source pre-training':     # written once, at its end
+      r['finished'] = True
     model = (s or {}).get('reported_model', 'global')
     model = model if isinstance(model, str) else 'global'
     r['model'] = model

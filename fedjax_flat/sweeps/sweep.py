@@ -9,6 +9,14 @@ A sweep file (`configs/sweeps/<name>.py`) defines `get_sweep(arg='')` returning 
             ({'source': str, 'accuracy': percent[, 'accuracy_std']}: an earlier measurement shown beside the
             new one by experiments/report.py) and dotted overrides
   seeds     [ints] (optional; default [0]); each run gets --config.seed=<s>
+  stages    (optional, instead of grid) a table's pipeline: a list of stages run in order, each a dict with
+            `name`, `grid` and optionally `binary` (experiments/train.py by default, or
+            experiments/pretrain_source.py), `config`, `fixed`, `seeds` (else the sweep's). A cell's override
+            value {'output_of': '<stage>/<cell>', 'file': '<name>'} is that earlier run's output file (the run of
+            the same seed, or the producer's only seed): the path is declared before it exists, so every run is
+            validated before anything launches; the file is checked when its stage starts (a run whose input is
+            missing is not started, naming its producer). A stage starts when the one before it has ended;
+            finished runs of any stage are skipped on a rerun. Workdirs: <dir>/<stage>/<cell>/seed=<s>.
 
 Each run is `train.py --config=<config> --config.<k>=<v> ... --config.seed=<s> --workdir=<dir>/<cell>/seed=<s>`,
 where <cell> is the cell's `name` or `k=v,...` over the keys that vary between cells (deterministic).
@@ -139,13 +147,16 @@ class Run:
   overrides: Dict[str, Any]  # dotted key -> value (fixed + cell), without the seed
   workdir: str
   reference: Optional[Dict[str, Any]] = None
+  binary: str = TRAIN       # the entry point (a stage's: experiments/pretrain_source.py)
+  stage: str = ''           # the pipeline stage ('' for a sweep without stages)
+  inputs: Dict[str, str] = dataclasses.field(default_factory=dict)   # file an earlier stage writes -> its run key
 
   @property
   def key(self) -> str:
     return f'{self.cell}/seed={self.seed}'
 
   def argv(self, python: str = sys.executable, fresh: bool = False) -> List[str]:
-    args = [python, TRAIN, f'--config={self.config}']
+    args = [python, self.binary, f'--config={self.config}']
     args += [f'--config.{k}={format_value(v)}' for k, v in self.overrides.items()]
     args += [f'--config.seed={self.seed}', f'--workdir={self.workdir}']
     return args + (['--fresh'] if fresh else [])
@@ -193,6 +204,8 @@ def values_equal(a, b) -> bool:
 
 
 def _name_value(v) -> str:
+  if isinstance(v, dict) and 'output_of' in v:      # an earlier stage's output: named by its producer
+    return re.sub(r'[/\\\s,=]+', '_', str(v['output_of']))
   return re.sub(r'[/\\\s]+', '_', format_value(v)).strip('()') if isinstance(v, (list, tuple)) else \
       re.sub(r'[/\\\s]+', '_', format_value(v))
 
@@ -255,11 +268,73 @@ def product(**lists) -> List[Dict[str, Any]]:
   return [dict(zip(keys, vals)) for vals in itertools.product(*(lists[k] for k in keys))]
 
 
+STAGE_KEYS = ('name', 'binary', 'config', 'fixed', 'grid', 'seeds')
+BINARIES = ('experiments/train.py', 'experiments/pretrain_source.py')
+
+
 def expand(spec: Dict[str, Any], sweep_dir: str) -> List[Run]:
-  """The sweep's runs, in a deterministic order (cells in grid order, seeds inner)."""
-  unknown = set(spec) - {'config', 'fixed', 'grid', 'seeds', 'name', 'description'}
+  """The sweep's runs, in a deterministic order (stages in order, cells in grid order, seeds inner)."""
+  unknown = set(spec) - {'config', 'fixed', 'grid', 'seeds', 'name', 'description', 'stages'}
   if unknown:
-    raise SweepError(f'unknown sweep keys {sorted(unknown)}; allowed: config, fixed, grid, seeds, name, description')
+    raise SweepError(f'unknown sweep keys {sorted(unknown)}; allowed: config, fixed, grid, seeds, name, description, '
+                     'stages')
+  if spec.get('stages') is None:
+    return _expand_grid(spec, sweep_dir)
+  stages = spec['stages']
+  if spec.get('grid') is not None or not isinstance(stages, (list, tuple)) or not stages:
+    raise SweepError('stages: a non-empty list of stages (dicts with name and grid) instead of a grid, not both')
+  runs: List[Run] = []
+  seen = set()
+  for st in stages:
+    if not isinstance(st, dict) or set(st) - set(STAGE_KEYS) or not st.get('name') or st.get('grid') is None:
+      raise SweepError(f'stage {st!r}: a dict with name and grid (optional: binary, config, fixed, seeds)')
+    name = str(st['name'])
+    if not re.fullmatch(r'[A-Za-z0-9_.-]+', name) or name in seen:
+      raise SweepError(f'stage name {name!r}: distinct names of letters, digits, _ . - (a directory of the sweep)')
+    seen.add(name)
+    binary = st.get('binary') or 'experiments/train.py'
+    if binary not in BINARIES:
+      raise SweepError(f'stage {name}: binary={binary!r}; one of {", ".join(BINARIES)}')
+    sub = {'config': st.get('config') or spec.get('config'), 'fixed': {**(spec.get('fixed') or {}),
+                                                                         **(st.get('fixed') or {})},
+           'grid': st['grid'], 'seeds': st.get('seeds') or spec.get('seeds')}
+    path = os.path.join(os.path.dirname(os.path.dirname(TRAIN)), binary)
+    for r in _expand_grid(sub, os.path.join(sweep_dir, name)):
+      runs.append(dataclasses.replace(r, cell=f'{name}/{r.cell}', binary=path, stage=name))
+  return _resolve_outputs(runs)
+
+
+def _resolve_outputs(runs: List[Run]) -> List[Run]:
+  """Replaces each {'output_of': '<stage>/<cell>', 'file': f} override by the producer's declared output path (the
+  producer's run of the same seed, or its only seed), recorded in the run's inputs."""
+  order = {r.stage: i for i, r in reversed(list(enumerate(runs)))}
+  by_cell: Dict[str, List[Run]] = {}
+  for r in runs:
+    by_cell.setdefault(r.cell, []).append(r)
+  for r in runs:
+    for k, v in list(r.overrides.items()):
+      if not isinstance(v, dict):
+        continue
+      src, fname = v.get('output_of'), v.get('file')
+      if set(v) != {'output_of', 'file'} or not isinstance(src, str) or not isinstance(fname, str) or not fname:
+        raise SweepError(f"{r.key}: {k}={v!r}; an earlier stage's output is {{'output_of': '<stage>/<cell>', "
+                         "'file': '<file name>'}")
+      producers = by_cell.get(src)
+      if not producers or order[producers[0].stage] >= order[r.stage]:
+        raise SweepError(f"{r.key}: {k} reads the output of {src!r}, which is not a cell of an earlier stage; cells: "
+                         + ', '.join(c for c in by_cell if order[by_cell[c][0].stage] < order[r.stage]))
+      same = [p for p in producers if p.seed == r.seed]
+      if not same and len(producers) != 1:
+        raise SweepError(f'{r.key}: {src} has no run of seed {r.seed} (its seeds: '
+                         f'{[p.seed for p in producers]}); give both stages the same seeds, or the producer one seed')
+      p = (same or producers)[0]
+      path = os.path.join(p.workdir, fname)
+      r.overrides = {**r.overrides, k: path}
+      r.inputs = {**r.inputs, path: p.key}
+  return runs
+
+
+def _expand_grid(spec: Dict[str, Any], sweep_dir: str) -> List[Run]:
   base = spec.get('config')
   fixed = spec.get('fixed') or {}
   grid = spec.get('grid') or [{}]
@@ -322,12 +397,13 @@ def expand(spec: Dict[str, Any], sweep_dir: str) -> List[Run]:
 def run_config(run: Run):
   """The run's ConfigDict exactly as experiments/train.py builds it from the same command line (absl's
   config flag, --config.algo.* over the registry defaults), validated. SweepError: train.py's one line."""
-  return config_from_argv(run.argv('python')[1:], run.key)
+  return config_from_argv(run.argv('python')[1:], run.key, pending_files=tuple(run.inputs))
 
 
-def config_from_argv(argv: List[str], where: str = 'command'):
+def config_from_argv(argv: List[str], where: str = 'command', pending_files: Sequence[str] = ()):
   """The ConfigDict a binary's command line (argv[0] the program; --config=... and --config.* overrides, other
-  flags ignored) builds, exactly as experiments/train.py builds it, validated. SweepError naming `where`."""
+  flags ignored) builds, exactly as experiments/train.py builds it, validated. SweepError naming `where`.
+  pending_files: an earlier stage's declared outputs, validated as paths before they exist."""
   argv = [argv[0]] + [a for a in argv[1:] if a.startswith('--config')]
   try:
     argv, algo = algo_flags.split_argv(argv)
@@ -341,7 +417,7 @@ def config_from_argv(argv: List[str], where: str = 'command'):
   try:
     fv(argv)
     config = algo_flags.apply(fv['config'].value, algo)
-    validate.validate_config(config)
+    validate.validate_config(config, pending_files)
   except (flags.Error, validate.ConfigError, ValueError) as e:
     raise SweepError(f'{where}: {e}') from None
   return config
@@ -384,7 +460,9 @@ def run_status(run: Run) -> str:
       config = json.load(f)
   except (OSError, ValueError):
     return 'partial' if os.path.isdir(os.path.join(run.workdir, 'checkpoints')) else 'new'
-  if summary.get('rounds_completed', -1) < config.get('rounds', math.inf) or summary.get('stopped_by_signal'):
+  if summary.get('experiment') == 'source pre-training':
+    pass              # its summary.json is written once, at the end (training/source_pretrain.py)
+  elif summary.get('rounds_completed', -1) < config.get('rounds', math.inf) or summary.get('stopped_by_signal'):
     return 'partial'
   wanted = {**run.overrides, 'seed': run.seed}
   if any(not values_equal(_get(config, k), v) for k, v in wanted.items()):
@@ -393,6 +471,15 @@ def run_status(run: Run) -> str:
 
 
 # --------------------------------------------------------------------------------------------- manifest
+
+def _manifest_writer(manifest_runs: Optional[List[Run]], prior: Optional[Dict[str, Dict]]):
+  """write_manifest, or for one stage of a sweep (run_stages) a writer listing every run of the sweep: the other
+  stages' with their states `prior`, this stage's with the states it is given."""
+  if manifest_runs is None:
+    return write_manifest
+  return lambda sweep_dir, runs, info, states: write_manifest(sweep_dir, manifest_runs, info,
+                                                              {**(prior or {}), **states})
+
 
 class ManifestWriteError(errors.OperationError):
   """sweep.json could not be written (a full disk, permissions)."""
@@ -404,7 +491,8 @@ def write_manifest(sweep_dir: str, runs: List[Run], info: Dict[str, Any], states
   path = os.path.join(sweep_dir, 'sweep.json')
   doc = dict(info, runs=[dict(cell=r.cell, seed=r.seed, workdir=os.path.relpath(r.workdir, sweep_dir),
                               config=r.config, overrides=r.overrides, reference=r.reference,
-                              command=shlex.join(r.argv()), **states.get(r.key, {})) for r in runs])
+                              command=shlex.join(r.argv()), **({'stage': r.stage} if r.stage else {}),
+                              **states.get(r.key, {})) for r in runs])
   tmp = f'{path}.{os.getpid()}.tmp'
   try:
     os.makedirs(sweep_dir, exist_ok=True)
@@ -442,7 +530,7 @@ def _last_error(log_path: str, returncode: Optional[int] = None) -> str:
       lines = [ln.strip() for ln in f.read().decode(errors='replace').splitlines()]
   except OSError:
     lines = []
-  heads = [i for i, ln in enumerate(lines) if ln.startswith('# ') and TRAIN in ln]
+  heads = [i for i, ln in enumerate(lines) if ln.startswith('# ') and ' --workdir=' in ln]
   lines = [ln for ln in lines[heads[-1] + 1 if heads else 0:] if ln]
   for ln in reversed(lines):
     if ln.startswith(('error:', 'FATAL')):
@@ -461,13 +549,16 @@ def _last_error(log_path: str, returncode: Optional[int] = None) -> str:
 
 def run_local(runs: List[Run], sweep_dir: str, info: Dict[str, Any], *, parallel: int = 1, fresh: bool = False,
               python: str = sys.executable, poll_s: float = 0.5, stream=sys.stderr,
-              env: Optional[Dict[str, str]] = None) -> Dict[str, Dict]:
+              env: Optional[Dict[str, str]] = None, manifest_runs: Optional[List[Run]] = None,
+              prior: Optional[Dict[str, Dict]] = None) -> Dict[str, Dict]:
   """Runs the unfinished runs `parallel` at a time; returns {run key: state dict}. One failure stops nothing.
 
   env: the runs' environment (default: fedjax_flat/devices.child_env, i.e. usable cores // parallel host
-  devices per run unless the user chose a count)."""
+  devices per run unless the user chose a count). manifest_runs / prior: a stage's call (run_stages): sweep.json
+  lists every run of the sweep, those of other stages with their states `prior`."""
   env = devices.child_env(parallel) if env is None else env
   states: Dict[str, Dict] = {}
+  write_manifest = _manifest_writer(manifest_runs, prior)
   todo = []
   for r in runs:
     st = run_status(r)
@@ -611,7 +702,9 @@ def run_local(runs: List[Run], sweep_dir: str, info: Dict[str, Any], *, parallel
 
 def run_batched(runs: List[Run], configs: List[Any], sweep_dir: str, info: Dict[str, Any], *, batch_runs: int,
                 fresh: bool = False, stop_requested=lambda: False, signal_name=lambda: None,
-                stream=sys.stderr, poll_s: float = 2.0, compile_ahead: bool = True) -> Dict[str, Dict]:
+                stream=sys.stderr, poll_s: float = 2.0, compile_ahead: bool = True,
+                manifest_runs: Optional[List[Run]] = None, prior: Optional[Dict[str, Dict]] = None
+                ) -> Dict[str, Dict]:
   """Runs the unfinished runs in this process, packed into batched programs (training/batched.py): every run
   still writes its own workdir (and a line in its sweep.log). Returns {run key: state dict} as run_local. A run
   whose workdir is held by a live process is waited for (sweep.json: 'waiting'), never marked failed; a stop
@@ -621,6 +714,7 @@ def run_batched(runs: List[Run], configs: List[Any], sweep_dir: str, info: Dict[
   outside the GIL), so a table of several program structures pays for one compilation in its wall time, not
   for each. The packs' numbers do not depend on it (the same executable either way)."""
   states: Dict[str, Dict] = {}
+  write_manifest = _manifest_writer(manifest_runs, prior)
   for r in runs:
     st = run_status(r)
     if st == 'finished':
@@ -666,13 +760,14 @@ def run_batched(runs: List[Run], configs: List[Any], sweep_dir: str, info: Dict[
           now, rest = prepared[0], [i for i in todo if i not in prepared[0]]
         else:
           _wait_for_workdirs([runs[i] for i in todo], runs, sweep_dir, info, states, stop_requested, stream,
-                             poll_s)
+                             poll_s, manifest=write_manifest)
           if stop_requested():
             break
           now, rest = todo, []
         busy = _run_pack(p, len(packs), pack, now, lanes, runs, configs, sweep_dir, info, states, fresh,
                          stop_requested, signal_name, stream, t0, prepared=prepared and prepared[1],
-                         before_training=lambda: open_ahead(p + 1), data_cache=data_cache)
+                         before_training=lambda: open_ahead(p + 1), data_cache=data_cache,
+                         manifest=write_manifest)
         prepared = None
         todo = busy + rest
         if todo:
@@ -689,7 +784,8 @@ def run_batched(runs: List[Run], configs: List[Any], sweep_dir: str, info: Dict[
   return states
 
 
-def _wait_for_workdirs(todo: List[Run], runs, sweep_dir, info, states, stop_requested, stream, poll_s) -> None:
+def _wait_for_workdirs(todo: List[Run], runs, sweep_dir, info, states, stop_requested, stream, poll_s,
+                       manifest=write_manifest) -> None:
   """Returns once no run of `todo` has its workdir held by a live process (or a stop is requested); says so
   once per holder, and sweep.json shows the runs as 'waiting' meanwhile."""
   said: Dict[str, str] = {}
@@ -707,12 +803,13 @@ def _wait_for_workdirs(todo: List[Run], runs, sweep_dir, info, states, stop_requ
         states[key] = {'status': 'waiting', 'holder_pid': holder}
         changed = True
     if changed:
-      write_manifest(sweep_dir, runs, info, states)
+      manifest(sweep_dir, runs, info, states)
     time.sleep(poll_s)
 
 
 def _run_pack(p, n_packs, pack, todo, lanes, runs, configs, sweep_dir, info, states, fresh, stop_requested,
-              signal_name, stream, t0, prepared=None, before_training=lambda: None, data_cache=None) -> List[int]:
+              signal_name, stream, t0, prepared=None, before_training=lambda: None, data_cache=None,
+              manifest=write_manifest) -> List[int]:
   """Trains the runs `todo` of pack p in one batched program (training/batched.py); returns those found
   busy (their workdir taken by a live process before the program could lock it), to be waited for.
   prepared: the pack opened ahead (batched.OpenedBatch of exactly `todo`), its program compiled or compiling."""
@@ -722,7 +819,7 @@ def _run_pack(p, n_packs, pack, todo, lanes, runs, configs, sweep_dir, info, sta
       log.write(f'\n# {time.strftime("%Y-%m-%d %H:%M:%S")} batched program {p + 1}/{n_packs} '
                 f'({len(pack)} runs, {lanes} lanes): {shlex.join(runs[i].argv("python", fresh))}\n')
     states[runs[i].key] = {'status': 'running', 'pid': os.getpid(), 'program': p}
-  write_manifest(sweep_dir, runs, info, states)
+  manifest(sweep_dir, runs, info, states)
   stream.write(f'[sweep] program {p + 1}/{n_packs}: {len(todo)} runs ({lanes} lanes), '
                f'elapsed {_fmt_s(time.time() - t0)}' + (', compiled ahead' if prepared is not None else '') + '\n')
   stream.flush()
@@ -750,8 +847,58 @@ def _run_pack(p, n_packs, pack, todo, lanes, runs, configs, sweep_dir, info, sta
       with open(os.path.join(runs[i].workdir, 'sweep.log'), 'a') as log:
         log.write(f'error: {rr.error}\n')
     states[runs[i].key] = st
-  write_manifest(sweep_dir, runs, info, states)
+  manifest(sweep_dir, runs, info, states)
   return busy
+
+
+def stages_of(runs: List[Run]) -> List[tuple]:
+  """[(stage name, [run indices])] in the sweep's order."""
+  out: List[tuple] = []
+  for i, r in enumerate(runs):
+    if not out or out[-1][0] != r.stage:
+      out.append((r.stage, []))
+    out[-1][1].append(i)
+  return out
+
+
+def run_stages(runs: List[Run], configs: List[Any], sweep_dir: str, info: Dict[str, Any], *, batch_runs: int = 0,
+               parallel: int = 1, fresh: bool = False, python: str = sys.executable, stop_requested=lambda: False,
+               signal_name=lambda: None, stream=sys.stderr, compile_ahead: bool = True,
+               env: Optional[Dict[str, str]] = None) -> Dict[str, Dict]:
+  """A pipeline's stages in order (expand's `stages`): each stage's runs as run_local (or run_batched for train.py
+  stages with batch_runs) once the stage before it has ended; a run whose input file (an earlier stage's output)
+  is absent when its stage starts is 'not started', naming its producer. A stop (a signal, an interrupted run)
+  ends the sweep after the current stage. sweep.json lists every run of every stage throughout."""
+  states: Dict[str, Dict] = {}
+  stopped = False
+  for name, idx in stages_of(runs):
+    ready = []
+    for i in idx:
+      r = runs[i]
+      missing = [p for p in r.inputs if not os.path.isfile(p)]
+      if stopped:
+        states[r.key] = {'status': 'not started'}
+      elif missing and run_status(r) != 'finished':
+        states[r.key] = {'status': 'not started', 'error': f'its input {missing[0]} is absent: {r.inputs[missing[0]]} '
+                         'did not finish; rerun the sweep once it has'}
+      else:
+        ready.append(i)
+    if not ready:
+      continue
+    stream.write(f'[sweep] stage {name}: {len(ready)} runs ({runs[ready[0]].binary.rsplit(os.sep, 1)[-1]})\n')
+    stream.flush()
+    sub = [runs[i] for i in ready]
+    if batch_runs and runs[ready[0]].binary == TRAIN:
+      got = run_batched(sub, [configs[i] for i in ready], sweep_dir, info, batch_runs=batch_runs, fresh=fresh,
+                        stop_requested=stop_requested, signal_name=signal_name, stream=stream,
+                        compile_ahead=compile_ahead, manifest_runs=runs, prior=states)
+    else:
+      got = run_local(sub, sweep_dir, info, parallel=parallel, fresh=fresh, python=python, stream=stream, env=env,
+                      manifest_runs=runs, prior=states)
+    states.update(got)
+    stopped = stop_requested() or any(st['status'] in ('stopped', 'not started', 'running') for st in got.values())
+  write_manifest(sweep_dir, runs, info, states)
+  return states
 
 
 # --------------------------------------------------------------------------------------------- SLURM

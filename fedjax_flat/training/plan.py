@@ -44,6 +44,7 @@ from fedjax_flat.models import registry as model_registry
 from fedjax_flat.models.base import num_params
 from fedjax_flat.optimizers import client as client_opt
 from fedjax_flat.systems import clock as clock_lib
+from fedjax_flat.systems import compress as compress_lib
 from fedjax_flat.systems import events as events_lib
 from fedjax_flat.tasks import base as tasks_lib
 
@@ -245,8 +246,11 @@ class RunPlan:
         for n in np.asarray(self.data.client_sizes())]
     passes = alg.num_phases * client_opt.gradient_passes(cc) + alg.extra_passes
     model_bytes = clock_lib.BYTES_PER_PARAM * self.num_params * alg.num_phases
+    bytes_up = alg.comm_up * model_bytes
+    if compress_lib.enabled(c):     # what a compressed delta really sends (systems/compress.upload_bytes)
+      bytes_up = compress_lib.upload_bytes(c.upload, self.num_params)
     return clock_lib.make_clock(c, self.data.num_clients, passes=passes, bytes_down=alg.comm_down * model_bytes,
-                                bytes_up=alg.comm_up * model_bytes, full_steps=self.client_step_examples)
+                                bytes_up=bytes_up, full_steps=self.client_step_examples)
 
   def round_schedule(self, r: int, ids) -> 'clock_lib.RoundSchedule':
     """Round r of the real clients `ids` on the virtual clock (who answers, steps that fit, seconds, bytes)."""

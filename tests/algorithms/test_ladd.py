@@ -365,6 +365,83 @@ def test_teacher_refresh_then_swa():
   assert float(state['swa_n']) == swa_n == 3
 
 
+def _release_teachers(cluster_models, client_clusters):
+  """The release's set_client_teacher loop (no SWA teacher), written out: ONE teacher object; for each training
+  client in order, the object is loaded with that client's cluster model and the client's loss keeps a reference
+  to it. Returns what each client's loss holds after the loop."""
+  teacher = {'state': None}                      # the shared, mutable teacher model
+  held = []
+  for c in client_clusters:
+    teacher['state'] = cluster_models[c]          # model.load_state_dict(clusters_models[c.cluster_id])
+    held.append(teacher)                          # c.criterion.set_teacher(model): a reference, not a copy
+  return [h['state'] for h in held]
+
+
+def test_release_teacher_sharing_gives_every_client_the_last_clients_cluster_teacher():
+  labels = np.array([1, 0, 1, 0], np.int32)       # the last client (3) is in cluster 0
+  clusters = style_clusters.StyleClustering(2, labels, np.zeros((2, 27)), {}, 0.0)
+  w0 = _params(5)
+  got = {}
+  for rule in ('paper', 'release'):
+    cfg = _train_config(**{'algo.teacher_sharing': rule})
+    alg = alg_registry.build_algorithm(cfg, MODEL, population=4, client_clusters=clusters)
+    state = alg.server_init(w0, None)
+    # two different teachers, as after a refresh: g_c = w_0 + c + 1
+    state['teacher'] = tmap(lambda t: t + jnp.arange(1, 3, dtype=t.dtype).reshape((2,) + (1,) * (t.ndim - 1)),
+                            state['teacher'])
+    bcast = alg.broadcast(state, 0)
+    got[rule] = [alg.client_init(bcast, {'cluster': jnp.int32(c)}, None).extra for c in labels]
+    models = [tmap(lambda t: t[c], state['teacher']) for c in range(2)]
+  want = {'paper': [models[c] for c in labels], 'release': _release_teachers(models, labels)}
+  for rule in ('paper', 'release'):
+    for a, b in zip(got[rule], want[rule]):
+      jax.tree_util.tree_map(np.testing.assert_array_equal, a, b)
+  assert all(float(jax.tree_util.tree_leaves(t)[0].ravel()[0] - jax.tree_util.tree_leaves(w0)[0].ravel()[0]) ==
+             pytest.approx(1.0) for t in got['release'])          # cluster 0's teacher for every client
+
+
+def test_release_swa_teacher_averages_the_global_model():
+  """omega = 1, t_start = 2, 2 clusters ('cls'): the release's SWA update, swa <- (1 - a) swa + a w with
+  a = 1 / (n + 1) and w the round's global model (Phi with the clusters' mean), for every cluster's teacher;
+  before t_start the teachers are the cluster models w_c (the paper's rule, unchanged)."""
+  alg = _alg('cls', teacher_step=1, swa_teacher_start=2, swa_teacher_model='release')
+  paper = _alg('cls', teacher_step=1, swa_teacher_start=2)
+  w0 = _params(5)
+  state = ps = alg.server_init(w0, None)
+  flags = L.leaf_flags(w0, L.cluster_layer_select('cls'))
+  flat0 = [np.asarray(x) for x in state['cluster']]
+  zeros = tmap(jnp.zeros_like, w0)
+  swa, n = None, 0
+  for r in range(5):
+    vals = [np.stack([f[c] + (r + 1) * (c + 1) for c in range(2)]) for f in flat0]
+    agg = {'weighted': {'delta': zeros, 'cluster_sum': [jnp.asarray(v * 0.5) for v in vals],
+                        'cluster_w': jnp.array([0.5, 0.5])}}
+    state, ps = alg.server_update(state, agg, r), paper.server_update(ps, agg, r)
+    it = iter(vals)
+    glob = [np.asarray(x) if not f else next(it).mean(0) for x, f in zip(jax.tree_util.tree_leaves(w0), flags)]
+    it = iter(vals)
+    cluster_w = [np.broadcast_to(x, (2,) + x.shape) if not f else next(it)
+                 for x, f in zip(jax.tree_util.tree_leaves(w0), flags)]
+    got = [np.asarray(x) for x in jax.tree_util.tree_leaves(state['teacher'])]
+    if r + 1 >= 2:
+      a = 1.0 / (n + 1)
+      swa = [g.copy() for g in glob] if swa is None else [(1 - a) * s + a * g for s, g in zip(swa, glob)]
+      n += 1
+      for t, s in zip(got, swa):
+        for c in range(2):
+          np.testing.assert_allclose(t[c], s, rtol=1e-5, atol=1e-5)
+      if r + 1 > 2:     # the paper's SWA teachers (of each w_c) differ on the cluster leaves
+        assert any(not np.allclose(a, b) for a, b in zip(got, jax.tree_util.tree_leaves(ps['teacher'])))
+    else:
+      for t, w, p in zip(got, cluster_w, jax.tree_util.tree_leaves(ps['teacher'])):
+        np.testing.assert_allclose(t, w, rtol=1e-6)
+        np.testing.assert_array_equal(t, np.asarray(p))
+  assert n == 4
+  cfg = _train_config(**{'algo.swa_teacher_model': 'bogus'})
+  with pytest.raises(ConfigError, match='swa_teacher_model'):
+    validate.validate_config(cfg)
+
+
 # --------------------------------------------------------------------------------- layer selections
 
 @pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`

@@ -409,14 +409,28 @@ def test_paper_table_sweep_leaves_out_the_cells_another_binary_runs():
   path = os.path.join(CONFIGS, 'sweeps', 'paper_table.py')
   ladd = load('ladd')
   sweep = sweep_lib.load_sweep_file(path + ':ladd')
-  swept = {g['config'] for g in sweep['grid']}
-  assert swept == {f'configs/ladd.py:{c}' for c in ladd.CELLS if c not in ladd.ENTRY_POINTS}
   assert set(ladd.ENTRY_POINTS) == {c for c in ladd.CELLS if c.split(',')[1] in
                                     ('source_only', 'central_oracle', 'central_ftda')}
-  assert 'cityscapes,source_only: experiments/pretrain_source.py' in sweep['description']
+  # LADD's table is a pipeline: its source pre-training (the source_fda models and the source_only cells), then
+  # the federated cells from their target's source_fda model; the centralized cells are named, not swept
+  source, fed = sweep['stages']
+  assert source['binary'] == 'experiments/pretrain_source.py' and 'binary' not in fed
+  assert {g['config'] for g in source['grid']} == {f'configs/ladd.py:{t},{m}' for t in ('cityscapes', 'crosscity',
+                                                                                         'mapillary')
+                                                   for m in ('source_fda', 'source_only')}
+  assert {g['config'] for g in fed['grid']} == {f'configs/ladd.py:{c}' for c in ladd.CELLS
+                                                if c not in ladd.ENTRY_POINTS}
+  for g in fed['grid']:
+    target, method = g['config'].split(':')[1].split(',')
+    assert g.get('init.pretrained') == ({'output_of': f'source/{target},source_fda', 'file': 'source_model.npz'}
+                                        if method in ('ladd_cls', 'ladd_all', 'fedavg_st', 'ftda') else None)
+  assert 'cityscapes,source_only' not in sweep['description']
   assert 'mapillary,central_oracle: experiments/centralized.py' in sweep['description']
+  runs = sweep_lib.expand(sweep, 'D')
+  assert len(runs) == 3 * (6 + len(fed['grid']))
+  sweep_lib.run_configs(runs)        # every run validated, the federated ones before their source model exists
   with pytest.raises(ValueError, match='run by another binary'):
-    sweep_lib.load_sweep_file(path + ':ladd,only=source_only')
+    sweep_lib.load_sweep_file(path + ':ladd,only=central_oracle')
 
 
 def test_fedsoup_release_switch_reads_the_release_files_and_validates():
@@ -433,3 +447,31 @@ def test_mime_cells_carry_the_lr_that_trains(algo):
   # the family's own cell trains at the sweep's working lr
   assert cfg(f'baselines_digits.py:algo={algo}').client.lr == 0.005
   assert cfg('baselines_digits.py:algo=fedavg').client.lr == 0.05
+
+
+def test_cells_reproducing_published_numbers_select_the_release_rules_their_runs_used():
+  """Where the published run's code departs from its paper, the cell carries the release's rule (the switches'
+  default stays the paper's): LADD (unsampled clusters, one teacher, SWA teacher of the global model), FedFomo in
+  FedSoup's Table 1 (raw gains into the affinities, as FedSoup's clientfomo.py), MAN's Tiny-ImageNet ConvNet (block 3
+  measured after its pool). No seed-table cell runs FedNova with a proximal term (tau_eff stays as registered)."""
+  ladd = load('ladd')
+  for c in ladd.CELLS:
+    config = cfg(f'ladd.py:{c}')
+    if config.algorithm == 'ladd':
+      assert (config.algo.unsampled_clusters, config.algo.teacher_sharing, config.algo.swa_teacher_model) == \
+          ('global', 'release', 'release'), c
+  assert 'teacher_sharing' not in cfg('ladd.py:synthetic,ladd_cls').algo      # the stand-in: the thesis' rules
+  for c in load('fedsoup_table1').CELLS:
+    config = cfg(f'fedsoup_table1.py:{c}')
+    assert (config.algo.get('affinity') == 'release') == (config.algorithm == 'fedfomo'), c
+  for c in load('man_cifar100').CELLS:
+    config = cfg(f'man_cifar100.py:{c}')
+    want = 'release' if c.startswith('tiny_imagenet') and ',man,' in c else None
+    assert config.model_kwargs.get('man_measure') == want, c
+    if want:
+      assert config.man.zeta > 0 and config.model == 'man_convnet'
+  for family in [f[:-3] for f in os.listdir(CONFIGS) if f.endswith('.py')]:
+    mod = load(family)
+    for c in getattr(mod, 'CELLS', []):
+      config = mod.get_config(c)
+      assert not (config.algorithm == 'fednova' and float(config.algo.get('mu', 0)) > 0), (family, c)

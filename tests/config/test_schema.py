@@ -45,14 +45,15 @@ def test_kind_tables_follow_the_tags():
   # What each table held when it was written by hand: the tags must keep saying the same.
   assert checkpoint.COMPUTATION_FIELDS == (
       'seed', 'dataset', 'data', 'model', 'model_kwargs', 'augment', 'normalize', 'algorithm', 'algo',
-      'clients_per_round', 'client', 'server', 'swa', 'wima', 'dp', 'man', 'engine.compute_dtype', 'system',
+      'clients_per_round', 'client', 'server', 'swa', 'wima', 'dp', 'man', 'engine.compute_dtype', 'system', 'upload',
       'attack')
   assert checkpoint.WARN_FIELDS == ('rounds', 'engine')
   assert checkpoint.SAME_RESULT_FIELDS == ('engine.rounds_per_call', 'engine.device_data', 'engine.device_data_max_mb')
   assert set(WHOLE_SECTIONS) == {'data', 'model_kwargs', 'algo', 'published', 'grouping.probe_model_kwargs'}
   assert set(runs.VALUE_FIELDS) == {'client.lr', 'client.rho', 'client.rho0', 'client.momentum',
                                     'client.weight_decay', 'client.asam_eta', 'server.lr', 'server.momentum',
-                                    'swa.lr1', 'swa.lr2', 'dp.clip', 'dp.noise_multiplier', 'dp.target_epsilon'}
+                                    'swa.lr1', 'swa.lr2', 'wima.window', 'dp.clip', 'dp.noise_multiplier',
+                                    'dp.target_epsilon', 'upload.fraction', 'upload.bits'}
   assert runs.STATIC_TRUTH == ('client.momentum', 'client.weight_decay', 'server.momentum', 'dp.target_epsilon')
   assert report.RESULT_KEYS == {'engine.compute_dtype': 'float32'}
   assert set(report.EXECUTION_KEYS) == {

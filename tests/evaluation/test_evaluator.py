@@ -171,3 +171,27 @@ def test_two_host_devices_give_the_single_device_bits():
 
 if __name__ == '__main__':
   sys.exit(pytest.main([__file__, '-q']))
+
+
+def test_auto_choice_is_kept_beside_the_compilation_cache_and_read_by_the_next_run(tmp_path, monkeypatch):
+  """With a compilation cache (the binaries'), the first 'auto' run measures and stores its choice; a run of
+  the same model, test set and devices reads it instead of measuring; another test set measures again."""
+  from fedjax_flat import devices
+  monkeypatch.setattr(devices, '_CACHE', devices.CompilationCache(dir=str(tmp_path), why='test', source='flag',
+                                                                   warning=''))
+  x, y, params = _problem(n=40)
+  first = ev_lib.Evaluator(MODEL, x, y, 'auto', preprocess=_prep)
+  want = first(params[0])
+  assert first.batch_choice['source'] == 'measured'
+  stored = json.loads((tmp_path / ev_lib.CHOICES_FILE).read_text())
+  assert [v['batch_size'] for v in stored.values()] == [first.batch_size]
+  measured = []
+  real = ev_lib.choose_layout
+  monkeypatch.setattr(ev_lib, 'choose_layout', lambda *a, **k: measured.append(1) or real(*a, **k))
+  second = ev_lib.Evaluator(MODEL, x, y, 'auto', preprocess=_prep)
+  got = second(params[0])
+  assert not measured and second.batch_size == first.batch_size and second.batch_choice['source'].startswith('read')
+  assert got == want                                   # the same batches: the same bits
+  third = ev_lib.Evaluator(MODEL, x[:24], y[:24], 'auto', preprocess=_prep)
+  third(params[0])
+  assert measured == [1] and len(json.loads((tmp_path / ev_lib.CHOICES_FILE).read_text())) == 2

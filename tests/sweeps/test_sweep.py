@@ -513,3 +513,100 @@ def test_batched_sweep_compiles_the_next_program_on_a_thread_while_one_trains(tm
     ja, jb = [json.loads(x) for x in read(a)], [json.loads(x) for x in read(b)]
     assert [{k: v for k, v in x.items() if not k.endswith('_s') and 'time' not in k} for x in ja] == \
         [{k: v for k, v in x.items() if not k.endswith('_s') and 'time' not in k} for x in jb]
+
+
+# ----------------------------------------------------------------------------------------------- stages
+
+def _ladd_pipeline(cells=('synthetic,ladd_cls', 'synthetic,fedavg_st', 'synthetic,source_only')):
+  """configs/ladd.py's pipeline for the synthetic stand-in, tiny: 4 source steps, 2 federated rounds."""
+  import importlib.util
+  spec = importlib.util.spec_from_file_location('ladd_family', os.path.join(ROOT, 'configs', 'ladd.py'))
+  ladd = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(ladd)
+  source, fed = ladd.pipeline(list(cells))
+  source['fixed'] = {'source_pretrain.steps': 4, 'source_pretrain.checkpoint_every': 2,
+                     'source_pretrain.log_every': 2}
+  fed['fixed'] = {'rounds': 2, 'eval_every': 1, 'eval_every_last': 1}
+  return dict(name='ladd_tiny', stages=[source, fed], seeds=[0])
+
+
+def test_stages_expand_with_declared_outputs_and_validate_before_they_exist(tmp_path):
+  d = str(tmp_path / 'sw')
+  runs = sweep_lib.expand(_ladd_pipeline(), d)
+  assert [(r.stage, r.cell) for r in runs] == [
+      ('source', 'source/synthetic,source_fda'), ('source', 'source/synthetic,source_only'),
+      ('federated', 'federated/synthetic,ladd_cls'), ('federated', 'federated/synthetic,fedavg_st')]
+  assert runs[0].binary.endswith('experiments/pretrain_source.py') and runs[2].binary == sweep_lib.TRAIN
+  assert runs[0].workdir == os.path.join(d, 'source', 'synthetic,source_fda', 'seed=0')
+  model = os.path.join(runs[0].workdir, 'source_model.npz')
+  for r in runs[2:]:      # the federated cells start from the stage-1 model: its path, declared before it exists
+    assert r.overrides['init.pretrained'] == model and r.inputs == {model: 'source/synthetic,source_fda/seed=0'}
+    assert f'--config.init.pretrained={model}' in r.argv()
+  configs = sweep_lib.run_configs(runs)       # validated although the file is not there yet
+  assert configs[2].init.pretrained == model and not os.path.exists(model)
+  assert [sweep_lib.stages_of(runs)[i][0] for i in (0, 1)] == ['source', 'federated']
+  # a run alone (train.py's check) still requires the file
+  with pytest.raises(sweep_lib.SweepError, match='no such file'):
+    sweep_lib.config_from_argv(runs[2].argv('python')[1:])
+
+
+def test_stage_outputs_pair_seeds_and_refuse_what_is_not_an_earlier_stage(tmp_path):
+  def spec(src_seeds, fed_seeds, ref='a/x'):
+    return dict(config='configs/quickstart.py', stages=[
+        dict(name='a', grid=[{'name': 'x'}], seeds=src_seeds),
+        dict(name='b', grid=[{'name': 'y', 'init.pretrained': {'output_of': ref, 'file': 'm.npz'}}],
+             seeds=fed_seeds)])
+  runs = sweep_lib.expand(spec([0, 1], [0, 1]), 'D')
+  assert [r.overrides['init.pretrained'] for r in runs[2:]] == ['D/a/x/seed=0/m.npz', 'D/a/x/seed=1/m.npz']
+  runs = sweep_lib.expand(spec([0], [0, 1, 2]), 'D')     # one producer: every seed starts from it
+  assert {r.overrides['init.pretrained'] for r in runs[1:]} == {'D/a/x/seed=0/m.npz'}
+  with pytest.raises(sweep_lib.SweepError, match='no run of seed 2'):
+    sweep_lib.expand(spec([0, 1], [2]), 'D')
+  with pytest.raises(sweep_lib.SweepError, match="'a/z', which is not a cell of an earlier stage; cells: a/x"):
+    sweep_lib.expand(spec([0], [0], ref='a/z'), 'D')
+  with pytest.raises(sweep_lib.SweepError, match='not a cell of an earlier stage'):
+    sweep_lib.expand(spec([0], [0], ref='b/y'), 'D')
+  with pytest.raises(sweep_lib.SweepError, match='instead of a grid, not both'):
+    sweep_lib.expand(dict(spec([0], [0]), grid={'rounds': [1]}), 'D')
+  with pytest.raises(sweep_lib.SweepError, match='binary='):
+    sweep_lib.expand(dict(config='c', stages=[dict(name='a', grid=[{}], binary='experiments/hessian.py')]), 'D')
+
+
+def test_a_stage_whose_input_is_absent_is_not_started_naming_its_producer(tmp_path):
+  d = str(tmp_path / 'sw')
+  runs = sweep_lib.expand(_ladd_pipeline(('synthetic,ladd_cls',)), d)
+  fed = [r for r in runs if r.stage == 'federated']
+  states = sweep_lib.run_stages(fed, [None] * len(fed), d, {'name': 'x'}, stream=open(os.devnull, 'w'))
+  st = states['federated/synthetic,ladd_cls/seed=0']
+  assert st['status'] == 'not started' and 'source/synthetic,source_fda/seed=0 did not finish' in st['error']
+  assert not os.path.exists(fed[0].workdir)
+  assert _manifest(d)['federated/synthetic,ladd_cls/seed=0']['stage'] == 'federated'
+
+
+@pytest.mark.slow   # three processes (~90 s on 2 cores)
+def test_ladd_pipeline_is_one_sweep_pretraining_then_federated_and_resumes(tmp_path):
+  """The LADD table's pipeline on the synthetic stand-in: the source pre-training, then the federated cells from
+  its source_model.npz; a rerun skips every finished run of both stages; the report covers both stages."""
+  d = tmp_path / 'sw'
+  sweep_file = tmp_path / 'ladd_tiny.py'
+  sweep_file.write_text(f"def get_sweep(arg=''):\n  return {_ladd_pipeline(('synthetic,ladd_cls',))!r}\n")
+  p = _sweep([f'--sweep={sweep_file}', f'--sweep_dir={d}', '--dry_run'])
+  assert p.returncode == 0, p.stderr
+  assert 'stage source: 1 runs of experiments/pretrain_source.py' in p.stdout
+  assert 'stage federated: 1 runs of experiments/train.py' in p.stdout and 'needs ' in p.stdout
+  p = _sweep([f'--sweep={sweep_file}', f'--sweep_dir={d}'], timeout=600)
+  assert p.returncode == 0, p.stdout + p.stderr
+  assert p.stderr.index('stage source') < p.stderr.index('stage federated')
+  m = _manifest(d)
+  assert {k: v['status'] for k, v in m.items()} == {'source/synthetic,source_fda/seed=0': 'done',
+                                                    'federated/synthetic,ladd_cls/seed=0': 'done'}
+  model = str(d / 'source' / 'synthetic,source_fda' / 'seed=0' / 'source_model.npz')
+  with open(d / 'federated' / 'synthetic,ladd_cls' / 'seed=0' / 'config.json') as f:
+    assert json.load(f)['init']['pretrained'] == model and os.path.isfile(model)
+  p = _sweep([f'--sweep={sweep_file}', f'--sweep_dir={d}'])
+  assert p.returncode == 0 and '0 runs done, 2 skipped (finished earlier)' in p.stdout, p.stdout + p.stderr
+  from fedjax_flat.sweeps import report
+  rows = report.aggregate(report.collect([str(d)]), ['cell'])
+  assert [(r['cell'], r['finished']) for r in rows] == [('source/synthetic,source_fda', 1),
+                                                        ('federated/synthetic,ladd_cls', 1)]
+  assert all(0 < r['miou_mean'] < 100 for r in rows)

@@ -31,6 +31,8 @@ CASES = {
     'fedsam': {'client.optimizer': 'sam', 'client.rho': 0.05},
     'scaffold': {'algorithm': 'scaffold'},
     'swa': {'swa.enabled': True, 'swa.start_fraction': 0.3, 'swa.cycle': 2, 'swa.lr1': 0.1, 'swa.lr2': 0.01},
+    # a WiMA window grid in one program: the window per run, the buffer the largest window
+    'wima': {'wima.enabled': True, 'wima.buffer': 4},
     # builders that once froze a per-run value with float(): FedNova's momentum, Mime's weight decay
     'fednova': {'algorithm': 'fednova'},
     'mime': {'algorithm': 'mime'},
@@ -38,6 +40,9 @@ CASES = {
     'dp': {'dp.mode': 'central', 'dp.adaptive': True, 'dp.delta': 1e-3, 'server.weighting': 'uniform'},
     # an epsilon grid: each run's noise multiplier calibrated on the host to its own target epsilon
     'dp_eps': {'dp.mode': 'central', 'dp.delta': 1e-3, 'dp.clip': 0.5, 'server.weighting': 'uniform'},
+    # compressed uploads: top-k's fraction and QSGD's bits are per-run values (k, s traced), with error feedback
+    'topk': {'upload.compress': 'topk', 'upload.error_feedback': True},
+    'qsgd': {'upload.compress': 'qsgd'},
 }
 # Per-run values of the three runs of a case: seeds and every traced field the case uses.
 VALUES = [{'seed': 0, 'client.lr': 0.1, 'client.momentum': 0.9, 'client.weight_decay': 1e-3, 'server.lr': 1.0},
@@ -46,10 +51,13 @@ VALUES = [{'seed': 0, 'client.lr': 0.1, 'client.momentum': 0.9, 'client.weight_d
 EXTRA = {'fedsam': [{'client.rho': 0.02}, {'client.rho': 0.05}, {'client.rho': 0.1}],
          'swa': [{'swa.lr1': 0.1, 'swa.lr2': 0.01}, {'swa.lr1': 0.2, 'swa.lr2': 0.02}, {'swa.lr1': 0.05,
                                                                                         'swa.lr2': 0.001}],
+         'wima': [{'wima.window': 2}, {'wima.window': 3}, {'wima.window': 4}],
          'mime': [{'client.momentum': 0.0}] * 3,     # Mime's base-optimizer momentum is algo.beta
          'dp': [{'dp.clip': 0.1, 'dp.noise_multiplier': 0.1}, {'dp.clip': 0.3, 'dp.noise_multiplier': 0.2},
                 {'dp.clip': 1.0, 'dp.noise_multiplier': 0.0}],
-         'dp_eps': [{'dp.target_epsilon': 8.0}, {'dp.target_epsilon': 4.0}, {'dp.target_epsilon': 2.0}]}
+         'dp_eps': [{'dp.target_epsilon': 8.0}, {'dp.target_epsilon': 4.0}, {'dp.target_epsilon': 2.0}],
+         'topk': [{'upload.fraction': 0.05}, {'upload.fraction': 0.2}, {'upload.fraction': 1.0}],
+         'qsgd': [{'upload.bits': 1}, {'upload.bits': 2}, {'upload.bits': 4}]}
 
 
 def _config(case, i, **over):

@@ -26,26 +26,19 @@ the freshly initialized parameters (MLP: Dense_1, CIFAR CNN: Dense_2). Only the 
 buffered, so 'classifier' costs W copies of the classifier only.
 
 The wrapped server state is the algorithm's state dict plus the key 'wima' = {'buf', 'sum', 'count'}; buf
-and sum are nested dicts like the parameters restricted to the averaged leaves (buf leaves have a leading W).
+and sum are nested dicts like the parameters restricted to the averaged leaves (buf leaves have a leading
+wima.buffer or W). The ring buffer's arithmetic and config.wima live in core/window_average.py, below the
+batched runs: W is a per-run value there (a window grid with wima.buffer = its largest W is one program).
 """
 from __future__ import annotations
 
 import flax.traverse_util
-import jax
 import jax.numpy as jnp
 
+from fedjax_flat.core import window_average
 from fedjax_flat.core.contract import FederatedAlgorithm
-from fedjax_flat.schema import RESULT, Choice, Field, Flag, Int, Section, String
-
-# config.wima: window averaging of the server models (with_wima).
-SECTION = Section('wima', (
-    Field('enabled', Flag(False), 'window model averaging (WiMA)'),
-    Field('window', Int(100, lo=1), 'W: the last W server models averaged'),
-    Field('subset', Choice('all', ('all', 'classifier', 'features'), sort=True),
-          "the parameters averaged: 'all' | 'classifier' | 'features'"),
-    Field('classifier', String('', message="must be a string ('' = auto)"),
-          "top-level module of the classifier for wima.subset; '' = auto"),
-), tags={RESULT}, doc='window averaging of the server models (WiMA)')
+from fedjax_flat.core.runs import RunValue
+from fedjax_flat.core.window_average import SECTION  # noqa: F401  (config.wima, declared with its ring buffer)
 
 KEY = 'wima'
 SEP = '/'
@@ -94,7 +87,10 @@ def selected_paths(params, subset: str, classifier: str = '') -> list:
 
 def with_wima(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
   wcfg = config.wima
-  window = int(wcfg.window)
+  window = wcfg.window
+  if isinstance(window, RunValue):          # a per-run value of a batched program (traced float32): as an index
+    window = jnp.round(window.value).astype(jnp.int32)
+  slots = window_average.capacity(wcfg)
   subset = str(wcfg.subset)
   classifier = str(wcfg.get('classifier', ''))
   last_phase = alg.num_phases - 1
@@ -107,7 +103,7 @@ def with_wima(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
     paths = [_tuple(p) for p in selected_paths(params, subset, classifier)]  # creation order of fresh params
     nest = flax.traverse_util.unflatten_dict
     return {**inner, KEY: {
-        'buf': nest({p: jnp.zeros((window,) + flat[p].shape, flat[p].dtype) for p in paths}),
+        'buf': nest({p: jnp.zeros((slots,) + flat[p].shape, flat[p].dtype) for p in paths}),
         'sum': nest({p: jnp.zeros_like(flat[p]) for p in paths}),
         'count': jnp.zeros((), jnp.int32)}}
 
@@ -117,23 +113,14 @@ def with_wima(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
     if phase != last_phase:
       return {**inner, KEY: w}
     new = _flatten(alg.eval_models(inner)['global'][0], sep=None)
-    old_buf, old_sum = _flatten(w['buf'], sep=None), _flatten(w['sum'], sep=None)
-    j = jnp.mod(w['count'], window)
-    buf, tot = {}, {}
-    for p in old_buf:
-      leaving = jax.lax.dynamic_index_in_dim(old_buf[p], j, 0, keepdims=False)
-      buf[p] = jax.lax.dynamic_update_index_in_dim(old_buf[p], new[p].astype(old_buf[p].dtype), j, 0)
-      tot[p] = old_sum[p] - leaving + new[p]
-    # Exact re-sum when the ring wraps (j == W-1: the buffer holds exactly the last W models).
-    tot = jax.lax.cond(j == window - 1, lambda: {p: jnp.sum(buf[p], axis=0) for p in buf}, lambda: tot)
+    buf, tot = window_average.push(_flatten(w['buf'], sep=None), _flatten(w['sum'], sep=None), w['count'], new,
+                                   window)
     nest = flax.traverse_util.unflatten_dict
     return {**inner, KEY: {'buf': nest(buf), 'sum': nest(tot), 'count': w['count'] + 1}}
 
   def wima_params(inner, w):
     flat = dict(_flatten(alg.eval_models(inner)['global'][0], sep=None))
-    denom = jnp.minimum(jnp.maximum(w['count'], 1), window).astype(jnp.float32)
-    for p, s in _flatten(w['sum'], sep=None).items():
-      flat[p] = s / denom.astype(s.dtype)
+    flat.update(window_average.mean(_flatten(w['sum'], sep=None), w['count'], window))
     return flax.traverse_util.unflatten_dict(flat)
 
   def eval_models(state):

@@ -33,16 +33,17 @@ def toy_algorithm():
       nope, nope, nope, server_update, lambda s: {'global': (s['params'], jnp.bool_(True))})
 
 
-def wima_config(subset='all', window=W):
+def wima_config(subset='all', window=W, buffer=0):
   c = default_config()
   c.wima.enabled = True
   c.wima.window = window
+  c.wima.buffer = buffer
   c.wima.subset = subset
   return c
 
 
-def run(subset, rounds=7):
-  alg = with_wima(toy_algorithm(), wima_config(subset))
+def run(subset, rounds=7, buffer=0):
+  alg = with_wima(toy_algorithm(), wima_config(subset, buffer=buffer))
   state = alg.server_init(jax.tree_util.tree_map(jnp.asarray, models_of_round(-1)), None)
   assert not bool(alg.eval_models(state)['wima'][1]), 'no window average before the first update'
   update = jax.jit(alg.server_update)
@@ -70,6 +71,35 @@ def test_window_average_equals_mean_of_last_w_models():
     # After round i the window holds w^{max(1, i-W+2)} .. w^{i+1} (models of rounds max(0, i-W+1)..i).
     close(params, mean_of(range(max(0, i - W + 1), i + 1)))
     close(models['global'][0], models_of_round(i))
+
+
+@pytest.mark.parametrize('traced', [False, True])
+def test_a_larger_buffer_keeps_the_window_and_a_traced_window_works(traced):
+  """wima.buffer > W (a window grid's shared capacity): the slots past W stay zero and the average is still the
+  mean of the last W models, also with W a per-run value (a float32 RunValue: what a batched program passes)."""
+  from fedjax_flat.core import runs as runs_lib
+  c = wima_config(buffer=W + 3)
+  if traced:
+    c = runs_lib.traced_config(c, {'wima.window': jnp.float32(W)})
+  alg = with_wima(toy_algorithm(), c)
+  state = alg.server_init(jax.tree_util.tree_map(jnp.asarray, models_of_round(-1)), None)
+  for i in range(8):
+    state = jax.jit(alg.server_update)(state, {}, jnp.int32(i))
+    close(alg.eval_models(state)['wima'][0], mean_of(range(max(0, i - W + 1), i + 1)))
+  buf = state['wima']['buf']['Dense_0']['kernel']
+  assert buf.shape[0] == W + 3 and not np.any(np.asarray(buf[W:]))
+  close(state['wima']['sum'], jax.tree_util.tree_map(lambda x: x * W, mean_of(range(5, 8))))
+
+
+def test_a_window_grid_shares_a_program_only_with_a_buffer():
+  from fedjax_flat.config import validate
+  from fedjax_flat.core import runs as runs_lib
+  grid = lambda buffer: [wima_config(window=w, buffer=buffer) for w in (2, 5, 10)]
+  keys = lambda cs: {runs_lib.compat_key(c) for c in cs}
+  assert len(keys(grid(10))) == 1 and all('wima.window' in runs_lib.present_value_fields(c) for c in grid(10))
+  assert len(keys(grid(0))) == 3 and all('wima.window' not in runs_lib.present_value_fields(c) for c in grid(0))
+  with pytest.raises(Exception, match='wima.buffer'):
+    validate.validate_config(wima_config(window=5, buffer=3))
 
 
 def test_first_rounds_average_all_models_so_far():

@@ -1,0 +1,158 @@
+"""Compressed uploads as a wrapper of any algorithm whose upload is a model delta: `with_compression(alg, config)`
+(the transforms, their bytes and config.upload: systems/compress.py).
+
+The wrapped client_final flattens the algorithm's upload {'weighted': {'delta'}} to one vector, adds the client's
+residual (upload.error_feedback), compresses it with a key derived from the client's key (seed, round, client),
+keeps the new residual as client state and sends the compressed delta in the algorithm's place, together with
+its relative compression error ||C(p) - p|| / ||p|| (a 'uniform' entry the wrapped server_update removes
+before the algorithm sees the aggregate). The server state gains 'compress' = {'err': the round's mean relative
+error, 'err_sum': its sum over rounds, 'rounds'} (checkpointed with it; training/evals/compress.py reports it).
+
+With error feedback the client state is {'ef': residual shaped like the params} (+ the algorithm's own under
+'inner'): the client-state store the stateful algorithms use keeps it and checkpoints it; a client that does not
+report keeps its residual. Which algorithms qualify: the same list as DP (`dp.DELTA_UPLOADS`): their upload is
+the model delta alone; control variates, duals, normalized directions or slots are refused in one line.
+Combined with DP it is refused too: a compressed (rand-k: scaled by d / k) delta is no longer within the clip.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+
+from fedjax_flat.algorithms.wrappers import dp as dp_lib
+from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.errors import ConfigError
+from fedjax_flat.systems import compress as comp
+
+KEY = 'compress'
+_KEY_TAG = 0xC0DE     # folds the compression keys out of the clients' keys (independent of their other uses)
+
+
+def enabled(config) -> bool:
+  return comp.enabled(config)
+
+
+def check(config) -> None:
+  """config.upload across sections, one ConfigError each, before anything is compiled."""
+  if not enabled(config):
+    return
+  u = config.upload
+  if config.algorithm not in dp_lib.DELTA_UPLOADS:
+    raise ConfigError('upload.compress', u.compress, f'algorithm {config.algorithm!r} uploads more than a model '
+                      f'delta (control variates, duals, slots); compressed uploads run with: '
+                      f'{list(dp_lib.DELTA_UPLOADS)}')
+  if dp_lib.enabled(config):
+    raise ConfigError('upload.compress', u.compress, 'with dp.mode on: a compressed delta is no longer within the '
+                      "clip the accountant relies on; set upload.compress='none' or dp.mode='off'")
+
+
+def _is_delta_upload(out) -> bool:
+  return (isinstance(out, dict) and set(out) == {'weighted', 'uniform'} and not out['uniform'] and
+          isinstance(out['weighted'], dict) and set(out['weighted']) == {'delta'})
+
+
+def compress_upload(kind, delta, residual, key, fraction, bits):
+  """(sent, new residual, relative error) of one client's delta tree (residual: a tree like it, or None)."""
+  v, unravel = ravel_pytree(delta)
+  v = v.astype(jnp.float32)
+  p = v if residual is None else v + ravel_pytree(residual)[0].astype(jnp.float32)
+  c = comp.compress(kind, p, key, fraction=fraction, bits=bits)
+  norm = jnp.sqrt(jnp.sum(jnp.square(p)))
+  err = jnp.where(norm > 0, jnp.sqrt(jnp.sum(jnp.square(c - p))) / jnp.where(norm > 0, norm, 1.0), 0.0)
+  new_residual = None if residual is None else unravel(p - c)
+  return unravel(c), new_residual, err
+
+
+def with_compression(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
+  u = config.upload
+  kind, fraction, bits, ef = str(u.compress), u.fraction, u.bits, bool(u.error_feedback)
+  if alg.num_phases != 1:
+    raise ConfigError('upload.compress', kind, f'{alg.name} exchanges {alg.num_phases} messages a round; '
+                      'compression wraps one')
+  inner_has_state = alg.client_state_init is not None
+
+  def server_init(params, rng):
+    inner = alg.server_init(params, rng)
+    if not isinstance(inner, dict) or KEY in inner:
+      raise TypeError(f'with_compression needs a dict server state without a {KEY!r} key, got {type(inner)}')
+    # three distinct buffers (the round program donates the state: one buffer twice is refused)
+    return {**inner, KEY: {k: jnp.zeros((), jnp.float32) for k in ('err', 'err_sum', 'rounds')}}
+
+  def _inner(state):
+    return {k: v for k, v in state.items() if k != KEY}
+
+  def broadcast(state, round_idx, phase=0):
+    return alg.broadcast(_inner(state), round_idx, phase)
+
+  client_state_init = alg.client_state_init
+  initial_client_states = alg.initial_client_states
+  if ef:
+    def client_state_init(params):
+      s = {'ef': jax.tree_util.tree_map(jnp.zeros_like, params)}
+      if inner_has_state:
+        s['inner'] = alg.client_state_init(params)
+      return s
+
+    if alg.initial_client_states is not None:
+      def initial_client_states(params):
+        inner = alg.initial_client_states(params)
+        k = jax.tree_util.tree_leaves(inner)[0].shape[0]
+        rows = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (k,) + x.shape), client_state_init(params))
+        return {**rows, 'inner': inner}
+
+  def _inner_cs(cs):
+    return cs.get('inner') if ef else cs
+
+  def client_init(bcast, client_state, rng):
+    return {'inner': alg.client_init(bcast, _inner_cs(client_state), rng),
+            'key': jax.random.fold_in(rng, _KEY_TAG)}
+
+  def client_step(bcast, local, batch, rng):
+    inner, metrics = alg.client_step(bcast, local['inner'], batch, rng)
+    return {**local, 'inner': inner}, metrics
+
+  def client_final(bcast, local, client_state):
+    out, inner_cs = alg.client_final(bcast, local['inner'], _inner_cs(client_state))
+    if not _is_delta_upload(out):
+      raise ConfigError('upload.compress', kind, f'{alg.name} uploads {jax.tree_util.tree_structure(out)}, not a '
+                        'model delta alone: it cannot be compressed')
+    delta = out['weighted']['delta']
+    residual = None
+    if ef:
+      residual = client_state['ef']
+      if jax.tree_util.tree_structure(residual) != jax.tree_util.tree_structure(delta):
+        raise ConfigError('upload.error_feedback', True, f'{alg.name} uploads a delta shaped unlike the params: '
+                          'no residual to keep; set upload.error_feedback=False')
+    sent, new_residual, err = compress_upload(kind, delta, residual, local['key'], fraction, bits)
+    if ef:
+      cs = {'ef': new_residual}
+      if inner_has_state:
+        cs['inner'] = inner_cs
+    else:
+      cs = inner_cs
+    return {'weighted': {'delta': sent}, 'uniform': {'compress_err': err}}, cs
+
+  def server_update(state, agg, round_idx, phase=0):
+    s = state[KEY]
+    err = agg['uniform']['compress_err']
+    s = {'err': err, 'err_sum': s['err_sum'] + err, 'rounds': s['rounds'] + 1.0}
+    inner_agg = {**agg, 'uniform': {}}
+    return {**alg.server_update(_inner(state), inner_agg, round_idx, phase), KEY: s}
+
+  def eval_models(state):
+    return alg.eval_models(_inner(state))
+
+  counters = None if alg.counters is None else (lambda state: alg.counters(_inner(state)))
+  personalizer = alg.personalizer
+  if personalizer is not None and ef:
+    personalizer = personalizer.__class__(personalizer.name, lambda a, st, cs: alg.personalizer.fn(
+        a, _inner(st), None if cs is None else cs.get('inner')))
+  elif personalizer is not None:
+    personalizer = personalizer.__class__(personalizer.name, lambda a, st, cs: alg.personalizer.fn(
+        a, _inner(st), cs))
+  return alg.replace(wrappers=alg.wrappers + (KEY,), server_init=server_init, broadcast=broadcast,
+                     client_init=client_init, client_step=client_step, client_final=client_final,
+                     server_update=server_update, eval_models=eval_models, counters=counters,
+                     client_state_init=client_state_init, initial_client_states=initial_client_states,
+                     personalizer=personalizer)
