@@ -6,6 +6,8 @@ updates compress (benchmarks/studies/README.flat_cost.md).
 
   .venv/bin/python -m benchmarks.studies.flat_cost --out=benchmarks/studies/flat_cost.jsonl [--seeds=0,1,2]
       [--cells='fedavg,none;fedsam,deadline'] [--uploads=fp32,topk,qsgd] [--rounds=50] [--batch_runs=6]
+  .venv/bin/python -m benchmarks.studies.flat_cost --common=benchmarks/studies/flat_cost_common.jsonl [--table]
+      (every method's client deltas from FedAvg's final models of --workdir: only the client optimizer differs)
   .venv/bin/python -m benchmarks.studies.flat_cost --out=benchmarks/studies/flat_cost.jsonl --table \
       [--figures=benchmarks/studies/flat_cost]
 
@@ -19,7 +21,8 @@ final model (the clients of round `rounds`, their deadline's steps), without cha
   topk_err@f  = ||Delta - topk_f(Delta)|| / ||Delta||, the relative error of keeping the largest f of coordinates
   qsgd_err@s  = sqrt(E ||Q_s(Delta) - Delta||^2) / ||Delta||, QSGD's unbiased stochastic rounding of |Delta_i| /
                 ||Delta|| to s levels (exact: sum_i (||Delta|| / s)^2 p_i (1 - p_i), p_i the fractional part of
-                s |Delta_i| / ||Delta||); s = 7 (3 magnitude bits and a sign)
+                s |Delta_i| / ||Delta||); s = 7 (3 magnitude bits and a sign), one norm for the whole vector (a
+                measure of the update's shape, not the bucketed transform of config.upload)
   l1_ratio    = ||Delta||_1 / (sqrt(d) ||Delta||_2) (1: every coordinate equal; small: few carry the norm)
 averaged over the round's reporting clients. A lower error at the same f / s = an update that compresses better.
 """
@@ -50,6 +53,7 @@ from fedjax_flat.training import trainers  # noqa: E402
 DEFAULT_OUT = os.path.join('runs', 'flat_cost', 'study.jsonl')
 DEFAULT_WORKDIR = os.path.join('runs', 'flat_cost', 'work')
 TOPK = (0.01, 0.1)
+DEFAULT_CELLS = tuple(c for c in fc_configs.CELLS if c.count(',') == 1)     # fp32; --uploads adds the others
 QSGD_LEVELS = 7
 
 
@@ -308,9 +312,9 @@ def figures(path, stem):
 
 
 def main():
-  ap = study_util.argument_parser('flat_cost', DEFAULT_OUT, fc_configs.CELLS, '0 = the config (50)')
-  ap.add_argument('--uploads', default='fp32', help="','-separated uploads of every cell: fp32, topk, qsgd (the "
-                  'compressed ones need config.upload)')
+  ap = study_util.argument_parser('flat_cost', DEFAULT_OUT, DEFAULT_CELLS, '0 = the config (50)')
+  ap.add_argument('--uploads', default='fp32,topk,qsgd', help="','-separated uploads of every cell: fp32, topk, qsgd "
+                  '(configs/flat_cost.py)')
   ap.add_argument('--batch_runs', type=int, default=6, help='runs per batched program (1: each run alone)')
   ap.add_argument('--workdir', default=DEFAULT_WORKDIR, help='the runs\' workdirs (checkpoints: a rerun resumes)')
   ap.add_argument('--figures', default='', help='with --table: also write <this>_<setting>_{time,mb}.png')

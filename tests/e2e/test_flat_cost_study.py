@@ -1,6 +1,6 @@
 """benchmarks/studies/flat_cost.py (issue 38's study): its compressibility measures against hand-computed values and
-a Monte Carlo of QSGD's stochastic rounding, its cells, configs/flat_cost.py's refusal of compressed uploads without
-config.upload, and (slow) a tiny study through the runs axis with its table and figures."""
+a Monte Carlo of QSGD's stochastic rounding, its cells and configs/flat_cost.py's uploads, and (slow) a tiny study
+through the runs axis with its table, figures and the common-model measures."""
 import json
 
 import numpy as np
@@ -42,11 +42,11 @@ def test_cells_and_uploads():
   assert flat_cost._parts('fedsam,none,qsgd') == ('fedsam', 'none', 'qsgd')
   c = fc_configs.get_config('sam_every,deadline')
   assert (c.client.optimizer, c.client.sam_every, c.data.alpha, c.system.deadline_s) == ('sam_every', 2, 0.0, 8.0)
-  if 'upload' not in c:      # before issue 38 part 1: one line naming the missing section
-    with pytest.raises(families.ConfigStringError, match='config.upload'):
-      fc_configs.get_config('fedsam,none,topk')
-  else:
-    assert fc_configs.get_config('fedsam,none,topk').upload.compress == 'topk'
+  u = fc_configs.get_config('fedsam,none,topk').upload
+  assert (u.compress, u.fraction, u.error_feedback) == ('topk', 0.1, True)
+  assert c.upload.compress == 'none' and fc_configs.get_config('looksam,qsgd').upload.bits == 4
+  with pytest.raises(families.ConfigStringError):
+    fc_configs.get_config('fedsam,zip')
 
 
 @pytest.mark.slow    # 3 runs of 2 rounds in two runs programs, Hessians, the common-model measures (~3 min, busy cores)
