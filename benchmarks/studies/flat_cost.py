@@ -136,7 +136,9 @@ def record(cell, seed, t, summary, wall) -> dict:
           'local_steps_per_round': float(np.mean(steps)),
           'curve': [(r['round'], r['virtual_time_s'], r['bytes_up'] + r['bytes_down'], r['test_accuracy'])
                     for r in t.records],
-          'lambda_max': study_util.lambda_max(t, params), **update_stats(t)}
+          'lambda_max': study_util.lambda_max(t, params),
+          # the raw deltas' shape: measured on float32 uploads (a compressed run's deltas are those it sends)
+          **(update_stats(t) if t.config.upload.compress == 'none' else {})}
 
 
 def run_study(out, cells, seeds, rounds, workdir, batch_runs):

@@ -49,31 +49,34 @@ def test_cells_and_uploads():
     fc_configs.get_config('fedsam,zip')
 
 
-@pytest.mark.slow    # 3 runs of 2 rounds in two runs programs, Hessians, the common-model measures (~3 min, busy cores)
+@pytest.mark.slow    # 4 runs of 2 rounds in 3 runs programs, Hessians, the common-model measures (~4 min, busy cores)
 def test_a_tiny_study_packs_its_runs_and_writes_its_table(tmp_path, capsys):
   out = str(tmp_path / 's.jsonl')
-  flat_cost.run_study(out, flat_cost.cells_for('fedavg,none;fedavg,deadline;looksam,none', 'fp32'), '0', 2,
-                      str(tmp_path / 'w'), 4)
+  flat_cost.run_study(out, flat_cost.cells_for('fedavg,none;fedavg,deadline;looksam,none', 'fp32') +
+                      ['fedavg,none,topk'], '0', 2, str(tmp_path / 'w'), 4)
   recs = [json.loads(line) for line in open(out)]
-  assert sorted(r['cell'] for r in recs) == ['fedavg,deadline', 'fedavg,none', 'looksam,none']
+  assert sorted(r['cell'] for r in recs) == ['fedavg,deadline', 'fedavg,none', 'fedavg,none,topk', 'looksam,none']
   lanes = {r['cell']: r['lanes'] for r in recs}
   assert lanes['fedavg,none'] == lanes['fedavg,deadline'] > 0, 'the two clock settings share one program'
+  by_cell = {r['cell']: r for r in recs}
+  top = by_cell.pop('fedavg,none,topk')       # 10 % of the values + a bitmap, on the clock too
+  assert top['bytes_up'] < 0.2 * by_cell['fedavg,none']['bytes_up'] and 'topk_err@0.1' not in top
+  recs = list(by_cell.values())
   for r in recs:
     assert 0 < r['topk_err@0.1'] < r['topk_err@0.01'] < 1 and r['lambda_max'] > 0
     assert r['curve'][-1][1] == pytest.approx(r['virtual_time_s'])
     assert r['curve'][-1][2] == pytest.approx(r['bytes_up'] + r['bytes_down'])
   text = flat_cost.table(out)
-  assert text.count('\n| ') == 4      # the header and 3 rows
+  assert text.count('\n| ') == 5      # the header and 4 rows
   written = flat_cost.figures(out, str(tmp_path / 'fig'))
   assert len(written) == 4
   flat_cost.run_study(out, ['fedavg,none'], '0', 2, str(tmp_path / 'w'), 4)     # done: skipped
-  assert len(open(out).readlines()) == 3
+  assert len(open(out).readlines()) == 4
   # every method's deltas from FedAvg's final model: FedAvg's own measurement is the study's, bit for bit
   common = str(tmp_path / 'c.jsonl')
   flat_cost.common_study(common, '0', str(tmp_path / 'w'))
   got = {r['cell']: r for r in map(json.loads, open(common))}
   assert sorted(got) == sorted(f'{m},{s}' for m in fc_configs.METHODS for s in fc_configs.SETTINGS)
-  by_cell = {r['cell']: r for r in recs}
   for cell in ('fedavg,none', 'fedavg,deadline'):
     assert {k: got[cell][k] for k in ('topk_err@0.1', 'qsgd_err@7', 'delta_norm')} == {
         k: by_cell[cell][k] for k in ('topk_err@0.1', 'qsgd_err@7', 'delta_norm')}
