@@ -294,7 +294,8 @@ def figures(path, stem):
           n = min(len(r['curve']) for r in rs)
           x = np.mean([[p[axis] for p in r['curve'][:n]] for r in rs], axis=0) * scale
           y = np.mean([[p[3] for p in r['curve'][:n]] for r in rs], axis=0) * 100
-          ax.plot(x, y, ls=ls, marker='.', label=method if upload == 'fp32' else f'{method} {upload}')
+          ax.plot(x, y, ls=ls, marker='.', color=f'C{fc_configs.METHODS.index(method)}',    # a method's colour
+                  label=method if upload == 'fp32' else f'{method} {upload}')
           drawn = True
       if not drawn:
         plt.close(fig)
