@@ -1,5 +1,5 @@
 r"""The cost of flatness on the digits (issue 38's study): FedAvg, FedSAM, FedASAM and the cheaper sharpness-aware
-clients (SAM every 2nd step, LookSAM) on a virtual clock, without and with heterogeneous devices, with full or
+clients (SAM every 2nd step, LookSAM, K-SAM's subset ascent) on a virtual clock, without and with heterogeneous devices, with full or
 compressed uploads.
 
   .venv/bin/python experiments/train.py --workdir=runs/fc_looksam --config=configs/flat_cost.py:looksam,deadline
@@ -7,14 +7,15 @@ compressed uploads.
 
 Grammar (comma-separated; default fedavg,none,fp32):
   fedavg | fedsam (SAM rho 0.05) | fedasam (ASAM rho 0.7, eta 0.2) | sam_every (SAM rho 0.05 on every 2nd local
-  step: 1.5 passes a step) | looksam (LookSAM rho 0.05, k 5, alpha 0.7: 1.2 passes a step);
+  step: 1.5 passes a step) | looksam (LookSAM rho 0.05, k 5, alpha 0.7: 1.2 passes a step) | ksam (SAM rho 0.05
+  with the ascent on the highest-loss half of the batch, K-SAM's rule: 1.5 passes a step);
   none (every device at the median speed: the clock without heterogeneity) |
   deadline (log-normal speeds, sigma 1, and a deadline of 8 s: each client runs the local steps that fit);
   fp32 (full float32 uploads) | topk (top-10 % sparsified uploads with error feedback: 10 % of the values + a
   bitmap, 13 % of the float32 bytes) | qsgd (QSGD, 4 bits a level + a sign, buckets of 512: 16 % of the bytes)
   (config.upload, systems/compress.py);
   rounds=<int> (0, the default: 50)
-CELLS: the five methods x none, deadline x fp32, topk, qsgd.
+CELLS: the six methods x none, deadline x fp32, topk, qsgd.
 
 The setting: configs/system.py's clock (median 20 examples/s, 10 Mbps down, 1 Mbps up; the 306 KB float32 model
 takes 0.24 s down and 2.45 s up) on the quickstart (20 clients, 5 a round, digits_cnn of 76,522 params, client lr
@@ -29,7 +30,7 @@ from fedjax_flat.config import families as config_strings
 HERE = os.path.dirname(os.path.abspath(__file__))   # the twins: configs/quickstart.py, configs/system.py
 
 FAMILY = 'configs/flat_cost.py'
-METHODS = ('fedavg', 'fedsam', 'fedasam', 'sam_every', 'looksam')
+METHODS = ('fedavg', 'fedsam', 'fedasam', 'sam_every', 'looksam', 'ksam')
 SETTINGS = ('none', 'deadline')
 UPLOADS = ('fp32', 'topk', 'qsgd')
 FIELDS = {
@@ -42,7 +43,8 @@ CELLS = [f'{m},{s}' + ('' if u == 'fp32' else f',{u}') for u in UPLOADS for s in
 CLIENT = {'fedsam': {'optimizer': 'sam', 'rho': 0.05},
           'fedasam': {'optimizer': 'asam', 'rho': 0.7, 'asam_eta': 0.2},
           'sam_every': {'optimizer': 'sam_every', 'rho': 0.05, 'sam_every': 2},
-          'looksam': {'optimizer': 'looksam', 'rho': 0.05, 'looksam_k': 5, 'looksam_alpha': 0.7}}
+          'looksam': {'optimizer': 'looksam', 'rho': 0.05, 'looksam_k': 5, 'looksam_alpha': 0.7},
+          'ksam': {'optimizer': 'ksam', 'rho': 0.05, 'ascent_fraction': 0.5}}
 # Issue 38 part 1's config.upload: top-k keeps 10 % of the coordinates, QSGD sends 4 bits a level (+ a sign).
 UPLOAD = {'topk': {'compress': 'topk', 'fraction': 0.1, 'error_feedback': True},
           'qsgd': {'compress': 'qsgd', 'bits': 4}}

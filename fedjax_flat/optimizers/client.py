@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from fedjax_flat.errors import ConfigError
@@ -112,9 +113,10 @@ SECTION = Section('client', (
     Field('rho_warmup_rounds', Int(0, lo=0), 'T_s of the rho warm-up; 0 = none'),
     Field('asam_eta', Num(0.0, lo=0), 'ASAM eta', {VALUE}),
     Field('sam_every', Int(2, lo=1), "k of client.optimizer='sam_every': SAM's two passes on one step in k",
-          when=_opt('sam_every')),
-    Field('looksam_k', Int(5, lo=1), "k of client.optimizer='looksam' (Liu et al. 2022: 5)", when=_opt('looksam')),
-    Field('looksam_alpha', Num(0.7, lo=0), "alpha of client.optimizer='looksam' (Liu et al. 2022: 0.7)",
+          {VALUE}, when=_opt('sam_every')),
+    Field('looksam_k', Int(5, lo=1), "k of client.optimizer='looksam' (Liu et al. 2022: 5)", {VALUE},
+          when=_opt('looksam')),
+    Field('looksam_alpha', Num(0.7, lo=0), "alpha of client.optimizer='looksam' (Liu et al. 2022: 0.7)", {VALUE},
           when=_opt('looksam')),
     Field('ascent_fraction', Num(0.5, lo=0, hi=1, lo_open=True),
           "client.optimizer='ksam': the share of the batch's valid examples (highest loss first) the ascent uses",
@@ -182,6 +184,12 @@ def gradient_passes(client_cfg) -> float:
   return {'sgd': SGD_PASSES, 'sam': sam_lib.PASSES, 'asam': asam_lib.PASSES}[kind]
 
 
+def _step_period(k):
+  """An every-k-steps period as the optimizers compare it with their step counter: a Python int, or in a batched
+  program the run's traced value (core/runs.RunValue, a float32 whose arithmetic is traced) as an int32."""
+  return int(k) if isinstance(k, (int, float)) else jnp.round(k * 1.0).astype(jnp.int32)
+
+
 def client_optimizer(client_cfg) -> optax.GradientTransformationExtraArgs:
   """client_cfg: the config's `client` section. update(..., hparams={'lr', 'rho'}, grad_fn=, correction=)."""
   parts = []
@@ -192,10 +200,10 @@ def client_optimizer(client_cfg) -> optax.GradientTransformationExtraArgs:
     eta = client_cfg.asam_eta
     parts.append(_per_update(lambda hp: asam(hp['rho'], eta), 'asam'))
   elif kind == 'sam_every':
-    k = client_cfg.sam_every
+    k = _step_period(client_cfg.sam_every)
     parts.append(_per_update(lambda hp: sam_every(hp['rho'], k), 'sam_every'))
   elif kind == 'looksam':
-    k, alpha = client_cfg.looksam_k, client_cfg.looksam_alpha
+    k, alpha = _step_period(client_cfg.looksam_k), client_cfg.looksam_alpha
     parts.append(_per_update(lambda hp: looksam(hp['rho'], k, alpha), 'looksam'))
   elif kind == 'ksam':
     fraction = client_cfg.ascent_fraction

@@ -47,7 +47,7 @@ def _vdot(a, b) -> jax.Array:
 def looksam(rho: ScalarOrSchedule, k: int, alpha: float, *, eps: float = 1e-12
             ) -> optax.GradientTransformationExtraArgs:
   """LookSAM: the SAM gradient every k steps, the plain gradient plus alpha ||g|| / ||g_v|| g_v in between."""
-  if int(k) != k or k < 1:
+  if isinstance(k, (int, float)) and (int(k) != k or k < 1):    # else a batched program's traced int32 k
     raise ValueError(f'looksam: k={k!r} must be an integer >= 1')
   inner = sam(rho, eps=eps)
 

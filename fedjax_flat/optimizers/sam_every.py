@@ -25,7 +25,7 @@ def passes(k: int) -> float:
 
 def sam_every(rho: ScalarOrSchedule, k: int, *, eps: float = 1e-12) -> optax.GradientTransformationExtraArgs:
   """SAM on steps 0, k, 2k, ... (counted in `update` calls); the plain gradient on the others. k=1 is `sam`."""
-  if int(k) != k or k < 1:
+  if isinstance(k, (int, float)) and (int(k) != k or k < 1):    # else a batched program's traced int32 k
     raise ValueError(f'sam_every: k={k!r} must be an integer >= 1')
   inner = sam(rho, eps=eps)
 

@@ -51,7 +51,8 @@ def test_kind_tables_follow_the_tags():
   assert checkpoint.SAME_RESULT_FIELDS == ('engine.rounds_per_call', 'engine.device_data', 'engine.device_data_max_mb')
   assert set(WHOLE_SECTIONS) == {'data', 'model_kwargs', 'algo', 'published', 'grouping.probe_model_kwargs'}
   assert set(runs.VALUE_FIELDS) == {'client.lr', 'client.rho', 'client.rho0', 'client.momentum',
-                                    'client.weight_decay', 'client.asam_eta', 'client.ascent_fraction', 'server.lr',
+                                    'client.weight_decay', 'client.asam_eta', 'client.sam_every', 'client.looksam_k',
+                                    'client.looksam_alpha', 'client.ascent_fraction', 'server.lr',
                                     'server.momentum',
                                     'swa.lr1', 'swa.lr2', 'wima.window', 'dp.clip', 'dp.noise_multiplier',
                                     'dp.target_epsilon', 'upload.fraction', 'upload.bits'}

@@ -31,6 +31,9 @@ CASES = {
     'fedsam': {'client.optimizer': 'sam', 'client.rho': 0.05},
     'scaffold': {'algorithm': 'scaffold'},
     'swa': {'swa.enabled': True, 'swa.start_fraction': 0.3, 'swa.cycle': 2, 'swa.lr1': 0.1, 'swa.lr2': 0.01},
+    # cheaper SAM clients: the every-k period and LookSAM's alpha per run
+    'looksam': {'client.optimizer': 'looksam', 'client.rho': 0.05},
+    'sam_every': {'client.optimizer': 'sam_every', 'client.rho': 0.05},
     # a WiMA window grid in one program: the window per run, the buffer the largest window
     'wima': {'wima.enabled': True, 'wima.buffer': 4},
     # builders that once froze a per-run value with float(): FedNova's momentum, Mime's weight decay
@@ -54,6 +57,9 @@ EXTRA = {'fedsam': [{'client.rho': 0.02}, {'client.rho': 0.05}, {'client.rho': 0
          'swa': [{'swa.lr1': 0.1, 'swa.lr2': 0.01}, {'swa.lr1': 0.2, 'swa.lr2': 0.02}, {'swa.lr1': 0.05,
                                                                                         'swa.lr2': 0.001}],
          'wima': [{'wima.window': 2}, {'wima.window': 3}, {'wima.window': 4}],
+         'looksam': [{'client.looksam_k': 1, 'client.looksam_alpha': 0.5}, {'client.looksam_k': 2,
+                      'client.looksam_alpha': 0.7}, {'client.looksam_k': 3, 'client.looksam_alpha': 0.0}],
+         'sam_every': [{'client.sam_every': 1}, {'client.sam_every': 2}, {'client.sam_every': 3}],
          'mime': [{'client.momentum': 0.0}] * 3,     # Mime's base-optimizer momentum is algo.beta
          'dp': [{'dp.clip': 0.1, 'dp.noise_multiplier': 0.1}, {'dp.clip': 0.3, 'dp.noise_multiplier': 0.2},
                 {'dp.clip': 1.0, 'dp.noise_multiplier': 0.0}],
