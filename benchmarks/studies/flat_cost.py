@@ -300,16 +300,9 @@ def figures(path, stem):
       if not drawn:
         plt.close(fig)
         continue
-      if setting in fixed:
-        ax.axvline(fixed[setting] * scale, color='grey', ls=':', lw=1)
-      ax.set_xlabel('virtual time (h)' if axis == 1 else 'MB sent (up + down)')
-      ax.set_ylabel('test accuracy (%)')
-      ax.set_title(f'setting: {setting}')
-      ax.grid(alpha=0.3)
-      ax.legend(fontsize=6)
-      fig.tight_layout()
-      written.append(f'{stem}_{setting}_{what}.png')
-      fig.savefig(written[-1], dpi=120)
+      written.append(study_util.save_accuracy_figure(
+          fig, ax, f'{stem}_{setting}_{what}.png', xlabel='virtual time (h)' if axis == 1 else 'MB sent (up + down)',
+          title=f'setting: {setting}', mark=fixed[setting] * scale if setting in fixed else None, legend_size=6))
       plt.close(fig)
   return written
 

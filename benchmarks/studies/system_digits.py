@@ -106,16 +106,9 @@ def figures(path, stem):
       x = np.mean([[v for _, v, _ in r['curve'][:n]] for r in rs], axis=0) / 3600
       y = np.mean([[a for _, _, a in r['curve'][:n]] for r in rs], axis=0) * 100
       ax.plot(x, y, marker='.', label=method)
-    if setting in fixed:
-      ax.axvline(fixed[setting] / 3600, color='grey', ls=':', lw=1)
-    ax.set_xlabel('virtual time (h)')
-    ax.set_ylabel('test accuracy (%)')
-    ax.set_title(f'setting: {setting}')
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    written.append(f'{stem}_{setting}.png')
-    fig.savefig(written[-1], dpi=120)
+    written.append(study_util.save_accuracy_figure(
+        fig, ax, f'{stem}_{setting}.png', xlabel='virtual time (h)', title=f'setting: {setting}',
+        mark=fixed[setting] / 3600 if setting in fixed else None))
     plt.close(fig)
   return written
 
