@@ -1,6 +1,6 @@
 r"""The cost of flatness on the digits (issue 38's study): FedAvg, FedSAM, FedASAM and the cheaper sharpness-aware
-clients (SAM every 2nd step, LookSAM, K-SAM's subset ascent) on a virtual clock, without and with heterogeneous devices, with full or
-compressed uploads.
+clients (SAM every 2nd step, LookSAM, K-SAM's subset ascent) on a virtual clock, without and with heterogeneous
+devices, with full or compressed uploads.
 
   .venv/bin/python experiments/train.py --workdir=runs/fc_looksam --config=configs/flat_cost.py:looksam,deadline
   .venv/bin/python -m benchmarks.studies.flat_cost     # every cell x 3 seeds -> README.flat_cost.md
