@@ -117,18 +117,18 @@ def variants(model: str, a) -> tuple:
   tx, ty = data.test_examples()
   n = len(ty)
   b = ev_lib.fixed_batch_size(c.eval_batch_size)
-  before = ev_lib.LegacyEvaluator(t.model, tx, ty, b, preprocess=t.eval_transform, task=t.task)
-  same = ev_lib.Evaluator(t.model, tx, ty, b, preprocess=t.eval_transform, task=t.task)
-  auto = ev_lib.Evaluator(t.model, tx, ty, 'auto', preprocess=t.eval_transform, task=t.task)
-  one = (ev_lib.Evaluator(t.model, tx, ty, 'auto', preprocess=t.eval_transform, task=t.task,
+  before = ev_lib.LegacyEvaluator(t.model, tx, ty, b, preprocess=t.plan.eval_transform, task=t.task)
+  same = ev_lib.Evaluator(t.model, tx, ty, b, preprocess=t.plan.eval_transform, task=t.task)
+  auto = ev_lib.Evaluator(t.model, tx, ty, 'auto', preprocess=t.plan.eval_transform, task=t.task)
+  one = (ev_lib.Evaluator(t.model, tx, ty, 'auto', preprocess=t.plan.eval_transform, task=t.task,
                          devices=jax.local_devices()[:1]) if jax.local_device_count() > 1 else None)
   g = models['global']
   tm = time.perf_counter()
   auto(g)                      # the measurement (once per run) and the chosen program's compilation
   facts = {'eval_batch_size': b, 'auto_choice': auto.batch_choice, 'auto_setup_s': time.perf_counter() - tm,
            'devices_eval': int(same.mesh.devices.size), 'devices_train': jax.device_count(),
-           'train_examples_per_round': per_round, 'test_images': n, 'strategy': t.strategy,
-           'rounds_per_call': t.rounds_per_call}
+           'train_examples_per_round': per_round, 'test_images': n, 'strategy': t.plan.strategy,
+           'rounds_per_call': t.plan.rounds_per_call}
   if one is not None:
     one(g)
     facts['auto_1dev_choice'] = one.batch_choice
