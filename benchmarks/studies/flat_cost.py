@@ -228,12 +228,6 @@ def _parts(cell):
   return m, s, (u[0] if u else 'fp32')
 
 
-def value_at(curve, x, axis):
-  """The accuracy of the last evaluation with its virtual time (axis 1) or bytes (axis 2) <= x (None: none yet)."""
-  pts = [p[3] for p in curve if p[axis] <= x * (1 + 1e-12)]
-  return pts[-1] if pts else None
-
-
 def fixed_points(recs):
   """Per setting: the earliest final virtual time and the fewest final bytes of its runs (all reach them)."""
   t, b = {}, {}
@@ -260,8 +254,10 @@ def table(path):
         if not rs:
           continue
         t, b = t_fix[setting], b_fix[setting]
-        out.append(f'| {setting} | {method} | {upload} | {_fmt([value_at(r["curve"], t, 1) for r in rs], 100)} | '
-                   f'{t / 3600:.3f} | {_fmt([value_at(r["curve"], b, 2) for r in rs], 100)} | {b / 1e6:.1f} | '
+        at_t = [study_util.accuracy_at(r['curve'], t, 1) for r in rs]
+        at_b = [study_util.accuracy_at(r['curve'], b, 2) for r in rs]
+        out.append(f'| {setting} | {method} | {upload} | {_fmt(at_t, 100)} | '
+                   f'{t / 3600:.3f} | {_fmt(at_b, 100)} | {b / 1e6:.1f} | '
                    f'{_fmt([r["final_test_accuracy"] for r in rs], 100)} | '
                    f'{_fmt([r["virtual_time_s"] for r in rs], 1 / 3600, 3)} | '
                    f'{_fmt([r["bytes_up"] + r["bytes_down"] for r in rs], 1e-6, 1)} | '

@@ -96,6 +96,13 @@ def lambda_max(t, params) -> float:
   return float(np.asarray(pairs.eigenvalues)[0])
 
 
+def accuracy_at(curve, x, axis: int = 1):
+  """The accuracy (each point's last entry) of a run's last evaluation whose coordinate `axis` (virtual time,
+  bytes, ...) is <= x (None: none yet). The studies' curves are lists of (round, ..., accuracy)."""
+  pts = [p[-1] for p in curve if p[axis] <= x * (1 + 1e-12)]
+  return pts[-1] if pts else None
+
+
 def save_accuracy_figure(fig, ax, path: str, *, xlabel: str, title: str, mark=None, legend_size: int = 7) -> str:
   """The studies' accuracy curves end alike: a dotted grey line at the fixed point they compare at (`mark`), the
   axis labels, a grid and a legend; saved at 120 dpi. Returns path (the caller closes the figure)."""

@@ -48,12 +48,6 @@ def run_one(cell, seed, rounds):
           'lambda_max': study_util.lambda_max(t, params)}
 
 
-def accuracy_at(curve, t_s):
-  """The accuracy of the last evaluation at or before virtual time t_s (None: none yet)."""
-  pts = [a for _, v, a in curve if v <= t_s * (1 + 1e-12)]
-  return pts[-1] if pts else None
-
-
 def fixed_times(recs):
   """Per setting: the earliest final virtual time of its runs."""
   out = {}
@@ -76,7 +70,7 @@ def table(path):
       if not rs:
         continue
       t = fixed[setting]
-      out.append(f'| {setting} | {method} | {_fmt([accuracy_at(r["curve"], t) for r in rs], 100)} | '
+      out.append(f'| {setting} | {method} | {_fmt([study_util.accuracy_at(r["curve"], t) for r in rs], 100)} | '
                  f'{t / 3600:.2f} | {_fmt([r["final_test_accuracy"] for r in rs], 100)} | '
                  f'{_fmt([r["mean_last_k"] for r in rs], 100)} | '
                  f'{_fmt([r["virtual_time_s"] for r in rs], 1 / 3600)} | '
