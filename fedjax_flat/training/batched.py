@@ -228,20 +228,25 @@ class BatchedTrainer:
   def _preflight(self):
     """Traces the program once before anything compiles or trains: an algorithm whose builder
     would freeze a per-run value (core/runs.RunValueError: float() of a traced lr) or that needs what a batched
-    program does not give it (a ConfigError of its builder) is refused in one line (`BatchRefused`)."""
+    program does not give it (a ConfigError of its builder) is refused in one line (`BatchRefused`). The trace is
+    kept for `compile` (with the placed arguments it compiles from): tracing a SAM runs program takes seconds, and
+    a second trace for the lowering cost a sweep that much per program structure."""
+    self._traced = None
+    if self.program_key in _COMPILED:      # traced, checked and compiled before in this process
+      return
     try:
-      jax.eval_shape(self.fn, *self._args(0, 1, *self._initial(place=False)))
+      self._traced = self.fn.trace(*self._args(0, 1, *self._initial()))
     except (runs_lib.RunValueError, errors.ConfigError) as e:
       t0 = self.trainers[0]
       raise BatchRefused(f'{t0.algorithm.label} cannot run in a batched program: '
                          f'{str(e).splitlines()[0]}; run it alone (--batch_runs=1)') from None
 
-  def _initial(self, place: bool = True):
+  def _initial(self):
     """The lanes' stacked server states and client stores, as the first block reads them."""
     lanes = self._lane_runs()
-    put = (lambda tree: runs_lib.place(tree, self.mesh)) if place else (lambda tree: tree)
-    states = put(runs_lib.stack([self.trainers[i].server_state for i in lanes]))
-    stores = put(runs_lib.stack([self.trainers[i].store.arrays for i in lanes])) if self.has_store else None
+    states = runs_lib.place(runs_lib.stack([self.trainers[i].server_state for i in lanes]), self.mesh)
+    stores = (runs_lib.place(runs_lib.stack([self.trainers[i].store.arrays for i in lanes]), self.mesh)
+              if self.has_store else None)
     return states, stores
 
   def _args(self, r: int, n: int, states, stores, limits=None):
@@ -273,7 +278,9 @@ class BatchedTrainer:
     if self.compiled is None:
       t = time.time()
       if self.program_key not in _COMPILED:
-        _COMPILED[self.program_key] = self.fn.lower(*self._args(0, 1, *self._initial())).compile()
+        traced = self._traced or self.fn.trace(*self._args(0, 1, *self._initial()))
+        _COMPILED[self.program_key] = traced.lower().compile()
+      self._traced = None
       self.compiled = _COMPILED[self.program_key]
       self.compile_s = time.time() - t
     return self.compile_s
