@@ -7,6 +7,8 @@ One invocation, three parts (each a set of fresh processes timed from spawn to e
                ours       experiments/train.py --config=configs/pfl_cifar10.py, a fresh compilation cache (the
                           first run of a config: compilation included), the config's evaluation batch (1000)
                ours_auto  the same with eval_batch_size='auto' (measured once per run: evaluation/evaluator.py)
+               ours_noeval  the same evaluating only at the end (not the protocol: its b is the training rounds
+                          alone, the bound on any stack's ratio if its evaluations were free)
                torch      benchmarks/speed/peers/torch_peer.py --whole_run (the reference pattern: sequential
                           users; evaluation in eval mode under no_grad, batches of 1000)
                torch_1t   the same with one torch thread (x torch: against the faster torch row)
@@ -24,17 +26,21 @@ One invocation, three parts (each a set of fresh processes timed from spawn to e
                torch      the reference pattern: one torch process per run, one after another (the FedSAM
                           reference code's way: a `main.py` per run), same clients, rounds and evaluations;
                           torch_1t the same with one torch thread ("x torch" is against the faster)
-             Both sweeps start from an empty compilation cache of their own.
+             Both sweeps start from an empty compilation cache of their own; with --table_warm (default) both
+             run again (batched_warm, parallel2_warm) with the cache their first run filled: a second table
+             run, and the bound on the cold ratio once compilation is paid.
   (c) again  the same train.py run twice with one cache directory (configs/pfl_cifar10.py, 3 rounds; and the
              quickstart): when round 1 starts in the first and in the second invocation
-             (benchmarks/speed/compile_cache.run_once), and the CPU seconds spent before it.
+             (benchmarks/speed/compile_cache.run_once), and the CPU seconds spent before it; the floor is a
+             process that only starts the interpreter, the host devices and a run's imports (FLOOR_CODE):
+             first / floor is the most a second invocation could gain.
 
 Targets (issue 39): (a) >= 1.5x torch's whole run and >= 3x FedJAX's; (b) >= 3x the one-process-per-run
 reference pattern and >= 2.5x --parallel=2; (c) the second invocation's round 1 starts >= 5x sooner.
 
   .venv/bin/python -m benchmarks.speed.end_to_end [--parts=pfl,table,again] [--pfl_rounds=10,30]
-      [--table_rounds=100] [--stacks=ours,ours_auto,torch,torch_1t,fedjax] [--out=benchmarks/speed/end_to_end_cpu]
-      [--smoke]
+      [--table_rounds=100] [--stacks=ours,ours_auto,ours_noeval,torch,torch_1t,fedjax]
+      [--out=benchmarks/speed/end_to_end_cpu] [--smoke]
 
 --smoke: tiny sizes (2 users' worth of rounds, 2 table rounds, one cell): a check of the script, not a
 measurement. Writes OUT.json and OUT.md with the machine record (CPU, GEMM rate, uptime before and after).
@@ -45,6 +51,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -122,7 +129,7 @@ def pfl_part(a, root) -> dict:
   for k in ks:                      # interleaved: every stack at K1, then every stack at K2
     for s in stacks:
       print(f'(a) {s}: {k} rounds ... ({bench_util.uptime()})', flush=True)
-      if s in ('ours', 'ours_auto'):
+      if s in ('ours', 'ours_auto', 'ours_noeval'):
         wd = os.path.join(root, f'pfl_{s}_{k}')
         argv = [PY, os.path.join(REPO, 'experiments', 'train.py'), f'--config={pfl_cifar10.CONFIG}',
                 f'--config.data.data_dir={cifar}', f'--config.rounds={k}', f'--workdir={wd}', '--fresh']
@@ -131,6 +138,8 @@ def pfl_part(a, root) -> dict:
                    '--config.clients_per_round=4']
         if s == 'ours_auto':
           argv.append('--config.eval_batch_size=auto')
+        if s == 'ours_noeval':      # one evaluation, at the end: b is the training rounds alone (a bound, not a run)
+          argv.append(f'--config.eval_every={k}')
         cache = os.path.join(root, f'cache_pfl_{s}_{k}')      # empty: the first run of the config
         wall, rc, rss, err = runs_axis._run(argv, _clean_env(cache))   # pylint: disable=protected-access
         if rc != 0:
@@ -206,6 +215,9 @@ def table_part(a, root) -> dict:
   if 'torch' not in bench_util.available_peers() and len(kinds) > 2:
     print('(b) torch: no torch here (bash benchmarks/speed/peers/make_torch_venv.sh); left out', flush=True)
     kinds = kinds[:2]
+  # The same two sweeps again, each with the cache its first invocation filled: what a second table run waits
+  # for, and the bound on the cold ratio (compilation is what the runs axis does not multiply away).
+  kinds += ['batched_warm', 'parallel2_warm'] if a.table_warm else []
   for mode in kinds:
     print(f'(b) {mode}: the table at {rounds} rounds ... ({bench_util.uptime()})', flush=True)
     load0 = bench_util.uptime()
@@ -214,8 +226,8 @@ def table_part(a, root) -> dict:
       rec.update(sweep_s=rec['wall_s'], report_s=0.0)
     else:
       d = os.path.join(root, f'table_{mode}')
-      flag = ['--batch_runs=auto'] if mode == 'batched' else ['--parallel=2']
-      env = _clean_env(os.path.join(root, f'cache_table_{mode}'))
+      flag = ['--batch_runs=auto'] if mode.startswith('batched') else ['--parallel=2']
+      env = _clean_env(os.path.join(root, f"cache_table_{mode.split('_')[0]}"))
       w1, rc1, rss, err = runs_axis._run([PY, 'experiments/sweep.py', f'--sweep={TABLE_SWEEP}:cells={cells},'
                                           f'rounds={rounds}', f'--sweep_dir={d}', *flag], env)
       w2, rc2, _, err2 = runs_axis._run([PY, 'experiments/report.py', f'--sweep_dir={d}', f'--out_dir={d}/report'],
@@ -229,13 +241,29 @@ def table_part(a, root) -> dict:
     modes[mode] = rec
     print(f"    {mode}: {rec['wall_s']:.1f} s for {rec['runs']} runs", flush=True)
   torch_s = min((modes[t]['wall_s'] for t in ('torch', 'torch_1t') if t in modes), default=float('nan'))
-  for m in modes.values():
+  for name, m in modes.items():
     m['x_torch'] = torch_s / m['wall_s']
-    m['x_parallel2'] = modes['parallel2']['wall_s'] / m['wall_s']
+    m['x_parallel2'] = modes['parallel2' + ('_warm' if name.endswith('_warm') else '')]['wall_s'] / m['wall_s']
   return {'rounds': rounds, 'cells': cells, 'seeds': [0, 1, 2], 'modes': modes}
 
 
 # ----------------------------------------------------------------------------------------------- (c) again
+
+# What no second invocation of train.py can skip: the interpreter, the host devices and the imports a run makes
+# before its first round (the packages and this one). Round 1 cannot start sooner than this in a fresh process.
+FLOOR_CODE = ('from fedjax_flat import devices; devices.configure_or_exit([]); import jax; jax.devices(); '
+              'import fedjax_flat.config.algo_flags, fedjax_flat.training.cli, fedjax_flat.training.api, '
+              'fedjax_flat.training.run, fedjax_flat.training.loop')
+
+
+def import_floor(env, repeats: int = 3) -> float:
+  walls = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    subprocess.run([PY, '-c', FLOOR_CODE], cwd=REPO, env=env, check=True)
+    walls.append(time.perf_counter() - t)
+  return min(walls)
+
 
 def again_part(a, root) -> dict:
   out = {}
@@ -254,7 +282,9 @@ def again_part(a, root) -> dict:
       shutil.rmtree(wd, ignore_errors=True)
       recs[kind] = {k: r[k] for k in ('round1_starts_s', 'cpu_round1_starts_s', 'round_s', 'total_s')}
       recs[kind]['metrics'] = r['metrics']
+    floor = import_floor(env)
     out[name] = {**recs, 'starts_sooner_x': recs['first']['round1_starts_s'] / recs['second']['round1_starts_s'],
+                 'floor_s': floor, 'floor_x': recs['first']['round1_starts_s'] / floor,
                  'cpu_before_round1_x': recs['first']['cpu_round1_starts_s'] / recs['second']['cpu_round1_starts_s'],
                  'metrics_identical': recs['first']['metrics'] == recs['second']['metrics']}
     for kind in recs:
@@ -300,13 +330,16 @@ def markdown(res) -> str:
   if 'again' in res:
     lines += ['## (c) the same run invoked twice (one compilation cache)', '',
               '| config | round 1 starts: first / second (s) | sooner | CPU s before round 1: first / second | '
-              'metrics identical |', '|---|---|---:|---|---|']
+              'floor: interpreter + imports (s) | first / floor | metrics identical |',
+              '|---|---|---:|---|---:|---:|---|']
     for name, v in res['again'].items():
       lines.append(f"| {name} | {v['first']['round1_starts_s']:.2f} / {v['second']['round1_starts_s']:.2f} | "
                    f"{v['starts_sooner_x']:.2f}x | {v['first']['cpu_round1_starts_s']:.2f} / "
                    f"{v['second']['cpu_round1_starts_s']:.2f} ({v['cpu_before_round1_x']:.2f}x) | "
+                   f"{v.get('floor_s', float('nan')):.2f} | {v.get('floor_x', float('nan')):.2f}x | "
                    f"{v['metrics_identical']} |")
-    lines.append('')
+    lines += ['', 'floor: a fresh process that only starts the interpreter, the host devices and the imports of a '
+              'run (`FLOOR_CODE`); "first / floor" is the most any second invocation could gain.', '']
   return '\n'.join(lines)
 
 
@@ -314,10 +347,12 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   ap.add_argument('--parts', default='pfl,table,again')
   ap.add_argument('--pfl_rounds', default='10,30')
-  ap.add_argument('--stacks', default='ours,ours_auto,torch,torch_1t,fedjax')
+  ap.add_argument('--stacks', default='ours,ours_auto,ours_noeval,torch,torch_1t,fedjax')
   ap.add_argument('--table_rounds', type=int, default=100)
   ap.add_argument('--again_configs', default='quickstart,pfl_cifar10')
   ap.add_argument('--out', default=os.path.join(REPO, 'benchmarks', 'speed', 'end_to_end_cpu'))
+  ap.add_argument('--table_warm', type=int, default=1,
+                  help='(b): also run both sweeps a second time with the caches their first runs filled')
   ap.add_argument('--smoke', action='store_true')
   a = ap.parse_args(argv)
   if a.smoke:

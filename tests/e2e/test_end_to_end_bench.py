@@ -67,11 +67,12 @@ def test_markdown_reports_every_part():
                  'load average: 2.0, 1'} for m, w in (('batched', 10.0), ('parallel2', 20.0), ('torch', 30.0))}},
          'again': {'quickstart': {'first': {'round1_starts_s': 6.0, 'cpu_round1_starts_s': 6.0},
                                   'second': {'round1_starts_s': 2.0, 'cpu_round1_starts_s': 3.0},
-                                  'starts_sooner_x': 3.0, 'cpu_before_round1_x': 2.0, 'metrics_identical': True}}}
+                                  'starts_sooner_x': 3.0, 'cpu_before_round1_x': 2.0, 'floor_s': 1.2,
+                                  'floor_x': 5.0, 'metrics_identical': True}}}
   md = end_to_end.markdown(res)
   assert '| ours | 30.0 @ 10 | 10.0 | 2.000 | 50.2 | 1.50 |' in md
   assert '| batched | 3 | 10.0 (10.0 + 0.0) | 3.00 | 2.00 | 0.5000 | 1.0 -> 2.0 |' in md
-  assert '| quickstart | 6.00 / 2.00 | 3.00x | 6.00 / 3.00 (2.00x) | True |' in md
+  assert '| quickstart | 6.00 / 2.00 | 3.00x | 6.00 / 3.00 (2.00x) | 1.20 | 5.00x | True |' in md
   assert '**extrapolated**' in md
 
 
@@ -87,3 +88,5 @@ def test_smoke_runs_every_part(tmp_path):
   res = json.loads((tmp_path / 'e2e.json').read_text())
   assert set(res['pfl']['stacks']) == set(stacks) and res['table']['modes']['batched']['runs'] == 3
   assert res['again']['quickstart']['metrics_identical'] is True
+  assert {'batched_warm', 'parallel2_warm'} <= set(res['table']['modes'])
+  assert 0 < res['again']['quickstart']['floor_s'] < res['again']['quickstart']['first']['round1_starts_s']
