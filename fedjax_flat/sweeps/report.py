@@ -197,6 +197,12 @@ METRICS = (
     ('global_auc', 'global AUC', ('personalized', 'global', 'auc_client_mean')),
 )
 PERSONAL_ACCURACY = ('personalized', 'global', 'acc_client_mean')   # FedSoup Table 1's "Global Acc"
+# config.published.<field> -> the key of experiments/hessian.py's hessian_<model>.json it is compared with (the
+# same units: eigenvalue, Hutchinson trace). A run without that file shows the published number alone.
+HESSIAN = (
+    ('lambda_max', 'lambda_max', 'lambda_max'),
+    ('hessian_trace', 'trace', 'Hessian trace'),
+)
 
 
 def metric_value(r: Dict, where: Tuple[str, ...]) -> Optional[float]:
@@ -345,13 +351,20 @@ def aggregate(runs: List[Dict], group_by: Sequence[str], target: Optional[float]
     row['last_k'] = ','.join(sorted({str(r['summary'].get('summary_last_k')) for r in done}))
     row['acc_lastk_mean'], row['acc_lastk_std'] = _mean_std([_accuracies(r)[0] for r in done])
     row['acc_final_mean'], row['acc_final_std'] = _mean_std([_accuracies(r)[1] for r in done])
-    if target is not None:
-      hits = [rounds_to_target(r['records'], r['acc_key'], target) for r in done]
+    published = _first([x for x in (_get(r['config'], 'published') for r in rs) if isinstance(x, dict)]) or {}
+    # Rounds to a target: --target for every row, or else the row's own published target (thesis Table 4.19 /
+    # MAN's rounds to 50 %: the accuracy each cell's paper counted rounds to), beside the published rounds.
+    row_target = target if target is not None else (
+        _num(published.get('target_accuracy')) / 100 if _finite(published.get('target_accuracy')) else None)
+    if row_target is not None:
+      hits = [rounds_to_target(r['records'], r['acc_key'], row_target) for r in done]
       reached = [h for h in hits if h is not None]
-      row['target'] = target
+      row['target'] = row_target
+      row['published_rounds_to_target'] = (_num(published.get('rounds_to_target'))
+                                           if _finite(published.get('rounds_to_target')) else None)
       row['rounds_to_target_mean'] = float(np.mean(reached)) if reached else None
       row['reached_target'] = f'{len(reached)}/{len(done)}'
-      bits = [b for b in (bits_to_target(r['records'], r['acc_key'], target) for r in done) if b is not None]
+      bits = [b for b in (bits_to_target(r['records'], r['acc_key'], row_target) for r in done) if b is not None]
       row['bits_to_target_mean'] = float(np.mean(bits)) if bits else None
       row['bits_to_target_runs'] = len(bits)
     # rounds to X% of the centralized accuracy (training/centralized.py), mean over the runs that got there
@@ -363,12 +376,21 @@ def aggregate(runs: List[Dict], group_by: Sequence[str], target: Optional[float]
     lam = [r['hessian']['lambda_max'] for r in done if r['hessian'] and _finite(r['hessian']['lambda_max'])]
     row['lambda_max_mean'], row['lambda_max_std'] = _mean_std(lam)
     row['lambda_max_runs'] = len(lam)
+    for field, key, _ in HESSIAN:     # the paper's curvature numbers beside experiments/hessian.py's (no unit change)
+      if field != 'lambda_max':
+        vals = [_num(r['hessian'].get(key)) for r in done if r['hessian'] and _finite(r['hessian'].get(key))]
+        row[f'{field}_mean'], row[f'{field}_std'] = _mean_std(vals)
+        row[f'{field}_runs'] = len(vals)
+      p = _num(published.get(field)) if _finite(published.get(field)) else None
+      row[f'published_{field}'] = p
+      row[f'published_{field}_std'] = (_num(published.get(f'{field}_std'))
+                                       if _finite(published.get(f'{field}_std')) else None)
+      row[f'diff_{field}'] = None if p is None or row[f'{field}_mean'] is None else row[f'{field}_mean'] - p
     row['comm_mb_mean'], _ = _mean_std([_num(r['summary'].get('comm_total_bytes')) / 1e6
                                          if _num(r['summary'].get('comm_total_bytes')) is not None else None
                                          for r in done])
     wall = [_num(r['summary'].get('wall_time_total_s', r['summary'].get('wall_time_s'))) for r in done]
     row['wall_s_mean'], _ = _mean_std(wall)
-    published = _first([x for x in (_get(r['config'], 'published') for r in rs) if isinstance(x, dict)]) or {}
     row['published_model'] = 'personalized' if published.get('model') == 'personalized' else ''
     if row['published_model']:     # the published accuracy is the personal models': compare with theirs
       row['acc_personal_mean'], row['acc_personal_std'] = _mean_std([metric_value(r, PERSONAL_ACCURACY)
@@ -407,10 +429,13 @@ def _first(xs):
 
 CSV_FIELDS = ['differs', 'acc_lastk_mean', 'acc_lastk_std', 'acc_final_mean', 'acc_final_std', 'last_k', 'model',
               'runs', 'finished', 'seeds', 'target', 'rounds_to_target_mean', 'reached_target',
-              'bits_to_target_mean', 'bits_to_target_runs',
+              'bits_to_target_mean', 'bits_to_target_runs', 'published_rounds_to_target',
               'rounds_to_70pct_centralized_mean', 'reached_70pct_centralized', 'rounds_to_90pct_centralized_mean',
               'reached_90pct_centralized', 'lambda_max_mean',
-              'lambda_max_std', 'lambda_max_runs', 'comm_mb_mean', 'wall_s_mean', 'published_acc',
+              'lambda_max_std', 'lambda_max_runs', 'published_lambda_max', 'published_lambda_max_std',
+              'diff_lambda_max', 'hessian_trace_mean', 'hessian_trace_std', 'hessian_trace_runs',
+              'published_hessian_trace', 'published_hessian_trace_std', 'diff_hessian_trace', 'comm_mb_mean',
+              'wall_s_mean', 'published_acc',
               'published_std', 'diff_published', 'published_source', 'reference_acc', 'reference_std',
               'diff_reference', 'reference_source', 'failed', 'nonfinite', 'nonfinite_runs', 'torn_lines', 'torn']
 CSV_FIELDS[CSV_FIELDS.index('published_acc'):CSV_FIELDS.index('published_acc')] = [
@@ -448,10 +473,16 @@ def markdown_table(rows: List[Dict], group_by: Sequence[str], target: Optional[f
   acc = accuracy_label([run for r in rows for run in r.get('_runs', [])])
   head = list(group_by) + (['differs in'] if split else []) + ['model', f'last-K {acc} (%)', f'final {acc} (%)',
                                                                 'seeds']
+  per_row = target is None and has('target')       # each row's published target (aggregate)
   if target is not None:
     head += [f'rounds to {target:g}', f'bits to {target:g}']
-  if any(r['lambda_max_runs'] for r in rows):
-    head.append('lambda_max')
+  elif per_row:
+    head += ['target acc (%)', 'rounds to target', 'bits to target']
+  if has('published_rounds_to_target'):
+    head += ['published rounds to target']
+  curvature = [(f, label) for f, _, label in HESSIAN if has(f'{f}_mean') or has(f'published_{f}')]
+  for f, label in curvature:
+    head += [label] + ([f'published {label}', 'diff'] if has(f'published_{f}') else [])
   head += ['comm (MB)']
   personal = has('acc_personal_mean')
   if personal:
@@ -468,14 +499,22 @@ def markdown_table(rows: List[Dict], group_by: Sequence[str], target: Optional[f
     cells = [str(r[k]) for k in group_by] + ([r.get('differs', '')] if split else []) + [
         r['model'], _pm(r['acc_lastk_mean'], r['acc_lastk_std']), _pm(r['acc_final_mean'], r['acc_final_std']),
         f"{r['finished']}/{r['runs']}" + (f" ({r['nonfinite']} non-finite, not averaged)" if r['nonfinite'] else '')]
-    if target is not None:
-      cells.append('' if r['rounds_to_target_mean'] is None and r['finished'] == 0 else
+    if target is not None or per_row:
+      if per_row:
+        cells.append('' if r.get('target') is None else f"{100 * r['target']:.2f}")
+      cells.append('' if r.get('target') is None or (r['rounds_to_target_mean'] is None and r['finished'] == 0) else
                    (f"{r['rounds_to_target_mean']:.1f} ({r['reached_target']})" if r['rounds_to_target_mean']
                     is not None else f"not reached (0/{r['finished']})"))
       cells.append('' if r.get('bits_to_target_mean') is None else
                    f"{r['bits_to_target_mean']:.3g} ({r['bits_to_target_runs']}/{r['finished']})")
-    if any(x['lambda_max_runs'] for x in rows):
-      cells.append(_pm(r['lambda_max_mean'], r['lambda_max_std']))
+    if has('published_rounds_to_target'):
+      p = r.get('published_rounds_to_target')
+      cells.append('' if p is None else f'{p:g}')
+    for f, _ in curvature:
+      cells.append(_pm(r.get(f'{f}_mean'), r.get(f'{f}_std')))
+      if has(f'published_{f}'):
+        p = r.get(f'published_{f}')
+        cells += ['' if p is None else _pm(p, r.get(f'published_{f}_std')), _diff(r.get(f'diff_{f}'))]
     cells.append('' if r['comm_mb_mean'] is None else f"{r['comm_mb_mean']:.0f}")
     if personal:
       cells.append(_pm(r.get('acc_personal_mean'), r.get('acc_personal_std')))

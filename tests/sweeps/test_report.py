@@ -336,3 +336,35 @@ def test_plot_draws_accuracy_against_virtual_time_and_bytes_when_the_records_hav
     del rec['virtual_time_s'], rec['bytes_down'], rec['bytes_up']
   out = report_lib.plot(rows, ['cell'], str(tmp_path / 's'))
   assert [os.path.basename(p) for p in out] == ['s_curves.png', 's_bars.png']
+
+
+def test_curvature_and_rounds_to_each_cells_published_target_beside_the_paper(tmp_path):
+  # FedGloSS / MAN cells publish lambda_max, the Hessian trace and the rounds to their own target accuracy
+  # (thesis Table 4.19: FedAvg's accuracy; MAN: 50 %): each in its own column beside the measured value.
+  d = str(tmp_path)
+  pub = {'source': 'MAN Table 2', 'accuracy': 40.9, 'lambda_max': 51.49, 'hessian_trace': 8744.0,
+         'target_accuracy': 50.0, 'rounds_to_target': 300.0}
+  recs = [{'round': 5, 'test_accuracy': 0.45}, {'round': 10, 'test_accuracy': 0.55}]
+  for seed, lam, tr in ((0, 50.0, 8000.0), (1, 52.0, 9000.0)):
+    _run(f'{d}/man/seed={seed}', seed, 'sgd', summary=_summary(0.5, 0.55), published=pub, records=recs)
+    _write(os.path.join(d, 'man', f'seed={seed}', 'hessian', 'hessian_global.json'),
+           {'lambda_max': lam, 'eigenvalues': [lam], 'trace': tr})
+  _run(f'{d}/other/seed=0', 0, 'sam', summary=_summary(0.3, 0.3), published={'accuracy': 30.0},
+       records=[{'round': 10, 'test_accuracy': 0.3}])
+  rows = report_lib.aggregate(report_lib.collect(workdirs=[f'{d}/man/seed=*', f'{d}/other/seed=0']), ['cell'])
+  man, other = rows
+  assert man['target'] == pytest.approx(0.5) and man['rounds_to_target_mean'] == 10.0
+  assert man['published_rounds_to_target'] == 300.0
+  assert man['lambda_max_mean'] == 51.0 and man['published_lambda_max'] == 51.49
+  assert man['diff_lambda_max'] == pytest.approx(-0.49)
+  assert man['hessian_trace_mean'] == 8500.0 and man['hessian_trace_std'] == 500.0
+  assert man['diff_hessian_trace'] == pytest.approx(-244.0)
+  assert 'target' not in other and other['published_lambda_max'] is None   # no published target: no rounds
+  md = '\n'.join(report_lib.markdown_table(rows, ['cell'], None))
+  assert ('| target acc (%) | rounds to target | bits to target | published rounds to target | lambda_max | '
+          'published lambda_max | diff | Hessian trace | published Hessian trace | diff |') in md
+  assert '| 50.00 | 10.0 (2/2) |' in md and '| 300 | 51.00 ± 1.00 | 51.49 | -0.49 | 8500.00 ± 500.00 | 8744.00 |' in md
+  # --target overrides every row's own target.
+  (man2, _) = report_lib.aggregate(report_lib.collect(workdirs=[f'{d}/man/seed=*', f'{d}/other/seed=0']),
+                                   ['cell'], target=0.4)
+  assert man2['target'] == 0.4 and man2['rounds_to_target_mean'] == 5.0
