@@ -73,5 +73,6 @@ def get_sweep(arg: str = ''):
   if stages is not None:
     out['stages'] = stages
   else:
-    out['grid'] = [{'config': f'configs/{family}.py:{c}'} for c in cells]
+    # Each run directory and report row is named by its cell, as the family writes it (a one-cell sweep too).
+    out['grid'] = [{'name': c, 'config': f'configs/{family}.py:{c}'} for c in cells]
   return out

@@ -467,7 +467,27 @@ def run_status(run: Run) -> str:
   wanted = {**run.overrides, 'seed': run.seed}
   if any(not values_equal(_get(config, k), v) for k, v in wanted.items()):
     return 'mismatch'
+  # config.json does not name the config file it came from: the sweep that launched the run wrote it beside
+  # (two single-cell sweeps in one --sweep_dir share the cell name 'base' but not their config).
+  try:
+    with open(os.path.join(run.workdir, CONFIG_MARK)) as f:
+      if f.read().strip() != (run.config or '').strip():
+        return 'mismatch'
+  except OSError:
+    pass              # a run from before the mark, or not launched by a sweep: overrides and seed decide
   return 'finished'
+
+
+CONFIG_MARK = 'sweep_config.txt'
+
+
+def mark_config(run: Run) -> None:
+  """Names the run's config (file[:cell]) in its workdir, for run_status."""
+  os.makedirs(run.workdir, exist_ok=True)
+  tmp = os.path.join(run.workdir, f'.{CONFIG_MARK}.{os.getpid()}')
+  with open(tmp, 'w') as f:
+    f.write((run.config or '') + '\n')
+  os.replace(tmp, os.path.join(run.workdir, CONFIG_MARK))
 
 
 # --------------------------------------------------------------------------------------------- manifest
@@ -566,7 +586,8 @@ def run_local(runs: List[Run], sweep_dir: str, info: Dict[str, Any], *, parallel
       states[r.key] = {'status': 'skipped (finished)'}
     elif st == 'mismatch' and not fresh:
       states[r.key] = {'status': 'failed', 'returncode': None,
-                       'error': f'{r.workdir} finished with other config values; rerun the sweep with --fresh'}
+                       'error': f'{r.workdir} finished with another config or other values; give this sweep '
+                       'its own --sweep_dir, or rerun it with --fresh'}
     else:
       todo.append(r)
   n_skip = sum(s['status'].startswith('skipped') for s in states.values())
@@ -642,7 +663,7 @@ def run_local(runs: List[Run], sweep_dir: str, info: Dict[str, Any], *, parallel
           continue
         waiting.pop(r.key, None)
         queue.remove(r)
-        os.makedirs(r.workdir, exist_ok=True)
+        mark_config(r)
         log_path = os.path.join(r.workdir, 'sweep.log')
         log = open(log_path, 'a')
         log.write(f'\n# {time.strftime("%Y-%m-%d %H:%M:%S")} {shlex.join(r.argv(python, fresh))}\n')
@@ -721,7 +742,8 @@ def run_batched(runs: List[Run], configs: List[Any], sweep_dir: str, info: Dict[
       states[r.key] = {'status': 'skipped (finished)'}
     elif st == 'mismatch' and not fresh:
       states[r.key] = {'status': 'failed', 'returncode': None,
-                       'error': f'{r.workdir} finished with other config values; rerun the sweep with --fresh'}
+                       'error': f'{r.workdir} finished with another config or other values; give this sweep '
+                       'its own --sweep_dir, or rerun it with --fresh'}
   packs = pack_runs(runs, configs, batch_runs)
   n_dev = len(jax.local_devices())
   write_manifest(sweep_dir, runs, info, states)
@@ -814,7 +836,7 @@ def _run_pack(p, n_packs, pack, todo, lanes, runs, configs, sweep_dir, info, sta
   busy (their workdir taken by a live process before the program could lock it), to be waited for.
   prepared: the pack opened ahead (batched.OpenedBatch of exactly `todo`), its program compiled or compiling."""
   for i in todo:
-    os.makedirs(runs[i].workdir, exist_ok=True)
+    mark_config(runs[i])
     with open(os.path.join(runs[i].workdir, 'sweep.log'), 'a') as log:
       log.write(f'\n# {time.strftime("%Y-%m-%d %H:%M:%S")} batched program {p + 1}/{n_packs} '
                 f'({len(pack)} runs, {lanes} lanes): {shlex.join(runs[i].argv("python", fresh))}\n')

@@ -397,6 +397,10 @@ def test_paper_table_sweep_covers_a_family():
   runs = sweep_lib.expand(sweep_lib.load_sweep_file(path + ':fedsam_landmarks'), 'D')
   assert len(runs) == len(load('fedsam_landmarks').CELLS) * 3
   assert {r.config for r in runs} == {f'configs/fedsam_landmarks.py:{c}' for c in load('fedsam_landmarks').CELLS}
+  assert {r.cell for r in runs} == set(load('fedsam_landmarks').CELLS)      # rows and directories named by cell
+  (one,) = [r for r in sweep_lib.expand(sweep_lib.load_sweep_file(path + ':fedsam_landmarks,only=fedsam+swa'), 'D')
+             if r.seed == 0]
+  assert one.cell == 'fedsam,swa' and one.workdir == os.path.join('D', 'fedsam,swa', 'seed=0')
   c10 = sweep_lib.load_sweep_file(path + ':fedsam_cifar,only=cifar10')['grid']
   assert len(c10) == 252 and all(',' in g['config'] and 'cifar100' not in g['config'] for g in c10)
   t415 = sweep_lib.load_sweep_file(path + ':baselines_cifar_cnn,only=4.15')['grid']

@@ -610,3 +610,20 @@ def test_ladd_pipeline_is_one_sweep_pretraining_then_federated_and_resumes(tmp_p
   assert [(r['cell'], r['finished']) for r in rows] == [('source/synthetic,source_fda', 1),
                                                         ('federated/synthetic,ladd_cls', 1)]
   assert all(0 < r['miou_mean'] < 100 for r in rows)
+
+
+def test_a_finished_workdir_of_another_config_file_is_not_skipped(tmp_path):
+  # Two single-cell sweeps in one --sweep_dir both name their cell 'base': config.json cannot tell which config
+  # file a run came from, so the sweep's mark beside it does (run_status).
+  d = str(tmp_path)
+  (run,) = sweep_lib.expand(dict(config=QS, fixed={'rounds': 2}), d)
+  (other,) = sweep_lib.expand(dict(config='configs/quickstart_fedgloss.py', fixed={'rounds': 2}), d)
+  assert run.workdir == other.workdir and run.cell == 'base'
+  os.makedirs(run.workdir)
+  with open(os.path.join(run.workdir, 'config.json'), 'w') as f:
+    json.dump({'seed': 0, 'rounds': 2}, f)
+  with open(os.path.join(run.workdir, 'summary.json'), 'w') as f:
+    json.dump({'rounds_completed': 2}, f)
+  assert sweep_lib.run_status(run) == sweep_lib.run_status(other) == 'finished'    # no mark: as before
+  sweep_lib.mark_config(run)
+  assert sweep_lib.run_status(run) == 'finished' and sweep_lib.run_status(other) == 'mismatch'
