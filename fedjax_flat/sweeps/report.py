@@ -197,6 +197,14 @@ METRICS = (
     ('global_auc', 'global AUC', ('personalized', 'global', 'auc_client_mean')),
 )
 PERSONAL_ACCURACY = ('personalized', 'global', 'acc_client_mean')   # FedSoup Table 1's "Global Acc"
+# What a run spent, from summary.json, shown when any run of the report has it (a privacy table's epsilon, a
+# systems table's virtual time and bytes): (row field, summary key, scale, column label).
+SPENT = (
+    ('dp_epsilon', 'dp_epsilon', 1.0, 'DP epsilon'),
+    ('dp_delta', 'dp_delta', 1.0, 'DP delta'),
+    ('virtual_h', 'virtual_time_s', 1 / 3600, 'virtual time (h)'),
+    ('mb_up', 'bytes_up', 1e-6, 'MB up (clock)'),
+)
 # config.published.<field> -> the key of experiments/hessian.py's hessian_<model>.json it is compared with (the
 # same units: eigenvalue, Hutchinson trace). A run without that file shows the published number alone.
 HESSIAN = (
@@ -389,6 +397,10 @@ def aggregate(runs: List[Dict], group_by: Sequence[str], target: Optional[float]
     row['comm_mb_mean'], _ = _mean_std([_num(r['summary'].get('comm_total_bytes')) / 1e6
                                          if _num(r['summary'].get('comm_total_bytes')) is not None else None
                                          for r in done])
+    for field, key, scale, _ in SPENT:
+      got = [_num(r['summary'].get(key)) * scale for r in done if _finite(r['summary'].get(key))]
+      if got:
+        row[f'{field}_mean'], row[f'{field}_std'] = _mean_std(got)
     wall = [_num(r['summary'].get('wall_time_total_s', r['summary'].get('wall_time_s'))) for r in done]
     row['wall_s_mean'], _ = _mean_std(wall)
     row['published_model'] = 'personalized' if published.get('model') == 'personalized' else ''
@@ -435,7 +447,8 @@ CSV_FIELDS = ['differs', 'acc_lastk_mean', 'acc_lastk_std', 'acc_final_mean', 'a
               'lambda_max_std', 'lambda_max_runs', 'published_lambda_max', 'published_lambda_max_std',
               'diff_lambda_max', 'hessian_trace_mean', 'hessian_trace_std', 'hessian_trace_runs',
               'published_hessian_trace', 'published_hessian_trace_std', 'diff_hessian_trace', 'comm_mb_mean',
-              'wall_s_mean', 'published_acc',
+              'dp_epsilon_mean', 'dp_epsilon_std', 'dp_delta_mean', 'virtual_h_mean', 'virtual_h_std', 'mb_up_mean',
+              'mb_up_std', 'wall_s_mean', 'published_acc',
               'published_std', 'diff_published', 'published_source', 'reference_acc', 'reference_std',
               'diff_reference', 'reference_source', 'failed', 'nonfinite', 'nonfinite_runs', 'torn_lines', 'torn']
 CSV_FIELDS[CSV_FIELDS.index('published_acc'):CSV_FIELDS.index('published_acc')] = [
@@ -484,6 +497,8 @@ def markdown_table(rows: List[Dict], group_by: Sequence[str], target: Optional[f
   for f, label in curvature:
     head += [label] + ([f'published {label}', 'diff'] if has(f'published_{f}') else [])
   head += ['comm (MB)']
+  spent = [(f, label) for f, _, _, label in SPENT if has(f'{f}_mean')]
+  head += [label for _, label in spent]
   personal = has('acc_personal_mean')
   if personal:
     head += ['personal models acc (%)']
@@ -516,6 +531,11 @@ def markdown_table(rows: List[Dict], group_by: Sequence[str], target: Optional[f
         p = r.get(f'published_{f}')
         cells += ['' if p is None else _pm(p, r.get(f'published_{f}_std')), _diff(r.get(f'diff_{f}'))]
     cells.append('' if r['comm_mb_mean'] is None else f"{r['comm_mb_mean']:.0f}")
+    for f, _ in spent:
+      if f == 'dp_delta':
+        cells.append('' if r.get(f'{f}_mean') is None else f"{r[f'{f}_mean']:.0e}")
+      else:
+        cells.append(_pm(r.get(f'{f}_mean'), r.get(f'{f}_std'), nd=3 if f in ('dp_epsilon', 'virtual_h') else 2))
     if personal:
       cells.append(_pm(r.get('acc_personal_mean'), r.get('acc_personal_std')))
     for name in ('published', 'reference'):

@@ -368,3 +368,17 @@ def test_curvature_and_rounds_to_each_cells_published_target_beside_the_paper(tm
   (man2, _) = report_lib.aggregate(report_lib.collect(workdirs=[f'{d}/man/seed=*', f'{d}/other/seed=0']),
                                    ['cell'], target=0.4)
   assert man2['target'] == 0.4 and man2['rounds_to_target_mean'] == 5.0
+
+
+def test_what_a_run_spent_privacy_and_the_clock_get_their_own_columns(tmp_path):
+  d = str(tmp_path)
+  _run(f'{d}/dp/seed=0', 0, 'sgd', summary={**_summary(0.5, 0.5), 'dp_epsilon': 7.9986, 'dp_delta': 1e-5})
+  _run(f'{d}/dp/seed=1', 1, 'sgd', summary={**_summary(0.5, 0.5), 'dp_epsilon': 8.0014, 'dp_delta': 1e-5})
+  _run(f'{d}/clock/seed=0', 0, 'sam', summary={**_summary(0.4, 0.4), 'virtual_time_s': 5400.0, 'bytes_up': 2.45e6})
+  rows = report_lib.aggregate(report_lib.collect(workdirs=[f'{d}/dp/seed=*', f'{d}/clock/seed=0']), ['cell'])
+  dp, clock = rows
+  assert dp['dp_epsilon_mean'] == pytest.approx(8.0) and dp['dp_delta_mean'] == 1e-5 and 'virtual_h_mean' not in dp
+  assert clock['virtual_h_mean'] == 1.5 and clock['mb_up_mean'] == pytest.approx(2.45)
+  md = '\n'.join(report_lib.markdown_table(rows, ['cell'], None))
+  assert '| DP epsilon | DP delta | virtual time (h) | MB up (clock) |' in md
+  assert '| 8.000 ± 0.001 | 1e-05 |  |  |' in md and '|  |  | 1.500 ± 0.000 | 2.45 ± 0.00 |' in md
