@@ -4,8 +4,11 @@ Per group of runs (seeds of one cell, or runs sharing the values of user-named c
   last-K accuracy of the reported model (summary.json `mean_last_<K>_test_accuracy`) and final accuracy,
   mean +- std over the runs (population std, ddof = 0, as the earlier checked-in tables); rounds to a target
   accuracy (first evaluation of the reported model at or above it, metrics.jsonl) and the bits sent up to that
-  evaluation (its cumulative `comm_bytes` x 8: thesis Table 4.19's "bits to reach FedAvg's accuracy");
-  lambda_max when experiments/hessian.py ran (WORKDIR/hessian/hessian_<model>.json); communication (summary.json
+  evaluation (its cumulative `comm_bytes` x 8: thesis Table 4.19's "bits to reach FedAvg's accuracy", also in
+  that table's unit B, FedAvg's bits in the run's T rounds with the same model and cohort); the target is --target,
+  or else each cell's own published target_accuracy, with the published rounds and bits (B) beside;
+  lambda_max and the Hessian trace when experiments/hessian.py ran (WORKDIR/hessian/hessian_<model>.json), beside
+  the published ones; what a run spent (DP epsilon / delta, virtual time, MB up); communication (summary.json
   comm_total_bytes); config.json's `published` (paper number, percent) and the sweep cell's `reference` (an
   earlier measurement, percent) beside the measured number with the difference.
 Each task's headline metrics beyond accuracy (`METRICS`: mIoU pooled / seen / unseen, Recall@5 / @10, the
@@ -266,6 +269,14 @@ def bits_to_target(records: List[Dict], key: str, target: float) -> Optional[flo
   return None
 
 
+def fedavg_run_bits(r: Dict) -> Optional[float]:
+  """Thesis Table 4.19's unit B: the bits FedAvg sends in the run's T rounds with the same model and cohort,
+  T x K x 2 (down + up) x d x 32 (float32)."""
+  t, k = _num(_get(r['config'], 'rounds')), _num(_get(r['config'], 'clients_per_round'))
+  d = _num((r['summary'] or {}).get('num_params'))
+  return None if None in (t, k, d) or not t * k * d else 64.0 * t * k * d
+
+
 def _accuracies(r: Dict) -> Tuple[Optional[float], Optional[float]]:
   """(last-K, final) test accuracy of a finished run in percent (None: absent; NaN / inf kept as such)."""
   s = r['summary']
@@ -372,9 +383,14 @@ def aggregate(runs: List[Dict], group_by: Sequence[str], target: Optional[float]
                                            if _finite(published.get('rounds_to_target')) else None)
       row['rounds_to_target_mean'] = float(np.mean(reached)) if reached else None
       row['reached_target'] = f'{len(reached)}/{len(done)}'
-      bits = [b for b in (bits_to_target(r['records'], r['acc_key'], row_target) for r in done) if b is not None]
+      per_run = [(bits_to_target(r['records'], r['acc_key'], row_target), fedavg_run_bits(r)) for r in done]
+      bits = [b for b, _ in per_run if b is not None]
       row['bits_to_target_mean'] = float(np.mean(bits)) if bits else None
       row['bits_to_target_runs'] = len(bits)
+      in_b = [b / u for b, u in per_run if b is not None and u]
+      row['bits_to_target_B_mean'] = float(np.mean(in_b)) if in_b else None
+      row['published_bits_to_target_B'] = (_num(published.get('bits_to_target_B'))
+                                           if _finite(published.get('bits_to_target_B')) else None)
     # rounds to X% of the centralized accuracy (training/centralized.py), mean over the runs that got there
     for key in sorted({k for r in done for k in r['summary'] if k.startswith('rounds_to_') and
                        k.endswith('pct_centralized')}):
@@ -442,6 +458,7 @@ def _first(xs):
 CSV_FIELDS = ['differs', 'acc_lastk_mean', 'acc_lastk_std', 'acc_final_mean', 'acc_final_std', 'last_k', 'model',
               'runs', 'finished', 'seeds', 'target', 'rounds_to_target_mean', 'reached_target',
               'bits_to_target_mean', 'bits_to_target_runs', 'published_rounds_to_target',
+              'bits_to_target_B_mean', 'published_bits_to_target_B',
               'rounds_to_70pct_centralized_mean', 'reached_70pct_centralized', 'rounds_to_90pct_centralized_mean',
               'reached_90pct_centralized', 'lambda_max_mean',
               'lambda_max_std', 'lambda_max_runs', 'published_lambda_max', 'published_lambda_max_std',
@@ -493,6 +510,8 @@ def markdown_table(rows: List[Dict], group_by: Sequence[str], target: Optional[f
     head += ['target acc (%)', 'rounds to target', 'bits to target']
   if has('published_rounds_to_target'):
     head += ['published rounds to target']
+  if has('published_bits_to_target_B'):
+    head += ['bits to target (B)', 'published bits (B)']
   curvature = [(f, label) for f, _, label in HESSIAN if has(f'{f}_mean') or has(f'published_{f}')]
   for f, label in curvature:
     head += [label] + ([f'published {label}', 'diff'] if has(f'published_{f}') else [])
@@ -525,6 +544,9 @@ def markdown_table(rows: List[Dict], group_by: Sequence[str], target: Optional[f
     if has('published_rounds_to_target'):
       p = r.get('published_rounds_to_target')
       cells.append('' if p is None else f'{p:g}')
+    if has('published_bits_to_target_B'):
+      b, p = r.get('bits_to_target_B_mean'), r.get('published_bits_to_target_B')
+      cells += ['' if b is None else f'{b:.3g}', '' if p is None else f'{p:g}']
     for f, _ in curvature:
       cells.append(_pm(r.get(f'{f}_mean'), r.get(f'{f}_std')))
       if has(f'published_{f}'):

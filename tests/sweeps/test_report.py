@@ -343,10 +343,16 @@ def test_curvature_and_rounds_to_each_cells_published_target_beside_the_paper(tm
   # (thesis Table 4.19: FedAvg's accuracy; MAN: 50 %): each in its own column beside the measured value.
   d = str(tmp_path)
   pub = {'source': 'MAN Table 2', 'accuracy': 40.9, 'lambda_max': 51.49, 'hessian_trace': 8744.0,
-         'target_accuracy': 50.0, 'rounds_to_target': 300.0}
-  recs = [{'round': 5, 'test_accuracy': 0.45}, {'round': 10, 'test_accuracy': 0.55}]
+         'target_accuracy': 50.0, 'rounds_to_target': 300.0, 'bits_to_target_B': 0.2}
+  recs = [{'round': 5, 'test_accuracy': 0.45, 'comm_bytes': 1.0e6}, {'round': 10, 'test_accuracy': 0.55,
+                                                                       'comm_bytes': 2.0e6}]
   for seed, lam, tr in ((0, 50.0, 8000.0), (1, 52.0, 9000.0)):
-    _run(f'{d}/man/seed={seed}', seed, 'sgd', summary=_summary(0.5, 0.55), published=pub, records=recs)
+    _run(f'{d}/man/seed={seed}', seed, 'sgd', summary={**_summary(0.5, 0.55), 'num_params': 1000}, published=pub,
+         records=recs)
+    cfg_path = os.path.join(d, 'man', f'seed={seed}', 'config.json')
+    with open(cfg_path) as f:
+      cfg = json.load(f)
+    _write(cfg_path, {**cfg, 'clients_per_round': 5})
     _write(os.path.join(d, 'man', f'seed={seed}', 'hessian', 'hessian_global.json'),
            {'lambda_max': lam, 'eigenvalues': [lam], 'trace': tr})
   _run(f'{d}/other/seed=0', 0, 'sam', summary=_summary(0.3, 0.3), published={'accuracy': 30.0},
@@ -360,10 +366,15 @@ def test_curvature_and_rounds_to_each_cells_published_target_beside_the_paper(tm
   assert man['hessian_trace_mean'] == 8500.0 and man['hessian_trace_std'] == 500.0
   assert man['diff_hessian_trace'] == pytest.approx(-244.0)
   assert 'target' not in other and other['published_lambda_max'] is None   # no published target: no rounds
+  # bits to the target in Table 4.19's unit B: FedAvg's bits in T = 10 rounds of 5 clients x 2 x 1000 x 32 bits
+  assert man['bits_to_target_B_mean'] == pytest.approx(16e6 / (64.0 * 10 * 5 * 1000))
+  assert man['published_bits_to_target_B'] == 0.2
   md = '\n'.join(report_lib.markdown_table(rows, ['cell'], None))
-  assert ('| target acc (%) | rounds to target | bits to target | published rounds to target | lambda_max | '
-          'published lambda_max | diff | Hessian trace | published Hessian trace | diff |') in md
-  assert '| 50.00 | 10.0 (2/2) |' in md and '| 300 | 51.00 ± 1.00 | 51.49 | -0.49 | 8500.00 ± 500.00 | 8744.00 |' in md
+  assert ('| target acc (%) | rounds to target | bits to target | published rounds to target | bits to target (B) | '
+          'published bits (B) | lambda_max | published lambda_max | diff | Hessian trace | published Hessian trace | '
+          'diff |') in md
+  assert '| 50.00 | 10.0 (2/2) | 1.6e+07 (2/2) | 300 | 5 | 0.2 |' in md
+  assert '| 51.00 ± 1.00 | 51.49 | -0.49 | 8500.00 ± 500.00 | 8744.00 |' in md
   # --target overrides every row's own target.
   (man2, _) = report_lib.aggregate(report_lib.collect(workdirs=[f'{d}/man/seed=*', f'{d}/other/seed=0']),
                                    ['cell'], target=0.4)
