@@ -35,7 +35,7 @@ def _finite_tree(tree):
 
 def make_block_fn(round_fn, *, plan: batching.BatchPlan, num_clients: int, clients_per_round: int,
                   cohort: int, rounds_per_call: int, has_store: bool, donate: bool = True, mesh=None,
-                  jit: bool = True, sample_fn=None):
+                  jit: bool = True, sample_fn=None, population_size=None):
   """Jitted block(server_state, store_arrays, store_template, data, key, start_round, num_rounds, limits=None).
 
   limits: the virtual clock's {'fit': int32 [rounds_per_call, cohort] local steps that fit, 'reports': bool
@@ -46,6 +46,9 @@ def make_block_fn(round_fn, *, plan: batching.BatchPlan, num_clients: int, clien
 
   jit=False: the plain function (core/runs.py vmaps it over a leading runs axis).
 
+  population_size: the padded population of a batched program whose runs have different populations (static);
+  num_clients may then be a run's traced value and the uniform sampler draws from the run's own clients only.
+
   round_fn: the un-jitted round of engine.make_round_fn (with mesh=: its client block sharded over the mesh,
   core/sharding.make_sharded_block). store_arrays/template: the device store's
   [K, ...] arrays and its template (None without per-client state). Returns (server_state, store_arrays,
@@ -55,7 +58,7 @@ def make_block_fn(round_fn, *, plan: batching.BatchPlan, num_clients: int, clien
 
   def one_round(server_state, store, template, data, key, r, limit):
     if sample_fn is None:
-      ids = sampling.sample_ids(key, r, num_clients, clients_per_round)
+      ids = sampling.sample_ids(key, r, num_clients, clients_per_round, size=population_size)
     else:
       ids = sample_fn(key, r)
     ids = jnp.concatenate([ids, jnp.full((cohort - clients_per_round,), -1, jnp.int32)])

@@ -42,10 +42,15 @@ def random_permutation(key, n, size: int):
   return jnp.argsort(bits, stable=True).astype(jnp.int32)
 
 
-def sample_ids(key, round_idx, num_clients: int, clients_per_round: int):
-  """Sorted int32 [clients_per_round] client ids for round `round_idx` (traceable; key = seed_key(seed))."""
+def sample_ids(key, round_idx, num_clients, clients_per_round: int, size=None):
+  """Sorted int32 [clients_per_round] client ids for round `round_idx` (traceable; key = seed_key(seed)).
+
+  size: a padded population (static, >= num_clients), so that num_clients may be traced (a batched program over
+  population sizes, issue 39): ids >= num_clients are never drawn, and the ids equal the unpadded draw's bit for bit
+  (threefry's bits of index i do not depend on the array's length; tests/core/test_rounds.py checks it).
+  """
   k = jax.random.fold_in(jax.random.fold_in(key, SAMPLE_STREAM), round_idx)
-  return jnp.sort(random_permutation(k, num_clients, num_clients)[:clients_per_round])
+  return jnp.sort(random_permutation(k, num_clients, num_clients if size is None else size)[:clients_per_round])
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3))

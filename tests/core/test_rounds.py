@@ -59,6 +59,19 @@ def test_sampling_is_uniform_without_replacement():
   assert np.all(np.abs(counts / 150 - 1) < 0.25), counts
 
 
+def test_sampling_from_a_padded_population_with_a_traced_size():
+  # A batched program over population sizes (10 / 16 / 20 clients) draws each run's cohort from its own K inside
+  # one padded population of 20: one compiled program, each run's ids equal to its unpadded draw bit for bit.
+  key, pops = sampling.seed_key(7), (10, 16, 20)
+  draw = jax.jit(jax.vmap(lambda n, r: sampling.sample_ids(key, r, n, 4, size=20), in_axes=(0, None)))
+  for r in range(40):
+    ids = np.asarray(draw(jnp.asarray(pops, jnp.int32), jnp.int32(r)))
+    for i, k in enumerate(pops):
+      np.testing.assert_array_equal(ids[i], np.asarray(sampling.sample_ids(key, r, k, 4)))
+      assert ids[i].max() < k
+  assert draw._cache_size() == 1
+
+
 CASES = {
     'fedavg_sam': {'client.optimizer': 'sam', 'client.rho': 0.05},
     'scaffold_server_adam': {'algorithm': 'scaffold', 'server.optimizer': 'adam', 'server.lr': 0.01},
