@@ -760,7 +760,7 @@ def run_batched(runs: List[Run], configs: List[Any], sweep_dir: str, info: Dict[
       specs = [batched.RunSpec(runs[i].key, configs[i], runs[i].workdir) for i in todo_q]
       try:
         ob = batched.open_batch(specs, fresh=fresh, lanes=runs_lib.lanes_for(len(packs[q]), n_dev),
-                                data_cache=data_cache)
+                                data_cache=data_cache, alone=batched.single_run_pack_alone(len(packs[q]), n_dev))
       except Exception as e:  # noqa: BLE001 -- the pack is opened again in its turn, where its error is reported
         stream.write(f'[sweep] program {q + 1}/{len(packs)} could not be opened ahead ({type(e).__name__}: '
                      f'{str(e).splitlines()[0] if str(e) else ""}); it compiles in its turn\n')
@@ -842,13 +842,16 @@ def _run_pack(p, n_packs, pack, todo, lanes, runs, configs, sweep_dir, info, sta
                 f'({len(pack)} runs, {lanes} lanes): {shlex.join(runs[i].argv("python", fresh))}\n')
     states[runs[i].key] = {'status': 'running', 'pid': os.getpid(), 'program': p}
   manifest(sweep_dir, runs, info, states)
-  stream.write(f'[sweep] program {p + 1}/{n_packs}: {len(todo)} runs ({lanes} lanes), '
+  alone = batched.single_run_pack_alone(len(pack), len(jax.local_devices()))
+  stream.write(f'[sweep] program {p + 1}/{n_packs}: {len(todo)} runs '
+               f'({"alone, clients over the devices" if alone else f"{lanes} lanes"}), '
                f'elapsed {_fmt_s(time.time() - t0)}' + (', compiled ahead' if prepared is not None else '') + '\n')
   stream.flush()
   if prepared is None:
     specs = [batched.RunSpec(runs[i].key, configs[i], runs[i].workdir) for i in todo]
     res = batched.run_batch(specs, fresh=fresh, stop_requested=stop_requested, signal_name=signal_name,
-                            lanes=lanes, before_training=before_training, data_cache=data_cache)
+                            lanes=lanes, before_training=before_training, data_cache=data_cache,
+                            alone=alone)
   else:
     try:
       before_training()

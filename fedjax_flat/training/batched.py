@@ -385,11 +385,21 @@ class RunResult:
   wall_s: float = 0.0
 
 
+def single_run_pack_alone(pack_size: int, num_devices: int) -> bool:
+  """A pack of one run on several devices trains as train.py would, its clients sharded over the devices: a runs
+  program would give the other lanes to copies of it (half the work wasted on two CPU devices). Decided by the
+  pack's size, not by how many of its runs are left, so a pack resumes in the program shape it started with."""
+  return pack_size == 1 and runs_lib.lanes_for(1, num_devices) > 1
+
+
+ALONE = 'a one-run pack on several devices: trained as train.py would, its clients sharded over the devices'
+
+
 def run_batch(specs: Sequence[RunSpec], *, fresh: bool = False, stop_requested=lambda: False,
               signal_name=lambda: None, lanes: Optional[int] = None, memory_bytes: Optional[int] = None,
               on_result: Callable[[int, RunResult], None] = lambda i, res: None,
               before_training: Callable[[], None] = lambda: None,
-              data_cache: Optional[Dict[str, object]] = None) -> Dict[int, RunResult]:
+              data_cache: Optional[Dict[str, object]] = None, alone: bool = False) -> Dict[int, RunResult]:
   """Opens and trains `specs` (one compatible pack) in as few batched programs as memory allows.
 
   Runs that cannot be opened (bad config for the data) fail alone; the others go on. A run whose workdir is
@@ -399,7 +409,7 @@ def run_batch(specs: Sequence[RunSpec], *, fresh: bool = False, stop_requested=l
   sweep opens its next pack there and compiles that one's program on a thread meanwhile: `open_batch`).
   """
   batch = open_batch(specs, fresh=fresh, lanes=lanes, memory_bytes=memory_bytes, on_result=on_result,
-                     data_cache=data_cache)
+                     data_cache=data_cache, alone=alone)
   try:
     before_training()
     return batch.train(stop_requested=stop_requested, signal_name=signal_name)
@@ -409,10 +419,11 @@ def run_batch(specs: Sequence[RunSpec], *, fresh: bool = False, stop_requested=l
 
 def open_batch(specs: Sequence[RunSpec], *, fresh: bool = False, lanes: Optional[int] = None,
                memory_bytes: Optional[int] = None, on_result: Callable[[int, RunResult], None] = lambda i, res: None,
-               data_cache: Optional[Dict[str, object]] = None) -> 'OpenedBatch':
+               data_cache: Optional[Dict[str, object]] = None, alone: bool = False) -> 'OpenedBatch':
   """Opens `specs` (workdir locks, resumed or fresh, as training/run.py does) and builds the pack's first
   program, without compiling or training it: `OpenedBatch.compile_ahead`, `.train`, `.close`. data_cache:
-  {data config: dataset}, shared between the packs of a sweep so that each dataset is loaded once."""
+  {data config: dataset}, shared between the packs of a sweep so that each dataset is loaded once. alone: train
+  every run as train.py would (`single_run_pack_alone`), no runs program."""
   results: Dict[int, RunResult] = {}
   opened = []          # (spec index, trainer, checkpointer, step, lock)
   t_open = time.time()
@@ -429,7 +440,8 @@ def open_batch(specs: Sequence[RunSpec], *, fresh: bool = False, lanes: Optional
       # Clients are not sharded: the devices take the runs axis instead (core/runs.py).
       trainer, ckpt, step = run_lib.open_run(spec.config, spec.workdir, fresh=fresh, data=data_cache[data_key],
                                              trainer_kwargs=({'shard_clients': False}
-                                                             if batch_blocker(spec.config) is None else None))
+                                                             if batch_blocker(spec.config) is None and not alone
+                                                             else None))
       opened.append((i, trainer, ckpt, step, lock))
     except workdir_lib.WorkdirBusyError as e:      # not a failure: the caller waits for it and retries
       results[i] = RunResult('busy', error=str(e))
@@ -439,7 +451,8 @@ def open_batch(specs: Sequence[RunSpec], *, fresh: bool = False, lanes: Optional
         lock.release()
       results[i] = RunResult('failed', error=f'{type(e).__name__}: {e}')
       on_result(i, results[i])
-  batch = OpenedBatch(results, opened, t_open, lanes=lanes, memory_bytes=memory_bytes, on_result=on_result)
+  batch = OpenedBatch(results, opened, t_open, lanes=lanes, memory_bytes=memory_bytes, on_result=on_result,
+                      alone=alone)
   try:
     batch.build_first()
   except BaseException:
@@ -451,7 +464,7 @@ def open_batch(specs: Sequence[RunSpec], *, fresh: bool = False, lanes: Optional
 class OpenedBatch:
   """One pack, opened: its runs grouped by program (`by_sig`), the first program built (`first`)."""
 
-  def __init__(self, results, opened, t_open, *, lanes, memory_bytes, on_result):
+  def __init__(self, results, opened, t_open, *, lanes, memory_bytes, on_result, alone=False):
     self.results: Dict[int, RunResult] = results
     self.opened = opened
     self.t_open = t_open
@@ -467,7 +480,7 @@ class OpenedBatch:
       logging.info('runs with other client sizes (data grid) share the largest batch plan of their pack')
     self.by_sig: Dict[object, list] = {}
     for item in opened:
-      sig = _trainer_blocker(item[1]) or _signature(item[1])
+      sig = _trainer_blocker(item[1]) or (ALONE if alone else _signature(item[1]))
       self.by_sig.setdefault(sig, []).append(item)
 
   def _chunks(self, items):

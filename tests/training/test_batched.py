@@ -296,3 +296,19 @@ def test_common_plan_pads_only_the_shapes():
   assert (c.num_steps, c.max_size, c.num_perms, c.batch_size) == (5, 20, 1, 4)
   assert batched.common_plan([p, batching.batch_plan([3, 9], batch_size=8, num_steps=2)]) is None
   assert batched.common_plan([p, batching.batch_plan([3, 9], batch_size=4, num_steps=3, epochs=2)]) is None
+
+
+def test_a_one_run_pack_on_several_devices_trains_as_train_py_would(tmp_path, monkeypatch):
+  # A runs program of one run on two devices would fill its second lane with a copy: the pack trains alone, its
+  # clients sharded as train.py shards them, and its files equal the run's trained by run.py (this process has one
+  # device, so `alone` is passed as the sweep passes it on two).
+  assert batched.single_run_pack_alone(1, 2) and not batched.single_run_pack_alone(1, 1)
+  assert not batched.single_run_pack_alone(2, 2) and not batched.single_run_pack_alone(3, 2)
+  data = _data()
+  run_lib.run(_config('fedavg', 0), str(tmp_path / 'ref'), data=data)
+  monkeypatch.setattr(batched.data_registry, 'get_dataset', lambda *a, **k: data)
+  res = batched.run_batch([batched.RunSpec('r0', _config('fedavg', 0), str(tmp_path / 'alone'))], lanes=2,
+                          alone=True)
+  assert res[0].status == 'done' and res[0].lanes == 0, res[0].error
+  assert _records(str(tmp_path / 'alone')) == _records(str(tmp_path / 'ref'))
+  assert all(np.array_equal(a, b) for a, b in zip(_ckpt(str(tmp_path / 'alone')), _ckpt(str(tmp_path / 'ref'))))
