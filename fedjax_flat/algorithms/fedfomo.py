@@ -187,7 +187,8 @@ def _personalizer(algorithm, server_state, client_state):
 
 
 
-@register('fedfomo', hparams=HPARAMS, needs=('population', 'client_state', 'validation', 'client_ids'))
+@register('fedfomo', hparams=HPARAMS,
+          needs=('population', 'static_population', 'client_state', 'validation', 'client_ids'))
 def _fedfomo_builder(ctx) -> FederatedAlgorithm:
   """FedFomo: clients federate the M downloaded models weighted by their validation-loss improvement."""
   hp = ctx.hp

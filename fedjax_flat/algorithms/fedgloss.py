@@ -145,7 +145,7 @@ def _fedgloss_parts(ctx, hp):
     new = {**state, 'opt_state': opt_state}
     if admm:
       drift = agg['uniform']['drift']                                   # mean_{k in C^t} (w_k - w~)
-      k_total = float(hp['population'])
+      k_total = hp['population']      # an int, or a batched lane's traced N (core/runs.py): no float()
       if release:   # sigma - sum_k (w_k - w~) / (beta K_total |C^t|)
         sigma = tmap(lambda s, m: s - m / (beta * k_total), state['sigma'], drift)
       else:         # sigma - sum_k (w_k - w) / (beta K_total),  w_k - w = (w_k - w~) + eps

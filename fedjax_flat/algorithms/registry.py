@@ -15,6 +15,9 @@ The module is imported on the first lookup (fedjax_flat/registry.py walks the pa
   client_optimizers  client.optimizer values the algorithm works with; anything else is a ConfigError
   needs              what the algorithm relies on, read by the central code instead of lists of names:
                        'population'        scales by N: algo.population must be the dataset's (checked on the data)
+                       'static_population' N sizes its arrays (FedFomo's per-client slots): a batched program
+                                           gives it a Python int, so only runs of equal N share one
+                                           (training/batched.pack_key; other algorithms read a lane's traced N)
                        'chains'            runs sequential chains (training/chain_loop.py); algo.fraction samples
                        'client_state'      persistent per-client state (core/client_state.py)
                        'validation'        per-client validation examples in the round batches
@@ -67,6 +70,7 @@ from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.wrappers import compress, dp, swa, wima
 from fedjax_flat.core.batch_stats import average_batch_stats
 from fedjax_flat.core.contract import ChainSpec, FederatedAlgorithm
+from fedjax_flat.core.runs import RunValue
 from fedjax_flat.data import validation_steps
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.optimizers.server import make_server_tx
@@ -74,8 +78,8 @@ from fedjax_flat.registry import Registry
 
 ALGORITHMS = Registry('algorithm', package='fedjax_flat.algorithms')
 
-NEEDS = ('population', 'chains', 'client_state', 'validation', 'batch_stats', 'local_batch_stats', 'style_clusters',
-         'client_groups', 'client_ids', 'client_domains')
+NEEDS = ('population', 'static_population', 'chains', 'client_state', 'validation', 'batch_stats',
+         'local_batch_stats', 'style_clusters', 'client_groups', 'client_ids', 'client_domains')
 CLIENT_OPTIMIZERS = ('sgd', 'sam', 'asam')
 
 
@@ -90,7 +94,8 @@ class BuildContext:
   server_tx: Any
   client_tx: Any             # the client optimizer (optimizers/client.client_optimizer), built once
   config: Any
-  population: int = 0        # N, the dataset's number of clients (0 = unknown: config.data.num_clients)
+  population: int = 0        # N, the dataset's number of clients (0 = unknown: config.data.num_clients); in a
+                             # batched program of runs with other populations, the lane's traced N (a RunValue)
   task: Any = None           # the dataset's task (fedjax_flat/tasks/base.py); None = classification
   chain: Any = None          # chain algorithms (algorithms/fedseq.py): their plan from the chain trainer
   client_clusters: Any = None  # need 'style_clusters': the trainer's StyleClustering (grouping/style_clusters.py)
@@ -301,7 +306,8 @@ def build_algorithm(config, model, population: int = 0, task=None, chain=None,
   client_tx, hparams_fn = client_parts(config.client)     # the client optimizer and the round's schedule, once
   ctx = BuildContext(model=model, loss_fn=loss_fn, client_cfg=config.client, server_tx=server_tx,
                      client_tx=client_tx, config=config,
-                     population=int(population), task=task, chain=chain, client_clusters=client_clusters,
+                     population=population if isinstance(population, RunValue) else int(population), task=task,
+                     chain=chain, client_clusters=client_clusters,
                      client_groups=client_groups, name=name, hp=types.MappingProxyType(hp), hparams_fn=hparams_fn)
   alg = s.build(ctx)
   alg = alg.replace(name=name, needs=s.needs, hparams=hp, chain=s.chain, client_groups=client_groups,

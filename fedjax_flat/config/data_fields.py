@@ -36,10 +36,10 @@ def _field(name, kind, lo=None, lo_open=False, hi=None, hi_open=False, what='', 
 # The common rule of every builder argument name (a dataset whose field means something else declares its own:
 # data/registry.py `rules=`, a schema rule such as DataValue). Kinds: int, number,
 # bool, str, shape, sizes (an int or a list of per-client ints); `inf` accepted only where `what` says what it means.
-# Tags: the seed and partition are a batched program's per-run inputs (core/runs.INPUT_FIELDS); where the files are
-# says how a run was executed, not what (sweeps/report.EXECUTION_KEYS).
+# Tags: the seed, partition and number of clients are a batched program's per-run inputs (core/runs.INPUT_FIELDS);
+# where the files are says how a run was executed, not what (sweeps/report.EXECUTION_KEYS).
 FIELDS = (
-    _field('num_clients', 'int', 1, what='the number of training clients'),
+    _field('num_clients', 'int', 1, what='the number of training clients', tags={INPUT}),
     _field('alpha', 'number', 0, hi=math.inf, what='Dirichlet label concentration; 0 = one class per client, inf = '
            'every client gets the global label proportions (IID)', tags={INPUT}),
     _field('beta', 'number', 0, True, math.inf, what='PAM: concentration of the fine labels within a coarse label'),

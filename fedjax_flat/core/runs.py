@@ -61,16 +61,19 @@ _SECTIONS = (client_opt.SECTION, server_opt.SECTION, schedules.SWA_SECTION, wind
              dp_mechanism.SECTION, compress.SECTION)
 VALUE_FIELDS = tagged(_SECTIONS, VALUE)
 STATIC_TRUTH = tagged(_SECTIONS, TRUTH)
-# 'seed' and the data partition ('data.alpha', 'data.seed') never reach the round builder as values: they select
-# the run's key and its client index arrays, which are per-run inputs of the program (INPUT); so do the virtual
-# clock's numbers (deadline, speeds' spread, availability rate, dropout, bandwidths: systems/clock.py tags them):
-# the host computes each run's schedule from them and the program takes its step limits per lane. Fields that do
-# not change the computation nor the blocks of rounds (LOG: how often the host logs). The seed's and the
-# partition's are declared above this layer (config/schema.py, config/data_fields.py): tests/config/test_schema.py
-# checks these equal their tags.
-INPUT_FIELDS = ('seed',) + tagged((clock_lib.SECTION,), INPUT) + ('data.alpha', 'data.seed')
+# 'seed' and the data partition ('data.num_clients', 'data.alpha', 'data.seed') never reach the round builder as
+# config values: they select the run's key and its client index arrays, which are per-run inputs of the program
+# (INPUT); a population K is each lane's traced count of clients (the sampler draws from its own K of a population
+# padded to the pack's largest, `make_runs_block_fn(population_size=)`; algorithms scaling by N read it); so do
+# the virtual clock's numbers (deadline, speeds' spread, availability rate, dropout, bandwidths: systems/clock.py
+# tags them): the host computes each run's schedule from them and the program takes its step limits per lane.
+# Fields that do not change the computation nor the blocks of rounds (LOG: how often the host logs). The seed's and
+# the partition's are declared above this layer (config/schema.py, config/data_fields.py): tests/config/
+# test_schema.py checks these equal their tags.
+INPUT_FIELDS = ('seed',) + tagged((clock_lib.SECTION,), INPUT) + ('data.num_clients', 'data.alpha', 'data.seed')
 IGNORED_FIELDS = ('progress_every_s',)
 AXIS = 'runs'
+POPULATION = 'num_clients'     # data_runs' per-lane population when the runs of a program have other ones
 
 
 class RunValueError(TypeError):
@@ -212,23 +215,29 @@ def lanes_for(num_runs: int, num_devices: int) -> int:
   return -(-int(num_runs) // d) * d
 
 
-def make_runs_block_fn(build_round_fn: Callable[[Dict[str, Any]], Callable], *, plan, num_clients: int,
+def make_runs_block_fn(build_round_fn: Callable[..., Callable], *, plan, num_clients: int,
                        clients_per_round: int, cohort: int, rounds_per_call: int, has_store: bool,
-                       mesh: Optional[Mesh] = None, has_limits: bool = False):
+                       mesh: Optional[Mesh] = None, has_limits: bool = False, population_size: Optional[int] = None):
   """Jitted runs_block(values, server_states, stores, templates, data_runs, data_shared, keys, start, n[, limits]).
 
-  build_round_fn(values) -> the un-jitted one-round program (engine.make_round_fn(jit=False)) of a run whose
-  VALUE_FIELDS are `values` (dotted name -> traced scalar). Leaves of every argument but data_shared, start
-  and n carry the leading runs axis. has_limits: the runs have a virtual clock; `limits` is each lane's
-  {'fit': [R, rounds_per_call, cohort], 'reports': ...} (rounds.make_block_fn's, per lane). Returns
-  (server_states, stores, metrics) with metrics leaves [R, rounds_per_call, ...] as rounds.make_block_fn's with a
-  leading R.
+  build_round_fn(values, population) -> the un-jitted one-round program (engine.make_round_fn(jit=False)) of a run
+  whose VALUE_FIELDS are `values` (dotted name -> traced scalar) and whose population is `population` (the static
+  num_clients, or the lane's traced count). Leaves of every argument but data_shared, start and n carry the leading
+  runs axis. has_limits: the runs have a virtual clock; `limits` is each lane's {'fit': [R, rounds_per_call,
+  cohort], 'reports': ...} (rounds.make_block_fn's, per lane). population_size: the runs have other populations
+  (data.num_clients): every per-client array is padded to this many clients (the pack's largest) and data_runs
+  holds each lane's own count as 'num_clients' (int32), from which its sampler draws (padded clients are never
+  sampled). Returns (server_states, stores, metrics) with metrics leaves [R, rounds_per_call, ...] as
+  rounds.make_block_fn's with a leading R.
   """
   def one_run(values, server_state, store, template, data_runs, data_shared, key, start_round, num_rounds,
               limits=None):
-    block = rounds_lib.make_block_fn(build_round_fn(values), plan=plan, num_clients=num_clients,
+    data_runs = dict(data_runs)
+    k = num_clients if population_size is None else data_runs.pop(POPULATION)
+    block = rounds_lib.make_block_fn(build_round_fn(values, k), plan=plan, num_clients=k,
                                      clients_per_round=clients_per_round, cohort=cohort,
-                                     rounds_per_call=rounds_per_call, has_store=has_store, jit=False)
+                                     rounds_per_call=rounds_per_call, has_store=has_store, jit=False,
+                                     population_size=population_size)
     return block(server_state, store, template, {**data_shared, **data_runs}, key, start_round, num_rounds,
                  limits)
 
@@ -263,6 +272,15 @@ def stack(trees: Sequence[Any]):
       return jnp.stack(xs)
     return np.stack([np.asarray(x) for x in xs])
   return jax.tree_util.tree_map(st, *trees)
+
+
+def pad_rows(a, n: int):
+  """Host array `a` with its leading axis padded to n rows of zeros (a pack's per-client arrays: rows past a run's
+  own population or examples, which no index of the run reaches)."""
+  a = np.asarray(a)
+  if a.shape[0] >= n:
+    return a
+  return np.concatenate([a, np.zeros((n - a.shape[0],) + a.shape[1:], a.dtype)])
 
 
 def unstack(tree, i: int):

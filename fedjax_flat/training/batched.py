@@ -103,11 +103,25 @@ def _trainer_blocker(t: loop.Trainer) -> Optional[str]:
   return None
 
 
+def pack_key(config) -> str:
+  """The compatibility key of a run (core/runs.compat_key) for packing: its population is a per-run input, except
+  for an algorithm whose arrays it sizes (need 'static_population': FedFomo's per-client slots are [N, ...] in its
+  server state), whose runs share a program only with runs of the same N."""
+  key = runs_lib.compat_key(config)
+  declared = alg_registry.declared(config)
+  if declared is not None and 'static_population' in declared.needs:
+    key += f'|data.num_clients={config.data.get("num_clients")}'
+  return key
+
+
 def _signature(t: loop.Trainer):
-  """What must be equal for two opened runs to share a program, beyond the compatibility key."""
+  """What must be equal for two opened runs to share a program, beyond the compatibility key. The per-client and
+  per-example arrays (the client-state store [K, ...], the device data) are compared without their leading axis:
+  a pack pads them to its largest (`BatchedTrainer`), so runs of other populations or data sizes share a program."""
   shapes = lambda tree: tuple((tuple(a.shape), str(a.dtype)) for a in jax.tree_util.tree_leaves(tree))
+  rows = lambda tree: tuple((tuple(a.shape[1:]), str(a.dtype)) for a in jax.tree_util.tree_leaves(tree))
   return (t.plan.batch_plan, t.plan.cohort, t.plan.chunk, t.plan.rounds_per_call, shapes(t.server_state),
-          shapes(t.store.arrays) if t.store is not None else None, shapes(t.driver.dev_data), t.round)
+          rows(t.store.arrays) if t.store is not None else None, rows(t.driver.dev_data), t.round)
 
 
 # The BatchPlan fields that only size the program (data/batching.py): padding them changes no run's numbers.
@@ -132,7 +146,7 @@ def align_plans(trainers: Sequence[loop.Trainer]) -> int:
   groups: Dict[tuple, list] = {}
   for t in trainers:
     if _trainer_blocker(t) is None:
-      groups.setdefault((runs_lib.compat_key(t.config),) + _signature(t)[1:], []).append(t)
+      groups.setdefault((pack_key(t.config),) + _signature(t)[1:], []).append(t)
   changed = 0
   for ts in groups.values():
     plan = common_plan([t.plan.batch_plan for t in ts]) if len(ts) > 1 else None
@@ -161,7 +175,7 @@ class BatchedTrainer:
       why = _trainer_blocker(t)
       if why:
         raise ValueError(f'{t.workdir}: cannot run in a batched program: {why}')
-    keys = {runs_lib.compat_key(t.config) for t in self.trainers}
+    keys = {pack_key(t.config) for t in self.trainers}
     sigs = {_signature(t) for t in self.trainers}
     if len(keys) > 1 or len(sigs) > 1:
       raise ValueError('runs of one batched program must have equal compatibility keys and shapes '
@@ -183,14 +197,22 @@ class BatchedTrainer:
       for t in self.trainers[1:]:
         if type(t.plan.evaluator) is Evaluator and _same_test_set(t.data, t0.data):
           t.plan.evaluator = t0.plan.evaluator
-    # Device data: arrays equal in every run are passed once; the others (a run's partition) per lane.
+    # Device data: arrays equal in every run are passed once; the others (a run's partition) per lane, padded
+    # to the pack's longest (rows past a run's own clients or examples: no index of the run reaches them).
     shared, per_run = {}, {}
     for k, v in t0.driver.dev_data.items():
       if all(t.driver.dev_data[k] is v or np.array_equal(np.asarray(t.driver.dev_data[k]), np.asarray(v))
              for t in self.trainers[1:]):
         shared[k] = v
       else:
-        per_run[k] = [t.driver.dev_data[k] for t in self.trainers]
+        rows = max(int(t.driver.dev_data[k].shape[0]) for t in self.trainers)
+        per_run[k] = [runs_lib.pad_rows(t.driver.dev_data[k], rows) for t in self.trainers]
+    # Populations (data.num_clients) differ: the program's per-client arrays have the largest K's rows, each lane
+    # draws its cohort from its own K (core/runs.POPULATION) and its algorithm scales by its own N.
+    self.populations = [int(t.data.num_clients) for t in self.trainers]
+    self.population_size = max(self.populations) if len(set(self.populations)) > 1 else None
+    if self.population_size is not None:
+      per_run[runs_lib.POPULATION] = [np.int32(k) for k in self.populations]
     self.data_shared = runs_lib.replicate(shared, self.mesh)
     self.per_run_keys = sorted(per_run)
     self.data_runs = runs_lib.place(runs_lib.stack([{k: per_run[k][i] for k in self.per_run_keys}
@@ -203,21 +225,24 @@ class BatchedTrainer:
                                      self.mesh) if self.has_store else None)
     base = t0.config
 
-    def build_round_fn(values):
+    def build_round_fn(values, population):
       cfg = runs_lib.traced_config(base, values)
-      alg = alg_registry.build_algorithm(cfg, t0.model, population=t0.data.num_clients, task=t0.task)
+      if not isinstance(population, int):    # each lane's own N, as a value the builders cannot freeze
+        population = runs_lib.RunValue(population.astype(np.float32), 'data.num_clients')
+      alg = alg_registry.build_algorithm(cfg, t0.model, population=population, task=t0.task)
       return engine_lib.make_round_fn(alg, chunk=t0.plan.chunk, unroll=base.engine.unroll,
                                       augment_fn=t0.plan.train_transform, jit=False)
 
     # Packs of one compatibility group (a grid split into several packs, a resumed remainder) reuse the
     # compiled program: same key, same shapes, same lanes -> same program, compiled once per process.
-    program_key = (runs_lib.compat_key(base), _signature(t0)[:-1], self.lanes, self.fields,
-                   tuple(self.per_run_keys), tuple(str(d) for d in devices), self.has_clock)
+    program_key = (pack_key(base), _signature(t0)[:-1], self.lanes, self.fields, tuple(self.per_run_keys),
+                   tuple(str(d) for d in devices), self.has_clock, self.population_size,
+                   tuple((k, a.shape) for k, a in sorted(self.data_runs.items())), self._store_rows())
     if program_key not in _PROGRAMS:
       _PROGRAMS[program_key] = runs_lib.make_runs_block_fn(
           build_round_fn, plan=t0.plan.batch_plan, num_clients=t0.data.num_clients,
           clients_per_round=base.clients_per_round, cohort=t0.plan.cohort, rounds_per_call=t0.plan.rounds_per_call,
-          has_store=self.has_store, mesh=self.mesh, has_limits=self.has_clock)
+          has_store=self.has_store, mesh=self.mesh, has_limits=self.has_clock, population_size=self.population_size)
     self.fn = _PROGRAMS[program_key]
     self.program_key = program_key
     self.compiled = None
@@ -245,9 +270,25 @@ class BatchedTrainer:
     """The lanes' stacked server states and client stores, as the first block reads them."""
     lanes = self._lane_runs()
     states = runs_lib.place(runs_lib.stack([self.trainers[i].server_state for i in lanes]), self.mesh)
-    stores = (runs_lib.place(runs_lib.stack([self.trainers[i].store.arrays for i in lanes]), self.mesh)
-              if self.has_store else None)
+    stores = None
+    if self.has_store:       # each run's [K, ...] rows padded to the pack's largest K (never sampled, never read)
+      rows = self._store_rows()
+      stores = runs_lib.place(runs_lib.stack([
+          jax.tree_util.tree_map(lambda a: runs_lib.pad_rows(a, rows), self.trainers[i].store.arrays)
+          for i in lanes]), self.mesh)
     return states, stores
+
+  def _store_rows(self) -> int:
+    """Rows of the program's client-state stores: the pack's largest population (0: no store)."""
+    if not self.has_store:
+      return 0
+    return max(int(jax.tree_util.tree_leaves(t.store.arrays)[0].shape[0]) for t in self.trainers)
+
+  def _run_store(self, stores, i: int):
+    """Run i's own store arrays from the program's stacked ones: its lane, its own K rows (what it checkpoints,
+    so that it resumes alone or in another pack bit-identically)."""
+    k = int(jax.tree_util.tree_leaves(self.trainers[i].store.arrays)[0].shape[0])
+    return jax.tree_util.tree_map(lambda a: a[i][:k], stores)
 
   def _args(self, r: int, n: int, states, stores, limits=None):
     """The runs program's arguments for rounds r .. r+n-1 (r and n are traced: one program for every block);
@@ -340,7 +381,7 @@ class BatchedTrainer:
           t.driver.round_s = wall / max(n, 1)      # pylint: disable=protected-access
         try:
           block = t.driver.block_results(t.store, r, n, runs_lib.unstack(m, i),
-                                         runs_lib.unstack(stores, i) if self.has_store else None,
+                                         self._run_store(stores, i) if self.has_store else None,
                                          system=self._system[r][i] if self.has_clock else None)
         except driver_lib.DivergenceError as e:
           logging.error('%s: %s', t.workdir, e)
@@ -367,7 +408,7 @@ def pack_groups(specs: Sequence[RunSpec], max_runs: int) -> List[List[int]]:
   balanced packs of at most max_runs (n runs -> ceil(n / max_runs) packs of nearly equal size)."""
   groups: Dict[str, List[int]] = {}
   for i, s in enumerate(specs):
-    groups.setdefault(runs_lib.compat_key(s.config), []).append(i)
+    groups.setdefault(pack_key(s.config), []).append(i)
   packs = []
   for idx in groups.values():
     k = -(-len(idx) // max(int(max_runs), 1))

@@ -312,3 +312,91 @@ def test_a_one_run_pack_on_several_devices_trains_as_train_py_would(tmp_path, mo
   assert res[0].status == 'done' and res[0].lanes == 0, res[0].error
   assert _records(str(tmp_path / 'alone')) == _records(str(tmp_path / 'ref'))
   assert all(np.array_equal(a, b) for a, b in zip(_ckpt(str(tmp_path / 'alone')), _ckpt(str(tmp_path / 'ref'))))
+
+
+def _count_config(k, seed=0, **over):
+  """SCAFFOLD on the digits split into k clients: a client-count grid (client states [K], |S|/N per run)."""
+  c = small_config(**{'dataset': 'digits', 'algorithm': 'scaffold', 'data.alpha': 0.5, 'data.num_clients': k,
+                      'seed': seed, 'rounds': 4, 'eval_every': 2, 'checkpoint_every': 2,
+                      'engine.strategy': 'sequential', 'client.batch_size': 32, **over})
+  c.algo.update({**registry.default_hparams('scaffold'), **c.algo.to_dict()})
+  return c
+
+
+COUNTS = (10, 16, 20)
+
+
+def test_pack_key_leaves_out_the_population_unless_it_sizes_arrays():
+  """data.num_clients is a per-run input (core/runs.INPUT_FIELDS): a client-count grid packs into one program;
+  FedFomo's per-client slots are [N, ...] arrays, so its runs pack only with runs of the same N."""
+  assert len({batched.pack_key(_count_config(k)) for k in COUNTS}) == 1
+  fomo = [_count_config(k, algorithm='fedfomo') for k in COUNTS]
+  for c in fomo:
+    c.algo = registry.default_hparams('fedfomo')
+  assert len({batched.pack_key(c) for c in fomo}) == 3
+  assert batched.pack_groups([batched.RunSpec(str(k), _count_config(k), '') for k in COUNTS], 4) == [[0, 1, 2]]
+
+
+def _spy_programs(monkeypatch):
+  built = []
+  real_init = batched.BatchedTrainer.__init__
+
+  def init(self, trainers, **kw):
+    real_init(self, trainers, **kw)
+    built.append((len(trainers), self.population_size))
+  monkeypatch.setattr(batched.BatchedTrainer, '__init__', init)
+  return built
+
+
+def test_a_client_count_grid_is_one_program_and_each_run_equals_its_run_alone(tmp_path, monkeypatch):
+  """Runs of 10, 16 and 20 clients share one program: per-client arrays padded to 20 rows, each lane draws its
+  cohort from its own K and SCAFFOLD's |S|/N uses its own N; each run's records and checkpoint (its own K
+  client states) equal the run alone."""
+  for i, k in enumerate(COUNTS):
+    run_lib.run(_count_config(k, seed=i, rounds=2), str(tmp_path / f'alone{i}'))
+  built = _spy_programs(monkeypatch)
+  specs = [batched.RunSpec(f'r{i}', _count_config(k, seed=i, rounds=2), str(tmp_path / f'batched{i}'))
+           for i, k in enumerate(COUNTS)]
+  res = batched.run_batch(specs, lanes=4)
+  assert [res[i].status for i in range(3)] == ['done'] * 3, [res[i].error for i in range(3)]
+  assert built == [(3, 20)], 'one program for the whole client-count grid'
+  for i, k in enumerate(COUNTS):
+    a, b = str(tmp_path / f'alone{i}'), str(tmp_path / f'batched{i}')
+    ra, rb = _records(a), _records(b)
+    assert [r['round'] for r in ra] == [r['round'] for r in rb] == [2]
+    for x, y in zip(ra, rb, strict=True):
+      for key in x:
+        np.testing.assert_allclose(x[key], y[key], rtol=2e-4, atol=1e-5, err_msg=f'K={k} {key}')
+    ids_a, ids_b = (ckpt_lib.read_checkpoint(os.path.join(d, 'checkpoints'))['client_ids'] for d in (a, b))
+    np.testing.assert_array_equal(ids_b, ids_a)          # the clients it sampled: its own, all below its K
+    assert int(np.max(ids_b)) < k
+    for x, y in zip(_ckpt(a), _ckpt(b), strict=True):
+      assert x.shape == y.shape
+      np.testing.assert_allclose(x, y, rtol=2e-4, atol=2e-5, err_msg=f'K={k} checkpoint')
+
+
+@pytest.mark.slow    # 3 runs batched twice and resumed (~20 s quiet)
+def test_a_client_count_pack_resumes_bit_identical_and_a_run_of_it_resumes_alone(tmp_path, monkeypatch):
+  """A stopped client-count pack resumes bit-identical to the uninterrupted one (each run checkpointed its own
+  K rows); its 10-client run resumed alone (train.py) ends as the same run trained alone throughout."""
+  specs = lambda d, idx=range(3): [batched.RunSpec(f'r{i}', _count_config(COUNTS[i], seed=i),
+                                                   str(tmp_path / d / str(i))) for i in idx]
+  batched.run_batch(specs('ref'), lanes=4)
+  polls = {'n': 0}
+
+  def stop_after_first_block():
+    polls['n'] += 1
+    return polls['n'] == 1
+  first = batched.run_batch(specs('resumed'), lanes=4, stop_requested=stop_after_first_block)
+  assert {first[i].summary['rounds_completed'] for i in range(3)} == {2}
+  run_lib.run(_count_config(COUNTS[0], seed=0), str(tmp_path / 'resumed' / '0'))     # alone, from round 2
+  second = batched.run_batch(specs('resumed', (1, 2)), lanes=4)
+  assert all(second[i].summary['resumed_from_round'] == 2 for i in range(2))
+  for i in (1, 2):
+    for x, y in zip(_ckpt(str(tmp_path / 'resumed' / str(i))), _ckpt(str(tmp_path / 'ref' / str(i))),
+                    strict=True):
+      np.testing.assert_array_equal(x, y)
+    assert _records(str(tmp_path / 'resumed' / str(i))) == _records(str(tmp_path / 'ref' / str(i)))
+  run_lib.run(_count_config(COUNTS[0], seed=0), str(tmp_path / 'alone'))
+  for x, y in zip(_ckpt(str(tmp_path / 'resumed' / '0')), _ckpt(str(tmp_path / 'alone')), strict=True):
+    np.testing.assert_allclose(x, y, rtol=2e-4, atol=2e-5)
