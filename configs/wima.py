@@ -15,6 +15,8 @@ subset=all, batch=100 (CIFAR) / 20 (PAM) / 10 (FEMNIST) / 50 (Landmarks)):
   alpha=0 | 0.05 (CIFAR10), 0 | 0.5 (CIFAR100) (PAM, FEMNIST, Landmarks: their own splits, no alpha);
   window=5 | 10 | 50 | 100 | 200 (Table 4.24, CIFAR alpha=0);
   subset=all | classifier | features with batch=20 (Table 4.25: WiMA on part of the network, FedAvg)
+CIFAR cells buffer 200 models of every parameter (wima.buffer = Table 4.24's largest W, wima.buffer_all): the
+averages are those of a buffer of W and of the subset only, and a window or subset grid is one batched program.
 CELLS lists the 150 cells with a published number in config.published.
 
 CIFAR setting (thesis A.3.1, Table 4.22): 100 clients x 500 images, Dirichlet alpha, 10 clients per round, 10k
@@ -258,6 +260,11 @@ def get_config(arg: str = ''):
   c.wima.enabled = wima
   c.wima.window = window
   c.wima.subset = o['subset']
+  if ds in HET:
+    # One batched program for each table's grid (--batch_runs): the ring buffer holds Table 4.24's largest window
+    # and every parameter, so the window and the subset are per-run values (same averages; W_max model copies).
+    c.wima.buffer = max(T424[ds])
+    c.wima.buffer_all = True
   source, acc = _published(ds, alpha, algo, wima, window, o['subset'], batch)
   if source:
     config_strings.set_published(c, source, acc)

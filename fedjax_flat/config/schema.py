@@ -285,7 +285,7 @@ BN = Section('bn', (
 
 PUBLISHED = Section('', (
     Field('published', None, "the paper's number for this setting (documentation only: source, accuracy, ...)",
-          {WHOLE, EXECUTION}),
+          {WHOLE, EXECUTION, LOG}),
 ))
 
 # The config's layout, in order.

@@ -2,8 +2,8 @@
 
 R runs whose programs have the same structure and differ only in values (the seed, client / server learning
 rates, momentum, weight decay, SAM / ASAM radius, SWA's learning rates, WiMA's window when `wima.buffer` holds
-the largest, DP's clip and noise, the data partition and client sizes, the virtual clock's numbers: each lane's
-step limits) execute as
+the largest and its subset when `wima.buffer_all` buffers every parameter, DP's clip and noise, the data partition,
+client sizes and number of clients, the virtual clock's numbers: each lane's step limits) execute as
 
   runs_block(values [R], server_states [R], stores [R], templates [R], data_runs [R], data_shared, keys [R],
              start_round, num_rounds[, limits [R]]) -> (server_states', stores', per-run per-round metrics [R, n, ...])
@@ -71,7 +71,8 @@ STATIC_TRUTH = tagged(_SECTIONS, TRUTH)
 # the partition's are declared above this layer (config/schema.py, config/data_fields.py): tests/config/
 # test_schema.py checks these equal their tags.
 INPUT_FIELDS = ('seed',) + tagged((clock_lib.SECTION,), INPUT) + ('data.num_clients', 'data.alpha', 'data.seed')
-IGNORED_FIELDS = ('progress_every_s',)
+# Neither do the published numbers a cell is compared with (config.published: each paper-table cell has its own).
+IGNORED_FIELDS = ('progress_every_s', 'published')
 AXIS = 'runs'
 POPULATION = 'num_clients'     # data_runs' per-lane population when the runs of a program have other ones
 
@@ -144,13 +145,19 @@ def _sizes_array(config, f: str) -> bool:
 
 
 def present_value_fields(config) -> tuple:
-  """The VALUE_FIELDS this config has (numbers) and traces (not those sizing an array: `_sizes_array`)."""
-  return tuple(f for f in VALUE_FIELDS if isinstance(_get(config, f), (int, float)) and
-               not isinstance(_get(config, f), bool) and not _sizes_array(config, f))
+  """The VALUE_FIELDS this config has (numbers, or names of window_average.CODES) and traces (not those sizing an
+  array: `_sizes_array`)."""
+  def traced(v, f):
+    if f in window_average.CODES:
+      return isinstance(v, str)
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+  return tuple(f for f in VALUE_FIELDS if traced(_get(config, f), f) and not _sizes_array(config, f))
 
 
 def run_values(config, fields: Sequence[str]) -> Dict[str, float]:
-  out = {f: float(_get(config, f)) for f in fields}
+  """Each traced field's value for this run (a name: its index in window_average.CODES)."""
+  code = lambda f, v: float(window_average.CODES[f].index(v)) if f in window_average.CODES else float(v)
+  out = {f: code(f, _get(config, f)) for f in fields}
   if 'dp.noise_multiplier' in out and 'dp.target_epsilon' in out and config.dp.mode != 'off':
     # A per-run target epsilon: the run's noise multiplier is calibrated here, on the host, from the run's own
     # config (privacy/mechanism.noise_multiplier), and traced as its dp.noise_multiplier.

@@ -8,7 +8,8 @@ wrapper that averages any algorithm's models is algorithms/wrappers/wima.py.
   push:  j = count mod W;  S <- S - B[j] + w;  B[j] <- w;  every W pushes S is summed again from B[:W]
   mean:  S / min(max(count, 1), W)
 
-with a buffer of capacity >= W whose slots >= W stay zero (never written). W may be a traced per-run value.
+with a buffer of capacity >= W whose slots >= W stay zero (never written). W may be a traced per-run value; so
+may the subset of parameters averaged when the buffer holds them all (`wima.buffer_all`: a mask when read).
 """
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ import jax.numpy as jnp
 
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.schema import RESULT, VALUE, Choice, Field, Flag, Int, Section, String
+
+
+SUBSETS = ('all', 'classifier', 'features')
 
 
 def _check(cfg) -> None:
@@ -30,15 +34,21 @@ SECTION = Section('wima', (
     Field('window', Int(100, lo=1), 'W: the last W server models averaged', {VALUE}),
     Field('buffer', Int(0, lo=0), 'the ring buffer\'s capacity (0 = the window); a window grid whose runs set it '
           'to the largest window shares one batched program'),
-    Field('subset', Choice('all', ('all', 'classifier', 'features'), sort=True),
-          "the parameters averaged: 'all' | 'classifier' | 'features'"),
+    Field('subset', Choice('all', SUBSETS, sort=True),
+          "the parameters averaged: 'all' | 'classifier' | 'features'", {VALUE}),
+    Field('buffer_all', Flag(False), 'buffer every parameter and apply wima.subset as a mask when the average is '
+          'read (same averages; W copies of the whole model): a subset grid whose runs set it shares one batched '
+          'program'),
     Field('classifier', String('', message="must be a string ('' = auto)"),
           "top-level module of the classifier for wima.subset; '' = auto"),
 ), check=_check, tags={RESULT}, doc='window averaging of the server models (WiMA)')
 
 # A VALUE field that sizes an array when the field named here is 0: it stays static (and in the compatibility
-# key) then, since an array's shape cannot be a per-run value (core/runs.py reads this).
-SIZED_BY = {'wima.window': 'wima.buffer'}
+# key) then, since an array's shape cannot be a per-run value (core/runs.py reads this). The subset chooses the
+# buffered parameters unless every parameter is buffered (wima.buffer_all).
+SIZED_BY = {'wima.window': 'wima.buffer', 'wima.subset': 'wima.buffer_all'}
+# A VALUE field whose values are names: traced as the name's index here (core/runs.run_values).
+CODES = {'wima.subset': SUBSETS}
 
 
 def capacity(wcfg) -> int:

@@ -5,7 +5,8 @@ fresh, config.json), groups the runs that can share a program (`pack_groups`: sa
 batch plan and data shapes, same resumed round), and drives each group with a `BatchedTrainer`. Runs whose batch
 plans differ only in their shapes (another Dirichlet alpha or data seed gives other client sizes: more local
 steps, a larger client) first get the pack's common plan (`align_plans`: the largest of each shape), so a data
-grid is one program; the padding is masked and changes no run's numbers:
+grid is one program; so is a grid over the number of clients (the per-client arrays padded to the pack's largest
+population, each lane sampling from its own); the padding is masked and changes no run's numbers:
 
   every block:  stack the runs' server states / client stores -> one call of the runs program (vmapped over
                 R lanes, sharded over the local devices) -> unstack -> per run: divergence check, train loss,

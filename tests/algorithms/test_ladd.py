@@ -577,7 +577,7 @@ def test_registered_ladd_trains_each_client_from_its_cluster():
     np.testing.assert_array_equal(np.asarray(t.store.gather(np.arange(4))['cluster']), labels)
     w0 = t.server_state['cluster']
     before = [np.asarray(x).copy() for x in w0]
-    t.server_state, _ = t.driver.run_round(t.server_state, t.store, 0, t.driver.prepare_round(0))
+    t.server_state, _ = t.driver.step(t.server_state, t.store, 0, 1, 1)     # round 0 (host or device driver)
     after = [np.asarray(x) for x in t.server_state['cluster']]
     for c in (0, 1):
       assert any(not np.allclose(a[c], b[c]) for a, b in zip(before, after)), f'cluster {c} did not train'
@@ -587,7 +587,7 @@ def test_registered_ladd_trains_each_client_from_its_cluster():
     if kind == 'host':   # the trainer's evaluation routes each test image to its style's cluster model
       ev, (tx, ty) = t.evaluate(), t.data.test_examples()
       want = routed.routes(tx, t.plan.style_clusters.centroids)
-      np.testing.assert_array_equal(t.routed_evaluator.route_ids, want)
+      np.testing.assert_array_equal(t.recorder.plugin_state['routed'].route_ids, want)   # training/evals/routed.py
       models = t.algorithm.eval_models(t.server_state)
       ref = routed.evaluate_routed(t.model, lambda c: models[f'cluster{c}'][0], tx, ty, t.task, want,
                                    prep=t.plan.eval_transform)

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from fedjax_flat.algorithms.wrappers.swa import swa_start_round
+from fedjax_flat.training import batched
 from fedjax_flat.training import checkpoint
 from fedjax_flat.config import families as config_strings
 from fedjax_flat.config.validate import validate_config
@@ -496,3 +497,16 @@ def test_fedsoup_digits_cells_validate_against_their_data():
       validate_against_data(c, data)
       alg_registry.spec(c.algorithm).validate_data(c, data)
     assert data.num_clients == 5 - (leave_out >= 0)
+
+
+def test_the_wima_tables_pack_by_algorithm():
+  """Tables 4.22, 4.24 and 4.25 on CIFAR as few batched programs as their structures: the published number (each
+  cell's own) is not part of the program, the window, subset and Dirichlet alpha are per-run values."""
+  key = lambda cell: batched.pack_key(cfg(f'wima.py:{cell}'))
+  t422_t424 = ['cifar10,fedavg,alpha=0', 'cifar10,fedavg,alpha=0.05'] + [
+      f'cifar10,fedavg,alpha=0,window={w}' for w in (5, 10, 50, 200)]
+  assert len({key(c) for c in t422_t424}) == 1
+  t425 = [f'cifar10,fedavg,alpha={a},subset={s},batch=20' for a in (0, 0.05) for s in ('classifier', 'features', 'all')]
+  assert len({key(c) for c in t425}) == 1
+  assert key('cifar10,fedavg,nowima,alpha=0') != key('cifar10,fedavg,alpha=0')        # WiMA's state: a structure
+  assert key('cifar10,scaffold,alpha=0') != key('cifar10,fedavg,alpha=0')

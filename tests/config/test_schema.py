@@ -54,8 +54,8 @@ def test_kind_tables_follow_the_tags():
                                     'client.weight_decay', 'client.asam_eta', 'client.sam_every', 'client.looksam_k',
                                     'client.looksam_alpha', 'client.ascent_fraction', 'server.lr',
                                     'server.momentum',
-                                    'swa.lr1', 'swa.lr2', 'wima.window', 'dp.clip', 'dp.noise_multiplier',
-                                    'dp.target_epsilon', 'upload.fraction', 'upload.bits'}
+                                    'swa.lr1', 'swa.lr2', 'wima.window', 'wima.subset', 'dp.clip',
+                                    'dp.noise_multiplier', 'dp.target_epsilon', 'upload.fraction', 'upload.bits'}
   assert runs.STATIC_TRUTH == ('client.momentum', 'client.weight_decay', 'server.momentum', 'dp.target_epsilon')
   assert report.RESULT_KEYS == {'engine.compute_dtype': 'float32'}
   assert set(report.EXECUTION_KEYS) == {

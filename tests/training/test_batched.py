@@ -36,6 +36,8 @@ CASES = {
     'sam_every': {'client.optimizer': 'sam_every', 'client.rho': 0.05},
     # a WiMA window grid in one program: the window per run, the buffer the largest window
     'wima': {'wima.enabled': True, 'wima.buffer': 4},
+    # a WiMA subset grid in one program: every parameter buffered, the subset a per-run mask when read
+    'wima_subset': {'wima.enabled': True, 'wima.window': 3, 'wima.buffer_all': True},
     # builders that once froze a per-run value with float(): FedNova's momentum, Mime's weight decay
     'fednova': {'algorithm': 'fednova'},
     'mime': {'algorithm': 'mime'},
@@ -57,6 +59,7 @@ EXTRA = {'fedsam': [{'client.rho': 0.02}, {'client.rho': 0.05}, {'client.rho': 0
          'swa': [{'swa.lr1': 0.1, 'swa.lr2': 0.01}, {'swa.lr1': 0.2, 'swa.lr2': 0.02}, {'swa.lr1': 0.05,
                                                                                         'swa.lr2': 0.001}],
          'wima': [{'wima.window': 2}, {'wima.window': 3}, {'wima.window': 4}],
+         'wima_subset': [{'wima.subset': 'classifier'}, {'wima.subset': 'features'}, {'wima.subset': 'all'}],
          'looksam': [{'client.looksam_k': 1, 'client.looksam_alpha': 0.5}, {'client.looksam_k': 2,
                       'client.looksam_alpha': 0.7}, {'client.looksam_k': 3, 'client.looksam_alpha': 0.0}],
          'sam_every': [{'client.sam_every': 1}, {'client.sam_every': 2}, {'client.sam_every': 3}],

@@ -16,7 +16,8 @@ w^0 is never part of the window. Every W rounds (when the ring wraps around) S i
 the buffer (a lax.cond, so it costs O(W) model adds once per W rounds) to stop float32 drift of the
 running sum over thousands of rounds.
 
-wima.subset (thesis Table 4.25):
+wima.subset (thesis Table 4.25; with wima.buffer_all every parameter is buffered and the subset chosen when the
+average is read, so that a subset grid is one batched program):
   'all'         every parameter is averaged;
   'classifier'  only the classifier (the output Dense layer) is averaged, the rest is the current global model;
   'features'    everything but the classifier is averaged, the classifier is the current global model.
@@ -42,7 +43,7 @@ from fedjax_flat.core.window_average import SECTION  # noqa: F401  (config.wima,
 
 KEY = 'wima'
 SEP = '/'
-SUBSETS = ('all', 'classifier', 'features')
+SUBSETS = window_average.SUBSETS
 
 
 def _split(state):
@@ -85,13 +86,28 @@ def selected_paths(params, subset: str, classifier: str = '') -> list:
   return in_head if subset == 'classifier' else [p for p in paths if p.split(SEP)[0] != head]
 
 
+def subset_mask(params, subset, classifier: str = '') -> dict:
+  """{'/'-joined path: whether WiMA averages it} for every parameter; subset is a name of SUBSETS or, in a batched
+  program, its traced index (a bool scalar per path then)."""
+  paths = list(_flatten(params))
+  head = classifier_key(params, classifier)
+  if isinstance(subset, str):
+    chosen = set(selected_paths(params, subset, classifier))
+    return {p: p in chosen for p in paths}
+  code = jnp.round(subset).astype(jnp.int32)
+  return {p: (code == 0) | (code == (1 if p.split(SEP)[0] == head else 2)) for p in paths}
+
+
 def with_wima(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
   wcfg = config.wima
   window = wcfg.window
   if isinstance(window, RunValue):          # a per-run value of a batched program (traced float32): as an index
     window = jnp.round(window.value).astype(jnp.int32)
   slots = window_average.capacity(wcfg)
-  subset = str(wcfg.subset)
+  # wima.buffer_all: every parameter is buffered and the subset is a mask when the average is read (the averages
+  # are the same: each parameter's window sum is its own), so the subset may be a per-run traced value.
+  buffer_all = bool(wcfg.get('buffer_all', False))
+  subset = wcfg.subset.value if isinstance(wcfg.subset, RunValue) else str(wcfg.subset)
   classifier = str(wcfg.get('classifier', ''))
   last_phase = alg.num_phases - 1
 
@@ -100,7 +116,8 @@ def with_wima(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
     if not isinstance(inner, dict) or KEY in inner:
       raise TypeError(f'with_wima needs a dict server state without a {KEY!r} key, got {type(inner)}')
     flat = _flatten(params, sep=None)
-    paths = [_tuple(p) for p in selected_paths(params, subset, classifier)]  # creation order of fresh params
+    buffered = selected_paths(params, 'all' if buffer_all else subset, classifier)
+    paths = [_tuple(p) for p in buffered]       # creation order of fresh params
     nest = flax.traverse_util.unflatten_dict
     return {**inner, KEY: {
         'buf': nest({p: jnp.zeros((slots,) + flat[p].shape, flat[p].dtype) for p in paths}),
@@ -119,8 +136,14 @@ def with_wima(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
     return {**inner, KEY: {'buf': nest(buf), 'sum': nest(tot), 'count': w['count'] + 1}}
 
   def wima_params(inner, w):
-    flat = dict(_flatten(alg.eval_models(inner)['global'][0], sep=None))
-    flat.update(window_average.mean(_flatten(w['sum'], sep=None), w['count'], window))
+    params = alg.eval_models(inner)['global'][0]
+    flat = dict(_flatten(params, sep=None))
+    means = window_average.mean(_flatten(w['sum'], sep=None), w['count'], window)
+    if buffer_all:
+      mask = {_tuple(p): m for p, m in subset_mask(params, subset, classifier).items()}
+      means = {p: (v if mask[p] is True else jnp.where(mask[p], v, flat[p])) for p, v in means.items()
+               if mask[p] is not False}
+    flat.update(means)
     return flax.traverse_util.unflatten_dict(flat)
 
   def eval_models(state):

@@ -119,6 +119,41 @@ def test_subset_averages_only_part_of_the_network(subset, averaged):
       close(params[mod], window[mod] if mod == averaged else models_of_round(i)[mod])
 
 
+@pytest.mark.parametrize('traced', [False, True])
+@pytest.mark.parametrize('subset', ['classifier', 'features', 'all'])
+def test_buffering_every_parameter_gives_the_subset_s_averages_bit_for_bit(subset, traced):
+  """wima.buffer_all (a subset grid's shared buffer): every parameter is buffered and the subset is a mask when
+  the average is read, also with the subset a per-run value (its index, a float32 RunValue as a batched program
+  passes): the WiMA model equals the subset-only buffer's exactly (each parameter's window sum is its own)."""
+  from fedjax_flat.core import runs as runs_lib
+  _, ref = run(subset)
+  c = wima_config(subset)
+  c.wima.buffer_all = True
+  assert ('wima.subset' in runs_lib.present_value_fields(c)) and 'wima.subset' not in runs_lib.present_value_fields(
+      wima_config(subset))
+  if traced:
+    c = runs_lib.traced_config(c, runs_lib.run_values(c, ('wima.subset',)))
+    assert isinstance(c.wima.subset, runs_lib.RunValue)
+  alg = with_wima(toy_algorithm(), c)
+  state = alg.server_init(jax.tree_util.tree_map(jnp.asarray, models_of_round(-1)), None)
+  assert set(state['wima']['buf']) == {'Dense_0', 'Dense_1'}      # every parameter buffered
+  update = jax.jit(alg.server_update)
+  for i in range(7):
+    state = update(state, {}, jnp.int32(i))
+    jax.tree_util.tree_map(np.testing.assert_array_equal, alg.eval_models(state)['wima'][0], ref[i]['wima'][0])
+
+
+def test_a_subset_grid_shares_a_program_only_when_every_parameter_is_buffered():
+  from fedjax_flat.core import runs as runs_lib
+  def keys(buffer_all):
+    cs = [wima_config(subset=s) for s in ('classifier', 'features', 'all')]
+    for c in cs:
+      c.wima.buffer_all = buffer_all
+    return {runs_lib.compat_key(c) for c in cs}
+  assert len(keys(True)) == 1 and len(keys(False)) == 3
+  assert runs_lib.run_values(wima_config(subset='features'), ('wima.subset',)) == {'wima.subset': 2.0}
+
+
 def test_running_sum_resync_keeps_it_exact_over_many_wraps():
   state, evals = run('all', rounds=10)
   close(state['wima']['sum'], jax.tree_util.tree_map(lambda x: x * W, mean_of(range(7, 10))))
