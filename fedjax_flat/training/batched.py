@@ -404,16 +404,23 @@ def _same_test_set(a, b) -> bool:
   return np.array_equal(ax, bx) and np.array_equal(ay, by)
 
 
-def pack_groups(specs: Sequence[RunSpec], max_runs: int) -> List[List[int]]:
+def pack_groups(specs: Sequence[RunSpec], max_runs: int, num_devices: Optional[int] = None) -> List[List[int]]:
   """Indices of `specs` packed into programs: runs with equal compatibility keys, in order, split into
-  balanced packs of at most max_runs (n runs -> ceil(n / max_runs) packs of nearly equal size)."""
+  balanced packs of at most max_runs (n runs -> ceil(n / max_runs) packs of nearly equal size). On several devices
+  (num_devices; None: the local devices) a pack larger than the device count is rounded up to a multiple of it
+  within max_runs: a program's lanes are a multiple of the devices, and a lane without a run computes a copy
+  (6 runs, at most 4 a program, 2 devices: packs of 4 + 2 runs in 6 lanes, not 3 + 3 in 8)."""
+  d = len(jax.local_devices()) if num_devices is None else max(int(num_devices), 1)
+  most = max(int(max_runs), 1)
   groups: Dict[str, List[int]] = {}
   for i, s in enumerate(specs):
     groups.setdefault(pack_key(s.config), []).append(i)
   packs = []
   for idx in groups.values():
-    k = -(-len(idx) // max(int(max_runs), 1))
+    k = -(-len(idx) // most)
     size = -(-len(idx) // k)
+    if size > d and runs_lib.lanes_for(size, d) <= most:
+      size = runs_lib.lanes_for(size, d)
     packs += [idx[j:j + size] for j in range(0, len(idx), size)]
   return packs
 

@@ -185,8 +185,13 @@ def test_compat_key_and_packing():
   assert runs_lib.compat_key(_config('fedavg', 0, **{'client.momentum': 0.0})) != runs_lib.compat_key(base)
   specs = [batched.RunSpec(str(i), c, '') for i, c in enumerate(
       [_config('fedavg', i % 3) for i in range(9)] + [_config('fedsam', 0)])]
-  assert batched.pack_groups(specs, 4) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]   # balanced: 9 -> 3 x 3
-  assert batched.pack_groups(specs, 16) == [list(range(9)), [9]]
+  assert batched.pack_groups(specs, 4, 1) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]   # balanced: 9 -> 3 x 3
+  assert batched.pack_groups(specs, 16, 1) == [list(range(9)), [9]]
+  # two devices: packs of a multiple of 2 (every lane a run), 9 -> 4 + 4 + 1 (8 lanes + a run alone, not 3 x 4)
+  assert batched.pack_groups(specs, 4, 2) == [[0, 1, 2, 3], [4, 5, 6, 7], [8], [9]]
+  assert batched.pack_groups(specs[:6], 4, 2) == [[0, 1, 2, 3], [4, 5]]
+  assert batched.pack_groups(specs[:3], 4, 2) == [[0, 1, 2]] and batched.pack_groups(specs[:3], 2, 2) == [[0, 1], [2]]
+  assert batched.pack_groups(specs[:6], 3, 2) == [[0, 1, 2], [3, 4, 5]]    # 4 would exceed 3 a program
   assert runs_lib.lanes_for(3, 2) == 4 and runs_lib.lanes_for(8, 2) == 8 and runs_lib.lanes_for(5, 1) == 5
 
 
