@@ -152,18 +152,23 @@ def test_a_builder_freezing_a_per_run_value_is_refused_in_one_line_before_compil
   assert not os.path.getsize(tmp_path / 'b0' / 'metrics.jsonl')     # no round was trained or written
 
 
+def _stop_after_first_block():
+  """A stop_requested that says stop at its first poll (the end of the first block)."""
+  polls = {'n': 0}
+
+  def stop():
+    polls['n'] += 1
+    return polls['n'] == 1
+  return stop
+
+
 def test_stopped_batched_program_resumes_bit_identical(tmp_path, monkeypatch):
   data = _data()
   monkeypatch.setattr(batched.data_registry, 'get_dataset', lambda *a, **k: data)
   specs = lambda d: [batched.RunSpec(f'r{i}', _config('scaffold', i), str(tmp_path / d / str(i)))
                      for i in range(3)]
   batched.run_batch(specs('ref'), lanes=4)
-  polls = {'n': 0}
-
-  def stop_after_first_block():
-    polls['n'] += 1
-    return polls['n'] == 1
-  first = batched.run_batch(specs('resumed'), lanes=4, stop_requested=stop_after_first_block)
+  first = batched.run_batch(specs('resumed'), lanes=4, stop_requested=_stop_after_first_block())
   assert {first[i].status for i in range(3)} == {'stopped'}
   assert all(first[i].summary['rounds_completed'] == 3 for i in range(3))
   second = batched.run_batch(specs('resumed'), lanes=4)
@@ -390,12 +395,7 @@ def test_a_client_count_pack_resumes_bit_identical_and_a_run_of_it_resumes_alone
   specs = lambda d, idx=range(3): [batched.RunSpec(f'r{i}', _count_config(COUNTS[i], seed=i),
                                                    str(tmp_path / d / str(i))) for i in idx]
   batched.run_batch(specs('ref'), lanes=4)
-  polls = {'n': 0}
-
-  def stop_after_first_block():
-    polls['n'] += 1
-    return polls['n'] == 1
-  first = batched.run_batch(specs('resumed'), lanes=4, stop_requested=stop_after_first_block)
+  first = batched.run_batch(specs('resumed'), lanes=4, stop_requested=_stop_after_first_block())
   assert {first[i].summary['rounds_completed'] for i in range(3)} == {2}
   run_lib.run(_count_config(COUNTS[0], seed=0), str(tmp_path / 'resumed' / '0'))     # alone, from round 2
   second = batched.run_batch(specs('resumed', (1, 2)), lanes=4)
