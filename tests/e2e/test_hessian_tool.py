@@ -99,8 +99,7 @@ def test_per_client_local_vs_global_sharpness(tmp_path):
   sizes = np.asarray([len(trainer.data.client_examples(k)[1]) for k in ids], np.float64)
   mean = jax.tree_util.tree_map(lambda *p: sum(w * np.asarray(a, np.float64) for w, a in zip(sizes, p)) / sizes.sum(),
                                 *locs)
-  rb = trainer.driver.prepare_round(step)
-  trainer.server_state, _ = trainer.driver.run_round(trainer.server_state, trainer.store, step, rb)
+  trainer.server_state, _ = trainer.driver.step(trainer.server_state, trainer.store, step, 1, step + 1)   # round step
   after = jax.device_get(trainer.algorithm.eval_models(trainer.server_state)['global'][0])
   for a, b in zip(jax.tree_util.tree_leaves(after), jax.tree_util.tree_leaves(mean)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

@@ -139,7 +139,7 @@ def _trainer_fn(c, data, k):
     t.train(num_rounds=k)
     jax.block_until_ready(t.server_state)
     return (time.perf_counter() - s) / k
-  note = f'strategy {getattr(t, "strategy", "?")}, rounds_per_call {getattr(t, "rounds_per_call", "?")}'
+  note = f'strategy {t.plan.strategy}, rounds_per_call {t.plan.rounds_per_call}'
   return fn, note
 
 
@@ -152,7 +152,7 @@ def _batched_fn(row, data):
     s = time.perf_counter()
     jax.block_until_ready(bt.dispatch(0, k))
     return (time.perf_counter() - s) / k
-  return fn, f'{bt.lanes} lanes on {len(jax.local_devices())} device(s), strategy {ts[0].strategy}'
+  return fn, f'{bt.lanes} lanes on {len(jax.local_devices())} device(s), strategy {ts[0].plan.strategy}'
 
 
 class Peers:
