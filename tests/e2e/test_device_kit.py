@@ -4,7 +4,6 @@ Fast: two groups (paper100: the paper CNN through the trainer + the torch peer w
 run alone vs R=2 in one program), the other groups listed as skipped with the reason; the hard budget (a group
 process stopped at its deadline, a group left out when no time is left). Slow: every group.
 """
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,9 +13,10 @@ import time
 import pytest
 from tests.fixtures.paths import REPO
 
+from benchmarks.speed import bench_util
 from benchmarks.speed.device import kit
 
-HAS_TORCH = importlib.util.find_spec('torch') is not None
+HAS_TORCH = 'torch' in bench_util.available_peers()     # the kit's own test: torch here or the peer's venv
 RUN_SH = os.path.join(REPO, 'benchmarks', 'speed', 'device', 'run.sh')
 
 
