@@ -79,17 +79,17 @@ def test_trainer_runs_the_thesis_rule_in_one_program_host_equals_device():
   (one program) equals the host rounds."""
   over = {'client.full_batches': True, 'client.max_local_steps': 2}
   host = _trainer(**over, **{'engine.device_data': False})
-  assert host.num_steps == 2
+  assert host.plan.num_steps == 2
   for r in range(3):
-    rb = host.prepare_round(r)
+    rb = host.driver.prepare_round(r)
     ids = sampling.sample_clients(len(SIZES), 3, seed=host.config.seed, round_idx=r)
     for i, k in enumerate(ids):
       assert rb.mask[i].sum() == 4 * min(SIZES[k] // 4, 2)
   dev = _trainer(**over, **{'engine.rounds_per_call': 3})
-  assert dev.device_rounds and not host.device_rounds
+  assert dev.plan.device_rounds and not host.plan.device_rounds
   host.train()
   dev.train()
-  assert dev.block_fn._cache_size() == 1
+  assert dev.driver.block_fn._cache_size() == 1
   for a, b in zip(jax.tree_util.tree_leaves(host.server_state), jax.tree_util.tree_leaves(dev.server_state)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
