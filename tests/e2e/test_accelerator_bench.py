@@ -59,6 +59,7 @@ def _check_pfl(res, md, g):
     assert 'x torch' in md
 
 
+@pytest.mark.slow    # ~16 s: the benchmark's smoke run (as the device kit's smoke tests)
 def test_accelerator_smoke_mlp(tmp_path):
   res, md = _run(tmp_path, '--models=mlp', '--clients=3', '--protocols=paper')
   _check(res, md, ['mlp'], [3])

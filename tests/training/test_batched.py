@@ -12,6 +12,7 @@ import pytest
 
 from fedjax_flat.algorithms import registry
 from fedjax_flat.core import runs as runs_lib
+from fedjax_flat.data import sampling
 from fedjax_flat.data.sources.builtin import synthetic
 from fedjax_flat.training import batched
 from fedjax_flat.training import checkpoint as ckpt_lib
@@ -361,6 +362,24 @@ def _spy_programs(monkeypatch):
   return built
 
 
+def test_a_client_count_grid_is_one_program_whose_lanes_sample_their_own_clients(tmp_path, monkeypatch):
+  """The default suite's check (the slow test below compares each run with the run alone): runs of 10, 16 and 20
+  clients train in one program and each run's checkpointed client states are those of exactly the clients the
+  host sampler draws from its own K (sampling.sample_clients), all below K."""
+  built = _spy_programs(monkeypatch)
+  specs = [batched.RunSpec(f'r{i}', _count_config(k, seed=i, rounds=2, model='mlp'), str(tmp_path / f'batched{i}'))
+           for i, k in enumerate(COUNTS)]
+  res = batched.run_batch(specs, lanes=4)
+  assert [res[i].status for i in range(3)] == ['done'] * 3, [res[i].error for i in range(3)]
+  assert built == [(3, 20)], 'one program for the whole client-count grid'
+  for i, k in enumerate(COUNTS):
+    want = np.unique(np.concatenate([sampling.sample_clients(k, 3, seed=i, round_idx=r) for r in range(2)]))
+    got = ckpt_lib.read_checkpoint(str(tmp_path / f'batched{i}' / 'checkpoints'))
+    np.testing.assert_array_equal(np.sort(np.asarray(got['client_ids'])), want)
+    assert want.max() < k and all(np.all(np.isfinite(x)) for x in got['server_leaves'])
+
+
+@pytest.mark.slow    # 3 runs alone + the grid batched (~23 s)
 def test_a_client_count_grid_is_one_program_and_each_run_equals_its_run_alone(tmp_path, monkeypatch):
   """Runs of 10, 16 and 20 clients share one program: per-client arrays padded to 20 rows, each lane draws its
   cohort from its own K and SCAFFOLD's |S|/N uses its own N; each run's records and checkpoint (its own K
