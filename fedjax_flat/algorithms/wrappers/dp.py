@@ -21,7 +21,9 @@ and continues from the same clip.
 Which algorithms qualify: those whose client_final emits exactly {'weighted': {'delta': ...}, 'uniform': {}} (the
 model delta and nothing else, DELTA_UPLOADS; tests/algorithms/wrappers/test_dp.py traces every registered
 algorithm to keep the list true). Control variates (SCAFFOLD), dual variables (FedDyn), normalized directions
-(FedNova) or client slots are other uploads whose sensitivity the clip does not bound: refused in one line.
+(FedNova) or client slots are other uploads whose sensitivity the clip does not bound: refused in one line. So are
+the asynchronous algorithms (FedBuff, FedAsync), whose server steps on arrivals are not the sampled rounds the
+accountant counts.
 """
 from __future__ import annotations
 
@@ -55,7 +57,8 @@ def check(config, population: int = 0) -> None:
   d = config.dp
   if config.algorithm not in DELTA_UPLOADS:
     raise ConfigError('dp.mode', d.mode, f'algorithm {config.algorithm!r} uploads more than a model delta (control '
-                      f'variates, duals, slots), which the clip does not bound; DP runs with: {list(DELTA_UPLOADS)}')
+                      f'variates, duals, slots), which the clip does not bound, or steps on arrivals, which the '
+                      f'accountant does not count; DP runs with: {list(DELTA_UPLOADS)}')
   if config.server.get('weighting', 'examples') not in ('uniform', 'capped'):
     raise ConfigError('server.weighting', config.server.get('weighting', 'examples'),
                       "example weighting has no bound on a client's weight under DP: set server.weighting='uniform' "
