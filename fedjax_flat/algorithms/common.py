@@ -48,11 +48,10 @@ def population(ctx, hp: dict) -> int:
   """N, the number of clients (SCAFFOLD's |S|/N, FedDyn's 1/m): algo.population, else the dataset's number of
   clients (BuildContext.population), else config.data.num_clients. The registry's 'population' need checks an
   explicit algo.population against the dataset before anything is built (registry.check_population)."""
-  given = getattr(ctx, 'population', 0)
-  if not int(hp.get('population', 0) or 0) and isinstance(given, RunValue):
+  explicit, given = int(hp.get('population', 0) or 0), getattr(ctx, 'population', 0)
+  if not explicit and isinstance(given, RunValue):
     return given      # a batched program whose runs have other populations: each lane's own N, traced
-  n = (int(hp.get('population', 0) or 0) or int(given or 0)
-       or int(ctx.config.data.get('num_clients', 0) or 0))
+  n = explicit or int(given or 0) or int(ctx.config.data.get('num_clients', 0) or 0)
   if n <= 0:
     raise ValueError('this algorithm needs the population size N: set config.algo.population '
                      '(or config.data.num_clients)')

@@ -210,10 +210,10 @@ class BatchedTrainer:
         per_run[k] = [runs_lib.pad_rows(t.driver.dev_data[k], rows) for t in self.trainers]
     # Populations (data.num_clients) differ: the program's per-client arrays have the largest K's rows, each lane
     # draws its cohort from its own K (core/runs.POPULATION) and its algorithm scales by its own N.
-    self.populations = [int(t.data.num_clients) for t in self.trainers]
-    self.population_size = max(self.populations) if len(set(self.populations)) > 1 else None
+    populations = [int(t.data.num_clients) for t in self.trainers]
+    self.population_size = max(populations) if len(set(populations)) > 1 else None
     if self.population_size is not None:
-      per_run[runs_lib.POPULATION] = [np.int32(k) for k in self.populations]
+      per_run[runs_lib.POPULATION] = [np.int32(k) for k in populations]
     self.data_shared = runs_lib.replicate(shared, self.mesh)
     self.per_run_keys = sorted(per_run)
     self.data_runs = runs_lib.place(runs_lib.stack([{k: per_run[k][i] for k in self.per_run_keys}
@@ -289,7 +289,7 @@ class BatchedTrainer:
     """Run i's own store arrays from the program's stacked ones: its lane, its own K rows (what it checkpoints,
     so that it resumes alone or in another pack bit-identically)."""
     k = int(jax.tree_util.tree_leaves(self.trainers[i].store.arrays)[0].shape[0])
-    return jax.tree_util.tree_map(lambda a: a[i][:k], stores)
+    return jax.tree_util.tree_map(lambda a: a[i, :k], stores)
 
   def _args(self, r: int, n: int, states, stores, limits=None):
     """The runs program's arguments for rounds r .. r+n-1 (r and n are traced: one program for every block);

@@ -90,10 +90,10 @@ def subset_mask(params, subset, classifier: str = '') -> dict:
   """{'/'-joined path: whether WiMA averages it} for every parameter; subset is a name of SUBSETS or, in a batched
   program, its traced index (a bool scalar per path then)."""
   paths = list(_flatten(params))
-  head = classifier_key(params, classifier)
   if isinstance(subset, str):
     chosen = set(selected_paths(params, subset, classifier))
     return {p: p in chosen for p in paths}
+  head = classifier_key(params, classifier)
   code = jnp.round(subset).astype(jnp.int32)
   return {p: (code == 0) | (code == (1 if p.split(SEP)[0] == head else 2)) for p in paths}
 
