@@ -73,6 +73,7 @@ from fedjax_flat.core.contract import ChainSpec, FederatedAlgorithm
 from fedjax_flat.core.runs import RunValue
 from fedjax_flat.data import validation_steps
 from fedjax_flat.errors import ConfigError
+from fedjax_flat.models.base import num_param_arrays
 from fedjax_flat.optimizers.server import make_server_tx
 from fedjax_flat.registry import Registry
 
@@ -317,7 +318,8 @@ def build_algorithm(config, model, population: int = 0, task=None, chain=None,
   if compress.enabled(config):    # the client's upload compressed before any server-side wrapper sees it
     alg = compress.with_compression(alg, config)
   if dp.enabled(config):    # first: the wrappers above it see the noisy aggregate as the algorithm's own
-    alg = dp.with_dp(alg, config, population, client_sizes=None if data is None else data.client_sizes())
+    alg = dp.with_dp(alg, config, population, client_sizes=None if data is None else data.client_sizes(),
+                     num_leaves=num_param_arrays(model) if config.dp.get('per_tensor', False) else 0)
   if config.swa.enabled:
     alg = swa.with_swa(alg, config)
   if config.wima.enabled:

@@ -154,14 +154,15 @@ def present_value_fields(config) -> tuple:
   return tuple(f for f in VALUE_FIELDS if traced(_get(config, f), f) and not _sizes_array(config, f))
 
 
-def run_values(config, fields: Sequence[str]) -> Dict[str, float]:
-  """Each traced field's value for this run (a name: its index in window_average.CODES)."""
+def run_values(config, fields: Sequence[str], num_leaves: int = 0) -> Dict[str, float]:
+  """Each traced field's value for this run (a name: its index in window_average.CODES). num_leaves: the model's
+  parameter arrays (a per-run target epsilon under dp.per_tensor is calibrated with them)."""
   code = lambda f, v: float(window_average.CODES[f].index(v)) if f in window_average.CODES else float(v)
   out = {f: code(f, _get(config, f)) for f in fields}
   if 'dp.noise_multiplier' in out and 'dp.target_epsilon' in out and config.dp.mode != 'off':
     # A per-run target epsilon: the run's noise multiplier is calibrated here, on the host, from the run's own
     # config (privacy/mechanism.noise_multiplier), and traced as its dp.noise_multiplier.
-    out['dp.noise_multiplier'] = float(dp_mechanism.noise_multiplier(config))
+    out['dp.noise_multiplier'] = float(dp_mechanism.noise_multiplier(config, num_leaves=num_leaves))
   return out
 
 

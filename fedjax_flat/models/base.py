@@ -219,6 +219,12 @@ def num_params(params: Params) -> int:
   return sum(int(x.size) for x in jax.tree_util.tree_leaves(params))
 
 
+def num_param_arrays(model: Model) -> int:
+  """L: the model's parameter arrays (its init traced, nothing allocated)."""
+  sample_x = jnp.zeros((1,) + tuple(model.input_shape), jnp.float32)
+  return len(jax.tree_util.tree_leaves(jax.eval_shape(model.init, jax.random.PRNGKey(0), sample_x)))
+
+
 def num_trainable_params(params: Params) -> int:
   """Parameters without BatchNorm running statistics (what PyTorch's `model.parameters()` counts)."""
   if isinstance(params, dict) and 'batch_stats' in params and 'params' in params:

@@ -10,6 +10,16 @@ DP-FedAvg (McMahan et al. 2018), central mode, one round over an expected cohort
 
 Local mode: every client adds N(0, (z C)^2) to its own clipped upload; the server takes the plain mean over m.
 
+Distributed mode (DP-FedSAM, Shi et al. 2023; distributed DP as with secure aggregation): every client adds
+N(0, (z C sqrt(m) / M)^2) to its own clipped upload, so the sum over the m clients carries the central mode's noise
+N(0, (z C m / M)^2) and is accounted as central DP: a guarantee against a server that sees only the sum (secure
+aggregation); one upload alone carries noise multiplier z sqrt(m) / M (z / sqrt(m) at M = m).
+
+Accounting (privacy/accounting.py): the engine samples a fixed-size cohort without replacement, analysed under
+replace-one adjacency, where swapping one client's data moves the clipped sum by up to 2C; local DP's randomizer
+likewise (any two inputs of a client). per_tensor clipping (the DP-FedSAM release: each of the L tensors to C)
+bounds an upload by C sqrt(L), which the accountant is told (`norm_bound`).
+
 Adaptive clipping (Andrew et al. 2021, geometric update; TFF's defaults): each client also reports
 b_k = 1[||Delta_k|| <= C]; the server's noisy fraction b_bar = (sum_k b_k + N(0, (sigma_b m / M)^2)) / m moves
 the clip C <- C exp(-eta (b_bar - gamma)), gamma the target quantile. The noise multiplier z the accountant sees
@@ -30,7 +40,7 @@ from fedjax_flat.errors import ConfigError
 from fedjax_flat.privacy import accounting as accounting_lib
 from fedjax_flat.schema import RESULT, TRUTH, VALUE, Choice, Field, Flag, Int, Num, Section
 
-MODES = ('off', 'central', 'local')
+MODES = ('off', 'central', 'local', 'distributed')
 ACCOUNTANTS = ('rdp', 'pld')
 # The engine samples a fixed-size cohort without replacement (data/sampling.py): the accountant's event.
 SAMPLING = 'fixed'
@@ -51,6 +61,12 @@ def _check(cfg) -> None:
                       'only')
   if d.noise_cohort and d.mode == 'local':
     raise ConfigError('dp.noise_cohort', d.noise_cohort, "sizes the central noise: 0 with dp.mode='local'")
+  if d.adaptive and d.mode == 'distributed':
+    raise ConfigError('dp.adaptive', True, "adaptive clipping needs the server's noisy count, which distributed "
+                      "DP's clients do not noise: dp.mode='central' only")
+  if d.per_layer and d.per_tensor:
+    raise ConfigError('dp.per_tensor', True, 'and dp.per_layer are two clipping rules: set one (per_layer: each '
+                      'of L tensors to C / sqrt(L); per_tensor: each to C, the DP-FedSAM release)')
   if d.adaptive and not d.target_epsilon and float(d.noise_multiplier) > 0:
     z, sb = float(d.noise_multiplier), count_noise(cfg)
     if 2 * sb <= z:
@@ -60,10 +76,13 @@ def _check(cfg) -> None:
 
 SECTION = Section('dp', (
     Field('mode', Choice('off', MODES), "'off' | 'central' (noise on the sum, trusted server) | 'local' (each "
-          'client noises its own upload)'),
+          "client noises its own upload) | 'distributed' (each client adds its share of the central noise, as "
+          'with secure aggregation: DP-FedSAM)'),
     Field('clip', Num(0.1, lo=0, lo_open=True), "C: each client's model delta clipped to this L2 norm (adaptive: "
           'the initial clip)', {VALUE}),
     Field('per_layer', Flag(False), 'clip each of the L parameter arrays to C / sqrt(L) instead of the whole delta'),
+    Field('per_tensor', Flag(False), 'clip each of the L parameter arrays to C (the DP-FedSAM release): an upload '
+          'is then bounded by C sqrt(L), which the accountant charges'),
     Field('noise_multiplier', Num(1.0, lo=0), 'z: Gaussian noise std z C (the accountant\'s multiplier)', {VALUE}),
     Field('target_epsilon', Num(0.0, lo=0), '> 0: calibrate z before training so that epsilon after `rounds` is at '
           'most this (0: use dp.noise_multiplier)', {VALUE, TRUTH}),
@@ -103,23 +122,35 @@ def population(cfg, data_population: int = 0) -> int:
   return int(cfg.dp.population) or int(data_population) or int(cfg.data.get('num_clients') or 0)
 
 
-def accounting(cfg, data_population: int = 0) -> dict:
-  """The accountant's arguments (accounting.epsilon): central mode samples M of P without replacement each round;
-  local mode releases every upload itself, so a client's epsilon composes over rounds without amplification
-  (q = 1, a bound for every client whatever its participation)."""
+def accounting(cfg, data_population: int = 0, num_leaves: int = 0) -> dict:
+  """The accountant's arguments (accounting.epsilon): central and distributed modes sample M of P without
+  replacement each round; local mode releases every upload itself, so a client's epsilon composes over rounds
+  without amplification ('none': a bound for every client whatever its participation). num_leaves: the model's
+  parameter arrays L (per_tensor clipping bounds an upload by C sqrt(L); needed only then)."""
+  norm_bound = 1.0
+  if cfg.dp.get('per_tensor', False):
+    if not num_leaves:
+      raise ValueError('per_tensor clipping is accounted with the number of parameter arrays: pass num_leaves')
+    norm_bound = math.sqrt(num_leaves)
   p = population(cfg, data_population)
   if cfg.dp.mode == 'local':
-    return {'q': 1.0, 'sampling': 'poisson', 'num_clients': None, 'accountant': str(cfg.dp.accountant)}
-  m = noise_cohort(cfg)
-  return {'q': m / p if p else 0.0, 'sampling': SAMPLING, 'num_clients': p, 'accountant': str(cfg.dp.accountant)}
+    out = {'q': 1.0, 'sampling': 'none', 'num_clients': None}
+  else:
+    m = noise_cohort(cfg)
+    out = {'q': m / p if p else 0.0, 'sampling': SAMPLING, 'num_clients': p}
+  out.update(accountant=str(cfg.dp.accountant), norm_bound=norm_bound,
+             adjacency=accounting_lib.ADJACENCY[out['sampling']],
+             sensitivity=accounting_lib.sensitivity(out['sampling'], norm_bound))
+  return out
 
 
 @functools.lru_cache(maxsize=64)
-def _calibrate(target, q, rounds, delta, sampling, accountant, num_clients):
-  return accounting_lib.calibrate(target, q, rounds, delta, sampling, accountant, num_clients)
+def _calibrate(target, q, rounds, delta, sampling, accountant, num_clients, norm_bound):
+  return accounting_lib.calibrate(target, q, rounds, delta, sampling, accountant, num_clients,
+                                  norm_bound=norm_bound)
 
 
-def noise_multiplier(cfg, data_population: int = 0):
+def noise_multiplier(cfg, data_population: int = 0, num_leaves: int = 0):
   """z the accountant sees: dp.noise_multiplier, or the one calibrated to dp.target_epsilon over cfg.rounds (once
   per distinct setting). In a batched program (core/runs.py) a per-run target is a traced value: the run's z was
   calibrated on the host (core/runs.run_values) and travels as its dp.noise_multiplier."""
@@ -127,9 +158,9 @@ def noise_multiplier(cfg, data_population: int = 0):
   target = d.target_epsilon
   if not isinstance(target, (int, float)) or not target:
     return d.noise_multiplier
-  a = accounting(cfg, data_population)
+  a = accounting(cfg, data_population, num_leaves)
   return _calibrate(float(target), a['q'], int(cfg.rounds), float(d.delta), a['sampling'], a['accountant'],
-                    a['num_clients'])
+                    a['num_clients'], a['norm_bound'])
 
 
 def value_multiplier(z, sigma_b, adaptive: bool):
@@ -141,14 +172,15 @@ def value_multiplier(z, sigma_b, adaptive: bool):
 
 # ---- the mechanisms (traced)
 
-def clip(tree, c, per_layer: bool = False):
-  """(clipped tree, its norm before clipping ||Delta||): flat clipping to C, or each leaf to C / sqrt(L)."""
+def clip(tree, c, per_layer: bool = False, per_tensor: bool = False):
+  """(clipped tree, its norm before clipping ||Delta||): flat clipping to C, each leaf to C / sqrt(L) (per_layer),
+  or each leaf to C (per_tensor)."""
   leaves, treedef = jax.tree_util.tree_flatten(tree)
   sq = [jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves]
   norm = jnp.sqrt(sum(sq))
   c = jnp.asarray(c, jnp.float32)
-  if per_layer:
-    c_leaf = c / math.sqrt(len(leaves))
+  if per_layer or per_tensor:
+    c_leaf = c / math.sqrt(len(leaves)) if per_layer else c
     scales = [jnp.minimum(1.0, c_leaf / jnp.maximum(jnp.sqrt(s), 1e-30)) for s in sq]
   else:
     scales = [jnp.minimum(1.0, c / jnp.maximum(norm, 1e-30))] * len(leaves)

@@ -219,7 +219,9 @@ class BatchedTrainer:
     self.data_runs = runs_lib.place(runs_lib.stack([{k: per_run[k][i] for k in self.per_run_keys}
                                                     for i in self._lane_runs()]), self.mesh)
     self.values = runs_lib.place(runs_lib.stack([
-        {f: np.float32(v) for f, v in runs_lib.run_values(self.trainers[i].config, self.fields).items()}
+        {f: np.float32(v) for f, v in runs_lib.run_values(
+            self.trainers[i].config, self.fields,
+            num_leaves=len(jax.tree_util.tree_leaves(self.trainers[i].plan.param_shapes))).items()}
         for i in self._lane_runs()]), self.mesh)
     self.keys = runs_lib.place(runs_lib.stack([self.trainers[i].plan.key for i in self._lane_runs()]), self.mesh)
     self.templates = (runs_lib.place(runs_lib.stack([self.trainers[i].store.template for i in self._lane_runs()]),

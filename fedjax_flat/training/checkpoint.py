@@ -511,6 +511,7 @@ class Checkpointer:
                       meta.get('sampling', 'numpy-pcg64'), sampling.PROCEDURE)
     if trainer.recorder.writer is not None:
       _reconcile_metrics(trainer.recorder.writer, trainer.round, trainer.records)
+    trainer.recorder.resumed(trainer)
 
   def _set_aside(self, steps: List[int]) -> None:
     """Moves corrupt checkpoints out of the way (kept for inspection) so new saves can use their rounds."""

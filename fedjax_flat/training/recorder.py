@@ -80,6 +80,14 @@ class Recorder:
     if self.system_total is not None and 'system_total' in d:
       self.system_total = dict(d['system_total'])
 
+  def resumed(self, trainer) -> None:
+    """After a checkpoint is restored (and metrics.jsonl reconciled with it): the plug-ins' `resumed` hooks may
+    correct the restored records (e.g. an epsilon an older version under-reported); the files follow."""
+    changed = [e.name for e in self.evaluations() if e.resumed is not None and e.resumed(trainer, self.records)]
+    if changed and self.writer is not None:
+      self.writer.records = [dict(r) for r in self.records]
+      self.writer._rewrite()  # pylint: disable=protected-access
+
   def elapsed_s(self) -> float:
     """Wall time of the whole run, across resumes."""
     return self.elapsed_offset + (time.time() - self._t0)

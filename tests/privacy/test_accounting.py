@@ -25,14 +25,86 @@ def test_poisson_pld_equals_direct_computation():
   assert accounting.epsilon(0.05, 1.0, 100, 1e-5, accountant='pld') == acc.get_epsilon(1e-5)
 
 
-def test_fixed_size_sampling_equals_direct_replace_one_computation():
+def test_fixed_size_sampling_equals_direct_replace_one_computation_at_twice_the_sensitivity():
+  # Replace-one moves the clipped sum by up to 2C: the mechanism's multiplier on that sensitivity is z / 2, which
+  # dp_accounting's replace-one events do not apply themselves (google/differential-privacy#378).
   acc = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
   acc.compose(dp_accounting.SelfComposedDpEvent(
-      dp_accounting.SampledWithoutReplacementDpEvent(1000, 10, dp_accounting.GaussianDpEvent(1.1)), 200))
+      dp_accounting.SampledWithoutReplacementDpEvent(1000, 10, dp_accounting.GaussianDpEvent(1.1 / 2)), 200))
   got = accounting.epsilon(0.01, 1.1, 200, 1e-5, sampling='fixed', num_clients=1000)
   assert got == acc.get_epsilon(1e-5)
   # Replace-one adjacency costs more than add/remove-one Poisson sampling at the same rate.
   assert got > accounting.epsilon(0.01, 1.1, 200, 1e-5)
+
+
+# Pinned whatever dp_accounting version is installed (issue 48's audit, own dp_accounting calls): the quickstart's
+# 20 clients, 5 a round, z = 1.1, 6 rounds, delta 1e-3. Before the fix the fixed-size value was 4.8928.
+QUICKSTART = dict(q=5 / 20, z=1.1, rounds=6, delta=1e-3)
+REPLACE_ONE_EPSILON = 14.4230        # fixed-size sampling without replacement, replace-one, sensitivity 2C
+ADD_REMOVE_EPSILON = 3.1592          # Poisson sampling at q = 1/4, add/remove-one, sensitivity C
+
+
+def _quickstart(sampling):
+  return accounting.epsilon(sampling=sampling, num_clients=20, **QUICKSTART)
+
+
+def test_pinned_epsilons_of_both_relations():
+  assert _quickstart('fixed') == pytest.approx(REPLACE_ONE_EPSILON, abs=1e-4)
+  assert _quickstart('poisson') == pytest.approx(ADD_REMOVE_EPSILON, abs=1e-4)
+  assert accounting.ADJACENCY == {'poisson': 'add_or_remove_one', 'fixed': 'replace_one', 'none': 'replace_one'}
+  assert accounting.sensitivity('fixed') == 2.0 and accounting.sensitivity('poisson') == 1.0
+  assert accounting.sensitivity('fixed', norm_bound=3.0) == 6.0
+
+
+class _DoublingLibrary:
+  """dp_accounting as google/differential-privacy#464 would make it: replace-one sampling without replacement
+  halves the Gaussian's multiplier itself."""
+
+  def __init__(self, real):
+    self._real = real
+
+  def __getattr__(self, name):
+    return getattr(self._real, name)
+
+  def SampledWithoutReplacementDpEvent(self, n, m, event):   # noqa: N802 (dp_accounting's name)
+    return self._real.SampledWithoutReplacementDpEvent(n, m, self._real.GaussianDpEvent(event.noise_multiplier / 2))
+
+
+def test_a_library_that_doubles_the_sensitivity_itself_is_not_corrected_twice(monkeypatch):
+  monkeypatch.setattr(accounting, 'dp_accounting', _DoublingLibrary(dp_accounting))
+  monkeypatch.setattr(accounting, '_DOUBLES', [])
+  assert accounting._library_doubles()
+  assert accounting.event_multiplier(1.1, 'fixed') == 1.1
+  assert _quickstart('fixed') == pytest.approx(REPLACE_ONE_EPSILON, abs=1e-4)
+  assert _quickstart('poisson') == pytest.approx(ADD_REMOVE_EPSILON, abs=1e-4)
+
+
+def test_the_installed_library_is_asked_and_an_unknown_behaviour_refused(monkeypatch):
+  monkeypatch.setattr(accounting, '_DOUBLES', [])
+  assert not accounting._library_doubles()          # dp_accounting 0.6: the factor is ours to apply
+  assert accounting.event_multiplier(1.1, 'fixed') == 0.55
+
+  class Strange(_DoublingLibrary):
+    def SampledWithoutReplacementDpEvent(self, n, m, event):   # noqa: N802
+      return self._real.SampledWithoutReplacementDpEvent(n, m, self._real.GaussianDpEvent(event.noise_multiplier * 3))
+
+  monkeypatch.setattr(accounting, 'dp_accounting', Strange(dp_accounting))
+  monkeypatch.setattr(accounting, '_DOUBLES', [])
+  with pytest.raises(RuntimeError, match='replace-one accounting changed'):
+    accounting.epsilon(sampling='fixed', num_clients=20, **QUICKSTART)
+
+
+def test_unsampled_release_is_the_gaussian_at_twice_the_sensitivity():
+  # Local DP's randomizer (any two inputs of a client): every round composes a Gaussian of multiplier z / 2.
+  assert accounting.epsilon(1.0, 1.0, 10, 1e-5, sampling='none') == accounting.epsilon(1.0, 0.5, 10, 1e-5)
+  # A per-tensor bound C sqrt(L) scales the sensitivity with it.
+  assert (accounting.epsilon(1.0, 3.0, 10, 1e-5, sampling='none', norm_bound=3.0)
+          == accounting.epsilon(1.0, 0.5, 10, 1e-5))
+
+
+def test_calibration_under_replace_one_meets_the_pinned_relation():
+  z = accounting.calibrate(REPLACE_ONE_EPSILON, 5 / 20, 6, 1e-3, sampling='fixed', num_clients=20)
+  assert z == pytest.approx(1.1, rel=1e-3)
 
 
 @pytest.mark.parametrize('z', [1.0, 2.0])
@@ -69,6 +141,11 @@ def test_calibration_is_within_target_and_minimal(target):
      'dp.accountant'),
     (lambda: accounting.calibrate(0.0, 0.1, 10, 1e-5), 'dp.target_epsilon'),
     (lambda: accounting.calibrate(1e-4, 1.0, 10000, 1e-5, z_max=50), 'dp.target_epsilon'),
+    # a target met with (almost) no noise: bisection would halve z without end (it hung before)
+    (lambda: accounting.calibrate(1e300, 0.25, 6, 1e-3, sampling='fixed', num_clients=20), 'dp.target_epsilon'),
+    (lambda: accounting.calibrate(math.inf, 0.25, 6, 1e-3), 'dp.target_epsilon'),
+    (lambda: accounting.calibrate(math.nan, 0.25, 6, 1e-3), 'dp.target_epsilon'),
+    (lambda: accounting.epsilon(0.1, 1.0, 10, 1e-5, norm_bound=0.5), 'dp.norm_bound'),
 ])
 def test_bad_input_is_one_line_naming_the_field(call, field):
   with pytest.raises(ConfigError) as e:

@@ -39,6 +39,17 @@ def test_per_layer_clip_bounds_each_leaf_by_c_over_sqrt_l_and_the_whole_by_c():
   assert np_norm(clipped) <= 1.0 + 1e-6
 
 
+def test_per_tensor_clip_bounds_each_leaf_by_c_and_keeps_small_leaves():
+  tree = {'a': jnp.array([3.0, 4.0]), 'b': jnp.array([0.1, 0.2, 0.2]), 'c': jnp.full((4,), 10.0)}
+  out, norm = mech.clip(tree, 1.0, per_tensor=True)
+  np.testing.assert_allclose(np.asarray(out['a']), [0.6, 0.8], rtol=1e-6)         # norm 5 -> 1
+  np.testing.assert_array_equal(np.asarray(out['b']), np.asarray(tree['b']))      # norm 0.3: kept
+  np.testing.assert_allclose(np.linalg.norm(np.asarray(out['c'])), 1.0, rtol=1e-6)
+  total = math.sqrt(sum(float(jnp.sum(x ** 2)) for x in out.values()))
+  assert total <= 1.0 * math.sqrt(3) + 1e-6                                       # the accountant's bound C sqrt(L)
+  np.testing.assert_allclose(float(norm), math.sqrt(25 + 0.09 + 400), rtol=1e-6)
+
+
 def test_gaussian_noise_has_mean_zero_and_the_std_over_many_keys():
   std = 0.7
   keys = jax.random.split(jax.random.PRNGKey(3), 4000)

@@ -11,8 +11,10 @@ weights w_k = min(N_k / w_hat, 1)) the clipped delta stays 'weighted', the engin
 w_hat w_k, and the estimate is the paper's fixed-denominator f_f = (sum_k w_k Delta_k + N(0, (z C m / M)^2)) /
 (q W), q W = m w_bar with w_bar the mean capped weight over the population's clients (each w_k <= 1, so one
 client still moves the sum by at most C). Local mode noises every upload inside client_final instead, with a key
-derived from the client's own key (seed, round, client). DP-FedSAM / DP-FedASAM are FedAvg with SAM / ASAM
-clients under either mode (configs/dp.py).
+derived from the client's own key (seed, round, client); distributed mode (DP-FedSAM's release mechanism) adds there
+each client's share of the central noise, std z C sqrt(m) / M, so the sum carries what central mode adds and is
+accounted like it (against a server that sees only the sum: secure aggregation). DP-FedSAM / DP-FedASAM are FedAvg
+with SAM / ASAM clients under any mode (configs/dp.py); the release's per-tensor clipping is `dp.per_tensor`.
 
 The wrapped server state is the algorithm's state dict plus 'dp' = {'key': the run's DP key (from server_init's
 rng), 'clip': the current clip (adaptive clipping)}: checkpointed with it, so a resumed run draws the same noise
@@ -26,6 +28,8 @@ the asynchronous algorithms (FedBuff, FedAsync), whose server steps on arrivals 
 accountant counts.
 """
 from __future__ import annotations
+
+import math
 
 from absl import logging
 import jax
@@ -66,9 +70,13 @@ def check(config, population: int = 0) -> None:
   if config.get('fedvc') is not None and config.fedvc.virtual_size:
     raise ConfigError('fedvc.virtual_size', config.fedvc.virtual_size, 'virtual clients split one user into '
                       'several uploads, which client-level DP does not bound: 0 with dp.mode on')
-  if d.accountant == 'pld' and d.mode == 'central':
+  if d.accountant == 'pld' and d.mode in ('central', 'distributed'):
     raise ConfigError('dp.accountant', d.accountant, "the engine samples a fixed-size cohort, which PLD does not "
                       "account: use 'rdp'")
+  if d.mode == 'distributed' and config.server.get('weighting', 'examples') != 'uniform':
+    raise ConfigError('server.weighting', config.server.get('weighting', 'examples'),
+                      "distributed DP's clients each add an equal share of the noise, which a weighted sum would "
+                      "rescale: set server.weighting='uniform'")
   n = int(population) or int(config.data.get('num_clients') or 0)   # the clients of the data
   if n and float(d.delta) >= 1.0 / n:
     raise ConfigError('dp.delta', d.delta, f'must be below 1 / population = {1.0 / n:.3g} ({n} clients), else '
@@ -76,22 +84,25 @@ def check(config, population: int = 0) -> None:
   p = mech.population(config, population)                            # the population the accountant samples
   if not p:
     return                                  # checked again once the data are loaded
-  if d.mode == 'central' and mech.noise_cohort(config) > p:
+  if d.mode in ('central', 'distributed') and mech.noise_cohort(config) > p:
     raise ConfigError('dp.noise_cohort', d.noise_cohort, f'must be <= the population of {p} clients')
-  noise_multiplier(config, p)               # an unreachable target epsilon is refused here
+  if not d.get('per_tensor', False):   # (per-tensor clipping's bound needs the model: checked at the build)
+    noise_multiplier(config, p)             # an unreachable target epsilon is refused here
 
 
-def noise_multiplier(config, population: int = 0):
-  """z the accountant sees: dp.noise_multiplier, or the one calibrated to dp.target_epsilon (privacy/mechanism.py)."""
-  return mech.noise_multiplier(config, population)
+def noise_multiplier(config, population: int = 0, num_leaves: int = 0):
+  """z the accountant sees: dp.noise_multiplier, or the one calibrated to dp.target_epsilon (privacy/mechanism.py).
+  num_leaves: the model's parameter arrays (needed with dp.per_tensor)."""
+  return mech.noise_multiplier(config, population, num_leaves)
 
 
-def epsilon(config, rounds: int, population: int = 0) -> float:
+def epsilon(config, rounds: int, population: int = 0, num_leaves: int = 0) -> float:
   """Epsilon at config.dp.delta after `rounds` rounds (a function of the round count only: a resumed run reports
   what the uninterrupted one did)."""
-  a = mech.accounting(config, population)
-  return accounting.epsilon(a['q'], float(noise_multiplier(config, population)), int(rounds),
-                            float(config.dp.delta), a['sampling'], a['accountant'], a['num_clients'])
+  a = mech.accounting(config, population, num_leaves)
+  return accounting.epsilon(a['q'], float(noise_multiplier(config, population, num_leaves)), int(rounds),
+                            float(config.dp.delta), a['sampling'], a['accountant'], a['num_clients'],
+                            a['norm_bound'])
 
 
 def _is_delta_upload(out) -> bool:
@@ -111,15 +122,17 @@ def mean_capped_weight(client_sizes, cap: float) -> float:
   return float(np.mean(np.minimum(sizes / float(cap), 1.0)))
 
 
-def with_dp(alg: FederatedAlgorithm, config, population: int = 0, client_sizes=None) -> FederatedAlgorithm:
-  """client_sizes: every client's example count (needed by server.weighting='capped': the fixed denominator)."""
+def with_dp(alg: FederatedAlgorithm, config, population: int = 0, client_sizes=None,
+            num_leaves: int = 0) -> FederatedAlgorithm:
+  """client_sizes: every client's example count (needed by server.weighting='capped': the fixed denominator);
+  num_leaves: the model's parameter arrays (needed by dp.per_tensor: the accountant's norm bound)."""
   d = config.dp
   mode = str(d.mode)
   adaptive = bool(d.adaptive)
-  per_layer = bool(d.per_layer)
+  per_layer, per_tensor = bool(d.per_layer), bool(d.get('per_tensor', False))
   m = mech.cohort(config)
   big_m = mech.noise_cohort(config)
-  z = noise_multiplier(config, population)
+  z = noise_multiplier(config, population, num_leaves)
   if isinstance(z, float) and d.target_epsilon:   # (a batched program's runs were calibrated on the host)
     logging.info('dp: noise multiplier z=%.6g calibrated to epsilon %g at delta %g over %d rounds', z,
                  d.target_epsilon, d.delta, config.rounds)
@@ -159,28 +172,33 @@ def with_dp(alg: FederatedAlgorithm, config, population: int = 0, client_sizes=N
   def _inner_bcast(bcast):
     return {k: v for k, v in bcast.items() if k != KEY}
 
+  client_noise = mode in ('local', 'distributed')   # the clients draw the noise (key from their own key)
+
   def client_init(bcast, client_state, rng):
     local = alg.client_init(_inner_bcast(bcast), client_state, rng)
-    if mode != 'local':
+    if not client_noise:
       return local
     return {'inner': local, 'dp_key': jax.random.fold_in(rng, _KEY_TAG)}
 
   def client_step(bcast, local, batch, rng):
-    if mode != 'local':
+    if not client_noise:
       return alg.client_step(_inner_bcast(bcast), local, batch, rng)
     inner, metrics = alg.client_step(_inner_bcast(bcast), local['inner'], batch, rng)
     return {**local, 'inner': inner}, metrics
 
   def client_final(bcast, local, client_state):
-    inner_local = local['inner'] if mode == 'local' else local
+    inner_local = local['inner'] if client_noise else local
     out, client_state = alg.client_final(_inner_bcast(bcast), inner_local, client_state)
     if not _is_delta_upload(out):
       raise ConfigError('dp.mode', mode, f'{alg.name} uploads {jax.tree_util.tree_structure(out)}, not a model '
                         'delta alone: DP cannot bound it')
     c = bcast[KEY]['clip']
-    delta, norm = mech.clip(out['weighted']['delta'], c, per_layer)
+    delta, norm = mech.clip(out['weighted']['delta'], c, per_layer, per_tensor)
     if mode == 'local':
       delta = jax.tree_util.tree_map(jnp.add, delta, mech.gaussian(local['dp_key'], delta, z * c))
+    elif mode == 'distributed':   # this client's share: m shares of variance (z C m / M)^2 / m sum to central's
+      delta = jax.tree_util.tree_map(jnp.add, delta, mech.gaussian(local['dp_key'], delta,
+                                                                   z * c * (math.sqrt(m) / big_m)))
     up = {} if capped else {'delta': delta}
     if adaptive:
       up['below'] = (norm <= c).astype(jnp.float32)
@@ -195,7 +213,7 @@ def with_dp(alg: FederatedAlgorithm, config, population: int = 0, client_sizes=N
       total = jax.tree_util.tree_map(lambda x: x * tw.astype(x.dtype), agg['weighted']['delta'])
     else:
       total = jax.tree_util.tree_map(lambda x: x * n.astype(x.dtype), agg['uniform']['delta'])
-    if mode == 'local':
+    if client_noise:
       mean = jax.tree_util.tree_map(lambda x: x / jnp.asarray(denominator, x.dtype), total)
     else:
       k_value, k_count = jax.random.split(jax.random.fold_in(jax.random.wrap_key_data(s['key']), round_idx))

@@ -2,7 +2,9 @@
 
 A plug-in is an `Evaluation`: `applies(plan)` (declared by the config and the algorithm's eval models),
 `periodic(trainer) -> metrics` added to every evaluation record, `final(trainer, summary, reported)` adding its
-entries (and figures) to summary.json; `models`: the algorithm's eval models it is about. Each lives in its own
+entries (and figures) to summary.json; `resumed(trainer, records) -> bool`: after a checkpoint is restored, may
+correct the restored records in place (True when it did: metrics.jsonl is rewritten); `models`: the algorithm's
+eval models it is about. Each lives in its own
 module of this package; `selected(plan)` lists those a run uses, in `order` (the order of their summary
 entries). Which model is reported is the algorithm's declaration (`FederatedAlgorithm.reported_models`).
 """
@@ -24,6 +26,7 @@ class Evaluation:
   periodic: Optional[Callable[[Any], dict]] = None        # (trainer) -> metrics of an evaluation round
   final: Optional[Callable[[Any, dict, str], None]] = None  # (trainer, summary, reported model) -> summary entries
   models: tuple = ()                                      # the algorithm's eval models it is about (documentation)
+  resumed: Optional[Callable[[Any, list], bool]] = None   # (trainer, restored records) -> whether it corrected them
 
 
 def register(evaluation: Evaluation) -> Evaluation:

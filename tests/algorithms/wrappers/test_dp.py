@@ -148,6 +148,55 @@ def test_local_mode_each_client_noises_its_own_clipped_upload_with_its_own_key()
     np.testing.assert_allclose(np.asarray(new['params'][n]), PARAMS[n] - sum(u[n] for u in ups) / 3, rtol=1e-5)
 
 
+@pytest.mark.parametrize('per_tensor', [False, True])
+def test_distributed_mode_each_client_adds_its_share_of_the_central_noise(per_tensor):
+  # DP-FedSAM's release: client k adds N(0, (z C sqrt(m) / M)^2) to its clipped upload; the server takes the plain
+  # mean, whose sum then carries N(0, (z C m / M)^2), the central mode's noise.
+  m, big_m = 3, 6
+  cfg = dp_config(**{'dp.mode': 'distributed', 'clients_per_round': m, 'dp.noise_cohort': big_m,
+                     'dp.per_tensor': per_tensor})
+  alg = dp.with_dp(toy_fedavg(), cfg, population=100, num_leaves=2)
+  state = alg.server_init(jax.tree_util.tree_map(jnp.asarray, PARAMS), jax.random.key(0))
+  client_keys = [jax.random.key(200 + k) for k in range(m)]
+  new, outs = engine_round(alg, state, DELTAS, 0, client_keys=client_keys)
+  std = 0.8 * 1.0 * math.sqrt(m) / big_m
+  ups = []
+  for k, d in enumerate(DELTAS):
+    if per_tensor:       # each array to C on its own
+      cl = {n: v * min(1.0, 1.0 / max(float(np.linalg.norm(v)), 1e-30)) for n, v in d.items()}
+    else:
+      cl = np_clip(d, 1.0)[0]
+    noise = noise_like(jax.random.fold_in(client_keys[k], dp._KEY_TAG), cl, std)
+    ups.append({n: cl[n] + noise[n] for n in cl})
+    for n in cl:
+      np.testing.assert_allclose(np.asarray(outs[k]['uniform']['delta'][n]), ups[-1][n], rtol=1e-5, atol=1e-6)
+  for n in PARAMS:
+    np.testing.assert_allclose(np.asarray(new['params'][n]), PARAMS[n] - sum(u[n] for u in ups) / m, rtol=1e-5)
+
+
+def test_distributed_noise_summed_over_the_cohort_has_the_central_std():
+  m, big_m, z, c = 4, 8, 1.3, 0.7
+  cfg = dp_config(**{'dp.mode': 'distributed', 'clients_per_round': m, 'dp.noise_cohort': big_m,
+                     'dp.noise_multiplier': z, 'dp.clip': c})
+  alg = dp.with_dp(toy_fedavg(), cfg, population=100)
+  state = alg.server_init({'w': jnp.zeros((20000,)), 'b': jnp.zeros((1,))}, jax.random.key(0))
+  bcast = alg.broadcast(state, 0)
+  zero = {'w': jnp.zeros((20000,)), 'b': jnp.zeros((1,))}
+  total = sum(np.asarray(alg.client_final(bcast, {'inner': zero, 'dp_key': jax.random.key(k)}, None)[0]
+                         ['uniform']['delta']['w'], np.float64) for k in range(m))
+  assert np.std(total) == pytest.approx(z * c * m / big_m, rel=0.02)    # central mode's std on the sum
+
+
+def test_per_tensor_clipping_is_accounted_with_the_bound_c_sqrt_l():
+  cfg = dp_config(**{'dp.per_tensor': True, 'data.num_clients': 100})
+  a = dp.mech.accounting(cfg, 100, num_leaves=4)
+  assert a['norm_bound'] == 2.0 and a['sensitivity'] == 4.0 and a['adjacency'] == 'replace_one'
+  assert dp.epsilon(cfg, 10, 100, num_leaves=4) == dp.accounting.epsilon(
+      4 / 100, 0.8, 10, 1e-3, sampling='fixed', num_clients=100, norm_bound=2.0)
+  with pytest.raises(ValueError, match='num_leaves'):
+    dp.mech.accounting(cfg, 100)
+
+
 def test_adaptive_clip_lives_in_the_server_state_and_follows_the_noisy_count():
   cfg = dp_config(**{'dp.adaptive': True, 'dp.clip': 1.0, 'dp.noise_multiplier': 0.1, 'clients_per_round': 3})
   alg = dp.with_dp(toy_fedavg(), cfg, population=100)
@@ -191,6 +240,13 @@ BAD = [
     ({'dp.adaptive': True, 'dp.noise_multiplier': 1.0}, 'config.dp.noise_multiplier=1.0 is invalid: with adaptive'),
     ({'dp.noise_cohort': 1000}, 'config.dp.noise_cohort=1000 is invalid: must be <= the population of 10'),
     ({'dp.mode': 'secret'}, "config.dp.mode='secret' is invalid"),
+    ({'dp.mode': 'distributed', 'server.weighting': 'capped', 'server.weight_cap': 5.0},
+     "config.server.weighting='capped' is invalid: distributed DP's clients each add an equal share"),
+    ({'dp.mode': 'distributed', 'dp.adaptive': True, 'dp.noise_multiplier': 0.1},
+     'config.dp.adaptive=True is invalid: adaptive clipping needs the server'),
+    ({'dp.mode': 'distributed', 'dp.accountant': 'pld'}, "config.dp.accountant='pld' is invalid"),
+    ({'dp.per_layer': True, 'dp.per_tensor': True}, 'config.dp.per_tensor=True is invalid: and dp.per_layer'),
+    ({'dp.target_epsilon': 1e300}, 'config.dp.target_epsilon=1e+300 is invalid: is met with almost no noise'),
 ]
 
 
