@@ -8,9 +8,10 @@ Expected: under a minute on 2 CPU cores (measured: 35 s wall / 21 s CPU with the
 (359 held-out digits). No download: the data ships with scikit-learn.
 Variants: --config.client.optimizer=asam --config.client.rho=0.7 --config.client.asam_eta=0.2 (FedASAM),
 --config.data.alpha=0 (one class per client), --config.swa.enabled=True, --config.client.optimizer=ksam
---config.client.rho=0.05 --config.client.ascent_fraction=0.5 (SAM's ascent on the half of each batch with the highest
-loss), --config.upload.compress=topk --config.upload.fraction=0.01 --config.upload.error_feedback=True (uploads of
-1% of the delta's coordinates; summary.json's compress_* entries say what it cost).
+--config.client.rho=0.05 --config.client.ascent_fraction=0.5 (K-SAM: SAM's two gradients on the half of each batch
+with the highest loss; --config.client.ksam_descent=full: the descent on the whole batch),
+--config.upload.compress=topk --config.upload.fraction=0.01 --config.upload.error_feedback=True (uploads of 1% of
+the delta's coordinates; summary.json's compress_* entries say what it cost).
 Another algorithm: --config.algorithm=fedprox --config.algo.mu=0.01 (experiments/train.py fills
 config.algo with the algorithm's registered defaults, then applies --config.algo.*; the config argument
 form --config=configs/quickstart.py:fedprox does the same; see configs/baselines_digits.py for every baseline).

@@ -89,7 +89,7 @@ SECTION = Section('client', (
     Field('optimizer', Choice('sgd', ('sgd', 'sam', 'asam', 'sam_every', 'looksam', 'ksam'), sort=True),
           "the gradient: 'sgd' (plain) | 'sam' | 'asam' (sharpness-aware) | 'sam_every' (SAM on every "
           "sam_every-th step) | 'looksam' (SAM every looksam_k-th step, its orthogonal part reused between) | "
-          "'ksam' (SAM's ascent on the ascent_fraction highest-loss examples of the batch, K-SAM)"),
+          "'ksam' (K-SAM: SAM's gradients on the ascent_fraction highest-loss examples of the batch)"),
     Field('base_optimizer', Choice('sgd', ('sgd', 'adam'), sort=True),
           "'sgd' (lr, momentum) | 'adam' (lr, adam_b1, adam_b2, adam_eps)"),
     Field('adam_b1', Num(0.9, lo=0, hi=1, hi_open=True), 'Adam beta1', when=_adam),
@@ -119,8 +119,12 @@ SECTION = Section('client', (
     Field('looksam_alpha', Num(0.7, lo=0), "alpha of client.optimizer='looksam' (Liu et al. 2022: 0.7)", {VALUE},
           when=_opt('looksam')),
     Field('ascent_fraction', Num(0.5, lo=0, hi=1, lo_open=True),
-          "client.optimizer='ksam': the share of the batch's valid examples (highest loss first) the ascent uses",
+          "client.optimizer='ksam': the share of the batch's valid examples (highest loss first) K-SAM's gradients use",
           {VALUE}, when=_opt('ksam')),
+    Field('ksam_descent', Choice('subset', ksam_lib.DESCENTS),
+          "client.optimizer='ksam': 'subset' (the descent gradient on the same highest-loss examples as the ascent: "
+          "Ni et al. 2022's rule) | 'full' (the descent on the whole batch, only the ascent on the subset)",
+          when=_opt('ksam')),
     Field('grad_clip', Num(0.0, lo=0), 'clip_by_global_norm (FedDyn: 30); 0 = off'),
     Field('lr_schedule', Choice('constant', LR_SCHEDULES, sort=True),
           "'constant' | 'poly_step' (over each round's local steps, FedDrive) | 'poly_round' (over rounds): "
@@ -180,7 +184,7 @@ def gradient_passes(client_cfg) -> float:
   if kind == 'looksam':
     return looksam_lib.passes(client_cfg.looksam_k)
   if kind == 'ksam':
-    return ksam_lib.passes(client_cfg.ascent_fraction)
+    return ksam_lib.passes(client_cfg.ascent_fraction, client_cfg.get('ksam_descent', 'subset'))
   return {'sgd': SGD_PASSES, 'sam': sam_lib.PASSES, 'asam': asam_lib.PASSES}[kind]
 
 
@@ -206,8 +210,8 @@ def client_optimizer(client_cfg) -> optax.GradientTransformationExtraArgs:
     k, alpha = _step_period(client_cfg.looksam_k), client_cfg.looksam_alpha
     parts.append(_per_update(lambda hp: looksam(hp['rho'], k, alpha), 'looksam'))
   elif kind == 'ksam':
-    fraction = client_cfg.ascent_fraction
-    parts.append(_per_update(lambda hp: ksam(hp['rho'], fraction), 'ksam'))
+    fraction, descent = client_cfg.ascent_fraction, str(client_cfg.get('ksam_descent', 'subset'))
+    parts.append(_per_update(lambda hp: ksam(hp['rho'], fraction, descent), 'ksam'))
   elif kind != 'sgd':
     raise ValueError(f"client.optimizer={kind!r}; allowed: 'sgd', 'sam', 'asam', 'sam_every', 'looksam', 'ksam'")
   parts.append(add_correction())

@@ -11,7 +11,8 @@ vector; QSGD's norms are per bucket of that vector, below):
            sends k values x 4 bytes + their positions: min(4 k, ceil(d / 8)) bytes (k int32 indices, or a
            d-bit bitmap when that is smaller, i.e. k > d / 32)
     randk  C(v) = (d / k) v on k coordinates drawn uniformly without replacement (key: seed, round, client).
-                  Unbiased: E C(v) = v (Stich et al. 2018; Wangni et al. 2018).
+                  Unbiased: E C(v) = v (Stich et al. 2018; Wangni et al. 2018). With error feedback: v on the k
+                  coordinates, UNSCALED (below).
            sends k values x 4 bytes + the 4-byte seed the server regenerates the coordinates from
     qsgd   buckets of n = QSGD_BUCKET consecutive coordinates (the last one shorter), each with its norm ||v_b||
            (Alistarh et al. 2017, section 3.1 and their experiments' bucket size 512): s = 2^bits - 1 levels,
@@ -22,7 +23,14 @@ vector; QSGD's norms are per bucket of that vector, below):
 
 Error feedback (`upload.error_feedback`; Stich et al. 2018, Karimireddy et al. 2019): the client keeps the residual
 e_k of what it did not send, p = Delta_k + e_k, sends C(p) and keeps e_k <- p - C(p). Over any number of rounds,
-sum of what was sent + the last residual = sum of the deltas (nothing is lost, only delayed).
+sum of what was sent + the last residual = sum of the deltas (nothing is lost, only delayed). The residual stays
+bounded only if C is a contraction, E ||x - C(x)||^2 <= (1 - delta) ||x||^2 with delta > 0 (Stich et al. 2018,
+"Sparsified SGD with memory", Definition 2.1): top-k (delta = k / d) and unscaled rand-k (E ||x - C(x)||^2 =
+(1 - k / d) ||x||^2 exactly) are; the unbiased d / k rand-k is not (its E ||x - C(x)||^2 = (d / k - 1) ||x||^2,
+each kept coordinate leaves (1 - d / k) x_i behind): with it the residual grew geometrically (issue 48: ~1,400
+from deltas of norm ~0.9, NaN at round 17). So rand-k with error feedback sends v on the k coordinates unscaled.
+QSGD is unbiased, not a contraction (its bound min(n / s^2, sqrt(n) / s) exceeds 1 at few bits): its residual is
+bounded only where that bound is below 1.
 
 k = round(fraction d) and s = 2^bits - 1 are traced values here (a mask over the full-size ranking, never a
 shape), so the same compiled program serves any fraction / bits.
@@ -56,13 +64,15 @@ def _check(cfg) -> None:
 
 SECTION = Section('upload', (
     Field('compress', Choice('none', METHODS), "the client's delta before it is sent: 'none' | 'topk' (the k "
-          "largest |v_i|) | 'randk' (k random coordinates x d / k, unbiased) | 'qsgd' (stochastic quantization)"),
+          "largest |v_i|) | 'randk' (k random coordinates x d / k, unbiased; unscaled with error_feedback: a "
+          "contraction) | 'qsgd' (stochastic quantization)"),
     Field('fraction', Num(0.01, lo=0, hi=1, lo_open=True), "topk / randk: k = max(1, round(fraction d)) of the d "
           'coordinates kept', {VALUE}),
     Field('bits', Int(2, lo=1), 'qsgd: bits a level, s = 2^bits - 1 levels of |v_i| / ||v_bucket|| (+ a sign bit)',
           {VALUE}),
     Field('error_feedback', Flag(False), 'keep each client\'s residual (what was not sent) and add it to its next '
-          'delta (client state, checkpointed)'),
+          'delta (client state, checkpointed); randk then sends the k coordinates unscaled (Stich et al. 2018: '
+          'error feedback needs a contraction, d / k scaling is not one)'),
 ), check=_check, tags={RESULT}, doc='compressed uploads (systems/compress.py; algorithms/wrappers/compress.py)')
 
 
@@ -105,11 +115,13 @@ def topk(v, k):
   return jnp.where(rank < k, v, jnp.zeros_like(v))
 
 
-def randk(v, key, k):
-  """(d / k) v on k coordinates drawn uniformly without replacement, zero elsewhere (unbiased)."""
+def randk(v, key, k, scaled: bool = True):
+  """(d / k) v on k coordinates drawn uniformly without replacement, zero elsewhere (unbiased); scaled=False: v
+  on them unscaled, the contraction E ||v - C(v)||^2 = (1 - k / d) ||v||^2 that error feedback needs."""
   d = v.shape[0]
   keep = jax.random.permutation(key, d) < k       # a uniform k-subset (positions of 0 .. k-1 in a permutation)
-  return jnp.where(keep, v * (d / jnp.asarray(k, v.dtype)), jnp.zeros_like(v))
+  kept = v * (d / jnp.asarray(k, v.dtype)) if scaled else v
+  return jnp.where(keep, kept, jnp.zeros_like(v))
 
 
 def qsgd(v, key, s, bucket: int = QSGD_BUCKET):
@@ -126,13 +138,13 @@ def qsgd(v, key, s, bucket: int = QSGD_BUCKET):
   return q.reshape(-1)[:d]
 
 
-def compress(kind: str, v, key, fraction=None, bits=None):
-  """C(v) of `kind` (see the module docstring); v a flat float32 vector."""
+def compress(kind: str, v, key, fraction=None, bits=None, error_feedback: bool = False):
+  """C(v) of `kind` (see the module docstring); v a flat float32 vector. error_feedback: rand-k unscaled."""
   d = v.shape[0]
   if kind == 'topk':
     return topk(v, num_kept(fraction, d))
   if kind == 'randk':
-    return randk(v, key, num_kept(fraction, d))
+    return randk(v, key, num_kept(fraction, d), scaled=not error_feedback)
   if kind == 'qsgd':
     return qsgd(v, key, levels(bits))
   if kind == 'none':

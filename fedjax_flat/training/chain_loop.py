@@ -360,7 +360,8 @@ class ChainDriver:
       raise driver_lib.DivergenceError(
           f'divergence (NaN/inf) at round {r + 1}: the chains of superclients '
           f'{[ch.superclient for ch in bad] or "none"} (clients {members or "none"}) produced non-finite loss '
-          f'or updates; server state finite={server_finite}. Lower client.lr / rho, or enable client.grad_clip.')
+          f'or updates; server state finite={server_finite}. '
+          f'{driver_lib.divergence_hint(p.config, p.num_params, p.data.num_clients)}')
     s = p.chain_stats(r, rb.chains)
     tot = self.totals(r)
     for k, v in s.items():

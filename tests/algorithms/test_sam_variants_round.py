@@ -63,20 +63,24 @@ def test_one_compiled_round_program_across_rounds_and_steps():
   assert fn._cache_size() == 1
 
 
-def _ksam_grad(w, b, rho, fraction):
-  """K-SAM's subset ascent by hand: the k = max(1, round(fraction n)) highest-loss examples (ties: lower index)
-  give the ascent direction, the whole batch the gradient at the ascent point."""
+def _ksam_grad(w, b, rho, fraction, descent):
+  """K-SAM by hand: the k = max(1, round(fraction n)) highest-loss examples (ties: lower index) give the ascent
+  direction; the gradient at the ascent point is theirs too (descent='subset', Ni et al. 2022) or the whole
+  batch's (descent='full')."""
   n = len(b['y'])
   losses = [float(_LOSS(w, {k: v[i:i + 1] for k, v in b.items()})[0]) for i in range(n)]
   keep = sorted(sorted(range(n), key=lambda i: -losses[i])[:max(1, int(round(fraction * n)))])
-  g_s = grad(w, {k: v[keep] for k, v in b.items()})
-  return grad(add(w, scale(g_s, rho / (_norm(g_s) + 1e-12))), b)
+  subset = {k: v[keep] for k, v in b.items()}
+  g_s = grad(w, subset)
+  return grad(add(w, scale(g_s, rho / (_norm(g_s) + 1e-12))), subset if descent == 'subset' else b)
 
 
-def test_fedavg_round_with_the_subset_ascent_matches_formula():
+@pytest.mark.parametrize('descent', ['subset', 'full'])
+def test_fedavg_round_with_ksam_matches_formula(descent):
   fraction = 0.5
   cfg = config('fedavg', optimizer='ksam', rho=RHO)
   cfg.client.ascent_fraction = fraction
+  cfg.client.ksam_descent = descent
   state, _, _ = run_engine(cfg)
   x = PARAMS0
   for r, ids in enumerate(SCHEDULE):
@@ -85,7 +89,7 @@ def test_fedavg_round_with_the_subset_ascent_matches_formula():
       y = x
       batches = client_batches(r, c)
       for b in batches:
-        y = sgd(y, _ksam_grad(y, b, RHO, fraction))
+        y = sgd(y, _ksam_grad(y, b, RHO, fraction, descent))
       models.append(y)
       sizes.append(sum(len(b['y']) for b in batches))
     x = mean(models, sizes)

@@ -103,6 +103,52 @@ def test_error_feedback_loses_nothing():
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
+def _randk_ef_residuals(rounds=300, d=200, fraction=0.05, seed=0):
+  """Error feedback over `rounds` rounds of random deltas of norm about 1 on one client: (residual norms, delta
+  norms)."""
+  deltas = np.random.default_rng(seed).normal(size=(rounds, d)).astype(np.float32) / math.sqrt(d)
+  step = jax.jit(lambda delta, res, key: wrapper.compress_upload('randk', {'w': delta}, {'w': res}, key, fraction,
+                                                                 2)[1]['w'])
+  res, norms = jnp.zeros(d, jnp.float32), []
+  for t in range(rounds):
+    res = step(jnp.asarray(deltas[t]), res, jax.random.key(t))
+    norms.append(float(jnp.linalg.norm(res)))
+  return np.array(norms), np.linalg.norm(deltas, axis=1)
+
+
+def test_randk_with_error_feedback_keeps_the_residual_bounded():
+  # issue 48: with the d / k scaling the residual grew geometrically (to ~1,400 from deltas of norm ~0.9). With
+  # the contraction (delta = k / d = 0.05) Stich et al.'s bound is E ||e||^2 <= 4 (1 - delta) / delta^2 G^2,
+  # i.e. ||e|| <~ 39 G; a random walk of the dropped part stays near sqrt(d / k) G (about 4.5 here).
+  res, dn = _randk_ef_residuals()
+  assert np.all(np.isfinite(res)) and res.max() <= 10 * dn.max()
+  assert res[-100:].mean() <= 2 * res[100:200].mean()      # a plateau, not a growth
+
+
+def test_randk_with_error_feedback_is_a_contraction_and_without_it_unbiased():
+  d, k = 6, 2
+  p = jnp.asarray(V)
+  zero = {'w': jnp.zeros(d, jnp.float32)}
+  keys = jax.random.split(jax.random.key(5), 20000)
+  ef = jax.vmap(lambda key: wrapper.compress_upload('randk', {'w': p}, zero, key, k / d, 2)[0]['w'])(keys)
+  ef = np.asarray(ef)
+  # unscaled: the kept coordinates are p's own, so ||p - C(p)||^2 <= ||p||^2 for every draw, and on average
+  # (1 - k / d) ||p||^2 (Stich et al. 2018, Definition 2.1, delta = k / d)
+  kept = ef != 0
+  np.testing.assert_array_equal(ef[kept], np.broadcast_to(np.asarray(p), ef.shape)[kept])
+  err = np.sum((ef - np.asarray(p)) ** 2, axis=1)
+  norm2 = float(jnp.sum(p ** 2))
+  assert np.all(err <= norm2 + 1e-6)
+  np.testing.assert_allclose(err.mean(), (1 - k / d) * norm2, rtol=0.02)
+  # without error feedback: the unbiased d / k form, bit for bit the transform of before
+  for t in range(5):
+    key = jax.random.key(t)
+    plain = wrapper.compress_upload('randk', {'w': p}, None, key, k / d, 2)[0]['w']
+    keep = jax.random.permutation(key, d) < k
+    np.testing.assert_array_equal(plain, jnp.where(keep, p * (d / jnp.asarray(k, jnp.float32)), 0.0))
+    np.testing.assert_array_equal(plain, comp.randk(p, key, k))
+
+
 def test_bad_input_is_one_line_before_compiling():
   def refused(field, **over):
     with pytest.raises(ConfigError) as e:

@@ -2,11 +2,12 @@
 (the transforms, their bytes and config.upload: systems/compress.py).
 
 The wrapped client_final flattens the algorithm's upload {'weighted': {'delta'}} to one vector, adds the client's
-residual (upload.error_feedback), compresses it with a key derived from the client's key (seed, round, client),
-keeps the new residual as client state and sends the compressed delta in the algorithm's place, together with
-its relative compression error ||C(p) - p|| / ||p|| (a 'uniform' entry the wrapped server_update removes
-before the algorithm sees the aggregate). The server state gains 'compress' = {'err': the round's mean relative
-error, 'err_sum': its sum over rounds, 'rounds'} (checkpointed with it; training/evals/compress.py reports it).
+residual (upload.error_feedback; rand-k then unscaled, a contraction: systems/compress.py), compresses it with a key
+derived from the client's key (seed, round, client), keeps the new residual as client state and sends the compressed
+delta in the algorithm's place, together with its relative compression error ||C(p) - p|| / ||p|| (a 'uniform' entry
+the wrapped server_update removes before the algorithm sees the aggregate). The server state gains 'compress' =
+{'err': the round's mean relative error, 'err_sum': its sum over rounds, 'rounds'} (checkpointed with it;
+training/evals/compress.py reports it).
 
 With error feedback the client state is {'ef': a residual shaped like the algorithm's delta} (+ the algorithm's own
 under 'inner'): the client-state store the stateful algorithms use keeps it and checkpoints it; a client that does not
@@ -53,11 +54,12 @@ def _is_delta_upload(out) -> bool:
 
 
 def compress_upload(kind, delta, residual, key, fraction, bits):
-  """(sent, new residual, relative error) of one client's delta tree (residual: a tree like it, or None)."""
+  """(sent, new residual, relative error) of one client's delta tree (residual: a tree like it with error feedback
+  (rand-k then unscaled: systems/compress.py), or None)."""
   v, unravel = ravel_pytree(delta)
   v = v.astype(jnp.float32)
   p = v if residual is None else v + ravel_pytree(residual)[0].astype(jnp.float32)
-  c = comp.compress(kind, p, key, fraction=fraction, bits=bits)
+  c = comp.compress(kind, p, key, fraction=fraction, bits=bits, error_feedback=residual is not None)
   norm = jnp.sqrt(jnp.sum(jnp.square(p)))
   err = jnp.where(norm > 0, jnp.sqrt(jnp.sum(jnp.square(c - p))) / jnp.where(norm > 0, norm, 1.0), 0.0)
   new_residual = None if residual is None else unravel(p - c)
