@@ -38,7 +38,8 @@ def _final(trainer, summary, reported):
       f"{out['system_reports_per_round']:.3g} reporting clients a round")
   if trainer.workdir and trainer.recorder.writer:
     writers.plot_system(trainer.records, os.path.join(trainer.workdir, 'system.png'),
-                        title=f'{trainer.algorithm.label} on {trainer.config.dataset}: virtual clock')
+                        title=f'{trainer.algorithm.label} on {trainer.config.dataset}: virtual clock',
+                        accuracy_name=trainer.recorder.metric_names['accuracy'])
 
 
 register(Evaluation('system', order=6, applies=lambda plan: clock_lib.enabled(plan.config), periodic=_numbers,
