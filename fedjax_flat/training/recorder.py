@@ -164,7 +164,8 @@ class Recorder:
     return stop
 
   def comm_bytes(self) -> dict:
-    """`comm_bytes`: bytes exchanged so far (float32 messages; compressed uploads at the bytes they send, with
+    """`comm_bytes`: bytes sent so far (systems/clock.COMM_BYTES: downloads to the online sampled clients + uploads
+    that reached the server; float32 messages, compressed uploads at the bytes they send, with
     `comm_up_bytes` and its float32 equivalent `comm_up_bytes_uncompressed` beside it)."""
     t = self.comm_total
     if not self.compressed:

@@ -20,6 +20,7 @@ from typing import Dict, List
 import numpy as np
 
 from fedjax_flat import errors
+from fedjax_flat.systems import clock as clock_lib
 
 
 class ResultsWriteError(errors.OperationError):
@@ -373,6 +374,8 @@ def write_summary(workdir: str, summary: Dict) -> None:
           f"algorithm `{summary.get('algorithm')}`, dataset `{summary.get('dataset')}`, "
           f"{summary.get('rounds_completed')} rounds, {summary.get('wall_time_s', 0):.1f} s, "
           f"{summary.get('rounds_per_s', 0):.2f} rounds/s; reported model: `{summary.get('reported_model')}`", '']
+  if isinstance(summary.get('comm_total_bytes'), (int, float)):   # the run's one byte count (clock.COMM_BYTES)
+    head += [f"bytes sent: {summary['comm_total_bytes'] / 2**20:.4g} MiB ({clock_lib.COMM_BYTES})", '']
   v = summary.get('validation')
   if v:   # retrieval with validation clients: the test numbers of the best validation round
     lines += ['', f"model selection ({v['model']} model, by {v['selected_by']} on the validation clients): round "
