@@ -78,6 +78,9 @@ class RunPlan:
     validate.validate_config(config)
     self.config, self.workdir = config, workdir
     self.data = data if data is not None else data_registry.get_dataset(config.dataset, **config.data.to_dict())
+    # What summary.json, summary.md and the plot titles call the data: the given dataset's own name
+    # (ff.train(data=...)), else config.dataset, the one loaded.
+    self.dataset_name = str(getattr(data, 'name', '') or config.dataset) if data is not None else config.dataset
     if config.get('fedvc') is not None and config.fedvc.virtual_size:     # FedVC: equal-size virtual clients
       self.data = virtual_clients.virtual_clients(self.data, config.fedvc.virtual_size, seed=config.seed)
     validate.validate_against_data(config, self.data)

@@ -26,11 +26,11 @@ from fedjax_flat.training import writers
 from fedjax_flat.training.evals import registry as evals
 
 
-def plot_title(label: str, config) -> str:
+def plot_title(label: str, config, dataset: Optional[str] = None) -> str:
   """metrics.png's title: the algorithm, its client optimizer (FedAvg with SGD and with SAM clients are different
-  runs) and the dataset."""
+  runs) and the dataset (`dataset`: the run's data's own name, plan.dataset_name; default config.dataset)."""
   opt = config.client.get('optimizer') if 'client' in config else None
-  return f'{label}' + (f' ({opt} clients)' if opt else '') + f' on {config.dataset}'
+  return f'{label}' + (f' ({opt} clients)' if opt else '') + f' on {dataset or config.dataset}'
 
 
 class Recorder:
@@ -228,7 +228,7 @@ class Recorder:
     reported = evals.reported_model(p.algorithm.reported_models, self.records)
     summary = writers.summarize(self.records, c.summary_last_k, {
         'experiment': os.path.basename(self.workdir.rstrip('/')) if self.workdir else 'run',
-        'algorithm': p.algorithm.label, 'dataset': c.dataset, 'model': c.model,
+        'algorithm': p.algorithm.label, 'dataset': getattr(p, 'dataset_name', c.dataset), 'model': c.model,
         'rounds_completed': trainer.round, 'rounds_planned': c.rounds, 'wall_time_s': wall,
         'rounds_this_process': rounds_run, 'wall_time_total_s': self.elapsed_offset + wall,
         'rounds_per_s': (rounds_run / wall) if wall > 0 else 0.0, 'num_params': p.num_params,
@@ -243,6 +243,7 @@ class Recorder:
     if self.workdir and self.writer:
       writers.write_summary(self.workdir, summary)
       writers.plot_metrics(self.records, os.path.join(self.workdir, 'metrics.png'),
-                           title=plot_title(p.algorithm.label, c), accuracy_name=self.metric_names['accuracy'])
+                           title=plot_title(p.algorithm.label, c, getattr(p, 'dataset_name', None)),
+                           accuracy_name=self.metric_names['accuracy'])
       self.writer.close()
     return summary

@@ -37,7 +37,7 @@ def _final(trainer, summary, reported):
       f"{out['system_reports_per_round']:.3g} reporting clients a round")   # its bytes: summary.md's bytes sent
   if trainer.workdir and trainer.recorder.writer:
     writers.plot_system(trainer.records, os.path.join(trainer.workdir, 'system.png'),
-                        title=f'{trainer.algorithm.label} on {trainer.config.dataset}: virtual clock',
+                        title=f'{trainer.algorithm.label} on {trainer.plan.dataset_name}: virtual clock',
                         accuracy_name=trainer.recorder.metric_names['accuracy'])
 
 
