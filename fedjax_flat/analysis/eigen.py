@@ -284,6 +284,6 @@ def warn_unconverged(pairs: CheckedPairs, method: str, more: str) -> bool:
   if bad.size:
     logging.warning('%s: %d of %d eigenpairs did not converge (||Hu - lambda u|| > %g * %.4g): %s; their values '
                     'need not be eigenvalues (more steps: %s)', method, bad.size, len(pairs.converged),
-                    pairs.tol, pairs.scale, more, ', '.join(f'lambda_{i + 1}={pairs.eigenvalues[i]:.5g} (residual '
-                                                      f'{pairs.residuals[i]:.3g})' for i in bad))
+                    pairs.tol, pairs.scale, ', '.join(f'lambda_{i + 1}={pairs.eigenvalues[i]:.5g} (residual '
+                                                      f'{pairs.residuals[i]:.3g})' for i in bad), more)
   return bool(bad.size)
