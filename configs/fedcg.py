@@ -1,5 +1,5 @@
 r"""FedCG (thesis section 5.4; Caldarola et al., CVPR-W 2021) on LEAF's CelebA and FEMNIST: thesis Tables 5.9,
-5.10 and 5.11 (digest ../shared/reference/fl_baselines_fedseq_segmentation_digest.md section 3.7).
+5.10 and 5.11.
 
   .venv/bin/python experiments/train.py --workdir=runs/celeba_fedcg \
       --config=configs/fedcg.py:celeba,fedcg --config.data.data_dir=/path/to/leaf/data/celeba/data

@@ -1,6 +1,6 @@
 r"""FedSoup and its baselines (FedAvg, FedProx, FedBN) on the cross-silo feature-shift digits (5 "hospitals",
-one acquisition transform each): the quickstart-sized stand-in for FedSoup's Table 1 (Chen et al., MICCAI 2023;
-digest ../shared/reference/fedsoup_man_digest.md part A).
+one acquisition transform each): the quickstart-sized stand-in for FedSoup's Table 1 (Chen et al., MICCAI
+2023).
 
 Commands (the comparison; benchmarks/studies/README.fedsoup.md has the measured table):
   .venv/bin/python experiments/train.py --config=configs/fedsoup_digits.py:fedsoup --workdir=runs/fs_fedsoup

@@ -1,4 +1,5 @@
-r"""FedSoup's Table 1 (Chen et al., MICCAI 2023; digest ../shared/reference/fedsoup_man_digest.md A4-A7, A9):
+r"""FedSoup's Table 1 (Chen et al., "FedSoup: Improving Generalization and Personalization in Federated
+Learning via Selective Model Interpolation", MICCAI 2023):
 the eight methods on Camelyon17 (pathology, 5 hospitals) and the retinal fundus set (4 institutions), local and
 global accuracy / AUC of the personalized models, leave-one-client-out folds.
 

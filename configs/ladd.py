@@ -1,6 +1,6 @@
 r"""LADD / FFREEDA (thesis section 5.3; Shenaj et al., WACV 2023): thesis Tables 5.6 (GTA5 -> Cityscapes), 5.7
-(GTA5 -> CrossCity) and 5.8 (GTA5 -> Mapillary), hyperparameters of Table A.7 (facts of the release:
-../shared/reference/ladd_fedcg_fedvpr_release_facts.md).
+(GTA5 -> CrossCity) and 5.8 (GTA5 -> Mapillary), hyperparameters of Table A.7 (where the authors' release
+code departs from them, the fields below say so).
 
 The pipeline (data: GTA5's zips extracted into D/gta5, `python experiments/download.py --dataset=ladd_splits
 --data_dir=D` for the released splits, the target in D/<target>):

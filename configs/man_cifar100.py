@@ -1,5 +1,5 @@
 r"""MAN (layerwise activation-norm regularization, WACV 2024): the paper's Tables 1 and 2, CIFAR-100 with its CNN
-and Tiny-ImageNet with its ConvNet (digest ../shared/reference/fedsoup_man_digest.md, B5-B6).
+and Tiny-ImageNet with its ConvNet.
 
 One cell per command:
   .venv/bin/python experiments/train.py --workdir=runs/man_feddyn_man_dir0.3 \

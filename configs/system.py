@@ -12,8 +12,11 @@ Grammar (comma-separated; default fedavg,none):
   speeds (log-normal speeds, sigma 1, no deadline: a synchronous round waits for its slowest client);
   fedbuff | fedbuff_sam (FedBuff, SGD / SAM clients: 5 clients training at once, a server step every 3 arrivals,
   staleness 1 / sqrt(1 + tau), at most 8; settings 'speeds' and 'none' only);
-  rounds=<int> (0, the default: 50; FedBuff 83 server steps, the client updates of 50 rounds of 5)
-CELLS: the five synchronous methods x none, deadline, diurnal; fedavg, fedsam, fedbuff, fedbuff_sam x speeds.
+  fedasync (FedAsync, Xie et al. 2019: 5 clients training at once, a server step on every arrival mixing the
+  client's model in with weight 0.6 / sqrt(1 + tau), staleness at most 8; settings 'speeds' and 'none' only);
+  rounds=<int> (0, the default: 50; FedBuff 83 server steps, FedAsync 250: the client updates of 50 rounds of 5)
+CELLS: the five synchronous methods x none, deadline, diurnal; fedavg, fedsam, fedbuff, fedbuff_sam, fedasync x
+speeds.
 
 The setting: configs/quickstart.py (20 clients of 71 digits, Dirichlet 0.5, 5 a round, digits_cnn of 76,522
 params, client lr 0.05, batch 16, one epoch = 5 local steps) on a clock of median 20 examples/s, 10 Mbps down and
@@ -29,9 +32,9 @@ from fedjax_flat.config import families as config_strings
 HERE = os.path.dirname(os.path.abspath(__file__))   # the twin: configs/quickstart.py
 
 FAMILY = 'configs/system.py'
-METHODS = ('fedavg', 'fedprox', 'fednova', 'fedsam', 'fedasam', 'fedbuff', 'fedbuff_sam')
+METHODS = ('fedavg', 'fedprox', 'fednova', 'fedsam', 'fedasam', 'fedbuff', 'fedbuff_sam', 'fedasync')
 SETTINGS = ('none', 'deadline', 'diurnal', 'speeds')
-ASYNC = ('fedbuff', 'fedbuff_sam')
+ASYNC = ('fedbuff', 'fedbuff_sam', 'fedasync')
 FIELDS = {
     'method': ('fedavg', METHODS),
     'setting': ('none', SETTINGS),
@@ -43,8 +46,10 @@ CLIENT = {'fedsam': {'optimizer': 'sam', 'rho': 0.05}, 'fedbuff_sam': {'optimize
           'fedasam': {'optimizer': 'asam', 'rho': 0.7, 'asam_eta': 0.2}}
 ALGORITHM = {'fedprox': ('fedprox', {'mu': 0.01}), 'fednova': ('fednova', {}),
              'fedbuff': ('fedbuff', {'buffer': 3, 'concurrency': 5, 'max_staleness': 8}),
-             'fedbuff_sam': ('fedbuff', {'buffer': 3, 'concurrency': 5, 'max_staleness': 8})}
-ROUNDS = {'fedbuff': 83, 'fedbuff_sam': 83}     # server steps of 3 arrivals: the client updates of 50 rounds of 5
+             'fedbuff_sam': ('fedbuff', {'buffer': 3, 'concurrency': 5, 'max_staleness': 8}),
+             'fedasync': ('fedasync', {'alpha': 0.6, 'concurrency': 5, 'max_staleness': 8})}
+# Server steps: FedBuff's of 3 arrivals, FedAsync's of one: the client updates of 50 rounds of 5 either way.
+ROUNDS = {'fedbuff': 83, 'fedbuff_sam': 83, 'fedasync': 250}
 CLOCK = {'speed': 'lognormal', 'speed_median': 20.0, 'speed_sigma': 0.0, 'up_mbps': 1.0, 'down_mbps': 10.0}
 SETTING = {'none': {},
            'deadline': {'speed_sigma': 1.0, 'deadline_s': 8.0, 'min_steps': 1},
@@ -58,7 +63,7 @@ def get_config(arg: str = ''):
   if o['rounds'] < 0:
     raise config_strings.ConfigStringError(FAMILY, f'rounds={o["rounds"]}', 'rounds must be >= 1 (0: the default)')
   if o['method'] in ASYNC and o['setting'] not in ('none', 'speeds'):
-    raise config_strings.ConfigStringError(FAMILY, o['setting'], 'FedBuff takes server steps on arrivals: no '
+    raise config_strings.ConfigStringError(FAMILY, o['setting'], f'{o["method"]} takes server steps on arrivals: no '
                                            "deadline nor availability; use setting 'speeds' or 'none'")
   algorithm, hp = ALGORITHM.get(o['method'], ('', {}))
   c = config_strings.load_module(os.path.join(HERE, 'quickstart.py')).get_config(algorithm)

@@ -142,7 +142,7 @@ def main(argv):
     t0 = time.time()
     rep = per_client_sharpness(trainer, params, step, num_examples=_N.value, batch_size=_BATCH.value,
                                num_iters=_ITERS.value, seed=_SEED.value, estimate=_PC_EST.value,
-                               global_set=_PC_GLOBAL.value)
+                               global_set=_PC_GLOBAL.value, warn=False)   # said once, below
     rep.update({'workdir': os.path.abspath(wd), 'model': _MODEL.value, 'seconds': time.time() - t0})
     path = os.path.join(out, f'per_client_{_MODEL.value}_round{step}.json')
     with open(path, 'w') as f:
@@ -182,7 +182,7 @@ def main(argv):
   report = analysis.analyze(model, params, x, y, batch_size=_BATCH.value, top_k=_TOPK.value, method=_METHOD.value,
                             num_iters=_ITERS.value, lanczos_steps=_LANCZOS.value, residual_tol=_RES_TOL.value,
                             trace_probes=_TRACE.value, density_probes=_DENSITY.value,
-                            rng=jax.random.key(_SEED.value), task=trainer.task)
+                            rng=jax.random.key(_SEED.value), task=trainer.task, warn=False)   # said once, below
   logging.info('lambda_max %.4f  lambda_max/lambda_5 %s  (%.1f s)', report['lambda_max'],
                report.get('lambda_max_over_lambda_5'), time.time() - t0)
   name = _MODEL.value
@@ -222,8 +222,10 @@ def main(argv):
     save()
   bad = [i + 1 for i, c in enumerate(report['converged']) if not c]
   if bad:
+    more = '--num_iters' if _METHOD.value == 'power' else '--lanczos_steps'     # the flag that adds steps
     print(f'warning: eigenpairs {bad} did not converge (residual > {report["residual_tol"]:g} * '
-          f'{report["residual_scale"]:.4g}; marked converged=false in the report)', file=sys.stderr)
+          f'{report["residual_scale"]:.4g}; marked converged=false in the report); more steps: {more}',
+          file=sys.stderr)
   print(f"lambda_max {report['lambda_max']:.4f}; report: {path}; plots in {out}")
 
 

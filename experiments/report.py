@@ -4,9 +4,11 @@ r"""Aggregates runs into a Markdown + CSV table and PNG plots: mean +- std over 
       [--group_by=cell | --group_by=client.optimizer,swa.enabled] [--target=0.9]
   python experiments/report.py --workdirs='runs/sam_*/seed=*' --group_by=client.optimizer --out_dir=reports/x
 
-Writes OUT_DIR/<name>.md and <name>.csv (one row per group and sweep), <name>_<sweep>_curves.png (accuracy of
-the reported model vs round, mean over seeds with a min..max band) and <name>_<sweep>_bars.png (last-K
-accuracy). Groups: `cell` (the sweep cell; for bare workdirs the directory name, or its parent's for
+Writes OUT_DIR/<name>.md and <name>.csv (one row per group and sweep), <name>_<sweep>_curves.png (the headline
+metric each task declares, accuracy / mIoU / R@1, of the reported model vs round, mean over seeds with a min..max
+band), with a virtual clock _time.png / _bytes.png (runs without one left out and named in the .md) and
+<name>_<sweep>_bars.png (last-K headline metric; the personal models' accuracy beside it where the paper
+publishes theirs). Groups: `cell` (the sweep cell; for bare workdirs the directory name, or its parent's for
 .../seed=N) or dotted config keys read from each run's config.json. Columns (see fedjax_flat/sweeps/report.py):
 last-K and final accuracy (%), finished/total runs, rounds to --target (first evaluation at or above it) and
 the bits sent until then (cumulative comm_bytes x 8, thesis Table 4.19),
@@ -93,9 +95,10 @@ def main(argv):
                f'{max(diffs):.2f} points (median {sorted(diffs)[len(diffs) // 2]:.2f}).', '']
     md += report_lib.markdown_table(rs, _GROUP.value, _TARGET.value) + ['']
     if _PLOTS.value:
-      for p in report_lib.plot(rs, _GROUP.value, f'{stem}_{sweep}'):
+      left_out = []      # runs a plot could not draw (no virtual clock), named under the plots
+      for p in report_lib.plot(rs, _GROUP.value, f'{stem}_{sweep}', notes=left_out):
         md.append(f'![{os.path.basename(p)}]({os.path.basename(p)})')
-      md.append('')
+      md += [''] + [f'{n}.' for n in left_out] + ([''] if left_out else [])
     bad = [r['failed'] for r in rs if r['failed']]
     if bad:
       md += ['Unfinished or failed runs (not averaged): ' + ' '.join(bad), '']

@@ -26,7 +26,7 @@ from benchmarks.studies import study_util
 from benchmarks.studies.study_util import mean_std as _fmt
 from configs import system as system_configs
 
-METHODS = ('fedavg', 'fedprox', 'fednova', 'fedsam', 'fedasam', 'fedbuff', 'fedbuff_sam')
+METHODS = ('fedavg', 'fedprox', 'fednova', 'fedsam', 'fedasam', 'fedbuff', 'fedbuff_sam', 'fedasync')
 SETTINGS = ('none', 'deadline', 'diurnal', 'speeds')
 DEFAULT_CELLS = tuple(system_configs.CELLS)
 DEFAULT_OUT = os.path.join('runs', 'system_digits', 'study.jsonl')

@@ -256,12 +256,13 @@ def check_pairs(hvp: Callable, values, vecs, *, tol: float = RESIDUAL_TOL, steps
 
 
 def top_eigenpairs(hvp: Callable, dim: int, k: int = 5, *, num_steps: int = 80, max_steps: Optional[int] = None,
-                   tol: float = RESIDUAL_TOL, rng=None) -> CheckedPairs:
+                   tol: float = RESIDUAL_TOL, rng=None, warn: bool = True) -> CheckedPairs:
   """The k largest algebraic eigenpairs by Lanczos, each checked against H (`check_pairs`).
 
   Starts with a Krylov space of `num_steps`; while some pair fails the residual test, doubles it (a new
   compiled program per size), up to `max_steps` (default 4 * num_steps; capped at `dim`). Memory: steps * dim
-  float32 for the Lanczos basis. Pairs that still fail are returned with converged=False and a warning.
+  float32 for the Lanczos basis. Pairs that still fail are returned with converged=False and (`warn`) a warning;
+  a caller that reports them itself (experiments/hessian.py) passes warn=False, so it is said once.
   """
   max_steps = int(min(max_steps or 4 * num_steps, dim))
   m = int(min(max(num_steps, k), max_steps))
@@ -271,16 +272,18 @@ def top_eigenpairs(hvp: Callable, dim: int, k: int = 5, *, num_steps: int = 80, 
     if out.converged.all() or m >= max_steps:
       break
     m = min(2 * m, max_steps)
-  warn_unconverged(out, f'Lanczos with {m} steps')
+  if warn:
+    warn_unconverged(out, f'Lanczos with {m} steps', more='num_steps (--lanczos_steps)')
   return out
 
 
-def warn_unconverged(pairs: CheckedPairs, method: str) -> bool:
-  """Logs a warning naming the pairs that fail the residual test; True if there are any."""
+def warn_unconverged(pairs: CheckedPairs, method: str, more: str) -> bool:
+  """Logs a warning naming the pairs that fail the residual test and `more`, the setting that gives the method
+  more steps (Lanczos: num_steps, power iteration: num_iters); True if there are any."""
   bad = np.flatnonzero(~pairs.converged)
   if bad.size:
     logging.warning('%s: %d of %d eigenpairs did not converge (||Hu - lambda u|| > %g * %.4g): %s; their values '
-                    'need not be eigenvalues (more steps: --lanczos_steps)', method, bad.size, len(pairs.converged),
+                    'need not be eigenvalues (more steps: %s)', method, bad.size, len(pairs.converged),
                     pairs.tol, pairs.scale, ', '.join(f'lambda_{i + 1}={pairs.eigenvalues[i]:.5g} (residual '
-                                                      f'{pairs.residuals[i]:.3g})' for i in bad))
+                                                      f'{pairs.residuals[i]:.3g})' for i in bad), more)
   return bool(bad.size)

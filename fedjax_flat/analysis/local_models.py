@@ -97,7 +97,7 @@ def global_train_subset(data, num_examples: int, seed: int = 0) -> np.ndarray:
 
 def per_client_sharpness(trainer, global_params, round_idx: int, *, num_examples: int = 500, batch_size: int = 100,
                          num_iters: int = 20, tol: float = 1e-4, seed: int = 0, estimate: str = 'full_data',
-                         global_set: str = 'test') -> Dict:
+                         global_set: str = 'test', warn: bool = True) -> Dict:
   """Thesis Table 4.13 protocol for the clients sampled in round `round_idx`.
 
   Per client k: 'lambda_local_own' (local model on D_k, its training examples), 'lambda_global_own' (the
@@ -148,7 +148,7 @@ def per_client_sharpness(trainer, global_params, round_idx: int, *, num_examples
     names += tuple(f'{n}_batch_median' for n in names)
   means = {f'mean_lambda_{n}': float(np.mean([r[f'lambda_{n}'] for r in rows])) for n in names} if rows else {}
   bad = [(r['client'], n) for r in rows for n in measured if not r[f'converged_{n}']]
-  if bad:
+  if bad and warn:     # warn=False: the caller reports all_converged itself (experiments/hessian.py), once
     logging.warning('per-client lambda_max: %d of %d power iterations did not converge (residual > %g * lambda; '
                     'more steps: --num_iters): %s', len(bad), len(measured) * len(rows), RESIDUAL_TOL, bad[:10])
   return {'round': int(round_idx), 'clients': rows, 'all_converged': not bad, 'residual_tol': RESIDUAL_TOL,

@@ -33,7 +33,7 @@ def analyze(model, params, x, y, *, batch_size: int = 100, top_k: int = 5, metho
             lanczos_max_steps: Optional[int] = None, residual_tol: float = RESIDUAL_TOL,
             trace_probes: int = 0, density_probes: int = 0, density_steps: int = 50,
             max_examples: Optional[int] = None, init: str = 'normal', rng=None,
-            with_density_arrays: bool = True, task=None) -> dict:
+            with_density_arrays: bool = True, task=None, warn: bool = True) -> dict:
   """Hessian analysis of `params` on the fixed data (x, y): top eigenvalues, trace, spectral density.
 
   Args:
@@ -56,6 +56,8 @@ def analyze(model, params, x, y, *, batch_size: int = 100, top_k: int = 5, metho
     rng: PRNG key (default PRNGKey(0)); split for eigen / trace / density.
     with_density_arrays: include the density grid and values (1000 points each) in the report.
     task: what the labels mean (fedjax_flat/tasks/base.py; the run's `trainer.task`); None = classification.
+    warn: log a warning for eigenpairs that fail the residual test (False: the caller reports `converged` itself,
+      as experiments/hessian.py does, so that it is said once).
 
   Returns:
     A JSON-able dict: 'eigenvalues' (descending), for every pair its 'rayleigh_quotients' (u.Hu),
@@ -91,12 +93,13 @@ def analyze(model, params, x, y, *, batch_size: int = 100, top_k: int = 5, metho
     lams, vecs, iters = top_eigenpairs_power(hvp, dim, top_k, num_iters=num_iters, tol=tol, rng=k_eig, init=init,
                                              return_num_iters=True)
     pairs = check_pairs(hvp, lams, vecs, tol=residual_tol)
-    warn_unconverged(pairs, f'power iteration ({num_iters} steps)')
+    if warn:
+      warn_unconverged(pairs, f'power iteration ({num_iters} steps)', more='num_iters (--num_iters)')
     report.update(num_iters=int(num_iters), tol=float(tol), power_iters=[int(i) for i in np.asarray(iters)])
   else:
     steps = int(lanczos_steps or max(80, 3 * top_k))
     pairs = top_eigenpairs(hvp, dim, top_k, num_steps=steps, max_steps=lanczos_max_steps, tol=residual_tol,
-                           rng=k_eig)
+                           rng=k_eig, warn=warn)
     report.update(lanczos_steps=int(pairs.steps))
   timings['eigen_s'] = time.perf_counter() - t_eig
   lams = pairs.eigenvalues

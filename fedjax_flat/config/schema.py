@@ -283,9 +283,18 @@ BN = Section('bn', (
     Field('test_batch_size', Int(8, lo=1), "'batch': the test batch whose statistics normalize it (FedDrive: 8)"),
 ), doc='BatchNorm models: test-time statistics (core/batch_stats.py)')
 
+# The fields config.published can hold (percent unless said; each number may have a `<field>_std`): what
+# sweeps/report.py puts beside the measured ones (its METRICS / HESSIAN / targets, kept equal by its test), and the
+# families' descriptive extras. Errors naming a missing published field list them (training/cli.missing_field).
+PUBLISHED_FIELDS = (
+    'source', 'accuracy', 'model', 'target_accuracy', 'rounds_to_target', 'bits_to_target_B', 'lambda_max',
+    'hessian_trace', 'miou', 'miou_seen', 'miou_unseen', 'recall@5', 'recall@10', 'local_acc', 'local_auc',
+    'global_auc', 'centralized_accuracy', 'num_superclients', 'mean_num_superclients', 'drop',
+    'lambda_local_<k>', 'lambda_global_<k>')
+
 PUBLISHED = Section('', (
-    Field('published', None, "the paper's number for this setting (documentation only: source, accuracy, ...)",
-          {WHOLE, EXECUTION, LOG}),
+    Field('published', None, "the paper's number for this setting (documentation only: "
+          f"{', '.join(PUBLISHED_FIELDS)}; numbers may add <field>_std)", {WHOLE, EXECUTION, LOG}),
 ))
 
 # The config's layout, in order.

@@ -177,6 +177,8 @@ def collect(sweep_dirs: Sequence[str] = (), workdirs: Sequence[str] = ()) -> Lis
     model = model if isinstance(model, str) else 'global'
     r['model'] = model
     r['acc_key'] = 'test_accuracy' if model == 'global' else f'{model}/test_accuracy'
+    r['acc_name'], headline, r['headline_label'] = metric_names(s, model)
+    r['headline_key'] = headline if model == 'global' else f'{model}/{headline}'
     r['hessian'] = None
     for name in (model, 'global'):
       h = _load_json(os.path.join(wd, 'hessian', f'hessian_{name}.json'))
@@ -227,14 +229,31 @@ def metric_value(r: Dict, where: Tuple[str, ...]) -> Optional[float]:
   return None if v is None else 100 * v
 
 
+def metric_names(summary: Optional[Dict], model: str = 'global') -> Tuple[str, str, str]:
+  """(what the run's accuracy is, the record key of its headline metric, the headline's label), as the run's task
+  declared them (summary.json `metric_names`: tasks/base.metric_names); for a summary written before runs said
+  so, from the reported model's metrics: Recall@1 for retrieval, mIoU (pixel accuracy) for segmentation."""
+  s = summary or {}
+  names = s.get('metric_names')
+  if isinstance(names, dict) and all(isinstance(names.get(k), str) for k in ('accuracy', 'headline',
+                                                                                 'headline_label')):
+    return names['accuracy'], names['headline'], names['headline_label']
+  m = _get(s, f'models.{model}') or {}
+  if 'final_test_recall@1' in m:
+    return 'R@1', 'test_accuracy', 'R@1'
+  if 'final_test_miou' in m:
+    return 'pixel accuracy', 'test_miou', 'mIoU'
+  return 'accuracy', 'test_accuracy', 'accuracy'
+
+
+_SHORT = {'accuracy': 'acc', 'pixel accuracy': 'pixel acc'}     # table headers are narrow
+
+
 def accuracy_label(runs: List[Dict]) -> str:
-  """What the reported accuracy is, by task: Recall@1 for retrieval, pixel accuracy for segmentation."""
-  models = [_get(r['summary'], f"models.{r['model']}") or {} for r in runs if r['summary']]
-  if models and all('final_test_recall@1' in m for m in models):
-    return 'R@1'
-  if models and all('final_test_miou' in m for m in models):
-    return 'pixel acc'
-  return 'acc'
+  """What the reported accuracy of the table's runs is (the tasks' own names: R@1, pixel acc), 'acc' when they
+  differ or there are none."""
+  names = {r.get('acc_name') or metric_names(r['summary'], r['model'])[0] for r in runs if r['summary']}
+  return _SHORT.get(next(iter(names)), next(iter(names))) if len(names) == 1 else 'acc'
 
 
 def _group_value(run: Dict, key: str) -> str:
@@ -586,11 +605,31 @@ def _x(rec: Dict, key: str) -> Optional[float]:
   return rec.get(key)
 
 
-def plot(rows: List[Dict], group_by: Sequence[str], prefix: str) -> List[str]:
-  """<prefix>_curves.png (reported-model accuracy vs round, mean and min-max band over seeds), with a virtual
-  clock also <prefix>_time.png and <prefix>_bytes.png (the same against virtual time and bytes sent, x the mean
-  over seeds at each evaluation round), and <prefix>_bars.png (last-K accuracy, mean +- std; reference /
-  published markers)."""
+def _headline_bar(row: Dict) -> Tuple[str, Optional[float], Optional[float], Optional[float], bool]:
+  """(label, last-K mean, std, the published number of that metric, whether it is the accuracy) of a row's
+  headline metric: accuracy, or the task metric its runs declare as headline (segmentation: the mIoU, beside
+  published.miou)."""
+  runs = row.get('_runs') or []
+  keys = {run.get('headline_key', run.get('acc_key', 'test_accuracy')).split('/')[-1] for run in runs}
+  labels = {run.get('headline_label', 'accuracy') for run in runs}
+  if len(keys) == 1 and keys != {'test_accuracy'}:
+    (key,) = keys
+    for field, _, where in METRICS:
+      if where == ('model', key):
+        return (next(iter(labels)), row.get(f'{field}_mean'), row.get(f'{field}_std'),
+                row.get(f'published_{field}'), False)
+  published = None if row.get('published_model') else row.get('published_acc')
+  return ((next(iter(labels)) if len(labels) == 1 else 'accuracy'), row.get('acc_lastk_mean'),
+          row.get('acc_lastk_std'), published, True)
+
+
+def plot(rows: List[Dict], group_by: Sequence[str], prefix: str, notes: Optional[List[str]] = None) -> List[str]:
+  """<prefix>_curves.png (the reported model's headline metric vs round: accuracy, or what the task declares,
+  the mIoU of segmentation, R@1 of retrieval; mean and min-max band over seeds), with a virtual clock also
+  <prefix>_time.png and <prefix>_bytes.png (the same against virtual time and bytes sent, x the mean over seeds
+  at each evaluation round; the runs without a clock left out, each named in `notes`), and <prefix>_bars.png
+  (last-K headline metric, mean +- std, with the personal models' accuracy as a second bar where the paper
+  publishes theirs; reference / published markers over the bar of the metric they report)."""
   import matplotlib
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
@@ -598,23 +637,33 @@ def plot(rows: List[Dict], group_by: Sequence[str], prefix: str) -> List[str]:
   rows = [r for r in rows if r['_runs']]
   if not rows:
     return []
+  key_of = lambda run: run.get('headline_key', run['acc_key'])     # noqa: E731
+  labels = {run.get('headline_label', 'accuracy') for r in rows for run in r['_runs']}
+  ylabel = next(iter(labels)) if len(labels) == 1 else 'headline metric'
   out = []
   for key, xlabel, suffix, scale in CURVE_AXES:
-    if key != 'round' and not all(_x(rec, key) is not None for r in rows for run in r['_runs']
-                                  for rec in run['records'] if _finite(rec.get(run['acc_key']))):
+    def has_axis(run):
+      return all(_x(rec, key) is not None for rec in run['records'] if _finite(rec.get(key_of(run))))
+    # Draw the runs that have this axis; the others are named in the report, never dropped silently.
+    kept = [(r, [run for run in r['_runs'] if key == 'round' or has_axis(run)]) for r in rows]
+    if not any(runs for _, runs in kept):
       continue
+    left_out = [_run_name(run) for r in rows for run in r['_runs'] if key != 'round' and not has_axis(run)]
+    if left_out and notes is not None:
+      notes.append(f'{os.path.basename(prefix + suffix)} leaves out the runs without a virtual clock '
+                   f'(config.system): {" ".join(left_out)}')
     fig, ax = plt.subplots(figsize=(9, 5.5))
     # tab20 pairs neighbouring hues (blue, light blue, ...); ten distinct colours x line styles stay apart.
     colours, styles = plt.get_cmap('tab10'), ('-', '--', ':', '-.')
-    for i, r in enumerate(rows):
+    for i, (r, runs) in enumerate(kept):
       colour, style = colours(i % 10), styles[(i // 10) % len(styles)]
       curves, xs = {}, {}
-      for run in r['_runs']:
+      for run in runs:
         for rec in run['records']:
-          if _finite(rec.get(run['acc_key'])):
-            curves.setdefault(rec['round'], []).append(100 * rec[run['acc_key']])
+          if _finite(rec.get(key_of(run))):
+            curves.setdefault(rec['round'], []).append(100 * rec[key_of(run)])
             xs.setdefault(rec['round'], []).append(rec['round'] if key == 'round' else scale * _x(rec, key))
-      rounds = sorted(x for x, v in curves.items() if len(v) == len(r['_runs']))
+      rounds = sorted(x for x, v in curves.items() if len(v) == len(runs))
       if not rounds:
         continue
       ys = np.array([curves[x] for x in rounds])
@@ -622,7 +671,7 @@ def plot(rows: List[Dict], group_by: Sequence[str], prefix: str) -> List[str]:
       ax.plot(xv, ys.mean(1), color=colour, ls=style, label=label(r), lw=1.4)
       ax.fill_between(xv, ys.min(1), ys.max(1), color=colour, alpha=0.12, lw=0)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel('test accuracy (%), reported model')
+    ax.set_ylabel(f'test {ylabel} (%), reported model')
     ax.set_title('mean over seeds; band = min..max')
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2, loc='lower right')
@@ -631,18 +680,38 @@ def plot(rows: List[Dict], group_by: Sequence[str], prefix: str) -> List[str]:
     fig.savefig(out[-1], dpi=110)
     plt.close(fig)
 
+  # One bar per row (its headline metric), and beside it the personal models' accuracy where the paper
+  # publishes that (FedSoup's "Global Acc"): each published marker sits over the bar of the metric it reports.
+  bars = []      # (x, value, std, published, colour, legend)
+  ticks = []
+  x = 0.0
+  for r in rows:
+    name, m, sd, pub, is_acc = _headline_bar(r)
+    group = [(m, sd, pub, 'tab:blue', f'measured {name} (mean ± std)')]
+    if r.get('published_model') == 'personalized':
+      group.append((r.get('acc_personal_mean'), r.get('acc_personal_std'), r.get('published_acc'), 'tab:orange',
+                    'personal models acc (mean ± std)'))
+    width = 0.8 / len(group)
+    for j, (m, sd, pub, colour, legend) in enumerate(group):
+      # the sweep's reference is an earlier measured accuracy: over the accuracy bar only
+      bars.append((x + (j - (len(group) - 1) / 2) * width, width, m, sd, pub, colour, legend,
+                   r.get('reference_acc') if j == 0 and is_acc else None))
+    ticks.append(x)
+    x += 1.0
   fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(rows) + 2), 5))
-  x = np.arange(len(rows))
-  m = [r['acc_lastk_mean'] or 0 for r in rows]
-  s = [r['acc_lastk_std'] or 0 for r in rows]
-  ax.bar(x, m, yerr=s, capsize=3, color='tab:blue', alpha=0.8, label='measured (mean ± std)')
-  for name, marker, color in (('reference', '_', 'black'), ('published', 'x', 'tab:red')):
-    pts = [(i, float(r[f'{name}_acc'])) for i, r in enumerate(rows) if r.get(f'{name}_acc') is not None]
+  seen = set()
+  for bx, w, m, sd, _, colour, legend, _ in bars:
+    ax.bar(bx, m or 0, w, yerr=sd or 0, capsize=3, color=colour, alpha=0.8,
+           label=None if legend in seen else legend)
+    seen.add(legend)
+  for idx, name, marker, color in ((7, 'reference', '_', 'black'), (4, 'published', 'x', 'tab:red')):
+    pts = [(b[0], float(b[idx])) for b in bars if b[idx] is not None]
     if pts:
       ax.scatter(*zip(*pts), marker=marker, s=200, color=color, zorder=3, label=name, linewidths=2)
-  ax.set_xticks(x)
+  ax.set_xticks(ticks)
   ax.set_xticklabels([label(r) for r in rows], rotation=60, ha='right', fontsize=8)
-  ax.set_ylabel('last-K test accuracy (%)')
+  names = {_headline_bar(r)[0] for r in rows}
+  ax.set_ylabel(f'last-K test {next(iter(names)) if len(names) == 1 else "headline metric"} (%)')
   ax.set_ylim(0, 100)       # from zero: a cut axis makes small differences look large
   ax.grid(axis='y', alpha=0.3)
   ax.legend(fontsize=8)

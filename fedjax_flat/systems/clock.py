@@ -53,6 +53,13 @@ from fedjax_flat.schema import INPUT, RESULT, Choice, Field, Int, Num, Section, 
 SPEEDS = ('none', 'lognormal', 'trace')
 AVAILABILITY = ('always', 'bernoulli', 'diurnal', 'trace')
 BYTES_PER_PARAM = 4           # float32 messages (today's comm_bytes: 4 x params)
+# The one definition of a run's bytes sent (metrics.jsonl `comm_bytes`, summary.json `comm_total_bytes`, the
+# clock's `bytes_down` + `bytes_up`, summary.md's "bytes sent"): model messages (float32, or a compressed upload's
+# real bytes) downloaded by the sampled clients that were online + uploaded by those whose upload reached the
+# server. Without the clock every sampled client is online and reports; with it an unavailable client downloads
+# nothing and one that drops out or misses the deadline uploads nothing (asynchronous algorithms: every dispatch
+# downloads, the arrivals within max_staleness upload).
+COMM_BYTES = 'downloads to the sampled clients that were online + uploads that reached the server'
 # Stream tags of the draws (numpy Generators seeded [seed, (round,) client, tag]).
 SPEED_STREAM, OFFSET_STREAM, AVAIL_STREAM, DROP_STREAM = 0x5BEED, 0x702E, 0xA7A1, 0xD209
 

@@ -57,6 +57,10 @@ def _expand(mask, like):
 class Classification:
   """One label per example (int id, or a soft distribution from mixup)."""
   name: str = 'classification'
+  # How tables, plots and the console name eval_metrics' 'accuracy', and the task's headline metric (an
+  # eval_metrics key, its label): class attributes, not fields, so they key no jit cache. `metric_names`.
+  accuracy_name = 'accuracy'
+  headline = ('accuracy', 'accuracy')
 
   def unit_losses(self, logits, labels, mask):
     return cross_entropy(logits, labels), mask.astype(jnp.float32)
@@ -137,6 +141,14 @@ def get_task(task: TaskLike = None, **kwargs):
   if kwargs:
     return dataclasses.replace(task, **kwargs)
   return task
+
+
+def metric_names(task) -> Dict[str, str]:
+  """What a run's results call their metrics (summary.json `metric_names`, read by the writers and the report):
+  'accuracy' (the name of eval_metrics' accuracy: 'pixel accuracy', 'R@1'), 'headline' (the record key of the
+  task's headline metric without the model prefix: 'test_miou') and 'headline_label' ('mIoU')."""
+  key, label = task.headline
+  return {'accuracy': task.accuracy_name, 'headline': f'test_{key}', 'headline_label': label}
 
 
 def task_of(data) -> Classification:

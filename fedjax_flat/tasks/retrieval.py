@@ -68,6 +68,15 @@ class Retrieval(Classification):
   recall_ks: Tuple[int, ...] = (1, 5, 10)
   cache_pass: bool = True         # mine from a gradient-free pass; train on the mined slots only
 
+  @property
+  def accuracy_name(self) -> str:
+    """eval_metrics' 'accuracy' is Recall@(smallest K): the headline metric (tasks/base.metric_names)."""
+    return f'R@{min(self.recall_ks)}'
+
+  @property
+  def headline(self):
+    return ('accuracy', self.accuracy_name)
+
   # -- training on tuples --------------------------------------------------------------------------------
 
   def mine(self, desc, kinds):

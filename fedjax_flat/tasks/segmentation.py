@@ -46,6 +46,8 @@ class Segmentation(DenseClassification):
   Logits smaller than the label map are bilinearly upsampled to it first (evaluation at reduced resolution).
   """
   name: str = 'segmentation'
+  accuracy_name = 'pixel accuracy'      # eval_metrics' 'accuracy'; the headline is the mIoU (FedDrive's tables)
+  headline = ('miou', 'mIoU')
   ignore_index: Optional[int] = 255
   ohem: str = 'topk'
   ohem_fraction: float = 0.25

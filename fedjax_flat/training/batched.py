@@ -25,6 +25,7 @@ run's numbers do not depend on which runs share its program (up to fp32 reductio
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence
@@ -446,6 +447,42 @@ def single_run_pack_alone(pack_size: int, num_devices: int) -> bool:
 ALONE = 'a one-run pack on several devices: trained as train.py would, its clients sharded over the devices'
 
 
+class BatchIncompatible(errors.BadInputError):
+  """Runs given to one run_batch / open_batch that cannot share a program: one line naming the run and the key."""
+
+
+def _first_difference(a, b, prefix=''):
+  """(dotted key, value in a, value in b) of the first difference of two JSON values, or None when equal."""
+  if isinstance(a, dict) and isinstance(b, dict):
+    for k in sorted(set(a) | set(b)):
+      if k not in a or k not in b:
+        return (prefix + k, a.get(k, '<unset>'), b.get(k, '<unset>'))
+      d = _first_difference(a[k], b[k], f'{prefix}{k}.')
+      if d:
+        return d
+    return None
+  return None if a == b else (prefix.rstrip('.'), a, b)
+
+
+def check_one_pack(specs: Sequence[RunSpec]) -> None:
+  """BatchIncompatible naming the first run whose compatibility key (pack_key) differs from run 0's, with the
+  config key and both values; a config that cannot be keyed is left to the run's own opening to report."""
+  keys = []
+  for i, spec in enumerate(specs):
+    try:
+      keys.append((i, spec, json.loads(pack_key(spec.config).split('|', 1)[0]), pack_key(spec.config)))
+    except Exception:  # noqa: BLE001 -- a bad config fails alone when its run is opened
+      continue
+  for i, spec, d, key in keys[1:]:
+    i0, s0, d0, key0 = keys[0]
+    if key != key0:
+      diff = _first_difference(d0, d) or ('data.num_clients', key0.partition('|')[2], key.partition('|')[2])
+      raise BatchIncompatible(
+          f'run {i} ({spec.name!r}) cannot share a batched program with run {i0} ({s0.name!r}): config key '
+          f'{diff[0]} differs ({diff[1]!r} vs {diff[2]!r}); give them to separate run_batch calls, or let a sweep '
+          'pack them (batched.pack_groups)')
+
+
 def run_batch(specs: Sequence[RunSpec], *, fresh: bool = False, stop_requested=lambda: False,
               signal_name=lambda: None, lanes: Optional[int] = None, memory_bytes: Optional[int] = None,
               on_result: Callable[[int, RunResult], None] = lambda i, res: None,
@@ -474,7 +511,9 @@ def open_batch(specs: Sequence[RunSpec], *, fresh: bool = False, lanes: Optional
   """Opens `specs` (workdir locks, resumed or fresh, as training/run.py does) and builds the pack's first
   program, without compiling or training it: `OpenedBatch.compile_ahead`, `.train`, `.close`. data_cache:
   {data config: dataset}, shared between the packs of a sweep so that each dataset is loaded once. alone: train
-  every run as train.py would (`single_run_pack_alone`), no runs program."""
+  every run as train.py would (`single_run_pack_alone`), no runs program. Runs that cannot share a program are
+  one BatchIncompatible line before anything is opened (`check_one_pack`)."""
+  check_one_pack(specs)
   results: Dict[int, RunResult] = {}
   opened = []          # (spec index, trainer, checkpointer, step, lock)
   t_open = time.time()

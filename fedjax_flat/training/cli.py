@@ -23,6 +23,7 @@ from typing import Optional, Sequence
 from absl import app, flags, logging
 
 from fedjax_flat.config import families as config_strings
+from fedjax_flat.config import schema as config_schema
 from fedjax_flat.errors import BadInputError
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.errors import OperationError
@@ -58,6 +59,10 @@ def missing_field(config, dotted: str) -> Optional[str]:
       close = difflib.get_close_matches(part, keys, n=1)
       hint = f'did you mean {close[0]!r}? ' if close else ''
       where = f'config.{".".join(walked)}' if walked else 'the config'
+      if walked == ['published']:    # often empty: list what a published number may be named, not just its keys
+        have = ', '.join(keys) or 'none (this config publishes no number)'
+        return (f'{where} has no field {part!r}; {hint}its fields: {have}; the fields a published number may '
+                f'have: {", ".join(config_schema.PUBLISHED_FIELDS)} (each number may add <field>_std)')
       return f'{where} has no field {part!r}; {hint}its fields: {", ".join(keys)}'
     node = node[part]
     walked.append(part)

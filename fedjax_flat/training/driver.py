@@ -118,8 +118,11 @@ def round_result(plan, client_ids, m, system=None) -> dict:
   round's virtual-clock totals with config.system)."""
   real = client_ids >= 0
   count = float(np.sum(m['count'][real]))
+  # With the clock, only online clients download and only reporting ones upload (systems/clock.COMM_BYTES), as
+  # the clock's own bytes count them.
+  down, up = ((system['downloaded'], system['reported']) if system is not None else (int(real.sum()),) * 2)
   out = {'train_loss': float(np.sum(m['loss_sum'][real]) / max(count, 1.0)), 'clients': client_ids[real],
-         'messages': plan.round_messages(int(real.sum()))}
+         'messages': plan.round_messages(down, up)}
   if system is not None:
     out['system'] = system
   return out
@@ -347,7 +350,8 @@ class AsyncDriver:
     if p.clock is not None:        # the clock: time between server steps, every dispatch down, valid arrivals up
       prev = self.steps[r - 1].time_s if r else 0.0
       system = {'duration_s': st.time_s - prev, 'bytes_down': len(st.ids) * p.clock.bytes_down,
-                'bytes_up': float(np.sum(valid)) * p.clock.bytes_up, 'reported': int(np.sum(valid))}
+                'bytes_up': float(np.sum(valid)) * p.clock.bytes_up, 'downloaded': len(st.ids),
+                'reported': int(np.sum(valid))}
     return state, [round_result(p, rb.client_ids, m, system)]
 
 

@@ -52,6 +52,12 @@ from fedjax_flat.tasks import base as tasks_lib
 AUTO_ROUNDS_PER_CALL = 32      # the compiled block length of 'auto' (measured: benchmarks/speed/rounds_per_s.py)
 
 
+def message_bytes(messages: dict):
+  """(bytes down, bytes up) of round_messages' counts: float32 params, compressed uploads at their own bytes."""
+  down = clock_lib.BYTES_PER_PARAM * messages['down_params']
+  return down, messages.get('up_bytes', clock_lib.BYTES_PER_PARAM * messages['up_params'])
+
+
 def check_corruption_files(config) -> None:
   """config.corruption_eval's files exist (one bad-input line naming the field and the download command):
   they are read at the end of training, so a missing directory must not cost the whole run."""
@@ -72,6 +78,9 @@ class RunPlan:
     validate.validate_config(config)
     self.config, self.workdir = config, workdir
     self.data = data if data is not None else data_registry.get_dataset(config.dataset, **config.data.to_dict())
+    # What summary.json, summary.md and the plot titles call the data: the given dataset's own name
+    # (ff.train(data=...)), else config.dataset, the one loaded.
+    self.dataset_name = str(getattr(data, 'name', '') or config.dataset) if data is not None else config.dataset
     if config.get('fedvc') is not None and config.fedvc.virtual_size:     # FedVC: equal-size virtual clients
       self.data = virtual_clients.virtual_clients(self.data, config.fedvc.virtual_size, seed=config.seed)
     validate.validate_against_data(config, self.data)
@@ -245,12 +254,10 @@ class RunPlan:
                                 full_batches=self.batch_plan.full_batches, max_steps=self.batch_plan.max_steps)
         for n in np.asarray(self.data.client_sizes())]
     passes = alg.num_phases * client_opt.gradient_passes(cc) + alg.extra_passes
-    model_bytes = clock_lib.BYTES_PER_PARAM * self.num_params * alg.num_phases
-    bytes_up = alg.comm_up * model_bytes
-    if compress_lib.enabled(c):     # what a compressed delta really sends (systems/compress.upload_bytes)
-      bytes_up = self.compressed_upload_bytes()
-    return clock_lib.make_clock(c, self.data.num_clients, passes=passes, bytes_down=alg.comm_down * model_bytes,
-                                bytes_up=bytes_up, full_steps=self.client_step_examples)
+    # One client's bytes down / up from round_messages, the recorder's comm_bytes' source: one definition.
+    down, up = message_bytes(self.round_messages(1))
+    return clock_lib.make_clock(c, self.data.num_clients, passes=passes, bytes_down=down, bytes_up=up,
+                                full_steps=self.client_step_examples)
 
   def round_schedule(self, r: int, ids) -> 'clock_lib.RoundSchedule':
     """Round r of the real clients `ids` on the virtual clock (who answers, steps that fit, seconds, bytes)."""
@@ -262,7 +269,7 @@ class RunPlan:
     sched = self.round_schedule(r, ids)
     fit, reports = clock_lib.padded(sched, self.cohort, self.num_steps)
     totals = {'duration_s': sched.duration_s, 'bytes_down': sched.bytes_down, 'bytes_up': sched.bytes_up,
-              'reported': int(np.sum(sched.reports))}
+              'downloaded': int(np.sum(sched.available)), 'reported': int(np.sum(sched.reports))}
     return fit, reports, totals
 
   def async_steps(self):
@@ -370,14 +377,16 @@ class RunPlan:
     c = self.config
     return compress_lib.upload_bytes(c.upload, self.num_params) if compress_lib.enabled(c) else None
 
-  def round_messages(self, n_clients: int) -> dict:
-    """Model-sized messages of a round of n real clients (FederatedAlgorithm.comm_down / comm_up per phase); with
-    compressed uploads also 'up_bytes', the bytes those uploads really send (the recorder's comm_bytes count them
-    instead of 4 x up_params)."""
+  def round_messages(self, n_clients: int, n_up: Optional[int] = None) -> dict:
+    """Model-sized messages of a round (FederatedAlgorithm.comm_down / comm_up per phase): downloads to
+    `n_clients` clients, uploads from `n_up` (default n_clients; with the virtual clock the clients whose upload
+    reached the server: systems/clock.COMM_BYTES); with compressed uploads also 'up_bytes', the bytes those
+    uploads really send (the recorder's comm_bytes count them instead of 4 x up_params)."""
     alg, p = self.algorithm, self.num_params
+    n_up = n_clients if n_up is None else n_up
     out = {'down_params': alg.comm_down * alg.num_phases * n_clients * p,
-           'up_params': alg.comm_up * alg.num_phases * n_clients * p}
+           'up_params': alg.comm_up * alg.num_phases * n_up * p}
     each = self.compressed_upload_bytes()
     if each is not None:
-      out['up_bytes'] = alg.num_phases * n_clients * each
+      out['up_bytes'] = alg.num_phases * n_up * each
     return out

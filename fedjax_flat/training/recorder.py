@@ -21,15 +21,16 @@ import numpy as np
 
 from fedjax_flat.core import sharding as sharding_lib
 from fedjax_flat.data import sampling
+from fedjax_flat.tasks import base as tasks_lib
 from fedjax_flat.training import writers
 from fedjax_flat.training.evals import registry as evals
 
 
-def plot_title(label: str, config) -> str:
+def plot_title(label: str, config, dataset: Optional[str] = None) -> str:
   """metrics.png's title: the algorithm, its client optimizer (FedAvg with SGD and with SAM clients are different
-  runs) and the dataset."""
+  runs) and the dataset (`dataset`: the run's data's own name, plan.dataset_name; default config.dataset)."""
   opt = config.client.get('optimizer') if 'client' in config else None
-  return f'{label}' + (f' ({opt} clients)' if opt else '') + f' on {config.dataset}'
+  return f'{label}' + (f' ({opt} clients)' if opt else '') + f' on {dataset or config.dataset}'
 
 
 class Recorder:
@@ -52,6 +53,8 @@ class Recorder:
     self.system_total = ({'virtual_time_s': 0.0, 'bytes_down': 0.0, 'bytes_up': 0.0, 'reports': 0}
                          if plan.clock is not None else None)
     self.last_clients = None             # the real clients of the last round (config.eval_clients)
+    # What the task calls its accuracy and its headline metric (R@1, mIoU): the console, summary and plots say it.
+    self.metric_names = tasks_lib.metric_names(plan.task)
     self.round_log = plan.algorithm.round_log   # the algorithm's schedule values per round, or None
     self.elapsed_offset = 0.0            # wall time of the run before this process (resume)
     self.checkpointer = None             # a checkpoint.Checkpointer saves every checkpoint_every rounds
@@ -155,8 +158,9 @@ class Recorder:
       self._last_progress = time.time()
       eta = (end - block_end) / max(rps, 1e-9)
       latest = self.records[-1] if self.records else {}
-      logging.info('round %d/%d  %.2f rounds/s  ETA %.0fs  train_loss %.4f  test_acc %s', block_end, c.rounds,
-                   rps, eta, window_loss, f"{latest.get('test_accuracy', float('nan')):.4f}")
+      logging.info('round %d/%d  %.2f rounds/s  ETA %.0fs  train_loss %.4f  test %s %s', block_end, c.rounds,
+                   rps, eta, window_loss, self.metric_names['accuracy'],
+                   f"{latest.get('test_accuracy', float('nan')):.4f}")
     stop = bool(stop_requested())
     placement = self.plan.placement
     if placement is not None and placement.multi_process:
@@ -168,7 +172,8 @@ class Recorder:
     return stop
 
   def comm_bytes(self) -> dict:
-    """`comm_bytes`: bytes exchanged so far (float32 messages; compressed uploads at the bytes they send, with
+    """`comm_bytes`: bytes sent so far (systems/clock.COMM_BYTES: downloads to the online sampled clients + uploads
+    that reached the server; float32 messages, compressed uploads at the bytes they send, with
     `comm_up_bytes` and its float32 equivalent `comm_up_bytes_uncompressed` beside it)."""
     t = self.comm_total
     if not self.compressed:
@@ -231,13 +236,13 @@ class Recorder:
     reported = evals.reported_model(p.algorithm.reported_models, self.records)
     summary = writers.summarize(self.records, c.summary_last_k, {
         'experiment': os.path.basename(self.workdir.rstrip('/')) if self.workdir else 'run',
-        'algorithm': p.algorithm.label, 'dataset': c.dataset, 'model': c.model,
+        'algorithm': p.algorithm.label, 'dataset': getattr(p, 'dataset_name', c.dataset), 'model': c.model,
         'rounds_completed': trainer.round, 'rounds_planned': c.rounds, 'wall_time_s': wall,
         'rounds_this_process': rounds_run, 'wall_time_total_s': self.elapsed_offset + wall,
         'rounds_per_s': (rounds_run / wall) if wall > 0 else 0.0, 'num_params': p.num_params,
         'reported_model': reported, 'strategy': p.strategy, 'backend': jax.default_backend(),
         'rounds_per_call': p.rounds_per_call, 'device_data': p.device_rounds,
-        'sampling_procedure': sampling.PROCEDURE,
+        'sampling_procedure': sampling.PROCEDURE, 'metric_names': self.metric_names,
         **self.comm_summary(),
         'summary_last_k': c.summary_last_k})
     for ev in self.evaluations():
@@ -246,6 +251,7 @@ class Recorder:
     if self.workdir and self.writer:
       writers.write_summary(self.workdir, summary)
       writers.plot_metrics(self.records, os.path.join(self.workdir, 'metrics.png'),
-                           title=plot_title(p.algorithm.label, c))
+                           title=plot_title(p.algorithm.label, c, getattr(p, 'dataset_name', None)),
+                           accuracy_name=self.metric_names['accuracy'])
       self.writer.close()
     return summary

@@ -20,6 +20,7 @@ from typing import Dict, List
 import numpy as np
 
 from fedjax_flat import errors
+from fedjax_flat.systems import clock as clock_lib
 
 
 class ResultsWriteError(errors.OperationError):
@@ -156,8 +157,9 @@ def _save_figure(fig, path: str, title: str) -> None:
     plt.close(fig)
 
 
-def plot_metrics(records: List[Dict], path: str, title: str = '') -> None:
-  """accuracy and loss vs round for every evaluated model (global, swa, wima...)."""
+def plot_metrics(records: List[Dict], path: str, title: str = '', accuracy_name: str = 'accuracy') -> None:
+  """accuracy and loss vs round for every evaluated model (global, swa, wima...); `accuracy_name` is what the
+  task calls its accuracy (tasks/base.metric_names: 'R@1', 'pixel accuracy')."""
   import matplotlib
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
@@ -185,14 +187,14 @@ def plot_metrics(records: List[Dict], path: str, title: str = '') -> None:
     ax2.plot([a for a, _, _ in pts], [c for _, _, c in pts], marker='.', label=f'{label} test')
   if any('train_loss' in r for r in records):
     ax2.plot(rounds, [r.get('train_loss', np.nan) for r in records], '--', label='train (clients)')
-  ax1.set_xlabel('round'); ax1.set_ylabel('test accuracy'); ax1.grid(alpha=.3); ax1.legend()
+  ax1.set_xlabel('round'); ax1.set_ylabel(f'test {accuracy_name}'); ax1.grid(alpha=.3); ax1.legend()
   ax2.set_xlabel('round'); ax2.set_ylabel('loss'); ax2.grid(alpha=.3); ax2.legend()
   _save_figure(fig, path, title)
 
 
-def plot_system(records: List[Dict], path: str, title: str = '') -> None:
-  """system.png (config.system): test accuracy of every evaluated model against the virtual clock's seconds
-  and against the bytes sent (down + up), beside the round axis of metrics.png."""
+def plot_system(records: List[Dict], path: str, title: str = '', accuracy_name: str = 'accuracy') -> None:
+  """system.png (config.system): test accuracy (the task's `accuracy_name`) of every evaluated model against the
+  virtual clock's seconds and against the bytes sent (down + up), beside the round axis of metrics.png."""
   import matplotlib
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
@@ -207,8 +209,9 @@ def plot_system(records: List[Dict], path: str, title: str = '') -> None:
     label = p.rstrip('/') or 'global'
     ax1.plot([a for a, _, _ in pts], [c for _, _, c in pts], marker='.', label=label)
     ax2.plot([b for _, b, _ in pts], [c for _, _, c in pts], marker='.', label=label)
-  ax1.set_xlabel('virtual time (h)'); ax1.set_ylabel('test accuracy'); ax1.grid(alpha=.3); ax1.legend()
-  ax2.set_xlabel('MiB sent (down + up)'); ax2.set_ylabel('test accuracy'); ax2.grid(alpha=.3); ax2.legend()
+  ax1.set_xlabel('virtual time (h)'); ax1.set_ylabel(f'test {accuracy_name}'); ax1.grid(alpha=.3); ax1.legend()
+  ax2.set_xlabel('MiB sent (down + up)'); ax2.set_ylabel(f'test {accuracy_name}'); ax2.grid(alpha=.3)
+  ax2.legend()
   _save_figure(fig, path, title)
 
 
@@ -331,19 +334,31 @@ def select_by_validation(records: List[Dict], model: str = 'global', metric: str
   return out
 
 
+def accuracy_name(summary: Dict) -> str:
+  """What the run's task calls its accuracy (summary.json `metric_names`, tasks/base.metric_names); a summary
+  written before runs said so: 'pixel accuracy' when it has an mIoU, else 'accuracy'."""
+  names = summary.get('metric_names')
+  if isinstance(names, dict) and isinstance(names.get('accuracy'), str):
+    return names['accuracy']
+  return 'pixel accuracy' if 'final_test_miou' in summary else 'accuracy'
+
+
 def final_line(summary: Dict) -> str:
-  """The run's last result line: its headline metric (mIoU for segmentation, accuracy otherwise)."""
+  """The run's last result line: its headline metric (mIoU for segmentation, the task's accuracy otherwise,
+  named as the task names it: R@1 for retrieval)."""
   head = f"done: {summary['rounds_completed']} rounds, "
+  acc = accuracy_name(summary)
   if 'final_test_miou' in summary:        # segmentation: mIoU first, pixel accuracy beside it
-    return head + (f"final test mIoU {100 * summary['final_test_miou']:.2f}% (pixel accuracy "
+    return head + (f"final test mIoU {100 * summary['final_test_miou']:.2f}% ({acc} "
                    f"{summary.get('final_test_accuracy', float('nan')):.4f}; {summary['reported_model']} model)")
-  return head + (f"final test accuracy {summary.get('final_test_accuracy', float('nan')):.4f} "
+  return head + (f"final test {acc} {summary.get('final_test_accuracy', float('nan')):.4f} "
                  f"({summary['reported_model']} model)")
 
 
 def write_summary(workdir: str, summary: Dict) -> None:
   atomic_write(os.path.join(workdir, 'summary.json'), lambda f: json.dump(summary, f, indent=2, default=float))
-  lines = ['| model | final acc | mean last-K acc | final loss | evaluations |', '|---|---|---|---|---|']
+  acc = accuracy_name(summary)
+  lines = [f'| model | final {acc} | mean last-K {acc} | final loss | evaluations |', '|---|---|---|---|---|']
   for name, m in summary.get('models', {}).items():
     k = [key for key in m if key.startswith('mean_last_') and key.endswith('accuracy')][0]
     lines.append(f"| {name} | {m['final_test_accuracy']:.4f} | {m[k]:.4f} | {m['final_test_loss']:.4f} | "
@@ -359,6 +374,8 @@ def write_summary(workdir: str, summary: Dict) -> None:
           f"algorithm `{summary.get('algorithm')}`, dataset `{summary.get('dataset')}`, "
           f"{summary.get('rounds_completed')} rounds, {summary.get('wall_time_s', 0):.1f} s, "
           f"{summary.get('rounds_per_s', 0):.2f} rounds/s; reported model: `{summary.get('reported_model')}`", '']
+  if isinstance(summary.get('comm_total_bytes'), (int, float)):   # the run's one byte count (clock.COMM_BYTES)
+    head += [f"bytes sent: {summary['comm_total_bytes'] / 2**20:.4g} MiB ({clock_lib.COMM_BYTES})", '']
   v = summary.get('validation')
   if v:   # retrieval with validation clients: the test numbers of the best validation round
     lines += ['', f"model selection ({v['model']} model, by {v['selected_by']} on the validation clients): round "

@@ -125,3 +125,20 @@ def test_resume_is_bit_identical(tmp_path):
   fresh.train()
   resume.assert_same_run(t, fresh)
   assert t.records[-1]['virtual_time_s'] == t.driver.steps[-1].time_s
+
+
+def test_fedasync_has_a_config_cell_beside_fedbuffs():
+  # Issue 48: FedBuff had cells in configs/system.py, FedAsync none.
+  import os
+
+  from fedjax_flat.config import families
+  from fedjax_flat.config import validate
+  from tests.fixtures.paths import REPO
+  system = families.load_module(os.path.join(REPO, 'configs', 'system.py'))
+  assert 'fedasync,speeds' in system.CELLS and 'fedbuff,speeds' in system.CELLS
+  c = system.get_config('fedasync,speeds')
+  validate.validate_config(c)
+  assert (c.algorithm, c.rounds, dict(c.algo)) == ('fedasync', 250, {'alpha': 0.6, 'concurrency': 5,
+                                                                     'max_staleness': 8})
+  with pytest.raises(families.ConfigStringError, match='fedasync takes server steps on arrivals'):
+    system.get_config('fedasync,deadline')

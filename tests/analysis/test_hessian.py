@@ -293,8 +293,8 @@ def test_thesis_power_iteration_is_flagged_where_it_has_not_converged(caplog):
   for lam, r in zip(pairs.eigenvalues, pairs.residuals):
     assert np.min(np.abs(ev - lam)) <= r + 1e-5        # Bauer-Fike: some eigenvalue within the residual
   with caplog.at_level('WARNING'):
-    assert A.eigen.warn_unconverged(pairs, 'power')
-  assert 'did not converge' in caplog.text
+    assert A.eigen.warn_unconverged(pairs, 'power', more='num_iters')
+  assert 'did not converge' in caplog.text and 'more steps: num_iters' in caplog.text
 
 
 def test_analyze_reports_rayleigh_quotient_residual_and_convergence(problem, caplog):
@@ -309,6 +309,12 @@ def test_analyze_reports_rayleigh_quotient_residual_and_convergence(problem, cap
                     num_iters=2, tol=0.0)
   json.dumps(rep)
   assert not rep['all_converged'] and rep['converged'].count(False) >= 1 and 'did not converge' in caplog.text
+  assert '--num_iters' in caplog.text and '--lanczos_steps' not in caplog.text    # power's steps: num_iters
+  caplog.clear()
+  with caplog.at_level('WARNING'):      # warn=False: the caller says it (experiments/hessian.py), once
+    A.analyze(model, params, problem['x'], problem['y'], batch_size=10, top_k=5, method='power', num_iters=2,
+              tol=0.0, warn=False)
+  assert 'did not converge' not in caplog.text
 
 
 @dataclasses.dataclass(frozen=True)

@@ -127,3 +127,16 @@ def test_interpolate_with_loads_the_other_run_and_refuses_another_model(tmp_path
                        capture_output=True, text=True, timeout=400, cwd=REPO)
   assert_one_line(res, 2, f'--interpolate_with={runs["cnn"]}', "its model is 'digits_cnn'", "is 'mlp'")
   assert 'lambda_max' not in res.stderr and not (tmp_path / 'no').exists()
+
+
+def test_unconverged_power_iteration_is_said_once_naming_num_iters(tmp_path):
+  # Issue 48: the warning named --lanczos_steps (power iteration's steps are --num_iters) and came twice (the
+  # library's log line and the binary's own).
+  wd = tmp_path / 'run'
+  _run(['experiments/train.py', '--config=configs/quickstart.py', f'--workdir={wd}', '--config.rounds=1',
+        '--config.model=mlp', '--config.progress_every_s=0'])
+  res = _run(['experiments/hessian.py', f'--workdir={wd}', '--num_examples=40', '--batch_size=20', '--top_k=2',
+              '--method=power', '--num_iters=1', f'--out_dir={tmp_path / "h"}'])
+  said = [line for line in res.stderr.splitlines() if 'did not converge' in line]
+  assert len(said) == 1 and '--num_iters' in said[0] and '--lanczos_steps' not in said[0], res.stderr[-2000:]
+  assert not all(json.loads((tmp_path / 'h' / 'hessian_global.json').read_text())['converged'])

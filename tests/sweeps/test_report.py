@@ -324,18 +324,88 @@ def test_retrieval_accuracy_is_labelled_recall_at_1(tmp_path):
 
 
 def test_plot_draws_accuracy_against_virtual_time_and_bytes_when_the_records_have_them(tmp_path):
-  def run(shift):
-    return {'acc_key': 'test_accuracy', 'records': [
+  def run(shift, seed):
+    return {'cell': 'a', 'seed': seed, 'acc_key': 'test_accuracy', 'records': [
         {'round': r, 'test_accuracy': 0.1 * r + shift, 'virtual_time_s': 3600.0 * r, 'bytes_down': 2.0**20 * r,
          'bytes_up': 0.0} for r in (1, 2, 3)]}
-  rows = [{'cell': 'a', '_runs': [run(0.0), run(0.02)], 'acc_lastk_mean': 30.0, 'acc_lastk_std': 1.0}]
-  out = report_lib.plot(rows, ['cell'], str(tmp_path / 'r'))
+  rows = [{'cell': 'a', '_runs': [run(0.0, 0), run(0.02, 1)], 'acc_lastk_mean': 30.0, 'acc_lastk_std': 1.0}]
+  notes = []
+  out = report_lib.plot(rows, ['cell'], str(tmp_path / 'r'), notes=notes)
   assert [os.path.basename(p) for p in out] == ['r_curves.png', 'r_time.png', 'r_bytes.png', 'r_bars.png']
-  assert all(os.path.getsize(p) > 0 for p in out)
-  for rec in rows[0]['_runs'][0]['records']:       # a run without the clock: the round curves alone
+  assert all(os.path.getsize(p) > 0 for p in out) and notes == []
+  for rec in rows[0]['_runs'][0]['records']:       # a run without the clock: left out of time / bytes, named
     del rec['virtual_time_s'], rec['bytes_down'], rec['bytes_up']
-  out = report_lib.plot(rows, ['cell'], str(tmp_path / 's'))
-  assert [os.path.basename(p) for p in out] == ['s_curves.png', 's_bars.png']
+  out = report_lib.plot(rows, ['cell'], str(tmp_path / 's'), notes=notes)
+  assert [os.path.basename(p) for p in out] == ['s_curves.png', 's_time.png', 's_bytes.png', 's_bars.png']
+  assert notes == ['s_time.png leaves out the runs without a virtual clock (config.system): a/seed=0',
+                   's_bytes.png leaves out the runs without a virtual clock (config.system): a/seed=0']
+  for rec in rows[0]['_runs'][1]['records']:       # no run has a clock: no time / bytes plots, nothing to say
+    del rec['virtual_time_s'], rec['bytes_down'], rec['bytes_up']
+  notes.clear()
+  out = report_lib.plot(rows, ['cell'], str(tmp_path / 'u'), notes=notes)
+  assert [os.path.basename(p) for p in out] == ['u_curves.png', 'u_bars.png'] and notes == []
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+  """What report_lib.plot draws: y labels, the curves' y values, bar x positions, scatter points by label."""
+  from matplotlib.axes import Axes
+  got = {'ylabel': [], 'curves': [], 'bars': [], 'scatter': {}}
+  monkeypatch.setattr(Axes, 'set_ylabel', lambda self, s, *a, **k: got['ylabel'].append(s))
+  orig_plot, orig_bar, orig_scatter = Axes.plot, Axes.bar, Axes.scatter
+
+  def plot(self, x, y, *a, **k):
+    got['curves'].append([round(float(v), 6) for v in y])
+    return orig_plot(self, x, y, *a, **k)
+
+  def bar(self, x, h, *a, **k):
+    got['bars'].append((float(x), float(h), k.get('label')))
+    return orig_bar(self, x, h, *a, **k)
+
+  def scatter(self, x, y, *a, **k):
+    got['scatter'][k.get('label')] = list(zip(map(float, x), map(float, y)))
+    return orig_scatter(self, x, y, *a, **k)
+  monkeypatch.setattr(Axes, 'plot', plot)
+  monkeypatch.setattr(Axes, 'bar', bar)
+  monkeypatch.setattr(Axes, 'scatter', scatter)
+  return got
+
+
+def test_plots_show_each_tasks_headline_metric_under_its_own_name(tmp_path, drawn):
+  # Segmentation: the curves and bars are the mIoU (the table's column), not pixel accuracy; retrieval: R@1.
+  d = str(tmp_path)
+  seg_names = {'accuracy': 'pixel accuracy', 'headline': 'test_miou', 'headline_label': 'mIoU'}
+  m = {'final_test_accuracy': 0.9, 'final_test_miou': 0.4, 'mean_last_2_test_miou': 0.4}
+  _run(f'{d}/seg', 0, 'sgd', summary={**_summary(0.9, 0.9), 'models': {'global': m}, 'metric_names': seg_names},
+       records=[{'round': r, 'test_accuracy': 0.9, 'test_miou': 0.1 * r} for r in (1, 2)],
+       published={'miou': 45.0})
+  rows = report_lib.aggregate(report_lib.collect(workdirs=[f'{d}/seg']), ['cell'])
+  report_lib.plot(rows, ['cell'], str(tmp_path / 'seg'))
+  assert drawn['ylabel'] == ['test mIoU (%), reported model', 'last-K test mIoU (%)']
+  assert drawn['curves'] == [[10.0, 20.0]] and [h for _, h, _ in drawn['bars']] == [pytest.approx(40.0)]
+  assert drawn['scatter'] == {'published': [(0.0, 45.0)]}
+  assert 'last-K pixel acc (%)' in '\n'.join(report_lib.markdown_table(rows, ['cell'], None))
+  for v in drawn.values():
+    v.clear()
+  vpr_names = {'accuracy': 'R@1', 'headline': 'test_accuracy', 'headline_label': 'R@1'}
+  _run(f'{d}/vpr', 0, 'sgd', summary={**_summary(0.5, 0.5), 'metric_names': vpr_names},
+       records=[{'round': 1, 'test_accuracy': 0.5}])
+  rows = report_lib.aggregate(report_lib.collect(workdirs=[f'{d}/vpr']), ['cell'])
+  report_lib.plot(rows, ['cell'], str(tmp_path / 'vpr'))
+  assert drawn['ylabel'] == ['test R@1 (%), reported model', 'last-K test R@1 (%)']
+
+
+def test_fedsoups_published_mark_sits_over_the_personal_models_bar(tmp_path, drawn):
+  personal = {'global': {'acc_client_mean': 0.6}}
+  _run(str(tmp_path / 'soup'), 0, 'sgd', summary={**_summary(0.83, 0.83), 'personalized': personal},
+       records=[{'round': 10, 'test_accuracy': 0.83}],
+       published={'source': 'FedSoup Table 1', 'model': 'personalized', 'accuracy': 65.0})
+  rows = report_lib.aggregate(report_lib.collect(workdirs=[str(tmp_path / 'soup')]), ['cell'])
+  report_lib.plot(rows, ['cell'], str(tmp_path / 'soup'))
+  (server_x, server_h, _), (personal_x, personal_h, personal_label) = drawn['bars']
+  assert server_h == pytest.approx(83.0) and personal_h == pytest.approx(60.0)
+  assert personal_label.startswith('personal models') and server_x < personal_x
+  assert drawn['scatter'] == {'published': [(personal_x, 65.0)]}
 
 
 def test_curvature_and_rounds_to_each_cells_published_target_beside_the_paper(tmp_path):

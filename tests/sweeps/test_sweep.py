@@ -627,3 +627,20 @@ def test_a_finished_workdir_of_another_config_file_is_not_skipped(tmp_path):
   assert sweep_lib.run_status(run) == sweep_lib.run_status(other) == 'finished'    # no mark: as before
   sweep_lib.mark_config(run)
   assert sweep_lib.run_status(run) == 'finished' and sweep_lib.run_status(other) == 'mismatch'
+
+
+def test_set_of_an_unknown_published_field_lists_the_fields_published_may_have(tmp_path):
+  # Issue 48: --set=published.x said "its fields:" and listed nothing (the quickstart publishes no number).
+  res = _sweep([f'--config={QS}', f'--sweep_dir={tmp_path / "s"}', '--set=published.x=1', '--dry_run'])
+  assert res.returncode == 2 and 'Traceback' not in res.stderr, res.stderr[-2000:]
+  (line,) = [x for x in res.stderr.splitlines() if x.startswith('error:')]
+  assert "config.published has no field 'x'; its fields: none (this config publishes no number)" in line
+  assert 'the fields a published number may have: source, accuracy, model, target_accuracy' in line
+
+
+def test_published_fields_cover_what_the_report_compares():
+  from fedjax_flat.config import schema as config_schema
+  from fedjax_flat.sweeps import report as report_lib
+  compared = ({f for f, _, _ in report_lib.METRICS} | {f for f, _, _ in report_lib.HESSIAN}
+              | {'source', 'accuracy', 'model', 'target_accuracy', 'rounds_to_target', 'bits_to_target_B'})
+  assert compared <= set(config_schema.PUBLISHED_FIELDS), compared - set(config_schema.PUBLISHED_FIELDS)

@@ -241,3 +241,22 @@ def test_without_the_section_nothing_changes():
   t.train()
   assert not any('virtual_time_s' in r for r in t.records)
   assert 'system_total' not in t.recorder.state_dict()
+
+
+def test_one_byte_count_when_clients_do_not_report(tmp_path):
+  # Issue 48: comm_bytes charged every sampled client while the clock charged the online / reporting ones only
+  # (194112 vs 91664 bytes here). One definition (clock.COMM_BYTES) now feeds both, and summary.md prints one figure.
+  cfg = small_config(rounds=6, eval_every=3, **CLOCK, **{'data.num_clients': 8, 'system.availability': 'bernoulli',
+                                                          'system.availability_rate': 0.7, 'system.dropout': 0.2})
+  t = trainers.make_trainer(cfg, data=data(), workdir=str(tmp_path))
+  s = t.train()
+  scheds = [t.plan.round_schedule(r, t.plan.sample_round(r)) for r in range(6)]
+  online = sum(int(np.sum(x.available)) for x in scheds)
+  reported = sum(int(np.sum(x.reports)) for x in scheds)
+  assert reported < online < 6 * cfg.clients_per_round          # some clients were offline, some did not report
+  model = 4.0 * t.plan.num_params
+  assert s['comm_total_bytes'] == s['bytes_down'] + s['bytes_up'] == model * (online + reported)
+  assert [r['comm_bytes'] for r in t.records] == [r['bytes_down'] + r['bytes_up'] for r in t.records]
+  md = open(tmp_path / 'summary.md').read()
+  assert md.count('MiB') == 1 and f"bytes sent: {s['comm_total_bytes'] / 2**20:.4g} MiB" in md
+  assert clock_lib.COMM_BYTES in md

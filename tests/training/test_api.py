@@ -84,3 +84,21 @@ def test_map_upload_changes_only_the_upload():
     assert _bits(r.params) == _bits(init)
   finally:
     registry.ALGORITHMS._entries.pop('builder', None)
+
+
+def test_outputs_name_the_given_datas_own_name_not_config_dataset(tmp_path, monkeypatch):
+  # Issue 48: ff.train(data=...) labelled summary.json, summary.md and metrics.png with config.dataset.
+  import dataclasses
+
+  from fedjax_flat.data.sources.builtin import synthetic
+  from fedjax_flat.training import recorder
+  data = dataclasses.replace(synthetic(8, [6] * 8, input_shape=(4, 4, 1), num_classes=4, seed=3), name='my_clinics')
+  titles = []
+  real = recorder.plot_title
+  monkeypatch.setattr(recorder, 'plot_title', lambda *a, **k: titles.append(real(*a, **k)) or titles[-1])
+  r = ff.train('fedavg', small_config(rounds=2), workdir=str(tmp_path), data=data)
+  assert r.summary['dataset'] == 'my_clinics'
+  assert json.load(open(tmp_path / 'summary.json'))['dataset'] == 'my_clinics'
+  assert 'dataset `my_clinics`' in open(tmp_path / 'summary.md').read()
+  assert titles == ['fedavg (sgd clients) on my_clinics']
+  assert ff.train('fedavg', small_config(rounds=2)).summary['dataset'] == 'synthetic'   # loaded: config.dataset

@@ -427,3 +427,18 @@ def test_a_client_count_pack_resumes_bit_identical_and_a_run_of_it_resumes_alone
   run_lib.run(_count_config(COUNTS[0], seed=0), str(tmp_path / 'alone'))
   for x, y in zip(_ckpt(str(tmp_path / 'resumed' / '0')), _ckpt(str(tmp_path / 'alone')), strict=True):
     np.testing.assert_allclose(x, y, rtol=2e-4, atol=2e-5)
+
+
+def test_incompatible_specs_are_one_line_naming_the_run_and_the_key(tmp_path):
+  # Issue 48: ff.run_batch with runs that cannot share a program ended in a ValueError naming neither.
+  import fedjax_flat as ff
+  from fedjax_flat.errors import BadInputError
+  a, b, c = small_config(rounds=2), small_config(rounds=2), small_config(rounds=2)
+  c.client.optimizer = 'sam'
+  specs = [ff.RunSpec(n, cfg, str(tmp_path / n)) for n, cfg in (('a', a), ('b', b), ('sam', c))]
+  with pytest.raises(BadInputError) as e:
+    ff.run_batch(specs)
+  assert str(e.value) == ("run 2 ('sam') cannot share a batched program with run 0 ('a'): config key "
+                          "client.optimizer differs ('sgd' vs 'sam'); give them to separate run_batch calls, or let "
+                          "a sweep pack them (batched.pack_groups)")
+  assert isinstance(e.value, batched.BatchIncompatible) and not os.listdir(tmp_path)    # nothing opened

@@ -71,3 +71,30 @@ def test_metrics_png_title_names_the_client_optimizer():
   assert plot_title('fedavg', c) == 'fedavg (sam clients) on digits'
   c.client.optimizer = 'sgd'
   assert plot_title('fedgloss', c) == 'fedgloss (sgd clients) on digits'
+
+
+def test_retrieval_results_say_r_at_1_not_test_accuracy(tmp_path, monkeypatch):
+  # The task declares what its accuracy is (tasks/base.metric_names): R@1 for retrieval, written into summary.json
+  # `metric_names`; the console's last line, summary.md and metrics.png name it.
+  from matplotlib.axes import Axes
+
+  from fedjax_flat.tasks import base as tasks_base
+  from fedjax_flat.tasks.retrieval import Retrieval
+  from fedjax_flat.tasks.segmentation import Segmentation
+  names = tasks_base.metric_names(Retrieval())
+  assert names == {'accuracy': 'R@1', 'headline': 'test_accuracy', 'headline_label': 'R@1'}
+  assert tasks_base.metric_names(Segmentation())['headline'] == 'test_miou'
+  assert tasks_base.metric_names(tasks_base.Classification())['accuracy'] == 'accuracy'
+  recs = [{'round': 1, 'test_accuracy': 0.4, 'test_loss': 1.0}, {'round': 2, 'test_accuracy': 0.5, 'test_loss': 0.9}]
+  summary = writers.summarize(recs, 2, {'experiment': 'x', 'reported_model': 'global', 'rounds_completed': 2,
+                                        'metric_names': names})
+  assert writers.final_line(summary) == 'done: 2 rounds, final test R@1 0.5000 (global model)'
+  writers.write_summary(str(tmp_path), summary)
+  md = open(tmp_path / 'summary.md').read()
+  assert '| model | final R@1 | mean last-K R@1 |' in md and 'acc' not in md
+  labels = []
+  monkeypatch.setattr(Axes, 'set_ylabel', lambda self, s, *a, **k: labels.append(s))
+  writers.plot_metrics(recs, str(tmp_path / 'metrics.png'), accuracy_name=names['accuracy'])
+  writers.plot_system([{**r, 'virtual_time_s': 1.0, 'bytes_down': 1.0, 'bytes_up': 1.0} for r in recs],
+                      str(tmp_path / 'system.png'), accuracy_name=names['accuracy'])
+  assert labels == ['test R@1', 'loss', 'test R@1', 'test R@1']

@@ -50,7 +50,7 @@ def _final(trainer, summary, reported):
   summary.setdefault('facts', {})['compress'] = (
       f"uploads compressed ({what}{', error feedback' if u.error_feedback else ''}): {one:.0f} bytes each "
       f"({100 * one / full:.3g}% of float32), {out['compress_mb_up']:.4g} MiB up, mean relative error "
-      f"{out['compress_error_mean']:.3g}; communication {total / 2**20:.4g} MiB down + up, "
+      f"{out['compress_error_mean']:.3g}; bytes sent (summary.md's line) "
       f"{100 * summary['comm_total_ratio']:.3g}% of float32's {total32 / 2**20:.4g} MiB")
 
 

@@ -16,7 +16,7 @@ def _final(trainer, summary, reported):
   summary['personalized'] = res = personalized_eval.evaluate_trainer(trainer)
   if trainer.workdir and trainer.recorder.writer and isinstance(res, dict):
     writers.plot_personalized(res, os.path.join(trainer.workdir, 'personalized.png'),
-                              title=f'{trainer.algorithm.label} on {trainer.config.dataset}')
+                              title=f'{trainer.algorithm.label} on {trainer.plan.dataset_name}')
 
 
 register(Evaluation('personalized', order=60, applies=_applies, final=_final))

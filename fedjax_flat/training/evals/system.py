@@ -34,11 +34,11 @@ def _final(trainer, summary, reported):
   summary.setdefault('facts', {})['system'] = (
       f"virtual clock ({', '.join(how)}; {s.down_mbps:g} / {s.up_mbps:g} Mbps down / up): "
       f"{out['virtual_time_s'] / 3600:.3g} h after {trainer.round} rounds, "
-      f"{(out['bytes_down'] + out['bytes_up']) / 2**20:.4g} MiB sent, "
-      f"{out['system_reports_per_round']:.3g} reporting clients a round")
+      f"{out['system_reports_per_round']:.3g} reporting clients a round")   # its bytes: summary.md's bytes sent
   if trainer.workdir and trainer.recorder.writer:
     writers.plot_system(trainer.records, os.path.join(trainer.workdir, 'system.png'),
-                        title=f'{trainer.algorithm.label} on {trainer.config.dataset}: virtual clock')
+                        title=f'{trainer.algorithm.label} on {trainer.plan.dataset_name}: virtual clock',
+                        accuracy_name=trainer.recorder.metric_names['accuracy'])
 
 
 register(Evaluation('system', order=6, applies=lambda plan: clock_lib.enabled(plan.config), periodic=_numbers,
