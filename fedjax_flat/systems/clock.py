@@ -34,7 +34,9 @@ Trace file (`system.trace`), CSV with a header or JSON; every client of the popu
     client,examples_per_s,up_mbps,down_mbps,available_hours        (the last column optional: '0-6 22-24')
     {"0": {"examples_per_s": 120, "up_mbps": 2, "down_mbps": 20, "available_hours": [[0, 6], [22, 24]]}, ...}
 
-`up_mbps` / `down_mbps` columns may be left out (JSON: keys), then system.up_mbps / down_mbps apply.
+`up_mbps` / `down_mbps` columns may be left out (JSON: keys), then system.up_mbps / down_mbps apply. A trace is
+UTF-8, at most MAX_TRACE_BYTES (64 MiB) and MAX_TRACE_CLIENTS (10^6) rows; it is read row by row, and once the
+population is known a row naming a client outside it stops the read (one error line).
 """
 from __future__ import annotations
 
@@ -117,46 +119,97 @@ def _hours(text, where: str):
   """'0-6 22-24' or [[0, 6], [22, 24]] -> ((0.0, 6.0), (22.0, 24.0))."""
   if isinstance(text, str):
     parts = [p.split('-') for p in text.split()]
-  else:
+  elif isinstance(text, (list, tuple)) or text is None:
     parts = list(text or ())
+  else:
+    parts = [None]          # a number, an object: refused below
   out = []
   for p in parts:
     try:
       a, b = float(p[0]), float(p[1])
     except (TypeError, ValueError, IndexError):
-      raise ConfigError('system.trace', where, f'available_hours {text!r}: ranges like "0-6 22-24" '
+      raise ConfigError('system.trace', where, f'available_hours {str(text)[:60]!r}: ranges like "0-6 22-24" '
                         '(JSON: [[0, 6], [22, 24]])') from None
     if not (len(p) == 2 and 0 <= a < b <= 24):
-      raise ConfigError('system.trace', where, f'available_hours range {p}: needs 0 <= start < end <= 24')
+      raise ConfigError('system.trace', where, f'available_hours range {str(p)[:60]}: needs 0 <= start < end <= 24')
     out.append((a, b))
   return tuple(out)
 
 
-def read_trace(path: str) -> dict:
-  """{client: {'examples_per_s', 'up_mbps' (or None), 'down_mbps' (or None), 'available_hours'}} of a trace."""
+# A trace holds one row per client of the population, read row by row (CSV streamed; JSON parsed whole) and
+# bounded: at most MAX_TRACE_BYTES on disk (a 10^6-client CSV with every column is ~40 MB) and MAX_TRACE_CLIENTS
+# rows, ids below it. A larger file is refused in one line before it is read.
+MAX_TRACE_CLIENTS = 1_000_000
+MAX_TRACE_BYTES = 64 << 20
+
+
+def _trace_items(path: str):
+  """(client key, row dict, where) of each row of a trace, streamed (CSV) or from the parsed JSON object; a file
+  that cannot be read, is not UTF-8, is nested too deep or is too large is one ConfigError line."""
   if not os.path.isfile(path):
     raise ConfigError('system.trace', path, 'no such file')
+  try:
+    size = os.path.getsize(path)
+    if size > MAX_TRACE_BYTES:
+      raise ConfigError('system.trace', path, f'is {size / 2**20:.0f} MiB, over the {MAX_TRACE_BYTES >> 20} MiB a '
+                        f'trace may hold (one row per client of the population, at most {MAX_TRACE_CLIENTS}); '
+                        "keep only the population's rows")
+    if path.endswith('.json'):
+      with open(path, encoding='utf-8') as f:
+        raw = json.load(f, parse_int=float)     # a 5,000-digit number is a (too large) float, not int's error
+      if not isinstance(raw, dict):
+        raise ConfigError('system.trace', path, 'must map client ids to {"examples_per_s": ..., ...}')
+      if len(raw) > MAX_TRACE_CLIENTS:
+        raise ConfigError('system.trace', path, f'names {len(raw)} clients: a trace holds one row per client of '
+                          f'the population, at most {MAX_TRACE_CLIENTS}')
+      for k, v in raw.items():
+        yield k, v, f'{path}: client {k[:20]!r}'
+      return
+    with open(path, encoding='utf-8', newline='') as f:
+      reader = csv.DictReader(f)
+      if not reader.fieldnames or not {'client', 'examples_per_s'} <= set(reader.fieldnames):
+        raise ConfigError('system.trace', path, 'needs a header with client,examples_per_s[,up_mbps,down_mbps,'
+                          'available_hours]')
+      for i, r in enumerate(reader):
+        if i >= MAX_TRACE_CLIENTS:
+          raise ConfigError('system.trace', f'{path}:{i + 2}', f'more than {MAX_TRACE_CLIENTS} rows: a trace holds '
+                            'one row per client of the population')
+        yield r['client'], r, f'{path}:{i + 2}'
+  except ConfigError:
+    raise
+  except UnicodeDecodeError as e:
+    raise ConfigError('system.trace', path, f'is not UTF-8 text (byte 0x{e.object[e.start]:02x} cannot be '
+                      'decoded); write the trace as UTF-8 CSV or JSON') from None
+  except json.JSONDecodeError as e:
+    raise ConfigError('system.trace', path, f'is not JSON ({e.msg} at line {e.lineno})') from None
+  except RecursionError:
+    raise ConfigError('system.trace', path, 'is not a trace: its JSON is nested too deep (a trace maps client '
+                      'ids to flat objects)') from None
+  except (csv.Error, ValueError) as e:      # a NUL byte, a field over csv's size limit, ...
+    raise ConfigError('system.trace', path, f'is not a CSV / JSON trace ({type(e).__name__}: '
+                      f'{" ".join(str(e).split())[:120]})') from None
+  except OSError as e:
+    raise ConfigError('system.trace', path, f'cannot be read ({e.strerror or e}); check the path and its '
+                      'permissions') from None
+
+
+def read_trace(path: str, population: Optional[int] = None) -> dict:
+  """{client: {'examples_per_s', 'up_mbps' (or None), 'down_mbps' (or None), 'available_hours'}} of a trace.
+
+  Streamed: the rows are checked one at a time; with `population`, a row naming a client outside it stops the
+  read at once (one ConfigError line), so only the population's rows are ever held. Without it (validation,
+  before the data are read), the rows are checked and only their ids kept (ids below MAX_TRACE_CLIENTS)."""
+  keep = population is not None
+  bound = population if keep else MAX_TRACE_CLIENTS
+  seen = bytearray(bound)
   rows = {}
-  with open(path) as f:
-    text = f.read()
-  if path.endswith('.json'):
-    try:
-      raw = json.loads(text)
-    except json.JSONDecodeError as e:
-      raise ConfigError('system.trace', path, f'is not JSON ({e.msg} at line {e.lineno})') from None
-    if not isinstance(raw, dict):
-      raise ConfigError('system.trace', path, 'must map client ids to {"examples_per_s": ..., ...}')
-    items = [(k, v, f'{path}: client {k}') for k, v in raw.items()]
-  else:
-    reader = csv.DictReader(text.splitlines())
-    if not reader.fieldnames or not {'client', 'examples_per_s'} <= set(reader.fieldnames):
-      raise ConfigError('system.trace', path, 'needs a header with client,examples_per_s[,up_mbps,down_mbps,'
-                        'available_hours]')
-    items = [(r['client'], r, f'{path}:{i + 2}') for i, r in enumerate(reader)]
-  for k, v, where in items:
+  count = 0
+  for k, v, where in _trace_items(path):
     if not isinstance(v, dict):
       raise ConfigError('system.trace', where, 'must be an object with examples_per_s')
     try:
+      if not isinstance(k, str) or len(k.strip()) > 20:
+        raise ValueError(k)
       client = int(k)
       speed = float(v['examples_per_s'])
       up = float(v['up_mbps']) if v.get('up_mbps') not in (None, '') else None
@@ -164,14 +217,23 @@ def read_trace(path: str) -> dict:
     except (KeyError, TypeError, ValueError):
       raise ConfigError('system.trace', where, 'needs an integer client and numbers examples_per_s / up_mbps / '
                         'down_mbps') from None
-    if client < 0 or client in rows:
+    if client < 0 or (client < bound and seen[client]):
       raise ConfigError('system.trace', where, f'client {client}: ids are 0 .. K-1, each once')
+    if client >= bound:
+      if keep:
+        raise ConfigError('system.trace', path, f'names client {client} beyond the population of {population} '
+                          f'(ids 0 .. {population - 1})')
+      raise ConfigError('system.trace', where, f'client {client}: ids are 0 .. K-1 for a population of K, at '
+                        f'most {MAX_TRACE_CLIENTS}')
+    seen[client] = 1
+    count += 1
     for name, x in (('examples_per_s', speed), ('up_mbps', up), ('down_mbps', down)):
       if x is not None and not (math.isfinite(x) and x > 0):
         raise ConfigError('system.trace', where, f'{name}={x}: must be a positive number')
-    rows[client] = {'examples_per_s': speed, 'up_mbps': up, 'down_mbps': down,
-                    'available_hours': _hours(v.get('available_hours'), where)}
-  if not rows:
+    hours = _hours(v.get('available_hours'), where)
+    if keep:
+      rows[client] = {'examples_per_s': speed, 'up_mbps': up, 'down_mbps': down, 'available_hours': hours}
+  if not count:
     raise ConfigError('system.trace', path, 'names no client')
   return rows
 
@@ -209,11 +271,7 @@ def devices(cfg, population: int) -> Devices:
   else:
     speed = np.full(population, np.inf)
   if s.speed == 'trace' or s.availability == 'trace':
-    rows = read_trace(s.trace)
-    unknown = sorted(k for k in rows if k >= population)
-    if unknown:
-      raise ConfigError('system.trace', s.trace, f'names clients {unknown[:5]} beyond the population of '
-                        f'{population} (ids 0 .. {population - 1})')
+    rows = read_trace(s.trace, population)      # stops at the first row outside the population
     missing = [k for k in range(population) if k not in rows]
     if missing:
       raise ConfigError('system.trace', s.trace, f'misses clients {missing[:5]}{" ..." if len(missing) > 5 else ""}'
