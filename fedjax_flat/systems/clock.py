@@ -66,6 +66,16 @@ def enabled(cfg) -> bool:
                             or float(s['deadline_s']) > 0)
 
 
+def switched_on(cfg):
+  """(field, value) of the first system field that gives the run its clock (what the user set), e.g.
+  ('system.speed', 'lognormal')."""
+  s = cfg.system
+  for name, off in (('speed', 'none'), ('availability', 'always'), ('deadline_s', 0.0), ('dropout', 0.0)):
+    if s[name] != off:
+      return f'system.{name}', s[name]
+  return 'system.speed', s.speed
+
+
 def _check(cfg) -> None:
   """The system section's own cross-field rules, before any data are read (the population's: `build`)."""
   s = cfg.system
