@@ -54,6 +54,9 @@ from fedjax_flat.schema import INPUT, RESULT, Choice, Field, Int, Num, Section, 
 
 SPEEDS = ('none', 'lognormal', 'trace')
 AVAILABILITY = ('always', 'bernoulli', 'diurnal', 'trace')
+# log-std bound of the log-normal speeds: e^(10 z) for |z| <= 8.5 (10^16 clients) stays within float64; at 1000
+# a few clients' speeds are inf or 0 and the virtual time overflows (metrics.jsonl had Infinity).
+MAX_SPEED_SIGMA = 10.0
 BYTES_PER_PARAM = 4           # float32 messages (today's comm_bytes: 4 x params)
 # Stream tags of the draws (numpy Generators seeded [seed, (round,) client, tag]).
 SPEED_STREAM, OFFSET_STREAM, AVAIL_STREAM, DROP_STREAM = 0x5BEED, 0x702E, 0xA7A1, 0xD209
@@ -64,6 +67,14 @@ def enabled(cfg) -> bool:
   s = cfg.get('system')
   return s is not None and (s['speed'] != 'none' or s['availability'] != 'always' or float(s['dropout']) > 0
                             or float(s['deadline_s']) > 0)
+
+
+def _sigma(cfg) -> None:
+  v = float(cfg.system.speed_sigma)
+  if v > MAX_SPEED_SIGMA:
+    raise ConfigError('system.speed_sigma', cfg.system.speed_sigma, f'must be <= {MAX_SPEED_SIGMA:g}: a client z '
+                      f'standard deviations off runs e^({v:g} z) times the median speed, which overflows (inf / 0 '
+                      f'examples/s, an infinite virtual time); use 0 .. {MAX_SPEED_SIGMA:g}')
 
 
 def switched_on(cfg):
@@ -100,7 +111,8 @@ SECTION = Section('system', (
     Field('speed', Choice('none', SPEEDS), "clients' compute speed (examples/s): 'none' (instant, as without a "
           "clock) | 'lognormal' (median speed_median, log-std speed_sigma, per (seed, client)) | 'trace'"),
     Field('speed_median', Num(100.0, lo=0, lo_open=True), "median examples/s of the log-normal speeds", _IN),
-    Field('speed_sigma', Num(0.5, lo=0), 'log-std of the log-normal speeds (0: every client at the median)', _IN),
+    Field('speed_sigma', Num(0.5, lo=0), 'log-std of the log-normal speeds (0: every client at the median; at most '
+          f'{MAX_SPEED_SIGMA:g})', _IN, after=_sigma),
     Field('trace', String(''), 'CSV / JSON trace of client speeds, bandwidths and available hours (format: '
           'systems/clock.py)'),
     Field('deadline_s', Num(0.0, lo=0), '> 0: a round closes after this many virtual seconds; each client runs '
@@ -278,6 +290,11 @@ def devices(cfg, population: int) -> Devices:
   hours = ()
   if s.speed == 'lognormal':
     speed = float(s.speed_median) * np.exp(float(s.speed_sigma) * _normal(seed, ids, SPEED_STREAM))
+    bad = ~((speed > 1e-300) & (speed < 1e300))       # a step's seconds must stay finite
+    if bad.any():
+      raise ConfigError('system.speed_median', s.speed_median, f'with system.speed_sigma={s.speed_sigma} client '
+                        f'{int(np.argmax(bad))} gets speed {float(speed[bad][0]):.3g} examples/s (the clock needs '
+                        '1e-300 .. 1e300); choose a median nearer 100 or a smaller sigma')
   else:
     speed = np.full(population, np.inf)
   if s.speed == 'trace' or s.availability == 'trace':

@@ -138,6 +138,10 @@ def test_bad_input_is_one_line_before_compiling(tmp_path):
   missing.write_text('client,examples_per_s\n0,10\n')
   assert 'misses clients' in refused({'system.speed': 'trace', 'system.trace': str(missing)}, 'system.trace')
   assert 'no client can meet it' in refused({**CLOCK, 'system.deadline_s': 1e-3}, 'system.deadline_s')
+  # issue 48: speeds that overflow (metrics.jsonl had Infinity)
+  assert 'must be <= 10' in refused({**CLOCK, 'system.speed_sigma': 1000.0}, 'system.speed_sigma')
+  assert 'the clock needs' in refused({**CLOCK, 'system.speed_median': 1e-299, 'system.speed_sigma': 10.0},
+                                      'system.speed_median')
 
 
 def test_hostile_trace_files_are_one_line_and_bounded(tmp_path, monkeypatch):

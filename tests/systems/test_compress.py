@@ -112,6 +112,11 @@ def test_bad_input_is_one_line_before_compiling():
   refused('upload.compress', **{'upload.compress': 'gzip'})
   refused('upload.fraction', **{'upload.compress': 'topk', 'upload.fraction': 0.0})
   refused('upload.bits', **{'upload.compress': 'qsgd', 'upload.bits': 0})
+  for bits in (31, 33, 64):     # issue 48: 33 / 64 'compressed' to 1.06x / 2.03x the float32 upload
+    refused('upload.bits', **{'upload.compress': 'qsgd', 'upload.bits': bits})
+  validate.validate_config(small_config(**{'upload.compress': 'qsgd', 'upload.bits': 30}))
+  assert comp.upload_bytes(small_config(**{'upload.compress': 'qsgd', 'upload.bits': 30}).upload,
+                           10 ** 6) < 4 * 10 ** 6
   refused('upload.error_feedback', **{'upload.error_feedback': True})
   refused('upload.compress', **{'upload.compress': 'randk', 'dp.mode': 'central', 'server.weighting': 'uniform'})
   validate.validate_config(small_config(**{'upload.compress': 'qsgd', 'upload.error_feedback': True}))
