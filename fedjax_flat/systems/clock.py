@@ -107,31 +107,47 @@ def _check(cfg) -> None:
 # The numbers (tagged INPUT) are per-run inputs of a batched program (core/runs.py): each lane's step limits come
 # from its own schedule on the host; the kinds and the trace file are structure (runs with other kinds split packs).
 _IN = frozenset({INPUT})
+_LOGNORMAL_ON = "system.speed='lognormal'"
+_CLOCK_ON = "a virtual clock (system.speed, availability, dropout or deadline_s)"
+
+
+def _lognormal(cfg) -> bool:
+  return cfg.system.speed == 'lognormal'
+
+
+def _avail(*kinds):
+  return lambda cfg: cfg.system.availability in kinds
+
 SECTION = Section('system', (
     Field('speed', Choice('none', SPEEDS), "clients' compute speed (examples/s): 'none' (instant, as without a "
           "clock) | 'lognormal' (median speed_median, log-std speed_sigma, per (seed, client)) | 'trace'"),
-    Field('speed_median', Num(100.0, lo=0, lo_open=True), "median examples/s of the log-normal speeds", _IN),
+    Field('speed_median', Num(100.0, lo=0, lo_open=True), "median examples/s of the log-normal speeds", _IN,
+          when=_lognormal, needs=_LOGNORMAL_ON),
     Field('speed_sigma', Num(0.5, lo=0), 'log-std of the log-normal speeds (0: every client at the median; at most '
-          f'{MAX_SPEED_SIGMA:g})', _IN, after=_sigma),
+          f'{MAX_SPEED_SIGMA:g})', _IN, after=_sigma, when=_lognormal, needs=_LOGNORMAL_ON),
     Field('trace', String(''), 'CSV / JSON trace of client speeds, bandwidths and available hours (format: '
           'systems/clock.py)'),
     Field('deadline_s', Num(0.0, lo=0), '> 0: a round closes after this many virtual seconds; each client runs '
           'the local steps that fit (0: none)', _IN),
     Field('min_steps', Int(1, lo=0), 'under a deadline, a client fitting fewer steps (and not all its work) is '
-          'dropped', _IN),
+          'dropped', _IN, when=lambda cfg: float(cfg.system.deadline_s) > 0, needs='system.deadline_s > 0'),
     Field('availability', Choice('always', AVAILABILITY), "'always' | 'bernoulli' (availability_rate a round) | "
           "'diurnal' (a time-zone offset per client, available in a daily window) | 'trace'"),
     Field('availability_rate', Num(1.0, lo=0, hi=1), "'bernoulli': probability a client is available a round",
-          _IN),
-    Field('window_start_h', Num(0.0, lo=0, hi=24, hi_open=True), "'diurnal': local hour the window opens", _IN),
-    Field('window_h', Num(8.0, lo=0, hi=24, lo_open=True), "'diurnal': hours the window stays open", _IN),
+          _IN, when=_avail('bernoulli'), needs="system.availability='bernoulli'"),
+    Field('window_start_h', Num(0.0, lo=0, hi=24, hi_open=True), "'diurnal': local hour the window opens", _IN,
+          when=_avail('diurnal'), needs="system.availability='diurnal'"),
+    Field('window_h', Num(8.0, lo=0, hi=24, lo_open=True), "'diurnal': hours the window stays open", _IN,
+          when=_avail('diurnal'), needs="system.availability='diurnal'"),
     Field('round_duration_s', Num(3600.0, lo=0, lo_open=True), "nominal spacing of round starts for the hours "
-          "of 'diurnal' / 'trace' availability", _IN),
+          "of 'diurnal' / 'trace' availability", _IN, when=_avail('diurnal', 'trace'),
+          needs="system.availability='diurnal' or 'trace'"),
     Field('dropout', Num(0.0, lo=0, hi=1, hi_open=True), 'probability an available client drops mid-round (its '
           'upload discarded)', _IN),
-    Field('up_mbps', Num(1.0, lo=0, lo_open=True), 'upload bandwidth, Mbps (a trace may set it per client)', _IN),
+    Field('up_mbps', Num(1.0, lo=0, lo_open=True), 'upload bandwidth, Mbps (a trace may set it per client)', _IN,
+          when=enabled, needs=_CLOCK_ON),
     Field('down_mbps', Num(10.0, lo=0, lo_open=True), 'download bandwidth, Mbps (a trace may set it per client)',
-          _IN),
+          _IN, when=enabled, needs=_CLOCK_ON),
 ), check=_check, tags={RESULT}, doc='a virtual clock of heterogeneous devices (systems/clock.py)')
 
 

@@ -69,9 +69,11 @@ SECTION = Section('upload', (
     Field('compress', Choice('none', METHODS), "the client's delta before it is sent: 'none' | 'topk' (the k "
           "largest |v_i|) | 'randk' (k random coordinates x d / k, unbiased) | 'qsgd' (stochastic quantization)"),
     Field('fraction', Num(0.01, lo=0, hi=1, lo_open=True), "topk / randk: k = max(1, round(fraction d)) of the d "
-          'coordinates kept', {VALUE}),
+          'coordinates kept', {VALUE}, when=lambda cfg: cfg.upload.compress in ('topk', 'randk'),
+          needs="upload.compress='topk' or 'randk'"),
     Field('bits', Int(2, lo=1), f'qsgd: bits a level, s = 2^bits - 1 levels of |v_i| / ||v_bucket|| (+ a sign bit); '
-          f'at most {MAX_BITS} (more sends more than float32)', {VALUE}, after=_bits),
+          f'at most {MAX_BITS} (more sends more than float32)', {VALUE}, after=_bits,
+          when=lambda cfg: cfg.upload.compress == 'qsgd', needs="upload.compress='qsgd'"),
     Field('error_feedback', Flag(False), 'keep each client\'s residual (what was not sent) and add it to its next '
           'delta (client state, checkpointed)'),
 ), check=_check, tags={RESULT}, doc='compressed uploads (systems/compress.py; algorithms/wrappers/compress.py)')
