@@ -102,8 +102,8 @@ def get_config(arg: str = ''):
     c.client[k] = v
   c.server.weighting = 'uniform'      # DP bounds every client's weight: each counts 1 / m
   clip, delta, noise_cohort, population = DP[o['setting']]
-  c.dp.clip, c.dp.delta = clip, delta
-  if o['eps'] > 0:
+  if o['eps'] > 0:                    # non-private: dp.* stay at their defaults (refused while dp.mode='off')
+    c.dp.clip, c.dp.delta = clip, delta
     c.dp.mode = 'local' if o['local'] else 'distributed' if o['distributed'] or o['release'] else 'central'
     c.dp.per_tensor = o['release']
     c.dp.target_epsilon = o['eps']

@@ -294,6 +294,15 @@ def check(rules: Mapping[str, Rule], hp: Mapping[str, Any]) -> None:
 
 # ---- fields and sections
 
+def refuse_inert(path: str, value, default, needs: str) -> None:
+  """A field set away from its default while its feature is off would be silently ignored: one ConfigError line
+  naming what turns the feature on (`needs`) and the default to leave it at."""
+  same = value == default or (is_number(value) and is_number(default) and float(value) == float(default))
+  if not same:
+    raise ConfigError(path, value, f'is read only with {needs}, which this config does not set: set that too, or '
+                      f'leave {path} at its default {default!r}')
+
+
 
 @dataclasses.dataclass(frozen=True)
 class Field:
@@ -302,6 +311,9 @@ class Field:
   `ref`: the default is an ml_collections FieldReference of type object (a field that may hold 'auto' or a bool
   / an int). `rule=None`: a field without a value rule (a section declared elsewhere, e.g. `published`).
   `when`: the field is checked only when `when(config)` holds (a rule that only applies in one mode);
+  `needs`: with `when`, what turns the field's feature on (e.g. "client.optimizer='looksam'"): the field is read
+  only then, so a value away from its default while `when` does not hold is refused (`refuse_inert`), as
+  config.algo refuses a hyperparameter the algorithm does not have;
   `after(config)`: a cross-field rule of its section run right after this field's (its message comes first)."""
   name: str
   rule: Optional[Rule]
@@ -311,6 +323,7 @@ class Field:
   when: Optional[Callable[[Any], bool]] = None
   after: Optional[Callable[[Any], None]] = None
   default: Any = dataclasses.field(default=None, compare=False)
+  needs: str = ''
 
   def __post_init__(self):
     object.__setattr__(self, 'tags', frozenset(self.tags))
@@ -373,7 +386,11 @@ class Section:
       if node is None:
         return
     for f in self.fields:
-      if f.rule is None or f.name not in node or (f.when is not None and not f.when(cfg)):
+      if f.rule is None or f.name not in node:
+        continue
+      if f.when is not None and not f.when(cfg):
+        if f.needs:
+          refuse_inert(self.path(f), node[f.name], f.rule.default, f.needs)
         continue
       v = node[f.name]
       why = f.rule.why_not(v)

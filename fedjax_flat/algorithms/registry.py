@@ -72,7 +72,7 @@ from fedjax_flat.core.batch_stats import average_batch_stats
 from fedjax_flat.core.contract import ChainSpec, FederatedAlgorithm
 from fedjax_flat.core.runs import RunValue
 from fedjax_flat.data import validation_steps
-from fedjax_flat.errors import ConfigError
+from fedjax_flat.errors import BadInputError, ConfigError
 from fedjax_flat.models.base import num_param_arrays
 from fedjax_flat.optimizers.server import make_server_tx
 from fedjax_flat.registry import Registry
@@ -278,6 +278,11 @@ def default_hparams(name: str) -> dict:
   return spec(name).defaults() if name in ALGORITHMS else {}
 
 
+def _short_repr(v, n: int = 60) -> str:
+  text = ' '.join(repr(v).split())
+  return f'{type(v).__name__} {text[:n] + "..." if len(text) > n else text}' if v is not None else 'None'
+
+
 def build_algorithm(config, model, population: int = 0, task=None, chain=None,
                     client_clusters=None, client_groups=None, data=None, cluster_styles=None) -> FederatedAlgorithm:
   """The configured algorithm, built once, carrying what the run needs (core/contract.py).
@@ -311,6 +316,11 @@ def build_algorithm(config, model, population: int = 0, task=None, chain=None,
                      chain=chain, client_clusters=client_clusters,
                      client_groups=client_groups, name=name, hp=types.MappingProxyType(hp), hparams_fn=hparams_fn)
   alg = s.build(ctx)
+  if not isinstance(alg, FederatedAlgorithm):     # a researcher's builder that forgot its `return`
+    where = getattr(s.build, '__qualname__', repr(s.build))
+    raise BadInputError(f'the builder {where}() of algorithm {name!r} returned {_short_repr(alg)}: a builder '
+                        'must return a FederatedAlgorithm (fedjax_flat.FederatedAlgorithm, core/contract.py), e.g. '
+                        '`return fedavg(ctx.model, ctx.loss_fn, ctx.client_tx, ctx.hparams_fn, ctx.server_tx)`')
   alg = alg.replace(name=name, needs=s.needs, hparams=hp, chain=s.chain, client_groups=client_groups,
                     style_clusters=client_clusters, local_batch_stats='local_batch_stats' in s.needs,
                     round_log=None if s.round_log is None else s.round_log(config, hp),

@@ -19,6 +19,7 @@ from fedjax_flat.algorithms.wrappers import dp as dp_lib
 from fedjax_flat.algorithms.wrappers import swa as swa_lib
 from fedjax_flat.config import data_fields
 from fedjax_flat.config import schema
+from fedjax_flat import schema as fjschema
 from fedjax_flat.config import source_pretrain
 from fedjax_flat.data import attacks
 from fedjax_flat.data import registry as data_registry
@@ -62,6 +63,7 @@ def validate_config(cfg, pending_files: Collection[str] = ()) -> None:
   # rules (algorithms/registry.py)
   alg_registry.spec(cfg.algorithm).validate(cfg)
   _warn_swa(cfg)                         # swa x rounds
+  _refuse_inert_dp(cfg)                  # dp.* set while dp.mode='off'
   dp_lib.check(cfg)                      # dp x algorithm x server weighting (x population when the config says it)
   compress_lib.check(cfg)                # upload x algorithm x dp
   _validate_man_measure(cfg)             # model x model_kwargs.man_measure, before the model is built
@@ -71,6 +73,20 @@ def validate_config(cfg, pending_files: Collection[str] = ()) -> None:
     _validate_grouping_task(cfg)         # grouping x dataset
   if 'source_pretrain' in cfg:           # the server's source pre-training (training/source_pretrain.py)
     _validate_source_pretrain(cfg)
+
+
+def _refuse_inert_dp(cfg) -> None:
+  """dp.clip, dp.noise_multiplier, ... away from their defaults while dp.mode='off' were silently ignored; refused
+  like a field whose `when` does not hold (schema.Field.needs; the dp section is declared in
+  privacy/mechanism.py, its switch is dp.mode)."""
+  d = cfg.get('dp')
+  if d is None or d.get('mode', 'off') != 'off':
+    return
+  section = dp_lib.SECTION
+  for f in section.fields:
+    if f.name != 'mode' and f.rule is not None and f.name in d:
+      fjschema.refuse_inert(section.path(f), d[f.name], f.rule.default,
+                            "dp.mode='central', 'local' or 'distributed'")
 
 
 def _validate_data(cfg) -> None:

@@ -77,6 +77,9 @@ def _opt(name: str) -> Callable[[Any], bool]:
   return lambda cfg: cfg.client.get('optimizer') == name
 
 
+_ADAM_ON = "client.base_optimizer='adam'"
+
+
 def _adam(cfg) -> bool:
   return cfg.client.get('base_optimizer') == 'adam'
 
@@ -92,10 +95,11 @@ SECTION = Section('client', (
           "'ksam' (K-SAM: SAM's gradients on the ascent_fraction highest-loss examples of the batch)"),
     Field('base_optimizer', Choice('sgd', ('sgd', 'adam'), sort=True),
           "'sgd' (lr, momentum) | 'adam' (lr, adam_b1, adam_b2, adam_eps)"),
-    Field('adam_b1', Num(0.9, lo=0, hi=1, hi_open=True), 'Adam beta1', when=_adam),
+    Field('adam_b1', Num(0.9, lo=0, hi=1, hi_open=True), 'Adam beta1', when=_adam, needs=_ADAM_ON),
     Field('adam_b2', Num(0.999, lo=0, hi=1, hi_open=True), "Adam beta2 (torch default; FedSoup's paper: 0.99)",
-          when=_adam),
-    Field('adam_eps', Num(1e-8, lo=0, lo_open=True), 'Adam epsilon', when=_adam, after=_adam_momentum),
+          when=_adam, needs=_ADAM_ON),
+    Field('adam_eps', Num(1e-8, lo=0, lo_open=True), 'Adam epsilon', when=_adam, needs=_ADAM_ON,
+          after=_adam_momentum),
     Field('lr', Num(0.01, lo=0, lo_open=True), 'client learning rate', {VALUE}),
     Field('momentum', Num(0.0, lo=0, hi=1, hi_open=True), 'SGD momentum', {VALUE, TRUTH}),
     Field('weight_decay', Num(4e-4, lo=0), 'coupled (PyTorch-style) weight decay', {VALUE, TRUTH}),
@@ -113,18 +117,18 @@ SECTION = Section('client', (
     Field('rho_warmup_rounds', Int(0, lo=0), 'T_s of the rho warm-up; 0 = none'),
     Field('asam_eta', Num(0.0, lo=0), 'ASAM eta', {VALUE}),
     Field('sam_every', Int(2, lo=1), "k of client.optimizer='sam_every': SAM's two passes on one step in k",
-          {VALUE}, when=_opt('sam_every')),
+          {VALUE}, when=_opt('sam_every'), needs="client.optimizer='sam_every'"),
     Field('looksam_k', Int(5, lo=1), "k of client.optimizer='looksam' (Liu et al. 2022: 5)", {VALUE},
-          when=_opt('looksam')),
+          when=_opt('looksam'), needs="client.optimizer='looksam'"),
     Field('looksam_alpha', Num(0.7, lo=0), "alpha of client.optimizer='looksam' (Liu et al. 2022: 0.7)", {VALUE},
-          when=_opt('looksam')),
+          when=_opt('looksam'), needs="client.optimizer='looksam'"),
     Field('ascent_fraction', Num(0.5, lo=0, hi=1, lo_open=True),
           "client.optimizer='ksam': the share of the batch's valid examples (highest loss first) K-SAM's gradients use",
-          {VALUE}, when=_opt('ksam')),
+          {VALUE}, when=_opt('ksam'), needs="client.optimizer='ksam'"),
     Field('ksam_descent', Choice('subset', ksam_lib.DESCENTS),
           "client.optimizer='ksam': 'subset' (the descent gradient on the same highest-loss examples as the ascent: "
           "Ni et al. 2022's rule) | 'full' (the descent on the whole batch, only the ascent on the subset)",
-          when=_opt('ksam')),
+          when=_opt('ksam'), needs="client.optimizer='ksam'"),
     Field('grad_clip', Num(0.0, lo=0), 'clip_by_global_norm (FedDyn: 30); 0 = off'),
     Field('lr_schedule', Choice('constant', LR_SCHEDULES, sort=True),
           "'constant' | 'poly_step' (over each round's local steps, FedDrive) | 'poly_round' (over rounds): "

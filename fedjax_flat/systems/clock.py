@@ -34,7 +34,9 @@ Trace file (`system.trace`), CSV with a header or JSON; every client of the popu
     client,examples_per_s,up_mbps,down_mbps,available_hours        (the last column optional: '0-6 22-24')
     {"0": {"examples_per_s": 120, "up_mbps": 2, "down_mbps": 20, "available_hours": [[0, 6], [22, 24]]}, ...}
 
-`up_mbps` / `down_mbps` columns may be left out (JSON: keys), then system.up_mbps / down_mbps apply.
+`up_mbps` / `down_mbps` columns may be left out (JSON: keys), then system.up_mbps / down_mbps apply. A trace is
+UTF-8, at most MAX_TRACE_BYTES (64 MiB) and MAX_TRACE_CLIENTS (10^6) rows; it is read row by row, and once the
+population is known a row naming a client outside it stops the read (one error line).
 """
 from __future__ import annotations
 
@@ -52,6 +54,9 @@ from fedjax_flat.schema import INPUT, RESULT, Choice, Field, Int, Num, Section, 
 
 SPEEDS = ('none', 'lognormal', 'trace')
 AVAILABILITY = ('always', 'bernoulli', 'diurnal', 'trace')
+# log-std bound of the log-normal speeds: e^(10 z) for |z| <= 8.5 (10^16 clients) stays within float64; at 1000
+# a few clients' speeds are inf or 0 and the virtual time overflows (metrics.jsonl had Infinity).
+MAX_SPEED_SIGMA = 10.0
 BYTES_PER_PARAM = 4           # float32 messages (today's comm_bytes: 4 x params)
 # The one definition of a run's bytes sent (metrics.jsonl `comm_bytes`, summary.json `comm_total_bytes`, the
 # clock's `bytes_down` + `bytes_up`, summary.md's "bytes sent"): model messages (float32, or a compressed upload's
@@ -69,6 +74,24 @@ def enabled(cfg) -> bool:
   s = cfg.get('system')
   return s is not None and (s['speed'] != 'none' or s['availability'] != 'always' or float(s['dropout']) > 0
                             or float(s['deadline_s']) > 0)
+
+
+def _sigma(cfg) -> None:
+  v = float(cfg.system.speed_sigma)
+  if v > MAX_SPEED_SIGMA:
+    raise ConfigError('system.speed_sigma', cfg.system.speed_sigma, f'must be <= {MAX_SPEED_SIGMA:g}: a client z '
+                      f'standard deviations off runs e^({v:g} z) times the median speed, which overflows (inf / 0 '
+                      f'examples/s, an infinite virtual time); use 0 .. {MAX_SPEED_SIGMA:g}')
+
+
+def switched_on(cfg):
+  """(field, value) of the first system field that gives the run its clock (what the user set), e.g.
+  ('system.speed', 'lognormal')."""
+  s = cfg.system
+  for name, off in (('speed', 'none'), ('availability', 'always'), ('deadline_s', 0.0), ('dropout', 0.0)):
+    if s[name] != off:
+      return f'system.{name}', s[name]
+  return 'system.speed', s.speed
 
 
 def _check(cfg) -> None:
@@ -91,30 +114,47 @@ def _check(cfg) -> None:
 # The numbers (tagged INPUT) are per-run inputs of a batched program (core/runs.py): each lane's step limits come
 # from its own schedule on the host; the kinds and the trace file are structure (runs with other kinds split packs).
 _IN = frozenset({INPUT})
+_LOGNORMAL_ON = "system.speed='lognormal'"
+_CLOCK_ON = "a virtual clock (system.speed, availability, dropout or deadline_s)"
+
+
+def _lognormal(cfg) -> bool:
+  return cfg.system.speed == 'lognormal'
+
+
+def _avail(*kinds):
+  return lambda cfg: cfg.system.availability in kinds
+
 SECTION = Section('system', (
     Field('speed', Choice('none', SPEEDS), "clients' compute speed (examples/s): 'none' (instant, as without a "
           "clock) | 'lognormal' (median speed_median, log-std speed_sigma, per (seed, client)) | 'trace'"),
-    Field('speed_median', Num(100.0, lo=0, lo_open=True), "median examples/s of the log-normal speeds", _IN),
-    Field('speed_sigma', Num(0.5, lo=0), 'log-std of the log-normal speeds (0: every client at the median)', _IN),
+    Field('speed_median', Num(100.0, lo=0, lo_open=True), "median examples/s of the log-normal speeds", _IN,
+          when=_lognormal, needs=_LOGNORMAL_ON),
+    Field('speed_sigma', Num(0.5, lo=0), 'log-std of the log-normal speeds (0: every client at the median; at most '
+          f'{MAX_SPEED_SIGMA:g})', _IN, after=_sigma, when=_lognormal, needs=_LOGNORMAL_ON),
     Field('trace', String(''), 'CSV / JSON trace of client speeds, bandwidths and available hours (format: '
           'systems/clock.py)'),
     Field('deadline_s', Num(0.0, lo=0), '> 0: a round closes after this many virtual seconds; each client runs '
           'the local steps that fit (0: none)', _IN),
     Field('min_steps', Int(1, lo=0), 'under a deadline, a client fitting fewer steps (and not all its work) is '
-          'dropped', _IN),
+          'dropped', _IN, when=lambda cfg: float(cfg.system.deadline_s) > 0, needs='system.deadline_s > 0'),
     Field('availability', Choice('always', AVAILABILITY), "'always' | 'bernoulli' (availability_rate a round) | "
           "'diurnal' (a time-zone offset per client, available in a daily window) | 'trace'"),
     Field('availability_rate', Num(1.0, lo=0, hi=1), "'bernoulli': probability a client is available a round",
-          _IN),
-    Field('window_start_h', Num(0.0, lo=0, hi=24, hi_open=True), "'diurnal': local hour the window opens", _IN),
-    Field('window_h', Num(8.0, lo=0, hi=24, lo_open=True), "'diurnal': hours the window stays open", _IN),
+          _IN, when=_avail('bernoulli'), needs="system.availability='bernoulli'"),
+    Field('window_start_h', Num(0.0, lo=0, hi=24, hi_open=True), "'diurnal': local hour the window opens", _IN,
+          when=_avail('diurnal'), needs="system.availability='diurnal'"),
+    Field('window_h', Num(8.0, lo=0, hi=24, lo_open=True), "'diurnal': hours the window stays open", _IN,
+          when=_avail('diurnal'), needs="system.availability='diurnal'"),
     Field('round_duration_s', Num(3600.0, lo=0, lo_open=True), "nominal spacing of round starts for the hours "
-          "of 'diurnal' / 'trace' availability", _IN),
+          "of 'diurnal' / 'trace' availability", _IN, when=_avail('diurnal', 'trace'),
+          needs="system.availability='diurnal' or 'trace'"),
     Field('dropout', Num(0.0, lo=0, hi=1, hi_open=True), 'probability an available client drops mid-round (its '
           'upload discarded)', _IN),
-    Field('up_mbps', Num(1.0, lo=0, lo_open=True), 'upload bandwidth, Mbps (a trace may set it per client)', _IN),
+    Field('up_mbps', Num(1.0, lo=0, lo_open=True), 'upload bandwidth, Mbps (a trace may set it per client)', _IN,
+          when=enabled, needs=_CLOCK_ON),
     Field('down_mbps', Num(10.0, lo=0, lo_open=True), 'download bandwidth, Mbps (a trace may set it per client)',
-          _IN),
+          _IN, when=enabled, needs=_CLOCK_ON),
 ), check=_check, tags={RESULT}, doc='a virtual clock of heterogeneous devices (systems/clock.py)')
 
 
@@ -124,46 +164,97 @@ def _hours(text, where: str):
   """'0-6 22-24' or [[0, 6], [22, 24]] -> ((0.0, 6.0), (22.0, 24.0))."""
   if isinstance(text, str):
     parts = [p.split('-') for p in text.split()]
-  else:
+  elif isinstance(text, (list, tuple)) or text is None:
     parts = list(text or ())
+  else:
+    parts = [None]          # a number, an object: refused below
   out = []
   for p in parts:
     try:
       a, b = float(p[0]), float(p[1])
     except (TypeError, ValueError, IndexError):
-      raise ConfigError('system.trace', where, f'available_hours {text!r}: ranges like "0-6 22-24" '
+      raise ConfigError('system.trace', where, f'available_hours {str(text)[:60]!r}: ranges like "0-6 22-24" '
                         '(JSON: [[0, 6], [22, 24]])') from None
     if not (len(p) == 2 and 0 <= a < b <= 24):
-      raise ConfigError('system.trace', where, f'available_hours range {p}: needs 0 <= start < end <= 24')
+      raise ConfigError('system.trace', where, f'available_hours range {str(p)[:60]}: needs 0 <= start < end <= 24')
     out.append((a, b))
   return tuple(out)
 
 
-def read_trace(path: str) -> dict:
-  """{client: {'examples_per_s', 'up_mbps' (or None), 'down_mbps' (or None), 'available_hours'}} of a trace."""
+# A trace holds one row per client of the population, read row by row (CSV streamed; JSON parsed whole) and
+# bounded: at most MAX_TRACE_BYTES on disk (a 10^6-client CSV with every column is ~40 MB) and MAX_TRACE_CLIENTS
+# rows, ids below it. A larger file is refused in one line before it is read.
+MAX_TRACE_CLIENTS = 1_000_000
+MAX_TRACE_BYTES = 64 << 20
+
+
+def _trace_items(path: str):
+  """(client key, row dict, where) of each row of a trace, streamed (CSV) or from the parsed JSON object; a file
+  that cannot be read, is not UTF-8, is nested too deep or is too large is one ConfigError line."""
   if not os.path.isfile(path):
     raise ConfigError('system.trace', path, 'no such file')
+  try:
+    size = os.path.getsize(path)
+    if size > MAX_TRACE_BYTES:
+      raise ConfigError('system.trace', path, f'is {size / 2**20:.0f} MiB, over the {MAX_TRACE_BYTES >> 20} MiB a '
+                        f'trace may hold (one row per client of the population, at most {MAX_TRACE_CLIENTS}); '
+                        "keep only the population's rows")
+    if path.endswith('.json'):
+      with open(path, encoding='utf-8') as f:
+        raw = json.load(f, parse_int=float)     # a 5,000-digit number is a (too large) float, not int's error
+      if not isinstance(raw, dict):
+        raise ConfigError('system.trace', path, 'must map client ids to {"examples_per_s": ..., ...}')
+      if len(raw) > MAX_TRACE_CLIENTS:
+        raise ConfigError('system.trace', path, f'names {len(raw)} clients: a trace holds one row per client of '
+                          f'the population, at most {MAX_TRACE_CLIENTS}')
+      for k, v in raw.items():
+        yield k, v, f'{path}: client {k[:20]!r}'
+      return
+    with open(path, encoding='utf-8', newline='') as f:
+      reader = csv.DictReader(f)
+      if not reader.fieldnames or not {'client', 'examples_per_s'} <= set(reader.fieldnames):
+        raise ConfigError('system.trace', path, 'needs a header with client,examples_per_s[,up_mbps,down_mbps,'
+                          'available_hours]')
+      for i, r in enumerate(reader):
+        if i >= MAX_TRACE_CLIENTS:
+          raise ConfigError('system.trace', f'{path}:{i + 2}', f'more than {MAX_TRACE_CLIENTS} rows: a trace holds '
+                            'one row per client of the population')
+        yield r['client'], r, f'{path}:{i + 2}'
+  except ConfigError:
+    raise
+  except UnicodeDecodeError as e:
+    raise ConfigError('system.trace', path, f'is not UTF-8 text (byte 0x{e.object[e.start]:02x} cannot be '
+                      'decoded); write the trace as UTF-8 CSV or JSON') from None
+  except json.JSONDecodeError as e:
+    raise ConfigError('system.trace', path, f'is not JSON ({e.msg} at line {e.lineno})') from None
+  except RecursionError:
+    raise ConfigError('system.trace', path, 'is not a trace: its JSON is nested too deep (a trace maps client '
+                      'ids to flat objects)') from None
+  except (csv.Error, ValueError) as e:      # a NUL byte, a field over csv's size limit, ...
+    raise ConfigError('system.trace', path, f'is not a CSV / JSON trace ({type(e).__name__}: '
+                      f'{" ".join(str(e).split())[:120]})') from None
+  except OSError as e:
+    raise ConfigError('system.trace', path, f'cannot be read ({e.strerror or e}); check the path and its '
+                      'permissions') from None
+
+
+def read_trace(path: str, population: Optional[int] = None) -> dict:
+  """{client: {'examples_per_s', 'up_mbps' (or None), 'down_mbps' (or None), 'available_hours'}} of a trace.
+
+  Streamed: the rows are checked one at a time; with `population`, a row naming a client outside it stops the
+  read at once (one ConfigError line), so only the population's rows are ever held. Without it (validation,
+  before the data are read), the rows are checked and only their ids kept (ids below MAX_TRACE_CLIENTS)."""
+  keep = population is not None
+  bound = population if keep else MAX_TRACE_CLIENTS
+  seen = bytearray(bound)
   rows = {}
-  with open(path) as f:
-    text = f.read()
-  if path.endswith('.json'):
-    try:
-      raw = json.loads(text)
-    except json.JSONDecodeError as e:
-      raise ConfigError('system.trace', path, f'is not JSON ({e.msg} at line {e.lineno})') from None
-    if not isinstance(raw, dict):
-      raise ConfigError('system.trace', path, 'must map client ids to {"examples_per_s": ..., ...}')
-    items = [(k, v, f'{path}: client {k}') for k, v in raw.items()]
-  else:
-    reader = csv.DictReader(text.splitlines())
-    if not reader.fieldnames or not {'client', 'examples_per_s'} <= set(reader.fieldnames):
-      raise ConfigError('system.trace', path, 'needs a header with client,examples_per_s[,up_mbps,down_mbps,'
-                        'available_hours]')
-    items = [(r['client'], r, f'{path}:{i + 2}') for i, r in enumerate(reader)]
-  for k, v, where in items:
+  count = 0
+  for k, v, where in _trace_items(path):
     if not isinstance(v, dict):
       raise ConfigError('system.trace', where, 'must be an object with examples_per_s')
     try:
+      if not isinstance(k, str) or len(k.strip()) > 20:
+        raise ValueError(k)
       client = int(k)
       speed = float(v['examples_per_s'])
       up = float(v['up_mbps']) if v.get('up_mbps') not in (None, '') else None
@@ -171,14 +262,23 @@ def read_trace(path: str) -> dict:
     except (KeyError, TypeError, ValueError):
       raise ConfigError('system.trace', where, 'needs an integer client and numbers examples_per_s / up_mbps / '
                         'down_mbps') from None
-    if client < 0 or client in rows:
+    if client < 0 or (client < bound and seen[client]):
       raise ConfigError('system.trace', where, f'client {client}: ids are 0 .. K-1, each once')
+    if client >= bound:
+      if keep:
+        raise ConfigError('system.trace', path, f'names client {client} beyond the population of {population} '
+                          f'(ids 0 .. {population - 1})')
+      raise ConfigError('system.trace', where, f'client {client}: ids are 0 .. K-1 for a population of K, at '
+                        f'most {MAX_TRACE_CLIENTS}')
+    seen[client] = 1
+    count += 1
     for name, x in (('examples_per_s', speed), ('up_mbps', up), ('down_mbps', down)):
       if x is not None and not (math.isfinite(x) and x > 0):
         raise ConfigError('system.trace', where, f'{name}={x}: must be a positive number')
-    rows[client] = {'examples_per_s': speed, 'up_mbps': up, 'down_mbps': down,
-                    'available_hours': _hours(v.get('available_hours'), where)}
-  if not rows:
+    hours = _hours(v.get('available_hours'), where)
+    if keep:
+      rows[client] = {'examples_per_s': speed, 'up_mbps': up, 'down_mbps': down, 'available_hours': hours}
+  if not count:
     raise ConfigError('system.trace', path, 'names no client')
   return rows
 
@@ -213,14 +313,15 @@ def devices(cfg, population: int) -> Devices:
   hours = ()
   if s.speed == 'lognormal':
     speed = float(s.speed_median) * np.exp(float(s.speed_sigma) * _normal(seed, ids, SPEED_STREAM))
+    bad = ~((speed > 1e-300) & (speed < 1e300))       # a step's seconds must stay finite
+    if bad.any():
+      raise ConfigError('system.speed_median', s.speed_median, f'with system.speed_sigma={s.speed_sigma} client '
+                        f'{int(np.argmax(bad))} gets speed {float(speed[bad][0]):.3g} examples/s (the clock needs '
+                        '1e-300 .. 1e300); choose a median nearer 100 or a smaller sigma')
   else:
     speed = np.full(population, np.inf)
   if s.speed == 'trace' or s.availability == 'trace':
-    rows = read_trace(s.trace)
-    unknown = sorted(k for k in rows if k >= population)
-    if unknown:
-      raise ConfigError('system.trace', s.trace, f'names clients {unknown[:5]} beyond the population of '
-                        f'{population} (ids 0 .. {population - 1})')
+    rows = read_trace(s.trace, population)      # stops at the first row outside the population
     missing = [k for k in range(population) if k not in rows]
     if missing:
       raise ConfigError('system.trace', s.trace, f'misses clients {missing[:5]}{" ..." if len(missing) > 5 else ""}'

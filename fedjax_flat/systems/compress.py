@@ -48,6 +48,9 @@ from fedjax_flat.schema import RESULT, VALUE, Choice, Field, Flag, Int, Num, Sec
 METHODS = ('none', 'topk', 'randk', 'qsgd')
 QSGD_BUCKET = 512          # Alistarh et al. 2017's bucket size in their experiments
 BYTES_PER_VALUE = 4        # float32 values, norms and int32 indices / seeds
+# QSGD's largest bits: bits + 1 sign bits a coordinate (+ a float32 norm a bucket) is less than float32's 32 bits up
+# to 30; at 31 it is 1.002x, at 33 1.06x, at 64 2.03x the uncompressed upload: refused, it compresses nothing.
+MAX_BITS = 30
 
 
 def enabled(cfg) -> bool:
@@ -62,14 +65,24 @@ def _check(cfg) -> None:
                       "'topk', 'randk' or 'qsgd'")
 
 
+def _bits(cfg) -> None:
+  b = cfg.upload.bits
+  if b > MAX_BITS:
+    raise ConfigError('upload.bits', b, f'must be <= {MAX_BITS}: {b} bits a level + a sign bit a coordinate send '
+                      f'{(b + 1) / 32 + 1 / QSGD_BUCKET:.3g}x the float32 upload, no compression; use 1 .. {MAX_BITS} '
+                      "(or upload.compress='none')")
+
+
 SECTION = Section('upload', (
     Field('compress', Choice('none', METHODS), "the client's delta before it is sent: 'none' | 'topk' (the k "
           "largest |v_i|) | 'randk' (k random coordinates x d / k, unbiased; unscaled with error_feedback: a "
           "contraction) | 'qsgd' (stochastic quantization)"),
     Field('fraction', Num(0.01, lo=0, hi=1, lo_open=True), "topk / randk: k = max(1, round(fraction d)) of the d "
-          'coordinates kept', {VALUE}),
-    Field('bits', Int(2, lo=1), 'qsgd: bits a level, s = 2^bits - 1 levels of |v_i| / ||v_bucket|| (+ a sign bit)',
-          {VALUE}),
+          'coordinates kept', {VALUE}, when=lambda cfg: cfg.upload.compress in ('topk', 'randk'),
+          needs="upload.compress='topk' or 'randk'"),
+    Field('bits', Int(2, lo=1), f'qsgd: bits a level, s = 2^bits - 1 levels of |v_i| / ||v_bucket|| (+ a sign bit); '
+          f'at most {MAX_BITS} (more sends more than float32)', {VALUE}, after=_bits,
+          when=lambda cfg: cfg.upload.compress == 'qsgd', needs="upload.compress='qsgd'"),
     Field('error_feedback', Flag(False), 'keep each client\'s residual (what was not sent) and add it to its next '
           'delta (client state, checkpointed); randk then sends the k coordinates unscaled (Stich et al. 2018: '
           'error feedback needs a contraction, d / k scaling is not one)'),

@@ -44,7 +44,9 @@ import hashlib
 import json
 import os
 import shutil
+import logging as std_logging
 import sys
+import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -258,6 +260,53 @@ class _QuietClosedLoop:
     self.previous = None
 
 
+class _OrbaxSaveLog(std_logging.Filter):
+  """Holds orbax's ERROR records while a save is in flight (on absl's logger): a write that fails (a full disk)
+  is logged by each of orbax's save threads with its traceback (5 of them, 326 lines), then surfaces from
+  `wait` / `save` as the run's one-line CheckpointError. So the held records are dropped when a save fails, and
+  from then on (its orphaned threads may still log); a save that succeeds re-emits what was held."""
+
+  def __init__(self):
+    self.lock = threading.Lock()
+    self.inflight = set()
+    self.failed = False
+    self.held: list = []
+    self.installed = False
+
+  def filter(self, record):
+    if record.levelno < std_logging.ERROR or '/orbax/' not in record.pathname.replace(os.sep, '/'):
+      return True
+    with self.lock:
+      if self.failed:
+        return False
+      if self.inflight:
+        self.held.append(record)
+        return False
+    return True
+
+  def begin(self, owner) -> None:
+    with self.lock:
+      self.inflight.add(id(owner))
+      if not self.installed:
+        logging.get_absl_logger().addFilter(self)
+        self.installed = True
+
+  def end(self, owner, ok: bool) -> None:
+    with self.lock:
+      self.inflight.discard(id(owner))
+      if not ok:
+        self.failed, self.held = True, []
+        return
+      release = [] if self.inflight else self.held
+      if not self.inflight:
+        self.held = []
+    for record in release:            # a save that succeeded after all: its errors are shown as logged
+      logging.get_absl_logger().handle(record)
+
+
+_SAVE_LOG = _OrbaxSaveLog()
+
+
 class Checkpointer:
   """Saves and restores a Trainer's whole run state in `directory` (WORKDIR/checkpoints)."""
 
@@ -339,6 +388,7 @@ class Checkpointer:
     meta['meta_sha256'] = _json_sha256(meta)
     items['meta'] = ocp.args.JsonSave(meta)
     items['config'] = ocp.args.JsonSave(config)
+    _SAVE_LOG.begin(self)              # orbax's thread tracebacks of a failed write are held, not printed
     try:
       self.manager.save(r, args=ocp.args.Composite(**items), force=True)
       self.manager.check_for_errors()
@@ -349,6 +399,7 @@ class Checkpointer:
     self.save_times.append(self.last_save_s)
 
   def _save_error(self, r, e) -> CheckpointError:
+    _SAVE_LOG.end(self, ok=False)      # this line is the report: orbax's threads' tracebacks are dropped
     self.last_saved = None
     prev = [s for s in self.manager.all_steps() if s != r]
     kept = f'The previous checkpoint (round {max(prev)}) is intact' if prev else 'No earlier checkpoint exists'
@@ -363,6 +414,7 @@ class Checkpointer:
       self.manager.check_for_errors()
     except Exception as e:  # noqa: BLE001
       raise self._save_error(self.last_saved, e) from e
+    _SAVE_LOG.end(self, ok=True)
 
   def close(self) -> None:
     try:

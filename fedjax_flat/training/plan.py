@@ -227,27 +227,43 @@ class RunPlan:
   # The virtual clock (config.system).
   def clock_blocker(self) -> Optional[str]:
     """Why this run cannot have a virtual clock (None: it can)."""
-    if self.algorithm.chain is not None:
-      return 'a chain algorithm (FedSeq family: its lanes are planned by training/chain_loop.py)'
-    if self.stream:
-      return 'engine.stream_batches=True (the clock masks whole cohorts)'
-    if self.placement is not None and self.placement.partial:
-      return 'clients sharded over several processes'
-    if self.val_source:
-      return "the algorithm appends validation steps (FedSoup's val_source) that a deadline would cut"
+    found = self.clock_conflict()
+    return found[2] if found else None
+
+  def clock_conflict(self):
+    """(field, value, why) of what keeps this run from its virtual clock: the system field the user set and what
+    it conflicts with (None: no conflict)."""
     s = self.config.system
-    if self.algorithm.asynchronous is not None and (float(s.deadline_s) > 0 or s.availability != 'always'
-                                                    or float(s.dropout) > 0):
-      return ('an asynchronous algorithm reads the speeds and bandwidths only (no rounds to close: '
-              'system.deadline_s=0, availability=always, dropout=0)')
+    field, value = clock_lib.switched_on(self.config)
+    if self.algorithm.chain is not None:
+      return field, value, (f'algorithm={self.config.algorithm!r} is a chain algorithm (FedSeq family: its lanes '
+                            'are planned by training/chain_loop.py) and has no virtual clock; drop the system '
+                            'section or choose another algorithm')
+    if self.stream:
+      return field, value, ('engine.stream_batches=True and the virtual clock exclude each other (the clock '
+                            'masks whole cohorts); set one of them off')
+    if self.placement is not None and self.placement.partial:
+      return field, value, ('clients sharded over several processes have no virtual clock; run on one process '
+                            'or drop the system section')
+    if self.val_source:
+      return field, value, ("the algorithm appends validation steps (FedSoup's val_source) that a deadline would "
+                            'cut; drop the system section')
+    if self.algorithm.asynchronous is not None:
+      for name, off, now in (('deadline_s', 0.0, float(s.deadline_s)), ('availability', 'always', s.availability),
+                             ('dropout', 0.0, float(s.dropout))):
+        if now != off:
+          return f'system.{name}', s[name], (
+              f'algorithm={self.config.algorithm!r} is asynchronous: it has no rounds to close, so its clock '
+              f'reads the speeds and bandwidths only; set system.{name}={off!r} or choose a synchronous '
+              'algorithm (e.g. fedavg)')
     return None
 
   def make_clock(self):
     """The run's clock: the population's devices, a local step's passes, the bytes of a round's messages."""
     c, alg = self.config, self.algorithm
-    why = self.clock_blocker()
-    if why:
-      raise ConfigError('system', 'on', f'the virtual clock is not available here: {why}')
+    conflict = self.clock_conflict()
+    if conflict:
+      raise ConfigError(*conflict)
     cc = c.client
     self.client_step_examples = [
         clock_lib.step_examples(int(n), cc.batch_size, epochs=cc.local_epochs, local_steps=cc.local_steps,

@@ -77,16 +77,25 @@ def run(config, workdir: str, *, fresh: bool = False, handle_signals: bool = Fal
 
 def execute(config, workdir: str, *, fresh: bool = False, handle_signals: bool = False, data=None,
             stop_requested=None):
-  """(summary, trainer) of the run in `workdir`: the trainer holds the final server state."""
+  """(summary, trainer) of the run in `workdir`: the trainer holds the final server state. A run that fails
+  before it trains (a refusal against the data, an unreadable checkpoint, ...) leaves the workdir as it was
+  (workdir.Snapshot: what it created is removed, nothing that was there before)."""
   validate.validate_config(config)          # before any data loading or compilation
-  lock = workdir_lib.WorkdirLock(workdir).acquire() if jax.process_index() == 0 else None
+  lock = workdir_lib.WorkdirLock(workdir) if jax.process_index() == 0 else None
+  before = workdir_lib.Snapshot(workdir) if lock is not None else None
+  held = opened = False
   try:
     if lock is not None:
+      lock.acquire()
+      held = True
       workdir_lib.prepare(workdir)          # the run's own interrupted writes go first: they may fill the disk
-    return _run_locked(config, workdir, fresh=fresh, handle_signals=handle_signals, data=data,
-                       stop_requested=stop_requested)
+    trainer, checkpointer, step = open_run(config, workdir, fresh=fresh, data=data)
+    opened = True
+    return _run_opened(trainer, checkpointer, step, handle_signals=handle_signals, stop_requested=stop_requested)
   finally:
-    if lock is not None:
+    if held and not opened:
+      before.restore(lock)                  # refused before training: the workdir as it was; releases the lock
+    elif lock is not None:
       lock.release()
 
 
@@ -134,8 +143,7 @@ def close_summary(summary: dict, trainer, checkpointer, step, signal_name: Optio
   return summary
 
 
-def _run_locked(config, workdir, *, fresh, handle_signals, data, stop_requested):
-  trainer, checkpointer, step = open_run(config, workdir, fresh=fresh, data=data)
+def _run_opened(trainer, checkpointer, step, *, handle_signals, stop_requested):
   stopper = None
   try:
     # Installed until the final checkpoint is on disk: a SIGTERM while it is written must not kill it.

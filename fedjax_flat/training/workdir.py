@@ -7,6 +7,10 @@ however it ends (SIGKILL, OOM, power loss of the host), so a killed run never bl
 holds the holder's pid and host, so a refused run can name it. On filesystems without flock (some network
 mounts) the run goes on with a warning. Multi-host runs: process 0 locks (it is the only writer).
 
+A run refused before it trains (a config that does not fit the data, a deadline no client meets, ...) leaves the
+workdir as it was (`Snapshot`): what it created (the directory itself, the lock file, checkpoints/, tensorboard/,
+config.json) is removed, what was there before is never touched.
+
 Only once the lock is held are the run's own interrupted writes (`checkpoints/*.orbax-checkpoint-tmp*`,
 `*.<pid>.tmp` result files) removed, and only then is writability probed: on a full disk, the half-written
 checkpoint of a killed run is usually what filled it.
@@ -99,6 +103,64 @@ class WorkdirLock:
 
   def __exit__(self, *exc):
     self.release()
+
+
+class Snapshot:
+  """The top-level entries of a workdir before a run touched it (and the directories it will create), so that a
+  run refused before training leaves the workdir as it was: `restore(lock)` removes only what is new, with the
+  lock still held (its own lock file last), then releases it."""
+
+  def __init__(self, workdir: str):
+    self.workdir = os.path.abspath(workdir)
+    self.created = None                       # the topmost directory the run will create (None: it exists)
+    d = self.workdir
+    while not os.path.lexists(d):
+      self.created, parent = d, os.path.dirname(d)
+      if parent == d:
+        break
+      d = parent
+    try:
+      self.entries = set(os.listdir(self.workdir)) if self.created is None else set()
+    except OSError:
+      self.entries = None                     # unreadable: restore nothing
+
+  def restore(self, lock: 'WorkdirLock') -> None:
+    """Removes what the run created (call with `lock` held; it is released here)."""
+    if self.entries is None:
+      lock.release()
+      return
+    try:
+      names = os.listdir(self.workdir)
+    except OSError:
+      names = []
+    for name in names:
+      if name in self.entries or name == LOCK_NAME:
+        continue
+      p = os.path.join(self.workdir, name)
+      try:
+        if os.path.isdir(p) and not os.path.islink(p):
+          shutil.rmtree(p, ignore_errors=True)
+        else:
+          os.remove(p)
+      except OSError:
+        pass
+    new_lock = LOCK_NAME not in self.entries
+    if new_lock:
+      try:                                    # unlinked while still held: no other run can take it meanwhile
+        os.remove(lock.path)
+      except OSError:
+        pass
+    lock.release()
+    if self.created is not None:              # the directories the run made, if nothing else appeared in them
+      d = self.workdir
+      while True:
+        try:
+          os.rmdir(d)
+        except OSError:
+          break
+        if d == self.created:
+          break
+        d = os.path.dirname(d)
 
 
 def remove_interrupted_writes(workdir: str) -> None:

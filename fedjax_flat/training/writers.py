@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import math
 import os
 import time
 from typing import Dict, List
@@ -101,7 +102,8 @@ class MetricsWriter:
     self._rewrite()
 
   def _rewrite(self):
-    atomic_write(self.jsonl_path, lambda f: f.writelines(json.dumps(r) + '\n' for r in self.records))
+    atomic_write(self.jsonl_path, lambda f: f.writelines(json.dumps(finite_json(r), allow_nan=False) + '\n'
+                                                            for r in self.records))
     self._write_csv()
 
   def _write_csv(self):
@@ -121,7 +123,7 @@ class MetricsWriter:
     record = {k: _plain(v) for k, v in record.items()}
     self.records.append(record)
     with _writing(self.jsonl_path), open(self.jsonl_path, 'a') as f:
-      f.write(json.dumps(record) + '\n')
+      f.write(json.dumps(finite_json(record), allow_nan=False) + '\n')
       f.flush()
     self._write_csv()
     tb = self._tb_writer()
@@ -137,11 +139,36 @@ class MetricsWriter:
 
 
 def _plain(v):
-  """numpy scalars -> float; arrays -> lists with NaN as None (strict JSON)."""
+  """numpy scalars -> float; arrays -> lists; NaN / +-inf -> None everywhere (strict JSON: metrics.jsonl never
+  holds NaN or Infinity, which other JSON readers refuse)."""
   if isinstance(v, (np.floating, np.integer)):
-    return float(v)
+    v = float(v)
+  if isinstance(v, float):
+    return v if math.isfinite(v) else None
   if isinstance(v, (list, tuple, np.ndarray)):
     return [None if (e is None or not np.isfinite(e)) else float(e) for e in np.asarray(v, np.float64).ravel()]
+  return v
+
+
+def _finite_float(o):
+  """json's `default`: an object that is a number (a jax scalar) as a finite float or None."""
+  return finite_json(float(o))
+
+
+def finite_json(v):
+  """`v` with every non-finite float (nested in dicts / lists too) as None, numpy scalars as numbers: what
+  `json.dumps(..., allow_nan=False)` accepts."""
+  if isinstance(v, dict):
+    return {k: finite_json(x) for k, x in v.items()}
+  if isinstance(v, (list, tuple)):
+    return [finite_json(x) for x in v]
+  if isinstance(v, np.ndarray):
+    return finite_json(v.tolist())
+  if isinstance(v, np.integer):
+    return int(v)
+  if isinstance(v, (float, np.floating)):
+    v = float(v)
+    return v if math.isfinite(v) else None
   return v
 
 
@@ -356,7 +383,9 @@ def final_line(summary: Dict) -> str:
 
 
 def write_summary(workdir: str, summary: Dict) -> None:
-  atomic_write(os.path.join(workdir, 'summary.json'), lambda f: json.dump(summary, f, indent=2, default=float))
+  atomic_write(os.path.join(workdir, 'summary.json'),
+               lambda f: json.dump(finite_json(summary), f, indent=2, default=_finite_float,
+                                   allow_nan=False))
   acc = accuracy_name(summary)
   lines = [f'| model | final {acc} | mean last-K {acc} | final loss | evaluations |', '|---|---|---|---|---|']
   for name, m in summary.get('models', {}).items():

@@ -113,7 +113,10 @@ def test_bad_concurrency_is_one_line():
     c = config('fedbuff')
     c.system.deadline_s = 5.0
     trainers.make_trainer(c, data=data())
-  assert 'asynchronous' in str(e.value)
+  # issue 48: the field that was set and the conflict, not "config.system='on'" (a value nobody typed)
+  assert e.value.field == 'system.deadline_s' and e.value.value == 5.0, str(e.value)
+  assert "algorithm='fedbuff' is asynchronous" in str(e.value) and 'set system.deadline_s=0.0' in str(e.value)
+  assert '\n' not in str(e.value)
 
 
 @pytest.mark.slow   # 8 s (suite budget)

@@ -10,6 +10,7 @@ from fedjax_flat.training import trainers
 from fedjax_flat.config import validate
 from fedjax_flat.config.default_config import default_config
 from tests.fixtures.paths import REPO
+from tests.fixtures.configs import small_config
 
 
 CASES = [
@@ -271,3 +272,36 @@ def test_man_measure_is_validated_before_the_model_is_built():
   c.model = 'cifar_cnn'
   with pytest.raises(ConfigError, match="man_convnet's"):
     validate.validate_config(c)
+
+
+INERT = [  # (field set away from its default, value, what turns its feature on), issue 48
+    ('dp.clip', 0.5, "dp.mode='central', 'local' or 'distributed'"),
+    ('dp.noise_multiplier', 0.3, "dp.mode='central', 'local' or 'distributed'"),
+    ('upload.fraction', 0.1, "upload.compress='topk' or 'randk'"),
+    ('upload.bits', 4, "upload.compress='qsgd'"),
+    ('client.looksam_k', 3, "client.optimizer='looksam'"),
+    ('client.adam_b2', 0.99, "client.base_optimizer='adam'"),
+    ('system.speed_sigma', 2.0, "system.speed='lognormal'"),
+    ('system.min_steps', 3, 'system.deadline_s > 0'),
+]
+
+
+@pytest.mark.parametrize('field,value,needs', INERT)
+def test_a_field_set_while_its_feature_is_off_is_refused_like_algo_mu_for_fedavg(field, value, needs):
+  """Silently ignored before (as algo.mu for FedAvg is not): one line naming the field, what turns its feature on
+  and its default. At its default, or with the feature on, it is accepted."""
+  with pytest.raises(validate.ConfigError) as e:
+    validate.validate_config(small_config(**{field: value}))
+  msg = str(e.value)
+  assert e.value.field == field and f'is read only with {needs}' in msg and 'at its default' in msg, msg
+  assert '\n' not in msg
+
+
+def test_fields_of_a_feature_that_is_on_or_at_their_defaults_are_accepted():
+  validate.validate_config(small_config(**{'client.optimizer': 'sam', 'client.sam_every': 2, 'dp.clip': 0.1,
+                                           'upload.fraction': 0.01}))
+  validate.validate_config(small_config(**{'client.optimizer': 'looksam', 'client.looksam_k': 3}))
+  validate.validate_config(small_config(**{'upload.compress': 'qsgd', 'upload.bits': 4}))
+  validate.validate_config(small_config(**{'system.speed': 'lognormal', 'system.speed_sigma': 2.0}))
+  with pytest.raises(validate.ConfigError, match=r"client\.sam_every=3 .* client\.optimizer='sam_every'"):
+    validate.validate_config(small_config(**{'client.optimizer': 'sam', 'client.sam_every': 3}))

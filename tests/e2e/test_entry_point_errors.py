@@ -20,6 +20,7 @@ def test_entry_point_bad_input_is_one_line(tmp_path, case):
   assert_one_line(res, code, *needles)
   if case.startswith('train'):
     assert not os.path.exists(tmp_path / '.run.lock')       # nothing written in the current directory
+    assert not os.path.exists(tmp_path / 'w')               # a refused run leaves no workdir behind (issue 48)
 
 
 # ------------------------------------------------------------------------------------------------ the matrix

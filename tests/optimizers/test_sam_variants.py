@@ -164,5 +164,9 @@ def test_bad_config_values_are_one_line_config_errors(field, value, kind, lo):
   cfg.client[field] = value
   with pytest.raises(ConfigError, match=rf'client\.{field}={value} is invalid: must be >= {lo}$'):
     SECTION.validate(cfg)
-  cfg.client.optimizer = 'sgd'     # the field is only checked for its own optimizer
+  cfg.client.optimizer = 'sgd'     # read only by its own optimizer: set away from its default, refused (issue 48)
+  with pytest.raises(ConfigError, match=rf"client\.{field}={value} is invalid: is read only with "
+                                        rf"client\.optimizer='{kind}'"):
+    SECTION.validate(cfg)
+  cfg.client[field] = SECTION.field(field).rule.default
   SECTION.validate(cfg)

@@ -138,6 +138,54 @@ def test_bad_input_is_one_line_before_compiling(tmp_path):
   missing.write_text('client,examples_per_s\n0,10\n')
   assert 'misses clients' in refused({'system.speed': 'trace', 'system.trace': str(missing)}, 'system.trace')
   assert 'no client can meet it' in refused({**CLOCK, 'system.deadline_s': 1e-3}, 'system.deadline_s')
+  # issue 48: speeds that overflow (metrics.jsonl had Infinity)
+  assert 'must be <= 10' in refused({**CLOCK, 'system.speed_sigma': 1000.0}, 'system.speed_sigma')
+  assert 'the clock needs' in refused({**CLOCK, 'system.speed_median': 1e-299, 'system.speed_sigma': 10.0},
+                                      'system.speed_median')
+
+
+def test_hostile_trace_files_are_one_line_and_bounded(tmp_path, monkeypatch):
+  """Issue 48: non-UTF-8 bytes, JSON nested 10^5 deep, a 5,001-digit number, NUL bytes, a huge id, an oversized
+  file: each is one ConfigError line naming system.trace (not UnicodeDecodeError / RecursionError / ValueError)."""
+  cases = {
+      'latin.csv': b'client,examples_per_s\n0,\xff\xfe\n',
+      'deep.json': b'[' * 100000 + b']' * 100000,
+      'digits.json': b'{"0": {"examples_per_s": ' + b'1' * 5001 + b'}}',
+      'digits.csv': b'client,examples_per_s\n0,' + b'1' * 5001 + b'\n',
+      'id.csv': b'client,examples_per_s\n' + b'1' * 5001 + b',3\n',
+      'nul.csv': b'client,examples_per_s\n0,3\x00\n',
+      'hours.json': b'{"0": {"examples_per_s": 3, "available_hours": 5}}',
+      'big_id.csv': b'client,examples_per_s\n12345678901,3\n',
+  }
+  for name, raw in cases.items():
+    p = tmp_path / name
+    p.write_bytes(raw)
+    cfg = small_config(**{'system.speed': 'trace', 'system.trace': str(p)})
+    with pytest.raises(ConfigError) as e:
+      validate.validate_config(cfg)
+    assert e.value.field == 'system.trace' and '\n' not in str(e.value) and len(str(e.value)) < 400, (name, e.value)
+  big = tmp_path / 'big.csv'
+  big.write_text('client,examples_per_s\n' + ''.join(f'{k},5\n' for k in range(100)))
+  monkeypatch.setattr(clock_lib, 'MAX_TRACE_BYTES', 100)
+  with pytest.raises(ConfigError, match='over the 0 MiB a trace may hold'):
+    clock_lib.read_trace(str(big))
+  monkeypatch.setattr(clock_lib, 'MAX_TRACE_BYTES', 1 << 20)
+  monkeypatch.setattr(clock_lib, 'MAX_TRACE_CLIENTS', 50)
+  with pytest.raises(ConfigError, match='more than 50 rows'):
+    clock_lib.read_trace(str(big))
+
+
+def test_trace_is_read_only_up_to_the_population(tmp_path):
+  """With the population known, the first row outside it stops the read: the garbage after it is never parsed
+  and only the population's rows are kept."""
+  p = tmp_path / 't.csv'
+  p.write_text('client,examples_per_s\n' + ''.join(f'{k},{k + 1}\n' for k in range(8)) + '8,5\nnot,a row\n')
+  with pytest.raises(ConfigError, match='names client 8 beyond the population of 8'):
+    clock_lib.read_trace(str(p), 8)
+  p.write_text('client,examples_per_s\n' + ''.join(f'{k},{k + 1}\n' for k in range(8)))
+  rows = clock_lib.read_trace(str(p), 8)
+  assert sorted(rows) == list(range(8)) and rows[7]['examples_per_s'] == 8.0
+  assert clock_lib.read_trace(str(p)) == {}       # validation keeps no rows
 
 
 def test_trace_csv_and_json_give_the_same_devices(tmp_path):

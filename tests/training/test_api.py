@@ -9,7 +9,7 @@ import pytest
 
 import fedjax_flat as ff
 from fedjax_flat.algorithms import registry
-from fedjax_flat.errors import ConfigError
+from fedjax_flat.errors import BadInputError, ConfigError
 from fedjax_flat.registry import DuplicateName
 from tests.fixtures.configs import small_config
 
@@ -46,6 +46,23 @@ def test_a_builder_whose_name_is_taken_by_another_definition_is_refused():
     return plain_fedavg(ctx)
   with pytest.raises(DuplicateName, match="'fedprox' is already registered"):
     ff.train(fedprox, small_config())
+
+
+def test_a_builder_that_returns_none_is_one_line(tmp_path):
+  """Issue 48: a builder that forgot its `return` failed 10 frames deep with AttributeError; now one line naming
+  the builder and what it must return (and, with a workdir, nothing is left behind)."""
+  def forgot_return(ctx):
+    plain_fedavg(ctx)
+  try:
+    for wd in (None, str(tmp_path / 'w')):
+      with pytest.raises(BadInputError) as e:
+        ff.train(forgot_return, small_config(), workdir=wd)
+      msg = str(e.value)
+      assert '\n' not in msg and 'forgot_return' in msg and 'returned None' in msg, msg
+      assert 'must return a FederatedAlgorithm' in msg
+    assert not os.path.exists(tmp_path / 'w')
+  finally:
+    registry.ALGORITHMS._entries.pop('forgot_return', None)
 
 
 def test_bad_config_is_one_config_error_before_any_data():

@@ -133,6 +133,16 @@ def test_full_disk_in_the_metrics_writer_is_one_line_exit_1(tmp_path):
   _assert_one_line(res, 1, 'could not write', 'metrics.jsonl', 'No space left on device')
 
 
+@pytest.mark.parametrize('name', ['metadata', '_METADATA'])
+def test_full_disk_during_an_orbax_checkpoint_write_is_one_line_exit_1(tmp_path, name):
+  """Issue 48: the right one-line error came with 5 tracebacks from orbax's save threads (326 lines); their
+  ERROR records are held while a save is in flight and dropped when it fails (training/checkpoint.py)."""
+  res = _train(tmp_path / 'w', *QUICK, '--config.rounds=2', inject=[f'--enospc={name}'])
+  _assert_one_line(res, 1, 'could not write the checkpoint of round 2', 'No space left on device')
+  noise = [ln for ln in res.stderr.splitlines() if not ln.startswith(('error: ', 'I', 'host devices'))]
+  assert not noise, res.stderr[-3000:]
+
+
 def test_unwritable_checkpoints_exit_promptly(tmp_path):
   """A read-only checkpoints/ is reported at start (before data or compilation); one that becomes read-only
   after the first save fails at the next save, and the process exits at once (orbax's writer threads used to

@@ -97,3 +97,27 @@ def test_fresh_deletes_nothing_when_the_config_is_rejected(tmp_path):
     run_lib.run(tiny_config(rounds=2, clients_per_round=50), str(wd), data=data, fresh=True)
   assert (sorted(os.listdir(wd / 'checkpoints')), (wd / 'metrics.jsonl').read_text()) == before
   assert ckpt_lib.read_checkpoint(str(wd / 'checkpoints'))['step'] == 2
+
+
+REFUSED_AGAINST_DATA = {'system.speed': 'lognormal', 'system.deadline_s': 1e-9}     # no client can meet it
+
+
+def test_a_run_refused_before_training_leaves_the_workdir_as_it_was(tmp_path):
+  """Issue 48: a refusal that needs the data (a deadline no client meets) exited 2 but left .run.lock and an
+  empty checkpoints/ behind. A new workdir (and the parents the run made) is removed; an existing one keeps
+  exactly what it held, its own lock file included."""
+  wd = tmp_path / 'new' / 'deeper' / 'w'
+  with pytest.raises(ConfigError, match='no client can meet it'):
+    run_lib.run(tiny_config(**REFUSED_AGAINST_DATA), str(wd), data=small_data())
+  assert os.listdir(tmp_path) == []
+  old = tmp_path / 'old'
+  (old / 'checkpoints').mkdir(parents=True)
+  (old / 'notes.txt').write_text('mine')
+  (old / '.run.lock').write_text('')
+  before = sorted(os.path.relpath(os.path.join(r, f), old) for r, ds, fs in os.walk(old) for f in ds + fs)
+  with pytest.raises(ConfigError, match='no client can meet it'):
+    run_lib.run(tiny_config(**REFUSED_AGAINST_DATA), str(old), data=small_data())
+  after = sorted(os.path.relpath(os.path.join(r, f), old) for r, ds, fs in os.walk(old) for f in ds + fs)
+  assert after == before and (old / 'notes.txt').read_text() == 'mine'
+  run_lib.run(tiny_config(rounds=1), str(old), data=small_data())        # the workdir is free and usable
+  assert (old / 'summary.json').exists() and (old / 'notes.txt').exists()

@@ -98,3 +98,24 @@ def test_retrieval_results_say_r_at_1_not_test_accuracy(tmp_path, monkeypatch):
   writers.plot_system([{**r, 'virtual_time_s': 1.0, 'bytes_down': 1.0, 'bytes_up': 1.0} for r in recs],
                       str(tmp_path / 'system.png'), accuracy_name=names['accuracy'])
   assert labels == ['test R@1', 'loss', 'test R@1', 'test R@1']
+
+
+def test_metrics_and_summary_never_hold_non_finite_json(tmp_path):
+  """Issue 48: system.speed_sigma=1000 wrote `Infinity` into metrics.jsonl (not JSON to most readers). Non-finite
+  numbers are written as null, in records, nested values, the rewrite on resume and summary.json."""
+  import json
+  import math
+  import numpy as np
+  w = writers.MetricsWriter(str(tmp_path), tensorboard=False)
+  w.write({'round': 1, 'virtual_time_s': float('inf'), 'x': np.float32('nan'), 'ok': 1.5, 'v': [1.0, np.inf],
+           'nested': {'a': -math.inf, 'b': 2}})
+  w.load_existing(1)          # the rewrite path
+  text = (tmp_path / 'metrics.jsonl').read_text()
+  assert 'Infinity' not in text and 'NaN' not in text
+  rec = json.loads(text, parse_constant=lambda c: pytest.fail(c))
+  assert rec == {'round': 1, 'virtual_time_s': None, 'x': None, 'ok': 1.5, 'v': [1.0, None],
+                 'nested': {'a': None, 'b': 2}}
+  writers.write_summary(str(tmp_path), {'rounds_completed': 1, 'comm_total_ratio': float('nan'),
+                                        'facts': {'t': np.float64('inf')}, 'models': {}})
+  s = json.loads((tmp_path / 'summary.json').read_text(), parse_constant=lambda c: pytest.fail(c))
+  assert s['comm_total_ratio'] is None and s['facts']['t'] is None
