@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_flat.algorithms import registry as alg_registry
+from fedjax_flat.algorithms.wrappers import robust as robust_lib
 from fedjax_flat.config import validate
 from fedjax_flat.core import engine as engine_lib
 from fedjax_flat.core import sharding as sharding_lib
@@ -92,6 +93,8 @@ class RunPlan:
     self.train_transform, self.eval_transform = transforms.make_transforms(config, self.data.num_classes,
                                                                            data=self.data)
     self.place_clients(shard_clients)
+    # server.aggregator other than 'mean': the round's uploads stacked [C, ...] on every device must fit
+    robust_lib.check_memory(config, self.cohort, self.param_shapes)
     c, ec = config.client, config.engine
     full_batches, max_steps = bool(c.get('full_batches', False)), int(c.get('max_local_steps', 0))
     self.num_steps = batching.padded_num_steps(
