@@ -93,8 +93,6 @@ class RunPlan:
     self.train_transform, self.eval_transform = transforms.make_transforms(config, self.data.num_classes,
                                                                            data=self.data)
     self.place_clients(shard_clients)
-    # server.aggregator other than 'mean': the round's uploads stacked [C, ...] on every device must fit
-    robust_lib.check_memory(config, self.cohort, self.param_shapes)
     c, ec = config.client, config.engine
     full_batches, max_steps = bool(c.get('full_batches', False)), int(c.get('max_local_steps', 0))
     self.num_steps = batching.padded_num_steps(
@@ -118,6 +116,8 @@ class RunPlan:
         full_batches=full_batches, max_steps=max_steps,
         draw=self.data.draw)     # a dataset drawing columns from a pool (data/federated.py)
     self.key = jax.random.key(config.seed)
+    # server.aggregator other than 'mean': the round's uploads stacked [C, ...] on every device must fit
+    robust_lib.check_memory(config, self.cohort, self.param_shapes)
     self.clock = self.make_clock() if clock_lib.enabled(config) else None   # config.system: the virtual clock
     # The global test set (Evaluator), or test-client groups / BN test policy / resolution (segmentation).
     self.evaluator = make_evaluator(config, self.model, self.data, self.task, self.eval_transform,
