@@ -6,6 +6,7 @@ server sees (client order, weights, padding masked), streamed / device / host pa
 
 Run as a module from the repository root (`python -m tests.algorithms.wrappers.test_robust --worker OUT`) it is
 the 2-device subprocess."""
+import json
 import os
 import subprocess
 import sys
@@ -125,7 +126,8 @@ def test_stacked_aggregate_is_in_client_order_with_weights_and_padding_masked():
 
 def _train(aggregator='median', **over):
   from fedjax_flat.training import loop
-  c = small_config(algorithm='fedavg', rounds=3, **{'server.aggregator': aggregator, 'data.num_clients': 8,
+  algorithm = over.pop('algorithm', 'fedavg')
+  c = small_config(algorithm=algorithm, rounds=3, **{'server.aggregator': aggregator, 'data.num_clients': 8,
                                                     'clients_per_round': 5, 'engine.strategy': 'sequential', **over})
   t = loop.Trainer(c, write_files=False)
   t.train()
@@ -142,6 +144,46 @@ def test_round_paths_give_the_same_median_run(over):
   assert t.algorithm.aggregate == 'stacked'
   np.testing.assert_allclose(_flat(t.server_state['params']), _flat(base.server_state['params']), rtol=1e-6,
                              atol=1e-7)
+
+
+@pytest.mark.parametrize('over', [
+    {'server.aggregator': 'median', 'upload.compress': 'topk', 'upload.fraction': 0.5},
+    {'server.aggregator': 'trimmed_mean', 'swa.enabled': True, 'swa.start_fraction': 0.3},
+    {'server.aggregator': 'krum', 'client.optimizer': 'sam', 'client.rho': 0.05},
+    {'server.aggregator': 'geometric_median', 'algorithm': 'fedprox', 'algo.mu': 0.1, 'server.weighting': 'uniform'},
+    {'server.aggregator': 'multi_krum', 'server.optimizer': 'adam', 'server.lr': 0.01},
+], ids=['compress', 'swa', 'fedsam_krum', 'fedprox_gm', 'fedadam_multikrum'])
+def test_aggregators_compose_with_the_other_wrappers_and_optimizers(over):
+  t = _train(**{'engine.shard_clients': False, **over})
+  assert t.algorithm.aggregate == 'stacked'
+  assert np.all(np.isfinite(_flat(t.server_state['params'])))
+  assert t.records and np.isfinite(t.records[-1]['train_loss'])
+
+
+def test_batched_runs_of_a_stacked_aggregation_equal_the_runs_alone(tmp_path, monkeypatch):
+  from fedjax_flat.data.sources import builtin
+  from fedjax_flat.training import batched, run as run_lib
+  data = builtin.synthetic(8, [5, 9, 6, 7, 4, 8, 6, 5], seed=0)
+
+  def cfg(lr):
+    return small_config(algorithm='fedavg', rounds=3, **{'server.aggregator': 'median', 'data.num_clients': 8,
+                                                         'clients_per_round': 5, 'client.lr': lr,
+                                                         'engine.shard_clients': False})
+  alone = []
+  for i, lr in enumerate((0.1, 0.05)):
+    run_lib.run(cfg(lr), str(tmp_path / f'a{i}'), data=data)
+    alone.append(json.load(open(tmp_path / f'a{i}' / 'summary.json')))
+  monkeypatch.setattr(batched.data_registry, 'get_dataset', lambda *a, **k: data)
+  specs = [batched.RunSpec(f'r{i}', cfg(lr), str(tmp_path / f'b{i}')) for i, lr in enumerate((0.1, 0.05))]
+  res = batched.run_batch(specs, lanes=2)
+  assert [res[i].status for i in range(2)] == ['done'] * 2, [res[i].error for i in range(2)]
+  assert all(res[i].lanes == 2 for i in range(2)), 'one batched program'
+  for i in range(2):
+    got = json.load(open(tmp_path / f'b{i}' / 'summary.json'))
+    keys = [k for k, v in alone[i].items() if isinstance(v, float) and ('acc' in k or 'loss' in k)]
+    assert keys
+    for k in keys:
+      np.testing.assert_allclose(got[k], alone[i][k], rtol=2e-4, atol=1e-5, err_msg=k)
 
 
 # ---- refusals ------------------------------------------------------------------------------------------------
