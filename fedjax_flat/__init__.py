@@ -22,6 +22,8 @@ The contract      FederatedAlgorithm (server_init, broadcast, client_init, clien
 Building blocks   fedavg (the FedAvg / FedOpt / FedSAM builder), map_upload, clip_by_global_norm, local_step,
                   LocalState, make_loss
 Running           default_config, train -> TrainResult, run_batch + RunSpec (runs in one compiled program)
+Aggregation       aggregators (mean, median, trimmed_mean, krum, multi_krum, geometric_median over a round's
+                  stacked uploads; an algorithm with aggregate='stacked' gets them: docs/aggregation.md)
 Analysis          analysis (Hessian eigenvalues, trace, density, loss landscapes)
 
 Names are resolved on first use (PEP 562), so `import fedjax_flat.devices` (which must run before jax starts)
@@ -51,6 +53,7 @@ _EXPORTS = {
     'run_batch': 'fedjax_flat.training.batched',
     'RunSpec': 'fedjax_flat.training.batched',
     'analysis': 'fedjax_flat.analysis',
+    'aggregators': 'fedjax_flat.aggregators',
 }
 
 __all__ = sorted(_EXPORTS)

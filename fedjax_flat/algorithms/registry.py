@@ -67,7 +67,7 @@ from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 from fedjax_flat.algorithms import hparams as hparams_lib
 from fedjax_flat.algorithms.common import client_parts
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.wrappers import compress, dp, swa, wima
+from fedjax_flat.algorithms.wrappers import compress, dp, robust, swa, wima
 from fedjax_flat.core.batch_stats import average_batch_stats
 from fedjax_flat.core.contract import ChainSpec, FederatedAlgorithm
 from fedjax_flat.core.runs import RunValue
@@ -327,6 +327,8 @@ def build_algorithm(config, model, population: int = 0, task=None, chain=None,
                     val_source=validation_steps.round_validation_source(config, s.defaults()))
   if compress.enabled(config):    # the client's upload compressed before any server-side wrapper sees it
     alg = compress.with_compression(alg, config)
+  if robust.enabled(config):    # server.aggregator: the stacked uploads reduced by a robust aggregator
+    alg = robust.with_aggregator(alg, config)
   if dp.enabled(config):    # first: the wrappers above it see the noisy aggregate as the algorithm's own
     alg = dp.with_dp(alg, config, population, client_sizes=None if data is None else data.client_sizes(),
                      num_leaves=num_param_arrays(model) if config.dp.get('per_tensor', False) else 0)

@@ -16,6 +16,7 @@ import ml_collections
 from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.algorithms.wrappers import compress as compress_lib
 from fedjax_flat.algorithms.wrappers import dp as dp_lib
+from fedjax_flat.algorithms.wrappers import robust as robust_lib
 from fedjax_flat.algorithms.wrappers import swa as swa_lib
 from fedjax_flat.config import data_fields
 from fedjax_flat.config import schema
@@ -66,6 +67,7 @@ def validate_config(cfg, pending_files: Collection[str] = ()) -> None:
   _refuse_inert_dp(cfg)                  # dp.* set while dp.mode='off'
   dp_lib.check(cfg)                      # dp x algorithm x server weighting (x population when the config says it)
   compress_lib.check(cfg)                # upload x algorithm x dp
+  robust_lib.check(cfg)                  # server.aggregator x algorithm x dp
   _validate_man_measure(cfg)             # model x model_kwargs.man_measure, before the model is built
   if 'bn' in cfg:
     _validate_bn(cfg, model_registry)    # bn x model x algorithm

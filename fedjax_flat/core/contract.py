@@ -15,7 +15,15 @@ schedules (see WORKSPACE.md for the data flow):
         out = {'weighted': pytree, 'uniform': pytree}: the engine reduces 'weighted' to the example-weighted
         mean (weights N_k) and 'uniform' to the plain mean over the round's clients, inside the round program
   server_update(server_state, agg, round, phase) -> server_state
-        agg = {'weighted': mean, 'uniform': mean, 'num_clients': |C^t|, 'total_weight': N}
+        agg = {'weighted': mean, 'uniform': mean, 'num_clients': |C^t|, 'total_weight': N}   (aggregate='mean')
+        agg = {'uploads': {'weighted': [C, ...], 'uniform': [C, ...]}, 'weights': [C], 'valid': [C] bool,
+               'num_clients', 'total_weight'}                                             (aggregate='stacked')
+  aggregate: how the engine reduces the uploads. 'mean' (default): the streaming means above, folded into running
+             sums inside the scan over clients (memory O(chunk)). 'stacked': every client's upload kept, stacked
+             [C, ...] over the round's padded cohort in the round's client order with the engine's weights (0 for
+             padding) and validity mask (padding and non-reporting clients False), gathered across devices and
+             hosts, so server_update (a robust aggregator: fedjax_flat/aggregators.py) sees the same array
+             whatever the device count; memory C x the upload (docs/aggregation.md).
   eval_models(server_state) -> {name: (params, active)}   the models to evaluate ('global', 'swa', ...);
                                                            `active` is a bool array (static structure);
                                                            default (None): FedAvg's, {'global': state['params']}
@@ -76,6 +84,8 @@ from typing import Any, Callable, FrozenSet, Mapping, Optional, Tuple
 import jax.numpy as jnp
 
 from fedjax_flat.optimizers.server import WEIGHTINGS  # noqa: F401  (client_weighting: config.server.weighting)
+
+AGGREGATES = ('mean', 'stacked')   # FederatedAlgorithm.aggregate: streaming means | stacked uploads
 
 Params = Any
 
@@ -149,6 +159,7 @@ class FederatedAlgorithm:
   extra_passes: float = 0.0
   client_weighting: str = 'examples'
   weight_cap: float = 0.0
+  aggregate: str = 'mean'          # 'mean' | 'stacked' (AGGREGATES; see the module docstring)
   # What the run needs (see the module docstring); defaults: a plain stateless algorithm.
   wrappers: Tuple[str, ...] = ()
   needs: FrozenSet[str] = frozenset()

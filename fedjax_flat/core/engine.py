@@ -11,6 +11,10 @@ Data flow of a round (all inside one XLA program):
       when it is 'capped')
   agg = weighted / uniform means;  server_state = algorithm.server_update(server_state, agg, round, phase)
 
+algorithm.aggregate='stacked' (core/contract.py) keeps every client's upload instead of the running sums:
+server_update gets {'uploads': [C, ...], 'weights': [C], 'valid': [C], 'num_clients', 'total_weight'} in the
+round's client order (all-gathered over devices: `reduce_across`), memory C x the upload (docs/aggregation.md).
+
 Client strategies (config.engine.strategy): 'vmap' (all clients of the round in one vmap), 'chunked'
 (vmap over `clients_per_chunk`, sequential over chunks), 'sequential' (one client at a time). All are
 numerically the same computation. The per-client outputs kept are only the new client states (stateful
@@ -29,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_flat.core.contract import WEIGHTINGS, FederatedAlgorithm
+from fedjax_flat.core.contract import AGGREGATES, WEIGHTINGS, FederatedAlgorithm
 from fedjax_flat.models.base import COMPUTE_DTYPES
 from fedjax_flat.schema import (EXECUTION, RESULT, RESUME, SAME_BITS, Choice, Field, Flag, Int, Num, Section, Test,
                                 is_number)
@@ -69,6 +73,11 @@ SECTION = Section('engine', (
           'device_data_max_mb) | True | False', {SAME_BITS}, ref=True),
     Field('device_data_max_mb', Num(1024, lo=0), "'auto' device_data: the largest data kept on the device (MB)",
           {SAME_BITS}),
+    Field('stacked_max_mb', Test('auto', ok=lambda v: v == 'auto' or (is_number(v) and v > 0),
+                                 message="must be 'auto' or a number > 0", what="'auto' | number > 0"),
+          "a stacked aggregation's budget (server.aggregator other than 'mean'): the round's uploads, C x the "
+          "model, must fit (MB); 'auto': half of a device's free memory (docs/aggregation.md)",
+          {SAME_BITS}, ref=True),
     Field('compute_dtype', Choice('float32', COMPUTE_DTYPES, sort=True),
           "'bfloat16': mixed precision (models/base.with_compute_dtype: params, optimizer state and aggregation in "
           'float32, activations and matmuls in bfloat16); changes the result: a checkpoint must match it',
@@ -211,12 +220,49 @@ def run_clients(algorithm, bcast, batches, client_states, rngs, weights, valid, 
     m = {**m, 'finite': m['finite'] | ~v}
     return acc, (new_s, m)
 
-  acc, (new_states, metrics) = jax.lax.scan(body, acc0, xs)
   merge = lambda t: jax.tree_util.tree_map(lambda a: a.reshape((c,) + a.shape[2:]), t)
+  if algorithm.aggregate == 'stacked':   # every upload kept [C, ...] in the block's client order
+    def stacked_body(acc, chunk_xs):
+      b, s, r, w, v = chunk_xs
+      out, new_s, m = vrun(bcast, b, s, r)
+      acc = {'total_weight': acc['total_weight'] + jnp.sum(w),
+             'num_clients': acc['num_clients'] + jnp.sum(v.astype(jnp.float32))}
+      return acc, (new_s, {**m, 'finite': m['finite'] | ~v}, out)
+
+    sums0 = {k: acc0[k] for k in ('total_weight', 'num_clients')}
+    sums, (new_states, metrics, outs) = jax.lax.scan(stacked_body, sums0, xs)
+    acc = {'uploads': merge(outs), 'weights': weights, 'valid': valid, **sums}
+    return acc, merge(new_states), merge(metrics)
+  if algorithm.aggregate != 'mean':
+    raise ValueError(f'aggregate={algorithm.aggregate!r}; allowed: {AGGREGATES}')
+
+  acc, (new_states, metrics) = jax.lax.scan(body, acc0, xs)
   return acc, merge(new_states), merge(metrics)
 
 
+STACKED_KEYS = ('uploads', 'weights', 'valid')   # what a stacked aggregate keeps per client ([C, ...])
+
+
+def split_stacked(acc):
+  """(the sums a cross-device / cross-chunk reduction adds, the per-client rows it concatenates): the rows are
+  empty for the streaming mean."""
+  return ({k: v for k, v in acc.items() if k not in STACKED_KEYS},
+          {k: v for k, v in acc.items() if k in STACKED_KEYS})
+
+
+def reduce_across(acc, axis_name):
+  """The block's aggregate over every device of a mesh axis (inside shard_map): the sums psum'd, the stacked
+  rows all-gathered in device order (= the round's client order: device d holds the d-th contiguous block), so
+  every device holds the whole cohort's [C, ...] uploads, the same array whatever the device count."""
+  sums, rows = split_stacked(acc)
+  sums = jax.lax.psum(sums, axis_name)
+  rows = jax.tree_util.tree_map(lambda a: jax.lax.all_gather(a, axis_name, axis=0, tiled=True), rows)
+  return {**sums, **rows}
+
+
 def finalize_aggregate(acc):
+  if 'uploads' in acc:       # aggregate='stacked': server_update reduces the rows itself
+    return acc
   tw = jnp.maximum(acc['total_weight'], 1e-12)
   nc = jnp.maximum(acc['num_clients'], 1.0)
   return {'weighted': jax.tree_util.tree_map(lambda x: x / tw.astype(x.dtype), acc['weighted']),
@@ -236,6 +282,8 @@ def make_round_fn(algorithm: FederatedAlgorithm, *, chunk: int, unroll=1, augmen
                                                            augment_fn=augment_fn, phase=phase))
   if algorithm.client_weighting not in WEIGHTINGS:
     raise ValueError(f'client_weighting={algorithm.client_weighting!r}; allowed: {WEIGHTINGS}')
+  if algorithm.aggregate not in AGGREGATES:
+    raise ValueError(f'aggregate={algorithm.aggregate!r}; allowed: {AGGREGATES}')
   uniform = algorithm.client_weighting == 'uniform'
   capped = algorithm.client_weighting == 'capped'
   if capped and not algorithm.weight_cap > 0:

@@ -8,6 +8,9 @@ clients, one per device. Inside one jitted program (shard_map over the mesh):
   acc = psum_d(acc_d)          partial sums of N_k * out_k, sum out_k, N, |C|   (all-reduce over devices/hosts)
   server_update(finalize_aggregate(acc))                                        (replicated on every device)
 
+(algorithm.aggregate='stacked': the uploads [L, ...] all-gathered into [C, ...] in client order instead,
+engine.reduce_across: every device holds the cohort's uploads, the same array whatever D.)
+
 so the server state stays replicated, client data, client states and per-client metrics stay sharded.
 Results equal the single-device program up to floating-point reduction order (the per-device partial
 sums are added in a different order).
@@ -74,7 +77,7 @@ def make_sharded_block(algorithm, mesh: Mesh, *, chunk: int, unroll=1, augment_f
       acc, new_states, metrics = engine_lib.run_clients(
           algorithm, bcast, batches, states, _as_keys(rngs), weights, valid, chunk=chunk, unroll=unroll,
           augment_fn=augment_fn, phase=phase)
-      return jax.lax.psum(acc, AXIS), new_states, metrics
+      return engine_lib.reduce_across(acc, AXIS), new_states, metrics
 
     # check_vma=False: the engine's zero-initialized scan accumulators are device-invariant while the
     # client outputs vary; the psum above is the only cross-device operation.

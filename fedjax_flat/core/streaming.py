@@ -72,19 +72,20 @@ class StreamedRoundFn:
                                                          unroll=unroll, augment_fn=augment_fn, phase=phase)
       one = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct((self.chunk,) + a.shape[1:], a.dtype),
                                    (states, rngs, weights, valid))
-      acc_shape = jax.eval_shape(lambda b, *xs: run(b, *xs)[0], batch_spec, *one)
+      acc_shape = engine_lib.split_stacked(jax.eval_shape(lambda b, *xs: run(b, *xs)[0], batch_spec, *one))[0]
       acc0 = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), acc_shape)
 
       def body(acc, xs):
         i, s, r, w, v = xs
         b = jax.pure_callback(fetch, batch_spec, round_idx, i)
         part, new_s, m = run(b, s, r, w, v)
-        return jax.tree_util.tree_map(jnp.add, acc, part), (new_s, m)
+        sums, rows = engine_lib.split_stacked(part)    # rows: the chunk's stacked uploads (aggregate='stacked')
+        return jax.tree_util.tree_map(jnp.add, acc, sums), (new_s, m, rows)
 
-      acc, (new_states, metrics) = jax.lax.scan(
+      acc, (new_states, metrics, rows) = jax.lax.scan(
           body, acc0, (chunk_ids['chunks'], split(states), split(rngs), split(weights), split(valid)))
       merge = lambda t: jax.tree_util.tree_map(lambda a: a.reshape((-1,) + a.shape[2:]), t)
-      return acc, merge(new_states), merge(metrics)
+      return {**acc, **merge(rows)}, merge(new_states), merge(metrics)
 
     fn = engine_lib.make_round_fn(algorithm, chunk=chunk, unroll=unroll, augment_fn=augment_fn,
                                   client_block=block, jit=False)

@@ -36,8 +36,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_flat.aggregators import AGGREGATORS
 from fedjax_flat.errors import ConfigError
-from fedjax_flat.schema import RESULT, TRUTH, VALUE, Choice, Field, Flag, Num, Section
+from fedjax_flat.schema import RESULT, TRUTH, VALUE, Choice, Field, Flag, Int, Num, Section
 
 SERVER_OPTIMIZERS = ('sgd', 'adam', 'adagrad', 'yogi')
 ADAPTIVE_FORMS = ('reddi', 'torch')
@@ -51,6 +52,14 @@ def _check(cfg) -> None:
   if s.weighting == 'capped' and cap <= 0:
     raise ConfigError('server.weight_cap', s.get('weight_cap', 0.0), "must be > 0 with server.weighting='capped' "
                       '(the example count at which a client reaches full weight)')
+  if s.get('aggregator', 'mean') == 'krum' or s.get('aggregator', 'mean') == 'multi_krum':
+    n, f = int(cfg.clients_per_round), int(s.krum_f)
+    if n <= 2 * f + 2:
+      raise ConfigError('server.krum_f', f, f"{s.aggregator} needs clients_per_round > 2 krum_f + 2 (Blanchard et al. "
+                        f'2017), got clients_per_round={n}: at most krum_f={max((n - 3) // 2, 0)}'
+                        + ('' if n > 2 else ', and clients_per_round >= 3'))
+    if s.aggregator == 'multi_krum' and int(s.krum_m) > n:
+      raise ConfigError('server.krum_m', s.krum_m, f'must be <= clients_per_round={n} (0: n - krum_f)')
   if s.weighting != 'capped' and cap:
     raise ConfigError('server.weight_cap', cap, f"is read with server.weighting='capped' only (it is "
                       f'{s.weighting!r}): set it to 0 or the weighting to capped')
@@ -73,6 +82,18 @@ SECTION = Section('server', (
     Field('eps', Num(1e-3, lo=0, lo_open=True), 'adaptive optimizers: tau (reddi) / eps (torch)'),
     Field('adaptive_form', Choice('reddi', ADAPTIVE_FORMS, sort=True),
           "adam / adagrad / yogi: 'reddi' (Alg. 2) | 'torch' (the release code)"),
+    Field('aggregator', Choice('mean', AGGREGATORS),
+          "how the round's deltas are reduced (fedjax_flat/aggregators.py): 'mean' (the streaming weighted mean) | "
+          "'median' | 'trimmed_mean' | 'krum' | 'multi_krum' | 'geometric_median' (the uploads stacked [C, ...]: "
+          'docs/aggregation.md)'),
+    Field('trim_fraction', Num(0.1, lo=0, hi=0.5, hi_open=True),
+          "aggregator='trimmed_mean': the fraction of each coordinate's smallest and largest values dropped"),
+    Field('krum_f', Int(0, lo=0), "aggregator='krum' / 'multi_krum': f, the Byzantine clients tolerated "
+          '(clients_per_round > 2 f + 2)'),
+    Field('krum_m', Int(0, lo=0), "aggregator='multi_krum': m, the best-scored uploads averaged (0: n - f)"),
+    Field('gm_iters', Int(8, lo=1), "aggregator='geometric_median': the smoothed Weiszfeld iterations (RFA)"),
+    Field('gm_eps', Num(1e-6, lo=0, lo_open=True), "aggregator='geometric_median': nu, the smoothing of the "
+          'distances (b_k = w_k / max(nu, ||z - u_k||))'),
 ), check=_check, tags={RESULT},
     doc='the server optimizer over the pseudo-gradient (FedOpt) and the clients\' weighting')
 

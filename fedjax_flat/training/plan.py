@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_flat.algorithms import registry as alg_registry
+from fedjax_flat.algorithms.wrappers import robust as robust_lib
 from fedjax_flat.config import validate
 from fedjax_flat.core import engine as engine_lib
 from fedjax_flat.core import sharding as sharding_lib
@@ -124,6 +125,8 @@ class RunPlan:
         full_batches=full_batches, max_steps=max_steps,
         draw=self.data.draw)     # a dataset drawing columns from a pool (data/federated.py)
     self.key = jax.random.key(config.seed)
+    # server.aggregator other than 'mean': the round's uploads stacked [C, ...] on every device must fit
+    robust_lib.check_memory(config, self.cohort, self.param_shapes)
     self.clock = self.make_clock() if clock_lib.enabled(config) else None   # config.system: the virtual clock
     # The global test set (Evaluator), or test-client groups / BN test policy / resolution (segmentation).
     self.evaluator = make_evaluator(config, self.model, self.data, self.task, self.eval_transform,

@@ -48,7 +48,8 @@ def test_kind_tables_follow_the_tags():
       'clients_per_round', 'client', 'server', 'swa', 'wima', 'dp', 'man', 'engine.compute_dtype', 'system', 'upload',
       'attack')
   assert checkpoint.WARN_FIELDS == ('rounds', 'engine')
-  assert checkpoint.SAME_RESULT_FIELDS == ('engine.rounds_per_call', 'engine.device_data', 'engine.device_data_max_mb')
+  assert checkpoint.SAME_RESULT_FIELDS == ('engine.rounds_per_call', 'engine.device_data', 'engine.device_data_max_mb',
+                                         'engine.stacked_max_mb')
   assert set(WHOLE_SECTIONS) == {'data', 'model_kwargs', 'algo', 'published', 'grouping.probe_model_kwargs'}
   assert set(runs.VALUE_FIELDS) == {'client.lr', 'client.rho', 'client.rho0', 'client.momentum',
                                     'client.weight_decay', 'client.asam_eta', 'client.sam_every', 'client.looksam_k',

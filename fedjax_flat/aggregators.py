@@ -1,0 +1,195 @@
+"""Cohort-level aggregators: pure, jit-able reductions of a round's stacked uploads (`ff.aggregators`).
+
+Every aggregator takes the round's uploads stacked over the clients, a pytree with leaves [C, ...], their weights
+[C] (the engine's client weights: N_k, 1 or min(N_k, cap); 0 for padding clients) and a validity mask [C] (False
+for padding clients and clients that did not report), and returns one pytree shaped like a single upload. Masked
+clients are never counted, whatever their values (NaN included). The number of valid clients n is traced, so one
+compiled program serves every round.
+
+  mean(u, w, mask)                              sum_k w_k u_k / sum_k w_k            (the streaming mean's value)
+  median(u, w, mask)                            coordinate-wise median of the valid clients (Yin et al. 2018;
+                                                unweighted; even n: the mean of the two middle values)
+  trimmed_mean(u, w, mask, trim_fraction)       coordinate-wise: drop the k = floor(trim_fraction n) smallest and
+                                                largest values, average the rest (unweighted; Yin et al. 2018)
+  krum(u, w, mask, f)                           the upload with the smallest score: the sum of squared distances
+                                                to its n - f - 2 nearest other uploads (Blanchard et al. 2017)
+  multi_krum(u, w, mask, f, m=0)                the plain mean of the m best-scored uploads (m = 0: n - f)
+  geometric_median(u, w, mask, iters, eps)      the w-weighted geometric median by smoothed Weiszfeld iterations
+                                                (RFA, Pillutla et al. 2022): z <- sum b_k u_k / sum b_k with
+                                                b_k = w_k / max(eps, ||z - u_k||), from the weighted mean, `iters`
+                                                fixed iterations
+
+Distances (Krum, geometric median) are over the whole upload tree flattened. Krum's neighbour count is
+max(n - f - 2, 1) when fewer than the planned clients report (the config check asks n > 2 f + 2 of the planned
+cohort). Ties are broken by the lower client index (the round's client order), so the result does not depend
+on how the cohort was split over devices. `AGGREGATORS` maps config.server.aggregator to the function;
+docs/aggregation.md has the memory they cost against the streaming mean.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ['mean', 'median', 'trimmed_mean', 'krum', 'multi_krum', 'geometric_median', 'AGGREGATORS']
+
+
+def _leaves(uploads):
+  return jax.tree_util.tree_leaves(uploads)
+
+
+def _count(mask):
+  return jnp.sum(mask.astype(jnp.int32))
+
+
+def _bcast(v, x):
+  """[C] -> [C, 1, ..., 1] against x [C, ...]."""
+  return v.reshape(v.shape + (1,) * (x.ndim - 1))
+
+
+def _weighted_mean(uploads, coef):
+  """sum_k coef_k u_k / sum_k coef_k (coef already 0 for masked clients; masked values never enter)."""
+  total = jnp.maximum(jnp.sum(coef), jnp.finfo(jnp.float32).tiny)
+
+  def one(x):
+    c = _bcast(coef, x).astype(x.dtype)
+    s = jnp.sum(jnp.where(_bcast(coef, x) > 0, c * x, jnp.zeros((), x.dtype)), axis=0)
+    return (s / total.astype(x.dtype)).astype(x.dtype)
+  return jax.tree_util.tree_map(one, uploads)
+
+
+def mean(uploads, weights, mask):
+  """The weighted mean of the valid uploads (weights w_k; masked clients count 0)."""
+  coef = jnp.where(mask, weights.astype(jnp.float32), 0.0)
+  return _weighted_mean(uploads, coef)
+
+
+def _sorted_valid(x, mask):
+  """x [C, ...] sorted along the clients with every masked entry moved past the valid ones (+inf)."""
+  big = jnp.array(jnp.inf, x.dtype)
+  return jnp.sort(jnp.where(_bcast(mask, x), x, big), axis=0)
+
+
+def median(uploads, weights, mask):
+  """Coordinate-wise median of the valid uploads (unweighted: `weights` is not read)."""
+  del weights
+  n = _count(mask)
+  lo, hi = jnp.maximum(n - 1, 0) // 2, n // 2
+
+  def one(x):
+    s = _sorted_valid(x, mask)
+    a = jax.lax.dynamic_index_in_dim(s, lo, axis=0, keepdims=False)
+    b = jax.lax.dynamic_index_in_dim(s, jnp.maximum(hi, lo), axis=0, keepdims=False)
+    out = (a + b) / jnp.array(2, x.dtype)
+    return jnp.where(n > 0, out, jnp.zeros_like(out))
+  return jax.tree_util.tree_map(one, uploads)
+
+
+def trimmed_mean(uploads, weights, mask, trim_fraction: float = 0.1):
+  """Coordinate-wise trimmed mean: the k = floor(trim_fraction * n) smallest and largest values of each coordinate
+  dropped, the remaining n - 2k averaged (unweighted: `weights` is not read). trim_fraction in [0, 0.5)."""
+  del weights
+  n = _count(mask)
+  k = jnp.floor(jnp.asarray(trim_fraction, jnp.float32) * n.astype(jnp.float32)).astype(jnp.int32)
+  k = jnp.minimum(k, jnp.maximum(n - 1, 0) // 2)     # at least one value kept
+  kept = jnp.maximum(n - 2 * k, 1)
+
+  def one(x):
+    s = _sorted_valid(x, mask)
+    pos = jnp.arange(x.shape[0])
+    keep = _bcast((pos >= k) & (pos < n - k), s)
+    total = jnp.sum(jnp.where(keep, s, jnp.zeros((), x.dtype)), axis=0)
+    return (total / kept.astype(x.dtype)).astype(x.dtype)
+  return jax.tree_util.tree_map(one, uploads)
+
+
+def _flat(uploads):
+  """[C, P] float32: each client's upload tree flattened."""
+  c = _leaves(uploads)[0].shape[0]
+  return jnp.concatenate([x.reshape(c, -1).astype(jnp.float32) for x in _leaves(uploads)], axis=1)
+
+
+def pairwise_sq_distances(uploads):
+  """[C, C] squared Euclidean distances between the flattened uploads, row by row (no |a|^2 + |b|^2 - 2ab
+  cancellation; memory O(C P), not O(C^2 P))."""
+  v = _flat(uploads)
+  return jax.lax.map(lambda row: jnp.sum(jnp.square(v - row[None]), axis=1), v)
+
+
+def krum_scores(uploads, mask, f: int):
+  """[C] Krum scores (+inf for masked clients): the sum of a client's max(n - f - 2, 1) smallest squared distances
+  to the other valid clients."""
+  c = mask.shape[0]
+  n = _count(mask)
+  d = pairwise_sq_distances(uploads)
+  other = mask[None, :] & mask[:, None] & ~jnp.eye(c, dtype=bool)
+  d = jnp.sort(jnp.where(other, d, jnp.inf), axis=1)
+  near = jnp.maximum(n - jnp.int32(f) - 2, 1)
+  take = jnp.arange(c)[None, :] < near
+  scores = jnp.sum(jnp.where(take & jnp.isfinite(d), d, 0.0), axis=1)
+  return jnp.where(mask, scores, jnp.inf)
+
+
+def _select(uploads, chosen):
+  """The plain mean of the uploads where chosen [C] is True (never a masked one)."""
+  return _weighted_mean(uploads, chosen.astype(jnp.float32))
+
+
+def krum(uploads, weights, mask, f: int = 0):
+  """Krum (Blanchard et al. 2017): the valid upload with the smallest score (`weights` is not read)."""
+  del weights
+  scores = krum_scores(uploads, mask, f)
+  best = jnp.argmin(scores)                      # the first (lowest index) among equal scores
+  chosen = (jnp.arange(mask.shape[0]) == best) & mask
+  return _select(uploads, chosen)
+
+
+def multi_krum(uploads, weights, mask, f: int = 0, m: int = 0):
+  """Multi-Krum: the plain mean of the m valid uploads with the smallest Krum scores (m = 0: n - f; at most n)."""
+  del weights
+  c = mask.shape[0]
+  n = _count(mask)
+  scores = krum_scores(uploads, mask, f)
+  m_eff = jnp.where(jnp.int32(m) > 0, jnp.int32(m), n - jnp.int32(f))
+  m_eff = jnp.clip(m_eff, 1, jnp.maximum(n, 1))
+  order = jnp.argsort(scores, stable=True)       # ties: the lower client index first
+  rank = jnp.zeros((c,), jnp.int32).at[order].set(jnp.arange(c, dtype=jnp.int32))
+  chosen = (rank < m_eff) & mask
+  return _select(uploads, chosen)
+
+
+def geometric_median(uploads, weights, mask, iters: int = 8, eps: float = 1e-6):
+  """The weights-weighted geometric median of the valid uploads by `iters` smoothed Weiszfeld steps (RFA)."""
+  alpha = jnp.where(mask, weights.astype(jnp.float32), 0.0)
+  alpha = alpha / jnp.maximum(jnp.sum(alpha), jnp.finfo(jnp.float32).tiny)
+  z0 = _weighted_mean(uploads, alpha)
+
+  def step(_, z):
+    diff = jax.tree_util.tree_map(lambda x, m: jnp.where(_bcast(mask, x), x - m[None], 0).astype(jnp.float32),
+                                  uploads, z)
+    dist = jnp.sqrt(sum(jnp.sum(jnp.square(d.reshape(d.shape[0], -1)), axis=1) for d in _leaves(diff)))
+    beta = jnp.where(mask, alpha / jnp.maximum(jnp.float32(eps), dist), 0.0)
+    return _weighted_mean(uploads, beta)
+  return jax.lax.fori_loop(0, int(iters), step, z0)
+
+
+def _from_config(server) -> Dict[str, Callable]:
+  """config.server -> {name: fn(uploads, weights, mask)} with the section's parameters bound."""
+  return {
+      'mean': mean,
+      'median': median,
+      'trimmed_mean': lambda u, w, m: trimmed_mean(u, w, m, float(server.trim_fraction)),
+      'krum': lambda u, w, m: krum(u, w, m, int(server.krum_f)),
+      'multi_krum': lambda u, w, m: multi_krum(u, w, m, int(server.krum_f), int(server.krum_m)),
+      'geometric_median': lambda u, w, m: geometric_median(u, w, m, int(server.gm_iters), float(server.gm_eps)),
+  }
+
+
+AGGREGATORS = ('mean', 'median', 'trimmed_mean', 'krum', 'multi_krum', 'geometric_median')
+
+
+def from_config(server) -> Callable:
+  """The aggregator config.server.aggregator names, its parameters (trim_fraction, krum_f, krum_m, gm_iters,
+  gm_eps) bound: fn(uploads [C, ...], weights [C], mask [C]) -> one upload."""
+  return _from_config(server)[str(server.aggregator)]

@@ -1,0 +1,118 @@
+"""Robust (cohort-level) aggregation as a server-side wrapper of any algorithm whose upload is a model delta:
+`with_aggregator(alg, config)` for config.server.aggregator other than 'mean'.
+
+The wrapped algorithm declares `aggregate='stacked'` (core/contract.py): the engine keeps every client's upload,
+stacked [C, ...] in the round's client order with the engine's client weights and the validity mask (padding and
+non-reporting clients masked), gathered over devices and hosts (core/engine.reduce_across). The wrapped
+server_update reduces the 'weighted' upload (the delta) with the configured aggregator (fedjax_flat/aggregators.py:
+median, trimmed_mean, krum, multi_krum, geometric_median), any 'uniform' entries (the compression wrapper's error)
+with the plain mean over the valid clients, and hands the algorithm its usual {'weighted', 'uniform',
+'num_clients', 'total_weight'}. 'mean' leaves the algorithm as it is: the streaming mean, bit-identical.
+
+Which algorithms qualify: those whose upload is the model delta alone (`dp.DELTA_UPLOADS`: FedAvg and its
+SAM / ASAM clients, FedProx, MOON, FedBABU, FedBN, SiloBN, FedCG); control variates, duals or normalized directions
+are not deltas a median of is a step of: refused in one line, as is DP (its accountant bounds the clipped mean's
+sensitivity, not a median's). The stacked uploads cost C x the model on every device (`stacked_bytes`); a run
+whose stack exceeds engine.stacked_max_mb ('auto': half the free memory of one device) is refused before
+compiling (`check_memory`, called by training/plan.py). docs/aggregation.md has the measurements.
+"""
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_flat import aggregators
+from fedjax_flat.algorithms.wrappers import dp as dp_lib
+from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.errors import ConfigError
+
+# The stacked uploads, plus the aggregators' working copies (the sorted copy of median / trimmed mean, Krum's
+# flattened [C, P] rows, the all-gather's receive buffer): measured in docs/aggregation.md.
+STACK_COPIES = 3
+
+
+def enabled(config) -> bool:
+  return config.server.get('aggregator', 'mean') != 'mean'
+
+
+def check(config) -> None:
+  """config.server.aggregator across sections, one ConfigError each, before anything is compiled."""
+  if not enabled(config):
+    return
+  a = config.server.aggregator
+  if config.algorithm not in dp_lib.DELTA_UPLOADS:
+    raise ConfigError('server.aggregator', a, f'algorithm {config.algorithm!r} uploads more than a model delta '
+                      f'(control variates, duals, slots, chains, arrivals); robust aggregators run with: '
+                      f'{list(dp_lib.DELTA_UPLOADS)}')
+  if dp_lib.enabled(config):
+    raise ConfigError('server.aggregator', a, "with dp.mode on: the accountant bounds the clipped mean's "
+                      "sensitivity, not a robust aggregate's; set server.aggregator='mean' or dp.mode='off'")
+
+
+def stacked_bytes(cohort: int, param_shapes) -> int:
+  """Bytes of one round's stacked uploads: C x the model (the delta has the params' shapes and dtypes)."""
+  per_client = sum(int(x.size) * jnp.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(param_shapes))
+  return int(cohort) * per_client
+
+
+def available_bytes() -> int:
+  """Free memory of one device: the accelerator's allocator limit minus what it holds, else the host's available
+  physical memory (CPU)."""
+  try:
+    stats = jax.local_devices()[0].memory_stats() or {}
+  except Exception:   # noqa: BLE001  (a backend without memory statistics)
+    stats = {}
+  if stats.get('bytes_limit'):
+    return int(stats['bytes_limit']) - int(stats.get('bytes_in_use', 0))
+  try:
+    return int(os.sysconf('SC_AVPHYS_PAGES')) * int(os.sysconf('SC_PAGE_SIZE'))
+  except (ValueError, OSError, AttributeError):
+    return 0
+
+
+def budget_bytes(config) -> int:
+  """engine.stacked_max_mb in bytes ('auto': half of `available_bytes()`; 0 when unknown: no check)."""
+  v = config.engine.get('stacked_max_mb', 'auto')
+  if v == 'auto':
+    return available_bytes() // 2
+  return int(float(v) * 2**20)
+
+
+def check_memory(config, cohort: int, param_shapes, budget: int = None) -> int:
+  """Refuses (one ConfigError) a stacked aggregation whose estimate, STACK_COPIES x C x the model, exceeds the
+  budget. Returns the estimate in bytes (0 when the aggregation streams)."""
+  if not enabled(config):
+    return 0
+  need = STACK_COPIES * stacked_bytes(cohort, param_shapes)
+  budget = budget_bytes(config) if budget is None else int(budget)
+  if budget and need > budget:
+    raise ConfigError('server.aggregator', config.server.aggregator,
+                      f'stacks the round\'s {cohort} uploads: about {need / 2**20:.0f} MB ({STACK_COPIES} x {cohort} '
+                      f'clients x {stacked_bytes(1, param_shapes) / 2**20:.1f} MB model) on every device, over the '
+                      f'budget of {budget / 2**20:.0f} MB (engine.stacked_max_mb): lower clients_per_round, use '
+                      "server.aggregator='mean' (streaming), or raise engine.stacked_max_mb")
+  return need
+
+
+def _valid_mean(tree, valid):
+  coef = valid.astype(jnp.float32)
+  return aggregators.mean(tree, coef, valid)
+
+
+def with_aggregator(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
+  """`alg` with its 'weighted' upload reduced by config.server.aggregator over the round's stacked uploads."""
+  if alg.num_phases != 1:
+    raise ConfigError('server.aggregator', config.server.aggregator, f'{alg.name} exchanges {alg.num_phases} '
+                      'messages a round; a robust aggregator reduces one')
+  reduce = aggregators.from_config(config.server)
+
+  def server_update(state, agg, round_idx, phase=0):
+    uploads, weights, valid = agg['uploads'], agg['weights'], agg['valid']
+    mean_agg = {'weighted': reduce(uploads['weighted'], weights, valid),
+                'uniform': _valid_mean(uploads['uniform'], valid),
+                'num_clients': agg['num_clients'], 'total_weight': agg['total_weight']}
+    return alg.server_update(state, mean_agg, round_idx, phase)
+
+  return alg.replace(server_update=server_update, aggregate='stacked')
