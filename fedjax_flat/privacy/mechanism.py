@@ -41,6 +41,7 @@ from fedjax_flat.privacy import accounting as accounting_lib
 from fedjax_flat.schema import RESULT, TRUTH, VALUE, Choice, Field, Flag, Int, Num, Section
 
 MODES = ('off', 'central', 'local', 'distributed')
+Z_MAX = 1e6      # a noise multiplier above this is a typo, not a privacy setting (dp.noise_multiplier=1e300 diverged)
 ACCOUNTANTS = ('rdp', 'pld')
 # The engine samples a fixed-size cohort without replacement (data/sampling.py): the accountant's event.
 SAMPLING = 'fixed'
@@ -56,6 +57,11 @@ def _check(cfg) -> None:
   d = cfg.dp
   if d.mode == 'off':
     return
+  z = d.noise_multiplier
+  if isinstance(z, (int, float)) and not d.target_epsilon and float(z) > Z_MAX:
+    raise ConfigError('dp.noise_multiplier', z, f'must be <= {Z_MAX:g}: noise of std z C per coordinate drowns '
+                      'every update (and overflows float32 near 1e38); calibration (dp.target_epsilon) searches '
+                      'up to 1e3')
   if d.adaptive and d.mode == 'local':
     raise ConfigError('dp.adaptive', True, "adaptive clipping needs the server's noisy count: dp.mode='central' "
                       'only')

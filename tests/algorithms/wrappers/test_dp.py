@@ -246,6 +246,7 @@ BAD = [
      'config.dp.adaptive=True is invalid: adaptive clipping needs the server'),
     ({'dp.mode': 'distributed', 'dp.accountant': 'pld'}, "config.dp.accountant='pld' is invalid"),
     ({'dp.per_layer': True, 'dp.per_tensor': True}, 'config.dp.per_tensor=True is invalid: and dp.per_layer'),
+    ({'dp.noise_multiplier': 1e300}, 'config.dp.noise_multiplier=1e+300 is invalid: must be <= 1e+06'),
     ({'dp.target_epsilon': 1e300}, 'config.dp.target_epsilon=1e+300 is invalid: is met with almost no noise'),
 ]
 
