@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv in the repo (Python 3.11) and installs fedjax_flat with its test extra, once: a stamp of
-# setup.cfg + pyproject.toml makes a second call a no-op until the dependencies change.
+# Creates .venv in the repo (Python 3.11) and installs fedjax_flat with its test and docs extras, once: a stamp of
+# setup.cfg + pyproject.toml + the extras makes a second call a no-op until the dependencies change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # PYTHON picks the interpreter of a new .venv: on Python 3.11 setup.cfg's ranges resolve to jax 0.10.2, on 3.12 to
@@ -15,11 +15,14 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.fedjax_flat-installed
-want="$(cat setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1)"
+# docs: the suite builds the documentation site (tests/test_docs.py). The extras are part of the stamp, so a venv
+# installed before an extra was added installs again.
+extras=test,docs
+want="$( (cat setup.cfg pyproject.toml; echo "extras=$extras") | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "[setup] installing fedjax_flat and its dependencies into .venv (about a minute)" >&2
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
   # An installed jax/flax/... inside setup.cfg's ranges is kept (no --upgrade); one outside them is replaced.
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$extras]"
   echo "$want" > "$stamp"
 fi

@@ -121,8 +121,11 @@ def evaluate_plane(eval_fn: Callable, w1: PyTree, u: PyTree, v: PyTree, xs=None,
 
   Args:
     eval_fn: params -> (loss, accuracy) (or a scalar loss).
-    w1, u, v: origin and the two directions (e.g. `Plane.origin/u_hat/v_hat`), same pytree structure.
-    xs, ys: 1-D coordinates along u and v.
+    w1: the origin (e.g. `Plane.origin`).
+    u: the first direction (e.g. `Plane.u_hat`), the pytree structure of w1.
+    v: the second direction (e.g. `Plane.v_hat`), the same structure.
+    xs: 1-D coordinates along u.
+    ys: 1-D coordinates along v.
     chunk_size: grid points evaluated together with vmap (1 = strictly sequential `lax.map`, least memory).
 
   Returns:

@@ -23,8 +23,11 @@ def client_lambda_max(model, params_k, client_batches: Mapping, global_batches: 
   Args:
     model: the `Model`.
     params_k: client k's local model.
-    client_batches / global_batches: stacked padded batches ({'x': [nb, B, ...], 'y', 'mask'}).
-    num_iters, tol, init: power-iteration settings (thesis: 20 steps, tol 1e-4).
+    client_batches: the client's stacked padded batches ({'x': [nb, B, ...], 'y', 'mask'}).
+    global_batches: the global stacked padded batches, the same layout.
+    num_iters: power-iteration steps (thesis: 20).
+    tol: power-iteration early-stopping threshold (thesis: 1e-4).
+    init: the start vector's distribution (`eigen.top_eigenpairs_power`).
     rng: PRNG key for the start vector (the same one is used for both).
 
   Returns:

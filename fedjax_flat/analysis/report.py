@@ -39,8 +39,9 @@ def analyze(model, params, x, y, *, batch_size: int = 100, top_k: int = 5, metho
   Args:
     model: a `fedjax_flat.models.Model`.
     params: parameter pytree.
-    x, y: numpy inputs [n, ...] and int labels [n] (a fixed subset: the thesis recipe uses the test split,
-      no augmentation; `max_examples` keeps the first ones).
+    x: numpy inputs [n, ...] (a fixed subset: the thesis recipe uses the test split, no augmentation;
+      `max_examples` keeps the first ones).
+    y: int labels [n] of those inputs.
     batch_size: examples per HVP batch (memory knob; the result does not depend on it).
     top_k: number of top eigenvalues (thesis: 5; 50 for spectrum plots).
     method: 'lanczos' (default: the largest algebraic eigenvalues, Krylov space grown until every pair passes

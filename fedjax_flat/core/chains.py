@@ -342,7 +342,7 @@ def make_chain_round_fn(algorithm: FederatedAlgorithm, *, chunk: int, reset_opt_
   device copy of the training arrays: {'x', 'y'}; None with host gather). L must be a multiple of `chunk`.
   per_lane_params: server_update also gets agg['lanes'] = {'params': [L, ...] each lane's final model,
   'weight': [L] its chain's |D_S|, 'valid': [L]} (FedAsyncSeq's persistent chain slots: one chain per lane).
-  The start model of lane l is bcast['slots'][l] when the broadcast carries slots, else bcast['params'].
+  The start model of lane l is `bcast['slots'][l]` when the broadcast carries slots, else bcast['params'].
   mesh: lanes sharded over the ('clients',) mesh of core/sharding.py (L a multiple of devices x chunk): each
   device runs its block of lanes, the partial sums are psum'ed, the server update is replicated; results
   equal the one-device program up to the order of the floating-point sums.

@@ -24,7 +24,7 @@ from fedjax_flat.grouping import style_clusters
 
 
 def image_styles(x, b: int = fda.FDA_B, batch_size: int = 32) -> np.ndarray:
-  """One style per image: x uint8 / [0, 1] [N, H, W, C] -> [N, (2b+1)^2 C] float32."""
+  """One style per image: x uint8 / [0, 1] `[N, H, W, C]` -> `[N, (2b+1)^2 C]` float32."""
   fn = jax.jit(lambda a: fda.extract_styles(fda.to_unit(a), b))
   out = [np.asarray(fn(x[lo:lo + batch_size])) for lo in range(0, len(x), batch_size)]
   return np.concatenate(out).reshape(len(x), -1)

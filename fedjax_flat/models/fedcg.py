@@ -17,7 +17,7 @@ One model, `fedcg_net`, registered for `config.model`:
   GCN       (eq. 5.13) the layer's domain-specific parameters are the nodes V [D, q] (domain axis leading; one
             row = one domain's flattened kernel and bias, q = fan_in * fan_out + fan_out), and the layer uses
                 V_hat = relu(A V W)            (`gcn_relu`; False: A V W)
-            A [D, D] is the adjacency the server sends (params['adjacency'][layer], computed in
+            A [D, D] is the adjacency the server sends (`params['adjacency'][layer]`, computed in
             algorithms/fedcg.py, never trained: stop_gradient); W [q, q] is learned and FedAvg-ed like every
             other parameter, initialised to the identity (a choice: the thesis does not say; then V_hat starts
             as relu(A V)). `gcn_w=False` drops W (Table 5.9's "W" column). For large q, `gcn_bottleneck=r > 0`
@@ -25,7 +25,7 @@ One model, `fedcg_net`, registered for `config.model`:
             bottleneck", here as a low-rank update of the identity so that it starts where the full W does.
             A and W are per layer (graph G^l of the thesis).
   student   the domain classifier g_phi: `classifier_channels` conv blocks + a `classifier_hidden` dense layer
-            -> D logits (params['net']['student']), on each image standardised over its pixels
+            -> D logits (`params['net']['student']`), on each image standardised over its pixels
             (`classifier_standardize=True`, a choice: on raw non-negative pixels a randomly initialised
             classifier tends to put nearly every image in one domain, and that partition is a fixed point of
             the teacher / student iterations: measured on the planted digits, benchmarks/studies/README.fedcg.md;

@@ -513,8 +513,8 @@ def make_seg_augment(*, crop: Tuple[int, int], scale: Tuple[float, float] = (0.5
 
   Order as the FedDrive release: style transfer (CFSI / LAB on `style_fraction` of the valid examples, at the
   loaded resolution; data/transforms/style_transfer.py; `style` is a StyleBank or None) -> random scale + crop
-  (`mode`) -> flip -> colour jitter (strength `jitter`, 0 = off) -> normalize. batch['x'] uint8 or float in
-  [0, 1] [B, H, W, 3], batch['y'] [B, H, W]; returns x float32 [B, *crop, 3], y int32 [B, *crop] with 255
+  (`mode`) -> flip -> colour jitter (strength `jitter`, 0 = off) -> normalize. `batch['x']` uint8 or float in
+  [0, 1] `[B, H, W, 3]`, `batch['y']` `[B, H, W]`; returns x float32 `[B, *crop, 3]`, y int32 `[B, *crop]` with 255
   in padded pixels. crop=None keeps the loaded size (no scale/crop).
 
   With a style bank it declares `needs_client`: the run's batches then carry 'client' (the step's client id,
