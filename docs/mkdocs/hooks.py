@@ -1,4 +1,5 @@
-"""Generates the API reference pages (api/*.md) at build time, from the package's layout and public face.
+"""Generates the API reference pages (api/*.md) at build time, from the package's layout and public face, and
+config_reference.md from configs/README.md (the field reference and the paper tables' cells, itself generated).
 
 api/index.md documents every name of `fedjax_flat.__all__` where it is defined; api/<package>.md documents every
 module of a package (its docstring and public members). The modules are found by walking fedjax_flat/, so a new
@@ -84,7 +85,13 @@ def on_config(config):
   return config
 
 
+def config_reference():
+  with open(os.path.join(REPO, 'configs', 'README.md')) as f:
+    return f.read()
+
+
 def on_files(files, config):
+  files.append(File.generated(config, 'config_reference.md', content=config_reference()))
   files.append(File.generated(config, 'api/index.md', content=face_page()))
   for page, groups in packages():
     files.append(File.generated(config, f'api/{page}.md', content=package_page(page, groups)))
