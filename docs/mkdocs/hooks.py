@@ -60,7 +60,7 @@ def face_page():
            'Every name of `ff.__all__`, documented where it is defined (`ff.<name>` is that object). '
            'The walk-through that uses them is `docs/tutorial_custom_algorithm.py`.', '']
   for name, path in public_face():
-    lines += [f'## `ff.{name}`', '', f'::: {path}', '    options:', '      show_root_heading: false',
+    lines += [f'## `ff.{name}`', '', f'::: {path}', '    options:', '      show_root_heading: true',
               '      heading_level: 3', '']
   return '\n'.join(lines)
 
