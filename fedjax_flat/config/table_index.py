@@ -130,7 +130,7 @@ def _first_sentence(doc: str) -> str:
 
 
 def family_table(configs_dir: str) -> List[str]:
-  """README.md's table of the families: file, the first sentence of its docstring, its number of cells."""
+  """docs/configs.md's table of the families: file, the first sentence of its docstring, its number of cells."""
   lines = ['| family | what it reproduces | cells |', '|---|---|---|']
   return lines + [f'| `{fam}.py` | {_first_sentence(mod.__doc__)} | {len(mod.CELLS)} |'
                   for fam, mod in _family_modules(configs_dir)]
