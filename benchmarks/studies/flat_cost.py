@@ -47,6 +47,7 @@ from configs import flat_cost as fc_configs  # noqa: E402
 from fedjax_flat.core import engine as engine_lib  # noqa: E402
 from fedjax_flat.data import batching  # noqa: E402
 from fedjax_flat.training import batched  # noqa: E402
+from fedjax_flat.training import packing  # noqa: E402
 from fedjax_flat.training import checkpoint as ckpt_lib  # noqa: E402
 from fedjax_flat.training import trainers  # noqa: E402
 
@@ -150,7 +151,7 @@ def run_study(out, cells, seeds, rounds, workdir, batch_runs):
   specs = [batched.RunSpec(f'{cell} s{seed}', config_of(cell, seed, rounds),
                            os.path.join(workdir, f'{cell.replace(",", "_")}_s{seed}')) for cell, seed in todo]
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  for pack in batched.pack_groups(specs, batch_runs):
+  for pack in packing.pack_groups(specs, batch_runs):
     t0 = time.time()
     batch = batched.open_batch([specs[i] for i in pack])
     try:

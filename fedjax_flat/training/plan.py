@@ -71,6 +71,14 @@ def check_corruption_files(config) -> None:
     raise ConfigError('corruption_eval.data_dir', ce.data_dir, str(e).replace('\n', ' ')) from None
 
 
+def declaration(config):
+  """The configured algorithm's static declarations (algorithms/registry.declared: name, needs, hparams over their
+  defaults, chain layout), read before anything is built; None for a name that is not registered. The builder is
+  where training/ meets the registry: the modules that plan around the algorithm before it exists (trainers,
+  chain_loop, packing, checkpoint) ask here; after the build they read the built FederatedAlgorithm."""
+  return alg_registry.declared(config)
+
+
 class RunPlan:
   """Everything a run is built from (see the module docstring). `shard_clients` overrides
   config.engine.shard_clients (training/batched.py: the devices take runs instead)."""
@@ -140,8 +148,14 @@ class RunPlan:
     """A configured label-flipping attack poisons the attackers' data here, before anything trains."""
     if attacks.enabled(self.config):
       self.poison_data(None)
-    return alg_registry.build_algorithm(self.config, self.model, population=self.data.num_clients,
-                                        task=self.task, data=self.data, cluster_styles=self.cluster_styles)
+    return self.build(population=self.data.num_clients, data=self.data, cluster_styles=self.cluster_styles)
+
+  def build(self, config=None, **kwargs):
+    """The algorithm of `config` (default: the run's) built with this run's model and task
+    (algorithms/registry.build_algorithm); training/batched_trainer.py builds it from a config whose per-run
+    values are traced."""
+    return alg_registry.build_algorithm(self.config if config is None else config, self.model, task=self.task,
+                                        **kwargs)
 
   def cluster_styles(self, ks, force_k: int, b: int):
     """What an algorithm that needs 'style_clusters' (LADD) is built with: the clients clustered by their FDA
@@ -180,7 +194,7 @@ class RunPlan:
       self.chunk = engine_lib.chunk_size(self.strategy, self.cohort, ec.clients_per_chunk)
 
   def pad_batch_plan(self, plan):
-    """Runs this plan with a larger batch plan of the same kind (training/batched.align_plans: one program for runs
+    """Runs this plan with a larger batch plan of the same kind (training/packing.align_plans: one program for runs
     whose client sizes differ). The padding is masked; the run's numbers are those of its own plan."""
     self.batch_plan, self.num_steps = plan, plan.num_steps
 
