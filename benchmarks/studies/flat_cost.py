@@ -106,7 +106,7 @@ def update_stats(t) -> dict:
   batches = rb.as_dict()
   reports = np.ones(len(ids), bool)
   if p.clock is not None:
-    fit, rep, _ = p.round_limits(r, ids)
+    fit, rep, _ = p.systems.round_limits(r, ids)
     fit, reports = fit[:len(ids)], rep[:len(ids)]
     batches = {**batches, 'mask': np.asarray(batching.step_limit(batches['mask'], fit))}
   runner = jax.jit(engine_lib.make_client_runner(alg, unroll=t.config.engine.unroll, augment_fn=p.train_transform))
@@ -127,7 +127,7 @@ def update_stats(t) -> dict:
 
 def record(cell, seed, t, summary, wall) -> dict:
   c = t.config
-  steps = [int(t.plan.round_schedule(r, t.plan.sample_round(r)).fit.sum()) for r in range(c.rounds)]
+  steps = [int(t.plan.systems.round_schedule(r, t.plan.sample_round(r)).fit.sum()) for r in range(c.rounds)]
   params = t.algorithm.eval_models(t.server_state)['global'][0]
   return {'cell': cell, 'seed': seed, 'rounds': c.rounds, 'train_wall_s': wall,
           'final_test_accuracy': summary['final_test_accuracy'],

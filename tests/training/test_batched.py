@@ -227,7 +227,7 @@ def test_memory_budget_splits_the_batch(tmp_path, monkeypatch):
   def spy(trainers, **kw):
     seen.append(len(trainers))
     return real(trainers, **kw)
-  monkeypatch.setattr(batched, 'BatchedTrainer', spy)
+  monkeypatch.setattr(batched_trainer, 'BatchedTrainer', spy)
   t = run_lib.open_run(specs[0].config, str(tmp_path / 'probe'), data=data)
   per_lane = packing.lane_bytes(t[0])                # pylint: disable=protected-access
   t[1].close()

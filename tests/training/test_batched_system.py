@@ -93,8 +93,8 @@ def test_a_deadline_grid_is_one_program_and_each_lane_runs_on_its_own_clock(tmp_
   for i, t in enumerate(trainers):
     p = t.plan
     assert p.clock.deadline_s == GRID[i]['system.deadline_s']
-    scheds = [p.round_schedule(r, p.sample_round(r)) for r in range(4)]
-    cut |= any(np.any(s.fit < [len(p.client_step_examples[k]) for k in s.ids]) for s in scheds)
+    scheds = [p.systems.round_schedule(r, p.sample_round(r)) for r in range(4)]
+    cut |= any(np.any(s.fit < [len(p.systems.client_step_examples[k]) for k in s.ids]) for s in scheds)
     s = res[i].summary
     # the lane's totals are its own schedule's, recomputed from its plan alone
     assert s['virtual_time_s'] == pytest.approx(sum(x.duration_s for x in scheds))
@@ -177,7 +177,7 @@ def test_a_batched_clock_grid_with_compressed_uploads_equals_each_run_alone(tmp_
     a, b = str(tmp_path / 'alone' / str(i)), str(tmp_path / 'b' / str(i))
     d, k = t.plan.num_params, max(1, round(COMPRESS[i]['upload.fraction'] * t.plan.num_params))
     up = 4 * k + min(4 * k, math.ceil(d / 8))          # k values + their indices or a d-bit map, the smaller
-    assert t.plan.clock.bytes_up == t.plan.compressed_upload_bytes() == up
+    assert t.plan.clock.bytes_up == t.plan.systems.compressed_upload_bytes() == up
     ups.add(up)
     ra, rb = _records(a), _records(b)
     assert [r['round'] for r in ra] == [r['round'] for r in rb] == [2, 4]
