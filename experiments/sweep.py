@@ -51,8 +51,11 @@ HOST_DEVICES = devices.configure_or_exit() if __name__ == '__main__' else None
 
 from absl import flags  # noqa: E402
 
+from fedjax_flat.sweeps import grid as grid_lib  # noqa: E402
+from fedjax_flat.sweeps import local as local_lib  # noqa: E402
+from fedjax_flat.sweeps import status as status_lib  # noqa: E402
 from fedjax_flat.sweeps import sweep as sweep_lib  # noqa: E402
-from fedjax_flat.training import batched  # noqa: E402
+from fedjax_flat.training import packing  # noqa: E402
 from fedjax_flat.training import cli  # noqa: E402
 from fedjax_flat.training import run as run_lib  # noqa: E402
 
@@ -74,8 +77,8 @@ _FRESH = flags.DEFINE_bool('fresh', False, 'Start unfinished or mismatching runs
                            'finished runs with matching configs are still skipped.')
 _DRY = flags.DEFINE_bool('dry_run', False, 'Print each run\'s status and command; run nothing.')
 _BATCH = flags.DEFINE_string('batch_runs', '0', 'Runs per batched program in this process (an integer >= 1, '
-                             f'or auto = {batched.AUTO_BATCH_RUNS} on a CPU, '
-                             f'{batched.AUTO_BATCH_RUNS_ACCELERATOR} on an accelerator, both measured); '
+                             f'or auto = {packing.AUTO_BATCH_RUNS} on a CPU, '
+                             f'{packing.AUTO_BATCH_RUNS_ACCELERATOR} on an accelerator, both measured); '
                              '0 = one train.py process per run (--parallel at a time).')
 _AHEAD = flags.DEFINE_bool('compile_ahead', True, 'With --batch_runs: open the next program\'s runs and compile it '
                            'on a thread while the current one trains (no effect on any number).')
@@ -84,13 +87,13 @@ flags.mark_flag_as_required('sweep_dir')
 
 
 def _fail(msg: str):
-  raise sweep_lib.SweepError(msg)
+  raise grid_lib.SweepError(msg)
 
 
 def build_runs():
   spec = {}
   if _SWEEP.value:
-    spec = sweep_lib.load_sweep_file(_SWEEP.value)
+    spec = grid_lib.load_sweep_file(_SWEEP.value)
   elif not _CONFIG.value:
     _fail('give --sweep=configs/sweeps/<name>.py or --config=<path[:arg]> with --grid=KEY=V1,V2')
   if _CONFIG.value:
@@ -98,18 +101,18 @@ def build_runs():
   if spec.get('config') and not os.path.isfile(spec['config'].split(':')[0]):
     _fail(f"config {spec['config']!r}: no such file; give --config=configs/<name>.py[:arg]")
   if _GRID.value:
-    spec['grid'] = sweep_lib.parse_grid_flags(_GRID.value)
+    spec['grid'] = grid_lib.parse_grid_flags(_GRID.value)
   if _SET.value:
     fixed = dict(spec.get('fixed') or {})
     for item in _SET.value:
       k, sep, v = item.partition('=')
       if not sep or not k:
         _fail(f'--set={item!r} is not KEY=VALUE; e.g. --set=rounds=50')
-      fixed[k[len('config.'):] if k.startswith('config.') else k] = sweep_lib.parse_value(v)
+      fixed[k[len('config.'):] if k.startswith('config.') else k] = grid_lib.parse_value(v)
     spec['fixed'] = fixed
   if _SEEDS.value is not None:
-    spec['seeds'] = sweep_lib.parse_seeds(_SEEDS.value)
-  runs = sweep_lib.expand(spec, _DIR.value)
+    spec['seeds'] = grid_lib.parse_seeds(_SEEDS.value)
+  runs = grid_lib.expand(spec, _DIR.value)
   for r in runs:
     if not os.path.isfile(r.config.split(':')[0]):
       _fail(f'cell {r.cell}: config {r.config!r} is not a file; fix the sweep\'s config paths')
@@ -126,7 +129,7 @@ def main(argv):
   batch_runs = _batch_runs()
   spec, runs = build_runs()
   name = spec.get('name') or os.path.basename(os.path.abspath(_DIR.value))
-  configs = sweep_lib.run_configs(runs)      # every run's config, before anything launches (SweepError: exit 2)
+  configs = grid_lib.run_configs(runs)      # every run's config, before anything launches (SweepError: exit 2)
   staged = any(r.stage for r in runs)
   if _DRY.value:
     for stage, idx in sweep_lib.stages_of(runs):
@@ -134,20 +137,20 @@ def main(argv):
         print(f'stage {stage}: {len(idx)} runs of {os.path.relpath(runs[idx[0]].binary)}')
       for r in (runs[i] for i in idx):
         needs = ''.join(f'\n          needs {p} (from {k})' for p, k in r.inputs.items())
-        print(f'{sweep_lib.run_status(r):9s} {r.key}\n          {" ".join(r.argv(_PYTHON.value))}{needs}')
+        print(f'{status_lib.run_status(r):9s} {r.key}\n          {" ".join(r.argv(_PYTHON.value))}{needs}')
     return
   if staged and _LAUNCHER.value == 'slurm':
     _fail('a sweep with stages runs them in order here (--launcher=local); run each stage\'s commands from '
           '--dry_run as SLURM jobs with dependencies')
   # One driver per sweep directory (sweep.json has one writer): the lock is held until this process ends.
-  sweep_lib.lock_sweep_dir(_DIR.value)
+  status_lib.lock_sweep_dir(_DIR.value)
   if _LAUNCHER.value == 'slurm':
     script, cmds, n = sweep_lib.write_slurm(runs, _DIR.value, name=name, python=_PYTHON.value,
                                             # unlimited array concurrency unless --parallel is given
                                             parallel=_PARALLEL.value if flags.FLAGS['parallel'].present else 0,
                                             nodes=_NODES.value,
                                             sbatch_args=_SBATCH.value)
-    sweep_lib.write_manifest(_DIR.value, runs, _info(spec, name), {})
+    status_lib.write_manifest(_DIR.value, runs, _info(spec, name), {})
     if n == 0:
       print(f'all {len(runs)} runs are finished; nothing to submit ({script} has an empty array)')
     else:
@@ -175,7 +178,7 @@ def main(argv):
     finally:
       stopper.uninstall()
   else:
-    states = sweep_lib.run_local(runs, _DIR.value, _info(spec, name), parallel=_PARALLEL.value,
+    states = local_lib.run_local(runs, _DIR.value, _info(spec, name), parallel=_PARALLEL.value,
                                  fresh=_FRESH.value, python=_PYTHON.value)
   failed = [(k, s) for k, s in states.items() if s['status'] == 'failed']
   unfinished = [k for k, s in states.items() if s['status'] in ('stopped', 'not started', 'running')]
@@ -194,7 +197,7 @@ def main(argv):
 def _batch_runs() -> int:
   text = _BATCH.value.strip()
   if text == 'auto':
-    return batched.auto_batch_runs()
+    return packing.auto_batch_runs()
   try:
     n = int(text)
   except ValueError:

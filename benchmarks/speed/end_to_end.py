@@ -71,7 +71,7 @@ from benchmarks.speed import runs_axis  # noqa: E402
 from benchmarks.speed.peers import protocol  # noqa: E402
 from fedjax_flat.config import families as config_strings  # noqa: E402
 from fedjax_flat.data import registry as data_registry  # noqa: E402
-from fedjax_flat.sweeps import sweep as sweep_lib  # noqa: E402
+from fedjax_flat.sweeps import grid as grid_lib  # noqa: E402
 
 PY = sys.executable
 FEDJAX_PY = bench_util.FEDJAX_PYTHON
@@ -194,8 +194,8 @@ def pfl_part(a, root) -> dict:
 # ----------------------------------------------------------------------------------------------- (b) table
 
 def _table_runs(rounds: int, cells: str):
-  spec = sweep_lib.load_sweep_file(f'{TABLE_SWEEP}:cells={cells},rounds={rounds}')
-  return [(r, sweep_lib.run_config(r)) for r in sweep_lib.expand(spec, '/nonexistent')]
+  spec = grid_lib.load_sweep_file(f'{TABLE_SWEEP}:cells={cells},rounds={rounds}')
+  return [(r, grid_lib.run_config(r)) for r in grid_lib.expand(spec, '/nonexistent')]
 
 
 def torch_per_run(rounds: int, cells: str, root: str, threads: int = 0) -> dict:

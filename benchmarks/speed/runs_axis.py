@@ -99,7 +99,7 @@ def sweeps(args, root):
 SCALING_WORKER = r'''
 import json, sys, time
 import jax, numpy as np
-from fedjax_flat.training import loop, batched, sweep as sweep_lib
+from fedjax_flat.training import loop, batched_trainer, sweep as sweep_lib
 rs, rounds = [int(x) for x in sys.argv[1].split(',')], int(sys.argv[2])
 run = sweep_lib.Run('x', 0, 'configs/quickstart.py', {'client.optimizer': 'sam', 'client.rho': 0.05,
                     'data.alpha': 0.0, 'rounds': 1000, 'eval_every': 1000}, '')
@@ -113,10 +113,10 @@ for r in rs:
     t = loop.Trainer(c, None, data=data, shard_clients=False)
     data = t.data
     trainers.append(t)
-  bt = batched.BatchedTrainer(trainers)
+  bt = batched_trainer.BatchedTrainer(trainers)
   lanes = bt._lane_runs()
-  stack = batched.runs_lib.stack
-  args = lambda: (bt.values, batched.runs_lib.place(stack([trainers[i].server_state for i in lanes]), bt.mesh),
+  stack = batched_trainer.runs_lib.stack
+  args = lambda: (bt.values, batched_trainer.runs_lib.place(stack([trainers[i].server_state for i in lanes]), bt.mesh),
                   None, None, bt.data_runs, bt.data_shared, bt.keys, np.int32(0), np.int32(rounds))
   t0 = time.perf_counter()
   compiled = bt.fn.lower(*args()).compile()

@@ -47,6 +47,7 @@ from configs import flat_cost as fc_configs  # noqa: E402
 from fedjax_flat.core import engine as engine_lib  # noqa: E402
 from fedjax_flat.data import batching  # noqa: E402
 from fedjax_flat.training import batched  # noqa: E402
+from fedjax_flat.training import packing  # noqa: E402
 from fedjax_flat.training import checkpoint as ckpt_lib  # noqa: E402
 from fedjax_flat.training import trainers  # noqa: E402
 
@@ -105,7 +106,7 @@ def update_stats(t) -> dict:
   batches = rb.as_dict()
   reports = np.ones(len(ids), bool)
   if p.clock is not None:
-    fit, rep, _ = p.round_limits(r, ids)
+    fit, rep, _ = p.systems.round_limits(r, ids)
     fit, reports = fit[:len(ids)], rep[:len(ids)]
     batches = {**batches, 'mask': np.asarray(batching.step_limit(batches['mask'], fit))}
   runner = jax.jit(engine_lib.make_client_runner(alg, unroll=t.config.engine.unroll, augment_fn=p.train_transform))
@@ -126,7 +127,7 @@ def update_stats(t) -> dict:
 
 def record(cell, seed, t, summary, wall) -> dict:
   c = t.config
-  steps = [int(t.plan.round_schedule(r, t.plan.sample_round(r)).fit.sum()) for r in range(c.rounds)]
+  steps = [int(t.plan.systems.round_schedule(r, t.plan.sample_round(r)).fit.sum()) for r in range(c.rounds)]
   params = t.algorithm.eval_models(t.server_state)['global'][0]
   return {'cell': cell, 'seed': seed, 'rounds': c.rounds, 'train_wall_s': wall,
           'final_test_accuracy': summary['final_test_accuracy'],
@@ -150,7 +151,7 @@ def run_study(out, cells, seeds, rounds, workdir, batch_runs):
   specs = [batched.RunSpec(f'{cell} s{seed}', config_of(cell, seed, rounds),
                            os.path.join(workdir, f'{cell.replace(",", "_")}_s{seed}')) for cell, seed in todo]
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  for pack in batched.pack_groups(specs, batch_runs):
+  for pack in packing.pack_groups(specs, batch_runs):
     t0 = time.time()
     batch = batched.open_batch([specs[i] for i in pack])
     try:

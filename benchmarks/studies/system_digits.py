@@ -36,9 +36,9 @@ def run_one(cell, seed, rounds):
   c, t, s, wall = study_util.train_cell('system', cell, seed, rounds)
   params = t.algorithm.eval_models(t.server_state)['global'][0]
   if t.algorithm.asynchronous is None:
-    steps = [int(t.plan.round_schedule(r, t.plan.sample_round(r)).fit.sum()) for r in range(c.rounds)]
+    steps = [int(t.plan.systems.round_schedule(r, t.plan.sample_round(r)).fit.sum()) for r in range(c.rounds)]
   else:       # every arrival ran all its steps (each client: 5)
-    steps = [sum(len(t.plan.client_step_examples[k]) for k in st.ids) for st in t.driver.steps]
+    steps = [sum(len(t.plan.systems.client_step_examples[k]) for k in st.ids) for st in t.driver.steps]
   return {'cell': cell, 'seed': seed, 'rounds': c.rounds, 'train_wall_s': wall,
           'final_test_accuracy': s['final_test_accuracy'],
           'mean_last_k': s.get(f'mean_last_{c.summary_last_k}_test_accuracy'),

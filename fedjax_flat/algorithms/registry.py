@@ -17,7 +17,7 @@ The module is imported on the first lookup (fedjax_flat/registry.py walks the pa
                        'population'        scales by N: algo.population must be the dataset's (checked on the data)
                        'static_population' N sizes its arrays (FedFomo's per-client slots): a batched program
                                            gives it a Python int, so only runs of equal N share one
-                                           (training/batched.pack_key; other algorithms read a lane's traced N)
+                                           (training/packing.pack_key; other algorithms read a lane's traced N)
                        'chains'            runs sequential chains (training/chain_loop.py); algo.fraction samples
                        'client_state'      persistent per-client state (core/client_state.py)
                        'validation'        per-client validation examples in the round batches

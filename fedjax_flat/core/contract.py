@@ -70,7 +70,7 @@ SWA lrs) are traced per-run values (`RunValue`). A builder uses them as values (
 never turns them into Python numbers (float(), int(), comparisons: algorithms/common.run_value keeps a value
 as it is); only the zero / non-zero truth of STATIC_TRUTH fields may choose the program's structure. A builder
 that breaks the rule, or needs what a batched program does not give it (H-FL's client groups, LADD's style
-clusters), is refused in one line before compiling (training/batched.BatchRefused); tests/training/
+clusters), is refused in one line before compiling (training/batched_trainer.BatchRefused); tests/training/
 test_batched_every_algorithm.py holds every registered algorithm to it.
 
 Padded steps are handled by the engine (a step whose batch is all padding leaves `local` unchanged), so

@@ -26,6 +26,7 @@ from __future__ import annotations
 import inspect
 from typing import Optional
 
+from fedjax_flat.data import virtual_clients
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.registry import Registry
 from fedjax_flat.schema import Rule, Test
@@ -113,3 +114,14 @@ def check_arg(field, value, ok, allowed):
   """A dataset builder's argument: ConfigError naming config.data.<field> unless `ok`."""
   if not ok:
     raise ConfigError(f'data.{field}', value, allowed)
+
+
+def run_data(config, data=None):
+  """(training data, the name records give them) of a run: `data` when given (ff.train(data=...): named by its
+  own `name`, else config.dataset), else config.dataset loaded; FedVC's equal-size virtual clients
+  (config.fedvc.virtual_size) on top. The run plan's data part (training/plan.py)."""
+  name = str(getattr(data, 'name', '') or config.dataset) if data is not None else config.dataset
+  data = data if data is not None else get_dataset(config.dataset, **config.data.to_dict())
+  if config.get('fedvc') is not None and config.fedvc.virtual_size:     # FedVC: equal-size virtual clients
+    data = virtual_clients.virtual_clients(data, config.fedvc.virtual_size, seed=config.seed)
+  return data, name

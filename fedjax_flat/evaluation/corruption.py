@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 
+from fedjax_flat.errors import ConfigError
 from fedjax_flat.evaluation.evaluator import Evaluator
 from fedjax_flat.data.sources import cifar_c
 from fedjax_flat.data.batching import make_eval_batches
@@ -76,3 +77,15 @@ def evaluate_corruptions(model, params, cfg, preprocess, batch_size: int, workdi
       w.writerow(['corruption', 'severity', 'accuracy'])
       w.writerows(rows)
   return out
+
+
+def check_files(config) -> None:
+  """config.corruption_eval's files exist (one bad-input line naming the field and the download command):
+  they are read at the end of training, so a missing directory must not cost the whole run."""
+  ce = config.get('corruption_eval')
+  if ce is None or not ce.name:
+    return
+  try:
+    cifar_c.locate(ce.data_dir, ce.name)
+  except FileNotFoundError as e:
+    raise ConfigError('corruption_eval.data_dir', ce.data_dir, str(e).replace('\n', ' ')) from None

@@ -40,7 +40,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_flat.algorithms import fedseq as fedseq_lib
-from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.core import chains as chains_lib
 from fedjax_flat.core import engine as engine_lib
 from fedjax_flat.data import sampling
@@ -49,7 +48,7 @@ from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.grouping import superclients as superclients_lib
 from fedjax_flat.training import driver as driver_lib
 from fedjax_flat.training import loop
-from fedjax_flat.training.plan import RunPlan
+from fedjax_flat.training.plan import RunPlan, declaration
 from fedjax_flat.config import validate
 from fedjax_flat.core import sharding as sharding_lib
 
@@ -60,7 +59,7 @@ Groups = List[np.ndarray]
 
 def is_chain_config(config) -> bool:
   """Whether the configured algorithm declares a chain layout (core/contract.ChainSpec: the FedSeq family)."""
-  declared = alg_registry.declared(config)
+  declared = declaration(config)
   return declared is not None and declared.chain is not None
 
 
@@ -112,7 +111,7 @@ class ChainPlan(RunPlan):
 
   def build_algorithm(self):
     c = self.config
-    declared = alg_registry.declared(c)      # the static declarations: the chain layout and the hparams
+    declared = self.declared      # the static declarations: the chain layout and the hparams
     self.name, self.chain, self.hp = declared.name, declared.chain, dict(declared.hp)
     if c.engine.get('stream_batches', False):
       raise validate.ConfigError('engine.stream_batches', True, 'is not available for chain algorithms')
@@ -133,8 +132,7 @@ class ChainPlan(RunPlan):
       self.lane_chunk = engine_lib.chunk_size(strategy, self.lane_shape.lanes, c.engine.clients_per_chunk)
       self.num_lanes = engine_lib.padded_cohort(strategy, self.lane_shape.lanes, c.engine.clients_per_chunk)
     plan = {'num_slots': self.num_lanes, 'merge_every': self._merge_every()}
-    return alg_registry.build_algorithm(c, self.model, population=self.data.num_clients, chain=plan,
-                                        task=self.task)
+    return self.build(population=self.data.num_clients, chain=plan)
 
   def place_clients(self, shard_clients):
     """Lanes, not a client cohort, are what the devices share: the placement is of the lanes."""

@@ -59,7 +59,6 @@ from fedjax_flat import errors
 from fedjax_flat.config import schema as config_schema
 from fedjax_flat.config import validate
 from fedjax_flat.data import sampling
-from fedjax_flat.algorithms import registry
 from fedjax_flat.config.default_config import default_config
 from fedjax_flat.core.sharding import ClientPlacement
 from fedjax_flat.schema import RESULT, RESUME, SAME_BITS, tagged
@@ -131,21 +130,29 @@ def _flatten_dict(d, prefix=''):
   return out
 
 
-def _implicit_defaults(current: Dict) -> Dict[str, Any]:
+def _implicit_defaults(algo_defaults: Optional[Dict[str, Any]]) -> Dict[str, Any]:
   """The value a field has when a config does not set it: default_config's, and for algo.* the algorithm's
   registered default. A checkpoint written before a field existed computed with exactly that value."""
   out = _flatten_dict(config_dict(default_config()))
-  declared = registry.declared(current.get('algorithm', '') or '')
-  for k, v in (declared.defaults() if declared is not None else {}).items():
+  for k, v in (algo_defaults or {}).items():
     out[f'algo.{k}'] = _jsonable(v)
   return out
 
 
-def config_diffs(saved: Dict, current: Dict, fields=COMPUTATION_FIELDS) -> List[Tuple[str, Any, Any]]:
+def algo_defaults(trainer) -> Dict[str, Any]:
+  """The registered defaults of the trainer's algorithm (the implicit values of config.algo), from its plan's
+  declarations (training/plan.declaration)."""
+  declared = trainer.plan.declared
+  return declared.defaults() if declared is not None else {}
+
+
+def config_diffs(saved: Dict, current: Dict, fields=COMPUTATION_FIELDS,
+                 algo_defaults: Optional[Dict[str, Any]] = None) -> List[Tuple[str, Any, Any]]:
   """(field, checkpoint value, current value) for every leaf field under `fields` that differs.
 
   A field present on one side only is not a difference when the other side's value is its implicit default
-  (a newer version added the field, or --config.algo.* filled in the registered defaults).
+  (a newer version added the field, or --config.algo.* filled in the registered defaults: `algo_defaults`, the
+  current algorithm's; None: no algo.* field has one).
   """
   diffs, defaults = [], None
   for f in fields:
@@ -153,7 +160,7 @@ def config_diffs(saved: Dict, current: Dict, fields=COMPUTATION_FIELDS) -> List[
     for k in sorted(set(a) | set(b)):
       if a.get(k, '<absent>') != b.get(k, '<absent>'):
         if (k in a) != (k in b):
-          defaults = _implicit_defaults(current) if defaults is None else defaults
+          defaults = _implicit_defaults(algo_defaults) if defaults is None else defaults
           if k in defaults and a.get(k, b.get(k)) == defaults[k]:
             continue
         diffs.append((k, a.get(k, '<absent>'), b.get(k, '<absent>')))
@@ -437,11 +444,12 @@ class Checkpointer:
     _check_json(f'checkpoint {self.directory}/{step}', step, meta, cfg)
     return meta, cfg
 
-  def check_config(self, config) -> Optional[int]:
+  def check_config(self, config, algo_defaults: Optional[Dict[str, Any]] = None) -> Optional[int]:
     """Raises CheckpointMismatchError if the newest readable checkpoint was written by another computation.
 
-    Called before anything is built, so a mismatch costs no data loading or compilation. Returns the step
-    checked (None if there is no readable checkpoint).
+    Called before anything is built, so a mismatch costs no data loading or compilation (algo_defaults: the
+    algorithm's registered defaults, `config_diffs`). Returns the step checked (None if there is no readable
+    checkpoint).
     """
     current = config_dict(config)
     for step in reversed(self.steps()):
@@ -449,7 +457,7 @@ class Checkpointer:
         _, saved = self._read_json(step)
       except Exception:  # noqa: BLE001 -- corrupt: restore_latest reports it and falls back
         continue
-      diffs = config_diffs(saved, current)
+      diffs = config_diffs(saved, current, algo_defaults=algo_defaults)
       if diffs:
         raise CheckpointMismatchError(self.directory, step, diffs)
       return step
@@ -469,7 +477,7 @@ class Checkpointer:
         corrupt.append((step, e))
         self._quiet.keep = True
         continue
-      diffs = config_diffs(saved_cfg, current)
+      diffs = config_diffs(saved_cfg, current, algo_defaults=algo_defaults(trainer))
       if diffs:
         raise CheckpointMismatchError(self.directory, step, diffs)
       try:
@@ -499,7 +507,7 @@ class Checkpointer:
                             'config.keep_rounds)')
     self._quiet.install()
     meta, saved_cfg = self._read_json(step)
-    diffs = config_diffs(saved_cfg, config_dict(trainer.config))
+    diffs = config_diffs(saved_cfg, config_dict(trainer.config), algo_defaults=algo_defaults(trainer))
     if diffs:
       raise CheckpointMismatchError(self.directory, step, diffs)
     try:
@@ -548,7 +556,8 @@ class Checkpointer:
     trainer.round = int(meta['round'])
     trainer.recorder.load_state_dict(meta)
     self.last_saved = trainer.round
-    for field, old, new in config_diffs(saved_cfg, config_dict(trainer.config), WARN_FIELDS):
+    for field, old, new in config_diffs(saved_cfg, config_dict(trainer.config), WARN_FIELDS,
+                                           algo_defaults(trainer)):
       if field not in SAME_RESULT_FIELDS:
         logging.warning('resuming with config.%s=%r (the checkpoint was written with %r)', field, new, old)
     saved_devices = meta.get('num_devices')

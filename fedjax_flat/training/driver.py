@@ -122,7 +122,7 @@ def round_result(plan, client_ids, m, system=None) -> dict:
   # the clock's own bytes count them.
   down, up = ((system['downloaded'], system['reported']) if system is not None else (int(real.sum()),) * 2)
   out = {'train_loss': float(np.sum(m['loss_sum'][real]) / max(count, 1.0)), 'clients': client_ids[real],
-         'messages': plan.round_messages(down, up)}
+         'messages': plan.systems.round_messages(down, up)}
   if system is not None:
     out['system'] = system
   return out
@@ -272,7 +272,7 @@ class DeviceDriver:
     rep = np.zeros((p.rounds_per_call, p.cohort), bool)
     totals = []
     for i in range(n):
-      fit[i], rep[i], t = p.round_limits(r + i, p.sample_round(r + i))
+      fit[i], rep[i], t = p.systems.round_limits(r + i, p.sample_round(r + i))
       totals.append(t)
     return {'fit': jnp.asarray(fit), 'reports': jnp.asarray(rep)}, totals
 
@@ -305,14 +305,14 @@ class DeviceDriver:
 
 class AsyncDriver:
   """Asynchronous algorithms (FedBuff, FedAsync; core/contract.AsyncSpec): one server step per call on the event
-  simulation of systems/events.py (plan.async_steps). One compiled program trains the step's K arrivals, each from
-  the model version it started from (the ring in the server state), one after another, and applies the server
+  simulation of systems/events.py (plan.systems.async_steps). One compiled program trains the step's K arrivals,
+  each from the model version it started from (the ring in the server state), one after another, and applies the server
   step with their staleness; arrivals staler than max_staleness weigh 0."""
 
   def __init__(self, plan):
     self.plan = plan
     alg, spec = plan.algorithm, plan.algorithm.asynchronous
-    self.steps = plan.async_steps()
+    self.steps = plan.systems.async_steps()
     runner = engine_lib.make_client_runner(alg, unroll=plan.config.engine.unroll, augment_fn=plan.train_transform)
 
     def step_fn(state, batches, versions, valid, rngs, t):

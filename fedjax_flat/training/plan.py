@@ -34,41 +34,33 @@ from fedjax_flat.data import batching
 from fedjax_flat.data import registry as data_registry
 from fedjax_flat.data import sampling
 from fedjax_flat.data import validation_steps
-from fedjax_flat.data import virtual_clients
 from fedjax_flat.data.federated import FederatedDataset
-from fedjax_flat.data.sources import cifar_c
 from fedjax_flat.data.transforms import pipeline as transforms
-from fedjax_flat.errors import ConfigError
+from fedjax_flat.evaluation import corruption
 from fedjax_flat.evaluation.evaluator import make_evaluator, make_validation_evaluator
 from fedjax_flat.grouping import style_clusters
 from fedjax_flat.models import registry as model_registry
 from fedjax_flat.models.base import num_params
-from fedjax_flat.optimizers import client as client_opt
-from fedjax_flat.systems import clock as clock_lib
-from fedjax_flat.systems import compress as compress_lib
-from fedjax_flat.systems import events as events_lib
+from fedjax_flat.systems import run_part
 from fedjax_flat.tasks import base as tasks_lib
 
 # Rounds per call (core/rounds.py).
 AUTO_ROUNDS_PER_CALL = 32      # the compiled block length of 'auto' (measured: benchmarks/speed/rounds_per_s.py)
 
 
-def message_bytes(messages: dict):
-  """(bytes down, bytes up) of round_messages' counts: float32 params, compressed uploads at their own bytes."""
-  down = clock_lib.BYTES_PER_PARAM * messages['down_params']
-  return down, messages.get('up_bytes', clock_lib.BYTES_PER_PARAM * messages['up_params'])
+def declaration(config):
+  """The configured algorithm's static declarations (algorithms/registry.declared: name, needs, hparams over their
+  defaults, chain layout), read before anything is built; None for a name that is not registered. The builder is
+  where training/ meets the registry: the modules that plan around the algorithm before it exists (trainers,
+  chain_loop, packing, checkpoint) ask here; after the build they read the built FederatedAlgorithm."""
+  return alg_registry.declared(config)
 
 
-def check_corruption_files(config) -> None:
-  """config.corruption_eval's files exist (one bad-input line naming the field and the download command):
-  they are read at the end of training, so a missing directory must not cost the whole run."""
-  ce = config.get('corruption_eval')
-  if ce is None or not ce.name:
-    return
-  try:
-    cifar_c.locate(ce.data_dir, ce.name)
-  except FileNotFoundError as e:
-    raise ConfigError('corruption_eval.data_dir', ce.data_dir, str(e).replace('\n', ' ')) from None
+def algo_defaults(config) -> dict:
+  """The registered defaults of the configured algorithm's hyperparameters ({} for an unknown name): the values
+  config.algo holds implicitly (training/checkpoint.config_diffs)."""
+  declared = declaration(config)
+  return declared.defaults() if declared is not None else {}
 
 
 class RunPlan:
@@ -78,19 +70,16 @@ class RunPlan:
   def __init__(self, config, workdir: Optional[str] = None, *, data=None, shard_clients: Optional[bool] = None):
     validate.validate_config(config)
     self.config, self.workdir = config, workdir
-    self.data = data if data is not None else data_registry.get_dataset(config.dataset, **config.data.to_dict())
-    # What summary.json, summary.md and the plot titles call the data: the given dataset's own name
-    # (ff.train(data=...)), else config.dataset, the one loaded.
-    self.dataset_name = str(getattr(data, 'name', '') or config.dataset) if data is not None else config.dataset
-    if config.get('fedvc') is not None and config.fedvc.virtual_size:     # FedVC: equal-size virtual clients
-      self.data = virtual_clients.virtual_clients(self.data, config.fedvc.virtual_size, seed=config.seed)
+    # The data part; dataset_name: what summary.json, summary.md and the plot titles call the data.
+    self.data, self.dataset_name = data_registry.run_data(config, data)
     validate.validate_against_data(config, self.data)
-    check_corruption_files(config)   # the CIFAR-C test set is read after training: find it before training
+    corruption.check_files(config)   # the CIFAR-C test set is read after training: find it before training
     self.model = model_registry.get_model(config.model, self.data.num_classes, self.data.input_shape,
                                           compute_dtype=model_registry.compute_dtype(config),
                                           **config.model_kwargs.to_dict())
     self.task = tasks_lib.from_config(tasks_lib.task_of(self.data), config)  # loss and metrics (tasks/base.py)
     self.attack_report = None            # config.attack: what the label-flipping attack poisoned
+    self.declared = declaration(config)  # the static declarations the build reads (ChainPlan: the chain layout)
     self.algorithm = self.build_algorithm()
     # Need 'client_groups' (H-FL): every client's group from the dataset's metadata, read when the algorithm is
     # built; the rounds then sample a fixed number of clients per group (data/sampling.stratified_ids).
@@ -127,7 +116,13 @@ class RunPlan:
     self.key = jax.random.key(config.seed)
     # server.aggregator other than 'mean': the round's uploads stacked [C, ...] on every device must fit
     robust_lib.check_memory(config, self.cohort, self.param_shapes)
-    self.clock = self.make_clock() if clock_lib.enabled(config) else None   # config.system: the virtual clock
+    # Messages, the virtual clock (config.system) and asynchronous steps: the systems part.
+    self.systems = run_part.SystemsPart(
+        config, self.algorithm, self.data, cohort=self.cohort, num_steps=self.num_steps, batch_plan=self.batch_plan,
+        num_params=lambda: self.num_params,
+        host={'stream': self.stream, 'partial': self.placement is not None and self.placement.partial,
+              'val_source': self.val_source})
+    self.clock = self.systems.clock
     # The global test set (Evaluator), or test-client groups / BN test policy / resolution (segmentation).
     self.evaluator = make_evaluator(config, self.model, self.data, self.task, self.eval_transform,
                                     local_batch_stats=self.algorithm.local_batch_stats)
@@ -140,8 +135,14 @@ class RunPlan:
     """A configured label-flipping attack poisons the attackers' data here, before anything trains."""
     if attacks.enabled(self.config):
       self.poison_data(None)
-    return alg_registry.build_algorithm(self.config, self.model, population=self.data.num_clients,
-                                        task=self.task, data=self.data, cluster_styles=self.cluster_styles)
+    return self.build(population=self.data.num_clients, data=self.data, cluster_styles=self.cluster_styles)
+
+  def build(self, config=None, **kwargs):
+    """The algorithm of `config` (default: the run's) built with this run's model and task
+    (algorithms/registry.build_algorithm); training/batched_trainer.py builds it from a config whose per-run
+    values are traced."""
+    return alg_registry.build_algorithm(self.config if config is None else config, self.model, task=self.task,
+                                        **kwargs)
 
   def cluster_styles(self, ks, force_k: int, b: int):
     """What an algorithm that needs 'style_clusters' (LADD) is built with: the clients clustered by their FDA
@@ -180,9 +181,10 @@ class RunPlan:
       self.chunk = engine_lib.chunk_size(self.strategy, self.cohort, ec.clients_per_chunk)
 
   def pad_batch_plan(self, plan):
-    """Runs this plan with a larger batch plan of the same kind (training/batched.align_plans: one program for runs
+    """Runs this plan with a larger batch plan of the same kind (training/packing.align_plans: one program for runs
     whose client sizes differ). The padding is masked; the run's numbers are those of its own plan."""
     self.batch_plan, self.num_steps = plan, plan.num_steps
+    self.systems.batch_plan, self.systems.num_steps = plan, plan.num_steps      # the clock pads to its steps
 
   # The round path.
   def device_rounds_blocker(self) -> Optional[str]:
@@ -226,86 +228,6 @@ class RunPlan:
     self.device_rounds = True
     self.rounds_per_call = AUTO_ROUNDS_PER_CALL if want == 'auto' else int(want)
     self.adaptive = want == 'auto'
-
-  # The virtual clock (config.system).
-  def clock_blocker(self) -> Optional[str]:
-    """Why this run cannot have a virtual clock (None: it can)."""
-    found = self.clock_conflict()
-    return found[2] if found else None
-
-  def clock_conflict(self):
-    """(field, value, why) of what keeps this run from its virtual clock: the system field the user set and what
-    it conflicts with (None: no conflict)."""
-    s = self.config.system
-    field, value = clock_lib.switched_on(self.config)
-    if self.algorithm.chain is not None:
-      return field, value, (f'algorithm={self.config.algorithm!r} is a chain algorithm (FedSeq family: its lanes '
-                            'are planned by training/chain_loop.py) and has no virtual clock; drop the system '
-                            'section or choose another algorithm')
-    if self.stream:
-      return field, value, ('engine.stream_batches=True and the virtual clock exclude each other (the clock '
-                            'masks whole cohorts); set one of them off')
-    if self.placement is not None and self.placement.partial:
-      return field, value, ('clients sharded over several processes have no virtual clock; run on one process '
-                            'or drop the system section')
-    if self.val_source:
-      return field, value, ("the algorithm appends validation steps (FedSoup's val_source) that a deadline would "
-                            'cut; drop the system section')
-    if self.algorithm.asynchronous is not None:
-      for name, off, now in (('deadline_s', 0.0, float(s.deadline_s)), ('availability', 'always', s.availability),
-                             ('dropout', 0.0, float(s.dropout))):
-        if now != off:
-          return f'system.{name}', s[name], (
-              f'algorithm={self.config.algorithm!r} is asynchronous: it has no rounds to close, so its clock '
-              f'reads the speeds and bandwidths only; set system.{name}={off!r} or choose a synchronous '
-              'algorithm (e.g. fedavg)')
-    return None
-
-  def make_clock(self):
-    """The run's clock: the population's devices, a local step's passes, the bytes of a round's messages."""
-    c, alg = self.config, self.algorithm
-    conflict = self.clock_conflict()
-    if conflict:
-      raise ConfigError(*conflict)
-    cc = c.client
-    self.client_step_examples = [
-        clock_lib.step_examples(int(n), cc.batch_size, epochs=cc.local_epochs, local_steps=cc.local_steps,
-                                full_batches=self.batch_plan.full_batches, max_steps=self.batch_plan.max_steps)
-        for n in np.asarray(self.data.client_sizes())]
-    passes = alg.num_phases * client_opt.gradient_passes(cc) + alg.extra_passes
-    # One client's bytes down / up from round_messages, the recorder's comm_bytes' source: one definition.
-    down, up = message_bytes(self.round_messages(1))
-    return clock_lib.make_clock(c, self.data.num_clients, passes=passes, bytes_down=down, bytes_up=up,
-                                full_steps=self.client_step_examples)
-
-  def round_schedule(self, r: int, ids) -> 'clock_lib.RoundSchedule':
-    """Round r of the real clients `ids` on the virtual clock (who answers, steps that fit, seconds, bytes)."""
-    ids = np.asarray(ids, np.int64)
-    return clock_lib.schedule(self.clock, r, ids, [self.client_step_examples[k] for k in ids])
-
-  def round_limits(self, r: int, ids):
-    """(fit steps [cohort] int32, reports [cohort] bool, totals) of round r: what the round program masks with."""
-    sched = self.round_schedule(r, ids)
-    fit, reports = clock_lib.padded(sched, self.cohort, self.num_steps)
-    totals = {'duration_s': sched.duration_s, 'bytes_down': sched.bytes_down, 'bytes_up': sched.bytes_up,
-              'downloaded': int(np.sum(sched.available)), 'reported': int(np.sum(sched.reports))}
-    return fit, reports, totals
-
-  def async_steps(self):
-    """An asynchronous algorithm's server steps (systems/events.simulate over config.rounds steps): who arrives
-    at each, from which version, when. A client's duration is its download + all its local steps + upload on the
-    clock (without config.system: 1 s each, arrivals in dispatch order)."""
-    spec, c = self.algorithm.asynchronous, self.config
-    conc = int(spec.concurrency) or int(c.clients_per_round)
-    if not (spec.buffer <= conc and conc + spec.buffer <= self.data.num_clients):
-      raise ConfigError('algo.concurrency', conc, f'needs algo.buffer={spec.buffer} <= concurrency and concurrency '
-                        f'+ buffer <= the population {self.data.num_clients} (0: clients_per_round)')
-    if self.clock is None:
-      duration = lambda k: 1.0     # noqa: E731
-    else:
-      duration = lambda k: float(clock_lib.transfer_s(self.clock, np.array([k]))[0] + np.sum(    # noqa: E731
-          self.client_step_examples[k]) * self.clock.passes / self.clock.devices.speed[k])
-    return events_lib.simulate(duration, self.data.num_clients, conc, spec.buffer, int(c.rounds), int(c.seed))
 
   # Round 0.
   def fresh_params(self):
@@ -380,7 +302,7 @@ class RunPlan:
     rb = self.round_batches(r, ids, self.cohort)
     if self.clock is None:
       return rb
-    fit, reports, totals = self.round_limits(r, ids)
+    fit, reports, totals = self.systems.round_limits(r, ids)
     return batching.limit_steps(rb, fit, reports, totals)
 
   def num_examples(self, full_ids) -> np.ndarray:
@@ -389,23 +311,3 @@ class RunPlan:
 
   def client_keys(self, r, client_ids):
     return sampling.client_keys_jit(self.key, jnp.asarray(r, jnp.int32), jnp.asarray(client_ids, jnp.int32))
-
-  def compressed_upload_bytes(self):
-    """Bytes of one client's compressed upload (config.upload; systems/compress.upload_bytes, the clock's too), or
-    None when uploads are not compressed."""
-    c = self.config
-    return compress_lib.upload_bytes(c.upload, self.num_params) if compress_lib.enabled(c) else None
-
-  def round_messages(self, n_clients: int, n_up: Optional[int] = None) -> dict:
-    """Model-sized messages of a round (FederatedAlgorithm.comm_down / comm_up per phase): downloads to
-    `n_clients` clients, uploads from `n_up` (default n_clients; with the virtual clock the clients whose upload
-    reached the server: systems/clock.COMM_BYTES); with compressed uploads also 'up_bytes', the bytes those
-    uploads really send (the recorder's comm_bytes count them instead of 4 x up_params)."""
-    alg, p = self.algorithm, self.num_params
-    n_up = n_clients if n_up is None else n_up
-    out = {'down_params': alg.comm_down * alg.num_phases * n_clients * p,
-           'up_params': alg.comm_up * alg.num_phases * n_up * p}
-    each = self.compressed_upload_bytes()
-    if each is not None:
-      out['up_bytes'] = alg.num_phases * n_up * each
-    return out

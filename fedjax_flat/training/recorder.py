@@ -46,7 +46,7 @@ class Recorder:
     self.pending_train_losses = []       # train losses of the rounds since the last evaluation
     self.comm_total = {'down_params': 0.0, 'up_params': 0.0}
     # Compressed uploads (config.upload): the bytes they really send, counted in comm_bytes instead of 4 x up_params.
-    self.compressed = plan.compressed_upload_bytes() is not None
+    self.compressed = plan.systems.compressed_upload_bytes() is not None
     if self.compressed:
       self.comm_total['up_bytes'] = 0.0
     # The virtual clock's cumulative seconds and bytes (config.system; training/evals/system.py), None without.
@@ -78,7 +78,7 @@ class Recorder:
     self.comm_total = dict(d['comm_total'])
     if self.compressed and 'up_bytes' not in self.comm_total:   # a checkpoint from before up_bytes was counted
       self.comm_total['up_bytes'] = (self.comm_total['up_params'] / max(self.plan.num_params, 1)
-                                     * self.plan.compressed_upload_bytes())
+                                     * self.plan.systems.compressed_upload_bytes())
     self.elapsed_offset = float(d.get('elapsed_s', 0.0))
     if self.system_total is not None and 'system_total' in d:
       self.system_total = dict(d['system_total'])

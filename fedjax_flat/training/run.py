@@ -23,6 +23,7 @@ import jax
 from fedjax_flat.training import checkpoint as ckpt_lib
 from fedjax_flat.training import init as init_lib
 from fedjax_flat.training import loop, trainers
+from fedjax_flat.training import plan as plan_lib
 from fedjax_flat.config import validate
 from fedjax_flat.training import workdir as workdir_lib
 
@@ -110,7 +111,7 @@ def open_run(config, workdir, *, fresh: bool = False, data=None, trainer_kwargs=
                                        keep_rounds=tuple(config.get('keep_rounds', ())))
   try:
     if not fresh:
-      checkpointer.check_config(config)     # a mismatch is refused before anything is built
+      checkpointer.check_config(config, plan_lib.algo_defaults(config))   # refused before anything is built
     # loads the data and validates the config against them
     trainer = trainers.make_trainer(config, workdir, data=data, grouping_context=init_lib.grouping_context,
                                     **(trainer_kwargs or {}))

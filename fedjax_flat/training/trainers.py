@@ -11,10 +11,9 @@ from __future__ import annotations
 from absl import logging
 import numpy as np
 
-from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.config import validate
 from fedjax_flat.grouping import domains as grouping_domains
-from fedjax_flat.training import chain_loop, loop
+from fedjax_flat.training import chain_loop, loop, plan as plan_lib
 
 
 def trainer_class(config):
@@ -29,7 +28,7 @@ def make_trainer(config, workdir=None, *, grouping_context=None, **kwargs) -> lo
   if cls is chain_loop.ChainTrainer:
     kwargs['grouping_context'] = grouping_context
   client_domains, info = None, {}
-  if grouping_domains.requested(alg_registry.declared(config)):   # static declarations: before anything is built
+  if grouping_domains.requested(plan_lib.declaration(config)):   # static declarations: before anything is built
     validate.validate_config(config)       # a bad config fails before the pre-training pass
     kwargs['data'], client_domains, info = grouping_domains.kmeans_from_config(config, kwargs.get('data'), workdir)
     logging.info('k-means client domains: %s clients per domain',

@@ -11,7 +11,7 @@ import shlex
 import pytest
 
 from fedjax_flat.config.validate import validate_config
-from fedjax_flat.sweeps import sweep as sweep_lib
+from fedjax_flat.sweeps import grid as grid_lib
 from tests.fixtures.paths import REPO
 
 CONFIG_BINARIES = ('experiments/train.py', 'experiments/pretrain_source.py', 'experiments/centralized.py')
@@ -63,10 +63,10 @@ def test_documented_command_runs_as_written(line, tmp_path):
     script, args = args[0], args[1:]
   assert os.path.isfile(os.path.join(REPO, script)), script
   if script in CONFIG_BINARIES:
-    sweep_lib.config_from_argv([script] + args, line)     # as the binary builds it, validated
+    grid_lib.config_from_argv([script] + args, line)     # as the binary builds it, validated
   elif script == 'experiments/sweep.py':
     spec = next(a.split('=', 1)[1] for a in args if a.startswith('--sweep='))
-    runs = sweep_lib.expand(sweep_lib.load_sweep_file(os.path.join(REPO, spec) if ':' not in spec else
+    runs = grid_lib.expand(grid_lib.load_sweep_file(os.path.join(REPO, spec) if ':' not in spec else
                                                       os.path.join(REPO, spec.split(':')[0]) + ':' +
                                                       spec.split(':', 1)[1]), 'D')
     assert runs
@@ -74,7 +74,7 @@ def test_documented_command_runs_as_written(line, tmp_path):
     # loads the same config but the seed)
     step = max(1, len(runs) // 12)
     some = runs[::step] + runs[-1:]
-    for r, cfg in zip(some, sweep_lib.run_configs(some)):
+    for r, cfg in zip(some, grid_lib.run_configs(some)):
       validate_config(cfg, tuple(r.inputs))       # a pipeline's later stage: its inputs are declared, not there yet
   else:
     names = _defined_flags(script)

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from fedjax_flat.algorithms.wrappers.swa import swa_start_round
-from fedjax_flat.training import batched
+from fedjax_flat.training import packing
 from fedjax_flat.training import checkpoint
 from fedjax_flat.config import families as config_strings
 from fedjax_flat.config.validate import validate_config
@@ -393,28 +393,28 @@ def test_binary_runs_a_cell_with_overrides(tmp_path):
 
 
 def test_paper_table_sweep_covers_a_family():
-  from fedjax_flat.sweeps import sweep as sweep_lib
+  from fedjax_flat.sweeps import grid as grid_lib
   path = os.path.join(CONFIGS, 'sweeps', 'paper_table.py')
-  runs = sweep_lib.expand(sweep_lib.load_sweep_file(path + ':fedsam_landmarks'), 'D')
+  runs = grid_lib.expand(grid_lib.load_sweep_file(path + ':fedsam_landmarks'), 'D')
   assert len(runs) == len(load('fedsam_landmarks').CELLS) * 3
   assert {r.config for r in runs} == {f'configs/fedsam_landmarks.py:{c}' for c in load('fedsam_landmarks').CELLS}
   assert {r.cell for r in runs} == set(load('fedsam_landmarks').CELLS)      # rows and directories named by cell
-  (one,) = [r for r in sweep_lib.expand(sweep_lib.load_sweep_file(path + ':fedsam_landmarks,only=fedsam+swa'), 'D')
+  (one,) = [r for r in grid_lib.expand(grid_lib.load_sweep_file(path + ':fedsam_landmarks,only=fedsam+swa'), 'D')
              if r.seed == 0]
   assert one.cell == 'fedsam,swa' and one.workdir == os.path.join('D', 'fedsam,swa', 'seed=0')
-  c10 = sweep_lib.load_sweep_file(path + ':fedsam_cifar,only=cifar10')['grid']
+  c10 = grid_lib.load_sweep_file(path + ':fedsam_cifar,only=cifar10')['grid']
   assert len(c10) == 252 and all(',' in g['config'] and 'cifar100' not in g['config'] for g in c10)
-  t415 = sweep_lib.load_sweep_file(path + ':baselines_cifar_cnn,only=4.15')['grid']
+  t415 = grid_lib.load_sweep_file(path + ':baselines_cifar_cnn,only=4.15')['grid']
   assert len(t415) == 36
   with pytest.raises(ValueError, match='families: .*fedsam_cifar'):
-    sweep_lib.load_sweep_file(path + ':nope')
+    grid_lib.load_sweep_file(path + ':nope')
 
 
 def test_paper_table_sweep_leaves_out_the_cells_another_binary_runs():
-  from fedjax_flat.sweeps import sweep as sweep_lib
+  from fedjax_flat.sweeps import grid as grid_lib
   path = os.path.join(CONFIGS, 'sweeps', 'paper_table.py')
   ladd = load('ladd')
-  sweep = sweep_lib.load_sweep_file(path + ':ladd')
+  sweep = grid_lib.load_sweep_file(path + ':ladd')
   assert set(ladd.ENTRY_POINTS) == {c for c in ladd.CELLS if c.split(',')[1] in
                                     ('source_only', 'central_oracle', 'central_ftda')}
   # LADD's table is a pipeline: its source pre-training (the source_fda models and the source_only cells), then
@@ -432,11 +432,11 @@ def test_paper_table_sweep_leaves_out_the_cells_another_binary_runs():
                                         if method in ('ladd_cls', 'ladd_all', 'fedavg_st', 'ftda') else None)
   assert 'cityscapes,source_only' not in sweep['description']
   assert 'mapillary,central_oracle: experiments/centralized.py' in sweep['description']
-  runs = sweep_lib.expand(sweep, 'D')
+  runs = grid_lib.expand(sweep, 'D')
   assert len(runs) == 3 * (6 + len(fed['grid']))
-  sweep_lib.run_configs(runs)        # every run validated, the federated ones before their source model exists
+  grid_lib.run_configs(runs)        # every run validated, the federated ones before their source model exists
   with pytest.raises(ValueError, match='run by another binary'):
-    sweep_lib.load_sweep_file(path + ':ladd,only=central_oracle')
+    grid_lib.load_sweep_file(path + ':ladd,only=central_oracle')
 
 
 def test_fedsoup_release_switch_reads_the_release_files_and_validates():
@@ -502,7 +502,7 @@ def test_fedsoup_digits_cells_validate_against_their_data():
 def test_the_wima_tables_pack_by_algorithm():
   """Tables 4.22, 4.24 and 4.25 on CIFAR as few batched programs as their structures: the published number (each
   cell's own) is not part of the program, the window, subset and Dirichlet alpha are per-run values."""
-  key = lambda cell: batched.pack_key(cfg(f'wima.py:{cell}'))
+  key = lambda cell: packing.pack_key(cfg(f'wima.py:{cell}'))
   t422_t424 = ['cifar10,fedavg,alpha=0', 'cifar10,fedavg,alpha=0.05'] + [
       f'cifar10,fedavg,alpha=0,window={w}' for w in (5, 10, 50, 200)]
   assert len({key(c) for c in t422_t424}) == 1

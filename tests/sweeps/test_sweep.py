@@ -10,6 +10,9 @@ import time
 
 import pytest
 
+from fedjax_flat.sweeps import grid as grid_lib
+from fedjax_flat.sweeps import local as local_lib
+from fedjax_flat.sweeps import status as status_lib
 from fedjax_flat.sweeps import sweep as sweep_lib
 from tests.fixtures.paths import REPO as ROOT
 
@@ -33,7 +36,7 @@ def _manifest(d):
 def test_expand_grid_names_and_commands(tmp_path):
   spec = dict(config='configs/quickstart.py:fedprox', fixed={'rounds': 3},
               grid={'client.optimizer': ['sgd', 'sam'], 'client.rho': [0.05, 0.1]}, seeds=[0, 2])
-  runs = sweep_lib.expand(spec, str(tmp_path))
+  runs = grid_lib.expand(spec, str(tmp_path))
   assert [r.key for r in runs] == [
       'client.optimizer=sgd,client.rho=0.05/seed=0', 'client.optimizer=sgd,client.rho=0.05/seed=2',
       'client.optimizer=sgd,client.rho=0.1/seed=0', 'client.optimizer=sgd,client.rho=0.1/seed=2',
@@ -45,24 +48,24 @@ def test_expand_grid_names_and_commands(tmp_path):
                       '--config.client.rho=0.1', '--config.seed=2',
                       f'--workdir={tmp_path}/client.optimizer=sgd,client.rho=0.1/seed=2']
   # Same spec, same names (deterministic); named cells and per-cell configs.
-  assert [r.workdir for r in sweep_lib.expand(spec, str(tmp_path))] == [r.workdir for r in runs]
-  cells = sweep_lib.expand(dict(grid=[dict(name='a', config='x.py', **{'swa.enabled': True}),
+  assert [r.workdir for r in grid_lib.expand(spec, str(tmp_path))] == [r.workdir for r in runs]
+  cells = grid_lib.expand(dict(grid=[dict(name='a', config='x.py', **{'swa.enabled': True}),
                                       dict(config='y.py:algo=fedavgm')]), 'D')
   assert [r.key for r in cells] == ['a/seed=0', 'config=y_algo=fedavgm/seed=0']
   assert cells[0].argv('PY')[2:4] == ['--config=x.py', '--config.swa.enabled=True']
 
 
 def test_expand_rejects_bad_input():
-  with pytest.raises(sweep_lib.SweepError, match='seeds'):
-    sweep_lib.expand(dict(config='c.py', grid={'seed': [0, 1]}), 'D')
-  with pytest.raises(sweep_lib.SweepError, match='two cells'):
-    sweep_lib.expand(dict(config='c.py', grid=[dict(name='x', a=1), dict(name='x', a=2)]), 'D')
-  with pytest.raises(sweep_lib.SweepError, match='KEY=V1,V2'):
-    sweep_lib.parse_grid_flags(['client.rho'])
-  with pytest.raises(sweep_lib.SweepError, match='unknown sweep keys'):
-    sweep_lib.expand(dict(config='c.py', grids={}), 'D')
-  assert sweep_lib.parse_grid_flags(['config.client.rho=0.05,1,True,sam']) == {'client.rho': [0.05, 1, True, 'sam']}
-  assert sweep_lib.parse_seeds('0,1, 2') == [0, 1, 2]
+  with pytest.raises(grid_lib.SweepError, match='seeds'):
+    grid_lib.expand(dict(config='c.py', grid={'seed': [0, 1]}), 'D')
+  with pytest.raises(grid_lib.SweepError, match='two cells'):
+    grid_lib.expand(dict(config='c.py', grid=[dict(name='x', a=1), dict(name='x', a=2)]), 'D')
+  with pytest.raises(grid_lib.SweepError, match='KEY=V1,V2'):
+    grid_lib.parse_grid_flags(['client.rho'])
+  with pytest.raises(grid_lib.SweepError, match='unknown sweep keys'):
+    grid_lib.expand(dict(config='c.py', grids={}), 'D')
+  assert grid_lib.parse_grid_flags(['config.client.rho=0.05,1,True,sam']) == {'client.rho': [0.05, 1, True, 'sam']}
+  assert grid_lib.parse_seeds('0,1, 2') == [0, 1, 2]
 
 
 def test_bad_flags_exit_2_with_one_line(tmp_path):
@@ -125,9 +128,9 @@ def test_run_skip_and_fail(tmp_path):
     assert 'client.optimizer=bogus/seed=0' in p.stderr and 'client.optimizer' in p.stderr
     assert not (d.parent / 'sw2').exists()
   # A finished workdir whose config differs from the sweep's is not silently reused.
-  run = sweep_lib.expand(dict(config=QS, fixed={'rounds': 2, 'client.momentum': 0.5},
+  run = grid_lib.expand(dict(config=QS, fixed={'rounds': 2, 'client.momentum': 0.5},
                               grid={'client.lr': [0.05, 1e30]}), str(d))[0]
-  assert sweep_lib.run_status(run) == 'mismatch'
+  assert status_lib.run_status(run) == 'mismatch'
 
 
 @pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
@@ -202,7 +205,7 @@ def test_killed_run_resumes_on_next_invocation(tmp_path):
   os.kill(pid, signal.SIGKILL)             # the training process itself, mid-run
   out, err = proc.communicate(timeout=120)
   assert proc.returncode == 1 and 'FAILED base/seed=0 (exit -9)' in out, out + err
-  assert sweep_lib.run_status(sweep_lib.expand(dict(config=QS, fixed={'rounds': 40, 'eval_every': 5,
+  assert status_lib.run_status(grid_lib.expand(dict(config=QS, fixed={'rounds': 40, 'eval_every': 5,
       'summary_last_k': 1, 'checkpoint_every': 2}, grid={'client.lr': [0.05]}), str(d))[0]) == 'partial'
   p = _sweep(args, timeout=300)
   assert p.returncode == 0 and '1 runs done' in p.stdout, p.stdout + p.stderr
@@ -214,17 +217,17 @@ def test_killed_run_resumes_on_next_invocation(tmp_path):
 
 def test_checked_in_sweep_files_expand(tmp_path):
   """The reproduction sweeps (benchmarks/studies/reproduce_digits.sh): every cell x 3 seeds, named, with references."""
-  fm = sweep_lib.expand(sweep_lib.load_sweep_file(os.path.join(ROOT, 'configs/sweeps/flat_minima_digits.py')), 'D')
+  fm = grid_lib.expand(grid_lib.load_sweep_file(os.path.join(ROOT, 'configs/sweeps/flat_minima_digits.py')), 'D')
   assert len(fm) == 16 * 3 and fm[0].key == 'fedavg/seed=0' and fm[-1].key == 'fedasam_man/seed=2'
   assert fm[0].reference == {'source': 'benchmarks/studies/README.flat_minima.md (earlier run, 150 rounds, seeds 0-2)',
                              'accuracy': 89.35, 'accuracy_std': 0.19}
   gloss = next(r for r in fm if r.cell == 'naive_fedgloss_sam_release')
   assert gloss.config == 'configs/quickstart_fedgloss.py' and gloss.overrides['algorithm'] == 'naive_fedgloss'
   assert gloss.overrides['rounds'] == 150 and gloss.overrides['algo.dual_variant'] == 'release'
-  short = sweep_lib.expand(sweep_lib.load_sweep_file(
+  short = grid_lib.expand(grid_lib.load_sweep_file(
       os.path.join(ROOT, 'configs/sweeps/flat_minima_digits.py') + ':rounds=60'), 'D')
   assert short[0].overrides['rounds'] == 60 and short[0].reference is None   # 150-round reference not comparable
-  bl = sweep_lib.expand(sweep_lib.load_sweep_file(os.path.join(ROOT, 'configs/sweeps/baselines_digits.py')), 'D')
+  bl = grid_lib.expand(grid_lib.load_sweep_file(os.path.join(ROOT, 'configs/sweeps/baselines_digits.py')), 'D')
   assert len(bl) == 21 * 3 and len({r.cell for r in bl}) == 21
   speed = next(r for r in bl if r.cell == 'fedspeed_population')
   assert speed.config == 'configs/baselines_digits.py:algo=fedspeed' and speed.reference['accuracy'] == 96.32
@@ -239,55 +242,55 @@ def test_checked_in_sweep_files_expand(tmp_path):
     ({'client.lr': [0.05, 'abc']}, 'abc'),
 ])
 def test_every_grid_point_is_validated_before_launch(tmp_path, grid, needle):
-  runs = sweep_lib.expand(dict(config=QS, grid=grid, seeds=[0, 1]), str(tmp_path))
-  with pytest.raises(sweep_lib.SweepError, match=needle) as e:
-    sweep_lib.run_configs(runs)
+  runs = grid_lib.expand(dict(config=QS, grid=grid, seeds=[0, 1]), str(tmp_path))
+  with pytest.raises(grid_lib.SweepError, match=needle) as e:
+    grid_lib.run_configs(runs)
   assert '/seed=0' in str(e.value)           # names the run
   assert not os.listdir(tmp_path)            # nothing launched, nothing written
 
 
 def test_bad_seeds_and_sweep_shapes_are_sweep_errors():
   for text in ('-1', '0,0', '1,-2'):
-    with pytest.raises(sweep_lib.SweepError, match='--seeds'):
-      sweep_lib.parse_seeds(text)
+    with pytest.raises(grid_lib.SweepError, match='--seeds'):
+      grid_lib.parse_seeds(text)
   for spec, needle in ((dict(config=QS, seeds=[-1]), 'seeds'), (dict(config=QS, seeds='0'), 'seeds'),
                        (dict(config=QS, grid={'client.lr': 0.1}), 'non-empty list'),
                        (dict(config=QS, grid=[1, 2]), 'list of cells'), (dict(config=QS, fixed=[1]), 'fixed'),
                        (dict(config=3), 'config=3')):
-    with pytest.raises(sweep_lib.SweepError, match=needle):
-      sweep_lib.expand(spec, 'D')
+    with pytest.raises(grid_lib.SweepError, match=needle):
+      grid_lib.expand(spec, 'D')
 
 
 def test_sweep_file_errors_are_one_sweep_error(tmp_path):
   bad = tmp_path / 'bad.py'
   bad.write_text('def get_sweep(:\n')
-  with pytest.raises(sweep_lib.SweepError, match='syntax error'):
-    sweep_lib.load_sweep_file(str(bad))
+  with pytest.raises(grid_lib.SweepError, match='syntax error'):
+    grid_lib.load_sweep_file(str(bad))
   bad.write_text('def get_sweep():\n  return 1 / 0\n')
-  with pytest.raises(sweep_lib.SweepError, match=r'ZeroDivisionError.*bad.py:2|bad.py:2.*ZeroDivisionError'):
-    sweep_lib.load_sweep_file(str(bad))
+  with pytest.raises(grid_lib.SweepError, match=r'ZeroDivisionError.*bad.py:2|bad.py:2.*ZeroDivisionError'):
+    grid_lib.load_sweep_file(str(bad))
 
 
 def test_one_driver_per_sweep_directory(tmp_path):
-  fd = sweep_lib.lock_sweep_dir(str(tmp_path))
+  fd = status_lib.lock_sweep_dir(str(tmp_path))
   try:
-    with pytest.raises(sweep_lib.SweepError, match=f'in use by another sweep driver \\(process {os.getpid()}'):
-      sweep_lib.lock_sweep_dir(str(tmp_path))
+    with pytest.raises(grid_lib.SweepError, match=f'in use by another sweep driver \\(process {os.getpid()}'):
+      status_lib.lock_sweep_dir(str(tmp_path))
   finally:
     os.close(fd)
-  os.close(sweep_lib.lock_sweep_dir(str(tmp_path)))      # free again once the first driver is gone
+  os.close(status_lib.lock_sweep_dir(str(tmp_path)))      # free again once the first driver is gone
 
 
 def test_manifest_write_failure_is_one_operation_error(tmp_path, monkeypatch):
   import errno
   from fedjax_flat.errors import OperationError
-  runs = sweep_lib.expand(dict(config=QS, grid={'client.lr': [0.1]}), str(tmp_path))
+  runs = grid_lib.expand(dict(config=QS, grid={'client.lr': [0.1]}), str(tmp_path))
 
   def full(*a, **k):
     raise OSError(errno.ENOSPC, 'No space left on device')
-  monkeypatch.setattr(sweep_lib.os, 'replace', full)
+  monkeypatch.setattr(status_lib.os, 'replace', full)
   with pytest.raises(OperationError, match='could not write .*sweep.json: No space left on device'):
-    sweep_lib.write_manifest(str(tmp_path), runs, {}, {})
+    status_lib.write_manifest(str(tmp_path), runs, {}, {})
   assert not [f for f in os.listdir(tmp_path) if f.endswith('.tmp')]
 
 
@@ -300,7 +303,7 @@ def _fake_python(tmp_path, name, body):
 
 
 def test_failure_reason_is_the_last_error_line_of_the_attempt(tmp_path):
-  runs = sweep_lib.expand(dict(config=QS, grid={'client.lr': [0.1, 0.2, 0.3]}), str(tmp_path / 's'))
+  runs = grid_lib.expand(dict(config=QS, grid={'client.lr': [0.1, 0.2, 0.3]}), str(tmp_path / 's'))
   # a log from an earlier attempt holds an old error: never reported for this attempt
   os.makedirs(runs[0].workdir)
   with open(os.path.join(runs[0].workdir, 'sweep.log'), 'w') as f:
@@ -310,7 +313,7 @@ def test_failure_reason_is_the_last_error_line_of_the_attempt(tmp_path):
                           _fake_python(tmp_path, 'errs', 'echo "warning: x"; echo "error: boom (the fix)"; exit 2'),
                           _fake_python(tmp_path, 'tb', 'echo "Traceback (most recent call last):"; '
                                                        'echo "ValueError: bad thing"; exit 1')]):
-    outs[r.key] = sweep_lib.run_local([r], str(tmp_path / 's'), {}, python=py, poll_s=0.05,
+    outs[r.key] = local_lib.run_local([r], str(tmp_path / 's'), {}, python=py, poll_s=0.05,
                                       stream=open(os.devnull, 'w'), env=dict(os.environ))[r.key]
   k = [r.key for r in runs]
   assert outs[k[0]]['error'] == 'killed by SIGKILL (no error line in the log)'
@@ -324,18 +327,18 @@ def test_rerun_waits_for_a_live_process_holding_a_workdir(tmp_path):
   import io
   import threading
   from fedjax_flat.training.workdir import WorkdirLock
-  runs = sweep_lib.expand(dict(config=QS, grid={'client.lr': [0.1]}), str(tmp_path / 's'))
+  runs = grid_lib.expand(dict(config=QS, grid={'client.lr': [0.1]}), str(tmp_path / 's'))
   lock = WorkdirLock(runs[0].workdir).acquire()
-  assert sweep_lib.workdir_holder(runs[0].workdir) == str(os.getpid())
+  assert status_lib.workdir_holder(runs[0].workdir) == str(os.getpid())
   threading.Timer(1.5, lock.release).start()
   stream = io.StringIO()
   t = time.time()
-  st = sweep_lib.run_local(runs, str(tmp_path / 's'), {}, python=_fake_python(tmp_path, 'ok', 'exit 0'),
+  st = local_lib.run_local(runs, str(tmp_path / 's'), {}, python=_fake_python(tmp_path, 'ok', 'exit 0'),
                            poll_s=0.05, stream=stream, env=dict(os.environ))[runs[0].key]
   assert time.time() - t >= 1.4
   assert f'in use by process {os.getpid()}' in stream.getvalue() and 'waiting for it to end' in stream.getvalue()
   assert st['status'] == 'failed' and st['error'] == 'exit 0 (no error line in the log)'   # it did launch
-  assert sweep_lib.workdir_holder(runs[0].workdir) is None
+  assert status_lib.workdir_holder(runs[0].workdir) is None
 
 
 @pytest.mark.slow
@@ -379,7 +382,7 @@ def _fake_run_batch(calls, results):
 
 def _batched_runs(tmp_path, lrs=(0.1,)):
   from configs import quickstart
-  runs = sweep_lib.expand(dict(config=QS, grid={'client.lr': list(lrs)}), str(tmp_path / 's'))
+  runs = grid_lib.expand(dict(config=QS, grid={'client.lr': list(lrs)}), str(tmp_path / 's'))
   configs = []
   for r in runs:
     c = quickstart.get_config()
@@ -443,7 +446,7 @@ def test_disk_full_mid_sweep_runs_go_on_and_the_end_is_one_error(tmp_path, monke
   its own workdir; the driver's last write is its one error (experiments/sweep.py: exit 1, one line)."""
   import errno
   import io
-  runs = sweep_lib.expand(dict(config=QS, grid={'client.lr': [0.1, 0.2]}), str(tmp_path / 's'))
+  runs = grid_lib.expand(dict(config=QS, grid={'client.lr': [0.1, 0.2]}), str(tmp_path / 's'))
   real_open = open
 
   def full_open(file, mode='r', *a, **k):
@@ -454,8 +457,8 @@ def test_disk_full_mid_sweep_runs_go_on_and_the_end_is_one_error(tmp_path, monke
   stream = io.StringIO()
   py = _fake_python(tmp_path, 'ok', 'for a in "$@"; do case $a in --workdir=*) touch "${a#--workdir=}/ran";; '
                                     'esac; done')
-  with pytest.raises(sweep_lib.ManifestWriteError, match='sweep.json: No space left on device.*rerun the same'):
-    sweep_lib.run_local(runs, str(tmp_path / 's'), {}, python=py, poll_s=0.05, stream=stream, env=dict(os.environ))
+  with pytest.raises(status_lib.ManifestWriteError, match='sweep.json: No space left on device.*rerun the same'):
+    local_lib.run_local(runs, str(tmp_path / 's'), {}, python=py, poll_s=0.05, stream=stream, env=dict(os.environ))
   assert all(os.path.exists(os.path.join(r.workdir, 'ran')) for r in runs)
   warnings = [ln for ln in stream.getvalue().splitlines() if ln.startswith('warning:')]
   assert len(warnings) == 1 and 'No space left on device' in warnings[0]
@@ -466,9 +469,9 @@ def test_a_child_ended_by_the_forwarded_sigterm_while_starting_is_stopped_not_fa
   """Ctrl-C / SIGTERM to the driver is forwarded to its runs; one still starting (no handler yet) ends with
   -SIGTERM: stopped (the rerun resumes it), not FAILED 'killed by SIGTERM'."""
   import threading
-  runs = sweep_lib.expand(dict(config=QS, grid={'client.lr': [0.1]}), str(tmp_path / 's'))
+  runs = grid_lib.expand(dict(config=QS, grid={'client.lr': [0.1]}), str(tmp_path / 's'))
   threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
-  st = sweep_lib.run_local(runs, str(tmp_path / 's'), {}, python=_fake_python(tmp_path, 'slow', 'exec sleep 30'),
+  st = local_lib.run_local(runs, str(tmp_path / 's'), {}, python=_fake_python(tmp_path, 'slow', 'exec sleep 30'),
                            poll_s=0.05, stream=open(os.devnull, 'w'), env=dict(os.environ))[runs[0].key]
   assert st['status'] == 'stopped' and st['returncode'] == -signal.SIGTERM
 
@@ -480,16 +483,16 @@ def test_batched_sweep_compiles_the_next_program_on_a_thread_while_one_trains(tm
   import io
   import threading
   from configs import quickstart
-  from fedjax_flat.training import batched
+  from fedjax_flat.training import batched_trainer
   where = []
-  real = batched.BatchedTrainer.compile
-  monkeypatch.setattr(batched.BatchedTrainer, 'compile',
+  real = batched_trainer.BatchedTrainer.compile
+  monkeypatch.setattr(batched_trainer.BatchedTrainer, 'compile',
                       lambda self: (where.append((self.trainers[0].config.client.optimizer,
                                                   threading.current_thread().name, self.compiled is None)),
                                     real(self))[1])
 
   def sweep(d, ahead):
-    runs = sweep_lib.expand(dict(config=QS, fixed={'rounds': 1, 'eval_every': 1, 'summary_last_k': 1},
+    runs = grid_lib.expand(dict(config=QS, fixed={'rounds': 1, 'eval_every': 1, 'summary_last_k': 1},
                                  grid={'client.optimizer': ['sgd', 'sam']}), str(d))
     configs = []
     for r in runs:
@@ -532,22 +535,22 @@ def _ladd_pipeline(cells=('synthetic,ladd_cls', 'synthetic,fedavg_st', 'syntheti
 
 def test_stages_expand_with_declared_outputs_and_validate_before_they_exist(tmp_path):
   d = str(tmp_path / 'sw')
-  runs = sweep_lib.expand(_ladd_pipeline(), d)
+  runs = grid_lib.expand(_ladd_pipeline(), d)
   assert [(r.stage, r.cell) for r in runs] == [
       ('source', 'source/synthetic,source_fda'), ('source', 'source/synthetic,source_only'),
       ('federated', 'federated/synthetic,ladd_cls'), ('federated', 'federated/synthetic,fedavg_st')]
-  assert runs[0].binary.endswith('experiments/pretrain_source.py') and runs[2].binary == sweep_lib.TRAIN
+  assert runs[0].binary.endswith('experiments/pretrain_source.py') and runs[2].binary == grid_lib.TRAIN
   assert runs[0].workdir == os.path.join(d, 'source', 'synthetic,source_fda', 'seed=0')
   model = os.path.join(runs[0].workdir, 'source_model.npz')
   for r in runs[2:]:      # the federated cells start from the stage-1 model: its path, declared before it exists
     assert r.overrides['init.pretrained'] == model and r.inputs == {model: 'source/synthetic,source_fda/seed=0'}
     assert f'--config.init.pretrained={model}' in r.argv()
-  configs = sweep_lib.run_configs(runs)       # validated although the file is not there yet
+  configs = grid_lib.run_configs(runs)       # validated although the file is not there yet
   assert configs[2].init.pretrained == model and not os.path.exists(model)
   assert [sweep_lib.stages_of(runs)[i][0] for i in (0, 1)] == ['source', 'federated']
   # a run alone (train.py's check) still requires the file
-  with pytest.raises(sweep_lib.SweepError, match='no such file'):
-    sweep_lib.config_from_argv(runs[2].argv('python')[1:])
+  with pytest.raises(grid_lib.SweepError, match='no such file'):
+    grid_lib.config_from_argv(runs[2].argv('python')[1:])
 
 
 def test_stage_outputs_pair_seeds_and_refuse_what_is_not_an_earlier_stage(tmp_path):
@@ -556,25 +559,25 @@ def test_stage_outputs_pair_seeds_and_refuse_what_is_not_an_earlier_stage(tmp_pa
         dict(name='a', grid=[{'name': 'x'}], seeds=src_seeds),
         dict(name='b', grid=[{'name': 'y', 'init.pretrained': {'output_of': ref, 'file': 'm.npz'}}],
              seeds=fed_seeds)])
-  runs = sweep_lib.expand(spec([0, 1], [0, 1]), 'D')
+  runs = grid_lib.expand(spec([0, 1], [0, 1]), 'D')
   assert [r.overrides['init.pretrained'] for r in runs[2:]] == ['D/a/x/seed=0/m.npz', 'D/a/x/seed=1/m.npz']
-  runs = sweep_lib.expand(spec([0], [0, 1, 2]), 'D')     # one producer: every seed starts from it
+  runs = grid_lib.expand(spec([0], [0, 1, 2]), 'D')     # one producer: every seed starts from it
   assert {r.overrides['init.pretrained'] for r in runs[1:]} == {'D/a/x/seed=0/m.npz'}
-  with pytest.raises(sweep_lib.SweepError, match='no run of seed 2'):
-    sweep_lib.expand(spec([0, 1], [2]), 'D')
-  with pytest.raises(sweep_lib.SweepError, match="'a/z', which is not a cell of an earlier stage; cells: a/x"):
-    sweep_lib.expand(spec([0], [0], ref='a/z'), 'D')
-  with pytest.raises(sweep_lib.SweepError, match='not a cell of an earlier stage'):
-    sweep_lib.expand(spec([0], [0], ref='b/y'), 'D')
-  with pytest.raises(sweep_lib.SweepError, match='instead of a grid, not both'):
-    sweep_lib.expand(dict(spec([0], [0]), grid={'rounds': [1]}), 'D')
-  with pytest.raises(sweep_lib.SweepError, match='binary='):
-    sweep_lib.expand(dict(config='c', stages=[dict(name='a', grid=[{}], binary='experiments/hessian.py')]), 'D')
+  with pytest.raises(grid_lib.SweepError, match='no run of seed 2'):
+    grid_lib.expand(spec([0, 1], [2]), 'D')
+  with pytest.raises(grid_lib.SweepError, match="'a/z', which is not a cell of an earlier stage; cells: a/x"):
+    grid_lib.expand(spec([0], [0], ref='a/z'), 'D')
+  with pytest.raises(grid_lib.SweepError, match='not a cell of an earlier stage'):
+    grid_lib.expand(spec([0], [0], ref='b/y'), 'D')
+  with pytest.raises(grid_lib.SweepError, match='instead of a grid, not both'):
+    grid_lib.expand(dict(spec([0], [0]), grid={'rounds': [1]}), 'D')
+  with pytest.raises(grid_lib.SweepError, match='binary='):
+    grid_lib.expand(dict(config='c', stages=[dict(name='a', grid=[{}], binary='experiments/hessian.py')]), 'D')
 
 
 def test_a_stage_whose_input_is_absent_is_not_started_naming_its_producer(tmp_path):
   d = str(tmp_path / 'sw')
-  runs = sweep_lib.expand(_ladd_pipeline(('synthetic,ladd_cls',)), d)
+  runs = grid_lib.expand(_ladd_pipeline(('synthetic,ladd_cls',)), d)
   fed = [r for r in runs if r.stage == 'federated']
   states = sweep_lib.run_stages(fed, [None] * len(fed), d, {'name': 'x'}, stream=open(os.devnull, 'w'))
   st = states['federated/synthetic,ladd_cls/seed=0']
@@ -616,17 +619,17 @@ def test_a_finished_workdir_of_another_config_file_is_not_skipped(tmp_path):
   # Two single-cell sweeps in one --sweep_dir both name their cell 'base': config.json cannot tell which config
   # file a run came from, so the sweep's mark beside it does (run_status).
   d = str(tmp_path)
-  (run,) = sweep_lib.expand(dict(config=QS, fixed={'rounds': 2}), d)
-  (other,) = sweep_lib.expand(dict(config='configs/quickstart_fedgloss.py', fixed={'rounds': 2}), d)
+  (run,) = grid_lib.expand(dict(config=QS, fixed={'rounds': 2}), d)
+  (other,) = grid_lib.expand(dict(config='configs/quickstart_fedgloss.py', fixed={'rounds': 2}), d)
   assert run.workdir == other.workdir and run.cell == 'base'
   os.makedirs(run.workdir)
   with open(os.path.join(run.workdir, 'config.json'), 'w') as f:
     json.dump({'seed': 0, 'rounds': 2}, f)
   with open(os.path.join(run.workdir, 'summary.json'), 'w') as f:
     json.dump({'rounds_completed': 2}, f)
-  assert sweep_lib.run_status(run) == sweep_lib.run_status(other) == 'finished'    # no mark: as before
-  sweep_lib.mark_config(run)
-  assert sweep_lib.run_status(run) == 'finished' and sweep_lib.run_status(other) == 'mismatch'
+  assert status_lib.run_status(run) == status_lib.run_status(other) == 'finished'    # no mark: as before
+  status_lib.mark_config(run)
+  assert status_lib.run_status(run) == 'finished' and status_lib.run_status(other) == 'mismatch'
 
 
 def test_set_of_an_unknown_published_field_lists_the_fields_published_may_have(tmp_path):

@@ -278,7 +278,7 @@ def test_records_carry_the_clock_and_a_resumed_run_continues_it_exactly(tmp_path
   for k in ('virtual_time_s', 'bytes_down', 'bytes_up'):
     assert s1[k] == s2[k] == t.records[-1][k]
   # the sums of the round schedules, recomputed from the plan alone
-  want = sum(t.plan.round_schedule(r, t.plan.sample_round(r)).duration_s for r in range(4))
+  want = sum(t.plan.systems.round_schedule(r, t.plan.sample_round(r)).duration_s for r in range(4))
   assert s1['virtual_time_s'] == pytest.approx(want)
   assert 'virtual clock' in s1['facts']['system']
 
@@ -298,7 +298,7 @@ def test_one_byte_count_when_clients_do_not_report(tmp_path):
                                                           'system.availability_rate': 0.7, 'system.dropout': 0.2})
   t = trainers.make_trainer(cfg, data=data(), workdir=str(tmp_path))
   s = t.train()
-  scheds = [t.plan.round_schedule(r, t.plan.sample_round(r)) for r in range(6)]
+  scheds = [t.plan.systems.round_schedule(r, t.plan.sample_round(r)) for r in range(6)]
   online = sum(int(np.sum(x.available)) for x in scheds)
   reported = sum(int(np.sum(x.reports)) for x in scheds)
   assert reported < online < 6 * cfg.clients_per_round          # some clients were offline, some did not report

@@ -15,6 +15,8 @@ from fedjax_flat.core import runs as runs_lib
 from fedjax_flat.data import sampling
 from fedjax_flat.data.sources.builtin import synthetic
 from fedjax_flat.training import batched
+from fedjax_flat.training import batched_trainer
+from fedjax_flat.training import packing
 from fedjax_flat.training import checkpoint as ckpt_lib
 from fedjax_flat.training import run as run_lib
 
@@ -143,7 +145,7 @@ def test_a_builder_freezing_a_per_run_value_is_refused_in_one_line_before_compil
   data = _data()
   monkeypatch.setattr(batched.data_registry, 'get_dataset', lambda *a, **k: data)
   compiled = []
-  monkeypatch.setattr(batched.BatchedTrainer, 'train', lambda self, **kw: compiled.append(1))
+  monkeypatch.setattr(batched_trainer.BatchedTrainer, 'train', lambda self, **kw: compiled.append(1))
   specs = [batched.RunSpec(f'r{i}', _config('fednova', i), str(tmp_path / f'b{i}')) for i in range(2)]
   res = batched.run_batch(specs, lanes=2)
   assert [res[i].status for i in range(2)] == ['failed'] * 2 and not compiled
@@ -191,13 +193,13 @@ def test_compat_key_and_packing():
   assert runs_lib.compat_key(_config('fedavg', 0, **{'client.momentum': 0.0})) != runs_lib.compat_key(base)
   specs = [batched.RunSpec(str(i), c, '') for i, c in enumerate(
       [_config('fedavg', i % 3) for i in range(9)] + [_config('fedsam', 0)])]
-  assert batched.pack_groups(specs, 4, 1) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]   # balanced: 9 -> 3 x 3
-  assert batched.pack_groups(specs, 16, 1) == [list(range(9)), [9]]
+  assert packing.pack_groups(specs, 4, 1) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]   # balanced: 9 -> 3 x 3
+  assert packing.pack_groups(specs, 16, 1) == [list(range(9)), [9]]
   # two devices: packs of a multiple of 2 (every lane a run), 9 -> 4 + 4 + 1 (8 lanes + a run alone, not 3 x 4)
-  assert batched.pack_groups(specs, 4, 2) == [[0, 1, 2, 3], [4, 5, 6, 7], [8], [9]]
-  assert batched.pack_groups(specs[:6], 4, 2) == [[0, 1, 2, 3], [4, 5]]
-  assert batched.pack_groups(specs[:3], 4, 2) == [[0, 1, 2]] and batched.pack_groups(specs[:3], 2, 2) == [[0, 1], [2]]
-  assert batched.pack_groups(specs[:6], 3, 2) == [[0, 1, 2], [3, 4, 5]]    # 4 would exceed 3 a program
+  assert packing.pack_groups(specs, 4, 2) == [[0, 1, 2, 3], [4, 5, 6, 7], [8], [9]]
+  assert packing.pack_groups(specs[:6], 4, 2) == [[0, 1, 2, 3], [4, 5]]
+  assert packing.pack_groups(specs[:3], 4, 2) == [[0, 1, 2]] and packing.pack_groups(specs[:3], 2, 2) == [[0, 1], [2]]
+  assert packing.pack_groups(specs[:6], 3, 2) == [[0, 1, 2], [3, 4, 5]]    # 4 would exceed 3 a program
   assert runs_lib.lanes_for(3, 2) == 4 and runs_lib.lanes_for(8, 2) == 8 and runs_lib.lanes_for(5, 1) == 5
 
 
@@ -220,14 +222,14 @@ def test_memory_budget_splits_the_batch(tmp_path, monkeypatch):
   monkeypatch.setattr(batched.data_registry, 'get_dataset', lambda *a, **k: data)
   specs = [batched.RunSpec(f'r{i}', _config('fedavg', i, rounds=3), str(tmp_path / str(i))) for i in range(3)]
   seen = []
-  real = batched.BatchedTrainer
+  real = batched_trainer.BatchedTrainer
 
   def spy(trainers, **kw):
     seen.append(len(trainers))
     return real(trainers, **kw)
-  monkeypatch.setattr(batched, 'BatchedTrainer', spy)
+  monkeypatch.setattr(batched_trainer, 'BatchedTrainer', spy)
   t = run_lib.open_run(specs[0].config, str(tmp_path / 'probe'), data=data)
-  per_lane = batched._lane_bytes(t[0])                # pylint: disable=protected-access
+  per_lane = packing.lane_bytes(t[0])                # pylint: disable=protected-access
   t[1].close()
   res = batched.run_batch(specs, memory_bytes=int(per_lane * 1.5))      # one lane fits
   assert seen == [1, 1, 1] and all(res[i].status == 'done' for i in range(3))
@@ -245,9 +247,9 @@ def test_a_workdir_held_by_a_live_process_is_busy_not_failed(tmp_path):
 
 
 def test_auto_runs_per_program_follow_the_backend_measurements(monkeypatch):
-  assert batched.auto_batch_runs() == batched.AUTO_BATCH_RUNS == 4        # CPU: lanes keep the cores busy
-  monkeypatch.setattr(batched.jax, 'default_backend', lambda: 'gpu')
-  assert batched.auto_batch_runs() == 1                                  # H100: R = 8 / 32 gave 0.88x / 0.79x
+  assert packing.auto_batch_runs() == packing.AUTO_BATCH_RUNS == 4        # CPU: lanes keep the cores busy
+  monkeypatch.setattr(packing.jax, 'default_backend', lambda: 'gpu')
+  assert packing.auto_batch_runs() == 1                                  # H100: R = 8 / 32 gave 0.88x / 0.79x
 
 
 def _grid_config(alpha, data_seed):
@@ -261,11 +263,11 @@ def test_align_plans_gives_a_data_grid_one_signature(tmp_path):
   opened = [run_lib.open_run(_grid_config(a, s), str(tmp_path / str(s))) for a, s in [(0.1, 0), (100.0, 1)]]
   trainers = [t for t, *_ in opened]
   before = [t.plan.batch_plan for t in trainers]
-  assert before[0] != before[1] and batched._signature(trainers[0]) != batched._signature(trainers[1])
-  assert batched.align_plans(trainers) == 1              # the smaller plan grows to the common one
-  assert batched._signature(trainers[0]) == batched._signature(trainers[1])
+  assert before[0] != before[1] and packing.signature(trainers[0]) != packing.signature(trainers[1])
+  assert packing.align_plans(trainers) == 1              # the smaller plan grows to the common one
+  assert packing.signature(trainers[0]) == packing.signature(trainers[1])
   common = trainers[0].plan.batch_plan
-  assert common == batched.common_plan(before) and trainers[0].plan.num_steps == common.num_steps
+  assert common == packing.common_plan(before) and trainers[0].plan.num_steps == common.num_steps
   for _, ckpt, _ in opened:
     ckpt.close()
 
@@ -273,7 +275,7 @@ def test_align_plans_gives_a_data_grid_one_signature(tmp_path):
 @pytest.mark.slow    # trains 2 runs alone and batched (~12 s quiet); the default suite: the two tests around it
 def test_a_dirichlet_alpha_grid_is_one_program_and_each_run_equals_its_run_alone(tmp_path, monkeypatch):
   """Runs that differ only in data (data.alpha, data.seed under a quantity skew: other client sizes, so other step
-  counts and largest client) share one program with the pack's largest batch plan (batched.align_plans); the
+  counts and largest client) share one program with the pack's largest batch plan (packing.align_plans); the
   padding is masked, so each run's records and checkpoint equal the run alone."""
   cfg = _grid_config
   grid = [(0.1, 0), (100.0, 1)]
@@ -285,8 +287,8 @@ def test_a_dirichlet_alpha_grid_is_one_program_and_each_run_equals_its_run_alone
     ckpt.close()
   assert len({(p.num_steps, p.max_size) for p in alone_plans}) > 1, 'the grid must give other plan shapes'
   built = []
-  real_init = batched.BatchedTrainer.__init__
-  monkeypatch.setattr(batched.BatchedTrainer, '__init__',
+  real_init = batched_trainer.BatchedTrainer.__init__
+  monkeypatch.setattr(batched_trainer.BatchedTrainer, '__init__',
                       lambda self, trainers, **kw: (built.append(len(trainers)), real_init(self, trainers, **kw))[1])
   specs = [batched.RunSpec(f'r{i}', cfg(a, s), str(tmp_path / f'batched{i}')) for i, (a, s) in enumerate(grid)]
   res = batched.run_batch(specs, lanes=2)
@@ -306,18 +308,18 @@ def test_common_plan_pads_only_the_shapes():
   from fedjax_flat.data import batching
   p = batching.batch_plan([3, 9], batch_size=4, num_steps=3)
   q = batching.batch_plan([20, 1], batch_size=4, num_steps=5)
-  c = batched.common_plan([p, q])
+  c = packing.common_plan([p, q])
   assert (c.num_steps, c.max_size, c.num_perms, c.batch_size) == (5, 20, 1, 4)
-  assert batched.common_plan([p, batching.batch_plan([3, 9], batch_size=8, num_steps=2)]) is None
-  assert batched.common_plan([p, batching.batch_plan([3, 9], batch_size=4, num_steps=3, epochs=2)]) is None
+  assert packing.common_plan([p, batching.batch_plan([3, 9], batch_size=8, num_steps=2)]) is None
+  assert packing.common_plan([p, batching.batch_plan([3, 9], batch_size=4, num_steps=3, epochs=2)]) is None
 
 
 def test_a_one_run_pack_on_several_devices_trains_as_train_py_would(tmp_path, monkeypatch):
   # A runs program of one run on two devices would fill its second lane with a copy: the pack trains alone, its
   # clients sharded as train.py shards them, and its files equal the run's trained by run.py (this process has one
   # device, so `alone` is passed as the sweep passes it on two).
-  assert batched.single_run_pack_alone(1, 2) and not batched.single_run_pack_alone(1, 1)
-  assert not batched.single_run_pack_alone(2, 2) and not batched.single_run_pack_alone(3, 2)
+  assert packing.single_run_pack_alone(1, 2) and not packing.single_run_pack_alone(1, 1)
+  assert not packing.single_run_pack_alone(2, 2) and not packing.single_run_pack_alone(3, 2)
   data = _data()
   run_lib.run(_config('fedavg', 0), str(tmp_path / 'ref'), data=data)
   monkeypatch.setattr(batched.data_registry, 'get_dataset', lambda *a, **k: data)
@@ -343,22 +345,22 @@ COUNTS = (10, 16, 20)
 def test_pack_key_leaves_out_the_population_unless_it_sizes_arrays():
   """data.num_clients is a per-run input (core/runs.INPUT_FIELDS): a client-count grid packs into one program;
   FedFomo's per-client slots are [N, ...] arrays, so its runs pack only with runs of the same N."""
-  assert len({batched.pack_key(_count_config(k)) for k in COUNTS}) == 1
+  assert len({packing.pack_key(_count_config(k)) for k in COUNTS}) == 1
   fomo = [_count_config(k, algorithm='fedfomo') for k in COUNTS]
   for c in fomo:
     c.algo = registry.default_hparams('fedfomo')
-  assert len({batched.pack_key(c) for c in fomo}) == 3
-  assert batched.pack_groups([batched.RunSpec(str(k), _count_config(k), '') for k in COUNTS], 4) == [[0, 1, 2]]
+  assert len({packing.pack_key(c) for c in fomo}) == 3
+  assert packing.pack_groups([batched.RunSpec(str(k), _count_config(k), '') for k in COUNTS], 4) == [[0, 1, 2]]
 
 
 def _spy_programs(monkeypatch):
   built = []
-  real_init = batched.BatchedTrainer.__init__
+  real_init = batched_trainer.BatchedTrainer.__init__
 
   def init(self, trainers, **kw):
     real_init(self, trainers, **kw)
     built.append((len(trainers), self.population_size))
-  monkeypatch.setattr(batched.BatchedTrainer, '__init__', init)
+  monkeypatch.setattr(batched_trainer.BatchedTrainer, '__init__', init)
   return built
 
 
@@ -440,5 +442,5 @@ def test_incompatible_specs_are_one_line_naming_the_run_and_the_key(tmp_path):
     ff.run_batch(specs)
   assert str(e.value) == ("run 2 ('sam') cannot share a batched program with run 0 ('a'): config key "
                           "client.optimizer differs ('sgd' vs 'sam'); give them to separate run_batch calls, or let "
-                          "a sweep pack them (batched.pack_groups)")
-  assert isinstance(e.value, batched.BatchIncompatible) and not os.listdir(tmp_path)    # nothing opened
+                          "a sweep pack them (packing.pack_groups)")
+  assert isinstance(e.value, packing.BatchIncompatible) and not os.listdir(tmp_path)    # nothing opened

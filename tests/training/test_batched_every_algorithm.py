@@ -15,7 +15,8 @@ from fedjax_flat import errors
 from fedjax_flat.algorithms import registry
 from fedjax_flat.config.default_config import segmentation_data
 from fedjax_flat.data.sources.builtin import synthetic
-from fedjax_flat.training import batched
+from fedjax_flat.training import batched_trainer
+from fedjax_flat.training import packing
 from fedjax_flat.training import loop
 from tests.fixtures.configs import small_config
 
@@ -84,16 +85,16 @@ def _outcome(name, config_blocker=True):
     c.algo.update({**registry.default_hparams(name), **c.algo.to_dict()})
     data = HARNESS[name](c) if name in HARNESS else _synthetic()
     cfgs.append(c)
-  why = batched.batch_blocker(cfgs[0])
+  why = packing.batch_blocker(cfgs[0])
   if why and config_blocker:
     return f'blocked: {why}'
   trainers = [loop.Trainer(c, data=data, write_files=False, shard_clients=False) for c in cfgs]
-  why = batched._trainer_blocker(trainers[0])      # pylint: disable=protected-access
+  why = packing.trainer_blocker(trainers[0])      # pylint: disable=protected-access
   if why:
     return 'alone' if config_blocker else f'alone: {why}'
   try:
-    batched.BatchedTrainer(trainers, lanes=2)
-  except batched.BatchRefused as e:
+    batched_trainer.BatchedTrainer(trainers, lanes=2)
+  except batched_trainer.BatchRefused as e:
     return f'BatchRefused: {e}'
   return 'batched'
 
@@ -121,6 +122,6 @@ def test_opened_runs_built_from_their_own_data_train_alone(name):
 
 def test_chain_algorithms_are_refused_before_anything_is_loaded():
   for name in registry.with_need('chains'):
-    assert batched.batch_blocker(small_config(algorithm=name)) == ('chain algorithms (FedSeq family) have their '
+    assert packing.batch_blocker(small_config(algorithm=name)) == ('chain algorithms (FedSeq family) have their '
                                                                    'own trainer')
-  assert np.all([batched.batch_blocker(small_config()) is None])
+  assert np.all([packing.batch_blocker(small_config()) is None])

@@ -13,6 +13,8 @@ import pytest
 from fedjax_flat.core import runs as runs_lib
 from fedjax_flat.data.sources.builtin import synthetic
 from fedjax_flat.training import batched
+from fedjax_flat.training import batched_trainer
+from fedjax_flat.training import packing
 from fedjax_flat.training import checkpoint as ckpt_lib
 from fedjax_flat.training import run as run_lib
 
@@ -55,18 +57,18 @@ def _batched(tmp_path, monkeypatch, name, over=lambda i: {}, **kw):
   BatchedTrainer, programs compiled)."""
   data = _data()
   monkeypatch.setattr(batched.data_registry, 'get_dataset', lambda *a, **k: data)
-  built, n_compiled = [], len(batched._COMPILED)
-  real_init = batched.BatchedTrainer.__init__
-  monkeypatch.setattr(batched.BatchedTrainer, '__init__',
+  built, n_compiled = [], len(batched_trainer._COMPILED)
+  real_init = batched_trainer.BatchedTrainer.__init__
+  monkeypatch.setattr(batched_trainer.BatchedTrainer, '__init__',
                       lambda self, trainers, **k: (built.append(list(trainers)), real_init(self, trainers, **k))[1])
   specs = [batched.RunSpec(f'r{i}', _config(i, **over(i)), str(tmp_path / name / str(i))) for i in range(len(GRID))]
   res = batched.run_batch(specs, lanes=len(GRID), **kw)
-  return res, built, len(batched._COMPILED) - n_compiled
+  return res, built, len(batched_trainer._COMPILED) - n_compiled
 
 
 def test_system_numbers_are_run_inputs_and_the_clock_kinds_structure():
   base = _config(0)
-  assert batched.batch_blocker(base) is None
+  assert packing.batch_blocker(base) is None
   keys = {runs_lib.compat_key(_config(i)) for i in range(len(GRID))}
   assert len(keys) == 1, 'deadline, spread, dropout, bandwidths: one program'
   bern = [small_config(**{'system.availability': 'bernoulli', 'system.availability_rate': p}) for p in (0.5, 0.9)]
@@ -78,7 +80,7 @@ def test_system_numbers_are_run_inputs_and_the_clock_kinds_structure():
   assert (runs_lib.compat_key(small_config(**{'system.dropout': 0.1}))
           != runs_lib.compat_key(small_config(**{'system.dropout': 0.0})))
   configs = [_config(0), _config(1), _config(0, **{'system.availability': 'bernoulli'}), small_config()]
-  packs = batched.pack_groups([batched.RunSpec(str(i), c, '') for i, c in enumerate(configs)], 4)
+  packs = packing.pack_groups([batched.RunSpec(str(i), c, '') for i, c in enumerate(configs)], 4)
   assert packs == [[0, 1], [2], [3]]
 
 
@@ -91,8 +93,8 @@ def test_a_deadline_grid_is_one_program_and_each_lane_runs_on_its_own_clock(tmp_
   for i, t in enumerate(trainers):
     p = t.plan
     assert p.clock.deadline_s == GRID[i]['system.deadline_s']
-    scheds = [p.round_schedule(r, p.sample_round(r)) for r in range(4)]
-    cut |= any(np.any(s.fit < [len(p.client_step_examples[k]) for k in s.ids]) for s in scheds)
+    scheds = [p.systems.round_schedule(r, p.sample_round(r)) for r in range(4)]
+    cut |= any(np.any(s.fit < [len(p.systems.client_step_examples[k]) for k in s.ids]) for s in scheds)
     s = res[i].summary
     # the lane's totals are its own schedule's, recomputed from its plan alone
     assert s['virtual_time_s'] == pytest.approx(sum(x.duration_s for x in scheds))
@@ -175,7 +177,7 @@ def test_a_batched_clock_grid_with_compressed_uploads_equals_each_run_alone(tmp_
     a, b = str(tmp_path / 'alone' / str(i)), str(tmp_path / 'b' / str(i))
     d, k = t.plan.num_params, max(1, round(COMPRESS[i]['upload.fraction'] * t.plan.num_params))
     up = 4 * k + min(4 * k, math.ceil(d / 8))          # k values + their indices or a d-bit map, the smaller
-    assert t.plan.clock.bytes_up == t.plan.compressed_upload_bytes() == up
+    assert t.plan.clock.bytes_up == t.plan.systems.compressed_upload_bytes() == up
     ups.add(up)
     ra, rb = _records(a), _records(b)
     assert [r['round'] for r in ra] == [r['round'] for r in rb] == [2, 4]

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from fedjax_flat.training import checkpoint as ckpt_lib
+from fedjax_flat.training import plan as plan_lib
 from fedjax_flat.training import trainers
 from fedjax_flat.training import run as run_lib
 from fedjax_flat.errors import ConfigError
@@ -184,10 +185,12 @@ def test_fields_added_since_the_checkpoint_count_as_their_defaults():
   saved = json.loads(json.dumps(current))
   del saved['client']['base_optimizer'], saved['client']['adam_b2']
   saved['algo'] = {}
-  assert ckpt_lib.config_diffs(saved, current) == []
+  defaults = plan_lib.algo_defaults(tiny_config(algorithm='fedprox'))   # what run.py passes before the build
+  assert ckpt_lib.config_diffs(saved, current) == [('algo.mu', '<absent>', 0.01)]    # no defaults given
+  assert ckpt_lib.config_diffs(saved, current, algo_defaults=defaults) == []
   current['client']['base_optimizer'] = 'adam'
   current['algo'] = {'mu': 0.5}
-  assert ckpt_lib.config_diffs(saved, current) == [('algo.mu', '<absent>', 0.5),
+  assert ckpt_lib.config_diffs(saved, current, algo_defaults=defaults) == [('algo.mu', '<absent>', 0.5),
                                                    ('client.base_optimizer', '<absent>', 'adam')]
 
 

@@ -40,7 +40,7 @@ from benchmarks.speed import bench_util
 from benchmarks.speed import pfl_cifar10
 from benchmarks.speed.peers import protocol
 from fedjax_flat.data.federated import FederatedDataset
-from fedjax_flat.training import batched
+from fedjax_flat.training import batched_trainer
 from fedjax_flat.training import loop
 from fedjax_flat.training import trainers
 
@@ -145,7 +145,7 @@ def _trainer_fn(c, data, k):
 
 def _batched_fn(row, data):
   ts = [loop.Trainer(paper_config(row, seed=i), None, data=data, shard_clients=False) for i in range(row['R'])]
-  bt = batched.BatchedTrainer(ts)
+  bt = batched_trainer.BatchedTrainer(ts)
   k = row['K']
 
   def fn():
