@@ -11,12 +11,12 @@
 `fn(**config.data)` returns one of
   - a dict: 'clients' a sequence of (x_k, y_k) pairs, one per client, or a generator / iterator yielding them
     (read once, kept in memory as a FederatedDataset); 'test' (x, y), the global test split; optional
-    'num_classes' (default: the largest label + 1; a streamed source: of the test labels), 'client_test'
-    (one (x, y) per client: per-client test splits), 'name' (how outputs name the data; default the
-    registered name);
-  - a dict with 'clients' a function k -> (x_k, y_k) and 'sizes' [K] the number of examples of each client: a
-    streamed source (data/federated.ClientDataSource): nothing is held, client k is called when its round
-    batches are built (data too large for memory; the host path trains it);
+    'num_classes' (default: the largest label + 1), 'client_test' (one (x, y) per client: per-client test
+    splits), 'name' (how outputs name the data; default the registered name);
+  - a dict with 'clients' a function k -> (x_k, y_k), 'sizes' [K] the number of examples of each client,
+    'num_classes' (the clients are not read ahead to find it), 'test' and optional 'name': a streamed source
+    (data/federated.ClientDataSource): nothing is held, client k is called when its round batches are built
+    (data too large for memory; the host path trains it);
   - a FederatedDataset or any ClientDataSource, used as is.
 Every client's x shares one per-example shape and dtype (the test split's); labels are integers in
 [0, num_classes) of one shape (() = one class per example; token or pixel labels with the dataset's `task=`).
@@ -229,6 +229,9 @@ def _streamed(name, out, spec, test_x, test_y) -> StreamedSource:
     raise _bad(name, f"'sizes'={out['sizes']!r} must be a non-empty list of integers >= 0, one per client")
   if not sizes.any():
     raise _bad(name, 'every client has 0 examples')
+  if out.get('num_classes') is None:
+    raise _bad(name, "'clients' is a function k -> (x_k, y_k): give 'num_classes' (its clients are read only when "
+                     'their round batches are built)')
   spec.check("'test'", test_x, test_y)
   num_classes = _num_classes(name, out, [test_y])
   _check_labels(name, "'test'", test_y, num_classes)

@@ -23,7 +23,7 @@ is called without it). An NNX module is split ONCE (nnx.split -> graphdef, the n
 its dropout streams); init returns the Param state as a plain nested dict of arrays, and apply merges a copy
 of the graph with the given params and calls it, so nothing is mutated and every call is a pure function of
 (params, x, rng). apply's `train` is passed to a `__call__` that takes it, else sets the module's mode
-(Module.train() / .eval(): Dropout's `deterministic`); `rng` reseeds its 'dropout' stream; with_activations
+(Module.train() / .eval(): Dropout's `deterministic`); `rng` reseeds its RNG streams; with_activations
 collects what the module sows as nnx.Intermediate (nnx.capture; in path order). NNX BatchNorm (nnx.BatchStat)
 is refused in one line: a BatchNorm model is a Linen module with `batch_stats=True` (models/base.py).
 
@@ -143,7 +143,9 @@ def from_nnx(module: nnx.Module, name: str, num_classes: int, input_shape: tuple
   graphdef, params, rest = nnx.split(module, nnx.Param, ...)      # ONCE: the structure every call merges into
   own = nnx.to_pure_dict(params)
   takes_train = _takes(type(module).__call__, 'train')
-  has_rngs = bool(jax.tree_util.tree_leaves(nnx.state(module, nnx.RngState)))
+  # its RNG streams (Dropout's), each reseeded from the apply's key: a module built with nnx.Rngs(0) has the
+  # stream 'default' only, one built with nnx.Rngs(dropout=...) 'dropout'
+  streams = sorted({node.tag for _, node in nnx.iter_graph(module) if isinstance(node, nnx.RngStream)})
 
   def init(rng, sample_x):
     del sample_x       # an NNX module knows its shapes when it is built
@@ -154,8 +156,8 @@ def from_nnx(module: nnx.Module, name: str, num_classes: int, input_shape: tuple
   def apply(params, x, *, train=False, rng=None, with_activations=False):
     # copy=True: fresh Variables in the caller's trace (the split's own belong to no trace and may not change)
     m = nnx.merge(graphdef, params, rest, copy=True)
-    if rng is not None and has_rngs:
-      nnx.reseed(m, dropout=rng)
+    if rng is not None and streams:
+      nnx.reseed(m, **{tag: jax.random.fold_in(rng, i) for i, tag in enumerate(streams)})
     if takes_train:
       out, acts = nnx.capture(lambda mod: mod(x, train=train), nnx.Intermediate)(m)
     else:
