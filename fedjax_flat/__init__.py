@@ -14,14 +14,18 @@ The public face: what a researcher imports to write, run, sweep and analyse an a
     result = ff.train(clipped_fedavg, config)      # -> ff.TrainResult(summary, params, ...)
     pairs = ff.analysis.top_eigenpairs(...)        # Hessian spectrum of result.params
 
-The whole walk-through, run by the test suite: docs/tutorial_custom_algorithm.py.
+The whole walk-through, run by the test suite: docs/tutorial_custom_algorithm.py; a dataset and an NNX model of
+one's own, a robust aggregator and ff.sweep: docs/tutorial_data_and_models.py.
 
 The contract      FederatedAlgorithm (server_init, broadcast, client_init, client_step, client_final,
                   server_update, eval_models), BuildContext, register (hyperparameter rules Number, Integer,
                   Flag, Choice, Population; `needs`, `client_optimizers`)
 Building blocks   fedavg (the FedAvg / FedOpt / FedSAM builder), map_upload, clip_by_global_norm, local_step,
                   LocalState, make_loss
-Running           default_config, train -> TrainResult, run_batch + RunSpec (runs in one compiled program)
+Data and models   register_dataset (arrays or a generator per client, or a function per client: config.dataset),
+                  register_model (a Flax Linen or NNX module: config.model)
+Running           default_config, train -> TrainResult (a builder runs unregistered: the registry is unchanged
+                  after), sweep -> [SweepRun] (grid x seeds, runs sharing one compiled program), run_batch + RunSpec
 Aggregation       aggregators (mean, median, trimmed_mean, krum, multi_krum, geometric_median over a round's
                   stacked uploads; an algorithm with aggregate='stacked' gets them: docs/aggregation.md)
 Analysis          analysis (Hessian eigenvalues, trace, density, loss landscapes)
@@ -50,6 +54,10 @@ _EXPORTS = {
     'default_config': 'fedjax_flat.config.default_config',
     'train': 'fedjax_flat.training.api',
     'TrainResult': 'fedjax_flat.training.api',
+    'sweep': 'fedjax_flat.sweeps.api',
+    'SweepRun': 'fedjax_flat.sweeps.api',
+    'register_dataset': 'fedjax_flat.data.user',
+    'register_model': 'fedjax_flat.models.user',
     'run_batch': 'fedjax_flat.training.batched',
     'RunSpec': 'fedjax_flat.training.batched',
     'analysis': 'fedjax_flat.analysis',

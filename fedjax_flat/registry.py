@@ -15,15 +15,22 @@ A name is taken once: registering another definition under a taken name raises `
 silently overwriting each other is a bug that changes results), unless `replace=True` says it is on purpose.
 Running the same definition again (a notebook cell re-run, a config file loaded twice: the same qualified name
 in the same source file) replaces it quietly. An entry defined outside `package` (a user's own algorithm) first
-loads the package, so that it meets the built-in names whichever is imported first.
+loads the package, so that it meets the built-in names whichever is imported first. A wrapper made with
+`functools.wraps` has the origin of the function it wraps (a user's dataset function registered through
+data/user.py is that function's definition).
+
+`scoped(fn)`: entries registered for `fn` inside the block are withdrawn at its end, from every registry (the
+front door's `ff.train(builder, ...)` runs an unregistered builder without leaving it registered).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import inspect
 import os
 import pkgutil
+import weakref
 from typing import Any, Callable, Dict, Iterable, Optional
 
 
@@ -49,9 +56,13 @@ class DuplicateName(ValueError):
 
 def _origin(fn) -> tuple:
   """(source file, qualified name) of a function or class: the same definition loaded twice has one origin."""
+  fn = inspect.unwrap(fn) if callable(fn) else fn
   code = getattr(fn, '__code__', None)
   path = code.co_filename if code is not None else getattr(inspect.getmodule(fn), '__file__', None)
   return (os.path.realpath(path) if path else None, getattr(fn, '__qualname__', repr(fn)))
+
+
+_REGISTRIES = weakref.WeakSet()     # every Registry, for `scoped`
 
 
 class Registry:
@@ -61,6 +72,7 @@ class Registry:
     self.kind, self.package, self.skip = kind, package, set(skip)
     self._entries: Dict[str, Entry] = {}
     self._loaded = package is None
+    _REGISTRIES.add(self)
 
   def register(self, name: str, *, replace: bool = False, **meta) -> Callable:
     """Registers `fn` as `name` with `meta`; see the module docstring for a name that is taken."""
@@ -105,3 +117,18 @@ class Registry:
 
   def meta(self, name: str, key: str, default=None):
     return self.entry(name).meta.get(key, default)
+
+  def _withdraw(self, fn) -> None:
+    for name in [n for n, e in self._entries.items() if e.fn is fn]:
+      del self._entries[name]
+
+
+@contextlib.contextmanager
+def scoped(fn):
+  """Entries registered for `fn` inside the block are withdrawn at its end (whatever the block raised), so the
+  registries are left as they were; entries of other functions are kept."""
+  try:
+    yield
+  finally:
+    for r in list(_REGISTRIES):
+      r._withdraw(fn)

@@ -8,18 +8,21 @@
     result = ff.train(clipped_fedavg, ff.default_config(...))     # or ff.train('fedavg', config)
     result.summary['final_test_accuracy'], result.params
 
-An algorithm is named once, where it is registered: `train` runs the builder under that name (a builder that
-was never registered is registered under its function name first, with no declared hyperparameters), so the
-run's config.json, checkpoints, sweeps and reports name it as they name the built-in ones, and the same
-validation refuses a bad config before anything is compiled. Without a workdir the run writes no files and
-keeps its records in memory; with one it is `experiments/train.py`'s run: workdir lock, resume from the newest
-checkpoint, metrics.jsonl, summary.json / .md, TensorBoard.
+An algorithm is named once, where it is registered: `train` runs the builder under that name, so the run's
+config.json, checkpoints, sweeps and reports name it as they name the built-in ones, and the same validation
+refuses a bad config before anything is compiled. A builder that was never registered runs under its function
+name with no declared hyperparameters, for the run only: the global registry is the same after the run as before
+(`running`; a name taken by another definition is refused, registry.DuplicateName). Without a workdir the run
+writes no files and keeps its records in memory; with one it is `experiments/train.py`'s run: workdir lock,
+resume from the newest checkpoint, metrics.jsonl, summary.json / .md, TensorBoard.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Callable, List, Optional, Union
+from typing import Any, Callable, Iterator, List, Optional, Union
 
+from fedjax_flat import registry as registry_lib
 from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.training import run as run_lib
 from fedjax_flat.training import trainers
@@ -40,18 +43,24 @@ class TrainResult:
   trainer: Any
 
 
-def algorithm_name(algorithm: Union[str, Callable]) -> str:
-  """The registered name of `algorithm`: a name as is; a builder by its registration (registered now under its
-  function name if it has none; registry.DuplicateName if another definition holds that name)."""
+@contextlib.contextmanager
+def running(algorithm: Union[str, Callable]) -> Iterator[str]:
+  """The registered name of `algorithm` for the span of the block: a name as is; a builder by its registration,
+  or, never registered, under its function name until the block ends (registry.DuplicateName if another
+  definition holds that name)."""
   if isinstance(algorithm, str):
-    return algorithm
+    yield algorithm
+    return
   if not callable(algorithm):
     raise TypeError(f'algorithm={algorithm!r}: a registered name or a builder fn(ctx) -> FederatedAlgorithm')
   name = alg_registry.name_of(algorithm)
-  if name is None:
-    name = algorithm.__name__
-    alg_registry.register(name)(algorithm)
-  return name
+  if name is not None:
+    yield name
+    return
+  # Registered for this run only: a notebook that tries builders one after another leaves no names behind.
+  with registry_lib.scoped(algorithm):
+    alg_registry.register(algorithm.__name__)(algorithm)
+    yield algorithm.__name__
 
 
 def train(algorithm: Union[str, Callable], config, workdir: Optional[str] = None, *, fresh: bool = False,
@@ -63,13 +72,14 @@ def train(algorithm: Union[str, Callable], config, workdir: Optional[str] = None
   FederatedDataset to use instead of config.dataset's. `handle_signals` (with a workdir; experiments/train.py):
   SIGTERM / SIGINT finish the round, checkpoint and return (training/run.py)."""
   config = config.copy_and_resolve_references()
-  with config.unlocked():
-    config.algorithm = algorithm_name(algorithm)
-  if workdir is None:
-    trainer = trainers.make_trainer(config, None, data=data)
-    summary = trainer.train()
-  else:
-    summary, trainer = run_lib.execute(config, workdir, fresh=fresh, data=data, handle_signals=handle_signals)
+  with running(algorithm) as name:
+    with config.unlocked():
+      config.algorithm = name
+    if workdir is None:
+      trainer = trainers.make_trainer(config, None, data=data)
+      summary = trainer.train()
+    else:
+      summary, trainer = run_lib.execute(config, workdir, fresh=fresh, data=data, handle_signals=handle_signals)
   models = trainer.algorithm.eval_models(trainer.server_state)
   reported = summary.get('reported_model', 'global')
   params = models.get(reported, models['global'])[0]

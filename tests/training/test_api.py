@@ -28,17 +28,22 @@ def by_name():
   return ff.train('fedavg', small_config())
 
 
-def test_an_unregistered_builder_runs_as_the_registered_algorithm_it_equals(by_name):
-  try:
-    mine = ff.train(plain_fedavg, small_config())
-    assert registry.name_of(plain_fedavg) == 'plain_fedavg'        # registered under its function name
-    assert mine.trainer.config.algorithm == 'plain_fedavg'
-    assert _bits(mine.params) == _bits(by_name.params)              # the same rounds, bit for bit
-    assert mine.summary['final_test_accuracy'] == by_name.summary['final_test_accuracy']
-    assert [r['round'] for r in mine.records] == [2, 4]
-    assert mine.model is mine.trainer.model and mine.data.num_clients == by_name.data.num_clients
-  finally:
-    registry.ALGORITHMS._entries.pop('plain_fedavg', None)
+def test_an_unregistered_builder_runs_as_the_registered_algorithm_it_equals_and_stays_unregistered(by_name):
+  before = registry.names()
+  mine = ff.train(plain_fedavg, small_config())
+  assert mine.trainer.config.algorithm == 'plain_fedavg'          # the run names it by its function name
+  assert registry.names() == before and registry.name_of(plain_fedavg) is None   # the registry is unchanged
+  assert _bits(mine.params) == _bits(by_name.params)              # the same rounds, bit for bit
+  assert mine.summary['final_test_accuracy'] == by_name.summary['final_test_accuracy']
+  assert [r['round'] for r in mine.records] == [2, 4]
+  assert mine.model is mine.trainer.model and mine.data.num_clients == by_name.data.num_clients
+
+
+def test_a_failed_run_of_an_unregistered_builder_leaves_the_registry_unchanged():
+  before = registry.names()
+  with pytest.raises(ConfigError, match='clients_per_round'):
+    ff.train(plain_fedavg, small_config(clients_per_round=0))
+  assert registry.names() == before
 
 
 def test_a_builder_whose_name_is_taken_by_another_definition_is_refused():
