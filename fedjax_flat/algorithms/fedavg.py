@@ -48,7 +48,7 @@ def fedavg(model, loss_fn, client_tx: optax.GradientTransformation, hparams_fn,
                             server_update)
 
 
-@register('fedavg', needs=('batch_stats',))
+@register('fedavg', needs=('batch_stats',), upload='delta')
 def _fedavg(ctx):
   """FedAvg, and FedOpt (FedAvgM, FedAdam, FedAdagrad, FedYogi) through config.server."""
   return fedavg(ctx.model, ctx.loss_fn, ctx.client_tx, ctx.hparams_fn, ctx.server_tx)

@@ -43,7 +43,7 @@ def fedbabu(model, loss_fn, client_tx: optax.GradientTransformation, hparams_fn,
   return base.replace(client_step=client_step, server_update=server_update)
 
 
-@register('fedbabu', check=check_head)
+@register('fedbabu', check=check_head, upload='delta')
 def _fedbabu_builder(ctx) -> FederatedAlgorithm:
   """FedBABU: body-only FL with a fixed random head; fine-tune with config.personalized.finetune_epochs."""
   return fedbabu(ctx.model, ctx.loss_fn, ctx.client_tx, ctx.hparams_fn, ctx.server_tx)

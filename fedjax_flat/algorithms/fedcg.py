@@ -261,7 +261,7 @@ def _check_data(cfg, hp, data):
     'adjacency_update': Choice('distance', allowed=('distance', 'fixed')),
     'adjacency_nodes': Choice('raw', allowed=('raw', 'refined')),
     'adjacency_scope': Choice('layer', allowed=('layer', 'model')),
-}, needs=('client_domains',), check=_check, check_data=_check_data)
+}, needs=('client_domains', 'domain_assignments'), check=_check, check_data=_check_data, upload='delta')
 def fedcg(ctx) -> FederatedAlgorithm:
   """FedCG (thesis 5.4): domain-specific residual layers connected by a GCN, teacher/student domain discovery."""
   return fedcg_algorithm(ctx)

@@ -19,7 +19,7 @@ from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm
 
 
-@register('fedprox', hparams={'mu': Number(0.01, lo=0)}, needs=('batch_stats',))
+@register('fedprox', hparams={'mu': Number(0.01, lo=0)}, needs=('batch_stats',), upload='delta')
 def fedprox(ctx) -> FederatedAlgorithm:
   """FedAvg whose clients add the proximal gradient mu (w - w^t) (at the unperturbed weights)."""
   mu = float(ctx.hp['mu'])

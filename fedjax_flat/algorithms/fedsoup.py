@@ -194,7 +194,7 @@ def _fedsoup_builder(ctx) -> FederatedAlgorithm:
   return alg
 
 
-@register('fedbn', needs=('client_state', 'batch_stats', 'local_batch_stats'))
+@register('fedbn', needs=('client_state', 'batch_stats', 'local_batch_stats'), upload='delta')
 def _fedbn_builder(ctx) -> FederatedAlgorithm:
   """FedAvg with the normalization params kept local (FedBN, Li et al. 2021; GroupNorm models here)."""
   base = fedavg(ctx.model, ctx.loss_fn, ctx.client_tx, ctx.hparams_fn, ctx.server_tx)

@@ -95,7 +95,7 @@ def _check(cfg, hp):
     raise ConfigError('man.zeta', cfg.man.zeta, 'moon does not add MAN\'s activation term; use 0')
 
 
-@register('moon', hparams=HPARAMS, needs=('client_state',), check=_check)
+@register('moon', hparams=HPARAMS, needs=('client_state',), check=_check, upload='delta')
 def _moon_builder(ctx) -> FederatedAlgorithm:
   """MOON: FedAvg whose clients add mu * the model-contrastive loss (temperature tau)."""
   hp = ctx.hp

@@ -13,6 +13,9 @@ The module is imported on the first lookup (fedjax_flat/registry.py walks the pa
   hparams            {name: Rule}: the ONLY hyperparameters config.algo may hold; their defaults fill config.algo
                      (`default_hparams`, `--config.algo.<k>=<v>` in config/algo_flags.py)
   client_optimizers  client.optimizer values the algorithm works with; anything else is a ConfigError
+  upload             what its client_final sends (core/contract.UPLOADS): 'delta' = exactly the model delta, which
+                     the features acting on a delta (DP, compression, robust aggregators: algorithms/features.py)
+                     need; 'other' (the default) = anything else, which they refuse in one line
   needs              what the algorithm relies on, read by the central code instead of lists of names:
                        'population'        scales by N: algo.population must be the dataset's (checked on the data)
                        'static_population' N sizes its arrays (FedFomo's per-client slots): a batched program
@@ -37,6 +40,9 @@ The module is imported on the first lookup (fedjax_flat/registry.py walks the pa
                                            locally trained client models, written into the training labels'
                                            domain column before training (training/trainers.py,
                                            grouping/domains.py; FedCG)
+                       'domain_assignments' its server model assigns every test example to one of its domains
+                                           (FedCG's student: fedcg.domain_assignments), which the 'domains'
+                                           evaluation plug-in reports (training/evals/domains.py)
   check(cfg, hp)     static cross-field rules of this algorithm (hp = defaults over config.algo); raises
                      ConfigError, may log warnings; runs in config/validate.validate_config, before any data
   check_data(cfg, hp, data)  the same once the data are loaded (config/validate.validate_against_data)
@@ -56,7 +62,8 @@ build_algorithm(config, model):
   client  = SGD | SAM | ASAM optimizer chain, built once; hparams per step   optimizers/client.py
   server  = optax transform on the pseudo-gradient                         optimizers/server.py
   base    = the registered builder (ctx)                                   one module per algorithm
-  then the server-side wrappers: DP (config.dp), SWA (config.swa), WiMA   algorithms/wrappers/dp.py, swa.py, wima.py
+  then the features the config turns on, in their order: compression, robust aggregation, DP, SWA, WiMA
+                                                                           algorithms/features.py, wrappers/
 """
 from __future__ import annotations
 
@@ -67,20 +74,20 @@ from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 from fedjax_flat.algorithms import hparams as hparams_lib
 from fedjax_flat.algorithms.common import client_parts
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.wrappers import compress, dp, robust, swa, wima
+from fedjax_flat.algorithms import features
 from fedjax_flat.core.batch_stats import average_batch_stats
-from fedjax_flat.core.contract import ChainSpec, FederatedAlgorithm
+from fedjax_flat.core.contract import UPLOADS, ChainSpec, FederatedAlgorithm
 from fedjax_flat.core.runs import RunValue
 from fedjax_flat.data import validation_steps
 from fedjax_flat.errors import BadInputError, ConfigError
-from fedjax_flat.models.base import num_param_arrays
 from fedjax_flat.optimizers.server import make_server_tx
 from fedjax_flat.registry import Registry
 
 ALGORITHMS = Registry('algorithm', package='fedjax_flat.algorithms')
 
 NEEDS = ('population', 'static_population', 'chains', 'client_state', 'validation', 'batch_stats',
-         'local_batch_stats', 'style_clusters', 'client_groups', 'client_ids', 'client_domains')
+         'local_batch_stats', 'style_clusters', 'client_groups', 'client_ids', 'client_domains',
+         'domain_assignments')
 CLIENT_OPTIMIZERS = ('sgd', 'sam', 'asam')
 
 
@@ -128,6 +135,7 @@ class AlgorithmSpec:
   round_log: Optional[Callable] = None
   client_groups: Optional[Callable] = None
   chain: Optional[ChainSpec] = None
+  upload: str = 'other'
 
   def defaults(self) -> Dict[str, Any]:
     return hparams_lib.defaults(self.hparams)
@@ -177,7 +185,7 @@ def register(name: str, hparams: Optional[Mapping[str, hparams_lib.Rule]] = None
              client_optimizers: Optional[Tuple[str, ...]] = None, needs: Tuple[str, ...] = (),
              check: Optional[Callable] = None, check_data: Optional[Callable] = None,
              round_log: Optional[Callable] = None, client_groups: Optional[Callable] = None,
-             chain: Optional[ChainSpec] = None, replace: bool = False):
+             chain: Optional[ChainSpec] = None, upload: str = 'other', replace: bool = False):
   """Registers `fn(ctx) -> FederatedAlgorithm` as algorithm `name` with its declarations. A name that is taken by
   another definition is refused (registry.DuplicateName) unless `replace=True`."""
   rules = dict(hparams or {})
@@ -192,12 +200,14 @@ def register(name: str, hparams: Optional[Mapping[str, hparams_lib.Rule]] = None
     raise ValueError(f"algorithm {name!r}: need 'client_groups' and a client_groups(data, hp) go together")
   if ('chains' in needs) != (chain is not None):
     raise ValueError(f"algorithm {name!r}: need 'chains' and a chain=ChainSpec(...) go together")
+  if upload not in UPLOADS:
+    raise ValueError(f'algorithm {name!r}: upload={upload!r}; one of {UPLOADS} (core/contract.py)')
   if client_optimizers is not None and not set(client_optimizers) <= set(CLIENT_OPTIMIZERS):
     raise ValueError(f'algorithm {name!r}: client_optimizers {client_optimizers} not in {CLIENT_OPTIMIZERS}')
 
   def deco(fn):
     spec = AlgorithmSpec(name, fn, rules, None if client_optimizers is None else tuple(client_optimizers),
-                         frozenset(needs), check, check_data, round_log, client_groups, chain)
+                         frozenset(needs), check, check_data, round_log, client_groups, chain, upload)
     ALGORITHMS.register(name, spec=spec, replace=replace)(fn)
     return fn
   return deco
@@ -220,6 +230,10 @@ class Declared:
   @property
   def chain(self) -> Optional[ChainSpec]:
     return self.spec.chain
+
+  @property
+  def upload(self) -> str:
+    return self.spec.upload
 
   def defaults(self) -> Dict[str, Any]:
     return self.spec.defaults()
@@ -321,21 +335,13 @@ def build_algorithm(config, model, population: int = 0, task=None, chain=None,
     raise BadInputError(f'the builder {where}() of algorithm {name!r} returned {_short_repr(alg)}: a builder '
                         'must return a FederatedAlgorithm (fedjax_flat.FederatedAlgorithm, core/contract.py), e.g. '
                         '`return fedavg(ctx.model, ctx.loss_fn, ctx.client_tx, ctx.hparams_fn, ctx.server_tx)`')
-  alg = alg.replace(name=name, needs=s.needs, hparams=hp, chain=s.chain, client_groups=client_groups,
+  alg = alg.replace(name=name, needs=s.needs, upload=s.upload, hparams=hp, chain=s.chain, client_groups=client_groups,
                     style_clusters=client_clusters, local_batch_stats='local_batch_stats' in s.needs,
                     round_log=None if s.round_log is None else s.round_log(config, hp),
                     val_source=validation_steps.round_validation_source(config, s.defaults()))
-  if compress.enabled(config):    # the client's upload compressed before any server-side wrapper sees it
-    alg = compress.with_compression(alg, config)
-  if robust.enabled(config):    # server.aggregator: the stacked uploads reduced by a robust aggregator
-    alg = robust.with_aggregator(alg, config)
-  if dp.enabled(config):    # first: the wrappers above it see the noisy aggregate as the algorithm's own
-    alg = dp.with_dp(alg, config, population, client_sizes=None if data is None else data.client_sizes(),
-                     num_leaves=num_param_arrays(model) if config.dp.get('per_tensor', False) else 0)
-  if config.swa.enabled:
-    alg = swa.with_swa(alg, config)
-  if config.wima.enabled:
-    alg = wima.with_wima(alg, config)
+  # The features the config turns on (compression, robust aggregation, DP, SWA, WiMA: algorithms/features.py), each
+  # wrapping the algorithm in its declared order.
+  alg = features.wrap(alg, config, features.WrapContext(population=population, data=data, model=model))
   # Last, so that no wrapper drops it: the engine reads it when it builds the round program.
   return alg.replace(client_weighting=config.server.get('weighting', 'examples'),
                      weight_cap=float(config.server.get('weight_cap', 0.0)))

@@ -19,7 +19,7 @@ from fedjax_flat.algorithms.registry import register
 from fedjax_flat.algorithms.wrappers import local_norm
 
 
-@register('silobn', needs=('client_state', 'batch_stats', 'local_batch_stats'))
+@register('silobn', needs=('client_state', 'batch_stats', 'local_batch_stats'), upload='delta')
 def _silobn_builder(ctx) -> FederatedAlgorithm:
   base = fedavg(ctx.model, ctx.loss_fn, ctx.client_tx, ctx.hparams_fn, ctx.server_tx)
   return local_norm.with_local_norm(base, name=ctx.name, select=local_norm.is_batch_stats_path)

@@ -10,17 +10,12 @@ import math
 import numbers
 from typing import Collection
 
-from absl import logging
 import ml_collections
 
+from fedjax_flat.algorithms import features
 from fedjax_flat.algorithms import registry as alg_registry
-from fedjax_flat.algorithms.wrappers import compress as compress_lib
-from fedjax_flat.algorithms.wrappers import dp as dp_lib
-from fedjax_flat.algorithms.wrappers import robust as robust_lib
-from fedjax_flat.algorithms.wrappers import swa as swa_lib
 from fedjax_flat.config import data_fields
 from fedjax_flat.config import schema
-from fedjax_flat import schema as fjschema
 from fedjax_flat.config import source_pretrain
 from fedjax_flat.data import attacks
 from fedjax_flat.data import registry as data_registry
@@ -63,11 +58,9 @@ def validate_config(cfg, pending_files: Collection[str] = ()) -> None:
   # the algorithm's declared rules: hyperparameter names and values, client optimizer, its own cross-field
   # rules (algorithms/registry.py)
   alg_registry.spec(cfg.algorithm).validate(cfg)
-  _warn_swa(cfg)                         # swa x rounds
-  _refuse_inert_dp(cfg)                  # dp.* set while dp.mode='off'
-  dp_lib.check(cfg)                      # dp x algorithm x server weighting (x population when the config says it)
-  compress_lib.check(cfg)                # upload x algorithm x dp
-  robust_lib.check(cfg)                  # server.aggregator x algorithm x dp
+  # the features the config turns on (algorithms/features.py): the algorithm's declared upload against the one each
+  # acts on, then each feature's rules across sections (dp x server weighting, upload x dp, swa x rounds, ...)
+  features.check(cfg, alg_registry.declared(cfg).upload)
   _validate_man_measure(cfg)             # model x model_kwargs.man_measure, before the model is built
   if 'bn' in cfg:
     _validate_bn(cfg, model_registry)    # bn x model x algorithm
@@ -75,20 +68,6 @@ def validate_config(cfg, pending_files: Collection[str] = ()) -> None:
     _validate_grouping_task(cfg)         # grouping x dataset
   if 'source_pretrain' in cfg:           # the server's source pre-training (training/source_pretrain.py)
     _validate_source_pretrain(cfg)
-
-
-def _refuse_inert_dp(cfg) -> None:
-  """dp.clip, dp.noise_multiplier, ... away from their defaults while dp.mode='off' were silently ignored; refused
-  like a field whose `when` does not hold (schema.Field.needs; the dp section is declared in
-  privacy/mechanism.py, its switch is dp.mode)."""
-  d = cfg.get('dp')
-  if d is None or d.get('mode', 'off') != 'off':
-    return
-  section = dp_lib.SECTION
-  for f in section.fields:
-    if f.name != 'mode' and f.rule is not None and f.name in d:
-      fjschema.refuse_inert(section.path(f), d[f.name], f.rule.default,
-                            "dp.mode='central', 'local' or 'distributed'")
 
 
 def _validate_data(cfg) -> None:
@@ -101,15 +80,6 @@ def _validate_data(cfg) -> None:
   if cfg.augment.startswith('cifar') and cfg.normalize == 'none':
     raise ConfigError('normalize', cfg.normalize, f'augment={cfg.augment!r} needs the dataset statistics: '
                       "'cifar10' or 'cifar100'")
-
-
-def _warn_swa(cfg) -> None:
-  if cfg.swa.enabled and cfg.swa.average and swa_lib.planned_averages(cfg) == 0:
-    s = swa_lib.swa_start_round(cfg)
-    logging.warning('swa: rounds=%d is too few for swa.start_fraction=%g and swa.cycle=%d: the first SWA average '
-                    'would come in round %d, so the SWA model is never averaged (it stays the model after round '
-                    '%d); lower swa.start_fraction or swa.cycle, or raise rounds', cfg.rounds, cfg.swa.start_fraction,
-                    cfg.swa.cycle, s + cfg.swa.cycle + 1, s)
 
 
 def per_position_task(cfg) -> str:
@@ -178,7 +148,8 @@ def validate_against_data(cfg, data) -> None:
   src = validation_steps.round_validation_source(cfg, alg_registry.default_hparams(cfg.algorithm))
   if src:                                  # FedSoup's validation split must exist in the data
     validation_steps.check_validation_data(data, src)
-  dp_lib.check(cfg, data.num_clients)     # dp x the population: delta < 1 / N, the reachable target epsilon
+  # the features against the population (dp: delta < 1 / N, the reachable target epsilon)
+  features.check(cfg, alg_registry.declared(cfg).upload, data.num_clients)
   # the algorithm's own data rules (its population N) and its warnings (algorithms/registry.py)
   alg_registry.spec(cfg.algorithm).validate_data(cfg, data)
 

@@ -52,6 +52,8 @@ from the declarations, passed through by the wrappers), so no layer above asks t
   name            the registered name; `wrappers` the server / client wrappers applied in order ('swa', 'wima',
                   'localnorm'); `label` = 'name+wrapper+...' (summaries, plot titles)
   needs, hparams  the declared needs and the algorithm's own hyperparameters (config.algo over the defaults)
+  upload          what client_final sends (UPLOADS): 'delta' = the model delta alone, which DP, compression and
+                  the robust aggregators act on; 'other' (the default) = anything else, which they refuse
   round_log       fn(t) -> {name: float}: schedule values written with each evaluation record (FedGloSS), or None
   reported_models the models reported instead of 'global' once evaluated, first preferred (('wima', 'swa'))
   personalizer    Personalizer(name, fn(algorithm, server_state, client_state) -> params): a client's personal
@@ -86,6 +88,10 @@ import jax.numpy as jnp
 from fedjax_flat.optimizers.server import WEIGHTINGS  # noqa: F401  (client_weighting: config.server.weighting)
 
 AGGREGATES = ('mean', 'stacked')   # FederatedAlgorithm.aggregate: streaming means | stacked uploads
+# FederatedAlgorithm.upload: what client_final sends. 'delta': exactly {'weighted': {'delta': w^t - w_k}, 'uniform':
+# {}}, the model delta alone (the features that act on a delta -- DP's clip, compression, robust aggregators --
+# run with it); 'other': anything else (control variates, duals, normalized directions, slots), which they refuse.
+UPLOADS = ('delta', 'other')
 
 Params = Any
 
@@ -160,6 +166,7 @@ class FederatedAlgorithm:
   client_weighting: str = 'examples'
   weight_cap: float = 0.0
   aggregate: str = 'mean'          # 'mean' | 'stacked' (AGGREGATES; see the module docstring)
+  upload: str = 'other'            # 'delta' | 'other' (UPLOADS): declared with the algorithm (registry `upload=`)
   # What the run needs (see the module docstring); defaults: a plain stateless algorithm.
   wrappers: Tuple[str, ...] = ()
   needs: FrozenSet[str] = frozenset()
@@ -176,6 +183,8 @@ class FederatedAlgorithm:
   asynchronous: Optional[AsyncSpec] = None   # FedBuff, FedAsync: server steps on arrivals (see AsyncSpec)
 
   def __post_init__(self):
+    if self.upload not in UPLOADS:
+      raise ValueError(f'FederatedAlgorithm {self.name!r}: upload={self.upload!r}, one of {UPLOADS}')
     if self.eval_models is None:     # the contract's default: most algorithms evaluate only their global model
       object.__setattr__(self, 'eval_models', global_model)
 

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.privacy import accounting as accounting_lib
-from fedjax_flat.schema import RESULT, TRUTH, VALUE, Choice, Field, Flag, Int, Num, Section
+from fedjax_flat.schema import RESULT, TRUTH, VALUE, Choice, Field, Flag, Int, Num, Section, refuse_inert
 
 MODES = ('off', 'central', 'local', 'distributed')
 Z_MAX = 1e6      # a noise multiplier above this is a typo, not a privacy setting (dp.noise_multiplier=1e300 diverged)
@@ -56,6 +56,11 @@ def _check(cfg) -> None:
   """The dp section's own cross-field rules (the rules involving other sections: algorithms/wrappers/dp.py)."""
   d = cfg.dp
   if d.mode == 'off':
+    # dp.clip, dp.noise_multiplier, ... away from their defaults while off would be silently ignored: refused
+    # like a field whose `when` does not hold (schema.Field.needs)
+    for f in SECTION.fields:
+      if f.name != 'mode' and f.rule is not None and f.name in d:
+        refuse_inert(SECTION.path(f), d[f.name], f.rule.default, "dp.mode='central', 'local' or 'distributed'")
     return
   z = d.noise_multiplier
   if isinstance(z, (int, float)) and not d.target_epsilon and float(z) > Z_MAX:

@@ -27,13 +27,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_flat import errors
+from fedjax_flat.algorithms import features
 from fedjax_flat.core import engine as engine_lib
 from fedjax_flat.core import rounds as rounds_lib
 from fedjax_flat.core import sharding as sharding_lib
 from fedjax_flat.core import streaming
 from fedjax_flat.data import batching
-from fedjax_flat.privacy import mechanism as dp_mech
-from fedjax_flat.systems import compress as compress_lib
 
 AUTO_BLOCK_TARGET_S = 2.0      # 'auto' sizes blocks to about this wall time (signals, progress lines)
 
@@ -53,53 +52,13 @@ STEP_HINT = 'Lower client.lr / rho, or enable client.grad_clip.'
 
 
 def divergence_hint(config=None, num_params: int = 0, population: int = 0) -> str:
-  """What to change after a divergence: with DP on, its noise; with compressed uploads, the compressor (each then the
-  likely cause, not the client's step); else the client's step (STEP_HINT). d = num_params, population: the
-  dataset's clients (a target epsilon's z is calibrated over it)."""
+  """What to change after a divergence: the first enabled feature's hint (algorithms/features.py: DP's noise,
+  the upload compressor; each then the likely cause, not the client's step), else the client's step (STEP_HINT).
+  d = num_params, population: the dataset's clients (a target epsilon's z is calibrated over it)."""
   if config is None:
     return STEP_HINT
-  d = max(int(num_params), 1)
-  if config.get('dp') is not None and config.dp.mode != 'off':
-    dp = config.dp
-    z, c = float(dp_mech.noise_multiplier(config, population)), float(dp.clip)
-    clip = f'C = {c:g}' + (' initially, adaptive' if dp.adaptive else '')
-    if dp.mode == 'local':
-      # each client's noise N(0, (z C)^2 I_d) has norm about z C sqrt(d), its clipped update at most C
-      return (f"Likely the DP noise, not client.lr / rho: with dp.mode='local' each client adds to its clipped update "
-              f'(norm <= {clip}) Gaussian noise of norm about z C sqrt(d) = {z:g} x {c:g} x sqrt({d}) = '
-              f'{z * c * d ** 0.5:.3g}, z sqrt(d) = {z * d ** 0.5:.3g} x the largest update (dp.noise_multiplier '
-              f'z = {z:g}, d = {d} params); lower dp.noise_multiplier '
-              "or server.lr, raise clients_per_round (the mean's noise falls as 1 / sqrt(m)), or use "
-              "dp.mode='central'.")
-    m = dp_mech.noise_cohort(config)
-    return (f"Likely the DP noise, not client.lr / rho: with dp.mode='central' the mean update (norm <= {clip}) "
-            f'gets Gaussian noise of norm about z C sqrt(d) / M = {z:g} x {c:g} x sqrt({d}) / {m} = '
-            f'{z * c * d ** 0.5 / m:.3g}, z sqrt(d) / M = {z * d ** 0.5 / m:.3g} x the largest mean '
-            f'(dp.noise_multiplier z = {z:g}, d = {d} params, noise cohort M = {m}); '
-            'lower dp.noise_multiplier or server.lr, or raise clients_per_round / dp.noise_cohort.')
-  if compress_lib.enabled(config):
-    u = config.upload
-    ef = bool(u.error_feedback)
-    feedback = f"upload.error_feedback={ef}"
-    if u.compress in ('topk', 'randk'):
-      k = compress_lib.num_kept(float(u.fraction), d)
-      what = f'upload.compress={u.compress!r}, fraction {float(u.fraction):g}: k = {k} of d = {d}, {feedback}'
-      if u.compress == 'randk' and not ef:
-        # unbiased, E ||C(v) - v||^2 = (d / k - 1) ||v||^2: noise (d / k - 1) times the update's own size
-        why = f'each kept value x d / k = {d / k:.3g}, an error of (d / k - 1) = {d / k - 1:.3g} x ||delta||^2'
-      else:
-        why = 'the residual carries what was not sent' if ef else 'the dropped coordinates are lost'
-      fix = 'raise upload.fraction' + ('' if ef else ' or turn upload.error_feedback on')
-    else:   # qsgd: per bucket E ||C(v) - v||^2 <= min(n / s^2, sqrt(n) / s) ||v||^2 (Alistarh et al. 2017)
-      s_, n = compress_lib.levels(int(u.bits)), min(compress_lib.QSGD_BUCKET, d)
-      bound = min(n / s_ ** 2, n ** 0.5 / s_)
-      what = f"upload.compress='qsgd', upload.bits={int(u.bits)} ({s_} levels), {feedback}"
-      why = f'its variance bound {bound:.3g} x ||delta||^2' + (' (above 1: no contraction, error feedback can grow '
-                                                               'the residual)' if ef and bound >= 1 else '')
-      fix = 'raise upload.bits' + (' or turn upload.error_feedback off' if ef and bound >= 1 else '')
-    return (f'Likely the compressed uploads ({what}; {why}): {fix}, or set upload.compress=\'none\' to confirm; '
-            'then lower client.lr / rho.')
-  return STEP_HINT
+  hints = features.divergence_hints(config, max(int(num_params), 1), population)
+  return hints[0] if hints else STEP_HINT
 
 
 def check_divergence(r, client_ids, finite_clients, server_finite, plan=None):

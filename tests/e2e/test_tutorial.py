@@ -25,6 +25,13 @@ def test_the_tutorial_runs_end_to_end(tmp_path):
       cfg = json.load(f)
     assert cfg['algorithm'] == 'clipped_fedavg' and cfg['algo'] == {'clip': 0.5}
     assert cfg['client']['optimizer'] == arg
+  # the features its upload='delta' declaration admits: DP (an epsilon) and top-k uploads (a compression error)
+  dp = re.findall(r'clipped FedAvg \+ dp \(dp\): test accuracy ([0-9.]+) after 2 rounds; epsilon ([0-9.e+]+) at '
+                  r'delta 0.001', text)
+  topk = re.findall(r'clipped FedAvg \+ topk \(compress\): test accuracy ([0-9.]+) after 2 rounds; relative '
+                    r'compression error ([0-9.]+)', text)
+  assert len(dp) == 1 and float(dp[0][1]) > 0, text[-3000:]
+  assert len(topk) == 1 and 0 < float(topk[0][1]) < 1, text[-3000:]
   # the sweep: two radii in ONE program, each run finished in its own workdir, and the report's two rows
   assert '[sweep] program 1/1: 2 runs (2 lanes)' in text
   with open(out / 'sweep' / 'sweep.json') as f:

@@ -212,7 +212,7 @@ def test_the_clock_sends_the_compressed_bytes():
 
 
 @pytest.mark.slow    # builds and trains every delta-upload algorithm for a round (about a minute)
-@pytest.mark.parametrize('name', wrapper.dp_lib.DELTA_UPLOADS)
+@pytest.mark.parametrize('name', [n for n in registry.names() if registry.spec(n).upload == 'delta'])
 def test_every_delta_upload_algorithm_trains_compressed_with_error_feedback(name):
   c = small_config(algorithm=name, rounds=2, model={'fedcg': 'fedcg_net'}.get(name, 'mlp'),
                    **{'data.num_clients': 6, 'upload.compress': 'randk', 'upload.fraction': 0.3,

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from fedjax_flat.data.sources.builtin import synthetic
+from fedjax_flat.privacy import mechanism
 from fedjax_flat.training import driver as driver_lib
 from fedjax_flat.training import trainers
 from tests.fixtures.configs import small_config
@@ -48,7 +49,7 @@ def test_central_dp_names_the_noise_on_the_mean():
   assert f'{0.8 * 0.1 * math.sqrt(D) / 4:.3g}' in h and 'noise cohort M = 4' in h and 'dp.noise_cohort' in h
   # a target epsilon: the calibrated z, not dp.noise_multiplier's default
   h = hint(**DP, **{'dp.mode': 'central', 'dp.target_epsilon': 5.0})
-  z = driver_lib.dp_mech.noise_multiplier(small_config(**DP, **{'dp.mode': 'central', 'dp.target_epsilon': 5.0}), 20)
+  z = mechanism.noise_multiplier(small_config(**DP, **{'dp.mode': 'central', 'dp.target_epsilon': 5.0}), 20)
   assert z != 1.0 and f'z = {z:g}' in h
 
 

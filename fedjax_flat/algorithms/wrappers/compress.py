@@ -11,7 +11,7 @@ training/evals/compress.py reports it).
 
 With error feedback the client state is {'ef': a residual shaped like the algorithm's delta} (+ the algorithm's own
 under 'inner'): the client-state store the stateful algorithms use keeps it and checkpoints it; a client that does not
-report keeps its residual. Which algorithms qualify: the same list as DP (`dp.DELTA_UPLOADS`): their upload is
+report keeps its residual. Which algorithms qualify: those that declare upload='delta', as for DP: their upload is
 the model delta alone; control variates, duals, normalized directions or slots are refused in one line.
 Combined with DP it is refused too: a compressed (rand-k: scaled by d / k) delta is no longer within the clip.
 """
@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
+from fedjax_flat.algorithms import features
 from fedjax_flat.algorithms.wrappers import dp as dp_lib
 from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.errors import ConfigError
@@ -34,15 +35,12 @@ def enabled(config) -> bool:
   return comp.enabled(config)
 
 
-def check(config) -> None:
+def check(config, population: int = 0) -> None:
   """config.upload across sections, one ConfigError each, before anything is compiled."""
+  del population
   if not enabled(config):
     return
   u = config.upload
-  if config.algorithm not in dp_lib.DELTA_UPLOADS:
-    raise ConfigError('upload.compress', u.compress, f'algorithm {config.algorithm!r} uploads more than a model '
-                      f'delta (control variates, duals, slots); compressed uploads run with: '
-                      f'{list(dp_lib.DELTA_UPLOADS)}')
   if dp_lib.enabled(config):
     raise ConfigError('upload.compress', u.compress, 'with dp.mode on: a compressed delta is no longer within the '
                       "clip the accountant relies on; set upload.compress='none' or dp.mode='off'")
@@ -168,3 +166,35 @@ def with_compression(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
                      server_update=server_update, eval_models=eval_models, counters=counters,
                      client_state_init=client_state_init, initial_client_states=initial_client_states,
                      personalizer=personalizer)
+
+
+def divergence(config, d: int, population: int = 0) -> str:
+  """The likely cause of a divergence with compressed uploads: the compressor's error (d params)."""
+  del population
+  u = config.upload
+  ef = bool(u.error_feedback)
+  feedback = f"upload.error_feedback={ef}"
+  if u.compress in ('topk', 'randk'):
+    k = comp.num_kept(float(u.fraction), d)
+    what = f'upload.compress={u.compress!r}, fraction {float(u.fraction):g}: k = {k} of d = {d}, {feedback}'
+    if u.compress == 'randk' and not ef:
+      # unbiased, E ||C(v) - v||^2 = (d / k - 1) ||v||^2: noise (d / k - 1) times the update's own size
+      why = f'each kept value x d / k = {d / k:.3g}, an error of (d / k - 1) = {d / k - 1:.3g} x ||delta||^2'
+    else:
+      why = 'the residual carries what was not sent' if ef else 'the dropped coordinates are lost'
+    fix = 'raise upload.fraction' + ('' if ef else ' or turn upload.error_feedback on')
+  else:   # qsgd: per bucket E ||C(v) - v||^2 <= min(n / s^2, sqrt(n) / s) ||v||^2 (Alistarh et al. 2017)
+    s_, n = comp.levels(int(u.bits)), min(comp.QSGD_BUCKET, d)
+    bound = min(n / s_ ** 2, n ** 0.5 / s_)
+    what = f"upload.compress='qsgd', upload.bits={int(u.bits)} ({s_} levels), {feedback}"
+    why = f'its variance bound {bound:.3g} x ||delta||^2' + (' (above 1: no contraction, error feedback can grow '
+                                                             'the residual)' if ef and bound >= 1 else '')
+    fix = 'raise upload.bits' + (' or turn upload.error_feedback off' if ef and bound >= 1 else '')
+  return (f'Likely the compressed uploads ({what}; {why}): {fix}, or set upload.compress=\'none\' to confirm; '
+          'then lower client.lr / rho.')
+
+
+# First: the client's upload compressed before any server-side wrapper sees it.
+FEATURE = features.register(features.Feature(
+    KEY, order=10, switch='upload.compress', enabled=enabled, wrap=lambda alg, config, ctx: with_compression(
+        alg, config), upload='delta', check=check, divergence=divergence))

@@ -20,11 +20,12 @@ The wrapped server state is the algorithm's state dict plus 'dp' = {'key': the r
 rng), 'clip': the current clip (adaptive clipping)}: checkpointed with it, so a resumed run draws the same noise
 and continues from the same clip.
 
-Which algorithms qualify: those whose client_final emits exactly {'weighted': {'delta': ...}, 'uniform': {}} (the
-model delta and nothing else, DELTA_UPLOADS; tests/algorithms/wrappers/test_dp.py traces every registered
-algorithm to keep the list true). Control variates (SCAFFOLD), dual variables (FedDyn), normalized directions
-(FedNova) or client slots are other uploads whose sensitivity the clip does not bound: refused in one line. So are
-the asynchronous algorithms (FedBuff, FedAsync), whose server steps on arrivals are not the sampled rounds the
+Which algorithms qualify: those that declare upload='delta' (core/contract.UPLOADS): their client_final emits
+exactly {'weighted': {'delta': ...}, 'uniform': {}}, the model delta and nothing else (tests/algorithms/wrappers/
+test_dp.py traces every registered algorithm to keep the declarations true; the refusal is
+algorithms/features.py's). Control variates (SCAFFOLD), dual variables (FedDyn), normalized directions (FedNova) or
+client slots are other uploads whose sensitivity the clip does not bound: refused in one line. So are the
+asynchronous algorithms (FedBuff, FedAsync), whose server steps on arrivals are not the sampled rounds the
 accountant counts.
 """
 from __future__ import annotations
@@ -36,18 +37,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_flat.algorithms import features
 from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.errors import ConfigError
+from fedjax_flat.models.base import num_param_arrays
 from fedjax_flat.privacy import accounting
 from fedjax_flat.privacy import mechanism as mech
 from fedjax_flat.privacy.mechanism import SECTION  # noqa: F401  (config.dp, declared with its mechanisms)
 
 KEY = 'dp'
 _KEY_TAG = 0x4450      # folds the DP keys out of the run's and the clients' keys (independent of their other uses)
-
-# The registered algorithms whose upload is exactly the model delta (see the module docstring).
-DELTA_UPLOADS = ('fedavg', 'fedbabu', 'fedbn', 'fedcg', 'fedprox', 'moon', 'silobn')
-
 
 def enabled(config) -> bool:
   return config.get('dp') is not None and config.dp.mode != 'off'
@@ -59,10 +58,6 @@ def check(config, population: int = 0) -> None:
   if not enabled(config):
     return
   d = config.dp
-  if config.algorithm not in DELTA_UPLOADS:
-    raise ConfigError('dp.mode', d.mode, f'algorithm {config.algorithm!r} uploads more than a model delta (control '
-                      f'variates, duals, slots), which the clip does not bound, or steps on arrivals, which the '
-                      f'accountant does not count; DP runs with: {list(DELTA_UPLOADS)}')
   if config.server.get('weighting', 'examples') not in ('uniform', 'capped'):
     raise ConfigError('server.weighting', config.server.get('weighting', 'examples'),
                       "example weighting has no bound on a client's weight under DP: set server.weighting='uniform' "
@@ -234,3 +229,34 @@ def with_dp(alg: FederatedAlgorithm, config, population: int = 0, client_sizes=N
   return alg.replace(wrappers=alg.wrappers + (KEY,), server_init=server_init, broadcast=broadcast,
                      client_init=client_init, client_step=client_step, client_final=client_final,
                      server_update=server_update, eval_models=eval_models, counters=counters)
+
+
+def divergence(config, d: int, population: int = 0) -> str:
+  """The likely cause of a divergence with DP on: its noise against the clipped update (d params)."""
+  dp = config.dp
+  z, c = float(mech.noise_multiplier(config, population)), float(dp.clip)
+  clip = f'C = {c:g}' + (' initially, adaptive' if dp.adaptive else '')
+  if dp.mode == 'local':
+    # each client's noise N(0, (z C)^2 I_d) has norm about z C sqrt(d), its clipped update at most C
+    return (f"Likely the DP noise, not client.lr / rho: with dp.mode='local' each client adds to its clipped update "
+            f'(norm <= {clip}) Gaussian noise of norm about z C sqrt(d) = {z:g} x {c:g} x sqrt({d}) = '
+            f'{z * c * d ** 0.5:.3g}, z sqrt(d) = {z * d ** 0.5:.3g} x the largest update (dp.noise_multiplier '
+            f'z = {z:g}, d = {d} params); lower dp.noise_multiplier '
+            "or server.lr, raise clients_per_round (the mean's noise falls as 1 / sqrt(m)), or use "
+            "dp.mode='central'.")
+  m = mech.noise_cohort(config)
+  return (f"Likely the DP noise, not client.lr / rho: with dp.mode='central' the mean update (norm <= {clip}) "
+          f'gets Gaussian noise of norm about z C sqrt(d) / M = {z:g} x {c:g} x sqrt({d}) / {m} = '
+          f'{z * c * d ** 0.5 / m:.3g}, z sqrt(d) / M = {z * d ** 0.5 / m:.3g} x the largest mean '
+          f'(dp.noise_multiplier z = {z:g}, d = {d} params, noise cohort M = {m}); '
+          'lower dp.noise_multiplier or server.lr, or raise clients_per_round / dp.noise_cohort.')
+
+
+def _wrap(alg, config, ctx):
+  return with_dp(alg, config, ctx.population, client_sizes=None if ctx.data is None else ctx.data.client_sizes(),
+                 num_leaves=num_param_arrays(ctx.model) if config.dp.get('per_tensor', False) else 0)
+
+
+# Third: the wrappers above it (SWA, WiMA) see the noisy aggregate as the algorithm's own.
+FEATURE = features.register(features.Feature(KEY, order=30, switch='dp.mode', enabled=enabled, wrap=_wrap,
+                                             upload='delta', check=check, divergence=divergence))

@@ -9,12 +9,12 @@ median, trimmed_mean, krum, multi_krum, geometric_median), any 'uniform' entries
 with the plain mean over the valid clients, and hands the algorithm its usual {'weighted', 'uniform',
 'num_clients', 'total_weight'}. 'mean' leaves the algorithm as it is: the streaming mean, bit-identical.
 
-Which algorithms qualify: those whose upload is the model delta alone (`dp.DELTA_UPLOADS`: FedAvg and its
-SAM / ASAM clients, FedProx, MOON, FedBABU, FedBN, SiloBN, FedCG); control variates, duals or normalized directions
-are not deltas a median of is a step of: refused in one line, as is DP (its accountant bounds the clipped mean's
-sensitivity, not a median's). The stacked uploads cost C x the model on every device (`stacked_bytes`); a run
-whose stack exceeds engine.stacked_max_mb ('auto': half the free memory of one device) is refused before
-compiling (`check_memory`, called by training/plan.py). docs/aggregation.md has the measurements.
+Which algorithms qualify: those that declare upload='delta', the model delta alone (FedAvg and its SAM / ASAM
+clients, FedProx, MOON, FedBABU, FedBN, SiloBN, FedCG, a researcher's own); control variates, duals or normalized
+directions are not deltas a median of is a step of: refused in one line, as is DP (its accountant bounds the clipped
+mean's sensitivity, not a median's). The stacked uploads cost C x the model on every device (`stacked_bytes`); a run
+whose stack exceeds engine.stacked_max_mb ('auto': half the free memory of one device) is refused before compiling
+(`check_memory`, called by training/plan.py). docs/aggregation.md has the measurements.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_flat import aggregators
+from fedjax_flat.algorithms import features
 from fedjax_flat.algorithms.wrappers import dp as dp_lib
 from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.errors import ConfigError
@@ -37,15 +38,12 @@ def enabled(config) -> bool:
   return config.server.get('aggregator', 'mean') != 'mean'
 
 
-def check(config) -> None:
+def check(config, population: int = 0) -> None:
   """config.server.aggregator across sections, one ConfigError each, before anything is compiled."""
+  del population
   if not enabled(config):
     return
   a = config.server.aggregator
-  if config.algorithm not in dp_lib.DELTA_UPLOADS:
-    raise ConfigError('server.aggregator', a, f'algorithm {config.algorithm!r} uploads more than a model delta '
-                      f'(control variates, duals, slots, chains, arrivals); robust aggregators run with: '
-                      f'{list(dp_lib.DELTA_UPLOADS)}')
   if dp_lib.enabled(config):
     raise ConfigError('server.aggregator', a, "with dp.mode on: the accountant bounds the clipped mean's "
                       "sensitivity, not a robust aggregate's; set server.aggregator='mean' or dp.mode='off'")
@@ -116,3 +114,9 @@ def with_aggregator(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
     return alg.server_update(state, mean_agg, round_idx, phase)
 
   return alg.replace(server_update=server_update, aggregate='stacked')
+
+
+# Second: it reduces what the clients sent (compressed or not), before DP or the server averages see the result.
+FEATURE = features.register(features.Feature(
+    'robust', order=20, switch='server.aggregator', enabled=enabled,
+    wrap=lambda alg, config, ctx: with_aggregator(alg, config), upload='delta', check=check))

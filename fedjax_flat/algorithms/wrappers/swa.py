@@ -32,6 +32,9 @@ import math
 import jax
 import jax.numpy as jnp
 
+from absl import logging
+
+from fedjax_flat.algorithms import features
 from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.optimizers.schedules import SWA_SECTION as SECTION  # noqa: F401  (config.swa, declared with its lr)
 from fedjax_flat.optimizers.schedules import swa_cyclic_lr
@@ -117,3 +120,20 @@ def with_swa(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
   return alg.replace(wrappers=alg.wrappers + (KEY,), server_init=server_init, broadcast=broadcast,
                      server_update=server_update, eval_models=eval_models,
                      reported_models=((KEY,) if average else ()) + alg.reported_models)
+
+
+def _warn_too_few_rounds(config, population: int = 0) -> None:
+  """swa x rounds: a run too short for its first average gets a warning (its SWA model is the last model)."""
+  del population
+  if config.swa.average and planned_averages(config) == 0:
+    s = swa_start_round(config)
+    logging.warning('swa: rounds=%d is too few for swa.start_fraction=%g and swa.cycle=%d: the first SWA average '
+                    'would come in round %d, so the SWA model is never averaged (it stays the model after round '
+                    '%d); lower swa.start_fraction or swa.cycle, or raise rounds', config.rounds,
+                    config.swa.start_fraction, config.swa.cycle, s + config.swa.cycle + 1, s)
+
+
+# After DP: it averages the server's models, whatever made them.
+FEATURE = features.register(features.Feature(
+    KEY, order=40, switch='swa.enabled', enabled=lambda config: bool(config.swa.enabled),
+    wrap=lambda alg, config, ctx: with_swa(alg, config), check=_warn_too_few_rounds))

@@ -36,6 +36,7 @@ from __future__ import annotations
 import flax.traverse_util
 import jax.numpy as jnp
 
+from fedjax_flat.algorithms import features
 from fedjax_flat.core import window_average
 from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.core.runs import RunValue
@@ -157,3 +158,9 @@ def with_wima(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
 
   return alg.replace(wrappers=alg.wrappers + (KEY,), server_init=server_init, broadcast=broadcast,
                      server_update=server_update, eval_models=eval_models, reported_models=(KEY,) + alg.reported_models)
+
+
+# Last: the window of the server's models, whatever made them.
+FEATURE = features.register(features.Feature(
+    KEY, order=50, switch='wima.enabled', enabled=lambda config: bool(config.wima.enabled),
+    wrap=lambda alg, config, ctx: with_wima(alg, config)))

@@ -67,5 +67,5 @@ def _final(trainer, summary, reported):
   summary.setdefault('facts', {})['domains'] = fact
 
 
-EVALUATION = register(Evaluation('domains', order=17, applies=lambda p: p.config.algorithm == 'fedcg', final=_final,
-                    models=('global', 'hard', 'soft')))
+EVALUATION = register(Evaluation('domains', order=17, applies=lambda p: 'domain_assignments' in p.algorithm.needs,
+                                 final=_final, models=('global', 'hard', 'soft')))

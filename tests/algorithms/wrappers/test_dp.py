@@ -232,7 +232,7 @@ BAD = [
     ({'server.weighting': 'examples'}, "config.server.weighting='examples' is invalid: example weighting"),
     ({'server.weighting': 'capped'}, 'config.server.weight_cap=0.0 is invalid: must be > 0 with'),
     ({'server.weight_cap': 5.0}, "config.server.weight_cap=5.0 is invalid: is read with server.weighting='capped'"),
-    ({'algorithm': 'scaffold'}, "config.dp.mode='central' is invalid: algorithm 'scaffold' uploads more than"),
+    ({'algorithm': 'scaffold'}, "config.dp.mode='central' is invalid: algorithm 'scaffold' declares upload='other'"),
     ({'dp.accountant': 'pld'}, "config.dp.accountant='pld' is invalid: the engine samples a fixed-size cohort"),
     ({'dp.mode': 'local', 'dp.target_epsilon': 1e-4, 'rounds': 50},
      'config.dp.target_epsilon=0.0001 is invalid: unreachable'),
@@ -293,15 +293,20 @@ def _upload_structure(name):
   return {k: tuple(sorted(v)) for k, v in out.items()}
 
 
+def _declared_delta():
+  return sorted(n for n in registry.names() if registry.spec(n).upload == 'delta')
+
+
 @pytest.mark.slow    # builds every registered algorithm (about a minute)
-def test_the_delta_upload_list_is_exactly_the_algorithms_whose_upload_is_the_delta_alone():
+def test_upload_delta_is_declared_by_exactly_the_algorithms_whose_upload_is_the_delta_alone():
   delta_alone = {'weighted': ('delta',), 'uniform': ()}
   found = sorted(n for n in registry.names() if _upload_structure(n) == delta_alone)
-  assert found == sorted(dp.DELTA_UPLOADS)
+  assert found == _declared_delta()
 
 
 @pytest.mark.parametrize('name,admitted', [('fedavg', True), ('fedprox', True), ('scaffold', False),
                                            ('feddyn', False)])
 def test_admitted_algorithms_upload_the_delta_alone(name, admitted):
   assert (_upload_structure(name) == {'weighted': ('delta',), 'uniform': ()}) == admitted
-  assert (name in dp.DELTA_UPLOADS) == admitted
+  assert (registry.spec(name).upload == 'delta') == admitted
+  assert (name in _declared_delta()) == admitted
