@@ -18,6 +18,7 @@ import optax
 from fedjax_flat.tasks import base as tasks_lib
 from fedjax_flat.tasks.base import cross_entropy  # noqa: F401  (re-exported: the one definition lives in tasks)
 from fedjax_flat.core.batch_stats import pooled_moments
+from fedjax_flat.schema import RESULT, Choice, Field, Num, Section
 
 Params = Any
 
@@ -209,3 +210,13 @@ def masked_step(local: LocalState, batch, rng, *, loss_fn, tx: optax.GradientTra
 def _is_stats(path) -> bool:
   k = path[0] if path else None
   return k is not None and str(getattr(k, 'key', k)) == 'batch_stats'
+
+
+# config.man: declared with the code that reads it (config/schema.py collects it)
+SECTION = Section('man', (
+    Field('zeta', Num(0.0, lo=0), 'activation-norm regularizer coefficient (MAN); 0 = off'),
+    Field('convention', Choice('paper', MAN_CONVENTIONS, note=" (paper: zeta is Eq. 15's coefficient; code: zeta is "
+                               "the release's mu_mean, applied as mu_mean / 2)"),
+          "'paper': zeta is Eq. 15's coefficient | 'code': the release's mu_mean, applied / 2 "
+          '(algorithms/local.man_coefficient)'),
+), tags={RESULT}, doc='the activation-norm regularizer (MAN)')

@@ -37,6 +37,7 @@ from typing import Iterable
 import jax
 import jax.numpy as jnp
 import optax
+from fedjax_flat.schema import Choice, Field, Int, Section
 
 tmap = jax.tree_util.tree_map
 
@@ -131,3 +132,11 @@ def trainable_view(model, params):
   def apply(p, x, **kw):
     return model.apply({'params': p, 'batch_stats': stats}, x, **kw)
   return dataclasses.replace(model, apply=apply, batch_stats=False), params['params']
+
+
+# config.bn: declared with the code that reads it (config/schema.py collects it)
+SECTION = Section('bn', (
+    Field('test_policy', Choice('auto', TEST_POLICIES, sort=True),
+          "BatchNorm statistics of unseen test clients: 'auto' | 'running' | 'batch' | 'client'"),
+    Field('test_batch_size', Int(8, lo=1), "'batch': the test batch whose statistics normalize it (FedDrive: 8)"),
+), doc='BatchNorm models: test-time statistics (core/py)')

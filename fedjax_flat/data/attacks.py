@@ -26,6 +26,7 @@ import math
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
+from fedjax_flat.schema import RESULT, Choice, Field, Section, String, Test, is_number
 
 KINDS = ('none', 'label_flip')
 SWAPS = ('fixed', 'random')
@@ -204,3 +205,27 @@ def summarize(config, summary: dict, report: Optional[dict]) -> None:
     out['clean_workdir'] = clean_dir
     out['drop'] = None          # the clean run has not finished (no summary.json with the same metric)
   summary['attack'] = out
+
+
+# config.attack: declared with the code that reads it (config/schema.py collects it)
+def _attack_on(cfg) -> bool:
+  return cfg.attack.kind != 'none'
+
+
+def _fraction(v) -> bool:
+  return is_number(v) and 0 < v <= 1      # nan compares False
+
+
+SECTION = Section('attack', (
+    Field('kind', Choice('none', KINDS), "'none' | 'label_flip'"),
+    Field('malicious_superclients', Test(0.1, ok=_fraction, message='must be a fraction in (0, 1]',
+                                         what='fraction in (0, 1]'), 'L_S', when=_attack_on),
+    Field('attackers', Test(0.1, ok=_fraction, message='must be a fraction in (0, 1]', what='fraction in (0, 1]'),
+          'L', when=_attack_on),
+    Field('classes', Test('0,2', why=check_classes, what="ids '0,2' | 'intra_sc' | 'extra_sc'"),
+          "swapped classes: ids '0,2' | '3,5' | '0,2,3,5' ... | 'intra_sc' | 'extra_sc'", when=_attack_on),
+    Field('swap', Choice('fixed', SWAPS), "'fixed' (one pairing for every attacker) | 'random'",
+          when=_attack_on),
+    Field('clean_workdir', String('', "must be a string (a run directory; '' = none)"),
+          "the clean run's workdir: summary.json reports the accuracy drop", when=_attack_on),
+), tags={RESULT}, doc='label-flipping attack (data/py; thesis Table 5.5)')

@@ -19,6 +19,7 @@ import dataclasses
 import numpy as np
 
 from fedjax_flat.data.federated import FederatedDataset, _csr
+from fedjax_flat.schema import Field, Int, Section
 
 
 def virtual_sets(client_indices, size: int, seed: int):
@@ -57,3 +58,9 @@ def virtual_clients(data: FederatedDataset, size: int, seed: int = 0) -> Federat
       setattr(out, name, value)
   out.virtual_of = owner
   return out
+
+
+# config.fedvc: declared with the code that reads it (config/schema.py collects it)
+SECTION = Section('fedvc', (
+    Field('virtual_size', Int(0, lo=0), '> 0: virtual clients of this many examples (data/virtual_clients.py)'),
+), doc="FedVC's virtual clients")

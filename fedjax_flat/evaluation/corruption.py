@@ -20,6 +20,7 @@ from fedjax_flat.errors import ConfigError
 from fedjax_flat.evaluation.evaluator import Evaluator
 from fedjax_flat.data.sources import cifar_c
 from fedjax_flat.data.batching import make_eval_batches
+from fedjax_flat.schema import Choice, Field, Flag, Section, String, Test
 
 
 class Progress:
@@ -89,3 +90,15 @@ def check_files(config) -> None:
     cifar_c.locate(ce.data_dir, ce.name)
   except FileNotFoundError as e:
     raise ConfigError('corruption_eval.data_dir', ce.data_dir, str(e).replace('\n', ' ')) from None
+
+
+# config.corruption_eval: declared with the code that reads it (config/schema.py collects it)
+SECTION = Section('corruption_eval', (
+    Field('name', Choice('', ('', 'cifar10_c', 'cifar100_c'), sort=True), "'' = off; 'cifar10_c' | 'cifar100_c'"),
+    Field('data_dir', String(''), 'the directory of the corrupted test sets'),
+    Field('corruptions', String('all'), "'all' present, or a comma-separated list"),
+    Field('severities', Test((1, 2, 3, 4, 5), ok=lambda v: set(v) <= {1, 2, 3, 4, 5}, message='a subset of 1..5',
+                             what='subset of 1..5'),
+          'severities evaluated', when=lambda cfg: bool(cfg.corruption_eval.name)),
+    Field('check_official_sizes', Flag(True), 'require the official example counts'),
+), doc='CIFAR-10-C / 100-C evaluation of the reported model at the end of training (evaluation/corruption.py)')

@@ -32,6 +32,7 @@ from fedjax_flat.data import batching
 from fedjax_flat.evaluation.metrics import accuracy, auc
 from fedjax_flat.optimizers.client import make_client_tx
 from fedjax_flat.optimizers.schedules import client_hparams
+from fedjax_flat.schema import Choice, Field, Flag, Int, Num, Section
 
 tmap = jax.tree_util.tree_map
 
@@ -208,3 +209,15 @@ def finetune_and_evaluate(predict, model, client_params, server_params, sets: Ev
     res = evaluate_protocols(predict, params, None, sets, auc_scores=auc_scores, per_client=False)
     curve.append({'epoch': e, **headline(res)})
   return curve, params
+
+
+# config.personalized: declared with the code that reads it (config/schema.py collects it)
+SECTION = Section('personalized', (
+    Field('enabled', Flag(False), "evaluate personalized models at the end -> summary.json 'personalized'"),
+    Field('finetune_epochs', Int(0, lo=0), 'K extra local epochs per client, protocols after each'),
+    Field('finetune_lr', Num(0.0, lo=0), '0 = client.lr'),
+    Field('finetune_batch_size', Int(0, lo=0), '0 = client.batch_size'),
+    Field('auc_scores', Choice('softmax', ('softmax', 'logits'), sort=True),
+          "'softmax' | 'logits' (the FedSoup reference code)"),
+    Field('per_client', Flag(True), 'per-client rows in the summary'),
+), doc='end-of-training personalized / OOD evaluation (evaluation/personalized.py)')

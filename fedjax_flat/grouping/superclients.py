@@ -50,6 +50,9 @@ from fedjax_flat.grouping import estimators, groupers, pretrain, stats
 from fedjax_flat.models import pretrained
 from fedjax_flat.models import registry as model_registry
 from fedjax_flat.tasks import base as tasks_lib
+from fedjax_flat.schema import WHOLE, Choice, Field, Flag, Int, Num, Section, String, Test
+from fedjax_flat.grouping import distances
+from fedjax_flat.run_dir import is_run_dir
 
 # Table 5.3's pairing of each estimator with its greedy distance (distance='auto').
 GREEDY_DISTANCE = {'clf': 'cosine', 'conf': 'kl', 't2v': 'normalized_cosine'}
@@ -345,3 +348,62 @@ def build_superclients(config, ctx, workdir: Optional[str], num_superclients: Op
                  s['examples']['min'], s['examples']['max'], s['classes']['mean'], s['entropy_bits']['mean'],
                  s['global_entropy_bits'], path)
   return grouping.groups
+
+
+# config.grouping: declared with the code that reads it (config/schema.py collects it)
+def _probe_model(v):
+  if not isinstance(v, str):
+    return 'must be a string (empty = off)'
+  if v and v not in model_registry.names():
+    return f'allowed values: {sorted(model_registry.names())}'
+  return None
+
+
+def _grouping_check(cfg) -> None:
+  g = cfg.grouping
+  method, est, dist = g.method, g.estimator, g.distance
+  if method in ('kmeans', 'icg') and dist not in ('auto', 'euclidean'):
+    raise ConfigError('grouping.distance', dist, f'grouping.method={method!r} clusters with the Euclidean '
+                      "distance: use 'euclidean' or 'auto' (other distances are for method='greedy')")
+  if method != 'random' and dist in distances.PROBABILITY_ONLY and est != 'conf':
+    raise ConfigError('grouping.distance', dist, f'is defined on probability vectors: it needs '
+                      f"grouping.estimator='conf', not {est!r} (use 'cosine', 'normalized_cosine' or 'euclidean')")
+  if g.probe_pretrained and g.probe_checkpoint:
+    raise ConfigError('grouping.probe_checkpoint', g.probe_checkpoint,
+                      f'grouping.probe_pretrained={g.probe_pretrained!r} is set too: use one of the two')
+  if g.probe_pretrained and not os.path.isfile(g.probe_pretrained):
+    raise ConfigError('grouping.probe_pretrained', g.probe_pretrained, 'no such file (a .npz or msgpack params file)')
+  if g.probe_checkpoint and not is_run_dir(g.probe_checkpoint):
+    raise ConfigError('grouping.probe_checkpoint', g.probe_checkpoint,
+                      'must be a fedjax_flat run directory (config.json + checkpoints/)')
+
+
+_OFF = 'must be a string (empty = off)'
+
+
+SECTION = Section('grouping', (
+    Field('method', Choice('random', groupers.METHODS, sort=True), "phi: 'random' | 'kmeans' | 'greedy' | 'icg'"),
+    Field('estimator', Choice('clf', estimators.ESTIMATORS, sort=True),
+          "psi: 'clf' (classifier weights + PCA) | 'conf' (confidence, eq. 5.1) | 't2v'"),
+    Field('distance', Choice('auto', ('auto',) + tuple(distances.DISTANCES), sort=True),
+          "tau; 'auto': euclidean for kmeans / icg; greedy: cosine (clf), kl (conf), normalized_cosine (t2v)"),
+    Field('min_examples', Int(1000, lo=1), '|D_S|_min (thesis CIFAR: 1000)'),
+    Field('max_clients', Int(11, lo=0), 'K_S,max (thesis CIFAR: 11); 0 = no cap'),
+    Field('pretrain_epochs', Int(10, lo=1), 'e: local epochs of the pre-training (t2v: of the head fine-tuning)'),
+    Field('pretrain_lr', Num(0.0, lo=0), '0 = client.lr (the client optimizer without SAM / ASAM)'),
+    Field('public_per_class', Int(10, lo=1), "J: test examples per class in the public set of 'conf'"),
+    Field('pca_variance', Num(0.9, lo=0, hi=1), "'clf': explained variance kept by PCA (0 or 1 = no reduction)"),
+    Field('pca_standardize', Flag(True), "'clf': unit-variance columns before PCA (the reference code)"),
+    Field('num_clusters', Int(0, lo=0), 'kmeans: clusters (0 = the number of classes)'),
+    Field('icg_iterations', Int(10, lo=1), 'icg: equal-size k-means iterations'),
+    Field('fisher', Choice('montecarlo', estimators.FISHER_MODES, sort=True),
+          "t2v: 'montecarlo' (one y ~ p(y|x) per example) | 'exact' (sum over y)"),
+    Field('probe_model', Test('', why=_probe_model, what='model name or empty'),
+          "t2v: probe architecture ('' = config.model with config.model_kwargs)"),
+    Field('probe_model_kwargs', None, "t2v: the probe model's kwargs", {WHOLE}),
+    Field('probe_lr', Num(4e-4, lo=0, lo_open=True), "t2v: Adam lr of the probe head's fine-tuning (Task2Vec's)"),
+    Field('probe_pretrained', String('', _OFF), 't2v: probe params file (models/pretrained.py formats)'),
+    Field('probe_checkpoint', String('', _OFF), 't2v: or a run directory; neither (and no config.init): random'),
+    Field('seed', Int(-1, lo=-1), 'grouper / pre-training randomness; -1 = config.seed'),
+), check=_grouping_check, doc='clients -> superclients (fedjax_flat/grouping/, FedSeq; thesis 5.2.2); cached in '
+   'WORKDIR/grouping/')

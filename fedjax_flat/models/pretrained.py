@@ -23,6 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_flat import errors
+from fedjax_flat.schema import Choice, Field, Section, String
+from fedjax_flat.errors import ConfigError
+from fedjax_flat.run_dir import is_run_dir
 
 Params = Any
 SEP = '/'
@@ -175,3 +178,26 @@ def fit_params(model, params_init: Params, source_params: Params, *, source: str
 
   out = {k: (v if not checked(k) else jnp.asarray(loaded[k], dtype=v.dtype)) for k, v in expected.items()}
   return flax.serialization.from_state_dict(params_init, unflatten(out))
+
+
+# config.init: declared with the code that reads it (config/schema.py collects it)
+def _init_check(cfg) -> None:
+  init = cfg.init
+  ckpt, pre = init.get('checkpoint', ''), init.get('pretrained', '')
+  if ckpt and pre:
+    raise ConfigError('init.pretrained', pre, f'init.checkpoint={ckpt!r} is set too: use one of the two')
+  if ckpt and not is_run_dir(ckpt):
+    raise ConfigError('init.checkpoint', ckpt, 'must be a fedjax_flat run directory (config.json + checkpoints/)')
+
+
+_PATH = 'must be a string (a path; empty = off)'
+
+
+SECTION = Section('init', (
+    Field('checkpoint', String('', _PATH), 'a fedjax_flat run directory (or its checkpoints/) to start from'),
+    Field('model', Choice('global', ('global', 'swa', 'wima')), "which of that run's models"),
+    Field('pretrained', String('', _PATH), 'or a .npz / msgpack params file (models/pretrained.py)'),
+    Field('reinit_classifier', Choice('auto', ('auto', 'always', 'never')),
+          "'auto': re-init when the class count differs"),
+    Field('classifier_key', String('', _PATH), "'' = models/pretrained.find_classifier_key"),
+), check=_init_check, doc='initial params (training/init.py; before round 0, never on resume); one source at most')

@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_flat.tasks.base import Classification, register
+from fedjax_flat.schema import Field, Flag, Int, Num, Section
 
 EMPTY, QUERY, POSITIVE, NEGATIVE = 0, 1, 2, 3
 DATABASE_ROLE, QUERY_ROLE = 0.0, 1.0
@@ -214,3 +215,13 @@ class Retrieval(Classification):
       return self
     return dataclasses.replace(self, margin=float(rc.margin), num_negatives=int(rc.num_negatives),
                                threshold=float(rc.threshold), cache_pass=bool(rc.get('cache_pass', True)))
+
+
+# config.retrieval: declared with the code that reads it (config/schema.py collects it)
+SECTION = Section('retrieval', (
+    Field('margin', Num(0.1, lo=0), 'triplet margin'),
+    Field('num_negatives', Int(5, lo=1), 'hardest negative candidates per query tuple used in the loss'),
+    Field('threshold', Num(25.0, lo=0, lo_open=True), 'metres: a database image within it is a match (Recall@K)'),
+    Field('cache_pass', Flag(True, message='True or False'),
+          'mine from a gradient-free pass, train on the mined slots only'),
+), doc="the 'retrieval' task (tasks/retrieval.py: FedVPR)")

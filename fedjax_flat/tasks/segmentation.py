@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_flat.tasks.base import DenseClassification, _main_head, cross_entropy, register, resize_to_labels
+from fedjax_flat.schema import Choice, Field, Flag, Int, Num, Pair, Section
+from fedjax_flat.models.tiling import EVAL_MODES
 
 
 OHEM_MODES = ('none', 'topk', 'thresh')
@@ -150,3 +152,23 @@ def miou_from_confusion(confusion):
   iou = jnp.where(present, tp / jnp.maximum(union, 1.0), jnp.nan)
   miou = jnp.sum(jnp.where(present, iou, 0.0)) / jnp.maximum(jnp.sum(present), 1)
   return miou, iou
+
+
+# config.segmentation: declared with the code that reads it (config/schema.py collects it)
+_TILE = "must be (height, width), integers >= 0 ((0, 0) = the model's input size)"
+
+
+SECTION = Section('segmentation', (
+    Field('ohem', Choice('topk', OHEM_MODES, sort=True), "'topk' (FedDrive: per image, the hardest ohem_fraction of "
+          "pixels) | 'thresh' (CoinCheung: CE > -log(ohem_thresh)) | 'none'"),
+    Field('ohem_fraction', Num(0.25, lo=0, lo_open=True, hi=1), "'topk': share of pixels kept"),
+    Field('ohem_thresh', Num(0.7, lo=0, lo_open=True, hi=1, hi_open=True), "'thresh': probability threshold"),
+    Field('aux_weight', Num(1.0, lo=0), "weight of each booster head's loss"),
+    Field('eval_mode', Choice('full', EVAL_MODES, sort=True), "'full' | 'downscale' (input x eval_scale) | 'tiles'"),
+    Field('eval_scale', Num(0.5, lo=0, lo_open=True, hi=1), "'downscale': input scale"),
+    Field('eval_tile', Pair((0, 0), integer=True, lo_open=False, message=_TILE), "'tiles': window (0, 0 = the "
+          "model's input size)"),
+    Field('eval_overlap', Num(1 / 3, lo=0, hi=1, hi_open=True), "'tiles': overlap of the windows"),
+    Field('by_test_client', Flag(True), "metrics per held-out test client group ('seen' / 'unseen') as well"),
+    Field('predictions', Int(4, lo=0, hi=64), 'predictions.png: test images with true / predicted masks'),
+), doc="the 'segmentation' task's loss (OHEM, booster heads) and evaluation (tasks/segmentation.py)")

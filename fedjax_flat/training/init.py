@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import jax
 
-from fedjax_flat.config.run_dir import run_dir_of
+from fedjax_flat.run_dir import run_dir_of
 from fedjax_flat.grouping.superclients import GroupingContext, fresh_params
 from fedjax_flat.models import pretrained
 from fedjax_flat.training.reload import load_run

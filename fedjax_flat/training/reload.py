@@ -16,7 +16,7 @@ import numpy as np
 
 from fedjax_flat.errors import BadInputError, DataFormatError
 from fedjax_flat.config.default_config import WHOLE_SECTIONS, data_section, default_config
-from fedjax_flat.config.run_dir import run_dir_of
+from fedjax_flat.run_dir import run_dir_of
 from fedjax_flat.training import checkpoint, trainers
 from fedjax_flat.training.loop import DEVICES_KEY
 
