@@ -161,6 +161,9 @@ class AlgorithmSpec:
 
   def validate_data(self, cfg, data) -> None:
     hp = self.hp(cfg)
+    src = validation_steps.round_validation_source(cfg, self.defaults())
+    if src:                                  # FedSoup's validation split must exist in the data
+      validation_steps.check_validation_data(data, src)
     if 'population' in self.needs:
       check_population(cfg, data)
     if self.check_data is not None:

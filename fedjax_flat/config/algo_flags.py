@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import List, Sequence, Tuple
 from fedjax_flat.errors import ConfigError
-from fedjax_flat.algorithms import registry
+from fedjax_flat.config import schema
 
 _PREFIX = '--config.algo.'
 
@@ -78,9 +78,10 @@ def apply(config, overrides: Sequence[Tuple[str, str]]):
   """
   if not overrides:
     return config
-  if config.algorithm not in registry.names():
-    raise ConfigError('algorithm', config.algorithm, f'allowed: {sorted(registry.names())}')
-  defaults = registry.default_hparams(config.algorithm)
+  d = schema.declared(config.algorithm)
+  if d is None:
+    raise ConfigError('algorithm', config.algorithm, f'allowed: {sorted(schema.algorithm_names())}')
+  defaults = d.defaults()
   with config.unlocked():
     for name, value in defaults.items():
       if name not in config.algo:

@@ -177,6 +177,25 @@ def field_reference(sections=SCHEMA) -> List[str]:
   return out
 
 
+# The configured algorithm as the config sees it: config.algo's rules are the algorithm's declared hyperparameters,
+# so the schema is the config layer's one reader of the algorithm registry (validation and --config.algo.* flags
+# ask it).
+
+def algorithm_names() -> List[str]:
+  """The registered algorithm names (the `algorithm` field's allowed values)."""
+  return list(alg_registry.names())
+
+
+def declared(config) -> 'alg_registry.Declared':
+  """The static declarations of config.algorithm (a config, or a name: its defaults), or None when unknown."""
+  return alg_registry.declared(config)
+
+
+def algorithms_with_need(need: str) -> List[str]:
+  """The registered algorithms that declare `need`, sorted."""
+  return alg_registry.with_need(need)
+
+
 def algo_reference() -> List[str]:
   """Markdown lines: every registered algorithm's `config.algo` fields (its `hparams=` rules) with defaults."""
   out = ['| algorithm | config.algo fields (default; allowed) |', '|---|---|']

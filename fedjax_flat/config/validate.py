@@ -13,14 +13,11 @@ from typing import Collection
 import ml_collections
 
 from fedjax_flat.algorithms import features
-from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.config import data_fields
 from fedjax_flat.config import schema
 from fedjax_flat.config import source_pretrain
 from fedjax_flat.data import attacks
 from fedjax_flat.data import registry as data_registry
-from fedjax_flat.data import validation_steps
-from fedjax_flat.data.registry import OPTIONAL_FIELDS
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.models import registry as model_registry
 from fedjax_flat.models.cnn import MAN_MEASURES
@@ -57,13 +54,14 @@ def validate_config(cfg, pending_files: Collection[str] = ()) -> None:
   _validate_data(cfg)                    # dataset x data x augment x normalize
   # the algorithm's declared rules: hyperparameter names and values, client optimizer, its own cross-field
   # rules (algorithms/registry.py)
-  alg_registry.spec(cfg.algorithm).validate(cfg)
+  algorithm = schema.declared(cfg)
+  algorithm.spec.validate(cfg)
   # the features the config turns on (algorithms/features.py): the algorithm's declared upload against the one each
   # acts on, then each feature's rules across sections (dp x server weighting, upload x dp, swa x rounds, ...)
-  features.check(cfg, alg_registry.declared(cfg).upload)
+  features.check(cfg, algorithm.upload)
   _validate_man_measure(cfg)             # model x model_kwargs.man_measure, before the model is built
   if 'bn' in cfg:
-    _validate_bn(cfg, model_registry)    # bn x model x algorithm
+    _validate_bn(cfg, algorithm.needs)   # bn x model x algorithm
   if 'grouping' in cfg:
     _validate_grouping_task(cfg)         # grouping x dataset
   if 'source_pretrain' in cfg:           # the server's source pre-training (training/source_pretrain.py)
@@ -97,16 +95,15 @@ def _validate_grouping_task(cfg) -> None:
                       f"the per-position task {task!r}: use 'clf' or grouping.method='random'")
 
 
-def _validate_bn(cfg, model_registry) -> None:
+def _validate_bn(cfg, needs) -> None:
   policy = cfg.bn.test_policy
   if not model_registry.uses_batch_stats(cfg.model, cfg.model_kwargs.to_dict()):
     return
-  needs = alg_registry.needs(cfg.algorithm)
   if 'batch_stats' not in needs:
     raise ConfigError('algorithm', cfg.algorithm,
                       f'with a BatchNorm model (model={cfg.model}, model_kwargs.norm=bn) the running statistics '
                       'are averaged through the FedAvg pseudo-gradient: allowed '
-                      f'{alg_registry.with_need("batch_stats")} '
+                      f'{schema.algorithms_with_need("batch_stats")} '
                       '(any client / server optimizer, SWA, WiMA); use model_kwargs.norm=gn for the others')
   if policy == 'running' and 'local_batch_stats' in needs:
     raise ConfigError('bn.test_policy', policy,
@@ -127,7 +124,8 @@ def _validate_man_measure(cfg) -> None:
 
 
 def validate_against_data(cfg, data) -> None:
-  chains = 'chains' in alg_registry.needs(cfg.algorithm)
+  algorithm = schema.declared(cfg)
+  chains = 'chains' in algorithm.needs
   if cfg.clients_per_round > data.num_clients and not chains:   # chains sample by algo.fraction
     raise ConfigError('clients_per_round', cfg.clients_per_round,
                       f'must be <= the population of {data.num_clients} clients of dataset {cfg.dataset!r}')
@@ -145,13 +143,11 @@ def validate_against_data(cfg, data) -> None:
   sizes = data.client_sizes()
   if (sizes == 0).all():
     raise ConfigError('data', dict(cfg.data), 'every client has 0 examples')
-  src = validation_steps.round_validation_source(cfg, alg_registry.default_hparams(cfg.algorithm))
-  if src:                                  # FedSoup's validation split must exist in the data
-    validation_steps.check_validation_data(data, src)
   # the features against the population (dp: delta < 1 / N, the reachable target epsilon)
-  features.check(cfg, alg_registry.declared(cfg).upload, data.num_clients)
-  # the algorithm's own data rules (its population N) and its warnings (algorithms/registry.py)
-  alg_registry.spec(cfg.algorithm).validate_data(cfg, data)
+  features.check(cfg, algorithm.upload, data.num_clients)
+  # the algorithm's own data rules (its population N, FedSoup's validation split) and its warnings
+  # (algorithms/registry.py)
+  algorithm.spec.validate_data(cfg, data)
 
 
 def _validate_source_pretrain(cfg) -> None:
@@ -189,7 +185,7 @@ def _validate_segmentation_data(cfg) -> None:
                       "(or 'none')")
   declared, d = data_registry.declared_fields(cfg.dataset), cfg.data
   for k in d.keys():
-    if k not in declared and not (k in OPTIONAL_FIELDS and d[k] is None):
+    if k not in declared and not (k in data_registry.OPTIONAL_FIELDS and d[k] is None):
       raise ConfigError(f'data.{k}', d[k], f'not a field of dataset {cfg.dataset!r}; its fields: {sorted(declared)}')
   get = lambda k: d.get(k, declared[k])
 
