@@ -32,7 +32,7 @@ from fedjax_flat.config import centralized
 from fedjax_flat.config.run_dir import is_run_dir
 from fedjax_flat.core import batch_stats
 from fedjax_flat.core import engine
-from fedjax_flat.core.client_state import STORE_KINDS
+from fedjax_flat.core.client_state import HOST_MAX_MB, STORE_KINDS
 from fedjax_flat.data import attacks
 from fedjax_flat.data import registry as data_registry
 from fedjax_flat.data.registry import OPTIONAL_FIELDS
@@ -157,6 +157,9 @@ RUN_TAIL = Section('', (
     Field('client_state_store', Choice('auto', STORE_KINDS, sort=True),
           "stateful algorithms: 'host' | 'device' | 'auto' (core/client_state.py)", {EXECUTION}),
     Field('client_state_device_max_mb', Num(256, lo=0), 'auto: device store if population * state bytes <= this',
+          {EXECUTION}),
+    Field('client_state_host_max_mb', Num(HOST_MAX_MB, lo=0),
+          'auto: host store if population * state bytes <= this, else memmaps in workdir/client_states',
           {EXECUTION}),
 ))
 

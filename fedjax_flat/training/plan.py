@@ -327,13 +327,17 @@ class RunPlan:
     c = self.config
     return client_state.store_kind(self.algorithm, self.param_shapes, self.data.num_clients,
                                    c.get('client_state_store', 'auto'),
-                                   c.get('client_state_device_max_mb', 256) * 2**20)
+                                   c.get('client_state_device_max_mb', 256) * 2**20,
+                                   c.get('client_state_host_max_mb', client_state.HOST_MAX_MB) * 2**20)
 
   def new_store(self, params):
-    """An empty client-state store (host dict or device [K, ...] arrays), None when the algorithm is stateless."""
+    """An empty client-state store (host dict, device [K, ...] arrays or memmaps in workdir/client_states), None
+    when the algorithm is stateless."""
     c = self.config
     return client_state.store_for(self.algorithm, params, self.data.num_clients, c.get('client_state_store', 'auto'),
-                                  c.get('client_state_device_max_mb', 256) * 2**20)
+                                  c.get('client_state_device_max_mb', 256) * 2**20,
+                                  c.get('client_state_host_max_mb', client_state.HOST_MAX_MB) * 2**20,
+                                  directory=os.path.join(self.workdir, 'client_states') if self.workdir else None)
 
   def initial_state(self, params=None):
     """(server state, client-state store) of round 0 from `params` (default: the fresh init); the server's key
