@@ -155,7 +155,7 @@ RUN_TAIL = Section('', (
           'rounds whose checkpoints are also saved and never deleted (analyses)', {EXECUTION}, after=_keep_rounds),
     Field('progress_every_s', Num(10.0, lo=0), 'seconds between progress lines', {EXECUTION, LOG}),
     Field('client_state_store', Choice('auto', STORE_KINDS, sort=True),
-          "stateful algorithms: 'host' | 'device' | 'auto' (core/client_state.py)", {EXECUTION}),
+          "stateful algorithms: 'host' | 'device' | 'disk' | 'auto' (core/client_state.py)", {EXECUTION}),
     Field('client_state_device_max_mb', Num(256, lo=0), 'auto: device store if population * state bytes <= this',
           {EXECUTION}),
     Field('client_state_host_max_mb', Num(HOST_MAX_MB, lo=0),
