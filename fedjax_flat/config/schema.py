@@ -36,6 +36,7 @@ from fedjax_flat.core.client_state import HOST_MAX_MB, STORE_KINDS
 from fedjax_flat.data import attacks
 from fedjax_flat.data import registry as data_registry
 from fedjax_flat.data.registry import OPTIONAL_FIELDS
+from fedjax_flat.data.sampling import SAMPLERS
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.grouping import distances, estimators, groupers
 from fedjax_flat.models import registry as model_registry
@@ -91,6 +92,9 @@ RUN = Section('', (
           {RESULT, WHOLE}),
     Field('rounds', Int(100, lo=1), 'training rounds', {RESUME}),
     Field('clients_per_round', Int(5, lo=1), 'clients sampled each round', {RESULT}),
+    Field('sampler', Choice('sort', SAMPLERS),
+          "uniform client sampling: 'sort' (O(population) per round) | 'floyd' (O(cohort^2), other clients; "
+          'data/sampling.py)', {RESULT}),
 ))
 
 MAN = Section('man', (

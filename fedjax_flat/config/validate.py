@@ -64,6 +64,7 @@ def validate_config(cfg, pending_files: Collection[str] = ()) -> None:
   # rules (algorithms/registry.py)
   alg_registry.spec(cfg.algorithm).validate(cfg)
   _warn_swa(cfg)                         # swa x rounds
+  _refuse_floyd_where_unused(cfg)        # sampler x algorithm
   _refuse_inert_dp(cfg)                  # dp.* set while dp.mode='off'
   dp_lib.check(cfg)                      # dp x algorithm x server weighting (x population when the config says it)
   compress_lib.check(cfg)                # upload x algorithm x dp
@@ -75,6 +76,17 @@ def validate_config(cfg, pending_files: Collection[str] = ()) -> None:
     _validate_grouping_task(cfg)         # grouping x dataset
   if 'source_pretrain' in cfg:           # the server's source pre-training (training/source_pretrain.py)
     _validate_source_pretrain(cfg)
+
+
+def _refuse_floyd_where_unused(cfg) -> None:
+  """sampler='floyd' changes the uniform draw only: an algorithm that samples otherwise (H-FL's groups, the
+  asynchronous arrivals) would ignore it, so it is refused rather than recorded as used."""
+  if cfg.get('sampler', 'sort') == 'sort':
+    return
+  needs = alg_registry.spec(cfg.algorithm).needs
+  if 'client_groups' in needs:
+    raise ConfigError('sampler', cfg.sampler, f"{cfg.algorithm!r} samples a fixed number per client group "
+                      "(stratified); the sampler applies to uniform sampling: use sampler='sort'")
 
 
 def _refuse_inert_dp(cfg) -> None:

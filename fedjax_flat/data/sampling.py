@@ -6,6 +6,12 @@ One definition serves the host and the compiled multi-round program (core/rounds
 traceable JAX function (threefry bits + a stable sort), and the host's `sample_clients` runs the same
 function jitted. Before PROCEDURE 'jax-v1' the host drew from numpy's PCG64, which no compiled program can
 reproduce; runs made with the older procedure sample other clients (and batch orders, data/batching.py).
+
+Cost in the population K: `sample_ids` draws one 32-bit key per client (the draw is the C smallest), O(K) per
+round; the C smallest are found from the keys below a threshold instead of a sort of all K (the same clients;
+0.36 s -> 0.016 s of CPU per round at K = 10^6). Config sampler='floyd' (`floyd_ids`) draws C clients in O(C^2)
+work, nothing of size K: the round's cost then follows the cohort, not the population
+(benchmarks/speed/README.population.md), at the price of other clients than the default procedure's.
 """
 from __future__ import annotations
 
@@ -17,9 +23,12 @@ import numpy as np
 
 # Recorded in summary.json: results of runs with another procedure differ (other clients, other batches).
 PROCEDURE = 'sampling+batch-order/jax-threefry-sort-v1'
+FLOYD_PROCEDURE = 'sampling/jax-threefry-floyd-v1+batch-order/jax-threefry-sort-v1'     # config sampler='floyd'
+SAMPLERS = ('sort', 'floyd')
 
 SAMPLE_STREAM = 0x5A3D       # fold_in tags keep the random streams of (seed, round) apart
 BATCH_STREAM = 0xB47C
+FLOYD_STREAM = 0xF10D
 TRAIN_STREAM = 2             # the clients' training keys (dropout, augmentation, SAM noise), as before
 
 
@@ -105,15 +114,50 @@ def _smallest_keys(key, n, size: int, c: int):
   return jax.lax.cond((count >= c) & (count <= room), fast, full, None)
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3))
-def _sample_jit(key, round_idx, num_clients, clients_per_round):
+def floyd_ids(key, round_idx, num_clients, clients_per_round: int):
+  """Sorted int32 [clients_per_round] client ids for round `round_idx` by Floyd's algorithm (config
+  sampler='floyd'; traceable): uniform without replacement like `sample_ids`, in O(C^2) work for C clients and
+  nothing of size K, so a round of a million-client population costs what one of a thousand does. Other clients
+  than `sample_ids` draws (its own procedure, FLOYD_PROCEDURE).
+
+  For i = 0..C-1 with j = K - C + i: t_i uniform in [0, j]; take t_i unless already taken, else j (j was never
+  a candidate before step i, so the C ids are distinct; every C-subset has probability 1 / binom(K, C)).
+  """
+  c = int(clients_per_round)
+  k = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, SAMPLE_STREAM), round_idx), FLOYD_STREAM)
+  j = jnp.asarray(num_clients, jnp.int32) - c + jnp.arange(c, dtype=jnp.int32)
+  t = jax.random.randint(k, (c,), 0, j + 1, dtype=jnp.int32)
+
+  def body(i, chosen):
+    return chosen.at[i].set(jnp.where(jnp.any(chosen == t[i]), j[i], t[i]))
+  return jnp.sort(jax.lax.fori_loop(0, c, body, jnp.full((c,), -1, jnp.int32)))
+
+
+def draw_ids(sampler: str, key, round_idx, num_clients, clients_per_round: int):
+  """The uniform draw of config `sampler`: 'sort' (`sample_ids`, the default) or 'floyd' (`floyd_ids`)."""
+  if sampler == 'floyd':
+    return floyd_ids(key, round_idx, num_clients, clients_per_round)
   return sample_ids(key, round_idx, num_clients, clients_per_round)
 
 
-def sample_clients(num_clients: int, clients_per_round: int, *, seed, round_idx: int) -> np.ndarray:
+def procedure(sampler: str = 'sort') -> str:
+  """What summary.json and checkpoints record of a run's sampling (PROCEDURE, or FLOYD_PROCEDURE)."""
+  return FLOYD_PROCEDURE if sampler == 'floyd' else PROCEDURE
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 4))
+def _sample_jit(sampler, key, round_idx, num_clients, clients_per_round):
+  return draw_ids(sampler, key, round_idx, num_clients, clients_per_round)
+
+
+def sample_clients(num_clients: int, clients_per_round: int, *, seed, round_idx: int,
+                   sampler: str = 'sort') -> np.ndarray:
   if not 0 < clients_per_round <= num_clients:
     raise ValueError(f'clients_per_round={clients_per_round} must be in [1, {num_clients}] (the population)')
-  ids = _sample_jit(seed_key(seed), jnp.asarray(round_idx, jnp.int32), int(num_clients), int(clients_per_round))
+  if sampler not in SAMPLERS:
+    raise ValueError(f'sampler={sampler!r}; allowed: {SAMPLERS}')
+  ids = _sample_jit(sampler, seed_key(seed), jnp.asarray(round_idx, jnp.int32), int(num_clients),
+                    int(clients_per_round))
   return np.asarray(ids).astype(np.int64)
 
 

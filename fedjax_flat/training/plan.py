@@ -355,12 +355,16 @@ class RunPlan:
     if self.client_groups is not None:
       return sampling.sample_clients_stratified(self.client_groups['labels'], self.clients_per_group, seed=c.seed,
                                                 round_idx=r)
-    return sampling.sample_clients(self.data.num_clients, c.clients_per_round, seed=c.seed, round_idx=r)
+    return sampling.sample_clients(self.data.num_clients, c.clients_per_round, seed=c.seed, round_idx=r,
+                                   sampler=c.get('sampler', 'sort'))
 
   def device_sampler(self):
-    """The traceable twin of `sample_round` for the compiled multi-round block (None: uniform)."""
+    """The traceable twin of `sample_round` for the compiled multi-round block (None: uniform, 'sort')."""
     if self.client_groups is None:
-      return None
+      if self.config.get('sampler', 'sort') == 'sort':
+        return None
+      k, c, name = self.data.num_clients, self.config.clients_per_round, self.config.sampler
+      return lambda key, r: sampling.draw_ids(name, key, r, k, c)
     groups = jnp.asarray(self.client_groups['labels'], jnp.int32)
     per, total = self.clients_per_group, self.config.clients_per_round
     return lambda key, r: sampling.stratified_ids(key, r, groups, per, total)
