@@ -16,7 +16,10 @@ Each (algorithm, K) runs in its own subprocess, one after another (peak RSS = ru
   s_per_round   median wall seconds per round over `--repeats` timed stretches of `--rounds` rounds (steady state);
                 cpu_s_per_round the same in this process's CPU seconds (steadier on a shared machine)
   rss_base_mb   RSS after importing jax and the library (before any data)
-  peak_rss_mb   peak RSS at the end; beyond_data_mb = peak - base - the dataset's own bytes (x, y, index arrays)
+  peak_rss_mb   peak RSS after the timed rounds; beyond_data_mb = peak - base - the dataset's own bytes (x, y, index
+                arrays); beyond_data_and_copy_mb also less the device path's copy of the data (on the CPU backend
+                the "device" is this process: the copy is a second dataset in RSS)
+  peak_rss_full_store_mb   (stateful, with the full checkpoint) the peak once every client's state is written
   store         the client-state store: kind and bytes (device: the whole population; host/disk: the rows written)
   checkpoint_s  (stateful) one checkpoint of the store with EVERY client written (`--full_checkpoint`): what a
                 checkpoint of a long run costs once the whole population has been seen
@@ -59,7 +62,8 @@ def _data(k: int, examples: int):
   means = rng.standard_normal((4, 8), dtype=np.float32)
   y = rng.integers(0, 4, n, dtype=np.int32)
   x = rng.standard_normal((n, 8), dtype=np.float32)
-  x += means[y]
+  for lo in range(0, n, 1 << 18):      # in slices: means[y] whole would be a second x
+    x[lo:lo + (1 << 18)] += means[y[lo:lo + (1 << 18)]]
   ty = rng.integers(0, 4, 32, dtype=np.int32)
   tx = rng.standard_normal((32, 8), dtype=np.float32) + means[ty]
   return FederatedDataset(x=x, y=y, client_index=np.arange(n, dtype=np.int64),
@@ -128,6 +132,11 @@ def worker(algorithm, sampler, k, cohort, examples, store, host_max_mb, rounds, 
       row['store_population_bytes'] = t.store.bytes_per_client * k
       row['store_bytes'] = t.store.nbytes()
       row['clients_written'] = len(t.store)
+    dev = getattr(t.driver, 'dev_data', None)      # the device path's copy of the data (a second copy on CPU)
+    row['device_data_mb'] = (sum(a.nbytes for a in jax.tree_util.tree_leaves(dev)) / 2**20) if dev else 0.0
+    row['peak_rss_mb'] = _rss_mb()      # the rounds' peak, before the full-store checkpoint below
+    row['beyond_data_mb'] = row['peak_rss_mb'] - base - row['data_mb']
+    row['beyond_data_and_copy_mb'] = row['beyond_data_mb'] - row['device_data_mb']
     stats = jax.devices()[0].memory_stats()
     row['device_memory'] = (stats if stats else 'not available: jax memory_stats() is None on the '
                             f'{jax.default_backend()} backend (the device is this process: see peak RSS)')
@@ -150,8 +159,7 @@ def worker(algorithm, sampler, k, cohort, examples, store, host_max_mb, rounds, 
       row['checkpoint_mb'] = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(os.path.join(wd, 'ck'))
                                  for f in fs) / 2**20
       ck.close()
-    row['peak_rss_mb'] = _rss_mb()
-    row['beyond_data_mb'] = row['peak_rss_mb'] - base - row['data_mb']
+      row['peak_rss_full_store_mb'] = _rss_mb()
   return row
 
 
@@ -162,7 +170,8 @@ def _markdown(res: dict) -> str:
            f"Cohort {res['cohort']} clients/round, {res['examples']} examples/client, MLP 8-8-4; "
            f"{res['rounds']} rounds x {res['repeats']} timed stretches after {res['warm']} warm rounds.", '',
            '| algorithm | sampler | K | path | store (kind, MB) | s/round | CPU s/round | x K=min | start-up s | '
-           'data MB | peak RSS MB | beyond data MB | x K=min | full checkpoint |',
+           'data MB (+ device copy) | peak RSS MB | beyond data (less the copy) MB | x K=min | '
+           'full checkpoint (peak RSS) |',
            '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|']
   first = {}
   for r in res['rows']:
@@ -174,14 +183,15 @@ def _markdown(res: dict) -> str:
     f = first.setdefault(key, r)
     store = (f"{r['store_kind']}, {r['store_bytes'] / 2**20:.1f} of {r['store_population_bytes'] / 2**20:.0f}"
              if 'store_kind' in r else '-')
-    ck = (f"{r['checkpoint_s']:.1f} s, {r['checkpoint_mb']:.1f} MB ({r['checkpoint_clients']} clients)"
-          if 'checkpoint_s' in r else '-')
+    ck = (f"{r['checkpoint_s']:.1f} s, {r['checkpoint_mb']:.1f} MB, {r['checkpoint_clients']:,} clients "
+          f"({r['peak_rss_full_store_mb']:.0f} MB)" if 'checkpoint_s' in r else '-')
     lines.append(f"| {r['algorithm']}{' (' + r['forced'] + ')' if r.get('forced') else ''} | {r['sampler']} | "
                  f"{r['population']:,} | "
                  f"{r['path']} | {store} | {r['s_per_round'] * 1e3:.2f} ms | {r['cpu_s_per_round'] * 1e3:.2f} ms | "
-                 f"{r['s_per_round'] / f['s_per_round']:.2f} | {r['startup_s']:.1f} | {r['data_mb']:.0f} | "
-                 f"{r['peak_rss_mb']:.0f} | {r['beyond_data_mb']:.0f} | "
-                 f"{r['beyond_data_mb'] / max(f['beyond_data_mb'], 1e-9):.2f} | {ck} |")
+                 f"{r['s_per_round'] / f['s_per_round']:.2f} | {r['startup_s']:.1f} | "
+                 f"{r['data_mb']:.0f} (+{r['device_data_mb']:.0f}) | {r['peak_rss_mb']:.0f} | "
+                 f"{r['beyond_data_mb']:.0f} ({r['beyond_data_and_copy_mb']:.0f}) | "
+                 f"{r['beyond_data_and_copy_mb'] / max(f['beyond_data_and_copy_mb'], 1e-9):.2f} | {ck} |")
   dev = next((r['device_memory'] for r in res['rows'] if 'device_memory' in r), None)
   lines += ['', f'Device memory: {dev}']
   return '\n'.join(lines) + '\n'
@@ -192,7 +202,8 @@ def main():
   ap.add_argument('--populations', default='1000,10000,100000,1000000')
   ap.add_argument('--algorithms', default='fedavg,scaffold')
   ap.add_argument('--samplers', default='sort,floyd', help="config sampler: 'sort' (default) and/or 'floyd'")
-  ap.add_argument('--forced', default='scaffold:floyd:host:1000000,scaffold:floyd:disk:1000000',
+  ap.add_argument('--forced', default='scaffold:floyd:host:1000,scaffold:floyd:host:1000000,'
+                  'scaffold:floyd:disk:1000,scaffold:floyd:disk:1000000',
                   help='extra rows ALGORITHM:SAMPLER:STORE:K with the client-state store named')
   ap.add_argument('--cohort', type=int, default=20)
   ap.add_argument('--examples', type=int, default=2)
