@@ -337,7 +337,14 @@ class RunPlan:
     return client_state.store_for(self.algorithm, params, self.data.num_clients, c.get('client_state_store', 'auto'),
                                   c.get('client_state_device_max_mb', 256) * 2**20,
                                   c.get('client_state_host_max_mb', client_state.HOST_MAX_MB) * 2**20,
-                                  directory=os.path.join(self.workdir, 'client_states') if self.workdir else None)
+                                  directory=self._client_states_dir())
+
+  def _client_states_dir(self) -> Optional[str]:
+    # One directory per process: on several hosts sharing the workdir, each keeps its own store's files.
+    if not self.workdir:
+      return None
+    d = os.path.join(self.workdir, 'client_states')
+    return os.path.join(d, f'process_{jax.process_index()}') if jax.process_count() > 1 else d
 
   def initial_state(self, params=None):
     """(server state, client-state store) of round 0 from `params` (default: the fresh init); the server's key
