@@ -30,7 +30,8 @@ Fields (validated by `config/validate.py` before anything is compiled):
                        the end or on SIGTERM/SIGINT), keeping the last K; resume is automatic (docs/scaling.md)
   keep_rounds          rounds r whose checkpoints are saved too and kept for good (e.g. for
                        `experiments/hessian.py --per_client --per_client_round=r`: round r's local models)
-  client_state_store, client_state_device_max_mb   per-client state store (SCAFFOLD, FedDyn, ...)
+  client_state_store, client_state_device_max_mb, client_state_host_max_mb   per-client state store (SCAFFOLD,
+                       FedDyn, ...): device, host, or memmaps on disk (WORKDIR/client_states)
   personalized         end-of-training personalized / OOD evaluation (evaluation/personalized.py): enabled,
                        finetune_epochs, finetune_lr, finetune_batch_size, auc_scores, per_client
   grouping             clients -> superclients (fedjax_flat/grouping/, FedSeq): method, estimator, distance,

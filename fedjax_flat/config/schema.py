@@ -32,11 +32,12 @@ from fedjax_flat.algorithms.local import SECTION as MAN
 from fedjax_flat.config import centralized
 from fedjax_flat.core import engine
 from fedjax_flat.core.batch_stats import SECTION as BN
-from fedjax_flat.core.client_state import STORE_KINDS
+from fedjax_flat.core.client_state import HOST_MAX_MB, STORE_KINDS
 from fedjax_flat.core.window_average import SECTION as WIMA
 from fedjax_flat.data import registry as data_registry
 from fedjax_flat.data.attacks import SECTION as ATTACK
 from fedjax_flat.data.registry import OPTIONAL_FIELDS
+from fedjax_flat.data.sampling import SAMPLERS
 from fedjax_flat.data.virtual_clients import SECTION as FEDVC
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.evaluation.corruption import SECTION as CORRUPTION_EVAL
@@ -98,6 +99,9 @@ RUN = Section('', (
           {RESULT, WHOLE}),
     Field('rounds', Int(100, lo=1), 'training rounds', {RESUME}),
     Field('clients_per_round', Int(5, lo=1), 'clients sampled each round', {RESULT}),
+    Field('sampler', Choice('sort', SAMPLERS),
+          "uniform client sampling: 'sort' (O(population) per round) | 'floyd' (O(cohort^2), other clients; "
+          'data/sampling.py)', {RESULT}),
 ))
 
 
@@ -125,8 +129,11 @@ RUN_TAIL = Section('', (
           'rounds whose checkpoints are also saved and never deleted (analyses)', {EXECUTION}, after=_keep_rounds),
     Field('progress_every_s', Num(10.0, lo=0), 'seconds between progress lines', {EXECUTION, LOG}),
     Field('client_state_store', Choice('auto', STORE_KINDS, sort=True),
-          "stateful algorithms: 'host' | 'device' | 'auto' (core/client_state.py)", {EXECUTION}),
+          "stateful algorithms: 'host' | 'device' | 'disk' | 'auto' (core/client_state.py)", {EXECUTION}),
     Field('client_state_device_max_mb', Num(256, lo=0), 'auto: device store if population * state bytes <= this',
+          {EXECUTION}),
+    Field('client_state_host_max_mb', Num(HOST_MAX_MB, lo=0),
+          'auto: host store if population * state bytes <= this, else memmaps in workdir/client_states',
           {EXECUTION}),
 ))
 

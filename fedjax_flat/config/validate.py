@@ -59,6 +59,7 @@ def validate_config(cfg, pending_files: Collection[str] = ()) -> None:
   # the features the config turns on (algorithms/features.py): the algorithm's declared upload against the one each
   # acts on, then each feature's rules across sections (dp x server weighting, upload x dp, swa x rounds, ...)
   features.check(cfg, algorithm.upload)
+  _refuse_floyd_where_unused(cfg, algorithm.needs)   # sampler x algorithm
   _validate_man_measure(cfg)             # model x model_kwargs.man_measure, before the model is built
   if 'bn' in cfg:
     _validate_bn(cfg, algorithm.needs)   # bn x model x algorithm
@@ -66,6 +67,16 @@ def validate_config(cfg, pending_files: Collection[str] = ()) -> None:
     _validate_grouping_task(cfg)         # grouping x dataset
   if 'source_pretrain' in cfg:           # the server's source pre-training (training/source_pretrain.py)
     _validate_source_pretrain(cfg)
+
+
+def _refuse_floyd_where_unused(cfg, needs) -> None:
+  """sampler='floyd' changes the uniform draw only: an algorithm that samples otherwise (H-FL's groups) would
+  ignore it, so it is refused rather than recorded as used."""
+  if cfg.get('sampler', 'sort') == 'sort':
+    return
+  if 'client_groups' in needs:
+    raise ConfigError('sampler', cfg.sampler, f"{cfg.algorithm!r} samples a fixed number per client group "
+                      "(stratified); the sampler applies to uniform sampling: use sampler='sort'")
 
 
 def _validate_data(cfg) -> None:

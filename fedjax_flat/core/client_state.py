@@ -1,6 +1,6 @@
 """Per-client persistent state (SCAFFOLD c_k, FedDyn g_k, AdaBest h_k, FedGloSS sigma_k, ...): gather / scatter.
 
-Only the sampled clients' states enter a round (gathered into [C, ...] arrays) and are scattered back. Two
+Only the sampled clients' states enter a round (gathered into [C, ...] arrays) and are scattered back. Three
 stores share one API (`gather`, `scatter`, `nbytes`, `__len__` = clients seen, `state_dict` /
 `load_state_dict` for checkpoints):
 
@@ -11,10 +11,19 @@ stores share one API (`gather`, `scatter`, `nbytes`, `__len__` = clients seen, `
   DeviceClientStateStore  one [K, ...] device array per state leaf for the whole population (K clients),
                           read with jnp.take and written with .at[ids].set inside two jitted functions: no
                           host round trip per round. For small populations (K * bytes_per_client small).
+  DiskClientStateStore    one numpy memmap [K, ...] per state leaf in a directory (the run's workdir
+                          `client_states/`), a bool [K] mark of the clients written: rows are read and written
+                          per round, unseen clients read the template (or their initial row), the files are
+                          sparse (disk grows with the clients written). For populations whose states exceed
+                          the host budget (a million SCAFFOLD clients of a large model).
 
-`make_client_state_store(template, population, kind, device_max_bytes, initial=None)` picks one: kind 'host' |
-'device' | 'auto' (device if population * bytes_per_client <= device_max_bytes, else host). config:
-`client_state_store` and `client_state_device_max_mb` (config/default_config.py).
+All three hold the same float bits: a row is stored and read back unchanged, so a run's params do not depend on
+the store (tests/core/test_client_state.py: SCAFFOLD with each store, bit for bit).
+
+`make_client_state_store(template, population, kind, device_max_bytes, initial=None, host_max_bytes=,
+directory=)` picks one: kind 'host' | 'device' | 'disk' | 'auto' (device if population * bytes_per_client <=
+device_max_bytes, else host if <= host_max_bytes, else disk). config: `client_state_store`,
+`client_state_device_max_mb` and `client_state_host_max_mb` (config/default_config.py).
 
 Per-client initial states (`initial`: the template's structure with a leading axis [K], the algorithm's
 `initial_client_states`, core/contract.py): a client not yet scattered reads its row instead of the template
@@ -27,13 +36,16 @@ numpy arrays or None}; only clients that were scattered at least once are includ
 """
 from __future__ import annotations
 
+import os
+import tempfile
 from typing import Any, Dict, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-STORE_KINDS = ('auto', 'host', 'device')
+STORE_KINDS = ('auto', 'host', 'device', 'disk')
+HOST_MAX_MB = 4096     # config client_state_host_max_mb's default: beyond it, 'auto' keeps the states on disk
 
 
 def _template_numpy(template):
@@ -200,14 +212,105 @@ class DeviceClientStateStore:
       self.scatter(np.asarray(d['ids']), jax.tree_util.tree_map(jnp.asarray, d['states']))
 
 
+class DiskClientStateStore:
+  """The population's states as numpy memmaps [K, ...] in `directory` (sparse files), a bool [K] mark of the
+  clients written; unseen clients read the template or their initial row (as the host store)."""
+
+  kind = 'disk'
+
+  def __init__(self, template: Any, population: int, directory: Optional[str] = None, initial: Any = None):
+    if population < 1:
+      raise ValueError(f'population={population} must be >= 1')
+    self.population = int(population)
+    self.template = _template_numpy(template)
+    self._treedef = jax.tree_util.tree_structure(self.template)
+    self._tleaves = jax.tree_util.tree_leaves(self.template)
+    self._initial = None if initial is None else jax.tree_util.tree_leaves(_initial_numpy(initial, self.template))
+    self._tmp = None
+    if directory is None:      # no workdir (a run in memory): a temporary directory, removed with the store
+      self._tmp = tempfile.TemporaryDirectory(prefix='client_states_')
+      directory = self._tmp.name
+    os.makedirs(directory, exist_ok=True)
+    self.directory = directory
+    # w+: a fresh file each run (a resumed run reloads the rows from its checkpoint, not from these files).
+    self._maps = [np.lib.format.open_memmap(os.path.join(directory, f'leaf_{i}.npy'), mode='w+', dtype=t.dtype,
+                                            shape=(self.population,) + t.shape)
+                  for i, t in enumerate(self._tleaves)]
+    self._seen = np.zeros(self.population, bool)
+    self.dirty: set = set()       # clients written since the last state_dict (what a checkpoint adds)
+
+  def __len__(self):
+    return int(self._seen.sum())
+
+  @property
+  def bytes_per_client(self) -> int:
+    return sum(a.nbytes for a in self._tleaves)
+
+  def _ids(self, client_ids) -> np.ndarray:
+    ids = np.asarray(client_ids, np.int64).reshape(-1)
+    if ids.size and ids.max() >= self.population:
+      raise IndexError(f'client id {int(ids.max())} >= population {self.population}')
+    return ids
+
+  def gather(self, client_ids: Sequence[int]):
+    """Stacked states [C, ...] (numpy): written rows from the files, others the template / initial row."""
+    ids = self._ids(client_ids)
+    safe = np.maximum(ids, 0)
+    seen = (ids >= 0) & self._seen[safe]
+    leaves = []
+    for i, t in enumerate(self._tleaves):
+      out = np.empty((len(ids),) + t.shape, t.dtype)
+      out[:] = t
+      if self._initial is not None:
+        real = ids >= 0
+        out[real] = self._initial[i][ids[real]]
+      if seen.any():
+        out[seen] = self._maps[i][ids[seen]]      # fancy indexing on a memmap: only these rows are read
+      leaves.append(out)
+    return jax.tree_util.tree_unflatten(self._treedef, leaves)
+
+  def scatter(self, client_ids: Sequence[int], stacked):
+    ids = self._ids(client_ids)
+    real = ids >= 0
+    if not real.any():
+      return
+    leaves = [np.asarray(a) for a in jax.device_get(jax.tree_util.tree_leaves(stacked))]
+    for m, a in zip(self._maps, leaves):
+      m[ids[real]] = a[real].astype(m.dtype, copy=False)
+    self._seen[ids[real]] = True
+    self.dirty.update(ids[real].tolist())
+
+  def nbytes(self) -> int:
+    """Bytes the written rows occupy on disk (the sparse files' data)."""
+    return len(self) * self.bytes_per_client
+
+  def flush(self):
+    for m in self._maps:
+      m.flush()
+
+  def state_dict(self):
+    ids = np.flatnonzero(self._seen).astype(np.int64)
+    stacked = self.gather(ids) if len(ids) else None
+    self.dirty = set()
+    return {'ids': ids, 'states': stacked}
+
+  def load_state_dict(self, d: Optional[dict]):
+    self._seen[:] = False
+    if d and len(d['ids']):
+      self.scatter(np.asarray(d['ids']), d['states'])
+    self.dirty = set()
+
+
 def make_client_state_store(template: Any, population: int, kind: str = 'auto',
-                            device_max_bytes: float = 256 * 2**20, initial: Any = None):
-  """'host' | 'device' | 'auto' (device when population * bytes per client <= device_max_bytes).
+                            device_max_bytes: float = 256 * 2**20, initial: Any = None,
+                            host_max_bytes: float = HOST_MAX_MB * 2**20, directory: Optional[str] = None):
+  """'host' | 'device' | 'disk' | 'auto' (device when population * bytes per client <= device_max_bytes, host
+  when <= host_max_bytes, else disk: memmaps in `directory`, a temporary one when None).
   initial: every client's initial state [K, ...] (None: the template for every client)."""
   if kind not in STORE_KINDS:
     raise ValueError(f'client_state_store={kind!r}; allowed: {STORE_KINDS}')
   if kind == 'auto':
-    kind = _auto_kind(template, population, device_max_bytes)
+    kind = _auto_kind(template, population, device_max_bytes, host_max_bytes)
   if kind == 'device':
     return DeviceClientStateStore(template, population, initial)
   if initial is not None:
@@ -215,28 +318,38 @@ def make_client_state_store(template: Any, population: int, kind: str = 'auto',
     if jax.tree_util.tree_leaves(initial)[0].shape[0] != population:
       raise ValueError(f'initial client states hold {jax.tree_util.tree_leaves(initial)[0].shape[0]} rows for a '
                        f'population of {population}')
+  if kind == 'disk':
+    return DiskClientStateStore(template, population, directory, initial)
   return HostClientStateStore(template, initial)
 
 
-def _auto_kind(template, population: int, device_max_bytes: float) -> str:
-  return 'device' if population * bytes_per_client(template) <= device_max_bytes else 'host'
+def _auto_kind(template, population: int, device_max_bytes: float,
+               host_max_bytes: float = HOST_MAX_MB * 2**20) -> str:
+  total = population * bytes_per_client(template)
+  if total <= device_max_bytes:
+    return 'device'
+  return 'host' if total <= host_max_bytes else 'disk'
 
 
-def store_kind(algorithm, params, population: int, kind: str = 'auto', device_max_bytes: float = 256 * 2**20):
-  """Where `store_for` keeps the client states ('device' | 'host'; None when stateless), from shapes alone:
-  `params` may be abstract (jax.eval_shape), so a run's path is decided before anything is allocated."""
+def store_kind(algorithm, params, population: int, kind: str = 'auto', device_max_bytes: float = 256 * 2**20,
+               host_max_bytes: float = HOST_MAX_MB * 2**20):
+  """Where `store_for` keeps the client states ('device' | 'host' | 'disk'; None when stateless), from shapes
+  alone: `params` may be abstract (jax.eval_shape), so a run's path is decided before anything is allocated."""
   if algorithm.client_state_init is None:
     return None
   if kind != 'auto':
     return kind
-  return _auto_kind(jax.eval_shape(algorithm.client_state_init, params), population, device_max_bytes)
+  return _auto_kind(jax.eval_shape(algorithm.client_state_init, params), population, device_max_bytes,
+                    host_max_bytes)
 
 
-def store_for(algorithm, params, population: int, kind: str = 'auto', device_max_bytes: float = 256 * 2**20):
+def store_for(algorithm, params, population: int, kind: str = 'auto', device_max_bytes: float = 256 * 2**20,
+              host_max_bytes: float = HOST_MAX_MB * 2**20, directory: Optional[str] = None):
   """The client-state store of a stateful algorithm (core/contract.py): its template from `client_state_init`,
-  its per-client initial rows from `initial_client_states` when it declares them; None when stateless."""
+  its per-client initial rows from `initial_client_states` when it declares them; None when stateless.
+  directory: where a disk store keeps its files (the run's workdir/client_states; None: a temporary one)."""
   if algorithm.client_state_init is None:
     return None
   initial = algorithm.initial_client_states(params) if algorithm.initial_client_states is not None else None
   return make_client_state_store(algorithm.client_state_init(params), population, kind, device_max_bytes,
-                                 initial=initial)
+                                 initial=initial, host_max_bytes=host_max_bytes, directory=directory)

@@ -6,6 +6,12 @@ One definition serves the host and the compiled multi-round program (core/rounds
 traceable JAX function (threefry bits + a stable sort), and the host's `sample_clients` runs the same
 function jitted. Before PROCEDURE 'jax-v1' the host drew from numpy's PCG64, which no compiled program can
 reproduce; runs made with the older procedure sample other clients (and batch orders, data/batching.py).
+
+Cost in the population K: `sample_ids` draws one 32-bit key per client (the draw is the C smallest), O(K) per
+round; the C smallest are found from the keys below a threshold instead of a sort of all K (the same clients;
+0.36 s -> 0.016 s of CPU per round at K = 10^6). Config sampler='floyd' (`floyd_ids`) draws C clients in O(C^2)
+work, nothing of size K: the round's cost then follows the cohort, not the population
+(benchmarks/speed/README.population.md), at the price of other clients than the default procedure's.
 """
 from __future__ import annotations
 
@@ -17,9 +23,12 @@ import numpy as np
 
 # Recorded in summary.json: results of runs with another procedure differ (other clients, other batches).
 PROCEDURE = 'sampling+batch-order/jax-threefry-sort-v1'
+FLOYD_PROCEDURE = 'sampling/jax-threefry-floyd-v1+batch-order/jax-threefry-sort-v1'     # config sampler='floyd'
+SAMPLERS = ('sort', 'floyd')
 
 SAMPLE_STREAM = 0x5A3D       # fold_in tags keep the random streams of (seed, round) apart
 BATCH_STREAM = 0xB47C
+FLOYD_STREAM = 0xF10D
 TRAIN_STREAM = 2             # the clients' training keys (dropout, augmentation, SAM noise), as before
 
 
@@ -50,18 +59,105 @@ def sample_ids(key, round_idx, num_clients, clients_per_round: int, size=None):
   (threefry's bits of index i do not depend on the array's length; tests/core/test_rounds.py checks it).
   """
   k = jax.random.fold_in(jax.random.fold_in(key, SAMPLE_STREAM), round_idx)
-  return jnp.sort(random_permutation(k, num_clients, num_clients if size is None else size)[:clients_per_round])
+  size = num_clients if size is None else size
+  if _candidates(clients_per_round) * 4 > size:     # a small population: the sort is cheap
+    return jnp.sort(random_permutation(k, num_clients, size)[:clients_per_round])
+  return _smallest_keys(k, num_clients, size, clients_per_round)
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3))
-def _sample_jit(key, round_idx, num_clients, clients_per_round):
+_BLOCK = 1024
+
+
+def _candidates(c: int) -> int:
+  """The expected number of threshold candidates for a cohort of c: 2c + 32 (fewer than c: ~1e-12 for c = 20)."""
+  return 2 * c + 32
+
+
+def _smallest_keys(key, n, size: int, c: int):
+  """The ids of the c smallest (key, id) pairs among the first n of `size` random keys, sorted by id: the same
+  set as `random_permutation(key, n, size)[:c]` (its stable sort orders by key, ties by id), in O(size) instead
+  of a sort of the whole population (a 10^6-client sort took 0.7 s per round on CPU, benchmarks/speed/
+  README.population.md).
+
+  Only keys below a threshold T (expected 2c + 32 of them) are kept and sorted. When at least c keys fall below
+  T, the c smallest all do, so the set is exact; when fewer do, or more than the 2x candidate room, the full
+  sort runs instead (lax.cond): the result never depends on the shortcut, only the time does.
+  """
+  m = _candidates(c)
+  room = 2 * m
+  bits = jax.random.bits(key, (size,), jnp.uint32)
+  ar = jnp.arange(size, dtype=jnp.int32)
+  real = ar < n
+  # T ~ m / n of the key range (float32 rounding only moves T: any T gives the exact set or the fallback).
+  t = jnp.minimum(jnp.float32(m) * jnp.float32(2.0 ** 32) / jnp.maximum(n, 1).astype(jnp.float32),
+                  jnp.float32(4294967040.0)).astype(jnp.uint32)
+  below = real & (bits < t)
+  count = jnp.sum(below.astype(jnp.int32))
+  if size <= 4 * room * _BLOCK:
+    cand = jnp.nonzero(below, size=room, fill_value=0)[0].astype(jnp.int32)     # ascending ids
+  else:   # a nonzero over the whole population scans 2x as long as drawing its keys: only over the blocks of
+    # 1024 that hold a candidate, then within those blocks
+    nb = -(-size // _BLOCK)
+    padded = jnp.pad(below, (0, nb * _BLOCK - size)).reshape(nb, _BLOCK)
+    blocks = jnp.nonzero(jnp.any(padded, axis=1), size=room, fill_value=0)[0].astype(jnp.int32)
+    inner = jnp.nonzero(padded[blocks].reshape(-1), size=room, fill_value=0)[0].astype(jnp.int32)
+    cand = blocks[inner // _BLOCK] * _BLOCK + inner % _BLOCK     # ascending ids (the blocks ascend)
+
+  def fast(_):
+    ckeys = jnp.where(jnp.arange(room) < count, bits[cand], jnp.uint32(0xFFFFFFFF))
+    order = jnp.argsort(ckeys, stable=True)        # by key, ties by id (cand ascends)
+    return jnp.sort(cand[order[:c]])
+
+  def full(_):
+    keyed = jnp.where(real, bits, jnp.uint32(0xFFFFFFFF))
+    return jnp.sort(jnp.argsort(keyed, stable=True).astype(jnp.int32)[:c])
+  return jax.lax.cond((count >= c) & (count <= room), fast, full, None)
+
+
+def floyd_ids(key, round_idx, num_clients, clients_per_round: int):
+  """Sorted int32 [clients_per_round] client ids for round `round_idx` by Floyd's algorithm (config
+  sampler='floyd'; traceable): uniform without replacement like `sample_ids`, in O(C^2) work for C clients and
+  nothing of size K, so a round of a million-client population costs what one of a thousand does. Other clients
+  than `sample_ids` draws (its own procedure, FLOYD_PROCEDURE).
+
+  For i = 0..C-1 with j = K - C + i: t_i uniform in [0, j]; take t_i unless already taken, else j (j was never
+  a candidate before step i, so the C ids are distinct; every C-subset has probability 1 / binom(K, C)).
+  """
+  c = int(clients_per_round)
+  k = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, SAMPLE_STREAM), round_idx), FLOYD_STREAM)
+  j = jnp.asarray(num_clients, jnp.int32) - c + jnp.arange(c, dtype=jnp.int32)
+  t = jax.random.randint(k, (c,), 0, j + 1, dtype=jnp.int32)
+
+  def body(i, chosen):
+    return chosen.at[i].set(jnp.where(jnp.any(chosen == t[i]), j[i], t[i]))
+  return jnp.sort(jax.lax.fori_loop(0, c, body, jnp.full((c,), -1, jnp.int32)))
+
+
+def draw_ids(sampler: str, key, round_idx, num_clients, clients_per_round: int):
+  """The uniform draw of config `sampler`: 'sort' (`sample_ids`, the default) or 'floyd' (`floyd_ids`)."""
+  if sampler == 'floyd':
+    return floyd_ids(key, round_idx, num_clients, clients_per_round)
   return sample_ids(key, round_idx, num_clients, clients_per_round)
 
 
-def sample_clients(num_clients: int, clients_per_round: int, *, seed, round_idx: int) -> np.ndarray:
+def procedure(sampler: str = 'sort') -> str:
+  """What summary.json and checkpoints record of a run's sampling (PROCEDURE, or FLOYD_PROCEDURE)."""
+  return FLOYD_PROCEDURE if sampler == 'floyd' else PROCEDURE
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 4))
+def _sample_jit(sampler, key, round_idx, num_clients, clients_per_round):
+  return draw_ids(sampler, key, round_idx, num_clients, clients_per_round)
+
+
+def sample_clients(num_clients: int, clients_per_round: int, *, seed, round_idx: int,
+                   sampler: str = 'sort') -> np.ndarray:
   if not 0 < clients_per_round <= num_clients:
     raise ValueError(f'clients_per_round={clients_per_round} must be in [1, {num_clients}] (the population)')
-  ids = _sample_jit(seed_key(seed), jnp.asarray(round_idx, jnp.int32), int(num_clients), int(clients_per_round))
+  if sampler not in SAMPLERS:
+    raise ValueError(f'sampler={sampler!r}; allowed: {SAMPLERS}')
+  ids = _sample_jit(sampler, seed_key(seed), jnp.asarray(round_idx, jnp.int32), int(num_clients),
+                    int(clients_per_round))
   return np.asarray(ids).astype(np.int64)
 
 

@@ -80,8 +80,9 @@ WARN_FIELDS = tagged(config_schema.SCHEMA, RESUME, top=True)
 SAME_RESULT_FIELDS = tagged(config_schema.SCHEMA, SAME_BITS)
 
 
-def _sampling_procedure() -> str:
-  return sampling.PROCEDURE     # recorded: a checkpoint of another procedure resumes with a warning
+def _sampling_procedure(config) -> str:
+  # recorded: a checkpoint of another procedure resumes with a warning
+  return sampling.procedure(config.get('sampler', 'sort'))
 
 
 class CheckpointError(errors.OperationError):
@@ -388,7 +389,7 @@ class Checkpointer:
         'num_client_states': num_states, 'server_leaves': [_describe(a) for a in server.values()],
         'algorithm': trainer.algorithm.label, 'num_devices': jax.device_count(),
         'num_processes': jax.process_count(), 'jax_version': jax.__version__, 'time': time.time(),
-        'sampling': _sampling_procedure(),
+        'sampling': _sampling_procedure(trainer.config),
         'server_sha256': _digests(list(server.values())), 'clients_sha256': client_hashes,
         'config_sha256': _json_sha256(config),
     }
@@ -566,10 +567,10 @@ class Checkpointer:
       logging.warning('resuming on %d device(s) from a checkpoint written on %d: the clients are sharded '
                       'differently, so the resumed rounds agree with an uninterrupted run to float32 rounding '
                       '(reduction order), not bit for bit', jax.device_count(), int(saved_devices))
-    if meta.get('sampling', 'numpy-pcg64') != sampling.PROCEDURE:
+    if meta.get('sampling', 'numpy-pcg64') != _sampling_procedure(trainer.config):
       logging.warning('checkpoint written by a version that sampled clients and batch orders with %r; this one '
                       'uses %r: the resumed rounds differ from an uninterrupted run of either version',
-                      meta.get('sampling', 'numpy-pcg64'), sampling.PROCEDURE)
+                      meta.get('sampling', 'numpy-pcg64'), _sampling_procedure(trainer.config))
     if trainer.recorder.writer is not None:
       _reconcile_metrics(trainer.recorder.writer, trainer.round, trainer.records)
     trainer.recorder.resumed(trainer)

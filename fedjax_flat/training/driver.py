@@ -123,6 +123,8 @@ class HostDriver:
     """Round r's inputs, built on the host: the whole padded cohort, this host's rows (multi-host), or a lazy
     chunk-by-chunk source (streaming)."""
     p = self.plan
+    if not p.stream and not (p.placement is not None and p.placement.partial):
+      return p.cohort_batches(r)          # samples once itself (a draw is O(population): not twice per round)
     ids = p.sample_round(r)
     full_ids = np.full((p.cohort,), -1, np.int64)
     full_ids[:len(ids)] = ids
@@ -133,7 +135,6 @@ class HostDriver:
     if p.stream:
       return streaming.LazyRoundBatches(r, full_ids.astype(np.int32), p.num_examples(full_ids), p.chunk,
                                         lambda r_, ids_, pad: p.round_batches(r_, ids_, pad).as_dict())
-    return p.cohort_batches(r)
 
   def place_round_inputs(self, inputs):
     p = self.plan

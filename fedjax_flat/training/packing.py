@@ -58,6 +58,8 @@ def batch_blocker(config) -> Optional[str]:
     return run_data_blocker(declared.name, declared.needs)
   if attacks.enabled(config):
     return 'a label-flipping attack poisons each run\'s data'
+  if config.get('sampler', 'sort') != 'sort':
+    return f"sampler={config.sampler!r} (the runs program draws with the default 'sort')"
   if config.engine.get('device_data', 'auto') is False:
     return 'engine.device_data=False'
   if config.get('init') is not None and (config.init.get('checkpoint') or config.init.get('pretrained')):

@@ -249,13 +249,24 @@ class RunPlan:
     c = self.config
     return client_state.store_kind(self.algorithm, self.param_shapes, self.data.num_clients,
                                    c.get('client_state_store', 'auto'),
-                                   c.get('client_state_device_max_mb', 256) * 2**20)
+                                   c.get('client_state_device_max_mb', 256) * 2**20,
+                                   c.get('client_state_host_max_mb', client_state.HOST_MAX_MB) * 2**20)
 
   def new_store(self, params):
-    """An empty client-state store (host dict or device [K, ...] arrays), None when the algorithm is stateless."""
+    """An empty client-state store (host dict, device [K, ...] arrays or memmaps in workdir/client_states), None
+    when the algorithm is stateless."""
     c = self.config
     return client_state.store_for(self.algorithm, params, self.data.num_clients, c.get('client_state_store', 'auto'),
-                                  c.get('client_state_device_max_mb', 256) * 2**20)
+                                  c.get('client_state_device_max_mb', 256) * 2**20,
+                                  c.get('client_state_host_max_mb', client_state.HOST_MAX_MB) * 2**20,
+                                  directory=self._client_states_dir())
+
+  def _client_states_dir(self) -> Optional[str]:
+    # One directory per process: on several hosts sharing the workdir, each keeps its own store's files.
+    if not self.workdir:
+      return None
+    d = os.path.join(self.workdir, 'client_states')
+    return os.path.join(d, f'process_{jax.process_index()}') if jax.process_count() > 1 else d
 
   def initial_state(self, params=None):
     """(server state, client-state store) of round 0 from `params` (default: the fresh init); the server's key
@@ -273,12 +284,16 @@ class RunPlan:
     if self.client_groups is not None:
       return sampling.sample_clients_stratified(self.client_groups['labels'], self.clients_per_group, seed=c.seed,
                                                 round_idx=r)
-    return sampling.sample_clients(self.data.num_clients, c.clients_per_round, seed=c.seed, round_idx=r)
+    return sampling.sample_clients(self.data.num_clients, c.clients_per_round, seed=c.seed, round_idx=r,
+                                   sampler=c.get('sampler', 'sort'))
 
   def device_sampler(self):
-    """The traceable twin of `sample_round` for the compiled multi-round block (None: uniform)."""
+    """The traceable twin of `sample_round` for the compiled multi-round block (None: uniform, 'sort')."""
     if self.client_groups is None:
-      return None
+      if self.config.get('sampler', 'sort') == 'sort':
+        return None
+      k, c, name = self.data.num_clients, self.config.clients_per_round, self.config.sampler
+      return lambda key, r: sampling.draw_ids(name, key, r, k, c)
     groups = jnp.asarray(self.client_groups['labels'], jnp.int32)
     per, total = self.clients_per_group, self.config.clients_per_round
     return lambda key, r: sampling.stratified_ids(key, r, groups, per, total)

@@ -45,8 +45,8 @@ def test_kind_tables_follow_the_tags():
   # What each table held when it was written by hand: the tags must keep saying the same.
   assert checkpoint.COMPUTATION_FIELDS == (
       'seed', 'dataset', 'data', 'model', 'model_kwargs', 'augment', 'normalize', 'algorithm', 'algo',
-      'clients_per_round', 'client', 'server', 'swa', 'wima', 'dp', 'man', 'engine.compute_dtype', 'system', 'upload',
-      'attack')
+      'clients_per_round', 'sampler', 'client', 'server', 'swa', 'wima', 'dp', 'man', 'engine.compute_dtype', 'system',
+      'upload', 'attack')
   assert checkpoint.WARN_FIELDS == ('rounds', 'engine')
   assert checkpoint.SAME_RESULT_FIELDS == ('engine.rounds_per_call', 'engine.device_data', 'engine.device_data_max_mb',
                                          'engine.stacked_max_mb')
@@ -61,7 +61,8 @@ def test_kind_tables_follow_the_tags():
   assert report.RESULT_KEYS == {'engine.compute_dtype': 'float32'}
   assert set(report.EXECUTION_KEYS) == {
       'seed', 'host_devices', 'published', 'progress_every_s', 'checkpoint_every', 'keep_checkpoints', 'keep_rounds',
-      'eval_batch_size', 'engine', 'client_state_store', 'client_state_device_max_mb', 'data.data_dir'}
+      'eval_batch_size', 'engine', 'client_state_store', 'client_state_device_max_mb', 'client_state_host_max_mb',
+      'data.data_dir'}
 
 
 def test_run_inputs_and_ignored_fields_equal_their_tags():

@@ -1,12 +1,14 @@
 """Client-state stores: host (lazy dict) and device ([K, ...] arrays), checkpoint format, store selection, and
 SCAFFOLD over a population of 100,000 clients whose state memory grows with the clients seen."""
+import os
+
 import jax
 import numpy as np
 import pytest
 
 from fedjax_flat.core.contract import FederatedAlgorithm
-from fedjax_flat.core.client_state import (DeviceClientStateStore, HostClientStateStore, bytes_per_client,
-                                           make_client_state_store, store_for)
+from fedjax_flat.core.client_state import (DeviceClientStateStore, DiskClientStateStore, HostClientStateStore,
+                                           bytes_per_client, make_client_state_store, store_for)
 
 TEMPLATE = {'a': np.zeros((2, 3), np.float32), 'b': {'c': np.zeros((), np.float32)}}
 
@@ -17,9 +19,14 @@ def _states(ids, offset=0.0):
           'b': {'c': np.arange(c, dtype=np.float32) + 100 + offset}}
 
 
-@pytest.mark.parametrize('kind', ['host', 'device'])
+def _store(kind, k):
+  return {'host': lambda: HostClientStateStore(TEMPLATE), 'device': lambda: DeviceClientStateStore(TEMPLATE, k),
+          'disk': lambda: DiskClientStateStore(TEMPLATE, k)}[kind]()
+
+
+@pytest.mark.parametrize('kind', ['host', 'device', 'disk'])
 def test_gather_scatter_padding_and_lazy_template(kind):
-  store = HostClientStateStore(TEMPLATE) if kind == 'host' else DeviceClientStateStore(TEMPLATE, 10)
+  store = _store(kind, 10)
   ids = np.array([3, -1, 7])
   store.scatter(ids, _states(ids))
   assert len(store) == 2
@@ -50,6 +57,12 @@ def test_state_dict_is_interchangeable_between_stores():
   back = HostClientStateStore(TEMPLATE)
   back.load_state_dict(d2)
   jax.tree_util.tree_map(np.testing.assert_array_equal, back.gather([8, 1]), host.gather([8, 1]))
+  disk = DiskClientStateStore(TEMPLATE, 9)
+  disk.load_state_dict(d2)
+  assert len(disk) == 3 and not disk.dirty             # restored rows are no news to the next checkpoint
+  d3 = disk.state_dict()
+  np.testing.assert_array_equal(d3['ids'], d['ids'])
+  jax.tree_util.tree_map(np.testing.assert_array_equal, d3['states'], d['states'])
   empty = HostClientStateStore(TEMPLATE)
   assert empty.state_dict()['states'] is None
   dev.load_state_dict(empty.state_dict())
@@ -62,11 +75,15 @@ def test_auto_selection_and_nbytes():
   small = make_client_state_store(TEMPLATE, 100, 'auto', device_max_bytes=100 * per)
   big = make_client_state_store(TEMPLATE, 101, 'auto', device_max_bytes=100 * per)
   assert small.kind == 'device' and big.kind == 'host'
+  huge = make_client_state_store(TEMPLATE, 1001, 'auto', device_max_bytes=100 * per, host_max_bytes=1000 * per)
+  assert huge.kind == 'disk' and huge.nbytes() == 0     # beyond the host budget: memmaps, sparse until written
+  huge.scatter(np.array([1000, -1]), _states([1000, -1]))
+  assert huge.nbytes() == per and huge.dirty == {1000}
   assert small.nbytes() == 100 * per                    # device: the whole population up front
   big.scatter(np.array([5, 9, 50]), _states([5, 9, 50]))
   assert big.nbytes() == 3 * per                        # host: the clients seen
   with pytest.raises(ValueError, match='allowed'):
-    make_client_state_store(TEMPLATE, 3, 'disk')
+    make_client_state_store(TEMPLATE, 3, 'tape')
 
 
 def _rows(k):
@@ -74,7 +91,7 @@ def _rows(k):
           'b': {'c': -np.arange(k, dtype=np.float32) - 1}}
 
 
-@pytest.mark.parametrize('kind', ['host', 'device'])
+@pytest.mark.parametrize('kind', ['host', 'device', 'disk'])
 def test_per_client_initial_rows(kind):
   """A never-written client reads ITS row (not the template); padding reads the template; a scatter overrides the
   row; restoring a checkpoint starts again from the rows."""
@@ -104,7 +121,7 @@ def test_initial_rows_are_checked():
     make_client_state_store(TEMPLATE, 3, 'host', initial={'a': np.zeros((3, 2, 3))})
   with pytest.raises(ValueError, match='do not match the template'):
     make_client_state_store(TEMPLATE, 3, 'device', initial={'a': np.zeros((3, 3, 2)), 'b': {'c': np.zeros(3)}})
-  for kind in ('host', 'device'):
+  for kind in ('host', 'device', 'disk'):
     with pytest.raises(ValueError, match='population of 4'):
       make_client_state_store(TEMPLATE, 4, kind, initial=_rows(3))
   host = make_client_state_store(TEMPLATE, 3, 'host', initial=_rows(3))
@@ -129,6 +146,7 @@ from fedjax_flat.data.sources.builtin import synthetic                      # no
 from fedjax_flat.data.federated import FederatedDataset            # noqa: E402
 from fedjax_flat.training import driver as driver_lib  # noqa: E402
 from fedjax_flat.training import trainers  # noqa: E402
+from fedjax_flat.training import checkpoint as ckpt_lib  # noqa: E402
 from fedjax_flat.config.default_config import default_config    # noqa: E402
 from tests.fixtures.configs import set_fields  # noqa: E402
 
@@ -143,19 +161,60 @@ def _config(algorithm='scaffold', **over):
   return set_fields(c, over)
 
 
-def test_device_and_host_stores_train_identically():
+def test_device_host_and_disk_stores_train_identically(tmp_path):
   data = synthetic(40, 3, input_shape=(4, 4, 1), num_classes=4, seed=0)
   out = {}
-  for kind in ('host', 'device'):
+  for kind in ('host', 'device', 'disk'):
     t = trainers.make_trainer(_config(client_state_store=kind, **{'data.num_clients': 40}), data=data)
     host = driver_lib.HostDriver(t.plan)        # the same host-built rounds over either store
     for r in range(3):
       t.server_state, _ = host.run_round(t.server_state, t.store, r, host.prepare_round(r))
     assert t.store.kind == kind and len(t.store) > 10
     out[kind] = (t.server_state['params'], t.store.state_dict())
-  jax.tree_util.tree_map(np.testing.assert_array_equal, out['host'][0], out['device'][0])
-  np.testing.assert_array_equal(out['host'][1]['ids'], out['device'][1]['ids'])
-  jax.tree_util.tree_map(np.testing.assert_array_equal, out['host'][1]['states'], out['device'][1]['states'])
+  for kind in ('device', 'disk'):
+    jax.tree_util.tree_map(np.testing.assert_array_equal, out['host'][0], out[kind][0])
+    np.testing.assert_array_equal(out['host'][1]['ids'], out[kind][1]['ids'])
+    jax.tree_util.tree_map(np.testing.assert_array_equal, out['host'][1]['states'], out[kind][1]['states'])
+
+
+def test_scaffold_runs_bit_identical_with_each_store_and_disk_files_in_the_workdir(tmp_path):
+  """Whole runs as users start them: the device store takes the one-program device path, host and disk the host
+  path; the params agree bit for bit, and the disk store's memmaps live in WORKDIR/client_states."""
+  data = synthetic(60, 3, input_shape=(4, 4, 1), num_classes=4, seed=1)
+  params = {}
+  for kind in ('device', 'host', 'disk'):
+    cfg = _config(client_state_store=kind, rounds=4, **{'data.num_clients': 60})
+    t = trainers.make_trainer(cfg, str(tmp_path / kind), data=data)
+    assert t.store.kind == kind
+    t.train()
+    params[kind] = jax.device_get(t.server_state['params'])
+  assert sorted(os.listdir(tmp_path / 'disk' / 'client_states')) == ['leaf_0.npy', 'leaf_1.npy']
+  for kind in ('host', 'disk'):
+    jax.tree_util.tree_map(np.testing.assert_array_equal, params['device'], params[kind])
+
+
+def test_disk_store_resume_is_bit_identical(tmp_path):
+  """A run on the disk store interrupted after round 3 (checkpoint) and resumed in a fresh trainer ends with the
+  uninterrupted run's params and client states."""
+  data = synthetic(50, 3, input_shape=(4, 4, 1), num_classes=4, seed=2)
+  cfg = _config(client_state_store='disk', rounds=6, **{'data.num_clients': 50})
+  whole = trainers.make_trainer(cfg, str(tmp_path / 'whole'), data=data)
+  whole.train()
+  first = trainers.make_trainer(cfg, str(tmp_path / 'cut'), data=data)
+  first.train(num_rounds=3)
+  ck = ckpt_lib.Checkpointer(str(tmp_path / 'cut' / 'checkpoints'), keep=2)
+  ck.save(first)
+  ck.wait()
+  again = trainers.make_trainer(cfg, str(tmp_path / 'again'), data=data)
+  assert ckpt_lib.Checkpointer(str(tmp_path / 'cut' / 'checkpoints')).restore_latest(again) == 3
+  assert again.store.kind == 'disk' and len(again.store) == len(first.store)
+  ck.close()
+  again.train()
+  jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(whole.server_state['params']),
+                         jax.device_get(again.server_state['params']))
+  a, b = whole.store.state_dict(), again.store.state_dict()
+  np.testing.assert_array_equal(a['ids'], b['ids'])
+  jax.tree_util.tree_map(np.testing.assert_array_equal, a['states'], b['states'])
 
 
 def test_scaffold_with_100k_clients_memory_grows_with_clients_seen():
