@@ -108,10 +108,10 @@ def test_floyd_run_device_path_equals_host_path_and_default_unchanged():
 def test_floyd_refused_where_unused():
   from fedjax_flat.config.validate import validate_config
   from fedjax_flat.errors import ConfigError
-  from fedjax_flat.training import batched
+  from fedjax_flat.training import packing
   from tests.fixtures.configs import small_config
   cfg = small_config(sampler='floyd')
-  assert 'sampler' in batched.batch_blocker(cfg)
+  assert 'sampler' in packing.batch_blocker(cfg)
   cfg.algorithm = 'hfl'
   with pytest.raises(ConfigError, match='sampler'):
     validate_config(cfg)

@@ -16,7 +16,7 @@ def _stand_in(**over):
       node = node[h]
     node[last] = v
   t = types.SimpleNamespace(config=c, task=None, evaluator=None, style_clusters=None, data=None,
-                            algorithm=types.SimpleNamespace(counters=None, chain=None))
+                            algorithm=types.SimpleNamespace(counters=None, chain=None, needs=frozenset()))
   t.plan = t        # one stand-in for the run plan (what `applies` reads) and the trainer (what `final` reads)
   return t
 
@@ -46,7 +46,8 @@ def test_final_entries_of_swa_and_messages():
   t = _stand_in(**{'swa.enabled': True})
   t.round, t.config.rounds = 3, 3
   t.server_state = {'swa': {'n': np.int32(2)}, 'messages_up': np.float32(7.0)}
-  t.algorithm = types.SimpleNamespace(counters=lambda s: {'messages_up': s['messages_up']}, chain=None)
+  t.algorithm = types.SimpleNamespace(counters=lambda s: {'messages_up': s['messages_up']}, chain=None,
+                                        needs=frozenset())
   summary = {}
   swa._final(t, summary, 'swa')
   messages._final(t, summary, 'swa')
@@ -55,7 +56,8 @@ def test_final_entries_of_swa_and_messages():
   t.server_state = {'params': np.zeros(2)}          # no SWA buffer: nothing written
   swa._final(t, summary, 'global')
   assert summary == {}
-  t.algorithm = types.SimpleNamespace(counters=None, chain=None)   # an algorithm without counters: no plug-in
+  # an algorithm without counters: no plug-in
+  t.algorithm = types.SimpleNamespace(counters=None, chain=None, needs=frozenset())
   assert 'messages' not in [e.name for e in registry.selected(t)]
 
 
