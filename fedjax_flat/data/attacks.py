@@ -328,6 +328,11 @@ def _fraction(v) -> bool:
   return is_number(v) and 0 < v <= 1      # nan compares False
 
 
+_FLIP = "attack.kind='label_flip'"
+_POISON = 'attack.kind=' + ' | '.join(repr(k) for k in MODEL_POISONING)
+_BACKDOOR = "attack.kind='backdoor'"
+
+
 def _population_fraction(v) -> bool:
   return is_number(v) and 0 <= v < 1
 
@@ -336,28 +341,34 @@ SECTION = Section('attack', (
     Field('kind', Choice('none', KINDS), "'none' | 'label_flip' (data) | 'sign_flip' | 'scale' | 'gaussian' | 'alie' "
           "| 'ipm' | 'backdoor' (model poisoning: algorithms/wrappers/attack.py)"),
     Field('malicious_superclients', Test(0.1, ok=_fraction, message='must be a fraction in (0, 1]',
-                                         what='fraction in (0, 1]'), 'label_flip: L_S', when=_flipping),
+                                         what='fraction in (0, 1]'), 'label_flip: L_S', when=_flipping,
+          needs=_FLIP),
     Field('attackers', Test(0.1, ok=_fraction, message='must be a fraction in (0, 1]', what='fraction in (0, 1]'),
-          'label_flip: L', when=_flipping),
+          'label_flip: L', when=_flipping, needs=_FLIP),
     Field('classes', Test('0,2', why=check_classes, what="ids '0,2' | 'intra_sc' | 'extra_sc'"),
-          "label_flip: swapped classes: ids '0,2' | '3,5' | '0,2,3,5' ... | 'intra_sc' | 'extra_sc'", when=_flipping),
+          "label_flip: swapped classes: ids '0,2' | '3,5' | '0,2,3,5' ... | 'intra_sc' | 'extra_sc'", when=_flipping,
+          needs=_FLIP),
     Field('swap', Choice('fixed', SWAPS), "label_flip: 'fixed' (one pairing for every attacker) | 'random'",
-          when=_flipping),
+          when=_flipping, needs=_FLIP),
     Field('fraction', Test(0.1, ok=_population_fraction, message='must be a fraction in [0, 1)',
                            what='fraction in [0, 1)'),
           'model poisoning: the fraction of the population that is malicious (floor(fraction N) clients, drawn '
-          'from the seed)', when=_poisoning),
+          'from the seed)', when=_poisoning, needs=_POISON),
     Field('scale', Num(1.0, lo=0, lo_open=True), "model poisoning: the strength: the multiplier of 'sign_flip' "
           "(-s u) / 'scale' (s u) / 'backdoor' (model replacement's boost gamma), the std of 'gaussian', z of "
-          "'alie', epsilon of 'ipm'", when=_poisoning),
-    Field('target_label', Int(0, lo=0), "backdoor: the label the trigger maps to", when=_backdoor),
-    Field('trigger_size', Int(3, lo=1), 'backdoor: the side of the square pixel-pattern trigger', when=_backdoor),
-    Field('trigger_row', Int(1, lo=0), "backdoor: the trigger's top row", when=_backdoor),
-    Field('trigger_col', Int(1, lo=0), "backdoor: the trigger's left column", when=_backdoor),
+          "'alie', epsilon of 'ipm'", when=_poisoning, needs=_POISON),
+    Field('target_label', Int(0, lo=0), "backdoor: the label the trigger maps to", when=_backdoor,
+          needs=_BACKDOOR),
+    Field('trigger_size', Int(3, lo=1), 'backdoor: the side of the square pixel-pattern trigger', when=_backdoor,
+          needs=_BACKDOOR),
+    Field('trigger_row', Int(1, lo=0), "backdoor: the trigger's top row", when=_backdoor,
+          needs=_BACKDOOR),
+    Field('trigger_col', Int(1, lo=0), "backdoor: the trigger's left column", when=_backdoor,
+          needs=_BACKDOOR),
     Field('poison_fraction', Test(0.5, ok=_fraction, message='must be a fraction in (0, 1]',
                                   what='fraction in (0, 1]'),
           "backdoor: the fraction of each attacker's examples carrying the trigger and the target label",
-          when=_backdoor),
+          when=_backdoor, needs=_BACKDOOR),
     Field('clean_workdir', String('', "must be a string (a run directory; '' = none)"),
           "the clean run's workdir: summary.json reports the accuracy drop", when=_attack_on),
 ), tags={RESULT}, doc='attacks: label flipping (thesis Table 5.5) and model poisoning (data/attacks.py)')
