@@ -18,10 +18,23 @@ compiled program serves every round.
                                                 (RFA, Pillutla et al. 2022): z <- sum b_k u_k / sum b_k with
                                                 b_k = w_k / max(eps, ||z - u_k||), from the weighted mean, `iters`
                                                 fixed iterations
+  bulyan(u, w, mask, f)                         Bulyan (El Mhamdi et al. 2018): theta = n - 2f uploads chosen by
+                                                Krum applied recursively (each pick removed, Krum re-scored on
+                                                the rest), then coordinate-wise the mean of the beta = theta - 2f
+                                                chosen values closest to their median (unweighted; n >= 4f + 3)
+  centered_clipping(u, w, mask, center, tau, iters)
+                                                centered clipping (Karimireddy et al. 2021): from v = center,
+                                                `iters` times v <- v + (1/n) sum_k (u_k - v) min(1, tau /
+                                                ||u_k - v||) (unweighted: each client moves v by at most tau / n)
+  norm_bounding(u, w, mask, bound)              norm bounding (Sun et al. 2019): each upload scaled to norm at
+                                                most M = bound (u_k / max(1, ||u_k|| / M)), then the w-weighted
+                                                mean
 
-Distances (Krum, geometric median) are over the whole upload tree flattened. Krum's neighbour count is
+Distances and norms (Krum, Bulyan, geometric median, centered clipping, norm bounding) are over the whole upload
+tree flattened. Krum's neighbour count is
 max(n - f - 2, 1) when fewer than the planned clients report (the config check asks n > 2 f + 2 of the planned
-cohort). Ties are broken by the lower client index (the round's client order), so the result does not depend
+cohort); Bulyan keeps theta = max(n - 2f, 1) and beta = max(theta - 2f, 1) likewise (the check asks n >= 4f + 3).
+Ties are broken by the lower client index (the round's client order), so the result does not depend
 on how the cohort was split over devices. `AGGREGATORS` maps config.server.aggregator to the function;
 docs/aggregation.md has the memory they cost against the streaming mean.
 """
@@ -32,7 +45,8 @@ from typing import Callable, Dict
 import jax
 import jax.numpy as jnp
 
-__all__ = ['mean', 'median', 'trimmed_mean', 'krum', 'multi_krum', 'geometric_median', 'AGGREGATORS']
+__all__ = ['mean', 'median', 'trimmed_mean', 'krum', 'multi_krum', 'geometric_median', 'bulyan', 'centered_clipping',
+           'norm_bounding', 'AGGREGATORS']
 
 
 def _leaves(uploads):
@@ -120,9 +134,13 @@ def pairwise_sq_distances(uploads):
 def krum_scores(uploads, mask, f: int):
   """[C] Krum scores (+inf for masked clients): the sum of a client's max(n - f - 2, 1) smallest squared distances
   to the other valid clients."""
+  return _krum_scores_from(pairwise_sq_distances(uploads), mask, f)
+
+
+def _krum_scores_from(d, mask, f):
+  """Krum scores from the [C, C] squared distances, over the clients in `mask` (n = their count)."""
   c = mask.shape[0]
   n = _count(mask)
-  d = pairwise_sq_distances(uploads)
   other = mask[None, :] & mask[:, None] & ~jnp.eye(c, dtype=bool)
   d = jnp.sort(jnp.where(other, d, jnp.inf), axis=1)
   near = jnp.maximum(n - jnp.int32(f) - 2, 1)
@@ -174,6 +192,85 @@ def geometric_median(uploads, weights, mask, iters: int = 8, eps: float = 1e-6):
   return jax.lax.fori_loop(0, int(iters), step, z0)
 
 
+def _median_of(x, mask):
+  """Coordinate-wise median of one leaf x [C, ...] over the rows in mask (even count: the two middles' mean)."""
+  n = _count(mask)
+  lo, hi = jnp.maximum(n - 1, 0) // 2, n // 2
+  s = _sorted_valid(x, mask)
+  a = jax.lax.dynamic_index_in_dim(s, lo, axis=0, keepdims=False)
+  b = jax.lax.dynamic_index_in_dim(s, jnp.maximum(hi, lo), axis=0, keepdims=False)
+  return (a + b) / jnp.array(2, x.dtype)
+
+
+def bulyan_selection(uploads, mask, f: int):
+  """[C] bool: the theta = max(n - 2f, 1) uploads Bulyan's recursive Krum chooses (El Mhamdi et al. 2018, Alg. 1:
+  each round Krum, scored over the remaining set, picks one upload, which leaves the set)."""
+  c = mask.shape[0]
+  theta = jnp.maximum(_count(mask) - 2 * jnp.int32(f), 1)
+  d = pairwise_sq_distances(uploads)       # once: the recursion only shrinks the set
+
+  def pick(i, carry):
+    remaining, chosen = carry
+    best = jnp.argmin(_krum_scores_from(d, remaining, f))   # the lowest index among equal scores
+    take = (jnp.arange(c) == best) & remaining & (i < theta)
+    return remaining & ~take, chosen | take
+  _, chosen = jax.lax.fori_loop(0, c, pick, (mask, jnp.zeros_like(mask)))
+  return chosen
+
+
+def bulyan(uploads, weights, mask, f: int = 0):
+  """Bulyan (El Mhamdi et al. 2018): recursive Krum chooses theta = n - 2f uploads; each coordinate is the mean of
+  the beta = theta - 2f chosen values closest to the chosen values' median (`weights` is not read)."""
+  del weights
+  chosen = bulyan_selection(uploads, mask, f)
+  theta = _count(chosen)
+  beta = jnp.maximum(theta - 2 * jnp.int32(f), 1)
+
+  def one(x):
+    med = _median_of(x, chosen)
+    dist = jnp.where(_bcast(chosen, x), jnp.abs(x - med[None]), jnp.inf)
+    order = jnp.argsort(dist, axis=0, stable=True)          # ties: the lower client index first
+    near = jnp.take_along_axis(jnp.where(_bcast(chosen, x), x, jnp.zeros((), x.dtype)), order, axis=0)
+    keep = _bcast(jnp.arange(x.shape[0]) < beta, x)
+    total = jnp.sum(jnp.where(keep, near, jnp.zeros((), x.dtype)), axis=0)
+    return (total / beta.astype(x.dtype)).astype(x.dtype)
+  return jax.tree_util.tree_map(one, uploads)
+
+
+def _row_norms(tree):
+  """[C] Euclidean norms of the flattened rows of a [C, ...] tree (float32)."""
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x.reshape(x.shape[0], -1).astype(jnp.float32)), axis=1)
+                      for x in _leaves(tree)))
+
+
+def centered_clipping(uploads, weights, mask, center=None, tau: float = 1.0, iters: int = 1):
+  """Centered clipping (Karimireddy et al. 2021, Alg. 2): v <- v + (1/n) sum_k (u_k - v) min(1, tau / ||u_k - v||),
+  `iters` times from v = `center` (the previous round's aggregate; None: zero). `weights` is not read: each valid
+  client moves v by at most tau / n, which is what bounds a Byzantine client's pull."""
+  del weights
+  if center is None:
+    center = jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape[1:], x.dtype), uploads)
+  n = jnp.maximum(_count(mask), 1).astype(jnp.float32)
+
+  def step(_, v):
+    diff = jax.tree_util.tree_map(lambda x, m: jnp.where(_bcast(mask, x), x - m[None], 0).astype(jnp.float32),
+                                  uploads, v)
+    dist = _row_norms(diff)
+    scale = jnp.where(mask, jnp.minimum(1.0, jnp.float32(tau) / jnp.maximum(dist, jnp.finfo(jnp.float32).tiny)),
+                      0.0) / n
+    return jax.tree_util.tree_map(lambda m, dx: (m + jnp.tensordot(scale, dx, axes=1)).astype(m.dtype), v, diff)
+  return jax.lax.fori_loop(0, int(iters), step, center)
+
+
+def norm_bounding(uploads, weights, mask, bound: float = 1.0):
+  """Norm bounding (Sun et al. 2019): every valid upload scaled to norm at most `bound`, u_k / max(1, ||u_k|| /
+  bound), then their weights-weighted mean."""
+  zeroed = jax.tree_util.tree_map(lambda x: jnp.where(_bcast(mask, x), x, jnp.zeros((), x.dtype)), uploads)
+  shrink = 1.0 / jnp.maximum(1.0, _row_norms(zeroed) / jnp.float32(bound))
+  clipped = jax.tree_util.tree_map(lambda x: (x * _bcast(shrink, x).astype(x.dtype)), zeroed)
+  return mean(clipped, weights, mask)
+
+
 def _from_config(server) -> Dict[str, Callable]:
   """config.server -> {name: fn(uploads, weights, mask)} with the section's parameters bound."""
   return {
@@ -183,13 +280,22 @@ def _from_config(server) -> Dict[str, Callable]:
       'krum': lambda u, w, m: krum(u, w, m, int(server.krum_f)),
       'multi_krum': lambda u, w, m: multi_krum(u, w, m, int(server.krum_f), int(server.krum_m)),
       'geometric_median': lambda u, w, m: geometric_median(u, w, m, int(server.gm_iters), float(server.gm_eps)),
+      'bulyan': lambda u, w, m: bulyan(u, w, m, int(server.krum_f)),
+      'norm_bounding': lambda u, w, m: norm_bounding(u, w, m, float(server.norm_bound)),
   }
 
 
-AGGREGATORS = ('mean', 'median', 'trimmed_mean', 'krum', 'multi_krum', 'geometric_median')
+AGGREGATORS = ('mean', 'median', 'trimmed_mean', 'krum', 'multi_krum', 'geometric_median', 'bulyan',
+               'centered_clipping', 'norm_bounding')
+# Aggregators that read the previous round's aggregate (kept in the server state by algorithms/wrappers/robust.py).
+STATEFUL = ('centered_clipping',)
 
 
 def from_config(server) -> Callable:
   """The aggregator config.server.aggregator names, its parameters (trim_fraction, krum_f, krum_m, gm_iters,
-  gm_eps) bound: fn(uploads [C, ...], weights [C], mask [C]) -> one upload."""
-  return _from_config(server)[str(server.aggregator)]
+  gm_eps, norm_bound; cc_tau, cc_iters) bound: fn(uploads [C, ...], weights [C], mask [C]) -> one upload; a
+  STATEFUL one takes the previous aggregate too: fn(uploads, weights, mask, center)."""
+  name = str(server.aggregator)
+  if name == 'centered_clipping':
+    return lambda u, w, m, c: centered_clipping(u, w, m, c, float(server.cc_tau), int(server.cc_iters))
+  return _from_config(server)[name]

@@ -60,6 +60,37 @@ def np_geometric_median(xs, w, iters, eps):
   return z
 
 
+def np_bulyan(xs, w, f):
+  """El Mhamdi et al. 2018, Alg. 1: theta = n - 2f picks by Krum on the remaining set, then per coordinate the mean
+  of the beta = theta - 2f picked values closest to their median."""
+  n = len(xs)
+  theta, rest, picked = max(n - 2 * f, 1), list(range(n)), []
+  for _ in range(theta):
+    scores = np_krum_scores([xs[i] for i in rest], f)
+    picked.append(rest.pop(int(np.argmin(scores))))
+  s = np.stack([xs[i] for i in sorted(picked)])     # ties (theta even: two values equally near) -> lower index
+  beta = max(len(picked) - 2 * f, 1)
+  med = np.median(s, axis=0)
+  out = np.empty(s.shape[1])
+  for j in range(s.shape[1]):
+    near = np.argsort(np.abs(s[:, j] - med[j]), kind='stable')[:beta]
+    out[j] = s[near, j].mean()
+  return out
+
+
+def np_centered_clipping(xs, w, center, tau, iters):
+  """Karimireddy et al. 2021, Alg. 2: v <- v + (1/n) sum_i (x_i - v) min(1, tau / ||x_i - v||)."""
+  v = np.asarray(center, np.float64)
+  for _ in range(iters):
+    v = v + np.mean([(x - v) * min(1.0, tau / np.linalg.norm(x - v)) for x in xs], axis=0)
+  return v
+
+
+def np_norm_bounding(xs, w, bound):
+  """Sun et al. 2019: each update clipped to norm <= M, then the weighted mean."""
+  return np_mean([x / max(1.0, np.linalg.norm(x) / bound) for x in xs], w)
+
+
 def _objective(x, w, z):
   return float(np.sum(np.asarray(w) * np.linalg.norm(np.stack(x) - z, axis=1)))
 
@@ -99,6 +130,12 @@ CASES = {
     'multi_krum_m2': (lambda u, w, m: agg.multi_krum(u, w, m, 1, 2), lambda x, w: np_multi_krum(x, w, 1, 2)),
     'geometric_median': (lambda u, w, m: agg.geometric_median(u, w, m, 20, 1e-8),
                          lambda x, w: np_geometric_median(x, w, 20, 1e-8)),
+    # f = 0 here (every n of these cohorts); f > 0: test_bulyan_matches_numpy (theta = 2 would tie exactly)
+    'bulyan': (lambda u, w, m: agg.bulyan(u, w, m, 0), lambda x, w: np_bulyan(x, w, 0)),
+    # tau below the uploads' distances from 0, so the clipping binds (norms ~ 3.5)
+    'centered_clipping': (lambda u, w, m: agg.centered_clipping(u, w, m, None, 0.7, 3),
+                          lambda x, w: np_centered_clipping(x, w, np.zeros_like(x[0]), 0.7, 3)),
+    'norm_bounding': (lambda u, w, m: agg.norm_bounding(u, w, m, 2.0), lambda x, w: np_norm_bounding(x, w, 2.0)),
 }
 
 
@@ -165,3 +202,56 @@ def test_krum_ties_go_to_the_lowest_client_index():
   assert float(out['a'][0]) == 0.0
   scores = np.asarray(agg.krum_scores(x, np.array([1, 1, 0, 1, 1], bool), 1))
   assert np.isinf(scores[2]) and np.all(np.isfinite(scores[[0, 1, 3, 4]]))
+
+
+@pytest.mark.parametrize('seed,c,masked,f', [(0, 7, (2, 5), 1), (1, 7, (0,), 1), (6, 14, (4, 9), 2)])
+def test_bulyan_matches_numpy(seed, c, masked, f):
+  """n = 5 and 6 with f = 1 (theta, beta clamped: below 4 f + 3), and n = 12 with f = 2 (the paper's regime:
+  theta = 8 picks, beta = 4 values per coordinate) with two outliers the recursive Krum must leave out."""
+  uploads, weights, mask = _problem(seed, c=c, masked=masked)
+  if c == 14:
+    uploads['w'][0] += 50.0
+    uploads['b'][7] -= 80.0
+  got = jax.jit(lambda u, w, m: agg.bulyan(u, w, m, f))(uploads, weights, mask)
+  xs, _ = _flat_rows(uploads, mask)
+  np.testing.assert_allclose(_flat_one(got), np_bulyan(xs, None, f), rtol=1e-5, atol=1e-5)
+  if c != 14:
+    return
+  chosen = np.asarray(agg.bulyan_selection(uploads, mask, 2))
+  assert chosen.sum() == 8 and not chosen[[0, 7, 4, 9]].any()
+
+
+def test_centered_clipping_starts_from_the_center_and_each_client_moves_it_at_most_tau_over_n():
+  uploads, weights, mask = _problem(7)
+  xs, _ = _flat_rows(uploads, mask)
+  center = {'w': np.full((3, 2), 0.3, np.float32), 'b': np.full((4,), -0.2, np.float32)}
+  got = jax.jit(lambda u, w, m, c: agg.centered_clipping(u, w, m, c, 0.5, 2))(uploads, weights, mask, center)
+  np.testing.assert_allclose(_flat_one(got), np_centered_clipping(xs, None, _flat_one(center), 0.5, 2),
+                             rtol=1e-5, atol=1e-5)
+  one = agg.centered_clipping(uploads, weights, mask, center, 0.5, 1)
+  assert np.linalg.norm(_flat_one(one) - _flat_one(center)) <= 0.5 + 1e-6     # a convex mix of steps <= tau
+  # a huge tau: no clipping, one iteration = the plain mean of the valid uploads (weights are not read)
+  np.testing.assert_allclose(_flat_one(agg.centered_clipping(uploads, weights, mask, center, 1e9, 1)),
+                             np.mean(xs, axis=0), rtol=1e-5, atol=1e-6)
+
+
+def test_norm_bounding_clips_only_the_long_uploads():
+  x = {'a': np.array([[3.0, 4.0], [0.3, 0.4], [np.nan, np.nan]], np.float32)}
+  w, m = np.array([1.0, 3.0, 0.0], np.float32), np.array([True, True, False])
+  out = np.asarray(agg.norm_bounding(x, w, m, 1.0)['a'])
+  np.testing.assert_allclose(out, (np.array([0.6, 0.8]) * 1 + np.array([0.3, 0.4]) * 3) / 4, rtol=1e-6)
+
+
+def test_new_robust_aggregators_resist_one_outlier():
+  rng = np.random.default_rng(8)
+  honest = rng.normal(size=(10, 5)).astype(np.float32) * 0.1 + 1.0
+  x = {'d': np.concatenate([honest, np.full((1, 5), 1e4, np.float32)])}
+  w, m = np.ones(11, np.float32), np.ones(11, bool)
+  out = np.asarray(jax.jit(lambda *a: agg.bulyan(*a, 2))(x, w, m)['d'])
+  assert np.all(np.abs(out - 1.0) < 0.5), out
+  # bounded influence: the outlier moves the clipped mean by at most bound / n
+  center = {'d': np.ones(5, np.float32)}
+  out = np.asarray(agg.centered_clipping(x, w, m, center, 0.5, 1)['d'])
+  assert np.linalg.norm(out - 1.0) < 0.5 * 11 / 11 + 0.1
+  out = np.asarray(agg.norm_bounding(x, w, m, 3.0)['d'])
+  assert np.all(np.abs(out - 1.0) < 0.5), out

@@ -148,9 +148,9 @@ def validate_against_data(cfg, data) -> None:
                         f'the labels of {cfg.dataset!r} have shape {tuple(getattr(data, "label_shape", ()))}: '
                         f'use {want!r}')
   if cfg.get('attack') is not None and cfg.attack.kind != 'none':
-    why = attacks.check_classes(cfg.attack.classes, data.num_classes)
-    if why:
-      raise ConfigError('attack.classes', cfg.attack.classes, why)
+    bad = attacks.check_data(cfg.attack, data)       # label_flip's classes, backdoor's target and trigger
+    if bad:
+      raise ConfigError(*bad)
   sizes = data.client_sizes()
   if (sizes == 0).all():
     raise ConfigError('data', dict(cfg.data), 'every client has 0 examples')

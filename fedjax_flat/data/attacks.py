@@ -1,4 +1,17 @@
-"""Label-flipping attack (thesis 5.2.4, Table 5.5; Tolpegin et al. [418]): attackers swap pairs of labels in
+"""Attacks (config.attack): the malicious clients' roles. `attack.kind`:
+
+  'label_flip'   data poisoning (below): attackers swap pairs of labels in their own training data.
+  'sign_flip' | 'scale' | 'gaussian' | 'alie' | 'ipm' | 'backdoor'
+                 model poisoning: a fraction `attack.fraction` of the population (floor(fraction N) clients, drawn
+                 from config.seed: `malicious_clients`) rewrites its upload, a model delta, where the server sees
+                 the cohort (algorithms/wrappers/attack.py has the formulas; `attack.scale` is the strength).
+                 'backdoor' (Bagdasaryan et al. 2020) also poisons the malicious clients' data here: a fraction
+                 `poison_fraction` of each one's examples carries the pixel-pattern trigger (`stamp_trigger`: a
+                 trigger_size square at (trigger_row, trigger_col) set to the data's largest value) and the label
+                 `target_label`; the evaluation (training/evals/attack.py) reports the attack success rate, the
+                 accuracy toward target_label on the triggered test images whose label is not the target.
+
+Label-flipping attack (thesis 5.2.4, Table 5.5; Tolpegin et al. [418]): attackers swap pairs of labels in
 their own training data before training starts.
 
   FedSeq family: floor(L_S N_S) (at least 1) malicious superclients, drawn at random; inside each, a fraction
@@ -26,9 +39,12 @@ import math
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
-from fedjax_flat.schema import RESULT, Choice, Field, Section, String, Test, is_number
 
-KINDS = ('none', 'label_flip')
+from fedjax_flat.errors import ConfigError
+from fedjax_flat.schema import RESULT, Choice, Field, Int, Num, Section, String, Test, is_number
+
+MODEL_POISONING = ('sign_flip', 'scale', 'gaussian', 'alie', 'ipm', 'backdoor')   # rewrite a model delta
+KINDS = ('none', 'label_flip') + MODEL_POISONING
 SWAPS = ('fixed', 'random')
 ATTACK_STREAM = 0xA77
 
@@ -141,8 +157,92 @@ def choose_attackers(data, cfg, seed: int, superclients: Optional[Sequence[np.nd
   return sorted(attackers), malicious
 
 
+def malicious_clients(num_clients: int, fraction: float, seed: int) -> np.ndarray:
+  """The model-poisoning attackers: floor(fraction N) client ids (sorted), a function of the seed alone."""
+  m = int(math.floor(float(fraction) * int(num_clients) + 1e-9))
+  rng = np.random.default_rng([int(seed), ATTACK_STREAM, 2])
+  return np.sort(rng.permutation(int(num_clients))[:m]).astype(np.int64)
+
+
+def trigger_value(x: np.ndarray):
+  """The trigger's pixel value: the largest the data holds (white), 255 for uint8 images."""
+  x = np.asarray(x)
+  return np.iinfo(x.dtype).max if np.issubdtype(x.dtype, np.integer) else float(np.max(x))
+
+
+def stamp_trigger(x: np.ndarray, cfg, value) -> np.ndarray:
+  """A copy of images x [N, H, W, C] with the trigger: the trigger_size square at (trigger_row, trigger_col)
+  set to `value` in every channel."""
+  r, c, s = int(cfg.trigger_row), int(cfg.trigger_col), int(cfg.trigger_size)
+  out = np.array(x, copy=True)
+  out[:, r:r + s, c:c + s, ...] = value
+  return out
+
+
+def triggered_test(x: np.ndarray, y: np.ndarray, cfg, value):
+  """(triggered images, target labels) of the test images whose label is not the target: the backdoor's attack
+  success rate is the accuracy on them."""
+  keep = np.asarray(y).reshape(len(y), -1)[:, 0] != int(cfg.target_label)
+  xt = stamp_trigger(np.asarray(x)[keep], cfg, value)
+  return xt, np.full(int(keep.sum()), int(cfg.target_label), np.asarray(y).dtype)
+
+
+def check_data(cfg, data) -> Optional[Tuple[str, object, str]]:
+  """(field, value, why) of the first config.attack value the data cannot take, else None (one line, before
+  anything compiles: config/validate.py)."""
+  if cfg.kind == 'label_flip':
+    why = check_classes(cfg.classes, data.num_classes)
+    return ('attack.classes', cfg.classes, why) if why else None
+  if cfg.kind == 'backdoor':
+    if int(cfg.target_label) >= int(data.num_classes):
+      return ('attack.target_label', cfg.target_label, f'must be a class of the data, in [0, {data.num_classes})')
+    shape = tuple(np.asarray(data.x).shape[1:]) if getattr(data, 'store', None) is None else ()
+    if len(shape) != 3:
+      return ('attack.kind', cfg.kind, f'the pixel-pattern trigger needs images [H, W, C]; this data has examples '
+              f'of shape {shape}')
+    r, c, s = int(cfg.trigger_row), int(cfg.trigger_col), int(cfg.trigger_size)
+    if r + s > shape[0] or c + s > shape[1]:
+      return ('attack.trigger_size', s, f'the trigger at (trigger_row={r}, trigger_col={c}) of size {s} leaves the '
+              f'{shape[0]}x{shape[1]} image: need trigger_row + trigger_size <= {shape[0]} and trigger_col + '
+              f'trigger_size <= {shape[1]}')
+  return None
+
+
+def apply_model_poisoning(data, cfg, seed: int):
+  """(data, report) for the model-poisoning kinds: the attackers; 'backdoor' also poisons a poison_fraction of
+  each attacker's examples (trigger + target label) in a copy of the data."""
+  attackers = malicious_clients(data.num_clients, cfg.fraction, seed)
+  report = {'kind': cfg.kind, 'fraction': float(cfg.fraction), 'scale': float(cfg.scale),
+            'num_attackers': int(len(attackers)), 'attackers': [{'client': int(k)} for k in attackers],
+            'fraction_clients': len(attackers) / max(data.num_clients, 1)}
+  if cfg.kind != 'backdoor' or not len(attackers):
+    return data, report
+  bad = check_data(cfg, data)
+  if bad:
+    raise ConfigError(*bad)
+  rng = np.random.default_rng([int(seed), ATTACK_STREAM, 3])
+  value = trigger_value(data.x)
+  x, y = np.array(data.x, copy=True), np.array(data.y, copy=True)
+  poisoned_rows = 0
+  for row in report['attackers']:
+    idx = data.client_indices(row['client'])
+    pick = np.sort(rng.choice(idx, int(math.floor(float(cfg.poison_fraction) * len(idx) + 1e-9)), replace=False))
+    x[pick] = stamp_trigger(x[pick], cfg, value)
+    y[pick] = int(cfg.target_label)
+    row['poisoned'] = int(len(pick))
+    poisoned_rows += len(pick)
+  out = copy.copy(data)
+  out.x, out.y = x, y
+  report.update({'target_label': int(cfg.target_label), 'poisoned_examples': int(poisoned_rows),
+                 'trigger': {'row': int(cfg.trigger_row), 'col': int(cfg.trigger_col), 'size': int(cfg.trigger_size),
+                             'value': float(value)}})
+  return out, report
+
+
 def apply(data, cfg, seed: int, superclients: Optional[Sequence[np.ndarray]] = None):
   """(poisoned copy of `data`, report dict). `cfg` is config.attack; `data` is never modified."""
+  if cfg.kind in MODEL_POISONING:
+    return apply_model_poisoning(data, cfg, seed)
   classes, constraints = class_set(cfg.classes)
   attackers, malicious = choose_attackers(data, cfg, seed, superclients)
   rng = np.random.default_rng([int(seed), ATTACK_STREAM, 1])
@@ -212,20 +312,63 @@ def _attack_on(cfg) -> bool:
   return cfg.attack.kind != 'none'
 
 
+def _flipping(cfg) -> bool:
+  return cfg.attack.kind == 'label_flip'
+
+
+def _poisoning(cfg) -> bool:
+  return cfg.attack.kind in MODEL_POISONING
+
+
+def _backdoor(cfg) -> bool:
+  return cfg.attack.kind == 'backdoor'
+
+
 def _fraction(v) -> bool:
   return is_number(v) and 0 < v <= 1      # nan compares False
 
 
+_FLIP = "attack.kind='label_flip'"
+_POISON = 'attack.kind=' + ' | '.join(repr(k) for k in MODEL_POISONING)
+_BACKDOOR = "attack.kind='backdoor'"
+
+
+def _population_fraction(v) -> bool:
+  return is_number(v) and 0 <= v < 1
+
+
 SECTION = Section('attack', (
-    Field('kind', Choice('none', KINDS), "'none' | 'label_flip'"),
+    Field('kind', Choice('none', KINDS), "'none' | 'label_flip' (data) | 'sign_flip' | 'scale' | 'gaussian' | 'alie' "
+          "| 'ipm' | 'backdoor' (model poisoning: algorithms/wrappers/attack.py)"),
     Field('malicious_superclients', Test(0.1, ok=_fraction, message='must be a fraction in (0, 1]',
-                                         what='fraction in (0, 1]'), 'L_S', when=_attack_on),
+                                         what='fraction in (0, 1]'), 'label_flip: L_S', when=_flipping,
+          needs=_FLIP),
     Field('attackers', Test(0.1, ok=_fraction, message='must be a fraction in (0, 1]', what='fraction in (0, 1]'),
-          'L', when=_attack_on),
+          'label_flip: L', when=_flipping, needs=_FLIP),
     Field('classes', Test('0,2', why=check_classes, what="ids '0,2' | 'intra_sc' | 'extra_sc'"),
-          "swapped classes: ids '0,2' | '3,5' | '0,2,3,5' ... | 'intra_sc' | 'extra_sc'", when=_attack_on),
-    Field('swap', Choice('fixed', SWAPS), "'fixed' (one pairing for every attacker) | 'random'",
-          when=_attack_on),
+          "label_flip: swapped classes: ids '0,2' | '3,5' | '0,2,3,5' ... | 'intra_sc' | 'extra_sc'", when=_flipping,
+          needs=_FLIP),
+    Field('swap', Choice('fixed', SWAPS), "label_flip: 'fixed' (one pairing for every attacker) | 'random'",
+          when=_flipping, needs=_FLIP),
+    Field('fraction', Test(0.1, ok=_population_fraction, message='must be a fraction in [0, 1)',
+                           what='fraction in [0, 1)'),
+          'model poisoning: the fraction of the population that is malicious (floor(fraction N) clients, drawn '
+          'from the seed)', when=_poisoning, needs=_POISON),
+    Field('scale', Num(1.0, lo=0, lo_open=True), "model poisoning: the strength: the multiplier of 'sign_flip' "
+          "(-s u) / 'scale' (s u) / 'backdoor' (model replacement's boost gamma), the std of 'gaussian', z of "
+          "'alie', epsilon of 'ipm'", when=_poisoning, needs=_POISON),
+    Field('target_label', Int(0, lo=0), "backdoor: the label the trigger maps to", when=_backdoor,
+          needs=_BACKDOOR),
+    Field('trigger_size', Int(3, lo=1), 'backdoor: the side of the square pixel-pattern trigger', when=_backdoor,
+          needs=_BACKDOOR),
+    Field('trigger_row', Int(1, lo=0), "backdoor: the trigger's top row", when=_backdoor,
+          needs=_BACKDOOR),
+    Field('trigger_col', Int(1, lo=0), "backdoor: the trigger's left column", when=_backdoor,
+          needs=_BACKDOOR),
+    Field('poison_fraction', Test(0.5, ok=_fraction, message='must be a fraction in (0, 1]',
+                                  what='fraction in (0, 1]'),
+          "backdoor: the fraction of each attacker's examples carrying the trigger and the target label",
+          when=_backdoor, needs=_BACKDOOR),
     Field('clean_workdir', String('', "must be a string (a run directory; '' = none)"),
           "the clean run's workdir: summary.json reports the accuracy drop", when=_attack_on),
-), tags={RESULT}, doc='label-flipping attack (data/py; thesis Table 5.5)')
+), tags={RESULT}, doc='attacks: label flipping (thesis Table 5.5) and model poisoning (data/attacks.py)')

@@ -60,6 +60,12 @@ def _check(cfg) -> None:
                         + ('' if n > 2 else ', and clients_per_round >= 3'))
     if s.aggregator == 'multi_krum' and int(s.krum_m) > n:
       raise ConfigError('server.krum_m', s.krum_m, f'must be <= clients_per_round={n} (0: n - krum_f)')
+  if s.get('aggregator', 'mean') == 'bulyan':
+    n, f = int(cfg.clients_per_round), int(s.krum_f)
+    if n < 4 * f + 3:
+      raise ConfigError('server.krum_f', f, f'bulyan needs clients_per_round >= 4 krum_f + 3 (El Mhamdi et al. 2018), '
+                        f'got clients_per_round={n}: ' + (f'at most krum_f={(n - 3) // 4}' if n >= 3 else
+                                                          'raise clients_per_round to at least 3'))
   if s.weighting != 'capped' and cap:
     raise ConfigError('server.weight_cap', cap, f"is read with server.weighting='capped' only (it is "
                       f'{s.weighting!r}): set it to 0 or the weighting to capped')
@@ -84,16 +90,21 @@ SECTION = Section('server', (
           "adam / adagrad / yogi: 'reddi' (Alg. 2) | 'torch' (the release code)"),
     Field('aggregator', Choice('mean', AGGREGATORS),
           "how the round's deltas are reduced (fedjax_flat/aggregators.py): 'mean' (the streaming weighted mean) | "
-          "'median' | 'trimmed_mean' | 'krum' | 'multi_krum' | 'geometric_median' (the uploads stacked [C, ...]: "
-          'docs/aggregation.md)'),
+          "'median' | 'trimmed_mean' | 'krum' | 'multi_krum' | 'geometric_median' | 'bulyan' | 'centered_clipping' | "
+          "'norm_bounding' (the uploads stacked [C, ...]: docs/aggregation.md)"),
     Field('trim_fraction', Num(0.1, lo=0, hi=0.5, hi_open=True),
           "aggregator='trimmed_mean': the fraction of each coordinate's smallest and largest values dropped"),
-    Field('krum_f', Int(0, lo=0), "aggregator='krum' / 'multi_krum': f, the Byzantine clients tolerated "
-          '(clients_per_round > 2 f + 2)'),
+    Field('krum_f', Int(0, lo=0), "aggregator='krum' / 'multi_krum' / 'bulyan': f, the Byzantine clients tolerated "
+          '(clients_per_round > 2 f + 2; bulyan: >= 4 f + 3)'),
     Field('krum_m', Int(0, lo=0), "aggregator='multi_krum': m, the best-scored uploads averaged (0: n - f)"),
     Field('gm_iters', Int(8, lo=1), "aggregator='geometric_median': the smoothed Weiszfeld iterations (RFA)"),
     Field('gm_eps', Num(1e-6, lo=0, lo_open=True), "aggregator='geometric_median': nu, the smoothing of the "
           'distances (b_k = w_k / max(nu, ||z - u_k||))'),
+    Field('cc_tau', Num(1.0, lo=0, lo_open=True), "aggregator='centered_clipping': tau, the clipping radius around "
+          "the previous round's aggregate (Karimireddy et al. 2021)"),
+    Field('cc_iters', Int(1, lo=1), "aggregator='centered_clipping': the clipping iterations per round"),
+    Field('norm_bound', Num(1.0, lo=0, lo_open=True), "aggregator='norm_bounding': M, the norm each client's delta "
+          'is clipped to before the mean (Sun et al. 2019)'),
 ), check=_check, tags={RESULT},
     doc='the server optimizer over the pseudo-gradient (FedOpt) and the clients\' weighting')
 

@@ -146,3 +146,53 @@ def test_chain_trainer_attacks_inside_malicious_superclients():
   assert sorted(r['client'] for r in t.plan.attack_report['attackers']) == sorted(suitable)
   s = t.train()
   assert s['fedseq']['num_superclients_initial'] == 4 and s['attack']['num_attackers'] == len(suitable)
+
+
+# ---- model poisoning: roles and the backdoor's data -------------------------------------------------------------
+
+
+def poison_cfg(**kw):
+  a = {'kind': 'backdoor', 'fraction': 0.25, 'scale': 1.0, 'target_label': 7, 'trigger_size': 2, 'trigger_row': 1,
+       'trigger_col': 2, 'poison_fraction': 0.5}
+  a.update(kw)
+  return ml_collections.ConfigDict(a)
+
+
+def test_stamp_trigger_sets_exactly_the_square_in_every_channel():
+  x = np.zeros((2, 5, 6, 3), np.float32)
+  out = attacks.stamp_trigger(x, poison_cfg(), 9.0)
+  assert np.all(out[:, 1:3, 2:4, :] == 9.0)
+  out[:, 1:3, 2:4, :] = 0
+  assert np.all(out == 0) and np.all(x == 0)                    # nothing else, and the input is not modified
+  assert attacks.trigger_value(np.zeros((1, 2), np.uint8)) == 255
+
+
+def test_backdoor_poisons_a_fraction_of_the_attackers_examples_only():
+  data = dataset()
+  cfg = poison_cfg()
+  poisoned, report = attacks.apply(data, cfg, seed=3)
+  attackers = attacks.malicious_clients(data.num_clients, 0.25, 3)
+  assert [r['client'] for r in report['attackers']] == attackers.tolist() and len(attackers) == 5
+  value = attacks.trigger_value(data.x)
+  changed = np.flatnonzero(np.any(poisoned.x != data.x, axis=(1, 2, 3)) | (poisoned.y != data.y))
+  allowed = np.concatenate([data.client_indices(int(k)) for k in attackers])
+  assert set(changed) <= set(allowed)
+  for k in attackers:
+    idx = data.client_indices(int(k))
+    hit = idx[poisoned.y[idx] == 7]
+    hit = hit[np.all(poisoned.x[hit][:, 1:3, 2:4] == value, axis=(1, 2, 3))]
+    assert len(hit) == len(idx) // 2                             # poison_fraction of its examples
+  assert report['poisoned_examples'] == 5 * 6 and data.y is not poisoned.y
+
+
+def test_sign_flip_only_names_its_attackers_and_keeps_the_data():
+  data = dataset()
+  same, report = attacks.apply(data, poison_cfg(kind='sign_flip'), seed=3)
+  assert same is data and report['num_attackers'] == 5 and report['kind'] == 'sign_flip'
+
+
+def test_triggered_test_set_leaves_out_the_target_class():
+  x = np.zeros((4, 4, 4, 1), np.float32)
+  y = np.array([7, 1, 2, 7])
+  xt, yt = attacks.triggered_test(x, y, poison_cfg(), 1.0)
+  assert xt.shape[0] == 2 and np.all(yt == 7) and np.all(xt[:, 1:3, 2:4] == 1.0)

@@ -5,9 +5,13 @@ The wrapped algorithm declares `aggregate='stacked'` (core/contract.py): the eng
 stacked [C, ...] in the round's client order with the engine's client weights and the validity mask (padding and
 non-reporting clients masked), gathered over devices and hosts (core/engine.reduce_across). The wrapped
 server_update reduces the 'weighted' upload (the delta) with the configured aggregator (fedjax_flat/aggregators.py:
-median, trimmed_mean, krum, multi_krum, geometric_median), any 'uniform' entries (the compression wrapper's error)
-with the plain mean over the valid clients, and hands the algorithm its usual {'weighted', 'uniform',
-'num_clients', 'total_weight'}. 'mean' leaves the algorithm as it is: the streaming mean, bit-identical.
+median, trimmed_mean, krum, multi_krum, geometric_median, bulyan, centered_clipping, norm_bounding), any 'uniform'
+entries (the compression wrapper's error) with the plain mean over the valid clients, and hands the algorithm its
+usual {'weighted', 'uniform', 'num_clients', 'total_weight'}, so the algorithm's own server step (server optimizer:
+FedAvgM's momentum, FedAdam's moments) runs on the robust aggregate. 'mean' leaves the algorithm as it is: the
+streaming mean, bit-identical. Centered clipping starts from the previous round's aggregate (Karimireddy et al.
+2021: the server's momentum of the reduced deltas), kept in the server state under 'robust' ({'center'}: zero
+before the first round; the shape of one 'weighted' upload, found abstractly from the client functions).
 
 Which algorithms qualify: those that declare upload='delta', the model delta alone (FedAvg and its SAM / ASAM
 clients, FedProx, MOON, FedBABU, FedBN, SiloBN, FedCG, a researcher's own); control variates, duals or normalized
@@ -99,21 +103,59 @@ def _valid_mean(tree, valid):
   return aggregators.mean(tree, coef, valid)
 
 
+KEY = 'robust'    # the server state's entry of a stateful aggregator (centered clipping's center)
+
+
+def upload_shape(alg: FederatedAlgorithm, params, state):
+  """The ShapeDtypeStruct tree of one client's 'weighted' upload, evaluated abstractly (nothing runs): an
+  algorithm's delta may cover part of the params (FedCG: the shared network)."""
+  def one(st):
+    bcast = alg.broadcast(st, jnp.int32(0), 0)
+    cs = alg.client_state_init(params) if alg.client_state_init is not None else None
+    local = alg.client_init(bcast, cs, jax.random.PRNGKey(0))
+    return alg.client_final(bcast, local, cs)[0]['weighted']
+  return jax.eval_shape(one, state)
+
+
 def with_aggregator(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
   """`alg` with its 'weighted' upload reduced by config.server.aggregator over the round's stacked uploads."""
   if alg.num_phases != 1:
     raise ConfigError('server.aggregator', config.server.aggregator, f'{alg.name} exchanges {alg.num_phases} '
                       'messages a round; a robust aggregator reduces one')
   reduce = aggregators.from_config(config.server)
+  stateful = config.server.aggregator in aggregators.STATEFUL
+
+  def server_init(params, rng):
+    inner = alg.server_init(params, rng)
+    if not stateful:
+      return inner
+    if not isinstance(inner, dict) or KEY in inner:
+      raise TypeError(f'{config.server.aggregator} needs a dict server state without a {KEY!r} key, got {type(inner)}')
+    shape = upload_shape(alg, params, inner)
+    return {**inner, KEY: {'center': jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shape)}}
 
   def server_update(state, agg, round_idx, phase=0):
     uploads, weights, valid = agg['uploads'], agg['weights'], agg['valid']
-    mean_agg = {'weighted': reduce(uploads['weighted'], weights, valid),
-                'uniform': _valid_mean(uploads['uniform'], valid),
+    if stateful:
+      inner = {k: v for k, v in state.items() if k != KEY}
+      reduced = reduce(uploads['weighted'], weights, valid, state[KEY]['center'])
+    else:
+      inner, reduced = state, reduce(uploads['weighted'], weights, valid)
+    mean_agg = {'weighted': reduced, 'uniform': _valid_mean(uploads['uniform'], valid),
                 'num_clients': agg['num_clients'], 'total_weight': agg['total_weight']}
-    return alg.server_update(state, mean_agg, round_idx, phase)
+    inner = alg.server_update(inner, mean_agg, round_idx, phase)
+    return {**inner, KEY: {'center': reduced}} if stateful else inner
 
-  return alg.replace(server_update=server_update, aggregate='stacked')
+  def passthrough(fn):     # the inner algorithm never sees the aggregator's own state
+    if not stateful:
+      return fn
+    return lambda state, *a, **kw: fn({k: v for k, v in state.items() if k != KEY}, *a, **kw)
+
+  out = alg.replace(server_init=server_init, server_update=server_update, aggregate='stacked',
+                    broadcast=passthrough(alg.broadcast), eval_models=passthrough(alg.eval_models))
+  if alg.counters is not None:
+    out = out.replace(counters=passthrough(alg.counters))
+  return out
 
 
 # Second: it reduces what the clients sent (compressed or not), before DP or the server averages see the result.

@@ -36,7 +36,13 @@ REFS = {
     'krum': lambda x, w: ref.np_krum(x, w, 0),
     'multi_krum': lambda x, w: ref.np_multi_krum(x, w, 0, 2),
     'geometric_median': lambda x, w: ref.np_geometric_median(x, w, 8, 1e-6),
+    'bulyan': lambda x, w: ref.np_bulyan(x, w, 0),
+    'norm_bounding': lambda x, w: ref.np_norm_bounding(x, w, NORM_BOUND),
+    # the previous round's aggregate as the center: _reference threads it through the rounds
+    'centered_clipping': lambda x, w, center: ref.np_centered_clipping(x, w, center, CC_TAU, 2),
 }
+# Below the deltas' norms here (round 0: 0.22, 0.87, 0.22), so the clipping binds.
+NORM_BOUND, CC_TAU = 0.15, 0.1
 
 
 def _cfg(aggregator):
@@ -44,6 +50,7 @@ def _cfg(aggregator):
   c.server.lr = SERVER_LR
   c.server.aggregator = aggregator
   c.server.trim_fraction, c.server.krum_f, c.server.krum_m = 0.34, 0, 2
+  c.server.norm_bound, c.server.cc_tau, c.server.cc_iters = NORM_BOUND, CC_TAU, 2
   return c
 
 
@@ -63,7 +70,7 @@ def _unflat(v, like):
 def _reference(aggregator):
   """Every round by hand: each client's local SGD from w on its own exact batches, delta = w - y, the NumPy
   aggregator over the round's valid clients (example weights N_k), w <- w - server_lr * aggregate."""
-  w = PARAMS0
+  w, center = PARAMS0, np.zeros_like(_flat(PARAMS0))
   for r, ids in enumerate(SCHEDULE):
     deltas = []
     for k in ids:
@@ -71,7 +78,10 @@ def _reference(aggregator):
       for b in client_batches(r, k):
         y = sgd(y, grad(y, b))
       deltas.append(_flat(sub(w, y)))
-    a = REFS[aggregator](deltas, [SIZES[k] for k in ids])
+    if aggregator == 'centered_clipping':
+      a = center = REFS[aggregator](deltas, [SIZES[k] for k in ids], center)
+    else:
+      a = REFS[aggregator](deltas, [SIZES[k] for k in ids])
     w = _unflat(_flat(w) - SERVER_LR * a, w)
   return w
 
@@ -152,7 +162,15 @@ def test_round_paths_give_the_same_median_run(over):
     {'server.aggregator': 'krum', 'client.optimizer': 'sam', 'client.rho': 0.05},
     {'server.aggregator': 'geometric_median', 'algorithm': 'fedprox', 'algo.mu': 0.1, 'server.weighting': 'uniform'},
     {'server.aggregator': 'multi_krum', 'server.optimizer': 'adam', 'server.lr': 0.01},
-], ids=['compress', 'swa', 'fedsam_krum', 'fedprox_gm', 'fedadam_multikrum'])
+    {'server.aggregator': 'bulyan', 'server.momentum': 0.9},
+    {'server.aggregator': 'centered_clipping', 'server.momentum': 0.9, 'server.cc_tau': 0.05},
+    {'server.aggregator': 'centered_clipping', 'server.optimizer': 'adam', 'server.lr': 0.01, 'swa.enabled': True,
+     'swa.start_fraction': 0.3},
+    {'server.aggregator': 'norm_bounding', 'server.optimizer': 'adam', 'server.lr': 0.01, 'server.norm_bound': 0.1},
+    {'server.aggregator': 'bulyan', 'client.optimizer': 'sam', 'client.rho': 0.05},
+    {'server.aggregator': 'centered_clipping', 'client.optimizer': 'sam', 'client.rho': 0.05},
+], ids=['compress', 'swa', 'fedsam_krum', 'fedprox_gm', 'fedadam_multikrum', 'fedavgm_bulyan', 'fedavgm_cc',
+        'fedadam_cc_swa', 'fedadam_normbound', 'fedsam_bulyan', 'fedsam_cc'])
 def test_aggregators_compose_with_the_other_wrappers_and_optimizers(over):
   t = _train(**{'engine.shard_clients': False, **over})
   assert t.algorithm.aggregate == 'stacked'
@@ -196,6 +214,11 @@ def test_batched_runs_of_a_stacked_aggregation_equal_the_runs_alone(tmp_path, mo
     ({'server.aggregator': 'krum', 'server.krum_f': 1, 'clients_per_round': 4}, r'server\.krum_f=1.*> 2 krum_f'),
     ({'server.aggregator': 'multi_krum', 'server.krum_m': 9, 'clients_per_round': 5}, r'server\.krum_m=9'),
     ({'server.aggregator': 'geometric_median', 'server.gm_iters': 0}, r'server\.gm_iters=0'),
+    ({'server.aggregator': 'bulyan', 'server.krum_f': 1, 'clients_per_round': 6}, r'server\.krum_f=1.*4 krum_f \+ 3'),
+    ({'server.aggregator': 'bulyan', 'server.krum_f': 0, 'clients_per_round': 2}, r'server\.krum_f=0.*at least 3'),
+    ({'server.aggregator': 'centered_clipping', 'server.cc_tau': 0}, r'server\.cc_tau=0'),
+    ({'server.aggregator': 'centered_clipping', 'server.cc_iters': 0}, r'server\.cc_iters=0'),
+    ({'server.aggregator': 'norm_bounding', 'server.norm_bound': -1.0}, r'server\.norm_bound=-1'),
     ({'server.aggregator': 'median', 'algorithm': 'scaffold'}, r"server\.aggregator='median'.*scaffold"),
     ({'server.aggregator': 'median', 'dp.mode': 'central', 'server.weighting': 'uniform'},
      r"server\.aggregator='median'.*dp\.mode"),
@@ -206,6 +229,35 @@ def test_bad_values_are_refused_in_one_line(over, match):
   with pytest.raises(ConfigError, match=match) as e:
     validate.validate_config(c)
   assert '\n' not in str(e.value)
+
+
+def test_centered_clipping_keeps_the_previous_aggregate_in_the_server_state():
+  """The center is the last round's clipped aggregate (zero before round 0); the inner algorithm's state, its eval
+  models and its broadcast are those of FedAvg with server momentum (the center never reaches them)."""
+  c = _cfg('centered_clipping')
+  c.server.momentum = 0.9
+  state, _, alg = run_engine(c)
+  assert set(state) == {'params', 'opt_state', 'robust'}
+  w, center = PARAMS0, np.zeros_like(_flat(PARAMS0))
+  mom = np.zeros_like(center)
+  for r, ids in enumerate(SCHEDULE):
+    deltas = []
+    for k in ids:
+      y = w
+      for b in client_batches(r, k):
+        y = sgd(y, grad(y, b))
+      deltas.append(_flat(sub(w, y)))
+    center = ref.np_centered_clipping(deltas, None, center, CC_TAU, 2)
+    mom = 0.9 * mom + center                          # FedAvgM on the clipped aggregate
+    w = _unflat(_flat(w) - SERVER_LR * mom, w)
+  np.testing.assert_allclose(_flat(state['robust']['center']), center, rtol=2e-5, atol=2e-6)
+  np.testing.assert_allclose(_flat(state['params']), _flat(w), rtol=2e-5, atol=2e-6)
+  assert set(alg.eval_models(state)) == {'global'}
+
+
+def test_bulyan_accepts_n_of_4f_plus_3():
+  validate.validate_config(small_config(**{'server.aggregator': 'bulyan', 'server.krum_f': 1,
+                                           'clients_per_round': 7}))
 
 
 def test_krum_accepts_n_above_2f_plus_2():
