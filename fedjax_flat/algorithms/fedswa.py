@@ -14,7 +14,9 @@ FedMoSWA: SCAFFOLD's control variates on the cyclic steps, the global one update
                 c <- c + beta (mean_S c_k+ - c)   (round 1: c = mean_S c_k+; apply_weights_SCAF)   beta = algo.beta
 
 The rule needs K before the round starts, and a client does not see its own number of batches before it trains:
-hence a fixed step count (client.local_steps or algo.cycle_steps; refused in one line otherwise).
+K = algo.cycle_steps, else client.local_steps (exact: every client takes K steps), else in the epochs mode the
+release README's K = 50 (a warning names the run's own step count when it differs; a client with fewer steps stops
+before the bottom of the cycle, one with more keeps r lr past K).
 
 Where the release differs:
   * update_FedSWA builds its SGD with lr*2 and hard-codes rho = 0 (lr_ratio = 0): lr_k = 2 (1 - k/K) args.lr; the
@@ -35,24 +37,35 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import optax
+from absl import logging
 
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.common import server_step_to, tmap
 from fedjax_flat.algorithms.hparams import Integer, Number
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm
-from fedjax_flat.errors import ConfigError
+from fedjax_flat.data import batching
+
+
+RELEASE_K = 50     # the release README's --K 50 local steps
 
 
 def cycle_length(cfg, hp) -> int:
-  return int(hp['cycle_steps'] or cfg.client.get('local_steps', 0) or 0)
+  """K: algo.cycle_steps, else client.local_steps, else (the epochs mode) the release README's K = 50."""
+  return int(hp['cycle_steps'] or cfg.client.get('local_steps', 0) or RELEASE_K)
 
 
-def check(cfg, hp) -> None:
-  if cycle_length(cfg, hp) < 1:
-    raise ConfigError('algo.cycle_steps', hp['cycle_steps'],
-                      f'{cfg.algorithm} decays the lr over the round\'s K local steps, which must be known before '
-                      'the round: set client.local_steps=K or algo.cycle_steps=K (the release: E x batches)')
+def check_data(cfg, hp, data) -> None:
+  """The epochs mode: K against the run's step count (its largest client's), which the rule cannot read."""
+  if hp['cycle_steps'] or cfg.client.get('local_steps', 0):
+    return
+  c = cfg.client
+  s = batching.padded_num_steps(data.client_sizes(), c.batch_size, epochs=c.local_epochs,
+                                full_batches=bool(c.get('full_batches', False)), max_steps=c.get('max_local_steps', 0))
+  if s != RELEASE_K:
+    logging.warning('%s decays the client lr over K = %d steps (algo.cycle_steps=0, epochs mode) but the largest '
+                    'client takes %d a round: set --config.algo.cycle_steps=%d for a full cycle', cfg.algorithm,
+                    RELEASE_K, s, s)
 
 
 def cyclic_lr(lr, k, K, ratio):
@@ -62,14 +75,12 @@ def cyclic_lr(lr, k, K, ratio):
 
 
 _HPARAMS = {'lr_ratio': Number(0.01, lo=0, hi=1, note=' (the release code: 0)'),
-            'cycle_steps': Integer(0, lo=0, note=' (0: client.local_steps)')}
+            'cycle_steps': Integer(0, lo=0, note=' (0: client.local_steps, else 50)')}
 
 
 def swa_algorithm(ctx, momentum: bool) -> FederatedAlgorithm:
   hp = ctx.hp
   K = cycle_length(ctx.config, hp)
-  if K < 1:
-    raise ValueError(f'{ctx.name}: algo.cycle_steps or client.local_steps must be >= 1')
   ratio = float(hp['lr_ratio'])
   beta = float(hp['beta']) if momentum else 0.0
   loss_fn, server_tx, tx, hparams_fn = ctx.loss_fn, ctx.server_tx, ctx.client_tx, ctx.hparams_fn
@@ -132,12 +143,12 @@ def swa_algorithm(ctx, momentum: bool) -> FederatedAlgorithm:
                             extra_passes=0.0)   # no SAM: the SGD client's one pass a step
 
 
-@register('fedswa', hparams=dict(_HPARAMS), client_optimizers=('sgd',), check=check, upload='delta')
+@register('fedswa', hparams=dict(_HPARAMS), client_optimizers=('sgd',), check_data=check_data, upload='delta')
 def fedswa(ctx) -> FederatedAlgorithm:
   return swa_algorithm(ctx, momentum=False)
 
 
 @register('fedmoswa', hparams={**_HPARAMS, 'beta': Number(0.4, lo=0, hi=1, lo_open=True)},
-          client_optimizers=('sgd',), check=check, needs=('client_state',))
+          client_optimizers=('sgd',), check_data=check_data, needs=('client_state',))
 def fedmoswa(ctx) -> FederatedAlgorithm:
   return swa_algorithm(ctx, momentum=True)

@@ -9,7 +9,6 @@ import pytest
 
 from fedjax_flat.algorithms import registry
 from fedjax_flat.config.validate import validate_config
-from fedjax_flat.errors import ConfigError
 from tests.fixtures.baselines import (LR, MODEL, PARAMS0, SCHEDULE, SIZES, WD, add, assert_tree_close,
                                       client_batches, config, grad, mean, run_engine, scale, sub, zeros)
 
@@ -63,10 +62,15 @@ def test_fedmoswa_rule():
   assert_tree_close(jax.tree_util.tree_map(lambda a: a[0], store.gather([2])), ck[2])
 
 
-def test_cycle_length_must_be_known():
-  with pytest.raises(ConfigError, match='algo.cycle_steps'):
-    validate_config(config('fedswa'))
-  validate_config(config('fedswa', cycle_steps=5))
+def test_cycle_length_defaults():
+  from fedjax_flat.algorithms.fedswa import cycle_length
+  c = config('fedswa')
+  validate_config(c)
+  hp = registry.spec('fedswa').hp(c)
+  assert cycle_length(c, hp) == 50                 # the epochs mode: the release README's K
+  c.client.local_steps = 7
+  assert cycle_length(c, hp) == 7                  # a fixed step count: every client's exact K
+  assert cycle_length(c, {**hp, 'cycle_steps': 3}) == 3
 
 
 def _np_grad(w, x, y):

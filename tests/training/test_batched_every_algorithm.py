@@ -66,15 +66,9 @@ def _segmentation_styles(c):
   return None                                     # the trainer loads it from the config
 
 
-def _with_cycle(c):
-  """FedSWA's cyclic lr decays over a step count known before the round (algo.cycle_steps)."""
-  c.algo.cycle_steps = 2
-  return _synthetic()
-
-
 # name -> fn(config) -> the run's data (None: loaded from the config), setting the fields that go with them.
 HARNESS = {'fedsoup': _with_client_tests, 'fedfomo': _with_client_tests, 'hfl': _with_cities,
-           'ladd': _segmentation_styles, 'fedswa': _with_cycle, 'fedmoswa': _with_cycle}
+           'ladd': _segmentation_styles}
 
 
 def _outcome(name, config_blocker=True):
