@@ -10,6 +10,7 @@ import pytest
 from fedjax_flat.algorithms import registry
 from tests.fixtures.baselines import (LR, MODEL, PARAMS0, SCHEDULE, SIZES, WD, add, assert_tree_close,
                                       client_batches, config, grad, mean, run_engine, scale, sgd, sub, zeros)
+from tests.fixtures.release_numpy import np_grad
 
 
 def _norm(t):
@@ -110,23 +111,12 @@ def test_perturbation_skips_batch_stats_and_zero_is_safe():
 
 # --- the release's rule, re-implemented in NumPy float64 from reading optimizer/LESAM*.py, client/fedlesam*.py ---
 
-def _np_grad(w, x, y):
-  """cross_entropy(x @ W + b, y) mean, gradient in float64 (the baselines' linear model)."""
-  xf = x.reshape(len(x), -1).astype(np.float64)
-  z = xf @ w['kernel'] + w['bias']
-  p = np.exp(z - z.max(1, keepdims=True))
-  p /= p.sum(1, keepdims=True)
-  p[np.arange(len(y)), y] -= 1.0
-  p /= len(y)
-  return {'kernel': xf.T @ p, 'bias': p.sum(0)}
-
-
 def _release_step(w, batch, g_update, rho, lr, wd, delta=None, lamb=0.0, max_norm=10.0):
   """LESAM.first_step (per-tensor norms summed), backward at w + e, second_step, clip_grad_norm_(10), SGD."""
   keys = ('kernel', 'bias')
   grad_norm = sum(np.linalg.norm(g_update[k]) for k in keys)
   e = {k: -g_update[k] * (rho / (grad_norm + 1e-7)) for k in keys}
-  g = _np_grad({k: w[k] + e[k] for k in keys}, batch['x'], batch['y'])
+  g = np_grad({k: w[k] + e[k] for k in keys}, batch['x'], batch['y'])
   if delta is not None:              # d/dw of lamb * sum(w * delta_list)
     g = {k: g[k] + lamb * delta[k] for k in keys}
   total = np.sqrt(sum(np.sum(g[k] ** 2) for k in keys))

@@ -11,6 +11,7 @@ from fedjax_flat.config.validate import validate_config
 from fedjax_flat.errors import ConfigError
 from tests.fixtures.baselines import (LR, MODEL, PARAMS0, SCHEDULE, WD, add, assert_tree_close, client_batches,
                                       config, grad, mean, run_engine, sam_grad, scale, sgd, sub, zeros)
+from tests.fixtures.release_numpy import np_grad
 
 
 def test_paper_rule():
@@ -56,16 +57,6 @@ def test_paper_variant_refuses_a_sam_client():
     validate_config(c)
 
 
-def _np_grad(w, x, y):
-  xf = x.reshape(len(x), -1).astype(np.float64)
-  z = xf @ w['kernel'] + w['bias']
-  p = np.exp(z - z.max(1, keepdims=True))
-  p /= p.sum(1, keepdims=True)
-  p[np.arange(len(y)), y] -= 1.0
-  p /= len(y)
-  return {'kernel': xf.T @ p, 'bias': p.sum(0)}
-
-
 def test_release_step_matches_numpy():
   """update_NSAM: load w + gamma m, then per batch sam.SAM.first_step / backward / clip_grad_norm_(10) /
   second_step (SGD, weight decay), in float64 from reading the code; inputs x 30 so that the clip acts."""
@@ -85,9 +76,9 @@ def test_release_step_matches_numpy():
   keys = ('kernel', 'bias')
   w = {k: np.asarray(PARAMS0['Dense_0'][k], np.float64) + gamma * mvec[k] for k in keys}
   for b in batches:
-    g = _np_grad(w, b['x'], b['y'])
+    g = np_grad(w, b['x'], b['y'])
     n = np.sqrt(sum(np.sum(g[k] ** 2) for k in keys))
-    g2 = _np_grad({k: w[k] + rho * g[k] / (n + 1e-12) for k in keys}, b['x'], b['y'])
+    g2 = np_grad({k: w[k] + rho * g[k] / (n + 1e-12) for k in keys}, b['x'], b['y'])
     total = np.sqrt(sum(np.sum(g2[k] ** 2) for k in keys))
     coef = min(1.0, 10.0 / (total + 1e-6))
     w = {k: w[k] - LR * (coef * g2[k] + WD * w[k]) for k in keys}

@@ -11,6 +11,7 @@ from fedjax_flat.algorithms import registry
 from fedjax_flat.config.validate import validate_config
 from tests.fixtures.baselines import (LR, MODEL, PARAMS0, SCHEDULE, SIZES, WD, add, assert_tree_close,
                                       client_batches, config, grad, mean, run_engine, scale, sub, zeros)
+from tests.fixtures.release_numpy import np_grad
 
 K, RATIO = 4, 0.1
 
@@ -73,16 +74,6 @@ def test_cycle_length_defaults():
   assert cycle_length(c, {**hp, 'cycle_steps': 3}) == 3
 
 
-def _np_grad(w, x, y):
-  xf = x.reshape(len(x), -1).astype(np.float64)
-  z = xf @ w['kernel'] + w['bias']
-  p = np.exp(z - z.max(1, keepdims=True))
-  p /= p.sum(1, keepdims=True)
-  p[np.arange(len(y)), y] -= 1.0
-  p /= len(y)
-  return {'kernel': xf.T @ p, 'bias': p.sum(0)}
-
-
 @pytest.mark.parametrize('name', ['fedswa', 'fedmoswa'])
 def test_release_steps_match_numpy(name):
   """update_FedSWA: SGD(lr * 2) rebuilt each step, clip_grad_norm_(10), weight decay, lr = (1 - i/S) lr1 +
@@ -111,7 +102,7 @@ def test_release_steps_match_numpy(name):
   w = {k: np.asarray(PARAMS0['Dense_0'][k], np.float64) for k in keys}
   lr = args_lr
   for i, b in enumerate(batches, start=1):
-    g = _np_grad(w, b['x'], b['y'])
+    g = np_grad(w, b['x'], b['y'])
     if name == 'fedswa':
       total = np.sqrt(sum(np.sum(g[k] ** 2) for k in keys))
       coef = min(1.0, 10.0 / (total + 1e-6))
