@@ -115,3 +115,19 @@ def test_release_steps_match_numpy(name):
   err = max(float(np.max(np.abs(np.asarray(got[k], np.float64) - w[k]) / np.abs(w[k]))) for k in keys)
   print(f'{name}: max relative error vs the release rule {err:.2e}')
   assert err < 1e-5
+
+
+def test_epochs_mode_warns_when_the_run_takes_other_than_k_steps(monkeypatch):
+  from absl import logging
+  from fedjax_flat.algorithms import fedswa as fedswa_lib
+  from tests.fixtures.baselines import DATA
+  said = []
+  monkeypatch.setattr(logging, 'warning', lambda msg, *a: said.append(msg % a))
+  c = config('fedswa')
+  spec = registry.spec('fedswa')
+  spec.validate_data(c, DATA)                     # largest client: 3 batches x 2 epochs = 6 steps, K = 50
+  assert len(said) == 1 and 'cycle_steps=6' in said[0]
+  said.clear()
+  c.algo.cycle_steps = 6
+  fedswa_lib.check_data(c, spec.hp(c), DATA)
+  assert not said
