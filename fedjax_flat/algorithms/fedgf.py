@@ -86,7 +86,10 @@ def fedgf(ctx) -> FederatedAlgorithm:
     c = jnp.where(bcast['has_prev'], bcast['c'], 0.0)
     point = tmap(lambda wt, wh: (c * wt + (1.0 - c) * wh).astype(wh.dtype), bcast['w_tilde'], w_hat)
     g2 = grad(point)[1]
-    return apply_gradient(local, g2, tx, bcast['hparams'], None, aux[0], aux[1])
+    new, m = apply_gradient(local, g2, tx, bcast['hparams'], None, aux[0], aux[1])
+    if len(aux) > 2:   # BatchNorm: the running statistics of the unperturbed forward pass (as local_step)
+      new = new._replace(params={**new.params, 'batch_stats': aux[2]})
+    return new, m
 
   def client_final(bcast, local, cs):
     delta = tmap(lambda a, b: a - b, local.init_params, local.params)

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.common import server_step_to, tmap
+from fedjax_flat.algorithms.fedlesam import weights_only
 from fedjax_flat.algorithms.hparams import Choice, Number
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm
@@ -75,7 +76,8 @@ def fednsam(ctx) -> FederatedAlgorithm:
     if release:   # the lookahead is where the clients start
       return {'params': tmap(lambda w, m: w + gamma * m, state['params'], state['m']),
               'hparams': hparams_fn(round_idx)}
-    return {'params': state['params'], 'shift': tmap(lambda m: gamma * m, state['m']),
+    # BatchNorm running statistics are not shifted (they would be carried into the statistics the step writes).
+    return {'params': state['params'], 'shift': weights_only(tmap(lambda m: gamma * m, state['m'])),
             'hparams': hparams_fn(round_idx)}
 
   def client_init(bcast, cs, rng):

@@ -86,3 +86,12 @@ def test_release_step_matches_numpy():
   err = max(float(np.max(np.abs(np.asarray(got[k], np.float64) - w[k]) / np.abs(w[k]))) for k in keys)
   print(f'fednsam (release): max relative error vs the release rule {err:.2e}')
   assert err < 1e-5
+
+
+def test_batch_stats_are_not_shifted():
+  alg = registry.build_algorithm(config('fednsam'), MODEL)
+  m = {'params': {'w': jnp.ones(2)}, 'batch_stats': {'mean': jnp.ones(1)}}
+  state = {'params': m, 'm': m}
+  shift = alg.broadcast(state, 0)['shift']
+  np.testing.assert_allclose(shift['params']['w'], [0.85, 0.85], rtol=1e-6)
+  assert float(shift['batch_stats']['mean'][0]) == 0.0
