@@ -353,3 +353,30 @@ def store_for(algorithm, params, population: int, kind: str = 'auto', device_max
   initial = algorithm.initial_client_states(params) if algorithm.initial_client_states is not None else None
   return make_client_state_store(algorithm.client_state_init(params), population, kind, device_max_bytes,
                                  initial=initial, host_max_bytes=host_max_bytes, directory=directory)
+
+
+class ClientStates:
+  """A run's client-state part: where a stateful algorithm's per-client states live (`kind`: 'device' | 'host' |
+  'disk' | None when stateless, decided from shapes before anything is allocated) and its empty store (`new`), from
+  config.client_state_store and its budgets; `workdir`: a disk store's files go to workdir/client_states (one
+  directory per process when several hosts share the workdir)."""
+
+  def __init__(self, config, algorithm, population: int, workdir: Optional[str] = None):
+    self.algorithm, self.population, self.workdir = algorithm, int(population), workdir
+    self.choice = config.get('client_state_store', 'auto')
+    self.device_max_bytes = config.get('client_state_device_max_mb', 256) * 2**20
+    self.host_max_bytes = config.get('client_state_host_max_mb', HOST_MAX_MB) * 2**20
+
+  def kind(self, param_shapes) -> Optional[str]:
+    return store_kind(self.algorithm, param_shapes, self.population, self.choice, self.device_max_bytes,
+                      self.host_max_bytes)
+
+  def directory(self) -> Optional[str]:
+    if not self.workdir:
+      return None
+    d = os.path.join(self.workdir, 'client_states')
+    return os.path.join(d, f'process_{jax.process_index()}') if jax.process_count() > 1 else d
+
+  def new(self, params):
+    return store_for(self.algorithm, params, self.population, self.choice, self.device_max_bytes,
+                     self.host_max_bytes, directory=self.directory())

@@ -209,3 +209,32 @@ def sample_clients_stratified(groups, per_group: int, *, seed, round_idx: int) -
   ids = _stratified_jit(seed_key(seed), jnp.asarray(round_idx, jnp.int32), jnp.asarray(groups, jnp.int32),
                         int(per_group), total)
   return np.asarray(ids).astype(np.int64)
+
+
+class RoundSampler:
+  """A run's client sampling (the run plan's sampling part): round r's client ids on the host (`ids`) and their
+  traceable twin for a compiled block of rounds (`device_fn`): uniform by config.sampler, or stratified by the
+  clients' groups (need 'client_groups': H-FL) with `per_group` clients of every group."""
+
+  def __init__(self, config, num_clients: int, client_groups=None):
+    self.seed, self.num_clients = config.seed, int(num_clients)
+    self.clients_per_round, self.sampler = int(config.clients_per_round), config.get('sampler', 'sort')
+    self.groups = None if client_groups is None else client_groups['labels']
+    self.per_group = int(client_groups['per_group']) if client_groups is not None else 0
+
+  def ids(self, r: int) -> np.ndarray:
+    if self.groups is not None:
+      return sample_clients_stratified(self.groups, self.per_group, seed=self.seed, round_idx=r)
+    return sample_clients(self.num_clients, self.clients_per_round, seed=self.seed, round_idx=r,
+                          sampler=self.sampler)
+
+  def device_fn(self):
+    """fn(key, r) -> ids for the compiled multi-round block (None: the engine's default uniform 'sort' draw)."""
+    if self.groups is None:
+      if self.sampler == 'sort':
+        return None
+      k, c, name = self.num_clients, self.clients_per_round, self.sampler
+      return lambda key, r: draw_ids(name, key, r, k, c)
+    groups = jnp.asarray(self.groups, jnp.int32)
+    per, total = self.per_group, self.clients_per_round
+    return lambda key, r: stratified_ids(key, r, groups, per, total)

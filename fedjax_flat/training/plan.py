@@ -84,10 +84,12 @@ class RunPlan:
     # Need 'client_groups' (H-FL): every client's group from the dataset's metadata, read when the algorithm is
     # built; the rounds then sample a fixed number of clients per group (data/sampling.stratified_ids).
     self.client_groups = self.algorithm.client_groups
-    self.clients_per_group = int(self.client_groups['per_group']) if self.client_groups is not None else 0
     # Need 'style_clusters' (LADD): the clustering it was built with, and the FDA window that routes test images.
     self.style_clusters = self.algorithm.style_clusters
     self.style_fda_b = int(self.algorithm.hparams['fda_b']) if self.style_clusters is not None else 0
+    # The sampling part and the client-state part (where a stateful algorithm's states live).
+    self.sampler = sampling.RoundSampler(config, self.data.num_clients, self.client_groups)
+    self.client_states = client_state.ClientStates(config, self.algorithm, self.data.num_clients, workdir)
     self.train_transform, self.eval_transform = transforms.make_transforms(config, self.data.num_classes,
                                                                            data=self.data)
     self.place_clients(shard_clients)
@@ -245,28 +247,8 @@ class RunPlan:
     return num_params(self.param_shapes)
 
   def store_kind(self) -> Optional[str]:
-    """'device' | 'host' | None (stateless): where this run keeps its client states (core/client_state.py)."""
-    c = self.config
-    return client_state.store_kind(self.algorithm, self.param_shapes, self.data.num_clients,
-                                   c.get('client_state_store', 'auto'),
-                                   c.get('client_state_device_max_mb', 256) * 2**20,
-                                   c.get('client_state_host_max_mb', client_state.HOST_MAX_MB) * 2**20)
-
-  def new_store(self, params):
-    """An empty client-state store (host dict, device [K, ...] arrays or memmaps in workdir/client_states), None
-    when the algorithm is stateless."""
-    c = self.config
-    return client_state.store_for(self.algorithm, params, self.data.num_clients, c.get('client_state_store', 'auto'),
-                                  c.get('client_state_device_max_mb', 256) * 2**20,
-                                  c.get('client_state_host_max_mb', client_state.HOST_MAX_MB) * 2**20,
-                                  directory=self._client_states_dir())
-
-  def _client_states_dir(self) -> Optional[str]:
-    # One directory per process: on several hosts sharing the workdir, each keeps its own store's files.
-    if not self.workdir:
-      return None
-    d = os.path.join(self.workdir, 'client_states')
-    return os.path.join(d, f'process_{jax.process_index()}') if jax.process_count() > 1 else d
+    """'device' | 'host' | 'disk' | None (stateless): where this run keeps its client states."""
+    return self.client_states.kind(self.param_shapes)
 
   def initial_state(self, params=None):
     """(server state, client-state store) of round 0 from `params` (default: the fresh init); the server's key
@@ -275,28 +257,16 @@ class RunPlan:
     state = self.algorithm.server_init(params, jax.random.fold_in(self.key, 1))
     if self.placement is not None:
       state = self.placement.replicate(state)
-    return state, self.new_store(params)
+    return state, self.client_states.new(params)
 
   # Pure functions of the round.
   def sample_round(self, r: int) -> np.ndarray:
-    """The client ids of round r: uniform (data/sampling.sample_clients) or stratified by client group."""
-    c = self.config
-    if self.client_groups is not None:
-      return sampling.sample_clients_stratified(self.client_groups['labels'], self.clients_per_group, seed=c.seed,
-                                                round_idx=r)
-    return sampling.sample_clients(self.data.num_clients, c.clients_per_round, seed=c.seed, round_idx=r,
-                                   sampler=c.get('sampler', 'sort'))
+    """The client ids of round r (the sampling part, data/sampling.RoundSampler)."""
+    return self.sampler.ids(r)
 
   def device_sampler(self):
     """The traceable twin of `sample_round` for the compiled multi-round block (None: uniform, 'sort')."""
-    if self.client_groups is None:
-      if self.config.get('sampler', 'sort') == 'sort':
-        return None
-      k, c, name = self.data.num_clients, self.config.clients_per_round, self.config.sampler
-      return lambda key, r: sampling.draw_ids(name, key, r, k, c)
-    groups = jnp.asarray(self.client_groups['labels'], jnp.int32)
-    per, total = self.clients_per_group, self.config.clients_per_round
-    return lambda key, r: sampling.stratified_ids(key, r, groups, per, total)
+    return self.sampler.device_fn()
 
   def round_batches(self, r: int, ids, pad_to: int):
     """Round r's batches of the real client ids `ids`, padded with empty clients to `pad_to` rows (plus
