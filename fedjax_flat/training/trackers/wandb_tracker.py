@@ -7,6 +7,7 @@ of the workdir); `wandb sync WORKDIR/wandb/offline-run-*` uploads them later, th
 from __future__ import annotations
 
 import os
+import shutil
 import urllib.error
 import urllib.request
 from typing import Dict, List, Optional
@@ -52,8 +53,12 @@ class Run:
     self.run.summary.update({**numbers, **texts})
 
   def log_artifacts(self, paths: List[str]) -> None:
+    # Copied into the run's files/ (what `wandb sync` uploads): a copy is the file as it was at the end of this
+    # process, where W&B's own symlink would follow a later rewrite.
     for p in paths:
-      self.run.save(p, base_path=self.workdir, policy='now')
+      dst = os.path.join(self.run.dir, os.path.basename(p))
+      shutil.copyfile(p, dst)
+      self.run.save(dst, base_path=self.run.dir, policy='now')
 
   def set_tags(self, tags: Dict[str, str]) -> None:
     self.run.summary.update(tags)
@@ -65,7 +70,7 @@ class Run:
 def open_run(spec, workdir: str, *, run_id: Optional[str], params: Dict[str, object]) -> Run:
   """A new run (the flattened config as its config) or `run_id` continued (`resume='allow'`)."""
   run = wandb.init(project=spec.project, dir=os.environ.get('WANDB_DIR') or workdir, mode=spec.wandb_mode,
-                   id=run_id or wandb.util.generate_id(), resume='allow', group=spec.group, name=spec.name,
+                   id=run_id, resume='allow', group=spec.group, name=spec.name,
                    config=None if run_id else params, reinit='create_new', save_code=False,
                    # console='off': the run's terminal output stays the run's; W&B does not capture it.
                    settings=wandb.Settings(silent=True, console='off'))
