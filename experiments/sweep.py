@@ -139,8 +139,8 @@ def main(argv):
   name = spec.get('name') or os.path.basename(os.path.abspath(_DIR.value))
   configs = grid_lib.run_configs(runs)      # every run's config, before anything launches (SweepError: exit 2)
   staged = any(r.stage for r in runs)
-  tracking_spec = tracking.from_flags(_TRACKER.value, _TRACKING_URI.value, _TRACKING_PROJECT.value, name,
-                                      wandb_mode=_WANDB_MODE.value)
+  tracking_spec = tracking.from_flags(_TRACKER.value, _TRACKING_URI.value, _TRACKING_PROJECT.value,
+                                      name if _TRACKER.value else None, wandb_mode=_WANDB_MODE.value)
   if tracking_spec is not None and not _DRY.value:
     tracking_spec = tracking.open_group(tracking_spec, _DIR.value)   # unreachable: one line, exit 2, nothing run
   runs = [dataclasses.replace(r, tracking=tracking_spec) for r in runs]
