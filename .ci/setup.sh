@@ -15,9 +15,10 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.fedjax_flat-installed
-# docs: the suite builds the documentation site (tests/test_docs.py). The extras are part of the stamp, so a venv
+# docs: the suite builds the documentation site (tests/test_docs.py); tracking: the suite tracks runs to a real
+# MLflow server and to W&B offline (tests/training/test_tracking.py). The extras are part of the stamp, so a venv
 # installed before an extra was added installs again.
-extras=test,docs
+extras=test,docs,tracking
 want="$( (cat setup.cfg pyproject.toml; echo "extras=$extras") | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "[setup] installing fedjax_flat and its dependencies into .venv (about a minute)" >&2

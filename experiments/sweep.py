@@ -40,6 +40,7 @@ finished, 1 some run failed or was interrupted, or sweep.json cannot be written 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -58,6 +59,7 @@ from fedjax_flat.sweeps import sweep as sweep_lib  # noqa: E402
 from fedjax_flat.training import packing  # noqa: E402
 from fedjax_flat.training import cli  # noqa: E402
 from fedjax_flat.training import run as run_lib  # noqa: E402
+from fedjax_flat.training import tracking  # noqa: E402
 
 _SWEEP = flags.DEFINE_string('sweep', None, 'Sweep file path[:arg] with get_sweep() (configs/sweeps/*.py).')
 _CONFIG = flags.DEFINE_string('config', None, 'Base config path[:arg] (passed to train.py unchanged); '
@@ -83,6 +85,12 @@ _BATCH = flags.DEFINE_string('batch_runs', '0', 'Runs per batched program in thi
 _AHEAD = flags.DEFINE_bool('compile_ahead', True, 'With --batch_runs: open the next program\'s runs and compile it '
                            'on a thread while the current one trains (no effect on any number).')
 _PYTHON = flags.DEFINE_string('python', sys.executable, 'Python interpreter for the runs.')
+# Experiment tracking (training/tracking.py, docs/tracking.md): one tracked run per cell, grouped by the sweep.
+_TRACKER = flags.DEFINE_enum('tracker', None, ['mlflow', 'wandb'], 'Track every train.py run to MLflow (under a '
+                             'parent run named after the sweep) or W&B (group= the sweep).')
+_TRACKING_URI = flags.DEFINE_string('tracking_uri', None, 'MLflow tracking URI (default: MLFLOW_TRACKING_URI).')
+_TRACKING_PROJECT = flags.DEFINE_string('tracking_project', 'fedjax_flat', 'MLflow experiment / W&B project.')
+_WANDB_MODE = flags.DEFINE_enum('wandb_mode', 'offline', ['offline', 'online'], 'W&B mode of the runs.')
 flags.mark_flag_as_required('sweep_dir')
 
 
@@ -131,6 +139,11 @@ def main(argv):
   name = spec.get('name') or os.path.basename(os.path.abspath(_DIR.value))
   configs = grid_lib.run_configs(runs)      # every run's config, before anything launches (SweepError: exit 2)
   staged = any(r.stage for r in runs)
+  tracking_spec = tracking.from_flags(_TRACKER.value, _TRACKING_URI.value, _TRACKING_PROJECT.value,
+                                      name if _TRACKER.value else None, wandb_mode=_WANDB_MODE.value)
+  if tracking_spec is not None and not _DRY.value:
+    tracking_spec = tracking.open_group(tracking_spec, _DIR.value)   # unreachable: one line, exit 2, nothing run
+  runs = [dataclasses.replace(r, tracking=tracking_spec) for r in runs]
   if _DRY.value:
     for stage, idx in sweep_lib.stages_of(runs):
       if staged:
@@ -182,6 +195,7 @@ def main(argv):
                                  fresh=_FRESH.value, python=_PYTHON.value)
   failed = [(k, s) for k, s in states.items() if s['status'] == 'failed']
   unfinished = [k for k, s in states.items() if s['status'] in ('stopped', 'not started', 'running')]
+  tracking.close_group(tracking_spec, 'FAILED' if failed else 'KILLED' if unfinished else 'FINISHED')
   n_done = sum(s['status'] == 'done' for s in states.values())
   n_skip = sum(s['status'].startswith('skipped') for s in states.values())
   print(f'{n_done} runs done, {n_skip} skipped (finished earlier), {len(failed)} failed, '

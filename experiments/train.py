@@ -56,7 +56,25 @@ _PROC_ID = flags.DEFINE_integer('process_id', None, 'This process\'s index in [0
 _DISTRIBUTED = flags.DEFINE_bool('distributed', False,
                                  'Call jax.distributed.initialize() with cluster auto-detection (TPU pods, '
                                  'SLURM, ...), when the explicit flags are not given.')
+# Experiment tracking (training/tracking.py, docs/tracking.md): off unless --tracker is given.
+_TRACKER = flags.DEFINE_enum('tracker', None, ['mlflow', 'wandb'], 'Also track the run to MLflow or Weights & '
+                             'Biases (pip install \'fedjax_flat[tracking]\'); a resume continues the same tracked run.')
+_TRACKING_URI = flags.DEFINE_string('tracking_uri', None, 'MLflow tracking URI: a directory, sqlite:///path.db or '
+                                    'http(s)://host:port (default: MLFLOW_TRACKING_URI, else MLflow\'s default).')
+_TRACKING_PROJECT = flags.DEFINE_string('tracking_project', 'fedjax_flat', 'MLflow experiment / W&B project.')
+_TRACKING_GROUP = flags.DEFINE_string('tracking_group', None, 'The sweep this run belongs to (set by '
+                                      'experiments/sweep.py: MLflow parent run, W&B group).')
+_TRACKING_NAME = flags.DEFINE_string('tracking_name', None, 'The tracked run\'s name (default: the workdir\'s name).')
+_WANDB_MODE = flags.DEFINE_enum('wandb_mode', 'offline', ['offline', 'online'], 'W&B: offline writes '
+                                'WORKDIR/wandb (upload later with `wandb sync`), online sends as it runs.')
 flags.mark_flags_as_required(['config', 'workdir'])
+
+
+def tracking_spec():
+  """The --tracker flags as a training/tracking.Spec (None without --tracker); bad combinations exit 2."""
+  from fedjax_flat.training import tracking
+  return tracking.from_flags(_TRACKER.value, _TRACKING_URI.value, _TRACKING_PROJECT.value, _TRACKING_GROUP.value,
+                             _TRACKING_NAME.value, _WANDB_MODE.value)
 
 
 def init_distributed() -> None:
@@ -79,6 +97,7 @@ def main(argv):
   from fedjax_flat.errors import BadInputError
   if len(argv) > 1:
     raise BadInputError(f'unexpected arguments {argv[1:]}; config overrides are --config.<field>=<value>')
+  tracking = tracking_spec()                        # flag errors before jax starts
   init_distributed()
   import jax
   if HOST_DEVICES is not None and jax.process_index() == 0:   # the run's header: how many devices and why
@@ -94,7 +113,8 @@ def main(argv):
                       'experiments/pretrain_source.py (train.py takes its source_model.npz as config.init.pretrained)')
   # The library's entry (fedjax_flat.train): the algorithm named by the config (registered by its module, or by
   # the config file itself: docs/tutorial_custom_algorithm.py).
-  summary = api.train(config.algorithm, config, _WORKDIR.value, fresh=_FRESH.value, handle_signals=True).summary
+  summary = api.train(config.algorithm, config, _WORKDIR.value, fresh=_FRESH.value, handle_signals=True,
+                      tracking=tracking).summary
   signal.signal(signal.SIGTERM, signal.SIG_IGN)   # done: a late SIGTERM (e.g. a job ending) is not a failure
   if jax.process_index() != 0:
     return

@@ -41,6 +41,7 @@ from fedjax_flat import errors
 from fedjax_flat.config import algo_flags
 from fedjax_flat.config import validate
 from fedjax_flat.training import cli
+from fedjax_flat.training import tracking as tracking_lib
 
 RESERVED = ('config', 'name', 'reference')
 TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -63,6 +64,7 @@ class Run:
   binary: str = TRAIN       # the entry point (a stage's: experiments/pretrain_source.py)
   stage: str = ''           # the pipeline stage ('' for a sweep without stages)
   inputs: Dict[str, str] = dataclasses.field(default_factory=dict)   # file an earlier stage writes -> its run key
+  tracking: Optional[tracking_lib.Spec] = None   # --tracker of the sweep: train.py runs tracked, named by their key
 
   @property
   def key(self) -> str:
@@ -72,6 +74,8 @@ class Run:
     args = [python, self.binary, f'--config={self.config}']
     args += [f'--config.{k}={format_value(v)}' for k, v in self.overrides.items()]
     args += [f'--config.seed={self.seed}', f'--workdir={self.workdir}']
+    if self.tracking is not None and self.binary == TRAIN:   # pretrain_source.py runs are not tracked
+      args += self.tracking.argv() + [f'--tracking_name={self.key}']
     return args + (['--fresh'] if fresh else [])
 
 # --------------------------------------------------------------------------------------------- values

@@ -72,7 +72,7 @@ def run_batched(runs: List[Run], configs: List[Any], sweep_dir: str, info: Dict[
       return
     todo_q = [i for i in packs[q] if runs[i].key not in states and status_lib.workdir_holder(runs[i].workdir) is None]
     if todo_q:
-      specs = [batched.RunSpec(runs[i].key, configs[i], runs[i].workdir) for i in todo_q]
+      specs = [batched.RunSpec(runs[i].key, configs[i], runs[i].workdir, runs[i].tracking) for i in todo_q]
       try:
         ob = batched.open_batch(specs, fresh=fresh, lanes=runs_lib.lanes_for(len(packs[q]), n_dev),
                                 data_cache=data_cache, alone=packing.single_run_pack_alone(len(packs[q]), n_dev))
@@ -163,7 +163,7 @@ def _run_pack(p, n_packs, pack, todo, lanes, runs, configs, sweep_dir, info, sta
                f'elapsed {local.fmt_s(time.time() - t0)}' + (', compiled ahead' if prepared is not None else '') + '\n')
   stream.flush()
   if prepared is None:
-    specs = [batched.RunSpec(runs[i].key, configs[i], runs[i].workdir) for i in todo]
+    specs = [batched.RunSpec(runs[i].key, configs[i], runs[i].workdir, runs[i].tracking) for i in todo]
     res = batched.run_batch(specs, fresh=fresh, stop_requested=stop_requested, signal_name=signal_name,
                             lanes=lanes, before_training=before_training, data_cache=data_cache,
                             alone=alone)

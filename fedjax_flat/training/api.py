@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator, List, Optional, Union
 from fedjax_flat import registry as registry_lib
 from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.training import run as run_lib
+from fedjax_flat.training import tracking as tracking_lib
 from fedjax_flat.training import trainers
 
 
@@ -64,22 +65,27 @@ def running(algorithm: Union[str, Callable]) -> Iterator[str]:
 
 
 def train(algorithm: Union[str, Callable], config, workdir: Optional[str] = None, *, fresh: bool = False,
-          data=None, handle_signals: bool = False) -> TrainResult:
+          data=None, handle_signals: bool = False, tracking=None) -> TrainResult:
   """Trains `algorithm` (a registered name or a builder function) with `config` (config.algorithm is set to its
   name; config.algo holds its hyperparameters over the declared defaults). The config is validated before any
   data are loaded; errors are the binaries' (errors.ConfigError: one line naming the field). `workdir`: write
   and resume as experiments/train.py does (`fresh=True` starts over); None: in memory, no files. `data`: a
   FederatedDataset to use instead of config.dataset's. `handle_signals` (with a workdir; experiments/train.py):
-  SIGTERM / SIGINT finish the round, checkpoint and return (training/run.py)."""
+  SIGTERM / SIGINT finish the round, checkpoint and return (training/run.py). `tracking` (with a workdir): a
+  training/tracking.Spec, the run tracked to MLflow or W&B (docs/tracking.md)."""
   config = config.copy_and_resolve_references()
   with running(algorithm) as name:
     with config.unlocked():
       config.algorithm = name
     if workdir is None:
+      if tracking is not None:
+        raise tracking_lib.TrackingError('tracking a run needs its workdir (tracker.json keeps the tracked run '
+                                         'id for a resume): give workdir=')
       trainer = trainers.make_trainer(config, None, data=data)
       summary = trainer.train()
     else:
-      summary, trainer = run_lib.execute(config, workdir, fresh=fresh, data=data, handle_signals=handle_signals)
+      summary, trainer = run_lib.execute(config, workdir, fresh=fresh, data=data, handle_signals=handle_signals,
+                                         tracking=tracking)
   models = trainer.algorithm.eval_models(trainer.server_state)
   reported = summary.get('reported_model', 'global')
   params = models.get(reported, models['global'])[0]

@@ -23,6 +23,7 @@ from fedjax_flat.config import validate
 from fedjax_flat.training import batched_trainer
 from fedjax_flat.training import packing
 from fedjax_flat.training import run as run_lib
+from fedjax_flat.training import tracking as tracking_lib
 from fedjax_flat.training import workdir as workdir_lib
 
 
@@ -31,6 +32,7 @@ class RunSpec:
   name: str                 # how messages name the run (the sweep's cell/seed)
   config: object            # the run's ConfigDict, as train.py builds it
   workdir: str
+  tracking: Optional[tracking_lib.Spec] = None   # --tracker: its tracked run (named `name`)
 
 
 
@@ -91,7 +93,9 @@ def open_batch(specs: Sequence[RunSpec], *, fresh: bool = False, lanes: Optional
       trainer, ckpt, step = run_lib.open_run(spec.config, spec.workdir, fresh=fresh, data=data_cache[data_key],
                                              trainer_kwargs=({'shard_clients': False}
                                                              if packing.batch_blocker(spec.config) is None and not alone
-                                                             else None))
+                                                             else None),
+                                             tracking=(dataclasses.replace(spec.tracking, name=spec.name)
+                                                       if spec.tracking is not None else None))
       opened.append((i, trainer, ckpt, step, lock))
     except workdir_lib.WorkdirBusyError as e:      # not a failure: the caller waits for it and retries
       results[i] = RunResult('busy', error=str(e))
@@ -228,8 +232,10 @@ class OpenedBatch:
     self._closed = True
     if self._thread is not None:
       self._thread.join()
-    for _, _, ckpt, _, lock in self.opened:
+    for _, trainer, ckpt, _, lock in self.opened:
       ckpt.close()
+      if trainer.recorder.tracker is not None:
+        trainer.recorder.tracker.close('FAILED')   # no-op for a run that finished (its tracked run ended then)
       lock.release()
 
 

@@ -59,6 +59,7 @@ class Recorder:
     self.elapsed_offset = 0.0            # wall time of the run before this process (resume)
     self.checkpointer = None             # a checkpoint.Checkpointer saves every checkpoint_every rounds
     self.stopped_early = False
+    self.tracker = None                  # training/tracking.Tracker with --tracker (MLflow / W&B), else None
     self.plugin_state = {}               # what evaluation plug-ins build once (their evaluators), by plug-in
     self._evaluations = None
     self._t0 = self._last_progress = time.time()
@@ -154,6 +155,8 @@ class Recorder:
       self.records.append(rec)
       if self.writer:
         self.writer.write(rec)
+      if self.tracker is not None:
+        self.tracker.log_record(rec)
     if time.time() - self._last_progress >= c.progress_every_s or block_end == end:
       self._last_progress = time.time()
       eta = (end - block_end) / max(rps, 1e-9)

@@ -23,6 +23,7 @@ import jax
 from fedjax_flat.training import checkpoint as ckpt_lib
 from fedjax_flat.training import init as init_lib
 from fedjax_flat.training import loop, trainers
+from fedjax_flat.training import tracking as tracking_lib
 from fedjax_flat.training import plan as plan_lib
 from fedjax_flat.config import validate
 from fedjax_flat.training import workdir as workdir_lib
@@ -70,18 +71,21 @@ def check_workdir(workdir: str) -> None:
 
 
 def run(config, workdir: str, *, fresh: bool = False, handle_signals: bool = False, data=None,
-        stop_requested=None) -> dict:
+        stop_requested=None, tracking=None) -> dict:
   """summary.json's dict of the run (see `execute`)."""
   return execute(config, workdir, fresh=fresh, handle_signals=handle_signals, data=data,
-                 stop_requested=stop_requested)[0]
+                 stop_requested=stop_requested, tracking=tracking)[0]
 
 
 def execute(config, workdir: str, *, fresh: bool = False, handle_signals: bool = False, data=None,
-            stop_requested=None):
+            stop_requested=None, tracking=None):
   """(summary, trainer) of the run in `workdir`: the trainer holds the final server state. A run that fails
   before it trains (a refusal against the data, an unreadable checkpoint, ...) leaves the workdir as it was
-  (workdir.Snapshot: what it created is removed, nothing that was there before)."""
+  (workdir.Snapshot: what it created is removed, nothing that was there before). `tracking`: a
+  training/tracking.Spec (--tracker), checked here before anything is built."""
   validate.validate_config(config)          # before any data loading or compilation
+  if jax.process_index() == 0:
+    tracking_lib.check(tracking)            # a missing package or an unreachable tracking URI: exit 2 now
   lock = workdir_lib.WorkdirLock(workdir) if jax.process_index() == 0 else None
   before = workdir_lib.Snapshot(workdir) if lock is not None else None
   held = opened = False
@@ -90,7 +94,7 @@ def execute(config, workdir: str, *, fresh: bool = False, handle_signals: bool =
       lock.acquire()
       held = True
       workdir_lib.prepare(workdir)          # the run's own interrupted writes go first: they may fill the disk
-    trainer, checkpointer, step = open_run(config, workdir, fresh=fresh, data=data)
+    trainer, checkpointer, step = open_run(config, workdir, fresh=fresh, data=data, tracking=tracking)
     opened = True
     return _run_opened(trainer, checkpointer, step, handle_signals=handle_signals, stop_requested=stop_requested)
   finally:
@@ -100,8 +104,9 @@ def execute(config, workdir: str, *, fresh: bool = False, handle_signals: bool =
       lock.release()
 
 
-def open_run(config, workdir, *, fresh: bool = False, data=None, trainer_kwargs=None):
-  """The trainer of a locked workdir, resumed from its newest checkpoint (or fresh), config.json written.
+def open_run(config, workdir, *, fresh: bool = False, data=None, trainer_kwargs=None, tracking=None):
+  """The trainer of a locked workdir, resumed from its newest checkpoint (or fresh), config.json written, its
+  tracked run (`tracking`: a tracking.Spec) started or continued and caught up with the restored records.
 
   Returns (trainer, checkpointer, resumed round or None); the caller closes the checkpointer. Also used by
   training/batched.py, which opens every run of a batched program this way.
@@ -128,6 +133,8 @@ def open_run(config, workdir, *, fresh: bool = False, data=None, trainer_kwargs=
       logging.info('resumed from %s/%d (round %d of %d)', checkpointer.directory, step, step, config.rounds)
     if jax.process_index() == 0:
       loop.write_config(config, workdir)
+      trainer.recorder.tracker = tracking_lib.open_run(tracking, workdir, config, trainer.recorder.records,
+                                                       fresh=fresh)
   except BaseException:
     checkpointer.close()
     raise
@@ -141,6 +148,9 @@ def close_summary(summary: dict, trainer, checkpointer, step, signal_name: Optio
   summary['checkpoint'] = (os.path.join(checkpointer.directory, str(checkpointer.last_saved))
                            if checkpointer.last_saved is not None else None)
   summary['checkpoint_save_s'] = list(checkpointer.save_times)
+  tracker = getattr(trainer.recorder, 'tracker', None)
+  if tracker is not None:   # the tracked run ends with the summary and files; a stopped one is continued on resume
+    tracker.finish(summary, summary['checkpoint'], 'KILLED' if trainer.stopped_early else 'FINISHED')
   return summary
 
 
@@ -155,5 +165,7 @@ def _run_opened(trainer, checkpointer, step, *, handle_signals, stop_requested):
                          stopper.signal_name if (stopper and stopper()) else None), trainer
   finally:
     checkpointer.close()
+    if getattr(trainer.recorder, 'tracker', None) is not None:
+      trainer.recorder.tracker.close('FAILED')     # no-op after finish: the run raised before its summary
     if stopper is not None:
       stopper.uninstall()

@@ -647,3 +647,39 @@ def test_published_fields_cover_what_the_report_compares():
   compared = ({f for f, _, _ in report_lib.METRICS} | {f for f, _, _ in report_lib.HESSIAN}
               | {'source', 'accuracy', 'model', 'target_accuracy', 'rounds_to_target', 'bits_to_target_B'})
   assert compared <= set(config_schema.PUBLISHED_FIELDS), compared - set(config_schema.PUBLISHED_FIELDS)
+
+
+def _tracked_sweep_args(tmp_path):
+  d, uri = tmp_path / 'sw', f'sqlite:///{tmp_path}/mlflow.db'
+  return uri, [f'--config={QS}', '--grid=client.lr=0.05,0.1', '--seeds=0', f'--sweep_dir={d}', '--batch_runs=2',
+               '--tracker=mlflow', f'--tracking_uri={uri}', '--set=model=mlp'] + TINY
+
+
+def test_tracked_sweep_commands_carry_the_tracking_flags(tmp_path):
+  """--dry_run: each train.py command gets the sweep's tracking flags, grouped by the sweep, named by its key; the
+  store is not touched."""
+  uri, args = _tracked_sweep_args(tmp_path)
+  p = _sweep(args + ['--dry_run'])
+  assert p.returncode == 0 and f'--tracking_uri={uri} --tracking_group=sw --tracking_name=client.lr=0.05/seed=0' \
+      in p.stdout, p.stdout + p.stderr
+  assert not (tmp_path / 'mlflow.db').exists()
+
+
+@pytest.mark.slow   # about 40 s on 2 cores: two batched runs and the MLflow store
+def test_tracked_sweep_one_mlflow_run_per_cell_under_the_sweeps_parent(tmp_path):
+  """--tracker=mlflow: the sweep is a parent run (named after the sweep) and each cell's run nests under it."""
+  from mlflow.tracking import MlflowClient
+  uri, args = _tracked_sweep_args(tmp_path)
+  p = _sweep(args)
+  assert p.returncode == 0, p.stdout + p.stderr
+  client = MlflowClient(uri)
+  exp = client.get_experiment_by_name('fedjax_flat')
+  runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
+  assert set(runs) == {'sw', 'client.lr=0.05/seed=0', 'client.lr=0.1/seed=0'}
+  parent = runs['sw']
+  assert parent.info.status == 'FINISHED'
+  for key in ('client.lr=0.05/seed=0', 'client.lr=0.1/seed=0'):
+    r = runs[key]
+    assert r.data.tags['mlflow.parentRunId'] == parent.info.run_id and r.data.tags['fedjax_flat.sweep'] == 'sw'
+    assert r.info.status == 'FINISHED' and r.data.params['client.lr'] == key.split('=')[1].split('/')[0]
+    assert [m.step for m in client.get_metric_history(r.info.run_id, 'test_accuracy')] == [1, 2]
