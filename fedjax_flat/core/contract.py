@@ -158,7 +158,12 @@ class Personalizer:
 
 # The default of the four client / server functions, which an algorithm must give (positionally or by keyword):
 # a default at all only so that server_init and broadcast before them can default to FedAvg's.
-_REQUIRED = object()
+class _Required:
+  def __repr__(self):
+    return '<required>'
+
+
+_REQUIRED = _Required()
 _REQUIRED_FIELDS = ('client_init', 'client_step', 'client_final', 'server_update')
 
 
