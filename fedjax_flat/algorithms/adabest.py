@@ -25,7 +25,7 @@ from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.common import server_step_to, tmap
 from fedjax_flat.algorithms.hparams import Flag, Number
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_server_init
 
 
 @register('adabest', hparams={'mu': Number(0.02, lo=0), 'beta': Number(0.9, lo=0, hi=1),
@@ -43,10 +43,10 @@ def adabest(ctx) -> FederatedAlgorithm:
     # last: 1-based round of the last participation (0 = never, i.e. t'_k = -1); n: dataset size
     return {'h': tmap(jnp.zeros_like, params), 'last': f32(0.0), 'n': f32(0.0)}
 
-  def server_init(params, rng):
-    del rng
-    return {'params': params, 'opt_state': server_tx.init(params), 'avg_prev': tmap(jnp.copy, params),
-            'n_sum': f32(0.0), 'n_cnt': f32(0.0)}
+  # FedAvg's server state, plus the previous average (its own buffer: the state is donated) and the running sum
+  # and count of the clients' dataset sizes
+  server_init = fedavg_server_init(server_tx, lambda p: {'avg_prev': tmap(jnp.copy, p), 'n_sum': f32(0.0),
+                                                          'n_cnt': f32(0.0)})
 
   def broadcast(state, round_idx, phase=0):
     del phase

@@ -18,7 +18,7 @@ from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.common import server_step_to, tmap
 from fedjax_flat.algorithms.hparams import Number
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_server_init
 
 
 @register('fedacg', hparams={'beta': Number(0.01, lo=0),
@@ -29,9 +29,7 @@ def fedacg(ctx) -> FederatedAlgorithm:
   loss_fn, server_tx, tx = ctx.loss_fn, ctx.server_tx, ctx.client_tx
   hparams_fn = ctx.hparams_fn
 
-  def server_init(params, rng):
-    del rng
-    return {'params': params, 'opt_state': server_tx.init(params), 'm': tmap(jnp.zeros_like, params)}
+  server_init = fedavg_server_init(server_tx, lambda p: {'m': tmap(jnp.zeros_like, p)})   # + the momentum m
 
   def broadcast(state, round_idx, phase=0):
     del phase

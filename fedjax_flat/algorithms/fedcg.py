@@ -63,7 +63,7 @@ from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.common import tmap
 from fedjax_flat.algorithms.hparams import Choice, Flag, Integer, Number
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.tasks.base import cross_entropy, get_task
 from fedjax_flat.tasks.domains import purity  # noqa: F401  (domain discovery's score; fedcg.purity for callers)
@@ -141,7 +141,6 @@ def fedcg_algorithm(ctx) -> FederatedAlgorithm:
   d = int(model.num_domains)
   task = get_task(ctx.task)
   tx, server_tx = ctx.client_tx, ctx.server_tx
-  hparams_fn = ctx.hparams_fn
   oracle = hp['domains'] in GIVEN_DOMAINS       # read from the labels' domain column
   beta, period = float(hp['beta']), int(hp['teacher_period'])
   dom_w = float(hp['domain_loss_weight'])
@@ -160,9 +159,7 @@ def fedcg_algorithm(ctx) -> FederatedAlgorithm:
     teacher = model.init(k_teacher, sample_x)['net']['student']   # randomly initialised, independent of phi
     return {'params': params, 'opt_state': server_tx.init(params), 'teacher': teacher}
 
-  def broadcast(state, round_idx, phase=0):
-    del phase
-    return {'params': state['params'], 'teacher': state['teacher'], 'hparams': hparams_fn(round_idx)}
+  broadcast = fedavg_broadcast(ctx.hparams_fn, shared=('teacher',))   # FedAvg's, plus the teacher
 
   def domains_of(bcast, batch):
     if oracle:

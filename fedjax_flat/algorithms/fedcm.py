@@ -21,26 +21,21 @@ from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.common import tmap
 from fedjax_flat.algorithms.hparams import Number
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast, fedavg_server_init
 
 
 @register('fedcm', hparams={'alpha': Number(0.1, lo=0, lo_open=True, hi=1)})
 def fedcm(ctx) -> FederatedAlgorithm:
   alpha = float(ctx.hp['alpha'])
   loss_fn, server_tx, tx = ctx.loss_fn, ctx.server_tx, ctx.client_tx
-  hparams_fn = ctx.hparams_fn
 
   def scaled_loss(p, batch, rng=None):
     loss, aux = loss_fn(p, batch, rng)
     return alpha * loss, aux
 
-  def server_init(params, rng):
-    del rng
-    return {'params': params, 'opt_state': server_tx.init(params), 'd': tmap(jnp.zeros_like, params)}
-
-  def broadcast(state, round_idx, phase=0):
-    del phase
-    return {'params': state['params'], 'd': state['d'], 'hparams': hparams_fn(round_idx)}
+  # FedAvg's server state and broadcast, plus the server's direction d, sent to the clients
+  server_init = fedavg_server_init(server_tx, lambda p: {'d': tmap(jnp.zeros_like, p)})
+  broadcast = fedavg_broadcast(ctx.hparams_fn, shared=('d',))
 
   def client_init(bcast, cs, rng):
     del cs, rng

@@ -33,7 +33,7 @@ from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.common import population, server_step_to, tmap
 from fedjax_flat.algorithms.hparams import Choice, Number, Population
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast, fedavg_server_init
 
 
 @register('feddc', hparams={'alpha': Number(0.01, lo=0, lo_open=True), 'population': Population(),
@@ -45,14 +45,11 @@ def feddc(ctx) -> FederatedAlgorithm:
   loss_fn, server_tx, tx = ctx.loss_fn, ctx.server_tx, ctx.client_tx
   hparams_fn = ctx.hparams_fn
 
-  def server_init(params, rng):
-    del rng
-    return {'params': params, 'opt_state': server_tx.init(params), 'c': tmap(jnp.zeros_like, params),
-            'hbar': tmap(jnp.zeros_like, params)}      # two buffers: the round program donates its state
-
-  def broadcast(state, round_idx, phase=0):
-    del phase
-    return {'params': state['params'], 'c': state['c'], 'hparams': hparams_fn(round_idx)}
+  # FedAvg's server state and broadcast, plus c (sent to the clients) and hbar: two buffers, since the round
+  # program donates its state
+  server_init = fedavg_server_init(server_tx, lambda p: {'c': tmap(jnp.zeros_like, p),
+                                                          'hbar': tmap(jnp.zeros_like, p)})
+  broadcast = fedavg_broadcast(hparams_fn, shared=('c',))
 
   def client_init(bcast, client_state, rng):
     del rng

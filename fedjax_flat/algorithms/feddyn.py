@@ -21,7 +21,7 @@ from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.common import population, server_step_to, tmap
 from fedjax_flat.algorithms.hparams import Number, Population
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_server_init
 
 
 @register('feddyn', hparams={'alpha': Number(0.01, lo=0, lo_open=True), 'population': Population()},
@@ -30,13 +30,8 @@ def feddyn(ctx) -> FederatedAlgorithm:
   hp = ctx.hp
   alpha, n_pop = float(hp['alpha']), population(ctx, hp)
   loss_fn, server_tx, tx = ctx.loss_fn, ctx.server_tx, ctx.client_tx
-  hparams_fn = ctx.hparams_fn
-
-  def server_init(params, rng):
-    del rng
-    return {'params': params, 'opt_state': server_tx.init(params), 'h': tmap(jnp.zeros_like, params)}
-
-  broadcast = fedavg_broadcast(hparams_fn)
+  server_init = fedavg_server_init(server_tx, lambda p: {'h': tmap(jnp.zeros_like, p)})   # + the server's h
+  # broadcast: FedAvg's (the contract's default)
 
   def client_init(bcast, g_k, rng):
     del rng
@@ -62,5 +57,6 @@ def feddyn(ctx) -> FederatedAlgorithm:
     target = tmap(lambda w, d, hh: w + d - hh / alpha, state['params'], drift, h)  # mean theta_k - h/alpha
     return {**server_step_to(server_tx, state, target), 'h': h}
 
-  return FederatedAlgorithm(ctx.name, server_init, broadcast, client_init, client_step, client_final,
-                            server_update, client_state_init=lambda p: tmap(jnp.zeros_like, p))
+  return FederatedAlgorithm(ctx.name, server_init, client_init=client_init, client_step=client_step,
+                            client_final=client_final, server_update=server_update,
+                            client_state_init=lambda p: tmap(jnp.zeros_like, p))

@@ -43,7 +43,7 @@ from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.common import global_norm, population, tmap
 from fedjax_flat.algorithms.hparams import Choice, Flag, Number, Population
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_server_init
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.optimizers.schedules import SERVER_RHO_SCHEDULES, server_rho_schedule
 
@@ -157,15 +157,11 @@ def _fedgloss_parts(ctx, hp):
     new['params'] = new_w
     return new, delta
 
-  def init_state(params):
-    zeros = tmap(jnp.zeros_like, params)
-    state = {'params': params, 'opt_state': server_tx.init(params)}
-    if admm:
-      state['sigma'] = zeros
-    return state
+  def dual_state(params):       # the server's dual sigma (ADMM), beside FedAvg's server state
+    return {'sigma': tmap(jnp.zeros_like, params)} if admm else {}
 
   client_state_init = (lambda params: tmap(jnp.zeros_like, params)) if admm else None
-  return client_init, client_step, client_final, descent, init_state, client_state_init
+  return client_init, client_step, client_final, descent, dual_state, client_state_init
 
 
 def round_log(cfg, hp):
@@ -180,14 +176,13 @@ def fedgloss_builder(ctx) -> FederatedAlgorithm:
   hp = _hp(ctx)
   rho_fn = hp['rho_fn']
   hparams_fn = ctx.hparams_fn
-  client_init, client_step, client_final, descent, init_state, client_state_init = _fedgloss_parts(ctx, hp)
+  client_init, client_step, client_final, descent, dual_state, client_state_init = _fedgloss_parts(ctx, hp)
 
   def eps_of(state, round_idx):
     return ascent(state['delta_prev'], rho_fn(round_idx), state['has_prev'])
 
-  def server_init(params, rng):
-    del rng
-    return {**init_state(params), 'delta_prev': tmap(jnp.zeros_like, params), 'has_prev': jnp.bool_(False)}
+  server_init = fedavg_server_init(ctx.server_tx, lambda p: {**dual_state(p), 'delta_prev': tmap(jnp.zeros_like, p),
+                                                              'has_prev': jnp.bool_(False)})
 
   def broadcast(state, round_idx, phase=0):
     del phase
@@ -214,11 +209,10 @@ def naive_fedgloss_builder(ctx) -> FederatedAlgorithm:
   rho_fn = hp['rho_fn']
   admm = bool(hp['admm'])
   hparams_fn = ctx.hparams_fn
-  client_init, client_step, client_final, descent, init_state, client_state_init = _fedgloss_parts(ctx, hp)
+  client_init, client_step, client_final, descent, dual_state, client_state_init = _fedgloss_parts(ctx, hp)
 
-  def server_init(params, rng):
-    del rng
-    return {**init_state(params), 'w_tilde': tmap(jnp.copy, params)}   # no aliasing: the state is donated
+  # w_tilde: its own buffer (no aliasing: the state is donated)
+  server_init = fedavg_server_init(ctx.server_tx, lambda p: {**dual_state(p), 'w_tilde': tmap(jnp.copy, p)})
 
   def broadcast(state, round_idx, phase=0):
     params = state['params'] if phase == 0 else state['w_tilde']

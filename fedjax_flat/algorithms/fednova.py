@@ -35,7 +35,7 @@ from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.common import run_value, tmap, tree_sub
 from fedjax_flat.algorithms.hparams import Choice, Number
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast, fedavg_server_init
+from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.errors import ConfigError
 
 
@@ -68,11 +68,9 @@ def fednova(ctx) -> FederatedAlgorithm:
   steps_eff = ctx.hp['tau_eff'] == 'release' and mu > 0      # the release's sum_k p_k tau_k (module docstring)
   loss_fn, server_tx, tx = ctx.loss_fn, ctx.server_tx, ctx.client_tx
   rho = run_value(ctx.client_cfg.momentum or 0.0)     # a batched run's momentum stays its own traced value
-  hparams_fn = ctx.hparams_fn
   f32 = lambda v: jnp.asarray(v, jnp.float32)  # noqa: E731
 
-  server_init = fedavg_server_init(server_tx)
-  broadcast = fedavg_broadcast(hparams_fn)
+  # server_init, broadcast: FedAvg's (the contract's defaults)
 
   def client_init(bcast, cs, rng):
     del cs, rng
@@ -105,5 +103,5 @@ def fednova(ctx) -> FederatedAlgorithm:
     updates, opt_state = server_tx.update(delta, state['opt_state'], state['params'])
     return {**state, 'params': optax.apply_updates(state['params'], updates), 'opt_state': opt_state}
 
-  return FederatedAlgorithm(ctx.name, server_init, broadcast, client_init, client_step, client_final,
-                            server_update)
+  return FederatedAlgorithm(ctx.name, client_init=client_init, client_step=client_step, client_final=client_final,
+                            server_update=server_update)

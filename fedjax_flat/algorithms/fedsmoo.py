@@ -31,7 +31,7 @@ from fedjax_flat.algorithms.common import (global_norm, population, server_step_
 from fedjax_flat.algorithms.fedspeed import apply_gradient, ascent_point, require_sam
 from fedjax_flat.algorithms.hparams import Number, Population
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast, fedavg_server_init
 from fedjax_flat.optimizers.client import client_optimizer
 
 
@@ -46,13 +46,9 @@ def fedsmoo(ctx) -> FederatedAlgorithm:
   hparams_fn = ctx.hparams_fn
   zeros = lambda t: tmap(jnp.zeros_like, t)
 
-  def server_init(params, rng):
-    del rng
-    return {'params': params, 'opt_state': server_tx.init(params), 'h': zeros(params), 's': zeros(params)}
-
-  def broadcast(state, round_idx, phase=0):
-    del phase
-    return {'params': state['params'], 's': state['s'], 'hparams': hparams_fn(round_idx)}
+  # FedAvg's server state and broadcast, plus h and the global perturbation s (sent to the clients)
+  server_init = fedavg_server_init(server_tx, lambda p: {'h': zeros(p), 's': zeros(p)})
+  broadcast = fedavg_broadcast(hparams_fn, shared=('s',))
 
   def client_init(bcast, cs, rng):
     del rng

@@ -41,7 +41,7 @@ from fedjax_flat.algorithms.common import tmap
 from fedjax_flat.algorithms.fedavg import fedavg
 from fedjax_flat.algorithms.hparams import Choice, Flag, Integer, Number
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_server_init
 from fedjax_flat.algorithms import personalization
 from fedjax_flat.algorithms.wrappers import local_norm
 from fedjax_flat.data import validation_steps
@@ -101,10 +101,8 @@ def fedsoup(model, loss_fn, client_tx, hparams_fn, server_tx, *, start: int, str
     logits = model.apply(params, batch['x'], train=False)
     return jnp.sum((jnp.argmax(logits, -1) == batch['y']).astype(jnp.float32) * vmask)
 
-  def server_init(params, rng):
-    del rng
-    return {'params': params, 'opt_state': server_tx.init(params),
-            'soup_accept_rate': jnp.zeros((), jnp.float32), 'soup_mean_size': jnp.zeros((), jnp.float32)}
+  server_init = fedavg_server_init(server_tx, lambda p: {'soup_accept_rate': jnp.zeros((), jnp.float32),
+                                                          'soup_mean_size': jnp.zeros((), jnp.float32)})
 
   def broadcast(state, round_idx, phase=0):
     del phase

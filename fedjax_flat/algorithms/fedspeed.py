@@ -36,7 +36,7 @@ from fedjax_flat.algorithms.common import (global_norm, population, server_step_
                                            tmap, without_sharpness)
 from fedjax_flat.algorithms.hparams import Choice, Number, Population
 from fedjax_flat.algorithms.registry import check_population, register
-from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_server_init
 from fedjax_flat.optimizers.client import client_optimizer
 
 
@@ -89,16 +89,8 @@ def fedspeed(ctx) -> FederatedAlgorithm:
   n_pop = population(ctx, hp) if pop_mean else 0
   client_cfg, loss_fn, server_tx = ctx.client_cfg, ctx.loss_fn, ctx.server_tx
   tx = client_optimizer(without_sharpness(client_cfg))      # its own ascent step: the rest of the chain
-  hparams_fn = ctx.hparams_fn
-
-  def server_init(params, rng):
-    del rng
-    state = {'params': params, 'opt_state': server_tx.init(params)}
-    if pop_mean:
-      state['g_sum'] = tmap(jnp.zeros_like, params)               # sum over all N clients of g^_k
-    return state
-
-  broadcast = fedavg_broadcast(hparams_fn)
+  # FedAvg's server state (+ 'g_sum': the sum over all N clients of g^_k) and broadcast (the contract's default)
+  server_init = fedavg_server_init(server_tx, (lambda p: {'g_sum': tmap(jnp.zeros_like, p)}) if pop_mean else None)
 
   def client_init(bcast, g_hat, rng):
     del rng
@@ -131,5 +123,6 @@ def fedspeed(ctx) -> FederatedAlgorithm:
     target = tmap(lambda x, s: x - lam * s / n_pop, agg['uniform']['x'], g_sum)
     return {**server_step_to(server_tx, state, target), 'g_sum': g_sum}
 
-  return FederatedAlgorithm(ctx.name, server_init, broadcast, client_init, client_step, client_final,
-                            server_update, client_state_init=lambda p: tmap(jnp.zeros_like, p))
+  return FederatedAlgorithm(ctx.name, server_init, client_init=client_init, client_step=client_step,
+                            client_final=client_final, server_update=server_update,
+                            client_state_init=lambda p: tmap(jnp.zeros_like, p))

@@ -86,7 +86,7 @@ from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.hparams import Choice, Flag, Integer, Number
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.algorithms.wrappers.local_norm import _key_name, is_norm_path
-from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast, fedavg_server_init
 from fedjax_flat.data.registry import task_name
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.tasks.base import _main_head, cross_entropy
@@ -250,19 +250,15 @@ def ladd(model, client_tx: optax.GradientTransformation, hparams_fn, server_tx: 
     return jax.tree_util.tree_unflatten(treedef, [next(it) if f else x
                                                   for x, f in zip(flat, leaf_flags(params, select))])
 
-  def server_init(params, rng):
-    del rng
+  def server_extra(params):     # FedAvg's server state plus these
     pre = params if pretrained is None else pretrained
     stacked = lambda t: tmap(lambda x: jnp.broadcast_to(x, (g,) + x.shape), t)  # noqa: E731
-    return {'params': params, 'opt_state': server_tx.init(params),
-            'cluster': [jnp.broadcast_to(x, (g,) + x.shape) for x in split(params)],
+    return {'cluster': [jnp.broadcast_to(x, (g,) + x.shape) for x in split(params)],
             'teacher': stacked(pre), 'pretrained': tmap(jnp.copy, pre),   # own buffers (donation)
             'swa_n': jnp.zeros((), jnp.float32)}
 
-  def broadcast(state, round_idx, phase=0):
-    del phase
-    return {'params': state['params'], 'cluster': state['cluster'], 'teacher': state['teacher'],
-            'pretrained': state['pretrained'], 'hparams': hparams_fn(round_idx)}
+  server_init = fedavg_server_init(server_tx, server_extra)
+  broadcast = fedavg_broadcast(hparams_fn, shared=('cluster', 'teacher', 'pretrained'))
 
   def client_init(bcast, cs, rng):
     del rng

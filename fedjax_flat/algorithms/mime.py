@@ -36,7 +36,7 @@ from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.common import run_value, tmap
 from fedjax_flat.algorithms.hparams import Number
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast, fedavg_server_init
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.optimizers import client as client_opt
 
@@ -87,18 +87,12 @@ def _mime(ctx, lite: bool) -> FederatedAlgorithm:
   beta = _check(ctx)
   loss_fn, server_tx, tx = ctx.loss_fn, ctx.server_tx, ctx.client_tx
   wd = run_value(ctx.client_cfg.weight_decay)        # a batched run's weight decay stays its own traced value
-  hparams_fn = ctx.hparams_fn
   zeros = lambda t: tmap(jnp.zeros_like, t)
 
-  def server_init(params, rng):
-    del rng
-    return {'params': params, 'opt_state': server_tx.init(params), 'm': zeros(params), 'c': zeros(params)}
-
-  def broadcast(state, round_idx, phase=0):
-    b = {'params': state['params'], 'hparams': hparams_fn(round_idx), 'm': state['m']}
-    if not lite:
-      b['c'] = state['c']
-    return b
+  # FedAvg's server state and broadcast, plus the server momentum m and the full-batch gradient c, sent to the
+  # clients (MimeLite's clients do not use c)
+  server_init = fedavg_server_init(server_tx, lambda p: {'m': zeros(p), 'c': zeros(p)})
+  broadcast = fedavg_broadcast(ctx.hparams_fn, shared=('m',) if lite else ('m', 'c'))
 
   def server_step(state, delta, c):
     x = state['params']

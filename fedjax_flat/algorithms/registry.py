@@ -62,6 +62,7 @@ build_algorithm(config, model):
   client  = SGD | SAM | ASAM optimizer chain, built once; hparams per step   optimizers/client.py
   server  = optax transform on the pseudo-gradient                         optimizers/server.py
   base    = the registered builder (ctx)                                   one module per algorithm
+            (server_init / broadcast it leaves None: FedAvg's, from ctx.server_tx and ctx.hparams_fn)
   then the features the config turns on, in their order: compression, robust aggregation, DP, SWA, WiMA
                                                                            algorithms/features.py, wrappers/
 """
@@ -338,6 +339,8 @@ def build_algorithm(config, model, population: int = 0, task=None, chain=None,
     raise BadInputError(f'the builder {where}() of algorithm {name!r} returned {_short_repr(alg)}: a builder '
                         'must return a FederatedAlgorithm (fedjax_flat.FederatedAlgorithm, core/contract.py), e.g. '
                         '`return fedavg(ctx.model, ctx.loss_fn, ctx.client_tx, ctx.hparams_fn, ctx.server_tx)`')
+  # server_init / broadcast left None: FedAvg's, from this run's server optimizer and client schedule
+  alg = alg.with_defaults(ctx.server_tx, ctx.hparams_fn)
   alg = alg.replace(name=name, needs=s.needs, upload=s.upload, hparams=hp, chain=s.chain, client_groups=client_groups,
                     style_clusters=client_clusters, local_batch_stats='local_batch_stats' in s.needs,
                     round_log=None if s.round_log is None else s.round_log(config, hp),

@@ -22,22 +22,16 @@ from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.common import population, server_step_to, tmap
 from fedjax_flat.algorithms.hparams import Population
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast, fedavg_server_init
 
 
 def scaffold_algorithm(ctx, make_loss=None) -> FederatedAlgorithm:
   """make_loss(corr) -> loss: FedGamma's optional corrected-perturbation loss."""
   n_pop = population(ctx, ctx.hp)
   loss_fn, server_tx, tx = ctx.loss_fn, ctx.server_tx, ctx.client_tx
-  hparams_fn = ctx.hparams_fn
-
-  def server_init(params, rng):
-    del rng
-    return {'params': params, 'opt_state': server_tx.init(params), 'c': tmap(jnp.zeros_like, params)}
-
-  def broadcast(state, round_idx, phase=0):
-    del phase
-    return {'params': state['params'], 'c': state['c'], 'hparams': hparams_fn(round_idx)}
+  # FedAvg's server state and broadcast, plus the server control variate c, sent to the clients
+  server_init = fedavg_server_init(server_tx, lambda p: {'c': tmap(jnp.zeros_like, p)})
+  broadcast = fedavg_broadcast(ctx.hparams_fn, shared=('c',))
 
   def client_init(bcast, c_k, rng):
     del rng

@@ -27,8 +27,12 @@ schedules (see WORKSPACE.md for the data flow):
   eval_models(server_state) -> {name: (params, active)}   the models to evaluate ('global', 'swa', ...);
                                                            `active` is a bool array (static structure);
                                                            default (None): FedAvg's, {'global': state['params']}
-  FedAvg's server_init and broadcast are `fedavg_server_init(server_tx)` and `fedavg_broadcast(hparams_fn)`
-  (the per-round schedule of the client hyperparameters); its eval_models is the default.
+  server_init, broadcast: default (None): FedAvg's, `fedavg_server_init(server_tx)` and
+                          `fedavg_broadcast(hparams_fn)` (the per-round schedule of the client hyperparameters),
+                          filled in by algorithms/registry.build_algorithm from its BuildContext (`with_defaults`).
+                          An algorithm whose server state or broadcast is FedAvg's plus entries of its own (SCAFFOLD's
+                          control variate 'c') passes `fedavg_server_init(server_tx, extra=fn(params) -> {...})`
+                          and `fedavg_broadcast(hparams_fn, shared=('c',))` instead of writing them.
   client_state_init(params) -> template of one client's persistent state (None: stateless). Never-seen
                                clients start from this template (lazy zero init).
   initial_client_states(params) -> every client's initial persistent state, stacked [K, ...] over the population
@@ -96,19 +100,24 @@ UPLOADS = ('delta', 'other')
 Params = Any
 
 
-def fedavg_server_init(server_tx) -> Callable:
-  """FedAvg's server_init: the params and the server optimizer's state (the contract's default server state)."""
+def fedavg_server_init(server_tx, extra: Optional[Callable] = None) -> Callable:
+  """FedAvg's server_init: the params and the server optimizer's state (the contract's default server state),
+  plus `extra(params)` -> {name: array}: the algorithm's own entries (SCAFFOLD's 'c'), when given."""
   def server_init(params, rng):
     del rng
-    return {'params': params, 'opt_state': server_tx.init(params)}
+    state = {'params': params, 'opt_state': server_tx.init(params)}
+    return state if extra is None else {**state, **extra(params)}
   return server_init
 
 
-def fedavg_broadcast(hparams_fn) -> Callable:
-  """FedAvg's broadcast: the global params and the round's client hyperparameters (the per-round schedule)."""
+def fedavg_broadcast(hparams_fn, shared: Tuple[str, ...] = ()) -> Callable:
+  """FedAvg's broadcast: the global params and the round's client hyperparameters (the per-round schedule), plus
+  the server state's entries named in `shared`, sent as they are (SCAFFOLD's control variate 'c')."""
+  shared = tuple(shared)
+
   def broadcast(state, round_idx, phase=0):
     del phase
-    return {'params': state['params'], 'hparams': hparams_fn(round_idx)}
+    return {'params': state['params'], 'hparams': hparams_fn(round_idx), **{k: state[k] for k in shared}}
   return broadcast
 
 
@@ -147,15 +156,26 @@ class Personalizer:
   fn: Callable
 
 
+# The default of the four client / server functions, which an algorithm must give (positionally or by keyword):
+# a default at all only so that server_init and broadcast before them can default to FedAvg's.
+class _Required:
+  def __repr__(self):
+    return '<required>'
+
+
+_REQUIRED = _Required()
+_REQUIRED_FIELDS = ('client_init', 'client_step', 'client_final', 'server_update')
+
+
 @dataclasses.dataclass(frozen=True)
 class FederatedAlgorithm:
   name: str
-  server_init: Callable
-  broadcast: Callable
-  client_init: Callable
-  client_step: Callable
-  client_final: Callable
-  server_update: Callable
+  server_init: Optional[Callable] = None   # None: FedAvg's (fedavg_server_init), filled in by `with_defaults`
+  broadcast: Optional[Callable] = None     # None: FedAvg's (fedavg_broadcast), filled in by `with_defaults`
+  client_init: Callable = _REQUIRED
+  client_step: Callable = _REQUIRED
+  client_final: Callable = _REQUIRED
+  server_update: Callable = _REQUIRED
   eval_models: Optional[Callable] = None   # None: FedAvg's, the global model `state['params']` (global_model)
   client_state_init: Optional[Callable] = None
   initial_client_states: Optional[Callable] = None
@@ -183,6 +203,9 @@ class FederatedAlgorithm:
   asynchronous: Optional[AsyncSpec] = None   # FedBuff, FedAsync: server steps on arrivals (see AsyncSpec)
 
   def __post_init__(self):
+    missing = [f for f in _REQUIRED_FIELDS if getattr(self, f) is _REQUIRED]
+    if missing:
+      raise TypeError(f'FederatedAlgorithm {self.name!r}: missing {", ".join(missing)} (core/contract.py)')
     if self.upload not in UPLOADS:
       raise ValueError(f'FederatedAlgorithm {self.name!r}: upload={self.upload!r}, one of {UPLOADS}')
     if self.eval_models is None:     # the contract's default: most algorithms evaluate only their global model
@@ -195,3 +218,13 @@ class FederatedAlgorithm:
 
   def replace(self, **kw) -> 'FederatedAlgorithm':
     return dataclasses.replace(self, **kw)
+
+  def with_defaults(self, server_tx, hparams_fn) -> 'FederatedAlgorithm':
+    """This algorithm with FedAvg's server_init (from `server_tx`) and broadcast (`hparams_fn`: round -> the
+    client hyperparameters) where it leaves them None; itself when it gives both."""
+    fill = {}
+    if self.server_init is None:
+      fill['server_init'] = fedavg_server_init(server_tx)
+    if self.broadcast is None:
+      fill['broadcast'] = fedavg_broadcast(hparams_fn)
+    return self.replace(**fill) if fill else self

@@ -10,6 +10,7 @@ import pytest
 from fedjax_flat.algorithms import fedavg as fedavg_lib, fedseq, hparams, registry
 from fedjax_flat.algorithms.local import make_loss
 from fedjax_flat.config.default_config import default_config, segmentation_data
+from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.registry import DuplicateName
 from fedjax_flat.grouping.style_clusters import StyleClustering
@@ -240,3 +241,30 @@ def test_the_builder_gets_its_name_hyperparameters_and_schedule_resolved_once():
       assert all(float(sent[k]) == float(ctx.hparams_fn(r)[k]) for k in ('lr', 'rho'))
   finally:
     registry.ALGORITHMS._entries.pop('_test_ctx', None)
+
+
+def test_a_builder_that_leaves_out_server_init_and_broadcast_gets_fedavgs_before_the_wrappers():
+  """server_init / broadcast left None by the builder: FedAvg's, from ctx.server_tx (here momentum 0.9) and
+  ctx.hparams_fn, filled in before the features wrap the algorithm (SWA's server state wraps FedAvg's)."""
+  def mine(ctx):
+    base = fedavg_lib.fedavg(ctx.model, ctx.loss_fn, ctx.client_tx, ctx.hparams_fn, ctx.server_tx)
+    return FederatedAlgorithm(ctx.name, client_init=base.client_init, client_step=base.client_step,
+                              client_final=base.client_final, server_update=base.server_update)
+  try:
+    registry.register('_test_defaults')(mine)
+    c = default_config()
+    c.algorithm, c.rounds, c.client.lr = '_test_defaults', 10, 0.3
+    c.server.momentum = 0.9
+    model = get_model('mlp', 10, (8, 8, 1))
+    params = {'w': jnp.arange(2.0)}
+    alg = registry.build_algorithm(c, model)
+    state = alg.server_init(params, None)
+    assert set(state) == {'params', 'opt_state'} and state['params'] is params
+    np.testing.assert_array_equal(state['opt_state'][0].trace['w'], np.zeros(2))   # the server momentum's
+    sent = alg.broadcast(state, 2)
+    assert sent['params'] is params and float(sent['hparams']['lr']) == pytest.approx(0.3)
+    c.swa.enabled = True
+    swa = registry.build_algorithm(c, model)
+    assert swa.wrappers == ('swa',) and {'params', 'opt_state'} <= set(swa.server_init(params, None))
+  finally:
+    registry.ALGORITHMS._entries.pop('_test_defaults', None)
