@@ -43,7 +43,7 @@ from fedjax_flat.algorithms.fedlesam import weights_only
 from fedjax_flat.algorithms.fedspeed import apply_gradient, require_sam
 from fedjax_flat.algorithms.hparams import Integer, Number
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast, fedavg_server_init
 from fedjax_flat.optimizers.client import client_optimizer
 
 SAM_EPS = 1e-16    # the release's SAM.ascent_step denominator epsilon
@@ -61,17 +61,11 @@ def fedgf(ctx) -> FederatedAlgorithm:
   loss_fn, server_tx, hparams_fn = ctx.loss_fn, ctx.server_tx, ctx.hparams_fn
   tx = client_optimizer(without_sharpness(ctx.client_cfg))   # the ascent is ours: the rest of the chain
 
-  def server_init(params, rng):
-    del rng
-    return {'params': params, 'opt_state': server_tx.init(params), 'w_tilde': tmap(jnp.copy, params),
-            'has_prev': jnp.bool_(False), 'c': jnp.zeros((), jnp.float32),
-            'window': jnp.zeros((width,), jnp.float32), 'count': jnp.zeros((), jnp.int32),
-            'divergence': jnp.zeros((), jnp.float32)}
-
-  def broadcast(state, round_idx, phase=0):
-    del phase
-    return {'params': state['params'], 'w_tilde': state['w_tilde'], 'has_prev': state['has_prev'],
-            'c': state['c'], 'hparams': hparams_fn(round_idx)}
+  server_init = fedavg_server_init(server_tx, extra=lambda params: {
+      'w_tilde': tmap(jnp.copy, params), 'has_prev': jnp.bool_(False), 'c': jnp.zeros((), jnp.float32),
+      'window': jnp.zeros((width,), jnp.float32), 'count': jnp.zeros((), jnp.int32),
+      'divergence': jnp.zeros((), jnp.float32)})
+  broadcast = fedavg_broadcast(hparams_fn, shared=('w_tilde', 'has_prev', 'c'))
 
   def client_init(bcast, cs, rng):
     del cs, rng

@@ -51,7 +51,7 @@ from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.common import population, server_step_to, tmap
 from fedjax_flat.algorithms.hparams import Choice, Number, Population
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast, fedavg_server_init
 
 DIRECTIONS = ('client', 'server')
 NORMS = ('global', 'layers')
@@ -106,25 +106,11 @@ def lesam_algorithm(ctx, correction: str) -> FederatedAlgorithm:
   n_pop = population(ctx, hp) if correction != 'none' else 0
   zeros = lambda t: tmap(jnp.zeros_like, t)  # noqa: E731
 
-  def server_init(params, rng):
-    del rng
-    state = {'params': params, 'opt_state': server_tx.init(params)}
-    if not per_client:
-      state['dg'] = zeros(params)              # w^t - w^{t-1}; 0 before the first update (release: None)
-    if correction == 'scaffold':
-      state['c'] = zeros(params)
-    if correction == 'dyn':
-      state['h'] = zeros(params)
-    return state
-
-  def broadcast(state, round_idx, phase=0):
-    del phase
-    out = {'params': state['params'], 'hparams': hparams_fn(round_idx)}
-    if not per_client:
-      out['dg'] = state['dg']
-    if correction == 'scaffold':
-      out['c'] = state['c']
-    return out
+  # FedAvg's server state plus: the last global update w^t - w^{t-1} ('dg', 0 before the first; release: None) when
+  # the server's is the direction, SCAFFOLD's control variate 'c' (-S), FedDyn's h (-D); the clients get dg and c.
+  own = (() if per_client else ('dg',)) + {'scaffold': ('c',), 'dyn': ('h',)}.get(correction, ())
+  server_init = fedavg_server_init(server_tx, extra=lambda params: {k: zeros(params) for k in own})
+  broadcast = fedavg_broadcast(hparams_fn, shared=tuple(k for k in own if k != 'h'))
 
   def client_state_init(params):
     cs = {}

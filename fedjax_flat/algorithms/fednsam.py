@@ -40,7 +40,7 @@ from fedjax_flat.algorithms.common import server_step_to, tmap
 from fedjax_flat.algorithms.fedlesam import weights_only
 from fedjax_flat.algorithms.hparams import Choice, Number
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_server_init
 from fedjax_flat.errors import ConfigError
 
 VARIANTS = ('paper', 'release')
@@ -66,10 +66,8 @@ def fednsam(ctx) -> FederatedAlgorithm:
     raise ValueError(f"algo.variant={hp['variant']!r}; allowed: {VARIANTS}")
   loss_fn, server_tx, tx, hparams_fn = ctx.loss_fn, ctx.server_tx, ctx.client_tx, ctx.hparams_fn
 
-  def server_init(params, rng):
-    del rng
-    return {'params': params, 'opt_state': server_tx.init(params), 'm': tmap(jnp.zeros_like, params),
-            'first': jnp.bool_(True)}
+  server_init = fedavg_server_init(server_tx, extra=lambda params: {'m': tmap(jnp.zeros_like, params),
+                                                                     'first': jnp.bool_(True)})
 
   def broadcast(state, round_idx, phase=0):
     del phase

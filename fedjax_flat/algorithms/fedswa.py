@@ -43,7 +43,7 @@ from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.common import server_step_to, tmap
 from fedjax_flat.algorithms.hparams import Integer, Number
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast, fedavg_server_init
 from fedjax_flat.data import batching
 
 
@@ -86,19 +86,10 @@ def swa_algorithm(ctx, momentum: bool) -> FederatedAlgorithm:
   loss_fn, server_tx, tx, hparams_fn = ctx.loss_fn, ctx.server_tx, ctx.client_tx, ctx.hparams_fn
   zeros = lambda t: tmap(jnp.zeros_like, t)  # noqa: E731
 
-  def server_init(params, rng):
-    del rng
-    state = {'params': params, 'opt_state': server_tx.init(params)}
-    if momentum:
-      state.update(c=zeros(params), first=jnp.bool_(True))
-    return state
-
-  def broadcast(state, round_idx, phase=0):
-    del phase
-    out = {'params': state['params'], 'hparams': hparams_fn(round_idx)}
-    if momentum:
-      out['c'] = state['c']
-    return out
+  # FedMoSWA keeps its momentum control variate 'c' at the server and sends it to the clients.
+  server_init = fedavg_server_init(
+      server_tx, extra=lambda params: {'c': zeros(params), 'first': jnp.bool_(True)} if momentum else {})
+  broadcast = fedavg_broadcast(hparams_fn, shared=('c',) if momentum else ())
 
   def client_init(bcast, ck, rng):
     del rng

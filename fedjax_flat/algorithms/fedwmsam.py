@@ -44,7 +44,7 @@ from fedjax_flat.algorithms.common import global_norm, population, server_step_t
 from fedjax_flat.algorithms.fedlesam import NORMS, perturbation, weights_only
 from fedjax_flat.algorithms.hparams import Choice, Number, Population
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast, fedavg_server_init
 
 
 def _dot(a, b):
@@ -62,15 +62,9 @@ def fedwmsam(ctx) -> FederatedAlgorithm:
   loss_fn, server_tx, tx, hparams_fn = ctx.loss_fn, ctx.server_tx, ctx.client_tx, ctx.hparams_fn
   zeros = lambda t: tmap(jnp.zeros_like, t)  # noqa: E731
 
-  def server_init(params, rng):
-    del rng
-    return {'params': params, 'opt_state': server_tx.init(params), 'M': zeros(params), 'c': zeros(params),
-            'a': jnp.asarray(hp['alpha'], jnp.float32)}
-
-  def broadcast(state, round_idx, phase=0):
-    del phase
-    return {'params': state['params'], 'M': state['M'], 'c': state['c'], 'a': state['a'],
-            'hparams': hparams_fn(round_idx)}
+  server_init = fedavg_server_init(server_tx, extra=lambda params: {
+      'M': zeros(params), 'c': zeros(params), 'a': jnp.asarray(hp['alpha'], jnp.float32)})
+  broadcast = fedavg_broadcast(hparams_fn, shared=('M', 'c', 'a'))
 
   def client_init(bcast, ck, rng):
     del rng
