@@ -159,8 +159,7 @@ SCHEMA: Tuple[Section, ...] = (
     RUN, client_opt.SECTION, server_opt.SECTION, SWA, WIMA, DP, MAN,
     engine.SECTION, system_clock.SECTION, system_compress.SECTION,
     INIT, CORRUPTION_EVAL, RUN_TAIL, CLIENT_EVAL, PERSONALIZED, GROUPING, centralized.SECTION, ATTACK, SEGMENTATION,
-    RETRIEVAL,
-    FEDVC, BN, PUBLISHED)
+    RETRIEVAL, FEDVC, BN, PUBLISHED)
 
 
 def build(sections=SCHEMA) -> ml_collections.ConfigDict:
