@@ -17,12 +17,15 @@ def _lines(path):
   return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def _config(rounds=4):
+  return small_config(**{'client_eval.clients': 6, 'client_eval.every': 4, 'client_eval.personalize_steps': 1,
+                         'data.num_clients': N, 'seed': 3, 'rounds': rounds})
+
+
 @pytest.fixture(scope='module')
 def sampled_run(tmp_path_factory):
   wd = tmp_path_factory.mktemp('client_eval')
-  c = small_config(**{'client_eval.clients': 6, 'client_eval.every': 4, 'client_eval.personalize_steps': 1,
-                      'data.num_clients': N, 'seed': 3})
-  return wd, run_lib.run(c, str(wd))
+  return wd, run_lib.run(_config(), str(wd))
 
 
 def test_records_carry_the_distribution_of_the_clients_rows(sampled_run):
@@ -57,3 +60,14 @@ def test_summary_plot_and_the_line_in_summary_md(sampled_run):
   assert (wd / 'clients_cdf.png').stat().st_size > 0
   assert "training label distribution" in (wd / 'summary.md').read_text()
   assert json.loads((wd / 'summary.json').read_text())['client_eval']['clients'] == 6
+
+
+def test_a_resumed_run_rewrites_the_rows_past_its_checkpoint_and_matches_the_uninterrupted_one(sampled_run, tmp_path):
+  wd, _ = sampled_run
+  run_lib.run(_config(rounds=2), str(tmp_path))        # stops after round 2 (its last round: clients evaluated)
+  with open(tmp_path / 'clients.jsonl', 'a') as f:     # as if it had gone on to evaluate round 4, then died
+    f.write(json.dumps({'round': 4, 'client': -1, 'n': 1, 'acc': 0.0, 'loss': 0.0}) + '\n')
+  run_lib.run(_config(), str(tmp_path))                # resumes from round 2
+  rows = _lines(tmp_path / 'clients.jsonl')
+  assert [r['round'] for r in rows] == [2] * 6 + [4] * 6
+  assert [r for r in rows if r['round'] == 4] == _lines(wd / 'clients.jsonl')
