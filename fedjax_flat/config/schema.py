@@ -8,6 +8,7 @@ and the sections, each declared next to the code that reads it (fedjax_flat/sche
   dp       privacy/mechanism.py (applied by algorithms/wrappers/dp.py)    system   systems/clock.py
   upload   systems/compress.py (applied by algorithms/wrappers/compress.py)
   man      algorithms/local.py           init     models/pretrained.py       corruption_eval  evaluation/corruption.py
+  client_eval  evaluation/client_eval.py (applied by training/evals/client_eval.py)
   personalized  evaluation/personalized.py            grouping  grouping/superclients.py
   attack   data/attacks.py               segmentation  tasks/segmentation.py  retrieval  tasks/retrieval.py
   fedvc    data/virtual_clients.py       bn       core/batch_stats.py
@@ -40,6 +41,7 @@ from fedjax_flat.data.registry import OPTIONAL_FIELDS
 from fedjax_flat.data.sampling import SAMPLERS
 from fedjax_flat.data.virtual_clients import SECTION as FEDVC
 from fedjax_flat.errors import ConfigError
+from fedjax_flat.evaluation.client_eval import SECTION as CLIENT_EVAL
 from fedjax_flat.evaluation.corruption import SECTION as CORRUPTION_EVAL
 from fedjax_flat.evaluation.personalized import SECTION as PERSONALIZED
 from fedjax_flat.grouping.superclients import SECTION as GROUPING
@@ -156,8 +158,8 @@ PUBLISHED = Section('', (
 SCHEMA: Tuple[Section, ...] = (
     RUN, client_opt.SECTION, server_opt.SECTION, SWA, WIMA, DP, MAN,
     engine.SECTION, system_clock.SECTION, system_compress.SECTION,
-    INIT, CORRUPTION_EVAL, RUN_TAIL, PERSONALIZED, GROUPING, centralized.SECTION, ATTACK, SEGMENTATION, RETRIEVAL,
-    FEDVC, BN, PUBLISHED)
+    INIT, CORRUPTION_EVAL, RUN_TAIL, CLIENT_EVAL, PERSONALIZED, GROUPING, centralized.SECTION, ATTACK, SEGMENTATION,
+    RETRIEVAL, FEDVC, BN, PUBLISHED)
 
 
 def build(sections=SCHEMA) -> ml_collections.ConfigDict:

@@ -287,6 +287,33 @@ def plot_personalized(res: Dict, path: str, title: str = '') -> bool:
   return True
 
 
+def plot_client_cdf(evaluations: List[Dict], path: str, title: str = '', accuracy_name: str = 'accuracy') -> bool:
+  """clients_cdf.png (config.client_eval): the empirical CDF of the per-client accuracy at each client evaluation
+  (`evaluations`: [{'round', 'acc': [per client]}, ...], later rounds darker); with fine-tuning
+  ('ft_acc'), a second panel of the fine-tuned clients. False: nothing to draw."""
+  import matplotlib
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+  evs = [e for e in evaluations if len(e.get('acc', ()))]
+  if not evs:
+    return False
+  panels = [('acc', 'global model')] + ([('ft_acc', 'after local fine-tuning')] if any(
+      len(e.get('ft_acc', ())) for e in evs) else [])
+  fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+  shades = plt.cm.viridis(np.linspace(0.9, 0.1, len(evs)))
+  for ax, (key, name) in zip(axes[0], panels):
+    for e, color in zip(evs, shades):
+      a = np.sort(np.asarray(e.get(key, ()), np.float64))
+      if len(a):
+        ax.step(a, np.arange(1, len(a) + 1) / len(a), where='post', color=color, label=f"round {e['round']}")
+    ax.set_xlabel(f'client {accuracy_name}'); ax.set_ylabel('fraction of clients'); ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1); ax.grid(alpha=.3); ax.set_title(name)
+    if len(evs) <= 12:
+      ax.legend(fontsize=7)
+  _save_figure(fig, path, title)
+  return True
+
+
 def summarize(records: List[Dict], last_k: int, extra: Dict) -> Dict:
   """Final and last-K-mean metrics per evaluated model; says which model each number belongs to."""
   out = dict(extra)

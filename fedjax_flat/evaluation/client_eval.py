@@ -1,0 +1,227 @@
+"""Every client evaluated (config.client_eval): each client's accuracy and loss on its own held-out examples, for a
+given model and, with `personalize_steps=k`, after k local fine-tuning steps from it, and the distribution over the
+clients (mean, std, p10, p90, worst, Gini).
+
+Which clients: 'all', or an integer sample drawn from the run's seed once (the same clients at every evaluation).
+Which examples: the client's own test split where the dataset has one (FederatedDataset.client_test_examples,
+source 'own_split'), else as many pooled test examples as the client has training examples, drawn from the seed with
+the client's training label distribution (each training label matched by a test example of that label, without
+replacement within a label while the test set has enough; source 'label_matched'). Both are fixed for the run, so
+a client's change across evaluations is the model's, not the draw's.
+
+`ClientEvalProgram`: every client padded to the largest client's batches (masks), the clients stacked and vmapped in
+chunks of a fixed size (the last chunk padded with empty clients), so ONE compiled program serves every chunk and
+evaluation. Fine-tuning: the client optimizer (config.client, fresh state, the client's learning rate) for k steps
+of client.batch_size examples drawn from the client's training data (fixed per run), the PRNG key fold_in(seed, id).
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_flat.algorithms import local as local_lib
+from fedjax_flat.data.batching import client_step_indices, make_eval_batches
+from fedjax_flat.errors import ConfigError
+from fedjax_flat.optimizers.client import make_client_tx
+from fedjax_flat.optimizers.schedules import client_hparams
+from fedjax_flat.schema import Field, Int, Section, Test, is_number
+from fedjax_flat.tasks import base as tasks_lib
+
+tmap = jax.tree_util.tree_map
+CHUNK = 32            # clients vmapped at once (memory: CHUNK x a client's padded batches)
+SALT_SAMPLE, SALT_TEST, SALT_TUNE = 0xC11E, 0x7E57, 0xF1AE     # the seed's streams of this module
+
+
+def _clients_why(v):
+  if v in ('off', 'all') or (is_number(v, integer=True) and not isinstance(v, bool) and v >= 1):
+    return None
+  return "must be 'off', 'all' or an integer >= 1 (the number of clients sampled, e.g. --config.client_eval.clients=50)"
+
+
+def _on(cfg) -> bool:
+  ce = cfg.get('client_eval')
+  return ce is not None and ce.clients != 'off'
+
+
+# config.client_eval: declared with the code that reads it (config/schema.py collects it)
+SECTION = Section('client_eval', (
+    Field('clients', Test('off', why=_clients_why, what="'off' | 'all' | integer >= 1"),
+          "'off'; 'all' clients; or N clients sampled from the seed once: each evaluated on its own held-out "
+          'examples (evaluation/client_eval.py)', ref=True),
+    Field('every', Int(0, lo=0), 'evaluate the clients every N rounds (at evaluation rounds); 0 = at every '
+          'evaluation', when=_on, needs='client_eval.clients'),
+    Field('personalize_steps', Int(0, lo=0), 'also after k local fine-tuning steps of the client optimizer from '
+          'the evaluated model (0 = not)', when=_on, needs='client_eval.clients'),
+), doc='every client evaluated on its own held-out examples (evaluation/client_eval.py)', optional=True)
+
+
+def select_clients(spec, num_clients: int, seed: int) -> np.ndarray:
+  """The evaluated client ids, sorted: every client ('all'), or min(N, population) drawn without replacement from
+  (seed, SALT_SAMPLE): a function of the seed alone, the same at every evaluation and on resume."""
+  if spec == 'all':
+    return np.arange(num_clients)
+  k = min(int(spec), num_clients)
+  rng = np.random.default_rng([int(seed), SALT_SAMPLE])
+  return np.sort(rng.choice(num_clients, size=k, replace=False))
+
+
+def has_own_split(data) -> bool:
+  return getattr(data, 'client_test_offsets', None) is not None
+
+
+def label_matched_indices(train_labels, test_labels, rng: np.random.Generator) -> np.ndarray:
+  """Indices into the test set, one per training example, each of that example's label (the client's training label
+  distribution exactly); without replacement within a label while the test set has enough of it. Labels absent
+  from the test set are dropped."""
+  train_labels, test_labels = np.asarray(train_labels).reshape(-1), np.asarray(test_labels).reshape(-1)
+  out = []
+  for c, count in zip(*np.unique(train_labels, return_counts=True)):
+    pool = np.flatnonzero(test_labels == c)
+    if len(pool):
+      out.append(rng.choice(pool, size=int(count), replace=int(count) > len(pool)))
+  return np.sort(np.concatenate(out)) if out else np.zeros((0,), np.int64)
+
+
+def client_eval_sets(data, ids, seed: int) -> Tuple[List[Tuple[np.ndarray, np.ndarray]], str]:
+  """([(x, y) per client of `ids`], source): the clients' own test splits ('own_split') or label-matched pooled
+  test examples ('label_matched', module docstring)."""
+  if has_own_split(data):
+    return [data.client_test_examples(int(k)) for k in ids], 'own_split'
+    # (a dataset with per-client splits: those are the clients' held-out data)
+  test_x, test_y = data.test_examples()
+  test_y = np.asarray(test_y)
+  if test_y.ndim != 1 or not np.issubdtype(test_y.dtype, np.integer):
+    raise ConfigError('client_eval.clients', 'label_matched', f'dataset {getattr(data, "name", "?")!r} has no '
+                      'per-client test splits and its labels are not class ids: leave client_eval.clients at off')
+  sets = []
+  for k in ids:
+    _, y = data.client_examples(int(k))
+    i = label_matched_indices(y, test_y, np.random.default_rng([int(seed), SALT_TEST, int(k)]))
+    sets.append((test_x[i], test_y[i]))
+  return sets, 'label_matched'
+
+
+def _stack_padded(sets, batch_size: int, nb: int) -> Dict[str, np.ndarray]:
+  """[K, nb, B, ...] eval batches, every client padded with all-padding batches to nb."""
+  rows = []
+  for x, y in sets:
+    b = make_eval_batches(np.asarray(x), np.asarray(y), batch_size)
+    pad = nb - b['mask'].shape[0]
+    rows.append({k: np.concatenate([v, np.zeros((pad,) + v.shape[1:], v.dtype)]) for k, v in b.items()})
+  return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+
+
+def finetune_batches(data, ids, steps: int, batch_size: int, seed: int) -> Dict[str, np.ndarray]:
+  """[K, steps, B, ...] training batches: `steps` full batches per client from its reshuffled training data
+  (client_step_indices' local_steps stream; a client without examples: all masked)."""
+  rows = []
+  for k in ids:
+    x, y = data.client_examples(int(k))
+    pos, mask = client_step_indices(len(y), batch_size, steps, epochs=1, local_steps=steps,
+                                    rng=np.random.default_rng([int(seed), SALT_TUNE, int(k)]))
+    x, y = np.asarray(x), np.asarray(y)
+    if len(y) == 0:
+      pos = np.zeros_like(pos)
+      x, y = np.zeros((1,) + x.shape[1:], x.dtype), np.zeros((1,) + y.shape[1:], y.dtype)
+    rows.append({'x': x[pos], 'y': y[pos], 'mask': mask})
+  return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+
+
+def distribution(acc) -> Dict[str, float]:
+  """clients_acc_{mean,std,p10,p90,worst,gini} of per-client accuracies (population std; numpy's linear
+  percentiles; Gini = sum_ij |a_i - a_j| / (2 n^2 mean), 0 when every accuracy is 0)."""
+  a = np.asarray(acc, np.float64)
+  mean = float(np.mean(a))
+  gini = float(np.abs(a[:, None] - a[None, :]).sum() / (2 * len(a) ** 2 * mean)) if mean > 0 else 0.0
+  return {'acc_mean': mean, 'acc_std': float(np.std(a)), 'acc_p10': float(np.percentile(a, 10)),
+          'acc_p90': float(np.percentile(a, 90)), 'acc_worst': float(np.min(a)), 'acc_gini': gini}
+
+
+class ClientEvalProgram:
+  """evaluate(params) -> {'ids', 'n', 'acc', 'loss'[, 'ft_acc', 'ft_loss']} (numpy, one entry per client of
+  `ids`): the model on every client's eval set, and with steps > 0 after `steps` fine-tuning steps (module
+  docstring). One jitted program over a chunk of CHUNK clients; the chunks are fed in turn."""
+
+  def __init__(self, model, data, ids, *, seed: int, batch_size: int = 256, preprocess=None, task=None,
+               steps: int = 0, client_cfg=None, augment_fn=None):
+    self.ids = np.asarray(ids)
+    self.task = tasks_lib.get_task(task)
+    sets, self.source = client_eval_sets(data, self.ids, seed)
+    self.n = np.array([len(y) for _, y in sets], np.int64)
+    max_n = max(int(self.n.max()), 1)
+    self.batch_size = min(int(batch_size), max_n)
+    nb = max(1, math.ceil(max_n / self.batch_size))
+    self.chunk = min(CHUNK, len(self.ids))
+    pad = -len(self.ids) % self.chunk      # empty clients (mask 0) fill the last chunk
+    self.eval_batches = self._pad_clients(_stack_padded(sets, self.batch_size, nb), pad)
+    self.steps = int(steps)
+    self.tune_batches = None
+    if self.steps:
+      tb = finetune_batches(data, self.ids, self.steps, int(client_cfg.batch_size), seed)
+      self.tune_batches = self._pad_clients(tb, pad)
+    self.keys = self._pad_clients({'k': np.asarray(self.ids, np.int32)}, pad)['k']
+    self.fn = jax.jit(self._program(model, preprocess, client_cfg, augment_fn, seed))
+
+  @staticmethod
+  def _pad_clients(b, pad):
+    return {k: np.concatenate([v, np.zeros((pad,) + v.shape[1:], v.dtype)]) for k, v in b.items()} if pad else b
+
+  def _program(self, model, preprocess, client_cfg, augment_fn, seed):
+    task = self.task
+
+    def sums(params, batches):      # one client: its eval batches' additive sums
+      def one(b):
+        x = b['x'] if preprocess is None else preprocess(b['x'])
+        return task.eval_sums(model.apply(params, x, train=False), b['y'], b['mask'])
+      return tmap(lambda a: jnp.sum(a, axis=0), jax.lax.map(one, batches))
+
+    steps = self.steps
+    if steps:
+      loss_fn = local_lib.make_loss(model, task=task)
+      hparams = client_hparams(client_cfg.lr, client_cfg.rho)
+
+    def tune(params, batches, cid):   # one client: `steps` client-optimizer steps from params
+      tx = make_client_tx(client_cfg, hparams)
+      key = jax.random.fold_in(jax.random.key(seed), cid)
+
+      def body(local, xs):
+        batch, step = xs
+        r = jax.random.fold_in(key, step)
+        if augment_fn is not None:
+          batch = augment_fn(jax.random.fold_in(r, 1), batch)
+        new, _ = local_lib.local_step(local, batch, r, loss_fn=loss_fn, tx=tx)
+        valid = jnp.sum(batch['mask']) > 0     # a client without training examples keeps the model
+        return tmap(lambda a, b: jnp.where(valid, a, b), new, local), None
+      local = local_lib.LocalState(params, tx.init(params), params)
+      local, _ = jax.lax.scan(body, local, (batches, jnp.arange(steps)))
+      return local.params
+
+    def program(params, eval_batches, tune_batches, cids):
+      out = {'global': jax.vmap(sums, in_axes=(None, 0))(params, eval_batches)}
+      if steps:
+        tuned = jax.vmap(tune, in_axes=(None, 0, 0))(params, tune_batches, cids)
+        out['tuned'] = jax.vmap(sums)(tuned, eval_batches)
+      return out
+    return program
+
+  def __call__(self, params) -> Dict[str, np.ndarray]:
+    got = []
+    for s in range(0, len(self.keys), self.chunk):
+      sl = slice(s, s + self.chunk)
+      tb = None if self.tune_batches is None else {k: v[sl] for k, v in self.tune_batches.items()}
+      got.append(jax.device_get(self.fn(params, {k: v[sl] for k, v in self.eval_batches.items()}, tb,
+                                        self.keys[sl])))
+    k = len(self.ids)
+    out = {'ids': self.ids, 'n': self.n}
+    for name, prefix in (('global', ''), ('tuned', 'ft_')):
+      if name not in got[0]:
+        continue
+      s = {m: np.concatenate([np.asarray(g[name][m], np.float64) for g in got])[:k] for m in got[0][name]}
+      count = np.maximum(s['count'], 1.0)
+      out[prefix + 'acc'] = s['correct'] / count
+      out[prefix + 'loss'] = s['loss_sum'] / count
+    return out

@@ -1,0 +1,73 @@
+"""The client_eval plug-in (training/evals/client_eval.py) in a run: the records' distribution is the one of the
+rows of clients.jsonl (recomputed with NumPy), the sampled clients are the seed's, `every` skips evaluation rounds,
+and the summary, summary.md line and CDF plot are written."""
+import json
+
+import numpy as np
+import pytest
+
+from fedjax_flat.evaluation.client_eval import select_clients
+from fedjax_flat.training import run as run_lib
+from tests.fixtures.configs import small_config
+
+N = 10
+
+
+def _lines(path):
+  return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _config(rounds=4):
+  return small_config(**{'client_eval.clients': 6, 'client_eval.every': 4, 'client_eval.personalize_steps': 1,
+                         'data.num_clients': N, 'seed': 3, 'rounds': rounds})
+
+
+@pytest.fixture(scope='module')
+def sampled_run(tmp_path_factory):
+  wd = tmp_path_factory.mktemp('client_eval')
+  return wd, run_lib.run(_config(), str(wd))
+
+
+def test_records_carry_the_distribution_of_the_clients_rows(sampled_run):
+  wd, summary = sampled_run
+  recs = _lines(wd / 'metrics.jsonl')
+  assert [r['round'] for r in recs] == [2, 4]
+  assert 'clients_acc_mean' not in recs[0]            # every=4: the round-2 evaluation skips the clients
+  rows = _lines(wd / 'clients.jsonl')
+  assert {r['round'] for r in rows} == {4}
+  assert [r['client'] for r in rows] == select_clients(6, N, 3).tolist()
+  rec = recs[1]
+  for prefix, key in (('clients_acc', 'acc'), ('clients_ft_acc', 'ft_acc')):
+    a = np.array([r[key] for r in rows if r['n'] > 0])
+    s = np.sort(a)
+    gini = np.sum((2 * np.arange(1, len(s) + 1) - len(s) - 1) * s) / (len(s) * s.sum())
+    assert rec[f'{prefix}_mean'] == pytest.approx(a.mean(), rel=1e-12)
+    assert rec[f'{prefix}_std'] == pytest.approx(a.std(), rel=1e-12, abs=1e-15)
+    assert rec[f'{prefix}_p10'] == pytest.approx(np.percentile(a, 10), rel=1e-12)
+    assert rec[f'{prefix}_p90'] == pytest.approx(np.percentile(a, 90), rel=1e-12)
+    assert rec[f'{prefix}_worst'] == a.min()
+    assert rec[f'{prefix}_gini'] == pytest.approx(gini, rel=1e-9, abs=1e-15)
+  assert rec['clients_loss_mean'] == pytest.approx(np.mean([r['loss'] for r in rows if r['n'] > 0]), rel=1e-12)
+
+
+def test_summary_plot_and_the_line_in_summary_md(sampled_run):
+  wd, summary = sampled_run
+  s = summary['client_eval']
+  assert s['clients'] == 6 and s['population'] == N and s['selection'] == 'sampled from the seed'
+  assert s['source'] == 'label_matched' and s['personalize_steps'] == 1 and s['round'] == 4
+  assert s['clients_acc_mean'] == _lines(wd / 'metrics.jsonl')[-1]['clients_acc_mean']
+  assert s['examples_per_s'] > 0
+  assert (wd / 'clients_cdf.png').stat().st_size > 0
+  assert "training label distribution" in (wd / 'summary.md').read_text()
+  assert json.loads((wd / 'summary.json').read_text())['client_eval']['clients'] == 6
+
+
+def test_a_resumed_run_rewrites_the_rows_past_its_checkpoint_and_matches_the_uninterrupted_one(sampled_run, tmp_path):
+  wd, _ = sampled_run
+  run_lib.run(_config(rounds=2), str(tmp_path))        # stops after round 2 (its last round: clients evaluated)
+  with open(tmp_path / 'clients.jsonl', 'a') as f:     # as if it had gone on to evaluate round 4, then died
+    f.write(json.dumps({'round': 4, 'client': -1, 'n': 1, 'acc': 0.0, 'loss': 0.0}) + '\n')
+  run_lib.run(_config(), str(tmp_path))                # resumes from round 2
+  rows = _lines(tmp_path / 'clients.jsonl')
+  assert [r['round'] for r in rows] == [2] * 6 + [4] * 6
+  assert [r for r in rows if r['round'] == 4] == _lines(wd / 'clients.jsonl')
