@@ -86,6 +86,17 @@ def label_matched_indices(train_labels, test_labels, rng: np.random.Generator) -
   return np.sort(np.concatenate(out)) if out else np.zeros((0,), np.int64)
 
 
+def check_data(data) -> None:
+  """One ConfigError line, before anything compiles, when the clients cannot be evaluated: no per-client test
+  splits and test labels that are not class ids (segmentation masks, token sequences)."""
+  if has_own_split(data):
+    return
+  test_y = np.asarray(data.test_examples()[1])
+  if test_y.ndim != 1 or not np.issubdtype(test_y.dtype, np.integer):
+    raise ConfigError('client_eval.clients', 'label_matched', f'dataset {getattr(data, "name", "?")!r} has no '
+                      'per-client test splits and its labels are not class ids: leave client_eval.clients at off')
+
+
 def client_eval_sets(data, ids, seed: int) -> Tuple[List[Tuple[np.ndarray, np.ndarray]], str]:
   """([(x, y) per client of `ids`], source): the clients' own test splits ('own_split') or label-matched pooled
   test examples ('label_matched', module docstring)."""

@@ -36,6 +36,9 @@ def plot_title(label: str, config, dataset: Optional[str] = None) -> str:
 class Recorder:
 
   def __init__(self, plan, *, write_files: bool = True):
+    for ev in evals.selected(plan):      # a plug-in's rules against the loaded data, before anything compiles
+      if ev.check is not None:
+        ev.check(plan)
     self.plan = plan
     self.config = plan.config
     self.workdir = plan.workdir

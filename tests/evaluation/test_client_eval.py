@@ -1,6 +1,8 @@
 """Every client evaluated (evaluation/client_eval.py): each client's accuracy / loss against model.apply by hand,
 the distribution statistics against NumPy, the seeded sample, the label-matched examples, k fine-tuning steps
 against k manual SGD steps, and the config's one-line refusals."""
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -139,3 +141,13 @@ def test_bad_values_are_one_config_error_line(over, field):
     validate_config(c)
   msg = str(e.value)
   assert field in msg and '\n' not in msg
+
+
+def test_a_dataset_without_client_splits_or_class_labels_is_refused_when_the_run_is_built():
+  """Before anything compiles (the recorder runs the plug-in's check when the trainer is built)."""
+  dense = types.SimpleNamespace(name='seg',
+                                test_examples=lambda: (np.zeros((4, 2, 2)), np.zeros((4, 2, 2), np.int32)))
+  with pytest.raises(ConfigError, match=r'client_eval\.clients.*not class ids'):
+    ce.check_data(dense)
+  labels = types.SimpleNamespace(name='ok', test_examples=lambda: (np.zeros((4, 2)), np.arange(4)))
+  ce.check_data(labels)     # class ids: label-matched examples serve

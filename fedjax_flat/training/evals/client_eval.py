@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from fedjax_flat.evaluation.client_eval import ClientEvalProgram, distribution, select_clients
+from fedjax_flat.evaluation.client_eval import ClientEvalProgram, check_data, distribution, select_clients
 from fedjax_flat.evaluation.evaluator import fixed_batch_size
 from fedjax_flat.training import writers
 from fedjax_flat.training.evals.registry import Evaluation, register
@@ -133,4 +133,4 @@ def _final(trainer, summary, reported):
 
 
 register(Evaluation('client_eval', order=22, applies=_applies, periodic=_periodic, final=_final, resumed=_resumed,
-                    models=('global',)))
+                    models=('global',), check=lambda plan: check_data(plan.data)))

@@ -4,7 +4,8 @@ A plug-in is an `Evaluation`: `applies(plan)` (declared by the config and the al
 `periodic(trainer) -> metrics` added to every evaluation record, `final(trainer, summary, reported)` adding its
 entries (and figures) to summary.json; `resumed(trainer, records) -> bool`: after a checkpoint is restored, may
 correct the restored records in place (True when it did: metrics.jsonl is rewritten); `models`: the algorithm's
-eval models it is about. Each lives in its own
+eval models it is about; `check(plan)`: its rules against the loaded data, run when the recorder is built, before
+anything compiles. Each lives in its own
 module of this package; `selected(plan)` lists those a run uses, in `order` (the order of their summary
 entries). Which model is reported is the algorithm's declaration (`FederatedAlgorithm.reported_models`).
 """
@@ -27,6 +28,8 @@ class Evaluation:
   final: Optional[Callable[[Any, dict, str], None]] = None  # (trainer, summary, reported model) -> summary entries
   models: tuple = ()                                      # the algorithm's eval models it is about (documentation)
   resumed: Optional[Callable[[Any, list], bool]] = None   # (trainer, restored records) -> whether it corrected them
+  check: Optional[Callable[[Any], None]] = None           # (run plan) -> None: refuses a run it cannot serve, one
+                                                          # ConfigError line, when the run is built (before compiling)
 
 
 def register(evaluation: Evaluation) -> Evaluation:
