@@ -6,12 +6,8 @@ import pytest
 
 from fedjax_flat.models.base import num_params
 from fedjax_flat.models.registry import declared_head, get_model
+from tests.fixtures.arrays import normal as _normal
 
-
-def _normal(seed, shape):
-  """Standard-normal test inputs from NumPy: an eager jax.random draw compiles a program for every new shape
-  (1-3 s each on the 2-core CPU, most of several tests here)."""
-  return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
 
 
 @pytest.mark.parametrize('classes,expected', [(10, 797_962), (100, 815_332)])
