@@ -155,8 +155,8 @@ def _base_params():
 
 
 # slow [device_rounds]: the base's own config run twice (determinism); the default suite covers the device rounds
-# by the base of [host_rounds] / [streamed], determinism by
-# tests/training/test_loop.py::test_same_seed_same_params_other_seed_other_params
+# by the base of [host_rounds] / [streamed], a run's determinism by
+# tests/e2e/test_flat_methods.py::test_stateful_run_is_deterministic
 @pytest.mark.parametrize('over', [pytest.param({'engine.device_data': True}, marks=pytest.mark.slow),
                                   {'engine.device_data': False},
                                   {'engine.stream_batches': True, 'engine.strategy': 'chunked',
