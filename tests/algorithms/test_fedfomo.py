@@ -126,7 +126,8 @@ def test_fedfomo_matches_hand_computed_rounds(affinity):
     assert any(float(np.min(a)) < 0 for a in aff.values()), aff
 
 
-@pytest.mark.parametrize('models', [1, 2])
+# slow [1]: the default suite covers exploration with filled slots by [2] (more slots than one)
+@pytest.mark.parametrize('models', [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_fedfomo_exploration_is_deterministic_and_uses_only_filled_slots(models):
   cfg = config('fedfomo', models=models, epsilon=1.0, val_source='val')
   a, _, _ = _run(cfg)

@@ -87,6 +87,10 @@ def test_group_command_prints_and_saves_statistics(tmp_path):
   assert os.path.exists(tmp_path / 'grouping' / 'report.md')
 
 
+# slow: two group.py subprocesses; the default suite covers the binary's one-line exit 2 by
+# tests/e2e/test_entry_point_errors.py[group: --compare=foo] and the distance check by
+# test_invalid_grouping_field_is_named (in process)
+@pytest.mark.slow
 def test_group_command_bad_config_exits_2(tmp_path):
   r = _group(['--config.grouping.method=greedy', '--config.grouping.distance=gini'], tmp_path)
   assert r.returncode == 2

@@ -291,13 +291,14 @@ def test_microbatches_give_the_full_batch_loss_and_gradient(ohem):
   m, task = _model('gn'), seg_tasks.Segmentation(ohem=ohem)
   p = m.init(jax.random.key(0), jnp.zeros((1, H, W, 3)))
   batch = _batch()
-  full = jax.value_and_grad(lambda q: local_lib.make_loss(m, task=task)(q, batch)[0])(p)
+  # jitted: op by op, the OHEM sort and the microbatch loop dispatched for most of a minute (loaded machine)
+  full = jax.jit(jax.value_and_grad(lambda q: local_lib.make_loss(m, task=task)(q, batch)[0]))(p)
   micro_fn = local_lib.make_loss(m, task=task, microbatches=2)
-  micro = jax.value_and_grad(lambda q: micro_fn(q, batch)[0])(p)
+  micro = jax.jit(jax.value_and_grad(lambda q: micro_fn(q, batch)[0]))(p)
   np.testing.assert_allclose(micro[0], full[0], rtol=1e-5)
   for a, b in zip(jax.tree_util.tree_leaves(micro[1]), jax.tree_util.tree_leaves(full[1])):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
-  (_, aux_full), (_, aux_micro) = local_lib.make_loss(m, task=task)(p, batch), micro_fn(p, batch)
+  (_, aux_full), (_, aux_micro) = jax.jit(local_lib.make_loss(m, task=task))(p, batch), jax.jit(micro_fn)(p, batch)
   np.testing.assert_allclose(aux_micro[1], aux_full[1])              # same count of loss units
 
 

@@ -59,7 +59,14 @@ CASES = {
 _TRAINERS = {}
 
 
-@pytest.mark.parametrize('case', list(CASES))
+# slow: fedasam+swa and fedsam+wima: the default suite covers their SWA / WIMA reporting by
+# [fedavg+swa+wima(features)], the wrappers by tests/algorithms/wrappers/test_swa.py and test_wima.py, SAM
+# composed in a run by [fedgloss+sam]
+_SLOW_CASES = ('fedasam+swa', 'fedsam+wima')
+
+
+@pytest.mark.parametrize('case', [pytest.param(c, marks=pytest.mark.slow) if c in _SLOW_CASES else c
+                                  for c in CASES])
 def test_method_runs_and_improves(case):
   over, reported = CASES[case]
   t = trainers.make_trainer(config(**over), data=DATA, write_files=False)

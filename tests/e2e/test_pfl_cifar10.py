@@ -111,7 +111,11 @@ def _ce(model, p, x, y):
   return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=1))
 
 
-@pytest.mark.parametrize('strategy', ['sequential', 'vmap', 'chunked'])
+# slow [*-sequential], [*-chunked]: the client weights enter the same accumulation in every strategy; the default
+# suite covers the weighting by [*-vmap] and the strategies' agreement by
+# tests/core/test_engine.py::test_strategies_agree
+@pytest.mark.parametrize('strategy', [pytest.param('sequential', marks=pytest.mark.slow), 'vmap',
+                                      pytest.param('chunked', marks=pytest.mark.slow)])
 @pytest.mark.parametrize('weighting', ['uniform', 'examples'])
 def test_weighting_is_the_formula(strategy, weighting):
   """One full-batch SGD step per client, server SGD lr 0.5: w' = w - 0.5 sum_k a_k (w - w_k), with

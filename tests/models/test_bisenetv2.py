@@ -13,6 +13,7 @@ from fedjax_flat.models import bisenetv2 as B
 from fedjax_flat.models import registry
 from fedjax_flat.models.base import num_params, num_trainable_params
 from fedjax_flat.models.layers import Conv
+from tests.fixtures import arrays
 
 
 def _shapes(variant='feddrive', classes=19, norm='bn', aux=True, hw=(64, 128)):
@@ -74,7 +75,7 @@ def test_torch_semantics_of_the_resampling_helpers():
 
 @pytest.mark.parametrize('stride,mult', [(1, 6), (2, 6), (2, 1)])
 def test_depthwise_im2col_equals_lax(stride, mult):
-  x = jax.random.normal(jax.random.key(0), (2, 10, 12, 4))
+  x = arrays.normal(0, (2, 10, 12, 4))
   a = Conv(4 * mult, (3, 3), strides=stride, feature_group_count=4, conv_impl='lax')
   b = Conv(4 * mult, (3, 3), strides=stride, feature_group_count=4, conv_impl='im2col')
   p = a.init(jax.random.key(1), x)
@@ -87,7 +88,7 @@ def test_depthwise_im2col_equals_lax(stride, mult):
 @pytest.mark.slow
 def test_remat_gives_the_same_loss_and_gradients():
   task = seg_tasks.Segmentation()
-  batch = {'x': jax.random.normal(jax.random.key(0), (2, 32, 64, 3)),
+  batch = {'x': arrays.normal(0, (2, 32, 64, 3)),
            'y': jax.random.randint(jax.random.key(1), (2, 32, 64), 0, 4), 'mask': jnp.array([1.0, 0.0])}
   out = []
   for remat in (False, True):

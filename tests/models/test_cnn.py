@@ -6,6 +6,8 @@ import pytest
 
 from fedjax_flat.models.base import num_params
 from fedjax_flat.models.registry import declared_head, get_model
+from tests.fixtures.arrays import normal as _normal
+
 
 
 @pytest.mark.parametrize('classes,expected', [(10, 797_962), (100, 815_332)])
@@ -19,7 +21,7 @@ def test_cifar_cnn_param_count(classes, expected):
 def test_im2col_and_lax_convolutions_agree(name, shape):
   a = get_model(name, 10, shape, conv_impl='im2col')
   b = get_model(name, 10, shape, conv_impl='lax')
-  x = jax.random.normal(jax.random.key(1), (3,) + shape)
+  x = _normal(1, (3,) + shape)
   p = a.init(jax.random.key(0), x)
   np.testing.assert_allclose(jax.jit(a.apply)(p, x), jax.jit(b.apply)(p, x), rtol=1e-4, atol=1e-5)
   ga = jax.jit(jax.grad(lambda q: jnp.sum(a.apply(q, x) ** 2)))(p)     # jitted: one compile, not one per op
@@ -58,7 +60,7 @@ def test_digits_cnn_groupnorm_option_for_fedbn():
   assert num_params(p1) - num_params(p0) == 2 * (32 + 32)           # scale + bias of two GN(32) layers
   assert sum(local_norm.norm_flags(p1)) == 4 and sum(local_norm.norm_flags(p0)) == 0
   # GroupNorm statistics are per example: one example's logits do not depend on the rest of the batch.
-  x = jax.random.normal(jax.random.key(1), (5, 8, 8, 1))
+  x = _normal(1, (5, 8, 8, 1))
   apply = jax.jit(gn.apply)
   np.testing.assert_allclose(apply(p1, x)[:1], apply(p1, x[:1]), rtol=1e-5, atol=1e-5)
   with pytest.raises(ValueError, match='not divisible'):
@@ -95,13 +97,13 @@ from fedjax_flat.models import layers  # noqa: E402
                                           ((4, 3, 10, 10, 2), 2)])
 @pytest.mark.parametrize('ties', [False, True])
 def test_reshape_max_pool_equals_reduce_window(shape, window, ties):
-  x = jax.random.normal(jax.random.key(0), shape)
+  x = _normal(0, shape)
   if ties:   # many tied maxima (and whole tied windows): the gradient goes to the FIRST one, as reduce_window
     x = jnp.round(x)
   mine = lambda v: layers.max_pool(v, (window, window), pool_impl='reshape')
   ref = lambda v: nn.max_pool(v, (window, window), strides=(window, window))
-  dy = jax.random.normal(jax.random.key(1), ref(x).shape)
-  tx = jax.random.normal(jax.random.key(2), x.shape)   # forward mode too (HVPs use it)
+  dy = _normal(1, jax.eval_shape(ref, x).shape)
+  tx = _normal(2, x.shape)   # forward mode too (HVPs use it)
 
   def all_modes(pool):       # one compiled program per pooling (eager mode would compile every op)
     @jax.jit
@@ -117,12 +119,12 @@ def test_reshape_max_pool_equals_reduce_window(shape, window, ties):
 @pytest.mark.parametrize('ties', [False, True])
 def test_fused_relu_max_pool_equals_relu_then_pool(shape, ties):
   # Ties: rounded values give tied maxima, zeros (relu'(0) = 0) and all-negative windows.
-  x = jax.random.normal(jax.random.key(0), shape)
+  x = _normal(0, shape)
   x = jnp.round(x) if ties else x
   fused = lambda v: layers.relu_max_pool(v, (2, 2), pool_impl='reshape')
   ref = lambda v: nn.max_pool(nn.relu(v), (2, 2), strides=(2, 2))      # reduce_window of the ReLU output
-  dy = jax.random.normal(jax.random.key(1), ref(x).shape)
-  tx = jax.random.normal(jax.random.key(2), x.shape)
+  dy = _normal(1, jax.eval_shape(ref, x).shape)
+  tx = _normal(2, x.shape)
 
   def all_modes(f):
     @jax.jit
@@ -132,7 +134,7 @@ def test_fused_relu_max_pool_equals_relu_then_pool(shape, ties):
     return run(x, dy, tx)
   for a, b in zip(all_modes(fused), all_modes(ref)):    # values, gradient, forward mode: exactly equal
     np.testing.assert_array_equal(a, b)
-  x2 = jax.random.normal(jax.random.key(3), (1, 4, 6, 2))        # second order (HVPs), no ties
+  x2 = _normal(3, (1, 4, 6, 2))        # second order (HVPs), no ties
   h = lambda f: jax.hessian(lambda v: jnp.sum(jnp.sin(f(v)) ** 2))(x2)
   np.testing.assert_allclose(h(fused), h(ref), rtol=1e-5, atol=1e-6)
 
@@ -142,7 +144,7 @@ def test_models_fused_relu_pool_same_bits_as_two_ops(name, shape):
   # fused_relu_pool=True vs the default two ops, and vs collecting 'intermediates' (MAN: always two ops).
   m = get_model(name, 10, shape, conv_impl='im2col', fused_relu_pool=True)
   ref = get_model(name, 10, shape, conv_impl='im2col', fused_relu_pool=False)
-  x = jax.random.normal(jax.random.key(1), (3,) + shape)
+  x = _normal(1, (3,) + shape)
   p = m.init(jax.random.key(0), x)
   (vr, gr) = jax.jit(jax.value_and_grad(lambda q: jnp.sum(ref.apply(q, x) ** 2)))(p)
   fused = jax.jit(jax.value_and_grad(lambda q: jnp.sum(m.apply(q, x) ** 2)))
@@ -155,7 +157,7 @@ def test_models_fused_relu_pool_same_bits_as_two_ops(name, shape):
 
 
 def test_reshape_max_pool_second_order_matches_without_ties():
-  x = jax.random.normal(jax.random.key(0), (1, 4, 6, 2))
+  x = _normal(0, (1, 4, 6, 2))
   f = lambda pool: (lambda v: jnp.sum(jnp.sin(pool(v)) ** 2))
   mine = f(lambda v: layers.max_pool(v, (2, 2), pool_impl='reshape'))
   ref = f(lambda v: nn.max_pool(v, (2, 2), strides=(2, 2)))
@@ -174,22 +176,30 @@ def test_pool_impl_resolution():
 def test_model_pool_impls_agree(name, shape):
   a = get_model(name, 10, shape, conv_impl='im2col', pool_impl='reshape')
   b = get_model(name, 10, shape, conv_impl='im2col', pool_impl='lax')
-  x = jax.random.normal(jax.random.key(1), (3,) + shape)
-  p = a.init(jax.random.key(0), x)
-  np.testing.assert_array_equal(a.apply(p, x), b.apply(p, x))
-  ga = jax.grad(lambda q: jnp.sum(a.apply(q, x) ** 2))(p)
-  gb = jax.grad(lambda q: jnp.sum(b.apply(q, x) ** 2))(p)
+  x = _normal(1, (3,) + shape)
+  p = jax.jit(a.init)(jax.random.key(0), x)
+  np.testing.assert_array_equal(jax.jit(a.apply)(p, x), jax.jit(b.apply)(p, x))
+  ga = jax.jit(jax.grad(lambda q: jnp.sum(a.apply(q, x) ** 2)))(p)     # jitted: one compile, not one per op
+  gb = jax.jit(jax.grad(lambda q: jnp.sum(b.apply(q, x) ** 2)))(p)
   jax.tree_util.tree_map(lambda u, v: np.testing.assert_allclose(u, v, rtol=1e-6, atol=1e-7), ga, gb)
+
+
+# The default suite keeps one case of each lowering path: the paper CNN's convs (two-stage patches below 16 input
+# channels, one-stage above), SAME padding with a stride and an odd size, an even kernel with stride 3.
+# slow: the other shapes run those same paths; the default suite covers them by the four kept cases.
+_SLOW = pytest.mark.slow
 
 
 @pytest.mark.parametrize('kernel,stride,padding,cin,hw', [
     (5, 1, 'VALID', 3, 32), (5, 1, 'VALID', 64, 14),     # the paper CNN's two convs
-    (3, 1, 'SAME', 1, 8), (3, 2, 'SAME', 4, 9), (3, 2, 'VALID', 5, 11), (1, 2, 'SAME', 6, 7), (4, 3, 'SAME', 2, 10)])
+    pytest.param(3, 1, 'SAME', 1, 8, marks=_SLOW), (3, 2, 'SAME', 4, 9),
+    pytest.param(3, 2, 'VALID', 5, 11, marks=_SLOW), pytest.param(1, 2, 'SAME', 6, 7, marks=_SLOW),
+    (4, 3, 'SAME', 2, 10)])
 def test_im2col_conv_equals_lax_conv(kernel, stride, padding, cin, hw):
-  x = jax.random.normal(jax.random.key(0), (2, hw, hw + 1, cin))
+  x = _normal(0, (2, hw, hw + 1, cin))
   mods = {impl: layers.Conv(8, (kernel, kernel), strides=stride, padding=padding, conv_impl=impl)
           for impl in ('im2col', 'lax')}
-  p = mods['lax'].init(jax.random.key(1), x)
+  p = jax.jit(mods['lax'].init)(jax.random.key(1), x)
   outs, grads = {}, {}
 
   # One compiled program per lowering: op-by-op dispatch compiles every slice of im2col separately.
@@ -207,10 +217,10 @@ def test_man_convnet_matches_its_definition_and_torch():
   """MAN's Tiny-ImageNet ConvNet: 2,447,688 parameters, 5 sown ReLU outputs, and the same logits as the same
   network written in torch with the same weights (conv3x3 pad 1, GroupNorm(4), ReLU, maxpool2; fc stack)."""
   m = get_model('man_convnet', 200, (64, 64, 3))
-  x = jax.random.normal(jax.random.key(1), (2, 64, 64, 3))
-  p = m.init(jax.random.key(0), x)
+  x = _normal(1, (2, 64, 64, 3))
+  p = jax.jit(m.init)(jax.random.key(0), x)       # jitted: eager init and apply compile op by op
   assert num_params(p) == 2_447_688
-  logits, acts = m.apply(p, x, with_activations=True)
+  logits, acts = jax.jit(lambda q, v: m.apply(q, v, with_activations=True))(p, x)
   assert logits.shape == (2, 200)
   assert sorted(a.shape[1:] for a in acts) == sorted([(64, 64, 64), (32, 32, 64), (16, 16, 64), (512,), (384,)])
   torch = pytest.importorskip('torch')
@@ -242,8 +252,8 @@ def test_mcmahan_cnn_param_count_by_formula():
 def test_mcmahan_cnn_matches_its_definition():
   """conv5x5-32 SAME, ReLU, pool2, conv5x5-64 SAME, ReLU, pool2, fc512, ReLU, fc, written with lax ops."""
   m = get_model('mcmahan_cnn', 62, (28, 28, 1))
-  x = jax.random.normal(jax.random.key(1), (2, 28, 28, 1))
-  p = m.init(jax.random.key(0), x)
+  x = _normal(1, (2, 28, 28, 1))
+  p = jax.jit(m.init)(jax.random.key(0), x)       # jitted: eager init and apply compile op by op
 
   def conv(h, layer):
     y = jax.lax.conv_general_dilated(h, layer['kernel'], (1, 1), 'SAME',
@@ -258,8 +268,8 @@ def test_mcmahan_cnn_matches_its_definition():
   assert h.shape == (2, 7, 7, 64)
   h = jax.nn.relu(h.reshape(2, -1) @ p['Dense_0']['kernel'] + p['Dense_0']['bias'])
   want = h @ p['Dense_1']['kernel'] + p['Dense_1']['bias']
-  np.testing.assert_allclose(m.apply(p, x), want, rtol=1e-4, atol=1e-5)
-  logits, acts = m.apply(p, x, with_activations=True)
+  np.testing.assert_allclose(jax.jit(m.apply)(p, x), want, rtol=1e-4, atol=1e-5)
+  logits, acts = jax.jit(lambda q, v: m.apply(q, v, with_activations=True))(p, x)
   assert sorted(a.shape[1:] for a in acts) == sorted([(28, 28, 32), (14, 14, 64), (512,)])
 
 
@@ -273,7 +283,7 @@ def test_mcmahan_cnn_head_is_last_dense():
 def test_man_convnet_release_measures_block_3_after_its_pooling():
   """model_kwargs.man_measure='release' (the MAN authors' code): the same network and logits, but block 3's sown
   activation is its max-pooled output (8x8, not 16x16): MAN's regularizer reads a different tensor."""
-  x = jax.random.normal(jax.random.key(1), (2, 32, 32, 3))
+  x = _normal(1, (2, 32, 32, 3))
   paper, release = (get_model('man_convnet', 20, (32, 32, 3), man_measure=v) for v in ('paper', 'release'))
   p = paper.init(jax.random.key(0), x)
   lp, ap = paper.apply(p, x, with_activations=True)

@@ -8,6 +8,7 @@ import pytest
 from fedjax_flat.algorithms import ladd
 from fedjax_flat.models import base
 from fedjax_flat.models.registry import get_model, uses_batch_stats
+from tests.fixtures import arrays
 
 
 def _head_params(cin, c, classes, rates=3):
@@ -44,7 +45,7 @@ def test_parameter_count(model_and_shapes):
 @pytest.mark.slow   # long (CI time budget): run with `pytest -m slow`
 def test_forward_shapes_statistics_and_dropout():
   model, params = _model_and_params()
-  x = jax.random.normal(jax.random.PRNGKey(1), (2, 64, 64, 3))
+  x = arrays.normal(1, (2, 64, 64, 3))
   logits = model.apply(params, x, train=False)
   assert logits.shape == (2, 64, 64, 19) and bool(jnp.all(jnp.isfinite(logits)))
   np.testing.assert_array_equal(np.asarray(model.apply(params, x, train=False)), np.asarray(logits))

@@ -8,12 +8,13 @@ import pytest
 
 from fedjax_flat.models import fedcg
 from fedjax_flat.models.registry import get_model
+from tests.fixtures import arrays
 
 D = 3
 
 
 def _rand(key, shape, scale=1.0):
-  return scale * jax.random.normal(jax.random.key(key), shape)
+  return scale * arrays.normal(key, shape)
 
 
 def test_gcn_equals_formula():

@@ -9,6 +9,7 @@ import pytest
 from fedjax_flat.models.base import num_params
 from fedjax_flat.models.registry import get_model, names
 from fedjax_flat.models import mobilenet_v2, pretrained, resnet
+from tests.fixtures import arrays
 
 
 def _shapes(name, num_classes, input_shape, **kw):
@@ -151,7 +152,7 @@ def test_forward_and_activations(name, num_classes, hw, n_acts, first_hw):
   # lax convs: XLA compiles them ~5x faster than im2col (which the ResNet20 test below covers).
   model, shapes = _shapes(name, num_classes, (hw, hw, 3), conv_impl='lax')
   params = _fake_params(shapes)
-  x = jax.random.normal(jax.random.PRNGKey(1), (2, hw, hw, 3))
+  x = arrays.normal(1, (2, hw, hw, 3))
   logits, acts = jax.jit(lambda p, x: model.apply(p, x, with_activations=True))(params, x)
   assert logits.shape == (2, num_classes)
   assert np.all(np.isfinite(np.asarray(logits)))
@@ -161,7 +162,7 @@ def test_forward_and_activations(name, num_classes, hw, n_acts, first_hw):
 
 
 def test_resnet20_forward_and_im2col_matches_lax():
-  x = jax.random.normal(jax.random.PRNGKey(1), (2, 32, 32, 3))
+  x = arrays.normal(1, (2, 32, 32, 3))
   m_col, shapes = _shapes('resnet20_gn', 100, (32, 32, 3), conv_impl='im2col')
   m_lax = get_model('resnet20_gn', 100, (32, 32, 3), conv_impl='lax')
   params = _fake_params(shapes)
@@ -194,9 +195,9 @@ class _OneConv(nn.Module):
 @pytest.mark.parametrize('impl', ['im2col'])  # lax: covered by the ResNet20 im2col-vs-lax test
 def test_torch_padding_strided(impl):
   # PyTorch Conv2d(k=3, stride=2, padding=1): symmetric (1, 1) padding also for even inputs.
-  x = jax.random.normal(jax.random.PRNGKey(0), (2, 8, 8, 3))
+  x = arrays.normal(0, (2, 8, 8, 3))
   mod = _OneConv(impl)
-  kernel = jax.random.normal(jax.random.PRNGKey(1), (3, 3, 3, 4))
+  kernel = arrays.normal(1, (3, 3, 3, 4))
   params = {'params': {'Conv_0': {'kernel': kernel}}}
   assert jax.tree_util.tree_structure(jax.eval_shape(mod.init, jax.random.PRNGKey(1), x)) == \
       jax.tree_util.tree_structure(params)
@@ -218,7 +219,7 @@ class _GN(nn.Module):
 
 
 def test_group_norm_per_example():
-  x = jax.random.normal(jax.random.PRNGKey(0), (3, 2, 4, 4, 8)) * 3 + 1
+  x = arrays.normal(0, (3, 2, 4, 4, 8)) * 3 + 1
   gn = _GN()
   params = {'params': {'GroupNorm_0': {'scale': jnp.ones(8), 'bias': jnp.zeros(8)}}}
   jax.eval_shape(gn.init, jax.random.PRNGKey(1), x[0])      # the names above are the module's

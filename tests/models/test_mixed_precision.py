@@ -34,6 +34,7 @@ import pytest
 
 from fedjax_flat.config.default_config import default_config
 from fedjax_flat.models import base, registry
+from tests.fixtures import arrays
 
 OUT_RTOL, GRAD_COS = 0.05, 0.98
 FLOOR_FACTOR = 4.0
@@ -101,7 +102,7 @@ def _check(name):
   p = m16.init(jax.random.key(1), x)
   assert {a.dtype for a in jax.tree.leaves(p)} == {jnp.dtype(jnp.float32)}
   out_shape = jax.eval_shape(lambda: jax.tree.leaves(m32.apply(p, x, train=True, rng=jax.random.key(2)))[0]).shape
-  r = jax.random.normal(jax.random.key(3), out_shape)
+  r = arrays.normal(3, out_shape)
 
   def value_and_grad(m, q, xx):
     def f(q):
@@ -174,7 +175,7 @@ def test_float32_is_the_model_unchanged_and_float32_model_undoes_bf16():
   m16 = base.with_compute_dtype(m, 'bfloat16')
   back = base.float32_model(m16)
   assert back.compute_dtype == 'float32' and back.apply is m.apply and back == m
-  x = jax.random.normal(jax.random.key(0), (2, 8, 8, 1))
+  x = arrays.normal(0, (2, 8, 8, 1))
   p = m.init(jax.random.key(1), x)
   np.testing.assert_array_equal(back.apply(p, x), m.apply(p, x))
   # A model whose apply was replaced after mixed precision cannot be silently taken back to float32.
@@ -188,7 +189,7 @@ def test_float32_is_the_model_unchanged_and_float32_model_undoes_bf16():
 def test_activations_in_bf16_and_returned_float32():
   """The hidden activations (MAN) are computed in bfloat16 and handed back float32."""
   m16 = registry.get_model('digits_cnn', 10, (8, 8, 1), compute_dtype='bfloat16')
-  x = jax.random.normal(jax.random.key(0), (2, 8, 8, 1))
+  x = arrays.normal(0, (2, 8, 8, 1))
   p = m16.init(jax.random.key(1), x)
   inner = jax.make_jaxpr(lambda q: m16.apply(q, x))(p)
   assert 'bf16' in str(inner)                  # the matmuls run in bfloat16
@@ -221,7 +222,7 @@ def test_batch_norm_statistics_stay_float32():
   and equal to the float32 model's up to bfloat16 rounding (Flax computes the moments in float32)."""
   m32 = base.from_flax(_TinyBN(), 'tiny_bn', 3, (5,), batch_stats=True)
   m16 = base.with_compute_dtype(m32, 'bfloat16')
-  x = jax.random.normal(jax.random.key(0), (6, 5))
+  x = arrays.normal(0, (6, 5))
   p = m16.init(jax.random.key(1), x)
   (out, stats), (out32, stats32) = (m.apply(p, x, train=True, with_batch_stats=True) for m in (m16, m32))
   assert out.dtype == jnp.float32
@@ -242,7 +243,7 @@ def test_layers_take_flax_dtype_convention():
   """models/layers Conv / Dense `dtype`: None computes in the input's dtype (what mixed precision relies on); a dtype
   casts the input first (Flax's native policy), the parameters staying float32."""
   from fedjax_flat.models.layers import Conv, Dense
-  x = jax.random.normal(jax.random.key(0), (2, 6, 6, 3))
+  x = arrays.normal(0, (2, 6, 6, 3))
   for layer in (Conv(4, (3, 3)), Dense(5)):
     p = layer.init(jax.random.key(1), x)
     assert {a.dtype for a in jax.tree.leaves(p)} == {jnp.dtype(jnp.float32)}

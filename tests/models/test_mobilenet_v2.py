@@ -9,6 +9,7 @@ import pytest
 
 from fedjax_flat.models.deeplabv3 import InvertedResidualBN
 from fedjax_flat.models.mobilenet_v2 import InvertedResidual
+from tests.fixtures import arrays
 
 EPS = 1e-5
 
@@ -42,11 +43,11 @@ def _formula(x, units, strides, residual):
 @pytest.mark.parametrize('strides,expand,cin,cout', [(1, 2, 8, 8), (2, 1, 8, 4)])
 def test_groupnorm_block_is_the_formula(strides, expand, cin, cout):
   block = InvertedResidual(cout, strides, expand, gn_groups=2)
-  x = jax.random.normal(jax.random.PRNGKey(0), (2, 6, 6, cin))
+  x = arrays.normal(0, (2, 6, 6, cin))
   params = jax.jit(block.init)(jax.random.PRNGKey(1), x)['params']
   names = ['dw', 'project'] if expand == 1 else ['expand', 'dw', 'project']
   assert set(params) == {f'{n}_{p}' for n in names for p in ('conv', 'gn')}
-  params = jax.tree_util.tree_map(lambda a: a + 0.1 * jax.random.normal(jax.random.PRNGKey(2), a.shape), params)
+  params = jax.tree_util.tree_map(lambda a: a + 0.1 * arrays.normal(2, a.shape), params)
   got, state = jax.jit(lambda p, x: block.apply({'params': p}, x, mutable=['intermediates']))(params, x)
 
   @jax.jit
@@ -63,13 +64,13 @@ def test_groupnorm_block_is_the_formula(strides, expand, cin, cout):
 @pytest.mark.parametrize('strides,expand,cin,cout', [(1, 3, 4, 4), (2, 1, 4, 8)])
 def test_batchnorm_block_is_the_formula(strides, expand, cin, cout):
   block = InvertedResidualBN(cout, strides, expand)
-  x = jax.random.normal(jax.random.PRNGKey(0), (2, 6, 6, cin))
+  x = arrays.normal(0, (2, 6, 6, cin))
   variables = jax.jit(lambda k, x: block.init(k, x, True))(jax.random.PRNGKey(1), x)
   names = ['dw', 'project'] if expand == 1 else ['expand', 'dw', 'project']
   assert set(variables['params']) == set(names) == set(variables['batch_stats'])
   assert all(set(variables['params'][n]) == {'conv', 'bn'} for n in names)
   noise = lambda t, s: jax.tree_util.tree_map(  # noqa: E731
-      lambda a: a + 0.1 * jnp.abs(jax.random.normal(jax.random.PRNGKey(s), a.shape)), t)
+      lambda a: a + 0.1 * jnp.abs(arrays.normal(s, a.shape)), t)
   params, stats = noise(variables['params'], 2), noise(variables['batch_stats'], 3)   # variances stay > 0
   got, state = jax.jit(lambda v, x: block.apply(v, x, True, mutable=['intermediates']))(
       {'params': params, 'batch_stats': stats}, x)

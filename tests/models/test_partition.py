@@ -7,6 +7,7 @@ import pytest
 from fedjax_flat.algorithms.wrappers import local_norm
 from fedjax_flat.models import partition
 from fedjax_flat.models.registry import declared_head, get_model
+from tests.fixtures import arrays
 
 
 def _model(name, shape, **kw):
@@ -19,7 +20,7 @@ def test_mlp_head_is_its_last_dense_and_z_is_the_hidden_layer():
   assert m.head == (('Dense_1',),)
   mask = partition.head_mask(m, p)
   assert mask == {'Dense_0': {'kernel': False, 'bias': False}, 'Dense_1': {'kernel': True, 'bias': True}}
-  x = jax.random.normal(jax.random.key(1), (5, 2, 2, 1))
+  x = arrays.normal(1, (5, 2, 2, 1))
   logits, z = partition.representation(m, p, x)
   want_z = jax.nn.relu(x.reshape(5, -1) @ p['Dense_0']['kernel'] + p['Dense_0']['bias'])
   np.testing.assert_allclose(z, want_z, rtol=1e-5, atol=1e-6)
@@ -42,7 +43,7 @@ def test_digits_cnn_split_and_representation_under_jit_and_grad():
   flat = {'/'.join(partition.key_name(k) for k in path): v
           for path, v in jax.tree_util.tree_flatten_with_path(mask)[0]}
   assert {k for k, v in flat.items() if v} == {'Dense_1/kernel', 'Dense_1/bias'}
-  x = jax.random.normal(jax.random.key(2), (4, 8, 8, 1))
+  x = arrays.normal(2, (4, 8, 8, 1))
   logits, z = jax.jit(lambda q, x: partition.representation(m, q, x))(p, x)
   assert z.shape == (4, p['Dense_1']['kernel'].shape[0])
   np.testing.assert_allclose(logits, z @ p['Dense_1']['kernel'] + p['Dense_1']['bias'], rtol=1e-4, atol=1e-5)

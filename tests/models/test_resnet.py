@@ -9,6 +9,7 @@ import numpy as np
 from fedjax_flat.models import base, registry
 from fedjax_flat.models.resnet import BNBlock, ResNetBN
 from tests.models.test_large import expected_resnet18
+from tests.fixtures import arrays
 
 
 def _bn_channels():
@@ -40,7 +41,7 @@ def test_batch_statistics_in_training_running_ones_in_evaluation():
   m = base.from_flax(net, 'tiny_bn', 3, (8, 8, 3), batch_stats=True)
   params = jax.jit(m.init)(jax.random.key(0), jnp.zeros((1, 8, 8, 3)))
   assert set(params['batch_stats']) == {'stem_bn', 'layer1_0', 'layer2_0'}
-  x = jax.random.normal(jax.random.key(1), (4, 8, 8, 3)) * 2.0 + 1.0
+  x = arrays.normal(1, (4, 8, 8, 3)) * 2.0 + 1.0
   train = jax.jit(lambda p, v, mask: m.apply(p, v, train=True, mask=mask, with_batch_stats=True))
   logits, stats = train(params, x, jnp.ones((4,)))
   assert logits.shape == (4, 3)

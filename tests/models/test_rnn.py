@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from fedjax_flat.models import registry, rnn
+from tests.fixtures import arrays
 
 
 def _torch_lstm(i, h):      # nn.LSTM layer: weight_ih [4h, i], weight_hh [4h, h], bias_ih, bias_hh
@@ -43,7 +44,7 @@ def test_femnist_cnn_count_and_shapes():
 
 def test_femnist_dropout_draws_from_the_step_key():
   m, p = _init('femnist_cnn', 62, (28, 28, 1))
-  x = jax.random.uniform(jax.random.key(1), (4, 28, 28, 1))
+  x = arrays.uniform(1, (4, 28, 28, 1))
   run = jax.jit(lambda p, x, k, train: m.apply(p, x, train=train, rng=k), static_argnums=3)
   a = run(p, x, jax.random.key(2), True)
   np.testing.assert_array_equal(a, run(p, x, jax.random.key(2), True))
@@ -83,7 +84,7 @@ def _np_lstm(x, w_ih, w_hh, b):
 @pytest.mark.parametrize('biases', [1, 2])
 def test_lstm_layer_matches_numpy(biases):
   layer = rnn.LSTM(5, biases)
-  x = jax.random.normal(jax.random.key(0), (3, 7, 4))
+  x = arrays.normal(0, (3, 7, 4))
   v = jax.jit(layer.init)(jax.random.key(1), x)
   p = jax.tree.map(np.asarray, v['params'])
   b = p['b_ih'] + (p['b_hh'] if biases == 2 else 0)

@@ -9,6 +9,7 @@ import pytest
 
 from fedjax_flat.models import base, pretrained, registry, vpr
 from fedjax_flat.training import init as init_lib
+from tests.fixtures import arrays
 
 
 def test_gem_equals_its_formula():
@@ -27,7 +28,7 @@ def test_gem_equals_its_formula():
 def test_descriptors_have_unit_norm_for_any_leading_axes(norm):
   m = registry.get_model('vpr_resnet18', 1, (3, 16, 16, 3), norm=norm, base_width=4)
   params = m.init(jax.random.key(0), jnp.zeros((1, 3, 16, 16, 3)))
-  x = jax.random.uniform(jax.random.key(1), (2, 3, 16, 16, 3))
+  x = arrays.uniform(1, (2, 3, 16, 16, 3))
   apply = jax.jit(lambda p, v: m.apply(p, v, train=False))
   d = apply(params, x)
   assert d.shape == (2, 3, 16)
@@ -61,7 +62,7 @@ def test_parameter_count_is_resnet18_up_to_layer3_plus_p():
 def test_batch_norm_masks_padding_tuples():
   m = registry.get_model('vpr_resnet18', 1, (2, 16, 16, 3), norm='bn', base_width=4)
   params = m.init(jax.random.key(0), jnp.zeros((1, 2, 16, 16, 3)))
-  x = jax.random.uniform(jax.random.key(1), (3, 2, 16, 16, 3))
+  x = arrays.uniform(1, (3, 2, 16, 16, 3))
   junk = x.at[2].set(100.0)
   mask = jnp.array([1.0, 1.0, 0.0])
   apply = jax.jit(lambda p, v: m.apply(p, v, train=True, mask=mask, with_batch_stats=True))

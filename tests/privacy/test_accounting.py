@@ -102,6 +102,10 @@ def test_unsampled_release_is_the_gaussian_at_twice_the_sensitivity():
           == accounting.epsilon(1.0, 0.5, 10, 1e-5))
 
 
+# slow: a bisection of ~20 fixed-size (replace-one) accountings; the default suite covers its two halves by
+# test_pinned_epsilons_of_both_relations (epsilon at z = 1.1 under replace-one) and
+# test_calibration_is_within_target_and_minimal (the bisection of calibrate)
+@pytest.mark.slow
 def test_calibration_under_replace_one_meets_the_pinned_relation():
   z = accounting.calibrate(REPLACE_ONE_EPSILON, 5 / 20, 6, 1e-3, sampling='fixed', num_clients=20)
   assert z == pytest.approx(1.1, rel=1e-3)

@@ -68,6 +68,9 @@ def test_expand_rejects_bad_input():
   assert grid_lib.parse_seeds('0,1, 2') == [0, 1, 2]
 
 
+# slow: three sweep.py subprocesses; the default suite covers the binary's one-line exit 2 by
+# tests/e2e/test_entry_point_errors.py[sweep: --seeds=-1]
+@pytest.mark.slow
 def test_bad_flags_exit_2_with_one_line(tmp_path):
   for args, needle in ((['--config=configs/nope.py'], 'no such file'), (['--config=' + QS, '--grid=client.lr'],
                         'KEY=V1,V2'), (['--config=' + QS, '--seeds=a'], '--seeds')):

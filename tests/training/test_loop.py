@@ -68,13 +68,18 @@ def test_divergence_names_round_and_clients():
     t.train()
 
 
-def test_train_binary_writes_all_files(tmp_path):
-  wd = tmp_path / 'run'
+def _train_binary(wd, *flags):
   cmd = [sys.executable, os.path.join(REPO, 'experiments', 'train.py'),
          f'--config={os.path.join(REPO, "configs", "quickstart.py")}', f'--workdir={wd}',
-         '--config.rounds=4', '--config.eval_every=2', '--config.summary_last_k=2', '--config.eval_batch_size=auto']
+         '--config.rounds=4', '--config.eval_every=2', '--config.summary_last_k=2', *flags]
   res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
   assert res.returncode == 0, res.stderr[-3000:]
+  return res, json.loads((wd / 'summary.json').read_text())
+
+
+def test_train_binary_writes_all_files(tmp_path):
+  wd = tmp_path / 'run'
+  res, summary = _train_binary(wd)
   for f in ('config.json', 'metrics.jsonl', 'metrics.csv', 'metrics.png', 'summary.json', 'summary.md'):
     assert (wd / f).exists(), f
   assert any(p.name.startswith('events') for p in (wd / 'tensorboard').iterdir())
@@ -82,11 +87,18 @@ def test_train_binary_writes_all_files(tmp_path):
   assert [r['round'] for r in recs] == [2, 4]
   for key in ('round', 'test_accuracy', 'test_loss', 'train_loss', 'elapsed_s', 'rounds_per_s'):
     assert key in recs[0]
-  summary = json.loads((wd / 'summary.json').read_text())
   assert summary['reported_model'] == 'global'
   assert summary['final_test_accuracy'] == recs[-1]['test_accuracy']
   np.testing.assert_allclose(summary['mean_last_2_test_accuracy'], np.mean([r['test_accuracy'] for r in recs]))
   assert 'results:' in res.stdout and 'plot:' in res.stdout
+
+
+# slow: the batch-size measurement is a third of this binary run; the default suite covers the recorded choice by
+# tests/evaluation/test_evaluator.py::test_auto_batch_size_is_measured_once_and_recorded (the same summary writer)
+# and the value 'auto' by test_eval_batch_size_auto_is_a_valid_config
+@pytest.mark.slow
+def test_train_binary_records_the_measured_eval_batch_size(tmp_path):
+  _, summary = _train_binary(tmp_path / 'run', '--config.eval_batch_size=auto')
   ev = summary['evaluation']           # eval_batch_size='auto': the measured choice is recorded
   assert ev['auto'] and str(ev['batch_size']) in ev['images_per_s'] and ev['sample'] > 0
 

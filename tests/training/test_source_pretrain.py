@@ -32,7 +32,9 @@ def setup():
   ds = D.load(num_styles=2, clients_per_style=2, examples_per_client=4, source_examples=16, test_per_style=2,
               image_size=(16, 16))
   model = get_model('seg_cnn', num_classes=4, input_shape=(16, 16, 3), width=4)
-  params0 = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 16, 16, 3)))
+  # fast_init: the threefry init of seg_cnn compiles for ~35 s on CPU (rbg: ~2 s); the tests need some init,
+  # not that one.
+  params0 = fast_init(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 16, 16, 3)))
   return ds, model, params0
 
 
