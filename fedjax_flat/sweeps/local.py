@@ -91,13 +91,9 @@ def run_local(runs: List[Run], sweep_dir: str, info: Dict[str, Any], *, parallel
   write_manifest = status_lib.manifest_writer(manifest_runs, prior)
   todo = []
   for r in runs:
-    st = status_lib.run_status(r)
-    if st == 'finished':
-      states[r.key] = {'status': 'skipped (finished)'}
-    elif st == 'mismatch' and not fresh:
-      states[r.key] = {'status': 'failed', 'returncode': None,
-                       'error': f'{r.workdir} finished with another config or other values; give this sweep '
-                       'its own --sweep_dir, or rerun it with --fresh'}
+    done = status_lib.settled_state(r, fresh)
+    if done is not None:
+      states[r.key] = done
     else:
       todo.append(r)
   n_skip = sum(s['status'].startswith('skipped') for s in states.values())

@@ -157,3 +157,16 @@ def write_manifest(sweep_dir: str, runs: List[Run], info: Dict[str, Any], states
                              'then rerun the same command: finished runs are skipped, interrupted ones resume '
                              'from their checkpoints') from None
   return path
+
+
+def settled_state(run, fresh: bool):
+  """The state of a run a sweep does not start: finished already ('skipped (finished)'), or finished with another
+  config or values (failed, unless --fresh starts it over); None: the sweep runs it."""
+  st = run_status(run)
+  if st == 'finished':
+    return {'status': 'skipped (finished)'}
+  if st == 'mismatch' and not fresh:
+    return {'status': 'failed', 'returncode': None,
+            'error': f'{run.workdir} finished with another config or other values; give this sweep its own '
+            '--sweep_dir, or rerun it with --fresh'}
+  return None

@@ -52,13 +52,9 @@ def run_batched(runs: List[Run], configs: List[Any], sweep_dir: str, info: Dict[
   states: Dict[str, Dict] = {}
   write_manifest = status_lib.manifest_writer(manifest_runs, prior)
   for r in runs:
-    st = status_lib.run_status(r)
-    if st == 'finished':
-      states[r.key] = {'status': 'skipped (finished)'}
-    elif st == 'mismatch' and not fresh:
-      states[r.key] = {'status': 'failed', 'returncode': None,
-                       'error': f'{r.workdir} finished with another config or other values; give this sweep '
-                       'its own --sweep_dir, or rerun it with --fresh'}
+    done = status_lib.settled_state(r, fresh)
+    if done is not None:
+      states[r.key] = done
   packs = pack_runs(runs, configs, batch_runs)
   n_dev = len(jax.local_devices())
   write_manifest(sweep_dir, runs, info, states)
