@@ -26,6 +26,7 @@ import numpy as np
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.data.batching import client_step_indices, make_eval_batches
 from fedjax_flat.errors import ConfigError
+from fedjax_flat.evaluation.personalized import finetune_steps
 from fedjax_flat.optimizers.client import make_client_tx
 from fedjax_flat.optimizers.schedules import client_hparams
 from fedjax_flat.schema import Field, Int, Section, Test, is_number
@@ -196,20 +197,8 @@ class ClientEvalProgram:
       hparams = client_hparams(client_cfg.lr, client_cfg.rho)
 
     def tune(params, batches, cid):   # one client: `steps` client-optimizer steps from params
-      tx = make_client_tx(client_cfg, hparams)
-      key = jax.random.fold_in(jax.random.key(seed), cid)
-
-      def body(local, xs):
-        batch, step = xs
-        r = jax.random.fold_in(key, step)
-        if augment_fn is not None:
-          batch = augment_fn(jax.random.fold_in(r, 1), batch)
-        new, _ = local_lib.local_step(local, batch, r, loss_fn=loss_fn, tx=tx)
-        valid = jnp.sum(batch['mask']) > 0     # a client without training examples keeps the model
-        return tmap(lambda a, b: jnp.where(valid, a, b), new, local), None
-      local = local_lib.LocalState(params, tx.init(params), params)
-      local, _ = jax.lax.scan(body, local, (batches, jnp.arange(steps)))
-      return local.params
+      return finetune_steps(params, batches, jax.random.fold_in(jax.random.key(seed), cid),
+                            tx=make_client_tx(client_cfg, hparams), loss_fn=loss_fn, augment_fn=augment_fn)
 
     def program(params, eval_batches, tune_batches, cids):
       out = {'global': jax.vmap(sums, in_axes=(None, 0))(params, eval_batches)}

@@ -162,6 +162,24 @@ def headline(res: dict) -> dict:
 # ---------------------------------------------------------------------------------------------------------
 # Fine-tuning after training.
 
+def finetune_steps(params, batches, rng, *, tx, loss_fn, augment_fn=None):
+  """params after one client-optimizer step per batch of `batches` [S, B, ...] from `params` (fresh optimizer
+  state; step s draws from fold_in(rng, s); an all-padding step leaves the params unchanged). Traceable."""
+  local = local_lib.LocalState(params, tx.init(params), params)
+
+  def body(local, xs):
+    batch, step = xs
+    r = jax.random.fold_in(rng, step)
+    if augment_fn is not None:
+      batch = augment_fn(jax.random.fold_in(r, 1), batch)
+    new, _ = local_lib.local_step(local, batch, r, loss_fn=loss_fn, tx=tx)
+    valid = jnp.sum(batch['mask']) > 0     # a client without training examples keeps the model
+    return tmap(lambda a, b: jnp.where(valid, a, b), new, local), None
+
+  local, _ = jax.lax.scan(body, local, (batches, jnp.arange(batches['mask'].shape[0])))
+  return local.params
+
+
 def make_finetune_epoch(model, client_cfg, *, lr: float, man_zeta: float = 0.0, augment_fn=None):
   """epoch(params, batches [S, B, ...], rng) -> params: one local epoch of the client optimizer (jitted;
   fresh optimizer state; all-padding steps leave params unchanged)."""
@@ -170,20 +188,8 @@ def make_finetune_epoch(model, client_cfg, *, lr: float, man_zeta: float = 0.0, 
 
   @jax.jit
   def epoch(params, batches, rng):
-    tx = make_client_tx(client_cfg, hparams)
-    local = local_lib.LocalState(params, tx.init(params), params)
-
-    def body(local, xs):
-      batch, step = xs
-      r = jax.random.fold_in(rng, step)
-      if augment_fn is not None:
-        batch = augment_fn(jax.random.fold_in(r, 1), batch)
-      new, _ = local_lib.local_step(local, batch, r, loss_fn=loss_fn, tx=tx)
-      valid = jnp.sum(batch['mask']) > 0
-      return tmap(lambda a, b: jnp.where(valid, a, b), new, local), None
-
-    local, _ = jax.lax.scan(body, local, (batches, jnp.arange(batches['mask'].shape[0])))
-    return local.params
+    return finetune_steps(params, batches, rng, tx=make_client_tx(client_cfg, hparams), loss_fn=loss_fn,
+                          augment_fn=augment_fn)
   return epoch
 
 

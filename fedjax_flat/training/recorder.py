@@ -36,7 +36,8 @@ def plot_title(label: str, config, dataset: Optional[str] = None) -> str:
 class Recorder:
 
   def __init__(self, plan, *, write_files: bool = True):
-    for ev in evals.selected(plan):      # a plug-in's rules against the loaded data, before anything compiles
+    selected = evals.selected(plan)      # the run's evaluation plug-ins, chosen once
+    for ev in selected:                  # a plug-in's rules against the loaded data, before anything compiles
       if ev.check is not None:
         ev.check(plan)
     self.plan = plan
@@ -64,7 +65,7 @@ class Recorder:
     self.stopped_early = False
     self.tracker = None                  # training/tracking.Tracker with --tracker (MLflow / W&B), else None
     self.plugin_state = {}               # what evaluation plug-ins build once (their evaluators), by plug-in
-    self._evaluations = None
+    self._evaluations = selected
     self._t0 = self._last_progress = time.time()
     self._start_round = 0
 
@@ -190,8 +191,6 @@ class Recorder:
   # Evaluation.
   def evaluations(self) -> list:
     """The evaluation plug-ins this run selects (training/evals/), once."""
-    if self._evaluations is None:
-      self._evaluations = evals.selected(self.plan)
     return self._evaluations
 
   def evaluate(self, trainer) -> dict:

@@ -12,8 +12,8 @@ from fedjax_flat.config import validate
 from fedjax_flat.core import client_state, engine
 from fedjax_flat.data import attacks
 from fedjax_flat.errors import ConfigError
-from tests.fixtures.baselines import (MODEL, PARAMS0, SCHEDULE, SIZES, client_batches, config, grad, round_batches,
-                                    sgd, sub)
+from tests.fixtures.baselines import (MODEL, PARAMS0, SCHEDULE, SIZES, config, local_sgd, round_batches, sub)
+from tests.fixtures.baselines import flat64 as ref_flat, unflat32 as unflat
 from tests.fixtures.configs import small_config
 from tests import test_aggregators as ref
 
@@ -111,12 +111,7 @@ def _reference(cfg, reduce):
   bad = set(attacks.malicious_clients(len(SIZES), cfg.attack.fraction, cfg.seed).tolist())
   w = PARAMS0
   for r, ids in enumerate(SCHEDULE):
-    deltas = []
-    for k in ids:
-      y = w
-      for b in client_batches(r, k):
-        y = sgd(y, grad(y, b))
-      deltas.append(ref_flat(sub(w, y)))
+    deltas = [ref_flat(sub(w, local_sgd(w, r, k))) for k in ids]
     honest = np.array([k not in bad for k in ids])
     x = np.stack(deltas)
     forged = _np_forged(cfg.attack.kind, x, honest, cfg.attack.scale)
@@ -124,19 +119,6 @@ def _reference(cfg, reduce):
     a = reduce(rows, [SIZES[k] for k in ids])
     w = unflat(ref_flat(w) - 0.8 * a, w)
   return w
-
-
-def ref_flat(tree):
-  return np.concatenate([np.asarray(a, np.float64).ravel() for a in jax.tree_util.tree_leaves(tree)])
-
-
-def unflat(v, like):
-  leaves, treedef = jax.tree_util.tree_flatten(like)
-  out, i = [], 0
-  for a in leaves:
-    out.append(np.asarray(v[i:i + a.size], np.float32).reshape(a.shape))
-    i += a.size
-  return jax.tree_util.tree_unflatten(treedef, out)
 
 
 @pytest.mark.parametrize('kind,aggregator', [('sign_flip', 'mean'), ('ipm', 'mean'), ('alie', 'median'),

@@ -21,8 +21,9 @@ from fedjax_flat.algorithms.wrappers import robust
 from fedjax_flat.config import validate
 from fedjax_flat.core import engine
 from fedjax_flat.errors import ConfigError
-from tests.fixtures.baselines import (MODEL, PARAMS0, SCHEDULE, SIZES, client_batches, config, grad, round_batches,
-                                    run_engine, sgd, sub)
+from tests.fixtures.baselines import (MODEL, PARAMS0, SCHEDULE, SIZES, client_batches, config, grad, local_sgd,
+                                    round_batches, run_engine, sgd, sub)
+from tests.fixtures.baselines import flat64 as _flat, unflat32 as _unflat
 from tests.fixtures.configs import small_config
 from tests.fixtures.paths import REPO
 from tests import test_aggregators as ref
@@ -54,30 +55,12 @@ def _cfg(aggregator):
   return c
 
 
-def _flat(tree):
-  return np.concatenate([np.asarray(a, np.float64).ravel() for a in jax.tree_util.tree_leaves(tree)])
-
-
-def _unflat(v, like):
-  leaves, treedef = jax.tree_util.tree_flatten(like)
-  out, i = [], 0
-  for a in leaves:
-    out.append(np.asarray(v[i:i + a.size], np.float32).reshape(a.shape))
-    i += a.size
-  return jax.tree_util.tree_unflatten(treedef, out)
-
-
 def _reference(aggregator):
   """Every round by hand: each client's local SGD from w on its own exact batches, delta = w - y, the NumPy
   aggregator over the round's valid clients (example weights N_k), w <- w - server_lr * aggregate."""
   w, center = PARAMS0, np.zeros_like(_flat(PARAMS0))
   for r, ids in enumerate(SCHEDULE):
-    deltas = []
-    for k in ids:
-      y = w
-      for b in client_batches(r, k):
-        y = sgd(y, grad(y, b))
-      deltas.append(_flat(sub(w, y)))
+    deltas = [_flat(sub(w, local_sgd(w, r, k))) for k in ids]
     if aggregator == 'centered_clipping':
       a = center = REFS[aggregator](deltas, [SIZES[k] for k in ids], center)
     else:
@@ -254,12 +237,7 @@ def test_centered_clipping_keeps_the_previous_aggregate_in_the_server_state():
   w, center = PARAMS0, np.zeros_like(_flat(PARAMS0))
   mom = np.zeros_like(center)
   for r, ids in enumerate(SCHEDULE):
-    deltas = []
-    for k in ids:
-      y = w
-      for b in client_batches(r, k):
-        y = sgd(y, grad(y, b))
-      deltas.append(_flat(sub(w, y)))
+    deltas = [_flat(sub(w, local_sgd(w, r, k))) for k in ids]
     center = ref.np_centered_clipping(deltas, None, center, CC_TAU, 2)
     mom = 0.9 * mom + center                          # FedAvgM on the clipped aggregate
     w = _unflat(_flat(w) - SERVER_LR * mom, w)
