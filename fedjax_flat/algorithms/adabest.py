@@ -25,7 +25,7 @@ from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.common import server_step_to, tmap
 from fedjax_flat.algorithms.hparams import Flag, Number
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_server_init
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast, fedavg_server_init
 
 
 @register('adabest', hparams={'mu': Number(0.02, lo=0), 'beta': Number(0.9, lo=0, hi=1),
@@ -48,11 +48,9 @@ def adabest(ctx) -> FederatedAlgorithm:
   server_init = fedavg_server_init(server_tx, lambda p: {'avg_prev': tmap(jnp.copy, p), 'n_sum': f32(0.0),
                                                           'n_cnt': f32(0.0)})
 
-  def broadcast(state, round_idx, phase=0):
-    del phase
-    n_bar = state['n_sum'] / jnp.maximum(state['n_cnt'], 1.0)
-    return {'params': state['params'], 'hparams': hparams_fn(round_idx), 'n_bar': n_bar,
-            'round': f32(round_idx)}
+  # + the mean client participation interval n_bar and the round index
+  broadcast = fedavg_broadcast(hparams_fn, extra=lambda state, t: {
+      'n_bar': state['n_sum'] / jnp.maximum(state['n_cnt'], 1.0), 'round': f32(t)})
 
   def client_init(bcast, cs, rng):
     del rng

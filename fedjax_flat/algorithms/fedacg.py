@@ -18,7 +18,7 @@ from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.common import server_step_to, tmap
 from fedjax_flat.algorithms.hparams import Number
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_server_init
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast, fedavg_server_init
 
 
 @register('fedacg', hparams={'beta': Number(0.01, lo=0),
@@ -31,10 +31,9 @@ def fedacg(ctx) -> FederatedAlgorithm:
 
   server_init = fedavg_server_init(server_tx, lambda p: {'m': tmap(jnp.zeros_like, p)})   # + the momentum m
 
-  def broadcast(state, round_idx, phase=0):
-    del phase
-    lookahead = tmap(lambda w, m: w + lam * m, state['params'], state['m'])
-    return {'params': lookahead, 'hparams': hparams_fn(round_idx)}
+  # the clients start from the lookahead w + lambda m
+  broadcast = fedavg_broadcast(hparams_fn, model=lambda state, t: tmap(lambda w, m: w + lam * m, state['params'],
+                                                                        state['m']))
 
   def client_init(bcast, cs, rng):
     del cs, rng

@@ -43,7 +43,7 @@ from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.common import global_norm, population, tmap
 from fedjax_flat.algorithms.hparams import Choice, Flag, Number, Population
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_server_init
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast, fedavg_server_init
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.optimizers.schedules import SERVER_RHO_SCHEDULES, server_rho_schedule
 
@@ -184,10 +184,9 @@ def fedgloss_builder(ctx) -> FederatedAlgorithm:
   server_init = fedavg_server_init(ctx.server_tx, lambda p: {**dual_state(p), 'delta_prev': tmap(jnp.zeros_like, p),
                                                               'has_prev': jnp.bool_(False)})
 
-  def broadcast(state, round_idx, phase=0):
-    del phase
-    w_tilde = tmap(lambda w, e: w + e, state['params'], eps_of(state, round_idx))
-    return {'params': w_tilde, 'hparams': hparams_fn(round_idx)}
+  # the clients start from w~ = w + eps, the server's ascent point
+  broadcast = fedavg_broadcast(hparams_fn, model=lambda state, t: tmap(lambda w, e: w + e, state['params'],
+                                                                        eps_of(state, t)))
 
   def server_update(state, agg, round_idx, phase=0):
     del phase

@@ -40,7 +40,7 @@ from fedjax_flat.algorithms.common import server_step_to, tmap
 from fedjax_flat.algorithms.fedlesam import weights_only
 from fedjax_flat.algorithms.hparams import Choice, Number
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_server_init
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast, fedavg_server_init
 from fedjax_flat.errors import ConfigError
 
 VARIANTS = ('paper', 'release')
@@ -69,14 +69,12 @@ def fednsam(ctx) -> FederatedAlgorithm:
   server_init = fedavg_server_init(server_tx, extra=lambda params: {'m': tmap(jnp.zeros_like, params),
                                                                      'first': jnp.bool_(True)})
 
-  def broadcast(state, round_idx, phase=0):
-    del phase
-    if release:   # the lookahead is where the clients start
-      return {'params': tmap(lambda w, m: w + gamma * m, state['params'], state['m']),
-              'hparams': hparams_fn(round_idx)}
-    # BatchNorm running statistics are not shifted (they would be carried into the statistics the step writes).
-    return {'params': state['params'], 'shift': weights_only(tmap(lambda m: gamma * m, state['m'])),
-            'hparams': hparams_fn(round_idx)}
+  if release:   # the lookahead is where the clients start
+    broadcast = fedavg_broadcast(hparams_fn, model=lambda state, t: tmap(lambda w, m: w + gamma * m,
+                                                                          state['params'], state['m']))
+  else:         # BatchNorm running statistics are not shifted (they would be carried into the step's statistics)
+    broadcast = fedavg_broadcast(hparams_fn, extra=lambda state, t: {
+        'shift': weights_only(tmap(lambda m: gamma * m, state['m']))})
 
   def client_init(bcast, cs, rng):
     del cs, rng

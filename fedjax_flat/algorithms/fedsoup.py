@@ -41,7 +41,7 @@ from fedjax_flat.algorithms.common import tmap
 from fedjax_flat.algorithms.fedavg import fedavg
 from fedjax_flat.algorithms.hparams import Choice, Flag, Integer, Number
 from fedjax_flat.algorithms.registry import register
-from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_server_init
+from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast, fedavg_server_init
 from fedjax_flat.algorithms import personalization
 from fedjax_flat.algorithms.wrappers import local_norm
 from fedjax_flat.data import validation_steps
@@ -104,10 +104,7 @@ def fedsoup(model, loss_fn, client_tx, hparams_fn, server_tx, *, start: int, str
   server_init = fedavg_server_init(server_tx, lambda p: {'soup_accept_rate': jnp.zeros((), jnp.float32),
                                                           'soup_mean_size': jnp.zeros((), jnp.float32)})
 
-  def broadcast(state, round_idx, phase=0):
-    del phase
-    return {'params': state['params'], 'hparams': hparams_fn(round_idx),
-            'soup_active': jnp.asarray(round_idx) >= start}
+  broadcast = fedavg_broadcast(hparams_fn, extra=lambda state, t: {'soup_active': jnp.asarray(t) >= start})
 
   def client_state_init(params):
     z = tmap(jnp.zeros_like, params)

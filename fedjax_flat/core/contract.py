@@ -110,14 +110,20 @@ def fedavg_server_init(server_tx, extra: Optional[Callable] = None) -> Callable:
   return server_init
 
 
-def fedavg_broadcast(hparams_fn, shared: Tuple[str, ...] = ()) -> Callable:
+def fedavg_broadcast(hparams_fn, shared: Tuple[str, ...] = (), model: Optional[Callable] = None,
+                     extra: Optional[Callable] = None) -> Callable:
   """FedAvg's broadcast: the global params and the round's client hyperparameters (the per-round schedule), plus
-  the server state's entries named in `shared`, sent as they are (SCAFFOLD's control variate 'c')."""
+  the server state's entries named in `shared`, sent as they are (SCAFFOLD's control variate 'c').
+
+  model(state, round_idx): the params the clients start from instead of state['params'] (a lookahead, a
+  perturbed point); extra(state, round_idx) -> dict: more entries the clients read (an estimate, a switch)."""
   shared = tuple(shared)
 
   def broadcast(state, round_idx, phase=0):
     del phase
-    return {'params': state['params'], 'hparams': hparams_fn(round_idx), **{k: state[k] for k in shared}}
+    params = state['params'] if model is None else model(state, round_idx)
+    more = {} if extra is None else extra(state, round_idx)
+    return {'params': params, 'hparams': hparams_fn(round_idx), **{k: state[k] for k in shared}, **more}
   return broadcast
 
 

@@ -23,6 +23,7 @@ from jax.flatten_util import ravel_pytree
 
 from fedjax_flat.algorithms import features
 from fedjax_flat.algorithms.wrappers import dp as dp_lib
+from fedjax_flat.algorithms.wrappers.server_entry import split, with_server_entry
 from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.systems import compress as comp
@@ -72,18 +73,13 @@ def with_compression(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
                       'compression wraps one')
   inner_has_state = alg.client_state_init is not None
 
-  def server_init(params, rng):
-    inner = alg.server_init(params, rng)
-    if not isinstance(inner, dict) or KEY in inner:
-      raise TypeError(f'with_compression needs a dict server state without a {KEY!r} key, got {type(inner)}')
+  def init(inner, params, rng):
+    del inner, params, rng
     # three distinct buffers (the round program donates the state: one buffer twice is refused)
-    return {**inner, KEY: {k: jnp.zeros((), jnp.float32) for k in ('err', 'err_sum', 'rounds')}}
+    return {k: jnp.zeros((), jnp.float32) for k in ('err', 'err_sum', 'rounds')}
 
   def _inner(state):
-    return {k: v for k, v in state.items() if k != KEY}
-
-  def broadcast(state, round_idx, phase=0):
-    return alg.broadcast(_inner(state), round_idx, phase)
+    return split(state, KEY)[0]
 
   client_state_init = alg.client_state_init
   initial_client_states = alg.initial_client_states
@@ -143,17 +139,12 @@ def with_compression(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
       cs = inner_cs
     return {'weighted': {'delta': sent}, 'uniform': {'compress_err': err}}, cs
 
-  def server_update(state, agg, round_idx, phase=0):
-    s = state[KEY]
+  def server_update(inner, s, agg, round_idx, phase=0):
     err = agg['uniform']['compress_err']
     s = {'err': err, 'err_sum': s['err_sum'] + err, 'rounds': s['rounds'] + 1.0}
     inner_agg = {**agg, 'uniform': {}}
-    return {**alg.server_update(_inner(state), inner_agg, round_idx, phase), KEY: s}
+    return alg.server_update(inner, inner_agg, round_idx, phase), s
 
-  def eval_models(state):
-    return alg.eval_models(_inner(state))
-
-  counters = None if alg.counters is None else (lambda state: alg.counters(_inner(state)))
   personalizer = alg.personalizer
   if personalizer is not None and ef:
     personalizer = personalizer.__class__(personalizer.name, lambda a, st, cs: alg.personalizer.fn(
@@ -161,11 +152,10 @@ def with_compression(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
   elif personalizer is not None:
     personalizer = personalizer.__class__(personalizer.name, lambda a, st, cs: alg.personalizer.fn(
         a, _inner(st), cs))
-  return alg.replace(wrappers=alg.wrappers + (KEY,), server_init=server_init, broadcast=broadcast,
-                     client_init=client_init, client_step=client_step, client_final=client_final,
-                     server_update=server_update, eval_models=eval_models, counters=counters,
-                     client_state_init=client_state_init, initial_client_states=initial_client_states,
-                     personalizer=personalizer)
+  return with_server_entry(alg, KEY, init=init, server_update=server_update, wrappers=alg.wrappers + (KEY,),
+                           client_init=client_init, client_step=client_step, client_final=client_final,
+                           client_state_init=client_state_init, initial_client_states=initial_client_states,
+                           personalizer=personalizer)
 
 
 def divergence(config, d: int, population: int = 0) -> str:

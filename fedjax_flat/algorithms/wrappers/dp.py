@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_flat.algorithms import features
+from fedjax_flat.algorithms.wrappers.server_entry import with_server_entry
 from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.models.base import num_param_arrays
@@ -147,22 +148,19 @@ def with_dp(alg: FederatedAlgorithm, config, population: int = 0, client_sizes=N
   if alg.num_phases != 1:
     raise ConfigError('dp.mode', mode, f'{alg.name} exchanges {alg.num_phases} messages a round; DP wraps one')
 
-  def server_init(params, rng):
-    inner = alg.server_init(params, rng)
-    if not isinstance(inner, dict) or KEY in inner:
-      raise TypeError(f'with_dp needs a dict server state without a {KEY!r} key, got {type(inner)}')
+  def init(inner, params, rng):
+    del inner, params
     s = {'key': _raw(jax.random.fold_in(rng, _KEY_TAG))}   # raw uint32 key data: checkpointed like any array
     if adaptive:
       s['clip'] = clip0 * jnp.ones((), jnp.float32)
-    return {**inner, KEY: s}
+    return s
 
-  def current_clip(state):
-    return state[KEY]['clip'] if adaptive else clip0
+  def current_clip(s):
+    return s['clip'] if adaptive else clip0
 
-  def broadcast(state, round_idx, phase=0):
-    inner = {k: v for k, v in state.items() if k != KEY}
+  def broadcast(inner, s, round_idx, phase=0):
     bcast = alg.broadcast(inner, round_idx, phase)
-    return {**bcast, KEY: {'clip': current_clip(state) * jnp.ones((), jnp.float32)}}
+    return {**bcast, KEY: {'clip': current_clip(s) * jnp.ones((), jnp.float32)}}
 
   def _inner_bcast(bcast):
     return {k: v for k, v in bcast.items() if k != KEY}
@@ -199,9 +197,7 @@ def with_dp(alg: FederatedAlgorithm, config, population: int = 0, client_sizes=N
       up['below'] = (norm <= c).astype(jnp.float32)
     return {'weighted': {'delta': delta} if capped else {}, 'uniform': up}, client_state
 
-  def server_update(state, agg, round_idx, phase=0):
-    inner = {k: v for k, v in state.items() if k != KEY}
-    s = state[KEY]
+  def server_update(inner, s, agg, round_idx, phase=0):
     n = agg['num_clients']
     if capped:    # back to the sum: sum_k w_hat w_k Delta_k = weighted mean x total weight
       tw = agg['total_weight']
@@ -212,23 +208,18 @@ def with_dp(alg: FederatedAlgorithm, config, population: int = 0, client_sizes=N
       mean = jax.tree_util.tree_map(lambda x: x / jnp.asarray(denominator, x.dtype), total)
     else:
       k_value, k_count = jax.random.split(jax.random.fold_in(jax.random.wrap_key_data(s['key']), round_idx))
-      c = current_clip(state)
+      c = current_clip(s)
       mean = mech.noisy_mean(k_value, total, z_v * c * cap * (m / big_m), denominator)
       if adaptive:
         new_clip, _ = mech.adaptive_clip(s['clip'], agg['uniform']['below'] * n, k_count, sigma_b * (m / big_m), m,
                                          d.target_quantile, d.clip_lr)
         s = {**s, 'clip': new_clip}
     inner_agg = {**agg, 'weighted': {'delta': mean}, 'uniform': {}}
-    return {**alg.server_update(inner, inner_agg, round_idx, phase), KEY: s}
+    return alg.server_update(inner, inner_agg, round_idx, phase), s
 
-  def eval_models(state):
-    return alg.eval_models({k: v for k, v in state.items() if k != KEY})
-
-  counters = None if alg.counters is None else (lambda state: alg.counters({k: v for k, v in state.items()
-                                                                            if k != KEY}))
-  return alg.replace(wrappers=alg.wrappers + (KEY,), server_init=server_init, broadcast=broadcast,
-                     client_init=client_init, client_step=client_step, client_final=client_final,
-                     server_update=server_update, eval_models=eval_models, counters=counters)
+  return with_server_entry(alg, KEY, init=init, broadcast=broadcast, server_update=server_update,
+                           wrappers=alg.wrappers + (KEY,), client_init=client_init, client_step=client_step,
+                           client_final=client_final)
 
 
 def divergence(config, d: int, population: int = 0) -> str:

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from fedjax_flat import aggregators
 from fedjax_flat.algorithms import features
 from fedjax_flat.algorithms.wrappers import dp as dp_lib
+from fedjax_flat.algorithms.wrappers.server_entry import with_server_entry
 from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.errors import ConfigError
 
@@ -125,37 +126,25 @@ def with_aggregator(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
   reduce = aggregators.from_config(config.server)
   stateful = config.server.aggregator in aggregators.STATEFUL
 
-  def server_init(params, rng):
-    inner = alg.server_init(params, rng)
+  def init(inner, params, rng):
+    del rng
     if not stateful:
-      return inner
-    if not isinstance(inner, dict) or KEY in inner:
-      raise TypeError(f'{config.server.aggregator} needs a dict server state without a {KEY!r} key, got {type(inner)}')
+      return None
     shape = upload_shape(alg, params, inner)
-    return {**inner, KEY: {'center': jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shape)}}
+    return {'center': jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shape)}
 
-  def server_update(state, agg, round_idx, phase=0):
+  def server_update(inner, own, agg, round_idx, phase=0):
     uploads, weights, valid = agg['uploads'], agg['weights'], agg['valid']
     if stateful:
-      inner = {k: v for k, v in state.items() if k != KEY}
-      reduced = reduce(uploads['weighted'], weights, valid, state[KEY]['center'])
+      reduced = reduce(uploads['weighted'], weights, valid, own['center'])
     else:
-      inner, reduced = state, reduce(uploads['weighted'], weights, valid)
+      reduced = reduce(uploads['weighted'], weights, valid)
     mean_agg = {'weighted': reduced, 'uniform': _valid_mean(uploads['uniform'], valid),
                 'num_clients': agg['num_clients'], 'total_weight': agg['total_weight']}
     inner = alg.server_update(inner, mean_agg, round_idx, phase)
-    return {**inner, KEY: {'center': reduced}} if stateful else inner
+    return inner, ({'center': reduced} if stateful else None)
 
-  def passthrough(fn):     # the inner algorithm never sees the aggregator's own state
-    if not stateful:
-      return fn
-    return lambda state, *a, **kw: fn({k: v for k, v in state.items() if k != KEY}, *a, **kw)
-
-  out = alg.replace(server_init=server_init, server_update=server_update, aggregate='stacked',
-                    broadcast=passthrough(alg.broadcast), eval_models=passthrough(alg.eval_models))
-  if alg.counters is not None:
-    out = out.replace(counters=passthrough(alg.counters))
-  return out
+  return with_server_entry(alg, KEY, init=init, server_update=server_update, aggregate='stacked')
 
 
 # Second: it reduces what the clients sent (compressed or not), before DP or the server averages see the result.

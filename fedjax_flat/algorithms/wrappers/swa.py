@@ -35,16 +35,12 @@ import jax.numpy as jnp
 from absl import logging
 
 from fedjax_flat.algorithms import features
+from fedjax_flat.algorithms.wrappers.server_entry import with_server_entry
 from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.optimizers.schedules import SWA_SECTION as SECTION  # noqa: F401  (config.swa, declared with its lr)
 from fedjax_flat.optimizers.schedules import swa_cyclic_lr
 
 KEY = 'swa'
-
-
-def _split(state):
-  inner = {k: v for k, v in state.items() if k != KEY}
-  return inner, state.get(KEY)
 
 
 def swa_start_round(config) -> int:
@@ -70,18 +66,16 @@ def with_swa(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
   def global_params(inner):
     return alg.eval_models(inner)['global'][0]
 
-  def server_init(params, rng):
-    inner = alg.server_init(params, rng)
-    if not isinstance(inner, dict) or KEY in inner:
-      raise TypeError(f'with_swa needs a dict server state without a {KEY!r} key, got {type(inner)}')
+  def init(inner, params, rng):
+    del params, rng
     if not average:
-      return inner
+      return None
     w = global_params(inner)
-    return {**inner, KEY: {'params': jax.tree_util.tree_map(jnp.zeros_like, w), 'n': jnp.zeros((), jnp.int32),
-                           'active': jnp.zeros((), jnp.bool_)}}
+    return {'params': jax.tree_util.tree_map(jnp.zeros_like, w), 'n': jnp.zeros((), jnp.int32),
+            'active': jnp.zeros((), jnp.bool_)}
 
-  def broadcast(state, round_idx, phase=0):
-    inner, _ = _split(state)
+  def broadcast(inner, swa, round_idx, phase=0):
+    del swa
     bcast = alg.broadcast(inner, round_idx, phase)
     if lr_fn is None:
       return bcast
@@ -90,10 +84,9 @@ def with_swa(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
     hp['lr'] = jnp.where(jnp.asarray(round_idx) >= start, lr_fn(round_idx), base_lr)
     return {**bcast, 'hparams': hp}
 
-  def server_update(state, agg, round_idx, phase=0):
-    inner, swa = _split(state)
+  def server_update(inner, swa, agg, round_idx, phase=0):
     if not average:
-      return alg.server_update(inner, agg, round_idx, phase)
+      return alg.server_update(inner, agg, round_idx, phase), None
     i = jnp.asarray(round_idx, jnp.int32)
     if phase == 0:            # w_swa <- w^s: the model the clients received at the start of round s
       init = i == start
@@ -108,18 +101,17 @@ def with_swa(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
       w_new = global_params(inner)
       avg = lambda ws, w: jnp.where(do_avg, (ws * nf.astype(ws.dtype) + w) / (nf + 1.0).astype(ws.dtype), ws)
       swa = {**swa, 'params': jax.tree_util.tree_map(avg, swa['params'], w_new), 'n': n + do_avg.astype(jnp.int32)}
-    return {**inner, KEY: swa}
+    return inner, swa
 
-  def eval_models(state):
-    inner, swa = _split(state)
+  def eval_models(inner, swa):
     models = dict(alg.eval_models(inner))
     if average:
       models[KEY] = (swa['params'], swa['active'])
     return models
 
-  return alg.replace(wrappers=alg.wrappers + (KEY,), server_init=server_init, broadcast=broadcast,
-                     server_update=server_update, eval_models=eval_models,
-                     reported_models=((KEY,) if average else ()) + alg.reported_models)
+  return with_server_entry(alg, KEY, init=init, broadcast=broadcast, server_update=server_update,
+                           eval_models=eval_models, wrappers=alg.wrappers + (KEY,),
+                           reported_models=((KEY,) if average else ()) + alg.reported_models)
 
 
 def _warn_too_few_rounds(config, population: int = 0) -> None:

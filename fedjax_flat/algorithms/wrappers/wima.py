@@ -37,6 +37,7 @@ import flax.traverse_util
 import jax.numpy as jnp
 
 from fedjax_flat.algorithms import features
+from fedjax_flat.algorithms.wrappers.server_entry import with_server_entry
 from fedjax_flat.core import window_average
 from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.core.runs import RunValue
@@ -45,11 +46,6 @@ from fedjax_flat.core.window_average import SECTION  # noqa: F401  (config.wima,
 KEY = 'wima'
 SEP = '/'
 SUBSETS = window_average.SUBSETS
-
-
-def _split(state):
-  inner = {k: v for k, v in state.items() if k != KEY}
-  return inner, state.get(KEY)
 
 
 def _flatten(params, sep=SEP):
@@ -112,29 +108,25 @@ def with_wima(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
   classifier = str(wcfg.get('classifier', ''))
   last_phase = alg.num_phases - 1
 
-  def server_init(params, rng):
-    inner = alg.server_init(params, rng)
-    if not isinstance(inner, dict) or KEY in inner:
-      raise TypeError(f'with_wima needs a dict server state without a {KEY!r} key, got {type(inner)}')
+  def init(inner, params, rng):
+    del inner, rng
     flat = _flatten(params, sep=None)
     buffered = selected_paths(params, 'all' if buffer_all else subset, classifier)
     paths = [_tuple(p) for p in buffered]       # creation order of fresh params
     nest = flax.traverse_util.unflatten_dict
-    return {**inner, KEY: {
-        'buf': nest({p: jnp.zeros((slots,) + flat[p].shape, flat[p].dtype) for p in paths}),
-        'sum': nest({p: jnp.zeros_like(flat[p]) for p in paths}),
-        'count': jnp.zeros((), jnp.int32)}}
+    return {'buf': nest({p: jnp.zeros((slots,) + flat[p].shape, flat[p].dtype) for p in paths}),
+            'sum': nest({p: jnp.zeros_like(flat[p]) for p in paths}),
+            'count': jnp.zeros((), jnp.int32)}
 
-  def server_update(state, agg, round_idx, phase=0):
-    inner, w = _split(state)
+  def server_update(inner, w, agg, round_idx, phase=0):
     inner = alg.server_update(inner, agg, round_idx, phase)
     if phase != last_phase:
-      return {**inner, KEY: w}
+      return inner, w
     new = _flatten(alg.eval_models(inner)['global'][0], sep=None)
     buf, tot = window_average.push(_flatten(w['buf'], sep=None), _flatten(w['sum'], sep=None), w['count'], new,
                                    window)
     nest = flax.traverse_util.unflatten_dict
-    return {**inner, KEY: {'buf': nest(buf), 'sum': nest(tot), 'count': w['count'] + 1}}
+    return inner, {'buf': nest(buf), 'sum': nest(tot), 'count': w['count'] + 1}
 
   def wima_params(inner, w):
     params = alg.eval_models(inner)['global'][0]
@@ -147,17 +139,13 @@ def with_wima(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
     flat.update(means)
     return flax.traverse_util.unflatten_dict(flat)
 
-  def eval_models(state):
-    inner, w = _split(state)
+  def eval_models(inner, w):
     models = dict(alg.eval_models(inner))
     models[KEY] = (wima_params(inner, w), w['count'] > 0)
     return models
 
-  def broadcast(state, round_idx, phase=0):
-    return alg.broadcast(_split(state)[0], round_idx, phase)
-
-  return alg.replace(wrappers=alg.wrappers + (KEY,), server_init=server_init, broadcast=broadcast,
-                     server_update=server_update, eval_models=eval_models, reported_models=(KEY,) + alg.reported_models)
+  return with_server_entry(alg, KEY, init=init, server_update=server_update, eval_models=eval_models,
+                           wrappers=alg.wrappers + (KEY,), reported_models=(KEY,) + alg.reported_models)
 
 
 # Last: the window of the server's models, whatever made them.
