@@ -277,6 +277,9 @@ def federate(name: str, train: Table, test: Table, *, features, label: str, part
     _check_columns(train, 'partition_by', [by_col], split)
   if train.num_rows == 0:
     raise ConfigError('data.split', split, 'the split has no rows')
+  if num_clients is not None and num_clients > train.num_rows:
+    raise ConfigError('data.num_clients', num_clients, f'the {split!r} split has {train.num_rows} rows: at most '
+                      f'{train.num_rows} clients')
   meta = train.read([label] + ([by_col] if by_col and by_col != label else []))
   y = _labels(meta[label], label)
   num_classes = int(num_classes or train.num_classes(label) or (int(y.max()) + 1 if y.size else 1))
