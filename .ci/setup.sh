@@ -16,9 +16,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.fedjax_flat-installed
 # docs: the suite builds the documentation site (tests/test_docs.py); tracking: the suite tracks runs to a real
-# MLflow server and to W&B offline (tests/training/test_tracking.py). The extras are part of the stamp, so a venv
+# MLflow server and to W&B offline (tests/training/test_tracking.py); hf, tfds: the column datasets' tests
+# (tests/data/sources/test_hf.py, test_tfds.py). The extras are part of the stamp, so a venv
 # installed before an extra was added installs again.
-extras=test,docs,tracking
+extras=test,docs,tracking,hf,tfds
 want="$( (cat setup.cfg pyproject.toml; echo "extras=$extras") | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "[setup] installing fedjax_flat and its dependencies into .venv (about a minute)" >&2

@@ -66,7 +66,7 @@ def names():
   return DATASETS.names()
 
 
-def get_dataset(name: str, **kwargs):
+def get_dataset(name: str, /, **kwargs):   # positional: a dataset may take a `name` field (tfds, hf)
   if name not in DATASETS:
     raise ValueError(f'dataset={name!r} is unknown; allowed: {names()}')
   kwargs.pop('shuffle', None)   # config.data.shuffle is for batching (data/batching.py), not the builders
