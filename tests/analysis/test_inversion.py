@@ -3,6 +3,7 @@ the bias gradient, the one-step delta, and a reconstruction far better than a ra
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from fedjax_flat.analysis import inversion as inv
 from fedjax_flat.models.registry import get_model
@@ -60,6 +61,7 @@ def test_labels_from_bias_gradient_and_gradient_from_delta():
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.slow   # 13-25 s on 2 shared cores, mostly compiling the second-order program
 def test_inversion_recovers_two_images_of_a_one_step_delta():
   """An MLP client's one-step SGD upload of two digits-like images: the reconstruction is far closer to the
   truth than a random image, and the cosine term falls to near 0."""
@@ -76,9 +78,9 @@ def test_inversion_recovers_two_images_of_a_one_step_delta():
   labels = inv.infer_labels(inv.gradient_from_delta(delta, lr)['Dense_1']['bias'], 2)
   assert labels.tolist() == [1, 4]
   out = inv.invert_gradients(m.apply, params, inv.gradient_from_delta(delta, lr), labels, x.shape,
-                             jax.random.key(4), steps=400, lr=0.1, tv_weight=1e-3)
+                             jax.random.key(4), steps=200, lr=0.1, tv_weight=1e-3)
   cos = np.asarray(out['cosine'])
-  assert cos.shape == (401,) and cos[-1] < 0.05 * cos[0]
+  assert cos.shape == (201,) and cos[-1] < 0.05 * cos[0]
   s = inv.score_reconstruction(out['x'], x)
   assert np.all(s['psnr'] > s['psnr_random'] + 10), s
   assert np.all(s['ssim'] > 0.8) and np.all(s['ssim_random'] < 0.3), s
