@@ -1,5 +1,6 @@
 """Hessian and loss-geometry analysis (jit-compiled): HVPs, top eigenpairs, trace, spectral density,
-1D/2D/3D loss landscapes, per-client sharpness, plots, and the one-call `analyze` report.
+1D/2D/3D loss landscapes, per-client sharpness, plots, and the one-call `analyze` report; privacy attacks as
+measurements (gradient inversion with PSNR / SSIM, membership inference with an empirical epsilon bound).
 
 Typical use::
 
@@ -20,6 +21,10 @@ from fedjax_flat.analysis.hvp import (cross_entropy, dense_hessian, flatten_para
 from fedjax_flat.analysis.landscape import (Plane, evaluate_plane, evaluate_three_model_plane,
                                             filter_normalized_direction, filter_norms, interpolate_1d,
                                             plane_grid, plane_through_three, surface_2d)
+from fedjax_flat.analysis.inversion import (batch_gradient, gradient_from_delta, infer_labels, invert_gradients,
+                                            psnr, score_reconstruction, ssim)
+from fedjax_flat.analysis.membership import (attack_report, clopper_pearson, empirical_epsilon, epsilon_bound,
+                                             example_stats, lira, lira_scores, roc, train_shadows)
 from fedjax_flat.analysis.per_client import client_lambda_max, client_lambda_max_estimates
 from fedjax_flat.analysis.report import analyze
 from fedjax_flat.analysis.trace import hutchinson_samples, hutchinson_trace
@@ -33,5 +38,8 @@ __all__ = [
     'Plane', 'evaluate_plane', 'evaluate_three_model_plane', 'filter_normalized_direction', 'filter_norms',
     'interpolate_1d', 'plane_grid', 'plane_through_three', 'surface_2d', 'client_lambda_max',
     'client_lambda_max_estimates', 'analyze',
-    'hutchinson_samples', 'hutchinson_trace', 'plots'
+    'hutchinson_samples', 'hutchinson_trace', 'plots',
+    'batch_gradient', 'gradient_from_delta', 'infer_labels', 'invert_gradients', 'psnr', 'score_reconstruction',
+    'ssim', 'attack_report', 'clopper_pearson', 'empirical_epsilon', 'epsilon_bound', 'example_stats', 'lira',
+    'lira_scores', 'roc', 'train_shadows'
 ]

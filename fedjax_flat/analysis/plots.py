@@ -131,3 +131,28 @@ def plot_surface_3d(xs, ys, values, path: str, *, title: str = 'loss surface', s
   ax.set_zlabel(zlabel)
   ax.set_title(title)
   return _save(fig, path, dpi)
+
+
+def plot_reconstruction(truth, recon, path: str, *, psnr=None, ssim=None, title: str = 'gradient inversion',
+                        dpi: int = 120) -> str:
+  """True images (top row) above their reconstructions (bottom row), [N, H, W, C] each (C 1 or 3), with each
+  reconstruction's PSNR / SSIM under it when given."""
+  truth, recon = np.asarray(truth, np.float32), np.asarray(recon, np.float32)
+  n = len(truth)
+  fig = _new_figure((1.6 * n + 0.4, 3.6))
+  lo, hi = float(min(truth.min(), recon.min())), float(max(truth.max(), recon.max()))
+  for i in range(n):
+    for row, (img, label) in enumerate(((truth[i], 'true'), (recon[i], 'reconstructed'))):
+      ax = fig.add_subplot(2, n, row * n + i + 1)
+      img = (img - lo) / max(hi - lo, 1e-12)      # one scale for both rows
+      ax.imshow(img[..., 0] if img.shape[-1] == 1 else img, cmap='gray' if img.shape[-1] == 1 else None,
+                vmin=0.0, vmax=1.0, interpolation='nearest')
+      ax.set_xticks([])
+      ax.set_yticks([])
+      if i == 0:
+        ax.set_ylabel(label)
+      if row == 1 and psnr is not None:
+        ax.set_xlabel(f'{float(psnr[i]):.1f} dB' + (f'\nSSIM {float(ssim[i]):.2f}' if ssim is not None else ''),
+                      fontsize=8)
+  fig.suptitle(title, fontsize=9)
+  return _save(fig, path, dpi)
