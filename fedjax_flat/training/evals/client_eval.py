@@ -120,6 +120,8 @@ def _final(trainer, summary, reported):
   last = next((r for r in reversed(trainer.recorder.records) if 'clients_acc_mean' in r), {})
   times = st['client_eval_times']
   examples = int(prog.n.sum()) + (len(prog.ids) * prog.steps * int(c.client.batch_size) if prog.steps else 0)
+  if trainer.plan.algorithm.personalizer is not None:
+    examples += int(prog.n.sum())      # the personal models read the same examples again
   spec = c.client_eval.clients
   out = {'clients': int(len(prog.ids)), 'population': int(trainer.plan.data.num_clients),
          'selection': 'all' if spec == 'all' else 'sampled from the seed', 'source': prog.source,
