@@ -18,7 +18,8 @@ model's. Where it departs: the release computes F_k on the client's whole traini
 training; here F_k is the mean loss at w^t over the examples of the round's local steps (one forward pass at w^t
 per step, in evaluation mode), which is the same number when the local steps cover whole epochs and nothing
 augments the data, and the loss on the examples seen otherwise. The release samples clients with probability
-proportional to their size (its `sampling` option); here the run's sampling decides.
+proportional to their size (its `sampling` option); here the run's sampling decides. L = 1/lr is an estimate for
+SGD steps at one learning rate, so another base optimizer or an lr that changes within the round is refused.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from fedjax_flat.algorithms.common import tmap
 from fedjax_flat.algorithms.hparams import Number
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast, fedavg_server_init
+from fedjax_flat.errors import ConfigError
 
 EPS = 1e-10     # the release's loss offset inside the powers
 
@@ -79,8 +81,20 @@ def qffl(loss_fn, eval_loss_fn, client_tx, hparams_fn, server_tx, *, q, name: st
                             extra_passes=1.0 / 3.0)    # the forward pass at w^t: about a third of a step
 
 
+def check(cfg, hp) -> None:
+  """L = 1/lr is the Lipschitz estimate of SGD steps at one lr through the round (the paper's and the release's
+  local solver): another base optimizer or an lr that changes within the round would make it some other number."""
+  del hp
+  if cfg.client.get('base_optimizer', 'sgd') != 'sgd':
+    raise ConfigError('client.base_optimizer', cfg.client.base_optimizer,
+                      'qffl estimates L = 1/lr from SGD steps: use sgd')
+  if cfg.client.get('lr_schedule', 'constant') == 'poly_step':
+    raise ConfigError('client.lr_schedule', 'poly_step', "qffl's L = 1/lr needs one lr within a round: use "
+                      "'constant' or 'poly_round'")
+
+
 @register('qffl', hparams={'q': Number(1.0, lo=0, finite=True, bound=True,
-                                       note=' (0 = FedAvg with a uniform mean; larger = fairer)')})
+                                       note=' (0 = FedAvg with a uniform mean; larger = fairer)')}, check=check)
 def _qffl(ctx) -> FederatedAlgorithm:
   """q-FedAvg: the clients' updates weighted by their loss at w^t to the power q, a step size from the
   Lipschitz estimate 1/lr."""

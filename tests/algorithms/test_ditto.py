@@ -92,14 +92,15 @@ def test_declared_rules():
 
 
 @pytest.mark.slow   # two runs of 4 rounds with every client evaluated (about 15 s)
-def test_resumed_run_is_bit_identical_and_client_eval_reads_the_personal_models(tmp_path):
+def test_resumed_run_is_bit_identical_and_the_evaluations_read_the_personal_models(tmp_path):
   cfg = small_config(algorithm='ditto', rounds=4, eval_every=1, seed=2, **{
-      'algo.lam': 0.3, 'data.num_clients': 5, 'client_eval.clients': 'all'})
+      'algo.lam': 0.3, 'data.num_clients': 5, 'client_eval.clients': 'all', 'personalized.enabled': True})
   data = synthetic(5, [6, 3, 8, 5, 7], input_shape=(3, 3, 1), num_classes=4, seed=0)
   t, fresh = resume.stopped_and_restored(cfg, data, tmp_path / 'ck', 2)
-  t.train()
+  summary = t.train()
   fresh.train()
   resume.assert_same_run(t, fresh)
+  assert summary['personalized']['personal_model'] == 'ditto'        # config.personalized reads v_k too
   for a, b in zip(jax.tree_util.tree_leaves(t.store.state_dict()), jax.tree_util.tree_leaves(
       fresh.store.state_dict()), strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

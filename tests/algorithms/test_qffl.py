@@ -111,3 +111,11 @@ def test_declared_rules():
   with pytest.raises(ConfigError, match=r'algo.q.*-1.*>= 0') as e:
     validate.validate_config(config('qffl', q=-1.0))
   assert '\n' not in str(e.value)
+  cfg = config('qffl')
+  cfg.client.base_optimizer, cfg.client.momentum = 'adam', 0.0
+  with pytest.raises(ConfigError, match='client.base_optimizer.*adam.*use sgd'):
+    validate.validate_config(cfg)
+  cfg = config('qffl')
+  cfg.client.lr_schedule, cfg.client.lr_poly_max = 'poly_step', 100
+  with pytest.raises(ConfigError, match='client.lr_schedule.*one lr within a round'):
+    validate.validate_config(cfg)
