@@ -73,7 +73,8 @@ def qffl(loss_fn, eval_loss_fn, client_tx, hparams_fn, server_tx, *, q, name: st
   def server_update(state, agg, round_idx, phase=0):
     del round_idx, phase
     u = agg['uniform']
-    step = tmap(lambda d: d / u['h'], u['d'])    # mean D / mean h = sum D / sum h
+    h = u['h']       # > 0 once a client reported (L F^q > 0); 0 in a round where none did: no step, not 0/0
+    step = tmap(lambda d: jnp.where(h > 0, d / jnp.where(h > 0, h, 1.0), 0.0), u['d'])   # mean D / mean h
     updates, opt_state = server_tx.update(step, state['opt_state'], state['params'])
     return {**state, 'params': optax.apply_updates(state['params'], updates), 'opt_state': opt_state}
 

@@ -106,6 +106,16 @@ def test_loss_weighting_favours_the_worst_client():
     assert (float(d_hi['a'][0]) > 5 * float(d_lo['a'][0])) == bigger
 
 
+def test_a_round_without_reports_leaves_the_model():
+  """Every client dropped (the virtual clock): the uniform means are 0 and so is the step, not 0/0."""
+  alg = registry.build_algorithm(config('qffl'), MODEL)
+  state = alg.server_init(PARAMS0, jax.random.key(0))
+  zeros = jax.tree_util.tree_map(np.zeros_like, PARAMS0)
+  new = alg.server_update(state, {'weighted': {}, 'uniform': {'d': zeros, 'h': np.float32(0.0)},
+                                  'num_clients': 0, 'total_weight': 0.0}, 0)
+  assert_tree_close(new['params'], PARAMS0, rtol=0, atol=0)
+
+
 def test_declared_rules():
   assert registry.default_hparams('qffl') == {'q': 1.0}
   with pytest.raises(ConfigError, match=r'algo.q.*-1.*>= 0') as e:
