@@ -11,7 +11,9 @@ a client's change across evaluations is the model's, not the draw's.
 
 `ClientEvalProgram`: every client padded to the largest client's batches (masks), the clients stacked and vmapped in
 chunks of a fixed size (the last chunk padded with empty clients), so ONE compiled program serves every chunk and
-evaluation. Fine-tuning: the client optimizer (config.client, fresh state, the client's learning rate) for k steps
+evaluation. An algorithm with personal models (Ditto's v_k, FedRep's heads, ...) also has every client's own model
+evaluated on the same examples (`personal=`: the chunk's models stacked, a second program). Fine-tuning: the
+client optimizer (config.client, fresh state, the client's learning rate) for k steps
 of client.batch_size examples drawn from the client's training data (fixed per run), the PRNG key fold_in(seed, id).
 """
 from __future__ import annotations
@@ -154,7 +156,8 @@ def distribution(acc) -> Dict[str, float]:
 
 
 class ClientEvalProgram:
-  """evaluate(params) -> {'ids', 'n', 'acc', 'loss'[, 'ft_acc', 'ft_loss']} (numpy, one entry per client of
+  """evaluate(params[, personal]) -> {'ids', 'n', 'acc', 'loss'[, 'ft_acc', 'ft_loss'][, 'personal_acc',
+  'personal_loss']} (numpy, one entry per client of
   `ids`): the model on every client's eval set, and with steps > 0 after `steps` fine-tuning steps (module
   docstring). One jitted program over a chunk of CHUNK clients; the chunks are fed in turn."""
 
@@ -177,12 +180,13 @@ class ClientEvalProgram:
       self.tune_batches = self._pad_clients(tb, pad)
     self.keys = self._pad_clients({'k': np.asarray(self.ids, np.int32)}, pad)['k']
     self.fn = jax.jit(self._program(model, preprocess, client_cfg, augment_fn, seed))
+    self.personal_fn = jax.jit(jax.vmap(self._sums(model, preprocess)))   # compiled on the first personal call
 
   @staticmethod
   def _pad_clients(b, pad):
     return {k: np.concatenate([v, np.zeros((pad,) + v.shape[1:], v.dtype)]) for k, v in b.items()} if pad else b
 
-  def _program(self, model, preprocess, client_cfg, augment_fn, seed):
+  def _sums(self, model, preprocess):
     task = self.task
 
     def sums(params, batches):      # one client: its eval batches' additive sums
@@ -190,7 +194,11 @@ class ClientEvalProgram:
         x = b['x'] if preprocess is None else preprocess(b['x'])
         return task.eval_sums(model.apply(params, x, train=False), b['y'], b['mask'])
       return tmap(lambda a: jnp.sum(a, axis=0), jax.lax.map(one, batches))
+    return sums
 
+  def _program(self, model, preprocess, client_cfg, augment_fn, seed):
+    task = self.task
+    sums = self._sums(model, preprocess)
     steps = self.steps
     if steps:
       loss_fn = local_lib.make_loss(model, task=task)
@@ -208,16 +216,23 @@ class ClientEvalProgram:
       return out
     return program
 
-  def __call__(self, params) -> Dict[str, np.ndarray]:
+  def __call__(self, params, personal=None) -> Dict[str, np.ndarray]:
+    """personal: None, or fn(ids) -> the clients' own models stacked `[len(ids), ...]` (adds 'personal_acc',
+    'personal_loss'; the padding clients of the last chunk repeat its first client's model)."""
     got = []
     for s in range(0, len(self.keys), self.chunk):
       sl = slice(s, s + self.chunk)
       tb = None if self.tune_batches is None else {k: v[sl] for k, v in self.tune_batches.items()}
-      got.append(jax.device_get(self.fn(params, {k: v[sl] for k, v in self.eval_batches.items()}, tb,
-                                        self.keys[sl])))
+      eb = {k: v[sl] for k, v in self.eval_batches.items()}
+      g = jax.device_get(self.fn(params, eb, tb, self.keys[sl]))
+      if personal is not None:
+        ids = self.ids[s:s + self.chunk]
+        ids = np.concatenate([ids, np.full(self.chunk - len(ids), ids[0])])
+        g['personal'] = jax.device_get(self.personal_fn(personal(ids), eb))
+      got.append(g)
     k = len(self.ids)
     out = {'ids': self.ids, 'n': self.n}
-    for name, prefix in (('global', ''), ('tuned', 'ft_')):
+    for name, prefix in (('global', ''), ('tuned', 'ft_'), ('personal', 'personal_')):
       if name not in got[0]:
         continue
       s = {m: np.concatenate([np.asarray(g[name][m], np.float64) for g in got])[:k] for m in got[0][name]}

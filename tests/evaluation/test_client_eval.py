@@ -64,6 +64,26 @@ def test_every_client_on_its_own_split_equals_model_apply_by_hand_across_padded_
   assert prog.fn._cache_size() == before == 1
 
 
+def test_personal_models_are_each_clients_own_across_padded_chunks(monkeypatch):
+  """personal=: client k's row is its own model's (a different init per client), beside the global model's."""
+  monkeypatch.setattr(ce, 'CHUNK', 3)
+  data = _data(own_split=True)
+  own = {k: _params(10 + k) for k in range(7)}
+  prog = ce.ClientEvalProgram(MODEL, data, np.arange(7), seed=0, batch_size=2)
+  asked = []
+
+  def personal(ids):
+    asked.append(list(ids))
+    return jax.tree_util.tree_map(lambda *a: np.stack(a), *[own[int(k)] for k in ids])
+  res = prog(_params(), personal=personal)
+  assert asked == [[0, 1, 2], [3, 4, 5], [6, 6, 6]]       # the last chunk's padding repeats its first client
+  for k in range(7):
+    acc, loss = _by_hand(own[k], *data.client_test_examples(k))
+    assert res['personal_acc'][k] == pytest.approx(acc, abs=1e-6)
+    assert res['personal_loss'][k] == pytest.approx(loss, rel=1e-5)
+  assert 'personal_acc' not in prog(_params())
+
+
 def test_label_matched_examples_carry_each_clients_training_label_counts():
   data = _data(own_split=False)
   sets, source = ce.client_eval_sets(data, [0, 1, 2, 3], seed=3)

@@ -5,18 +5,25 @@ steps: the distribution over the clients in the evaluation records (`clients_acc
 WORKDIR/clients.jsonl (round, client, n, acc, loss[, ft_acc, ft_loss]), clients_cdf.png (the CDF of client
 accuracy per client evaluation) and summary.json `client_eval` with a line in summary.md saying which clients and
 which examples (`source`: 'own_split' | 'label_matched'). At evaluation rounds every `client_eval.every` rounds
-(0: every evaluation) and at the last round. Clients without held-out examples are left out of the statistics."""
+(0: every evaluation) and at the last round. Clients without held-out examples are left out of the statistics.
+An algorithm with personal models (a `Personalizer`: Ditto's v_k, FedRep's local heads, FedSoup, FedFomo, local
+normalization) also has each client's own model evaluated on the same examples: `clients_personal_acc_*`,
+`clients_personal_loss_mean`, the rows' `personal_acc` / `personal_loss` (a client never sampled: the global
+model, as algorithms/personalization.py gives it)."""
 from __future__ import annotations
 
 import json
 import os
 import time
 
+import jax
 import numpy as np
 
+from fedjax_flat.algorithms.personalization import personal_params, personalizer_name
 from fedjax_flat.evaluation.client_eval import ClientEvalProgram, check_data, distribution, select_clients
 from fedjax_flat.evaluation.evaluator import fixed_batch_size
 from fedjax_flat.training import writers
+from fedjax_flat.training.personalized_eval import client_states_of
 from fedjax_flat.training.evals.registry import Evaluation, register
 
 FILE = 'clients.jsonl'
@@ -54,26 +61,39 @@ def _periodic(trainer) -> dict:
   if not _due(trainer):
     return {}
   prog = _program(trainer)
-  params = trainer.plan.algorithm.eval_models(trainer.server_state)['global'][0]
+  alg = trainer.plan.algorithm
+  params = alg.eval_models(trainer.server_state)['global'][0]
   t = time.perf_counter()
-  res = prog(params)
+  res = prog(params, personal=_personal_models(trainer) if alg.personalizer is not None else None)
   trainer.recorder.plugin_state['client_eval_times'].append(time.perf_counter() - t)
   has = res['n'] > 0
   out = {f'clients_{k}': v for k, v in distribution(res['acc'][has]).items()} if has.any() else {}
   if has.any():
     out['clients_loss_mean'] = float(np.mean(res['loss'][has]))
-    if 'ft_acc' in res:
-      out.update({f'clients_ft_{k}': v for k, v in distribution(res['ft_acc'][has]).items()})
-      out['clients_ft_loss_mean'] = float(np.mean(res['ft_loss'][has]))
+    for pre in ('ft', 'personal'):
+      if f'{pre}_acc' in res:
+        out.update({f'clients_{pre}_{k}': v for k, v in distribution(res[f'{pre}_acc'][has]).items()})
+        out[f'clients_{pre}_loss_mean'] = float(np.mean(res[f'{pre}_loss'][has]))
   path = _path(trainer)
   if path:
-    keys = [k for k in ('acc', 'loss', 'ft_acc', 'ft_loss') if k in res]
+    keys = [k for k in ('acc', 'loss', 'ft_acc', 'ft_loss', 'personal_acc', 'personal_loss') if k in res]
     with open(path, 'a') as f:
       for i, cid in enumerate(res['ids']):
         row = {'round': trainer.round, 'client': int(cid), 'n': int(res['n'][i]),
                **{k: float(res[k][i]) for k in keys}}
         f.write(json.dumps(row) + '\n')
   return out
+
+
+def _personal_models(trainer):
+  """fn(ids) -> the clients' personal models stacked (the clients' states read once per evaluation)."""
+  states = client_states_of(trainer.store)
+  alg, server_state = trainer.plan.algorithm, trainer.server_state
+
+  def stacked(ids):
+    models = [personal_params(alg, server_state, states.get(int(k))) for k in ids]
+    return jax.tree_util.tree_map(lambda *a: np.stack([np.asarray(x) for x in a]), *models)
+  return stacked
 
 
 def read_rows(path: str) -> list:
@@ -100,10 +120,14 @@ def _final(trainer, summary, reported):
   last = next((r for r in reversed(trainer.recorder.records) if 'clients_acc_mean' in r), {})
   times = st['client_eval_times']
   examples = int(prog.n.sum()) + (len(prog.ids) * prog.steps * int(c.client.batch_size) if prog.steps else 0)
+  if trainer.plan.algorithm.personalizer is not None:
+    examples += int(prog.n.sum())      # the personal models read the same examples again
   spec = c.client_eval.clients
   out = {'clients': int(len(prog.ids)), 'population': int(trainer.plan.data.num_clients),
          'selection': 'all' if spec == 'all' else 'sampled from the seed', 'source': prog.source,
          'examples': int(prog.n.sum()), 'personalize_steps': prog.steps, 'model': 'global',
+         **({'personal_model': personalizer_name(trainer.plan.algorithm)}
+            if trainer.plan.algorithm.personalizer is not None else {}),
          'round': last.get('round'), **{k: v for k, v in last.items() if k.startswith('clients_')
                                         and ('_acc_' in k or k.endswith('loss_mean'))}}
     # the example rate of the fastest call (the first one compiles): evaluated + fine-tuning examples per second
@@ -112,6 +136,8 @@ def _final(trainer, summary, reported):
     out['seconds_per_evaluation'] = float(np.median(times))
   summary['client_eval'] = out
   tuned = f', and after {prog.steps} local fine-tuning steps' if prog.steps else ''
+  if 'personal_model' in out:
+    tuned += f", and each client's own model ({out['personal_model']})"
   acc = last.get('clients_acc_mean')
   nums = (f": mean {acc:.4f}, worst {last['clients_acc_worst']:.4f}, p10 {last['clients_acc_p10']:.4f}, "
           f"Gini {last['clients_acc_gini']:.4f} at round {last['round']}" if acc is not None else '')
