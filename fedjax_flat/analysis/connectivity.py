@@ -13,6 +13,9 @@ Bezier curve.
                                      t ~ U(0, 1) and takes an optax step on loss_fn(phi_theta(t)) (their Eq. 3's
                                      stochastic estimate of E_t L(phi_theta(t))); then the barrier along the
                                      trained curve, as `loss_barrier` measures it along the line
+  barrier_table(eval_fn, clients, global, n) / barrier_markdown(rows)
+                                     the barrier between every pair of client models and each client and the
+                                     global model (experiments/hessian.py --connectivity)
 
 `eval_fn(params) -> (loss, accuracy)` (or a scalar loss) as the rest of the package (`hvp.make_eval_fn`);
 `loss_fn(params, key) -> scalar` is the training loss of one step (e.g. the loss over a fixed set of batches, the
@@ -93,3 +96,27 @@ def bezier_curve(loss_fn: Callable, eval_fn: Callable, w1: PyTree, w2: PyTree, k
   ts = np.linspace(0.0, 1.0, int(n))
   res = _split_eval(_curve_eval(as_partial(eval_fn), w1, theta, w2, jnp.asarray(ts, jnp.float32)))
   return {'theta': theta, 'train_loss': np.asarray(losses), 'ts': ts, **res, **_barrier(ts, res['loss'])}
+
+
+def barrier_table(eval_fn: Callable, clients: dict, global_params: PyTree = None, n: int = 21) -> list:
+  """`loss_barrier` between every pair of `clients` ({name: params}) and between each client and
+  `global_params` (when given): rows {'a', 'b', 'barrier', 'max_loss', 't_barrier', 'end_losses', 'ts', 'loss'}."""
+  names = list(clients)
+  pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+  pairs += [(a, 'global') for a in names] if global_params is not None else []
+  models = {**clients, 'global': global_params}
+  rows = []
+  for a, b in pairs:
+    r = loss_barrier(eval_fn, models[a], models[b], n)
+    rows.append({'a': a, 'b': b, **{k: r[k] for k in ('barrier', 'max_loss', 't_barrier', 'end_losses')},
+                 'ts': np.asarray(r['ts']).tolist(), 'loss': np.asarray(r['loss']).tolist()})
+  return rows
+
+
+def barrier_markdown(rows: list) -> str:
+  """The rows of `barrier_table` as a Markdown table (the paths' curves left out)."""
+  out = ['| path | barrier | max loss | t at the barrier | end losses |', '|---|---:|---:|---:|---|']
+  for r in rows:
+    out.append(f"| {r['a']} - {r['b']} | {r['barrier']:.4f} | {r['max_loss']:.4f} | {r['t_barrier']:.2f} | "
+               f"{r['end_losses'][0]:.4f}, {r['end_losses'][1]:.4f} |")
+  return '\n'.join(out) + '\n'

@@ -36,7 +36,7 @@ def test_fedfisher_rounds_equal_the_fisher_weighted_merge_in_numpy():
   w = PARAMS0
   for r, ids in enumerate(SCHEDULE):
     outs = [_client(w, r, k) for k in ids]
-    num = tmap(lambda *xs: sum(SIZES[k] * f * np.asarray(m, np.float64) for k, (m, f) in zip(ids, zip(xs[::2], xs[1::2]))),
+    num = tmap(lambda *xs: sum(SIZES[k] * f * np.asarray(m, np.float64) for k, m, f in zip(ids, xs[::2], xs[1::2])),
                *[t for m, f in outs for t in (m, f)])
     den = tmap(lambda *fs: sum(SIZES[k] * f for k, f in zip(ids, fs)), *[f for _, f in outs])
     merged = tmap(lambda a, b: a / b, num, den)

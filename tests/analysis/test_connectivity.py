@@ -51,3 +51,14 @@ def test_bezier_curve_goes_round_the_peak_and_is_measured_by_the_formula():
 def test_a_path_of_one_point_is_refused():
   with pytest.raises(ValueError, match='n=1'):
     analysis.loss_barrier(ring, W1, W2, n=1)
+
+
+def test_barrier_table_pairs_every_client_and_each_with_the_global_model():
+  w3 = {'v': jnp.array([0.0, 1.0])}
+  rows = analysis.barrier_table(ring, {'c0': W1, 'c1': W2, 'c2': w3}, W1, n=5)
+  assert [(r['a'], r['b']) for r in rows] == [('c0', 'c1'), ('c0', 'c2'), ('c1', 'c2'), ('c0', 'global'),
+                                              ('c1', 'global'), ('c2', 'global')]
+  assert rows[0]['barrier'] == pytest.approx(analysis.loss_barrier(ring, W1, W2, n=5)['barrier'])
+  assert rows[3]['barrier'] == pytest.approx(0.0, abs=1e-6)     # a model against itself
+  md = analysis.barrier_markdown(rows)
+  assert md.count('\n') == len(rows) + 2 and '| c0 - c1 |' in md
