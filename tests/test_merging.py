@@ -97,6 +97,7 @@ def test_weight_matching_and_merge_equal_numpy():
   assert not np.allclose(plain, want['Dense_0']['kernel'], atol=1e-3)
 
 
+@pytest.mark.slow   # ~10-20 s on 2 shared cores (an engine run / a 128-unit alignment)
 def test_a_permutation_keeps_the_cnn_function_and_is_recovered():
   model = DigitsCNN(num_classes=3, conv_impl='im2col')
   x = jax.random.normal(jax.random.key(0), (2, 8, 8, 1))
@@ -130,6 +131,7 @@ def _local_sgd(w, r, k):
   return w
 
 
+@pytest.mark.slow   # ~10-20 s on 2 shared cores (an engine run / a 128-unit alignment)
 def test_fedavg_rounds_with_rebasin_equal_hand_computed_rounds():
   c = config('fedavg')
   c.server.lr, c.server.aggregator, c.server.rebasin_iters = SERVER_LR, 'rebasin', 2

@@ -4,6 +4,7 @@ merge written from Matena & Raffel 2022 in NumPy: each client's diagonal empiric
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from fedjax_flat.algorithms.local import make_loss
 from tests.fixtures.baselines import MODEL, PARAMS0, SCHEDULE, SIZES, client_batches, config, run_engine, sgd
@@ -28,6 +29,7 @@ def _client(w, r, k):
   return w, tmap(lambda s: np.maximum(s / n, EPS), fsum)
 
 
+@pytest.mark.slow   # ~10-20 s on 2 shared cores (an engine run / a 128-unit alignment)
 def test_fedfisher_rounds_equal_the_fisher_weighted_merge_in_numpy():
   c = config('fedfisher', fisher_eps=EPS)
   c.server.lr = SERVER_LR
