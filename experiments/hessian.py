@@ -12,6 +12,11 @@ and loss landscapes, written as JSON + PNG plots.
       thesis' "global" value, the whole training set of all clients (train), or both; local models recomputed
       from the checkpoint, analysis/local_models.py; --per_client_estimate=both adds FedSoup Fig. 2a's median
       over batches beside the full-data estimate)
+  python experiments/hessian.py --workdir=runs/quickstart --connectivity [--connectivity_clients=4]
+      [--connectivity_points=21] [--bezier_steps=200] [--num_examples=2000]
+      (mode connectivity: the loss barrier along the linear paths between K client models of the round after the
+      checkpoint, pairwise and each against the global model; optionally a trained Bezier curve between the first
+      two: connectivity_<model>.json / .md / .png, analysis/connectivity.py)
 
 The model and data come from the run: WORKDIR/config.json rebuilds the dataset and model, and the newest
 checkpoint in WORKDIR/checkpoints (written at the end of every run) gives the parameters. Outputs go to
@@ -100,6 +105,20 @@ _PC_GLOBAL = flags.DEFINE_enum(
     'the whole training set of all clients (lambda_local_train, the thesis\' Table 4.13 "global" value; '
     '--num_examples of it drawn with --seed) or both side by side.')
 
+# Mode connectivity between client models (analysis/connectivity.py).
+_CONN = flags.DEFINE_bool(
+    'connectivity', False, 'Instead of the global analysis: the loss barrier (Frankle et al. 2020) along the linear '
+    'path between every pair of --connectivity_clients client models and between each and the global model, on '
+    '--num_examples of --split. The client models are those of the round after the checkpoint (--per_client_round; '
+    'the run\'s local epochs from that global model on each client\'s data, analysis/local_models.py). Writes '
+    'connectivity_<model>.json, connectivity_<model>.md and connectivity_<model>.png (the loss along the paths).')
+_CONN_K = flags.DEFINE_integer('connectivity_clients', 4, 'With --connectivity: client models compared (the first K '
+                               'of the round\'s sampled clients).')
+_CONN_N = flags.DEFINE_integer('connectivity_points', 21, 'With --connectivity: points of each path, t in [0, 1].')
+_BEZIER = flags.DEFINE_integer('bezier_steps', 0, 'With --connectivity: also train a quadratic Bezier curve '
+                               '(Garipov et al. 2018) between the first two clients for this many Adam steps '
+                               '(0: skip).')
+
 
 def check_flags(argv) -> None:
   """Every flag value before anything is loaded: BadInputError naming the flag and what is allowed."""
@@ -121,6 +140,14 @@ def check_flags(argv) -> None:
     raise BadInputError(f'--per_client_estimate={_PC_EST.value} applies to --per_client only: add --per_client')
   if _PC_GLOBAL.value != 'test' and not _PER_CLIENT.value:
     raise BadInputError(f'--per_client_global={_PC_GLOBAL.value} applies to --per_client only: add --per_client')
+  for flag, lo in ((_CONN_K, 2), (_CONN_N, 2), (_BEZIER, 0)):
+    if flag.value < lo:
+      raise BadInputError(f'--{flag.name}={flag.value} must be >= {lo}')
+  if _CONN.value and _PER_CLIENT.value:
+    raise BadInputError('--connectivity and --per_client are two modes: give one')
+  if (_CONN_K.value != 4 or _CONN_N.value != 21 or _BEZIER.value) and not _CONN.value:
+    raise BadInputError('--connectivity_clients, --connectivity_points and --bezier_steps apply to --connectivity '
+                        'only: add --connectivity')
   if _PER_CLIENT.value and (_OTHER.value or _SURFACE.value or _DENSITY.value or _TRACE.value):
     raise BadInputError('--per_client computes per-client lambda_max only: leave out --interpolate_with, '
                         '--surface_points, --density_probes and --trace_probes')
@@ -135,6 +162,8 @@ def main(argv):
   check_flags(argv)
   wd = _WORKDIR.value
   out = _OUT.value or os.path.join(wd, 'hessian')
+  if _CONN.value:
+    return connectivity(wd, out)
   if _PER_CLIENT.value:
     trainer, params, step = load_run(wd, _MODEL.value, None if _PC_ROUND.value < 0 else _PC_ROUND.value)
     os.makedirs(out, exist_ok=True)      # only once the run has loaded: a wrong --workdir gets no folder
@@ -227,6 +256,67 @@ def main(argv):
           f'{report["residual_scale"]:.4g}; marked converged=false in the report); more steps: {more}',
           file=sys.stderr)
   print(f"lambda_max {report['lambda_max']:.4f}; report: {path}; plots in {out}")
+
+
+def connectivity(wd: str, out: str) -> None:
+  """--connectivity: barriers between client models and the global model, as JSON, Markdown and a plot."""
+  import jax
+  import numpy as np
+  from fedjax_flat import analysis
+  from fedjax_flat.analysis import plots
+  from fedjax_flat.analysis.local_models import local_models
+  from fedjax_flat.core.batch_stats import trainable_view
+  from fedjax_flat.models.base import float32_model
+  from fedjax_flat.training.reload import load_run
+  trainer, params, step = load_run(wd, _MODEL.value, None if _PC_ROUND.value < 0 else _PC_ROUND.value)
+  ids, locals_ = local_models(trainer, step)
+  if len(ids) < _CONN_K.value:
+    raise BadInputError(f'--connectivity_clients={_CONN_K.value}: the round samples {len(ids)} clients; at most '
+                        f'{len(ids)}')
+  os.makedirs(out, exist_ok=True)
+  x, y = trainer.data.test_examples() if _SPLIT.value == 'test' else (trainer.data.x, trainer.data.y)
+  x = np.asarray(trainer.plan.eval_transform(np.asarray(x[:_N.value])))
+  y = np.asarray(y[:_N.value])
+  model, params = trainable_view(float32_model(trainer.model), params)
+  clients = {f'client {k}': trainable_view(float32_model(trainer.model), p)[1]
+             for k, p in zip(ids[:_CONN_K.value], locals_[:_CONN_K.value])}
+  batches = analysis.make_fixed_batches(x, y, _BATCH.value)
+  eval_fn = analysis.make_eval_fn(model, batches, task=trainer.task)
+  t0 = time.time()
+  rows = analysis.barrier_table(eval_fn, clients, params, _CONN_N.value)
+  name = _MODEL.value
+  rep = {'workdir': os.path.abspath(wd), 'round': step, 'model': name, 'split': _SPLIT.value,
+         'num_examples': int(len(y)), 'paths': rows,
+         'mean_barrier_clients': float(np.mean([r['barrier'] for r in rows if r['b'] != 'global'])),
+         'mean_barrier_client_global': float(np.mean([r['barrier'] for r in rows if r['b'] == 'global']))}
+  if _BEZIER.value:
+    (a, wa), (b, wb) = list(clients.items())[:2]
+    train_batches = analysis.make_fixed_batches(np.asarray(trainer.plan.eval_transform(
+        np.asarray(trainer.data.x[:_N.value]))), np.asarray(trainer.data.y[:_N.value]), _BATCH.value)
+    train_fn = analysis.make_eval_fn(model, train_batches, task=trainer.task)
+    curve = analysis.bezier_curve(lambda p, k: train_fn(p)[0], eval_fn, wa, wb, jax.random.key(_SEED.value),
+                                  steps=_BEZIER.value, n=_CONN_N.value)
+    rep['bezier'] = {'a': a, 'b': b, 'steps': _BEZIER.value, 'train_examples': int(min(_N.value, len(trainer.data.y))),
+                     **{k: curve[k] for k in ('barrier', 'max_loss', 't_barrier', 'end_losses')},
+                     'ts': curve['ts'].tolist(), 'loss': np.asarray(curve['loss']).tolist()}
+  rep['seconds'] = time.time() - t0
+  base = os.path.join(out, f'connectivity_{name}')
+  with open(base + '.json', 'w') as f:
+    json.dump(rep, f, indent=2, default=lambda o: np.asarray(o).tolist())
+  md = (f'# Loss barriers, {name} model, round {step} ({wd})\n\nLinear paths, {_CONN_N.value} points, '
+        f'{len(y)} {_SPLIT.value} examples (Frankle et al. 2020: max_t L(w(t)) - ((1 - t) L(w1) + t L(w2))).\n\n'
+        + analysis.barrier_markdown(rows))
+  if 'bezier' in rep:
+    z = rep['bezier']
+    md += (f"\nQuadratic Bezier curve {z['a']} - {z['b']} ({z['steps']} Adam steps on {z['train_examples']} "
+           f"training examples): barrier {z['barrier']:.4f}, max loss {z['max_loss']:.4f}.\n")
+  with open(base + '.md', 'w') as f:
+    f.write(md)
+  plots.plot_interpolation(np.asarray(rows[0]['ts']), [r['loss'] for r in rows], base + '.png',
+                           labels=[f"{r['a']} - {r['b']}" for r in rows], endpoints=('a', 'b'),
+                           title=f'loss along the linear paths ({name}, round {step})')
+  print(md)
+  print(f'report: {base}.json, .md, .png')
 
 
 if __name__ == '__main__':

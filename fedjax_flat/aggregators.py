@@ -29,6 +29,10 @@ compiled program serves every round.
   norm_bounding(u, w, mask, bound)              norm bounding (Sun et al. 2019): each upload scaled to norm at
                                                 most M = bound (u_k / max(1, ||u_k|| / M)), then the w-weighted
                                                 mean
+  rebasin(u, w, mask, reference, iters)         Git Re-Basin weight matching (Ainsworth et al. 2023): each valid
+                                                upload, a model, permuted to align with `reference`, then the
+                                                w-weighted mean (fedjax_flat/merging.py; the robust wrapper
+                                                hands it the client models, global - delta)
 
 Distances and norms (Krum, Bulyan, geometric median, centered clipping, norm bounding) are over the whole upload
 tree flattened. Krum's neighbour count is
@@ -45,8 +49,10 @@ from typing import Callable, Dict
 import jax
 import jax.numpy as jnp
 
+from fedjax_flat import merging
+
 __all__ = ['mean', 'median', 'trimmed_mean', 'krum', 'multi_krum', 'geometric_median', 'bulyan', 'centered_clipping',
-           'norm_bounding', 'AGGREGATORS']
+           'norm_bounding', 'rebasin', 'AGGREGATORS']
 
 
 def _leaves(uploads):
@@ -271,6 +277,12 @@ def norm_bounding(uploads, weights, mask, bound: float = 1.0):
   return mean(clipped, weights, mask)
 
 
+def rebasin(uploads, weights, mask, reference, iters: int = 3):
+  """Git Re-Basin merge: the valid uploads (models, not deltas) aligned to `reference` by `iters` sweeps of
+  weight matching, then their weights-weighted mean (fedjax_flat/merging.rebasin_merge)."""
+  return merging.rebasin_merge(uploads, weights, mask, reference, iters)
+
+
 def _from_config(server) -> Dict[str, Callable]:
   """config.server -> {name: fn(uploads, weights, mask)} with the section's parameters bound."""
   return {
@@ -286,16 +298,21 @@ def _from_config(server) -> Dict[str, Callable]:
 
 
 AGGREGATORS = ('mean', 'median', 'trimmed_mean', 'krum', 'multi_krum', 'geometric_median', 'bulyan',
-               'centered_clipping', 'norm_bounding')
+               'centered_clipping', 'norm_bounding', 'rebasin')
+# Aggregators that merge the client models (global - delta) against the global model as their reference.
+MODEL_MERGES = ('rebasin',)
 # Aggregators that read the previous round's aggregate (kept in the server state by algorithms/wrappers/robust.py).
 STATEFUL = ('centered_clipping',)
 
 
 def from_config(server) -> Callable:
   """The aggregator config.server.aggregator names, its parameters (trim_fraction, krum_f, krum_m, gm_iters,
-  gm_eps, norm_bound; cc_tau, cc_iters) bound: fn(uploads [C, ...], weights [C], mask [C]) -> one upload; a
-  STATEFUL one takes the previous aggregate too: fn(uploads, weights, mask, center)."""
+  gm_eps, norm_bound; cc_tau, cc_iters; rebasin_iters) bound: fn(uploads [C, ...], weights [C], mask [C]) -> one
+  upload; a STATEFUL one takes the previous aggregate too: fn(uploads, weights, mask, center); a MODEL_MERGES one
+  the reference model: fn(models, weights, mask, reference)."""
   name = str(server.aggregator)
+  if name == 'rebasin':
+    return lambda u, w, m, ref: rebasin(u, w, m, ref, int(server.get('rebasin_iters', 3)))
   if name == 'centered_clipping':
     return lambda u, w, m, c: centered_clipping(u, w, m, c, float(server.cc_tau), int(server.cc_iters))
   return _from_config(server)[name]

@@ -11,6 +11,8 @@ Typical use::
   pairs = analysis.top_eigenpairs(hvp, dim, k=5)     # Lanczos; pairs.residuals, pairs.converged
   trace, stderr = analysis.hutchinson_trace(hvp, dim, num_probes=50)
 """
+from fedjax_flat.analysis.connectivity import (barrier_markdown, barrier_table, bezier_curve, bezier_point,
+                                               loss_barrier)
 from fedjax_flat.analysis.data import make_fixed_batches, num_valid, stack_batches
 from fedjax_flat.analysis.density import (SpectralDensity, density_from_nodes, slq_nodes_weights,
                                           spectral_density)
@@ -31,6 +33,7 @@ from fedjax_flat.analysis.trace import hutchinson_samples, hutchinson_trace
 from fedjax_flat.analysis import plots
 
 __all__ = [
+    'barrier_markdown', 'barrier_table', 'bezier_curve', 'bezier_point', 'loss_barrier',
     'make_fixed_batches', 'num_valid', 'stack_batches', 'SpectralDensity', 'density_from_nodes',
     'slq_nodes_weights', 'spectral_density', 'CheckedPairs', 'LanczosResult', 'check_pairs', 'lanczos',
     'top_eigenpairs', 'top_eigenpairs_lanczos', 'top_eigenpairs_power', 'tridiagonal', 'cross_entropy',

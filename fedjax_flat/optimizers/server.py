@@ -38,6 +38,7 @@ import optax
 
 from fedjax_flat.aggregators import AGGREGATORS
 from fedjax_flat.errors import ConfigError
+from fedjax_flat.merging import PERMUTABLE_MODELS
 from fedjax_flat.schema import RESULT, TRUTH, VALUE, Choice, Field, Flag, Int, Num, Section
 
 SERVER_OPTIMIZERS = ('sgd', 'adam', 'adagrad', 'yogi')
@@ -66,6 +67,15 @@ def _check(cfg) -> None:
       raise ConfigError('server.krum_f', f, f'bulyan needs clients_per_round >= 4 krum_f + 3 (El Mhamdi et al. 2018), '
                         f'got clients_per_round={n}: ' + (f'at most krum_f={(n - 3) // 4}' if n >= 3 else
                                                           'raise clients_per_round to at least 3'))
+  if s.get('aggregator', 'mean') == 'rebasin':
+    gn = int((cfg.get('model_kwargs', None) or {}).get('gn_groups', 0) or 0)
+    if cfg.model not in PERMUTABLE_MODELS:
+      raise ConfigError('model', cfg.model, "cannot be permuted by server.aggregator='rebasin' (it aligns chains of "
+                        f'Conv / Dense layers without normalisation or residual paths: {", ".join(PERMUTABLE_MODELS)})'
+                        ': use one of them or another server.aggregator')
+    if gn:
+      raise ConfigError('model_kwargs.gn_groups', gn, "server.aggregator='rebasin' does not permute GroupNorm "
+                        'parameters: set model_kwargs.gn_groups=0 or use another server.aggregator')
   if s.weighting != 'capped' and cap:
     raise ConfigError('server.weight_cap', cap, f"is read with server.weighting='capped' only (it is "
                       f'{s.weighting!r}): set it to 0 or the weighting to capped')
@@ -91,7 +101,7 @@ SECTION = Section('server', (
     Field('aggregator', Choice('mean', AGGREGATORS),
           "how the round's deltas are reduced (fedjax_flat/aggregators.py): 'mean' (the streaming weighted mean) | "
           "'median' | 'trimmed_mean' | 'krum' | 'multi_krum' | 'geometric_median' | 'bulyan' | 'centered_clipping' | "
-          "'norm_bounding' (the uploads stacked [C, ...]: docs/aggregation.md)"),
+          "'norm_bounding' | 'rebasin' (the uploads stacked [C, ...]: docs/aggregation.md)"),
     Field('trim_fraction', Num(0.1, lo=0, hi=0.5, hi_open=True),
           "aggregator='trimmed_mean': the fraction of each coordinate's smallest and largest values dropped"),
     Field('krum_f', Int(0, lo=0), "aggregator='krum' / 'multi_krum' / 'bulyan': f, the Byzantine clients tolerated "
@@ -105,6 +115,8 @@ SECTION = Section('server', (
     Field('cc_iters', Int(1, lo=1), "aggregator='centered_clipping': the clipping iterations per round"),
     Field('norm_bound', Num(1.0, lo=0, lo_open=True), "aggregator='norm_bounding': M, the norm each client's delta "
           'is clipped to before the mean (Sun et al. 2019)'),
+    Field('rebasin_iters', Int(3, lo=1), "aggregator='rebasin': the weight-matching sweeps over the layers aligning "
+          'each client model to the global one (Ainsworth et al. 2023)'),
 ), check=_check, tags={RESULT},
     doc='the server optimizer over the pseudo-gradient (FedOpt) and the clients\' weighting')
 

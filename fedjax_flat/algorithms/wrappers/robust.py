@@ -5,7 +5,8 @@ The wrapped algorithm declares `aggregate='stacked'` (core/contract.py): the eng
 stacked [C, ...] in the round's client order with the engine's client weights and the validity mask (padding and
 non-reporting clients masked), gathered over devices and hosts (core/engine.reduce_across). The wrapped
 server_update reduces the 'weighted' upload (the delta) with the configured aggregator (fedjax_flat/aggregators.py:
-median, trimmed_mean, krum, multi_krum, geometric_median, bulyan, centered_clipping, norm_bounding), any 'uniform'
+median, trimmed_mean, krum, multi_krum, geometric_median, bulyan, centered_clipping, norm_bounding; rebasin, which
+merges the client models w^t - delta_k aligned to the global model w^t and hands back w^t - the merge), any 'uniform'
 entries (the compression wrapper's error) with the plain mean over the valid clients, and hands the algorithm its
 usual {'weighted', 'uniform', 'num_clients', 'total_weight'}, so the algorithm's own server step (server optimizer:
 FedAvgM's momentum, FedAdam's moments) runs on the robust aggregate. 'mean' leaves the algorithm as it is: the
@@ -118,6 +119,20 @@ def upload_shape(alg: FederatedAlgorithm, params, state):
   return jax.eval_shape(one, state)
 
 
+def _merge_models(reduce, weighted, weights, valid, inner, config):
+  """A model merge (rebasin) over the client models w_k = w - delta_k (the deltas are w^t - w_k,
+  algorithms/fedavg.py), with the global model w as the reference; returns the delta w - merged."""
+  glob = inner.get('params') if isinstance(inner, dict) else None
+  delta = weighted.get('delta') if isinstance(weighted, dict) and len(weighted) == 1 else None
+  if glob is None or delta is None or (jax.tree_util.tree_structure(delta) != jax.tree_util.tree_structure(glob)):
+    raise ConfigError('server.aggregator', config.server.aggregator, "merges whole client models: it needs an "
+                      "upload {'delta': the params' shape} and a server state with 'params' (FedAvg, FedProx, SAM "
+                      'clients); use another server.aggregator')
+  models = jax.tree_util.tree_map(lambda g, d: g[None].astype(d.dtype) - d, glob, delta)
+  merged = reduce(models, weights, valid, glob)
+  return {'delta': jax.tree_util.tree_map(lambda g, m: (g - m).astype(g.dtype), glob, merged)}
+
+
 def with_aggregator(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
   """`alg` with its 'weighted' upload reduced by config.server.aggregator over the round's stacked uploads."""
   if alg.num_phases != 1:
@@ -125,6 +140,7 @@ def with_aggregator(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
                       'messages a round; a robust aggregator reduces one')
   reduce = aggregators.from_config(config.server)
   stateful = config.server.aggregator in aggregators.STATEFUL
+  merges = config.server.aggregator in aggregators.MODEL_MERGES
 
   def init(inner, params, rng):
     del rng
@@ -137,6 +153,8 @@ def with_aggregator(alg: FederatedAlgorithm, config) -> FederatedAlgorithm:
     uploads, weights, valid = agg['uploads'], agg['weights'], agg['valid']
     if stateful:
       reduced = reduce(uploads['weighted'], weights, valid, own['center'])
+    elif merges:
+      reduced = _merge_models(reduce, uploads['weighted'], weights, valid, inner, config)
     else:
       reduced = reduce(uploads['weighted'], weights, valid)
     mean_agg = {'weighted': reduced, 'uniform': _valid_mean(uploads['uniform'], valid),
