@@ -30,9 +30,9 @@ from fedjax_flat.data.sources import builtin
 from fedjax_flat.schema import DataValue
 from fedjax_flat.tasks.groups import GroupLabelled
 
-# Ten well-separated RGB colours (class c's majority colour is COLOURS[c]).
+# Ten RGB colours of distinct hue (no two differ only in brightness); class c's majority colour is COLOURS[c].
 COLOURS = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 1.0, 0.0], [1.0, 0.0, 1.0],
-                    [0.0, 1.0, 1.0], [1.0, 0.5, 0.0], [0.5, 0.0, 1.0], [0.5, 0.5, 0.5], [1.0, 1.0, 1.0]],
+                    [0.0, 1.0, 1.0], [1.0, 0.5, 0.0], [0.5, 0.0, 1.0], [0.0, 0.5, 1.0], [1.0, 1.0, 1.0]],
                    np.float32)
 NUM_CLASSES = 10
 
