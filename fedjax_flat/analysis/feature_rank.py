@@ -1,0 +1,43 @@
+"""Effective rank of each layer's features (Roy & Vetterli 2007): how many directions a layer's representation
+of a batch of inputs really uses.
+
+For a feature matrix F [n, d] (n inputs, each layer output flattened), with singular values s_i and
+p_i = s_i / sum_j s_j, erank(F) = exp(-sum_i p_i log p_i), between 1 (rank one) and min(n, d) (all singular
+values equal); uncentred, as in the paper. The layers are the hidden activations a model marks
+(`self.sow('intermediates', 'act', y)`, models/base.py: `apply(..., with_activations=True)`), named act0, act1, ...
+in forward order; the features are those of evaluation mode (no dropout, BatchNorm running statistics).
+"""
+from __future__ import annotations
+
+from typing import Dict
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_flat.models.base import float32_model
+
+
+def effective_rank(features) -> jax.Array:
+  """exp of the entropy of the normalised singular values of `features` [n, ...] (flattened to [n, d]); 0 for an
+  all-zero matrix."""
+  f = jnp.asarray(features, jnp.float32)
+  s = jnp.linalg.svd(f.reshape(f.shape[0], -1), compute_uv=False)
+  total = jnp.sum(s)
+  p = s / jnp.where(total > 0, total, 1.0)
+  ent = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0))
+  return jnp.where(total > 0, jnp.exp(ent), 0.0)
+
+
+def layer_features(model, params, x, *, batch_size: int = 256) -> list:
+  """The hidden activations of `x` [n, ...] (numpy arrays [n, ...], forward order), in batches of `batch_size`."""
+  apply = jax.jit(lambda p, xb: float32_model(model).apply(p, xb, train=False, with_activations=True)[1])
+  x = np.asarray(x)
+  parts = [jax.device_get(apply(params, x[i:i + batch_size])) for i in range(0, len(x), batch_size)]
+  return [np.concatenate([p[j] for p in parts]) for j in range(len(parts[0]))]
+
+
+def layer_feature_ranks(model, params, x, *, batch_size: int = 256) -> Dict[str, float]:
+  """{'act<i>': effective rank of layer i's features of the inputs `x`}; empty for a model that marks no layer."""
+  return {f'act{i}': float(effective_rank(f)) for i, f in enumerate(layer_features(model, params, x,
+                                                                                  batch_size=batch_size))}
