@@ -160,8 +160,8 @@ PUBLISHED = Section('', (
 SCHEMA: Tuple[Section, ...] = (
     RUN, client_opt.SECTION, server_opt.SECTION, SWA, WIMA, DP, MAN,
     engine.SECTION, system_clock.SECTION, system_compress.SECTION,
-    INIT, CORRUPTION_EVAL, RUN_TAIL, CLIENT_EVAL, LAB, PERSONALIZED, GROUPING, centralized.SECTION, ATTACK, SEGMENTATION,
-    RETRIEVAL, FEDVC, BN, PUBLISHED)
+    INIT, CORRUPTION_EVAL, RUN_TAIL, CLIENT_EVAL, LAB, PERSONALIZED, GROUPING, centralized.SECTION, ATTACK,
+    SEGMENTATION, RETRIEVAL, FEDVC, BN, PUBLISHED)
 
 
 def build(sections=SCHEMA) -> ml_collections.ConfigDict:
