@@ -36,7 +36,7 @@ def _cos(a, b):
   return jnp.where(ok, jnp.sum(a * b, axis=-1) / jnp.where(ok, na * nb, 1.0), 0.0)
 
 
-def drift(deltas, weights: Optional[jax.Array] = None) -> Dict[str, jax.Array]:
+def update_drift(deltas, weights: Optional[jax.Array] = None) -> Dict[str, jax.Array]:
   """Drift of the updates `deltas` [K, dim] with aggregation weights [K] (None: uniform).
 
   Returns {'norms' [K]: ||Delta_k||, 'cosines' [K]: cos(Delta_k, Delta), 'aggregate' [dim]: Delta,
@@ -49,7 +49,7 @@ def drift(deltas, weights: Optional[jax.Array] = None) -> Dict[str, jax.Array]:
           'cos_min': jnp.min(cos)}
 
 
-def sparsity(deltas, threshold: float = 1e-3) -> jax.Array:
+def update_sparsity(deltas, threshold: float = 1e-3) -> jax.Array:
   """[K]: the fraction of each update's entries with |x| <= threshold * max |x| of that update."""
   d = jnp.abs(jnp.asarray(deltas, jnp.float32))
   return jnp.mean(d <= threshold * jnp.max(d, axis=-1, keepdims=True), axis=-1)

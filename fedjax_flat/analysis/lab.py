@@ -34,7 +34,7 @@ import numpy as np
 
 from fedjax_flat.analysis.alignment import subspace_fraction, top_subspace
 from fedjax_flat.analysis.data import make_fixed_batches
-from fedjax_flat.analysis.drift import drift, flat_updates, sparsity
+from fedjax_flat.analysis.drift import flat_updates, update_drift, update_sparsity
 from fedjax_flat.analysis.feature_rank import layer_feature_ranks
 from fedjax_flat.analysis.hvp import make_hvp, param_dim
 from fedjax_flat.analysis.local_models import global_train_subset, local_updates, make_runner
@@ -133,7 +133,7 @@ class Lab:
       u = local_updates(trainer, trainer.round, runner=self.runner)
       start = trainable_view(trainer.model, u['start'])[1]
       deltas = flat_updates(start, [trainable_view(trainer.model, p)[1] for p in u['params']])
-      d = drift(deltas, u['num_examples'])
+      d = update_drift(deltas, u['num_examples'])
       det.update({'clients': u['ids'], 'num_examples': u['num_examples'].tolist()})
       if 'drift' in ms:
         rec.update({'drift_norm_mean': d['norm_mean'], 'drift_norm_max': d['norm_max'],
@@ -141,7 +141,7 @@ class Lab:
                     'drift_aggregate_norm': d['aggregate_norm']})
         det.update({'drift_norms': np.asarray(d['norms']).tolist(), 'drift_cosines': np.asarray(d['cosines']).tolist()})
       if 'sparsity' in ms:
-        sp = sparsity(deltas, self.threshold)
+        sp = update_sparsity(deltas, self.threshold)
         rec.update({'update_sparsity_mean': np.mean(sp), 'update_sparsity_max': np.max(sp)})
         det['update_sparsity'] = np.asarray(sp).tolist()
       if 'alignment' in ms:

@@ -21,7 +21,7 @@ def test_drift_matches_numpy_with_weights_and_a_zero_update():
   d = rng.normal(size=(4, 30)).astype(np.float32)
   d[3] = 0                                        # a client that did not move: no direction, cosine 0
   n = np.array([1.0, 2.0, 3.0, 4.0])
-  out = drift_lib.drift(d, n)
+  out = drift_lib.update_drift(d, n)
   agg = (n / n.sum()) @ d.astype(np.float64)
   norms = np.linalg.norm(d, axis=1)
   cos = np.array([_np_cos(r, agg) for r in d[:3]] + [0.0])
@@ -33,7 +33,7 @@ def test_drift_matches_numpy_with_weights_and_a_zero_update():
   assert float(out['cos_mean']) == pytest.approx(cos.mean(), rel=1e-5)
   assert float(out['cos_min']) == pytest.approx(cos.min(), abs=1e-7)
   assert float(out['aggregate_norm']) == pytest.approx(np.linalg.norm(agg), rel=1e-5)
-  uniform = drift_lib.drift(d)                    # no weights: the plain mean
+  uniform = drift_lib.update_drift(d)                    # no weights: the plain mean
   np.testing.assert_allclose(uniform['aggregate'], d.mean(0), rtol=1e-5, atol=1e-7)
 
 
@@ -41,7 +41,7 @@ def test_sparsity_is_relative_to_each_updates_largest_entry():
   d = np.array([[1.0, 0.01, -0.001, 0.0005, -2.0],      # max 2: <= 0.002 are 0.001 and 0.0005 -> 2/5
                 [0.0] * 5,                               # nothing moved: fully sparse
                 [1.0, -1.0, 1.0, 1.0, 1.0]], np.float32)  # dense
-  got = np.asarray(drift_lib.sparsity(d, 1e-3))
+  got = np.asarray(drift_lib.update_sparsity(d, 1e-3))
   a = np.abs(d)
   want = np.mean(a <= 1e-3 * a.max(1, keepdims=True), axis=1)
   np.testing.assert_allclose(got, want)

@@ -44,7 +44,8 @@ def test_profile_correlations_and_bins_match_numpy():
   for b in out['bins']:
     idx = order[start:start + b['count']]
     start += b['count']
-    assert b['loss_mean'] == pytest.approx(losses[idx].mean()) and b['gradnorm_mean'] == pytest.approx(norms[idx].mean())
+    assert b['loss_mean'] == pytest.approx(losses[idx].mean())
+    assert b['gradnorm_mean'] == pytest.approx(norms[idx].mean())
     assert (b['loss_lo'], b['loss_hi']) == (losses[idx].min(), losses[idx].max())
 
 
