@@ -26,9 +26,11 @@ def subspace_fraction(vectors, basis) -> jax.Array:
   return jnp.where(sq > 0, proj / jnp.where(sq > 0, sq, 1.0), 0.0)
 
 
-def top_subspace(hvp: Callable, dim: int, k: int, *, rng=None, num_steps: int = 80) -> CheckedPairs:
-  """The top-k (largest algebraic) eigenpairs of the operator, checked, eigenvectors re-orthonormalized (QR):
-  the Ritz vectors of Lanczos are orthonormal up to rounding, and the fraction above assumes they are."""
-  pairs = top_eigenpairs(hvp, dim, k=k, num_steps=num_steps, rng=rng, warn=False)
+def top_subspace(hvp: Callable, dim: int, k: int, *, rng=None, num_steps: int = 40) -> CheckedPairs:
+  """The top-k (largest algebraic) eigenpairs of the operator from ONE Lanczos run of `num_steps` (a fixed cost:
+  not grown while a pair fails the residual test, so `converged` says which pairs are eigenpairs to tolerance),
+  eigenvectors re-orthonormalized (QR): the Ritz vectors are orthonormal up to rounding, and the fraction above
+  assumes they are."""
+  pairs = top_eigenpairs(hvp, dim, k=k, num_steps=num_steps, max_steps=num_steps, rng=rng, warn=False)
   q, _ = jnp.linalg.qr(jnp.asarray(pairs.eigenvectors, jnp.float32).T)
   return pairs._replace(eigenvectors=q.T)

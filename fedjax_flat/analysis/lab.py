@@ -107,7 +107,7 @@ class Lab:
   """The lab of one run: its examples (fixed once) and its compiled local-training program, kept across calls."""
 
   def __init__(self, trainer, *, measures=MEASURES, top_k: int = 5, examples: int = 500,
-               sparsity_threshold: float = 1e-3, bins: int = 10, batch_size: int = 100):
+               sparsity_threshold: float = 1e-3, bins: int = 10, batch_size: int = 100, lanczos_steps: int = 40):
     self.measures = parse_measures(measures)
     self.top_k, self.threshold, self.bins = int(top_k), float(sparsity_threshold), int(bins)
     data, tf = trainer.data, trainer.plan.eval_transform
@@ -115,6 +115,7 @@ class Lab:
     self.x = np.asarray(tf(np.asarray(x)))
     self.batches = make_fixed_batches(self.x, np.asarray(y), min(int(batch_size), len(y)))
     self.runner = None
+    self.lanczos_steps = int(lanczos_steps)
     self.seed = int(trainer.config.seed)
 
   @classmethod
@@ -130,7 +131,9 @@ class Lab:
     if any(m in NEEDS_CLIENTS for m in ms):
       if self.runner is None:
         self.runner = make_runner(trainer.algorithm, trainer.plan.train_transform)
+      t = time.perf_counter()
       u = local_updates(trainer, trainer.round, runner=self.runner)
+      det['seconds_clients'] = time.perf_counter() - t
       start = trainable_view(trainer.model, u['start'])[1]
       deltas = flat_updates(start, [trainable_view(trainer.model, p)[1] for p in u['params']])
       d = update_drift(deltas, u['num_examples'])
@@ -145,8 +148,11 @@ class Lab:
         rec.update({'update_sparsity_mean': np.mean(sp), 'update_sparsity_max': np.max(sp)})
         det['update_sparsity'] = np.asarray(sp).tolist()
       if 'alignment' in ms:
+        t = time.perf_counter()
         hvp = make_hvp(model, gp, self.batches, task=trainer.task)
-        pairs = top_subspace(hvp, param_dim(gp), min(self.top_k, param_dim(gp)), rng=jax.random.key(self.seed))
+        pairs = top_subspace(hvp, param_dim(gp), min(self.top_k, param_dim(gp)), rng=jax.random.key(self.seed),
+                             num_steps=self.lanczos_steps)
+        det['seconds_alignment'] = time.perf_counter() - t
         client_frac = subspace_fraction(deltas, pairs.eigenvectors)
         rec.update({'align_topk_client_mean': np.mean(client_frac),
                     'align_topk_global': subspace_fraction(d['aggregate'], pairs.eigenvectors),
@@ -156,12 +162,16 @@ class Lab:
                     'eigen_converged': np.asarray(pairs.converged).tolist(), 'random_expectation':
                     min(self.top_k, param_dim(gp)) / param_dim(gp)})
     if 'rank' in ms:
+      t = time.perf_counter()
       ranks = layer_feature_ranks(model, gp, self.x)
+      det['seconds_rank'] = time.perf_counter() - t
       rec.update({f'feature_rank/{k}': v for k, v in ranks.items()})
     if 'profile' in ms:
+      t = time.perf_counter()
       losses, norms = per_example_loss_gradnorm(model, gp, self.batches, task=trainer.task)
       prof = loss_gradnorm_profile(losses, norms, self.bins)
       rec.update({'profile_loss_gradnorm_corr': prof['pearson'], 'profile_loss_gradnorm_spearman': prof['spearman']})
       det['profile_bins'] = prof['bins']
+      det['seconds_profile'] = time.perf_counter() - t
     det['seconds'] = time.perf_counter() - t0
     return {k: float(v) for k, v in rec.items()}, det

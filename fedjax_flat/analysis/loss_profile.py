@@ -9,6 +9,7 @@ mean loss and mean gradient norm. A run whose high-loss examples carry the large
 """
 from __future__ import annotations
 
+import functools
 from typing import Dict
 
 import jax
@@ -16,12 +17,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_flat.analysis.hvp import make_loss_fn
+from fedjax_flat.models.base import Model, float32_model
+from fedjax_flat.tasks import base as tasks_lib
 
 
-def per_example_loss_gradnorm(model, params, batches, *, task=None):
-  """(losses [n], gradient norms [n]) of the valid examples of stacked batches {'x': [nb, B, ...], 'y', 'mask'},
-  in order: each example's loss and the norm of its gradient over every parameter (float32 model)."""
-  loss = make_loss_fn(model, task=task)
+@functools.lru_cache(maxsize=None)
+def _per_batch_impl(apply, task):
+  # one compiled program per model and task, reused by every call (a lab logs every k rounds)
+  loss = make_loss_fn(Model('per_example', None, apply, 0, ()), task=task)
 
   def one(p, x, y):
     return loss(p, {'x': x[None], 'y': y[None], 'mask': jnp.ones((1,), jnp.float32)})
@@ -33,7 +36,13 @@ def per_example_loss_gradnorm(model, params, batches, *, task=None):
   def per_batch(p, x, y):
     vals, grads = jax.vmap(jax.value_and_grad(one), in_axes=(None, 0, 0))(p, x, y)
     return vals, jax.vmap(norm_of)(grads)
+  return per_batch
 
+
+def per_example_loss_gradnorm(model, params, batches, *, task=None):
+  """(losses [n], gradient norms [n]) of the valid examples of stacked batches {'x': [nb, B, ...], 'y', 'mask'},
+  in order: each example's loss and the norm of its gradient over every parameter (float32 model)."""
+  per_batch = _per_batch_impl(float32_model(model).apply, tasks_lib.get_task(task))
   ls, gs = [], []
   for i in range(int(np.shape(batches['mask'])[0])):
     v, g = jax.device_get(per_batch(params, jnp.asarray(batches['x'][i]), jnp.asarray(batches['y'][i])))
