@@ -80,10 +80,13 @@ def test_bad_values_are_refused_in_one_line(over, field):
   assert e.value.field == field and '\n' not in str(e.value)
 
 
-def test_a_two_phase_algorithm_is_refused_for_the_client_measures():
+def test_two_phase_and_chain_algorithms_are_refused_for_the_client_measures():
   from fedjax_flat.analysis import lab
   import types
   alg = types.SimpleNamespace(chain=None, num_phases=2, label='TwoPhase')
   with pytest.raises(ConfigError, match='2 phases per round'):
     lab.check(alg, ('drift', 'rank'))
   lab.check(alg, ('rank', 'profile'))        # the model-only measures need no client
+  chain = types.SimpleNamespace(chain=object(), num_phases=1, label='Chain')
+  with pytest.raises(ConfigError, match='trains its clients in chains'):
+    lab.check(chain, ('alignment',))
