@@ -17,6 +17,11 @@ and loss landscapes, written as JSON + PNG plots.
       (mode connectivity: the loss barrier along the linear paths between K client models of the round after the
       checkpoint, pairwise and each against the global model; optionally a trained Bezier curve between the first
       two: connectivity_<model>.json / .md / .png, analysis/connectivity.py)
+  python experiments/hessian.py --workdir=runs/quickstart --lab [--lab_round=r] [--lab_measures=drift,rank]
+      [--top_k=5] [--lab_examples=500] [--lab_bins=10] [--lab_sparsity_threshold=1e-3]
+      (the landscape lab, analysis/lab.py, on checkpoint r: drift, cosine and sparsity of the updates of the
+      clients round r trains from it, their alignment with the top-k Hessian eigenvectors, the effective rank of
+      each layer's features, the loss-vs-gradient-norm profile; writes lab_<model>_round<r>.json and .md)
 
 The model and data come from the run: WORKDIR/config.json rebuilds the dataset and model, and the newest
 checkpoint in WORKDIR/checkpoints (written at the end of every run) gives the parameters. Outputs go to
@@ -120,6 +125,21 @@ _BEZIER = flags.DEFINE_integer('bezier_steps', 0, 'With --connectivity: also tra
                                '(0: skip).')
 
 
+# The landscape lab on a checkpoint: analysis/lab.py (in a run: config.lab).
+_LAB = flags.DEFINE_bool('lab', False, 'Instead of the global analysis: the landscape-lab measures (--lab_measures) '
+                         'at checkpoint --lab_round; writes lab_<model>_round<r>.json and .md.')
+_LAB_ROUND = flags.DEFINE_integer('lab_round', -1, 'With --lab: the checkpoint round r (-1: the newest); the clients '
+                                  'measured are those round r trains from it.')
+_LAB_MEASURES = flags.DEFINE_string('lab_measures', 'drift,sparsity,alignment,rank,profile',
+                                    'With --lab: comma-separated measures among drift, sparsity, alignment, rank, '
+                                    'profile.')
+_LAB_EXAMPLES = flags.DEFINE_integer('lab_examples', 500, 'With --lab: training examples (drawn from the run\'s '
+                                     'seed) of the alignment, rank and profile measures.')
+_LAB_BINS = flags.DEFINE_integer('lab_bins', 10, 'With --lab: loss-quantile bins of the profile.')
+_LAB_THRESHOLD = flags.DEFINE_float('lab_sparsity_threshold', 1e-3, 'With --lab: an update entry counts as zero '
+                                    'when |x| <= this * the update\'s max |x|.')
+
+
 def check_flags(argv) -> None:
   """Every flag value before anything is loaded: BadInputError naming the flag and what is allowed."""
   if len(argv) > 1:
@@ -143,14 +163,77 @@ def check_flags(argv) -> None:
   for flag, lo in ((_CONN_K, 2), (_CONN_N, 2), (_BEZIER, 0)):
     if flag.value < lo:
       raise BadInputError(f'--{flag.name}={flag.value} must be >= {lo}')
+  if _CONN.value and _LAB.value:
+    raise BadInputError('--connectivity and --lab are two modes: give one')
   if _CONN.value and _PER_CLIENT.value:
     raise BadInputError('--connectivity and --per_client are two modes: give one')
   if (_CONN_K.value != 4 or _CONN_N.value != 21 or _BEZIER.value) and not _CONN.value:
     raise BadInputError('--connectivity_clients, --connectivity_points and --bezier_steps apply to --connectivity '
                         'only: add --connectivity')
+  if _LAB.value:
+    from fedjax_flat.analysis.lab import MEASURES, parse_measures
+    try:
+      parse_measures(_LAB_MEASURES.value)
+    except ValueError:
+      raise BadInputError(f'--lab_measures={_LAB_MEASURES.value!r}; allowed: comma-separated names among '
+                          f'{",".join(MEASURES)}') from None
+    if _PER_CLIENT.value or _OTHER.value or _SURFACE.value or _DENSITY.value or _TRACE.value:
+      raise BadInputError('--lab computes the landscape-lab measures only: leave out --per_client, '
+                          '--interpolate_with, --surface_points, --density_probes and --trace_probes')
+    if _LAB_EXAMPLES.value < 2 or _LAB_BINS.value < 2 or _LAB_ROUND.value < -1:
+      raise BadInputError(f'--lab_examples={_LAB_EXAMPLES.value} and --lab_bins={_LAB_BINS.value} must be >= 2, '
+                          f'--lab_round={_LAB_ROUND.value} >= -1')
+    if not 0 < _LAB_THRESHOLD.value < 1:
+      raise BadInputError(f'--lab_sparsity_threshold={_LAB_THRESHOLD.value} must be in (0, 1), e.g. 1e-3')
+  elif (_LAB_ROUND.value != -1 or _LAB_MEASURES.value != _LAB_MEASURES.default or _LAB_EXAMPLES.value != 500
+        or _LAB_BINS.value != 10 or _LAB_THRESHOLD.value != 1e-3):
+    raise BadInputError('--lab_round, --lab_measures, --lab_examples, --lab_bins and --lab_sparsity_threshold '
+                        'apply to --lab only: add --lab')
   if _PER_CLIENT.value and (_OTHER.value or _SURFACE.value or _DENSITY.value or _TRACE.value):
     raise BadInputError('--per_client computes per-client lambda_max only: leave out --interpolate_with, '
                         '--surface_points, --density_probes and --trace_probes')
+
+
+def lab_markdown(rep: dict) -> str:
+  """The lab report as Markdown: the scalar fields, then the per-client table and the loss profile."""
+  lines = [f"# Landscape lab: {rep['workdir']}, {rep['model']} model, checkpoint round {rep['round']}", '',
+           f"Measures: {', '.join(rep['measures'])}; {rep['examples']} training examples; {rep['seconds']:.1f} s.",
+           '', '| field | value |', '|---|---|']
+  lines += [f'| {k} | {v:.6g} |' for k, v in rep['fields'].items()]
+  d = rep['details']
+  if 'clients' in d:
+    cols = [c for c in ('drift_norms', 'drift_cosines', 'update_sparsity', 'align_topk_clients') if c in d]
+    lines += ['', '| client | N_k | ' + ' | '.join(cols) + ' |', '|---' * (len(cols) + 2) + '|']
+    for i, k in enumerate(d['clients']):
+      lines.append(f"| {k} | {d['num_examples'][i]:g} | " + ' | '.join(f'{d[c][i]:.4g}' for c in cols) + ' |')
+  if 'profile_bins' in d:
+    lines += ['', '| loss bin | count | mean loss | mean grad norm |', '|---|---|---|---|']
+    lines += [f"| [{b['loss_lo']:.3g}, {b['loss_hi']:.3g}] | {b['count']} | {b['loss_mean']:.4g} | "
+              f"{b['gradnorm_mean']:.4g} |" for b in d['profile_bins']]
+  return '\n'.join(lines) + '\n'
+
+
+def lab_report(wd, out, load_run) -> dict:
+  """--lab: the landscape lab on a checkpoint -> OUT/lab_<model>_round<r>.json and .md."""
+  from fedjax_flat.analysis.lab import Lab, check, parse_measures
+  trainer, params, step = load_run(wd, _MODEL.value, None if _LAB_ROUND.value < 0 else _LAB_ROUND.value)
+  measures = parse_measures(_LAB_MEASURES.value)
+  check(trainer.algorithm, measures)        # before any work: an algorithm without per-client models
+  os.makedirs(out, exist_ok=True)
+  lab = Lab(trainer, measures=measures, top_k=_TOPK.value, examples=_LAB_EXAMPLES.value,
+            sparsity_threshold=_LAB_THRESHOLD.value, bins=_LAB_BINS.value, batch_size=_BATCH.value)
+  fields, details = lab(trainer, params)
+  rep = {'workdir': os.path.abspath(wd), 'model': _MODEL.value, 'round': int(step), 'measures': list(measures),
+         'examples': int(len(lab.x)), 'top_k': _TOPK.value, 'seconds': details['seconds'], 'fields': fields,
+         'details': details}
+  base = os.path.join(out, f'lab_{_MODEL.value}_round{step}')
+  with open(base + '.json', 'w') as f:
+    json.dump(rep, f, indent=2)
+  with open(base + '.md', 'w') as f:
+    f.write(lab_markdown(rep))
+  print(f'landscape lab at round {step}: ' + ', '.join(f'{k} {v:.4g}' for k, v in fields.items())
+        + f'; report: {base}.json, {base}.md')
+  return rep
 
 
 def main(argv):
@@ -187,6 +270,9 @@ def main(argv):
           f"global/own {rep.get('mean_lambda_global_own', float('nan')):.4f}"
           + (f", local/own batch median {rep['mean_lambda_local_own_batch_median']:.4f}"
              if 'mean_lambda_local_own_batch_median' in rep else '') + f'; report: {path}')
+    return
+  if _LAB.value:
+    lab_report(wd, out, load_run)
     return
   trainer, params, step = load_run(wd, _MODEL.value)
   # BatchNorm models: the Hessian over the trainable params, the running statistics held fixed.

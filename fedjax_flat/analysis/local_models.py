@@ -27,27 +27,13 @@ from fedjax_flat.analysis.hvp import make_hvp, param_dim
 from fedjax_flat.analysis.per_client import client_lambda_max_estimates
 
 
-def local_models(trainer, round_idx: int) -> Tuple[List[int], List]:
-  """(client ids, their local params) of round `round_idx`, from `trainer.server_state` (which must be the
-  state after `round_idx` rounds, e.g. restored from checkpoint `round_idx`)."""
-  alg = trainer.algorithm
-  if alg.num_phases != 1:
-    raise ValueError(f'{alg.label} has {alg.num_phases} phases per round: local models are defined per phase; '
-                     'only single-phase algorithms are supported')
-  if alg.chain is not None:             # a chain algorithm (training/chain_loop.ChainTrainer)
-    raise ValueError(f'{alg.label} trains its clients in chains: a client\'s model depends on its position in '
-                     'its chain, so per-client local models from the broadcast model are not defined')
-  r = int(round_idx)
-  ids = [int(k) for k in trainer.plan.sample_round(r)]          # the round's clients (stratified for H-FL)
-  rb = trainer.plan.round_batches(r, ids, len(ids))
-  id_arr = np.asarray(ids, np.int32)
-  rngs = trainer.plan.client_keys(r, id_arr)
-  states = trainer.store.gather(id_arr) if trainer.store is not None else None
-  bcast = alg.broadcast(trainer.server_state, jnp.asarray(r, jnp.int32))
-  augment_fn = trainer.plan.train_transform
+def make_runner(alg, augment_fn):
+  """The jitted local training of one client, as `engine.make_client_runner`'s per-client loop:
+  run(bcast, batches [S, B, ...], client_state, rng) -> local params. The broadcast is an argument, so one compiled
+  program serves every round of a run (a caller that measures several rounds keeps it)."""
 
   @jax.jit
-  def run(batches, client_state, rng):
+  def run(bcast, batches, client_state, rng):
     local = alg.client_init(bcast, client_state, rng)
 
     def body(local, xs):     # as engine.make_client_runner
@@ -62,14 +48,45 @@ def local_models(trainer, round_idx: int) -> Tuple[List[int], List]:
 
     local, _ = jax.lax.scan(body, local, (batches, jnp.arange(batches['mask'].shape[0])))
     return local.params
+  return run
 
+
+def local_updates(trainer, round_idx: int, runner=None) -> Dict:
+  """Round `round_idx`'s clients trained from `trainer.server_state` (the state after `round_idx` rounds):
+  {'ids': client ids, 'params': their local params, 'num_examples': [K] their N_k (FedAvg's weights),
+  'start': the broadcast params they started from}. `runner`: a `make_runner` of this trainer (built if None)."""
+  alg = trainer.algorithm
+  if alg.num_phases != 1:
+    raise ValueError(f'{alg.label} has {alg.num_phases} phases per round: local models are defined per phase; '
+                     'only single-phase algorithms are supported')
+  if alg.chain is not None:             # a chain algorithm (training/chain_loop.ChainTrainer)
+    raise ValueError(f'{alg.label} trains its clients in chains: a client\'s model depends on its position in '
+                     'its chain, so per-client local models from the broadcast model are not defined')
+  r = int(round_idx)
+  ids = [int(k) for k in trainer.plan.sample_round(r)]          # the round's clients (stratified for H-FL)
+  rb = trainer.plan.round_batches(r, ids, len(ids))
+  id_arr = np.asarray(ids, np.int32)
+  rngs = trainer.plan.client_keys(r, id_arr)
+  states = trainer.store.gather(id_arr) if trainer.store is not None else None
+  bcast = alg.broadcast(trainer.server_state, jnp.asarray(r, jnp.int32))
+  run = runner if runner is not None else make_runner(alg, trainer.plan.train_transform)
   batches = rb.as_dict()
   out = []
   for i in range(len(ids)):
     b = jax.tree_util.tree_map(lambda a: jnp.asarray(a[i]), batches)
     cs = None if states is None else jax.tree_util.tree_map(lambda a: a[i], states)
-    out.append(jax.device_get(run(b, cs, rngs[i])))
-  return ids, out
+    out.append(jax.device_get(run(bcast, b, cs, rngs[i])))
+  start = bcast['params'] if isinstance(bcast, dict) and 'params' in bcast else \
+      alg.eval_models(trainer.server_state)['global'][0]
+  return {'ids': ids, 'params': out, 'num_examples': np.asarray(rb.num_examples[:len(ids)], np.float32),
+          'start': jax.device_get(start)}
+
+
+def local_models(trainer, round_idx: int) -> Tuple[List[int], List]:
+  """(client ids, their local params) of round `round_idx`, from `trainer.server_state` (which must be the
+  state after `round_idx` rounds, e.g. restored from checkpoint `round_idx`)."""
+  u = local_updates(trainer, round_idx)
+  return u['ids'], u['params']
 
 
 def _lambda(model, params, batches, *, num_iters, tol, rng, task=None) -> Tuple[float, int, float, bool]:

@@ -9,6 +9,7 @@ and the sections, each declared next to the code that reads it (fedjax_flat/sche
   upload   systems/compress.py (applied by algorithms/wrappers/compress.py)
   man      algorithms/local.py           init     models/pretrained.py       corruption_eval  evaluation/corruption.py
   client_eval  evaluation/client_eval.py (applied by training/evals/client_eval.py)
+  lab      analysis/lab.py (applied by training/evals/lab.py)
   personalized  evaluation/personalized.py            grouping  grouping/superclients.py
   attack   data/attacks.py               segmentation  tasks/segmentation.py  retrieval  tasks/retrieval.py
   fedvc    data/virtual_clients.py       bn       core/batch_stats.py
@@ -30,6 +31,7 @@ import ml_collections
 
 from fedjax_flat.algorithms import registry as alg_registry
 from fedjax_flat.algorithms.local import SECTION as MAN
+from fedjax_flat.analysis.lab import SECTION as LAB
 from fedjax_flat.config import centralized
 from fedjax_flat.core import engine
 from fedjax_flat.core.batch_stats import SECTION as BN
@@ -158,8 +160,8 @@ PUBLISHED = Section('', (
 SCHEMA: Tuple[Section, ...] = (
     RUN, client_opt.SECTION, server_opt.SECTION, SWA, WIMA, DP, MAN,
     engine.SECTION, system_clock.SECTION, system_compress.SECTION,
-    INIT, CORRUPTION_EVAL, RUN_TAIL, CLIENT_EVAL, PERSONALIZED, GROUPING, centralized.SECTION, ATTACK, SEGMENTATION,
-    RETRIEVAL, FEDVC, BN, PUBLISHED)
+    INIT, CORRUPTION_EVAL, RUN_TAIL, CLIENT_EVAL, LAB, PERSONALIZED, GROUPING, centralized.SECTION, ATTACK,
+    SEGMENTATION, RETRIEVAL, FEDVC, BN, PUBLISHED)
 
 
 def build(sections=SCHEMA) -> ml_collections.ConfigDict:

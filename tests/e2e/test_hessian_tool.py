@@ -38,6 +38,30 @@ def test_hessian_tool_writes_report_and_plots(tmp_path):
     assert (out / f).stat().st_size > 1000
 
 
+@pytest.mark.slow       # a run with every lab measure in it (Lanczos compiles), then the tool on its checkpoint
+def test_lab_in_a_run_and_on_its_checkpoint_agree(tmp_path):
+  wd = tmp_path / 'run'
+  _run(['experiments/train.py', '--config=configs/quickstart.py', f'--workdir={wd}', '--config.rounds=2',
+        '--config.eval_every=2', '--config.model=mlp', '--config.lab.every=2', '--config.lab.examples=60',
+        '--config.lab.top_k=3'])
+  rec = json.loads((wd / 'metrics.jsonl').read_text().splitlines()[-1])
+  det = json.loads((wd / 'lab.jsonl').read_text().splitlines()[-1])
+  assert rec['align_topk_client_mean'] == pytest.approx(np.mean(det['align_topk_clients']), rel=1e-5)
+  assert 0 <= rec['align_topk_global'] <= 1 and rec['align_lambda_max'] == pytest.approx(det['eigenvalues'][0])
+  assert len(det['eigenvalues']) == 3 and det['random_expectation'] > 0
+  _run(['experiments/hessian.py', f'--workdir={wd}', '--lab', '--top_k=3', '--lab_examples=60'])
+  rep = json.loads((wd / 'hessian' / 'lab_global_round2.json').read_text())
+  assert rep['round'] == 2 and rep['details']['clients'] == det['clients']
+  for k in ('drift_norm_mean', 'drift_cos_mean', 'update_sparsity_mean', 'feature_rank/act0',
+            'profile_loss_gradnorm_corr'):       # the same computation from the same checkpointed state
+    assert rep['fields'][k] == pytest.approx(rec[k], rel=1e-3, abs=1e-5), k
+  md = (wd / 'hessian' / 'lab_global_round2.md').read_text()
+  assert '| drift_norm_mean |' in md and '| loss bin |' in md
+  bad = subprocess.run([sys.executable, 'experiments/hessian.py', f'--workdir={wd}', '--lab',
+                        '--lab_measures=drift,curvature'], capture_output=True, text=True, cwd=REPO)
+  assert bad.returncode == 2 and "--lab_measures='drift,curvature'" in bad.stderr
+
+
 @pytest.mark.slow       # 2 x 60 rounds of the digits CNN + Lanczos: an experiment, not a unit test
 def test_fedasam_flatter_than_fedavg_on_digits_alpha0():
   """Claim 2 of the digest: client ASAM lowers the global model's lambda_max versus FedAvg (same budget)."""
