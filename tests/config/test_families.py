@@ -27,7 +27,9 @@ STAND_INS = ('baselines_digits', 'fedsoup_digits', 'fedseq_digits', 'fedcg_digit
              'dp',      # configs/dp.py: pfl-research's recipe and the digits DP cells (no paper table)
              'system',  # configs/system.py: the virtual clock's digits cells (no paper table)
              'flat_cost',   # configs/flat_cost.py: issue 38's study cells (no paper table)
-             'spurious')    # configs/spurious.py: the coloured digits of thesis 7.2.3 (no paper table)
+             'spurious',    # configs/spurious.py: the coloured digits of thesis 7.2.3 (no paper table)
+             'cross_device',   # configs/cross_device.py: issue 50's protocol (no paper table)
+             'flat2024')   # configs/flat2024.py: published settings whose numbers were not transcribed (docstring)
 SEG_FAMILIES = ('feddrive', 'ladd')   # mIoU instead of accuracy: tests/config/test_{feddrive,ladd}_configs.py
 
 
