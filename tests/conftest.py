@@ -11,6 +11,13 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 # (fedjax_flat/devices.py); the in-process references they are compared with bit for bit run on the one
 # device of this process, so the binaries get one too. tests/test_devices.py sets other counts.
 os.environ.setdefault('FEDJAX_FLAT_HOST_DEVICES', '1')
+# XLA's backend optimizations (LLVM -O2 and its expensive passes) cost more than they save on the suite's small
+# programs, compiled hundreds of times and run for a few steps: without them the suite spends 1.4-1.7x less CPU
+# (docs/setup.md). What the tests check does not depend on them: results are compared with NumPy or a formula at
+# a tolerance, and bit-exactness is checked between two runs compiled alike. Programs as users run them are
+# compiled with every optimization by the benchmarks, benchmarks/robustness/bit_identity.py and
+# benchmarks/speed/device/side_check.sh; JAX_DISABLE_MOST_OPTIMIZATIONS=0 runs the suite that way too.
+os.environ.setdefault('JAX_DISABLE_MOST_OPTIMIZATIONS', '1')
 # Subprocesses (experiments/*.py, benchmarks, workers run with -m) import fedjax_flat and tests/ from this
 # checkout, whichever checkout the installed package points at.
 os.environ['PYTHONPATH'] = os.pathsep.join([REPO] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep)

@@ -8,6 +8,9 @@
 # default ../venv-jax<digits> beside the checkout), SIDE_PINS (more requirements, e.g. 'flax==0.12.8').
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
+# The suite compiles without XLA's backend optimizations (tests/conftest.py); this check compiles with them, as
+# users run, unless the caller says otherwise.
+export JAX_DISABLE_MOST_OPTIMIZATIONS="${JAX_DISABLE_MOST_OPTIMIZATIONS:-0}"
 JAX="${1:-${SIDE_JAX:-0.11.2}}"
 shift || true
 PY="${SIDE_PYTHON:-python3.12}"
