@@ -90,7 +90,7 @@ def _take_in(kernel, perm, n):
 
 
 def permute(params, perms):
-  """`params` with hidden layer l's units reordered by perms[l] (unit i of the result = unit perms[l][i])."""
+  """`params` with hidden layer l's units reordered by perms[l] (unit i of the result = unit `perms[l][i]`)."""
   order = permutation_spec(params)
   out = {k: dict(v) for k, v in params.items()}
   for l, p in enumerate(perms):

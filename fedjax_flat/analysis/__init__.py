@@ -12,45 +12,97 @@ Typical use::
   dim = analysis.param_dim(params)
   pairs = analysis.top_eigenpairs(hvp, dim, k=5)     # Lanczos; pairs.residuals, pairs.converged
   trace, stderr = analysis.hutchinson_trace(hvp, dim, num_probes=50)
-"""
-from fedjax_flat.analysis.connectivity import (barrier_markdown, barrier_table, bezier_curve, bezier_point,
-                                               loss_barrier)
-from fedjax_flat.analysis.alignment import subspace_fraction, top_subspace
-from fedjax_flat.analysis.data import make_fixed_batches, num_valid, stack_batches
-from fedjax_flat.analysis.density import (SpectralDensity, density_from_nodes, slq_nodes_weights,
-                                          spectral_density)
-from fedjax_flat.analysis.drift import flat_updates, update_drift, update_sparsity
-from fedjax_flat.analysis.eigen import (CheckedPairs, LanczosResult, check_pairs, lanczos, top_eigenpairs,
-                                        top_eigenpairs_lanczos, top_eigenpairs_power, tridiagonal)
-from fedjax_flat.analysis.feature_rank import effective_rank, layer_feature_ranks, layer_features
-from fedjax_flat.analysis.hvp import (cross_entropy, dense_hessian, flatten_params, make_eval_fn,
-                                      make_full_loss_fn, make_hvp, make_loss_fn, param_dim)
-from fedjax_flat.analysis.landscape import (Plane, evaluate_plane, evaluate_three_model_plane,
-                                            filter_normalized_direction, filter_norms, interpolate_1d,
-                                            plane_grid, plane_through_three, surface_2d)
-from fedjax_flat.analysis.inversion import (batch_gradient, gradient_from_delta, infer_labels, invert_gradients,
-                                            psnr, score_reconstruction, ssim)
-from fedjax_flat.analysis.membership import (attack_report, clopper_pearson, empirical_epsilon, epsilon_bound,
-                                             example_stats, lira, lira_scores, roc, train_shadows)
-from fedjax_flat.analysis.loss_profile import loss_gradnorm_profile, per_example_loss_gradnorm
-from fedjax_flat.analysis.per_client import client_lambda_max, client_lambda_max_estimates
-from fedjax_flat.analysis.report import analyze
-from fedjax_flat.analysis.trace import hutchinson_samples, hutchinson_trace
-from fedjax_flat.analysis import plots
 
-__all__ = [
-    'barrier_markdown', 'barrier_table', 'bezier_curve', 'bezier_point', 'loss_barrier',
-    'make_fixed_batches', 'num_valid', 'stack_batches', 'SpectralDensity', 'density_from_nodes',
-    'slq_nodes_weights', 'spectral_density', 'CheckedPairs', 'LanczosResult', 'check_pairs', 'lanczos',
-    'top_eigenpairs', 'top_eigenpairs_lanczos', 'top_eigenpairs_power', 'tridiagonal', 'cross_entropy',
-    'dense_hessian', 'flatten_params', 'make_eval_fn', 'make_full_loss_fn', 'make_hvp', 'make_loss_fn', 'param_dim',
-    'Plane', 'evaluate_plane', 'evaluate_three_model_plane', 'filter_normalized_direction', 'filter_norms',
-    'interpolate_1d', 'plane_grid', 'plane_through_three', 'surface_2d', 'client_lambda_max',
-    'client_lambda_max_estimates', 'analyze',
-    'hutchinson_samples', 'hutchinson_trace', 'plots',
-    'batch_gradient', 'gradient_from_delta', 'infer_labels', 'invert_gradients', 'psnr', 'score_reconstruction',
-    'ssim', 'attack_report', 'clopper_pearson', 'empirical_epsilon', 'epsilon_bound', 'example_stats', 'lira',
-    'lira_scores', 'roc', 'train_shadows', 'update_drift', 'flat_updates', 'update_sparsity',
-    'subspace_fraction', 'top_subspace', 'effective_rank', 'layer_feature_ranks', 'layer_features',
-    'loss_gradnorm_profile', 'per_example_loss_gradnorm'
-]
+Names are resolved on first use (PEP 562), as in the package face: a module that imports one analysis module
+(the config importing `analysis.lab` for its section) pays for none of the others (plots, scipy).
+"""
+import importlib
+
+# public name -> the module that defines it
+_EXPORTS = {
+    'barrier_markdown': 'fedjax_flat.analysis.connectivity',
+    'barrier_table': 'fedjax_flat.analysis.connectivity',
+    'bezier_curve': 'fedjax_flat.analysis.connectivity',
+    'bezier_point': 'fedjax_flat.analysis.connectivity',
+    'loss_barrier': 'fedjax_flat.analysis.connectivity',
+    'make_fixed_batches': 'fedjax_flat.analysis.data',
+    'num_valid': 'fedjax_flat.analysis.data',
+    'stack_batches': 'fedjax_flat.analysis.data',
+    'SpectralDensity': 'fedjax_flat.analysis.density',
+    'density_from_nodes': 'fedjax_flat.analysis.density',
+    'slq_nodes_weights': 'fedjax_flat.analysis.density',
+    'spectral_density': 'fedjax_flat.analysis.density',
+    'CheckedPairs': 'fedjax_flat.analysis.eigen',
+    'LanczosResult': 'fedjax_flat.analysis.eigen',
+    'check_pairs': 'fedjax_flat.analysis.eigen',
+    'lanczos': 'fedjax_flat.analysis.eigen',
+    'top_eigenpairs': 'fedjax_flat.analysis.eigen',
+    'top_eigenpairs_lanczos': 'fedjax_flat.analysis.eigen',
+    'top_eigenpairs_power': 'fedjax_flat.analysis.eigen',
+    'tridiagonal': 'fedjax_flat.analysis.eigen',
+    'cross_entropy': 'fedjax_flat.analysis.hvp',
+    'dense_hessian': 'fedjax_flat.analysis.hvp',
+    'flatten_params': 'fedjax_flat.analysis.hvp',
+    'make_eval_fn': 'fedjax_flat.analysis.hvp',
+    'make_full_loss_fn': 'fedjax_flat.analysis.hvp',
+    'make_hvp': 'fedjax_flat.analysis.hvp',
+    'make_loss_fn': 'fedjax_flat.analysis.hvp',
+    'param_dim': 'fedjax_flat.analysis.hvp',
+    'Plane': 'fedjax_flat.analysis.landscape',
+    'evaluate_plane': 'fedjax_flat.analysis.landscape',
+    'evaluate_three_model_plane': 'fedjax_flat.analysis.landscape',
+    'filter_normalized_direction': 'fedjax_flat.analysis.landscape',
+    'filter_norms': 'fedjax_flat.analysis.landscape',
+    'interpolate_1d': 'fedjax_flat.analysis.landscape',
+    'plane_grid': 'fedjax_flat.analysis.landscape',
+    'plane_through_three': 'fedjax_flat.analysis.landscape',
+    'surface_2d': 'fedjax_flat.analysis.landscape',
+    'client_lambda_max': 'fedjax_flat.analysis.per_client',
+    'client_lambda_max_estimates': 'fedjax_flat.analysis.per_client',
+    'analyze': 'fedjax_flat.analysis.report',
+    'hutchinson_samples': 'fedjax_flat.analysis.trace',
+    'hutchinson_trace': 'fedjax_flat.analysis.trace',
+    'plots': 'fedjax_flat.analysis.plots',
+    'batch_gradient': 'fedjax_flat.analysis.inversion',
+    'gradient_from_delta': 'fedjax_flat.analysis.inversion',
+    'infer_labels': 'fedjax_flat.analysis.inversion',
+    'invert_gradients': 'fedjax_flat.analysis.inversion',
+    'psnr': 'fedjax_flat.analysis.inversion',
+    'score_reconstruction': 'fedjax_flat.analysis.inversion',
+    'ssim': 'fedjax_flat.analysis.inversion',
+    'attack_report': 'fedjax_flat.analysis.membership',
+    'clopper_pearson': 'fedjax_flat.analysis.membership',
+    'empirical_epsilon': 'fedjax_flat.analysis.membership',
+    'epsilon_bound': 'fedjax_flat.analysis.membership',
+    'example_stats': 'fedjax_flat.analysis.membership',
+    'lira': 'fedjax_flat.analysis.membership',
+    'lira_scores': 'fedjax_flat.analysis.membership',
+    'roc': 'fedjax_flat.analysis.membership',
+    'train_shadows': 'fedjax_flat.analysis.membership',
+    'update_drift': 'fedjax_flat.analysis.drift',
+    'flat_updates': 'fedjax_flat.analysis.drift',
+    'update_sparsity': 'fedjax_flat.analysis.drift',
+    'subspace_fraction': 'fedjax_flat.analysis.alignment',
+    'top_subspace': 'fedjax_flat.analysis.alignment',
+    'effective_rank': 'fedjax_flat.analysis.feature_rank',
+    'layer_feature_ranks': 'fedjax_flat.analysis.feature_rank',
+    'layer_features': 'fedjax_flat.analysis.feature_rank',
+    'loss_gradnorm_profile': 'fedjax_flat.analysis.loss_profile',
+    'per_example_loss_gradnorm': 'fedjax_flat.analysis.loss_profile',
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name):
+  module = _EXPORTS.get(name)
+  if module is None:
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+  mod = importlib.import_module(module)
+  value = mod if module == f'{__name__}.{name}' else getattr(mod, name)
+  globals()[name] = value
+  return value
+
+
+def __dir__():
+  return sorted(set(globals()) | set(__all__))

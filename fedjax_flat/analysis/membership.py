@@ -194,7 +194,7 @@ def _train(init, apply, x, y, masks, keys_init, keys_order, lr, *, epochs, batch
 def train_shadows(init: Callable, apply: Callable, x, y, masks, key: jax.Array, *, epochs: int = 20,
                   batch_size: int = 32, lr: float = 0.05, weight_decay: float = 0.0) -> Any:
   """S models [S, ...params] trained centrally with SGD in one program, vmapped over them: model s sees only the
-  examples with masks[s] [S, N] (each epoch a permutation of all N examples; the others' mask is 0 in its
+  examples with masks[s] (masks: S x N; each epoch a permutation of all N examples; the others' mask is 0 in its
   batches, so a batch holds about batch_size * (its share) of its examples). Not a federated run: the usual LiRA
   approximation of the target's training."""
   masks = jnp.asarray(masks, jnp.float32)
