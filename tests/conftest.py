@@ -37,3 +37,10 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
   # Only the process that made the directory (the xdist controller, or pytest without -n) removes it.
   atexit.register(shutil.rmtree, _session_cache, True)
+
+# DP noise calibrations (privacy/accounting.calibrate) are kept on disk like compiled programs: one directory per
+# test session as well, so no test depends on an earlier session's files.
+if 'FEDJAX_FLAT_DP_CACHE' not in os.environ:
+  _dp_cache = tempfile.mkdtemp(prefix='fedjax_flat_tests_dp_cache_')
+  os.environ['FEDJAX_FLAT_DP_CACHE'] = _dp_cache
+  atexit.register(shutil.rmtree, _dp_cache, True)

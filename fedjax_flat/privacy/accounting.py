@@ -17,9 +17,14 @@ installed dp_accounting whether it applies the factor itself (an open pull reque
 is not applied twice. `norm_bound` is a client upload's largest L2 norm in units of C (1 for flat and per-layer
 clipping; sqrt(L) when each of L tensors is clipped to C, the DP-FedSAM release's rule).
 """
+import hashlib
+import importlib.metadata
 import importlib.util
+import json
 import math
+import os
 import sys
+import tempfile
 
 from fedjax_flat.errors import ConfigError
 
@@ -182,13 +187,75 @@ def classic_epsilon(q, z, rounds, delta, orders=CLASSIC_ORDERS):
 Z_MIN = 1e-3    # calibration's floor: a target needing less noise than this is no privacy worth the name
 
 
+# Calibrations already done, one small JSON file each: the bisection costs seconds to minutes (sampling without
+# replacement is analysed order by order in Python), and every process that validates a DP config (each run of a
+# sweep, each binary, each test worker) would pay it again for the same arguments. The file holds the z the
+# bisection returned, so a cached z is the same number bit for bit; the key includes dp-accounting's version.
+# FEDJAX_FLAT_DP_CACHE=DIR|off (default $XDG_CACHE_HOME/fedjax_flat/dp, i.e. ~/.cache/fedjax_flat/dp).
+CACHE_ENV = 'FEDJAX_FLAT_DP_CACHE'
+
+
+def _cache_dir():
+  d = os.environ.get(CACHE_ENV, '')
+  if d == 'off':
+    return None
+  return d or os.path.join(os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache'), 'fedjax_flat', 'dp')
+
+
+def _cache_file(args):
+  d = _cache_dir()
+  if d is None:
+    return None
+  # Any change to this module (the accounting, the bisection) or to dp-accounting makes new keys: a z calibrated
+  # by other code is never read back.
+  with open(__file__, 'rb') as f:
+    code = hashlib.sha256(f.read()).hexdigest()
+  key = json.dumps({'calibrate': [a if a is None or isinstance(a, str) else repr(float(a)) for a in args],
+                    'code': code, 'dp_accounting': importlib.metadata.version('dp-accounting'),
+                    'doubles': _library_doubles()})
+  return os.path.join(d, hashlib.sha256(key.encode()).hexdigest()[:32] + '.json')
+
+
+def _cached(path):
+  try:
+    with open(path) as f:
+      z = float.fromhex(json.load(f)['z'])
+  except (OSError, ValueError, KeyError, TypeError):   # absent, torn or not ours: calibrate again
+    return None
+  return z if math.isfinite(z) and z > 0 else None
+
+
+def _store(path, z):
+  try:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix='.tmp')
+    with os.fdopen(fd, 'w') as f:
+      json.dump({'z': float(z).hex()}, f)
+    os.replace(tmp, path)     # atomic: a concurrent reader sees the whole file or none
+  except OSError:
+    pass                      # an unwritable cache only costs the next process the bisection
+
+
 def calibrate(target_epsilon, q, rounds, delta, sampling='poisson', accountant='rdp', num_clients=None,
               z_max=1e3, tol=1e-4, norm_bound=1.0):
   """The smallest noise multiplier z (within relative tol) whose epsilon is <= target_epsilon, by bisection.
 
   Epsilon decreases monotonically in z, so bisection on [Z_MIN, z_max] keeps epsilon(hi) <= target throughout;
-  a target already met at Z_MIN is refused in one line (the search would otherwise halve z without end).
+  a target already met at Z_MIN is refused in one line (the search would otherwise halve z without end). A result
+  is kept on disk (`CACHE_ENV`) and read back for the same arguments.
   """
+  args = (target_epsilon, q, rounds, delta, sampling, accountant, num_clients, z_max, tol, norm_bound)
+  valid = isinstance(target_epsilon, (int, float)) and 0 < target_epsilon < math.inf
+  path = _cache_file(args) if valid else None
+  z = None if path is None else _cached(path)
+  if z is None:
+    z = _bisect(*args)
+    if path is not None:
+      _store(path, z)
+  return z
+
+
+def _bisect(target_epsilon, q, rounds, delta, sampling, accountant, num_clients, z_max, tol, norm_bound):
   if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
     raise ConfigError('dp.target_epsilon', target_epsilon, 'must be a finite number > 0 (0 means: use '
                       'dp.noise_multiplier)')

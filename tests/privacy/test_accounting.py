@@ -178,3 +178,25 @@ def test_published_epsilons_are_reproduced_and_the_default_conversion_is_tighter
   assert tight <= got
   # the default (tighter) conversion reports less, never more: 1.04 for Abadi's example
   assert tight < published
+
+
+def test_a_calibration_is_kept_on_disk_and_read_back_bit_for_bit(tmp_path, monkeypatch):
+  monkeypatch.setenv(accounting.CACHE_ENV, str(tmp_path / 'dp'))
+  args = dict(q=0.1, rounds=20, delta=1e-5)
+  z = accounting.calibrate(2.0, **args)
+  files = list((tmp_path / 'dp').iterdir())
+  assert len(files) == 1 and files[0].suffix == '.json'
+  # A second process-worth of calls reads the file: the bisection is not run again, the number is the same.
+  bisect = accounting._bisect
+  monkeypatch.setattr(accounting, '_bisect', lambda *a: pytest.fail('calibrated again'))
+  assert accounting.calibrate(2.0, **args) == z
+  # Other arguments are another key; a torn file is calibrated again (and rewritten), never trusted.
+  monkeypatch.setattr(accounting, '_bisect', bisect)
+  z3 = accounting.calibrate(3.0, **args)
+  assert z3 < z and len(list((tmp_path / 'dp').iterdir())) == 2
+  files[0].write_text('{"z": "nonsense')
+  assert accounting.calibrate(2.0, **args) == z
+  assert accounting._cached(str(files[0])) == z
+  # off: no directory is touched
+  monkeypatch.setenv(accounting.CACHE_ENV, 'off')
+  assert accounting.calibrate(2.0, **{**args, 'rounds': 21}) > 0 and len(list((tmp_path / 'dp').iterdir())) == 2
