@@ -86,3 +86,13 @@ def check_head(cfg, hp=None) -> None:
     with_head = [n for n in model_registry.names() if model_registry.declared_head(n, {})]
     raise ConfigError('model', cfg.model, f'{cfg.algorithm} splits the model into body and head, and this model '
                       f'declares no head; models that do: {with_head}')
+
+
+def check_sgd_one_lr(cfg, name: str, why: str) -> None:
+  """Refuses, in one line, a client optimizer other than SGD or an lr that changes within a round: `name`'s rule
+  (`why`) reads the lr as the one step size of SGD steps (FedNova's normalization, q-FFL's L = 1/lr)."""
+  if cfg.client.get('base_optimizer', 'sgd') != 'sgd':
+    raise ConfigError('client.base_optimizer', cfg.client.base_optimizer, f'{name} {why}: use sgd')
+  if cfg.client.get('lr_schedule', 'constant') == 'poly_step':
+    raise ConfigError('client.lr_schedule', 'poly_step', f"{name} {why}, one lr within a round: use 'constant' or "
+                      "'poly_round'")

@@ -32,11 +32,10 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import run_value, tmap, tree_sub
+from fedjax_flat.algorithms.common import check_sgd_one_lr, run_value, tmap, tree_sub
 from fedjax_flat.algorithms.hparams import Choice, Number
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm
-from fedjax_flat.errors import ConfigError
 
 
 def normalizer(tau, rho: float = 0.0, eta_mu: float = 0.0) -> float:
@@ -51,12 +50,7 @@ def normalizer(tau, rho: float = 0.0, eta_mu: float = 0.0) -> float:
 def check(cfg, hp) -> None:
   """The normalization assumes SGD (with momentum) at a constant lr within the round."""
   del hp
-  if cfg.client.get('base_optimizer', 'sgd') != 'sgd':
-    raise ConfigError('client.base_optimizer', cfg.client.base_optimizer,
-                      'fednova normalizes SGD (momentum) steps: use sgd')
-  if cfg.client.get('lr_schedule', 'constant') == 'poly_step':
-    raise ConfigError('client.lr_schedule', 'poly_step', 'fednova needs a constant lr within a round: use '
-                      "'constant' or 'poly_round'")
+  check_sgd_one_lr(cfg, 'fednova', 'normalizes SGD (momentum) steps')
 
 
 TAU_EFF = ('paper', 'release')

@@ -28,11 +28,10 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_flat.algorithms import local as local_lib
-from fedjax_flat.algorithms.common import tmap
+from fedjax_flat.algorithms.common import check_sgd_one_lr, tmap
 from fedjax_flat.algorithms.hparams import Number
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast, fedavg_server_init
-from fedjax_flat.errors import ConfigError
 
 EPS = 1e-10     # the release's loss offset inside the powers
 
@@ -86,12 +85,7 @@ def check(cfg, hp) -> None:
   """L = 1/lr is the Lipschitz estimate of SGD steps at one lr through the round (the paper's and the release's
   local solver): another base optimizer or an lr that changes within the round would make it some other number."""
   del hp
-  if cfg.client.get('base_optimizer', 'sgd') != 'sgd':
-    raise ConfigError('client.base_optimizer', cfg.client.base_optimizer,
-                      'qffl estimates L = 1/lr from SGD steps: use sgd')
-  if cfg.client.get('lr_schedule', 'constant') == 'poly_step':
-    raise ConfigError('client.lr_schedule', 'poly_step', "qffl's L = 1/lr needs one lr within a round: use "
-                      "'constant' or 'poly_round'")
+  check_sgd_one_lr(cfg, 'qffl', 'estimates L = 1/lr from SGD steps')
 
 
 @register('qffl', hparams={'q': Number(1.0, lo=0, finite=True, bound=True,

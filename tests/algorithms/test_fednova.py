@@ -103,7 +103,7 @@ def test_declared_rules_and_checks():
     validate.validate_config(cfg)
   cfg = config('fednova')
   cfg.client.lr_schedule, cfg.client.lr_poly_max = 'poly_step', 100
-  with pytest.raises(ConfigError, match='client.lr_schedule.*constant lr within a round'):
+  with pytest.raises(ConfigError, match='client.lr_schedule.*one lr within a round'):
     validate.validate_config(cfg)
   cfg = config('fednova')
   algo_flags.apply(cfg, [('mu', '0.25')])     # --config.algo.mu=0.25 from the declared default's type
