@@ -3,9 +3,10 @@
 #   bash benchmarks/studies/workbench.sh [RUNS_DIR]
 # 1. the digits sweep (configs/sweeps/workbench_digits.py: 5 methods x alpha {0, 0.5} x 3 seeds, 60 rounds,
 #    every client evaluated every 10 rounds, the lab (drift, rank, profile) at rounds 20, 40, 60);
-# 2. lambda_max of every final global model (experiments/hessian.py, top 5 Lanczos on the 359 test digits);
-# 3. mode connectivity (4 clients of the round after the last) on seed 0 of each method at alpha 0;
-# 4. the worst-group sweep (configs/sweeps/workbench_spurious.py: 5 methods x strong / weak colour x 3 seeds);
+# 2. mode connectivity (4 clients of the round after the last) on seed 0 of each method at alpha 0;
+# 3. lambda_max of every final global model (experiments/hessian.py, 20 Lanczos steps on the 359 test digits);
+# 4. the worst-group sweep (configs/sweeps/workbench_spurious.py: 5 methods x strong / weak colour x 3 seeds, runs
+#    batched 4 to a program, --batch_runs=auto);
 # 5. the tables (benchmarks/studies/workbench_table.py) and the sweep reports, under benchmarks/studies/workbench/.
 # Every step skips what is already there, so a rerun resumes. One process at a time (2 shared CPU cores).
 set -uo pipefail
@@ -16,17 +17,17 @@ OUT=${OUT:-benchmarks/studies/workbench}
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 status=0
 $PY experiments/sweep.py --sweep=configs/sweeps/workbench_digits.py --sweep_dir="$RUNS/digits" --parallel=1 || status=1
-for wd in "$RUNS"/digits/*/seed=*; do
-  [ -f "$wd/hessian/hessian_global.json" ] || $PY experiments/hessian.py --workdir="$wd" --num_examples=359 \
-    --top_k=5 > "$wd/hessian.log" 2>&1 || { echo "hessian failed: $wd"; status=1; }
-done
 for m in fedavg fedsam fedasam fedgloss fedlesam; do
   wd="$RUNS/digits/${m}_a0/seed=0"
   [ -f "$wd/hessian/connectivity_global.json" ] || $PY experiments/hessian.py --workdir="$wd" --connectivity \
     --connectivity_clients=4 --connectivity_points=21 --num_examples=359 > "$wd/connectivity.log" 2>&1 \
     || { echo "connectivity failed: $wd"; status=1; }
 done
-$PY experiments/sweep.py --sweep=configs/sweeps/workbench_spurious.py --sweep_dir="$RUNS/spurious" --parallel=1 \
+for wd in "$RUNS"/digits/*/seed=*; do
+  [ -f "$wd/hessian/hessian_global.json" ] || $PY experiments/hessian.py --workdir="$wd" --num_examples=359 \
+    --top_k=1 --lanczos_steps=20 > "$wd/hessian.log" 2>&1 || { echo "hessian failed: $wd"; status=1; }
+done
+$PY experiments/sweep.py --sweep=configs/sweeps/workbench_spurious.py --sweep_dir="$RUNS/spurious" --batch_runs=auto \
   || status=1
 mkdir -p "$OUT"
 $PY experiments/report.py --sweep_dir="$RUNS/digits" --out_dir="$OUT/digits_report" \

@@ -59,6 +59,11 @@ def digits_record(wd, method, alpha, seed):
     rec['barrier_client_global'] = c['mean_barrier_client_global']
     rec['barrier_max_clients'] = max(r['barrier'] for r in c['paths'] if r['b'] != 'global')
     rec['path_max_loss'] = max(r['max_loss'] for r in c['paths'])
+    pairs = [r for r in c['paths'] if r['b'] != 'global']
+    mid = [r['loss'][len(r['loss']) // 2] for r in pairs]     # t = 0.5: the two clients' average
+    rec['pair_mid_loss'] = float(np.mean(mid))
+    rec['pair_end_loss'] = float(np.mean([np.mean(r['end_losses']) for r in pairs]))
+    rec['global_loss'] = [r for r in c['paths'] if r['b'] == 'global'][0]['end_losses'][1]
   return rec
 
 
@@ -140,10 +145,12 @@ def main():
     out += ['', '## Loss barriers (digits, seed 0, test loss on the 359 test digits, 21 points a linear path; 4 '
             'clients of the round after the last, one local epoch from the final global model)', '',
             '| alpha | method | mean barrier, client pairs | max barrier, client pairs | mean barrier, client-global '
-            '| highest loss on a path |', '|---|---|---:|---:|---:|---:|']
+            '| highest loss on a path | client loss (pair ends, mean) | loss at t = 0.5, pairs (mean) | global model loss |',
+            '|---|---|---:|---:|---:|---:|---:|---:|---:|']
     for r in sorted(con, key=lambda r: (r['alpha'], METHODS.index(r['method']))):
       out.append(f"| {r['alpha']:g} | {LABELS[r['method']]} | {r['barrier_clients']:.4f} | "
-                 f"{r['barrier_max_clients']:.4f} | {r['barrier_client_global']:.4f} | {r['path_max_loss']:.3f} |")
+                 f"{r['barrier_max_clients']:.4f} | {r['barrier_client_global']:.4f} | {r['path_max_loss']:.3f} | "
+                 f"{r['pair_end_loss']:.3f} | {r['pair_mid_loss']:.3f} | {r['global_loss']:.3f} |")
   if spu:
     out += ['', '## Worst-group accuracy (coloured digits, configs/spurious.py; percent)', '',
             '| colour | method | test acc (last) | worst group (last) | avg group (last) | test acc, last 5 evals '
