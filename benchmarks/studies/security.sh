@@ -21,7 +21,7 @@ for opt in fedavg fedsam; do
   for agg in mean median; do
     for seed in 0 1; do
       src="$ROOT/main/$opt-backdoor-$agg-f0.3/seed=$seed"
-      wd="$ROOT/persist/$opt-$agg/seed=$seed"
+      wd="$ROOT/persist/$opt-$agg/seed=$seed"; mkdir -p "$(dirname "$wd")"
       [[ -f "$wd/summary.json" ]] && continue
       OPT=(--config.client.optimizer=sgd)
       [[ $opt == fedsam ]] && OPT=(--config.client.optimizer=sam --config.client.rho=0.1)

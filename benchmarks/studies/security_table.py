@@ -56,6 +56,11 @@ def run_record(wd, part):
           'lambda_max': h['lambda_max'] if h else None, 'wall_s': s.get('wall_time_s')}
 
 
+def _g(d, k):
+  v = d.get(k) if isinstance(d, dict) else None
+  return '-' if v is None else (f'{v:.3f}' if isinstance(v, (int, float)) else str(v))
+
+
 def ms(xs, scale=100.0, nd=1):
   xs = [x for x in xs if x is not None and math.isfinite(x)]
   if not xs:
@@ -162,6 +167,24 @@ def main():
   if leak:
     with open(os.path.join(a.out, 'leak.json'), 'w') as f:
       json.dump(leak, f, indent=1, default=str)
+  if leak:
+    md.append('### Leakage: SGD vs SAM clients, without and with central DP (eps 8), seed 0, round 100\n')
+    md.append('| run | test acc % | lambda_max | inversion PSNR dB (mean ± std, images x clients) | SSIM | '
+              'clients | MI AUC (loss threshold) | TPR@1%FPR | empirical eps lower bound | accountant eps |')
+    md.append('|---|---|---|---|---|---|---|---|---|---|')
+    for run in dict.fromkeys(x['run'] for x in leak):
+      xs = [x for x in leak if x['run'] == run]
+      psnr = [p for x in xs if x['inversion'] for p in x['inversion']['psnr']]
+      ssim = [p for x in xs if x['inversion'] for p in x['inversion']['ssim']]
+      ncl = sum(1 for x in xs if x['inversion'])
+      mem = next((x['membership'] for x in xs if x['membership']), None) or {}
+      att = mem.get('loss_threshold', mem)
+      lam = xs[0]['lambda_max']
+      md.append(f"| {run} | {100 * (xs[0]['final_acc'] or 0):.1f} | {'-' if lam is None else f'{lam:.2f}'} | "
+                f"{ms(psnr, 1, 2)} | {ms(ssim, 1, 3)} | {ncl} | {_g(att, 'auc')} | {_g(att, 'tpr_at_fpr_0.01')} | "
+                f"{_g(att, 'epsilon_lower_bound')} ({_g(att, 'epsilon_all_thresholds')}) | "
+                f"{_g(mem, 'accountant_epsilon')} | {_g(mem, 'train_accuracy')} / {_g(mem, 'test_accuracy')} |")
+    md.append('')
   with open(os.path.join(a.out, 'tables.md'), 'w') as f:
     f.write('\n'.join(md) + '\n')
   print('\n'.join(md))
