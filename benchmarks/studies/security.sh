@@ -11,8 +11,8 @@ export PYTHONPATH=${PYTHONPATH:-$PWD}
 SW=configs/sweeps/security_digits.py
 
 # 1. The grids (one process, seeds of a cell packed as lanes where the runs allow it).
-for part in main ten asam; do
-  $PY experiments/sweep.py --sweep=$SW:part=$part --sweep_dir="$ROOT/$part" --parallel=1 --batch_runs=auto
+for part in main ten asam,seeds=0; do      # FedASAM: seed 0 only (time)
+  $PY experiments/sweep.py --sweep=$SW:part=$part --sweep_dir="$ROOT/${part%%,*}" --parallel=1 --batch_runs=auto
 done
 
 # 2. Backdoor persistence: 20 clean rounds from each backdoored round-40 model (attack.fraction=0 keeps the
@@ -35,7 +35,7 @@ for opt in fedavg fedsam; do
   done
 done
 
-# 3. lambda_max (seed 0) of a subset of the grid.
+# 3. lambda_max (seed 0) of a subset of the grid (the leakage runs' lambda_max: step 4).
 for cell in fedavg-none-mean fedsam-none-mean fedavg-backdoor-mean-f0.3 fedsam-backdoor-mean-f0.3 \
     fedavg-alie-median-f0.3 fedsam-alie-median-f0.3 fedavg-sign_flip-krum-f0.3 fedsam-sign_flip-krum-f0.3; do
   wd="$ROOT/main/$cell/seed=0"
@@ -48,6 +48,13 @@ for cell in fedavg fedsam fedavg,eps=8 fedsam,eps=8; do
   wd="$ROOT/leak/${cell/,eps=/_eps}"
   [[ -f "$wd/summary.json" ]] || $PY experiments/train.py --config=configs/dp.py:$cell --workdir="$wd" 2>/dev/null | tail -n 1
   [[ -f "$wd/privacy_attacks/membership.json" ]] || $PY experiments/attack.py --workdir="$wd" --attack=all 2>/dev/null | tail -n 3
+  [[ -f "$wd/hessian/hessian_global.json" ]] || $PY experiments/hessian.py --workdir="$wd" --top_k=1 2>/dev/null | tail -n 1
 done
+# Inversion of clients 1-3's uploads too (client 0's is in privacy_attacks/): 4 clients x 2 images per run.
+for k in 1 2 3; do for cell in fedavg fedsam fedavg_eps8 fedsam_eps8; do
+  wd="$ROOT/leak/$cell"
+  [[ -f "$wd/privacy_attacks_c$k/inversion.json" ]] || $PY experiments/attack.py --workdir="$wd" --attack=inversion \
+    --client=$k --out_dir="$wd/privacy_attacks_c$k" 2>/dev/null | grep inversion
+done; done
 
 $PY -m benchmarks.studies.security_table --root="$ROOT" --out=benchmarks/studies/security
