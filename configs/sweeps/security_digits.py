@@ -5,7 +5,8 @@ robust aggregators on the embedded digits, as one sweep.
       --parallel=1 --batch_runs=auto
   parts: main (SGD and SAM clients x {none, sign_flip, alie, backdoor} x {mean, median, krum, centered_clipping},
   30% attackers), ten (SGD and SAM x {sign_flip, backdoor} x {mean, median}, 10% attackers), asam (ASAM clients x
-  {none, sign_flip, alie, backdoor} x {mean, median}, 30%). Keys: part, rounds (default 40), seeds (e.g. 0+1).
+  {none, sign_flip, alie, backdoor} x {mean, median}, 30%; run it without --batch_runs: its sign_flip / mean seed 1
+  diverges, and under --batch_runs that ended the sweep). Keys: part, rounds (default 40), seeds (e.g. 0+1).
 
 Setting: configs/quickstart.py (20 clients, Dirichlet 0.5, 5 a round, digits_cnn, client SGD lr 0.05), 40 rounds,
 evaluation every 5 rounds, last-K = the last 2 evaluations (rounds 35, 40). SAM rho 0.1 and ASAM rho 0.7 eta 0.2
