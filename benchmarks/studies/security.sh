@@ -11,9 +11,8 @@ export PYTHONPATH=${PYTHONPATH:-$PWD}
 SW=configs/sweeps/security_digits.py
 
 # 1. The grids (one process, seeds of a cell packed as lanes where the runs allow it).
-for part in main ten; do
-  $PY experiments/sweep.py --sweep=$SW:part=$part --sweep_dir="$ROOT/$part" --parallel=1 --batch_runs=auto
-done
+$PY experiments/sweep.py --sweep=$SW:part=main --sweep_dir="$ROOT/main" --parallel=1 --batch_runs=auto
+$PY experiments/sweep.py --sweep=$SW:part=ten,seeds=0+1+2 --sweep_dir="$ROOT/ten" --parallel=1 --batch_runs=auto
 # FedASAM: one process per run: fedasam-sign_flip-mean seed 1 diverges (NaN at round 15), and under --batch_runs a
 # diverged run ended the whole sweep (its later runs never started) where the process mode lists it as failed.
 $PY experiments/sweep.py --sweep=$SW:part=asam --sweep_dir="$ROOT/asam" --parallel=1 || true
