@@ -1,0 +1,194 @@
+"""Tables of the security study (benchmarks/studies/README.security.md) from its run directories.
+
+  .venv/bin/python -m benchmarks.studies.security_table --root=runs/security --out=benchmarks/studies/security
+
+Reads runs/security/{main,ten,asam}/<cell>/seed=<s>/ (sweeps of configs/sweeps/security_digits.py),
+runs/security/persist/<cell>/seed=<s>/ (clean continuation of the backdoored runs) and
+runs/security/leak/<run>/ (SGD vs SAM, with and without DP, experiments/attack.py's privacy_attacks/), and writes
+OUT/runs.jsonl (one record per run), OUT/tables.md (mean +- std over seeds).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+
+import numpy as np
+
+
+def _load(p):
+  try:
+    with open(p) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def _records(wd):
+  try:
+    with open(os.path.join(wd, 'metrics.jsonl')) as f:
+      return [json.loads(l) for l in f if l.strip()]
+  except OSError:
+    return []
+
+
+def run_record(wd, part):
+  s = _load(os.path.join(wd, 'summary.json'))
+  c = _load(os.path.join(wd, 'config.json'))
+  if not s or not c:
+    return None
+  recs = [r for r in _records(wd) if 'test_accuracy' in r]
+  k = c.get('summary_last_k', 2)
+  last = recs[-k:]
+  asr = [r['attack_success_rate'] for r in last if 'attack_success_rate' in r]
+  h = _load(os.path.join(wd, 'hessian', 'hessian_global.json'))
+  cell = os.path.basename(os.path.dirname(wd))
+  return {'part': part, 'cell': cell, 'seed': int(os.path.basename(wd).split('=')[1]),
+          'optimizer': c['client']['optimizer'], 'attack': c['attack']['kind'],
+          'fraction': c['attack']['fraction'] if c['attack']['kind'] != 'none' else 0.0,
+          'aggregator': c['server']['aggregator'], 'rounds': s['rounds_completed'],
+          'final_acc': s['final_test_accuracy'], 'lastk_acc': float(np.mean([r['test_accuracy'] for r in last])),
+          'lastk_asr': float(np.mean(asr)) if asr else None,
+          'asr_curve': [(r['round'], r['attack_success_rate']) for r in recs if 'attack_success_rate' in r],
+          'acc_curve': [(r['round'], r['test_accuracy']) for r in recs],
+          'lambda_max': h['lambda_max'] if h else None, 'wall_s': s.get('wall_time_s')}
+
+
+def _g(d, k):
+  v = d.get(k) if isinstance(d, dict) else None
+  return '-' if v is None else (f'{v:.3f}' if isinstance(v, (int, float)) else str(v))
+
+
+def ms(xs, scale=100.0, nd=1):
+  xs = [x for x in xs if x is not None and math.isfinite(x)]
+  if not xs:
+    return '-'
+  a = np.array(xs) * scale
+  return f'{a.mean():.{nd}f} ± {a.std():.{nd}f}' if len(a) > 1 else f'{a[0]:.{nd}f}'
+
+
+def grouped(rows):
+  g = {}
+  for r in rows:
+    g.setdefault((r['part'], r['cell']), []).append(r)
+  return g
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument('--root', default='runs/security')
+  ap.add_argument('--out', default='benchmarks/studies/security')
+  a = ap.parse_args()
+  os.makedirs(a.out, exist_ok=True)
+  rows = []
+  for part in ('main', 'ten', 'asam', 'persist'):
+    for wd in sorted(glob.glob(os.path.join(a.root, part, '*', 'seed=*'))):
+      r = run_record(wd, part)
+      if r:
+        rows.append(r)
+  with open(os.path.join(a.out, 'runs.jsonl'), 'w') as f:
+    for r in rows:
+      f.write(json.dumps(r) + '\n')
+  md = []
+  g = grouped(rows)
+  opt_name = {'sgd': 'FedAvg', 'sam': 'FedSAM', 'asam': 'FedASAM'}
+  # Accuracy table: rows (method, attack, fraction), columns defences.
+  for part, title in (('main', '30% attackers (main grid)'), ('ten', '10% attackers'),
+                      ('asam', 'FedASAM, 30% attackers')):
+    cells = {k[1]: v for k, v in g.items() if k[0] == part}
+    if not cells:
+      continue
+    aggs = []
+    for v in cells.values():
+      if v[0]['aggregator'] not in aggs:
+        aggs.append(v[0]['aggregator'])
+    md.append(f'### {title}: last-K test accuracy % (rounds 35 and 40), mean ± std over seeds\n')
+    md.append('| method | attack | ' + ' | '.join(aggs) + ' | seeds |')
+    md.append('|---|---|' + '---|' * len(aggs) + '---|')
+    keys = []
+    for v in cells.values():
+      kk = (v[0]['optimizer'], v[0]['attack'])
+      if kk not in keys:
+        keys.append(kk)
+    for opt, att in keys:
+      vals, n = [], 0
+      for ag in aggs:
+        v = [x for x in cells.values() if x[0]['optimizer'] == opt and x[0]['attack'] == att and
+             x[0]['aggregator'] == ag]
+        vals.append(ms([r['lastk_acc'] for r in v[0]]) if v else '-')
+        n = max(n, len(v[0]) if v else 0)
+      md.append(f'| {opt_name[opt]} | {att} | ' + ' | '.join(vals) + f' | {n} |')
+    md.append('')
+    bd = [(k, v) for k, v in cells.items() if v[0]['attack'] == 'backdoor']
+    if bd:
+      md.append(f'### {title}: backdoor attack success rate % (last-K), mean ± std over seeds\n')
+      md.append('| method | ' + ' | '.join(aggs) + ' |')
+      md.append('|---|' + '---|' * len(aggs))
+      for opt in dict.fromkeys(v[0]['optimizer'] for _, v in bd):
+        vals = []
+        for ag in aggs:
+          v = [x for _, x in bd if x[0]['optimizer'] == opt and x[0]['aggregator'] == ag]
+          vals.append(ms([r['lastk_asr'] for r in v[0]]) if v else '-')
+        md.append(f'| {opt_name[opt]} | ' + ' | '.join(vals) + ' |')
+      md.append('')
+  lam = [r for r in rows if r['lambda_max'] is not None]
+  if lam:
+    md.append('### lambda_max of the final global model (seed 0; top Hessian eigenvalue on the 359 test digits, experiments/hessian.py)\n')
+    md.append('| part | cell | lambda_max | last-K acc % |')
+    md.append('|---|---|---|---|')
+    for r in lam:
+      md.append(f"| {r['part']} | {r['cell']} | {r['lambda_max']:.2f} | {100 * r['lastk_acc']:.1f} |")
+    md.append('')
+  per = {k[1]: v for k, v in g.items() if k[0] == 'persist'}
+  if per:
+    md.append('### Backdoor persistence: ASR % after the attackers leave (clean rounds from the round-40 model)\n')
+    rounds = sorted({rd for v in per.values() for r in v for rd, _ in r['asr_curve']})
+    md.append('| cell | ' + ' | '.join(f'+{rd}' for rd in rounds) + ' | acc % at end |')
+    md.append('|---|' + '---|' * len(rounds) + '---|')
+    for cell, v in sorted(per.items()):
+      cols = []
+      for rd in rounds:
+        cols.append(ms([dict(r['asr_curve']).get(rd) for r in v]))
+      md.append(f'| {cell} | ' + ' | '.join(cols) + f" | {ms([r['final_acc'] for r in v])} |")
+    md.append('')
+  leak = []
+  for wd in sorted(glob.glob(os.path.join(a.root, 'leak', '*'))):
+    for pa in sorted(glob.glob(os.path.join(wd, 'privacy_attacks*'))):
+      rep = _load(os.path.join(pa, 'report.json')) or _load(os.path.join(pa, 'attack.json'))
+      inv = _load(os.path.join(pa, 'inversion.json'))
+      mem = _load(os.path.join(pa, 'membership.json'))
+      s = _load(os.path.join(wd, 'summary.json')) or {}
+      leak.append({'run': os.path.basename(wd), 'attack_dir': os.path.basename(pa), 'inversion': inv,
+                   'membership': mem, 'report': rep, 'final_acc': s.get('final_test_accuracy'),
+                   'dp_epsilon': s.get('dp_epsilon'), 'lambda_max': (_load(os.path.join(
+                       wd, 'hessian', 'hessian_global.json')) or {}).get('lambda_max')})
+  if leak:
+    with open(os.path.join(a.out, 'leak.json'), 'w') as f:
+      json.dump(leak, f, indent=1, default=str)
+  if leak:
+    md.append('### Leakage: SGD vs SAM clients, without and with central DP (eps 8), seed 0, round 100\n')
+    md.append('| run | test acc % | lambda_max | inversion PSNR dB (mean ± std, images x clients) | SSIM | '
+              'clients | MI AUC (loss threshold) | TPR@1%FPR | empirical eps lower bound (best threshold in-sample) | accountant eps | train / test acc |')
+    md.append('|---|---|---|---|---|---|---|---|---|---|---|')
+    for run in dict.fromkeys(x['run'] for x in leak):
+      xs = [x for x in leak if x['run'] == run]
+      psnr = [p for x in xs if x['inversion'] for p in x['inversion']['psnr']]
+      ssim = [p for x in xs if x['inversion'] for p in x['inversion']['ssim']]
+      ncl = sum(1 for x in xs if x['inversion'])
+      mem = next((x['membership'] for x in xs if x['membership']), None) or {}
+      att = mem.get('loss_threshold', mem)
+      lam = xs[0]['lambda_max']
+      md.append(f"| {run} | {100 * (xs[0]['final_acc'] or 0):.1f} | {'-' if lam is None else f'{lam:.2f}'} | "
+                f"{ms(psnr, 1, 2)} | {ms(ssim, 1, 3)} | {ncl} | {_g(att, 'auc')} | {_g(att, 'tpr_at_fpr_0.01')} | "
+                f"{_g(att, 'epsilon_lower_bound')} ({_g(att, 'epsilon_all_thresholds')}) | "
+                f"{_g(mem, 'accountant_epsilon')} | {_g(mem, 'train_accuracy')} / {_g(mem, 'test_accuracy')} |")
+    md.append('')
+  with open(os.path.join(a.out, 'tables.md'), 'w') as f:
+    f.write('\n'.join(md) + '\n')
+  print('\n'.join(md))
+
+
+if __name__ == '__main__':
+  main()
