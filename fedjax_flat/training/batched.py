@@ -193,8 +193,12 @@ class OpenedBatch:
         logging.warning('%d run(s) train alone: %s', len(items), sig)
         for i, t, ckpt, step, _ in items:
           t0 = time.time()
-          summary = t.train(stop_requested=stop_requested)
-          results[i] = _result(summary, t, ckpt, step, signal_name(), time.time() - t0)
+          try:
+            summary = t.train(stop_requested=stop_requested)
+          except Exception as e:  # noqa: BLE001 -- as a diverged lane: this run failed, the others go on
+            results[i] = RunResult('failed', error=f'{type(e).__name__}: {e}', wall_s=time.time() - t0)
+          else:
+            results[i] = _result(summary, t, ckpt, step, signal_name(), time.time() - t0)
           on_result(i, results[i])
         continue
       chunks, use_lanes = self._chunks(items)

@@ -444,3 +444,16 @@ def test_incompatible_specs_are_one_line_naming_the_run_and_the_key(tmp_path):
                           "client.optimizer differs ('sgd' vs 'sam'); give them to separate run_batch calls, or let "
                           "a sweep pack them (packing.pack_groups)")
   assert isinstance(e.value, packing.BatchIncompatible) and not os.listdir(tmp_path)    # nothing opened
+
+
+def test_a_run_that_trains_alone_and_diverges_fails_alone(tmp_path):
+  """A pack's run that cannot batch trains alone in the pack's process: its divergence is that run's failure (as a
+  diverged lane's), and the run after it still trains (a sweep with --batch_runs went on to no further run)."""
+  def cfg(lr):
+    c = small_config(**{'client.lr': lr, 'rounds': 2, 'eval_every': 1})
+    c.engine.device_data = False        # a batch blocker: each run trains alone
+    return c
+  specs = [batched.RunSpec(f'r{i}', cfg(lr), str(tmp_path / f'r{i}')) for i, lr in enumerate((1e30, 0.1))]
+  res = batched.run_batch(specs)
+  assert res[0].status == 'failed' and 'Divergence' in res[0].error, res[0]
+  assert res[1].status == 'done' and res[1].lanes == 0, res[1]
