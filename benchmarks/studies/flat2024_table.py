@@ -1,0 +1,114 @@
+"""The flat2024 study's table (benchmarks/studies/README.flat2024.md) from its sweep directories:
+
+  python -m benchmarks.studies.flat2024_table runs/flat2024 benchmarks/studies/flat2024
+
+Reads RUNS/<protocol>/<method>/seed=<s>/summary.json (+ hessian/hessian*.json where experiments/hessian.py ran)
+and writes OUT/results.jsonl (one record per run) and OUT/table.md (mean +- std over seeds).
+
+Passes per step: declared by each algorithm where it is registered (num_phases x the client optimizer's passes +
+extra_passes; fedjax_flat/systems/run_part.py) and, beside it, MEASURED from the virtual clock: the client compute
+seconds of a round (virtual time / rounds - the transfers, scaled by the algorithm's comm_down / comm_up as read
+from the communication totals) divided by FedAvg's in the same protocol. Every device runs at the same speed
+(system.speed_sigma = 0), so that ratio is the passes a step relative to SGD's one.
+"""
+import glob
+import json
+import os
+import statistics
+import sys
+
+METHODS = ('fedavg', 'fedsam', 'fedlesam', 'fedlesam_s', 'fedlesam_d', 'fednsam', 'fedgf', 'fedswa', 'fedmoswa',
+           'fedwmsam')
+NAMES = {'fedavg': 'FedAvg', 'fedsam': 'FedSAM', 'fedlesam': 'FedLESAM', 'fedlesam_s': 'FedLESAM-S',
+         'fedlesam_d': 'FedLESAM-D', 'fednsam': 'FedNSAM', 'fedgf': 'FedGF', 'fedswa': 'FedSWA',
+         'fedmoswa': 'FedMoSWA', 'fedwmsam': 'FedWMSAM'}
+# Declared passes a local step (the registrations: fedlesam.py, fednsam.py 'paper', fedswa.py, fedwmsam.py declare
+# extra_passes=0 over an SGD client; fedgf.py over its required SAM client; FedSAM = SAM's 2).
+DECLARED = {'fedavg': 1, 'fedsam': 2, 'fedlesam': 1, 'fedlesam_s': 1, 'fedlesam_d': 1, 'fednsam': 1, 'fedgf': 2,
+            'fedswa': 1, 'fedmoswa': 1, 'fedwmsam': 1}
+# The clock of configs/sweeps/flat2024.py: 10 / 1 Mbps down / up, float32 parameters.
+DOWN_MBPS, UP_MBPS = 10.0, 1.0
+
+
+def load(runs):
+  recs = []
+  for protocol in ('usual', 'xdev'):
+    for m in METHODS:
+      for wd in sorted(glob.glob(os.path.join(runs, protocol, m, 'seed=*'))):
+        p = os.path.join(wd, 'summary.json')
+        if not os.path.isfile(p):
+          continue
+        s = json.load(open(p))
+        if s.get('rounds_completed') != s.get('rounds_planned'):
+          continue
+        R, P = s['rounds_completed'], s['num_params']
+        reports = s.get('system_reports_per_round', 0.0)
+        cp = s['comm_total_params']
+        k_down = cp['down_params'] / (R * reports * P)    # messages of the model's size each way (FedGF: 2 down)
+        k_up = cp['up_params'] / (R * reports * P)
+        transfer = k_down * P * 32 / (DOWN_MBPS * 1e6) + k_up * P * 32 / (UP_MBPS * 1e6)
+        r = {'protocol': protocol, 'method': m, 'seed': int(wd.rsplit('=', 1)[1]), 'rounds': R,
+             'acc_last_k': s['models']['global'][f"mean_last_{s['summary_last_k']}_test_accuracy"],
+             'acc_final': s['final_test_accuracy'], 'virtual_time_s': s['virtual_time_s'],
+             'compute_s_per_round': s['virtual_time_s'] / R - transfer, 'wall_time_s': s['wall_time_s'],
+             'comm_down': k_down, 'comm_up': k_up, 'passes_declared': DECLARED[m]}
+        hs = sorted(glob.glob(os.path.join(wd, 'hessian', 'hessian*.json')))
+        if hs:
+          h = json.load(open(hs[-1]))
+          r['lambda_max'] = h.get('lambda_max')
+          r['trace'] = h.get('trace')
+        recs.append(r)
+  base = {}
+  for r in recs:
+    if r['method'] == 'fedavg':
+      base.setdefault(r['protocol'], []).append(r['compute_s_per_round'])
+  for r in recs:
+    b = base.get(r['protocol'])
+    r['passes_measured'] = r['compute_s_per_round'] / statistics.mean(b) if b else None
+  return recs
+
+
+def ms(vals, scale=1.0, digits=2):
+  vals = [v * scale for v in vals if v is not None]
+  if not vals:
+    return ''
+  if len(vals) == 1:
+    return f'{vals[0]:.{digits}f} (n=1)'
+  return f'{statistics.mean(vals):.{digits}f} ± {statistics.stdev(vals):.{digits}f}'
+
+
+def table(recs, protocol):
+  rows = ['| method | last-K acc % | final acc % | lambda_max | trace | passes/step (declared / clock) | '
+          'virtual time (h) | comm down/up | wall s/run | seeds |', '|' + '---|' * 10]
+  fedsam = [r['acc_last_k'] for r in recs if r['protocol'] == protocol and r['method'] == 'fedsam']
+  for m in METHODS:
+    rs = [r for r in recs if r['protocol'] == protocol and r['method'] == m]
+    if not rs:
+      continue
+    pm = statistics.mean(r['passes_measured'] for r in rs) if rs[0]['passes_measured'] is not None else None
+    rows.append(
+        f"| {NAMES[m]} | {ms([r['acc_last_k'] for r in rs], 100)} | {ms([r['acc_final'] for r in rs], 100)} | "
+        f"{ms([r.get('lambda_max') for r in rs], 1, 1)} | {ms([r.get('trace') for r in rs], 1, 0)} | "
+        f"{rs[0]['passes_declared']} / {pm:.2f} | {ms([r['virtual_time_s'] for r in rs], 1 / 3600, 3)} | "
+        f"{rs[0]['comm_down']:g} / {rs[0]['comm_up']:g} | {statistics.mean(r['wall_time_s'] for r in rs):.0f} | "
+        f"{','.join(str(r['seed']) for r in rs)} |")
+  return '\n'.join(rows)
+
+
+def main(argv):
+  runs, out = argv[1], argv[2]
+  os.makedirs(out, exist_ok=True)
+  recs = load(runs)
+  with open(os.path.join(out, 'results.jsonl'), 'w') as f:
+    for r in recs:
+      f.write(json.dumps(r) + '\n')
+  md = []
+  for protocol, title in (('usual', 'Usual protocol (digits, alpha = 0, 20 clients, 5 a round)'),
+                          ('xdev', 'Cross-device protocol (digits, 400 clients, 10 a round, 60 rounds)')):
+    md += [f'## {title}', '', table(recs, protocol), '']
+  open(os.path.join(out, 'table.md'), 'w').write('\n'.join(md))
+  print('\n'.join(md))
+
+
+if __name__ == '__main__':
+  main(sys.argv)
