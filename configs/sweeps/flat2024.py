@@ -5,7 +5,7 @@ on a homogeneous virtual clock (issue 50 item 5; benchmarks/studies/README.flat2
       --batch_runs=3
   python experiments/sweep.py --sweep=configs/sweeps/flat2024.py:protocol=xdev --sweep_dir=runs/flat2024/xdev \
       --batch_runs=3
-  keys: protocol=usual|xdev, rounds=<int> (usual only; default 100), cells=a+b+... (a subset)
+  keys: protocol=usual|xdev, rounds=<int> (usual only; default 100), cells=a+b+... (a subset; or fedgf_t0, below)
 
 usual: configs/quickstart.py at alpha = 0 (one class per client), 20 clients, 5 a round, digits CNN, client lr 0.05,
   batch 16, one local epoch (5 steps), weight decay 4e-4 (the flat-minima table's setting,
@@ -23,11 +23,18 @@ CLOCK = {'system.speed': 'lognormal', 'system.speed_median': 20.0, 'system.speed
          'system.up_mbps': 1.0, 'system.down_mbps': 10.0}
 METHODS = ('fedavg', 'fedsam', 'fedlesam', 'fedlesam_s', 'fedlesam_d', 'fednsam', 'fedgf', 'fedswa', 'fedmoswa',
            'fedwmsam')
+# Not in the default grid (cells=fedgf_t0 only): FedGF with its divergence threshold T_D = 0, so that c ramps to 1
+# over the window and the global ascent point is used (at the default T_D = 1.0 the divergence never exceeds it
+# here, c stays 0 and FedGF is FedSAM step for step).
+EXTRA = ('fedgf_t0',)
 XDEV_LISTED = ('fedavg', 'fedsam', 'fedlesam', 'fednsam', 'fedgf', 'fedswa')   # cells of configs/cross_device.py
 
 
 def usual_cell(m, rho=0.1):
   """(config, overrides) of method m in the usual protocol."""
+  if m == 'fedgf_t0':
+    config, o = usual_cell('fedgf', rho)
+    return config, {**o, 'algo.threshold': 0.0}
   sam = {'client.optimizer': 'sam', 'client.rho': rho}
   if m == 'fedavg':
     return 'configs/quickstart.py', {}
@@ -41,6 +48,8 @@ def usual_cell(m, rho=0.1):
 
 
 def xdev_cell(m, rho=0.05):
+  if m == 'fedgf_t0':
+    return 'configs/cross_device.py:digits,fedgf', {'algo.threshold': 0.0}
   if m in XDEV_LISTED:
     return f'configs/cross_device.py:digits,{m}', {}
   o = {'algorithm': m, 'client.rho': rho}
@@ -54,10 +63,10 @@ def get_sweep(arg: str = ''):
   protocol = opts.pop('protocol', 'usual')
   rounds = int(opts.pop('rounds', 100))
   cells = opts.pop('cells', '+'.join(METHODS)).split('+')
-  if opts or protocol not in ('usual', 'xdev') or set(cells) - set(METHODS):
+  if opts or protocol not in ('usual', 'xdev') or set(cells) - set(METHODS + EXTRA):
     raise ValueError(f'{arg!r}: keys protocol=usual|xdev, rounds=<int>, cells=<{"+".join(METHODS)}>')
   grid = []
-  for m in METHODS:
+  for m in METHODS + EXTRA:
     if m not in cells:
       continue
     config, o = usual_cell(m) if protocol == 'usual' else xdev_cell(m)
