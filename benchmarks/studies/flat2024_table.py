@@ -2,7 +2,7 @@
 
   python -m benchmarks.studies.flat2024_table runs/flat2024 benchmarks/studies/flat2024
 
-Reads RUNS/<protocol>[_extra]/<method>/seed=<s>/summary.json (+ hessian/hessian*.json where experiments/hessian.py ran)
+Reads RUNS/<protocol>[_extra|_ctl]/<method>/seed=<s>/summary.json (+ hessian/hessian*.json where experiments/hessian.py ran)
 and writes OUT/results.jsonl (one record per run) and OUT/table.md (mean +- std over seeds).
 
 Passes per step: declared by each algorithm where it is registered (num_phases x the client optimizer's passes +
@@ -18,15 +18,17 @@ import statistics
 import sys
 
 METHODS = ('fedavg', 'fedsam', 'fedlesam', 'fedlesam_s', 'fedlesam_d', 'fednsam', 'fedgf', 'fedswa', 'fedmoswa',
-           'fedwmsam', 'fedgf_t0')
+           'fedwmsam', 'fedgf_t0', 'fedswa_c5', 'fedmoswa_c5', 'scaffold', 'feddyn', 'fedavgm')
 NAMES = {'fedavg': 'FedAvg', 'fedsam': 'FedSAM', 'fedlesam': 'FedLESAM', 'fedlesam_s': 'FedLESAM-S',
          'fedlesam_d': 'FedLESAM-D', 'fednsam': 'FedNSAM', 'fedgf': 'FedGF', 'fedswa': 'FedSWA',
          'fedmoswa': 'FedMoSWA', 'fedwmsam': 'FedWMSAM',
-         'fedgf_t0': 'FedGF, T_D = 0'}
+         'fedgf_t0': 'FedGF, T_D = 0', 'fedswa_c5': 'FedSWA, cycle 5', 'fedmoswa_c5': 'FedMoSWA, cycle 5',
+         'scaffold': 'control: SCAFFOLD', 'feddyn': 'control: FedDyn', 'fedavgm': 'control: FedAvgM'}
 # Declared passes a local step (the registrations: fedlesam.py, fednsam.py 'paper', fedswa.py, fedwmsam.py declare
 # extra_passes=0 over an SGD client; fedgf.py over its required SAM client; FedSAM = SAM's 2).
 DECLARED = {'fedavg': 1, 'fedsam': 2, 'fedlesam': 1, 'fedlesam_s': 1, 'fedlesam_d': 1, 'fednsam': 1, 'fedgf': 2,
-            'fedswa': 1, 'fedmoswa': 1, 'fedwmsam': 1, 'fedgf_t0': 2}
+            'fedswa': 1, 'fedmoswa': 1, 'fedwmsam': 1, 'fedgf_t0': 2, 'fedswa_c5': 1, 'fedmoswa_c5': 1, 'scaffold': 1,
+            'feddyn': 1, 'fedavgm': 1}
 # The clock of configs/sweeps/flat2024.py: 10 / 1 Mbps down / up, float32 parameters.
 DOWN_MBPS, UP_MBPS = 10.0, 1.0
 
@@ -35,8 +37,7 @@ def load(runs):
   recs = []
   for protocol in ('usual', 'xdev'):
     for m in METHODS:
-      for wd in sorted(glob.glob(os.path.join(runs, protocol, m, 'seed=*'))
-                       + glob.glob(os.path.join(runs, protocol + '_extra', m, 'seed=*'))):
+      for wd in sorted(glob.glob(os.path.join(runs, protocol + '*', m, 'seed=*'))):
         p = os.path.join(wd, 'summary.json')
         if not os.path.isfile(p):
           continue
@@ -81,7 +82,7 @@ def ms(vals, scale=1.0, digits=2):
 
 def table(recs, protocol):
   rows = ['| method | last-K acc % | vs FedSAM, paired (pp) | final acc % | lambda_max | trace | passes/step (declared / clock) | '
-          'virtual time (h) | comm down/up | wall s/run | seeds |', '|' + '---|' * 11]
+          'virtual time (h) | comm down/up | seeds |', '|' + '---|' * 10]
   fedsam = {r['seed']: r['acc_last_k'] for r in recs if r['protocol'] == protocol and r['method'] == 'fedsam'}
   for m in METHODS:
     rs = [r for r in recs if r['protocol'] == protocol and r['method'] == m]
@@ -93,7 +94,7 @@ def table(recs, protocol):
         f"| {NAMES[m]} | {ms([r['acc_last_k'] for r in rs], 100)} | {ms(diff, 100) if m != 'fedsam' else ''} | {ms([r['acc_final'] for r in rs], 100)} | "
         f"{ms([r.get('lambda_max') for r in rs], 1, 1)} | {ms([r.get('trace') for r in rs], 1, 0)} | "
         f"{rs[0]['passes_declared']} / {pm:.2f} | {ms([r['virtual_time_s'] for r in rs], 1 / 3600, 3)} | "
-        f"{rs[0]['comm_down']:g} / {rs[0]['comm_up']:g} | {statistics.mean(r['wall_time_s'] for r in rs):.0f} | "
+        f"{rs[0]['comm_down']:g} / {rs[0]['comm_up']:g} | "
         f"{','.join(str(r['seed']) for r in rs)} |")
   return '\n'.join(rows)
 

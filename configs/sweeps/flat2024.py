@@ -5,7 +5,7 @@ on a homogeneous virtual clock (issue 50 item 5; benchmarks/studies/README.flat2
       --batch_runs=3
   python experiments/sweep.py --sweep=configs/sweeps/flat2024.py:protocol=xdev --sweep_dir=runs/flat2024/xdev \
       --batch_runs=3
-  keys: protocol=usual|xdev, rounds=<int> (usual only; default 100), cells=a+b+... (a subset; or fedgf_t0, below)
+  keys: protocol=usual|xdev, rounds=<int> (usual only; default 100), cells=a+b+... (a subset; or the EXTRA cells below)
 
 usual: configs/quickstart.py at alpha = 0 (one class per client), 20 clients, 5 a round, digits CNN, client lr 0.05,
   batch 16, one local epoch (5 steps), weight decay 4e-4 (the flat-minima table's setting,
@@ -26,7 +26,12 @@ METHODS = ('fedavg', 'fedsam', 'fedlesam', 'fedlesam_s', 'fedlesam_d', 'fednsam'
 # Not in the default grid (cells=fedgf_t0 only): FedGF with its divergence threshold T_D = 0, so that c ramps to 1
 # over the window and the global ascent point is used (at the default T_D = 1.0 the divergence never exceeds it
 # here, c stays 0 and FedGF is FedSAM step for step).
-EXTRA = ('fedgf_t0',)
+# fedswa_c5 / fedmoswa_c5 (usual only): the registered cycle_steps=0 in the quickstart's epochs mode decays the lr
+# over K = 50 steps while a client takes 5 (the builder warns); cycle_steps=5 is the full in-round cycle.
+# scaffold / feddyn / fedavgm (usual only): the corrections and the server momentum the newer methods build on,
+# alone (configs/baselines_digits.py:algo=<name>), as controls.
+CONTROLS = ('scaffold', 'feddyn', 'fedavgm')
+EXTRA = ('fedgf_t0', 'fedswa_c5', 'fedmoswa_c5') + CONTROLS
 XDEV_LISTED = ('fedavg', 'fedsam', 'fedlesam', 'fednsam', 'fedgf', 'fedswa')   # cells of configs/cross_device.py
 
 
@@ -35,6 +40,10 @@ def usual_cell(m, rho=0.1):
   if m == 'fedgf_t0':
     config, o = usual_cell('fedgf', rho)
     return config, {**o, 'algo.threshold': 0.0}
+  if m in CONTROLS:
+    return f'configs/baselines_digits.py:algo={m}', {}
+  if m in ('fedswa_c5', 'fedmoswa_c5'):
+    return f'configs/quickstart.py:{m[:-3]}', {'algo.cycle_steps': 5}
   sam = {'client.optimizer': 'sam', 'client.rho': rho}
   if m == 'fedavg':
     return 'configs/quickstart.py', {}
@@ -50,6 +59,8 @@ def usual_cell(m, rho=0.1):
 def xdev_cell(m, rho=0.05):
   if m == 'fedgf_t0':
     return 'configs/cross_device.py:digits,fedgf', {'algo.threshold': 0.0}
+  if m.endswith('_c5') or m in CONTROLS:
+    raise ValueError(f'{m}: a usual-protocol cell (the cross-device cycle is already the 2 local steps)')
   if m in XDEV_LISTED:
     return f'configs/cross_device.py:digits,{m}', {}
   o = {'algorithm': m, 'client.rho': rho}
