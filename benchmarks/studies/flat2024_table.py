@@ -55,6 +55,10 @@ def load(runs):
              'acc_final': s['final_test_accuracy'], 'virtual_time_s': s['virtual_time_s'],
              'compute_s_per_round': s['virtual_time_s'] / R - transfer, 'wall_time_s': s['wall_time_s'],
              'comm_down': k_down, 'comm_up': k_up, 'passes_declared': DECLARED[m]}
+        ev = [json.loads(l) for l in open(os.path.join(wd, 'metrics.jsonl'))]
+        r['curve'] = [(e['virtual_time_s'], e['test_accuracy']) for e in ev
+                      if 'test_accuracy' in e and 'virtual_time_s' in e]
+        r['last_k'] = s['summary_last_k']
         hs = sorted(glob.glob(os.path.join(wd, 'hessian', 'hessian*.json')))
         if hs:
           h = json.load(open(hs[-1]))
@@ -65,6 +69,16 @@ def load(runs):
   for r in recs:
     if r['method'] == 'fedavg':
       base.setdefault(r['protocol'], []).append(r['compute_s_per_round'])
+  # accuracy at a fixed virtual time: T = the smallest total virtual time of the protocol's cells (FedAvg's);
+  # the mean of the last K evaluations at or before T (K = summary_last_k, as the last-K column)
+  budget = {}
+  for r in recs:
+    budget[r['protocol']] = min(budget.get(r['protocol'], float('inf')), r['virtual_time_s'])
+  for r in recs:
+    T = budget[r['protocol']] * (1 + 1e-9)
+    pts = [a for t, a in r.pop('curve') if t <= T][-r['last_k']:]
+    r['acc_at_T'] = statistics.mean(pts) if pts else None
+    r['T_s'] = budget[r['protocol']]
   for r in recs:
     b = base.get(r['protocol'])
     r['passes_measured'] = r['compute_s_per_round'] / statistics.mean(b) if b else None
@@ -81,8 +95,8 @@ def ms(vals, scale=1.0, digits=2):
 
 
 def table(recs, protocol):
-  rows = ['| method | last-K acc % | vs FedSAM, paired (pp) | final acc % | lambda_max | trace | passes/step (declared / clock) | '
-          'virtual time (h) | comm down/up | seeds |', '|' + '---|' * 10]
+  rows = ['| method | last-K acc % | vs FedSAM, paired (pp) | final acc % | last-K acc % at T | lambda_max | trace | passes/step (declared / clock) | '
+          'virtual time (h) | comm down/up | seeds |', '|' + '---|' * 11]
   fedsam = {r['seed']: r['acc_last_k'] for r in recs if r['protocol'] == protocol and r['method'] == 'fedsam'}
   for m in METHODS:
     rs = [r for r in recs if r['protocol'] == protocol and r['method'] == m]
@@ -91,7 +105,7 @@ def table(recs, protocol):
     pm = statistics.mean(r['passes_measured'] for r in rs) if rs[0]['passes_measured'] is not None else None
     diff = [r['acc_last_k'] - fedsam[r['seed']] for r in rs if r['seed'] in fedsam]
     rows.append(
-        f"| {NAMES[m]} | {ms([r['acc_last_k'] for r in rs], 100)} | {ms(diff, 100) if m != 'fedsam' else ''} | {ms([r['acc_final'] for r in rs], 100)} | "
+        f"| {NAMES[m]} | {ms([r['acc_last_k'] for r in rs], 100)} | {ms(diff, 100) if m != 'fedsam' else ''} | {ms([r['acc_final'] for r in rs], 100)} | {ms([r['acc_at_T'] for r in rs], 100)} | "
         f"{ms([r.get('lambda_max') for r in rs], 1, 1)} | {ms([r.get('trace') for r in rs], 1, 0)} | "
         f"{rs[0]['passes_declared']} / {pm:.2f} | {ms([r['virtual_time_s'] for r in rs], 1 / 3600, 3)} | "
         f"{rs[0]['comm_down']:g} / {rs[0]['comm_up']:g} | "
@@ -109,7 +123,9 @@ def main(argv):
   md = []
   for protocol, title in (('usual', 'Usual protocol (digits, alpha = 0, 20 clients, 5 a round)'),
                           ('xdev', 'Cross-device protocol (digits, 400 clients, 10 a round, 60 rounds)')):
-    md += [f'## {title}', '', table(recs, protocol), '']
+    T = [r['T_s'] for r in recs if r['protocol'] == protocol]
+    md += [f'## {title}', '', f'T = {T[0] / 3600:.3f} h of virtual time (the smallest total, FedAvg\'s).' if T else '',
+           '', table(recs, protocol), '']
   open(os.path.join(out, 'table.md'), 'w').write('\n'.join(md))
   print('\n'.join(md))
 
