@@ -3,7 +3,7 @@
   python -m benchmarks.studies.flat2024_table runs/flat2024 benchmarks/studies/flat2024
 
 Reads RUNS/<protocol>[_extra|_ctl]/<method>/seed=<s>/summary.json (+ hessian/hessian*.json where experiments/hessian.py ran)
-and writes OUT/results.jsonl (one record per run) and OUT/table.md (mean +- std over seeds).
+and writes OUT/results.jsonl (one record per run), OUT/table.md (mean +- std over seeds) and OUT/acc_vs_lambda.png.
 
 Passes per step: declared by each algorithm where it is registered (num_phases x the client optimizer's passes +
 extra_passes; fedjax_flat/systems/run_part.py) and, beside it, MEASURED from the virtual clock: the client compute
@@ -113,6 +113,30 @@ def table(recs, protocol):
   return '\n'.join(rows)
 
 
+def figure(recs, path):
+  """last-K accuracy against lambda_max, one point per method (mean over seeds), one panel per protocol."""
+  import matplotlib
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+  for ax, protocol in zip(axes, ('usual', 'xdev')):
+    for m in METHODS:
+      rs = [r for r in recs if r['protocol'] == protocol and r['method'] == m and r.get('lambda_max') is not None]
+      if not rs:
+        continue
+      x = statistics.mean(r['lambda_max'] for r in rs)
+      y = 100 * statistics.mean(r['acc_last_k'] for r in rs)
+      ax.scatter([x], [y], marker='s' if DECLARED[m] == 2 else 'o')
+      ax.annotate(NAMES[m], (x, y), fontsize=7, xytext=(3, 2), textcoords='offset points')
+    ax.set_xscale('log')
+    ax.set_xlabel('lambda_max (final model, test split)')
+    ax.set_ylabel('last-K test accuracy %')
+    ax.set_title({'usual': 'usual (alpha 0, 100 rounds)', 'xdev': 'cross-device (400 clients, 60 rounds)'}[protocol]
+                 + '; squares: 2 passes/step', fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=80)
+
+
 def main(argv):
   runs, out = argv[1], argv[2]
   os.makedirs(out, exist_ok=True)
@@ -127,6 +151,7 @@ def main(argv):
     md += [f'## {title}', '', f'T = {T[0] / 3600:.3f} h of virtual time (the smallest total, FedAvg\'s).' if T else '',
            '', table(recs, protocol), '']
   open(os.path.join(out, 'table.md'), 'w').write('\n'.join(md))
+  figure(recs, os.path.join(out, 'acc_vs_lambda.png'))
   print('\n'.join(md))
 
 
