@@ -2,7 +2,8 @@
 
   python -m benchmarks.studies.flat2024_table runs/flat2024 benchmarks/studies/flat2024
 
-Reads RUNS/<protocol>[_extra|_ctl]/<method>/seed=<s>/summary.json (+ hessian/hessian*.json where experiments/hessian.py ran)
+Reads RUNS/<protocol>[_extra|_ctl]/<method>/seed=<s>/summary.json (+ hessian/hessian*.json where
+experiments/hessian.py ran)
 and writes OUT/results.jsonl (one record per run), OUT/table.md (mean +- std over seeds) and OUT/acc_vs_lambda.png.
 
 Passes per step: declared by each algorithm where it is registered (num_phases x the client optimizer's passes +
@@ -95,8 +96,8 @@ def ms(vals, scale=1.0, digits=2):
 
 
 def table(recs, protocol):
-  rows = ['| method | last-K acc % | vs FedSAM, paired (pp) | final acc % | last-K acc % at T | lambda_max | trace | passes/step (declared / clock) | '
-          'virtual time (h) | comm down/up | seeds |', '|' + '---|' * 11]
+  rows = ['| method | last-K acc % | vs FedSAM, paired (pp) | final acc % | last-K acc % at T | lambda_max | trace | '
+          'passes/step (declared / clock) | virtual time (h) | comm down/up | seeds |', '|' + '---|' * 11]
   fedsam = {r['seed']: r['acc_last_k'] for r in recs if r['protocol'] == protocol and r['method'] == 'fedsam'}
   for m in METHODS:
     rs = [r for r in recs if r['protocol'] == protocol and r['method'] == m]
@@ -105,7 +106,8 @@ def table(recs, protocol):
     pm = statistics.mean(r['passes_measured'] for r in rs) if rs[0]['passes_measured'] is not None else None
     diff = [r['acc_last_k'] - fedsam[r['seed']] for r in rs if r['seed'] in fedsam]
     rows.append(
-        f"| {NAMES[m]} | {ms([r['acc_last_k'] for r in rs], 100)} | {ms(diff, 100) if m != 'fedsam' else ''} | {ms([r['acc_final'] for r in rs], 100)} | {ms([r['acc_at_T'] for r in rs], 100)} | "
+        f"| {NAMES[m]} | {ms([r['acc_last_k'] for r in rs], 100)} | {ms(diff, 100) if m != 'fedsam' else ''} | "
+        f"{ms([r['acc_final'] for r in rs], 100)} | {ms([r['acc_at_T'] for r in rs], 100)} | "
         f"{ms([r.get('lambda_max') for r in rs], 1, 1)} | {ms([r.get('trace') for r in rs], 1, 0)} | "
         f"{rs[0]['passes_declared']} / {pm:.2f} | {ms([r['virtual_time_s'] for r in rs], 1 / 3600, 3)} | "
         f"{rs[0]['comm_down']:g} / {rs[0]['comm_up']:g} | "

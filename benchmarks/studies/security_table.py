@@ -135,7 +135,8 @@ def main():
       md.append('')
   lam = [r for r in rows if r['lambda_max'] is not None]
   if lam:
-    md.append('### lambda_max of the final global model (seed 0; top Hessian eigenvalue on the 359 test digits, experiments/hessian.py)\n')
+    md.append('### lambda_max of the final global model (seed 0; top Hessian eigenvalue on the 359 test digits, '
+              'experiments/hessian.py)\n')
     md.append('| part | cell | lambda_max | last-K acc % |')
     md.append('|---|---|---|---|')
     for r in lam:
@@ -170,7 +171,8 @@ def main():
   if leak:
     md.append('### Leakage: SGD vs SAM clients, without and with central DP (eps 8), seed 0, round 100\n')
     md.append('| run | test acc % | lambda_max | inversion PSNR dB (mean ± std, images x clients) | SSIM | '
-              'clients | MI AUC (loss threshold) | TPR@1%FPR | empirical eps lower bound (best threshold in-sample) | accountant eps | train / test acc |')
+              'clients | MI AUC (loss threshold) | TPR@1%FPR | empirical eps lower bound (best threshold in-sample) | '
+              'accountant eps | train / test acc |')
     md.append('|---|---|---|---|---|---|---|---|---|---|---|')
     for run in dict.fromkeys(x['run'] for x in leak):
       xs = [x for x in leak if x['run'] == run]

@@ -145,7 +145,8 @@ def main():
     out += ['', '## Loss barriers (digits, seed 0, test loss on the 359 test digits, 21 points a linear path; 4 '
             'clients of the round after the last, one local epoch from the final global model)', '',
             '| alpha | method | mean barrier, client pairs | max barrier, client pairs | mean barrier, client-global '
-            '| highest loss on a path | client loss (pair ends, mean) | loss at t = 0.5, pairs (mean) | global model loss |',
+            '| highest loss on a path | client loss (pair ends, mean) | loss at t = 0.5, pairs (mean) '
+            '| global model loss |',
             '|---|---|---:|---:|---:|---:|---:|---:|---:|']
     for r in sorted(con, key=lambda r: (r['alpha'], METHODS.index(r['method']))):
       out.append(f"| {r['alpha']:g} | {LABELS[r['method']]} | {r['barrier_clients']:.4f} | "

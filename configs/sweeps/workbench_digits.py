@@ -42,7 +42,8 @@ def get_sweep(arg: str = ''):
         grid.append(dict(name=f'{name}_a{alpha:g}', config=config, **{'data.alpha': alpha}, **overrides))
   return dict(
       name='workbench_digits',
-      description='FedAvg / FedSAM / FedASAM / FedGloSS / FedLESAM on the digits, alpha 0 and 0.5 (README.workbench.md)',
+      description=('FedAvg / FedSAM / FedASAM / FedGloSS / FedLESAM on the digits, alpha 0 and 0.5 '
+                   '(README.workbench.md)'),
       fixed={'rounds': rounds, 'eval_every': 5, 'summary_last_k': 4, 'client_eval.clients': 'all',
              'client_eval.every': 2, 'lab.every': lab_every, 'lab.measures': 'drift,rank,profile',
              'checkpoint_every': rounds},
