@@ -65,7 +65,7 @@ def _measures_why(v):
   return None
 
 
-def _on(cfg) -> bool:
+def enabled(cfg) -> bool:
   lab = cfg.get('lab')
   return lab is not None and int(lab.every) > 0
 
@@ -82,13 +82,13 @@ SECTION = Section('lab', (
     Field('every', Int(0, lo=0), 'landscape-lab measures every N rounds (a multiple of eval_every; 0 = off): '
           'analysis/lab.py', after=_every_on_evaluations),
     Field('measures', Test(','.join(MEASURES), why=_measures_why, what='comma-separated names'),
-          f'which: {",".join(MEASURES)}', when=_on, needs='lab.every'),
-    Field('top_k', Int(5, lo=1), 'Hessian eigenvectors of the alignment measure', when=_on, needs='lab.every'),
+          f'which: {",".join(MEASURES)}', when=enabled, needs='lab.every'),
+    Field('top_k', Int(5, lo=1), 'Hessian eigenvectors of the alignment measure', when=enabled, needs='lab.every'),
     Field('examples', Int(500, lo=2), 'training examples (drawn from the seed) of alignment, rank and profile',
-          when=_on, needs='lab.every'),
+          when=enabled, needs='lab.every'),
     Field('sparsity_threshold', Num(1e-3, lo=0, hi=1, lo_open=True, hi_open=True),
-          'an entry counts as zero when |x| <= this * the update\'s max |x|', when=_on, needs='lab.every'),
-    Field('bins', Int(10, lo=2), 'loss-quantile bins of the profile', when=_on, needs='lab.every'),
+          'an entry counts as zero when |x| <= this * the update\'s max |x|', when=enabled, needs='lab.every'),
+    Field('bins', Int(10, lo=2), 'loss-quantile bins of the profile', when=enabled, needs='lab.every'),
 ), doc='the landscape lab: drift, sparsity, Hessian alignment, feature rank, loss profile (analysis/lab.py)',
    optional=True)
 

@@ -20,6 +20,7 @@ compiles.
 """
 from __future__ import annotations
 
+import abc
 import importlib
 import os
 from typing import Callable, Dict, List, Optional, Sequence
@@ -119,15 +120,15 @@ def check_fields(d: dict) -> None:
     raise ConfigError('data.seq_len', d['seq_len'], 'is read with data.tokenizer only (text columns)')
 
 
-class Table:
+class Table(abc.ABC):
   """Rows of named columns read by index: what a source opens for each split."""
 
   num_rows: int
   column_names: Sequence[str]
 
+  @abc.abstractmethod
   def read(self, columns: Sequence[str], rows: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
     """{column: array [len(rows), ...]} of `rows` (all when None), decoded."""
-    raise NotImplementedError
 
   def num_classes(self, column: str) -> Optional[int]:
     """The class count the column's metadata declares (a ClassLabel), else None."""

@@ -17,6 +17,7 @@ installed dp_accounting whether it applies the factor itself (an open pull reque
 is not applied twice. `norm_bound` is a client upload's largest L2 norm in units of C (1 for flat and per-layer
 clipping; sqrt(L) when each of L tensors is clipped to C, the DP-FedSAM release's rule).
 """
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -202,16 +203,20 @@ def _cache_dir():
   return d or os.path.join(os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache'), 'fedjax_flat', 'dp')
 
 
+@functools.lru_cache(maxsize=None)
+def _code_hash() -> str:
+  with open(__file__, 'rb') as f:
+    return hashlib.sha256(f.read()).hexdigest()
+
+
 def _cache_file(args):
   d = _cache_dir()
   if d is None:
     return None
   # Any change to this module (the accounting, the bisection) or to dp-accounting makes new keys: a z calibrated
   # by other code is never read back.
-  with open(__file__, 'rb') as f:
-    code = hashlib.sha256(f.read()).hexdigest()
   key = json.dumps({'calibrate': [a if a is None or isinstance(a, str) else repr(float(a)) for a in args],
-                    'code': code, 'dp_accounting': importlib.metadata.version('dp-accounting'),
+                    'code': _code_hash(), 'dp_accounting': importlib.metadata.version('dp-accounting'),
                     'doubles': _library_doubles()})
   return os.path.join(d, hashlib.sha256(key.encode()).hexdigest()[:32] + '.json')
 

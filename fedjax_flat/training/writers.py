@@ -51,6 +51,16 @@ def atomic_write(path: str, write_fn, mode: str = 'w', **open_kw) -> None:
         os.remove(tmp)
 
 
+def keep_rounds_through(path: str, last_round: int) -> None:
+  """A per-round JSON-lines file (each row has 'round') cut back to the rows of rounds <= last_round, in place: a
+  run resumed from that round writes the later rows again (an interrupted run had evaluated past it)."""
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    kept = [line for line in f if line.strip() and json.loads(line)['round'] <= last_round]
+  atomic_write(path, lambda f: f.write(''.join(kept)))
+
+
 class MetricsWriter:
   """Appends one JSON object per evaluation to metrics.jsonl (and a CSV, and TensorBoard scalars)."""
 

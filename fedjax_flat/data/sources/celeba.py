@@ -95,20 +95,26 @@ def read_attributes(path: str) -> Tuple[List[str], Dict[str, np.ndarray]]:
   return names, table
 
 
-def decode_images(root: str, names: Sequence[str], image_size: int) -> np.ndarray:
-  from PIL import Image   # only this reader (and segmentation) needs PIL
-  out = np.zeros((len(names), image_size, image_size, 3), np.uint8)
-  base = os.path.join(root, IMAGE_DIR)
-  for i, name in enumerate(names):
-    path = os.path.join(base, name)
+def decode_paths(paths: Sequence[str], image_size: int, what: str, hint: str = '') -> np.ndarray:
+  """Image files -> uint8 [N, image_size, image_size, 3] (RGB, bicubic resize); a missing or unreadable file is
+  one line naming it (`what`: the dataset; `hint`: how to get the files)."""
+  from PIL import Image   # only the image readers (and segmentation) need PIL
+  out = np.zeros((len(paths), image_size, image_size, 3), np.uint8)
+  for i, path in enumerate(paths):
     if not os.path.isfile(path):
-      raise FileNotFoundError(f'celeba: image {path} not found (img_align_celeba.zip unzipped into raw/?)')
+      raise FileNotFoundError(f'{what}: image {path} not found{hint}')
     try:
       with Image.open(path) as im:
         out[i] = np.asarray(im.convert('RGB').resize((image_size, image_size), Image.BICUBIC), np.uint8)
     except OSError as e:
-      raise DataFormatError(f'celeba: {path} is not a readable image ({e})') from e
+      raise DataFormatError(f'{what}: {path} is not a readable image ({e})') from e
   return out
+
+
+def decode_images(root: str, names: Sequence[str], image_size: int) -> np.ndarray:
+  base = os.path.join(root, IMAGE_DIR)
+  return decode_paths([os.path.join(base, n) for n in names], image_size, 'celeba',
+                      ' (img_align_celeba.zip unzipped into raw/?)')
 
 
 def domain_ids(attrs: np.ndarray, attribute_names: Sequence[str], chosen: Sequence[str]) -> np.ndarray:

@@ -50,20 +50,6 @@ def _inside(root: str, name: str, where: str) -> str:
   return path
 
 
-def _decode(paths, image_size: int, what: str) -> np.ndarray:
-  from PIL import Image   # only the image readers need PIL
-  out = np.zeros((len(paths), image_size, image_size, 3), np.uint8)
-  for i, path in enumerate(paths):
-    if not os.path.isfile(path):
-      raise FileNotFoundError(f'{what}: image {path} not found')
-    try:
-      with Image.open(path) as im:
-        out[i] = np.asarray(im.convert('RGB').resize((image_size, image_size), Image.BICUBIC), np.uint8)
-    except OSError as e:
-      raise DataFormatError(f'{what}: {path} is not a readable image ({e})') from e
-  return out
-
-
 def _subset(n: int, max_samples: int, rng) -> np.ndarray:
   return np.arange(n) if not max_samples or n <= max_samples else np.sort(rng.permutation(n)[:max_samples])
 
@@ -123,7 +109,10 @@ def load_waterbirds(data_dir=None, *, num_clients: int = 10, group_alpha: float 
   root = _root(data_dir, 'metadata.csv', WATERBIRDS_DIR, 'waterbirds')
   names, y, split, place = read_waterbirds_metadata(os.path.join(root, 'metadata.csv'))
   paths = [_inside(root, n, 'waterbirds') for n in names]
-  return _assemble(lambda i: _decode([paths[j] for j in i], image_size, 'waterbirds'), y, 2 * y + place, split,
+
+  def decode(rows):
+    return celeba.decode_paths([paths[j] for j in rows], image_size, 'waterbirds')
+  return _assemble(decode, y, 2 * y + place, split,
                    num_clients=num_clients, group_alpha=group_alpha, max_samples=max_samples, seed=seed,
                    group_names=WATERBIRDS_GROUPS, name=f'waterbirds(group_alpha={group_alpha})')
 

@@ -105,9 +105,8 @@ def _resumed(trainer, records) -> bool:
   """Rows of rounds after the restored checkpoint (an interrupted run evaluated past it) are dropped: the resumed
   run writes them again."""
   path = _path(trainer)
-  if path and os.path.exists(path):
-    kept = [r for r in read_rows(path) if r['round'] <= trainer.round]
-    writers.atomic_write(path, lambda f: f.write(''.join(json.dumps(r) + '\n' for r in kept)))
+  if path:
+    writers.keep_rounds_through(path, trainer.round)
   return False
 
 

@@ -19,7 +19,7 @@ FILE = 'lab.jsonl'
 
 
 def _applies(plan) -> bool:
-  return lab_lib._on(plan.config)
+  return lab_lib.enabled(plan.config)
 
 
 def _check(plan) -> None:
@@ -49,10 +49,8 @@ def _periodic(trainer) -> dict:
 def _resumed(trainer, records) -> bool:
   """Rows of rounds after the restored checkpoint are dropped: the resumed run writes them again."""
   path = _path(trainer)
-  if path and os.path.exists(path):
-    with open(path) as f:
-      kept = [line for line in f if line.strip() and json.loads(line)['round'] <= trainer.round]
-    writers.atomic_write(path, lambda f: f.write(''.join(kept)))
+  if path:
+    writers.keep_rounds_through(path, trainer.round)
   return False
 
 
