@@ -19,6 +19,7 @@ of client.batch_size examples drawn from the client's training data (fixed per r
 from __future__ import annotations
 
 import math
+import time
 from typing import Dict, List, Tuple
 
 import jax
@@ -155,21 +156,36 @@ def distribution(acc) -> Dict[str, float]:
           'acc_p90': float(np.percentile(a, 90)), 'acc_worst': float(np.min(a)), 'acc_gini': gini}
 
 
+LAYOUTS = ('auto', 'clients', 'batches')
+
+
 class ClientEvalProgram:
   """evaluate(params[, personal]) -> {'ids', 'n', 'acc', 'loss'[, 'ft_acc', 'ft_loss'][, 'personal_acc',
-  'personal_loss']} (numpy, one entry per client of
-  `ids`): the model on every client's eval set, and with steps > 0 after `steps` fine-tuning steps (module
-  docstring). One jitted program over a chunk of CHUNK clients; the chunks are fed in turn."""
+  'personal_loss']} (numpy, one entry per client of `ids`): the model on every client's eval set, and with
+  steps > 0 after `steps` fine-tuning steps (module docstring).
+
+  Two layouts compute the global model's sums. 'clients': a jitted program over a chunk of CHUNK clients vmapped
+  (the model sees chunk x B rows at once), the chunks fed in turn. 'batches': every client's non-empty batches
+  packed in one array placed on the device once (no all-padding batch, no per-call copy), the model mapped over
+  them B rows at a time, each batch's sums put back in its (batch, client) slot and added per client as the
+  'clients' layout adds them: ONE call per evaluation. On a CPU the model runs several times faster on B rows
+  than on chunk x B (its activations stay in cache: benchmarks/speed/client_eval_rate.py), but a GEMM's rounding
+  may depend on its row count, so 'auto' (the default) runs both at the first call, each compiled beforehand and
+  timed once, and keeps 'batches' only when every client's sums are the same bits as the 'clients' layout's and
+  it was faster (`layout_check` says what was found). The fine-tuned and personal models (one model per client)
+  stay vmapped over chunks of clients."""
 
   def __init__(self, model, data, ids, *, seed: int, batch_size: int = 256, preprocess=None, task=None,
-               steps: int = 0, client_cfg=None, augment_fn=None):
+               steps: int = 0, client_cfg=None, augment_fn=None, layout: str = 'auto'):
+    if layout not in LAYOUTS:
+      raise ValueError(f'layout={layout!r}; allowed: {LAYOUTS}')
     self.ids = np.asarray(ids)
     self.task = tasks_lib.get_task(task)
     sets, self.source = client_eval_sets(data, self.ids, seed)
     self.n = np.array([len(y) for _, y in sets], np.int64)
     max_n = max(int(self.n.max()), 1)
     self.batch_size = min(int(batch_size), max_n)
-    nb = max(1, math.ceil(max_n / self.batch_size))
+    self.nb = nb = max(1, math.ceil(max_n / self.batch_size))
     self.chunk = min(CHUNK, len(self.ids))
     pad = -len(self.ids) % self.chunk      # empty clients (mask 0) fill the last chunk
     self.eval_batches = self._pad_clients(_stack_padded(sets, self.batch_size, nb), pad)
@@ -179,12 +195,36 @@ class ClientEvalProgram:
       tb = finetune_batches(data, self.ids, self.steps, int(client_cfg.batch_size), seed)
       self.tune_batches = self._pad_clients(tb, pad)
     self.keys = self._pad_clients({'k': np.asarray(self.ids, np.int32)}, pad)['k']
-    self.fn = jax.jit(self._program(model, preprocess, client_cfg, augment_fn, seed))
-    self.personal_fn = jax.jit(jax.vmap(self._sums(model, preprocess)))   # compiled on the first personal call
+    self.layout, self.layout_check = layout, None
+    self._packed = None
+    if layout != 'clients':
+      self._packed = self._pack(nb)
+    self._sums_fn = self._sums(model, preprocess)
+    self._programs = self._program(model, preprocess, client_cfg, augment_fn, seed)
+    self.compiled = {}                       # name -> the compiled program (compiled once, at its first use)
+    self.personal_fn = jax.jit(jax.vmap(self._sums_fn))   # compiled on the first personal call
 
   @staticmethod
   def _pad_clients(b, pad):
     return {k: np.concatenate([v, np.zeros((pad,) + v.shape[1:], v.dtype)]) for k, v in b.items()} if pad else b
+
+  def _pack(self, nb):
+    """The 'batches' layout, placed on the device once: the non-empty batches' examples [T, B, ...]; each
+    client's batch positions in them [chunks, chunk, nb] (position T: empty logits, for the all-padding batches);
+    the labels and masks in the 'clients' layout [chunks, chunk, nb, B, ...] (small, unlike the examples)."""
+    per_client = np.where(self.n > 0, -(-self.n // self.batch_size), 0)
+    per_client = np.concatenate([per_client, np.zeros(len(self.keys) - len(self.n), np.int64)])
+    total = int(per_client.sum())
+    idx = np.full((len(self.keys), nb), total, np.int32)
+    src = []
+    for i, count in enumerate(per_client):
+      idx[i, :count] = np.arange(len(src), len(src) + count)
+      src.extend(i * nb + j for j in range(int(count)))
+    x = self.eval_batches['x']
+    x = x.reshape((-1,) + x.shape[2:])[np.asarray(src or [0], np.int64)]   # (no example anywhere: one batch)
+    grid = lambda a: a.reshape((-1, self.chunk) + a.shape[1:])
+    return jax.device_put({'x': x, 'idx': grid(idx), 'y': grid(self.eval_batches['y']),
+                           'mask': grid(self.eval_batches['mask'])})
 
   def _sums(self, model, preprocess):
     task = self.task
@@ -197,9 +237,7 @@ class ClientEvalProgram:
     return sums
 
   def _program(self, model, preprocess, client_cfg, augment_fn, seed):
-    task = self.task
-    sums = self._sums(model, preprocess)
-    steps = self.steps
+    task, sums, steps = self.task, self._sums_fn, self.steps
     if steps:
       loss_fn = local_lib.make_loss(model, task=task)
       hparams = client_hparams(client_cfg.lr, client_cfg.rho)
@@ -208,34 +246,99 @@ class ClientEvalProgram:
       return finetune_steps(params, batches, jax.random.fold_in(jax.random.key(seed), cid),
                             tx=make_client_tx(client_cfg, hparams), loss_fn=loss_fn, augment_fn=augment_fn)
 
-    def program(params, eval_batches, tune_batches, cids):
+    def tuned(params, eval_batches, tune_batches, cids):
+      return jax.vmap(sums)(jax.vmap(tune, in_axes=(None, 0, 0))(params, tune_batches, cids), eval_batches)
+
+    def clients(params, eval_batches, tune_batches, cids):     # one chunk of clients
       out = {'global': jax.vmap(sums, in_axes=(None, 0))(params, eval_batches)}
       if steps:
-        tuned = jax.vmap(tune, in_axes=(None, 0, 0))(params, tune_batches, cids)
-        out['tuned'] = jax.vmap(sums)(tuned, eval_batches)
+        out['tuned'] = tuned(params, eval_batches, tune_batches, cids)
       return out
-    return program
+
+    def batches(params, packed):     # every client's sums [chunks, chunk] of each metric
+      def logits(x):
+        return model.apply(params, x if preprocess is None else preprocess(x), train=False)
+      out = jax.lax.map(logits, packed['x'])
+      out = jnp.concatenate([out, jnp.zeros((1,) + out.shape[1:], out.dtype)])   # the all-padding batches'
+
+      def client(lg, y, mask):     # the 'clients' layout's sums in its shapes: the same additions, in order
+        return tmap(lambda a: jnp.sum(a, axis=0), jax.lax.map(lambda b: task.eval_sums(*b), (lg, y, mask)))
+      return jax.lax.map(lambda c: jax.vmap(client)(out[c[0]], c[1], c[2]),
+                         (packed['idx'], packed['y'], packed['mask']))
+    return {'clients': clients, 'batches': batches, 'tuned': tuned}
+
+  def _compiled(self, name, *args):
+    if name not in self.compiled:
+      self.compiled[name] = jax.jit(self._programs[name]).lower(*args).compile()
+    return self.compiled[name]
+
+  def _run(self, name, *args):
+    return self._compiled(name, *args)(*args)
+
+  def _chunk_args(self, s):
+    sl = slice(s, s + self.chunk)
+    tb = None if self.tune_batches is None else {k: v[sl] for k, v in self.tune_batches.items()}
+    return {k: v[sl] for k, v in self.eval_batches.items()}, tb, self.keys[sl]
+
+  def _by_clients(self, params):
+    got = [jax.device_get(self._run('clients', params, *self._chunk_args(s)))
+           for s in range(0, len(self.keys), self.chunk)]
+    return {part: {m: np.concatenate([np.asarray(g[part][m]) for g in got]) for m in got[0][part]}
+            for part in got[0]}
+
+  def _by_batches(self, params):
+    g = jax.device_get(self._run('batches', params, self._packed))
+    out = {'global': {m: np.asarray(v).reshape((-1,) + np.shape(v)[2:]) for m, v in g.items()}}
+    if self.steps:
+      got = [jax.device_get(self._run('tuned', params, *self._chunk_args(s)))
+             for s in range(0, len(self.keys), self.chunk)]
+      out['tuned'] = {m: np.concatenate([np.asarray(t[m]) for t in got]) for m in got[0]}
+    return out
+
+  def _choose(self, params):
+    """'auto' at the first call: both layouts compiled, each run once timed; 'batches' kept when its sums equal
+    the 'clients' layout's bit for bit and it ran faster. Returns the 'clients' layout's sums."""
+    times = {}
+    self._compiled('clients', params, *self._chunk_args(0))      # compiled outside the timing below
+    self._compiled('batches', params, self._packed)
+    if self.steps:
+      self._compiled('tuned', params, *self._chunk_args(0))
+    t = time.perf_counter()
+    ref = self._by_clients(params)
+    times['clients'] = time.perf_counter() - t
+    t = time.perf_counter()
+    fast = self._by_batches(params)
+    times['batches'] = time.perf_counter() - t
+    same = all(np.array_equal(ref[p][m], fast[p][m]) for p in ref for m in ref[p])
+    self.layout = 'batches' if same and times['batches'] < times['clients'] else 'clients'
+    self.layout_check = {'same_bits': bool(same), 'seconds': times, 'layout': self.layout}
+    if self.layout == 'clients':
+      self._packed = None        # the packed copy is not needed any more
+    return ref
 
   def __call__(self, params, personal=None) -> Dict[str, np.ndarray]:
     """personal: None, or fn(ids) -> the clients' own models stacked `[len(ids), ...]` (adds 'personal_acc',
     'personal_loss'; the padding clients of the last chunk repeat its first client's model)."""
-    got = []
-    for s in range(0, len(self.keys), self.chunk):
-      sl = slice(s, s + self.chunk)
-      tb = None if self.tune_batches is None else {k: v[sl] for k, v in self.tune_batches.items()}
-      eb = {k: v[sl] for k, v in self.eval_batches.items()}
-      g = jax.device_get(self.fn(params, eb, tb, self.keys[sl]))
-      if personal is not None:
+    if self.layout == 'auto':
+      got = self._choose(params)
+    elif self.layout == 'batches':
+      got = self._by_batches(params)
+    else:
+      got = self._by_clients(params)
+    if personal is not None:
+      parts = []
+      for s in range(0, len(self.keys), self.chunk):
         ids = self.ids[s:s + self.chunk]
         ids = np.concatenate([ids, np.full(self.chunk - len(ids), ids[0])])
-        g['personal'] = jax.device_get(self.personal_fn(personal(ids), eb))
-      got.append(g)
+        eb = {k: v[s:s + self.chunk] for k, v in self.eval_batches.items()}
+        parts.append(jax.device_get(self.personal_fn(personal(ids), eb)))
+      got['personal'] = {m: np.concatenate([np.asarray(p[m]) for p in parts]) for m in parts[0]}
     k = len(self.ids)
     out = {'ids': self.ids, 'n': self.n}
     for name, prefix in (('global', ''), ('tuned', 'ft_'), ('personal', 'personal_')):
-      if name not in got[0]:
+      if name not in got:
         continue
-      s = {m: np.concatenate([np.asarray(g[name][m], np.float64) for g in got])[:k] for m in got[0][name]}
+      s = {m: np.asarray(v, np.float64)[:k] for m, v in got[name].items()}
       count = np.maximum(s['count'], 1.0)
       out[prefix + 'acc'] = s['correct'] / count
       out[prefix + 'loss'] = s['loss_sum'] / count

@@ -58,10 +58,39 @@ def test_every_client_on_its_own_split_equals_model_apply_by_hand_across_padded_
     assert res['n'][k] == len(y)
     assert res['acc'][k] == pytest.approx(acc, abs=1e-6)
     assert res['loss'][k] == pytest.approx(loss, rel=1e-5)
-  # a second model: the same compiled program (no retrace per call)
-  before = prog.fn._cache_size()
+  # a second model: the same compiled programs (compiled ahead for the arguments' shapes: no retrace per call)
+  before = dict(prog.compiled)
   prog(_params(1))
-  assert prog.fn._cache_size() == before == 1
+  assert prog.compiled == before and set(before) == {'clients', 'batches'}
+
+
+@pytest.mark.parametrize('own_split, batch_size, steps', [(True, 2, 0), (False, 4, 2), (True, 64, 1)])
+def test_auto_layout_is_the_clients_layout_bit_for_bit_at_every_call(monkeypatch, own_split, batch_size, steps):
+  """'auto' keeps the packed 'batches' layout only when its sums are the 'clients' layout's bits (checked at the
+  first call); either way every call's results equal the 'clients' layout's exactly, for other params too, with
+  clients of several batches, an empty client, padded chunks and fine-tuning."""
+  monkeypatch.setattr(ce, 'CHUNK', 3)
+  data = _data(own_split)
+  cfg = default_config().client
+  cfg.lr, cfg.batch_size = 0.1, 3
+  kw = dict(seed=2, batch_size=batch_size, steps=steps, client_cfg=cfg)
+  auto = ce.ClientEvalProgram(MODEL, data, np.arange(7), layout='auto', **kw)
+  ref = ce.ClientEvalProgram(MODEL, data, np.arange(7), layout='clients', **kw)
+  fast = ce.ClientEvalProgram(MODEL, data, np.arange(7), layout='batches', **kw)
+  for seed in (0, 1, 2):
+    want, got, packed = ref(_params(seed)), auto(_params(seed)), fast(_params(seed))
+    assert want.keys() == got.keys() == packed.keys()
+    for k in want:
+      assert np.array_equal(want[k], got[k]), (seed, k)
+      np.testing.assert_allclose(packed[k], want[k], rtol=1e-6, atol=1e-7)     # 'batches' alone: fp32 rounding
+  check = auto.layout_check
+  assert check['layout'] == auto.layout in ('clients', 'batches') and set(check['seconds']) == {'clients', 'batches'}
+  assert check['same_bits'] or auto.layout == 'clients'
+
+
+def test_bad_layout_is_refused():
+  with pytest.raises(ValueError, match="layout='rows'"):
+    ce.ClientEvalProgram(MODEL, _data(True), np.arange(2), seed=0, layout='rows')
 
 
 def test_personal_models_are_each_clients_own_across_padded_chunks(monkeypatch):
