@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from fedjax_flat.algorithms.common import tmap
 from fedjax_flat.algorithms.fedavg import fedavg
 from fedjax_flat.algorithms.hparams import Integer, Number
-from fedjax_flat.algorithms.personalization import Personalizer, global_params
+from fedjax_flat.algorithms.personalization import Personalizer, global_params, if_seen
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm
 
@@ -82,9 +82,9 @@ def ditto(model, loss_fn, client_tx, hparams_fn, server_tx, *, lam, personal_ste
 
 
 def _personal_model(algorithm, server_state, client_state):
-  if client_state is None or not float(client_state['seen']) > 0:
+  if client_state is None:
     return global_params(algorithm, server_state)
-  return client_state['v']
+  return if_seen(client_state['seen'], client_state['v'], global_params(algorithm, server_state))
 
 
 @register('ditto', hparams=HPARAMS, needs=('client_state',), upload='delta')

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.common import population, tmap
 from fedjax_flat.algorithms.hparams import Choice, Integer, Number, Population
-from fedjax_flat.algorithms.personalization import Personalizer, global_params
+from fedjax_flat.algorithms.personalization import Personalizer, global_params, if_seen
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.data import validation_steps
@@ -181,9 +181,9 @@ def fedfomo(model, loss_fn, task, client_tx, hparams_fn, *, num_clients: int, nu
 
 
 def _personalizer(algorithm, server_state, client_state):
-  if client_state is None or not float(client_state['seen']) > 0:
+  if client_state is None:
     return global_params(algorithm, server_state)
-  return client_state['personal']
+  return if_seen(client_state['seen'], client_state['personal'], global_params(algorithm, server_state))
 
 
 

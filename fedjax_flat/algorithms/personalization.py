@@ -10,9 +10,18 @@ from __future__ import annotations
 
 from typing import Optional
 
+import jax
+import jax.numpy as jnp
+
 from fedjax_flat.core.contract import Personalizer
 
-__all__ = ['Personalizer', 'global_params', 'personal_params', 'personalizer_name']
+__all__ = ['Personalizer', 'global_params', 'if_seen', 'personal_params', 'personalizer_name']
+
+
+def if_seen(seen, personal, fallback):
+  """`personal` where the flag `seen` > 0, else `fallback` (leaf by leaf, a selection: the bits of one or the
+  other). Traceable, so a personalizer that uses it maps over stacked client states."""
+  return jax.tree_util.tree_map(lambda a, b: jnp.where(jnp.asarray(seen) > 0, a, b), personal, fallback)
 
 
 def global_params(algorithm, server_state):

@@ -83,6 +83,10 @@ class HostClientStateStore:
   def bytes_per_client(self) -> int:
     return sum(a.nbytes for a in self._tleaves)
 
+  def written(self, client_ids: Sequence[int]) -> np.ndarray:
+    """bool [C]: which of the clients have a written state (the others read the template / initial row)."""
+    return np.array([int(k) in self.states for k in client_ids], bool)
+
   def gather(self, client_ids: Sequence[int]):
     """Stacked states [C, ...] (numpy) for the given ids (-1 = padding client: template)."""
     rows = [self.states[int(k)] if int(k) in self.states else self._unseen(int(k)) for k in client_ids]
@@ -192,6 +196,11 @@ class DeviceClientStateStore:
     self.arrays = self._scatter(self.arrays, self._ids(ids), stacked)
     self.mark_seen(ids)
 
+  def written(self, client_ids: Sequence[int]) -> np.ndarray:
+    """bool [C]: which of the clients have a written state (the others read the template / initial row)."""
+    ids = np.asarray(client_ids, np.int64)
+    return (ids >= 0) & self._seen[np.maximum(ids, 0)]
+
   def mark_seen(self, client_ids):
     """Clients whose rows were written (by `scatter`, or inside a block program: core/rounds.py)."""
     ids = np.asarray(client_ids, np.int64)
@@ -251,6 +260,11 @@ class DiskClientStateStore:
     if ids.size and ids.max() >= self.population:
       raise IndexError(f'client id {int(ids.max())} >= population {self.population}')
     return ids
+
+  def written(self, client_ids: Sequence[int]) -> np.ndarray:
+    """bool [C]: which of the clients have a written state (the others read the template / initial row)."""
+    ids = np.asarray(client_ids, np.int64)
+    return (ids >= 0) & self._seen[np.maximum(ids, 0)]
 
   def gather(self, client_ids: Sequence[int]):
     """Stacked states [C, ...] (numpy): written rows from the files, others the template / initial row."""

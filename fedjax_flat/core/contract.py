@@ -157,7 +157,9 @@ class AsyncSpec:
 
 @dataclasses.dataclass(frozen=True)
 class Personalizer:
-  """A client's personal model: fn(algorithm, server_state, client_state or None) -> params; `name` is reported."""
+  """A client's personal model: fn(algorithm, server_state, client_state or None) -> params; `name` is reported.
+  Traceable in the client state (a choice on its values made with jnp.where, not a Python branch): the client
+  evaluation maps it over the clients' stacked states in one program (training/evals/client_eval.py)."""
   name: str
   fn: Callable
 

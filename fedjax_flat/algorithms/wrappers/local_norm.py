@@ -11,9 +11,8 @@ from typing import List, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from fedjax_flat.algorithms.personalization import Personalizer, personal_params
+from fedjax_flat.algorithms.personalization import Personalizer, if_seen, personal_params
 from fedjax_flat.models.partition import key_name as _key_name  # one definition (ladd.py imports it here)
 
 tmap = jax.tree_util.tree_map
@@ -128,9 +127,9 @@ def with_local_norm(alg, name: Optional[str] = None, select=is_norm_path):
   def personalizer(algorithm, server_state, cs):
     inner_cs = None if cs is None else cs.get('inner')
     base = personal_params(dataclasses.replace(algorithm, personalizer=inner_personalizer), server_state, inner_cs)
-    if cs is None or not float(np.asarray(cs['seen'])) > 0:
+    if cs is None:
       return base
-    return with_norm_leaves(base, [jnp.asarray(x) for x in cs['norm']], select)
+    return if_seen(cs['seen'], with_norm_leaves(base, [jnp.asarray(x) for x in cs['norm']], select), base)
 
   return alg.replace(name=name or alg.name, wrappers=wrappers, personalizer=Personalizer(personal_name, personalizer),
                      client_state_init=client_state_init, initial_client_states=initial_client_states,

@@ -17,13 +17,13 @@ import os
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from fedjax_flat.algorithms.personalization import personal_params, personalizer_name
+from fedjax_flat.algorithms.personalization import global_params, if_seen, personal_params, personalizer_name
 from fedjax_flat.evaluation.client_eval import ClientEvalProgram, check_data, distribution, select_clients
 from fedjax_flat.evaluation.evaluator import fixed_batch_size
 from fedjax_flat.training import writers
-from fedjax_flat.training.personalized_eval import client_states_of
 from fedjax_flat.training.evals.registry import Evaluation, register
 
 FILE = 'clients.jsonl'
@@ -86,13 +86,21 @@ def _periodic(trainer) -> dict:
 
 
 def _personal_models(trainer):
-  """fn(ids) -> the clients' personal models stacked (the clients' states read once per evaluation)."""
-  states = client_states_of(trainer.store)
-  alg, server_state = trainer.plan.algorithm, trainer.server_state
+  """fn(ids) -> the clients' personal models stacked [len(ids), ...]: their states read from the store at once
+  (`gather`) and the personalizer mapped over them in one compiled program (a client never written: the global
+  model, as `personal_params` gives it for no state)."""
+  st = trainer.recorder.plugin_state
+  alg, store, server_state = trainer.plan.algorithm, trainer.store, trainer.server_state
+  if 'client_eval_personal' not in st:
+    def one(state, cs, written):
+      return if_seen(written, personal_params(alg, state, cs), global_params(alg, state))
+    st['client_eval_personal'] = jax.jit(jax.vmap(one, in_axes=(None, 0, 0)))
 
   def stacked(ids):
-    models = [personal_params(alg, server_state, states.get(int(k))) for k in ids]
-    return jax.tree_util.tree_map(lambda *a: np.stack([np.asarray(x) for x in a]), *models)
+    if store is None:          # no client state kept: every client's model is the global one
+      return jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (len(ids),) + a.shape),
+                                    global_params(alg, server_state))
+    return st['client_eval_personal'](server_state, store.gather(ids), store.written(ids))
   return stacked
 
 

@@ -71,3 +71,32 @@ def test_a_resumed_run_rewrites_the_rows_past_its_checkpoint_and_matches_the_uni
   rows = _lines(tmp_path / 'clients.jsonl')
   assert [r['round'] for r in rows] == [2] * 6 + [4] * 6
   assert [r for r in rows if r['round'] == 4] == _lines(wd / 'clients.jsonl')
+
+
+@pytest.mark.parametrize('store', ['device', 'host'])
+def test_the_personal_models_are_gathered_in_one_program_and_equal_each_clients_own(store):
+  """Ditto after 2 rounds (some clients never sampled): the stacked personal models of the plug-in (the store's
+  gather, the personalizer mapped over the states) are every client's `personal_params` bit for bit: v_k for a
+  sampled client, the global model for one never sampled."""
+  import jax
+  from fedjax_flat.algorithms.personalization import personal_params
+  from fedjax_flat.training import trainers
+  from fedjax_flat.training.evals import client_eval as plugin
+  cfg = small_config(algorithm='ditto', rounds=2, seed=1, **{'algo.lam': 0.3, 'data.num_clients': 8,
+                                                             'client_state_store': store})
+  t = trainers.make_trainer(cfg, None, write_files=False)
+  t.train()
+  ids = np.arange(8)
+  written = t.store.written(ids)
+  assert 0 < written.sum() < 8 and t.store.kind == store
+  got = plugin._personal_models(t)(ids)
+  states = {int(k): jax.tree_util.tree_map(lambda a, i=i: np.asarray(a[i]), t.store.state_dict()['states'])
+            for i, k in enumerate(t.store.state_dict()['ids'])}
+  for k in ids:
+    want = personal_params(t.plan.algorithm, t.server_state, states.get(int(k)))
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+      np.testing.assert_array_equal(np.asarray(a)[k], np.asarray(b))
+  glob = t.plan.algorithm.eval_models(t.server_state)['global'][0]
+  k = int(np.flatnonzero(written)[0])
+  assert not all(np.array_equal(np.asarray(a)[k], np.asarray(b)) for a, b in zip(
+      jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(glob)))      # a sampled client's own v_k
