@@ -25,10 +25,12 @@ from typing import Dict, List, Tuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.data.batching import client_step_indices, make_eval_batches
 from fedjax_flat.errors import ConfigError
+from fedjax_flat.evaluation.evaluator import EVAL_AXIS, eval_mesh
 from fedjax_flat.evaluation.personalized import finetune_steps
 from fedjax_flat.optimizers.client import make_client_tx
 from fedjax_flat.optimizers.schedules import client_hparams
@@ -166,14 +168,14 @@ class ClientEvalProgram:
 
   Two layouts compute the global model's sums. 'clients': a jitted program over a chunk of CHUNK clients vmapped
   (the model sees chunk x B rows at once), the chunks fed in turn. 'batches': every client's non-empty batches
-  packed in one array placed on the device once (no all-padding batch, no per-call copy), the model mapped over
-  them B rows at a time, each batch's sums put back in its (batch, client) slot and added per client as the
-  'clients' layout adds them: ONE call per evaluation. On a CPU the model runs several times faster on B rows
-  than on chunk x B (its activations stay in cache: benchmarks/speed/client_eval_rate.py), but a GEMM's rounding
-  may depend on its row count, so 'auto' (the default) runs both at the first call, each compiled beforehand and
-  timed once, and keeps 'batches' only when every client's sums are the same bits as the 'clients' layout's and
-  it was faster (`layout_check` says what was found). The fine-tuned and personal models (one model per client)
-  stay vmapped over chunks of clients."""
+  packed in one array placed once on the local devices, split over them (no all-padding batch, no per-call copy),
+  the model mapped over them B rows at a time, the logits put back in the 'clients' layout and summed there in
+  its shapes: ONE call per evaluation. On a CPU the model runs several times faster on B rows than on chunk x B
+  (its activations stay in cache: benchmarks/speed/client_eval_rate.py), but a GEMM's rounding may depend on its
+  row count, so 'auto' (the default) runs every candidate at the first call ('clients'; 'batches' on all local
+  devices and, with several, on one), each compiled beforehand and timed once, and keeps the fastest whose sums
+  are the 'clients' layout's bits for every client (`layout_check` says what was found; `devices` the count
+  chosen). The fine-tuned and personal models (one model per client) stay vmapped over chunks of clients."""
 
   def __init__(self, model, data, ids, *, seed: int, batch_size: int = 256, preprocess=None, task=None,
                steps: int = 0, client_cfg=None, augment_fn=None, layout: str = 'auto'):
@@ -196,9 +198,8 @@ class ClientEvalProgram:
       self.tune_batches = self._pad_clients(tb, pad)
     self.keys = self._pad_clients({'k': np.asarray(self.ids, np.int32)}, pad)['k']
     self.layout, self.layout_check = layout, None
-    self._packed = None
-    if layout != 'clients':
-      self._packed = self._pack(nb)
+    self.devices = None
+    self._packed = {}          # device count -> the 'batches' layout's arrays on those devices
     self._sums_fn = self._sums(model, preprocess)
     self._programs = self._program(model, preprocess, client_cfg, augment_fn, seed)
     self.compiled = {}                       # name -> the compiled program (compiled once, at its first use)
@@ -208,7 +209,7 @@ class ClientEvalProgram:
   def _pad_clients(b, pad):
     return {k: np.concatenate([v, np.zeros((pad,) + v.shape[1:], v.dtype)]) for k, v in b.items()} if pad else b
 
-  def _pack(self, nb):
+  def _pack(self, nb, mesh):
     """The 'batches' layout, placed on the device once: the non-empty batches' examples [T, B, ...]; each
     client's batch positions in them [chunks, chunk, nb] (position T: empty logits, for the all-padding batches);
     the labels and masks in the 'clients' layout [chunks, chunk, nb, B, ...] (small, unlike the examples)."""
@@ -222,9 +223,17 @@ class ClientEvalProgram:
       src.extend(i * nb + j for j in range(int(count)))
     x = self.eval_batches['x']
     x = x.reshape((-1,) + x.shape[2:])[np.asarray(src or [0], np.int64)]   # (no example anywhere: one batch)
+    d = mesh.devices.size
+    x = np.concatenate([x, np.zeros((-len(x) % d,) + x.shape[1:], x.dtype)])    # a multiple of the devices
+    idx[idx == total] = len(x)          # the empty logits appended after the (padded) batches
     grid = lambda a: a.reshape((-1, self.chunk) + a.shape[1:])
-    return jax.device_put({'x': x, 'idx': grid(idx), 'y': grid(self.eval_batches['y']),
-                           'mask': grid(self.eval_batches['mask'])})
+    packed = {'x': x, 'idx': grid(idx), 'y': grid(self.eval_batches['y']), 'mask': grid(self.eval_batches['mask'])}
+    return jax.device_put(packed, self._packed_shardings(mesh))
+
+  @staticmethod
+  def _packed_shardings(mesh):
+    rep = NamedSharding(mesh, P())
+    return {'x': NamedSharding(mesh, P(EVAL_AXIS)), 'idx': rep, 'y': rep, 'mask': rep}
 
   def _sums(self, model, preprocess):
     task = self.task
@@ -255,10 +264,15 @@ class ClientEvalProgram:
         out['tuned'] = tuned(params, eval_batches, tune_batches, cids)
       return out
 
-    def batches(params, packed):     # every client's sums [chunks, chunk] of each metric
-      def logits(x):
-        return model.apply(params, x if preprocess is None else preprocess(x), train=False)
-      out = jax.lax.map(logits, packed['x'])
+    def batches(params, packed, mesh):     # every client's sums [chunks, chunk] of each metric
+      def logits(params, xs):
+        return jax.lax.map(lambda x: model.apply(params, x if preprocess is None else preprocess(x), train=False),
+                           xs)
+      if mesh.devices.size > 1:          # each device its share of the batches
+        out = jax.shard_map(logits, mesh=mesh, in_specs=(P(), P(EVAL_AXIS)), out_specs=P(EVAL_AXIS),
+                            check_vma=False)(params, packed['x'])
+      else:
+        out = logits(params, packed['x'])
       out = jnp.concatenate([out, jnp.zeros((1,) + out.shape[1:], out.dtype)])   # the all-padding batches'
 
       def client(lg, y, mask):     # the 'clients' layout's sums in its shapes: the same additions, in order
@@ -270,6 +284,18 @@ class ClientEvalProgram:
   def _compiled(self, name, *args):
     if name not in self.compiled:
       self.compiled[name] = jax.jit(self._programs[name]).lower(*args).compile()
+    return self.compiled[name]
+
+  def _batches_program(self, d):
+    """The 'batches' layout on the first d local devices, compiled (params replicated, batches split)."""
+    name = f'batches{d}'
+    if name not in self.compiled:
+      mesh = eval_mesh(jax.local_devices()[:d])
+      self._packed[d] = self._pack(self.nb, mesh)
+      rep = NamedSharding(mesh, P())
+      fn = jax.jit(lambda params, packed: self._programs['batches'](params, packed, mesh),
+                   in_shardings=(rep, self._packed_shardings(mesh)), out_shardings=rep)
+      self.compiled[name] = fn.lower(self._params_spec, self._packed[d]).compile()
     return self.compiled[name]
 
   def _run(self, name, *args):
@@ -286,8 +312,9 @@ class ClientEvalProgram:
     return {part: {m: np.concatenate([np.asarray(g[part][m]) for g in got]) for m in got[0][part]}
             for part in got[0]}
 
-  def _by_batches(self, params):
-    g = jax.device_get(self._run('batches', params, self._packed))
+  def _by_batches(self, params, d=None):
+    d = d or self.devices
+    g = jax.device_get(self._batches_program(d)(params, self._packed[d]))
     out = {'global': {m: np.asarray(v).reshape((-1,) + np.shape(v)[2:]) for m, v in g.items()}}
     if self.steps:
       got = [jax.device_get(self._run('tuned', params, *self._chunk_args(s)))
@@ -296,29 +323,39 @@ class ClientEvalProgram:
     return out
 
   def _choose(self, params):
-    """'auto' at the first call: both layouts compiled, each run once timed; 'batches' kept when its sums equal
-    the 'clients' layout's bit for bit and it ran faster. Returns the 'clients' layout's sums."""
-    times = {}
+    """'auto' at the first call: every candidate compiled, then each run once timed; the fastest whose sums equal
+    the 'clients' layout's bit for bit kept. Returns the 'clients' layout's sums."""
+    local = jax.local_device_count()
+    cands = [local, 1] if local > 1 else [1]
     self._compiled('clients', params, *self._chunk_args(0))      # compiled outside the timing below
-    self._compiled('batches', params, self._packed)
+    for d in cands:
+      self._batches_program(d)
     if self.steps:
       self._compiled('tuned', params, *self._chunk_args(0))
     t = time.perf_counter()
     ref = self._by_clients(params)
-    times['clients'] = time.perf_counter() - t
-    t = time.perf_counter()
-    fast = self._by_batches(params)
-    times['batches'] = time.perf_counter() - t
-    same = all(np.array_equal(ref[p][m], fast[p][m]) for p in ref for m in ref[p])
-    self.layout = 'batches' if same and times['batches'] < times['clients'] else 'clients'
-    self.layout_check = {'same_bits': bool(same), 'seconds': times, 'layout': self.layout}
-    if self.layout == 'clients':
-      self._packed = None        # the packed copy is not needed any more
+    times, same = {'clients': time.perf_counter() - t}, {}
+    for d in cands:
+      t = time.perf_counter()
+      got = self._by_batches(params, d)
+      times[f'batches{d}'] = time.perf_counter() - t
+      same[f'batches{d}'] = all(np.array_equal(ref[p][m], got[p][m]) for p in ref for m in ref[p])
+    best = min([k for k in same if same[k]] + ['clients'], key=times.get)
+    self.layout = 'clients' if best == 'clients' else 'batches'
+    self.devices = None if best == 'clients' else int(best[len('batches'):])
+    self.layout_check = {'same_bits': same, 'seconds': times, 'layout': self.layout, 'devices': self.devices}
+    for d in cands:         # the packed copies not chosen are not needed any more
+      if d != self.devices:
+        self._packed.pop(d, None)
+        self.compiled.pop(f'batches{d}', None)
     return ref
 
   def __call__(self, params, personal=None) -> Dict[str, np.ndarray]:
     """personal: None, or fn(ids) -> the clients' own models stacked `[len(ids), ...]` (adds 'personal_acc',
     'personal_loss'; the padding clients of the last chunk repeat its first client's model)."""
+    self._params_spec = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), params)
+    if self.layout == 'batches' and self.devices is None:
+      self.devices = jax.local_device_count()
     if self.layout == 'auto':
       got = self._choose(params)
     elif self.layout == 'batches':
