@@ -42,7 +42,7 @@ from fedjax_flat.analysis.loss_profile import loss_gradnorm_profile, per_example
 from fedjax_flat.core.batch_stats import trainable_view
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.models.base import float32_model
-from fedjax_flat.schema import Field, Int, Num, Section, Test
+from fedjax_flat.schema import LOG, Field, Int, Num, Section, Test
 
 MEASURES = ('drift', 'sparsity', 'alignment', 'rank', 'profile')
 NEEDS_CLIENTS = ('drift', 'sparsity', 'alignment')     # the measures that train the next round's clients
@@ -90,7 +90,10 @@ SECTION = Section('lab', (
           'an entry counts as zero when |x| <= this * the update\'s max |x|', when=enabled, needs='lab.every'),
     Field('bins', Int(10, lo=2), 'loss-quantile bins of the profile', when=enabled, needs='lab.every'),
 ), doc='the landscape lab: drift, sparsity, Hessian alignment, feature rank, loss profile (analysis/lab.py)',
-   optional=True)
+   optional=True, tags={LOG})
+# LOG (runs-axis: left out of the compatibility key): the lab reads a run's model on the host at its evaluation
+# rounds (lab.every is a multiple of eval_every) with its own programs, so neither the round program nor the
+# block schedule depends on it; runs of a batched program may differ in it (tests/training/test_batched.py).
 
 
 def check(algorithm, measures) -> None:

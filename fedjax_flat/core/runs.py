@@ -71,8 +71,10 @@ STATIC_TRUTH = tagged(_SECTIONS, TRUTH)
 # the partition's are declared above this layer (config/schema.py, config/data_fields.py): tests/config/
 # test_schema.py checks these equal their tags.
 INPUT_FIELDS = ('seed',) + tagged((clock_lib.SECTION,), INPUT) + ('data.num_clients', 'data.alpha', 'data.seed')
-# Neither do the published numbers a cell is compared with (config.published: each paper-table cell has its own).
-IGNORED_FIELDS = ('progress_every_s', 'published')
+# Neither do the published numbers a cell is compared with (config.published: each paper-table cell has its own),
+# nor the host's evaluations at evaluation rounds that leave the model alone: every client evaluated
+# (evaluation/client_eval.py) and the landscape lab (analysis/lab.py), whole sections.
+IGNORED_FIELDS = ('progress_every_s', 'client_eval', 'lab', 'published')
 AXIS = 'runs'
 POPULATION = 'num_clients'     # data_runs' per-lane population when the runs of a program have other ones
 

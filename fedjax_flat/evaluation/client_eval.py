@@ -34,7 +34,7 @@ from fedjax_flat.evaluation.evaluator import EVAL_AXIS, eval_mesh
 from fedjax_flat.evaluation.personalized import finetune_steps
 from fedjax_flat.optimizers.client import make_client_tx
 from fedjax_flat.optimizers.schedules import client_hparams
-from fedjax_flat.schema import Field, Int, Section, Test, is_number
+from fedjax_flat.schema import LOG, Field, Int, Section, Test, is_number
 from fedjax_flat.tasks import base as tasks_lib
 
 tmap = jax.tree_util.tree_map
@@ -62,7 +62,11 @@ SECTION = Section('client_eval', (
           'evaluation', when=_on, needs='client_eval.clients'),
     Field('personalize_steps', Int(0, lo=0), 'also after k local fine-tuning steps of the client optimizer from '
           'the evaluated model (0 = not)', when=_on, needs='client_eval.clients'),
-), doc='every client evaluated on its own held-out examples (evaluation/client_eval.py)', optional=True)
+), doc='every client evaluated on its own held-out examples (evaluation/client_eval.py)', optional=True,
+   tags={LOG})
+# LOG (runs-axis: left out of the compatibility key): each run's recorder evaluates its clients on the host at
+# evaluation rounds with its own programs, so neither the round program nor the block schedule depends on the
+# section; runs of a batched program may differ in it (tests/training/test_batched.py).
 
 
 def select_clients(spec, num_clients: int, seed: int) -> np.ndarray:

@@ -200,6 +200,9 @@ def test_compat_key_and_packing():
   assert packing.pack_groups(specs[:6], 4, 2) == [[0, 1, 2, 3], [4, 5]]
   assert packing.pack_groups(specs[:3], 4, 2) == [[0, 1, 2]] and packing.pack_groups(specs[:3], 2, 2) == [[0, 1], [2]]
   assert packing.pack_groups(specs[:6], 3, 2) == [[0, 1, 2], [3, 4, 5]]    # 4 would exceed 3 a program
+  # the host's evaluations at evaluation rounds (every client, the lab) leave the program alone: one key
+  assert runs_lib.compat_key(_config('fedavg', 0, **{'client_eval.clients': 'all', 'client_eval.personalize_steps': 2,
+                                                     'lab.every': 3})) == runs_lib.compat_key(base)
   assert runs_lib.lanes_for(3, 2) == 4 and runs_lib.lanes_for(8, 2) == 8 and runs_lib.lanes_for(5, 1) == 5
 
 
@@ -457,3 +460,57 @@ def test_a_run_that_trains_alone_and_diverges_fails_alone(tmp_path):
   res = batched.run_batch(specs)
   assert res[0].status == 'failed' and 'Divergence' in res[0].error, res[0]
   assert res[1].status == 'done' and res[1].lanes == 0, res[1]
+
+
+def _close(x, y, what):
+  """Equal JSON values, numbers to float32 rounding (the batched model's), nested lists and dicts alike."""
+  if isinstance(x, dict):
+    assert x.keys() == y.keys(), what
+    for k in x:
+      _close(x[k], y[k], f'{what}.{k}')
+  elif isinstance(x, list):
+    assert len(x) == len(y), what
+    for a, b in zip(x, y):
+      _close(a, b, what)
+  elif isinstance(x, (int, float)) and not isinstance(x, bool):
+    np.testing.assert_allclose(x, y, rtol=2e-4, atol=1e-5, err_msg=what)
+  else:
+    assert x == y, what
+
+
+def _rows(path):
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+@pytest.mark.slow    # 3 runs alone + batched, every client evaluated, one with the lab (~50 s on the shared 2 cores)
+def test_client_eval_and_the_lab_share_a_program_and_each_runs_rows_equal_its_run_alone(tmp_path, monkeypatch):
+  """client_eval and lab are host evaluations at evaluation rounds (LOG: out of the compatibility key, core/runs.py):
+  runs with other client_eval / lab settings train in one program, and each run's clients.jsonl and lab.jsonl
+  equal its run alone's (the batched model agrees to float32 rounding, as the records do)."""
+  data = _data()
+  lab = {'lab.every': 3, 'lab.examples': 12, 'lab.measures': 'drift,sparsity,rank,profile', 'lab.bins': 3}
+  over = [{'client_eval.clients': 'all'},
+          {'client_eval.clients': 'all', 'client_eval.personalize_steps': 1, **lab},
+          {'client_eval.clients': 4, 'client_eval.every': 6}]
+  for i in range(3):
+    run_lib.run(_config('fedavg', i, **over[i]), str(tmp_path / f'alone{i}'), data=data)
+  monkeypatch.setattr(batched.data_registry, 'get_dataset', lambda *a, **k: data)
+  built = _spy_programs(monkeypatch)
+  specs = [batched.RunSpec(f'r{i}', _config('fedavg', i, **over[i]), str(tmp_path / f'batched{i}')) for i in range(3)]
+  res = batched.run_batch(specs, lanes=4)
+  assert [res[i].status for i in range(3)] == ['done'] * 3, [res[i].error for i in range(3)]
+  assert built == [(3, None)], 'one program for runs that differ in client_eval and lab'
+  files = {0: ['clients.jsonl'], 1: ['clients.jsonl', 'lab.jsonl'], 2: ['clients.jsonl']}
+  for i in range(3):
+    a, b = tmp_path / f'alone{i}', tmp_path / f'batched{i}'
+    assert _files(str(a)) == _files(str(b))
+    for name in files[i]:
+      ra, rb = _rows(a / name), _rows(b / name)
+      assert len(ra) == len(rb) > 0, (i, name)
+      for x, y in zip(ra, rb, strict=True):
+        assert x.keys() == y.keys()
+        for k in (k for k in x if not k.startswith('seconds')):      # the lab's own timings differ
+          _close(x[k], y[k], f'run {i} {name} {k}')
+  assert {r['round'] for r in _rows(tmp_path / 'batched2' / 'clients.jsonl')} == {6, 7}     # its own `every`
+  assert len(_rows(tmp_path / 'batched0' / 'clients.jsonl')) == 3 * len(SIZES)                # rounds 3, 6, 7
