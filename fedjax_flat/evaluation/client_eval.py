@@ -9,11 +9,13 @@ the client's training label distribution (each training label matched by a test 
 replacement within a label while the test set has enough; source 'label_matched'). Both are fixed for the run, so
 a client's change across evaluations is the model's, not the draw's.
 
-`ClientEvalProgram`: every client padded to the largest client's batches (masks), the clients stacked and vmapped in
-chunks of a fixed size (the last chunk padded with empty clients), so ONE compiled program serves every chunk and
-evaluation. An algorithm with personal models (Ditto's v_k, FedRep's heads, ...) also has every client's own model
-evaluated on the same examples (`personal=`: the chunk's models stacked, a second program). Fine-tuning: the
-client optimizer (config.client, fresh state, the client's learning rate) for k steps
+`ClientEvalProgram`: every client padded to the largest client's batches (masks); the global model's sums from the
+clients stacked and vmapped in chunks of a fixed size (layout 'clients'), or from every client's non-empty batches
+placed on the devices once and mapped B rows at a time (layout 'batches', several times faster on a CPU), kept by
+'auto' only when its sums are the 'clients' layout's bits (checked at the first call): one compiled program per
+layout serves every evaluation. An algorithm with personal models (Ditto's v_k, FedRep's heads, ...) also has
+every client's own model evaluated on the same examples (`personal=`: the chunk's models stacked, a second
+program). Fine-tuning: the client optimizer (config.client, fresh state, the client's learning rate) for k steps
 of client.batch_size examples drawn from the client's training data (fixed per run), the PRNG key fold_in(seed, id).
 """
 from __future__ import annotations

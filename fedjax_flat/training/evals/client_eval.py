@@ -138,6 +138,9 @@ def _final(trainer, summary, reported):
          'round': last.get('round'), **{k: v for k, v in last.items() if k.startswith('clients_')
                                         and ('_acc_' in k or k.endswith('loss_mean'))}}
     # the example rate of the fastest call (the first one compiles): evaluated + fine-tuning examples per second
+  out['layout'] = prog.layout          # which layout computed the global model's numbers (the same bits)
+  if prog.layout_check is not None:
+    out['layout_check'] = prog.layout_check
   if times:
     out['examples_per_s'] = examples / max(min(times), 1e-9)
     out['seconds_per_evaluation'] = float(np.median(times))

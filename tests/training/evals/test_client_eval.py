@@ -56,7 +56,8 @@ def test_summary_plot_and_the_line_in_summary_md(sampled_run):
   assert s['clients'] == 6 and s['population'] == N and s['selection'] == 'sampled from the seed'
   assert s['source'] == 'label_matched' and s['personalize_steps'] == 1 and s['round'] == 4
   assert s['clients_acc_mean'] == _lines(wd / 'metrics.jsonl')[-1]['clients_acc_mean']
-  assert s['examples_per_s'] > 0
+  assert s['examples_per_s'] > 0 and s['layout'] in ('clients', 'batches')
+  assert s['layout_check']['layout'] == s['layout']
   assert (wd / 'clients_cdf.png').stat().st_size > 0
   assert "training label distribution" in (wd / 'summary.md').read_text()
   assert json.loads((wd / 'summary.json').read_text())['client_eval']['clients'] == 6
