@@ -514,3 +514,28 @@ def test_client_eval_and_the_lab_share_a_program_and_each_runs_rows_equal_its_ru
           _close(x[k], y[k], f'run {i} {name} {k}')
   assert {r['round'] for r in _rows(tmp_path / 'batched2' / 'clients.jsonl')} == {6, 7}     # its own `every`
   assert len(_rows(tmp_path / 'batched0' / 'clients.jsonl')) == 3 * len(SIZES)                # rounds 3, 6, 7
+
+
+def test_every_client_evaluated_in_a_batched_pack_equals_each_run_alone(tmp_path, monkeypatch):
+  """The default suite's check (the slow test above adds the lab and more rounds): two runs that differ in
+  client_eval share one program; each one's clients.jsonl equals its run alone's."""
+  data = _data()
+  over = [{'client_eval.clients': 'all'}, {'client_eval.clients': 5, 'client_eval.personalize_steps': 1}]
+
+  def cfg(i):
+    c = _config('fedavg', i, **over[i])
+    c.rounds = c.checkpoint_every = 3            # one evaluation (round 3)
+    return c
+  for i in range(2):
+    run_lib.run(cfg(i), str(tmp_path / f'alone{i}'), data=data)
+  monkeypatch.setattr(batched.data_registry, 'get_dataset', lambda *a, **k: data)
+  built = _spy_programs(monkeypatch)
+  res = batched.run_batch([batched.RunSpec(f'r{i}', cfg(i), str(tmp_path / f'batched{i}')) for i in range(2)],
+                          lanes=2)
+  assert [res[i].status for i in range(2)] == ['done'] * 2, [res[i].error for i in range(2)]
+  assert built == [(2, None)]
+  for i in range(2):
+    ra, rb = (_rows(tmp_path / f'{kind}{i}' / 'clients.jsonl') for kind in ('alone', 'batched'))
+    assert len(ra) == len(rb) == (len(SIZES) if i == 0 else 5)
+    for x, y in zip(ra, rb, strict=True):
+      _close(x, y, f'run {i}')
