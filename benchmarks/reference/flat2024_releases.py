@@ -151,14 +151,9 @@ def rel_err(got, want):
   return out
 
 
-def compare(name, mine, rel, *, clients_key='clients', client_delta=False, w_before=None):
-  """{'client step': per tensor, 'round': per tensor, 'max': ...}."""
-  got_c = mine['clients']
-  if client_delta:   # the scripts return w_k - w^t: compare w_k
-    want_c = rel['clients_delta'] + w_before[:, None, :]
-  else:
-    want_c = rel[clients_key]
-  res = {'client step': rel_err(got_c, want_c), 'round': rel_err(mine['rounds'], rel['rounds'])}
+def compare(name, mine, rel):
+  """{'client step': per tensor, 'round': per tensor, 'max': over both, 'shims': the release side's}."""
+  res = {'client step': rel_err(mine['clients'], rel['clients']), 'round': rel_err(mine['rounds'], rel['rounds'])}
   res['max'] = max(max(v.values()) for v in res.values())
   res['shims'] = [str(s) for s in rel['shims']]
   print(f"{name}: client step {max(res['client step'].values()):.2e}, round {max(res['round'].values()):.2e}")
@@ -173,9 +168,7 @@ def lesam_cases(releases):
     w0, x, y = problem(1, x_scale)
     cfg = config(method, 0.2, direction='server', norm='layers', **extra)
     cfg.client.grad_clip = 10.0
-    if method != 'fedlesam_d':
-      cfg.algo.population = C
-    else:
+    if method != 'fedlesam':
       cfg.algo.population = C
     mine = ours(cfg, w0, x, y)
     hp = {'rho': 0.2, 'lamb': extra.get('lamb', extra.get('alpha', 0.1))}
@@ -183,6 +176,57 @@ def lesam_cases(releases):
     if method == 'fedlesam':   # the release as released: the flat g_update indexed per scalar
       raw = theirs(method, d, w0, x, y, hp, variant='as_released')
       out[method + ' (flat g_update, as released)'] = compare(method + ' as released', mine, raw)
+  return out
+
+
+def wmsam_cases(releases):
+  w0, x, y = problem(2, 20.0)   # inputs x 20: clip_grad_norm_(10) acts
+  cfg = config('fedwmsam', 0.2, alpha=0.3, norm='layers', population=C)
+  cfg.client.grad_clip = 10.0
+  mine = ours(cfg, w0, x, y)
+  d = os.path.join(releases, 'NeurlPS_FedWMSAM')
+  out = {'fedwmsam': compare('fedwmsam', mine, theirs('fedwmsam', d, w0, x, y, {'rho': 0.2, 'alpha': 0.3}))}
+  raw = theirs('fedwmsam', d, w0, x, y, {'rho': 0.2, 'alpha': 0.3}, variant='as_released')
+  out['fedwmsam (flat differ_vector, as released)'] = compare('fedwmsam as released', mine, raw)
+  return out
+
+
+def fedgf_cases(releases, threshold):
+  w0, x, y = problem(3, 3.0)
+  cfg = config('fedgf', 0.1, rho_global=0.3, threshold=threshold, window=2)
+  cfg.client.optimizer = 'sam'
+  mine = ours(cfg, w0, x, y)
+  rel = theirs('fedgf', os.path.join(releases, 'Official-FedGF'), w0, x, y,
+               {'rho': 0.1, 'rho_global': 0.3, 'threshold': threshold, 'window': 2})
+  res = compare(f'fedgf (T_D={threshold})', mine, rel)
+  res['perturbed model w~'] = rel_err(np.stack([to_vec(s['w_tilde']) for s in mine['states']]), rel['perturbed'])
+  res['c per round (release)'] = [float(v) for v in rel['c_used']]
+  res['c per round (ours)'] = [0.0] + [float(s['c']) for s in mine['states']]
+  res['divergence per round (ours)'] = [float(s['divergence']) for s in mine['states']]
+  res['max'] = max(res['max'], max(res['perturbed model w~'].values()))
+  print(f"  w~ {max(res['perturbed model w~'].values()):.2e}, c {res['c per round (release)']} / "
+        f"{res['c per round (ours)']}, D {res['divergence per round (ours)']}")
+  return res
+
+
+def script_cases(releases):
+  out = {}
+  w0, x, y = problem(4, 20.0)
+  cfg = config('fednsam', 0.05, variant='release', gamma=0.85)
+  cfg.client.optimizer, cfg.client.grad_clip = 'sam', 10.0
+  out['fednsam (variant=release)'] = compare('fednsam', ours(cfg, w0, x, y),
+                                             theirs('fednsam', os.path.join(releases, 'FedNSAM'), w0, x, y, {}))
+  d = os.path.join(releases, 'FedSWA')
+  w0, x, y = problem(5, 20.0)
+  cfg = config('fedswa', 0.0, cycle_steps=S, lr_ratio=0.0)
+  cfg.client.lr, cfg.client.grad_clip = 2 * LR, 10.0   # update_FedSWA: SGD(lr * 2), clip 10
+  out['fedswa'] = compare('fedswa', ours(cfg, w0, x, y), theirs('fedswa', d, w0, x, y, {}))
+  w0, x, y = problem(6, 1.0)   # the release clips the raw gradient, this library the corrected one: no clip here
+  cfg = config('fedmoswa', 0.0, cycle_steps=S, lr_ratio=0.0, beta=0.4)
+  out['fedmoswa (update_FedMoSWA)'] = compare('fedmoswa', ours(cfg, w0, x, y), theirs('fedmoswa', d, w0, x, y, {}))
+  cfg = config('fedmoswa', 0.0, cycle_steps=S, lr_ratio=1.0, beta=0.4)
+  out['fedmoswa lr_ratio=1 (update_scafplus, the registered MoFedSWA)'] = compare(
+      'scafplus', ours(cfg, w0, x, y), theirs('scafplus', d, w0, x, y, {}))
   return out
 
 
@@ -197,6 +241,12 @@ def main():
   todo = a.methods.split(',')
   if 'lesam' in todo:
     results.update(lesam_cases(a.releases))
+  if 'fedgf' in todo:
+    results['fedgf (c = 1 from round 2)'] = fedgf_cases(a.releases, 0.0)
+  if 'fedwmsam' in todo:
+    results.update(wmsam_cases(a.releases))
+  if 'fednsam' in todo or 'fedswa' in todo:
+    results.update(script_cases(a.releases))
   print(json.dumps({k: v['max'] for k, v in results.items()}, indent=1))
 
 

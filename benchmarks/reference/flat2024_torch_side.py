@@ -156,15 +156,17 @@ def run_server_framework(pb, server_name, client_opt, per_tensor, extra_args):
     per_tensor_first_step(getattr(optim, client_opt), pb.model)
   model_fn = pb.model
   # data: DataLoader(Dataset(client_x[c], client_y[c], ...), batch_size, shuffle=True) -> the fixed batches
-  by_id = {id(pb.x[c].reshape(-1)): c for c in range(pb.C)}
   client_x = [pb.x[c].reshape(pb.S * pb.B, pb.d) for c in range(pb.C)]
   client_y = [pb.y[c].reshape(pb.S * pb.B) for c in range(pb.C)]
-  del by_id
-  srv_base.Dataset = lambda x, y, **kw: (x, y)
-  srv_base.data = types.SimpleNamespace(DataLoader=lambda ds, batch_size, shuffle=False, **kw: [
+  loader = types.SimpleNamespace(DataLoader=lambda ds, batch_size, shuffle=False, **kw: [
       (torch.as_tensor(ds[0][i:i + batch_size]), torch.as_tensor(ds[1][i:i + batch_size]))
       for i in range(0, len(ds[0]), batch_size)])
-  SHIMS.append('server.server.data.DataLoader / Dataset -> the fixed batches in order')
+  cl_base = import_with_stubs('client.client')
+  for mod in (srv_base, cl_base):   # FedLESAM's server builds the loader, FedWMSAM's client does
+    if hasattr(mod, 'Dataset'):
+      mod.Dataset = lambda x, y, **kw: (x, y)
+      mod.data = loader
+      SHIMS.append(f'{mod.__name__}.data.DataLoader / Dataset -> the fixed batches in order')
   hp = pb.hp
   args = types.SimpleNamespace(
       total_client=pb.C, comm_rounds=len(pb.schedule), local_learning_rate=hp['lr'], weight_decay=hp['wd'],
@@ -203,6 +205,8 @@ def run_fedgf(pb):
   model = pb.model()
   handler = fg.FedGfServerHandler(model=model, global_round=len(pb.schedule), num_clients=pb.C,
                                   sample_ratio=len(pb.schedule[0]) / pb.C, cuda=False)
+  handler.device = 'cpu'   # set by the model maintainer only when cuda=True (the release runs on 'cuda:0')
+  SHIMS.append("handler.device = 'cpu' (ModelMaintainer sets it only with cuda=True)")
   handler.setup_optim(hp['rho_global'], hp['threshold'], int(hp['window']))
   trainer = fg.FedGfSerialClientTrainer(model, pb.C, rho=hp['rho'], cuda=False)
   trainer.setup_optim(1, pb.B, hp['lr'], weight_decay=hp['wd'], momentum=0)
@@ -266,7 +270,6 @@ def _worker(ns, pb, alg):
   w = ns['DataWorker'].__new__(ns['DataWorker'])
   # DataWorker.__init__ builds the CIFAR network and reads the script's data globals; these are its fields
   w.model, w.criterion, w.ci, w.alg, w.num_workers = pb.model(), nn.CrossEntropyLoss(), {}, alg, pb.C
-  w.batches_of = None
   return w
 
 
@@ -307,10 +310,7 @@ def run_script(pb, method):
         outs.append(wk.update_FedMoSWA(deepcopy(weights), 1, c, deepcopy(ps_c), hp['lr']))
       else:
         outs.append(wk.update_scafplus(deepcopy(weights), 1, c, deepcopy(ps_c), hp['lr']))
-    delta0 = outs[0][0] if isinstance(outs[0], tuple) else outs[0]
-    del delta0
-    clients.append(np.stack([_flat_state({k: v for k, v in (o[0] if isinstance(o, tuple) else o).items()},
-                                         server) for o in outs]))
+    clients.append(np.stack([flat(workers[c].model) for c in ids]))   # the client's model after its steps
     if method == 'fednsam':
       _, momen = ns['apply_weights_avgACG'](pb.C, outs, server, momen)
       ms.append(_flat_state(momen, server))
@@ -320,7 +320,7 @@ def run_script(pb, method):
       _, ps_c = ns['apply_weights_SCAF'](pb.C, outs, server, ps_c)
       ms.append(_flat_state(ps_c, server))
     rounds.append(flat(server))
-  out = {'rounds': np.stack(rounds), 'clients_delta': np.stack(clients)}
+  out = {'rounds': np.stack(rounds), 'clients': np.stack(clients)}
   if ms:
     out['state'] = np.stack(ms)
   return out
