@@ -236,18 +236,34 @@ def main():
   ap.add_argument('--out', default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                 'flat2024_releases.json'))
   ap.add_argument('--methods', default='lesam,fedgf,fedwmsam,fednsam,fedswa')
+  ap.add_argument('--commits', default='', help='NAME=commit,... : the exported commits, recorded in the JSON')
   a = ap.parse_args()
   results = {}
   todo = a.methods.split(',')
   if 'lesam' in todo:
     results.update(lesam_cases(a.releases))
   if 'fedgf' in todo:
-    results['fedgf (c = 1 from round 2)'] = fedgf_cases(a.releases, 0.0)
+    results['fedgf (T_D=0: c = 1 from round 2)'] = fedgf_cases(a.releases, 0.0)
+    results['fedgf (T_D=0.7: c = 1, then 0.5)'] = fedgf_cases(a.releases, 0.7)
   if 'fedwmsam' in todo:
     results.update(wmsam_cases(a.releases))
   if 'fednsam' in todo or 'fedswa' in todo:
     results.update(script_cases(a.releases))
   print(json.dumps({k: v['max'] for k, v in results.items()}, indent=1))
+  torch_version = subprocess.run([torch_python(), '-c', 'import torch; print(torch.__version__)'],
+                                 capture_output=True, text=True).stdout.strip()
+  commits = dict(kv.split('=', 1) for kv in a.commits.split(',') if kv)
+  doc = {'command': 'python -m benchmarks.reference.flat2024_releases --releases=DIR',
+         'torch': torch_version, 'jax': jax.__version__, 'tolerance': TOL,
+         'releases': {REPOS[n]: commits.get(n, '') for n in REPOS},
+         'problem': {'model': f'Linear({D},{H}) ReLU Linear({H},{K})', 'clients': C, 'steps': S, 'batch': B,
+                     'schedule': SCHEDULE, 'lr': LR, 'weight_decay': WD},
+         'results': results}
+  with open(a.out, 'w') as f:
+    json.dump(doc, f, indent=1)
+  bad = {k: v['max'] for k, v in results.items() if v['max'] > TOL and 'as released' not in k
+         and 'update_FedMoSWA' not in k}
+  print('within tolerance' if not bad else f'OVER {TOL}: {bad}')
 
 
 if __name__ == '__main__':
