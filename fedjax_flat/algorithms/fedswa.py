@@ -27,11 +27,13 @@ Where the release differs:
     client.grad_clip clips the corrected one), beta = 0.4 hard-coded (the default here). `update_FedMoSWA` (never
     dispatched) is the cyclic form above, lr_bar = (lr + r lr) / 2.
 
-Checked against the release (tests/algorithms/test_fedswa.py, `test_release_steps_match_numpy`): torch is not
-installed here, so update_FedSWA's loop (SGD rebuilt each step with 2 lr, clip_grad_norm_(10), weight decay, the
-linear lr decay) and update_FedMoSWA's step (SGD step, then y - lr (c - c_k)) are re-implemented in NumPy float64
-from reading the code and compared with this module's local steps on identical tensors: max relative error
-FedSWA 5.8e-7 (the clip acting), FedMoSWA 8.0e-8 (fp32 rounding).
+Checked against the release (benchmarks/reference/flat2024_releases.py, torch 2.13 CPU, 3 rounds):
+runs main_FedSWA.py's own DataWorker methods and server functions (taken with ast): FedSWA (update_FedSWA +
+apply_weights_avg; client.lr = 2 lr, lr_ratio 0, clip acting) 2.9e-6 / 1.9e-6 (client step / round); the
+registered MoFedSWA (update_scafplus + apply_weights_SCAF; lr_ratio 1) 9.5e-8 / 9.9e-8. update_FedMoSWA (cyclic):
+the steps agree (9.4e-8 in round 1), its c_k divides by K (lr + r lr) / 2 where this module divides by the sum of
+the lrs taken (relative gap (1 - r) / (2K): 25% at the check's K = 3, 1% at K = 50), so later rounds differ. The
+suite's test stays the NumPy re-implementation (tests/algorithms/test_fedswa.py).
 """
 from __future__ import annotations
 
