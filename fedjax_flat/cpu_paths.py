@@ -124,8 +124,8 @@ def keep(name: str, env: Mapping[str, str] = os.environ, key: Optional[str] = No
 
 def choose(rows: Mapping[str, Mapping[str, dict]], paths) -> str:
   """The measured winner from the benchmark's table: rows maps a workload to its columns, the column
-  'PATH|im2col' holding {'examples_per_s', 'max_rel_diff'}. A path wins when it is >= MARGIN x the default on every workload and equal within
-  EQUAL_RTOL; among winners the best geometric-mean speed-up; else 'default'."""
+  'PATH|im2col' holding {'examples_per_s', 'max_rel_diff'}. A path wins when it is >= MARGIN x the default on
+  every workload and equal within EQUAL_RTOL; among winners the best geometric-mean speed-up; else 'default'."""
   best, best_gain = 'default', 1.0
   for p in paths:
     if p == 'default':
