@@ -1,20 +1,17 @@
-r"""A CIFAR-10-shaped stand-in that runs here (no download): the `synthetic` source at 32x32x3, 10 classes, with
-noise large enough that the paper's CIFAR CNN does not saturate, split over 50 clients by Dirichlet alpha.
+r"""A CIFAR-10-shaped stand-in that runs here (no download): `digits32` (the embedded digits at 32x32x3, a light
+stroke in a random hue on a dark background in a random hue, pixel noise 0.1; fedjax_flat/data/sources/digits32.py)
+trained with the FedSAM paper's CIFAR CNN (`cifar_cnn`), split over 20 clients by Dirichlet alpha.
 
   .venv/bin/python experiments/train.py --config=configs/cifar_standin.py --workdir=runs/cifar_standin
   .venv/bin/python experiments/train.py --config=configs/cifar_standin.py:alpha=0,rounds=60 ...
 
-What it is and is not: images are a class mean plus isotropic Gaussian noise (`noise`, per pixel, against means of
-unit variance), so the classes are separable by a linear function of the pixels and nothing in them is natural
-image structure (no edges, no translation); the CNN's convolutions see noise. It has CIFAR's tensor shapes, model
-(the FedSAM paper's CIFAR CNN, models/cnn.py `cifar_cnn`), client sizes of 100 and label skew, and a
-generalisation gap that depends on the noise: at noise 25, 30 rounds (`benchmarks/studies/README.standin.md`,
-calibration) training accuracy reaches ~1 while the test accuracy stays below it. Results on it say how the
-methods behave on a CIFAR-shaped, label-skewed, high-dimensional problem with a generalisation gap; they do not
-say how they behave on CIFAR.
+What it is and is not: CIFAR's tensor shapes, model and cost per example (about 4x a quickstart round here), label
+skew over clients, colour nuisances; ten stroke shapes and 1,438 training images, not CIFAR's content. Results on
+it say how the methods behave on a CIFAR-shaped problem that generalises from little data; they do not say how
+they behave on CIFAR.
 
 Keys (after the colon, comma-separated): alpha (Dirichlet; 0 = one class per client; default 0.5), rounds
-(default 40), noise (default 25), clients (default 50).
+(default 40), noise (default 0.1), clients (default 20).
 """
 from fedjax_flat.config.default_config import default_config
 from fedjax_flat.config.schema import data_section

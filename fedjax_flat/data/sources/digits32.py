@@ -1,9 +1,11 @@
 """`digits32`: a CIFAR-shaped stand-in built from the embedded digits (no download): each 8x8 digit upsampled to
-32x32 (bilinear), drawn in a random colour on a random background colour, plus Gaussian pixel noise.
+32x32 (bilinear), drawn in a random light colour on a random dark background colour, plus Gaussian pixel noise.
 
 Why: the studies ask for "the digits and a CIFAR stand-in"; the `synthetic` source at 32x32x3 (class means plus
-noise) has no spatial structure, and the paper's CIFAR CNN stays at chance on it for tens of rounds
-(benchmarks/studies/README.standin.md). Here the class is a real stroke shape at CIFAR's resolution, the colour
+noise) has no spatial structure, and the paper's CIFAR CNN stays at chance on it for tens of rounds (measured:
+60 rounds of configs/cifar_standin.py on it, 0.10 throughout). With fully random foreground and background
+colours the CNN stayed at chance too (centralized, 6 epochs, lr 0.05); a light stroke on a dark background in
+random hues it learns (centralized SGD lr 0.05, B=16: 0.82 test accuracy after 3 epochs, 0.92 after 4). Here the class is a real stroke shape at CIFAR's resolution, the colour
 and background are nuisances that vary per image (as CIFAR's do), so the paper's CIFAR CNN (`cifar_cnn`, 32x32x3)
 learns it with a generalisation gap, at CIFAR's cost per example. It is not CIFAR: ten shapes, 1,437 training
 images, no texture.
@@ -40,10 +42,10 @@ def colourize(x8: np.ndarray, rng: np.random.Generator, noise: float) -> np.ndar
   m = _upsample_matrix(x8.shape[1], SIZE)
   shape = np.einsum('ai,nij,bj->nab', m, x8[..., 0].astype(np.float64), m)[..., None]     # [N, 32, 32, 1]
   n = len(x8)
-  fg = rng.uniform(0.0, 1.0, (n, 1, 1, 3))
-  bg = rng.uniform(0.0, 1.0, (n, 1, 1, 3))
-  flip = np.abs(fg - bg).sum(-1, keepdims=True) < 0.6       # too little contrast: push the foreground away
-  fg = np.where(flip, 1.0 - bg, fg)
+  # A light stroke on a dark background in random hues: the shape is a luminance edge in every channel (as an
+  # object against its background), the colours are the nuisance.
+  fg = rng.uniform(0.6, 1.0, (n, 1, 1, 3))
+  bg = rng.uniform(0.0, 0.4, (n, 1, 1, 3))
   out = bg + (fg - bg) * shape + noise * rng.standard_normal((n, SIZE, SIZE, 3))
   return out.astype(np.float32)
 
