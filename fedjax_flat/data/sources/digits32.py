@@ -1,14 +1,13 @@
 """`digits32`: a CIFAR-shaped stand-in built from the embedded digits (no download): each 8x8 digit upsampled to
 32x32 (bilinear), drawn in a random light colour on a random dark background colour, plus Gaussian pixel noise.
 
-Why: the studies ask for "the digits and a CIFAR stand-in"; the `synthetic` source at 32x32x3 (class means plus
-noise) has no spatial structure, and the paper's CIFAR CNN stays at chance on it for tens of rounds (measured:
-60 rounds of configs/cifar_standin.py on it, 0.10 throughout). With fully random foreground and background
-colours the CNN stayed at chance too (centralized, 6 epochs, lr 0.05); a light stroke on a dark background in
-random hues it learns (centralized SGD lr 0.05, B=16: 0.82 test accuracy after 3 epochs, 0.92 after 4). Here the class is a real stroke shape at CIFAR's resolution, the colour
-and background are nuisances that vary per image (as CIFAR's do), so the paper's CIFAR CNN (`cifar_cnn`, 32x32x3)
-learns it with a generalisation gap, at CIFAR's cost per example. It is not CIFAR: ten shapes, 1,437 training
-images, no texture.
+Why: the studies ask for "the digits and a CIFAR stand-in". The `synthetic` source at 32x32x3 (class means plus
+noise) has no spatial structure: the paper's CIFAR CNN stayed at chance on it (20 rounds at noise 3, 6 and 25).
+With fully random foreground and background colours it stayed at chance too (60 federated rounds; centralized,
+6 epochs, lr 0.05). A light stroke on a dark background in random hues it learns (centralized SGD lr 0.05, B=16:
+0.82 test accuracy after 3 epochs, 0.92 after 4). The class is a real stroke shape at CIFAR's resolution, the
+colours are nuisances that vary per image, and the cost per example is CIFAR's. It is not CIFAR: ten shapes,
+1,438 training images, no texture.
 
 The split (held-out test fraction, Dirichlet alpha over clients) is the digits' (`builtin.load_digits`, same seed:
 the same images in the same clients); the colours and noise are a pure function of `seed`.
