@@ -56,7 +56,7 @@ def batch_blocker(config) -> Optional[str]:
   declared = plan_lib.declaration(config)
   if declared is not None and run_data_blocker(declared.name, declared.needs):
     return run_data_blocker(declared.name, declared.needs)
-  if attacks.enabled(config):
+  if attacks.enabled(config) and config.attack.kind == 'label_flip':
     return 'a label-flipping attack poisons each run\'s data'
   if config.get('sampler', 'sort') != 'sort':
     return f"sampler={config.sampler!r} (the runs program draws with the default 'sort')"
