@@ -26,6 +26,7 @@ from typing import List, Optional, Sequence, Tuple
 import jax
 import numpy as np
 
+from fedjax_flat.config.default_config import default_config
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.errors import BadInputError
 from fedjax_flat.training import batched
@@ -66,12 +67,21 @@ def shadow_datasets(data: FederatedDataset, x, y, home, masks) -> List[Federated
   return out
 
 
+# The target's measurements that change nothing it trains: a shadow skips them (their sections at the defaults).
+MEASUREMENTS = ('lab', 'client_eval', 'corruption_eval', 'personalized', 'centralized')
+
+
 def shadow_config(config, s: int, seed: int):
-  """The target's config for shadow s: its own seed, one evaluation (at the end), one checkpoint."""
+  """The target's config for shadow s: its own seed, one evaluation (at the end), one checkpoint, none of the
+  target's measurements (`MEASUREMENTS`)."""
   c = copy.deepcopy(config)
   c.seed = int(seed) + int(s)
   c.eval_every = c.rounds
   c.checkpoint_every = c.rounds
+  defaults = default_config()
+  for name in MEASUREMENTS:
+    if name in c and name in defaults:
+      c[name] = copy.deepcopy(defaults[name])
   return c
 
 

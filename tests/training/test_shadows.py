@@ -85,3 +85,11 @@ def test_shadow_lanes_equal_the_shadows_trained_alone_and_lira_scores_them(tmp_p
   want = mi.lira_scores(mi.example_stats(m.apply, target, x, y)['phi'], phi, masks, fixed_variance=True)
   np.testing.assert_array_equal(out['scores'], want)
   assert out['fixed_variance'] and out['masks'].shape == (2, len(y))
+
+
+def test_a_shadow_config_is_the_targets_with_its_seed_and_without_its_measurements():
+  c = _config()
+  c.lab.every, c.lab.measures, c.client.lr = 1, 'drift', 0.3
+  s = shadows.shadow_config(c, 2, seed=10)
+  assert s.seed == 12 and s.eval_every == s.checkpoint_every == c.rounds and s.client.lr == 0.3
+  assert s.lab.every == 0 and c.lab.every == 1        # the target's config is left as it was
