@@ -70,8 +70,9 @@ STATIC_TRUTH = tagged(_SECTIONS, TRUTH)
 # padded to the pack's largest, `make_runs_block_fn(population_size=)`; algorithms scaling by N read it); so do
 # the virtual clock's numbers (deadline, speeds' spread, availability rate, dropout, bandwidths: systems/clock.py
 # tags them): the host computes each run's schedule from them and the program takes its step limits per lane.
-# So does attack.fraction: it draws the run's attackers, whose flags are its own client-state rows (written on the
-# host by the attack wrapper's initial_client_states, as when the run trains alone).
+# So do attack.fraction (it draws the run's attackers, whose flags are its own client-state rows, written on the
+# host by the attack wrapper's initial_client_states as when the run trains alone) and the label-flipping fields
+# (the run's own labels, flipped on the host: its lane's data).
 # Fields that do not change the computation nor the blocks of rounds (LOG: how often the host logs). The seed's and
 # the partition's are declared above this layer (config/schema.py, config/data_fields.py): tests/config/
 # test_schema.py checks these equal their tags.

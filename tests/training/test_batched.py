@@ -61,6 +61,8 @@ CASES = {
     # the backdoor poisons each run's own attackers' examples: the data are per-lane inputs
     'attack_backdoor': {'attack.kind': 'backdoor', 'attack.trigger_size': 1, 'attack.trigger_row': 0,
                         'attack.trigger_col': 0, 'attack.target_label': 1},
+    # label flipping: its fractions and classes (per-run inputs) poison each run's own labels (per-lane data)
+    'label_flip': {'attack.kind': 'label_flip'},
 }
 # Per-run values of the three runs of a case: seeds and every traced field the case uses.
 VALUES = [{'seed': 0, 'client.lr': 0.1, 'client.momentum': 0.9, 'client.weight_decay': 1e-3, 'server.lr': 1.0},
@@ -84,6 +86,9 @@ EXTRA = {'fedsam': [{'client.rho': 0.02}, {'client.rho': 0.05}, {'client.rho': 0
 ATTACK_GRID = [{'attack.fraction': 0.1, 'attack.scale': 0.5}, {'attack.fraction': 0.3, 'attack.scale': 2.0},
                {'attack.fraction': 0.5, 'attack.scale': 1.0}]
 EXTRA.update({c: ATTACK_GRID for c in CASES if c.startswith('attack_')})
+EXTRA['label_flip'] = [{'attack.malicious_superclients': 0.5, 'attack.attackers': 0.5, 'attack.classes': '0,1'},
+                       {'attack.malicious_superclients': 1.0, 'attack.attackers': 1.0, 'attack.classes': '0,1'},
+                       {'attack.malicious_superclients': 1.0, 'attack.attackers': 0.5, 'attack.classes': '0,2'}]
 
 
 def _config(case, i, **over):
@@ -149,6 +154,10 @@ def test_batched_run_equals_run_alone(case, tmp_path, monkeypatch):
       want = attacks.malicious_clients(len(SIZES), ATTACK_GRID[i]['attack.fraction'], VALUES[i]['seed'])
       np.testing.assert_array_equal(np.asarray(got['client_leaves'][0]), np.isin(got['client_ids'], want))
       assert sa['attack'] == sb['attack'] and sb['attack']['num_attackers'] == len(want)
+    if case == 'label_flip':        # the run's own attackers, pairs and flips
+      ja, jb = (json.load(open(os.path.join(d, 'attack.json'))) for d in (a, b))
+      assert ja == jb and jb['num_attackers'] >= 1 and jb['classes'] == [int(c) for c in
+                                                                         EXTRA['label_flip'][i]['attack.classes'].split(',')]
   # the runs really differ (the values are per run, not the first run's)
   assert not np.allclose(_ckpt(str(tmp_path / 'batched0'))[0], _ckpt(str(tmp_path / 'batched1'))[0])
 
@@ -479,7 +488,8 @@ def test_a_run_that_trains_alone_and_diverges_fails_alone(tmp_path):
 def test_attack_grids_pack_into_one_program_and_an_attack_that_is_off_traces_nothing():
   """attack.fraction / attack.scale are per-run (an input and a traced value): a grid over them has one
   compatibility key; with attack.kind='none' (or a label flip) attack.scale is not read, so it is not traced and
-  the batched program is the one without the attack section; a label flip still trains alone (its data)."""
+  the batched program is the one without the attack section; a label-flip grid (its fractions and classes poison
+  each run's own labels) packs too."""
   grid = [_config('attack_gaussian', i) for i in range(3)]
   assert len({packing.pack_key(c) for c in grid}) == 1 and all(packing.batch_blocker(c) is None for c in grid)
   assert 'attack.scale' in runs_lib.present_value_fields(grid[0])
@@ -489,4 +499,5 @@ def test_attack_grids_pack_into_one_program_and_an_attack_that_is_off_traces_not
     del bare['attack']
     assert runs_lib.present_value_fields(c) == runs_lib.present_value_fields(bare)
     assert 'attack.scale' not in runs_lib.present_value_fields(c)
-  assert 'label-flipping' in packing.batch_blocker(_config('fedavg', 0, **{'attack.kind': 'label_flip'}))
+  flips = [_config('label_flip', i) for i in range(3)]
+  assert len({packing.pack_key(c) for c in flips}) == 1 and all(packing.batch_blocker(c) is None for c in flips)
