@@ -21,7 +21,8 @@ it on the run's own numbers are too (the lab only reads the state). The measures
              profile_loss_gradnorm_corr (Pearson), profile_loss_gradnorm_spearman, the binned profile in lab.jsonl
   barrier    the loss barrier on the lab's examples along the linear path from the global model to each client's
              model (connectivity.loss_barrier at lab.barrier_points points, Frankle et al. 2020): barrier_mean /
-             _max over the clients, barrier_max_loss_mean (the raw height); each client's in lab.jsonl. Not among
+             _max over the clients, barrier_max_loss_mean (the raw height); between every pair of the clients'
+             models: barrier_pair_mean / _max; each path's in lab.jsonl. Not among
              the default measures (`DEFAULT_MEASURES`): ask for it (--config.lab.measures=drift,barrier); a sweep's
              report shows the last values as columns (sweeps/report.py LANDSCAPE)
 
@@ -178,11 +179,16 @@ class Lab:
         t = time.perf_counter()
         eval_fn = make_eval_fn(model, self.batches, task=trainer.task)
         paths = [loss_barrier(eval_fn, gp, c, self.barrier_points) for c in clients]
+        pairs = [(i, j) for i in range(len(clients)) for j in range(i + 1, len(clients))]
+        between = [loss_barrier(eval_fn, clients[i], clients[j], self.barrier_points)['barrier'] for i, j in pairs]
         rec.update({'barrier_mean': np.mean([p['barrier'] for p in paths]),
                     'barrier_max': np.max([p['barrier'] for p in paths]),
                     'barrier_max_loss_mean': np.mean([p['max_loss'] for p in paths])})
+        if between:       # a cohort of one client has no pair
+          rec.update({'barrier_pair_mean': np.mean(between), 'barrier_pair_max': np.max(between)})
         det.update({'barriers': [p['barrier'] for p in paths], 'barrier_t': [p['t_barrier'] for p in paths],
-                    'barrier_max_loss': [p['max_loss'] for p in paths]})
+                    'barrier_max_loss': [p['max_loss'] for p in paths], 'barrier_pairs': [list(p) for p in pairs],
+                    'barrier_pair': between})
         det['seconds_barrier'] = time.perf_counter() - t
     if 'rank' in ms:
       t = time.perf_counter()

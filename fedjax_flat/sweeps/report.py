@@ -211,11 +211,13 @@ SPENT = (
     ('mb_up', 'bytes_up', 1e-6, 'MB up (clock)'),
 )
 # The landscape lab's last values (summary.json `lab`, training/evals/lab.py), shown when any run has them: the
-# loss barrier between the global model and its clients' models (analysis/lab.py 'barrier'). (row field, key of
+# loss barrier between the global model and its clients' models and between the clients' models (analysis/lab.py
+# 'barrier'). (row field, key of
 # summary['lab'], column label: the record field's own name).
 LANDSCAPE = (
     ('barrier_mean', 'barrier_mean', 'barrier_mean'),
     ('barrier_max', 'barrier_max', 'barrier_max'),
+    ('barrier_pair_mean', 'barrier_pair_mean', 'barrier_pair_mean'),
 )
 # config.published.<field> -> the key of experiments/hessian.py's hessian_<model>.json it is compared with (the
 # same units: eigenvalue, Hutchinson trace). A run without that file shows the published number alone.

@@ -90,6 +90,12 @@ def test_the_barriers_are_connectivitys_on_the_recomputed_local_models(lab_run):
   np.testing.assert_allclose(det['barrier_t'], [w['t_barrier'] for w in want])
   np.testing.assert_allclose(det['barrier_max_loss'], [w['max_loss'] for w in want], rtol=1e-5)
   assert all(w['barrier'] >= 0 for w in want)
+  assert det['barrier_pairs'] == [[0, 1], [0, 2], [1, 2]]
+  pair = [connectivity.loss_barrier(eval_fn, u['params'][i], u['params'][j], 5)['barrier'] for i, j in
+          det['barrier_pairs']]
+  np.testing.assert_allclose(det['barrier_pair'], pair, rtol=1e-4, atol=1e-6)
+  rec = [json.loads(line) for line in (wd / 'metrics.jsonl').read_text().splitlines()][-1]
+  assert rec['barrier_pair_mean'] == pytest.approx(np.mean(pair), rel=1e-4, abs=1e-6)
 
 
 def test_the_barrier_is_not_a_default_measure():
