@@ -6,6 +6,7 @@ accountant's epsilon for a DP run.
       [--client=0] [--num_images=2] [--upload=delta|gradient] [--labels=known|inferred] [--steps=2000]
       [--step_size=0.1] [--tv_weight=0.01]
       [--num_examples=0] [--delta=-1] [--alpha=0.05] [--lira_shadows=0] [--shadow_epochs=30]
+      [--shadow_trainer=central|federated]
 
 Inversion (analysis/inversion.py, Geiping et al. 2020): the first --num_images examples of client --client,
 their upload computed at the run's model as ONE local SGD step (--upload=delta: -lr (g + wd w) with the run's
@@ -16,10 +17,13 @@ attack's easiest case and bounds what a server could see from a client that send
 Membership (analysis/membership.py): members are training examples of the run's clients, non-members the test
 set, --num_examples of each (0: as many as the smaller set has), drawn with --seed. The loss-threshold attack
 (Yeom et al. 2018) always; LiRA (Carlini et al. 2022, online, fixed variance below 64 shadows) with
---lira_shadows > 0 shadows of the run's model trained centrally on random halves of the candidates, vmapped in
-one program (not federated runs). Each attack's AUC, TPR at low FPR and its epsilon lower bound at --delta (-1:
-the run's dp.delta, 1e-5 for a run without DP) with 1 - --alpha confidence (Clopper-Pearson; the threshold chosen
-on one half of the examples, the bound computed on the other).
+--lira_shadows > 0 shadows of the run's model on random halves of the candidates: trained centrally, vmapped in
+one program (--shadow_trainer=central, cheaper), or as federated runs of the run's own config, each on its half
+at the candidates' clients, lanes of one runs program (--shadow_trainer=federated: training/shadows.py; their
+workdirs in OUT/shadows; --shadow_epochs / _batch_size / _lr are the central trainer's). Each attack's AUC,
+TPR at low FPR and its epsilon lower bound at --delta (-1: the run's dp.delta, 1e-5 for a run without DP) with
+1 - --alpha confidence (Clopper-Pearson; the threshold chosen on one half of the examples, the bound computed on
+the other).
 
 Outputs in WORKDIR/privacy_attacks/ (or --out_dir): inversion.json, inversion.png (true images above their
 reconstructions), membership.json, and privacy_attacks.md, a table of the numbers. Exit status
@@ -67,6 +71,10 @@ _SHADOWS = flags.DEFINE_integer('lira_shadows', 0, 'Membership: LiRA shadow mode
 _SH_EPOCHS = flags.DEFINE_integer('shadow_epochs', 30, 'LiRA: epochs of each shadow over its half.')
 _SH_BATCH = flags.DEFINE_integer('shadow_batch_size', 32, 'LiRA: batch size of the shadow trainer.')
 _SH_LR = flags.DEFINE_float('shadow_lr', -1.0, "LiRA: SGD step size of the shadows (-1: the run's client.lr).")
+SHADOW_TRAINERS = ('central', 'federated')
+_SH_TRAINER = flags.DEFINE_string('shadow_trainer', 'central', "LiRA: 'central' (the shadows trained centrally, "
+                                  "vmapped: cheaper) or 'federated' (each shadow a run of the target's config on "
+                                  'its half, the shadows lanes of one runs program: training/shadows.py).')
 flags.mark_flag_as_required('workdir')
 
 
@@ -77,7 +85,7 @@ def check_flags(argv) -> None:
   if not (_WORKDIR.value or '').strip():
     raise BadInputError("--workdir='' is empty: give a run directory written by experiments/train.py")
   for flag, allowed in ((_ATTACK, ATTACKS), (_MODEL, MODELS), (_UPLOAD, ('delta', 'gradient')),
-                        (_LABELS, ('known', 'inferred'))):
+                        (_LABELS, ('known', 'inferred')), (_SH_TRAINER, SHADOW_TRAINERS)):
     if flag.value not in allowed:
       raise BadInputError(f'--{flag.name}={flag.value!r}; allowed: {", ".join(allowed)}')
   for flag, lo in ((_CLIENT, 0), (_NUM_IMAGES, 1), (_STEPS, 1), (_N, 0), (_SHADOWS, 0), (_SH_EPOCHS, 1),
@@ -185,11 +193,21 @@ def _membership(trainer, model, params, out, report):
     x, y = np.concatenate([mx, ox]), np.concatenate([my, oy])
     member = np.arange(2 * n) < n
     lr = _SH_LR.value if _SH_LR.value > 0 else float(cfg.client.lr)
-    res = mi.lira(model.init, model.apply, params, x, y, member, jax.random.key(_SEED.value),
-                  num_shadows=_SHADOWS.value, epochs=_SH_EPOCHS.value, batch_size=_SH_BATCH.value, lr=lr,
-                  weight_decay=float(cfg.client.get('weight_decay', 0.0) or 0.0), seed=_SEED.value)
+    if _SH_TRAINER.value == 'federated':    # the shadows: runs of the target's config, lanes of one program
+      from fedjax_flat.training import shadows as shadows_lib
+      raw_x = np.concatenate([np.asarray(data.x[np.sort(mi_idx)]), np.asarray(tx[np.sort(mo_idx)])])
+      home = shadows_lib.home_clients(data, np.sort(mi_idx), n, _SEED.value)
+      masks = mi.shadow_masks(_SHADOWS.value, 2 * n, _SEED.value)
+      sets = shadows_lib.shadow_datasets(data, raw_x, y, home, masks)
+      trained, _ = shadows_lib.train_shadow_runs(cfg, sets, os.path.join(out, 'shadows'), seed=_SEED.value)
+      res = mi.lira_from_shadows(model.apply, params, x, y, member, trained, masks)
+    else:
+      res = mi.lira(model.init, model.apply, params, x, y, member, jax.random.key(_SEED.value),
+                    num_shadows=_SHADOWS.value, epochs=_SH_EPOCHS.value, batch_size=_SH_BATCH.value, lr=lr,
+                    weight_decay=float(cfg.client.get('weight_decay', 0.0) or 0.0), seed=_SEED.value)
     rep['lira'] = {**mi.attack_report(res['scores'][member], res['scores'][~member], delta, _ALPHA.value,
                                       _SEED.value),
+                   'shadow_trainer': _SH_TRAINER.value,
                    'num_shadows': _SHADOWS.value, 'shadow_epochs': _SH_EPOCHS.value, 'shadow_lr': lr,
                    'fixed_variance': res['fixed_variance'],
                    'shadow_heldout_accuracy': res['shadow_heldout_accuracy'], 'seconds': time.time() - t0}

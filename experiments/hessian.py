@@ -202,7 +202,8 @@ def lab_markdown(rep: dict) -> str:
   lines += [f'| {k} | {v:.6g} |' for k, v in rep['fields'].items()]
   d = rep['details']
   if 'clients' in d:
-    cols = [c for c in ('drift_norms', 'drift_cosines', 'update_sparsity', 'align_topk_clients') if c in d]
+    cols = [c for c in ('drift_norms', 'drift_cosines', 'update_sparsity', 'align_topk_clients', 'barriers')
+            if c in d]
     lines += ['', '| client | N_k | ' + ' | '.join(cols) + ' |', '|---' * (len(cols) + 2) + '|']
     for i, k in enumerate(d['clients']):
       lines.append(f"| {k} | {d['num_examples'][i]:g} | " + ' | '.join(f'{d[c][i]:.4g}' for c in cols) + ' |')

@@ -24,6 +24,10 @@ so N devices on N cores do not oversubscribe them, and nothing is added for thre
 thread in this XLA (the per-thread CPU time of a 1536^3 GEMM loop shows the pool's threads busy with and
 without it), so per-device thread flags would only risk the single-device work (evaluation, Hessians).
 
+XLA:CPU's kernel path (`--cpu_path=auto|default|NAME`, cpu_paths.py), also chosen by `configure_or_exit`:
+which library runs the convolutions and dots, measured per machine and kept; nothing is added unless a
+measurement on this machine found a faster path with the same results to fp32 rounding.
+
 The returned `HostDevices` record (devices, threads, why, flags) is printed in the run's header and written
 into WORKDIR/config.json (`host_devices`).
 
@@ -51,6 +55,8 @@ import sys
 import tempfile
 from typing import List, Mapping, MutableMapping, Optional
 
+from fedjax_flat import cpu_paths
+
 ENV = 'FEDJAX_FLAT_HOST_DEVICES'
 APPLIED_ENV = 'FEDJAX_FLAT_HOST_DEVICES_APPLIED'
 FLAG = '--host_devices'
@@ -76,6 +82,7 @@ class HostDevices:
   source: str                  # 'user' (XLA_FLAGS / JAX_NUM_CPU_DEVICES), 'flag', 'env' or 'auto'
   xla_flags: str               # what this module added to XLA_FLAGS ('' when nothing)
   compilation_cache: str = ''  # XLA's persistent compilation cache: its directory or 'off' ('' = not configured)
+  cpu_path: str = ''           # XLA:CPU's kernel path (cpu_paths.py): 'default', a candidate, 'user' ('' = not set)
 
   def as_dict(self) -> dict:
     return dataclasses.asdict(self)
@@ -83,6 +90,7 @@ class HostDevices:
   def line(self) -> str:
     threads = {'shared': "XLA's pool, shared by the devices", '1': 'one per device'}.get(self.threads, self.threads)
     cache = f'; compilation cache: {self.compilation_cache}' if self.compilation_cache else ''
+    cache += f'; CPU kernel path: {self.cpu_path}' if self.cpu_path not in ('', 'default') else ''
     return (f'host devices: {self.devices} CPU device(s) on {self.cores} usable core(s), intra-op threads: '
             f'{threads} ({self.why}){cache}')
 
@@ -333,10 +341,12 @@ def configure_or_exit(argv: Optional[List[str]] = None) -> HostDevices:
   try:
     rec = configure_host_devices(argv)
     cache = configure_compilation_cache(argv)
-  except HostDevicesError as e:
+    path = cpu_paths.configure(_take_flag(sys.argv if argv is None else argv, cpu_paths.FLAG,
+                                          f'{cpu_paths.FLAG}=auto|default|NAME'))
+  except (HostDevicesError, cpu_paths.CpuPathError) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
-  rec = dataclasses.replace(rec, compilation_cache=cache.label)
+  rec = dataclasses.replace(rec, compilation_cache=cache.label, cpu_path=path['path'])
   global _CONFIGURED
   _CONFIGURED = rec
   return rec

@@ -18,6 +18,9 @@ os.environ.setdefault('FEDJAX_FLAT_HOST_DEVICES', '1')
 # compiled with every optimization by the benchmarks, benchmarks/robustness/bit_identity.py and
 # benchmarks/speed/device/side_check.sh; JAX_DISABLE_MOST_OPTIMIZATIONS=0 runs the suite that way too.
 os.environ.setdefault('JAX_DISABLE_MOST_OPTIMIZATIONS', '1')
+# The binaries' XLA:CPU kernel path (fedjax_flat/cpu_paths.py): the default, whatever a developer's machine has
+# kept (`benchmarks/speed/xla_paths.py --record`), so that every machine runs the suite's programs alike.
+os.environ.setdefault('FEDJAX_FLAT_CPU_PATH', 'default')
 # Subprocesses (experiments/*.py, benchmarks, workers run with -m) import fedjax_flat and tests/ from this
 # checkout, whichever checkout the installed package points at.
 os.environ['PYTHONPATH'] = os.pathsep.join([REPO] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep)

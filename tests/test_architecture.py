@@ -26,7 +26,7 @@ from tests.fixtures.paths import REPO
 
 # Lowest layer first. A module may import its own layer and the layers below it, never one above.
 LAYERS = [
-    ['errors', 'registry', 'devices', 'schema', 'run_dir'],
+    ['errors', 'registry', 'cpu_paths', 'devices', 'schema', 'run_dir'],
     ['tasks', 'models', 'optimizers', 'privacy', 'systems', 'aggregators', 'merging'],
     ['data'],
     ['core'],

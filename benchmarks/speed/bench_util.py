@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.paths import REPO
-from fedjax_flat import devices
+from fedjax_flat import cpu_paths, devices
 from benchmarks.speed.peers import protocol
 
 SPEED = os.path.dirname(os.path.abspath(__file__))     # the default place of the speed benchmarks' results
@@ -61,7 +61,8 @@ def gemm_gflops(n: int = 2048, repeats: int = 5) -> float:
 
 
 def machine_info() -> dict:
-  return {'cpu': cpu_model(), 'cpus': os.cpu_count(), 'jax': jax.__version__, 'backend': jax.default_backend(),
+  return {'cpu': cpu_model(), 'isa': cpu_paths.isa()['features'], 'cpus': os.cpu_count(), 'jax': jax.__version__,
+          'backend': jax.default_backend(),
           'devices': [str(d) for d in jax.devices()], 'xla_flags': os.environ.get('XLA_FLAGS', ''),
           'host_devices': devices.describe()}
 

@@ -25,13 +25,16 @@ Where the release differs:
   * the registered 'MoFedSWA' of the release runs `update_scafplus`, not `update_FedMoSWA`: a constant lr
     (algo.lr_ratio=1), at most args.K steps, the raw gradient clipped BEFORE c - c_k is added (here
     client.grad_clip clips the corrected one), beta = 0.4 hard-coded (the default here). `update_FedMoSWA` (never
-    dispatched) is the cyclic form above, lr_bar = (lr + r lr) / 2.
+    dispatched) is the cyclic form above, lr_bar = (lr + r lr) / 2: FedMoSWA's algo.cv_lr='release' (the mean of
+    the cycle's two ends, for K_k steps) instead of the default 'steps' (the mean of the lrs the client took).
 
-Checked against the release (tests/algorithms/test_fedswa.py, `test_release_steps_match_numpy`): torch is not
-installed here, so update_FedSWA's loop (SGD rebuilt each step with 2 lr, clip_grad_norm_(10), weight decay, the
-linear lr decay) and update_FedMoSWA's step (SGD step, then y - lr (c - c_k)) are re-implemented in NumPy float64
-from reading the code and compared with this module's local steps on identical tensors: max relative error
-FedSWA 5.8e-7 (the clip acting), FedMoSWA 8.0e-8 (fp32 rounding).
+Checked against the release (benchmarks/reference/flat2024_releases.py, torch 2.13 CPU, 3 rounds):
+runs main_FedSWA.py's own DataWorker methods and server functions (taken with ast): FedSWA (update_FedSWA +
+apply_weights_avg; client.lr = 2 lr, lr_ratio 0, clip acting) 2.9e-6 / 1.9e-6 (client step / round); the
+registered MoFedSWA (update_scafplus + apply_weights_SCAF; lr_ratio 1) 9.5e-8 / 9.9e-8. update_FedMoSWA (cyclic)
+with algo.cv_lr='release' 2.2e-7 / 1.5e-7; with the default cv_lr='steps' the steps agree (9.4e-8 in round 1) and
+c_k differs (relative gap (1 - r) / (2K): 25% at the check's K = 3, 1% at K = 50). The suite's tests stay the
+NumPy re-implementation and the rule for both cv_lr (tests/algorithms/test_fedswa.py).
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ from absl import logging
 
 from fedjax_flat.algorithms import local as local_lib
 from fedjax_flat.algorithms.common import server_step_to, tmap
-from fedjax_flat.algorithms.hparams import Integer, Number
+from fedjax_flat.algorithms.hparams import Choice, Integer, Number
 from fedjax_flat.algorithms.registry import register
 from fedjax_flat.core.contract import FederatedAlgorithm, fedavg_broadcast, fedavg_server_init
 from fedjax_flat.data import batching
@@ -76,6 +79,7 @@ def cyclic_lr(lr, k, K, ratio):
 
 _HPARAMS = {'lr_ratio': Number(0.01, lo=0, hi=1, note=' (the release code: 0)'),
             'cycle_steps': Integer(0, lo=0, note=' (0: client.local_steps, else 50)')}
+CV_LR = ('steps', 'release')      # FedMoSWA's K_k lr_bar: the sum of the lrs taken / K_k (lr + r lr) / 2
 
 
 def swa_algorithm(ctx, momentum: bool) -> FederatedAlgorithm:
@@ -83,6 +87,7 @@ def swa_algorithm(ctx, momentum: bool) -> FederatedAlgorithm:
   K = cycle_length(ctx.config, hp)
   ratio = float(hp['lr_ratio'])
   beta = float(hp['beta']) if momentum else 0.0
+  release_cv = momentum and hp['cv_lr'] == 'release'
   loss_fn, server_tx, tx, hparams_fn = ctx.loss_fn, ctx.server_tx, ctx.client_tx, ctx.hparams_fn
   zeros = lambda t: tmap(jnp.zeros_like, t)  # noqa: E731
 
@@ -112,7 +117,11 @@ def swa_algorithm(ctx, momentum: bool) -> FederatedAlgorithm:
     delta = tmap(lambda a, b: a - b, x, y)
     if not momentum:
       return {'weighted': {'delta': delta}, 'uniform': {}}, ck
-    k_lr = jnp.maximum(local.extra['lr_sum'], 1e-12)      # K_k lr_bar = the sum of the lrs used
+    if release_cv:      # update_FedMoSWA: K_k times the mean of the cycle's two ends
+      k_lr = local.extra['k'] * (1.0 + ratio) / 2.0 * bcast['hparams']['lr']
+    else:               # K_k lr_bar = the sum of the lrs used
+      k_lr = local.extra['lr_sum']
+    k_lr = jnp.maximum(k_lr, 1e-12)
     c_new = tmap(lambda cc, c, d: cc - c + d / k_lr, ck, bcast['c'], delta)
     return {'weighted': {}, 'uniform': {'delta': delta, 'c_new': c_new}}, c_new
 
@@ -139,7 +148,8 @@ def fedswa(ctx) -> FederatedAlgorithm:
   return swa_algorithm(ctx, momentum=False)
 
 
-@register('fedmoswa', hparams={**_HPARAMS, 'beta': Number(0.4, lo=0, hi=1, lo_open=True)},
+@register('fedmoswa', hparams={**_HPARAMS, 'beta': Number(0.4, lo=0, hi=1, lo_open=True),
+                                'cv_lr': Choice('steps', allowed=CV_LR)},
           client_optimizers=('sgd',), check_data=check_data, needs=('client_state',))
 def fedmoswa(ctx) -> FederatedAlgorithm:
   return swa_algorithm(ctx, momentum=True)

@@ -76,6 +76,7 @@ _EXPORTS = {
     'epsilon_bound': 'fedjax_flat.analysis.membership',
     'example_stats': 'fedjax_flat.analysis.membership',
     'lira': 'fedjax_flat.analysis.membership',
+    'lira_from_shadows': 'fedjax_flat.analysis.membership',
     'lira_scores': 'fedjax_flat.analysis.membership',
     'roc': 'fedjax_flat.analysis.membership',
     'train_shadows': 'fedjax_flat.analysis.membership',

@@ -205,15 +205,14 @@ def train_shadows(init: Callable, apply: Callable, x, y, masks, key: jax.Array, 
                 weight_decay=float(weight_decay))
 
 
-def lira(init: Callable, apply: Callable, params, x, y, member, key: jax.Array, *, num_shadows: int = 16,
-         epochs: int = 20, batch_size: int = 32, lr: float = 0.05, weight_decay: float = 0.0,
-         fixed_variance: Optional[bool] = None, seed: int = 0) -> Dict[str, Any]:
-  """Online LiRA against the target `params` on the candidates (x, y): member [N] says which candidates the
-  target trained on. Shadows: `train_shadows` on balanced random halves (`shadow_masks`). Returns the scores and
-  the shadows' in-masks; fixed_variance defaults to True below 64 shadows (Carlini et al.)."""
-  masks = shadow_masks(num_shadows, len(y), seed)
-  shadows = train_shadows(init, apply, x, y, masks, key, epochs=epochs, batch_size=batch_size, lr=lr,
-                          weight_decay=weight_decay)
+def lira_from_shadows(apply: Callable, params, x, y, member, shadows, masks, *,
+                      fixed_variance: Optional[bool] = None) -> Dict[str, Any]:
+  """Online LiRA against the target `params` on the candidates (x, y) with given shadows [S, ...params] whose
+  in-masks are masks [S, N] (the central ones of `train_shadows`, or federated runs trained as lanes of one runs
+  program: training/shadows.py). Returns the scores, the masks and the shadows' held-out accuracy;
+  fixed_variance defaults to True below 64 shadows (Carlini et al.)."""
+  masks = np.asarray(masks, bool)
+  num_shadows = masks.shape[0]
   stats = [example_stats(apply, jax.tree_util.tree_map(lambda a, i=i: a[i], shadows), x, y)
            for i in range(num_shadows)]
   shadow_phi = np.stack([st['phi'] for st in stats])
@@ -223,3 +222,14 @@ def lira(init: Callable, apply: Callable, params, x, y, member, key: jax.Array, 
   held_out = np.mean([st['correct'][~masks[i]].mean() for i, st in enumerate(stats)])
   return {'scores': scores, 'member': np.asarray(member, bool), 'masks': masks, 'fixed_variance': fv,
           'shadow_heldout_accuracy': float(held_out)}
+
+
+def lira(init: Callable, apply: Callable, params, x, y, member, key: jax.Array, *, num_shadows: int = 16,
+         epochs: int = 20, batch_size: int = 32, lr: float = 0.05, weight_decay: float = 0.0,
+         fixed_variance: Optional[bool] = None, seed: int = 0) -> Dict[str, Any]:
+  """Online LiRA with central shadows: `train_shadows` on balanced random halves (`shadow_masks`), then
+  `lira_from_shadows`."""
+  masks = shadow_masks(num_shadows, len(y), seed)
+  shadows = train_shadows(init, apply, x, y, masks, key, epochs=epochs, batch_size=batch_size, lr=lr,
+                          weight_decay=weight_decay)
+  return lira_from_shadows(apply, params, x, y, member, shadows, masks, fixed_variance=fixed_variance)

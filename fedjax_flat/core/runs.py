@@ -3,7 +3,8 @@
 R runs whose programs have the same structure and differ only in values (the seed, client / server learning
 rates, momentum, weight decay, SAM / ASAM radius, SWA's learning rates, WiMA's window when `wima.buffer` holds
 the largest and its subset when `wima.buffer_all` buffers every parameter, DP's clip and noise, the data partition,
-client sizes and number of clients, the virtual clock's numbers: each lane's step limits) execute as
+client sizes and number of clients, the virtual clock's numbers: each lane's step limits, the attackers' fraction
+and strength) execute as
 
   runs_block(values [R], server_states [R], stores [R], templates [R], data_runs [R], data_shared, keys [R],
              start_round, num_rounds[, limits [R]]) -> (server_states', stores', per-run per-round metrics [R, n, ...])
@@ -42,6 +43,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedjax_flat.core import rounds as rounds_lib
 from fedjax_flat.core import window_average
+from fedjax_flat.data import attacks
 from fedjax_flat.optimizers import client as client_opt
 from fedjax_flat.optimizers import schedules
 from fedjax_flat.optimizers import server as server_opt
@@ -57,8 +59,9 @@ from fedjax_flat.systems import compress
 # in core/window_average.py, the compressed uploads' fraction and bits in systems/compress.py (k and s are traced:
 # a mask over the full-size ranking). A value that sizes an array unless another field does (window_average.SIZED_BY:
 # the window, unless wima.buffer is set) stays static and in the key when that field is 0.
+# The attackers' strength (data/attacks.py: attack.scale) is traced too.
 _SECTIONS = (client_opt.SECTION, server_opt.SECTION, schedules.SWA_SECTION, window_average.SECTION,
-             dp_mechanism.SECTION, compress.SECTION)
+             dp_mechanism.SECTION, compress.SECTION, attacks.SECTION)
 VALUE_FIELDS = tagged(_SECTIONS, VALUE)
 STATIC_TRUTH = tagged(_SECTIONS, TRUTH)
 # 'seed' and the data partition ('data.num_clients', 'data.alpha', 'data.seed') never reach the round builder as
@@ -67,10 +70,14 @@ STATIC_TRUTH = tagged(_SECTIONS, TRUTH)
 # padded to the pack's largest, `make_runs_block_fn(population_size=)`; algorithms scaling by N read it); so do
 # the virtual clock's numbers (deadline, speeds' spread, availability rate, dropout, bandwidths: systems/clock.py
 # tags them): the host computes each run's schedule from them and the program takes its step limits per lane.
+# So do attack.fraction (it draws the run's attackers, whose flags are its own client-state rows, written on the
+# host by the attack wrapper's initial_client_states as when the run trains alone) and the label-flipping fields
+# (the run's own labels, flipped on the host: its lane's data).
 # Fields that do not change the computation nor the blocks of rounds (LOG: how often the host logs). The seed's and
 # the partition's are declared above this layer (config/schema.py, config/data_fields.py): tests/config/
 # test_schema.py checks these equal their tags.
-INPUT_FIELDS = ('seed',) + tagged((clock_lib.SECTION,), INPUT) + ('data.num_clients', 'data.alpha', 'data.seed')
+INPUT_FIELDS = (('seed',) + tagged((clock_lib.SECTION, attacks.SECTION), INPUT)
+                + ('data.num_clients', 'data.alpha', 'data.seed'))
 # Neither do the published numbers a cell is compared with (config.published: each paper-table cell has its own),
 # nor the host's evaluations at evaluation rounds that leave the model alone: every client evaluated
 # (evaluation/client_eval.py) and the landscape lab (analysis/lab.py), whole sections.
@@ -146,14 +153,30 @@ def _sizes_array(config, f: str) -> bool:
   return f in window_average.SIZED_BY and not _get(config, window_average.SIZED_BY[f])
 
 
+# Each VALUE field's `when` (schema.Field): a field its config does not read (attack.scale without a model-poisoning
+# attack, a SAM variant's knob under plain SGD) is not traced, so a feature that is off adds nothing to the program.
+_WHEN = {s.path(f): f.when for s in _SECTIONS for f in s.fields if VALUE in f.tags and f.when is not None}
+
+
+def _read(config, f: str) -> bool:
+  when = _WHEN.get(f)
+  if when is None:
+    return True
+  try:
+    return bool(when(config))
+  except (AttributeError, KeyError):     # a partial config (a test's): the field counts as read
+    return True
+
+
 def present_value_fields(config) -> tuple:
-  """The VALUE_FIELDS this config has (numbers, or names of window_average.CODES) and traces (not those sizing an
-  array: `_sizes_array`)."""
+  """The VALUE_FIELDS this config has (numbers, or names of window_average.CODES), reads (`_WHEN`) and traces
+  (not those sizing an array: `_sizes_array`)."""
   def traced(v, f):
     if f in window_average.CODES:
       return isinstance(v, str)
     return isinstance(v, (int, float)) and not isinstance(v, bool)
-  return tuple(f for f in VALUE_FIELDS if traced(_get(config, f), f) and not _sizes_array(config, f))
+  return tuple(f for f in VALUE_FIELDS
+               if traced(_get(config, f), f) and not _sizes_array(config, f) and _read(config, f))
 
 
 def run_values(config, fields: Sequence[str], num_leaves: int = 0) -> Dict[str, float]:

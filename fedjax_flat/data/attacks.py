@@ -41,7 +41,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from fedjax_flat.errors import ConfigError
-from fedjax_flat.schema import RESULT, Choice, Field, Int, Num, Section, String, Test, is_number
+from fedjax_flat.schema import INPUT, RESULT, VALUE, Choice, Field, Int, Num, Section, String, Test, is_number
 
 MODEL_POISONING = ('sign_flip', 'scale', 'gaussian', 'alie', 'ipm', 'backdoor')   # rewrite a model delta
 KINDS = ('none', 'label_flip') + MODEL_POISONING
@@ -342,21 +342,21 @@ SECTION = Section('attack', (
           "| 'ipm' | 'backdoor' (model poisoning: algorithms/wrappers/attack.py)"),
     Field('malicious_superclients', Test(0.1, ok=_fraction, message='must be a fraction in (0, 1]',
                                          what='fraction in (0, 1]'), 'label_flip: L_S', when=_flipping,
-          needs=_FLIP),
+          needs=_FLIP, tags={INPUT}),
     Field('attackers', Test(0.1, ok=_fraction, message='must be a fraction in (0, 1]', what='fraction in (0, 1]'),
-          'label_flip: L', when=_flipping, needs=_FLIP),
+          'label_flip: L', when=_flipping, needs=_FLIP, tags={INPUT}),
     Field('classes', Test('0,2', why=check_classes, what="ids '0,2' | 'intra_sc' | 'extra_sc'"),
           "label_flip: swapped classes: ids '0,2' | '3,5' | '0,2,3,5' ... | 'intra_sc' | 'extra_sc'", when=_flipping,
-          needs=_FLIP),
+          needs=_FLIP, tags={INPUT}),
     Field('swap', Choice('fixed', SWAPS), "label_flip: 'fixed' (one pairing for every attacker) | 'random'",
-          when=_flipping, needs=_FLIP),
+          when=_flipping, needs=_FLIP, tags={INPUT}),
     Field('fraction', Test(0.1, ok=_population_fraction, message='must be a fraction in [0, 1)',
                            what='fraction in [0, 1)'),
           'model poisoning: the fraction of the population that is malicious (floor(fraction N) clients, drawn '
-          'from the seed)', when=_poisoning, needs=_POISON),
+          'from the seed)', when=_poisoning, needs=_POISON, tags={INPUT}),
     Field('scale', Num(1.0, lo=0, lo_open=True), "model poisoning: the strength: the multiplier of 'sign_flip' "
           "(-s u) / 'scale' (s u) / 'backdoor' (model replacement's boost gamma), the std of 'gaussian', z of "
-          "'alie', epsilon of 'ipm'", when=_poisoning, needs=_POISON),
+          "'alie', epsilon of 'ipm'", when=_poisoning, needs=_POISON, tags={VALUE}),
     Field('target_label', Int(0, lo=0), "backdoor: the label the trigger maps to", when=_backdoor,
           needs=_BACKDOOR),
     Field('trigger_size', Int(3, lo=1), 'backdoor: the side of the square pixel-pattern trigger', when=_backdoor,

@@ -210,6 +210,15 @@ SPENT = (
     ('virtual_h', 'virtual_time_s', 1 / 3600, 'virtual time (h)'),
     ('mb_up', 'bytes_up', 1e-6, 'MB up (clock)'),
 )
+# The landscape lab's last values (summary.json `lab`, training/evals/lab.py), shown when any run has them: the
+# loss barrier between the global model and its clients' models and between the clients' models (analysis/lab.py
+# 'barrier'). (row field, key of
+# summary['lab'], column label: the record field's own name).
+LANDSCAPE = (
+    ('barrier_mean', 'barrier_mean', 'barrier_mean'),
+    ('barrier_max', 'barrier_max', 'barrier_max'),
+    ('barrier_pair_mean', 'barrier_pair_mean', 'barrier_pair_mean'),
+)
 # config.published.<field> -> the key of experiments/hessian.py's hessian_<model>.json it is compared with (the
 # same units: eigenvalue, Hutchinson trace). A run without that file shows the published number alone.
 HESSIAN = (
@@ -436,6 +445,11 @@ def aggregate(runs: List[Dict], group_by: Sequence[str], target: Optional[float]
       got = [_num(r['summary'].get(key)) * scale for r in done if _finite(r['summary'].get(key))]
       if got:
         row[f'{field}_mean'], row[f'{field}_std'] = _mean_std(got)
+    for field, key, _ in LANDSCAPE:
+      got = [_num(r['summary']['lab'][key]) for r in done
+             if isinstance(r['summary'].get('lab'), dict) and _finite(r['summary']['lab'].get(key))]
+      if got:
+        row[f'{field}_mean'], row[f'{field}_std'] = _mean_std(got)
     wall = [_num(r['summary'].get('wall_time_total_s', r['summary'].get('wall_time_s'))) for r in done]
     row['wall_s_mean'], _ = _mean_std(wall)
     row['published_model'] = 'personalized' if published.get('model') == 'personalized' else ''
@@ -491,6 +505,8 @@ CSV_FIELDS[CSV_FIELDS.index('published_acc'):CSV_FIELDS.index('published_acc')] 
     'published_model', 'acc_personal_mean', 'acc_personal_std']
 for _field, _, _ in METRICS:
   CSV_FIELDS += [f'{_field}_mean', f'{_field}_std', f'published_{_field}', f'published_{_field}_std', f'diff_{_field}']
+for _field, _, _ in LANDSCAPE:
+  CSV_FIELDS += [f'{_field}_mean', f'{_field}_std']
 
 
 def _r(v, nd=2):
@@ -537,6 +553,8 @@ def markdown_table(rows: List[Dict], group_by: Sequence[str], target: Optional[f
   head += ['comm (MB)']
   spent = [(f, label) for f, _, _, label in SPENT if has(f'{f}_mean')]
   head += [label for _, label in spent]
+  landscape = [(f, label) for f, _, label in LANDSCAPE if has(f'{f}_mean')]
+  head += [label for _, label in landscape]
   personal = has('acc_personal_mean')
   if personal:
     head += ['personal models acc (%)']
@@ -577,6 +595,8 @@ def markdown_table(rows: List[Dict], group_by: Sequence[str], target: Optional[f
         cells.append('' if r.get(f'{f}_mean') is None else f"{r[f'{f}_mean']:.0e}")
       else:
         cells.append(_pm(r.get(f'{f}_mean'), r.get(f'{f}_std'), nd=3 if f in ('dp_epsilon', 'virtual_h') else 2))
+    for f, _ in landscape:
+      cells.append(_pm(r.get(f'{f}_mean'), r.get(f'{f}_std'), nd=4))
     if personal:
       cells.append(_pm(r.get('acc_personal_mean'), r.get('acc_personal_std')))
     for name in ('published', 'reference'):

@@ -33,6 +33,8 @@ class RunSpec:
   config: object            # the run's ConfigDict, as train.py builds it
   workdir: str
   tracking: Optional[tracking_lib.Spec] = None   # --tracker: its tracked run (named `name`)
+  data: Optional[object] = None   # the run's in-memory dataset (training/shadows.py: a LiRA shadow's own half);
+                                  # None: loaded from its config (once per data config)
 
 
 
@@ -86,11 +88,14 @@ def open_batch(specs: Sequence[RunSpec], *, fresh: bool = False, lanes: Optional
       validate.validate_config(spec.config)
       lock = workdir_lib.WorkdirLock(spec.workdir).acquire()
       workdir_lib.prepare(spec.workdir)
-      data_key = repr(sorted(spec.config.data.to_dict().items())) + spec.config.dataset
-      if data_key not in data_cache:
-        data_cache[data_key] = data_registry.get_dataset(spec.config.dataset, **spec.config.data.to_dict())
+      data = spec.data
+      if data is None:
+        data_key = repr(sorted(spec.config.data.to_dict().items())) + spec.config.dataset
+        if data_key not in data_cache:
+          data_cache[data_key] = data_registry.get_dataset(spec.config.dataset, **spec.config.data.to_dict())
+        data = data_cache[data_key]
       # Clients are not sharded: the devices take the runs axis instead (core/runs.py).
-      trainer, ckpt, step = run_lib.open_run(spec.config, spec.workdir, fresh=fresh, data=data_cache[data_key],
+      trainer, ckpt, step = run_lib.open_run(spec.config, spec.workdir, fresh=fresh, data=data,
                                              trainer_kwargs=({'shard_clients': False}
                                                              if packing.batch_blocker(spec.config) is None and not alone
                                                              else None),

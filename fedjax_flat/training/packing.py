@@ -20,7 +20,6 @@ import numpy as np
 
 from fedjax_flat import errors
 from fedjax_flat.core import runs as runs_lib
-from fedjax_flat.data import attacks
 from fedjax_flat.data import batching
 from fedjax_flat.training import chain_loop
 from fedjax_flat.training import loop
@@ -56,8 +55,6 @@ def batch_blocker(config) -> Optional[str]:
   declared = plan_lib.declaration(config)
   if declared is not None and run_data_blocker(declared.name, declared.needs):
     return run_data_blocker(declared.name, declared.needs)
-  if attacks.enabled(config):
-    return 'a label-flipping attack poisons each run\'s data'
   if config.get('sampler', 'sort') != 'sort':
     return f"sampler={config.sampler!r} (the runs program draws with the default 'sort')"
   if config.engine.get('device_data', 'auto') is False:

@@ -40,19 +40,23 @@ def test_fedswa_rule():
   assert_tree_close(state['params'], w)
 
 
-def test_fedmoswa_rule():
+@pytest.mark.parametrize('cv_lr', ['steps', 'release'])
+def test_fedmoswa_rule(cv_lr):
   beta = 0.3
-  state, store, alg = run_engine(config('fedmoswa', cycle_steps=K, lr_ratio=RATIO, beta=beta))
+  state, store, alg = run_engine(config('fedmoswa', cycle_steps=K, lr_ratio=RATIO, beta=beta, cv_lr=cv_lr))
   assert alg.comm_down == 2.0
   w, c = PARAMS0, zeros()
   ck = {k: zeros() for k in range(3)}
   for r, ids in enumerate(SCHEDULE):
     ys, cnews = [], []
     for k in ids:
-      y, lr_sum = w, 0.0
+      y, lr_sum, steps = w, 0.0, 0
       for i, b in enumerate(client_batches(r, k)):
         y = _step(y, add(grad(y, b), sub(c, ck[k])), _lr(i))
         lr_sum += _lr(i)
+        steps += 1
+      if cv_lr == 'release':     # update_FedMoSWA: K_k (lr + r lr) / 2
+        lr_sum = steps * (LR + RATIO * LR) / 2
       ck[k] = add(sub(ck[k], c), scale(sub(w, y), 1.0 / lr_sum))
       ys.append(y)
       cnews.append(ck[k])

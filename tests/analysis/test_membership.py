@@ -92,3 +92,22 @@ def test_lira_finds_the_members_a_target_memorised():
   assert out['fixed_variance'] and out['masks'].shape == (8, 64)
   rep = mi.attack_report(out['scores'][member], out['scores'][~member])
   assert rep['auc'] > 0.8, rep
+
+
+def test_lira_is_lira_from_shadows_of_the_same_shadows():
+  """The pipeline split in two (training/shadows.py brings its own shadows): the same central shadows give the
+  same scores, bit for bit."""
+  rng = np.random.default_rng(0)
+  x = rng.uniform(0, 1, (16, 2, 2, 1)).astype(np.float32)
+  y = rng.integers(0, 3, 16).astype(np.int32)
+  m = get_model('mlp', 3, (2, 2, 1), hidden=(4,))
+  member = np.arange(16) < 8
+  kw = dict(epochs=2, batch_size=8, lr=0.1)
+  target = m.init(jax.random.key(0), x[:1])
+  out = mi.lira(m.init, m.apply, target, x, y, member, jax.random.key(1), num_shadows=4, seed=2, **kw)
+  masks = mi.shadow_masks(4, 16, seed=2)
+  shadows = mi.train_shadows(m.init, m.apply, x, y, masks, jax.random.key(1), **kw)
+  again = mi.lira_from_shadows(m.apply, target, x, y, member, shadows, masks)
+  np.testing.assert_array_equal(out['scores'], again['scores'])
+  np.testing.assert_array_equal(out['masks'], again['masks'])
+  assert out['shadow_heldout_accuracy'] == again['shadow_heldout_accuracy']

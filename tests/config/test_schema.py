@@ -56,7 +56,8 @@ def test_kind_tables_follow_the_tags():
                                     'client.looksam_alpha', 'client.ascent_fraction', 'server.lr',
                                     'server.momentum',
                                     'swa.lr1', 'swa.lr2', 'wima.window', 'wima.subset', 'dp.clip',
-                                    'dp.noise_multiplier', 'dp.target_epsilon', 'upload.fraction', 'upload.bits'}
+                                    'dp.noise_multiplier', 'dp.target_epsilon', 'upload.fraction', 'upload.bits',
+                                    'attack.scale'}
   assert runs.STATIC_TRUTH == ('client.momentum', 'client.weight_decay', 'server.momentum', 'dp.target_epsilon')
   assert report.RESULT_KEYS == {'engine.compute_dtype': 'float32'}
   assert set(report.EXECUTION_KEYS) == {

@@ -26,7 +26,9 @@ def test_attacks_on_finished_runs(tmp_path):
     res = run_binary('train', f'--config={QS}', f'--workdir={wd}', '--config.rounds=2', '--config.eval_every=2',
                      *QUICK, *extra, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
-    lira = ['--lira_shadows=4', '--shadow_epochs=2'] if name == 'plain' else []
+    # the DP run's shadows: DP runs of its config, lanes of one runs program (training/shadows.py)
+    lira = ['--lira_shadows=4', '--shadow_epochs=2'] if name == 'plain' else ['--lira_shadows=2',
+                                                                             '--shadow_trainer=federated']
     res = run_binary('attack', f'--workdir={wd}', '--steps=150', '--num_examples=100', *lira, timeout=400)
     assert res.returncode == 0, res.stderr[-3000:]
     out = wd / 'privacy_attacks'
@@ -42,5 +44,7 @@ def test_attacks_on_finished_runs(tmp_path):
       assert 'lira' in mem and mem['lira']['num_shadows'] == 4 and 'accountant_epsilon' not in mem
     else:
       assert mem['accountant_epsilon'] > 0 and mem['delta'] == 1e-5
+      assert mem['lira']['shadow_trainer'] == 'federated' and mem['lira']['num_shadows'] == 2
+      assert sorted(p.name for p in (out / 'shadows').iterdir()) == ['shadow_0', 'shadow_1']
       assert 'accountant epsilon' in res.stdout
     assert '| loss_threshold |' in (out / 'privacy_attacks.md').read_text()

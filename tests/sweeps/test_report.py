@@ -463,3 +463,22 @@ def test_what_a_run_spent_privacy_and_the_clock_get_their_own_columns(tmp_path):
   md = '\n'.join(report_lib.markdown_table(rows, ['cell'], None))
   assert '| DP epsilon | DP delta | virtual time (h) | MB up (clock) |' in md
   assert '| 8.000 ± 0.001 | 1e-05 |  |  |' in md and '|  |  | 1.500 ± 0.000 | 2.45 ± 0.00 |' in md
+
+
+def test_the_labs_loss_barrier_gets_its_own_columns(tmp_path):
+  """summary.json `lab` (training/evals/lab.py) -> barrier_mean / barrier_max columns, mean +- std over seeds;
+  a row whose runs have no barrier leaves the cells empty, a report without any has no such column."""
+  d = str(tmp_path)
+  for s, (m, x) in enumerate(((0.25, 0.5), (0.75, 1.5))):
+    _run(f'{d}/lab/seed={s}', s, 'sgd', summary={**_summary(0.5, 0.5), 'lab': {'barrier_mean': m, 'barrier_max': x,
+                                                                                 'measures': ['barrier']}})
+  _run(f'{d}/plain/seed=0', 0, 'sam', summary=_summary(0.4, 0.4))
+  rows = report_lib.aggregate(report_lib.collect(workdirs=[f'{d}/lab/seed=*', f'{d}/plain/seed=0']), ['cell'])
+  lab, plain = rows
+  assert lab['barrier_mean_mean'] == 0.5 and lab['barrier_max_mean'] == 1.0 and 'barrier_mean_mean' not in plain
+  md = '\n'.join(report_lib.markdown_table(rows, ['cell'], None))
+  assert '| barrier_mean | barrier_max |' in md
+  assert f"| {lab['barrier_mean_mean']:.4f} ± {lab['barrier_mean_std']:.4f} | 1.0000 ± " in md
+  assert '| barrier_' not in '\n'.join(report_lib.markdown_table([plain], ['cell'], None))
+  report_lib.write_csv(rows, ['cell'], str(tmp_path / 'r.csv'))
+  assert 'barrier_mean_mean' in open(tmp_path / 'r.csv').read().splitlines()[0]

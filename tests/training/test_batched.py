@@ -12,6 +12,7 @@ import pytest
 
 from fedjax_flat.algorithms import registry
 from fedjax_flat.core import runs as runs_lib
+from fedjax_flat.data import attacks
 from fedjax_flat.data import sampling
 from fedjax_flat.data.sources.builtin import synthetic
 from fedjax_flat.training import batched
@@ -53,6 +54,15 @@ CASES = {
     'qsgd': {'upload.compress': 'qsgd'},
     # K-SAM's subset ascent: the fraction of each batch is a per-run value (a mask over the fixed batch)
     'ksam': {'client.optimizer': 'ksam'},
+    # attacks as client roles: attack.fraction (the roles: each run's own store rows) and attack.scale (traced)
+    # per run; gaussian draws each lane's noise from its own run's key; ALIE's colluders under the median
+    'attack_gaussian': {'attack.kind': 'gaussian'},
+    'attack_alie': {'attack.kind': 'alie', 'server.aggregator': 'median'},
+    # the backdoor poisons each run's own attackers' examples: the data are per-lane inputs
+    'attack_backdoor': {'attack.kind': 'backdoor', 'attack.trigger_size': 1, 'attack.trigger_row': 0,
+                        'attack.trigger_col': 0, 'attack.target_label': 1},
+    # label flipping: its fractions and classes (per-run inputs) poison each run's own labels (per-lane data)
+    'label_flip': {'attack.kind': 'label_flip'},
 }
 # Per-run values of the three runs of a case: seeds and every traced field the case uses.
 VALUES = [{'seed': 0, 'client.lr': 0.1, 'client.momentum': 0.9, 'client.weight_decay': 1e-3, 'server.lr': 1.0},
@@ -73,6 +83,12 @@ EXTRA = {'fedsam': [{'client.rho': 0.02}, {'client.rho': 0.05}, {'client.rho': 0
          'topk': [{'upload.fraction': 0.05}, {'upload.fraction': 0.2}, {'upload.fraction': 1.0}],
          'qsgd': [{'upload.bits': 1}, {'upload.bits': 2}, {'upload.bits': 4}],
          'ksam': [{'client.ascent_fraction': 0.25}, {'client.ascent_fraction': 0.5}, {'client.ascent_fraction': 1.0}]}
+ATTACK_GRID = [{'attack.fraction': 0.1, 'attack.scale': 0.5}, {'attack.fraction': 0.3, 'attack.scale': 2.0},
+               {'attack.fraction': 0.5, 'attack.scale': 1.0}]
+EXTRA.update({c: ATTACK_GRID for c in CASES if c.startswith('attack_')})
+EXTRA['label_flip'] = [{'attack.malicious_superclients': 0.5, 'attack.attackers': 0.5, 'attack.classes': '0,1'},
+                       {'attack.malicious_superclients': 1.0, 'attack.attackers': 1.0, 'attack.classes': '0,1'},
+                       {'attack.malicious_superclients': 1.0, 'attack.attackers': 0.5, 'attack.classes': '0,2'}]
 
 
 def _config(case, i, **over):
@@ -100,7 +116,8 @@ def _files(wd):
   return sorted(f for f in os.listdir(wd) if not f.startswith('.'))
 
 
-# fedavg runs in the default suite; the other cases (each trains 3 runs alone and batched) in `pytest -m slow`.
+# fedavg runs in the default suite; the other cases (each trains 3 runs alone and batched: the attack cases ~15 s of
+# CPU each, 35 s on 2 shared cores) in `pytest -m slow`.
 @pytest.mark.parametrize('case', [c if c == 'fedavg' else pytest.param(c, marks=pytest.mark.slow)
                                   for c in sorted(CASES)])
 def test_batched_run_equals_run_alone(case, tmp_path, monkeypatch):
@@ -132,6 +149,15 @@ def test_batched_run_equals_run_alone(case, tmp_path, monkeypatch):
       assert sa['dp_noise_multiplier'] == sb['dp_noise_multiplier'] and sa['dp_epsilon'] == sb['dp_epsilon']
       assert sa['dp_epsilon'] <= (8.0, 4.0, 2.0)[i]
     np.testing.assert_allclose(sa['final_test_accuracy'], sb['final_test_accuracy'], atol=1e-6)
+    if case.startswith('attack_'):    # the run's own roles, bit for bit: floor(fraction N) clients of its seed
+      got = ckpt_lib.read_checkpoint(os.path.join(b, 'checkpoints'))    # the rows of the clients it sampled
+      want = attacks.malicious_clients(len(SIZES), ATTACK_GRID[i]['attack.fraction'], VALUES[i]['seed'])
+      np.testing.assert_array_equal(np.asarray(got['client_leaves'][0]), np.isin(got['client_ids'], want))
+      assert sa['attack'] == sb['attack'] and sb['attack']['num_attackers'] == len(want)
+    if case == 'label_flip':        # the run's own attackers, pairs and flips
+      ja, jb = (json.load(open(os.path.join(d, 'attack.json'))) for d in (a, b))
+      assert ja == jb and jb['num_attackers'] >= 1 and jb['classes'] == [int(c) for c in
+                                                                         EXTRA['label_flip'][i]['attack.classes'].split(',')]
   # the runs really differ (the values are per run, not the first run's)
   assert not np.allclose(_ckpt(str(tmp_path / 'batched0'))[0], _ckpt(str(tmp_path / 'batched1'))[0])
 
@@ -460,6 +486,24 @@ def test_a_run_that_trains_alone_and_diverges_fails_alone(tmp_path):
   res = batched.run_batch(specs)
   assert res[0].status == 'failed' and 'Divergence' in res[0].error, res[0]
   assert res[1].status == 'done' and res[1].lanes == 0, res[1]
+
+
+def test_attack_grids_pack_into_one_program_and_an_attack_that_is_off_traces_nothing():
+  """attack.fraction / attack.scale are per-run (an input and a traced value): a grid over them has one
+  compatibility key; with attack.kind='none' (or a label flip) attack.scale is not read, so it is not traced and
+  the batched program is the one without the attack section; a label-flip grid (its fractions and classes poison
+  each run's own labels) packs too."""
+  grid = [_config('attack_gaussian', i) for i in range(3)]
+  assert len({packing.pack_key(c) for c in grid}) == 1 and all(packing.batch_blocker(c) is None for c in grid)
+  assert 'attack.scale' in runs_lib.present_value_fields(grid[0])
+  for kind in ('none', 'label_flip'):
+    c = _config('fedavg', 0, **{'attack.kind': kind})
+    bare = _config('fedavg', 0)
+    del bare['attack']
+    assert runs_lib.present_value_fields(c) == runs_lib.present_value_fields(bare)
+    assert 'attack.scale' not in runs_lib.present_value_fields(c)
+  flips = [_config('label_flip', i) for i in range(3)]
+  assert len({packing.pack_key(c) for c in flips}) == 1 and all(packing.batch_blocker(c) is None for c in flips)
 
 
 def _close(x, y, what):

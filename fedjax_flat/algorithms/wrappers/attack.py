@@ -14,13 +14,17 @@ the round's honest valid uploads, which colluding attackers see):
   scale       u <- s u
   backdoor    u <- s u                       (model replacement, Bagdasaryan et al. 2020: the attacker trained on
                                               triggered data, data/attacks.py; s = the boost gamma, n / eta)
-  gaussian    u <- s N(0, I)                 (a key from (config.seed, round); rows and leaves folded in)
+  gaussian    u <- s N(0, I)                 (a key from (config.seed, round); rows and leaves folded in; the
+                                              seed's key is the server state's 'attack' entry, so each lane
+                                              of a batched program draws its own run's noise)
   alie        u <- mu - s sigma              (A Little Is Enough, Baruch et al. 2019; s = z)
   ipm         u <- -s mu                     (inner product manipulation, Xie et al. 2020; s = epsilon)
 
 then hands the rows (flags removed) to the robust aggregator, or, with server.aggregator='mean', reduces them
 to the weighted mean itself (the engine's weights). attack.kind='none' or 'label_flip' builds nothing: the run
-is bit-identical. Refused in one line: an algorithm whose upload is not a delta, DP (its server step expects the
+is bit-identical. On the runs axis (core/runs.py) a grid over attack.scale (a traced per-run value) and
+attack.fraction (a per-run input: each run's roles are its own store rows, drawn on the host as when it runs
+alone) is one program. Refused in one line: an algorithm whose upload is not a delta, DP (its server step expects the
 streaming mean) and a population unknown when the algorithm is built.
 """
 from __future__ import annotations
@@ -32,6 +36,7 @@ import numpy as np
 from fedjax_flat import aggregators
 from fedjax_flat.algorithms import features
 from fedjax_flat.algorithms.wrappers import dp as dp_lib
+from fedjax_flat.algorithms.wrappers.server_entry import with_server_entry
 from fedjax_flat.core.contract import FederatedAlgorithm
 from fedjax_flat.data import attacks
 from fedjax_flat.errors import ConfigError
@@ -116,18 +121,20 @@ def with_attack(alg: FederatedAlgorithm, config, ctx) -> FederatedAlgorithm:
   if alg.num_phases != 1:
     raise ConfigError('attack.kind', a.kind, f'{alg.name} exchanges {alg.num_phases} messages a round; the '
                       'attackers rewrite one')
-  k = _population(ctx, config)
-  flags = np.zeros(k, bool)
-  flags[attacks.malicious_clients(k, a.fraction, config.seed)] = True
+  # attack.scale may be a batched program's per-run traced value (core/runs.VALUE_FIELDS): used only in jnp
+  # arithmetic. attack.fraction is a per-run input (INPUT_FIELDS): it only draws the roles, which the run's own
+  # host-side initial_client_states writes into its store rows, so a lane's roles are its run's alone.
   kind, scale, stacked_inside = str(a.kind), a.scale, alg.aggregate == 'stacked'
   inner_state = alg.client_state_init is not None
-  base_key = jax.random.fold_in(jax.random.key(int(config.seed)), attacks.ATTACK_STREAM)
 
   def client_state_init(params):
     st = {FLAG: jnp.zeros((), jnp.bool_)}
     return {**st, 'inner': alg.client_state_init(params)} if inner_state else st
 
   def initial_client_states(params):
+    k = _population(ctx, config)
+    flags = np.zeros(k, bool)
+    flags[attacks.malicious_clients(k, a.fraction, config.seed)] = True
     rows = {FLAG: jnp.asarray(flags)}
     if not inner_state:
       return rows
@@ -148,24 +155,37 @@ def with_attack(alg: FederatedAlgorithm, config, ctx) -> FederatedAlgorithm:
     new = {FLAG: flag, 'inner': new_inner} if inner_state else {FLAG: flag}
     return out, new
 
-  def server_update(state, agg, round_idx, phase=0):
+  def init(inner, params, rng):
+    """The gaussian attackers' key, from (config.seed, ATTACK_STREAM), kept in the server state: a batched
+    program's lanes each read their own run's key (the traced config holds one run's seed). No entry for the
+    other kinds: their server state is the algorithm's own."""
+    del inner, params, rng
+    if kind != 'gaussian':
+      return None
+    return {'key': jax.random.key_data(jax.random.fold_in(jax.random.key(int(config.seed)),
+                                                          attacks.ATTACK_STREAM))}
+
+  def server_update(inner, entry, agg, round_idx, phase=0):
     uploads, weights, valid = agg['uploads'], agg['weights'], agg['valid']
     malicious = uploads['uniform'][FLAG] > 0.5
     uniform = {n: v for n, v in uploads['uniform'].items() if n != FLAG}
-    key = jax.random.fold_in(base_key, jnp.asarray(round_idx, jnp.int32)) if kind == 'gaussian' else None
+    key = None
+    if kind == 'gaussian':
+      key = jax.random.fold_in(jax.random.wrap_key_data(entry['key']), jnp.asarray(round_idx, jnp.int32))
     weighted = poison(uploads['weighted'], valid, malicious, kind, scale, key)
     if stacked_inside:       # the robust aggregator reduces the poisoned rows
-      return alg.server_update(state, {**agg, 'uploads': {'weighted': weighted, 'uniform': uniform}},
-                               round_idx, phase)
+      return alg.server_update(inner, {**agg, 'uploads': {'weighted': weighted, 'uniform': uniform}},
+                               round_idx, phase), entry
     coef = valid.astype(jnp.float32)
     mean_agg = {'weighted': aggregators.mean(weighted, weights, valid),
                 'uniform': aggregators.mean(uniform, coef, valid),
                 'num_clients': agg['num_clients'], 'total_weight': agg['total_weight']}
-    return alg.server_update(state, mean_agg, round_idx, phase)
+    return alg.server_update(inner, mean_agg, round_idx, phase), entry
 
-  return alg.replace(client_state_init=client_state_init, initial_client_states=initial_client_states,
-                     client_init=client_init, client_final=client_final, server_update=server_update,
-                     aggregate='stacked', wrappers=alg.wrappers + (KEY,))
+  return with_server_entry(alg, KEY, init=init, server_update=server_update,
+                           client_state_init=client_state_init, initial_client_states=initial_client_states,
+                           client_init=client_init, client_final=client_final, aggregate='stacked',
+                           wrappers=alg.wrappers + (KEY,))
 
 
 # Above the robust aggregator (20): the outer wrapper's server_update sees the stacked uploads first, so the

@@ -96,7 +96,7 @@ def _digits(num_clients=20, alpha=0.0, test_fraction=0.2, examples_per_client=No
 
 @register('synthetic')
 def _synthetic(num_clients=10, examples_per_client=32, input_shape=(8, 8, 1), num_classes=10, test_size=200,
-               alpha=None, seed=0, **unused):
+               alpha=None, seed=0, noise=1.0, **unused):
   del unused
   return synthetic(num_clients, examples_per_client, input_shape=tuple(input_shape),
-                   num_classes=num_classes, test_size=test_size, alpha=alpha, seed=seed)
+                   num_classes=num_classes, test_size=test_size, alpha=alpha, noise=float(noise), seed=seed)

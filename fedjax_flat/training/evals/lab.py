@@ -1,6 +1,7 @@
 """config.lab: the landscape lab (analysis/lab.py) every `lab.every` rounds (at evaluation rounds): its scalar
 fields in the evaluation records (`drift_norm_mean`, `drift_cos_mean`, `update_sparsity_mean`,
-`align_topk_client_mean`, `align_topk_global`, `feature_rank/act<i>`, `profile_loss_gradnorm_corr`, ...), every
+`align_topk_client_mean`, `align_topk_global`, `feature_rank/act<i>`, `profile_loss_gradnorm_corr`, `barrier_mean`,
+...), every
 call's details (per-client norms, cosines, sparsity and alignment, eigenvalues, the binned loss profile) in
 WORKDIR/lab.jsonl, and summary.json `lab` (the measures, the last values, seconds per lab call). Reads the run's
 state only: the run's training is bit-identical with the lab on or off."""
@@ -60,7 +61,7 @@ def _final(trainer, summary, reported):
   if 'lab' not in st:
     return
   lab = st['lab']
-  names = ('drift_', 'update_sparsity_', 'align_', 'feature_rank/', 'profile_')
+  names = ('drift_', 'update_sparsity_', 'align_', 'feature_rank/', 'profile_', 'barrier_')
   last = next((r for r in reversed(trainer.recorder.records) if any(k.startswith(names) for k in r)), {})
   times = st['lab_times']
   summary['lab'] = {'measures': list(lab.measures), 'every': int(trainer.config.lab.every),

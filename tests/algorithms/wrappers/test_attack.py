@@ -179,3 +179,16 @@ def test_backdoor_values_the_data_cannot_take_are_refused_in_one_line(over, matc
   with pytest.raises(ConfigError, match=match) as e:
     validate.validate_against_data(c, dataset())
   assert '\n' not in str(e.value)
+
+
+def test_the_gaussian_key_is_server_state_the_other_kinds_keep_none():
+  """The gaussian attackers' key lives in the server state (from the run's seed), so each lane of a batched program
+  draws its own run's noise; the other kinds leave the algorithm's state as it is."""
+  g = _cfg('gaussian')
+  g.seed = 7
+  state, _ = _run(g)
+  want = jax.random.key_data(jax.random.fold_in(jax.random.key(7), attacks.ATTACK_STREAM))
+  np.testing.assert_array_equal(np.asarray(state['attack']['key']), np.asarray(want))
+  plain, _ = _run(_cfg('sign_flip'))
+  bare = registry.build_algorithm(config('fedavg'), MODEL).server_init(PARAMS0, jax.random.key(1))
+  assert 'attack' not in plain and set(plain) == set(bare)

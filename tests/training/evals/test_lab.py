@@ -16,8 +16,8 @@ from tests.fixtures.configs import small_config
 
 # alignment (a Lanczos compile, ~10 s) runs in the slow test of tests/e2e/test_hessian_tool.py; its pure function
 # is checked against NumPy in tests/analysis/test_alignment.py
-LAB = {'lab.every': 2, 'lab.examples': 24, 'lab.measures': 'drift,sparsity,rank,profile', 'lab.bins': 3,
-       'rounds': 2, 'seed': 1}
+LAB = {'lab.every': 2, 'lab.examples': 24, 'lab.measures': 'drift,sparsity,rank,profile,barrier', 'lab.bins': 3,
+       'lab.barrier_points': 5, 'rounds': 2, 'seed': 1}
 
 
 @pytest.fixture(scope='module')
@@ -40,7 +40,10 @@ def test_records_are_the_details_and_the_run_is_unchanged(lab_run):
   assert 'feature_rank/act0' in rec and 1 <= rec['feature_rank/act0'] <= 24
   assert sum(b['count'] for b in det['profile_bins']) == 24 and len(det['profile_bins']) == 3
   assert -1 <= rec['profile_loss_gradnorm_corr'] <= 1
-  assert summary['lab']['measures'] == ['drift', 'sparsity', 'rank', 'profile']
+  assert summary['lab']['measures'] == ['drift', 'sparsity', 'rank', 'profile', 'barrier']
+  assert rec['barrier_mean'] == pytest.approx(np.mean(det['barriers']), rel=1e-6)
+  assert rec['barrier_max'] == pytest.approx(np.max(det['barriers']), rel=1e-6)
+  assert summary['lab']['barrier_mean'] == rec['barrier_mean'] and len(det['barriers']) == 3
   assert summary['lab']['drift_norm_mean'] == rec['drift_norm_mean'] and summary['lab']['examples'] == 24
   # the lab reads the state only: the run's parameters are those of the same run without it, bit for bit
   _, params, step = load_run(str(wd))
@@ -66,6 +69,38 @@ def test_the_drift_of_the_details_is_that_of_the_recomputed_local_models(lab_run
   det = json.loads((wd / 'lab.jsonl').read_text().splitlines()[0])
   assert u['ids'] == det['clients']
   np.testing.assert_allclose(det['drift_norms'], norms, rtol=1e-4)
+
+
+def test_the_barriers_are_connectivitys_on_the_recomputed_local_models(lab_run):
+  # each client's barrier is analysis/connectivity.loss_barrier from the checkpointed global model to that client's
+  # local model (recomputed with analysis/local_models.py) on the lab's examples, at lab.barrier_points points
+  from fedjax_flat.analysis import connectivity
+  from fedjax_flat.analysis.data import make_fixed_batches
+  from fedjax_flat.analysis.hvp import make_eval_fn
+  from fedjax_flat.analysis.local_models import global_train_subset, local_updates
+  wd, _ = lab_run
+  trainer, params, step = load_run(str(wd))
+  u = local_updates(trainer, step)
+  x, y = trainer.data.take(global_train_subset(trainer.data, 24, 1))
+  eval_fn = make_eval_fn(trainer.model, make_fixed_batches(np.asarray(trainer.plan.eval_transform(np.asarray(x))),
+                                                           np.asarray(y), 24), task=trainer.task)
+  want = [connectivity.loss_barrier(eval_fn, params, p, 5) for p in u['params']]
+  det = json.loads((wd / 'lab.jsonl').read_text().splitlines()[0])
+  np.testing.assert_allclose(det['barriers'], [w['barrier'] for w in want], rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(det['barrier_t'], [w['t_barrier'] for w in want])
+  np.testing.assert_allclose(det['barrier_max_loss'], [w['max_loss'] for w in want], rtol=1e-5)
+  assert all(w['barrier'] >= 0 for w in want)
+  assert det['barrier_pairs'] == [[0, 1], [0, 2], [1, 2]]
+  pair = [connectivity.loss_barrier(eval_fn, u['params'][i], u['params'][j], 5)['barrier'] for i, j in
+          det['barrier_pairs']]
+  np.testing.assert_allclose(det['barrier_pair'], pair, rtol=1e-4, atol=1e-6)
+  rec = [json.loads(line) for line in (wd / 'metrics.jsonl').read_text().splitlines()][-1]
+  assert rec['barrier_pair_mean'] == pytest.approx(np.mean(pair), rel=1e-4, abs=1e-6)
+
+
+def test_the_barrier_is_not_a_default_measure():
+  from fedjax_flat.analysis import lab as lab_lib
+  assert 'barrier' not in small_config().lab.measures.split(',') and 'barrier' in lab_lib.MEASURES
 
 
 @pytest.mark.parametrize('over, field', [
