@@ -206,6 +206,7 @@ class ClientEvalProgram:
     self.layout, self.layout_check = layout, None
     self.devices = None
     self._packed = {}          # device count -> the 'batches' layout's arrays on those devices
+    self._params_at = {}       # device count -> the params' sharding its program was compiled for
     self._sums_fn = self._sums(model, preprocess)
     self._programs = self._program(model, preprocess, client_cfg, augment_fn, seed)
     self.compiled = {}                       # name -> the compiled program (compiled once, at its first use)
@@ -298,7 +299,7 @@ class ClientEvalProgram:
     if name not in self.compiled:
       mesh = eval_mesh(jax.local_devices()[:d])
       self._packed[d] = self._pack(self.nb, mesh)
-      rep = NamedSharding(mesh, P())
+      rep = self._params_at[d] = NamedSharding(mesh, P())
       fn = jax.jit(lambda params, packed: self._programs['batches'](params, packed, mesh),
                    in_shardings=(rep, self._packed_shardings(mesh)), out_shardings=rep)
       self.compiled[name] = fn.lower(self._params_spec, self._packed[d]).compile()
@@ -320,7 +321,10 @@ class ClientEvalProgram:
 
   def _by_batches(self, params, d=None):
     d = d or self.devices
-    g = jax.device_get(self._batches_program(d)(params, self._packed[d]))
+    program = self._batches_program(d)
+    # The caller's params may live on another mesh (the trainer's 'clients' mesh over every device): the program
+    # was compiled for params replicated on its own d devices.
+    g = jax.device_get(program(jax.device_put(params, self._params_at[d]), self._packed[d]))
     out = {'global': {m: np.asarray(v).reshape((-1,) + np.shape(v)[2:]) for m, v in g.items()}}
     if self.steps:
       got = [jax.device_get(self._run('tuned', params, *self._chunk_args(s)))

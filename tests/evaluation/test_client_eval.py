@@ -108,9 +108,14 @@ data = t._data(True)
 ref = t.ce.ClientEvalProgram(t.MODEL, data, np.arange(7), seed=0, batch_size=2, layout='clients')
 two = t.ce.ClientEvalProgram(t.MODEL, data, np.arange(7), seed=0, batch_size=2, layout='batches')
 auto = t.ce.ClientEvalProgram(t.MODEL, data, np.arange(7), seed=0, batch_size=2)
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+# as the trainer hands them over: replicated on its own mesh of every device (regression: the one-device
+# candidate was compiled for its own mesh and refused these)
+on_clients = NamedSharding(Mesh(np.array(jax.local_devices()), ('clients',)), PartitionSpec())
 same, close = [], []
 for seed in (0, 1):
-  want, got, fast = ref(t._params(seed)), auto(t._params(seed)), two(t._params(seed))
+  p = jax.device_put(t._params(seed), on_clients)
+  want, got, fast = ref(p), auto(p), two(p)
   same.append(all(np.array_equal(want[k], got[k]) for k in want))
   close.append(all(np.allclose(want[k], fast[k], rtol=1e-6, atol=1e-7) for k in want))
 print(json.dumps({'devices': jax.local_device_count(), 'two': two.devices,
