@@ -255,3 +255,18 @@ def test_benchmark_script_smoke(tmp_path):
     assert f'| {v} |' in md
   assert '2 host devices' in res['rows']['ours_2dev']['note']
   assert res['rows']['trainer']['wall_1500_with_eval_s'] > res['rows']['trainer']['wall_1500_s']
+
+
+def test_benchmark_trainer_times_training_rounds_only():
+  """The benchmark's trainer rows leave evaluation out of every timed `train(num_rounds=K)` call (the recorder
+  evaluates at the end of each call: patching `Trainer.evaluate` once left a test-set pass in every call);
+  the evaluation stays callable beside (eval_s)."""
+  from benchmarks.speed import pfl_cifar10 as bench
+  c = bench.protocol_config(True, conv_impl='lax')
+  prob = bench.TrainerProblem(c, bench.make_data(c, True), 2)
+  prob.round()
+  prob.round()
+  assert prob.t.round == 4 and prob.t.records            # each call ends on an evaluation round ...
+  assert all('test_accuracy' not in r and 'train_loss' in r for r in prob.t.records)   # ... left out
+  res = prob.evaluate()
+  assert 0.0 <= res['test_accuracy'] <= 1.0 and np.isfinite(res['test_loss'])
