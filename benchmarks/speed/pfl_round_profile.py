@@ -29,11 +29,16 @@ import sys
 import tempfile
 import time
 
-_DUMP = tempfile.mkdtemp(prefix='pfl_round_hlo_')
-# Before jax starts: XLA dumps the optimized HLO of the trainer's block program (the names the trace shows).
-os.environ['XLA_FLAGS'] = ' '.join([os.environ.get('XLA_FLAGS', ''), f'--xla_dump_to={_DUMP}',
-                                    '--xla_dump_hlo_as_text', '--xla_dump_hlo_pass_re=NONE',
-                                    '--xla_dump_hlo_module_re=jit_block']).strip()
+
+def _dump_hlo_flags() -> str:
+  """Before jax starts: XLA dumps the optimized HLO of the trainer's block program (the names the trace shows)."""
+  d = tempfile.mkdtemp(prefix='pfl_round_hlo_')
+  os.environ['XLA_FLAGS'] = ' '.join([os.environ.get('XLA_FLAGS', ''), f'--xla_dump_to={d}', '--xla_dump_hlo_as_text',
+                                      '--xla_dump_hlo_pass_re=NONE', '--xla_dump_hlo_module_re=jit_block']).strip()
+  return d
+
+
+_DUMP = _dump_hlo_flags() if __name__ == '__main__' else None   # imported (tests): no dump, no XLA_FLAGS change
 
 from absl import logging  # noqa: E402
 import flax.linen as nn  # noqa: E402
@@ -140,9 +145,10 @@ def main(argv=None):
     wall, cpu = time.perf_counter() - t, time.process_time() - cpu
   up.append(bench_util.uptime())
   selft, count = self_times(trace_dir)
-  ops = hlo_ops(_DUMP)
+  ops = hlo_ops(_DUMP) if _DUMP else {}
   shutil.rmtree(trace_dir, ignore_errors=True)
-  shutil.rmtree(_DUMP, ignore_errors=True)
+  if _DUMP:
+    shutil.rmtree(_DUMP, ignore_errors=True)
   r = a.rounds
   by_cat = collections.Counter()
   rows = []
@@ -161,7 +167,8 @@ def main(argv=None):
          'xla_thread_ms_per_round': total / 1e3 / r, 'hlo_found': bool(ops),
          'categories': {k: by_cat.get(k, 0) / 1e3 / r for k in CATEGORIES},
          'top_ops': rows[:a.top],
-         'command': 'python -m benchmarks.speed.pfl_round_profile ' + ' '.join(argv if argv is not None else sys.argv[1:])}
+         'command': 'python -m benchmarks.speed.pfl_round_profile '
+                    + ' '.join(argv if argv is not None else sys.argv[1:])}
   return bench_util.write_report(a.out, res, _markdown)
 
 
