@@ -8,11 +8,10 @@ backward elementwise work of the model, dropout's mask, the per-step parameter u
 runtime, the rest (sampling, gather, aggregation, server update). Reported in ms per round (CPU time of
 XLA's threads, not wall: two threads overlap), with the wall and process CPU seconds of the timed calls.
 
-  .venv/bin/python -m benchmarks.speed.pfl_round_profile [--rounds=2] [--flax_dropout] [--smoke]
+  .venv/bin/python -m benchmarks.speed.pfl_round_profile [--rounds=2] [--smoke]
       [--out=benchmarks/speed/pfl_round_profile_cpu]
 
---flax_dropout builds the model with flax's nn.Dropout instead of models/layers.Dropout (the same bits; the
-profile before the unrolled mask). Writes PREFIX.json and PREFIX.md. The profiler adds its own overhead;
+Writes PREFIX.json and PREFIX.md. The profiler adds its own overhead;
 compare categories within one profile, and rounds/s with pfl_cifar10.py.
 """
 from __future__ import annotations
@@ -41,12 +40,10 @@ def _dump_hlo_flags() -> str:
 _DUMP = _dump_hlo_flags() if __name__ == '__main__' else None   # imported (tests): no dump, no XLA_FLAGS change
 
 from absl import logging  # noqa: E402
-import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 
 from benchmarks.speed import bench_util  # noqa: E402
 from benchmarks.speed import pfl_cifar10  # noqa: E402
-from fedjax_flat.models import cnn  # noqa: E402
 
 CATEGORIES = ('GEMM', 'forward (elementwise, im2col)', 'backward (elementwise)', 'dropout mask',
               'parameter update', 'copies', 'thunk runtime', 'other (sampling, gather, aggregation, server)')
@@ -115,21 +112,18 @@ def hlo_ops(dump_dir: str) -> dict:
 def _args(argv):
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   ap.add_argument('--rounds', type=int, default=2, help='rounds in the profiled call')
-  ap.add_argument('--flax_dropout', action='store_true', help="flax's nn.Dropout (the mask's hash in a rolled loop)")
   ap.add_argument('--smoke', action='store_true', help='tiny sizes: checks the script end to end')
   ap.add_argument('--top', type=int, default=25, help='ops listed')
   ap.add_argument('--out', default=None, help='PREFIX of PREFIX.json / PREFIX.md')
   a = ap.parse_args(argv)
-  a.out = a.out or os.path.join(bench_util.SPEED, 'pfl_round_profile_' + jax.default_backend()
-                                + ('_flaxdrop' if a.flax_dropout else '') + ('_smoke' if a.smoke else ''))
+  a.out = a.out or os.path.join(bench_util.SPEED,
+                                f"pfl_round_profile_{jax.default_backend()}{'_smoke' if a.smoke else ''}")
   return a
 
 
 def main(argv=None):
   a = _args(argv)
   logging.set_verbosity(logging.WARNING)
-  if a.flax_dropout:
-    cnn.Dropout = nn.Dropout
   c = pfl_cifar10.protocol_config(a.smoke)
   prob = pfl_cifar10.TrainerProblem(c, pfl_cifar10.make_data(c, a.smoke), a.rounds)
   prob.round()                               # compile
@@ -162,7 +156,7 @@ def main(argv=None):
                  'category': cat, 'jax_op': op[-120:]})
   rows.sort(key=lambda x: -x['ms_per_round'])
   total = sum(by_cat.values())
-  res = {**bench_util.machine_info(), 'smoke': a.smoke, 'rounds': r, 'flax_dropout': a.flax_dropout,
+  res = {**bench_util.machine_info(), 'smoke': a.smoke, 'rounds': r,
          'uptime': up, 'wall_s_per_round': wall / r, 'process_cpu_s_per_round': cpu / r,
          'xla_thread_ms_per_round': total / 1e3 / r, 'hlo_found': bool(ops),
          'categories': {k: by_cat.get(k, 0) / 1e3 / r for k in CATEGORIES},
@@ -175,7 +169,6 @@ def main(argv=None):
 def _markdown(res):
   tot = res['xla_thread_ms_per_round']
   L = [f"# One round of the pfl CIFAR10 protocol, per op: {res['cpu']} x{res['cpus']}, jax {res['jax']}", '',
-       f"dropout layer: {'flax nn.Dropout' if res['flax_dropout'] else 'models/layers.Dropout'}; "
        f"{res['rounds']} rounds traced; wall {res['wall_s_per_round']:.2f} s/round, process CPU "
        f"{res['process_cpu_s_per_round']:.2f} s/round (under the profiler)  ",
        f"uptime: {res['uptime'][0]} / {res['uptime'][1]}  ",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import flax.linen as nn
 
-from fedjax_flat.models.layers import Conv, Dense, Dropout, max_pool, relu_max_pool
+from fedjax_flat.models.layers import Conv, Dense, max_pool, relu_max_pool
 from fedjax_flat.models.resnet import group_norm
 from fedjax_flat.models.base import from_flax
 from fedjax_flat.models.registry import register
@@ -144,10 +144,10 @@ class FemnistCNN(nn.Module):
     x = act(Conv(32, (3, 3), conv_impl=self.conv_impl, torch_init=True)(x))
     x = _act(self, Conv(64, (3, 3), conv_impl=self.conv_impl, torch_init=True)(x))
     x = max_pool(x, (2, 2), pool_impl=self.pool_impl, conv_impl=self.conv_impl)
-    x = Dropout(0.25, deterministic=not train)(x)
+    x = nn.Dropout(0.25, deterministic=not train)(x)
     x = x.reshape(x.shape[:-3] + (-1,))
     x = act(Dense(128, torch_init=True)(x))
-    x = Dropout(0.5, deterministic=not train)(x)
+    x = nn.Dropout(0.5, deterministic=not train)(x)
     return Dense(self.num_classes, torch_init=True)(x)
 
 
@@ -191,7 +191,7 @@ class PflCNN(nn.Module):
   @nn.compact
   def __call__(self, x, train: bool = False):
     glorot = nn.initializers.xavier_uniform()
-    drop = lambda rate, y: Dropout(rate, deterministic=not train)(y) if self.dropout else y  # noqa: E731
+    drop = lambda rate, y: nn.Dropout(rate, deterministic=not train)(y) if self.dropout else y  # noqa: E731
     x = _act(self, Conv(32, (3, 3), conv_impl=self.conv_impl, kernel_init=glorot)(x))
     x = _act(self, Conv(64, (3, 3), conv_impl=self.conv_impl, kernel_init=glorot)(x))
     x = max_pool(x, (2, 2), pool_impl=self.pool_impl, conv_impl=self.conv_impl)

@@ -1,4 +1,4 @@
-"""Layers shared by the models: a convolution with a backend-aware lowering, PyTorch-style init, a faster Dropout.
+"""Layers shared by the models: a convolution with a backend-aware lowering, PyTorch-style init.
 
 'im2col' lowers depthwise convolutions (feature_group_count == input channels, any channel multiplier) to a
 sum of shifted, channel-scaled copies; other grouped convolutions always use 'lax'.
@@ -15,10 +15,6 @@ and so is JAX's gradient of a reshape + max (it splits ties, through a mask, a c
 gradient to the FIRST maximal element of its window in row-major order: bit-for-bit the gradient of
 `reduce_window` (and of torch's max_pool2d), ties included. Measured on the paper CNN's SGD step inside a
 scan (benchmarks/speed/cnn_step.py, README.cnn_step.md): 1.26x the step with reduce_window pooling.
-
-`Dropout` is flax's nn.Dropout bit for bit (same rng stream, same mask, same scaling) with the mask's threefry
-hash unrolled: on CPU jax lowers the hash as a rolled loop of 5 passes over the mask
-(benchmarks/speed/README.pfl_round.md).
 """
 from __future__ import annotations
 
@@ -256,81 +252,3 @@ class Dense(nn.Module):
     kernel = self.param('kernel', kinit, (fan_in, self.features))
     bias = self.param('bias', binit, (self.features,))
     return x @ kernel.astype(x.dtype) + bias.astype(x.dtype)
-
-
-# --- Dropout: flax's nn.Dropout, bit for bit, with its mask's random bits in one fused kernel on CPU. ---
-
-_THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
-
-
-def _threefry2x32(k1, k2, x1, x2):
-  """Threefry-2x32 (20 rounds), unrolled: the schedule of jax's own lowering (jax/_src/random/threefry2x32.py).
-
-  Why our own: on CPU jax lowers the hash as a rolled loop of 5 iterations (a smaller program), each iteration
-  a pass over the whole mask through memory plus loop and copy thunks; unrolled, XLA fuses the 20 rounds into
-  one elementwise kernel. Same integer arithmetic, so the same bits."""
-  rotl = lambda v, r: (v << jnp.uint32(r)) | (v >> jnp.uint32(32 - r))  # noqa: E731
-  ks = (k1, k2, k1 ^ k2 ^ jnp.uint32(0x1BD11BDA))
-  x1, x2 = x1 + ks[0], x2 + ks[1]
-  for i in range(5):
-    for r in _THREEFRY_ROTATIONS[i % 2]:
-      x1 = x1 + x2
-      x2 = rotl(x2, r) ^ x1
-    x1, x2 = x1 + ks[(i + 1) % 3], x2 + ks[(i + 2) % 3] + jnp.uint32(i + 1)
-  return x1, x2
-
-
-def _threefry_words(key):
-  """The key's two uint32 words when jax.random would draw its bits with the partitionable threefry scheme
-  (jax's default), else None (another PRNG or scheme: the caller keeps jax.random)."""
-  if not jax.config.jax_threefry_partitionable:
-    return None
-  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-    if str(jax.random.key_impl(key)) != 'threefry2x32':
-      return None
-    data = jax.random.key_data(key)
-  elif key.dtype == jnp.uint32 and key.shape == (2,) and jax.config.jax_default_prng_impl == 'threefry2x32':
-    data = key                           # a raw (legacy) key of the default implementation
-  else:
-    return None
-  return data[0], data[1]
-
-
-def bernoulli(key, p: float, shape: Sequence[int]):
-  """`jax.random.bernoulli(key, p, shape)` for a float32 `p`, bit for bit (tests/models/test_layers.py), with the
-  threefry hash unrolled (`_threefry2x32`); any other PRNG or bit scheme goes through jax.random itself."""
-  shape = tuple(shape)
-  words = None if jax.config.jax_enable_x64 else _threefry_words(key)   # x64: jax draws a float64 uniform
-  n = math.prod(shape)
-  if words is None or n >= 2 ** 32 or not shape:
-    return jax.random.bernoulli(key, p, shape)
-  # jax.random's partitionable bits: the hash of each element's row-major index (high word 0 below 2**32)
-  lo = jax.lax.iota(jnp.uint32, n).reshape(shape)
-  b1, b2 = _threefry2x32(words[0], words[1], jnp.zeros_like(lo), lo)
-  bits = b1 ^ b2
-  # jax.random.uniform's float32 in [0, 1): 23 random mantissa bits under the exponent of 1.0, minus 1
-  u = jax.lax.bitcast_convert_type((bits >> jnp.uint32(9)) | jnp.uint32(0x3F800000), jnp.float32) - jnp.float32(1)
-  return u < jnp.float32(p)
-
-
-class Dropout(nn.Module):
-  """`nn.Dropout` (same fields, same rng stream: make_rng of the same collection under the same auto-name
-  'Dropout_<i>', the same mask and scaling) with its mask from `bernoulli` above: bit-identical results."""
-  rate: float
-  broadcast_dims: Sequence[int] = ()
-  deterministic: bool | None = None
-  rng_collection: str = 'dropout'
-
-  @nn.compact
-  def __call__(self, inputs, deterministic: bool | None = None, rng=None):
-    deterministic = nn.merge_param('deterministic', self.deterministic, deterministic)
-    if self.rate == 0.0 or deterministic:
-      return inputs
-    if self.rate == 1.0:
-      return jnp.zeros_like(inputs)
-    keep_prob = 1.0 - self.rate
-    if rng is None:
-      rng = self.make_rng(self.rng_collection)
-    shape = [1 if d in self.broadcast_dims else s for d, s in enumerate(inputs.shape)]
-    mask = jnp.broadcast_to(bernoulli(rng, keep_prob, shape), inputs.shape)
-    return jax.lax.select(mask, inputs / keep_prob, jnp.zeros_like(inputs))
