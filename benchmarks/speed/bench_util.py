@@ -162,6 +162,18 @@ def medians_and_ratios(wall: dict, cpu: dict, base: str, cpu_per: float = 1.0):
           {k: v / med_cpu[base] for k, v in med_cpu.items()})
 
 
+def training_only(trainer):
+  """Leaves evaluation out of `trainer.train`; returns the evaluation, callable alone (`evaluate()` -> its dict).
+
+  The recorder, not `Trainer.evaluate`, evaluates at each evaluation round and at the end of every
+  `train(num_rounds=K)` call: replacing `trainer.evaluate` (what these benchmarks once did) left one evaluation
+  of the whole test set inside every timed call (pfl_cifar10: 10,000 images in each call of 3 rounds).
+  """
+  evaluate = trainer.recorder.evaluate
+  trainer.recorder.evaluate = lambda _trainer: {}
+  return lambda: evaluate(trainer)
+
+
 def interleave(fns: dict, repeats: int, progress: bool = True, cpu_times: dict | None = None) -> dict:
   """fns: name -> callable returning seconds per unit. Round-robin `repeats` times; name -> list of seconds.
 

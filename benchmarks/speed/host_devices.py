@@ -91,10 +91,11 @@ _TRAINERS = {}
 
 def _setup(name, spec):
   import jax
+  from benchmarks.speed import bench_util   # imports jax: in the worker, after its device count is set
   from fedjax_flat.training import loop
   c, data = _problem(spec['problem'], spec.get('overrides', {}), spec.get('examples', CNN_EXAMPLES))
   t = loop.Trainer(c, None, data=data, write_files=False)
-  t.evaluate = lambda: {}          # training rounds only
+  bench_util.training_only(t)          # training rounds only
   _TRAINERS[name] = t
   t0 = time.perf_counter()
   t.train(num_rounds=spec['rounds'])

@@ -149,8 +149,7 @@ class TrainerProblem:
     self.k = k
     c.rounds = max(c.rounds, 64 * k)         # never the last round inside the timing
     self.t = trainers.make_trainer(c, None, data=data, write_files=False)
-    self.evaluate = self.t.evaluate
-    self.t.evaluate = lambda: {}               # training rounds only, as every other variant
+    self.evaluate = bench_util.training_only(self.t)   # training rounds only, as every other variant
 
   def round(self):
     self.t.train(num_rounds=self.k)

@@ -93,7 +93,7 @@ def main(argv=None):
     c = bench_util.round_config('cifar_cnn', opt, clients=n)
     c.rounds = c.eval_every = 1 + 4 * (a.repeats + 4)
     t = trainers.make_trainer(c, None, data=data, write_files=False)
-    t.evaluate = lambda: {}
+    bench_util.training_only(t)
 
     def trainer(t=t):
       t0 = time.perf_counter()

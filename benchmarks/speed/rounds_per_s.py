@@ -93,7 +93,7 @@ def _trainer(problem, n_rounds, **engine):
   for k, v in engine.items():
     c.engine[k] = v
   t = trainers.make_trainer(c, None, write_files=False)
-  t.evaluate = lambda: {}        # training rounds only (the same for every variant)
+  bench_util.training_only(t)        # training rounds only (the same for every variant)
   return t
 
 

@@ -255,3 +255,49 @@ def test_benchmark_script_smoke(tmp_path):
     assert f'| {v} |' in md
   assert '2 host devices' in res['rows']['ours_2dev']['note']
   assert res['rows']['trainer']['wall_1500_with_eval_s'] > res['rows']['trainer']['wall_1500_s']
+
+
+def test_benchmark_trainer_times_training_rounds_only():
+  """The benchmark's trainer rows leave evaluation out of every timed `train(num_rounds=K)` call (the recorder
+  evaluates at the end of each call: patching `Trainer.evaluate` once left a test-set pass in every call);
+  the evaluation stays callable beside (eval_s)."""
+  from benchmarks.speed import pfl_cifar10 as bench
+  c = bench.protocol_config(True, conv_impl='lax')
+  prob = bench.TrainerProblem(c, bench.make_data(c, True), 2)
+  prob.round()
+  prob.round()
+  assert prob.t.round == 4 and prob.t.records            # each call ends on an evaluation round ...
+  assert all('test_accuracy' not in r and 'train_loss' in r for r in prob.t.records)   # ... left out
+  res = prob.evaluate()
+  assert 0.0 <= res['test_accuracy'] <= 1.0 and np.isfinite(res['test_loss'])
+
+
+def test_round_profile_self_times_and_categories(tmp_path):
+  """benchmarks/speed/pfl_round_profile.py: a thunk's self time leaves out the thunks nested in it (per thread),
+  Python threads are left out; ops are put in categories by their HLO name and jax op name."""
+  import gzip
+  from benchmarks.speed import pfl_round_profile as prof
+  ev = [{'ph': 'M', 'name': 'thread_name', 'pid': 1, 'tid': t, 'args': {'name': n}}
+        for t, n in ((1, 'python'), (2, 'tf_XLAEigen/1'), (3, 'tf_XLAEigen/2'))]
+  ev += [{'ph': 'X', 'pid': 1, 'tid': 1, 'name': 'train', 'ts': 0, 'dur': 1000},
+         {'ph': 'X', 'pid': 1, 'tid': 2, 'name': 'while.1', 'ts': 0, 'dur': 100},
+         {'ph': 'X', 'pid': 1, 'tid': 2, 'name': 'ynn_fusion', 'ts': 10, 'dur': 30},
+         {'ph': 'X', 'pid': 1, 'tid': 2, 'name': 'copy.3', 'ts': 50, 'dur': 20},
+         {'ph': 'X', 'pid': 1, 'tid': 3, 'name': 'ynn_fusion', 'ts': 5, 'dur': 7}]
+  d = tmp_path / 'plugins' / 'profile' / 'x'
+  d.mkdir(parents=True)
+  with gzip.open(d / 'perfetto_trace.json.gz', 'wt') as f:
+    json.dump({'traceEvents': ev}, f)
+  selft, count = prof.self_times(str(tmp_path))
+  assert dict(selft) == {'while.1': 50, 'ynn_fusion': 37, 'copy.3': 20} and count['ynn_fusion'] == 2
+  step = 'jit(block)/while/body/closed_call/cond/branch_1_fun/'
+  assert prof.category('ynn_fusion.4', '') == 'GEMM'
+  assert prof.category('broadcast_add_fusion', step + 'vmap(jvp(PflCNN))/Dropout_0/jit(_bernoulli)/add') == \
+      'dropout mask'
+  assert prof.category('add_bitcast_fusion.2', step + 'vmap()/add') == 'parameter update'
+  assert prof.category('add_select_fusion', step + 'vmap(transpose(vmap(jvp(PflCNN))))/select_n') == \
+      'backward (elementwise)'
+  assert prof.category('concatenate.14', step + 'vmap(jvp(PflCNN))/Conv_1/concatenate') == \
+      'forward (elementwise, im2col)'
+  assert prof.category('ThunkExecutor::Execute', '') == 'thunk runtime'
+  assert prof.category('multiply_add_fusion.2', 'jit(block)/while/body/closed_call/add').startswith('other')
