@@ -10,9 +10,10 @@ before jax starts (the binaries do it in `devices.configure_or_exit`). `--cpu_pa
             this machine has no record, or its record names the default (the shipped behaviour)
   <name>    one of CANDIDATES
 
-A recorded winner must beat the default by MARGIN on every measured workload and keep the parameters within
-1e-5 (relative) of the default's after a client's local steps; otherwise `default` is kept, so that a path
-wins only where it is clearly faster and its results differ by fp32 rounding alone. A user's own XLA_FLAGS
+A recorded winner must compile another program than the default (parameters not bit-identical), beat it by
+MARGIN on every measured workload and keep the parameters within 1e-5 (relative) of the default's after a
+client's local steps; otherwise `default` is kept, so that a path wins only where it is clearly faster and its
+results differ by fp32 rounding alone. A user's own XLA_FLAGS
 naming any of these flags wins over every choice here.
 """
 from __future__ import annotations
@@ -125,10 +126,15 @@ def keep(name: str, env: Mapping[str, str] = os.environ, key: Optional[str] = No
 def choose(rows: Mapping[str, Mapping[str, dict]], paths) -> str:
   """The measured winner from the benchmark's table: rows maps a workload to its columns, the column
   'PATH|im2col' holding {'examples_per_s', 'max_rel_diff'}. A path wins when it is >= MARGIN x the default on
-  every workload and equal within EQUAL_RTOL; among winners the best geometric-mean speed-up; else 'default'."""
+  every workload and equal within EQUAL_RTOL; among winners the best geometric-mean speed-up; else 'default'.
+  A path whose parameters are bit-identical to the default's on every workload ('bit_equal') compiled the same
+  program: any speed difference is noise, so it never wins."""
   best, best_gain = 'default', 1.0
   for p in paths:
     if p == 'default':
+      continue
+    mine = [r.get(f'{p}|im2col') or {} for r in rows.values()]
+    if mine and all(m.get('bit_equal') for m in mine):
       continue
     gains = []
     for r in rows.values():

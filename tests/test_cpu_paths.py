@@ -33,6 +33,12 @@ def test_choose_needs_a_margin_on_every_workload_and_equal_results():
   assert cpu_paths.choose(rows, ['default', 'onednn', 'ynn_conv']) == 'ynn_conv'
   del rows['pfl|sgd']['ynn_conv|im2col']                                          # not measured everywhere
   assert cpu_paths.choose(rows, ['default', 'onednn', 'ynn_conv']) == 'default'
+  # the same program (bit-identical parameters everywhere): a 1.3x 'gain' is noise, never a winner
+  same = {w: {'default|im2col': _row(100), 'xnn_off|im2col': {**_row(130), 'bit_equal': True}}
+          for w in ('paper|sgd', 'pfl|sgd')}
+  assert cpu_paths.choose(same, ['default', 'xnn_off']) == 'default'
+  same['pfl|sgd']['xnn_off|im2col']['bit_equal'] = False                          # another program somewhere
+  assert cpu_paths.choose(same, ['default', 'xnn_off']) == 'xnn_off'
 
 
 def test_auto_applies_the_path_kept_for_this_machine_only(tmp_path):

@@ -58,27 +58,33 @@ def make_data(steps, seed=0):
   return x, y
 
 
+def local_steps(model, opt: str, lr: float, wd: float, rho: float, batch: int):
+  """One client's local steps as the engine runs them: the library's loss and client optimizer, `local_step` in one
+  `lax.scan` over [steps, batch, ...] inputs; returns the jitted fn(params, xs, ys) -> the final params."""
+  loss_fn = make_loss(model)
+  cfg = default_config().client
+  cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.rho, cfg.momentum = opt, lr, wd, rho, 0.0
+  hp = {'lr': jnp.float32(lr), 'rho': jnp.float32(rho)}
+
+  @jax.jit
+  def run(params, xs, ys):
+    tx = make_client_tx(cfg, hp)
+    local = LocalState(params, tx.init(params), params)
+
+    def body(local, b):
+      local, _ = local_step(local, {'x': b[0], 'y': b[1], 'mask': jnp.ones((batch,), jnp.float32)}, None,
+                            loss_fn=loss_fn, tx=tx)
+      return local, None
+    return jax.lax.scan(body, local, (xs, ys))[0].params
+  return run
+
+
 def jax_variant(variant: str, opt: str, x, y):
   conv, pool, *rest = variant.split('+')     # a third part 'fused': ReLU and pool as one op
   model = get_model('cifar_cnn', NUM_CLASSES, (32, 32, 3), conv_impl=conv, pool_impl=pool,
                     fused_relu_pool=rest == ['fused'])
-  loss_fn = make_loss(model)
-  cfg = default_config().client
-  cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.rho, cfg.momentum = opt, LR, WD, RHO, 0.0
   params = model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
-
-  @jax.jit
-  def run(params, xs, ys):
-    tx = make_client_tx(cfg, {'lr': jnp.float32(LR), 'rho': jnp.float32(RHO)})
-    local = LocalState(params, tx.init(params), params)
-
-    def body(local, batch):
-      xb, yb = batch
-      local, _ = local_step(local, {'x': xb, 'y': yb, 'mask': jnp.ones((B,), jnp.float32)}, None,
-                            loss_fn=loss_fn, tx=tx)
-      return local, None
-    return jax.lax.scan(body, local, (xs, ys))[0].params
-
+  run = local_steps(model, opt, LR, WD, RHO, B)
   xs, ys = jnp.asarray(x), jnp.asarray(y)
   return lambda: jax.block_until_ready(run(params, xs, ys))
 

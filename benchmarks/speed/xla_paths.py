@@ -36,11 +36,15 @@ import sys
 import tempfile
 import time
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.paths import REPO
+from benchmarks.speed import bench_util, cnn_step
 from benchmarks.speed.peers import protocol
 from fedjax_flat import cpu_paths
+from fedjax_flat.models.registry import get_model
 
 SPEED = os.path.dirname(os.path.abspath(__file__))
 
@@ -68,37 +72,14 @@ def _spec(workload, opt, conv, data):
 
 class _JaxSteps:
   def __init__(self, spec, out):
-    import jax
-    import jax.numpy as jnp
-    from fedjax_flat.algorithms.local import LocalState, local_step, make_loss
-    from fedjax_flat.config.default_config import default_config
-    from fedjax_flat.models.registry import get_model
-    from fedjax_flat.optimizers.client import make_client_tx
-
     (x, y), = protocol.read_problem(spec['data'])
     b, steps, shape = int(spec['batch_size']), int(spec['steps']), tuple(spec['shape'])
     xs = jnp.asarray(x[:b * steps].reshape((steps, b) + shape))
     ys = jnp.asarray(y[:b * steps].reshape(steps, b))
     model = get_model(spec['model'], int(spec['num_classes']), shape, conv_impl=spec['conv_impl'],
                       **spec['model_kwargs'])
-    loss_fn = make_loss(model)
-    cfg = default_config().client
-    cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.rho, cfg.momentum = (
-        spec['optimizer'], spec['lr'], spec['weight_decay'], spec['rho'] or 0.05, 0.0)
     params = model.init(jax.random.key(0), jnp.zeros((1,) + shape))
-    hp = {'lr': jnp.float32(spec['lr']), 'rho': jnp.float32(spec['rho'] or 0.05)}
-
-    @jax.jit
-    def run(params, xs, ys):
-      tx = make_client_tx(cfg, hp)
-      local = LocalState(params, tx.init(params), params)
-
-      def body(local, batch):
-        xb, yb = batch
-        local, _ = local_step(local, {'x': xb, 'y': yb, 'mask': jnp.ones((b,), jnp.float32)}, None,
-                              loss_fn=loss_fn, tx=tx)
-        return local, None
-      return jax.lax.scan(body, local, (xs, ys))[0].params
+    run = cnn_step.local_steps(model, spec['optimizer'], spec['lr'], spec['weight_decay'], spec['rho'] or 0.05, b)
 
     # Which library ops the compiled step holds: a path whose flags leave this at zero did not engage.
     text = run.lower(params, xs, ys).compile().as_text()
@@ -130,7 +111,6 @@ def serve():
     return {'s': time.perf_counter() - t, 'peak_mem_bytes': protocol.peak_rss_bytes()}
 
   def info():
-    import jax
     return {'jax': jax.__version__, 'xla_flags': os.environ.get('XLA_FLAGS', ''),
             'devices': [str(d) for d in jax.devices()]}
   protocol.serve(setup, run, info)
@@ -164,10 +144,10 @@ def main(argv=None):
   args = ap.parse_args(argv)
   if args.serve:
     return serve()
-  from benchmarks.speed import bench_util    # the driver's own jax (GEMM rate, machine record)
-
   if args.smoke:
     args.workloads, args.paths, args.opts, args.repeats, args.convs = 'digits', 'default,xnn_off', 'sgd', 1, 'im2col'
+  if args.record and args.repeats < 3:
+    raise SystemExit(f'--record with --repeats={args.repeats}: a path kept for this machine needs >= 3 repeats')
   paths = [p for p in args.paths.split(',') if p]
   for p in paths:
     if p not in PATHS:

@@ -126,13 +126,18 @@ def load_spurious_digits(num_clients: int = 20, strength: float = 0.9, strength_
                          test_fraction=test_fraction, seed=seed)
 
 
-def _check(data: dict) -> None:
+def check_strengths(data: dict) -> None:
+  """strength_max against strength (the per-client strengths' range), for every spurious source."""
   strength = data.get('strength')
   strength = 0.9 if strength is None else strength
   strength_max = data.get('strength_max')
   if strength_max is not None:
     check_arg('strength_max', strength_max, strength_max == -1 or strength <= strength_max <= 1,
               f'-1 (every client has strength={strength}) or a number in [strength={strength}, 1]')
+
+
+def _check(data: dict) -> None:
+  check_strengths(data)
   test_strength = data.get('test_strength')
   if test_strength is not None:
     check_arg('test_strength', test_strength, test_strength == -1 or 0 <= test_strength <= 1,

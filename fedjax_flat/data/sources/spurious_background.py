@@ -25,9 +25,9 @@ import numpy as np
 
 from fedjax_flat.data.federated import FederatedDataset
 from fedjax_flat.data.partition import dirichlet_split
-from fedjax_flat.data.registry import check_arg, register
+from fedjax_flat.data.registry import register
 from fedjax_flat.data.sources import builtin
-from fedjax_flat.data.sources.spurious import client_strengths, group_dataset
+from fedjax_flat.data.sources.spurious import check_strengths, client_strengths, group_dataset
 from fedjax_flat.data.sources.spurious_real import WATERBIRDS_GROUPS
 from fedjax_flat.schema import DataValue
 
@@ -112,15 +112,6 @@ def load_background_digits(num_clients: int = 20, strength: float = 0.9, strengt
                            strength_max=strength_max, alpha=alpha, test_fraction=test_fraction, seed=seed)
 
 
-def _check(data: dict) -> None:
-  strength = data.get('strength')
-  strength = 0.9 if strength is None else strength
-  strength_max = data.get('strength_max')
-  if strength_max is not None:
-    check_arg('strength_max', strength_max, strength_max == -1 or strength <= strength_max <= 1,
-              f'-1 (every client has strength={strength}) or a number in [strength={strength}, 1]')
-
-
 RULES = {
     'strength': DataValue(None, 'number', lo=0, hi=1, what="spurious strength: the share of a client's digits on "
                           "their class's background (the lower end of the range when strength_max is set)"),
@@ -129,7 +120,7 @@ RULES = {
 }
 
 
-@register('background_digits', task='group_labelled', rules=RULES, check=_check)
+@register('background_digits', task='group_labelled', rules=RULES, check=check_strengths)
 def _background_digits(num_clients=20, strength=0.9, strength_max=-1.0, alpha=float('inf'), test_fraction=0.2,
                        seed=0, **unused):
   del unused
