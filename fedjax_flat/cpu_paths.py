@@ -87,10 +87,15 @@ def machine_key(jaxlib_version: Optional[str] = None) -> str:
   return f"{i['model']}|{i['machine']}|{','.join(i['features'])}|jaxlib {jaxlib_version}"
 
 
-def record_path(env: Mapping[str, str] = os.environ) -> str:
-  """$XDG_CACHE_HOME/fedjax_flat/cpu_paths.json (beside the compilation cache's xla/), else ~/.cache/..."""
+def cache_home(env: Mapping[str, str] = os.environ) -> str:
+  """$XDG_CACHE_HOME/fedjax_flat, else ~/.cache/fedjax_flat: where the compilation cache and this record live."""
   base = env.get('XDG_CACHE_HOME', '').strip() or os.path.join(os.path.expanduser('~'), '.cache')
-  return os.path.join(base, 'fedjax_flat', 'cpu_paths.json')
+  return os.path.join(base, 'fedjax_flat')
+
+
+def record_path(env: Mapping[str, str] = os.environ) -> str:
+  """cache_home()/cpu_paths.json, beside the compilation cache's xla/."""
+  return os.path.join(cache_home(env), 'cpu_paths.json')
 
 
 def _load(path: str) -> dict:

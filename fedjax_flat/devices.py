@@ -261,8 +261,7 @@ class CompilationCache:
 
 def default_cache_dir(env: Mapping[str, str] = os.environ) -> str:
   """$XDG_CACHE_HOME/fedjax_flat/xla, else ~/.cache/fedjax_flat/xla."""
-  base = env.get('XDG_CACHE_HOME', '').strip() or os.path.join(os.path.expanduser('~'), '.cache')
-  return os.path.join(base, 'fedjax_flat', 'xla')
+  return os.path.join(cpu_paths.cache_home(env), 'xla')
 
 
 def _unusable(path: str) -> str:

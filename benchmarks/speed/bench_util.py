@@ -37,10 +37,7 @@ PEERS = ('torch', 'fedjax')
 
 
 def cpu_model() -> str:
-  try:
-    return [l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name')][0]
-  except (OSError, IndexError):
-    return ''
+  return cpu_paths.isa()['model']
 
 
 def uptime() -> str:

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.speed.bench_util import gemm_gflops
+from benchmarks.speed.bench_util import cpu_model, gemm_gflops
 from fedjax_flat.algorithms.local import LocalState, local_step, make_loss
 from fedjax_flat.models.registry import get_model
 from fedjax_flat.models.layers import resolve_conv_impl, resolve_pool_impl
@@ -162,11 +162,7 @@ def main(argv=None):
       for v in r:
         r[v]['ratio_vs_torch'] = r[v]['examples_per_s'] / r['torch']['examples_per_s']
 
-  cpu = ''
-  try:
-    cpu = [l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name')][0]
-  except (OSError, IndexError):
-    pass
+  cpu = cpu_model()
   print(f'CPU {cpu} x{os.cpu_count()}, jax {jax.__version__}, fp32 GEMM 2048^3: {gemm:.0f} / {gemm_after:.0f} '
         f'GFLOP/s (before / after); {args.steps} steps x B={B} per call; default lowering {default}')
   print(f'uptime before: {uptime_before}\nuptime after:  {uptime_after}')
