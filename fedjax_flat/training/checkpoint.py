@@ -235,17 +235,20 @@ def _verify(what: str, leaves: List[np.ndarray], expected: Optional[List[str]]) 
                             'changed after they were written (bit rot, a bad disk or an edit)')
 
 
-class _QuietClosedLoop:
-  """sys.unraisablehook filter while checkpoints are restored.
+class _QuietClosedLoop(std_logging.Filter):
+  """sys.unraisablehook and asyncio-log filter while checkpoints are restored.
 
-  When orbax's restore fails on a corrupt file (which the fallback then handles), tensorstore's still
-  pending reads finish on other threads and call back into the asyncio loop that orbax has already closed;
-  Python reports each as an unraisable 'Event loop is closed' traceback. Only that error is dropped. Installed
-  while checkpoints are restored; after a failed restore it stays until the process ends (`keep`): the
-  orphaned reads can land after close(), e.g. while a binary exits with its one-line error.
+  When orbax's restore fails on a corrupt file (which the fallback then handles), tensorstore's other pending
+  reads fail too, after orbax has stopped waiting for them. Python reports each in one of two ways: an
+  unraisable 'Event loop is closed' traceback (the read calls back into the loop orbax closed), or asyncio's
+  'Task exception was never retrieved' ERROR record (the read's task is collected with its error unread).
+  Only those are dropped: the second only when its error is tensorstore's. Installed while checkpoints are
+  restored; after a failed restore it stays until the process ends (`keep`): the orphaned reads can land after
+  close(), e.g. while a binary exits with its one-line error.
   """
 
   def __init__(self):
+    super().__init__()
     self.previous = None
     self.keep = False
 
@@ -255,16 +258,25 @@ class _QuietClosedLoop:
       return
     (self.previous or sys.__unraisablehook__)(unraisable)
 
+  def filter(self, record):
+    """False for asyncio's report of an orphaned tensorstore read whose error nobody retrieved."""
+    if not str(record.msg).split('\n', 1)[0].endswith('exception was never retrieved'):
+      return True
+    exc = record.exc_info[1] if record.exc_info else None
+    return exc is None or 'tensorstore_spec' not in str(exc)
+
   def install(self):
     if self.previous is None and not isinstance(sys.unraisablehook, _QuietClosedLoop):
       self.previous = sys.unraisablehook
       sys.unraisablehook = self
+      std_logging.getLogger('asyncio').addFilter(self)
 
   def uninstall(self):
     if self.keep:        # a restore failed: its orphaned reads may still land after close(), even at exit
       return
     if self.previous is not None and sys.unraisablehook is self:
       sys.unraisablehook = self.previous
+    std_logging.getLogger('asyncio').removeFilter(self)
     self.previous = None
 
 

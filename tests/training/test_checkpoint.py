@@ -1,5 +1,7 @@
 """Checkpoints (training/checkpoint.py): round trip, keep-last-K, corrupt fallback, config mismatch, bad disks."""
+import asyncio
 import errno
+import gc
 import json
 import logging
 import os
@@ -305,6 +307,25 @@ def test_after_a_failed_restore_the_closed_loop_filter_stays_until_exit(tmp_path
     hook(types.SimpleNamespace(exc_value=RuntimeError('Event loop is closed')))
     hook(types.SimpleNamespace(exc_value=ValueError('another error')))
     assert [str(e) for e in seen] == ['another error']
+    # asyncio's report of a read task collected with its error unread: tensorstore's dropped, others kept.
+    logged = []
+    catch = logging.Handler()
+    catch.emit = lambda r: logged.append(str(r.exc_info[1]))
+    logging.getLogger('asyncio').addHandler(catch)
+    try:
+      for err in (ValueError("OUT_OF_RANGE: Error reading [tensorstore_spec='{}']"), ValueError('a user error')):
+        loop = asyncio.new_event_loop()
+
+        async def fail(err=err):
+          raise err
+        task = loop.create_task(fail())
+        loop.run_until_complete(asyncio.wait([task]))
+        loop.close()
+        del task
+        gc.collect()
+    finally:
+      logging.getLogger('asyncio').removeHandler(catch)
+    assert logged == ['a user error']
     sys.unraisablehook = sys.__unraisablehook__
     ok = ckpt_lib.Checkpointer(str(wd / 'checkpoints'), read_only=True)    # a clean restore leaves nothing
     ok.restore_step(trainers.make_trainer(tiny_config(), data=data), 3)
