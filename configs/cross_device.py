@@ -25,7 +25,8 @@ about e^-1.5 = 22%): 1e4 -> 150 rounds, 1e5 -> 1,500, 1e6 -> 15,000, digits -> 6
 
 Where the cost lives (docs/scaling.md, "Populations of 10^5-10^6 clients"):
   * sampler='floyd': the cohort is drawn in O(C^2) work, nothing of size K, so a round costs what it costs at 10^3
-    (the default 'sort' draws K keys a round: 21 ms at 10^6 on a 2-core EPYC, README.population.md).
+    ('sort' draws K keys a round: 21 ms at 10^6 on a 2-core EPYC, README.population.md; the default 'auto' is
+    'floyd' above 10^4 clients, so it is named here only to keep the digits cell on the same procedure).
   * client_state_store='auto' (core/client_state.py): a stateful method's per-client state (SCAFFOLD: c_k, one
     copy of the parameters, 106 KB a client for this MLP; FedDyn, FedSMOO, FedGloSS, FedGamma likewise hold
     model-sized states) lives on the device when K x state <= client_state_device_max_mb (256 MB), else in a host

@@ -1,8 +1,9 @@
 r"""Populations at the cost of the cohort (issue 54 item 2): time per round and memory against the population K
 at a fixed cohort, for a stateless (FedAvg) and a stateful (SCAFFOLD) algorithm.
 
-Both samplers (config `sampler`): 'sort' (the default procedure: one key per client per round, O(K)) and 'floyd'
-(O(C^2), data/sampling.py), so the table separates the draw's cost from the rest of the round.
+The samplers (config `sampler`): 'auto' (the default: 'sort' up to 10^4 clients, 'floyd' above), 'sort' (one key
+per client per round, O(K)) and 'floyd' (O(C^2), data/sampling.py), so the table separates the draw's cost from the
+rest of the round.
 
 Setup: synthetic IID data (float32, built as CSR arrays), K clients x `--examples` examples of 8 features
 (4 classes), the MLP 8-8-4 (108 parameters), `--cohort` clients per round, batch 2, one local step; defaults
@@ -26,7 +27,7 @@ Each (algorithm, K) runs in its own subprocess, one after another (peak RSS = ru
   device memory jax's memory_stats() of the device (None on the CPU backend: then stated so)
 
   python -m benchmarks.speed.population [--populations=1000,10000,100000,1000000] [--algorithms=fedavg,scaffold]
-      [--samplers=sort,floyd] [--forced=scaffold:floyd:host:1000000,scaffold:floyd:disk:1000000] [--cohort=20]
+      [--samplers=auto,sort,floyd] [--forced=scaffold:floyd:host:1000000,scaffold:floyd:disk:1000000] [--cohort=20]
       [--out=benchmarks/speed/population_cpu]
 """
 from __future__ import annotations
@@ -71,7 +72,7 @@ def _data(k: int, examples: int):
                           num_classes=4, name='population')
 
 
-def _config(algorithm, k, cohort, examples, store, host_max_mb, sampler='sort'):
+def _config(algorithm, k, cohort, examples, store, host_max_mb, sampler='auto'):
   from fedjax_flat.config.default_config import default_config
   c = default_config()
   c.dataset, c.model, c.algorithm = 'synthetic', 'mlp', algorithm
@@ -201,7 +202,7 @@ def main():
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   ap.add_argument('--populations', default='1000,10000,100000,1000000')
   ap.add_argument('--algorithms', default='fedavg,scaffold')
-  ap.add_argument('--samplers', default='sort,floyd', help="config sampler: 'sort' (default) and/or 'floyd'")
+  ap.add_argument('--samplers', default='auto,sort,floyd', help="config sampler: 'auto' (the default), 'sort', 'floyd'")
   ap.add_argument('--forced', default='scaffold:floyd:host:1000,scaffold:floyd:host:1000000,'
                   'scaffold:floyd:disk:1000,scaffold:floyd:disk:1000000',
                   help='extra rows ALGORITHM:SAMPLER:STORE:K with the client-state store named')

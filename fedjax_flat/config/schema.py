@@ -103,9 +103,9 @@ RUN = Section('', (
           {RESULT, WHOLE}),
     Field('rounds', Int(100, lo=1), 'training rounds', {RESUME}),
     Field('clients_per_round', Int(5, lo=1), 'clients sampled each round', {RESULT}),
-    Field('sampler', Choice('sort', SAMPLERS),
-          "uniform client sampling: 'sort' (O(population) per round) | 'floyd' (O(cohort^2), other clients; "
-          'data/sampling.py)', {RESULT}),
+    Field('sampler', Choice('auto', SAMPLERS),
+          "uniform client sampling: 'auto' ('sort' up to 10,000 clients, 'floyd' above) | 'sort' (O(population) "
+          "per round) | 'floyd' (O(cohort^2), other clients; data/sampling.py)", {RESULT}),
 ))
 
 

@@ -72,7 +72,7 @@ def validate_config(cfg, pending_files: Collection[str] = ()) -> None:
 def _refuse_floyd_where_unused(cfg, needs) -> None:
   """sampler='floyd' changes the uniform draw only: an algorithm that samples otherwise (H-FL's groups) would
   ignore it, so it is refused rather than recorded as used."""
-  if cfg.get('sampler', 'sort') == 'sort':
+  if cfg.get('sampler', 'auto') in ('sort', 'auto'):      # 'auto' means the group draw for these
     return
   if 'client_groups' in needs:
     raise ConfigError('sampler', cfg.sampler, f"{cfg.algorithm!r} samples a fixed number per client group "

@@ -11,11 +11,15 @@ Cost in the population K: `sample_ids` draws one 32-bit key per client (the draw
 round; the C smallest are found from the keys below a threshold instead of a sort of all K (the same clients;
 0.36 s -> 0.016 s of CPU per round at K = 10^6). Config sampler='floyd' (`floyd_ids`) draws C clients in O(C^2)
 work, nothing of size K: the round's cost then follows the cohort, not the population
-(benchmarks/speed/README.population.md), at the price of other clients than the default procedure's.
+(benchmarks/speed/README.population.md), at the price of other clients than the 'sort' procedure's. The default,
+sampler='auto' (`resolve`), is 'sort' up to AUTO_FLOYD_ABOVE clients, where its O(K) draw costs under a
+millisecond a round on a CPU and every run made before 'auto' keeps its clients, and 'floyd' above, so a round of
+a million-client population costs what one of a thousand does.
 """
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +28,10 @@ import numpy as np
 # Recorded in summary.json: results of runs with another procedure differ (other clients, other batches).
 PROCEDURE = 'sampling+batch-order/jax-threefry-sort-v1'
 FLOYD_PROCEDURE = 'sampling/jax-threefry-floyd-v1+batch-order/jax-threefry-sort-v1'     # config sampler='floyd'
-SAMPLERS = ('sort', 'floyd')
+SAMPLERS = ('auto', 'sort', 'floyd')
+# sampler='auto' is 'floyd' above this population: 'sort' at 10^4 clients is 0.7 ms a round on a 2-core CPU,
+# at 10^6 21 ms (benchmarks/speed/population_cpu.md); no run of the seeds' tables has more than 10^4 clients.
+AUTO_FLOYD_ABOVE = 10_000
 
 SAMPLE_STREAM = 0x5A3D       # fold_in tags keep the random streams of (seed, round) apart
 BATCH_STREAM = 0xB47C
@@ -133,15 +140,32 @@ def floyd_ids(key, round_idx, num_clients, clients_per_round: int):
   return jnp.sort(jax.lax.fori_loop(0, c, body, jnp.full((c,), -1, jnp.int32)))
 
 
-def draw_ids(sampler: str, key, round_idx, num_clients, clients_per_round: int):
-  """The uniform draw of config `sampler`: 'sort' (`sample_ids`, the default) or 'floyd' (`floyd_ids`)."""
+def resolve(sampler: str, num_clients: int) -> str:
+  """The concrete draw ('sort' or 'floyd') of config `sampler` for a population of `num_clients`."""
+  if sampler not in SAMPLERS:
+    raise ValueError(f'sampler={sampler!r}; allowed: {SAMPLERS}')
+  if sampler == 'auto':
+    return 'floyd' if int(num_clients) > AUTO_FLOYD_ABOVE else 'sort'
+  return sampler
+
+
+def draw_ids(sampler: str, key, round_idx, num_clients: int, clients_per_round: int):
+  """The uniform draw of config `sampler`: 'sort' (`sample_ids`), 'floyd' (`floyd_ids`) or 'auto' (`resolve`:
+  the population `num_clients` must then be a Python int)."""
+  if sampler == 'auto':
+    sampler = resolve(sampler, num_clients)
   if sampler == 'floyd':
     return floyd_ids(key, round_idx, num_clients, clients_per_round)
   return sample_ids(key, round_idx, num_clients, clients_per_round)
 
 
-def procedure(sampler: str = 'sort') -> str:
-  """What summary.json and checkpoints record of a run's sampling (PROCEDURE, or FLOYD_PROCEDURE)."""
+def procedure(sampler: str = 'sort', num_clients: Optional[int] = None) -> str:
+  """What summary.json and checkpoints record of a run's sampling (PROCEDURE, or FLOYD_PROCEDURE); 'auto' needs
+  the population."""
+  if sampler == 'auto':
+    if num_clients is None:
+      raise ValueError("procedure('auto') needs num_clients: the draw depends on the population")
+    sampler = resolve(sampler, num_clients)
   return FLOYD_PROCEDURE if sampler == 'floyd' else PROCEDURE
 
 
@@ -151,12 +175,12 @@ def _sample_jit(sampler, key, round_idx, num_clients, clients_per_round):
 
 
 def sample_clients(num_clients: int, clients_per_round: int, *, seed, round_idx: int,
-                   sampler: str = 'sort') -> np.ndarray:
+                   sampler: str = 'auto') -> np.ndarray:
   if not 0 < clients_per_round <= num_clients:
     raise ValueError(f'clients_per_round={clients_per_round} must be in [1, {num_clients}] (the population)')
   if sampler not in SAMPLERS:
     raise ValueError(f'sampler={sampler!r}; allowed: {SAMPLERS}')
-  ids = _sample_jit(sampler, seed_key(seed), jnp.asarray(round_idx, jnp.int32), int(num_clients),
+  ids = _sample_jit(resolve(sampler, num_clients), seed_key(seed), jnp.asarray(round_idx, jnp.int32), int(num_clients),
                     int(clients_per_round))
   return np.asarray(ids).astype(np.int64)
 
@@ -218,7 +242,9 @@ class RoundSampler:
 
   def __init__(self, config, num_clients: int, client_groups=None):
     self.seed, self.num_clients = config.seed, int(num_clients)
-    self.clients_per_round, self.sampler = int(config.clients_per_round), config.get('sampler', 'sort')
+    self.clients_per_round = int(config.clients_per_round)
+    self.sampler = resolve(config.get('sampler', 'auto'), self.num_clients)      # 'sort' or 'floyd'
+    self.procedure = procedure(self.sampler)
     self.groups = None if client_groups is None else client_groups['labels']
     self.per_group = int(client_groups['per_group']) if client_groups is not None else 0
 

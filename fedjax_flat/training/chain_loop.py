@@ -254,7 +254,7 @@ class ChainPlan(RunPlan):
     if self.chain.over == 'clients':     # one chain of a fraction C of the clients (FedAvg's sample of that size)
       m = fedseq_lib.num_sampled(hp['fraction'], self.data.num_clients)
       ids = sampling.sample_clients(self.data.num_clients, m, seed=c.seed, round_idx=r,
-                                    sampler=c.get('sampler', 'sort'))
+                                    sampler=c.get('sampler', 'auto'))
       members = chains_lib.order_members(ids, seed=c.seed, round_idx=r, superclient=-1, passes=self.passes,
                                          shuffle=shuffle)
       return [chains_lib.Chain(-1, members, float(self.sizes[ids].sum()), slot=0)]

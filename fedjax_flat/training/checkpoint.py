@@ -80,9 +80,9 @@ WARN_FIELDS = tagged(config_schema.SCHEMA, RESUME, top=True)
 SAME_RESULT_FIELDS = tagged(config_schema.SCHEMA, SAME_BITS)
 
 
-def _sampling_procedure(config) -> str:
+def _sampling_procedure(trainer) -> str:
   # recorded: a checkpoint of another procedure resumes with a warning
-  return sampling.procedure(config.get('sampler', 'sort'))
+  return sampling.procedure(trainer.config.get('sampler', 'auto'), trainer.plan.data.num_clients)
 
 
 class CheckpointError(errors.OperationError):
@@ -148,18 +148,24 @@ def algo_defaults(trainer) -> Dict[str, Any]:
 
 
 def config_diffs(saved: Dict, current: Dict, fields=COMPUTATION_FIELDS,
-                 algo_defaults: Optional[Dict[str, Any]] = None) -> List[Tuple[str, Any, Any]]:
+                 algo_defaults: Optional[Dict[str, Any]] = None,
+                 num_clients: Optional[int] = None) -> List[Tuple[str, Any, Any]]:
   """(field, checkpoint value, current value) for every leaf field under `fields` that differs.
 
   A field present on one side only is not a difference when the other side's value is its implicit default
   (a newer version added the field, or --config.algo.* filled in the registered defaults: `algo_defaults`, the
-  current algorithm's; None: no algo.* field has one).
+  current algorithm's; None: no algo.* field has one). Two samplers that draw alike for the run's population
+  (`num_clients`: 'sort' and 'auto' up to sampling.AUTO_FLOYD_ABOVE, the checkpoints of before 'auto') are not;
+  before the data is loaded (`num_clients` None) a difference to 'auto' is left to the restore.
   """
   diffs, defaults = [], None
   for f in fields:
     a, b = _field_leaves(saved, f), _field_leaves(current, f)
     for k in sorted(set(a) | set(b)):
       if a.get(k, '<absent>') != b.get(k, '<absent>'):
+        if k == 'sampler' and ('auto' in (a.get(k), b.get(k)) if num_clients is None else (   # None: decided
+            sampling.resolve(a.get(k, 'sort'), num_clients) == sampling.resolve(b.get(k, 'sort'), num_clients))):
+          continue                                                                        # at the restore
         if (k in a) != (k in b):
           defaults = _implicit_defaults(algo_defaults) if defaults is None else defaults
           if k in defaults and a.get(k, b.get(k)) == defaults[k]:
@@ -401,7 +407,7 @@ class Checkpointer:
         'num_client_states': num_states, 'server_leaves': [_describe(a) for a in server.values()],
         'algorithm': trainer.algorithm.label, 'num_devices': jax.device_count(),
         'num_processes': jax.process_count(), 'jax_version': jax.__version__, 'time': time.time(),
-        'sampling': _sampling_procedure(trainer.config),
+        'sampling': _sampling_procedure(trainer),
         'server_sha256': _digests(list(server.values())), 'clients_sha256': client_hashes,
         'config_sha256': _json_sha256(config),
     }
@@ -490,7 +496,8 @@ class Checkpointer:
         corrupt.append((step, e))
         self._quiet.keep = True
         continue
-      diffs = config_diffs(saved_cfg, current, algo_defaults=algo_defaults(trainer))
+      diffs = config_diffs(saved_cfg, current, algo_defaults=algo_defaults(trainer),
+                           num_clients=trainer.plan.data.num_clients)
       if diffs:
         raise CheckpointMismatchError(self.directory, step, diffs)
       try:
@@ -520,7 +527,8 @@ class Checkpointer:
                             'config.keep_rounds)')
     self._quiet.install()
     meta, saved_cfg = self._read_json(step)
-    diffs = config_diffs(saved_cfg, config_dict(trainer.config), algo_defaults=algo_defaults(trainer))
+    diffs = config_diffs(saved_cfg, config_dict(trainer.config), algo_defaults=algo_defaults(trainer),
+                         num_clients=trainer.plan.data.num_clients)
     if diffs:
       raise CheckpointMismatchError(self.directory, step, diffs)
     try:
@@ -579,10 +587,10 @@ class Checkpointer:
       logging.warning('resuming on %d device(s) from a checkpoint written on %d: the clients are sharded '
                       'differently, so the resumed rounds agree with an uninterrupted run to float32 rounding '
                       '(reduction order), not bit for bit', jax.device_count(), int(saved_devices))
-    if meta.get('sampling', 'numpy-pcg64') != _sampling_procedure(trainer.config):
+    if meta.get('sampling', 'numpy-pcg64') != _sampling_procedure(trainer):
       logging.warning('checkpoint written by a version that sampled clients and batch orders with %r; this one '
                       'uses %r: the resumed rounds differ from an uninterrupted run of either version',
-                      meta.get('sampling', 'numpy-pcg64'), _sampling_procedure(trainer.config))
+                      meta.get('sampling', 'numpy-pcg64'), _sampling_procedure(trainer))
     if trainer.recorder.writer is not None:
       _reconcile_metrics(trainer.recorder.writer, trainer.round, trainer.records)
     trainer.recorder.resumed(trainer)

@@ -21,6 +21,7 @@ import numpy as np
 from fedjax_flat import errors
 from fedjax_flat.core import runs as runs_lib
 from fedjax_flat.data import batching
+from fedjax_flat.data import sampling
 from fedjax_flat.training import chain_loop
 from fedjax_flat.training import loop
 from fedjax_flat.training import plan as plan_lib
@@ -55,8 +56,8 @@ def batch_blocker(config) -> Optional[str]:
   declared = plan_lib.declaration(config)
   if declared is not None and run_data_blocker(declared.name, declared.needs):
     return run_data_blocker(declared.name, declared.needs)
-  if config.get('sampler', 'sort') != 'sort':
-    return f"sampler={config.sampler!r} (the runs program draws with the default 'sort')"
+  if config.get('sampler', 'auto') == 'floyd':
+    return "sampler='floyd' (the runs program draws with 'sort')"
   if config.engine.get('device_data', 'auto') is False:
     return 'engine.device_data=False'
   if config.get('init') is not None and (config.init.get('checkpoint') or config.init.get('pretrained')):
@@ -71,6 +72,9 @@ def trainer_blocker(t: loop.Trainer) -> Optional[str]:
     return t.plan.device_rounds_blocker() or 'the run keeps its data on the host'
   if t.plan.mesh is not None:
     return 'clients are sharded over devices (engine.shard_clients)'
+  if t.plan.sampler.sampler != 'sort':
+    return (f"sampler='auto' draws with 'floyd' above {sampling.AUTO_FLOYD_ABOVE:,} clients "
+            f"({t.plan.data.num_clients:,} here) and the runs program with 'sort'")
   return None
 
 

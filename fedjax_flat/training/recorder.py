@@ -247,7 +247,8 @@ class Recorder:
         'rounds_per_s': (rounds_run / wall) if wall > 0 else 0.0, 'num_params': p.num_params,
         'reported_model': reported, 'strategy': p.strategy, 'backend': jax.default_backend(),
         'rounds_per_call': p.rounds_per_call, 'device_data': p.device_rounds,
-        'sampling_procedure': sampling.procedure(c.get('sampler', 'sort')), 'metric_names': self.metric_names,
+        'sampling_procedure': sampling.procedure(c.get('sampler', 'auto'), p.data.num_clients),
+        'metric_names': self.metric_names,
         **self.comm_summary(),
         'summary_last_k': c.summary_last_k})
     for ev in self.evaluations():

@@ -55,7 +55,7 @@ def test_fallback_is_exact(every):
 
 
 def test_host_sampler_matches_device_and_draws_distinct_ids():
-  ids = sampling.sample_clients(100_000, 25, seed=7, round_idx=4)
+  ids = sampling.sample_clients(100_000, 25, seed=7, round_idx=4, sampler='sort')
   ref = _full_sort(sampling.seed_key(7), 4, 100_000, 25, 100_000)
   np.testing.assert_array_equal(ids, np.asarray(ref))
   assert len(np.unique(ids)) == 25
@@ -115,3 +115,39 @@ def test_floyd_refused_where_unused():
   cfg.algorithm = 'hfl'
   with pytest.raises(ConfigError, match='sampler'):
     validate_config(cfg)
+
+
+def test_auto_is_sort_up_to_the_threshold_and_floyd_above(monkeypatch):
+  """The default sampler='auto': 'sort' (every earlier run's clients) up to AUTO_FLOYD_ABOVE clients, 'floyd' above;
+  the host draw, the compiled block's draw, the recorded procedure and the runs-program blocker all follow it."""
+  from fedjax_flat.config.default_config import default_config
+  from fedjax_flat.data.sources.builtin import synthetic
+  from fedjax_flat.training import packing
+  from fedjax_flat.training import trainers
+  from tests.fixtures.configs import small_config
+  assert default_config().sampler == 'auto'
+  t = sampling.AUTO_FLOYD_ABOVE
+  assert sampling.resolve('auto', t) == 'sort' and sampling.resolve('auto', t + 1) == 'floyd'
+  assert sampling.resolve('sort', 10**6) == 'sort' and sampling.resolve('floyd', 10) == 'floyd'
+  with pytest.raises(ValueError, match='sampler'):
+    sampling.resolve('shuffle', 10)
+  for n in (t, t + 1):
+    want = 'sort' if n == t else 'floyd'
+    assert sampling.sample_clients(n, 7, seed=3, round_idx=2).tolist() == sampling.sample_clients(
+        n, 7, seed=3, round_idx=2, sampler=want).tolist()
+    assert sampling.procedure('auto', n) == sampling.procedure(want)
+  with pytest.raises(ValueError, match='num_clients'):
+    sampling.procedure('auto')
+  data = synthetic(300, 2, input_shape=(4,), num_classes=3, seed=0)
+  cfg = small_config(**{'data.num_clients': 300, 'model': 'mlp', 'clients_per_round': 10, 'rounds': 2})
+  small = trainers.make_trainer(cfg, data=data)
+  assert small.plan.sampler.sampler == 'sort' and small.plan.device_sampler() is None
+  assert packing.batch_blocker(cfg) is None and packing.trainer_blocker(small) is None
+  monkeypatch.setattr(sampling, 'AUTO_FLOYD_ABOVE', 100)     # 300 clients are now a large population
+  big = trainers.make_trainer(cfg, data=data)
+  assert big.plan.sampler.sampler == 'floyd' and big.plan.sampler.procedure == sampling.FLOYD_PROCEDURE
+  assert big.plan.sample_round(1).tolist() == sampling.sample_clients(300, 10, seed=cfg.seed, round_idx=1,
+                                                                      sampler='floyd').tolist()
+  dev = jax.jit(big.plan.device_sampler())
+  assert np.asarray(dev(sampling.seed_key(cfg.seed), jnp.int32(1))).tolist() == big.plan.sample_round(1).tolist()
+  assert 'floyd' in packing.trainer_blocker(big)

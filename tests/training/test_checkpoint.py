@@ -196,6 +196,28 @@ def test_fields_added_since_the_checkpoint_count_as_their_defaults():
                                                    ('client.base_optimizer', '<absent>', 'adam')]
 
 
+def test_a_sort_checkpoint_resumes_under_auto_where_auto_draws_sort(tmp_path):
+  """Checkpoints written when 'sort' was the default resume under sampler='auto' for a population it draws with
+  'sort' (up to sampling.AUTO_FLOYD_ABOVE); above it the draws differ and the restore refuses."""
+  from fedjax_flat.data import sampling
+  saved = ckpt_lib.config_dict(tiny_config(sampler='sort'))
+  current = ckpt_lib.config_dict(tiny_config(sampler='auto'))
+  assert ckpt_lib.config_diffs(saved, current) == []                         # before the data: left to restore
+  assert ckpt_lib.config_diffs(saved, current, num_clients=sampling.AUTO_FLOYD_ABOVE) == []
+  assert ckpt_lib.config_diffs(saved, current, num_clients=sampling.AUTO_FLOYD_ABOVE + 1) == [
+      ('sampler', 'sort', 'auto')]
+  saved['sampler'] = 'floyd'
+  assert ckpt_lib.config_diffs(saved, current, num_clients=sampling.AUTO_FLOYD_ABOVE + 1) == []
+  assert ckpt_lib.config_diffs(saved, current, num_clients=10) == [('sampler', 'floyd', 'auto')]
+  data = small_data()
+  wd = tmp_path / 'run'
+  run_lib.run(tiny_config(sampler='sort'), str(wd), data=data)
+  ck = ckpt_lib.Checkpointer(str(wd / 'checkpoints'), read_only=True)
+  t = trainers.make_trainer(tiny_config(sampler='auto'), data=data)
+  assert ck.restore_latest(t) == 4 and t.plan.sampler.sampler == 'sort'
+  ck.close()
+
+
 def test_compute_dtype_must_match_and_an_older_checkpoint_ran_float32():
   """engine.compute_dtype changes the numbers (the only engine field that does): a checkpoint of the other
   dtype is a difference; a checkpoint written before the field existed computed in float32."""
