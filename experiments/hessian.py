@@ -132,12 +132,14 @@ _LAB_ROUND = flags.DEFINE_integer('lab_round', -1, 'With --lab: the checkpoint r
                                   'measured are those round r trains from it.')
 _LAB_MEASURES = flags.DEFINE_string('lab_measures', 'drift,sparsity,alignment,rank,profile',
                                     'With --lab: comma-separated measures among drift, sparsity, alignment, rank, '
-                                    'profile.')
+                                    'profile, barrier.')
 _LAB_EXAMPLES = flags.DEFINE_integer('lab_examples', 500, 'With --lab: training examples (drawn from the run\'s '
                                      'seed) of the alignment, rank and profile measures.')
 _LAB_BINS = flags.DEFINE_integer('lab_bins', 10, 'With --lab: loss-quantile bins of the profile.')
 _LAB_THRESHOLD = flags.DEFINE_float('lab_sparsity_threshold', 1e-3, 'With --lab: an update entry counts as zero '
                                     'when |x| <= this * the update\'s max |x|.')
+_LAB_BARRIER = flags.DEFINE_integer('lab_barrier_points', 11, 'With --lab and the barrier measure: points of [0, 1] on '
+                                    'each linear path (the global model to each client, and between clients).')
 
 
 def check_flags(argv) -> None:
@@ -180,15 +182,16 @@ def check_flags(argv) -> None:
     if _PER_CLIENT.value or _OTHER.value or _SURFACE.value or _DENSITY.value or _TRACE.value:
       raise BadInputError('--lab computes the landscape-lab measures only: leave out --per_client, '
                           '--interpolate_with, --surface_points, --density_probes and --trace_probes')
-    if _LAB_EXAMPLES.value < 2 or _LAB_BINS.value < 2 or _LAB_ROUND.value < -1:
-      raise BadInputError(f'--lab_examples={_LAB_EXAMPLES.value} and --lab_bins={_LAB_BINS.value} must be >= 2, '
+    if _LAB_EXAMPLES.value < 2 or _LAB_BINS.value < 2 or _LAB_BARRIER.value < 2 or _LAB_ROUND.value < -1:
+      raise BadInputError(f'--lab_examples={_LAB_EXAMPLES.value}, --lab_bins={_LAB_BINS.value} and '
+                          f'--lab_barrier_points={_LAB_BARRIER.value} must be >= 2, '
                           f'--lab_round={_LAB_ROUND.value} >= -1')
     if not 0 < _LAB_THRESHOLD.value < 1:
       raise BadInputError(f'--lab_sparsity_threshold={_LAB_THRESHOLD.value} must be in (0, 1), e.g. 1e-3')
   elif (_LAB_ROUND.value != -1 or _LAB_MEASURES.value != _LAB_MEASURES.default or _LAB_EXAMPLES.value != 500
-        or _LAB_BINS.value != 10 or _LAB_THRESHOLD.value != 1e-3):
-    raise BadInputError('--lab_round, --lab_measures, --lab_examples, --lab_bins and --lab_sparsity_threshold '
-                        'apply to --lab only: add --lab')
+        or _LAB_BINS.value != 10 or _LAB_THRESHOLD.value != 1e-3 or _LAB_BARRIER.value != 11):
+    raise BadInputError('--lab_round, --lab_measures, --lab_examples, --lab_bins, --lab_sparsity_threshold and '
+                        '--lab_barrier_points apply to --lab only: add --lab')
   if _PER_CLIENT.value and (_OTHER.value or _SURFACE.value or _DENSITY.value or _TRACE.value):
     raise BadInputError('--per_client computes per-client lambda_max only: leave out --interpolate_with, '
                         '--surface_points, --density_probes and --trace_probes')
@@ -222,7 +225,8 @@ def lab_report(wd, out, load_run) -> dict:
   check(trainer.algorithm, measures)        # before any work: an algorithm without per-client models
   os.makedirs(out, exist_ok=True)
   lab = Lab(trainer, measures=measures, top_k=_TOPK.value, examples=_LAB_EXAMPLES.value,
-            sparsity_threshold=_LAB_THRESHOLD.value, bins=_LAB_BINS.value, batch_size=_BATCH.value)
+            sparsity_threshold=_LAB_THRESHOLD.value, bins=_LAB_BINS.value, batch_size=_BATCH.value,
+            barrier_points=_LAB_BARRIER.value)
   fields, details = lab(trainer, params)
   rep = {'workdir': os.path.abspath(wd), 'model': _MODEL.value, 'round': int(step), 'measures': list(measures),
          'examples': int(len(lab.x)), 'top_k': _TOPK.value, 'seconds': details['seconds'], 'fields': fields,

@@ -6,6 +6,9 @@ Reads runs/security/{main,ten,asam}/<cell>/seed=<s>/ (sweeps of configs/sweeps/s
 runs/security/persist/<cell>/seed=<s>/ (clean continuation of the backdoored runs) and
 runs/security/leak/<run>/ (SGD vs SAM, with and without DP, experiments/attack.py's privacy_attacks/), and writes
 OUT/runs.jsonl (one record per run), OUT/tables.md (mean +- std over seeds).
+
+`--previous=OUT/runs.jsonl` (and OUT/leak.json) keeps the records of an earlier invocation whose run directories are
+gone: a (part, cell, seed) found under --root replaces its previous record, so seeds can be added one at a time.
 """
 from __future__ import annotations
 
@@ -80,6 +83,8 @@ def main():
   ap = argparse.ArgumentParser()
   ap.add_argument('--root', default='runs/security')
   ap.add_argument('--out', default='benchmarks/studies/security')
+  ap.add_argument('--previous', default=None, help='an earlier runs.jsonl whose records are kept (leak.json beside '
+                  'it too, when --root has no leak runs)')
   a = ap.parse_args()
   os.makedirs(a.out, exist_ok=True)
   rows = []
@@ -88,6 +93,11 @@ def main():
       r = run_record(wd, part)
       if r:
         rows.append(r)
+  if a.previous:
+    seen = {(r['part'], r['cell'], r['seed']) for r in rows}
+    with open(a.previous) as f:
+      old = [json.loads(line) for line in f if line.strip()]
+    rows = [r for r in old if (r['part'], r['cell'], r['seed']) not in seen] + rows
   with open(os.path.join(a.out, 'runs.jsonl'), 'w') as f:
     for r in rows:
       f.write(json.dumps(r) + '\n')
@@ -165,6 +175,8 @@ def main():
                    'membership': mem, 'report': rep, 'final_acc': s.get('final_test_accuracy'),
                    'dp_epsilon': s.get('dp_epsilon'), 'lambda_max': (_load(os.path.join(
                        wd, 'hessian', 'hessian_global.json')) or {}).get('lambda_max')})
+  if not leak and a.previous and os.path.exists(os.path.join(os.path.dirname(a.previous), 'leak.json')):
+    leak = _load(os.path.join(os.path.dirname(a.previous), 'leak.json')) or []
   if leak:
     with open(os.path.join(a.out, 'leak.json'), 'w') as f:
       json.dump(leak, f, indent=1, default=str)

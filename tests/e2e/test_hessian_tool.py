@@ -60,6 +60,21 @@ def test_lab_in_a_run_and_on_its_checkpoint_agree(tmp_path):
   bad = subprocess.run([sys.executable, 'experiments/hessian.py', f'--workdir={wd}', '--lab',
                         '--lab_measures=drift,curvature'], capture_output=True, text=True, cwd=REPO)
   assert bad.returncode == 2 and "--lab_measures='drift,curvature'" in bad.stderr
+  # The barrier measure with its own path resolution: 3 points of the global-to-client and client-pair paths.
+  _run(['experiments/hessian.py', f'--workdir={wd}', '--lab', '--lab_measures=barrier', '--lab_barrier_points=3',
+        f'--out_dir={wd / "lab3"}'])
+  rep3 = json.loads((wd / 'lab3' / 'lab_global_round2.json').read_text())
+  assert rep3['measures'] == ['barrier'] and rep3['fields']['barrier_max'] >= rep3['fields']['barrier_mean'] >= 0
+
+
+@pytest.mark.parametrize('flags,named', [
+    (['--lab', '--lab_barrier_points=1'], '--lab_barrier_points=1'),
+    (['--lab_barrier_points=5'], 'apply to --lab only'),
+])
+def test_lab_barrier_points_is_checked_before_anything_loads(tmp_path, flags, named):
+  res = subprocess.run([sys.executable, 'experiments/hessian.py', f'--workdir={tmp_path / "no_run"}', *flags],
+                       capture_output=True, text=True, cwd=REPO, timeout=120)
+  assert res.returncode == 2 and named in res.stderr and 'Traceback' not in res.stderr, res.stderr[-2000:]
 
 
 @pytest.mark.slow       # 2 x 60 rounds of the digits CNN + Lanczos: an experiment, not a unit test
