@@ -11,7 +11,7 @@ export PYTHONPATH=${PYTHONPATH:-$PWD}
 SW=configs/sweeps/security_digits.py
 
 # 1. The grids (one process, seeds of a cell packed as lanes where the runs allow it).
-$PY experiments/sweep.py --sweep=$SW:part=main --sweep_dir="$ROOT/main" --parallel=1 --batch_runs=auto
+$PY experiments/sweep.py --sweep=$SW:part=main,seeds=0+1+2 --sweep_dir="$ROOT/main" --parallel=1 --batch_runs=auto
 $PY experiments/sweep.py --sweep=$SW:part=ten,seeds=0+1+2 --sweep_dir="$ROOT/ten" --parallel=1 --batch_runs=auto
 # FedASAM: one process per run: fedasam-sign_flip-mean seed 1 diverges (NaN at round 15), and under --batch_runs a
 # diverged run ended the whole sweep (its later runs never started) where the process mode lists it as failed.
@@ -21,7 +21,7 @@ $PY experiments/sweep.py --sweep=$SW:part=asam --sweep_dir="$ROOT/asam" --parall
 #    trigger evaluation, no attackers), same aggregator.
 for opt in fedavg fedsam; do
   for agg in mean median; do
-    for seed in 0 1; do
+    for seed in 0 1 2; do
       src="$ROOT/main/$opt-backdoor-$agg-f0.3/seed=$seed"
       wd="$ROOT/persist/$opt-$agg/seed=$seed"; mkdir -p "$(dirname "$wd")"
       [[ -f "$wd/summary.json" ]] && continue

@@ -1,30 +1,40 @@
-r"""A pilot on the CIFAR stand-in (configs/cifar_standin.py: digits32, the FedSAM paper's CIFAR CNN): FedAvg, FedSAM
-and FedLESAM at Dirichlet alpha 0 and 0.5, two seeds, every client evaluated at the end
+r"""The CIFAR stand-in study (configs/cifar_standin.py: digits32, the FedSAM paper's CIFAR CNN): FedAvg, FedSAM,
+FedASAM, FedGloSS and FedLESAM at Dirichlet alpha 0 and 0.5, every client evaluated at the end
 (benchmarks/studies/README.standin.md).
 
   python experiments/sweep.py --sweep=configs/sweeps/standin_flat.py --sweep_dir=runs/standin --parallel=1
-  keys: rounds=<int> (default 80), seeds=<n> (default 2), cells=a+b (fedavg, fedsam, fedlesam)
+  keys: rounds=<int> (default 80), seeds=<n> (default 2: seeds 0..n-1), cells=a+b (fedavg, fedsam, fedlesam,
+  fedasam, fedgloss; default the pilot's fedavg+fedsam+fedlesam), alphas=a+b (default 0+0.5)
 
-SAM's rho 0.05 (the FedSAM paper's CIFAR value); FedLESAM the paper's direction and norm at SAM's rho.
+Radii: Table A.2 of the FedSAM paper for CIFAR-100 at alpha 0.5 (fedjax_flat/config/paper_hparams.RHO): SAM rho
+0.05, ASAM rho 0.5 and eta 0.2; FedLESAM the paper's direction and norm at SAM's rho; FedGloSS a SAM client (rho 0.05,
+warmed up from 0.001 over 30 rounds) with the release dual variant and the registered server defaults (as the
+digits workbench cell, configs/sweeps/workbench_digits.py).
 """
 
 STANDIN = 'configs/cifar_standin.py'
-METHODS = {'fedavg': {}, 'fedsam': {'client.optimizer': 'sam', 'client.rho': 0.05},
-           'fedlesam': {'algorithm': 'fedlesam', 'client.rho': 0.05}}
+SAM = {'client.optimizer': 'sam', 'client.rho': 0.05}
+METHODS = {'fedavg': {}, 'fedsam': SAM,
+           'fedlesam': {'algorithm': 'fedlesam', 'client.rho': 0.05},
+           'fedasam': {'client.optimizer': 'asam', 'client.rho': 0.5, 'client.asam_eta': 0.2},
+           'fedgloss': {'algorithm': 'fedgloss', 'client.rho0': 0.001, 'client.rho_warmup_rounds': 30,
+                        'algo.dual_variant': 'release', **SAM}}
+PILOT = ('fedavg', 'fedsam', 'fedlesam')
 
 
 def get_sweep(arg: str = ''):
   opts = dict(item.partition('=')[::2] for item in filter(None, arg.split(',')))
   rounds = int(opts.pop('rounds', 80))
   seeds = int(opts.pop('seeds', 2))
-  cells = opts.pop('cells', '+'.join(METHODS)).split('+')
-  if opts:
-    raise ValueError(f'unknown keys {sorted(opts)} in {arg!r}; the keys are rounds, seeds, cells')
+  cells = opts.pop('cells', '+'.join(PILOT)).split('+')
+  alphas = [float(a) for a in opts.pop('alphas', '0+0.5').split('+')]
+  if opts or not set(cells) <= set(METHODS):
+    raise ValueError(f'bad {arg!r}: the keys are rounds, seeds, cells (among {"+".join(METHODS)}), alphas')
   grid = [dict(name=f'{m}_a{a:g}', config=f'{STANDIN}:alpha={a}', **METHODS[m])
-          for a in (0.0, 0.5) for m in cells]
+          for a in alphas for m in cells]
   return dict(
       name='standin_flat',
-      description='FedAvg / FedSAM / FedLESAM on the CIFAR stand-in (digits32, cifar_cnn), alpha 0 and 0.5',
+      description='FedAvg / FedSAM / FedASAM / FedGloSS / FedLESAM on the CIFAR stand-in (digits32, cifar_cnn)',
       fixed={'rounds': rounds, 'eval_every': 10, 'summary_last_k': 3, 'client_eval.clients': 'all',
              'client_eval.every': rounds, 'checkpoint_every': rounds},
       grid=grid,

@@ -1,4 +1,5 @@
 """experiments/sweep.py: grid expansion and naming, local runs (run / skip / fail / resume after SIGKILL), SLURM."""
+import glob
 import json
 import os
 import pathlib
@@ -686,3 +687,20 @@ def test_tracked_sweep_one_mlflow_run_per_cell_under_the_sweeps_parent(tmp_path)
     assert r.data.tags['mlflow.parentRunId'] == parent.info.run_id and r.data.tags['fedjax_flat.sweep'] == 'sw'
     assert r.info.status == 'FINISHED' and r.data.params['client.lr'] == key.split('=')[1].split('/')[0]
     assert [m.step for m in client.get_metric_history(r.info.run_id, 'test_accuracy')] == [1, 2]
+
+
+# paper_table.py takes a family (its cells are checked by tests/config/test_families.py); the stand-in study's
+# full method set is an argument.
+_SWEEP_FILES = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, 'configs', 'sweeps', '*.py'))
+                      if not os.path.basename(p).startswith('_') and not p.endswith('paper_table.py'))
+
+
+@pytest.mark.parametrize('spec', _SWEEP_FILES + ['standin_flat:seeds=3,cells=fedavg+fedsam+fedlesam+fedasam+fedgloss'])
+def test_every_shipped_sweep_file_expands_and_every_run_validates(spec, tmp_path):
+  """A study's sweep file is what its README tells a user to run: each run's config must build and validate
+  exactly as train.py would build it (no data is loaded)."""
+  name, _, arg = spec.partition(':')
+  path = os.path.join(ROOT, 'configs', 'sweeps', f'{name}.py')
+  runs = grid_lib.expand(grid_lib.load_sweep_file(path + (f':{arg}' if arg else '')), str(tmp_path))
+  assert runs
+  assert len(grid_lib.run_configs(runs)) == len(runs)
