@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_flat.algorithms.personalization import global_params, if_seen, personal_params, personalizer_name
+from fedjax_flat.errors import BadInputError
 from fedjax_flat.evaluation.client_eval import ClientEvalProgram, check_data, distribution, select_clients
 from fedjax_flat.evaluation.evaluator import fixed_batch_size
 from fedjax_flat.training import writers
@@ -85,6 +86,10 @@ def _periodic(trainer) -> dict:
   return out
 
 
+_UNTRACEABLE = (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError,
+                jax.errors.TracerArrayConversionError)
+
+
 def _personal_models(trainer):
   """fn(ids) -> the clients' personal models stacked [len(ids), ...]: their states read from the store at once
   (`gather`) and the personalizer mapped over them in one compiled program (a client never written: the global
@@ -100,7 +105,14 @@ def _personal_models(trainer):
     if store is None:          # no client state kept: every client's model is the global one
       return jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (len(ids),) + a.shape),
                                     global_params(alg, server_state))
-    return st['client_eval_personal'](server_state, store.gather(ids), store.written(ids))
+    try:
+      return st['client_eval_personal'](server_state, store.gather(ids), store.written(ids))
+    except _UNTRACEABLE as e:        # a Python branch on a state value: the user's personalizer, one line
+      raise BadInputError(
+          f'personalizer {personalizer_name(alg)!r} of {alg.label!r} is not traceable ({type(e).__name__}): '
+          "client_eval maps it over the clients' stacked states in one compiled program, so it must choose on state "
+          "values with jnp.where (algorithms.personalization.if_seen), not a Python if; or turn "
+          'config.client_eval.clients off') from None
   return stacked
 
 

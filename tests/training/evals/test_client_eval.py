@@ -101,3 +101,25 @@ def test_the_personal_models_are_gathered_in_one_program_and_equal_each_clients_
   k = int(np.flatnonzero(written)[0])
   assert not all(np.array_equal(np.asarray(a)[k], np.asarray(b)) for a, b in zip(
       jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(glob)))      # a sampled client's own v_k
+
+
+def test_an_untraceable_personalizer_is_one_line_naming_it():
+  """A user's personalizer that branches in Python on a state value cannot be mapped over the stacked states: one
+  BadInputError naming it and the fix, not JAX's tracer error."""
+  import dataclasses
+  import jax
+  from fedjax_flat.core.contract import Personalizer
+  from fedjax_flat.errors import BadInputError
+  from fedjax_flat.training import trainers
+  from fedjax_flat.training.evals import client_eval as plugin
+  cfg = small_config(algorithm='ditto', rounds=1, seed=1, **{'algo.lam': 0.3, 'data.num_clients': 8})
+  t = trainers.make_trainer(cfg, None, write_files=False)
+  t.train()
+  inner = t.plan.algorithm.personalizer.fn
+
+  def branching(alg, server_state, client_state):
+    leaf = next(iter(jax.tree_util.tree_leaves(client_state)))
+    return inner(alg, server_state, client_state) if float(leaf.ravel()[0]) > -1e30 else None
+  t.plan.algorithm = dataclasses.replace(t.plan.algorithm, personalizer=Personalizer('branchy', branching))
+  with pytest.raises(BadInputError, match="personalizer 'branchy' of .* is not traceable .*jnp.where"):
+    plugin._personal_models(t)(np.arange(8))
