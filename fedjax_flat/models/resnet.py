@@ -1,5 +1,6 @@
 """ResNets with GroupNorm: ResNet18-GN (FedSAM / FedGloSS CIFAR and CIFAR100-PAM), ResNet34-GN (FedWMSAM's
-CIFAR100) and ResNet20-GN (WiMA); and ResNet18 with BatchNorm (`resnet18_bn`), the torchvision / "kuangliu" CIFAR network the GN one replaces.
+CIFAR100) and ResNet20-GN (WiMA); and ResNet18 with BatchNorm (`resnet18_bn`), the torchvision / "kuangliu" CIFAR
+network the GN one replaces.
 
 Digest section 2.8: BatchNorm is replaced by GroupNorm with 2 groups per GN layer (Hsieh et al.), so the model
 has no mutable state and `params` is the whole trainable state. GN has the same affine parameters as BN
