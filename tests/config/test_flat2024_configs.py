@@ -194,3 +194,17 @@ def test_report_puts_the_published_numbers_beside_two_finished_runs(tmp_path):
   md = (out / 'report.md').read_text()
   assert '| wmsam,cifar10,fedwmsam,alpha=0.1 | global | 75.00 ± 0.00 |' in md and '| 76.64 | -1.64 |' in md
   assert '| swa,cifar100,fedmoswa,alpha=0.3 | global | 60.00 ± 0.00 |' in md and '| 66.20 | -6.20 |' in md
+
+
+def test_paper_table_data_dir_skips_the_hub_cells():
+  from fedjax_flat.sweeps import grid as grid_lib
+  path = os.path.join(REPO, 'configs', 'sweeps', 'paper_table.py')
+  sweep = grid_lib.load_sweep_file(path + ':flat2024,only=wmsam+cifar10+fedavg,data_dir=D')
+  assert 'fixed' not in sweep
+  assert {g['name']: g.get('data.data_dir') for g in sweep['grid']} == {
+      'wmsam,cifar10,fedavg,alpha=0.6': 'D', 'wmsam,cifar10,fedavg,alpha=0.1': 'D',
+      'wmsam,cifar10,fedavg,gamma=6': None, 'wmsam,cifar10,fedavg,gamma=3': None}
+  runs = grid_lib.expand(sweep, 'S')
+  assert len(runs) == 12
+  # A family whose every cell reads data_dir keeps the one fixed override.
+  assert grid_lib.load_sweep_file(path + ':flat2024,only=swa,data_dir=D')['fixed'] == {'data.data_dir': 'D'}
