@@ -43,10 +43,10 @@ Published numbers (config.published.accuracy, %):
     FedSMOO       84.10  75.07  83.82  70.99        32.25  29.87  46.20  30.06
     FedLESAM(best)81.65  72.84  81.27  63.81        42.60  41.14  42.98  39.14
     FedWMSAM      83.56  76.64  84.43  74.46        49.08  46.46  47.86  43.83
-    Table 6 (the rho sweep, CIFAR-10 b=0.1): FedWMSAM at rho 0.1 = 72.44, the wmsam,cifar10,fedwmsam,alpha=0.1,
-    variant=release cell. The same table puts MoFedSAM at 73.86 with rho 0.01 and 55.62 with rho 0.1: Table 1's
-    MoFedSAM number is its rho 0.01 one, although section 5.1 gives MoFedSAM rho 0.1 (the cells follow section 5.1;
-    --config.client.rho=0.01 runs Table 6's reading).
+    Table 6 (the rho sweep, CIFAR-10 b=0.1): FedWMSAM at rho 0.1 = 72.44, carried by the release variant's cell
+    wmsam,cifar10,fedwmsam,alpha=0.1,variant=release. The same table puts MoFedSAM at 73.86 with rho 0.01 and
+    55.62 with rho 0.1: Table 1's MoFedSAM number is its rho 0.01 one, although section 5.1 gives MoFedSAM rho 0.1
+    (the cells follow section 5.1; --config.client.rho=0.01 runs Table 6's reading).
   swa: FedSWA paper (Liu et al., ICML 2025, arXiv 2507.20016) as transcribed by a third-party paper note (a
     secondary source: not checked against the paper's PDF; each cell's source says so). ResNet-18.
     Table 2 (Dirichlet 0.6)        C10    C100      Table 3 (C100)   0.1    0.3    0.6
