@@ -18,13 +18,21 @@ sweep of stages run in order (fedjax_flat/sweeps/sweep.py):
   python experiments/sweep.py --sweep=configs/sweeps/paper_table.py:ladd,only=crosscity,data_dir=D --sweep_dir=runs/t57
   python experiments/report.py --sweep_dir=runs/t57 --out_dir=runs/t57/report
 
-Options after the family: only=<token>, data_dir=<D> (data.data_dir of every run; a source stage's
-source_pretrain.data.data_dir too).
+Options after the family: only=<token>, data_dir=<D> (data.data_dir of every run whose dataset reads one; a source
+stage's source_pretrain.data.data_dir too).
 """
 import importlib.util
 import os
 
+from fedjax_flat.data import registry as data_registry
+
 _CONFIGS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _reads_data_dir(config) -> bool:
+  fields = data_registry.declared_fields(config.dataset)
+  takes = list(fields) if fields is not None else data_registry.builder_args(config.dataset)
+  return takes is None or 'data_dir' in takes
 
 
 def get_sweep(arg: str = ''):
@@ -75,4 +83,12 @@ def get_sweep(arg: str = ''):
   else:
     # Each run directory and report row is named by its cell, as the family writes it (a one-cell sweep too).
     out['grid'] = [{'name': c, 'config': f'configs/{family}.py:{c}'} for c in cells]
+    # A cell whose dataset reads no data_dir (configs/flat2024.py's pathological cells: the Hub's CIFAR through the
+    # hf dataset) would refuse data.data_dir: data_dir= then goes to the other cells only.
+    reads = {c: _reads_data_dir(mod.get_config(c)) for c in cells} if data_dir else {}
+    if not all(reads.values()):
+      del out['fixed']
+      for g in out['grid']:
+        if reads[g['name']]:
+          g['data.data_dir'] = data_dir
   return out

@@ -1,5 +1,6 @@
-"""ResNets with GroupNorm: ResNet18-GN (FedSAM / FedGloSS CIFAR and CIFAR100-PAM) and ResNet20-GN (WiMA); and
-ResNet18 with BatchNorm (`resnet18_bn`), the torchvision / "kuangliu" CIFAR network the GN one replaces.
+"""ResNets with GroupNorm: ResNet18-GN (FedSAM / FedGloSS CIFAR and CIFAR100-PAM), ResNet34-GN (FedWMSAM's
+CIFAR100) and ResNet20-GN (WiMA); and ResNet18 with BatchNorm (`resnet18_bn`), the torchvision / "kuangliu" CIFAR
+network the GN one replaces.
 
 Digest section 2.8: BatchNorm is replaced by GroupNorm with 2 groups per GN layer (Hsieh et al.), so the model
 has no mutable state and `params` is the whole trainable state. GN has the same affine parameters as BN
@@ -13,6 +14,10 @@ ResNet18-GN (`resnet18`), torchvision/"kuangliu" layout:
   projection shortcut conv1x1 (stride s) + GN. Global average pool, dense classifier.
   Parameters: 11,173,962 for 10 classes and 11,220,132 for 100 (CIFAR stem; the ImageNet stem adds
   7*7*3*64 - 3*3*3*64 = 7,680).
+
+ResNet34-GN (`resnet34`): the same stem, blocks, shortcuts and GN choices, BasicBlock stages 3-4-6-3 (He et al.
+  2016, Table 1). Parameters: 21,328,292 for 100 classes with the CIFAR stem; 21,335,972 with the ImageNet stem,
+  torchvision's resnet34 (21,797,672 for 1000 classes) with its head changed to 100 classes.
 
 ResNet18-BN (`resnet18_bn`, `ResNetBN`): the same layout with BatchNorm (momentum 0.9 in flax's convention =
   PyTorch's 0.1, epsilon 1e-5) in place of every GroupNorm: the same 11,173,962 trainable parameters for 10
@@ -215,6 +220,13 @@ def resnet18(num_classes: int = 10, *, stem: str = 'cifar', gn_groups: int = 2,
                 stem_width=64, stem=stem, gn_groups=gn_groups, shortcut='B', conv_impl=conv_impl)
 
 
+def resnet34(num_classes: int = 10, *, stem: str = 'cifar', gn_groups: int = 2,
+             conv_impl: str = 'auto') -> ResNet:
+  """ResNet34-GN: BasicBlock [3,4,6,3], widths 64-128-256-512, projection shortcuts."""
+  return ResNet(stage_sizes=(3, 4, 6, 3), widths=(64, 128, 256, 512), num_classes=num_classes,
+                stem_width=64, stem=stem, gn_groups=gn_groups, shortcut='B', conv_impl=conv_impl)
+
+
 def resnet20(num_classes: int = 10, *, gn_groups: int = 2, shortcut: str = 'A',
              conv_impl: str = 'auto') -> ResNet:
   """ResNet20-GN (He et al. CIFAR ResNet, n=3): 3 stages x 3 BasicBlocks, widths 16-32-64."""
@@ -228,6 +240,12 @@ def resnet20(num_classes: int = 10, *, gn_groups: int = 2, shortcut: str = 'A',
 def _resnet18_gn(num_classes, input_shape, conv_impl='auto', stem='cifar', gn_groups=2):
   module = resnet18(num_classes, stem=stem, gn_groups=gn_groups, conv_impl=conv_impl)
   return from_flax(module, 'resnet18_gn', num_classes, input_shape)
+
+
+@register('resnet34_gn', head=(('classifier',),))
+def _resnet34_gn(num_classes, input_shape, conv_impl='auto', stem='cifar', gn_groups=2):
+  module = resnet34(num_classes, stem=stem, gn_groups=gn_groups, conv_impl=conv_impl)
+  return from_flax(module, 'resnet34_gn', num_classes, input_shape)
 
 
 @register('resnet20_gn', head=(('classifier',),))

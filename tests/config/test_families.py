@@ -28,8 +28,10 @@ STAND_INS = ('baselines_digits', 'fedsoup_digits', 'fedseq_digits', 'fedcg_digit
              'system',  # configs/system.py: the virtual clock's digits cells (no paper table)
              'flat_cost',   # configs/flat_cost.py: issue 38's study cells (no paper table)
              'spurious',    # configs/spurious.py: the coloured digits of thesis 7.2.3 (no paper table)
-             'cross_device',   # configs/cross_device.py: issue 50's protocol (no paper table)
-             'flat2024')   # configs/flat2024.py: published settings whose numbers were not transcribed (docstring)
+             'cross_device')   # configs/cross_device.py: issue 50's protocol (no paper table)
+# Families with cells of a paper table beside published settings whose tables could not be read (configs/flat2024.py:
+# FedWMSAM / FedSWA numbers; the FedLESAM, FedGF and FedNSAM settings without one): a cell carries a number or nothing.
+PARTLY_PUBLISHED = ('flat2024',)
 SEG_FAMILIES = ('feddrive', 'ladd')   # mIoU instead of accuracy: tests/config/test_{feddrive,ladd}_configs.py
 
 
@@ -49,10 +51,10 @@ def cfg(spec):
 
 
 def test_every_family_is_known():
-  assert set(families()) == set(PAPER_FAMILIES) | set(STAND_INS) | set(SEG_FAMILIES)
+  assert set(families()) == set(PAPER_FAMILIES) | set(STAND_INS) | set(SEG_FAMILIES) | set(PARTLY_PUBLISHED)
 
 
-@pytest.mark.parametrize('name', PAPER_FAMILIES + STAND_INS)
+@pytest.mark.parametrize('name', PAPER_FAMILIES + STAND_INS + PARTLY_PUBLISHED)
 def test_every_cell_builds_validates_and_documents(name):
   mod = load(name)
   assert mod.CELLS and len(set(mod.CELLS)) == len(mod.CELLS), 'cells must be distinct'
@@ -64,7 +66,9 @@ def test_every_cell_builds_validates_and_documents(name):
     if c.swa.enabled and 'start=' not in cell:      # start=: Table 4.12's SWA start rounds
       assert swa_start_round(c) == int(0.75 * c.rounds)
     pub = c.published.to_dict()
-    if name in PAPER_FAMILIES:
+    if name in PARTLY_PUBLISHED and not pub:
+      pass
+    elif name in PAPER_FAMILIES + PARTLY_PUBLISHED:
       assert pub.get('source'), cell
       assert 'accuracy' in pub or 'diverged' in pub['source'], cell
       if 'accuracy' in pub:
@@ -76,6 +80,8 @@ def test_every_cell_builds_validates_and_documents(name):
     key = json.dumps({k: v for k, v in c.to_dict().items() if k != 'published'}, sort_keys=True, default=str)
     seen.add((key, json.dumps(pub, sort_keys=True)))
   assert len(seen) == len(mod.CELLS)
+  if name in PARTLY_PUBLISHED:
+    assert any(mod.get_config(cell).published.to_dict() for cell in mod.CELLS), name
 
 
 @pytest.mark.parametrize('spec,source,acc,extra', [

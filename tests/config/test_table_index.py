@@ -17,6 +17,10 @@ def test_tables_of_a_published_source():
   assert table_index.tables_of('FedSoup (MICCAI 2023) Table 1, retina fedbabu') == [('FedSoup', '1')]
   assert table_index.tables_of('thesis Table 4.3 ..., on CIFAR-C (Fig. 4.13: a plot)') == \
       [('thesis', '4.3'), ('thesis', 'Fig. 4.13')]
+  assert table_index.tables_of('FedWMSAM (NeurIPS 2025) Table 1, FedAvg, CIFAR-10') == [('FedWMSAM', '1')]
+  assert table_index.tables_of('FedSWA (ICML 2025) Tables 2-3, FedSAM') == [('FedSWA', '2'), ('FedSWA', '3')]
+  assert table_index.tables_of("FedSWA (ICML 2025) text (the note's text), FedAvg") == [('FedSWA', 'text')]
+  assert table_index.tables_of('thesis text') == []
   assert table_index.tables_of('') == []
 
 

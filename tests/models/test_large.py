@@ -1,4 +1,4 @@
-"""ResNet18-GN, ResNet20-GN, MobileNetV2-GN (param counts, shapes, GN groups, MAN activations) and
+"""ResNet18-GN, ResNet34-GN, ResNet20-GN, MobileNetV2-GN (param counts, shapes, GN groups, MAN activations) and
 pretrained-params loading. Param counts use `jax.eval_shape` (no FLOPs); forward passes run at batch 2."""
 import flax.linen as nn
 import jax
@@ -60,6 +60,15 @@ def expected_resnet18(k, stem_kernel=3):
   return n + _fc(512, k)
 
 
+def expected_resnet34(k, stem_kernel=3):
+  n = _conv(stem_kernel, 3, 64) + _gn(64)
+  cin = 64
+  for w, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
+    n += _basic(cin, w, cin != w) + (blocks - 1) * _basic(w, w, False)
+    cin = w
+  return n + _fc(512, k)
+
+
 def expected_resnet20(k, shortcut='A'):
   n = _conv(3, 3, 16) + _gn(16)
   cin = 16
@@ -85,7 +94,7 @@ def expected_mobilenet_v2(k):
 
 
 def test_registered():
-  assert {'resnet18_gn', 'resnet20_gn', 'mobilenet_v2_gn'} <= set(names())
+  assert {'resnet18_gn', 'resnet34_gn', 'resnet20_gn', 'mobilenet_v2_gn'} <= set(names())
 
 
 def test_param_counts():
@@ -95,6 +104,13 @@ def test_param_counts():
   assert num_params(_shapes('resnet18_gn', 100, (32, 32, 3))[1]) == expected_resnet18(100) == 11_220_132
   assert (num_params(_shapes('resnet18_gn', 10, (64, 64, 3), stem='imagenet')[1])
           == expected_resnet18(10, stem_kernel=7) == 11_181_642)
+  # torchvision resnet34 (BN; GN has the same affine parameters): 21,797,672 for 1000 classes, ImageNet stem;
+  # FedWMSAM's CIFAR100 ResNet-34 is it with a 100-class head.
+  assert expected_resnet34(1000, stem_kernel=7) == 21_797_672
+  assert expected_resnet34(100, stem_kernel=7) == 21_797_672 - _fc(512, 1000) + _fc(512, 100) == 21_335_972
+  assert (num_params(_shapes('resnet34_gn', 100, (32, 32, 3), stem='imagenet')[1])
+          == expected_resnet34(100, stem_kernel=7))
+  assert num_params(_shapes('resnet34_gn', 100, (32, 32, 3))[1]) == expected_resnet34(100) == 21_328_292
   # He et al. ResNet20: "0.27M".
   assert num_params(_shapes('resnet20_gn', 10, (32, 32, 3))[1]) == expected_resnet20(10) == 269_722
   assert (num_params(_shapes('resnet20_gn', 10, (32, 32, 3), shortcut='B')[1])
@@ -146,6 +162,7 @@ def _check_acts(acts, n_acts, first_hw):
 
 @pytest.mark.parametrize('name,num_classes,hw,n_acts,first_hw', [
     ('resnet18_gn', 10, 32, 1 + 8 * 2, 32),
+    ('resnet34_gn', 100, 16, 1 + 16 * 2, 16),
     ('mobilenet_v2_gn', 7, 64, 1 + 1 + 16 * 2 + 1, 32),
 ])
 def test_forward_and_activations(name, num_classes, hw, n_acts, first_hw):
