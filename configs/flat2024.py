@@ -45,8 +45,9 @@ Published numbers (config.published.accuracy, %):
     FedWMSAM      83.56  76.64  84.43  74.46        49.08  46.46  47.86  43.83
     Table 6 (the rho sweep, CIFAR-10 b=0.1): FedWMSAM at rho 0.1 = 72.44, carried by the release variant's cell
     wmsam,cifar10,fedwmsam,alpha=0.1,variant=release. The same table puts MoFedSAM at 73.86 with rho 0.01 and
-    55.62 with rho 0.1: Table 1's MoFedSAM number is its rho 0.01 one, although section 5.1 gives MoFedSAM rho 0.1
-    (the cells follow section 5.1; --config.client.rho=0.01 runs Table 6's reading).
+    55.62 with rho 0.1: Table 1's MoFedSAM number is its rho 0.01 one, although section 5.1 gives MoFedSAM rho 0.1.
+    The cells use 0.01, the radius that produced the number they carry (--config.client.rho=0.1 runs section 5.1's
+    reading).
   swa: FedSWA paper (Liu et al., ICML 2025, arXiv 2507.20016) as transcribed by a third-party paper note (a
     secondary source: not checked against the paper's PDF; each cell's source says so). ResNet-18.
     Table 2 (Dirichlet 0.6)        C10    C100      Table 3 (C100)   0.1    0.3    0.6
@@ -93,7 +94,8 @@ Settings (each value from the release named; [U] where the release does not say 
     FL-Simulator's torchvision stem, stem='imagenet'; GroupNorm as the release's models.py), 100 clients, 10% a
     round, Dirichlet beta 0.1 (default) or 0.6, or the pathological split (gamma=), 500 rounds, 5 local epochs,
     batch 50, local lr 0.1, global lr 1, weight decay 1e-3, clip 10 (the release's). rho (paper, the default):
-    0.01 for FedSAM, FedGAMMA, FedLESAM, FedWMSAM; 0.1 for FedSMOO and MoFedSAM; variant=release: 0.1 for all (the
+    0.01 for FedSAM, FedGAMMA, FedLESAM, FedWMSAM and MoFedSAM (Table 6; section 5.1 says 0.1, above); 0.1 for
+    FedSMOO; variant=release: 0.1 for all (the
     release's train.py default). FedWMSAM alpha 0.1, norm='layers' (the release's); MoFedSAM: fedcm alpha 0.1
     (the registered default, the momentum factor the paper cites as best [U]) with the SAM client; FedGAMMA:
     SCAFFOLD around the SAM client (fedgamma.py, FL-Simulator's); FedSMOO beta 10 (the registered default [U]);
@@ -142,10 +144,11 @@ TRAIN = {
                   model='resnet18_gn', stem='imagenet'),
 }
 SWA_DEFAULT_ALPHA = {'cifar100': 0.1, 'cifar10': 0.6}
-# FedWMSAM paper section 5.1: rho 0.01 for FedSAM, FedGAMMA, FedLESAM, FedWMSAM; 0.1 for FedSMOO and MoFedSAM.
+# FedWMSAM paper section 5.1: rho 0.01 for FedSAM, FedGAMMA, FedLESAM, FedWMSAM; 0.1 for FedSMOO and MoFedSAM, but
+# Table 6 shows Table 1's MoFedSAM number is its rho 0.01 run, so MoFedSAM's cells take 0.01.
 # variant=release: the release's train.py default, 0.1 for every method (TRAIN['wmsam']['rho']).
 WMSAM_PAPER_RHO = {'fedsam': 0.01, 'fedgamma': 0.01, 'fedlesam': 0.01, 'fedwmsam': 0.01, 'fedsmoo': 0.1,
-                   'mofedsam': 0.1}
+                   'mofedsam': 0.01}
 WMSAM_MODEL = {'cifar10': 'resnet18_gn', 'cifar100': 'resnet34_gn'}
 ALGO = {
     'lesam': {'fedlesam': {'direction': 'server', 'norm': 'layers'},
