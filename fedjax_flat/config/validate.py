@@ -76,7 +76,7 @@ def _refuse_floyd_where_unused(cfg, needs) -> None:
     return
   if 'client_groups' in needs:
     raise ConfigError('sampler', cfg.sampler, f"{cfg.algorithm!r} samples a fixed number per client group "
-                      "(stratified); the sampler applies to uniform sampling: use sampler='sort'")
+                      "(stratified); the sampler applies to uniform sampling: use the default sampler='auto' or 'sort'")
 
 
 def _validate_data(cfg) -> None:
