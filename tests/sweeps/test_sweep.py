@@ -695,7 +695,9 @@ _SWEEP_FILES = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(R
                       if not os.path.basename(p).startswith('_') and not p.endswith('paper_table.py'))
 
 
-@pytest.mark.parametrize('spec', _SWEEP_FILES + ['standin_flat:seeds=3,cells=fedavg+fedsam+fedlesam+fedasam+fedgloss'])
+@pytest.mark.parametrize('spec', _SWEEP_FILES + [
+    'standin_flat:seeds=3,cells=fedavg+fedsam+fedlesam+fedasam+fedgloss',
+    'standin_flat:alphas=0.5,cells=fedlesam_s+fedlesam_d+fednsam+fedgf+fedswa+fedmoswa+fedwmsam'])
 def test_every_shipped_sweep_file_expands_and_every_run_validates(spec, tmp_path):
   """A study's sweep file is what its README tells a user to run: each run's config must build and validate
   exactly as train.py would build it (no data is loaded)."""
