@@ -19,8 +19,8 @@ import numpy as np
 DECLARED = {'fedavg': 1, 'fedsam': 2, 'fedasam': 2, 'fedgloss': 2, 'fedlesam': 1, 'fedlesam_s': 1, 'fedlesam_d': 1,
             'fednsam': 1, 'fedgf': 2, 'fedswa': 1, 'fedmoswa': 1, 'fedwmsam': 1}
 ACC = ('acc', 'acc_k', 'c_mean', 'c_p10', 'c_worst', 'gini', 'lmax', 'trace')
-LAB = ('drift_norm_mean', 'drift_cos_mean', 'feature_rank/act0', 'feature_rank/act1', 'feature_rank/act2',
-       'barrier_mean', 'barrier_max', 'barrier_pair_mean')
+LAB = ('drift_norm_mean', 'drift_cos_mean', 'drift_aggregate_norm', 'feature_rank/act0', 'feature_rank/act1',
+       'feature_rank/act2', 'feature_rank/act3', 'barrier_mean', 'barrier_max', 'barrier_pair_mean')
 
 
 def _load(path):
@@ -84,8 +84,8 @@ def tables(rows) -> str:
     lines.append(f'| {name} | ' + ' | '.join(_cell(r[k], 1 if k in ('lmax', 'trace') else 3) for k in ACC) +
                  f" | {DECLARED.get(method, '-')} | {msgs} |")
   if any(v is not None for r in rows.values() for v in r['drift_norm_mean']):
-    lines += ['', '| cell | drift norm mean | drift cos mean | rank act0 | rank act1 | rank act2 | barrier mean | '
-              'barrier max | barrier pair mean |', '|---|---|---|---|---|---|---|---|---|']
+    lines += ['', '| cell | drift norm mean | drift cos mean | aggregate norm | rank act0 | rank act1 | rank act2 | '
+              'rank act3 | barrier mean | barrier max | barrier pair mean |', '|---|' + '---|' * len(LAB)]
     for name, r in rows.items():
       if any(v is not None for v in r['drift_norm_mean']):
         lines.append(f'| {name} | ' + ' | '.join(_cell(r[k], 1 if k.startswith('feature_rank') else 3)
