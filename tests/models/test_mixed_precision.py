@@ -59,6 +59,7 @@ SLOW = {
     'seg_cnn': (4, (16, 16, 3), {'width': 8}),
     'resnet20_gn': (10, (16, 16, 3), {}),
     'resnet18_gn': (10, (16, 16, 3), {}),
+    'resnet34_gn': (10, (16, 16, 3), {}),
     'resnet18_bn': (10, (16, 16, 3), {}),
     'mobilenet_v2_gn': (10, (32, 32, 3), {'width_mult': 0.25}),
     'deeplabv3_mobilenetv2': (4, (32, 32, 3), {'width_mult': 0.25}),
