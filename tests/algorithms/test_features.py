@@ -18,7 +18,7 @@ MEDIAN = {'server.aggregator': 'median'}
 
 def test_the_features_wrap_in_their_declared_order_with_their_declared_upload():
   fs = features.ordered()
-  assert [f.name for f in fs] == ['compress', 'robust', 'attack', 'dp', 'swa', 'wima']
+  assert [f.name for f in fs] == ['compress', 'robust', 'dp', 'attack', 'swa', 'wima']
   assert {f.name: f.upload for f in fs} == {'compress': 'delta', 'robust': 'delta', 'attack': 'delta', 'dp': 'delta',
                                             'swa': None, 'wima': None}
   assert {f.name: f.switch for f in fs}['dp'] == 'dp.mode'

@@ -5,7 +5,7 @@ upload, a model delta, where the server sees the cohort.
 Roles travel as client state: every client's row holds {'malicious': bool} (`initial_client_states`, the
 algorithm's own client state beside it under 'inner'), and client_final adds the flag to the 'uniform' upload,
 so the round's stacked uploads say which rows are malicious whatever the round path or device count. The
-wrapper declares aggregate='stacked'; its server_update (outside the robust aggregator: the feature's order 25
+wrapper declares aggregate='stacked'; its server_update (outside the robust aggregator: the feature's order 35
 is above robust's 20, and the outer wrapper's server_update runs first) rewrites the valid malicious rows of the
 'weighted' upload u (s = attack.scale; mu, sigma = the coordinate-wise mean and standard deviation (ddof 0) of
 the round's honest valid uploads, which colluding attackers see):
@@ -24,8 +24,10 @@ then hands the rows (flags removed) to the robust aggregator, or, with server.ag
 to the weighted mean itself (the engine's weights). attack.kind='none' or 'label_flip' builds nothing: the run
 is bit-identical. On the runs axis (core/runs.py) a grid over attack.scale (a traced per-run value) and
 attack.fraction (a per-run input: each run's roles are its own store rows, drawn on the host as when it runs
-alone) is one program. Refused in one line: an algorithm whose upload is not a delta, DP (its server step expects the
-streaming mean) and a population unknown when the algorithm is built.
+alone) is one program. With central DP (dp.mode='central', dp.py, order 30 inside this wrapper) the rows go to
+DP's server step stacked: the server clips every row it receives (the attackers' rewritten ones included), sums,
+adds the noise: DP as a defence. Refused in one line: an algorithm whose upload is not a delta, local or
+distributed DP (the attackers would skip their own noise), and a population unknown when the algorithm is built.
 """
 from __future__ import annotations
 
@@ -52,9 +54,9 @@ def enabled(config) -> bool:
 
 def check(config, population: int = 0) -> None:
   del population
-  if dp_lib.enabled(config):
-    raise ConfigError('attack.kind', config.attack.kind, "with dp.mode on: DP's server step takes the streaming "
-                      "mean, not the stacked uploads the attackers rewrite; set dp.mode='off'")
+  if dp_lib.enabled(config) and config.dp.mode != 'central':
+    raise ConfigError('dp.mode', config.dp.mode, 'with a model-poisoning attack: its clients add their own noise, '
+                      "which an attacker would leave out; DP as a defence is the server's: set dp.mode='central'")
 
 
 def _bcast(v, x):
@@ -173,7 +175,9 @@ def with_attack(alg: FederatedAlgorithm, config, ctx) -> FederatedAlgorithm:
     if kind == 'gaussian':
       key = jax.random.fold_in(jax.random.wrap_key_data(entry['key']), jnp.asarray(round_idx, jnp.int32))
     weighted = poison(uploads['weighted'], valid, malicious, kind, scale, key)
-    if stacked_inside:       # the robust aggregator reduces the poisoned rows
+    if 'delta' in uniform:   # DP's uniform upload (dp.py): the clipped delta travels there
+      uniform = {**uniform, 'delta': poison(uniform['delta'], valid, malicious, kind, scale, key)}
+    if stacked_inside:       # the robust aggregator (or DP's server clip) reduces the poisoned rows
       return alg.server_update(inner, {**agg, 'uploads': {'weighted': weighted, 'uniform': uniform}},
                                round_idx, phase), entry
     coef = valid.astype(jnp.float32)
@@ -188,7 +192,7 @@ def with_attack(alg: FederatedAlgorithm, config, ctx) -> FederatedAlgorithm:
                            wrappers=alg.wrappers + (KEY,))
 
 
-# Above the robust aggregator (20): the outer wrapper's server_update sees the stacked uploads first, so the
-# attackers rewrite their rows before the aggregator reduces them.
+# Above the robust aggregator (20) and DP (30): the outer wrapper's server_update sees the stacked uploads first,
+# so the attackers rewrite their rows before the aggregator reduces them or DP's server clips them and adds noise.
 FEATURE = features.register(features.Feature(
-    KEY, order=25, switch='attack.kind', enabled=enabled, wrap=with_attack, upload='delta', check=check))
+    KEY, order=35, switch='attack.kind', enabled=enabled, wrap=with_attack, upload='delta', check=check))

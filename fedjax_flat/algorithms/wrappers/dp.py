@@ -40,6 +40,7 @@ import numpy as np
 from fedjax_flat.algorithms import features
 from fedjax_flat.algorithms.wrappers.server_entry import with_server_entry
 from fedjax_flat.core.contract import FederatedAlgorithm
+from fedjax_flat.data import attacks
 from fedjax_flat.errors import ConfigError
 from fedjax_flat.models.base import num_param_arrays
 from fedjax_flat.privacy import accounting
@@ -51,6 +52,12 @@ _KEY_TAG = 0x4450      # folds the DP keys out of the run's and the clients' key
 
 def enabled(config) -> bool:
   return config.get('dp') is not None and config.dp.mode != 'off'
+
+
+def _attacked(config) -> bool:
+  """A model-poisoning attack runs outside this wrapper (algorithms/wrappers/attack.py): the server then gets the
+  round's stacked uploads, the attackers' rows rewritten, and clips every row itself."""
+  return config.get('attack') is not None and config.attack.kind in attacks.MODEL_POISONING
 
 
 def check(config, population: int = 0) -> None:
@@ -197,9 +204,25 @@ def with_dp(alg: FederatedAlgorithm, config, population: int = 0, client_sizes=N
       up['below'] = (norm <= c).astype(jnp.float32)
     return {'weighted': {'delta': delta} if capped else {}, 'uniform': up}, client_state
 
+  def stacked_sums(agg, c):
+    """(the sum of the round's uploads, each clipped to c by the server, and the count of clipped-or-not bits)
+    from the stacked rows an attack wrapper outside hands over: a malicious row is whatever its client sent, so
+    the server clips every row it receives (an honest row, clipped by its client already, keeps its norm <= c)."""
+    ups, valid = agg['uploads'], agg['valid']
+    rows = ups['weighted']['delta'] if capped else ups['uniform']['delta']
+    rows = jax.vmap(lambda r: mech.clip(r, c, per_layer, per_tensor)[0])(rows)
+    coef = jnp.where(valid, agg['weights'] if capped else 1.0, 0.0).astype(jnp.float32)
+    total = jax.tree_util.tree_map(lambda x: jnp.tensordot(coef, x.astype(jnp.float32), axes=1).astype(x.dtype),
+                                   rows)
+    below = (jnp.sum(jnp.where(valid, ups['uniform']['below'], 0.0)) if adaptive else None)
+    return total, below
+
   def server_update(inner, s, agg, round_idx, phase=0):
     n = agg['num_clients']
-    if capped:    # back to the sum: sum_k w_hat w_k Delta_k = weighted mean x total weight
+    below_count = None
+    if stacked:
+      total, below_count = stacked_sums(agg, current_clip(s))
+    elif capped:    # back to the sum: sum_k w_hat w_k Delta_k = weighted mean x total weight
       tw = agg['total_weight']
       total = jax.tree_util.tree_map(lambda x: x * tw.astype(x.dtype), agg['weighted']['delta'])
     else:
@@ -211,15 +234,22 @@ def with_dp(alg: FederatedAlgorithm, config, population: int = 0, client_sizes=N
       c = current_clip(s)
       mean = mech.noisy_mean(k_value, total, z_v * c * cap * (m / big_m), denominator)
       if adaptive:
-        new_clip, _ = mech.adaptive_clip(s['clip'], agg['uniform']['below'] * n, k_count, sigma_b * (m / big_m), m,
+        if below_count is None:
+          below_count = agg['uniform']['below'] * n
+        new_clip, _ = mech.adaptive_clip(s['clip'], below_count, k_count, sigma_b * (m / big_m), m,
                                          d.target_quantile, d.clip_lr)
         s = {**s, 'clip': new_clip}
+    if stacked:
+      agg = {k: v for k, v in agg.items() if k not in ('uploads', 'weights', 'valid')}
     inner_agg = {**agg, 'weighted': {'delta': mean}, 'uniform': {}}
     return alg.server_update(inner, inner_agg, round_idx, phase), s
 
+  # Under a model-poisoning attack the round's uploads reach this server step stacked (the attack wrapper sits
+  # outside, order 35): the attackers rewrite their rows, then the server clips every row and adds the noise.
+  stacked = _attacked(config)
   return with_server_entry(alg, KEY, init=init, broadcast=broadcast, server_update=server_update,
                            wrappers=alg.wrappers + (KEY,), client_init=client_init, client_step=client_step,
-                           client_final=client_final)
+                           client_final=client_final, aggregate='stacked' if stacked else alg.aggregate)
 
 
 def divergence(config, d: int, population: int = 0) -> str:

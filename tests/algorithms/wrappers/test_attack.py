@@ -135,6 +135,32 @@ def test_fedavg_with_attackers_equals_the_hand_computed_rounds(kind, aggregator)
   assert sum(bad in ids for ids in SCHEDULE) >= 2            # the attacker is sampled: the rewrite mattered
 
 
+def _clip(x, c):
+  return x * min(1.0, c / max(float(np.linalg.norm(x)), 1e-30))
+
+
+@pytest.mark.parametrize('kind', ['sign_flip', 'alie', 'scale'])
+def test_central_dp_as_a_defence_clips_every_row_the_server_receives(kind):
+  """Central DP under an attack: honest clients clip their deltas, the attackers rewrite theirs (ALIE from the
+  clipped honest rows they see), the server clips every row again, sums and divides by the expected cohort m =
+  clients_per_round (DP's fixed denominator; z = 0 here, so the noise drops out and the rounds are the formula's)."""
+  cfg = _cfg(kind, scale=3.0)
+  cfg.server.weighting = 'uniform'
+  cfg.dp.mode, cfg.dp.clip, cfg.dp.noise_multiplier, cfg.dp.delta = 'central', 0.05, 0.0, 1e-3
+  state, alg = _run(cfg)
+  assert alg.aggregate == 'stacked' and alg.wrappers[-2:] == ('dp', 'attack')
+  bad = set(attacks.malicious_clients(len(SIZES), cfg.attack.fraction, cfg.seed).tolist())
+  w = PARAMS0
+  for r, ids in enumerate(SCHEDULE):
+    x = np.stack([_clip(ref_flat(sub(w, local_sgd(w, r, k))), 0.05) for k in ids])
+    honest = np.array([k not in bad for k in ids])
+    forged = _np_forged(kind, x, honest, 3.0)
+    rows = [_clip(forged(x[i]) if not honest[i] else x[i], 0.05) for i in range(len(ids))]
+    w = unflat(ref_flat(w) - 0.8 * np.sum(rows, 0) / cfg.clients_per_round, w)
+  np.testing.assert_allclose(ref_flat(state['params']), ref_flat(w), rtol=2e-5, atol=2e-6)
+  assert any(not h for ids in SCHEDULE for h in [k not in bad for k in ids])   # an attacker was sampled
+
+
 def test_no_attack_builds_nothing():
   for kind in ('none', 'label_flip'):
     c = config('fedavg')
@@ -158,7 +184,7 @@ def test_an_algorithm_with_client_state_keeps_it_beside_the_role():
     ({'attack.kind': 'ipm', 'attack.fraction': -0.1}, r'attack\.fraction=-0\.1'),
     ({'attack.kind': 'gaussian', 'attack.scale': 0.0}, r'attack\.scale=0'),
     ({'attack.kind': 'alie', 'algorithm': 'scaffold'}, r"attack\.kind='alie'.*scaffold"),
-    ({'attack.kind': 'sign_flip', 'dp.mode': 'central', 'server.weighting': 'uniform'}, r"attack\.kind.*dp\.mode"),
+    ({'attack.kind': 'sign_flip', 'dp.mode': 'local', 'server.weighting': 'uniform'}, r"dp\.mode='local'.*central"),
     ({'attack.kind': 'sign_flip', 'attack.target_label': 3}, r'attack\.target_label'),
     ({'attack.kind': 'label_flip', 'attack.fraction': 0.2}, r'attack\.fraction'),
     ({'attack.kind': 'sign_flip', 'attack.swap': 'random'}, r'attack\.swap'),
