@@ -2,7 +2,8 @@
 
   .venv/bin/python -m benchmarks.studies.security_table --root=runs/security --out=benchmarks/studies/security
 
-Reads runs/security/{main,ten,asam}/<cell>/seed=<s>/ (sweeps of configs/sweeps/security_digits.py),
+Reads runs/security/{main,ten,asam,asam_ten,standin}[.<suffix>]/<cell>/seed=<s>/ (sweeps of
+configs/sweeps/security_digits.py; a part's cells added later run into <part>.<suffix>/ beside it),
 runs/security/persist/<cell>/seed=<s>/ (clean continuation of the backdoored runs) and
 runs/security/leak/<run>/ (SGD vs SAM, with and without DP, experiments/attack.py's privacy_attacks/), and writes
 OUT/runs.jsonl (one record per run), OUT/tables.md (mean +- std over seeds).
@@ -19,6 +20,9 @@ import math
 import os
 
 import numpy as np
+
+
+ORDER = ('mean', 'median', 'krum', 'centered_clipping', 'dp')   # the defence columns, in the study's order
 
 
 def _load(p):
@@ -52,6 +56,8 @@ def run_record(wd, part):
           'optimizer': c['client']['optimizer'], 'attack': c['attack']['kind'],
           'fraction': c['attack']['fraction'] if c['attack']['kind'] != 'none' else 0.0,
           'aggregator': c['server']['aggregator'], 'rounds': s['rounds_completed'],
+          'defence': 'dp' if (c.get('dp') or {}).get('mode', 'off') != 'off' else c['server']['aggregator'],
+          'dp_epsilon': s.get('dp_epsilon'),
           'final_acc': s['final_test_accuracy'], 'lastk_acc': float(np.mean([r['test_accuracy'] for r in last])),
           'lastk_asr': float(np.mean(asr)) if asr else None,
           'asr_curve': [(r['round'], r['attack_success_rate']) for r in recs if 'attack_success_rate' in r],
@@ -72,6 +78,12 @@ def ms(xs, scale=100.0, nd=1):
   return f'{a.mean():.{nd}f} ± {a.std():.{nd}f}' if len(a) > 1 else f'{a[0]:.{nd}f}'
 
 
+def defence(r):
+  """The defence column: the aggregator, or 'dp' (central DP with the mean; records before it existed: the
+  aggregator)."""
+  return r.get('defence') or r['aggregator']
+
+
 def grouped(rows):
   g = {}
   for r in rows:
@@ -88,8 +100,10 @@ def main():
   a = ap.parse_args()
   os.makedirs(a.out, exist_ok=True)
   rows = []
-  for part in ('main', 'ten', 'asam', 'persist'):
-    for wd in sorted(glob.glob(os.path.join(a.root, part, '*', 'seed=*'))):
+  for part in ('main', 'ten', 'asam', 'asam_ten', 'standin', 'persist'):
+    wds = glob.glob(os.path.join(a.root, part, '*', 'seed=*')) + glob.glob(os.path.join(a.root, part + '.*', '*',
+                                                                                         'seed=*'))
+    for wd in sorted(wds):
       r = run_record(wd, part)
       if r:
         rows.append(r)
@@ -106,15 +120,21 @@ def main():
   opt_name = {'sgd': 'FedAvg', 'sam': 'FedSAM', 'asam': 'FedASAM'}
   # Accuracy table: rows (method, attack, fraction), columns defences.
   for part, title in (('main', '30% attackers (main grid)'), ('ten', '10% attackers'),
-                      ('asam', 'FedASAM, 30% attackers')):
+                      ('asam', 'FedASAM, 30% attackers'), ('asam_ten', 'FedASAM, 10% attackers'),
+                      ('standin', 'CIFAR stand-in, 30% attackers')):
     cells = {k[1]: v for k, v in g.items() if k[0] == part}
     if not cells:
       continue
+    # The last-K rounds, from a run's own curve (the parts differ: 35 and 40 on the digits, 70 and 80 on the stand-in).
+    first = next(iter(cells.values()))[0]
+    lk = [rd for rd, _ in first['acc_curve']][-2:]
+    lk_s = ' and '.join(str(rd) for rd in lk)
     aggs = []
     for v in cells.values():
-      if v[0]['aggregator'] not in aggs:
-        aggs.append(v[0]['aggregator'])
-    md.append(f'### {title}: last-K test accuracy % (rounds 35 and 40), mean ± std over seeds\n')
+      if defence(v[0]) not in aggs:
+        aggs.append(defence(v[0]))
+    aggs.sort(key=lambda d: ORDER.index(d) if d in ORDER else len(ORDER))
+    md.append(f'### {title}: last-K test accuracy % (rounds {lk_s}), mean ± std over seeds\n')
     md.append('| method | attack | ' + ' | '.join(aggs) + ' | seeds |')
     md.append('|---|---|' + '---|' * len(aggs) + '---|')
     keys = []
@@ -126,7 +146,7 @@ def main():
       vals, n = [], 0
       for ag in aggs:
         v = [x for x in cells.values() if x[0]['optimizer'] == opt and x[0]['attack'] == att and
-             x[0]['aggregator'] == ag]
+             defence(x[0]) == ag]
         vals.append(ms([r['lastk_acc'] for r in v[0]]) if v else '-')
         n = max(n, len(v[0]) if v else 0)
       md.append(f'| {opt_name[opt]} | {att} | ' + ' | '.join(vals) + f' | {n} |')
@@ -139,13 +159,13 @@ def main():
       for opt in dict.fromkeys(v[0]['optimizer'] for _, v in bd):
         vals = []
         for ag in aggs:
-          v = [x for _, x in bd if x[0]['optimizer'] == opt and x[0]['aggregator'] == ag]
+          v = [x for _, x in bd if x[0]['optimizer'] == opt and defence(x[0]) == ag]
           vals.append(ms([r['lastk_asr'] for r in v[0]]) if v else '-')
         md.append(f'| {opt_name[opt]} | ' + ' | '.join(vals) + ' |')
       md.append('')
   lam = [r for r in rows if r['lambda_max'] is not None]
   if lam:
-    md.append('### lambda_max of the final global model (seed 0; top Hessian eigenvalue on the 359 test digits, '
+    md.append('### lambda_max of the final global model (seed 0; top Hessian eigenvalue on the 359 test images, '
               'experiments/hessian.py)\n')
     md.append('| part | cell | lambda_max | last-K acc % |')
     md.append('|---|---|---|---|')
