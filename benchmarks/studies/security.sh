@@ -19,7 +19,7 @@ $PY experiments/sweep.py --sweep=$SW:part=ten,seeds=0+1+2 --sweep_dir="$ROOT/ten
 # diverged run ended the whole sweep (its later runs never started) where the process mode lists it as failed.
 $PY experiments/sweep.py --sweep=$SW:part=asam,seeds=0+1+2 --sweep_dir="$ROOT/asam" --parallel=1 || true
 $PY experiments/sweep.py --sweep=$SW:part=asam_ten,seeds=0+1+2 --sweep_dir="$ROOT/asam_ten" --parallel=1 || true
-# The CIFAR stand-in: FedAvg / FedSAM x {none, ALIE, backdoor} x {mean, median, centered clipping}, 80 rounds.
+# The CIFAR stand-in: FedAvg / FedSAM x {none, ALIE, backdoor} x the five defences, 80 rounds.
 $PY experiments/sweep.py --sweep=$SW:part=standin,seeds=0+1+2 --sweep_dir="$ROOT/standin" --parallel=1 --batch_runs=auto
 
 # 2. Backdoor persistence: 20 clean rounds from each backdoored round-40 model (attack.fraction=0 keeps the
@@ -50,7 +50,7 @@ for cell in fedavg-none-mean fedsam-none-mean fedavg-backdoor-mean-f0.3 fedsam-b
   [[ -f "$wd/hessian/hessian_global.json" ]] || $PY experiments/hessian.py --workdir="$wd" --top_k=1 2>/dev/null | tail -n 2
 done
 for cell in fedavg-none-mean fedsam-none-mean fedavg-backdoor-mean-f0.3 fedsam-backdoor-mean-f0.3 \
-    fedavg-alie-cc-f0.3 fedsam-alie-cc-f0.3; do
+    fedavg-alie-cc-f0.3 fedsam-alie-cc-f0.3 fedavg-none-dp fedsam-none-dp; do
   wd="$ROOT/standin/$cell/seed=0"
   [[ -f "$wd/hessian/hessian_global.json" ]] || $PY experiments/hessian.py --workdir="$wd" --top_k=1 \
     --num_examples=359 --lanczos_steps=20 2>/dev/null | tail -n 2
