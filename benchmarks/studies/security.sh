@@ -19,8 +19,12 @@ $PY experiments/sweep.py --sweep=$SW:part=ten,seeds=0+1+2 --sweep_dir="$ROOT/ten
 # diverged run ended the whole sweep (its later runs never started) where the process mode lists it as failed.
 $PY experiments/sweep.py --sweep=$SW:part=asam,seeds=0+1+2 --sweep_dir="$ROOT/asam" --parallel=1 || true
 $PY experiments/sweep.py --sweep=$SW:part=asam_ten,seeds=0+1+2 --sweep_dir="$ROOT/asam_ten" --parallel=1 || true
-# The CIFAR stand-in: FedAvg / FedSAM x {none, ALIE, backdoor} x the five defences, 80 rounds.
-$PY experiments/sweep.py --sweep=$SW:part=standin,seeds=0+1+2 --sweep_dir="$ROOT/standin" --parallel=1 --batch_runs=auto
+# The CIFAR stand-in: FedAvg / FedSAM x {none, ALIE, backdoor} x the five defences, and sign flip with centered
+# clipping and DP (the cells that survive it on the digits), 80 rounds.
+$PY experiments/sweep.py --sweep=$SW:part=standin,seeds=0+1+2,attacks=none+alie+backdoor --sweep_dir="$ROOT/standin" \
+  --parallel=1 --batch_runs=auto
+$PY experiments/sweep.py --sweep=$SW:part=standin,seeds=0+1+2,attacks=sign_flip,defences=cc+dp \
+  --sweep_dir="$ROOT/standin.sf" --parallel=1 --batch_runs=auto
 
 # 2. Backdoor persistence: 20 clean rounds from each backdoored round-40 model (attack.fraction=0 keeps the
 #    trigger evaluation, no attackers), same aggregator.
