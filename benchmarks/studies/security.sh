@@ -25,6 +25,10 @@ $PY experiments/sweep.py --sweep=$SW:part=standin,seeds=0+1+2,attacks=none+alie+
   --parallel=1 --batch_runs=auto
 $PY experiments/sweep.py --sweep=$SW:part=standin,seeds=0+1+2,attacks=sign_flip,defences=cc+dp \
   --sweep_dir="$ROOT/standin.sf" --parallel=1 --batch_runs=auto
+# The control for DP's gain on the stand-in: the clip alone (norm bounding at DP's clip, no noise), no attack.
+$PY experiments/sweep.py --config=configs/cifar_standin.py --grid=client.optimizer=sgd,sam --set=client.rho=0.05 \
+  --set=rounds=80 --set=eval_every=10 --set=summary_last_k=2 --set=server.aggregator=norm_bounding \
+  --set=server.norm_bound=0.5 --seeds=0,1,2 --sweep_dir="$ROOT/clip" --parallel=1 --batch_runs=auto
 
 # 2. Backdoor persistence: 20 clean rounds from each backdoored round-40 model (attack.fraction=0 keeps the
 #    trigger evaluation, no attackers), same aggregator.
