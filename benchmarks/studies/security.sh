@@ -13,10 +13,9 @@ SW=configs/sweeps/security_digits.py
 
 # 1. The grids (one process, seeds of a cell packed as lanes where the runs allow it).
 $PY experiments/sweep.py --sweep=$SW:part=main,seeds=0+1+2 --sweep_dir="$ROOT/main" --parallel=1 --batch_runs=auto
-# 10%: one process per run (sign flip diverges on some seeds; see the FedASAM note below).
+# 10% and FedASAM: sign flip diverges on some seeds (FedASAM with the mean: NaN at rounds 12-15); a diverged run is
+# listed as failed and the sweep goes on (with --batch_runs too), hence `|| true`.
 $PY experiments/sweep.py --sweep=$SW:part=ten,seeds=0+1+2 --sweep_dir="$ROOT/ten" --parallel=1 || true
-# FedASAM: one process per run: fedasam-sign_flip-mean seed 1 diverges (NaN at round 15), and under --batch_runs a
-# diverged run ended the whole sweep (its later runs never started) where the process mode lists it as failed.
 $PY experiments/sweep.py --sweep=$SW:part=asam,seeds=0+1+2 --sweep_dir="$ROOT/asam" --parallel=1 || true
 $PY experiments/sweep.py --sweep=$SW:part=asam_ten,seeds=0+1+2 --sweep_dir="$ROOT/asam_ten" --parallel=1 || true
 # The CIFAR stand-in: FedAvg / FedSAM x {none, ALIE, backdoor} x the five defences, and sign flip with centered
@@ -25,6 +24,25 @@ $PY experiments/sweep.py --sweep=$SW:part=standin,seeds=0+1+2,attacks=none+alie+
   --parallel=1 --batch_runs=auto
 $PY experiments/sweep.py --sweep=$SW:part=standin,seeds=0+1+2,attacks=sign_flip,defences=cc+dp \
   --sweep_dir="$ROOT/standin.sf" --parallel=1 --batch_runs=auto
+$PY experiments/sweep.py --sweep=$SW:part=standin,seeds=0+1+2,attacks=sign_flip,defences=mean \
+  --sweep_dir="$ROOT/standin.sf2" --parallel=1 --batch_runs=auto || true
+$PY experiments/sweep.py --sweep=$SW:part=standin,seeds=0+1+2,attacks=sign_flip,defences=median+krum \
+  --sweep_dir="$ROOT/standin.sf3" --parallel=1 --batch_runs=auto || true
+# FedASAM on the stand-in (rho 0.5, eta 0.2), the same grid at 30 %.
+$PY experiments/sweep.py --sweep=$SW:part=standin_asam,seeds=0+1+2,attacks=none+alie+backdoor \
+  --sweep_dir="$ROOT/standin_asam" --parallel=1 --batch_runs=auto || true
+$PY experiments/sweep.py --sweep=$SW:part=standin_asam,seeds=0+1+2,attacks=sign_flip,defences=mean+cc+dp \
+  --sweep_dir="$ROOT/standin_asam.sf" --parallel=1 --batch_runs=auto || true
+$PY experiments/sweep.py --sweep=$SW:part=standin_asam,seeds=0+1+2,attacks=sign_flip,defences=median+krum \
+  --sweep_dir="$ROOT/standin_asam.sf3" --parallel=1 --batch_runs=auto || true
+# 10 % attackers on the stand-in: the three methods x {sign flip, ALIE, backdoor} x {mean, centered clipping, DP}
+# (the median and Krum do not train the stand-in without an attacker: 10-15 %).
+$PY experiments/sweep.py --sweep=$SW:part=standin_ten,seeds=0+1+2,methods=fedavg+fedsam,attacks=backdoor,defences=mean+cc+dp \
+  --sweep_dir="$ROOT/standin_ten.b" --parallel=1 --batch_runs=auto || true
+$PY experiments/sweep.py --sweep=$SW:part=standin_ten,seeds=0+1+2,methods=fedavg+fedsam,attacks=alie+sign_flip,defences=mean+cc+dp \
+  --sweep_dir="$ROOT/standin_ten.as" --parallel=1 --batch_runs=auto || true
+$PY experiments/sweep.py --sweep=$SW:part=standin_ten,seeds=0+1+2,methods=fedasam,defences=mean+cc+dp \
+  --sweep_dir="$ROOT/standin_ten.asam" --parallel=1 --batch_runs=auto || true
 # The control for DP's gain on the stand-in: the clip alone (norm bounding at DP's clip, no noise), no attack.
 $PY experiments/sweep.py --config=configs/cifar_standin.py --grid=client.optimizer=sgd,sam --set=client.rho=0.05 \
   --set=rounds=80 --set=eval_every=10 --set=summary_last_k=2 --set=server.aggregator=norm_bounding \
@@ -50,6 +68,25 @@ for opt in fedavg fedsam; do
   done
 done
 
+# ... and on the stand-in: 20 clean rounds from each backdoored round-80 model.
+for opt in fedavg fedsam; do
+  for agg in mean median; do
+    for seed in 0 1 2; do
+      src="$ROOT/standin/$opt-backdoor-$agg-f0.3/seed=$seed"
+      wd="$ROOT/persist_standin/$opt-$agg/seed=$seed"; mkdir -p "$(dirname "$wd")"
+      [[ -f "$wd/summary.json" ]] && continue
+      OPT=(--config.client.optimizer=sgd)
+      [[ $opt == fedsam ]] && OPT=(--config.client.optimizer=sam --config.client.rho=0.05)
+      $PY experiments/train.py --config=configs/cifar_standin.py "${OPT[@]}" --config.rounds=20 --config.eval_every=2 \
+        --config.summary_last_k=2 --config.server.aggregator=$agg --config.attack.kind=backdoor \
+        --config.attack.fraction=0.0 --config.attack.scale=5 --config.attack.target_label=0 \
+        --config.attack.trigger_size=4 --config.attack.trigger_row=2 --config.attack.trigger_col=2 \
+        --config.attack.poison_fraction=0.5 --config.init.checkpoint="$src" --config.seed=$seed \
+        --workdir="$wd" 2>"$wd.log" | tail -n 1 || true
+    done
+  done
+done
+
 # 3. lambda_max (seed 0) of a subset of the grid (the leakage runs' lambda_max: step 4).
 for cell in fedavg-none-mean fedsam-none-mean fedavg-backdoor-mean-f0.3 fedsam-backdoor-mean-f0.3 \
     fedavg-alie-median-f0.3 fedsam-alie-median-f0.3 fedavg-sign_flip-krum-f0.3 fedsam-sign_flip-krum-f0.3 \
@@ -60,6 +97,11 @@ done
 for cell in fedavg-none-mean fedsam-none-mean fedavg-backdoor-mean-f0.3 fedsam-backdoor-mean-f0.3 \
     fedavg-alie-cc-f0.3 fedsam-alie-cc-f0.3 fedavg-none-dp fedsam-none-dp; do
   wd="$ROOT/standin/$cell/seed=0"
+  [[ -f "$wd/hessian/hessian_global.json" ]] || $PY experiments/hessian.py --workdir="$wd" --top_k=1 \
+    --num_examples=359 --lanczos_steps=20 2>/dev/null | tail -n 2
+done
+for cell in fedasam-none-mean fedasam-none-dp fedasam-alie-cc-f0.3 fedasam-backdoor-mean-f0.3; do
+  wd="$ROOT/standin_asam/$cell/seed=0"
   [[ -f "$wd/hessian/hessian_global.json" ]] || $PY experiments/hessian.py --workdir="$wd" --top_k=1 \
     --num_examples=359 --lanczos_steps=20 2>/dev/null | tail -n 2
 done
@@ -77,6 +119,20 @@ for k in 1 2 3; do for cell in fedavg fedsam fedavg_eps8 fedsam_eps8; do
   wd="$ROOT/leak/$cell"
   [[ -f "$wd/privacy_attacks_c$k/inversion.json" ]] || $PY experiments/attack.py --workdir="$wd" --attack=inversion \
     --client=$k --out_dir="$wd/privacy_attacks_c$k" 2>/dev/null | grep inversion
+done; done
+
+# ... and on the stand-in: the grid's own unattacked runs (mean / DP), every seed, clients 0-3; LiRA (16 shadows
+# trained centrally) on seed 0.
+for s in 0 1 2; do for cell in standin/fedavg-none-mean standin/fedsam-none-mean standin.kd/fedavg-none-dp \
+    standin.kd/fedsam-none-dp; do
+  wd="$ROOT/$cell/seed=$s"
+  [[ -f "$wd/privacy_attacks/membership.json" ]] || $PY experiments/attack.py --workdir="$wd" --attack=all 2>/dev/null | tail -n 3
+  for k in 1 2 3; do
+    [[ -f "$wd/privacy_attacks_c$k/inversion.json" ]] || $PY experiments/attack.py --workdir="$wd" --attack=inversion \
+      --client=$k --out_dir="$wd/privacy_attacks_c$k" 2>/dev/null | grep inversion
+  done
+  [[ $s != 0 || -f "$wd/privacy_attacks_lira/membership.json" ]] || $PY experiments/attack.py --workdir="$wd" \
+    --attack=membership --lira_shadows=16 --out_dir="$wd/privacy_attacks_lira" 2>/dev/null | grep lira
 done; done
 
 $PY -m benchmarks.studies.security_table --root="$ROOT" --out=benchmarks/studies/security

@@ -2,11 +2,12 @@
 
   .venv/bin/python -m benchmarks.studies.security_table --root=runs/security --out=benchmarks/studies/security
 
-Reads runs/security/{main,ten,asam,asam_ten,standin}[.<suffix>]/<cell>/seed=<s>/ (sweeps of
-configs/sweeps/security_digits.py; a part's cells added later run into <part>.<suffix>/ beside it),
-runs/security/persist/<cell>/seed=<s>/ (clean continuation of the backdoored runs) and
-runs/security/leak/<run>/ (SGD vs SAM, with and without DP, experiments/attack.py's privacy_attacks/), and writes
-OUT/runs.jsonl (one record per run), OUT/tables.md (mean +- std over seeds).
+Reads runs/security/{main,ten,asam,asam_ten,standin,standin_asam,standin_ten}[.<suffix>]/<cell>/seed=<s>/ (sweeps
+of configs/sweeps/security_digits.py; a part's cells added later run into <part>.<suffix>/ beside it),
+runs/security/{persist,persist_standin}/<cell>/seed=<s>/ (clean continuation of the backdoored runs),
+runs/security/leak/<run>/ (digits: SGD vs SAM, with and without DP, experiments/attack.py's privacy_attacks/) and
+the stand-in's unattacked mean / DP runs' privacy_attacks*/ (every seed), and writes OUT/runs.jsonl (one record
+per run), OUT/leak.json, OUT/leak_standin.json and OUT/tables.md (mean +- std over seeds).
 
 `--previous=OUT/runs.jsonl` (and OUT/leak.json) keeps the records of an earlier invocation whose run directories are
 gone: a (part, cell, seed) found under --root replaces its previous record, so seeds can be added one at a time.
@@ -100,7 +101,8 @@ def main():
   a = ap.parse_args()
   os.makedirs(a.out, exist_ok=True)
   rows = []
-  for part in ('main', 'ten', 'asam', 'asam_ten', 'standin', 'persist'):
+  for part in ('main', 'ten', 'asam', 'asam_ten', 'standin', 'standin_asam', 'standin_ten', 'persist',
+               'persist_standin'):
     wds = glob.glob(os.path.join(a.root, part, '*', 'seed=*')) + glob.glob(os.path.join(a.root, part + '.*', '*',
                                                                                          'seed=*'))
     for wd in sorted(wds):
@@ -121,7 +123,9 @@ def main():
   # Accuracy table: rows (method, attack, fraction), columns defences.
   for part, title in (('main', '30% attackers (main grid)'), ('ten', '10% attackers'),
                       ('asam', 'FedASAM, 30% attackers'), ('asam_ten', 'FedASAM, 10% attackers'),
-                      ('standin', 'CIFAR stand-in, 30% attackers')):
+                      ('standin', 'CIFAR stand-in, 30% attackers'),
+                      ('standin_asam', 'CIFAR stand-in, FedASAM, 30% attackers'),
+                      ('standin_ten', 'CIFAR stand-in, 10% attackers')):
     cells = {k[1]: v for k, v in g.items() if k[0] == part}
     if not cells:
       continue
@@ -172,9 +176,12 @@ def main():
     for r in lam:
       md.append(f"| {r['part']} | {r['cell']} | {r['lambda_max']:.2f} | {100 * r['lastk_acc']:.1f} |")
     md.append('')
-  per = {k[1]: v for k, v in g.items() if k[0] == 'persist'}
-  if per:
-    md.append('### Backdoor persistence: ASR % after the attackers leave (clean rounds from the round-40 model)\n')
+  for ppart, src in (('persist', 'digits, the round-40 model'),
+                     ('persist_standin', 'CIFAR stand-in, the round-80 model')):
+    per = {k[1]: v for k, v in g.items() if k[0] == ppart}
+    if not per:
+      continue
+    md.append(f'### Backdoor persistence: ASR % after the attackers leave (clean rounds from {src})\n')
     rounds = sorted({rd for v in per.values() for r in v for rd, _ in r['asr_curve']})
     md.append('| cell | ' + ' | '.join(f'+{rd}' for rd in rounds) + ' | acc % at end |')
     md.append('|---|' + '---|' * len(rounds) + '---|')
@@ -201,7 +208,7 @@ def main():
     with open(os.path.join(a.out, 'leak.json'), 'w') as f:
       json.dump(leak, f, indent=1, default=str)
   if leak:
-    md.append('### Leakage: SGD vs SAM clients, without and with central DP (eps 8), seed 0, round 100\n')
+    md.append('### Leakage on the digits: SGD vs SAM clients, without and with central DP (eps 8), seed 0, round 100\n')
     md.append('| run | test acc % | lambda_max | inversion PSNR dB (mean ± std, images x clients) | SSIM | '
               'clients | MI AUC (loss threshold) | TPR@1%FPR | empirical eps lower bound (best threshold in-sample) | '
               'accountant eps | train / test acc |')
@@ -219,9 +226,60 @@ def main():
                 f"{_g(att, 'epsilon_lower_bound')} ({_g(att, 'epsilon_all_thresholds')}) | "
                 f"{_g(mem, 'accountant_epsilon')} | {_g(mem, 'train_accuracy')} / {_g(mem, 'test_accuracy')} |")
     md.append('')
+  md += standin_leakage(a.root, a.out)
   with open(os.path.join(a.out, 'tables.md'), 'w') as f:
     f.write('\n'.join(md) + '\n')
   print('\n'.join(md))
+
+
+# The stand-in's leakage runs are the security grid's own unattacked runs (mean / central DP at eps 8).
+STANDIN_LEAK = (('fedavg', 'standin/fedavg-none-mean'), ('fedsam', 'standin/fedsam-none-mean'),
+                ('fedavg_eps8', 'standin.kd/fedavg-none-dp'), ('fedsam_eps8', 'standin.kd/fedsam-none-dp'))
+
+
+def standin_leakage(root, out):
+  """Inversion PSNR / SSIM over seeds x clients x images, membership inference per seed (loss threshold; LiRA where
+  it ran), for the stand-in's SGD / SAM clients without and with DP; writes OUT/leak_standin.json."""
+  rows = []
+  for label, cell in STANDIN_LEAK:
+    for wd in sorted(glob.glob(os.path.join(root, cell, 'seed=*'))):
+      s = _load(os.path.join(wd, 'summary.json')) or {}
+      for pa in sorted(glob.glob(os.path.join(wd, 'privacy_attacks*'))):
+        rows.append({'run': label, 'seed': int(wd.rsplit('=', 1)[1]), 'attack_dir': os.path.basename(pa),
+                     'inversion': _load(os.path.join(pa, 'inversion.json')),
+                     'membership': _load(os.path.join(pa, 'membership.json')),
+                     'final_acc': s.get('final_test_accuracy'), 'dp_epsilon': s.get('dp_epsilon'),
+                     'lambda_max': (_load(os.path.join(wd, 'hessian', 'hessian_global.json')) or {}).get('lambda_max')})
+  if not rows:
+    return []
+  with open(os.path.join(out, 'leak_standin.json'), 'w') as f:
+    json.dump(rows, f, indent=1, default=str)
+  md = ['### Leakage on the CIFAR stand-in: SGD vs SAM clients, without and with central DP (eps 8), round 80, '
+        'every seed\n',
+        '| run | seeds | test acc % | inversion PSNR dB (mean ± std over images x clients x seeds) | SSIM | '
+        'inversions | MI AUC loss threshold (mean ± std over seeds) | TPR@1%FPR | max empirical eps lower bound | '
+        'LiRA AUC (seed 0, 16 central shadows) | LiRA eps lower bound | accountant eps | train / test acc |',
+        '|---|---|---|---|---|---|---|---|---|---|---|---|---|']
+  for label, _ in STANDIN_LEAK:
+    xs = [x for x in rows if x['run'] == label]
+    if not xs:
+      continue
+    inv = [x['inversion'] for x in xs if x['inversion']]
+    psnr = [p for v in inv for p in v['psnr']]
+    ssim = [p for v in inv for p in v['ssim']]
+    lt = [x['membership']['loss_threshold'] for x in xs
+          if x['membership'] and x['attack_dir'] == 'privacy_attacks' and 'loss_threshold' in x['membership']]
+    lira = [x['membership']['lira'] for x in xs if x['membership'] and 'lira' in x['membership']]
+    mem = next((x['membership'] for x in xs if x['membership']), {})
+    acc = {x['seed']: x['final_acc'] for x in xs if x['final_acc'] is not None}
+    eps_lb = max((m['epsilon_lower_bound'] for m in lt), default=None)
+    md.append(f"| {label} | {len(acc)} | {ms(list(acc.values()))} | {ms(psnr, 1, 2)} | {ms(ssim, 1, 3)} | "
+              f"{len(inv)} x {inv[0]['num_images'] if inv else 0} | {ms([m['auc'] for m in lt], 1, 3)} | "
+              f"{ms([m['tpr_at_fpr_0.01'] for m in lt], 1, 3)} | {'-' if eps_lb is None else f'{eps_lb:.3f}'} | "
+              f"{ms([m['auc'] for m in lira], 1, 3)} | {ms([m['epsilon_lower_bound'] for m in lira], 1, 3)} | "
+              f"{_g(mem, 'accountant_epsilon')} | {_g(mem, 'train_accuracy')} / {_g(mem, 'test_accuracy')} |")
+  md.append('')
+  return md
 
 
 if __name__ == '__main__':

@@ -697,7 +697,9 @@ _SWEEP_FILES = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(R
 
 @pytest.mark.parametrize('spec', _SWEEP_FILES + [
     'standin_flat:seeds=3,cells=fedavg+fedsam+fedlesam+fedasam+fedgloss',
-    'standin_flat:alphas=0.5,cells=fedlesam_s+fedlesam_d+fednsam+fedgf+fedswa+fedmoswa+fedwmsam'])
+    'standin_flat:alphas=0.5,cells=fedlesam_s+fedlesam_d+fednsam+fedgf+fedswa+fedmoswa+fedwmsam',
+    'security_digits:part=standin', 'security_digits:part=standin_asam,seeds=0+1+2',
+    'security_digits:part=standin_ten,methods=fedasam,defences=mean+cc+dp'])
 def test_every_shipped_sweep_file_expands_and_every_run_validates(spec, tmp_path):
   """A study's sweep file is what its README tells a user to run: each run's config must build and validate
   exactly as train.py would build it (no data is loaded)."""
