@@ -29,8 +29,10 @@ $PY experiments/sweep.py --sweep=$SW:part=standin,seeds=0+1+2,attacks=sign_flip,
 $PY experiments/sweep.py --sweep=$SW:part=standin,seeds=0+1+2,attacks=sign_flip,defences=median+krum \
   --sweep_dir="$ROOT/standin.sf3" --parallel=1 --batch_runs=auto || true
 # FedASAM on the stand-in (rho 0.5, eta 0.2), the same grid at 30 %.
-$PY experiments/sweep.py --sweep=$SW:part=standin_asam,seeds=0+1+2,attacks=none+alie+backdoor \
+$PY experiments/sweep.py --sweep=$SW:part=standin_asam,seeds=0+1+2,attacks=none+alie+backdoor,defences=mean+cc+dp \
   --sweep_dir="$ROOT/standin_asam" --parallel=1 --batch_runs=auto || true
+$PY experiments/sweep.py --sweep=$SW:part=standin_asam,seeds=0+1+2,attacks=none+alie+backdoor,defences=median+krum \
+  --sweep_dir="$ROOT/standin_asam.mk" --parallel=1 --batch_runs=auto || true
 $PY experiments/sweep.py --sweep=$SW:part=standin_asam,seeds=0+1+2,attacks=sign_flip,defences=mean+cc+dp \
   --sweep_dir="$ROOT/standin_asam.sf" --parallel=1 --batch_runs=auto || true
 $PY experiments/sweep.py --sweep=$SW:part=standin_asam,seeds=0+1+2,attacks=sign_flip,defences=median+krum \
@@ -39,8 +41,10 @@ $PY experiments/sweep.py --sweep=$SW:part=standin_asam,seeds=0+1+2,attacks=sign_
 # (the median and Krum do not train the stand-in without an attacker: 10-15 %).
 $PY experiments/sweep.py --sweep=$SW:part=standin_ten,seeds=0+1+2,methods=fedavg+fedsam,attacks=backdoor,defences=mean+cc+dp \
   --sweep_dir="$ROOT/standin_ten.b" --parallel=1 --batch_runs=auto || true
-$PY experiments/sweep.py --sweep=$SW:part=standin_ten,seeds=0+1+2,methods=fedavg+fedsam,attacks=alie+sign_flip,defences=mean+cc+dp \
+$PY experiments/sweep.py --sweep=$SW:part=standin_ten,seeds=0+1+2,methods=fedavg+fedsam,attacks=alie,defences=mean+cc+dp \
   --sweep_dir="$ROOT/standin_ten.as" --parallel=1 --batch_runs=auto || true
+$PY experiments/sweep.py --sweep=$SW:part=standin_ten,seeds=0+1+2,methods=fedavg+fedsam,attacks=sign_flip,defences=mean+cc+dp \
+  --sweep_dir="$ROOT/standin_ten.s" --parallel=1 --batch_runs=auto || true
 $PY experiments/sweep.py --sweep=$SW:part=standin_ten,seeds=0+1+2,methods=fedasam,defences=mean+cc+dp \
   --sweep_dir="$ROOT/standin_ten.asam" --parallel=1 --batch_runs=auto || true
 # The control for DP's gain on the stand-in: the clip alone (norm bounding at DP's clip, no noise), no attack.
@@ -48,44 +52,30 @@ $PY experiments/sweep.py --config=configs/cifar_standin.py --grid=client.optimiz
   --set=rounds=80 --set=eval_every=10 --set=summary_last_k=2 --set=server.aggregator=norm_bounding \
   --set=server.norm_bound=0.5 --seeds=0,1,2 --sweep_dir="$ROOT/clip" --parallel=1 --batch_runs=auto
 
-# 2. Backdoor persistence: 20 clean rounds from each backdoored round-40 model (attack.fraction=0 keeps the
-#    trigger evaluation, no attackers), same aggregator.
-for opt in fedavg fedsam; do
-  for agg in mean median; do
-    for seed in 0 1 2; do
-      src="$ROOT/main/$opt-backdoor-$agg-f0.3/seed=$seed"
-      wd="$ROOT/persist/$opt-$agg/seed=$seed"; mkdir -p "$(dirname "$wd")"
-      [[ -f "$wd/summary.json" ]] && continue
-      OPT=(--config.client.optimizer=sgd)
-      [[ $opt == fedsam ]] && OPT=(--config.client.optimizer=sam --config.client.rho=0.1)
-      $PY experiments/train.py --config=configs/quickstart.py "${OPT[@]}" --config.rounds=20 --config.eval_every=2 \
-        --config.summary_last_k=2 --config.server.aggregator=$agg --config.attack.kind=backdoor \
-        --config.attack.fraction=0.0 --config.attack.scale=5 --config.attack.target_label=0 \
-        --config.attack.trigger_size=3 --config.attack.trigger_row=1 --config.attack.trigger_col=1 \
-        --config.attack.poison_fraction=0.5 --config.init.checkpoint="$src" --config.seed=$seed \
-        --workdir="$wd" 2>"$wd.log" | tail -n 1 || true
+# 2. Backdoor persistence: 20 clean rounds from each backdoored final model (attack.fraction=0 keeps the trigger
+#    evaluation, no attackers), same aggregator. persist SRC_PART OUT_PART CONFIG SAM_RHO TRIGGER_SIZE TRIGGER_AT
+persist() {
+  local src_part=$1 out_part=$2 config=$3 rho=$4 size=$5 at=$6
+  for opt in fedavg fedsam; do
+    for agg in mean median; do
+      for seed in 0 1 2; do
+        local src="$ROOT/$src_part/$opt-backdoor-$agg-f0.3/seed=$seed" wd="$ROOT/$out_part/$opt-$agg/seed=$seed"
+        mkdir -p "$(dirname "$wd")"
+        [[ -f "$wd/summary.json" ]] && continue
+        local OPT=(--config.client.optimizer=sgd)
+        [[ $opt == fedsam ]] && OPT=(--config.client.optimizer=sam --config.client.rho=$rho)
+        $PY experiments/train.py --config=$config "${OPT[@]}" --config.rounds=20 --config.eval_every=2 \
+          --config.summary_last_k=2 --config.server.aggregator=$agg --config.attack.kind=backdoor \
+          --config.attack.fraction=0.0 --config.attack.scale=5 --config.attack.target_label=0 \
+          --config.attack.trigger_size=$size --config.attack.trigger_row=$at --config.attack.trigger_col=$at \
+          --config.attack.poison_fraction=0.5 --config.init.checkpoint="$src" --config.seed=$seed \
+          --workdir="$wd" 2>"$wd.log" | tail -n 1 || true
+      done
     done
   done
-done
-
-# ... and on the stand-in: 20 clean rounds from each backdoored round-80 model.
-for opt in fedavg fedsam; do
-  for agg in mean median; do
-    for seed in 0 1 2; do
-      src="$ROOT/standin/$opt-backdoor-$agg-f0.3/seed=$seed"
-      wd="$ROOT/persist_standin/$opt-$agg/seed=$seed"; mkdir -p "$(dirname "$wd")"
-      [[ -f "$wd/summary.json" ]] && continue
-      OPT=(--config.client.optimizer=sgd)
-      [[ $opt == fedsam ]] && OPT=(--config.client.optimizer=sam --config.client.rho=0.05)
-      $PY experiments/train.py --config=configs/cifar_standin.py "${OPT[@]}" --config.rounds=20 --config.eval_every=2 \
-        --config.summary_last_k=2 --config.server.aggregator=$agg --config.attack.kind=backdoor \
-        --config.attack.fraction=0.0 --config.attack.scale=5 --config.attack.target_label=0 \
-        --config.attack.trigger_size=4 --config.attack.trigger_row=2 --config.attack.trigger_col=2 \
-        --config.attack.poison_fraction=0.5 --config.init.checkpoint="$src" --config.seed=$seed \
-        --workdir="$wd" 2>"$wd.log" | tail -n 1 || true
-    done
-  done
-done
+}
+persist main persist configs/quickstart.py 0.1 3 1                    # the digits, from the round-40 model
+persist standin persist_standin configs/cifar_standin.py 0.05 4 2     # the stand-in, from the round-80 model
 
 # 3. lambda_max (seed 0) of a subset of the grid (the leakage runs' lambda_max: step 4).
 for cell in fedavg-none-mean fedsam-none-mean fedavg-backdoor-mean-f0.3 fedsam-backdoor-mean-f0.3 \

@@ -45,7 +45,7 @@ def _records(wd):
 def run_record(wd, part):
   s = _load(os.path.join(wd, 'summary.json'))
   c = _load(os.path.join(wd, 'config.json'))
-  if not s or not c:
+  if not s or not c or s['rounds_completed'] < c['rounds']:   # not a finished run (interrupted: it resumes)
     return None
   recs = [r for r in _records(wd) if 'test_accuracy' in r]
   k = c.get('summary_last_k', 2)
@@ -105,9 +105,11 @@ def main():
                'persist_standin'):
     wds = glob.glob(os.path.join(a.root, part, '*', 'seed=*')) + glob.glob(os.path.join(a.root, part + '.*', '*',
                                                                                          'seed=*'))
+    seen_run = set()
     for wd in sorted(wds):
       r = run_record(wd, part)
-      if r:
+      if r and (r['cell'], r['seed']) not in seen_run:   # a cell rerun in a second sweep directory counts once
+        seen_run.add((r['cell'], r['seed']))
         rows.append(r)
   if a.previous:
     seen = {(r['part'], r['cell'], r['seed']) for r in rows}
