@@ -24,6 +24,7 @@ import numpy as np
 
 
 ORDER = ('mean', 'median', 'krum', 'centered_clipping', 'dp')   # the defence columns, in the study's order
+ATTACK_ORDER = ('none', 'sign_flip', 'alie', 'backdoor')          # the rows, per method
 
 
 def _load(p):
@@ -64,6 +65,38 @@ def run_record(wd, part):
           'asr_curve': [(r['round'], r['attack_success_rate']) for r in recs if 'attack_success_rate' in r],
           'acc_curve': [(r['round'], r['test_accuracy']) for r in recs],
           'lambda_max': h['lambda_max'] if h else None, 'wall_s': s.get('wall_time_s')}
+
+
+def diverged_records(sweep_dir, part):
+  """The runs of a sweep directory that diverged (the manifest's DivergenceError), as records without accuracy,
+  so that a table says how many seeds of a cell diverged instead of silently averaging the others."""
+  m = _load(os.path.join(sweep_dir, 'sweep.json')) or {}
+  out = []
+  for run in m.get('runs', []):
+    err = run.get('error') or ''
+    if run.get('status') != 'failed' or 'divergence (NaN/inf)' not in err:
+      continue
+    c = _load(os.path.join(sweep_dir, run['workdir'], 'config.json'))
+    if not c:
+      continue
+    rd = err.split(' at round ', 1)[1].split(':', 1)[0] if ' at round ' in err else '?'
+    out.append({'part': part, 'cell': run['cell'], 'seed': run['seed'], 'optimizer': c['client']['optimizer'],
+                'attack': c['attack']['kind'], 'fraction': c['attack']['fraction'],
+                'aggregator': c['server']['aggregator'],
+                'defence': 'dp' if (c.get('dp') or {}).get('mode', 'off') != 'off' else c['server']['aggregator'],
+                'diverged_round': int(rd) if rd.isdigit() else None, 'lastk_acc': None, 'lastk_asr': None,
+                'final_acc': None, 'asr_curve': [], 'acc_curve': [], 'lambda_max': None, 'rounds': None})
+  return out
+
+
+def acc_cell(runs):
+  """mean ± std of the finished seeds' last-K accuracy, and how many seeds diverged (with their rounds)."""
+  div = [r for r in runs if 'diverged_round' in r]
+  text = ms([r['lastk_acc'] for r in runs])
+  if div:
+    rounds = '/'.join(str(r['diverged_round']) for r in sorted(div, key=lambda r: r['seed']))
+    text = (f'{text}, ' if text != '-' else '') + f'{len(div)} of {len(runs)} diverged (round {rounds})'
+  return text
 
 
 def _g(d, k):
@@ -111,6 +144,11 @@ def main():
       if r and (r['cell'], r['seed']) not in seen_run:   # a cell rerun in a second sweep directory counts once
         seen_run.add((r['cell'], r['seed']))
         rows.append(r)
+    for d in sorted(glob.glob(os.path.join(a.root, part)) + glob.glob(os.path.join(a.root, part + '.*'))):
+      for r in diverged_records(d, part):
+        if (r['cell'], r['seed']) not in seen_run:
+          seen_run.add((r['cell'], r['seed']))
+          rows.append(r)
   if a.previous:
     seen = {(r['part'], r['cell'], r['seed']) for r in rows}
     with open(a.previous) as f:
@@ -132,8 +170,8 @@ def main():
     if not cells:
       continue
     # The last-K rounds, from a run's own curve (the parts differ: 35 and 40 on the digits, 70 and 80 on the stand-in).
-    first = next(iter(cells.values()))[0]
-    lk = [rd for rd, _ in first['acc_curve']][-2:]
+    first = next((r for v in cells.values() for r in v if r['acc_curve']), None)
+    lk = [rd for rd, _ in first['acc_curve']][-2:] if first else []
     lk_s = ' and '.join(str(rd) for rd in lk)
     aggs = []
     for v in cells.values():
@@ -148,12 +186,14 @@ def main():
       kk = (v[0]['optimizer'], v[0]['attack'])
       if kk not in keys:
         keys.append(kk)
+    keys.sort(key=lambda k: (('sgd', 'sam', 'asam').index(k[0]) if k[0] in ('sgd', 'sam', 'asam') else 9,
+                             ATTACK_ORDER.index(k[1]) if k[1] in ATTACK_ORDER else 9))
     for opt, att in keys:
       vals, n = [], 0
       for ag in aggs:
         v = [x for x in cells.values() if x[0]['optimizer'] == opt and x[0]['attack'] == att and
              defence(x[0]) == ag]
-        vals.append(ms([r['lastk_acc'] for r in v[0]]) if v else '-')
+        vals.append(acc_cell(v[0]) if v else '-')
         n = max(n, len(v[0]) if v else 0)
       md.append(f'| {opt_name[opt]} | {att} | ' + ' | '.join(vals) + f' | {n} |')
     md.append('')
@@ -162,7 +202,7 @@ def main():
       md.append(f'### {title}: backdoor attack success rate % (last-K), mean ± std over seeds\n')
       md.append('| method | ' + ' | '.join(aggs) + ' |')
       md.append('|---|' + '---|' * len(aggs))
-      for opt in dict.fromkeys(v[0]['optimizer'] for _, v in bd):
+      for opt in sorted(dict.fromkeys(v[0]['optimizer'] for _, v in bd), key=lambda o: ('sgd', 'sam', 'asam').index(o)):
         vals = []
         for ag in aggs:
           v = [x for _, x in bd if x[0]['optimizer'] == opt and defence(x[0]) == ag]
@@ -260,7 +300,7 @@ def standin_leakage(root, out):
         'every seed\n',
         '| run | seeds | test acc % | inversion PSNR dB (mean ± std over images x clients x seeds) | SSIM | '
         'inversions | MI AUC loss threshold (mean ± std over seeds) | TPR@1%FPR | max empirical eps lower bound | '
-        'LiRA AUC (seed 0, 16 central shadows) | LiRA eps lower bound | accountant eps | train / test acc |',
+        'LiRA AUC (seed 0, 16 central shadows) | LiRA eps lower bound | accountant eps | train / test acc (seed 0) |',
         '|---|---|---|---|---|---|---|---|---|---|---|---|---|']
   for label, _ in STANDIN_LEAK:
     xs = [x for x in rows if x['run'] == label]
