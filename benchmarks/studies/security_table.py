@@ -25,6 +25,7 @@ import numpy as np
 
 ORDER = ('mean', 'median', 'krum', 'centered_clipping', 'dp')   # the defence columns, in the study's order
 ATTACK_ORDER = ('none', 'sign_flip', 'alie', 'backdoor')          # the rows, per method
+METHOD_ORDER = ('sgd', 'sam', 'asam')                              # FedAvg, FedSAM, FedASAM
 
 
 def _load(p):
@@ -43,6 +44,15 @@ def _records(wd):
     return []
 
 
+def _cell_fields(c):
+  """What a run's config says of its cell: the client optimizer, the attack, the aggregator and the defence
+  column (the aggregator, or 'dp' for central DP with the mean)."""
+  return {'optimizer': c['client']['optimizer'], 'attack': c['attack']['kind'],
+          'fraction': c['attack']['fraction'] if c['attack']['kind'] != 'none' else 0.0,
+          'aggregator': c['server']['aggregator'],
+          'defence': 'dp' if (c.get('dp') or {}).get('mode', 'off') != 'off' else c['server']['aggregator']}
+
+
 def run_record(wd, part):
   s = _load(os.path.join(wd, 'summary.json'))
   c = _load(os.path.join(wd, 'config.json'))
@@ -54,12 +64,8 @@ def run_record(wd, part):
   asr = [r['attack_success_rate'] for r in last if 'attack_success_rate' in r]
   h = _load(os.path.join(wd, 'hessian', 'hessian_global.json'))
   cell = os.path.basename(os.path.dirname(wd))
-  return {'part': part, 'cell': cell, 'seed': int(os.path.basename(wd).split('=')[1]),
-          'optimizer': c['client']['optimizer'], 'attack': c['attack']['kind'],
-          'fraction': c['attack']['fraction'] if c['attack']['kind'] != 'none' else 0.0,
-          'aggregator': c['server']['aggregator'], 'rounds': s['rounds_completed'],
-          'defence': 'dp' if (c.get('dp') or {}).get('mode', 'off') != 'off' else c['server']['aggregator'],
-          'dp_epsilon': s.get('dp_epsilon'),
+  return {'part': part, 'cell': cell, 'seed': int(os.path.basename(wd).split('=')[1]), **_cell_fields(c),
+          'rounds': s['rounds_completed'], 'dp_epsilon': s.get('dp_epsilon'),
           'final_acc': s['final_test_accuracy'], 'lastk_acc': float(np.mean([r['test_accuracy'] for r in last])),
           'lastk_asr': float(np.mean(asr)) if asr else None,
           'asr_curve': [(r['round'], r['attack_success_rate']) for r in recs if 'attack_success_rate' in r],
@@ -80,10 +86,7 @@ def diverged_records(sweep_dir, part):
     if not c:
       continue
     rd = err.split(' at round ', 1)[1].split(':', 1)[0] if ' at round ' in err else '?'
-    out.append({'part': part, 'cell': run['cell'], 'seed': run['seed'], 'optimizer': c['client']['optimizer'],
-                'attack': c['attack']['kind'], 'fraction': c['attack']['fraction'],
-                'aggregator': c['server']['aggregator'],
-                'defence': 'dp' if (c.get('dp') or {}).get('mode', 'off') != 'off' else c['server']['aggregator'],
+    out.append({'part': part, 'cell': run['cell'], 'seed': run['seed'], **_cell_fields(c),
                 'diverged_round': int(rd) if rd.isdigit() else None, 'lastk_acc': None, 'lastk_asr': None,
                 'final_acc': None, 'asr_curve': [], 'acc_curve': [], 'lambda_max': None, 'rounds': None})
   return out
@@ -136,15 +139,14 @@ def main():
   rows = []
   for part in ('main', 'ten', 'asam', 'asam_ten', 'standin', 'standin_asam', 'standin_ten', 'persist',
                'persist_standin'):
-    wds = glob.glob(os.path.join(a.root, part, '*', 'seed=*')) + glob.glob(os.path.join(a.root, part + '.*', '*',
-                                                                                         'seed=*'))
+    dirs = sorted(glob.glob(os.path.join(a.root, part)) + glob.glob(os.path.join(a.root, part + '.*')))
     seen_run = set()
-    for wd in sorted(wds):
+    for wd in sorted(w for d in dirs for w in glob.glob(os.path.join(d, '*', 'seed=*'))):
       r = run_record(wd, part)
       if r and (r['cell'], r['seed']) not in seen_run:   # a cell rerun in a second sweep directory counts once
         seen_run.add((r['cell'], r['seed']))
         rows.append(r)
-    for d in sorted(glob.glob(os.path.join(a.root, part)) + glob.glob(os.path.join(a.root, part + '.*'))):
+    for d in dirs:
       for r in diverged_records(d, part):
         if (r['cell'], r['seed']) not in seen_run:
           seen_run.add((r['cell'], r['seed']))
@@ -186,8 +188,7 @@ def main():
       kk = (v[0]['optimizer'], v[0]['attack'])
       if kk not in keys:
         keys.append(kk)
-    keys.sort(key=lambda k: (('sgd', 'sam', 'asam').index(k[0]) if k[0] in ('sgd', 'sam', 'asam') else 9,
-                             ATTACK_ORDER.index(k[1]) if k[1] in ATTACK_ORDER else 9))
+    keys.sort(key=lambda k: (METHOD_ORDER.index(k[0]), ATTACK_ORDER.index(k[1])))
     for opt, att in keys:
       vals, n = [], 0
       for ag in aggs:
@@ -202,7 +203,7 @@ def main():
       md.append(f'### {title}: backdoor attack success rate % (last-K), mean ± std over seeds\n')
       md.append('| method | ' + ' | '.join(aggs) + ' |')
       md.append('|---|' + '---|' * len(aggs))
-      for opt in sorted(dict.fromkeys(v[0]['optimizer'] for _, v in bd), key=lambda o: ('sgd', 'sam', 'asam').index(o)):
+      for opt in sorted({v[0]['optimizer'] for _, v in bd}, key=METHOD_ORDER.index):
         vals = []
         for ag in aggs:
           v = [x for _, x in bd if x[0]['optimizer'] == opt and defence(x[0]) == ag]
