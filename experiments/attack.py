@@ -3,17 +3,25 @@ inference (loss threshold; LiRA with shadow models), the latter's empirical epsi
 accountant's epsilon for a DP run.
 
   python experiments/attack.py --workdir=runs/quickstart [--attack=all|inversion|membership] [--model=global]
-      [--client=0] [--num_images=2] [--upload=delta|gradient] [--labels=known|inferred] [--steps=2000]
-      [--step_size=0.1] [--tv_weight=0.01]
+      [--client=0] [--num_images=2] [--upload=delta|gradient|local] [--local_steps=1] [--local_batch=0]
+      [--dp_noise=release|upload|none] [--labels=known|inferred] [--steps=2000] [--step_size=0.1] [--tv_weight=0.01]
       [--num_examples=0] [--delta=-1] [--alpha=0.05] [--lira_shadows=0] [--shadow_epochs=30]
       [--shadow_trainer=central|federated]
 
 Inversion (analysis/inversion.py, Geiping et al. 2020): the first --num_images examples of client --client,
 their upload computed at the run's model as ONE local SGD step (--upload=delta: -lr (g + wd w) with the run's
-client lr and weight decay, which the attacker is taken to know) or as the gradient itself; the attacker
-optimises dummy images on the per-layer cosine + TV with Adam and scores them by PSNR / SSIM against the true
-images, beside a random image's. A run's real uploads are several local epochs: the one-step upload is the
-attack's easiest case and bounds what a server could see from a client that sends gradients (FedSGD).
+client lr and weight decay, which the attacker is taken to know), as the gradient itself, or (--upload=local)
+as the delta of --local_steps steps of the run's own client optimizer (SAM / ASAM with the run's rho, momentum,
+weight decay; the algorithm's correction terms, e.g. SCAFFOLD's, are not modelled) over the images in minibatches
+of --local_batch (0: all of them each step), which the attacker unrolls; the attacker optimises dummy images on the
+per-layer cosine + TV with Adam and scores them by PSNR / SSIM against the true images, beside a random image's.
+The one-step upload is the attack's easiest case and bounds what a server could see from a client that sends
+gradients (FedSGD); --upload=local is what a FedSAM client sends. For a DP run the upload is observed as DP
+leaves it (--dp_noise): 'release' (default) its clipped upload plus the noise the DP adversary sees on it, who
+knows every other client's contribution (central and distributed: the sum's noise, std z C m / M; local: the
+upload's own, z C); 'upload' what the server receives from the client (central: clipped, no noise; local: z C;
+distributed: z C sqrt(m) / M); 'none' the raw upload. Adaptive clipping and capped weighting are refused there
+(the round's clip and the client's weight are not in the config).
 Membership (analysis/membership.py): members are training examples of the run's clients, non-members the test
 set, --num_examples of each (0: as many as the smaller set has), drawn with --seed. The loss-threshold attack
 (Yeom et al. 2018) always; LiRA (Carlini et al. 2022, online, fixed variance below 64 shadows) with
@@ -58,6 +66,12 @@ _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the dummy images, the example d
 _CLIENT = flags.DEFINE_integer('client', 0, 'Inversion: the client whose upload is inverted.')
 _NUM_IMAGES = flags.DEFINE_integer('num_images', 2, 'Inversion: the size of the client batch behind the upload.')
 _UPLOAD = flags.DEFINE_string('upload', 'delta', "Inversion: 'delta' (one local SGD step) or 'gradient'.")
+_LOCAL_STEPS = flags.DEFINE_integer('local_steps', 1, "Inversion, --upload=local: the client optimizer's steps.")
+_LOCAL_BATCH = flags.DEFINE_integer('local_batch', 0, 'Inversion, --upload=local: the images per local step, '
+                                    'cycled in order (0: all --num_images every step; must divide them).')
+DP_NOISE = ('release', 'upload', 'none')
+_DP_NOISE = flags.DEFINE_string('dp_noise', 'release', "Inversion of a DP run's upload: 'release' (clipped, plus the "
+                                "noise the DP adversary sees), 'upload' (what the server receives), 'none' (raw).")
 _LABELS = flags.DEFINE_string('labels', 'known', "Inversion: 'known' or 'inferred' (iDLG, from the last bias "
                               'gradient).')
 _STEPS = flags.DEFINE_integer('steps', 2000, 'Inversion: Adam steps on the dummy images.')
@@ -84,14 +98,20 @@ def check_flags(argv) -> None:
     raise BadInputError(f'unexpected arguments {argv[1:]}; give the run as --workdir=DIR')
   if not (_WORKDIR.value or '').strip():
     raise BadInputError("--workdir='' is empty: give a run directory written by experiments/train.py")
-  for flag, allowed in ((_ATTACK, ATTACKS), (_MODEL, MODELS), (_UPLOAD, ('delta', 'gradient')),
+  for flag, allowed in ((_ATTACK, ATTACKS), (_MODEL, MODELS), (_UPLOAD, ('delta', 'gradient', 'local')),
+                        (_DP_NOISE, DP_NOISE),
                         (_LABELS, ('known', 'inferred')), (_SH_TRAINER, SHADOW_TRAINERS)):
     if flag.value not in allowed:
       raise BadInputError(f'--{flag.name}={flag.value!r}; allowed: {", ".join(allowed)}')
   for flag, lo in ((_CLIENT, 0), (_NUM_IMAGES, 1), (_STEPS, 1), (_N, 0), (_SHADOWS, 0), (_SH_EPOCHS, 1),
-                   (_SH_BATCH, 1)):
+                   (_SH_BATCH, 1), (_LOCAL_STEPS, 1), (_LOCAL_BATCH, 0)):
     if flag.value < lo:
       raise BadInputError(f'--{flag.name}={flag.value} must be >= {lo}')
+  if _LOCAL_BATCH.value and _NUM_IMAGES.value % _LOCAL_BATCH.value:
+    raise BadInputError(f'--local_batch={_LOCAL_BATCH.value} must divide --num_images={_NUM_IMAGES.value} '
+                        '(0: all of them every step)')
+  if _UPLOAD.value != 'local' and (_LOCAL_STEPS.value != 1 or _LOCAL_BATCH.value):
+    raise BadInputError(f'--local_steps / --local_batch describe --upload=local, not --upload={_UPLOAD.value}')
   if not _STEP_SIZE.value > 0:
     raise BadInputError(f'--step_size={_STEP_SIZE.value} must be > 0, e.g. 0.1')
   if not _TV.value >= 0:
@@ -107,11 +127,40 @@ def check_flags(argv) -> None:
     raise BadInputError(f'--shadow_lr={_SH_LR.value} must be > 0, or -1 for the run\'s client.lr')
 
 
+def _dp_view(trainer, params):
+  """(noise std, clip) of the DP view --dp_noise asks for; (0.0, None) for a run without DP or --dp_noise=none."""
+  from fedjax_flat.algorithms.wrappers import dp as dp_lib
+  from fedjax_flat.privacy import mechanism as mech
+  cfg = trainer.config
+  if not dp_lib.enabled(cfg) or _DP_NOISE.value == 'none':
+    return 0.0, None
+  d = cfg.dp
+  if d.adaptive:
+    raise BadInputError(f"--dp_noise={_DP_NOISE.value}: the run clips adaptively, so the round's clip is in its "
+                        'server state, not its config; use --dp_noise=none')
+  if cfg.server.get('weighting', 'examples') == 'capped':
+    raise BadInputError(f"--dp_noise={_DP_NOISE.value}: the run weights clients by capped sizes, so one client's "
+                        "share of the noise depends on its weight; use --dp_noise=none")
+  import jax
+  leaves = len(jax.tree_util.tree_leaves(params))
+  z = float(dp_lib.noise_multiplier(cfg, int(trainer.data.num_clients), leaves))
+  c, m, big_m, mode = float(d.clip), mech.cohort(cfg), mech.noise_cohort(cfg), str(d.mode)
+  if mode == 'local':
+    std = z * c
+  elif _DP_NOISE.value == 'release':   # the sum's noise, seen by one who knows the other clients' uploads
+    std = z * c * m / big_m
+  else:
+    std = 0.0 if mode == 'central' else z * c * math.sqrt(m) / big_m
+  return std, c
+
+
 def _inversion(trainer, model, params, out, report):
   import jax
   import numpy as np
   from fedjax_flat.analysis import inversion as inv
   from fedjax_flat.analysis import plots
+  import optax
+  from fedjax_flat.optimizers.client import make_client_tx
   data = trainer.data
   k = _CLIENT.value
   if k >= data.num_clients:
@@ -126,36 +175,59 @@ def _inversion(trainer, model, params, out, report):
   image_range = (float(train_x.min()), float(train_x.max()))   # the data's range: the dummies are clipped to it
   cfg = trainer.config.client
   lr, wd = float(cfg.lr), float(cfg.get('weight_decay', 0.0) or 0.0)
-  g = inv.batch_gradient(model.apply, params, x, y, trainer.task)
-  if _UPLOAD.value == 'delta':
-    upload = jax.tree_util.tree_map(lambda a, w: -lr * (a + wd * w), g, params)   # what the client sends
-    target = inv.gradient_from_delta(upload, lr, params, wd)                      # what the server recovers
+  noise_std, clip = _dp_view(trainer, params)       # refused (one line) before any compilation
+  if _UPLOAD.value == 'local':
+    rho = float(cfg.get('rho', 0.0) or 0.0)
+    upload_fn = inv.ClientUpload(model.apply, trainer.task, make_client_tx(cfg, {'lr': lr, 'rho': rho}),
+                                 steps=_LOCAL_STEPS.value, batch_size=_LOCAL_BATCH.value)
+    sent = upload_fn(params, x, y)                                                # what the client sends
   else:
-    target = g
+    upload_fn = inv.ClientUpload(model.apply, trainer.task)                       # the gradient
+    g = upload_fn(params, x, y)
+    sent = jax.tree_util.tree_map(lambda a, w: -lr * (a + wd * w), g, params) if _UPLOAD.value == 'delta' else g
+  observed, target = sent, sent
+  if clip is not None:                    # what DP leaves of it (--dp_noise); the cosine ignores the clip's scale
+    d = trainer.config.dp
+    observed = target = inv.dp_observed(sent, jax.random.key(_SEED.value + 2), clip, noise_std,
+                                        per_layer=bool(d.per_layer), per_tensor=bool(d.get('per_tensor', False)))
+    if _UPLOAD.value == 'delta':          # an unknown clip factor: match the delta itself (one SGD step of x)
+      sgd = optax.with_extra_args_support(optax.chain(optax.add_decayed_weights(wd), optax.sgd(lr)))
+      upload_fn = inv.ClientUpload(model.apply, trainer.task, sgd)
+  elif _UPLOAD.value == 'delta':          # the gradient the one-step delta implies, exactly
+    target = inv.gradient_from_delta(sent, lr, params, wd)
   labels = y
   if _LABELS.value == 'inferred':
     bias = [v for path, v in jax.tree_util.tree_leaves_with_path(target)
             if 'bias' in jax.tree_util.keystr(path) and np.ndim(v) == 1]
-    labels = inv.infer_labels(bias[-1], len(y))
+    labels = inv.infer_labels(bias[-1] if target is not observed or _UPLOAD.value == 'gradient' else -bias[-1],
+                              len(y))   # a delta's bias moves against the gradient
   t0 = time.time()
-  res = inv.invert_gradients(model.apply, params, target, labels, x.shape, jax.random.key(_SEED.value),
-                             steps=_STEPS.value, lr=_STEP_SIZE.value, tv_weight=_TV.value, image_range=image_range,
-                             task=trainer.task)
+  res = inv.invert_upload(upload_fn, params, target, labels, x.shape, jax.random.key(_SEED.value),
+                          steps=_STEPS.value, lr=_STEP_SIZE.value, tv_weight=_TV.value, image_range=image_range)
   s = inv.score_reconstruction(res['x'], x, image_range, key=jax.random.key(_SEED.value + 1))
   cos = np.asarray(res['cosine'])
+  signal = 1.0 - float(inv.cosine_distance(observed, sent, per_layer=False))   # cos(observed, sent)
   rep = {'client': k, 'num_images': len(y), 'upload': _UPLOAD.value, 'client_lr': lr, 'weight_decay': wd,
+         'client_optimizer': str(cfg.optimizer) if _UPLOAD.value == 'local' else 'sgd',
+         'local_steps': _LOCAL_STEPS.value, 'local_batch': _LOCAL_BATCH.value or len(y),
+         'dp_noise': _DP_NOISE.value if clip is not None else 'none', 'dp_clip': clip, 'dp_noise_std': noise_std,
+         'observed_cosine_to_sent': signal,
          'labels': _LABELS.value, 'labels_true': y.tolist(), 'labels_used': np.asarray(labels).tolist(),
          'steps': _STEPS.value, 'step_size': _STEP_SIZE.value, 'tv_weight': _TV.value,
          'image_range': list(image_range), 'cosine_start': float(cos[0]), 'cosine_end': float(cos[-1]),
+         'nonfinite_steps': res['nonfinite_steps'],
          'psnr': s['psnr'].tolist(), 'ssim': s['ssim'].tolist(), 'psnr_mean': float(s['psnr'].mean()),
          'ssim_mean': float(s['ssim'].mean()), 'psnr_random': s['psnr_random'].tolist(),
          'ssim_random': s['ssim_random'].tolist(), 'seconds': time.time() - t0}
   with open(os.path.join(out, 'inversion.json'), 'w') as f:
     json.dump(rep, f, indent=2)
+  what = (f"{_LOCAL_STEPS.value} {rep['client_optimizer']} steps" if _UPLOAD.value == 'local' else _UPLOAD.value)
+  if clip is not None and _DP_NOISE.value != 'none':
+    what += f', DP {_DP_NOISE.value} (noise std {noise_std:.3g})'
   plots.plot_reconstruction(x, s['x'], os.path.join(out, 'inversion.png'), psnr=s['psnr'], ssim=s['ssim'],
-                            title=f'client {k}, {_UPLOAD.value} of {len(y)} images, round {report["round"]}')
+                            title=f'client {k}, {what} of {len(y)} images, round {report["round"]}')
   report['inversion'] = rep
-  print(f"inversion: client {k}, {len(y)} images: PSNR {rep['psnr_mean']:.2f} dB (random image "
+  print(f"inversion: client {k}, {what} of {len(y)} images: PSNR {rep['psnr_mean']:.2f} dB (random image "
         f"{float(np.mean(rep['psnr_random'])):.2f}), SSIM {rep['ssim_mean']:.3f} (random "
         f"{float(np.mean(rep['ssim_random'])):.3f}); cosine {rep['cosine_start']:.3f} -> {rep['cosine_end']:.3f}")
 
@@ -233,8 +305,13 @@ def _markdown(report) -> str:
   inv = report.get('inversion')
   if inv:
     lines += ['## Gradient inversion', '',
-              f"client {inv['client']}, {inv['num_images']} images, upload {inv['upload']}, labels {inv['labels']}, "
-              f"{inv['steps']} steps: cosine {inv['cosine_start']:.3f} -> {inv['cosine_end']:.3f}", '',
+              f"client {inv['client']}, {inv['num_images']} images, upload {inv['upload']}"
+              + (f" ({inv['local_steps']} {inv['client_optimizer']} steps, batch {inv['local_batch']})"
+                 if inv['upload'] == 'local' else '')
+              + (f", DP view {inv['dp_noise']} (clip {inv['dp_clip']:g}, noise std {inv['dp_noise_std']:.3g}; "
+                 f"cos(observed, sent) {inv['observed_cosine_to_sent']:.3f})" if inv['dp_noise'] != 'none' else '')
+              + f", labels {inv['labels']}, {inv['steps']} steps: cosine {inv['cosine_start']:.3f} -> "
+              f"{inv['cosine_end']:.3f}", '',
               '| image | PSNR dB | SSIM | random PSNR dB | random SSIM |', '|---|---|---|---|---|']
     lines += [f'| {i} | {p:.2f} | {s:.3f} | {pr:.2f} | {sr:.3f} |' for i, (p, s, pr, sr) in
               enumerate(zip(inv['psnr'], inv['ssim'], inv['psnr_random'], inv['ssim_random']))]

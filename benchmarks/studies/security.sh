@@ -38,7 +38,7 @@ $PY experiments/sweep.py --sweep=$SW:part=standin_asam,seeds=0+1+2,attacks=sign_
 $PY experiments/sweep.py --sweep=$SW:part=standin_asam,seeds=0+1+2,attacks=sign_flip,defences=median+krum \
   --sweep_dir="$ROOT/standin_asam.sf3" --parallel=1 --batch_runs=auto || true
 # 10 % attackers on the stand-in: the three methods x {sign flip, ALIE, backdoor} x {mean, centered clipping, DP}
-# (the median and Krum do not train the stand-in without an attacker: 10-15 %).
+# (the median and Krum do not train the stand-in without an attacker: 10-15 %; they follow below).
 $PY experiments/sweep.py --sweep=$SW:part=standin_ten,seeds=0+1+2,methods=fedavg+fedsam,attacks=backdoor,defences=mean+cc+dp \
   --sweep_dir="$ROOT/standin_ten.b" --parallel=1 --batch_runs=auto || true
 $PY experiments/sweep.py --sweep=$SW:part=standin_ten,seeds=0+1+2,methods=fedavg+fedsam,attacks=alie,defences=mean+cc+dp \
@@ -47,6 +47,9 @@ $PY experiments/sweep.py --sweep=$SW:part=standin_ten,seeds=0+1+2,methods=fedavg
   --sweep_dir="$ROOT/standin_ten.s" --parallel=1 --batch_runs=auto || true
 $PY experiments/sweep.py --sweep=$SW:part=standin_ten,seeds=0+1+2,methods=fedasam,defences=mean+cc+dp \
   --sweep_dir="$ROOT/standin_ten.asam" --parallel=1 --batch_runs=auto || true
+# ... and the median and Krum at 10 % (untrained models, as without an attacker; run for the complete grid).
+$PY experiments/sweep.py --sweep=$SW:part=standin_ten,seeds=0+1+2,defences=median+krum \
+  --sweep_dir="$ROOT/standin_ten.mk" --parallel=1 --batch_runs=auto || true
 # The control for DP's gain on the stand-in: the clip alone (norm bounding at DP's clip, no noise), no attack.
 $PY experiments/sweep.py --config=configs/cifar_standin.py --grid=client.optimizer=sgd,sam --set=client.rho=0.05 \
   --set=rounds=80 --set=eval_every=10 --set=summary_last_k=2 --set=server.aggregator=norm_bounding \
@@ -101,14 +104,14 @@ done
 for cell in fedavg fedsam fedavg,eps=8 fedsam,eps=8; do
   wd="$ROOT/leak/${cell/,eps=/_eps}"
   [[ -f "$wd/summary.json" ]] || $PY experiments/train.py --config=configs/dp.py:$cell --workdir="$wd" 2>/dev/null | tail -n 1
-  [[ -f "$wd/privacy_attacks/membership.json" ]] || $PY experiments/attack.py --workdir="$wd" --attack=all 2>/dev/null | tail -n 3
+  [[ -f "$wd/privacy_attacks/membership.json" ]] || $PY experiments/attack.py --workdir="$wd" --attack=all --dp_noise=none 2>/dev/null | tail -n 3
   [[ -f "$wd/hessian/hessian_global.json" ]] || $PY experiments/hessian.py --workdir="$wd" --top_k=1 2>/dev/null | tail -n 1
 done
 # Inversion of clients 1-3's uploads too (client 0's is in privacy_attacks/): 4 clients x 2 images per run.
 for k in 1 2 3; do for cell in fedavg fedsam fedavg_eps8 fedsam_eps8; do
   wd="$ROOT/leak/$cell"
   [[ -f "$wd/privacy_attacks_c$k/inversion.json" ]] || $PY experiments/attack.py --workdir="$wd" --attack=inversion \
-    --client=$k --out_dir="$wd/privacy_attacks_c$k" 2>/dev/null | grep inversion
+    --client=$k --dp_noise=none --out_dir="$wd/privacy_attacks_c$k" 2>/dev/null | grep inversion
 done; done
 
 # ... and on the stand-in: the grid's own unattacked runs (mean / DP), every seed, clients 0-3; LiRA (16 shadows
@@ -116,13 +119,27 @@ done; done
 for s in 0 1 2; do for cell in standin/fedavg-none-mean standin/fedsam-none-mean standin.kd/fedavg-none-dp \
     standin.kd/fedsam-none-dp; do
   wd="$ROOT/$cell/seed=$s"
-  [[ -f "$wd/privacy_attacks/membership.json" ]] || $PY experiments/attack.py --workdir="$wd" --attack=all 2>/dev/null | tail -n 3
+  [[ -f "$wd/privacy_attacks/membership.json" ]] || $PY experiments/attack.py --workdir="$wd" --attack=all --dp_noise=none 2>/dev/null | tail -n 3
   for k in 1 2 3; do
     [[ -f "$wd/privacy_attacks_c$k/inversion.json" ]] || $PY experiments/attack.py --workdir="$wd" --attack=inversion \
-      --client=$k --out_dir="$wd/privacy_attacks_c$k" 2>/dev/null | grep inversion
+      --client=$k --dp_noise=none --out_dir="$wd/privacy_attacks_c$k" 2>/dev/null | grep inversion
   done
   [[ $s != 0 || -f "$wd/privacy_attacks_lira/membership.json" ]] || $PY experiments/attack.py --workdir="$wd" \
     --attack=membership --lira_shadows=16 --out_dir="$wd/privacy_attacks_lira" 2>/dev/null | grep lira
+done; done
+
+# What a client really sends: 2 local steps of its own optimizer (SAM for FedSAM) on its 2 images, inverted
+# through the unrolled steps, every seed, client 0; for the DP runs as the server receives it (clipped) and as
+# the DP adversary sees it (plus the release's noise).
+for s in 0 1 2; do for cell in standin/fedavg-none-mean standin/fedsam-none-mean standin.kd/fedavg-none-dp \
+    standin.kd/fedsam-none-dp; do
+  wd="$ROOT/$cell/seed=$s"
+  views=none; [[ $cell == *-dp ]] && views="upload release"
+  for v in $views; do
+    o="$wd/inversion_local"; [[ $v == release ]] && o="$wd/inversion_local_release"
+    [[ -f "$o/inversion.json" ]] || $PY experiments/attack.py --workdir="$wd" --attack=inversion --upload=local \
+      --local_steps=2 --dp_noise=$v --out_dir="$o" 2>/dev/null | grep inversion
+  done
 done; done
 
 $PY -m benchmarks.studies.security_table --root="$ROOT" --out=benchmarks/studies/security

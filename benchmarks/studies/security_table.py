@@ -270,6 +270,7 @@ def main():
                 f"{_g(mem, 'accountant_epsilon')} | {_g(mem, 'train_accuracy')} / {_g(mem, 'test_accuracy')} |")
     md.append('')
   md += standin_leakage(a.root, a.out)
+  md += standin_real_upload(a.root, a.out)
   with open(os.path.join(a.out, 'tables.md'), 'w') as f:
     f.write('\n'.join(md) + '\n')
   print('\n'.join(md))
@@ -321,6 +322,47 @@ def standin_leakage(root, out):
               f"{ms([m['tpr_at_fpr_0.01'] for m in lt], 1, 3)} | {'-' if eps_lb is None else f'{eps_lb:.3f}'} | "
               f"{ms([m['auc'] for m in lira], 1, 3)} | {ms([m['epsilon_lower_bound'] for m in lira], 1, 3)} | "
               f"{_g(mem, 'accountant_epsilon')} | {_g(mem, 'train_accuracy')} / {_g(mem, 'test_accuracy')} |")
+  md.append('')
+  return md
+
+
+# experiments/attack.py --upload=local outputs: the run's own client optimizer for 2 steps (attack.py's docstring)
+UPLOAD_DIRS = ('inversion_local', 'inversion_local_release')
+VIEW_NAMES = {'none': 'the upload (no DP)', 'upload': 'what the server receives (clipped)',
+              'release': "the DP adversary's view (clipped + the release's noise)"}
+
+
+def standin_real_upload(root, out):
+  """Inversion of what a client really sends (several steps of its own optimizer, SAM's ascent included) on the
+  stand-in's leakage runs, and for the DP runs as the DP adversary sees it; writes OUT/inversion_local.json."""
+  rows = []
+  for label, cell in STANDIN_LEAK:
+    for wd in sorted(glob.glob(os.path.join(root, cell, 'seed=*'))):
+      for d in UPLOAD_DIRS:
+        inv = _load(os.path.join(wd, d, 'inversion.json'))
+        if inv:
+          rows.append({'run': label, 'seed': int(wd.rsplit('=', 1)[1]), 'view': inv['dp_noise'], 'inversion': inv})
+  if not rows:
+    return []
+  with open(os.path.join(out, 'inversion_local.json'), 'w') as f:
+    json.dump(rows, f, indent=1, default=str)
+  md = ['### Inversion of what a client really sends on the CIFAR stand-in (2 local steps of its own optimizer on '
+        '2 images, round 80, client 0 of every seed)\n',
+        '| run | upload observed | client steps | inversions | PSNR dB (mean ± std over images x seeds) | SSIM | '
+        'random image PSNR dB | cos(observed, sent) | DP noise std | steps with an overflow |',
+        '|---|---|---|---|---|---|---|---|---|---|']
+  for label, _ in STANDIN_LEAK:
+    for view, what in VIEW_NAMES.items():
+      inv = [x['inversion'] for x in rows if x['run'] == label and x['view'] == view]
+      if not inv:
+        continue
+      md.append(f"| {label} | {what} | {inv[0]['local_steps']} x {inv[0]['client_optimizer']} | {len(inv)} x "
+                f"{inv[0]['num_images']} | {ms([p for v in inv for p in v['psnr']], 1, 2)} | "
+                f"{ms([p for v in inv for p in v['ssim']], 1, 3)} | "
+                f"{ms([p for v in inv for p in v['psnr_random']], 1, 2)} | "
+                f"{ms([v['observed_cosine_to_sent'] for v in inv], 1, 3)} | "
+                f"{'-' if not inv[0]['dp_noise_std'] else format(inv[0]['dp_noise_std'], '.3g')} | "
+                f"{sum(v.get('nonfinite_steps', 0) for v in inv)} of {sum(v['steps'] for v in inv)} |")
   md.append('')
   return md
 

@@ -2,15 +2,20 @@ r"""Gradient inversion of one client's upload (Geiping et al. 2020, "Inverting G
 PSNR and SSIM that score a reconstruction against the true batch.
 
 The attacker knows the model parameters w the client started from, the client's upload and the labels (or infers
-them from the last layer's bias gradient, `infer_labels`: iDLG, Zhao et al. 2020). An upload is either one
-gradient g = grad_w L(w; x, y) or the delta of ONE local SGD step, delta = -lr (g + wd w), turned back into g
-by `gradient_from_delta` (exact for that step; a delta of several steps is only approximately a gradient).
+them from the last layer's bias gradient, `infer_labels`: iDLG, Zhao et al. 2020). An upload is one gradient
+g = grad_w L(w; x, y), the delta of ONE local SGD step, delta = -lr (g + wd w), turned back into g by
+`gradient_from_delta` (exact for that step), or the delta of SEVERAL steps of the client's own optimizer
+(`local_update`: SAM's or ASAM's ascent, momentum and weight decay included; Geiping et al.'s "weight update"
+setting, their Section 5, where the attacker knows the optimizer, the step count and the batch split).
 Dummy images x' are optimised with Adam on
 
-  R(x') = sum_layers [1 - cos(grad_w L(w; x', y)_l, g_l)] + tv_weight * TV(x'),
+  R(x') = sum_layers [1 - cos(U(w; x', y)_l, u_l)] + tv_weight * TV(x'),
 
-clipped to the image range after every step. grad_x R differentiates through grad_w L: second-order
-autodiff (jax.grad of a function that calls jax.grad). TV is the mean absolute difference of neighbouring pixels.
+U the upload as a function of the images (`batch_gradient`, or `local_update` unrolled over its steps) and u the
+upload observed, clipped to the image range after every step. grad_x R differentiates through grad_w L:
+second-order autodiff (jax.grad of a function that calls jax.grad; through SAM's ascent point too). A
+differentially private upload is observed as `dp_observed` makes it: clipped (the cosine does not see a
+rescaling) plus the Gaussian noise the DP adversary sees. TV is the mean absolute difference of neighbouring pixels.
 Geiping et al. use one cosine over all parameters; the per-layer sum (`per_layer=True`, the default) keeps a
 small layer's direction from being drowned by the largest one. The step size drops 10x at 3/8, 5/8 and 7/8 of
 the steps, as in their release.
@@ -21,6 +26,7 @@ PSNR = 10 log10(R^2 / MSE) per image, R the data range. SSIM (Wang et al. 2004) 
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -29,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fedjax_flat.privacy import mechanism as mech
 from fedjax_flat.tasks import base as tasks_lib
 
 
@@ -85,15 +92,72 @@ def total_variation(x) -> jax.Array:
   return (jnp.mean(jnp.abs(x[:, 1:] - x[:, :-1])) + jnp.mean(jnp.abs(x[:, :, 1:] - x[:, :, :-1])))
 
 
+def _mean_loss(apply: Callable, task, params, x, y):
+  logits = apply(params, x, train=False)
+  total, count = task.loss_sums(logits, y, jnp.ones(y.shape[:1], jnp.float32))
+  return total / jnp.maximum(count, 1.0)
+
+
 def batch_gradient(apply: Callable, params, x, y, task=None):
   """grad_w of the task's mean loss over the batch (x, y) at params: what one client's SGD step uses."""
   task = tasks_lib.get_task(task)
+  return jax.grad(lambda p: _mean_loss(apply, task, p, x, y))(params)
 
-  def loss(p):
-    logits = apply(p, x, train=False)
-    total, count = task.loss_sums(logits, y, jnp.ones(y.shape[:1], jnp.float32))
-    return total / jnp.maximum(count, 1.0)
-  return jax.grad(loss)(params)
+
+def local_update(apply: Callable, params, x, y, tx, task=None, *, steps: int = 1, batch_size: int = 0):
+  """The delta w_S - w_0 a client uploads after `steps` steps of its optimizer `tx` on the batch (x, y).
+
+  tx: the client's optax optimizer with fixed hyperparameters, called as update(g, state, params, grad_fn=) the way
+  optimizers/client.py builds it (`make_client_tx(config.client, {'lr', 'rho'})`: SAM / ASAM read `grad_fn`, the
+  gradient on the step's own minibatch). Step s trains on the (s mod n/b)-th slice of `batch_size` examples in
+  order (0: the whole batch every step), so S steps over n images with batch b are S b / n local epochs.
+  Differentiable in x: the attacker's model of the upload.
+  """
+  task = tasks_lib.get_task(task)
+  n = x.shape[0]
+  b = int(batch_size) or n
+  if n % b:
+    raise ValueError(f'batch_size={b} must divide the {n} images')
+  xs = jnp.reshape(jnp.asarray(x), (n // b, b) + tuple(x.shape[1:]))
+  ys = jnp.reshape(jnp.asarray(y), (n // b, b) + tuple(y.shape[1:]))
+
+  def step(carry, i):
+    p, state = carry
+    xb, yb = xs[i % (n // b)], ys[i % (n // b)]
+    grad_fn = jax.grad(lambda q: _mean_loss(apply, task, q, xb, yb))
+    updates, state = tx.update(grad_fn(p), state, p, grad_fn=grad_fn)
+    return (optax.apply_updates(p, updates), state), None
+
+  (p, _), _ = jax.lax.scan(step, (params, tx.init(params)), jnp.arange(int(steps)))
+  return jax.tree_util.tree_map(jnp.subtract, p, params)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientUpload:
+  """What a client uploads as a function of its images: `upload(params, x, y)`. tx None: the batch gradient;
+  else `local_update` with tx, steps and batch_size. Hashable (frozen): the inversion program is compiled once per
+  model and optimizer, whatever the parameters."""
+  apply: Callable
+  task: Any = None
+  tx: Any = None
+  steps: int = 1
+  batch_size: int = 0
+
+  def __call__(self, params, x, y):
+    if self.tx is None:
+      return batch_gradient(self.apply, params, x, y, self.task)
+    return local_update(self.apply, params, x, y, self.tx, self.task, steps=self.steps, batch_size=self.batch_size)
+
+
+def dp_observed(upload, key: jax.Array, clip: float, noise_std: float, *, per_layer: bool = False,
+                per_tensor: bool = False):
+  """A DP client's upload as an observer sees it: clipped to `clip` (privacy/mechanism.clip, the run's rule) plus
+  N(0, noise_std^2) per coordinate (`noise_std` 0: the clipped upload alone, what a server without secure
+  aggregation receives in central mode)."""
+  clipped, _ = mech.clip(upload, clip, per_layer, per_tensor)
+  if not noise_std:
+    return clipped
+  return jax.tree_util.tree_map(jnp.add, clipped, mech.gaussian(key, clipped, noise_std))
 
 
 def gradient_from_delta(delta, lr: float, params=None, weight_decay: float = 0.0):
@@ -125,13 +189,13 @@ def cosine_distance(grads, target, per_layer: bool = True) -> jax.Array:
   return 1.0 - jnp.sum(dots) / jnp.sqrt(jnp.maximum(jnp.sum(na), tiny) * jnp.maximum(jnp.sum(nb), tiny))
 
 
-@functools.partial(jax.jit, static_argnames=('apply', 'task', 'steps', 'per_layer', 'image_range'))
-def _invert(apply, task, params, target, labels, x0, lr, tv_weight, *, steps, per_layer, image_range):
+@functools.partial(jax.jit, static_argnames=('upload', 'steps', 'per_layer', 'image_range'))
+def _invert(upload, params, target, labels, x0, lr, tv_weight, *, steps, per_layer, image_range):
   lo, hi = image_range
 
   def objective(x):
-    g = batch_gradient(apply, params, x, labels, task)     # a function of x: grad_x goes through grad_w
-    cos = cosine_distance(g, target, per_layer)
+    u = upload(params, x, labels)     # a function of x: grad_x goes through grad_w (and the local steps)
+    cos = cosine_distance(u, target, per_layer)
     return cos + tv_weight * total_variation(x), cos
 
   schedule = optax.piecewise_constant_schedule(
@@ -139,34 +203,47 @@ def _invert(apply, task, params, target, labels, x0, lr, tv_weight, *, steps, pe
   opt = optax.adam(schedule)
 
   def step(carry, _):
-    x, state = carry
+    x, state, skipped = carry
     (_, cos), grad = jax.value_and_grad(objective, has_aux=True)(x)
+    # Unrolled through several local steps, the second-order terms of an out-of-distribution dummy can overflow
+    # (inf - inf): such entries do not move this step rather than turn the images into NaN.
+    finite = jnp.isfinite(grad)
     # Geiping et al. step on the gradient's sign: the cosine's gradient is tiny and badly scaled
-    updates, state = opt.update(jnp.sign(grad), state, x)
+    updates, state = opt.update(jnp.where(finite, jnp.sign(grad), 0.0), state, x)
     x = jnp.clip(optax.apply_updates(x, updates), lo, hi)
-    return (x, state), cos
+    return (x, state, skipped + jnp.any(~finite).astype(jnp.int32)), cos
 
-  (x, _), history = jax.lax.scan(step, (x0, opt.init(x0)), None, length=steps)
+  (x, _, skipped), history = jax.lax.scan(step, (x0, opt.init(x0), jnp.int32(0)), None, length=steps)
   final = objective(x)[1]
-  return x, jnp.append(history, final)
+  return x, jnp.append(history, final), skipped
+
+
+def invert_upload(upload: Callable, params, target, labels, x_shape: Tuple[int, ...], key: jax.Array, *,
+                  steps: int = 2000, lr: float = 0.1, tv_weight: float = 1e-2, per_layer: bool = True,
+                  image_range: Tuple[float, float] = (0.0, 1.0)) -> Dict[str, Any]:
+  """Reconstructs the batch whose upload at `params` is `target` (module docstring).
+
+  upload(params, x, labels) -> the upload pytree, hashable (a `ClientUpload`); labels [N] (known or
+  `infer_labels`); x_shape (N, H, W, C); the dummies start uniform in `image_range` from `key`. Returns {'x':
+  [N, H, W, C] reconstruction, 'cosine': [steps + 1] the cosine term before each step and at the end,
+  'nonfinite_steps': the steps whose image gradient overflowed somewhere (those entries did not move)}.
+  """
+  lo, hi = float(image_range[0]), float(image_range[1])
+  x0 = jax.random.uniform(key, tuple(x_shape), jnp.float32, lo, hi)
+  target = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float32), target)
+  x, history, skipped = _invert(upload, params, target, jnp.asarray(labels), x0, jnp.float32(lr),
+                                jnp.float32(tv_weight), steps=int(steps), per_layer=bool(per_layer),
+                                image_range=(lo, hi))
+  return {'x': x, 'cosine': history, 'nonfinite_steps': int(skipped)}
 
 
 def invert_gradients(apply: Callable, params, target_grads, labels, x_shape: Tuple[int, ...], key: jax.Array, *,
                      steps: int = 2000, lr: float = 0.1, tv_weight: float = 1e-2, per_layer: bool = True,
                      image_range: Tuple[float, float] = (0.0, 1.0), task=None) -> Dict[str, Any]:
-  """Reconstructs the batch whose mean-loss gradient at `params` is `target_grads` (module docstring).
-
-  apply(params, x, train=False) -> logits; labels [N] (known or `infer_labels`); x_shape (N, H, W, C); the
-  dummies start uniform in `image_range` from `key`. Returns {'x': [N, H, W, C] reconstruction, 'cosine':
-  [steps + 1] the cosine term before each step and at the end}.
-  """
-  lo, hi = float(image_range[0]), float(image_range[1])
-  x0 = jax.random.uniform(key, tuple(x_shape), jnp.float32, lo, hi)
-  target = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float32), target_grads)
-  x, history = _invert(apply, tasks_lib.get_task(task), params, target, jnp.asarray(labels), x0,
-                       jnp.float32(lr), jnp.float32(tv_weight), steps=int(steps), per_layer=bool(per_layer),
-                       image_range=(lo, hi))
-  return {'x': x, 'cosine': history}
+  """`invert_upload` of a gradient upload: apply(params, x, train=False) -> logits; target_grads the observed
+  gradient (or `gradient_from_delta` of a one-step delta)."""
+  return invert_upload(ClientUpload(apply, tasks_lib.get_task(task)), params, target_grads, labels, x_shape, key,
+                       steps=steps, lr=lr, tv_weight=tv_weight, per_layer=per_layer, image_range=image_range)
 
 
 def match_order(recon, truth) -> np.ndarray:

@@ -15,6 +15,10 @@ def test_bad_flag_one_line_before_loading(tmp_path):
   res = run_binary('attack', f'--workdir={tmp_path / "nope"}', '--lira_shadows=3', timeout=120)
   assert_one_line(res, 2, '--lira_shadows=3 must be 0 (no LiRA) or an even number')
   assert not (tmp_path / 'nope').exists()
+  res = run_binary('attack', f'--workdir={tmp_path / "nope"}', '--upload=local', '--num_images=2', '--local_batch=3',
+                   timeout=120)
+  assert_one_line(res, 2, '--local_batch=3 must divide --num_images=2')
+  assert not (tmp_path / 'nope').exists()
 
 
 @pytest.mark.slow    # two 2-round trainings, an inversion and LiRA: about a minute on 2 cores
@@ -34,7 +38,10 @@ def test_attacks_on_finished_runs(tmp_path):
     out = wd / 'privacy_attacks'
     inv = json.loads((out / 'inversion.json').read_text())
     assert inv['num_images'] == 2 and inv['cosine_end'] < inv['cosine_start']
-    assert np.mean(inv['psnr']) > np.mean(inv['psnr_random'])
+    if name == 'plain':
+      assert np.mean(inv['psnr']) > np.mean(inv['psnr_random'])
+    else:     # by default a DP run's upload is inverted as the DP adversary sees it: little direction survives
+      assert inv['dp_noise'] == 'release' and inv['observed_cosine_to_sent'] < 0.2
     assert (out / 'inversion.png').stat().st_size > 1000
     mem = json.loads((out / 'membership.json').read_text())
     loss = mem['loss_threshold']
@@ -48,3 +55,19 @@ def test_attacks_on_finished_runs(tmp_path):
       assert sorted(p.name for p in (out / 'shadows').iterdir()) == ['shadow_0', 'shadow_1']
       assert 'accountant epsilon' in res.stdout
     assert '| loss_threshold |' in (out / 'privacy_attacks.md').read_text()
+    # the SAM/SGD client's real upload (2 local steps, one image each), and for the DP run as DP leaves it
+    for view in (('release', 'upload') if name == 'dp' else ('release',)):
+      o = wd / f'inv_{view}'
+      res = run_binary('attack', f'--workdir={wd}', '--attack=inversion', '--upload=local', '--local_steps=2',
+                       '--local_batch=1', '--steps=100', f'--dp_noise={view}', f'--out_dir={o}', timeout=300)
+      assert res.returncode == 0, res.stderr[-3000:]
+      inv = json.loads((o / 'inversion.json').read_text())
+      assert inv['upload'] == 'local' and inv['local_steps'] == 2 and inv['local_batch'] == 1
+      assert inv['cosine_end'] < inv['cosine_start'] and np.all(np.isfinite(inv['psnr']))
+      if name == 'plain':
+        assert inv['dp_noise'] == 'none' and inv['observed_cosine_to_sent'] > 0.999999
+      elif view == 'release':    # central DP, m = M: the release's noise is z C on each coordinate
+        assert inv['dp_noise_std'] == pytest.approx(1.0 * 0.5) and inv['observed_cosine_to_sent'] < 0.2
+        assert 'DP release (noise std 0.5)' in res.stdout
+      else:                      # central DP: the server receives the clipped upload, no noise
+        assert inv['dp_noise_std'] == 0 and inv['observed_cosine_to_sent'] > 0.999999
