@@ -210,15 +210,19 @@ def main():
           vals.append(ms([r['lastk_asr'] for r in v[0]]) if v else '-')
         md.append(f'| {opt_name[opt]} | ' + ' | '.join(vals) + ' |')
       md.append('')
-  lam = [r for r in rows if r['lambda_max'] is not None]
-  if lam:
-    md.append('### lambda_max of the final global model (seed 0; top Hessian eigenvalue on the 359 test images, '
-              'experiments/hessian.py)\n')
-    md.append('| part | cell | lambda_max | last-K acc % |')
-    md.append('|---|---|---|---|')
-    for r in lam:
-      md.append(f"| {r['part']} | {r['cell']} | {r['lambda_max']:.2f} | {100 * r['lastk_acc']:.1f} |")
-    md.append('')
+    # lambda_max (seed 0, where experiments/hessian.py ran): the same rows and columns
+    lam = {(x[0]['optimizer'], x[0]['attack'], defence(x[0])): r for x in cells.values() for r in x
+           if r['seed'] == 0 and r['lambda_max'] is not None}
+    if lam:
+      md.append(f'### {title}: lambda_max of the final global model, seed 0 (top Hessian eigenvalue on the 359 test '
+                'images, experiments/hessian.py; last-K test accuracy % of that run in brackets)\n')
+      md.append('| method | attack | ' + ' | '.join(aggs) + ' |')
+      md.append('|---|---|' + '---|' * len(aggs))
+      for opt, att in keys:
+        vals = [f"{lam[k]['lambda_max']:.2f} ({100 * lam[k]['lastk_acc']:.1f})" if k in lam else '-'
+                for k in ((opt, att, ag) for ag in aggs)]
+        md.append(f'| {opt_name[opt]} | {att} | ' + ' | '.join(vals) + ' |')
+      md.append('')
   for ppart, src in (('persist', 'digits, the round-40 model'),
                      ('persist_standin', 'CIFAR stand-in, the round-80 model')):
     per = {k[1]: v for k, v in g.items() if k[0] == ppart}
@@ -276,6 +280,11 @@ def main():
   print('\n'.join(md))
 
 
+def _write_json(out, name, rows):
+  with open(os.path.join(out, name), 'w') as f:
+    json.dump(rows, f, indent=1, default=str)
+
+
 # The stand-in's leakage runs are the security grid's own unattacked runs (mean / central DP at eps 8).
 STANDIN_LEAK = (('fedavg', 'standin/fedavg-none-mean'), ('fedsam', 'standin/fedsam-none-mean'),
                 ('fedavg_eps8', 'standin.kd/fedavg-none-dp'), ('fedsam_eps8', 'standin.kd/fedsam-none-dp'))
@@ -296,8 +305,7 @@ def standin_leakage(root, out):
                      'lambda_max': (_load(os.path.join(wd, 'hessian', 'hessian_global.json')) or {}).get('lambda_max')})
   if not rows:
     return []
-  with open(os.path.join(out, 'leak_standin.json'), 'w') as f:
-    json.dump(rows, f, indent=1, default=str)
+  _write_json(out, 'leak_standin.json', rows)
   md = ['### Leakage on the CIFAR stand-in: SGD vs SAM clients, without and with central DP (eps 8), round 80, '
         'every seed\n',
         '| run | seeds | test acc % | inversion PSNR dB (mean ± std over images x clients x seeds) | SSIM | '
@@ -344,8 +352,7 @@ def standin_real_upload(root, out):
           rows.append({'run': label, 'seed': int(wd.rsplit('=', 1)[1]), 'view': inv['dp_noise'], 'inversion': inv})
   if not rows:
     return []
-  with open(os.path.join(out, 'inversion_local.json'), 'w') as f:
-    json.dump(rows, f, indent=1, default=str)
+  _write_json(out, 'inversion_local.json', rows)
   md = ['### Inversion of what a client really sends on the CIFAR stand-in (2 local steps of its own optimizer on '
         '2 images, round 80, client 0 of every seed)\n',
         '| run | upload observed | client steps | inversions | PSNR dB (mean ± std over images x seeds) | SSIM | '
