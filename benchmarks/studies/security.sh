@@ -120,6 +120,10 @@ for s in 0 1 2; do for cell in standin/fedavg-none-mean standin/fedsam-none-mean
   done
   [[ $s != 0 || -f "$wd/privacy_attacks_lira/membership.json" ]] || $PY experiments/attack.py --workdir="$wd" \
     --attack=membership --lira_shadows=16 --out_dir="$wd/privacy_attacks_lira" 2>/dev/null | grep lira
+  # ... and with 16 federated shadows (runs of the target's own config as lanes of one program: 8-16 min a run)
+  [[ $s != 0 || -f "$wd/lira_federated/membership.json" ]] || $PY experiments/attack.py --workdir="$wd" \
+    --attack=membership --lira_shadows=16 --shadow_trainer=federated --out_dir="$wd/lira_federated" 2>/dev/null \
+    | grep lira
 done; done
 
 # What a client really sends: 2 local steps of its own optimizer (SAM for FedSAM) on its 2 images, inverted

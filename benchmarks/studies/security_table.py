@@ -297,7 +297,7 @@ def standin_leakage(root, out):
   for label, cell in STANDIN_LEAK:
     for wd in sorted(glob.glob(os.path.join(root, cell, 'seed=*'))):
       s = _load(os.path.join(wd, 'summary.json')) or {}
-      for pa in sorted(glob.glob(os.path.join(wd, 'privacy_attacks*'))):
+      for pa in sorted(glob.glob(os.path.join(wd, 'privacy_attacks*')) + glob.glob(os.path.join(wd, 'lira_*'))):
         rows.append({'run': label, 'seed': int(wd.rsplit('=', 1)[1]), 'attack_dir': os.path.basename(pa),
                      'inversion': _load(os.path.join(pa, 'inversion.json')),
                      'membership': _load(os.path.join(pa, 'membership.json')),
@@ -310,8 +310,9 @@ def standin_leakage(root, out):
         'every seed\n',
         '| run | seeds | test acc % | inversion PSNR dB (mean ± std over images x clients x seeds) | SSIM | '
         'inversions | MI AUC loss threshold (mean ± std over seeds) | TPR@1%FPR | max empirical eps lower bound | '
-        'LiRA AUC (seed 0, 16 central shadows) | LiRA eps lower bound | accountant eps | train / test acc (seed 0) |',
-        '|---|---|---|---|---|---|---|---|---|---|---|---|---|']
+        'LiRA AUC (seed 0, 16 central shadows) | LiRA eps lower bound | LiRA AUC (seed 0, 16 federated shadows) | '
+        'its eps lower bound | its TPR@1%FPR | accountant eps | train / test acc (seed 0) |',
+        '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|']
   for label, _ in STANDIN_LEAK:
     xs = [x for x in rows if x['run'] == label]
     if not xs:
@@ -321,7 +322,10 @@ def standin_leakage(root, out):
     ssim = [p for v in inv for p in v['ssim']]
     lt = [x['membership']['loss_threshold'] for x in xs
           if x['membership'] and x['attack_dir'] == 'privacy_attacks' and 'loss_threshold' in x['membership']]
-    lira = [x['membership']['lira'] for x in xs if x['membership'] and 'lira' in x['membership']]
+    lira = [x['membership']['lira'] for x in xs if x['membership'] and 'lira' in x['membership']
+            and x['membership']['lira'].get('shadow_trainer', 'central') == 'central']
+    fed = [x['membership']['lira'] for x in xs if x['membership'] and 'lira' in x['membership']
+           and x['membership']['lira'].get('shadow_trainer') == 'federated']
     mem = next((x['membership'] for x in xs if x['membership']), {})
     acc = {x['seed']: x['final_acc'] for x in xs if x['final_acc'] is not None}
     eps_lb = max((m['epsilon_lower_bound'] for m in lt), default=None)
@@ -329,6 +333,8 @@ def standin_leakage(root, out):
               f"{len(inv)} x {inv[0]['num_images'] if inv else 0} | {ms([m['auc'] for m in lt], 1, 3)} | "
               f"{ms([m['tpr_at_fpr_0.01'] for m in lt], 1, 3)} | {'-' if eps_lb is None else f'{eps_lb:.3f}'} | "
               f"{ms([m['auc'] for m in lira], 1, 3)} | {ms([m['epsilon_lower_bound'] for m in lira], 1, 3)} | "
+              f"{ms([m['auc'] for m in fed], 1, 3)} | {ms([m['epsilon_lower_bound'] for m in fed], 1, 3)} | "
+              f"{ms([m['tpr_at_fpr_0.01'] for m in fed], 1, 3)} | "
               f"{_g(mem, 'accountant_epsilon')} | {_g(mem, 'train_accuracy')} / {_g(mem, 'test_accuracy')} |")
   md.append('')
   return md
