@@ -311,8 +311,9 @@ def standin_leakage(root, out):
         '| run | seeds | test acc % | inversion PSNR dB (mean ± std over images x clients x seeds) | SSIM | '
         'inversions | MI AUC loss threshold (mean ± std over seeds) | TPR@1%FPR | max empirical eps lower bound | '
         'LiRA AUC (seed 0, 16 central shadows) | LiRA eps lower bound | LiRA AUC (seed 0, 16 federated shadows) | '
-        'its eps lower bound | its TPR@1%FPR | accountant eps | train / test acc (seed 0) |',
-        '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|']
+        "its eps lower bound | its TPR@1%FPR | shadows' held-out acc (central / federated) | accountant eps | "
+        'train / test acc (seed 0) |',
+        '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|']
   for label, _ in STANDIN_LEAK:
     xs = [x for x in rows if x['run'] == label]
     if not xs:
@@ -335,6 +336,8 @@ def standin_leakage(root, out):
               f"{ms([m['auc'] for m in lira], 1, 3)} | {ms([m['epsilon_lower_bound'] for m in lira], 1, 3)} | "
               f"{ms([m['auc'] for m in fed], 1, 3)} | {ms([m['epsilon_lower_bound'] for m in fed], 1, 3)} | "
               f"{ms([m['tpr_at_fpr_0.01'] for m in fed], 1, 3)} | "
+              f"{ms([m['shadow_heldout_accuracy'] for m in lira], 1, 3)} / "
+              f"{ms([m['shadow_heldout_accuracy'] for m in fed], 1, 3)} | "
               f"{_g(mem, 'accountant_epsilon')} | {_g(mem, 'train_accuracy')} / {_g(mem, 'test_accuracy')} |")
   md.append('')
   return md
