@@ -199,8 +199,9 @@ def _inversion(trainer, model, params, out, report):
   if _LABELS.value == 'inferred':
     bias = [v for path, v in jax.tree_util.tree_leaves_with_path(target)
             if 'bias' in jax.tree_util.keystr(path) and np.ndim(v) == 1]
-    labels = inv.infer_labels(bias[-1] if target is not observed or _UPLOAD.value == 'gradient' else -bias[-1],
-                              len(y))   # a delta's bias moves against the gradient
+    target_is_gradient = _UPLOAD.value == 'gradient' or (_UPLOAD.value == 'delta' and clip is None)
+    # a delta's bias moves against the gradient
+    labels = inv.infer_labels(bias[-1] if target_is_gradient else -bias[-1], len(y))
   t0 = time.time()
   res = inv.invert_upload(upload_fn, params, target, labels, x.shape, jax.random.key(_SEED.value),
                           steps=_STEPS.value, lr=_STEP_SIZE.value, tv_weight=_TV.value, image_range=image_range)
