@@ -145,13 +145,9 @@ def _dp_view(trainer, params):
   leaves = len(jax.tree_util.tree_leaves(params))
   z = float(dp_lib.noise_multiplier(cfg, int(trainer.data.num_clients), leaves))
   c, m, big_m, mode = float(d.clip), mech.cohort(cfg), mech.noise_cohort(cfg), str(d.mode)
-  if mode == 'local':
-    std = z * c
-  elif _DP_NOISE.value == 'release':   # the sum's noise, seen by one who knows the other clients' uploads
-    std = z * c * m / big_m
-  else:
-    std = 0.0 if mode == 'central' else z * c * math.sqrt(m) / big_m
-  return std, c
+  if mode != 'local' and _DP_NOISE.value == 'release':   # the sum's noise, seen by one who knows the other uploads
+    return z * c * mech.sum_noise_share(mode, m, big_m), c
+  return z * c * mech.client_noise_share(mode, m, big_m), c    # what the client itself added (0: central)
 
 
 def _inversion(trainer, model, params, out, report):

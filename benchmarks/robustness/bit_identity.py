@@ -10,7 +10,8 @@ server state's arrays (every leaf's dtype, shape and bytes, in tree order) and o
 
 The cases cover the round paths: the quickstart (FedAvg, device rounds), SCAFFOLD (client states), FedSeq
 (chain trainer), one LADD round on the synthetic domain-adaptation set (segmentation, style clusters), a
-batched pair of runs (the runs axis, training/batched.py) and a FedVPR round (retrieval, two-pass mining).
+batched pair of runs (the runs axis, training/batched.py), a FedVPR round (retrieval, two-pass mining) and
+client-level DP in its central, local, distributed and adaptive-clip forms.
 Bits depend on the number of usable cores (XLA:CPU's reductions): compare runs on the same machine.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ from absl import app, flags  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from configs import fedseq_digits, ladd, quickstart, quickstart_vpr  # noqa: E402
+from configs import dp, fedseq_digits, ladd, quickstart, quickstart_vpr  # noqa: E402
 from fedjax_flat.training import batched, trainers  # noqa: E402
 
 _OUT = flags.DEFINE_string('out', None, 'write the JSON lines here too')
@@ -82,8 +83,15 @@ def _configs():
   b1, b2 = quickstart.get_config(), quickstart.get_config()
   for c, lr in ((b1, 0.05), (b2, 0.1)):
     c.rounds, c.eval_every, c.client.lr = 3, 3, lr
+  # Client-level DP: the server's noise (central), each client's (local), its share (distributed, per-tensor
+  # clipping of DP-FedSAM's release), and the adaptive clip.
+  private = {}
+  for name, arg in (('dp_central', 'fedavg,eps=8'), ('dp_local', 'small,eps=200,local'),
+                    ('dp_distributed', 'fedsam,eps=8,release'), ('dp_adaptive', 'fedavg,eps=8,adaptive')):
+    private[name] = dp.get_config(arg)
+    private[name].rounds, private[name].eval_every = 3, 3
   return {'quickstart': qs, 'scaffold': sc, 'fedseq': fs, 'ladd_round': ld, 'fedvpr_round': vp,
-          'batched_pair': (b1, b2)}
+          'batched_pair': (b1, b2), **private}
 
 
 def _run_case(name, cfg, root):

@@ -174,6 +174,18 @@ def noise_multiplier(cfg, data_population: int = 0, num_leaves: int = 0):
                     a['num_clients'], a['norm_bound'])
 
 
+def client_noise_share(mode: str, m: int, big_m: int) -> float:
+  """f in the noise N(0, (z C f)^2) a client adds to its own clipped upload: 1 in local mode; sqrt(m) / M in
+  distributed mode (m such shares sum to the central noise, z C m / M); 0 in central mode (the server adds it)."""
+  return {'local': 1.0, 'distributed': math.sqrt(m) / big_m}.get(mode, 0.0)
+
+
+def sum_noise_share(mode: str, m: int, big_m: int) -> float:
+  """f in the noise N(0, (z C f)^2) on the sum of a cohort's m uploads: m / M in central and distributed mode
+  (the release one client's upload hides in); sqrt(m) in local mode (m independent draws of std z C)."""
+  return math.sqrt(m) if mode == 'local' else m / big_m
+
+
 def value_multiplier(z, sigma_b, adaptive: bool):
   """z_v: the noise multiplier of the model query (z itself without adaptive clipping); z may be traced."""
   if not adaptive:

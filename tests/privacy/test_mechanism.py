@@ -109,3 +109,18 @@ def test_value_multiplier_shares_z_between_the_two_queries():
   np.testing.assert_allclose((zv ** -2 + (2 * sb) ** -2) ** -0.5, z, rtol=1e-12)   # Andrew et al., Theorem 1
   assert mech.value_multiplier(z, sb, False) == z
   assert mech.value_multiplier(0.0, sb, True) == 0.0     # no noise stays no noise
+
+
+@pytest.mark.parametrize('m,big_m', [(5, 5), (5, 100), (16, 40)])
+def test_noise_shares_per_mode(m, big_m):
+  # Central: nothing at the client, std z C m / M on the sum. Distributed: m client shares whose variances add up
+  # to the central sum's. Local: std z C per client, so sqrt(m) z C on the sum of m independent draws.
+  assert mech.client_noise_share('central', m, big_m) == 0.0
+  assert mech.sum_noise_share('central', m, big_m) == m / big_m
+  share = mech.client_noise_share('distributed', m, big_m)
+  np.testing.assert_allclose(m * share ** 2, mech.sum_noise_share('distributed', m, big_m) ** 2, rtol=1e-12)
+  assert mech.client_noise_share('local', m, big_m) == 1.0
+  np.testing.assert_allclose(mech.sum_noise_share('local', m, big_m), math.sqrt(m * 1.0 ** 2), rtol=1e-12)
+  # Measured: the sum of m distributed draws has the central std.
+  draws = [mech.gaussian(jax.random.key(k), jnp.zeros((20_000,)), share) for k in range(m)]
+  np.testing.assert_allclose(float(jnp.std(sum(draws))), mech.sum_noise_share('central', m, big_m), rtol=0.03)

@@ -30,7 +30,6 @@ accountant counts.
 """
 from __future__ import annotations
 
-import math
 
 from absl import logging
 import jax
@@ -173,6 +172,7 @@ def with_dp(alg: FederatedAlgorithm, config, population: int = 0, client_sizes=N
     return {k: v for k, v in bcast.items() if k != KEY}
 
   client_noise = mode in ('local', 'distributed')   # the clients draw the noise (key from their own key)
+  share = mech.client_noise_share(mode, m, big_m)   # z C: local; z C sqrt(m) / M: distributed (sums to central's)
 
   def client_init(bcast, client_state, rng):
     local = alg.client_init(_inner_bcast(bcast), client_state, rng)
@@ -194,11 +194,8 @@ def with_dp(alg: FederatedAlgorithm, config, population: int = 0, client_sizes=N
                         'delta alone: DP cannot bound it')
     c = bcast[KEY]['clip']
     delta, norm = mech.clip(out['weighted']['delta'], c, per_layer, per_tensor)
-    if mode == 'local':
-      delta = jax.tree_util.tree_map(jnp.add, delta, mech.gaussian(local['dp_key'], delta, z * c))
-    elif mode == 'distributed':   # this client's share: m shares of variance (z C m / M)^2 / m sum to central's
-      delta = jax.tree_util.tree_map(jnp.add, delta, mech.gaussian(local['dp_key'], delta,
-                                                                   z * c * (math.sqrt(m) / big_m)))
+    if client_noise:
+      delta = jax.tree_util.tree_map(jnp.add, delta, mech.gaussian(local['dp_key'], delta, z * c * share))
     up = {} if capped else {'delta': delta}
     if adaptive:
       up['below'] = (norm <= c).astype(jnp.float32)
@@ -232,7 +229,7 @@ def with_dp(alg: FederatedAlgorithm, config, population: int = 0, client_sizes=N
     else:
       k_value, k_count = jax.random.split(jax.random.fold_in(jax.random.wrap_key_data(s['key']), round_idx))
       c = current_clip(s)
-      mean = mech.noisy_mean(k_value, total, z_v * c * cap * (m / big_m), denominator)
+      mean = mech.noisy_mean(k_value, total, z_v * c * cap * mech.sum_noise_share(mode, m, big_m), denominator)
       if adaptive:
         if below_count is None:
           below_count = agg['uniform']['below'] * n
