@@ -80,22 +80,26 @@ persist() {
 persist main persist configs/quickstart.py 0.1 3 1                    # the digits, from the round-40 model
 persist standin persist_standin configs/cifar_standin.py 0.05 4 2     # the stand-in, from the round-80 model
 
-# 3. lambda_max (seed 0): these digits cells first, then every cell (the leakage runs' lambda_max: step 4).
+# 3. lambda_max: these digits cells' seed 0 first, then every run (the leakage runs' lambda_max: step 4).
 for cell in fedavg-none-mean fedsam-none-mean fedavg-backdoor-mean-f0.3 fedsam-backdoor-mean-f0.3 \
     fedavg-alie-median-f0.3 fedsam-alie-median-f0.3 fedavg-sign_flip-krum-f0.3 fedsam-sign_flip-krum-f0.3 \
     fedavg-none-dp fedsam-none-dp fedavg-backdoor-dp-f0.3 fedsam-backdoor-dp-f0.3; do
   wd="$ROOT/main/$cell/seed=0"
   [[ -f "$wd/hessian/hessian_global.json" ]] || $PY experiments/hessian.py --workdir="$wd" --top_k=1 2>/dev/null | tail -n 2
 done
-# ... every other digits cell's seed 0 (about 15 s a cell) ...
-for wd in "$ROOT"/main*/*/seed=0 "$ROOT"/ten*/*/seed=0 "$ROOT"/asam*/*/seed=0; do
-  [[ -f "$wd/summary.json" && ! -f "$wd/hessian/hessian_global.json" ]] || continue
-  $PY experiments/hessian.py --workdir="$wd" --top_k=1 2>/dev/null | tail -n 1
+# ... every digits run, seed 0 first (about 10-15 s a run) ...
+for s in 0 1 2; do
+  for wd in "$ROOT"/main*/*/seed=$s "$ROOT"/ten*/*/seed=$s "$ROOT"/asam*/*/seed=$s; do
+    [[ -f "$wd/summary.json" && ! -f "$wd/hessian/hessian_global.json" ]] || continue
+    $PY experiments/hessian.py --workdir="$wd" --top_k=1 2>/dev/null | tail -n 1
+  done
 done
-# ... and every stand-in cell's seed 0 (a run that diverged has no checkpoint to measure).
-for wd in "$ROOT"/standin*/*/seed=0; do
-  [[ -f "$wd/summary.json" && ! -f "$wd/hessian/hessian_global.json" ]] || continue
-  $PY experiments/hessian.py --workdir="$wd" --top_k=1 --num_examples=359 --lanczos_steps=20 2>/dev/null | tail -n 1
+# ... and every stand-in run (20-40 s a run; a run that diverged has no checkpoint to measure).
+for s in 0 1 2; do
+  for wd in "$ROOT"/standin*/*/seed=$s; do
+    [[ -f "$wd/summary.json" && ! -f "$wd/hessian/hessian_global.json" ]] || continue
+    $PY experiments/hessian.py --workdir="$wd" --top_k=1 --num_examples=359 --lanczos_steps=20 2>/dev/null | tail -n 1
+  done
 done
 
 # 4. Leakage: SGD vs SAM clients, without and with DP (configs/dp.py's digits cells: central DP, clip 0.5, eps 8,

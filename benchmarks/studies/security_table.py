@@ -210,17 +210,27 @@ def main():
           vals.append(ms([r['lastk_asr'] for r in v[0]]) if v else '-')
         md.append(f'| {opt_name[opt]} | ' + ' | '.join(vals) + ' |')
       md.append('')
-    # lambda_max (seed 0, where experiments/hessian.py ran): the same rows and columns
-    lam = {(x[0]['optimizer'], x[0]['attack'], defence(x[0])): r for x in cells.values() for r in x
-           if r['seed'] == 0 and r['lambda_max'] is not None}
+    # lambda_max (the seeds where experiments/hessian.py ran): the same rows and columns
+    lam = {}
+    for x in cells.values():
+      for r in x:
+        if r['lambda_max'] is not None:
+          lam.setdefault((x[0]['optimizer'], x[0]['attack'], defence(x[0])), []).append(r)
     if lam:
-      md.append(f'### {title}: lambda_max of the final global model, seed 0 (top Hessian eigenvalue on the 359 test '
-                'images, experiments/hessian.py; last-K test accuracy % of that run in brackets)\n')
+      md.append(f'### {title}: lambda_max of the final global model, mean ± std over the seeds measured (top '
+                'Hessian eigenvalue on the 359 test images, experiments/hessian.py; in brackets the last-K test '
+                'accuracy % of those runs and, below 3, how many seeds; one value: seed 0)\n')
       md.append('| method | attack | ' + ' | '.join(aggs) + ' |')
       md.append('|---|---|' + '---|' * len(aggs))
+
+      def lam_cell(rs):
+        rs = sorted(rs, key=lambda r: r['seed'])
+        n = ('' if len(rs) == 3 or [r['seed'] for r in rs] == [0] else
+             f", seed {rs[0]['seed']}" if len(rs) == 1 else f', {len(rs)} seeds')
+        return (f"{ms([r['lambda_max'] for r in rs], 1.0, 2)} ({ms([r['lastk_acc'] for r in rs], 100.0, 1)}"
+                f'{n})')
       for opt, att in keys:
-        vals = [f"{lam[k]['lambda_max']:.2f} ({100 * lam[k]['lastk_acc']:.1f})" if k in lam else '-'
-                for k in ((opt, att, ag) for ag in aggs)]
+        vals = [lam_cell(lam[k]) if k in lam else '-' for k in ((opt, att, ag) for ag in aggs)]
         md.append(f'| {opt_name[opt]} | {att} | ' + ' | '.join(vals) + ' |')
       md.append('')
   for ppart, src in (('persist', 'digits, the round-40 model'),
