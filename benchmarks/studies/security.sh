@@ -80,14 +80,8 @@ persist() {
 persist main persist configs/quickstart.py 0.1 3 1                    # the digits, from the round-40 model
 persist standin persist_standin configs/cifar_standin.py 0.05 4 2     # the stand-in, from the round-80 model
 
-# 3. lambda_max: these digits cells' seed 0 first, then every run (the leakage runs' lambda_max: step 4).
-for cell in fedavg-none-mean fedsam-none-mean fedavg-backdoor-mean-f0.3 fedsam-backdoor-mean-f0.3 \
-    fedavg-alie-median-f0.3 fedsam-alie-median-f0.3 fedavg-sign_flip-krum-f0.3 fedsam-sign_flip-krum-f0.3 \
-    fedavg-none-dp fedsam-none-dp fedavg-backdoor-dp-f0.3 fedsam-backdoor-dp-f0.3; do
-  wd="$ROOT/main/$cell/seed=0"
-  [[ -f "$wd/hessian/hessian_global.json" ]] || $PY experiments/hessian.py --workdir="$wd" --top_k=1 2>/dev/null | tail -n 2
-done
-# ... every digits run, seed 0 first (about 10-15 s a run) ...
+# 3. lambda_max of every run that trained (the leakage runs' lambda_max: step 4): the digits, seed 0 first
+#    (about 10-15 s a run) ...
 for s in 0 1 2; do
   for wd in "$ROOT"/main*/*/seed=$s "$ROOT"/ten*/*/seed=$s "$ROOT"/asam*/*/seed=$s; do
     [[ -f "$wd/summary.json" && ! -f "$wd/hessian/hessian_global.json" ]] || continue

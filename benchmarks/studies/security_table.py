@@ -115,6 +115,15 @@ def ms(xs, scale=100.0, nd=1):
   return f'{a.mean():.{nd}f} ± {a.std():.{nd}f}' if len(a) > 1 else f'{a[0]:.{nd}f}'
 
 
+def lam_cell(rs):
+  """lambda_max mean ± std over a cell's measured runs, their last-K accuracy in brackets, and the seeds when not
+  the usual three (or seed 0 alone)."""
+  rs = sorted(rs, key=lambda r: r['seed'])
+  n = ('' if len(rs) == 3 or [r['seed'] for r in rs] == [0] else
+       f", seed {rs[0]['seed']}" if len(rs) == 1 else f', {len(rs)} seeds')
+  return f"{ms([r['lambda_max'] for r in rs], 1.0, 2)} ({ms([r['lastk_acc'] for r in rs], 100.0, 1)}{n})"
+
+
 def defence(r):
   """The defence column: the aggregator, or 'dp' (central DP with the mean; records before it existed: the
   aggregator)."""
@@ -222,13 +231,6 @@ def main():
                 'accuracy % of those runs and, below 3, how many seeds; one value: seed 0)\n')
       md.append('| method | attack | ' + ' | '.join(aggs) + ' |')
       md.append('|---|---|' + '---|' * len(aggs))
-
-      def lam_cell(rs):
-        rs = sorted(rs, key=lambda r: r['seed'])
-        n = ('' if len(rs) == 3 or [r['seed'] for r in rs] == [0] else
-             f", seed {rs[0]['seed']}" if len(rs) == 1 else f', {len(rs)} seeds')
-        return (f"{ms([r['lambda_max'] for r in rs], 1.0, 2)} ({ms([r['lastk_acc'] for r in rs], 100.0, 1)}"
-                f'{n})')
       for opt, att in keys:
         vals = [lam_cell(lam[k]) if k in lam else '-' for k in ((opt, att, ag) for ag in aggs)]
         md.append(f'| {opt_name[opt]} | {att} | ' + ' | '.join(vals) + ' |')

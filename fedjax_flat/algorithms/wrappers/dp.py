@@ -30,7 +30,6 @@ accountant counts.
 """
 from __future__ import annotations
 
-
 from absl import logging
 import jax
 import jax.numpy as jnp
@@ -173,6 +172,7 @@ def with_dp(alg: FederatedAlgorithm, config, population: int = 0, client_sizes=N
 
   client_noise = mode in ('local', 'distributed')   # the clients draw the noise (key from their own key)
   share = mech.client_noise_share(mode, m, big_m)   # z C: local; z C sqrt(m) / M: distributed (sums to central's)
+  sum_share = mech.sum_noise_share(mode, m, big_m)  # central: std z_v C m / M on the sum
 
   def client_init(bcast, client_state, rng):
     local = alg.client_init(_inner_bcast(bcast), client_state, rng)
@@ -229,7 +229,7 @@ def with_dp(alg: FederatedAlgorithm, config, population: int = 0, client_sizes=N
     else:
       k_value, k_count = jax.random.split(jax.random.fold_in(jax.random.wrap_key_data(s['key']), round_idx))
       c = current_clip(s)
-      mean = mech.noisy_mean(k_value, total, z_v * c * cap * mech.sum_noise_share(mode, m, big_m), denominator)
+      mean = mech.noisy_mean(k_value, total, z_v * c * cap * sum_share, denominator)
       if adaptive:
         if below_count is None:
           below_count = agg['uniform']['below'] * n
