@@ -10,6 +10,12 @@ before jax starts (the binaries do it in `devices.configure_or_exit`). `--cpu_pa
             this machine has no record, or its record names the default (the shipped behaviour)
   <name>    one of CANDIDATES
 
+A path may also change the program jax traces rather than XLA's flags (`PROGRAM`): 'dense_direct' traces every
+Dense layer's kernel gradient straight into [in, out] (models/layers.py `grad_impl`), which the one-client CPU
+path otherwise computes as [out, in] and transposes: the same products, the same bits for plain SGD-family steps,
+fp32 rounding where the step reduces over the gradient (SAM's norm, per-tensor DP clipping). It is read when the
+model is traced, from this process's applied path (env FEDJAX_FLAT_CPU_PATH), so a sweep's children inherit it.
+
 A recorded winner must compile another program than the default (parameters not bit-identical), beat it by
 MARGIN on every measured workload and keep the parameters within 1e-5 (relative) of the default's after a
 client's local steps; otherwise `default` is kept, so that a path wins only where it is clearly faster and its
@@ -44,7 +50,10 @@ CANDIDATES = {
     'ynn_off': '--xla_cpu_experimental_ynn_fusion_type=',
     'ynn_conv': '--xla_cpu_experimental_ynn_fusion_type=+individual_convolution',
     'legacy_emitters': '--xla_cpu_use_fusion_emitters=false',
+    'dense_direct': '',
 }
+# name -> the program options a path sets (read at trace time: `program_option`).
+PROGRAM = {'dense_direct': {'dense_grad': 'direct'}}
 _ISA_FLAGS = ('avx2', 'fma', 'avx512f', 'avx512bw', 'avx512_vnni', 'avx512_bf16', 'amx_tile', 'amx_bf16')
 
 
@@ -56,6 +65,11 @@ def flags_of(name: str) -> str:
   if name not in CANDIDATES:
     raise CpuPathError(f'{FLAG}={name}: unknown path; use auto, or one of {", ".join(CANDIDATES)}')
   return CANDIDATES[name]
+
+
+def program_option(key: str, default: str, env: Mapping[str, str] = os.environ) -> str:
+  """A program option of the path this process applied (env[ENV], set by `configure`), else `default`."""
+  return PROGRAM.get(env.get(ENV, '').strip(), {}).get(key, default)
 
 
 def isa(cpuinfo: str = '/proc/cpuinfo') -> dict:

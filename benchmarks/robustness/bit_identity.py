@@ -11,7 +11,8 @@ server state's arrays (every leaf's dtype, shape and bytes, in tree order) and o
 The cases cover the round paths: the quickstart (FedAvg, device rounds), SCAFFOLD (client states), FedSeq
 (chain trainer), one LADD round on the synthetic domain-adaptation set (segmentation, style clusters), a
 batched pair of runs (the runs axis, training/batched.py), a FedVPR round (retrieval, two-pass mining) and
-client-level DP in its central, local, distributed and adaptive-clip forms.
+client-level DP in its central, local, distributed and adaptive-clip forms, and two CNNs with large dense layers
+(the pfl protocol's, the FedSAM paper's with SAM) on synthetic 32x32x3 clients.
 Bits depend on the number of usable cores (XLA:CPU's reductions): compare runs on the same machine.
 """
 from __future__ import annotations
@@ -32,7 +33,8 @@ from absl import app, flags  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from configs import dp, fedseq_digits, ladd, quickstart, quickstart_vpr  # noqa: E402
+from configs import dp, fedseq_digits, ladd, pfl_cifar10, quickstart, quickstart_vpr  # noqa: E402
+from fedjax_flat.config.default_config import data_section  # noqa: E402
 from fedjax_flat.training import batched, trainers  # noqa: E402
 
 _OUT = flags.DEFINE_string('out', None, 'write the JSON lines here too')
@@ -90,8 +92,18 @@ def _configs():
                     ('dp_distributed', 'fedsam,eps=8,release'), ('dp_adaptive', 'fedavg,eps=8,adaptive')):
     private[name] = dp.get_config(arg)
     private[name].rounds, private[name].eval_every = 3, 3
+  # The CNNs with large dense layers under the one-client-at-a-time CPU path (Dense's weight gradient): the pfl
+  # protocol's CNN with dropout, and the FedSAM paper's CIFAR CNN with SAM, on 32x32x3 synthetic clients.
+  wide = {}
+  for name, model, opt, classes in (('pfl_round', 'pfl_cnn', 'sgd', 10), ('cifar_sam', 'cifar_cnn', 'sam', 100)):
+    c = pfl_cifar10.get_config()
+    c.dataset, c.model, c.normalize, c.client.optimizer, c.client.rho = 'synthetic', model, 'none', opt, 0.05
+    c.data = data_section(num_clients=8, examples_per_client=20, input_shape=(32, 32, 3), num_classes=classes,
+                          test_size=40, seed=0)
+    c.rounds, c.eval_every, c.clients_per_round = 2, 2, 4
+    wide[name] = c
   return {'quickstart': qs, 'scaffold': sc, 'fedseq': fs, 'ladd_round': ld, 'fedvpr_round': vp,
-          'batched_pair': (b1, b2), **private}
+          'batched_pair': (b1, b2), **private, **wide}
 
 
 def _run_case(name, cfg, root):

@@ -13,6 +13,8 @@ same seed (0); each samples its 50 users per round uniformly from (seed, round) 
   engine_<strategy>      the engine's one-round program alone on prebuilt batches (no sampling / gather)
   ours_<N>dev            the trainer in a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=N
                          (the round's clients sharded over N host devices)
+  ours_<N>dev_direct     the same under `--cpu_path=dense_direct` (Dense kernel gradients straight into
+                         [in, out], models/layers.py; the same bits for this SGD protocol)
   torch                  the PyTorch reference pattern (benchmarks/peers/torch_peer.py: sequential users,
                          torch SGD, nn.Dropout, unweighted average), a subprocess; torch_1t the same with one
                          torch thread (on a loaded 2-core machine torch's OpenMP threads spin: measured 10x
@@ -50,6 +52,7 @@ import numpy as np
 from benchmarks.paths import REPO
 from benchmarks.speed import bench_util
 from benchmarks.speed.peers import protocol
+from fedjax_flat import cpu_paths
 from fedjax_flat.config import families as config_strings
 from fedjax_flat.data.transforms import augment as aug
 from fedjax_flat.data import registry as data_registry
@@ -64,7 +67,8 @@ TRAINER_KNOBS = {'trainer': {}, 'trainer_rpc1': {'engine.rounds_per_call': 1},
                  'trainer_sequential': {'engine.strategy': 'sequential'}}
 ENGINE = ('engine_vmap', 'engine_chunked', 'engine_sequential')
 PEER_VARIANTS = {'torch': ('torch', {}), 'torch_1t': ('torch', {'threads': 1}), 'fedjax': ('fedjax', {})}
-DEFAULT_VARIANTS = tuple(TRAINER_KNOBS) + ENGINE + ('ours_Ndev',) + tuple(PEER_VARIANTS)
+DEFAULT_VARIANTS = tuple(TRAINER_KNOBS) + ENGINE + ('ours_Ndev', 'ours_Ndev_direct') + tuple(PEER_VARIANTS)
+DIRECT_PATH = 'dense_direct'     # the ours_<N>dev_direct rows: that CPU kernel path (fedjax_flat/cpu_paths.py)
 
 
 def _args(argv):
@@ -205,12 +209,13 @@ def engine_variant(name, a, data, compiled_memory: bool = False):
 class SubprocessTrainer:
   """ours_<N>dev: the trainer in `python pfl_cifar10.py --serve` with N host devices (a protocol peer)."""
 
-  def __init__(self, n_devices: int):
+  def __init__(self, n_devices: int, cpu_path: str = 'default'):
     flags = [f for f in os.environ.get('XLA_FLAGS', '').split()
              if not f.startswith('--xla_force_host_platform_device_count')]
     flags.append(f'--xla_force_host_platform_device_count={n_devices}')
-    self.peer = protocol.Peer(sys.executable, 'benchmarks.speed.pfl_cifar10', env={'XLA_FLAGS': ' '.join(flags)},
-                              cwd=REPO)
+    self.peer = protocol.Peer(sys.executable, 'benchmarks.speed.pfl_cifar10', cwd=REPO,
+                              env={'XLA_FLAGS': ' '.join(flags + [cpu_paths.flags_of(cpu_path)]).strip(),
+                                   cpu_paths.ENV: cpu_path})
 
   def variant(self, name, a):
     spec = dict(model='pfl_cnn', num_classes=10, data='', clients_per_round=0, batch_size=0, epochs=1, lr=0.0,
@@ -289,7 +294,10 @@ def main(argv=None):
                                     for u in range(data.num_clients)])
     names = []
     for v in a.variants:
-      names += [f'ours_{n}dev' for n in a.host_devices] if v == 'ours_Ndev' else [v]
+      if v in ('ours_Ndev', 'ours_Ndev_direct'):
+        names += [f'ours_{n}dev' + v[len('ours_Ndev'):] for n in a.host_devices]
+      else:
+        names.append(v)
     for v in names:
       print(f'building {v} ...', file=sys.stderr, flush=True)
       row = rows[v] = {}
@@ -303,11 +311,13 @@ def main(argv=None):
         elif v in ENGINE:
           fn, _ = engine_variant(v, a, data)
         elif v.startswith('ours_'):
-          sub = SubprocessTrainer(int(v[len('ours_'):-len('dev')]))
+          n_dev, _, direct = v[len('ours_'):].partition('dev')
+          sub = SubprocessTrainer(int(n_dev), DIRECT_PATH if direct else 'default')
           subs.append(sub)
           fn, setup = sub.variant(v, a)
           row['first_call_s'] = setup['first_round_s']
-          row['note'] = f"{len(sub.peer.call(cmd='info')['devices'])} host devices, clients sharded"
+          row['note'] = (f"{len(sub.peer.call(cmd='info')['devices'])} host devices, clients sharded"
+                         + (f', --cpu_path={DIRECT_PATH}' if direct else ''))
         else:
           peer, extra_spec = PEER_VARIANTS[v]
           spec = {**peer_spec(c0, path), 'warmup_rounds': 1, **extra_spec}

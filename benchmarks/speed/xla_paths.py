@@ -120,7 +120,9 @@ def serve():
 # The driver.
 
 def _start(path_name):
-  env = {'XLA_FLAGS': cpu_paths.flags_of(path_name), cpu_paths.ENV: 'default'}   # the worker applies nothing
+  # The worker applies nothing itself; a program path (cpu_paths.PROGRAM) is read from ENV when it traces.
+  env = {'XLA_FLAGS': cpu_paths.flags_of(path_name),
+         cpu_paths.ENV: path_name if path_name in cpu_paths.PROGRAM else 'default'}
   peer = protocol.Peer(sys.executable, 'benchmarks.speed.xla_paths', env=env, cwd=REPO)
   try:
     return peer, peer.call(cmd='info')

@@ -15,9 +15,23 @@ and so is JAX's gradient of a reshape + max (it splits ties, through a mask, a c
 gradient to the FIRST maximal element of its window in row-major order: bit-for-bit the gradient of
 `reduce_window` (and of torch's max_pool2d), ties included. Measured on the paper CNN's SGD step inside a
 scan (benchmarks/speed/cnn_step.py, README.cnn_step.md): 1.26x the step with reduce_window pooling.
+
+Dense's weight gradient (`grad_impl`): autodiff's transpose of `x @ k` computes dot(g, x) as [out, in] and
+transposes it. Without a batch axis XLA folds that transpose into the dot; under the engine's batch-1 vmap (the
+one-client-at-a-time CPU path, core/engine.py) it cannot, and the SGD update then reads the [out, in] gradient
+with a stride of `in` floats. For the pfl CNN's fc128 (12544 x 128, B=10) that was ~10% of a round
+(benchmarks/speed/README.pfl_round.md). 'direct' (a custom VJP) computes the same products straight into
+[in, out]: the kernel gradient has the same bits, and so has a plain SGD-family step; a step that reduces over
+the gradient (SAM's norm, per-tensor DP clipping) sums it in another memory order, which changes fp32 rounding
+(tests/models/test_layers.py, bit_identity.py). So 'auto' is 'xla' (the bits of every earlier run) unless the
+process's CPU kernel path asks for 'direct' (`--cpu_path=dense_direct`, cpu_paths.py). A custom VJP has no forward
+mode: `jax.jvp` / `jax.jacfwd` / `jax.linearize` of a model's output raise under 'direct'; run them inside
+`autodiff_dense()`. The forward-over-reverse HVPs (analysis/hvp.py) and `jax.hessian` work under both.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
 from typing import Any, Sequence
@@ -25,6 +39,8 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import flax.linen as nn
+
+from fedjax_flat import cpu_paths
 
 
 # im2col builds patches in two stages (columns, then rows) below this many input channels (measured:
@@ -38,6 +54,55 @@ def resolve_conv_impl(conv_impl: str) -> str:
   if conv_impl not in ('lax', 'im2col'):
     raise ValueError(f"conv_impl={conv_impl!r}; allowed: 'auto', 'lax', 'im2col'")
   return conv_impl
+
+
+GRAD_IMPLS = ('auto', 'xla', 'direct')
+_AUTODIFF_DENSE = contextvars.ContextVar('fedjax_flat_autodiff_dense', default=False)
+
+
+@contextlib.contextmanager
+def autodiff_dense():
+  """Traces Dense layers with autodiff's own VJP (forward-mode differentiable) instead of 'direct', e.g. around
+  `jax.jvp(model.apply, ...)` under `--cpu_path=dense_direct`. Trace time only: the forward pass is the same."""
+  token = _AUTODIFF_DENSE.set(True)
+  try:
+    yield
+  finally:
+    _AUTODIFF_DENSE.reset(token)
+
+
+def resolve_grad_impl(grad_impl: str) -> str:
+  """'auto': 'direct' when the CPU kernel path asks for it (on a CPU backend, outside `autodiff_dense()`), else
+  'xla'. An explicit 'direct' also yields to `autodiff_dense()`."""
+  if grad_impl not in GRAD_IMPLS:
+    raise ValueError(f"grad_impl={grad_impl!r}; allowed: {', '.join(map(repr, GRAD_IMPLS))}")
+  if _AUTODIFF_DENSE.get():
+    return 'xla'
+  if grad_impl == 'auto':
+    wanted = cpu_paths.program_option('dense_grad', 'xla')
+    return 'direct' if wanted == 'direct' and jax.default_backend() == 'cpu' else 'xla'
+  return grad_impl
+
+
+@jax.custom_vjp
+def dense_matmul(x, kernel):
+  """x [..., in] @ kernel [in, out], whose VJP writes the kernel's cotangent as [in, out] directly."""
+  return x @ kernel
+
+
+def _dense_matmul_fwd(x, kernel):
+  return x @ kernel, (x, kernel)
+
+
+def _dense_matmul_bwd(res, g):
+  x, kernel = res
+  lead = tuple(range(x.ndim - 1))
+  dx = jax.lax.dot_general(g, kernel, (((g.ndim - 1,), (1,)), ((), ())))       # g @ kernel.T, as autodiff's
+  dk = jax.lax.dot_general(x, g, ((lead, lead), ((), ())))                     # x.T @ g: [in, out], no transpose
+  return dx, dk
+
+
+dense_matmul.defvjp(_dense_matmul_fwd, _dense_matmul_bwd)
 
 
 def resolve_pool_impl(pool_impl: str, conv_impl: str = 'auto') -> str:
@@ -240,6 +305,7 @@ class Dense(nn.Module):
   torch_init: bool = False
   kernel_init: Any = None          # overrides the two defaults (e.g. the pfl CNN's Glorot-uniform)
   dtype: Any = None                # the computation dtype, as Conv's
+  grad_impl: str = 'auto'          # the kernel gradient's form (module docstring): 'auto' | 'xla' | 'direct'
 
   @nn.compact
   def __call__(self, x):
@@ -251,4 +317,6 @@ class Dense(nn.Module):
     binit = torch_bias_init(fan_in) if self.torch_init else nn.initializers.zeros_init()
     kernel = self.param('kernel', kinit, (fan_in, self.features))
     bias = self.param('bias', binit, (self.features,))
-    return x @ kernel.astype(x.dtype) + bias.astype(x.dtype)
+    k = kernel.astype(x.dtype)
+    y = dense_matmul(x, k) if resolve_grad_impl(self.grad_impl) == 'direct' else x @ k
+    return y + bias.astype(x.dtype)
