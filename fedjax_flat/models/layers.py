@@ -1,4 +1,5 @@
-"""Layers shared by the models: a convolution with a backend-aware lowering, PyTorch-style init.
+"""Layers shared by the models: a convolution with a backend-aware lowering, a Dense whose kernel gradient can skip
+a transpose, PyTorch-style init.
 
 'im2col' lowers depthwise convolutions (feature_group_count == input channels, any channel multiplier) to a
 sum of shifted, channel-scaled copies; other grouped convolutions always use 'lax'.
