@@ -155,3 +155,17 @@ def test_every_path_equals_the_default_to_fp32_rounding(name, default_step, tmp_
 def test_default_path_adds_nothing(default_step):
   assert default_step['cpu_path'] == 'default' and 'xla_cpu_use' not in default_step['xla_flags']
   assert devices.HostDevices(1, 'shared', 1, '', 'auto', '', cpu_path='default').line().find('kernel path') < 0
+
+
+def test_kernel_benchmark_runs_the_engines_step_form(tmp_path):
+  """xla_paths.py times the client step as the engine's one-client CPU path runs it (each step under a batch-1
+  vmap), and its program path dense_direct keeps an SGD step's bits there (models/layers.py grad_impl)."""
+  out = str(tmp_path / 'xp')
+  p = subprocess.run([sys.executable, '-m', 'benchmarks.speed.xla_paths', '--workloads=digits', '--opts=sgd',
+                      '--paths=default,dense_direct', '--convs=im2col', '--repeats=1', '--peers=none', f'--out={out}'],
+                     capture_output=True, text=True, cwd=REPO, timeout=600)
+  assert p.returncode == 0, p.stderr[-2000:]
+  rec = json.load(open(out + '.json'))
+  assert rec['form'] == 'engine' and 'batch-1 vmap' in open(out + '.md').read()
+  row = rec['results']['digits|sgd']
+  assert row['default|im2col']['examples_per_s'] > 0 and row['dense_direct|im2col']['bit_equal']

@@ -58,9 +58,11 @@ def make_data(steps, seed=0):
   return x, y
 
 
-def local_steps(model, opt: str, lr: float, wd: float, rho: float, batch: int):
+def local_steps(model, opt: str, lr: float, wd: float, rho: float, batch: int, batch1: bool = False):
   """One client's local steps as the engine runs them: the library's loss and client optimizer, `local_step` in one
-  `lax.scan` over [steps, batch, ...] inputs; returns the jitted fn(params, xs, ys) -> the final params."""
+  `lax.scan` over [steps, batch, ...] inputs; returns the jitted fn(params, xs, ys) -> the final params.
+  batch1: each step under a vmap over an axis of size 1, as the engine's one-client CPU path runs it
+  (core/engine.make_client_runner step_batch1); off, the plain scan of the earlier kernel tables."""
   loss_fn = make_loss(model)
   cfg = default_config().client
   cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.rho, cfg.momentum = opt, lr, wd, rho, 0.0
@@ -71,10 +73,15 @@ def local_steps(model, opt: str, lr: float, wd: float, rho: float, batch: int):
     tx = make_client_tx(cfg, hp)
     local = LocalState(params, tx.init(params), params)
 
+    def step(local, b):
+      return local_step(local, b, None, loss_fn=loss_fn, tx=tx)[0]
+
     def body(local, b):
-      local, _ = local_step(local, {'x': b[0], 'y': b[1], 'mask': jnp.ones((batch,), jnp.float32)}, None,
-                            loss_fn=loss_fn, tx=tx)
-      return local, None
+      b = {'x': b[0], 'y': b[1], 'mask': jnp.ones((batch,), jnp.float32)}
+      if batch1:
+        one = lambda t: jax.tree_util.tree_map(lambda a: a[None], t)  # noqa: E731
+        return jax.tree_util.tree_map(lambda a: a[0], jax.vmap(step)(one(local), one(b))), None
+      return step(local, b), None
     return jax.lax.scan(body, local, (xs, ys))[0].params
   return run
 

@@ -6,7 +6,9 @@ every (workload, conv lowering) in every worker first, then times them round-rob
 torch peer (the same steps in the FedSAM / pfl reference pattern, oneDNN convolutions) in the same rounds.
 
 Workloads (one client's local steps in one `lax.scan`, as the engine runs them; the library's model, loss and
-client optimizer):
+client optimizer). `--form=engine` (the default) runs each step under the engine's batch-1 vmap, as its one-client
+CPU path does (core/engine.py step_batch1); `--form=scan` is the plain scan of the tables before 2026-12-08, which
+the engine does not run (under it XLA folds the Dense gradient's transpose that the engine's form pays for):
   paper     the FedSAM paper's CIFAR-100 CNN (cifar_cnn), 8 steps of B=64, SGD lr 0.01 wd 4e-4 (and SAM rho 0.05)
   pfl       pfl-research's CIFAR10 CNN (pfl_cnn, dropout off), 5 steps of B=10, SGD lr 0.1
   digits    the quickstart's digits CNN (digits_cnn, 8x8x1), 8 steps of B=32, SGD lr 0.05
@@ -55,16 +57,17 @@ WORKLOADS = {
     'digits': ('digits_cnn', 10, (8, 8, 1), 32, 8, 0.05, 0.0, {}),
 }
 PATHS = cpu_paths.CANDIDATES
+FORMS = {'engine': "under the engine's batch-1 vmap", 'scan': 'plain scan'}
 # How each library's ops show in XLA:CPU's compiled HLO text (fusion kinds / custom-call targets).
 LIBRARY_MARKS = {'onednn': '__onednn', 'xnnpack': '__xnn_fusion', 'ynnpack': '__ynn_fusion'}
 
 
-def _spec(workload, opt, conv, data):
+def _spec(workload, opt, conv, data, form='engine'):
   model, classes, shape, b, steps, lr, wd, kw = WORKLOADS[workload]
   return {'model': model, 'num_classes': classes, 'data': data, 'clients_per_round': 1, 'batch_size': b,
           'epochs': 1, 'lr': lr, 'weight_decay': wd, 'optimizer': opt, 'rho': 0.05 if opt == 'sam' else 0.0,
           'seed': 0, 'weighting': 'uniform', 'dropout': bool(kw.get('dropout', True)), 'conv_impl': conv,
-          'shape': list(shape), 'steps': steps, 'model_kwargs': kw}
+          'shape': list(shape), 'steps': steps, 'model_kwargs': kw, 'form': form}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -79,7 +82,8 @@ class _JaxSteps:
     model = get_model(spec['model'], int(spec['num_classes']), shape, conv_impl=spec['conv_impl'],
                       **spec['model_kwargs'])
     params = model.init(jax.random.key(0), jnp.zeros((1,) + shape))
-    run = cnn_step.local_steps(model, spec['optimizer'], spec['lr'], spec['weight_decay'], spec['rho'] or 0.05, b)
+    run = cnn_step.local_steps(model, spec['optimizer'], spec['lr'], spec['weight_decay'], spec['rho'] or 0.05, b,
+                               batch1=spec.get('form', 'engine') == 'engine')
 
     # Which library ops the compiled step holds: a path whose flags leave this at zero did not engage.
     text = run.lower(params, xs, ys).compile().as_text()
@@ -138,6 +142,8 @@ def main(argv=None):
   ap.add_argument('--opts', default='sgd,sam', help='sam runs on the paper workload only')
   ap.add_argument('--paths', default=','.join(PATHS))
   ap.add_argument('--convs', default='im2col,lax')
+  ap.add_argument('--form', default='engine', choices=('engine', 'scan'),
+                  help="engine: each step under the engine's batch-1 vmap (its one-client CPU path); scan: plain scan")
   ap.add_argument('--peers', default='auto')
   ap.add_argument('--calls', type=int, default=0, help='calls per timed sample (0: about 0.5 s of the default)')
   ap.add_argument('--out', default=os.path.join(SPEED, 'xla_paths_cpu'))
@@ -169,12 +175,13 @@ def main(argv=None):
       if opt == 'sam' and w != 'paper':
         continue
       for conv in convs:
-        problems.append(((w, opt, conv), _spec(w, opt, conv, data)))
+        problems.append(((w, opt, conv), _spec(w, opt, conv, data, args.form)))
       if peers:
-        problems.append(((w, opt, 'torch'), _spec(w, opt, 'im2col', data)))
+        problems.append(((w, opt, 'torch'), _spec(w, opt, 'im2col', data, args.form)))
 
   record = {'machine': bench_util.machine_info(), 'isa': cpu_paths.isa(), 'uptime_start': bench_util.uptime(),
             'gemm_gflops_start': bench_util.gemm_gflops(), 'paths': {p: cpu_paths.flags_of(p) for p in paths},
+            'form': args.form,
             'workloads': {w: WORKLOADS[w][:7] for w in workloads}}
   workers, status = {}, {}
   for p in paths:                         # built one path at a time: compilations do not overlap
@@ -268,6 +275,7 @@ def markdown(rec, paths, convs) -> str:
          f"jax {m['jax']}", '',
          f"GEMM 2048^3 fp32: {rec['gemm_gflops_start']:.0f} / {rec['gemm_gflops_end']:.0f} GFLOP/s (start / end); "
          f"uptime start `{rec['uptime_start']}`, end `{rec['uptime_end']}`.", '',
+         f'Client steps: {FORMS[rec.get("form", "scan")]} (`--form`).', '',
          'examples/s (x the default path, same lowering; x torch); `bits =`: parameters bit-identical to the default '
          "path's; `!`: not within 1e-5 of them; [library ops in the compiled step: one:/xnn:/ynn: count]",
          '']
