@@ -159,7 +159,8 @@ def test_default_path_adds_nothing(default_step):
 
 def test_kernel_benchmark_runs_the_engines_step_form(tmp_path):
   """xla_paths.py times the client step as the engine's one-client CPU path runs it (each step under a batch-1
-  vmap), and its program path dense_direct keeps an SGD step's bits there (models/layers.py grad_impl)."""
+  vmap), and its program path dense_direct equals the default there to fp32 rounding (bit for bit on the AVX-512
+  EPYC measured: models/layers.py grad_impl)."""
   out = str(tmp_path / 'xp')
   p = subprocess.run([sys.executable, '-m', 'benchmarks.speed.xla_paths', '--workloads=digits', '--opts=sgd',
                       '--paths=default,dense_direct', '--convs=im2col', '--repeats=1', '--peers=none', f'--out={out}'],
@@ -168,4 +169,5 @@ def test_kernel_benchmark_runs_the_engines_step_form(tmp_path):
   rec = json.load(open(out + '.json'))
   assert rec['form'] == 'engine' and 'batch-1 vmap' in open(out + '.md').read()
   row = rec['results']['digits|sgd']
-  assert row['default|im2col']['examples_per_s'] > 0 and row['dense_direct|im2col']['bit_equal']
+  assert row['default|im2col']['examples_per_s'] > 0
+  assert row['dense_direct|im2col']['max_rel_diff'] <= cpu_paths.EQUAL_RTOL

@@ -22,12 +22,13 @@ transposes it. Without a batch axis XLA folds that transpose into the dot; under
 one-client-at-a-time CPU path, core/engine.py) it cannot, and the SGD update then reads the [out, in] gradient
 with a stride of `in` floats. For the pfl CNN's fc128 (12544 x 128, B=10) that was ~10% of a round
 (benchmarks/speed/README.pfl_round.md). 'direct' (a custom VJP) computes the same products straight into
-[in, out]: the kernel gradient has the same bits, and so has a plain SGD-family step; a step that reduces over
-the gradient (SAM's norm, per-tensor DP clipping) sums it in another memory order, which changes fp32 rounding
-(tests/models/test_layers.py, bit_identity.py). So 'auto' is 'xla' (the bits of every earlier run) unless the
-process's CPU kernel path asks for 'direct' (`--cpu_path=dense_direct`, cpu_paths.py). A custom VJP has no forward
-mode: `jax.jvp` / `jax.jacfwd` / `jax.linearize` of a model's output raise under 'direct'; run them inside
-`autodiff_dense()`. The forward-over-reverse HVPs (analysis/hvp.py) and `jax.hessian` work under both.
+[in, out]: on the machine measured the kernel gradient kept its bits, and so did a plain SGD-family step; a step
+that reduces over the gradient (SAM's norm, per-tensor DP clipping) sums it in another memory order, which
+changes fp32 rounding (tests/models/test_layers.py: equal to fp32 rounding; bit_identity.py). So 'auto' is 'xla'
+(the bits of every earlier run) unless the process's CPU kernel path asks for 'direct' (`--cpu_path=dense_direct`,
+cpu_paths.py). A custom VJP has no forward mode: `jax.jvp` / `jax.jacfwd` / `jax.linearize` of a model's output
+raise under 'direct'; run them inside `autodiff_dense()`. The forward-over-reverse HVPs (analysis/hvp.py) and
+`jax.hessian` work under both.
 """
 from __future__ import annotations
 
