@@ -34,6 +34,7 @@ import numpy as np
 
 from benchmarks.speed.bench_util import cpu_model, gemm_gflops
 from fedjax_flat.algorithms.local import LocalState, local_step, make_loss
+from fedjax_flat.core import engine
 from fedjax_flat.models.registry import get_model
 from fedjax_flat.models.layers import resolve_conv_impl, resolve_pool_impl
 from fedjax_flat.optimizers.client import make_client_tx
@@ -62,7 +63,7 @@ def local_steps(model, opt: str, lr: float, wd: float, rho: float, batch: int, b
   """One client's local steps as the engine runs them: the library's loss and client optimizer, `local_step` in one
   `lax.scan` over [steps, batch, ...] inputs; returns the jitted fn(params, xs, ys) -> the final params.
   batch1: each step under a vmap over an axis of size 1, as the engine's one-client CPU path runs it
-  (core/engine.make_client_runner step_batch1); off, the plain scan of the earlier kernel tables."""
+  (core/engine.under_batch1); off, the plain scan of the earlier kernel tables."""
   loss_fn = make_loss(model)
   cfg = default_config().client
   cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.rho, cfg.momentum = opt, lr, wd, rho, 0.0
@@ -78,10 +79,7 @@ def local_steps(model, opt: str, lr: float, wd: float, rho: float, batch: int, b
 
     def body(local, b):
       b = {'x': b[0], 'y': b[1], 'mask': jnp.ones((batch,), jnp.float32)}
-      if batch1:
-        one = lambda t: jax.tree_util.tree_map(lambda a: a[None], t)  # noqa: E731
-        return jax.tree_util.tree_map(lambda a: a[0], jax.vmap(step)(one(local), one(b))), None
-      return step(local, b), None
+      return (engine.under_batch1(step) if batch1 else step)(local, b), None
     return jax.lax.scan(body, local, (xs, ys))[0].params
   return run
 

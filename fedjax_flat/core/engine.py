@@ -121,6 +121,16 @@ def padded_cohort(strategy: str, num_clients: int, clients_per_chunk: int, multi
   return int(-(-num_clients // m) * m)
 
 
+def under_batch1(fn):
+  """fn(*args) computed under a vmap over a leading axis of size 1 added to every argument and removed from every
+  output: the form the one-client path runs each step in (`make_client_runner(step_batch1=True)`)."""
+  one = lambda t: jax.tree_util.tree_map(lambda a: a[None], t)  # noqa: E731
+
+  def batched(*args):
+    return jax.tree_util.tree_map(lambda a: a[0], jax.vmap(fn)(*map(one, args)))
+  return batched
+
+
 def make_client_runner(algorithm: FederatedAlgorithm, *, unroll=1, augment_fn=None, phase: int = 0,
                        step_batch1: bool = False):
   """Returns run(bcast, batch [S,B,...], client_state, rng) -> (out, client_state', metrics) for one client.
@@ -136,12 +146,10 @@ def make_client_runner(algorithm: FederatedAlgorithm, *, unroll=1, augment_fn=No
     return algorithm.client_step(bcast, local, batch, rng, **kw)
 
   if step_batch1:
-    one = lambda t: jax.tree_util.tree_map(lambda a: a[None], t)
     unbatched_step = client_step
 
     def client_step(bcast, local, batch, rng):
-      out = jax.vmap(lambda l, b, r: unbatched_step(bcast, l, b, r))(one(local), one(batch), one(rng))
-      return jax.tree_util.tree_map(lambda a: a[0], out)
+      return under_batch1(lambda l, b, r: unbatched_step(bcast, l, b, r))(local, batch, rng)
 
   def run(bcast, batches, client_state, rng):
     local = algorithm.client_init(bcast, client_state, rng, **kw)

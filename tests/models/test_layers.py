@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from fedjax_flat import cpu_paths
+from fedjax_flat.core import engine
 from fedjax_flat.models import layers
 from fedjax_flat.models.registry import get_model
 
@@ -24,8 +25,7 @@ def test_direct_gradients_equal_autodiff(x_shape):
     loss = lambda p, x: jnp.sum(jnp.tanh(_dense(impl).apply(p, x)) ** 2)  # noqa: E731
     g = jax.grad(loss, argnums=(0, 1))
     if batch1:     # the engine's one-client CPU path: each step under a vmap over an axis of size 1
-      g = lambda p, x, g=g: jax.tree_util.tree_map(lambda a: a[0], jax.vmap(g)(  # noqa: E731
-          jax.tree_util.tree_map(lambda a: a[None], p), x[None]))
+      g = engine.under_batch1(g)
     return jax.jit(g)(params, x)
 
   for batch1 in (False, True):
@@ -53,9 +53,8 @@ def test_direct_sgd_steps_of_the_pfl_cnn_equal_autodiffs():
       return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], 1))
 
     def step(p, b):
-      one = lambda t: jax.tree_util.tree_map(lambda a: a[None], t)  # noqa: E731
-      g = jax.vmap(jax.grad(loss))(one(p), b[0][None], b[1][None])
-      return jax.tree_util.tree_map(lambda a, d: a - 0.1 * d[0], p, g), None
+      g = engine.under_batch1(jax.grad(loss))(p, b[0], b[1])
+      return jax.tree_util.tree_map(lambda a, d: a - 0.1 * d, p, g), None
 
     with pytest.MonkeyPatch.context() as m:
       m.setenv(cpu_paths.ENV, 'dense_direct' if impl == 'direct' else 'default')
