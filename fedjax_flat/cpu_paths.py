@@ -20,7 +20,8 @@ A recorded winner must compile another program than the default (parameters not 
 MARGIN on every measured workload and keep the parameters within 1e-5 (relative) of the default's after a
 client's local steps; otherwise `default` is kept, so that a path wins only where it is clearly faster and its
 results differ by fp32 rounding alone. A user's own XLA_FLAGS
-naming any of these flags wins over every choice here.
+naming any of these flags wins over every choice here. A checkpoint keeps `applied()` (the path, and XLA's
+`--xla_cpu_max_isa` cap): a resume under another one is said to agree with the uninterrupted run to fp32 rounding.
 """
 from __future__ import annotations
 
@@ -88,17 +89,42 @@ def isa(cpuinfo: str = '/proc/cpuinfo') -> dict:
   return {'model': model, 'machine': platform.machine(), 'features': [f for f in _ISA_FLAGS if f in flags]}
 
 
-def machine_key(jaxlib_version: Optional[str] = None) -> str:
-  """What a record is valid for: CPU model, instruction sets, jaxlib version (read from its metadata, so jax is
-  not started)."""
+def max_isa(env: Mapping[str, str] = os.environ) -> str:
+  """XLA_FLAGS' `--xla_cpu_max_isa` (the last one wins), '' when not set. It caps the instruction set of the code
+  XLA:CPU emits itself (the fused elementwise loops), not of its GEMM / convolution libraries, which pick their
+  kernels from the CPU's own flags: measured on an AVX-512 EPYC, GEMM 349 / 322 / 357 GFLOP/s with no cap / AVX2 /
+  SSE4_2 (benchmarks/speed/README.xla_paths.md). So an AVX-512 machine under the cap is not an AVX2 machine."""
+  value = ''
+  for f in env.get('XLA_FLAGS', '').split():
+    if f.startswith('--xla_cpu_max_isa='):
+      value = f.split('=', 1)[1].strip().upper()
+  return value
+
+
+def applied(env: Mapping[str, str] = os.environ) -> str:
+  """The kernel path this process runs under, as a label a checkpoint keeps: a CANDIDATES name ('default' when
+  nothing was configured), 'user: FLAGS' when the user's XLA_FLAGS name a path's flag, plus ' max_isa=X'."""
+  name = env.get(ENV, '').strip()
+  flags = env.get('XLA_FLAGS', '')
+  mine = {f.split('=', 1)[0] for c in CANDIDATES.values() for f in c.split()}
+  user = [f for f in flags.split() if f.split('=', 1)[0] in mine and f not in CANDIDATES.get(name, '').split()]
+  label = f"user: {' '.join(user)}" if user else (name if name in CANDIDATES else 'default')
+  cap = max_isa(env)
+  return f'{label} max_isa={cap}' if cap else label
+
+
+def machine_key(jaxlib_version: Optional[str] = None, env: Mapping[str, str] = os.environ) -> str:
+  """What a record is valid for: CPU model, instruction sets (and XLA's --xla_cpu_max_isa cap, which changes the
+  emitted code), jaxlib version (read from its metadata, so jax is not started)."""
   if jaxlib_version is None:
     try:
       from importlib import metadata
       jaxlib_version = metadata.version('jaxlib')
     except Exception:  # noqa: BLE001 (no jaxlib metadata: the record is still keyed by the machine)
       jaxlib_version = '?'
-  i = isa()
-  return f"{i['model']}|{i['machine']}|{','.join(i['features'])}|jaxlib {jaxlib_version}"
+  i, cap = isa(), max_isa(env)
+  features = ','.join(i['features']) + (f' max_isa={cap}' if cap else '')
+  return f"{i['model']}|{i['machine']}|{features}|jaxlib {jaxlib_version}"
 
 
 def cache_home(env: Mapping[str, str] = os.environ) -> str:
@@ -123,7 +149,7 @@ def _load(path: str) -> dict:
 
 def recorded(env: Mapping[str, str] = os.environ, key: Optional[str] = None) -> Optional[str]:
   """The path kept for this machine, or None."""
-  entry = _load(record_path(env)).get(key or machine_key())
+  entry = _load(record_path(env)).get(key or machine_key(env=env))
   name = entry.get('path') if isinstance(entry, dict) else None
   return name if name in CANDIDATES else None
 
@@ -134,7 +160,7 @@ def keep(name: str, env: Mapping[str, str] = os.environ, key: Optional[str] = No
   path = record_path(env)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   rec = _load(path)
-  rec[key or machine_key()] = {'path': name, 'flags': CANDIDATES[name], 'evidence': evidence or {}}
+  rec[key or machine_key(env=env)] = {'path': name, 'flags': CANDIDATES[name], 'evidence': evidence or {}}
   fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix='.cpu_paths-')
   with os.fdopen(fd, 'w') as f:
     json.dump(rec, f, indent=1)

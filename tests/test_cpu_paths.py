@@ -80,6 +80,21 @@ def test_isa_and_machine_key_read_cpuinfo(tmp_path):
   i = cpu_paths.isa(str(info))
   assert i['model'] == 'Some CPU 9000' and i['features'] == ['avx2', 'fma', 'avx512f', 'avx512_bf16']
   assert cpu_paths.machine_key('0.10.2').endswith('|jaxlib 0.10.2')
+  capped = cpu_paths.machine_key('0.10.2', env={'XLA_FLAGS': '--xla_cpu_max_isa=avx2'})
+  assert capped.endswith(' max_isa=AVX2|jaxlib 0.10.2') and capped != cpu_paths.machine_key('0.10.2', env={})
+
+
+def test_applied_labels_the_path_a_checkpoint_keeps():
+  assert cpu_paths.max_isa({'XLA_FLAGS': '--xla_cpu_max_isa=AVX512 --a=1 --xla_cpu_max_isa=avx2'}) == 'AVX2'
+  assert cpu_paths.max_isa({}) == ''
+  assert cpu_paths.applied({}) == 'default'
+  assert cpu_paths.applied({cpu_paths.ENV: 'dense_direct'}) == 'dense_direct'
+  env = {}
+  cpu_paths.configure('onednn', env, jax_started=False)          # the path's own flags are not the user's
+  assert cpu_paths.applied(env) == 'onednn'
+  assert cpu_paths.applied({'XLA_FLAGS': '--xla_cpu_use_xnnpack=false --xla_cpu_max_isa=AVX2'}) == (
+      'user: --xla_cpu_use_xnnpack=false max_isa=AVX2')
+  assert cpu_paths.applied({cpu_paths.ENV: 'nope'}) == 'default'
 
 
 def test_binary_rejects_a_bad_path_in_one_line():
@@ -171,3 +186,18 @@ def test_kernel_benchmark_runs_the_engines_step_form(tmp_path):
   row = rec['results']['digits|sgd']
   assert row['default|im2col']['examples_per_s'] > 0
   assert row['dense_direct|im2col']['max_rel_diff'] <= cpu_paths.EQUAL_RTOL
+
+
+def test_isa_caps_benchmark_times_every_cap_in_its_own_process(tmp_path):
+  """benchmarks/speed/isa_caps.py: one child per (stack, cap), each given only its cap's environment."""
+  p = subprocess.run([sys.executable, '-m', 'benchmarks.speed.isa_caps', '--smoke', '--stacks=xla',
+                      f'--out={tmp_path / "caps"}'], capture_output=True, text=True, cwd=REPO, timeout=600,
+                     env={**os.environ, 'XLA_FLAGS': '--xla_cpu_max_isa=AVX'})   # the parent's cap is not passed on
+  assert p.returncode == 0, p.stderr[-2000:]
+  res = json.loads((tmp_path / 'caps.json').read_text())
+  assert [(r['stack'], r['cap'], r['env']) for r in res['rows']] == [
+      ('xla', 'none', {}), ('xla', 'AVX2', {'XLA_FLAGS': '--xla_cpu_max_isa=AVX2'}),
+      ('xla', 'SSE4_2', {'XLA_FLAGS': '--xla_cpu_max_isa=SSE4_2'})]
+  for r in res['rows']:
+    assert r['gemm_gflops'] > 0 and r['conv_grad_ms'] > 0 and r['elementwise_ms'] > 0, r
+  assert 'SMOKE RUN' in (tmp_path / 'caps.md').read_text()

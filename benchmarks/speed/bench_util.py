@@ -61,7 +61,12 @@ def machine_info() -> dict:
   return {'cpu': cpu_model(), 'isa': cpu_paths.isa()['features'], 'cpus': os.cpu_count(), 'jax': jax.__version__,
           'backend': jax.default_backend(),
           'devices': [str(d) for d in jax.devices()], 'xla_flags': os.environ.get('XLA_FLAGS', ''),
-          'host_devices': devices.describe()}
+          'host_devices': devices.describe(), 'kernel_path': cpu_paths.applied(),
+          # instruction-set caps a run was given (XLA's caps only its own emitted loops: cpu_paths.max_isa)
+          'isa_caps': {k: os.environ[k] for k in ISA_CAP_ENV if os.environ.get(k)}}
+
+
+ISA_CAP_ENV = ('ATEN_CPU_CAPABILITY', 'ONEDNN_MAX_CPU_ISA', 'MKL_ENABLE_INSTRUCTIONS')   # the torch peer's
 
 
 def available_peers() -> list:

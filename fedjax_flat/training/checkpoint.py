@@ -55,6 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_flat import cpu_paths
 from fedjax_flat import errors
 from fedjax_flat.config import schema as config_schema
 from fedjax_flat.config import validate
@@ -407,7 +408,7 @@ class Checkpointer:
         'num_client_states': num_states, 'server_leaves': [_describe(a) for a in server.values()],
         'algorithm': trainer.algorithm.label, 'num_devices': jax.device_count(),
         'num_processes': jax.process_count(), 'jax_version': jax.__version__, 'time': time.time(),
-        'sampling': _sampling_procedure(trainer),
+        'sampling': _sampling_procedure(trainer), 'cpu_path': cpu_paths.applied(),
         'server_sha256': _digests(list(server.values())), 'clients_sha256': client_hashes,
         'config_sha256': _json_sha256(config),
     }
@@ -591,6 +592,13 @@ class Checkpointer:
       logging.warning('checkpoint written by a version that sampled clients and batch orders with %r; this one '
                       'uses %r: the resumed rounds differ from an uninterrupted run of either version',
                       meta.get('sampling', 'numpy-pcg64'), _sampling_procedure(trainer))
+    if 'cpu_path' in meta and meta['cpu_path'] != cpu_paths.applied():
+      # Another CPU kernel path compiles other fusions (or, dense_direct, another gradient layout): the same
+      # computation with other float32 rounding in places (SAM's norm, per-tensor DP clipping).
+      logging.warning('resuming under CPU kernel path %r from a checkpoint written under %r: the resumed rounds '
+                      'agree with an uninterrupted run to float32 rounding, not bit for bit (resume under %r, '
+                      '--cpu_path or XLA_FLAGS, for the same bits)', cpu_paths.applied(), meta['cpu_path'],
+                      meta['cpu_path'])
     if trainer.recorder.writer is not None:
       _reconcile_metrics(trainer.recorder.writer, trainer.round, trainer.records)
     trainer.recorder.resumed(trainer)

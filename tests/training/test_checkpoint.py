@@ -355,3 +355,30 @@ def test_after_a_failed_restore_the_closed_loop_filter_stays_until_exit(tmp_path
     assert sys.unraisablehook is sys.__unraisablehook__
   finally:
     sys.unraisablehook = saved
+
+
+def test_a_checkpoint_keeps_its_cpu_kernel_path_and_another_path_resumes_with_a_warning(tmp_path, caplog,
+                                                                                        monkeypatch):
+  """The meta names the kernel path (cpu_paths.applied); resuming under another one says the rounds agree to fp32
+  rounding, not bit for bit; under the same one nothing is said."""
+  from fedjax_flat import cpu_paths
+  monkeypatch.delenv(cpu_paths.ENV, raising=False)
+  monkeypatch.delenv('XLA_FLAGS', raising=False)
+  cfg = tiny_config()
+  t = trainers.make_trainer(cfg, data=small_data())
+  t.train(num_rounds=2)
+  ck = ckpt_lib.Checkpointer(str(tmp_path / 'ck'))
+  ck.save(t)
+  ck.wait()
+  assert ckpt_lib.read_checkpoint(str(tmp_path / 'ck'))['meta']['cpu_path'] == 'default'
+  for path, warned in (('default', False), ('dense_direct', True)):
+    monkeypatch.setenv(cpu_paths.ENV, path)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+      assert ckpt_lib.Checkpointer(str(tmp_path / 'ck'), read_only=True).restore_latest(
+          trainers.make_trainer(cfg, data=small_data())) == 2
+    said = [r.getMessage() for r in caplog.records if 'CPU kernel path' in r.getMessage()]
+    assert said == (["resuming under CPU kernel path 'dense_direct' from a checkpoint written under 'default': "
+                     "the resumed rounds agree with an uninterrupted run to float32 rounding, not bit for bit "
+                     "(resume under 'default', --cpu_path or XLA_FLAGS, for the same bits)"] if warned else [])
+  ck.close()
