@@ -188,6 +188,7 @@ def test_kernel_benchmark_runs_the_engines_step_form(tmp_path):
   assert row['dense_direct|im2col']['max_rel_diff'] <= cpu_paths.EQUAL_RTOL
 
 
+@pytest.mark.slow    # a measurement script's plumbing, 12 s of child processes: outside the 15-minute suite
 def test_isa_caps_benchmark_times_every_cap_in_its_own_process(tmp_path):
   """benchmarks/speed/isa_caps.py: one child per (stack, cap), each given only its cap's environment."""
   p = subprocess.run([sys.executable, '-m', 'benchmarks.speed.isa_caps', '--smoke', '--stacks=xla',
