@@ -55,6 +55,7 @@ CANDIDATES = {
 }
 # name -> the program options a path sets (read at trace time: `program_option`).
 PROGRAM = {'dense_direct': {'dense_grad': 'direct'}}
+_PATH_FLAGS = {f.split('=', 1)[0] for c in CANDIDATES.values() for f in c.split()}   # the flags a path sets
 _ISA_FLAGS = ('avx2', 'fma', 'avx512f', 'avx512bw', 'avx512_vnni', 'avx512_bf16', 'amx_tile', 'amx_bf16')
 
 
@@ -92,8 +93,9 @@ def isa(cpuinfo: str = '/proc/cpuinfo') -> dict:
 def max_isa(env: Mapping[str, str] = os.environ) -> str:
   """XLA_FLAGS' `--xla_cpu_max_isa` (the last one wins), '' when not set. It caps the instruction set of the code
   XLA:CPU emits itself (the fused elementwise loops), not of its GEMM / convolution libraries, which pick their
-  kernels from the CPU's own flags: measured on an AVX-512 EPYC, GEMM 349 / 322 / 357 GFLOP/s with no cap / AVX2 /
-  SSE4_2 (benchmarks/speed/README.xla_paths.md). So an AVX-512 machine under the cap is not an AVX2 machine."""
+  kernels from the CPU's own flags: measured on an AVX-512 EPYC, GEMM 304 / 326 / 307 GFLOP/s with no cap / AVX2 /
+  SSE4_2 (benchmarks/speed/README.xla_paths.md, isa_caps.py). So an AVX-512 machine under the cap is not an AVX2
+  machine."""
   value = ''
   for f in env.get('XLA_FLAGS', '').split():
     if f.startswith('--xla_cpu_max_isa='):
@@ -101,13 +103,16 @@ def max_isa(env: Mapping[str, str] = os.environ) -> str:
   return value
 
 
+def _user_path_flags(xla_flags: str, own: str = '') -> list:
+  """The flags in `xla_flags` that set a path's flag, less the applied path's `own` flags."""
+  return [f for f in xla_flags.split() if f.split('=', 1)[0] in _PATH_FLAGS and f not in own.split()]
+
+
 def applied(env: Mapping[str, str] = os.environ) -> str:
   """The kernel path this process runs under, as a label a checkpoint keeps: a CANDIDATES name ('default' when
   nothing was configured), 'user: FLAGS' when the user's XLA_FLAGS name a path's flag, plus ' max_isa=X'."""
   name = env.get(ENV, '').strip()
-  flags = env.get('XLA_FLAGS', '')
-  mine = {f.split('=', 1)[0] for c in CANDIDATES.values() for f in c.split()}
-  user = [f for f in flags.split() if f.split('=', 1)[0] in mine and f not in CANDIDATES.get(name, '').split()]
+  user = _user_path_flags(env.get('XLA_FLAGS', ''), CANDIDATES.get(name, ''))
   label = f"user: {' '.join(user)}" if user else (name if name in CANDIDATES else 'default')
   cap = max_isa(env)
   return f'{label} max_isa={cap}' if cap else label
@@ -218,8 +223,7 @@ def configure(value: Optional[str] = None, env: MutableMapping[str, str] = os.en
   name, why = resolve(value, env)
   flags = CANDIDATES[name]
   user = env.get('XLA_FLAGS', '')
-  names = {f.split('=', 1)[0] for c in CANDIDATES.values() for f in c.split()}
-  if any(n in user for n in names):
+  if _user_path_flags(user):
     return {'path': 'user', 'why': 'XLA_FLAGS set by the user name a kernel-path flag', 'xla_flags': ''}
   if jax_started and flags:
     return {'path': 'default', 'why': why + ' (jax already started: nothing applied)', 'xla_flags': ''}

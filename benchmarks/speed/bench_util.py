@@ -57,6 +57,9 @@ def gemm_gflops(n: int = 2048, repeats: int = 5) -> float:
   return 2 * n ** 3 / statistics.median(ts) / 1e9
 
 
+ISA_CAP_ENV = ('ATEN_CPU_CAPABILITY', 'ONEDNN_MAX_CPU_ISA', 'MKL_ENABLE_INSTRUCTIONS')   # the torch peer's
+
+
 def machine_info() -> dict:
   return {'cpu': cpu_model(), 'isa': cpu_paths.isa()['features'], 'cpus': os.cpu_count(), 'jax': jax.__version__,
           'backend': jax.default_backend(),
@@ -64,9 +67,6 @@ def machine_info() -> dict:
           'host_devices': devices.describe(), 'kernel_path': cpu_paths.applied(),
           # instruction-set caps a run was given (XLA's caps only its own emitted loops: cpu_paths.max_isa)
           'isa_caps': {k: os.environ[k] for k in ISA_CAP_ENV if os.environ.get(k)}}
-
-
-ISA_CAP_ENV = ('ATEN_CPU_CAPABILITY', 'ONEDNN_MAX_CPU_ISA', 'MKL_ENABLE_INSTRUCTIONS')   # the torch peer's
 
 
 def available_peers() -> list:

@@ -592,13 +592,13 @@ class Checkpointer:
       logging.warning('checkpoint written by a version that sampled clients and batch orders with %r; this one '
                       'uses %r: the resumed rounds differ from an uninterrupted run of either version',
                       meta.get('sampling', 'numpy-pcg64'), _sampling_procedure(trainer))
-    if 'cpu_path' in meta and meta['cpu_path'] != cpu_paths.applied():
+    path = cpu_paths.applied()
+    if meta.get('cpu_path', path) != path:
       # Another CPU kernel path compiles other fusions (or, dense_direct, another gradient layout): the same
       # computation with other float32 rounding in places (SAM's norm, per-tensor DP clipping).
       logging.warning('resuming under CPU kernel path %r from a checkpoint written under %r: the resumed rounds '
                       'agree with an uninterrupted run to float32 rounding, not bit for bit (resume under %r, '
-                      '--cpu_path or XLA_FLAGS, for the same bits)', cpu_paths.applied(), meta['cpu_path'],
-                      meta['cpu_path'])
+                      '--cpu_path or XLA_FLAGS, for the same bits)', path, meta['cpu_path'], meta['cpu_path'])
     if trainer.recorder.writer is not None:
       _reconcile_metrics(trainer.recorder.writer, trainer.round, trainer.records)
     trainer.recorder.resumed(trainer)
